@@ -1,0 +1,52 @@
+"""One interface for every inference backend: token ids in, token ids + logprobs out.
+
+The proxy never sends text to a backend and never re-tokenizes what a backend sampled; this is
+the whole defence against retokenization drift (DESIGN.md §3).
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, Field
+
+
+class SamplingParams(BaseModel):
+    """Sampling actually used for a call (after the session policy overrode the harness)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 1024
+    stop_token_ids: list[int] = Field(default_factory=list)
+    seed: int | None = None
+
+
+class Generation(BaseModel):
+    prompt_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: Literal["stop", "length"]
+    backend: str
+    model: str = ""
+
+
+class BackendError(RuntimeError):
+    """A backend failed (HTTP error, bad payload, timeout); ``retryable`` says whether a retry is safe."""
+
+    def __init__(self, message: str, *, retryable: bool = False, status: int | None = None):
+        super().__init__(message)
+        self.retryable = retryable
+        self.status = status
+
+
+@runtime_checkable
+class Backend(Protocol):
+    name: str
+    model: str
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, *,
+                       session_id: str | None = None) -> Generation:
+        """Sample a continuation of ``prompt_ids``; logprobs are one per sampled token."""
+        ...
+
+    async def aclose(self) -> None: ...

@@ -1,0 +1,277 @@
+"""The aiohttp proxy: per-session routing and auth in front of the three wire APIs.
+
+Routes: ``/s/<session_id>/v1/{chat/completions,responses,messages,messages/count_tokens,models}``
+for harnesses (the session key is their API key), ``/admin/...`` for whoever runs episodes
+(protected by the admin secret). Sessions are never created implicitly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from aiohttp import web
+
+from polar_env.backends.base import Backend, BackendError
+from polar_env.chat.template import ChatRenderer
+from polar_env.proxy import anthropic_messages, openai_chat, openai_responses
+from polar_env.proxy.engine import ContextOverflow, EngineConfig, TokenEngine
+from polar_env.proxy.sessions import AuthError, Session, SessionRegistry
+from polar_env.proxy.wire import WireError
+from polar_env.trajectory.ledger import Ledger
+
+log = logging.getLogger("polar.proxy")
+
+API_MODULES: dict[str, ModuleType] = {
+    "chat": openai_chat,
+    "responses": openai_responses,
+    "messages": anthropic_messages,
+}
+DEFAULT_MAX_BODY = 64 * 1024 * 1024
+
+
+def _request_key(request: web.Request) -> str | None:
+    auth = request.headers.get("Authorization", "")
+    if auth.lower().startswith("bearer "):
+        return auth[7:].strip()
+    return request.headers.get("x-api-key")
+
+
+class ProxyServer:
+    """One proxy: an engine, its sessions, and the HTTP front; start it on TCP and/or a Unix socket."""
+
+    def __init__(self, engine: TokenEngine, registry: SessionRegistry, *, admin_secret: str,
+                 max_body_bytes: int = DEFAULT_MAX_BODY):
+        self.engine = engine
+        self.registry = registry
+        self.admin_secret = admin_secret
+        self.max_body_bytes = max_body_bytes
+        self._runner: web.AppRunner | None = None
+        self.port: int | None = None
+        self.host = "127.0.0.1"
+        self.unix_socket: Path | None = None
+        self._inflight: set[asyncio.Task] = set()
+
+    @classmethod
+    def create(cls, *, renderer: ChatRenderer, backend: Backend, data_dir: Path, admin_secret: str,
+               config: EngineConfig | None = None, fsync: bool = False,
+               max_body_bytes: int = DEFAULT_MAX_BODY) -> ProxyServer:
+        """Build a proxy over ``data_dir``, recovering every session already recorded there."""
+        ledger = Ledger(Path(data_dir), fsync=fsync)
+        engine = TokenEngine(renderer, backend, ledger, config)
+        registry = SessionRegistry(ledger, engine.eos_ids)
+        report = registry.recover()
+        if getattr(report, "torn", None):
+            log.warning("ledger recovery: %s", report)
+        return cls(engine, registry, admin_secret=admin_secret, max_body_bytes=max_body_bytes)
+
+    # -- in-process API ----------------------------------------------------------------------
+    def create_session(self, session_id: str | None = None, *, policy: dict[str, Any] | None = None,
+                       metadata: dict[str, Any] | None = None) -> tuple[str, str]:
+        """Register a session; returns ``(session_id, api_key)``. The key is not stored."""
+        session, key = self.registry.create(session_id, policy=policy, metadata=metadata)
+        return session.id, key
+
+    def session_urls(self, session_id: str, base: str | None = None) -> dict[str, str]:
+        base = base or self.base_url
+        return {"openai": f"{base}/s/{session_id}/v1", "anthropic": f"{base}/s/{session_id}"}
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    # -- HTTP app ------------------------------------------------------------------------------
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=self.max_body_bytes, middlewares=[self._errors])
+        r = app.router
+        r.add_route("HEAD", "/", self._ok)
+        r.add_get("/", self._ok)
+        r.add_get("/health", self._health)
+        r.add_route("HEAD", "/s/{sid}", self._ok)
+        r.add_route("HEAD", "/s/{sid}/", self._ok)
+        r.add_route("HEAD", "/s/{sid}/v1", self._ok)
+        for prefix in ("/s/{sid}/v1", "/s/{sid}"):
+            r.add_post(prefix + "/chat/completions", self._call("chat"))
+            r.add_post(prefix + "/responses", self._call("responses"))
+        r.add_post("/s/{sid}/v1/messages", self._call("messages"))
+        r.add_post("/s/{sid}/v1/messages/count_tokens", self._count_tokens)
+        r.add_get("/s/{sid}/v1/models", self._models)
+        r.add_post("/admin/sessions", self._admin_create)
+        r.add_get("/admin/sessions", self._admin_list)
+        r.add_get("/admin/sessions/{sid}", self._admin_get)
+        r.add_post("/admin/sessions/{sid}/close", self._admin_close)
+        r.add_get("/admin/sessions/{sid}/calls", self._admin_calls)
+        return app
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0, unix_socket: Path | None = None) -> None:
+        self._runner = web.AppRunner(self.app(), access_log=None)
+        await self._runner.setup()
+        self.host = host
+        if unix_socket is not None:
+            unix_socket = Path(unix_socket)
+            unix_socket.parent.mkdir(parents=True, exist_ok=True)
+            unix_socket.unlink(missing_ok=True)
+            site = web.UnixSite(self._runner, str(unix_socket), backlog=4096)
+            await site.start()
+            unix_socket.chmod(0o666)  # sandbox uids connect through the bind-mounted directory
+            self.unix_socket = unix_socket
+        if port is not None and (unix_socket is None or port):
+            tcp = web.TCPSite(self._runner, host, port, backlog=4096)
+            await tcp.start()
+            self.port = tcp._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def stop(self) -> None:
+        if self._inflight:
+            await asyncio.gather(*self._inflight, return_exceptions=True)
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        await self.engine.backend.aclose()
+
+    # -- handlers ------------------------------------------------------------------------------
+    @web.middleware
+    async def _errors(self, request: web.Request, handler):
+        try:
+            return await handler(request)
+        except web.HTTPRequestEntityTooLarge as exc:
+            return _error(413, f"request body too large (limit {self.max_body_bytes} bytes): {exc.text}")
+        except web.HTTPNotFound:
+            return _error(404, f"unknown route {request.method} {request.path}")
+        except web.HTTPMethodNotAllowed:
+            return _error(405, f"method {request.method} not allowed on {request.path}")
+
+    async def _ok(self, request: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "sessions": len(self.registry.all()),
+                                  "backend": self.engine.backend.name, "model": self.engine.backend.model})
+
+    def _session(self, request: web.Request) -> Session:
+        return self.registry.authenticate(request.match_info["sid"], _request_key(request))
+
+    async def _read_json(self, request: web.Request) -> Any:
+        raw = await request.read()
+        try:
+            return json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise WireError(400, f"request body is not valid JSON: {exc}") from None
+
+    def _call(self, api: str):
+        module = API_MODULES[api]
+
+        async def handler(request: web.Request) -> web.StreamResponse:
+            try:
+                session = self._session(request)
+                decoded = module.decode(await self._read_json(request))
+                task = asyncio.ensure_future(self.engine.complete(session, api, decoded))
+                self._inflight.add(task)
+                task.add_done_callback(self._inflight.discard)
+                # shielded: a harness that disconnects does not cancel a call that is being recorded
+                turn, _record = await asyncio.shield(task)
+            except AuthError as exc:
+                return web.json_response(module.encode_error(401, str(exc)), status=401)
+            except WireError as exc:
+                return web.json_response(module.encode_error(exc.status, exc.message), status=exc.status)
+            except ContextOverflow as exc:
+                return web.json_response(module.encode_error(400, str(exc)), status=400)
+            except BackendError as exc:
+                status = 503 if exc.retryable else 502
+                return web.json_response(module.encode_error(status, f"inference backend failed: {exc}"),
+                                         status=status)
+            if not decoded.stream:
+                return web.json_response(module.encode_response(turn, decoded))
+            response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                                   "Cache-Control": "no-cache"})
+            await response.prepare(request)
+            for frame in module.encode_stream(turn, decoded):
+                await response.write(frame)
+            await response.write_eof()
+            return response
+
+        return handler
+
+    async def _count_tokens(self, request: web.Request) -> web.Response:
+        try:
+            self._session(request)
+            decoded = anthropic_messages.decode_count_tokens(await self._read_json(request))
+        except AuthError as exc:
+            return web.json_response(anthropic_messages.encode_error(401, str(exc)), status=401)
+        except WireError as exc:
+            return web.json_response(anthropic_messages.encode_error(exc.status, exc.message), status=exc.status)
+        return web.json_response({"input_tokens": await self.engine.count_tokens(decoded)})
+
+    async def _models(self, request: web.Request) -> web.Response:
+        try:
+            self._session(request)
+        except AuthError as exc:
+            return _error(401, str(exc))
+        model = self.engine.backend.model
+        return web.json_response({"object": "list", "data": [
+            {"id": model, "object": "model", "type": "model", "display_name": model, "owned_by": "polar"}]})
+
+    # -- admin ---------------------------------------------------------------------------------
+    def _admin_ok(self, request: web.Request) -> bool:
+        return hmac.compare_digest((_request_key(request) or "").encode(), self.admin_secret.encode())
+
+    async def _admin_create(self, request: web.Request) -> web.Response:
+        if not self._admin_ok(request):
+            return _error(401, "admin API requires the admin secret as Bearer token")
+        try:
+            body = json.loads(await request.read() or b"{}")
+            if not isinstance(body, dict):
+                raise ValueError("body must be a JSON object")
+            sid, key = self.create_session(body.get("session_id"), policy=body.get("policy"),
+                                           metadata=body.get("metadata"))
+        except (ValueError, json.JSONDecodeError) as exc:
+            return _error(400, str(exc))
+        base = f"{request.scheme}://{request.host}"
+        return web.json_response({"session_id": sid, "api_key": key, "urls": self.session_urls(sid, base)},
+                                 status=201)
+
+    async def _admin_list(self, request: web.Request) -> web.Response:
+        if not self._admin_ok(request):
+            return _error(401, "admin API requires the admin secret as Bearer token")
+        return web.json_response([s.info.model_dump(mode="json", exclude={"key_sha256"})
+                                  for s in self.registry.all()])
+
+    def _admin_session(self, request: web.Request) -> Session | web.Response:
+        if not self._admin_ok(request):
+            return _error(401, "admin API requires the admin secret as Bearer token")
+        session = self.registry.get(request.match_info["sid"])
+        return session if session is not None else _error(404, "unknown session")
+
+    async def _admin_get(self, request: web.Request) -> web.Response:
+        session = self._admin_session(request)
+        if isinstance(session, web.Response):
+            return session
+        return web.json_response({**session.info.model_dump(mode="json", exclude={"key_sha256"}),
+                                  "calls": len(session.calls)})
+
+    async def _admin_close(self, request: web.Request) -> web.Response:
+        session = self._admin_session(request)
+        if isinstance(session, web.Response):
+            return session
+        body = json.loads(await request.read() or b"{}")
+        status = body.get("status", "completed") if isinstance(body, dict) else "completed"
+        if status not in ("completed", "timeout", "error"):
+            return _error(400, "status must be completed, timeout or error")
+        info = self.registry.close(session.id, status)
+        return web.json_response(info.model_dump(mode="json", exclude={"key_sha256"}))
+
+    async def _admin_calls(self, request: web.Request) -> web.Response:
+        session = self._admin_session(request)
+        if isinstance(session, web.Response):
+            return session
+        records = self.registry.ledger.calls(session.id)
+        return web.json_response([r.model_dump(mode="json") for r in records])
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": {"message": message, "type": "invalid_request_error"
+                                        if status < 500 else "server_error", "code": status}}, status=status)

@@ -1,0 +1,196 @@
+"""The token path: canonical conversation in, token-exact call out (DESIGN.md §3).
+
+For each request the engine finds the earlier call that this conversation extends (its messages
+plus its own answer are a message-level prefix of the request), reuses that call's prompt ids and
+sampled ids verbatim, and renders only the messages appended since. The call is appended to the
+ledger before the harness gets its answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from polar_env.backends.base import Backend, BackendError, SamplingParams
+from polar_env.chat.messages import AssistantTurn, Conversation, Message, ToolCall
+from polar_env.chat.template import ChatRenderer
+from polar_env.proxy.sessions import POLICY_KEYS, CallState, Session, prefix_hashes
+from polar_env.proxy.wire import DecodedRequest
+from polar_env.trajectory.ledger import Ledger
+from polar_env.trajectory.records import CallRecord
+
+
+class ContextOverflow(Exception):
+    """The prompt leaves no room to generate within the model's context window."""
+
+
+@dataclass
+class EngineConfig:
+    max_context: int = 8192
+    default_max_tokens: int = 1024
+    backend_retries: int = 2  # extra attempts on retryable backend errors
+    retry_backoff_s: float = 0.2
+    defaults: dict[str, Any] = field(default_factory=dict)  # sampling when neither policy nor harness sets it
+
+
+@dataclass
+class Extension:
+    parent: CallState | None
+    prompt_ids: list[int]
+    break_reason: str | None
+
+
+class TokenEngine:
+    def __init__(self, renderer: ChatRenderer, backend: Backend, ledger: Ledger,
+                 config: EngineConfig | None = None):
+        self.renderer = renderer
+        self.backend = backend
+        self.ledger = ledger
+        self.config = config or EngineConfig()
+        self.eos_ids = set(renderer.eos_token_ids)
+
+    # -- prefix matching -------------------------------------------------------------------
+    def find_parent(self, session: Session, conv: Conversation, refs: list[str | None]) -> CallState | None:
+        """The latest call whose messages + answer form the longest prefix of ``conv``."""
+        if not session.calls:
+            return None
+        hashes = prefix_hashes(conv.messages)
+        tools_fp = conv.tools_fingerprint()
+        for k in range(len(conv.messages) - 1, -1, -1):
+            for state in reversed(session.by_prefix.get(hashes[k], ())):
+                if state.tools_fp == tools_fp and _answers(conv.messages[k], refs[k] if k < len(refs) else None,
+                                                           state):
+                    return state
+        return None
+
+    def classify_break(self, session: Session, conv: Conversation) -> str:
+        if not session.calls:
+            return "first call"
+        system_fp = conv.messages[0].fingerprint() if conv.messages else None
+        if conv.tools_fingerprint() not in {c.tools_fp for c in session.calls}:
+            return "tools changed (sub-agent or side call)"
+        if system_fp not in {c.system_fp for c in session.calls}:
+            return "different system prompt (side call)"
+        return "history rewritten (compaction or edited history)"
+
+    def build_prompt(self, session: Session, conv: Conversation, refs: list[str | None]) -> Extension:
+        parent = self.find_parent(session, conv, refs)
+        if parent is None:
+            return Extension(None, self.renderer.render_prompt(conv.messages, conv.tools),
+                             self.classify_break(session, conv))
+        appended = conv.messages[parent.n_messages + 1:]
+        glue = self.renderer.render_continuation(appended, previous_ended_with_eos=parent.ended_with_eos)
+        return Extension(parent, parent.ids.tolist() + glue, None)
+
+    # -- sampling ----------------------------------------------------------------------------
+    def sampling_for(self, session: Session, requested: dict[str, Any], prompt_len: int
+                     ) -> tuple[SamplingParams, list[str]]:
+        """Session policy (the trainer's) wins over the harness; record what it overrode."""
+        chosen: dict[str, Any] = {"max_tokens": self.config.default_max_tokens, **self.config.defaults}
+        overridden = []
+        for key in POLICY_KEYS:
+            asked = requested.get(key)
+            forced = session.info.policy.get(key)
+            if forced is not None:
+                chosen[key] = forced
+                if asked is not None and asked != forced:
+                    overridden.append(key)
+            elif asked is not None:
+                chosen[key] = asked
+        room = self.config.max_context - prompt_len
+        if room <= 0:
+            raise ContextOverflow(f"prompt is {prompt_len} tokens; the model's context is "
+                                  f"{self.config.max_context} tokens")
+        chosen["max_tokens"] = max(1, min(int(chosen["max_tokens"]), room))
+        return SamplingParams(stop_token_ids=sorted(self.eos_ids), **chosen), overridden
+
+    # -- one call ------------------------------------------------------------------------------
+    async def complete(self, session: Session, api: str, request: DecodedRequest) -> tuple[AssistantTurn, CallRecord]:
+        """Run one model call; the record is in the ledger before this returns (or raises)."""
+        started = time.perf_counter()
+        conv = request.conversation
+        call_index = session.reserve_index()
+        call_id = uuid.uuid4().hex[:24]
+        ext = self.build_prompt(session, conv, request.assistant_refs)
+        render_ms = (time.perf_counter() - started) * 1e3
+        record = CallRecord(
+            session_id=session.id, call_index=call_index, call_id=call_id, api=api, created_at=time.time(),
+            messages=conv.messages, tools=conv.tools, prompt_ids=ext.prompt_ids,
+            requested_sampling=request.requested_sampling, backend=self.backend.name, model=self.backend.model,
+            flags=list(request.flags), parent_call_index=ext.parent.call_index if ext.parent else None,
+            reused_prefix_len=len(ext.parent.ids) if ext.parent else 0, break_reason=ext.break_reason,
+        )
+        try:
+            sampling, overridden = self.sampling_for(session, request.requested_sampling, len(ext.prompt_ids))
+        except ContextOverflow as exc:
+            self._finish_failed(session, record, started, render_ms, f"context overflow: {exc}")
+            raise
+        record.sampling, record.overridden = sampling, overridden
+        if overridden:
+            record.flags.append("overridden:" + ",".join(overridden))
+        gen_started = time.perf_counter()
+        try:
+            generation = await self._generate(session, ext.prompt_ids, sampling)
+        except BackendError as exc:
+            self._finish_failed(session, record, started, render_ms, f"backend: {exc}")
+            raise
+        generate_ms = (time.perf_counter() - gen_started) * 1e3
+        if generation.prompt_ids and generation.prompt_ids != ext.prompt_ids:
+            record.flags.append("backend_prompt_mismatch")
+        parsed = self.renderer.parse_output(generation.token_ids)
+        tool_calls = [ToolCall(id=f"call_{call_id[:12]}_{i}", name=tc.name, arguments=tc.arguments, kind=tc.kind)
+                      for i, tc in enumerate(parsed.tool_calls)]
+        finish = "tool_calls" if tool_calls else generation.finish_reason
+        turn = AssistantTurn(call_id=call_id, content=parsed.content, reasoning=parsed.reasoning,
+                             tool_calls=tool_calls, finish_reason=finish, prompt_tokens=len(ext.prompt_ids),
+                             completion_tokens=len(generation.token_ids), malformed_tool_call=parsed.malformed,
+                             model=request.model or self.backend.model)
+        if parsed.malformed:
+            record.flags.append("malformed_tool_call")
+        record.sampled_ids, record.logprobs = generation.token_ids, generation.logprobs
+        record.output, record.finish_reason = turn, generation.finish_reason
+        record.model = generation.model or self.backend.model
+        record.timings = {"render_ms": render_ms, "generate_ms": generate_ms,
+                          "total_ms": (time.perf_counter() - started) * 1e3}
+        self._persist(session, record)
+        return turn, record
+
+    async def count_tokens(self, request: DecodedRequest) -> int:
+        return len(self.renderer.render_prompt(request.conversation.messages, request.conversation.tools))
+
+    async def _generate(self, session: Session, prompt_ids: list[int], sampling: SamplingParams):
+        attempt = 0
+        while True:
+            try:
+                return await self.backend.generate(prompt_ids, sampling, session_id=session.id)
+            except BackendError as exc:
+                if not exc.retryable or attempt >= self.config.backend_retries:
+                    raise
+            attempt += 1
+            await asyncio.sleep(self.config.retry_backoff_s * attempt)
+
+    def _finish_failed(self, session: Session, record: CallRecord, started: float, render_ms: float,
+                       error: str) -> None:
+        record.error = error
+        record.timings = {"render_ms": render_ms, "total_ms": (time.perf_counter() - started) * 1e3}
+        self._persist(session, record)
+
+    def _persist(self, session: Session, record: CallRecord) -> None:
+        self.ledger.append(record)
+        session.remember(record, self.eos_ids)
+
+
+def _answers(message: Message, ref: str | None, state: CallState) -> bool:
+    """Whether ``message`` (an assistant turn the harness sent back) is the answer of ``state``."""
+    if message.role != "assistant":
+        return False
+    if ref is not None and state.call_id in ref:
+        return True
+    issued = [tc.id for tc in state.output.tool_calls]
+    if issued:
+        return [tc.id for tc in message.tool_calls] == issued
+    return not message.tool_calls and message.content.strip() == state.output.content.strip()
+

@@ -1,0 +1,81 @@
+"""`polar proxy serve`: the proxy as a standalone server in front of any backend."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import secrets
+import signal
+from pathlib import Path
+
+from polar_env.proxy.app import DEFAULT_MAX_BODY, ProxyServer
+from polar_env.proxy.engine import EngineConfig
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backend", default="local",
+                        choices=["local", "vllm", "nemo-rl", "sglang", "instant"],
+                        help="inference backend (default: local in-process transformers model)")
+    parser.add_argument("--url", action="append", default=[],
+                        help="backend base URL (repeat to spread sessions over several servers)")
+    parser.add_argument("--model-dir", type=Path, default=None,
+                        help="HF model/tokenizer dir used for chat templates (default: the embedded SmolLM2)")
+    parser.add_argument("--model-name", default=None, help="model name sent to the backend")
+    parser.add_argument("--tool-format", choices=["hermes", "qwen3_coder"], default=None,
+                        help="tool-call format of the model's output (default: from the template)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8787)
+    parser.add_argument("--unix-socket", type=Path, default=None, help="also listen on this Unix socket")
+    parser.add_argument("--data-dir", type=Path, default=Path("runs/proxy"),
+                        help="ledger directory; a restart on the same directory recovers every session")
+    parser.add_argument("--admin-secret", default=os.environ.get("POLAR_ADMIN_SECRET"),
+                        help="secret for /admin (env POLAR_ADMIN_SECRET; generated into DATA_DIR/admin_secret if unset)")
+    parser.add_argument("--max-context", type=int, default=8192)
+    parser.add_argument("--max-body-mb", type=float, default=DEFAULT_MAX_BODY / 2**20)
+    parser.add_argument("--fsync", action="store_true", help="fsync every ledger append (power-loss safe)")
+
+
+def build_proxy(args: argparse.Namespace) -> ProxyServer:
+    from polar_env.backends.embedded import embedded_model_dir
+    from polar_env.backends.registry import make_backend
+    from polar_env.chat.template import ChatRenderer
+
+    model_dir = args.model_dir or embedded_model_dir()
+    renderer = ChatRenderer.from_pretrained(model_dir, tool_format=args.tool_format)
+    backend = make_backend(args.backend, url=args.url or None, model=args.model_name or model_dir.name,
+                           model_dir=model_dir)
+    return ProxyServer.create(renderer=renderer, backend=backend, data_dir=args.data_dir,
+                              admin_secret=_admin_secret(args), config=EngineConfig(max_context=args.max_context),
+                              fsync=args.fsync, max_body_bytes=int(args.max_body_mb * 2**20))
+
+
+def _admin_secret(args: argparse.Namespace) -> str:
+    if args.admin_secret:
+        return args.admin_secret
+    path = Path(args.data_dir) / "admin_secret"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(secrets.token_urlsafe(32))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    proxy = build_proxy(args)
+    await proxy.start(args.host, args.port, args.unix_socket)
+    where = proxy.base_url + (f" and unix:{proxy.unix_socket}" if proxy.unix_socket else "")
+    print(f"polar proxy listening on {where}; backend={proxy.engine.backend.name} "
+          f"model={proxy.engine.backend.model}; admin secret in {args.data_dir}/admin_secret "
+          f"unless POLAR_ADMIN_SECRET is set", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await proxy.stop()
+
+
+def serve_main(args: argparse.Namespace) -> int:
+    asyncio.run(_serve(args))
+    return 0

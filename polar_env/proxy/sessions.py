@@ -1,0 +1,156 @@
+"""Sessions: who may call, under which sampling policy, and the per-session call index.
+
+A session exists only once the admin API (or an in-process call) created it; its key is returned
+once and kept only as a SHA-256 digest, so keys never reach logs or the ledger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import re
+import secrets
+import time
+from array import array
+from dataclasses import dataclass, field
+from typing import Any
+
+from polar_env.chat.messages import AssistantTurn, Message
+from polar_env.trajectory.ledger import Ledger
+from polar_env.trajectory.records import CallRecord, SessionInfo
+
+SESSION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+POLICY_KEYS = ("temperature", "top_p", "max_tokens")
+
+
+class AuthError(Exception):
+    """Unknown session or wrong key; both answer 401 with the same message (no enumeration)."""
+
+
+def prefix_hashes(messages: list[Message]) -> list[str]:
+    """``h[k]`` identifies ``messages[:k]``; two conversations share a k-prefix iff their h[k] agree."""
+    out = [""]
+    running = hashlib.sha256()
+    for message in messages:
+        running.update(message.fingerprint().encode())
+        out.append(running.copy().hexdigest()[:32])
+    return out
+
+
+@dataclass
+class CallState:
+    """What the token path needs of an earlier call to extend it, without rereading the ledger."""
+
+    call_index: int
+    call_id: str
+    n_messages: int
+    prefix_hash: str
+    tools_fp: str
+    ids: array  # prompt ids + sampled ids
+    ended_with_eos: bool
+    output: AssistantTurn
+    system_fp: str | None
+
+
+@dataclass
+class Session:
+    info: SessionInfo
+    calls: list[CallState] = field(default_factory=list)
+    by_prefix: dict[str, list[CallState]] = field(default_factory=dict)
+    next_index: int = 0
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def id(self) -> str:
+        return self.info.session_id
+
+    def reserve_index(self) -> int:
+        index = self.next_index
+        self.next_index += 1
+        return index
+
+    def remember(self, record: CallRecord, eos_ids: set[int]) -> None:
+        """Index a finished call so later requests can extend it."""
+        self.next_index = max(self.next_index, record.call_index + 1)
+        if record.output is None or record.error:
+            return
+        state = CallState(
+            call_index=record.call_index, call_id=record.call_id, n_messages=len(record.messages),
+            prefix_hash=prefix_hashes(record.messages)[-1],
+            tools_fp=_tools_fp(record), ids=array("i", record.prompt_ids + record.sampled_ids),
+            ended_with_eos=bool(record.sampled_ids) and record.sampled_ids[-1] in eos_ids,
+            output=record.output,
+            system_fp=record.messages[0].fingerprint() if record.messages else None,
+        )
+        self.calls.append(state)
+        self.by_prefix.setdefault(state.prefix_hash, []).append(state)
+
+
+def _tools_fp(record: CallRecord) -> str:
+    from polar_env.chat.messages import Conversation
+
+    return Conversation(messages=[], tools=record.tools).tools_fingerprint()
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class SessionRegistry:
+    """Creates, authenticates and recovers sessions; the ledger is the source of truth on disk."""
+
+    def __init__(self, ledger: Ledger, eos_ids: set[int]):
+        self.ledger = ledger
+        self.eos_ids = eos_ids
+        self._sessions: dict[str, Session] = {}
+
+    def create(self, session_id: str | None = None, *, policy: dict[str, Any] | None = None,
+               metadata: dict[str, Any] | None = None) -> tuple[Session, str]:
+        session_id = session_id or secrets.token_hex(8)
+        if not SESSION_ID_RE.match(session_id):
+            raise ValueError(f"invalid session id {session_id!r}: use letters, digits, '_', '.', '-' (max 128)")
+        if session_id in self._sessions or self.ledger.session(session_id) is not None:
+            raise ValueError(f"session {session_id!r} already exists")
+        policy = dict(policy or {})
+        unknown = set(policy) - set(POLICY_KEYS)
+        if unknown:
+            raise ValueError(f"unknown policy keys {sorted(unknown)}; allowed: {list(POLICY_KEYS)}")
+        key = "pk-" + secrets.token_urlsafe(24)
+        info = SessionInfo(session_id=session_id, key_sha256=hash_key(key), created_at=time.time(),
+                           policy=policy, metadata=dict(metadata or {}))
+        self.ledger.create_session(info)
+        session = Session(info=info)
+        self._sessions[session_id] = session
+        return session, key
+
+    def authenticate(self, session_id: str, key: str | None) -> Session:
+        session = self._sessions.get(session_id)
+        if session is None or not key or not hmac.compare_digest(session.info.key_sha256, hash_key(key)):
+            raise AuthError("unknown session or wrong API key for this session")
+        if session.info.closed_at is not None:
+            raise AuthError("session is closed")
+        return session
+
+    def get(self, session_id: str) -> Session | None:
+        return self._sessions.get(session_id)
+
+    def all(self) -> list[Session]:
+        return list(self._sessions.values())
+
+    def close(self, session_id: str, status: str = "completed") -> SessionInfo:
+        session = self._sessions[session_id]
+        session.info = session.info.model_copy(update={"closed_at": time.time(), "status": status})
+        self.ledger.update_session(session.info)
+        self.ledger.close_session(session_id)
+        return session.info
+
+    def recover(self) -> Any:
+        """Reload every session and its finished calls from the ledger after a restart."""
+        report = self.ledger.recover()
+        for info in self.ledger.sessions():
+            session = Session(info=info)
+            for record in sorted(self.ledger.calls(info.session_id), key=lambda r: r.call_index):
+                session.remember(record, self.eos_ids)
+            self._sessions[info.session_id] = session
+        return report

