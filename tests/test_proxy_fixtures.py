@@ -11,6 +11,8 @@ import aiohttp
 import pytest
 from proxy_client import parse_sse, running_proxy
 
+from polar_env.proxy.engine import EngineConfig
+
 FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "harness_requests"
 if not FIXTURES.is_dir():  # CI clones main beside a copy of shared/
     FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "harness_requests"
@@ -68,7 +70,9 @@ async def test_fixture_requests_are_answered_with_the_sse_the_harness_needs(harn
 
     requests = _load(harness)
     assert requests, f"no fixtures for {harness} in {FIXTURES}"
-    async with running_proxy(renderer, scripted_backend_factory(policy), tmp_path) as proxy, \
+    # harness prompts are long (Codex ~9k tokens); the scripted policy scores a bounded window
+    config = EngineConfig(max_context=65536, default_max_tokens=64)
+    async with running_proxy(renderer, scripted_backend_factory(policy), tmp_path, config=config) as proxy, \
             aiohttp.ClientSession() as http:
         sid, key = proxy.create_session(harness)
         base = f"{proxy.base_url}/s/{sid}"

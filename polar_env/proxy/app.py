@@ -89,8 +89,7 @@ class ProxyServer:
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.max_body_bytes, middlewares=[self._errors])
         r = app.router
-        r.add_route("HEAD", "/", self._ok)
-        r.add_get("/", self._ok)
+        r.add_get("/", self._ok)  # add_get answers HEAD too
         r.add_get("/health", self._health)
         r.add_route("HEAD", "/s/{sid}", self._ok)
         r.add_route("HEAD", "/s/{sid}/", self._ok)

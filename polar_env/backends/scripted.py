@@ -1,0 +1,55 @@
+"""A backend whose answers a test script chooses, scored by the real model.
+
+Driving a real harness through the proxy with the 135M model rarely produces useful tool calls;
+a policy picks the text instead (it sees the decoded prompt, so it can read the tool names the
+harness offers), and the real model scores that text by teacher forcing, so the recorded ids and
+logprobs are as real as the token path needs. Scoring looks at the last ``context_window`` prompt
+tokens only, which bounds the cost of a call for harness prompts longer than the model's context.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Literal
+
+from polar_env.backends.base import BackendError, Generation, SamplingParams
+from polar_env.backends.local import LocalBackend
+
+Policy = Callable[[str | None, int, str], str]
+"""``policy(session_id, call_number, prompt_text) -> assistant text``; call_number counts from 0 per session."""
+
+
+class ScriptedBackend:
+    def __init__(self, local: LocalBackend, policy: Policy, *, name: str = "scripted",
+                 context_window: int = 1024):
+        self.name = name
+        self.model = local.model
+        self.local = local
+        self.policy = policy
+        self.context_window = context_window
+        self.end_of_turn_id = local.eos_token_ids[0]
+        self.calls: defaultdict[str | None, int] = defaultdict(int)
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, *,
+                       session_id: str | None = None) -> Generation:
+        if not prompt_ids:
+            raise BackendError("empty prompt", status=400)
+        call_number = self.calls[session_id]
+        self.calls[session_id] += 1
+        prompt_text = self.local.tokenizer.decode(prompt_ids, skip_special_tokens=False)
+        text = self.policy(session_id, call_number, prompt_text)
+        ids = self.local.tokenizer.encode(text, add_special_tokens=False) + [self.end_of_turn_id]
+        finish: Literal["stop", "length"] = "stop"
+        if len(ids) > sampling.max_tokens:
+            ids, finish = ids[:sampling.max_tokens], "length"
+        context = prompt_ids[-self.context_window:]
+        logprobs = await self.local.ascore(context + ids, len(context))
+        if not all(math.isfinite(lp) for lp in logprobs):
+            raise BackendError("non-finite logprob while scoring a scripted answer")
+        return Generation(prompt_ids=list(prompt_ids), token_ids=ids, logprobs=logprobs,
+                          finish_reason=finish, backend=self.name, model=self.model)
+
+    async def aclose(self) -> None:
+        """The wrapped LocalBackend belongs to the caller, who closes it."""

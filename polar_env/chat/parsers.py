@@ -1,0 +1,123 @@
+"""Parse a model's decoded output into reasoning, content and tool calls.
+
+Two tool-call styles: Hermes JSON (Qwen3, our SmolLM2 template) and Qwen3-Coder XML (Qwen3.5).
+Parsing works on decoded text only; the sampled token ids stay the record (never re-encoded).
+Whatever the model wrote, parsing never raises: a tool call that cannot be read makes the whole
+answer plain content with ``malformed=True``, so the harness gets text and the turn is marked.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from polar_env.chat.messages import ToolCall
+
+ToolFormat = Literal["hermes", "qwen3_coder"]
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+
+_CALL_BLOCK = re.compile(re.escape(CALL_OPEN) + r"(.*?)" + re.escape(CALL_CLOSE), re.DOTALL)
+_XML_FUNCTION = re.compile(r"\s*<function=([^>\n]+)>\n?(.*?)</function>\s*", re.DOTALL)
+_XML_PARAM = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.DOTALL)
+
+
+class MalformedToolCall(ValueError):
+    """A tool-call block the parser could not read (caught inside this module)."""
+
+
+@dataclass
+class ParsedOutput:
+    text: str
+    content: str = ""
+    reasoning: str | None = None
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    malformed: bool = False
+
+
+def split_reasoning(text: str, *, started_in_think: bool = False) -> tuple[str | None, str]:
+    """Return ``(reasoning, rest)``.
+
+    ``started_in_think``: the prompt already opened ``<think>`` (Qwen3.5), so the output holds
+    only ``</think>``; if that never comes (cut by length) everything is reasoning.
+    """
+    stripped = text.lstrip()
+    if stripped.startswith(THINK_OPEN):
+        started_in_think, text = True, stripped[len(THINK_OPEN):]
+    if THINK_CLOSE in text:
+        reasoning, rest = text.split(THINK_CLOSE, 1)
+        return reasoning.strip("\n") or None, rest
+    if started_in_think:
+        return text.strip("\n") or None, ""
+    return None, text
+
+
+def parse_hermes_call(body: str) -> list[tuple[str, str]]:
+    """``{"name": .., "arguments": {..}}`` (or a list of such) -> ``[(name, arguments_json)]``."""
+    try:
+        obj = json.loads(body)
+    except json.JSONDecodeError as e:
+        raise MalformedToolCall(f"bad JSON in tool call: {e}") from None
+    objs = obj if isinstance(obj, list) else [obj]
+    calls = []
+    for item in objs:
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str) or not item["name"]:
+            raise MalformedToolCall("tool call has no name")
+        args = item.get("arguments", item.get("parameters", {}))
+        if isinstance(args, dict):
+            calls.append((item["name"], json.dumps(args, ensure_ascii=False)))
+        elif isinstance(args, str):  # already JSON text (or a free-text tool's input)
+            calls.append((item["name"], args))
+        else:
+            raise MalformedToolCall("tool call arguments are neither an object nor a string")
+    return calls
+
+
+def parse_xml_call(body: str) -> list[tuple[str, str]]:
+    """``<function=NAME><parameter=K>\\nV\\n</parameter></function>`` -> ``[(name, arguments_json)]``."""
+    match = _XML_FUNCTION.fullmatch(body)
+    if not match:
+        raise MalformedToolCall("tool call is not one <function=...>...</function> block")
+    name, inner = match.group(1).strip(), match.group(2)
+    args: dict[str, Any] = {}
+    for key, raw in _XML_PARAM.findall(inner):
+        args[key.strip()] = _param_value(raw)
+    if _XML_PARAM.sub("", inner).strip():
+        raise MalformedToolCall("unexpected text between parameters")
+    return [(name, json.dumps(args, ensure_ascii=False))]
+
+
+def _param_value(raw: str) -> Any:
+    value = raw[1:] if raw.startswith("\n") else raw
+    value = value[:-1] if value.endswith("\n") else value
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        return value
+
+
+def parse_text(text: str, tool_format: ToolFormat, *, started_in_think: bool = False) -> ParsedOutput:
+    """Split ``text`` (decoded output, end token removed) into reasoning, content and tool calls."""
+    reasoning, rest = split_reasoning(text, started_in_think=started_in_think)
+    out = ParsedOutput(text=text, reasoning=reasoning, content=rest.strip())
+    if CALL_OPEN not in rest and CALL_CLOSE not in rest:
+        return out
+    parse_call = parse_hermes_call if tool_format == "hermes" else parse_xml_call
+    try:
+        calls = []
+        for block in _CALL_BLOCK.findall(rest):
+            calls.extend(parse_call(block.strip("\n") if tool_format == "hermes" else block))
+        outside = _CALL_BLOCK.sub("\x00", rest)
+        if CALL_OPEN in outside or CALL_CLOSE in outside:
+            raise MalformedToolCall("unterminated or stray tool-call tag")
+        # content is what the model wrote before its calls (text between or after them is kept too)
+        content = "\n".join(p.strip() for p in outside.split("\x00") if p.strip())
+    except MalformedToolCall:
+        out.malformed = True
+        return out
+    out.content = content
+    out.tool_calls = [ToolCall(id=f"call_{i}", name=n, arguments=a) for i, (n, a) in enumerate(calls)]
+    return out

@@ -1,0 +1,179 @@
+"""Render canonical conversations to prompt token ids and parse sampled ids back.
+
+The proxy renders a full prompt only for the first call of a chain; later calls append
+``render_continuation`` of the new messages to the earlier prompt + sampled ids, so what the
+model generated is never re-encoded and the cost of a call depends on what was appended only.
+
+How template messages are built from canonical ones: ``reasoning`` becomes ``reasoning_content``;
+tool-call arguments are given to the template as a JSON object; arguments that are not a JSON
+object (custom free-text tools such as Codex's ``apply_patch``) are given as ``{"input": TEXT}``,
+and custom tools are offered as functions taking one string parameter ``input``. The parser does
+not know tool kinds, so a custom tool's call comes back as ``{"input": ...}`` JSON;
+``apply_tool_kinds`` unwraps it given the request's tools.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from polar_env.chat.messages import Message, ToolCall, ToolSpec
+from polar_env.chat.parsers import THINK_OPEN, ParsedOutput, ToolFormat, parse_text
+
+TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
+_FORMAT_TEMPLATES: dict[str, str] = {"hermes": "chatml_hermes_tools", "qwen3_coder": "qwen3_coder_tools"}
+_SENTINEL = "\u2063polar-continuation-base\u2063"  # never produced by a harness
+
+
+def bundled_template(name: str) -> str:
+    """Text of a template shipped in ``polar_env/chat/templates`` (name with or without ``.jinja``)."""
+    return (TEMPLATES_DIR / f"{name.removesuffix('.jinja')}.jinja").read_text()
+
+
+def infer_tool_format(chat_template: str) -> ToolFormat:
+    return "qwen3_coder" if "<function=" in chat_template else "hermes"
+
+
+class ChatRenderer:
+    """A tokenizer plus a tools-aware ChatML template, for rendering prompts and parsing outputs."""
+
+    def __init__(self, tokenizer: Any, *, chat_template: str | None = None,
+                 tool_format: Literal["hermes", "qwen3_coder"] = "hermes"):
+        self.tokenizer = tokenizer
+        self.tool_format: ToolFormat = tool_format
+        self.chat_template: str = chat_template or tokenizer.chat_template or bundled_template(
+            _FORMAT_TEMPLATES[tool_format])
+        vocab = tokenizer.get_vocab()
+        self.end_of_turn: str = "<|im_end|>" if "<|im_end|>" in vocab else tokenizer.eos_token
+        ids = [vocab[self.end_of_turn], tokenizer.eos_token_id]
+        self.eos_token_ids: list[int] = list(dict.fromkeys(i for i in ids if i is not None))
+        base = [Message(role="user", content="."), Message(role="assistant", content=_SENTINEL)]
+        self._base = [self._message_dict(m) for m in base]
+        prompt = self._render(self._base[:1], [], add_generation_prompt=True)
+        self._prompt_opens_think = prompt.rstrip().endswith(THINK_OPEN)
+        base_text = self._render(self._base, [], add_generation_prompt=False)
+        if _SENTINEL + self.end_of_turn not in base_text:
+            raise ValueError("chat template does not end an assistant turn with the end-of-turn token")
+        self._glue = base_text.rsplit(_SENTINEL + self.end_of_turn, 1)[1]  # e.g. "\n"
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, *, chat_template: str | None = None,
+                        tool_format: Literal["hermes", "qwen3_coder"] | None = None) -> ChatRenderer:
+        """Load the tokenizer at ``path``; ``chat_template`` is template text, a file path or a
+        bundled template name (default: the tokenizer's own template)."""
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        template = _resolve_template(chat_template) if chat_template else tokenizer.chat_template
+        if template is None:
+            template = bundled_template(_FORMAT_TEMPLATES[tool_format or "hermes"])
+        return cls(tokenizer, chat_template=template, tool_format=tool_format or infer_tool_format(template))
+
+    # ---- rendering -------------------------------------------------------------------------
+
+    def render_prompt(self, messages: list[Message], tools: list[ToolSpec]) -> list[int]:
+        """Token ids of the whole conversation plus the assistant generation prompt."""
+        text = self._render([self._message_dict(m) for m in messages], [self._tool_dict(t) for t in tools],
+                            add_generation_prompt=True)
+        return self._encode(text)
+
+    def render_continuation(self, appended: list[Message], *, previous_ended_with_eos: bool) -> list[int]:
+        """Ids that follow a sampled assistant turn: end token (only if the turn was cut), the
+        template glue, the appended messages and the generation prompt.
+
+        Renders a fixed two-message base conversation (whose assistant content is a sentinel)
+        followed by ``appended``, checks that the glue after the base assistant's end token is
+        what the template writes without ``appended``, and encodes only the text after that end
+        token: being a special token, it splits tokenization, so these ids are exactly those of a
+        full render. No history is rendered or tokenized.
+        """
+        full = self._render(self._base + [self._message_dict(m) for m in appended], [],
+                            add_generation_prompt=True)
+        _, marker, suffix = full.partition(_SENTINEL + self.end_of_turn)
+        if not marker or _SENTINEL in suffix or not suffix.startswith(self._glue):
+            raise ValueError("chat template renders an assistant turn's end differently when messages follow")
+        ids = self._encode(suffix)
+        return ids if previous_ended_with_eos else self._encode(self.end_of_turn) + ids
+
+    def count_tokens(self, messages: list[Message], tools: list[ToolSpec]) -> int:
+        return len(self.render_prompt(messages, tools))
+
+    # ---- parsing ---------------------------------------------------------------------------
+
+    def parse_output(self, token_ids: list[int]) -> ParsedOutput:
+        """Parse sampled ids (a trailing end-of-turn id is dropped); ``text`` is the raw decode."""
+        ids = token_ids[:-1] if token_ids and token_ids[-1] in self.eos_token_ids else token_ids
+        text = self.tokenizer.decode(ids, skip_special_tokens=False)
+        return parse_text(text, self.tool_format, started_in_think=self._prompt_opens_think)
+
+    # ---- internals -------------------------------------------------------------------------
+
+    def _render(self, messages: list[dict], tools: list[dict], *, add_generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages, tools=tools or None, chat_template=self.chat_template, tokenize=False,
+            add_generation_prompt=add_generation_prompt)
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    @staticmethod
+    def _message_dict(m: Message) -> dict[str, Any]:
+        return {
+            "role": m.role, "content": m.content, "reasoning_content": m.reasoning,
+            "tool_calls": [{"id": tc.id, "type": "function",
+                            "function": {"name": tc.name, "arguments": _arguments_object(tc.arguments, tc.kind)}}
+                           for tc in m.tool_calls],
+            "tool_call_id": m.tool_call_id, "name": m.name,
+        }
+
+    @staticmethod
+    def _tool_dict(t: ToolSpec) -> dict[str, Any]:
+        if t.kind == "custom":
+            params = {"type": "object", "properties": {"input": {"type": "string", "description": "raw input"}},
+                      "required": ["input"]}
+            return {"type": "function", "function": {"name": t.name, "description": t.description,
+                                                     "parameters": params}}
+        return {"type": "function", "function": {"name": t.name, "description": t.description,
+                                                 "parameters": t.parameters}}
+
+
+def apply_tool_kinds(calls: list[ToolCall], tools: list[ToolSpec]) -> list[ToolCall]:
+    """Give parsed calls of custom (free-text) tools their kind and raw text back.
+
+    The model sees a custom tool as a function with one ``input`` string (see module docstring);
+    this undoes that wrapping for the tools the request declared custom.
+    """
+    custom = {t.name for t in tools if t.kind == "custom"}
+    out = []
+    for call in calls:
+        if call.name in custom:
+            try:
+                value = json.loads(call.arguments)
+            except json.JSONDecodeError:
+                value = call.arguments
+            text = value.get("input", call.arguments) if isinstance(value, dict) else call.arguments
+            call = call.model_copy(update={"kind": "custom", "arguments": text if isinstance(text, str)
+                                           else json.dumps(text, ensure_ascii=False)})
+        out.append(call)
+    return out
+
+
+def _arguments_object(arguments: str, kind: str) -> dict[str, Any]:
+    if kind == "function":
+        try:
+            value = json.loads(arguments)
+        except json.JSONDecodeError:
+            value = None
+        if isinstance(value, dict):
+            return value
+    return {"input": arguments}
+
+
+def _resolve_template(spec: str) -> str:
+    if "{" in spec:
+        return spec
+    path = Path(spec)
+    if path.is_file():
+        return path.read_text()
+    return bundled_template(spec)

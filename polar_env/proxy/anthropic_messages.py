@@ -1,0 +1,281 @@
+"""Anthropic Messages (``POST /v1/messages``, ``/v1/messages/count_tokens``): Claude Code's wire API.
+
+Content blocks map onto the canonical conversation: ``tool_result`` blocks of a user message become
+``tool`` messages in order, ``thinking`` becomes the assistant's reasoning and its ``signature``
+(which the proxy issues, containing the call id) is the ref the engine matches the turn by.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from polar_env.chat.messages import AssistantTurn, Conversation, Message, ToolCall, ToolSpec
+from polar_env.proxy import volatile
+from polar_env.proxy.wire import (
+    PART_JOIN,
+    DecodedRequest,
+    WireError,
+    dedupe,
+    echoed_model,
+    finish_of,
+    flatten_parts,
+    issued_ref,
+    require_object,
+    sampling_of,
+    sse_frame,
+    validate,
+)
+
+API = "messages"
+STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+# blocks that put nothing in the prompt (server-side tool traces); skipped with a flag
+HARMLESS_BLOCKS = frozenset({"server_tool_use", "web_search_tool_result", "web_fetch_tool_result",
+                             "container_upload", "search_result"})
+
+
+class _Loose(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class TextBlock(_Loose):
+    type: Literal["text"] = "text"
+    text: str
+
+
+class ToolUseBlock(_Loose):
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: dict[str, Any] | str = Field(default_factory=dict)
+
+
+class ToolResultBlock(_Loose):
+    type: Literal["tool_result"]
+    tool_use_id: str
+    content: str | list[dict[str, Any]] | None = None
+    is_error: bool | None = None
+
+
+class ThinkingBlock(_Loose):
+    type: Literal["thinking"]
+    thinking: str = ""
+    signature: str | None = None
+
+
+BLOCK_MODELS: dict[str, type[_Loose]] = {"text": TextBlock, "tool_use": ToolUseBlock,
+                                          "tool_result": ToolResultBlock, "thinking": ThinkingBlock}
+
+
+class AnthropicMessage(_Loose):
+    role: Literal["user", "assistant", "system"]  # "system" mid-conversation: a Claude Code beta
+    content: str | list[dict[str, Any]]
+
+
+class AnthropicTool(_Loose):
+    name: str
+    type: str | None = None  # absent or "custom" for client tools; versioned server tools otherwise
+    description: str | None = None
+    input_schema: dict[str, Any] | None = None
+
+
+class MessagesRequest(_Loose):
+    model: str
+    messages: list[AnthropicMessage] = Field(min_length=1)
+    system: str | list[TextBlock] | None = None
+    tools: list[AnthropicTool] | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    stream: bool | None = False
+
+
+# -- decoding ----------------------------------------------------------------------------------
+def decode(body: Any) -> DecodedRequest:
+    req = validate(MessagesRequest, require_object(body, API), API)
+    flags: list[str] = []
+    messages: list[Message] = []
+    refs: list[str | None] = []
+    if req.system:
+        system = req.system if isinstance(req.system, str) else PART_JOIN.join(b.text for b in req.system)
+        messages.append(Message(role="system", content=system))
+        refs.append(None)
+    for index, m in enumerate(req.messages):
+        blocks = [{"type": "text", "text": m.content}] if isinstance(m.content, str) else m.content
+        if m.role == "assistant":
+            message, ref = _assistant(index, blocks, flags)
+            messages.append(message)
+            refs.append(ref)
+        elif m.role == "system":
+            texts = [validate(TextBlock, raw, API, f"messages.{index}.content.{j}").text
+                     for j, raw in enumerate(blocks)]
+            messages.append(Message(role="system", content=PART_JOIN.join(texts)))
+            refs.append(None)
+        else:
+            for message in _user(index, blocks, flags):
+                messages.append(message)
+                refs.append(None)
+    tools = []
+    for tool in req.tools or []:
+        if tool.type not in (None, "custom"):
+            flags.append(f"skipped_tool:{tool.type}")
+            continue
+        params = {} if tool.input_schema is None else {"parameters": tool.input_schema}
+        tools.append(ToolSpec(name=tool.name, description=tool.description or "", **params))
+    decoded = DecodedRequest(
+        conversation=Conversation(messages=messages, tools=tools), stream=bool(req.stream),
+        model=req.model.strip(), raw_model=req.model,
+        requested_sampling=sampling_of(req.temperature, req.top_p, req.max_tokens),
+        flags=dedupe(flags), assistant_refs=refs,
+    )
+    return volatile.apply(decoded)
+
+
+def decode_count_tokens(body: Any) -> DecodedRequest:
+    """``/v1/messages/count_tokens`` takes a Messages body (``max_tokens`` and ``stream`` unused)."""
+    return decode(body).model_copy(update={"stream": False})
+
+
+def _block(message_index: int, block_index: int, raw: Any, flags: list[str]) -> _Loose | str | None:
+    """A validated block, placeholder text for media, or None for a harmless block."""
+    if not isinstance(raw, dict):
+        raise WireError(400, f"invalid messages request: messages.{message_index}.content.{block_index} "
+                             "must be an object")
+    kind = raw.get("type")
+    where = f"messages.{message_index}.content.{block_index}"
+    if kind in BLOCK_MODELS:
+        return validate(BLOCK_MODELS[kind], raw, API, where)
+    if kind in ("image", "document"):
+        return flatten_parts([raw], flags)
+    if kind == "redacted_thinking" or kind in HARMLESS_BLOCKS:
+        flags.append(f"skipped_block:{kind}")
+        return None
+    raise WireError(400, f"invalid messages request: {where}: unsupported content block type {kind!r}")
+
+
+def _user(index: int, blocks: list[Any], flags: list[str]) -> list[Message]:
+    out: list[Message] = []
+    texts: list[str] = []
+
+    def flush() -> None:
+        if texts:
+            out.append(Message(role="user", content=PART_JOIN.join(texts)))
+            texts.clear()
+
+    for j, raw in enumerate(blocks):
+        block = _block(index, j, raw, flags)
+        if isinstance(block, ToolResultBlock):
+            flush()
+            out.append(Message(role="tool", content=flatten_parts(block.content, flags),
+                               tool_call_id=block.tool_use_id))
+        elif isinstance(block, TextBlock):
+            texts.append(block.text)
+        elif isinstance(block, str):
+            texts.append(block)
+        elif block is not None:
+            raise WireError(400, f"invalid messages request: messages.{index}.content.{j}: "
+                                 f"{block.type} blocks belong in assistant messages")
+    flush()
+    return out
+
+
+def _assistant(index: int, blocks: list[Any], flags: list[str]) -> tuple[Message, str | None]:
+    texts: list[str] = []
+    thoughts: list[str] | None = None
+    calls: list[ToolCall] = []
+    ref = None
+    for j, raw in enumerate(blocks):
+        block = _block(index, j, raw, flags)
+        if isinstance(block, TextBlock):
+            texts.append(block.text)
+        elif isinstance(block, str):
+            texts.append(block)
+        elif isinstance(block, ThinkingBlock):
+            thoughts = (thoughts or []) + [block.thinking]
+            ref = ref or block.signature
+        elif isinstance(block, ToolUseBlock):
+            args = block.input if isinstance(block.input, str) else json.dumps(block.input, ensure_ascii=False)
+            calls.append(ToolCall(id=block.id, name=block.name, arguments=args))
+        elif isinstance(block, ToolResultBlock):
+            raise WireError(400, f"invalid messages request: messages.{index}.content.{j}: "
+                                 "tool_result blocks belong in user messages")
+    reasoning = None if thoughts is None else PART_JOIN.join(thoughts)
+    return Message(role="assistant", content=PART_JOIN.join(texts), reasoning=reasoning, tool_calls=calls), ref
+
+
+# -- encoding ----------------------------------------------------------------------------------
+def tool_input(tc: ToolCall) -> dict[str, Any]:
+    """Anthropic's ``input`` object; text that is not a JSON object (a custom tool's) is wrapped."""
+    try:
+        value = json.loads(tc.arguments)
+    except json.JSONDecodeError:
+        value = None
+    return value if isinstance(value, dict) else {"input": tc.arguments}
+
+
+def content_blocks(turn: AssistantTurn) -> list[dict[str, Any]]:
+    blocks: list[dict[str, Any]] = []
+    if turn.reasoning is not None:
+        blocks.append({"type": "thinking", "thinking": turn.reasoning, "signature": issued_ref(turn.call_id)})
+    if turn.content or not turn.tool_calls:
+        blocks.append({"type": "text", "text": turn.content})
+    blocks += [{"type": "tool_use", "id": tc.id, "name": tc.name, "input": tool_input(tc)} for tc in turn.tool_calls]
+    return blocks
+
+
+def _usage(turn: AssistantTurn) -> dict[str, int]:
+    return {"input_tokens": turn.prompt_tokens, "output_tokens": turn.completion_tokens,
+            "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+
+
+def _message(turn: AssistantTurn, req: DecodedRequest, content: list[dict[str, Any]], done: bool) -> dict:
+    return {"id": f"msg_{turn.call_id}", "type": "message", "role": "assistant", "model": echoed_model(turn, req),
+            "content": content, "stop_reason": STOP_REASONS[finish_of(turn)] if done else None,
+            "stop_sequence": None,
+            "usage": _usage(turn) if done else {**_usage(turn), "output_tokens": 0}}
+
+
+def encode_response(turn: AssistantTurn, req: DecodedRequest) -> dict:
+    return _message(turn, req, content_blocks(turn), done=True)
+
+
+def encode_stream(turn: AssistantTurn, req: DecodedRequest) -> list[bytes]:
+    frames: list[bytes] = []
+
+    def emit(kind: str, **fields: Any) -> None:
+        frames.append(sse_frame({"type": kind, **fields}, event=kind))
+
+    emit("message_start", message=_message(turn, req, [], done=False))
+    emit("ping")
+    for index, block in enumerate(content_blocks(turn)):
+        if block["type"] == "thinking":
+            emit("content_block_start", index=index, content_block={"type": "thinking", "thinking": "",
+                                                                    "signature": ""})
+            if block["thinking"]:
+                emit("content_block_delta", index=index, delta={"type": "thinking_delta", "thinking": block["thinking"]})
+            emit("content_block_delta", index=index, delta={"type": "signature_delta", "signature": block["signature"]})
+        elif block["type"] == "text":
+            emit("content_block_start", index=index, content_block={"type": "text", "text": ""})
+            if block["text"]:
+                emit("content_block_delta", index=index, delta={"type": "text_delta", "text": block["text"]})
+        else:
+            emit("content_block_start", index=index, content_block={**block, "input": {}})
+            emit("content_block_delta", index=index,
+                 delta={"type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)})
+        emit("content_block_stop", index=index)
+    emit("message_delta", delta={"stop_reason": STOP_REASONS[finish_of(turn)], "stop_sequence": None},
+         usage=_usage(turn))
+    emit("message_stop")
+    return frames
+
+
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 529: "overloaded_error"}
+
+
+def encode_error(status: int, message: str) -> dict:
+    """Anthropic's error body; Claude Code retries 429/5xx (``overloaded_error``, ``api_error``)."""
+    kind = _ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}

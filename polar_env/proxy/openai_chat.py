@@ -1,0 +1,207 @@
+"""OpenAI Chat Completions (``POST /v1/chat/completions``): Pi's default wire API.
+
+Decodes the request into the canonical conversation and encodes an :class:`AssistantTurn` as a
+``chat.completion`` body or as ``chat.completion.chunk`` SSE frames ending in ``data: [DONE]``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from polar_env.chat.messages import AssistantTurn, Conversation, Message, ToolCall, ToolSpec
+from polar_env.proxy import volatile
+from polar_env.proxy.wire import (
+    DecodedRequest,
+    WireError,
+    custom_tool_description,
+    dedupe,
+    echoed_model,
+    finish_of,
+    flatten_parts,
+    openai_error,
+    require_object,
+    sampling_of,
+    sse_frame,
+    validate,
+)
+
+API = "chat completions"
+
+
+class _Loose(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class ContentPart(_Loose):
+    type: str = "text"
+    text: str | None = None
+
+
+class FunctionCall(_Loose):
+    name: str
+    arguments: str | dict[str, Any] = "{}"
+
+
+class CustomCall(_Loose):
+    name: str
+    input: str = ""
+
+
+class ChatToolCall(_Loose):
+    id: str
+    type: Literal["function", "custom"] = "function"
+    function: FunctionCall | None = None
+    custom: CustomCall | None = None
+
+
+class ChatMessage(_Loose):
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[ContentPart] | None = None
+    tool_calls: list[ChatToolCall] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+
+
+class FunctionDef(_Loose):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class CustomDef(_Loose):
+    name: str
+    description: str | None = None
+    format: dict[str, Any] | None = None
+
+
+class ChatTool(_Loose):
+    type: str = "function"
+    function: FunctionDef | None = None
+    custom: CustomDef | None = None
+
+
+class StreamOptions(_Loose):
+    include_usage: bool = False
+
+
+class ChatRequest(_Loose):
+    model: str
+    messages: list[ChatMessage] = Field(min_length=1)
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    tools: list[ChatTool] | None = None
+
+
+def decode(body: Any) -> DecodedRequest:
+    req = validate(ChatRequest, require_object(body, API), API)
+    flags: list[str] = []
+    messages = [_message(m, i, flags) for i, m in enumerate(req.messages)]
+    tools = [t for t in (_tool(t, flags) for t in req.tools or []) if t is not None]
+    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    decoded = DecodedRequest(
+        conversation=Conversation(messages=messages, tools=tools), stream=bool(req.stream),
+        model=req.model.strip(), raw_model=req.model,
+        requested_sampling=sampling_of(req.temperature, req.top_p, max_tokens),
+        include_usage=bool(req.stream_options and req.stream_options.include_usage),
+        flags=dedupe(flags), assistant_refs=[None] * len(messages),
+    )
+    return volatile.apply(decoded)
+
+
+def _message(m: ChatMessage, index: int, flags: list[str]) -> Message:
+    text = flatten_parts(m.content, flags)
+    if m.role in ("system", "developer"):
+        return Message(role="system", content=text)
+    if m.role == "user":
+        return Message(role="user", content=text)
+    if m.role in ("tool", "function"):
+        if m.role == "tool" and not m.tool_call_id:
+            raise WireError(400, f"messages.{index}: a tool message needs tool_call_id")
+        return Message(role="tool", content=text, tool_call_id=m.tool_call_id, name=m.name)
+    calls = [_call(c, index) for c in m.tool_calls or []]
+    reasoning = m.reasoning_content if m.reasoning_content is not None else m.reasoning
+    return Message(role="assistant", content=text, reasoning=reasoning, tool_calls=calls)
+
+
+def _call(c: ChatToolCall, index: int) -> ToolCall:
+    if c.type == "custom":
+        if c.custom is None:
+            raise WireError(400, f"messages.{index}.tool_calls: custom call {c.id} has no 'custom' object")
+        return ToolCall(id=c.id, name=c.custom.name, arguments=c.custom.input, kind="custom")
+    if c.function is None:
+        raise WireError(400, f"messages.{index}.tool_calls: call {c.id} has no 'function' object")
+    args = c.function.arguments
+    return ToolCall(id=c.id, name=c.function.name,
+                    arguments=args if isinstance(args, str) else json.dumps(args, ensure_ascii=False))
+
+
+def _tool(t: ChatTool, flags: list[str]) -> ToolSpec | None:
+    if t.type == "function" and t.function is not None:
+        params = {} if t.function.parameters is None else {"parameters": t.function.parameters}
+        return ToolSpec(name=t.function.name, description=t.function.description or "", **params)
+    if t.type == "custom" and t.custom is not None:
+        return ToolSpec(name=t.custom.name, kind="custom",
+                        description=custom_tool_description(t.custom.description or "", t.custom.format))
+    flags.append(f"skipped_tool:{t.type}")
+    return None
+
+
+# -- encoding ----------------------------------------------------------------------------------
+def _wire_call(tc: ToolCall, index: int | None = None) -> dict[str, Any]:
+    head: dict[str, Any] = {} if index is None else {"index": index}
+    if tc.kind == "custom":
+        return {**head, "id": tc.id, "type": "custom", "custom": {"name": tc.name, "input": tc.arguments}}
+    return {**head, "id": tc.id, "type": "function", "function": {"name": tc.name, "arguments": tc.arguments}}
+
+
+def _usage(turn: AssistantTurn) -> dict[str, int]:
+    return {"prompt_tokens": turn.prompt_tokens, "completion_tokens": turn.completion_tokens,
+            "total_tokens": turn.prompt_tokens + turn.completion_tokens}
+
+
+def encode_response(turn: AssistantTurn, req: DecodedRequest) -> dict:
+    message: dict[str, Any] = {"role": "assistant", "content": turn.content if turn.content or not turn.tool_calls
+                               else None}
+    if turn.reasoning is not None:
+        message["reasoning_content"] = turn.reasoning
+    if turn.tool_calls:
+        message["tool_calls"] = [_wire_call(tc) for tc in turn.tool_calls]
+    return {"id": f"chatcmpl-{turn.call_id}", "object": "chat.completion", "created": int(time.time()),
+            "model": echoed_model(turn, req),
+            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_of(turn)}],
+            "usage": _usage(turn)}
+
+
+def encode_stream(turn: AssistantTurn, req: DecodedRequest) -> list[bytes]:
+    head = {"id": f"chatcmpl-{turn.call_id}", "object": "chat.completion.chunk", "created": int(time.time()),
+            "model": echoed_model(turn, req)}
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        return sse_frame({**head, "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                               "finish_reason": finish}]})
+
+    frames = [chunk({"role": "assistant", "content": ""})]
+    if turn.reasoning:
+        frames.append(chunk({"reasoning_content": turn.reasoning}))
+    if turn.content:
+        frames.append(chunk({"content": turn.content}))
+    frames += [chunk({"tool_calls": [_wire_call(tc, i)]}) for i, tc in enumerate(turn.tool_calls)]
+    frames.append(chunk({}, finish_of(turn)))
+    if req.include_usage:
+        frames.append(sse_frame({**head, "choices": [], "usage": _usage(turn)}))
+    frames.append(sse_frame("[DONE]"))
+    return frames
+
+
+def encode_error(status: int, message: str) -> dict:
+    return openai_error(status, message)

@@ -1,0 +1,383 @@
+"""OpenAI Responses API (``POST /v1/responses``): Codex's only wire API, and one of Pi's.
+
+Codex resends the full history each turn (``store: false``) as typed items. The assistant side of
+one turn arrives as several items (reasoning, message, function calls) which merge back into one
+canonical assistant message. The proxy is stateless per request: ``previous_response_id`` is refused.
+Streams end in ``response.completed`` even for truncated turns (with ``status: "incomplete"``):
+Codex treats ``response.incomplete`` as a failure and retries the same call.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from polar_env.chat.messages import AssistantTurn, Conversation, Message, ToolCall, ToolSpec
+from polar_env.proxy import volatile
+from polar_env.proxy.wire import (
+    PART_JOIN,
+    DecodedRequest,
+    ToolRoute,
+    WireError,
+    call_id_from_ref,
+    custom_tool_description,
+    dedupe,
+    echoed_model,
+    finish_of,
+    flatten_parts,
+    issued_ref,
+    openai_error,
+    require_object,
+    sampling_of,
+    sse_frame,
+    validate,
+)
+
+API = "responses"
+STATELESS = "this proxy is stateless; send the full input (store=false)"
+
+
+class _Loose(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class ContentPart(_Loose):
+    type: str = "input_text"
+    text: str | None = None
+
+
+class MessageItem(_Loose):
+    type: Literal["message"] = "message"
+    id: str | None = None
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str | list[ContentPart]
+
+
+class FunctionCallItem(_Loose):
+    type: Literal["function_call"]
+    id: str | None = None
+    call_id: str
+    name: str
+    namespace: str | None = None
+    arguments: str = ""
+
+
+class CustomToolCallItem(_Loose):
+    type: Literal["custom_tool_call"]
+    id: str | None = None
+    call_id: str
+    name: str
+    input: str = ""
+
+
+class ToolOutputItem(_Loose):
+    type: Literal["function_call_output", "custom_tool_call_output"]
+    call_id: str
+    output: str | list[ContentPart]
+
+
+class TextPart(_Loose):
+    type: str = "summary_text"
+    text: str = ""
+
+
+class ReasoningItem(_Loose):
+    type: Literal["reasoning"]
+    id: str | None = None
+    summary: list[TextPart] = []
+    content: list[TextPart] | None = None
+    encrypted_content: str | None = None
+
+
+ITEM_MODELS: dict[str, type[_Loose]] = {
+    "message": MessageItem, "function_call": FunctionCallItem, "custom_tool_call": CustomToolCallItem,
+    "function_call_output": ToolOutputItem, "custom_tool_call_output": ToolOutputItem,
+    "reasoning": ReasoningItem,
+}
+# items that carry no prompt text the model needs (hosted tool traces); skipped with a flag
+HARMLESS_ITEMS = frozenset({"web_search_call", "file_search_call", "image_generation_call", "tool_search_call",
+                            "tool_search_output", "code_interpreter_call", "mcp_list_tools"})
+
+
+class ToolDef(_Loose):
+    type: str
+    name: str | None = None
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None  # type == "namespace"
+
+
+class ResponsesRequest(_Loose):
+    model: str
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    stream: bool | None = False
+    temperature: float | None = None
+    top_p: float | None = None
+    max_output_tokens: int | None = None
+    tools: list[ToolDef] | None = None
+
+
+# -- decoding ----------------------------------------------------------------------------------
+def decode(body: Any) -> DecodedRequest:
+    body = require_object(body, API)
+    if body.get("previous_response_id"):
+        raise WireError(400, f"previous_response_id is not supported: {STATELESS}")
+    if body.get("conversation"):
+        raise WireError(400, f"conversation is not supported: {STATELESS}")
+    req = validate(ResponsesRequest, body, API)
+    flags: list[str] = []
+    tools, routes = _tools(req.tools or [], flags)
+    builder = _Builder(flags)
+    if req.instructions:
+        builder.add(Message(role="system", content=req.instructions))
+    if isinstance(req.input, str):
+        builder.add(Message(role="user", content=req.input))
+    else:
+        if not req.input and not req.instructions:
+            raise WireError(400, "invalid responses request: input is empty")
+        for index, raw in enumerate(req.input):
+            builder.item(index, raw)
+    builder.close()
+    decoded = DecodedRequest(
+        conversation=Conversation(messages=builder.messages, tools=tools), stream=bool(req.stream),
+        model=req.model.strip(), raw_model=req.model,
+        requested_sampling=sampling_of(req.temperature, req.top_p, req.max_output_tokens),
+        flags=dedupe(flags), assistant_refs=builder.refs, tool_routes=routes,
+    )
+    return volatile.apply(decoded)
+
+
+def flat_name(namespace: str | None, name: str) -> str:
+    """The canonical (model-visible) name of a namespaced tool; Codex calls it back as the pair."""
+    if not namespace:
+        return name
+    return f"{namespace}{name}" if namespace.endswith("_") else f"{namespace}__{name}"
+
+
+def _tools(defs: list[ToolDef], flags: list[str]) -> tuple[list[ToolSpec], dict[str, ToolRoute]]:
+    specs: list[ToolSpec] = []
+    routes: dict[str, ToolRoute] = {}
+    for i, d in enumerate(defs):
+        if d.type in ("function", "custom") and not d.name:
+            raise WireError(400, f"invalid responses request: tools.{i}: a {d.type} tool needs a name")
+        if d.type == "function":
+            params = {} if d.parameters is None else {"parameters": d.parameters}
+            specs.append(ToolSpec(name=d.name, description=d.description or "", **params))
+        elif d.type == "custom":
+            specs.append(ToolSpec(name=d.name, kind="custom",
+                                  description=custom_tool_description(d.description or "", d.format)))
+        elif d.type == "namespace" and d.name:
+            for member in _members(d, i):
+                name = flat_name(d.name, member.name or "")
+                params = {} if member.parameters is None else {"parameters": member.parameters}
+                specs.append(ToolSpec(name=name, description=member.description or "", **params))
+                routes[name] = ToolRoute(name=member.name or "", namespace=d.name)
+        else:
+            flags.append(f"skipped_tool:{d.type}")
+    return specs, routes
+
+
+def _members(d: ToolDef, index: int) -> list[ToolDef]:
+    members = [validate(ToolDef, m, API, f"tools.{index}.tools") for m in d.tools or []]
+    for m in members:
+        if m.type != "function" or not m.name:
+            raise WireError(400, f"invalid responses request: tools.{index}: namespace {d.name} member must be "
+                                 f"a named function tool, got {m.type}")
+    return members
+
+
+@dataclass
+class _Group:
+    """The assistant-side items of one turn, merged into one canonical message."""
+
+    texts: list[str] = field(default_factory=list)
+    reasoning: list[str] | None = None
+    calls: list[ToolCall] = field(default_factory=list)
+    refs: list[tuple[int, str]] = field(default_factory=list)  # (priority, ref)
+
+    def call_id(self) -> str | None:
+        return next((c for c in (call_id_from_ref(r) for _, r in self.refs) if c), None)
+
+    def message(self) -> Message:
+        return Message(role="assistant", content=PART_JOIN.join(self.texts),
+                       reasoning=None if self.reasoning is None else PART_JOIN.join(self.reasoning),
+                       tool_calls=self.calls)
+
+
+class _Builder:
+    def __init__(self, flags: list[str]):
+        self.flags = flags
+        self.messages: list[Message] = []
+        self.refs: list[str | None] = []
+        self.group: _Group | None = None
+
+    def add(self, message: Message, ref: str | None = None) -> None:
+        self.close()
+        self.messages.append(message)
+        self.refs.append(ref)
+
+    def close(self) -> None:
+        if self.group is not None:
+            group, self.group = self.group, None
+            self.messages.append(group.message())
+            self.refs.append(min(group.refs)[1] if group.refs else None)
+
+    def _assistant(self, kind: str, ref: str | None) -> _Group:
+        g = self.group
+        if g is not None:
+            other = call_id_from_ref(ref)
+            if ((kind == "reasoning" and (g.texts or g.calls or g.reasoning is not None))
+                    or (kind == "message" and g.calls)
+                    or (other and g.call_id() and other != g.call_id())):
+                self.close()
+        if self.group is None:
+            self.group = _Group()
+        return self.group
+
+    def item(self, index: int, raw: dict[str, Any]) -> None:
+        kind = raw.get("type", "message")
+        if kind == "item_reference":
+            raise WireError(400, f"input.{index}: item_reference is not supported: {STATELESS}")
+        model = ITEM_MODELS.get(kind)
+        if model is None:
+            if kind in HARMLESS_ITEMS:
+                self.flags.append(f"skipped_item:{kind}")
+                return
+            raise WireError(400, f"invalid responses request: input.{index}: unsupported item type {kind!r}")
+        item = validate(model, raw, API, f"input.{index}")
+        if isinstance(item, MessageItem):
+            text = flatten_parts(item.content, self.flags)
+            if item.role == "assistant":
+                g = self._assistant("message", item.id)
+                g.texts.append(text)
+                if item.id:
+                    g.refs.append((1, item.id))
+            else:
+                self.add(Message(role="user" if item.role == "user" else "system", content=text))
+        elif isinstance(item, ReasoningItem):
+            g = self._assistant("reasoning", item.encrypted_content)
+            parts = item.content or item.summary  # full reasoning text when given, else its summary
+            g.reasoning = (g.reasoning or []) + (["\n\n".join(p.text for p in parts)] if parts else [])
+            if item.encrypted_content:
+                g.refs.append((0, item.encrypted_content))
+        elif isinstance(item, FunctionCallItem | CustomToolCallItem):
+            g = self._assistant("call", item.id)
+            if isinstance(item, FunctionCallItem):
+                g.calls.append(ToolCall(id=item.call_id, name=flat_name(item.namespace, item.name),
+                                        arguments=item.arguments))
+            else:
+                g.calls.append(ToolCall(id=item.call_id, name=item.name, arguments=item.input, kind="custom"))
+            if item.id:
+                g.refs.append((2, item.id))
+        elif isinstance(item, ToolOutputItem):
+            self.add(Message(role="tool", content=flatten_parts(item.output, self.flags), tool_call_id=item.call_id))
+
+
+# -- encoding ----------------------------------------------------------------------------------
+def _kind_of(tc: ToolCall, req: DecodedRequest) -> str:
+    if tc.kind == "custom":
+        return "custom"
+    spec = next((t for t in req.conversation.tools if t.name == tc.name), None)
+    return spec.kind if spec else "function"
+
+
+def output_items(turn: AssistantTurn, req: DecodedRequest) -> list[dict[str, Any]]:
+    """The completed output items of a turn: reasoning (carrying the call ref), message, tool calls."""
+    items: list[dict[str, Any]] = []
+    if turn.reasoning is not None:
+        summary = [{"type": "summary_text", "text": turn.reasoning}] if turn.reasoning else []
+        items.append({"type": "reasoning", "id": f"rs_{turn.call_id}", "summary": summary,
+                      "encrypted_content": issued_ref(turn.call_id)})
+    if turn.content or not turn.tool_calls:
+        items.append({"type": "message", "id": f"msg_{turn.call_id}", "status": "completed", "role": "assistant",
+                      "content": [{"type": "output_text", "text": turn.content, "annotations": []}]})
+    for i, tc in enumerate(turn.tool_calls):
+        if _kind_of(tc, req) == "custom":
+            items.append({"type": "custom_tool_call", "id": f"ctc_{turn.call_id}_{i}", "status": "completed",
+                          "call_id": tc.id, "name": tc.name, "input": tc.arguments})
+            continue
+        route = req.tool_routes.get(tc.name)
+        item = {"type": "function_call", "id": f"fc_{turn.call_id}_{i}", "status": "completed",
+                "call_id": tc.id, "name": route.name if route else tc.name, "arguments": tc.arguments}
+        if route and route.namespace:
+            item["namespace"] = route.namespace
+        items.append(item)
+    return items
+
+
+def _usage(turn: AssistantTurn) -> dict[str, Any]:
+    return {"input_tokens": turn.prompt_tokens, "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": turn.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": turn.prompt_tokens + turn.completion_tokens}
+
+
+def _response(turn: AssistantTurn, req: DecodedRequest, created: int, output: list[dict[str, Any]] | None
+              ) -> dict[str, Any]:
+    """The response object; ``output=None`` is the in-progress shape sent before any item."""
+    done = output is not None
+    truncated = done and finish_of(turn) == "length"
+    return {"id": f"resp_{turn.call_id}", "object": "response", "created_at": created,
+            "status": ("incomplete" if truncated else "completed") if done else "in_progress",
+            "error": None, "incomplete_details": {"reason": "max_output_tokens"} if truncated else None,
+            "model": echoed_model(turn, req), "output": output or [], "parallel_tool_calls": True,
+            "tool_choice": "auto", "tools": [], "usage": _usage(turn) if done else None}
+
+
+def encode_response(turn: AssistantTurn, req: DecodedRequest) -> dict:
+    return _response(turn, req, int(time.time()), output_items(turn, req))
+
+
+def _pending(item: dict[str, Any]) -> dict[str, Any]:
+    """How an item looks in ``response.output_item.added``: before any of its text."""
+    empty = {"reasoning": {"summary": []}, "message": {"content": [], "status": "in_progress"},
+             "function_call": {"arguments": "", "status": "in_progress"},
+             "custom_tool_call": {"input": "", "status": "in_progress"}}
+    return {**item, **empty[item["type"]]}
+
+
+def encode_stream(turn: AssistantTurn, req: DecodedRequest) -> list[bytes]:
+    created = int(time.time())
+    items = output_items(turn, req)
+    frames: list[bytes] = []
+
+    def emit(kind: str, **fields: Any) -> None:
+        frames.append(sse_frame({"type": kind, "sequence_number": len(frames), **fields}, event=kind))
+
+    emit("response.created", response=_response(turn, req, created, None))
+    emit("response.in_progress", response=_response(turn, req, created, None))
+    for index, item in enumerate(items):
+        emit("response.output_item.added", output_index=index, item=_pending(item))
+        at = {"item_id": item["id"], "output_index": index}
+        if item["type"] == "reasoning":
+            for s, part in enumerate(item["summary"]):
+                emit("response.reasoning_summary_part.added", **at, summary_index=s,
+                     part={"type": "summary_text", "text": ""})
+                emit("response.reasoning_summary_text.delta", **at, summary_index=s, delta=part["text"])
+                emit("response.reasoning_summary_text.done", **at, summary_index=s, text=part["text"])
+                emit("response.reasoning_summary_part.done", **at, summary_index=s, part=part)
+        elif item["type"] == "message":
+            for c, part in enumerate(item["content"]):
+                emit("response.content_part.added", **at, content_index=c,
+                     part={**part, "text": ""})
+                if part["text"]:
+                    emit("response.output_text.delta", **at, content_index=c, delta=part["text"], logprobs=[])
+                emit("response.output_text.done", **at, content_index=c, text=part["text"], logprobs=[])
+                emit("response.content_part.done", **at, content_index=c, part=part)
+        elif item["type"] == "function_call":
+            emit("response.function_call_arguments.delta", **at, delta=item["arguments"])
+            emit("response.function_call_arguments.done", **at, name=item["name"], arguments=item["arguments"])
+        else:
+            emit("response.custom_tool_call_input.delta", **at, delta=item["input"])
+            emit("response.custom_tool_call_input.done", **at, input=item["input"])
+        emit("response.output_item.done", output_index=index, item=item)
+    emit("response.completed", response=_response(turn, req, created, items))
+    return frames
+
+
+def encode_error(status: int, message: str) -> dict:
+    return openai_error(status, message)

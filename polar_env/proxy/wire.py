@@ -1,0 +1,173 @@
+"""What the three wire-API codecs share: the decoded request, the 4xx error, SSE framing, id formats.
+
+Each API module (``openai_chat``, ``openai_responses``, ``anthropic_messages``) turns a harness body
+into a :class:`DecodedRequest` and an :class:`AssistantTurn` back into that API's JSON or SSE frames.
+The proxy issues every id the harness echoes back, so the formats live here, in one place, where
+the engine can read a call id out of them.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, Field, ValidationError
+
+from polar_env.chat.messages import AssistantTurn, Conversation
+
+# Text parts and blocks of one message are joined with this; every API uses the same join so a
+# conversation decodes to the same canonical text whichever wire it came over.
+PART_JOIN = "\n"
+
+# Opaque refs the proxy hands out (Responses reasoning ``encrypted_content``, Anthropic thinking
+# ``signature``); each contains the call id, which is how the engine matches a turn to its call.
+REF_PREFIX = "polar:v1:"
+
+TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text"})
+IMAGE_PART_TYPES = frozenset({"image", "image_url", "input_image"})
+FILE_PART_TYPES = frozenset({"file", "input_file", "document"})
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class WireError(Exception):
+    """A request the proxy refuses; ``message`` names the defect so the harness log says why."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class ToolRoute(BaseModel):
+    """How to name a tool call on the way back when the canonical name was flattened (Codex namespaces)."""
+
+    name: str
+    namespace: str | None = None
+
+
+class DecodedRequest(BaseModel):
+    """One harness request, reduced to the canonical conversation plus what the answer must echo."""
+
+    conversation: Conversation
+    stream: bool = False
+    model: str
+    raw_model: str
+    requested_sampling: dict[str, Any] = Field(default_factory=dict)  # temperature, top_p, max_tokens
+    include_usage: bool = False
+    flags: list[str] = Field(default_factory=list)
+    # aligned with conversation.messages: for assistant messages the proxy-issued ref the harness sent
+    # back (reasoning encrypted_content, thinking signature, message item id), else None
+    assistant_refs: list[str | None] = Field(default_factory=list)
+    # canonical tool name -> wire name/namespace, for tools whose canonical name is not the wire name
+    tool_routes: dict[str, ToolRoute] = Field(default_factory=dict)
+
+
+def sse_frame(data: dict | str, event: str | None = None) -> bytes:
+    """One server-sent event; dicts are sent as compact JSON, strings (``[DONE]``) as they are."""
+    text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    head = f"event: {event}\n" if event else ""
+    body = "".join(f"data: {line}\n" for line in text.split("\n"))
+    return (head + body + "\n").encode()
+
+
+def issued_ref(call_id: str) -> str:
+    return REF_PREFIX + call_id
+
+
+def call_id_from_ref(ref: str | None) -> str | None:
+    """The call id inside a ref the proxy issued (``polar:v1:ID``, ``msg_ID``, ``rs_ID``, ``fc_ID_N``)."""
+    if not ref:
+        return None
+    if ref.startswith(REF_PREFIX):
+        return ref[len(REF_PREFIX):] or None
+    for prefix in ("msg_", "rs_"):
+        if ref.startswith(prefix):
+            return ref[len(prefix):] or None
+    if ref.startswith(("fc_", "ctc_")) and ref.count("_") >= 2:
+        return ref.split("_", 1)[1].rsplit("_", 1)[0] or None
+    return None
+
+
+def require_object(body: Any, api: str) -> dict:
+    if not isinstance(body, dict):
+        raise WireError(400, f"{api} request body must be a JSON object, got {type(body).__name__}")
+    return body
+
+
+def validate(model: type[M], data: Any, api: str, where: str = "") -> M:
+    """``model.model_validate`` whose failure is a 400 naming the first offending fields.
+
+    ``where`` is the path of ``data`` inside the body (``input.3``) when it is not the whole body.
+    """
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors()[:3]:
+            loc = ".".join([where] * bool(where) + [str(p) for p in err["loc"]]) or "body"
+            problems.append(f"{loc}: {err['msg']}")
+        raise WireError(400, f"invalid {api} request: " + "; ".join(problems)) from None
+
+
+def flatten_parts(content: str | list | None, flags: list[str]) -> str:
+    """Text of a content value (string or list of parts); images and files become placeholders."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    texts = []
+    for part in content:
+        part = part if isinstance(part, dict) else part.model_dump()
+        kind = part.get("type", "text")
+        if kind in TEXT_PART_TYPES:
+            texts.append(str(part.get("text") or ""))
+        elif kind == "refusal":
+            texts.append(str(part.get("refusal") or ""))
+        elif kind in IMAGE_PART_TYPES:
+            texts.append("[image]")
+            flags.append("placeholder:image")
+        elif kind in FILE_PART_TYPES:
+            texts.append("[file]")
+            flags.append("placeholder:file")
+        else:
+            flags.append(f"skipped_part:{kind}")
+    return PART_JOIN.join(texts)
+
+
+def sampling_of(temperature: float | None, top_p: float | None, max_tokens: int | None) -> dict[str, Any]:
+    asked = {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens}
+    return {k: v for k, v in asked.items() if v is not None}
+
+
+def custom_tool_description(description: str, fmt: dict[str, Any] | None) -> str:
+    """A free-text tool's description with its input grammar appended: the model must see the format."""
+    if not fmt or fmt.get("type") != "grammar":
+        return description
+    return f"{description}\n\nInput format ({fmt.get('syntax', 'grammar')} grammar):\n{fmt.get('definition', '')}"
+
+
+def finish_of(turn: AssistantTurn) -> str:
+    """stop / length / tool_calls as the harness must see it: tool calls only when there are some."""
+    if turn.finish_reason == "length":
+        return "length"
+    return "tool_calls" if turn.tool_calls else "stop"
+
+
+def echoed_model(turn: AssistantTurn, req: DecodedRequest) -> str:
+    """Answer under the model name the harness asked for; some harnesses check it."""
+    return req.raw_model or turn.model
+
+
+def dedupe(flags: list[str]) -> list[str]:
+    return list(dict.fromkeys(flags))
+
+
+_OPENAI_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                       404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error"}
+
+
+def openai_error(status: int, message: str) -> dict:
+    """OpenAI's error body (Chat Completions and Responses share it); SDK retry logic reads the status."""
+    kind = _OPENAI_ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
+    return {"error": {"message": message, "type": kind, "param": None, "code": None}}

@@ -1,0 +1,52 @@
+"""Shared bits of the wire-codec tests: the captured harness requests and an SSE reader."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from polar_env.chat.messages import AssistantTurn, ToolCall
+
+FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "harness_requests"
+
+
+def fixture(name: str) -> dict[str, Any]:
+    """One captured request (``codex.req2``); skips the test when the fixtures are not checked out."""
+    import pytest
+
+    path = FIXTURES / f"{name}.json"
+    if not path.is_file():
+        pytest.skip(f"harness fixtures not found at {FIXTURES}")
+    return json.loads(path.read_text())
+
+
+def parse_sse(frames: list[bytes]) -> list[tuple[str | None, Any]]:
+    """(event name, decoded data) per frame; asserts each frame is one well-formed SSE event."""
+    events = []
+    for frame in frames:
+        text = frame.decode()
+        assert text.endswith("\n\n") and text.count("\n\n") == 1, f"not one SSE event: {text!r}"
+        name, data = None, []
+        for line in text[:-2].split("\n"):
+            if line.startswith("event: "):
+                name = line[len("event: "):]
+            else:
+                assert line.startswith("data: "), line
+                data.append(line[len("data: "):])
+        payload = "\n".join(data)
+        events.append((name, payload if payload == "[DONE]" else json.loads(payload)))
+    return events
+
+
+def text_turn(**kw: Any) -> AssistantTurn:
+    return AssistantTurn(call_id="c0ffee0001", content="All done.", prompt_tokens=12, completion_tokens=4,
+                         model="served", **kw)
+
+
+def tool_turn(**kw: Any) -> AssistantTurn:
+    calls = [ToolCall(id="call_c0ffee_0", name="bash", arguments='{"command": "ls -la"}'),
+             ToolCall(id="call_c0ffee_1", name="read", arguments='{"path": "README.md"}')]
+    return AssistantTurn(call_id="c0ffee0002", content="Let me look.", reasoning="I should list files.",
+                         tool_calls=calls, finish_reason="tool_calls", prompt_tokens=30, completion_tokens=20,
+                         model="served", **kw)
