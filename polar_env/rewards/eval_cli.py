@@ -1,0 +1,131 @@
+"""`polar eval`: grade a SWE-bench predictions file against a task set, in parallel.
+
+Predictions use SWE-bench's format (`instance_id`, `model_patch`, `model_name_or_path`), as
+JSONL or a JSON list. The report mirrors SWE-bench's harness summary (counts and id lists)
+plus the per-instance `GradeResult`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+
+from tqdm import tqdm
+
+from polar_env.rewards import swebench_compat as sb
+from polar_env.rewards.grading import DEFAULT_GRADING_TIMEOUT_S, FailureKind, GradeResult, grade
+from polar_env.tasks.env import EnvBuildError, ensure_task_env
+from polar_env.tasks.loader import TaskLoadError, load_tasks
+from polar_env.tasks.models import Task
+
+
+def load_predictions(path: Path) -> list[dict]:
+    text = path.read_text()
+    if path.suffix == ".json":
+        rows = json.loads(text)
+        return list(rows.values()) if isinstance(rows, dict) else rows
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def build_report(
+    results: list[GradeResult], tasks: dict[str, Task], preds: list[dict], seconds: float
+) -> dict:
+    by_kind = {k.value: sorted(r.instance_id for r in results if r.failure_kind == k) for k in FailureKind}
+    resolved = sorted(r.instance_id for r in results if r.resolved)
+    graded = [r for r in results if r.failure_kind != FailureKind.infrastructure]
+    return {
+        "total_instances": len(tasks),
+        "submitted_instances": len(preds),
+        "completed_instances": len(graded),
+        "resolved_instances": len(resolved),
+        "unresolved_instances": len(graded) - len(resolved),
+        "empty_patch_instances": len(by_kind["empty_patch"]),
+        "error_instances": len(results) - len(graded),
+        "resolved_rate": len(resolved) / len(results) if results else 0.0,
+        "resolved_ids": resolved,
+        "unresolved_ids": sorted(r.instance_id for r in graded if not r.resolved),
+        "failure_kinds": by_kind,
+        "seconds": round(seconds, 2),
+        "seconds_per_instance": round(
+            sum(r.timings.get("total_s", 0.0) for r in results) / max(len(results), 1), 2
+        ),
+        "model_name_or_path": sorted({p.get("model_name_or_path", "") for p in preds}),
+        "instances": {r.instance_id: r.model_dump(mode="json") for r in results},
+    }
+
+
+def summary_text(report: dict) -> str:
+    n = report["submitted_instances"]
+    lines = [
+        f"Instances submitted: {n}  completed: {report['completed_instances']}  "
+        f"errors (infrastructure): {report['error_instances']}",
+        f"Resolved: {report['resolved_instances']}/{n} ({100 * report['resolved_rate']:.1f}%)  "
+        f"empty patches: {report['empty_patch_instances']}  "
+        f"time: {report['seconds']}s ({report['seconds_per_instance']}s per grading)",
+    ]
+    for iid, r in sorted(report["instances"].items()):
+        outcome = "RESOLVED" if r["resolved"] else f"unresolved ({r['failure_kind']})"
+        if r["failure_kind"] == FailureKind.none.value:
+            f2p = sum(s in ("PASSED", "XFAIL") for s in r["fail_to_pass"].values())
+            p2p_broken = sum(s not in ("PASSED", "XFAIL", "SKIPPED") for s in r["pass_to_pass"].values())
+            outcome += f"  [F2P passed {f2p}/{len(r['fail_to_pass'])}, P2P broken {p2p_broken}]"
+        elif r["error"]:
+            outcome += f"  [{r['error'].splitlines()[0]}]"
+        lines.append(f"  {iid}: {outcome}")
+    return "\n".join(lines)
+
+
+def eval_main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="polar eval", description="Grade SWE-bench predictions.")
+    ap.add_argument("--tasks", default="bundled", help="bundled | verified | path/to/tasks.jsonl")
+    ap.add_argument("--predictions", required=True, type=Path, help="predictions .jsonl or .json")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=None, help="write the JSON report here")
+    ap.add_argument("--timeout", type=float, default=DEFAULT_GRADING_TIMEOUT_S, help="grading deadline (s)")
+    ap.add_argument("--instance-ids", nargs="*", default=None, help="grade only these instances")
+    args = ap.parse_args(argv)
+
+    try:
+        tasks = {t.instance_id: t for t in load_tasks(args.tasks)}
+    except TaskLoadError as e:
+        print(f"polar eval: {e}", file=sys.stderr)
+        return 2
+    preds = load_predictions(args.predictions)
+    if args.instance_ids:
+        preds = [p for p in preds if p["instance_id"] in set(args.instance_ids)]
+    unknown = sorted(p["instance_id"] for p in preds if p["instance_id"] not in tasks)
+    if unknown:
+        print(f"polar eval: predictions for unknown instances: {', '.join(unknown)}", file=sys.stderr)
+        return 2
+
+    # Build the pinned environments first, once each (setup needs PyPI; grading never does).
+    for iid in sorted({p["instance_id"] for p in preds}):
+        try:
+            ensure_task_env(tasks[iid])
+        except EnvBuildError as e:
+            print(
+                f"polar eval: environment for {iid} failed (graded as infrastructure): {e}", file=sys.stderr
+            )
+
+    sb.preload()
+    t0 = time.monotonic()
+    results: list[GradeResult] = []
+    with ThreadPoolExecutor(max_workers=max(1, args.workers)) as pool:
+        futures = [
+            pool.submit(grade, tasks[p["instance_id"]], p.get("model_patch"), timeout_s=args.timeout)
+            for p in preds
+        ]
+        for fut in tqdm(as_completed(futures), total=len(futures), desc="grading", unit="inst"):
+            results.append(fut.result())
+    report = build_report(results, tasks, preds, time.monotonic() - t0)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=1) + "\n")
+    print(summary_text(report))
+    if args.out:
+        print(f"Report written to {args.out}")
+    return 0

@@ -1,0 +1,99 @@
+"""Per-task pinned test environments: one venv per instance under the Polar cache.
+
+Built at setup time (PyPI reachable); the grading sandbox mounts it read-only and has no
+network, so an agent cannot `pip install` a fixed release. Every requirement is an exact pin
+installed with `--no-deps`, so the environment is the same on every machine.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from polar_env.tasks.models import Task
+
+STAMP = "polar-env.json"
+
+
+class EnvBuildError(RuntimeError):
+    """The task environment could not be built (an infrastructure failure, not the agent's)."""
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("POLAR_CACHE") or Path.home() / ".cache" / "polar")
+
+
+def env_dir(task: Task) -> Path:
+    return cache_root() / "envs" / task.instance_id
+
+
+def _interpreter(version: str) -> str:
+    # /usr/bin first: the venv's python symlink must resolve inside the sandbox, which
+    # mounts /usr but not pyenv or other home-directory installs.
+    for cand in (f"/usr/bin/python{version}", shutil.which(f"python{version}")):
+        if cand and Path(cand).exists():
+            return cand
+    raise EnvBuildError(f"python{version} not found (install it, e.g. apt-get install python{version}-venv)")
+
+
+def _stamp(task: Task) -> dict:
+    spec = task.environment.model_dump(include={"python", "requirements"})
+    return {
+        "instance_id": task.instance_id,
+        "spec_sha256": hashlib.sha256(json.dumps(spec).encode()).hexdigest(),
+    }
+
+
+def env_ready(task: Task) -> bool:
+    stamp = env_dir(task) / STAMP
+    return stamp.is_file() and json.loads(stamp.read_text()) == _stamp(task)
+
+
+def ensure_task_env(task: Task) -> Path:
+    """Return the task's venv, building it if missing or stale. Safe to call concurrently."""
+    target = env_dir(task)
+    if env_ready(task):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{task.instance_id}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if env_ready(task):
+            return target
+        tmp = target.parent / f".{task.instance_id}.building"
+        shutil.rmtree(tmp, ignore_errors=True)
+        python = _interpreter(task.environment.python)
+        _run([python, "-m", "venv", "--without-pip", str(tmp)])
+        # pip from the host runs against the new interpreter via --python; the venv itself
+        # carries no pip, so nothing inside the sandbox can install packages.
+        if task.environment.requirements:
+            _run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "--python",
+                    str(tmp / "bin" / "python"),
+                    "install",
+                    "--no-deps",
+                    "--disable-pip-version-check",
+                    "--no-input",
+                    "-q",
+                    *task.environment.requirements,
+                ]
+            )
+        (tmp / STAMP).write_text(json.dumps(_stamp(task)))
+        shutil.rmtree(target, ignore_errors=True)
+        tmp.rename(target)
+    return target
+
+
+def _run(cmd: list[str]) -> None:
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise EnvBuildError(f"{' '.join(cmd[:4])} ... failed ({proc.returncode}):\n{proc.stderr[-3000:]}")

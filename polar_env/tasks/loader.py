@@ -1,0 +1,104 @@
+"""Load task sets: the bundled CI set, SWE-bench Verified (via `datasets`), or a JSONL file."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from polar_env.tasks.env import cache_root
+from polar_env.tasks.models import Task
+
+BUNDLED_DIR = Path(__file__).parent / "bundled"
+VERIFIED_DATASET = "princeton-nlp/SWE-bench_Verified"
+
+# SWE-bench's test commands for the Verified repos whose runner is not plain pytest.
+# Production grading runs inside the per-instance image, where these commands are valid.
+VERIFIED_TEST_CMD = {
+    "django/django": "./tests/runtests.py --verbosity 2 --settings=test_sqlite --parallel 1",
+    "sympy/sympy": "PYTHONWARNINGS='ignore::UserWarning,ignore::SyntaxWarning' bin/test -C --verbose",
+    "sphinx-doc/sphinx": "tox --current-env -epy39 -v --",
+}
+
+
+class TaskLoadError(RuntimeError):
+    """A task set could not be loaded; the message says why and what to do."""
+
+
+def load_tasks(spec: str) -> list[Task]:
+    """`spec` is "bundled", "verified", or the path of a JSONL file of SWE-bench-style rows."""
+    if spec == "bundled":
+        return load_bundled()
+    if spec == "verified":
+        return load_verified()
+    path = Path(spec)
+    if path.is_file():
+        return load_jsonl(path)
+    raise TaskLoadError(f"unknown task set {spec!r}: expected 'bundled', 'verified' or a JSONL file path")
+
+
+def load_bundled() -> list[Task]:
+    tasks = []
+    for task_json in sorted(BUNDLED_DIR.glob("*/task.json")):
+        task = Task.model_validate_json(task_json.read_text())
+        if task.base_archive:
+            # Stored relative to the task's directory so the package can move.
+            task.base_archive = str(task_json.parent / task.base_archive)
+        tasks.append(task)
+    if not tasks:
+        raise TaskLoadError(f"no bundled tasks under {BUNDLED_DIR}; run scripts/build_bundled_tasks.py")
+    return tasks
+
+
+def load_jsonl(path: Path) -> list[Task]:
+    tasks = []
+    with path.open() as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                tasks.append(_from_row(json.loads(line)))
+            except Exception as e:  # noqa: BLE001 - re-raised with the line that failed
+                raise TaskLoadError(f"{path}:{lineno}: not a valid task row: {e}") from e
+    return tasks
+
+
+def _from_row(row: dict) -> Task:
+    row = dict(row)
+    if "test_cmd" not in row and row.get("repo") in VERIFIED_TEST_CMD:
+        row["test_cmd"] = VERIFIED_TEST_CMD[row["repo"]]
+    return Task.model_validate(row)
+
+
+def load_verified(split: str = "test") -> list[Task]:
+    """SWE-bench Verified through `datasets`; the rows are also kept as JSONL in the Polar cache,
+    so once loaded the set works offline (and without `datasets`)."""
+    cached = cache_root() / "tasks" / f"swe-bench-verified-{split}.jsonl"
+    if cached.is_file():
+        return load_jsonl(cached)
+    try:
+        import datasets
+    except ImportError as e:
+        raise TaskLoadError(
+            "loading SWE-bench Verified needs the `datasets` package: pip install datasets"
+        ) from e
+    try:
+        ds = datasets.load_dataset(VERIFIED_DATASET, split=split)
+    except Exception as e:  # noqa: BLE001 - datasets raises many types for "hub unreachable"
+        offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1"
+        hint = (
+            "HF_HUB_OFFLINE is set and the dataset is not in the local cache"
+            if offline
+            else "the Hugging Face hub is unreachable and the dataset is not in the local cache"
+        )
+        raise TaskLoadError(
+            f"cannot load {VERIFIED_DATASET}: {hint} ({type(e).__name__}: {e}). "
+            "Download it once on a machine with hub access (it is cached under $HF_HOME), "
+            "or export it to JSONL and pass the file path; '--tasks bundled' works offline."
+        ) from e
+    rows = [dict(row) for row in ds]
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cached.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tmp.rename(cached)
+    return [_from_row(row) for row in rows]

@@ -1,0 +1,91 @@
+"""The task record: one SWE-bench-style instance, whatever set it came from.
+
+Field names follow the SWE-bench dataset (`FAIL_TO_PASS`, `PASS_TO_PASS`, `patch`, `test_patch`, ...)
+so a Verified row, a SWE-Gym JSONL row and a bundled task all load into the same model.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+DIFF_HEADER = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.M)
+
+
+def docker_image_name(instance_id: str, namespace: str = "swebench") -> str:
+    """The per-instance image SWE-bench publishes (Docker Hub forbids `__`, hence `_1776_`)."""
+    return f"{namespace}/sweb.eval.x86_64.{instance_id}:latest".lower().replace("__", "_1776_")
+
+
+def patch_files(patch: str) -> list[str]:
+    """Paths a unified git diff touches (new side), in order, without duplicates."""
+    seen: dict[str, None] = {}
+    for _, b in DIFF_HEADER.findall(patch):
+        seen.setdefault(b, None)
+    return list(seen)
+
+
+class TaskEnvironment(BaseModel):
+    """What the tests need to run: an interpreter version and exact pins (never ranges)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    python: str = "3.11"
+    requirements: list[str] = Field(default_factory=list)
+    # Extra variables for the test command, e.g. PYTHONPATH so the tree under test is imported
+    # from /testbed instead of being pip-installed into the (read-only, shared) venv.
+    env: dict[str, str] = Field(default_factory=dict)
+
+
+class Task(BaseModel):
+    """One instance. `base_archive` is set only for bundled tasks (a .tar.gz of the base tree)."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    instance_id: str
+    repo: str
+    version: str = ""
+    base_commit: str = ""
+    problem_statement: str
+    hints_text: str = ""
+    patch: str = ""
+    test_patch: str
+    FAIL_TO_PASS: list[str]
+    PASS_TO_PASS: list[str] = Field(default_factory=list)
+    environment: TaskEnvironment = Field(default_factory=TaskEnvironment)
+    test_cmd: str = "python -m pytest -rA"
+    test_directives: list[str] = Field(default_factory=list)
+    image: str = ""
+    base_archive: str | None = None
+
+    @field_validator("FAIL_TO_PASS", "PASS_TO_PASS", mode="before")
+    @classmethod
+    def _json_list(cls, v: object) -> object:
+        # The HF dataset stores these lists as JSON strings.
+        return json.loads(v) if isinstance(v, str) else v
+
+    @model_validator(mode="after")
+    def _defaults(self) -> Task:
+        if not self.image:
+            self.image = docker_image_name(self.instance_id)
+        if not self.test_directives:
+            self.test_directives = default_test_directives(self.repo, self.test_patch)
+        return self
+
+    def test_files(self) -> list[str]:
+        """Files the test patch touches: reset to base before it is applied."""
+        return patch_files(self.test_patch)
+
+    def full_test_command(self) -> str:
+        return " ".join([self.test_cmd, *self.test_directives])
+
+
+def default_test_directives(repo: str, test_patch: str) -> list[str]:
+    """Which tests to run, derived from the test patch the way SWE-bench does it."""
+    files = [f for f in patch_files(test_patch) if not f.endswith((".json", ".txt", ".yml", ".yaml"))]
+    if repo == "django/django":
+        # Django's runner takes dotted module names relative to tests/.
+        return [f.removeprefix("tests/").removesuffix(".py").replace("/", ".") for f in files]
+    return files

@@ -1,0 +1,74 @@
+"""Materialise a task's base tree as a git repository with exactly one commit.
+
+One commit with a fixed author and date: the agent sees no future history (the fix cannot be
+read from `git log`), `git diff` against it is the agent's patch, and the commit id is the same
+on every machine, so `Task.base_commit` can be checked.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import tarfile
+from pathlib import Path
+
+from polar_env.tasks.models import Task
+
+GIT_IDENTITY = {
+    "GIT_AUTHOR_NAME": "polar",
+    "GIT_AUTHOR_EMAIL": "polar@localhost",
+    "GIT_COMMITTER_NAME": "polar",
+    "GIT_COMMITTER_EMAIL": "polar@localhost",
+    "GIT_AUTHOR_DATE": "2000-01-01T00:00:00+0000",
+    "GIT_COMMITTER_DATE": "2000-01-01T00:00:00+0000",
+}
+
+
+def git(
+    tree: Path, *args: str, check: bool = True, input: bytes | None = None
+) -> subprocess.CompletedProcess:
+    """Run git in `tree` with a fixed identity and no user/system config (reproducible ids)."""
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tree),
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": "/dev/null",
+        **GIT_IDENTITY,
+    }
+    return subprocess.run(
+        [
+            "git",
+            "-c",
+            "safe.directory=*",
+            "-c",
+            "core.autocrlf=false",
+            "-c",
+            "init.defaultBranch=main",
+            *args,
+        ],
+        cwd=tree,
+        env=env,
+        input=input,
+        capture_output=True,
+        check=check,
+    )
+
+
+def init_single_commit(tree: Path) -> str:
+    """`git init` + one commit of everything in `tree`; returns the commit id."""
+    git(tree, "init", "-q")
+    git(tree, "add", "-A", "-f")
+    git(tree, "commit", "-q", "--no-verify", "--no-gpg-sign", "-m", "base")
+    return git(tree, "rev-parse", "HEAD").stdout.decode().strip()
+
+
+def materialize(task: Task, dest: Path) -> Path:
+    """Unpack a bundled task's base tree into `dest` (must not exist) and commit it once."""
+    if not task.base_archive:
+        raise ValueError(f"{task.instance_id}: no base tree archive (non-bundled tasks run in their image)")
+    dest.mkdir(parents=True)
+    with tarfile.open(task.base_archive) as tar:
+        tar.extractall(dest, filter="data")
+    commit = init_single_commit(dest)
+    if task.base_commit and commit != task.base_commit:
+        raise RuntimeError(f"{task.instance_id}: base tree commit {commit} != recorded {task.base_commit}")
+    return dest
