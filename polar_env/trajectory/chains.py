@@ -1,0 +1,189 @@
+"""The chain builder: a session's calls, grouped into linear trainable token sequences.
+
+The proxy claims, per call, which earlier call it extends (``parent_call_index``); the builder
+trusts no claim it can check: a call joins its parent's chain only when its prompt ids really
+start with everything the chain holds so far (token-exact) and the parent is still that chain's
+tip. Anything else starts a new chain, with the reason recorded. No chain is spliced across a
+break, and sampled tokens without usable logprobs are masked, never guessed.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from polar_env.trajectory.models import (
+    CallSummary,
+    Chain,
+    ChainBreak,
+    Span,
+    Status,
+    Trajectory,
+    TrajectoryStats,
+)
+from polar_env.trajectory.records import CallRecord, SessionInfo
+
+REASON_START = "start"
+REASON_NOT_TOKEN_EXACT = "not token-exact"
+REASON_BRANCH = "branch"
+REASON_NO_PARENT = "no parent"
+REASON_PARENT_FAILED = "parent has no tokens"
+
+
+def is_failed(call: CallRecord) -> bool:
+    """A failed call (backend error, or nothing sampled) is kept in the record but adds no tokens."""
+    return call.error is not None or not call.sampled_ids
+
+
+def build_chains(calls: list[CallRecord]) -> tuple[list[Chain], dict[int, int]]:
+    """Group calls into chains; returns the chains and ``call_index -> chain index``."""
+    chains: list[Chain] = []
+    chain_of: dict[int, int] = {}
+    tip: dict[int, int] = {}  # chain index -> call index of its last call
+    known = {c.call_index for c in calls}
+    for call in sorted(calls, key=lambda c: c.call_index):
+        if is_failed(call):
+            continue
+        parent = call.parent_call_index
+        reason: str | None
+        if parent is None:
+            reason = call.break_reason or REASON_NO_PARENT
+        elif parent not in known or parent >= call.call_index:
+            reason = f"unknown parent {parent}"
+        elif parent not in chain_of:
+            reason = REASON_PARENT_FAILED
+        elif tip[chain_of[parent]] != parent:
+            reason = REASON_BRANCH
+        elif call.prompt_ids[: len(chains[chain_of[parent]].input_ids)] != chains[chain_of[parent]].input_ids:
+            reason = REASON_NOT_TOKEN_EXACT
+        else:
+            reason = None
+        if reason is None:
+            index = chain_of[parent]
+            _extend(chains[index], call)
+        else:
+            index = len(chains)
+            chains.append(_start(index, call, reason if index else (call.break_reason or REASON_START)))
+        chain_of[call.call_index] = index
+        tip[index] = call.call_index
+    return chains, chain_of
+
+
+def main_chain_index(chains: list[Chain]) -> int | None:
+    """The chain NeMo-RL trains on: the earliest chain with a trainable token.
+
+    The earliest chain holds the task prompt, so every rollout of a task exports a chain with
+    the same first prompt and NeMo-RL's GRPO groups (formed by first-prompt ids) stay whole even
+    when a compaction chain grows longer. ``None`` when no chain has a trainable token.
+    """
+    return next((chain.index for chain in chains if chain.trainable_tokens), None)
+
+
+def build_trajectory(session: SessionInfo, calls: list[CallRecord], *, status: Status | None = None,
+                     error: str | None = None, reward: float | None = None,
+                     grading: dict[str, Any] | None = None, ended_at: float | None = None) -> Trajectory:
+    """Rebuild one episode from its ledger records.
+
+    ``status`` defaults to the session's own (an episode still ``open`` counts as completed);
+    ``ended_at`` defaults to the session's ``closed_at``.
+    """
+    calls = sorted(calls, key=lambda c: c.call_index)
+    chains, chain_of = build_chains(calls)
+    main = main_chain_index(chains)
+    by_index = {c.call_index: c for c in calls}
+    summaries = [_summary(c, chain_of.get(c.call_index), by_index) for c in calls]
+    sampled = sum(len(c.sampled_ids) for c in calls)
+    trainable = sum(ch.trainable_tokens for ch in chains)
+    stats = TrajectoryStats(
+        calls=len(calls),
+        failed_calls=sum(1 for c in calls if is_failed(c)),
+        chains=len(chains),
+        sampled_tokens=sampled,
+        trainable_tokens=trainable,
+        trainable_fraction=trainable / sampled if sampled else 0.0,
+        main_chain_tokens=chains[main].trainable_tokens if main is not None else 0,
+        masked_tokens=sum(len(ch.loss_mask) - ch.trainable_tokens for ch in chains),
+        unscored_tokens=sum(s.end - s.start for ch in chains for s in ch.spans if s.kind == "unscored"),
+        breaks=[ChainBreak(call_index=ch.call_indices[0], chain=ch.index, reason=ch.start_reason)
+                for ch in chains[1:]],
+    )
+    meta = dict(session.metadata)
+    if status is None:
+        status = "completed" if session.status == "open" else session.status
+    if error is None and status == "error":
+        error = meta.get("error")
+    model = str(meta.get("model") or next((c.model for c in calls if c.model), ""))
+    backend = str(meta.get("backend") or next((c.backend for c in calls if c.backend), ""))
+    return Trajectory(
+        session_id=session.session_id,
+        task_id=_opt_str(meta.get("task_id")),
+        group_id=_opt_str(meta.get("group_id")),
+        harness=_opt_str(meta.get("harness")),
+        model=model,
+        backend=backend,
+        created_at=session.created_at,
+        ended_at=ended_at if ended_at is not None else session.closed_at,
+        metadata=meta,
+        status=status,
+        error=error,
+        chains=chains,
+        main_chain=main,
+        calls=summaries,
+        stats=stats,
+        reward=reward,
+        grading=grading,
+    )
+
+
+def _start(index: int, call: CallRecord, reason: str) -> Chain:
+    chain = Chain(index=index, call_indices=[call.call_index], start_reason=reason,
+                  input_ids=list(call.prompt_ids), loss_mask=[0] * len(call.prompt_ids),
+                  logprobs=[0.0] * len(call.prompt_ids),
+                  spans=[Span(start=0, end=len(call.prompt_ids), kind="prompt", call_index=call.call_index)])
+    _add_sampled(chain, call)
+    return chain
+
+
+def _extend(chain: Chain, call: CallRecord) -> None:
+    start = len(chain.input_ids)
+    glue = call.prompt_ids[start:]
+    chain.call_indices.append(call.call_index)
+    if glue:
+        chain.input_ids.extend(glue)
+        chain.loss_mask.extend([0] * len(glue))
+        chain.logprobs.extend([0.0] * len(glue))
+        chain.spans.append(Span(start=start, end=start + len(glue), kind="interstitial",
+                                call_index=call.call_index))
+    _add_sampled(chain, call)
+
+
+def _add_sampled(chain: Chain, call: CallRecord) -> None:
+    start = len(chain.input_ids)
+    n = len(call.sampled_ids)
+    scored = len(call.logprobs) == n and all(math.isfinite(x) for x in call.logprobs)
+    chain.input_ids.extend(call.sampled_ids)
+    chain.loss_mask.extend([1 if scored else 0] * n)
+    chain.logprobs.extend(call.logprobs if scored else [0.0] * n)
+    chain.spans.append(Span(start=start, end=start + n, kind="sampled" if scored else "unscored",
+                            call_index=call.call_index))
+
+
+def _summary(call: CallRecord, chain: int | None, by_index: dict[int, CallRecord]) -> CallSummary:
+    offset = 0
+    parent = by_index.get(call.parent_call_index) if call.parent_call_index is not None else None
+    if parent is not None and not is_failed(parent):
+        n = len(parent.messages)
+        prior = call.messages[:n]
+        if [m.fingerprint() for m in prior] == [m.fingerprint() for m in parent.messages]:
+            offset = min(n + 1, len(call.messages))  # + the parent's own answer
+    return CallSummary(
+        call_index=call.call_index, call_id=call.call_id, api=call.api, created_at=call.created_at,
+        chain=chain, parent_call_index=call.parent_call_index, messages_offset=offset,
+        new_messages=call.messages[offset:], output=call.output, finish_reason=call.finish_reason,
+        prompt_tokens=len(call.prompt_ids), sampled_tokens=len(call.sampled_ids), flags=call.flags,
+        error=call.error, timings=call.timings,
+    )
+
+
+def _opt_str(value: Any) -> str | None:
+    return None if value is None else str(value)

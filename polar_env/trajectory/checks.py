@@ -1,0 +1,425 @@
+"""Contract and fidelity checks on exported training data.
+
+NeMo-RL aborts a whole batch on one non-contiguous result and silently gives zero advantage to
+groups whose first prompts differ; these checks find both before a trainer does, and name the
+item, token position and text where things go wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel, Field
+
+from polar_env.trajectory.export import to_nemo_gym_result
+from polar_env.trajectory.models import Chain, Trajectory
+
+FileKind = Literal["polar", "nemo", "grpo", "ledger", "unknown"]
+
+
+class Scorer(Protocol):
+    def score(self, ids: list[int], start: int) -> list[float]:
+        """Logprobs of ``ids[start:]``, each given the tokens before it."""
+        ...
+
+
+class Decoder(Protocol):
+    def decode(self, ids: list[int]) -> str: ...
+
+
+class CheckReport(BaseModel):
+    path: str
+    kind: FileKind
+    items: int = 0
+    defects: list[str] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+    rescore: dict[str, float] | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.defects
+
+    def render(self) -> str:
+        what = "ledger directory" if self.kind == "ledger" else f"{self.kind} file"
+        lines = [f"{self.path}: {what}, {self.items} item(s)"]
+        lines += [f"  note: {n}" for n in self.notes]
+        if self.rescore is not None:
+            r = self.rescore
+            lines.append(f"  rescore: {int(r['tokens'])} tokens, max |diff| {r['max_abs_diff']:.3g}, "
+                         f"mean |diff| {r['mean_abs_diff']:.3g}")
+        lines += [f"  DEFECT: {d}" for d in self.defects]
+        lines.append("  OK" if self.ok else f"  {len(self.defects)} defect(s)")
+        return "\n".join(lines)
+
+
+# -- NeMo-RL contract ----------------------------------------------------------------------------
+def _is_trainable(item: Any) -> bool:
+    return isinstance(item, dict) and bool(item.get("generation_token_ids"))
+
+
+def _int_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in value)
+
+
+def _finite_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_nemo_result(result: dict[str, Any]) -> list[str]:
+    """Everything NeMo-RL's Gym actor asserts or relies on for one ``/run`` result."""
+    defects: list[str] = []
+    if not isinstance(result, dict):
+        return ["result is not a JSON object"]
+    if "reward" not in result:
+        defects.append("missing 'reward'")
+    elif not _finite_number(result["reward"]):
+        defects.append(f"'reward' is not a finite number: {result['reward']!r}")
+    params = result.get("responses_create_params")
+    if not isinstance(params, dict):
+        defects.append("missing 'responses_create_params'")
+    elif "input" not in params:
+        defects.append("'responses_create_params' has no 'input'")
+    response = result.get("response")
+    output = response.get("output") if isinstance(response, dict) else None
+    if not isinstance(output, list):
+        defects.append("missing 'response.output' list")
+        output = []
+    seen: list[int] = []
+    trainable = 0
+    for i, item in enumerate(output):
+        if not _is_trainable(item):
+            continue
+        trainable += 1
+        where = f"response.output[{i}]"
+        prompt, gen, lps = (item.get("prompt_token_ids"), item.get("generation_token_ids"),
+                            item.get("generation_log_probs"))
+        if not _int_list(prompt):
+            defects.append(f"{where}: 'prompt_token_ids' missing or not a list of ints")
+            continue
+        if not _int_list(gen):
+            defects.append(f"{where}: 'generation_token_ids' is not a list of ints")
+            continue
+        if not isinstance(lps, list):
+            defects.append(f"{where}: 'generation_log_probs' missing")
+        elif len(lps) != len(gen):
+            defects.append(f"{where}: mismatched lengths: {len(gen)} generation_token_ids but "
+                           f"{len(lps)} generation_log_probs")
+        else:
+            bad = next((j for j, x in enumerate(lps) if not _finite_number(x)), None)
+            if bad is not None:
+                defects.append(f"{where}: generation_log_probs[{bad}] is not finite ({lps[bad]!r})")
+        if prompt[: len(seen)] != seen:
+            pos = _first_difference(seen, prompt)
+            got = prompt[pos] if pos < len(prompt) else "end of prompt"
+            defects.append(f"{where}: non-contiguous: prompt_token_ids[{pos}] is {got}, but the earlier "
+                           f"prompt+generation has {seen[pos]} there (prompt length {len(prompt)}, "
+                           f"{len(seen)} tokens seen)")
+        seen = list(prompt) + list(gen)
+    if not trainable:
+        defects.append("no trainable output item (no item with generation_token_ids): NeMo-RL raises "
+                       "'no generation data'")
+    components = result.get("reward_components")
+    if components:
+        if not isinstance(components, dict) or not all(_finite_number(v) for v in components.values()):
+            defects.append("'reward_components' must map names to finite numbers")
+        elif _finite_number(result.get("reward")):
+            total = sum(components.values())
+            if not math.isclose(total, result["reward"], rel_tol=1e-5, abs_tol=1e-6):
+                defects.append(f"reward_components sum to {total}, not reward {result['reward']}")
+    config = result.get("instance_config")
+    if config is not None:
+        if not isinstance(config, dict):
+            defects.append("'instance_config' is not an object")
+        elif "mask_sample" in config and not isinstance(config["mask_sample"], bool):
+            defects.append(f"instance_config.mask_sample is not a bool: {config['mask_sample']!r}")
+    return defects
+
+
+# -- group integrity -----------------------------------------------------------------------------
+def first_prompt_ids(result: dict[str, Any] | Trajectory) -> list[int] | None:
+    """What GRPO groups are keyed on: the prompt of the first trainable turn."""
+    if isinstance(result, Trajectory):
+        return result.chains[result.main_chain].first_prompt_ids() if result.main_chain is not None else None
+    if "response" in result:
+        for item in (result.get("response") or {}).get("output") or []:
+            if _is_trainable(item):
+                return list(item.get("prompt_token_ids") or [])
+        return None
+    if "input_ids" in result and "loss_mask" in result:
+        mask = result["loss_mask"]
+        return list(result["input_ids"][: mask.index(1)]) if 1 in mask else None
+    if "chains" in result:
+        return first_prompt_ids(Trajectory.model_validate(result))
+    return None
+
+
+def check_group(results: list[dict[str, Any] | Trajectory], tokenizer: Decoder | None = None, *,
+                label: str = "group") -> list[str]:
+    """All rollouts of one task must share their first prompt token for token, else GRPO
+    silently makes each a group of one. Names the first differing position (and the text there
+    when a tokenizer is given)."""
+    prompts = [(i, first_prompt_ids(r)) for i, r in enumerate(results)]
+    prompts = [(i, p) for i, p in prompts if p is not None]
+    if len(prompts) < 2:
+        return []
+    ref_i, ref = prompts[0]
+    defects = []
+    for i, p in prompts[1:]:
+        if p == ref:
+            continue
+        pos = _first_difference(ref, p)
+        msg = (f"{label}: rollout {i} differs from rollout {ref_i} in its first prompt at token {pos} "
+               f"({_tok(ref, pos)} vs {_tok(p, pos)}; lengths {len(ref)} vs {len(p)})")
+        if tokenizer is not None:
+            msg += f": {_context(tokenizer, ref, pos)!r} vs {_context(tokenizer, p, pos)!r}"
+        defects.append(msg)
+    return defects
+
+
+def _tok(ids: list[int], pos: int) -> str:
+    return str(ids[pos]) if pos < len(ids) else "end"
+
+
+def _context(tokenizer: Decoder, ids: list[int], pos: int, width: int = 8) -> str:
+    return tokenizer.decode(ids[max(0, pos - width): pos]) + "⟦" + tokenizer.decode(ids[pos: pos + width]) + "⟧"
+
+
+def _first_difference(a: list[int], b: list[int]) -> int:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+# -- trajectories --------------------------------------------------------------------------------
+def check_trajectory(traj: Trajectory) -> list[str]:
+    """Internal consistency of a Polar trajectory, and that its NeMo export passes the contract."""
+    defects = []
+    for ch in traj.chains:
+        where = f"session {traj.session_id} chain {ch.index}"
+        n = len(ch.input_ids)
+        if not (len(ch.loss_mask) == len(ch.logprobs) == n):
+            defects.append(f"{where}: mismatched lengths: {n} input_ids, {len(ch.loss_mask)} loss_mask, "
+                           f"{len(ch.logprobs)} logprobs")
+            continue
+        pos = 0
+        for s in ch.spans:
+            if s.start != pos or s.end < s.start:
+                defects.append(f"{where}: spans do not tile input_ids at {pos}")
+                break
+            want = 1 if s.kind == "sampled" else 0
+            if any(m != want for m in ch.loss_mask[s.start: s.end]):
+                defects.append(f"{where}: loss mask is not {want} on {s.kind} span {s.start}:{s.end}")
+            pos = s.end
+        else:
+            if pos != n:
+                defects.append(f"{where}: spans cover {pos} of {n} tokens")
+        bad = next((j for j, x in enumerate(ch.logprobs) if not math.isfinite(x)), None)
+        if bad is not None:
+            defects.append(f"{where}: logprobs[{bad}] is not finite")
+        nonzero = next((j for j, (m, x) in enumerate(zip(ch.loss_mask, ch.logprobs, strict=True))
+                        if m == 0 and x != 0.0), None)
+        if nonzero is not None:
+            defects.append(f"{where}: masked position {nonzero} has a nonzero logprob")
+    if sum(ch.trainable_tokens for ch in traj.chains) != traj.stats.trainable_tokens:
+        defects.append(f"session {traj.session_id}: stats.trainable_tokens disagrees with the chains")
+    if traj.main_chain is not None:
+        result = to_nemo_gym_result(traj, reward=traj.reward or 0.0)
+        defects += [f"session {traj.session_id} NeMo export: {d}" for d in check_nemo_result(result)]
+    return defects
+
+
+# -- fidelity ------------------------------------------------------------------------------------
+def rescore(traj_or_chain: Trajectory | Chain, backend: Scorer) -> dict[str, float]:
+    """Re-score each trainable chain in one forward pass and compare with the recorded logprobs
+    on its sampled positions."""
+    chains = traj_or_chain.chains if isinstance(traj_or_chain, Trajectory) else [traj_or_chain]
+    diffs: list[float] = []
+    for ch in chains:
+        if not ch.trainable_tokens:
+            continue
+        start = ch.loss_mask.index(1)
+        scored = backend.score(ch.input_ids, start)
+        if len(scored) != len(ch.input_ids) - start:
+            raise ValueError(f"score() returned {len(scored)} logprobs for {len(ch.input_ids) - start} tokens")
+        for j in range(start, len(ch.input_ids)):
+            if ch.loss_mask[j]:
+                diffs.append(abs(float(scored[j - start]) - ch.logprobs[j]))
+    return {"max_abs_diff": max(diffs, default=0.0),
+            "mean_abs_diff": sum(diffs) / len(diffs) if diffs else 0.0,
+            "tokens": float(len(diffs))}
+
+
+# -- files ---------------------------------------------------------------------------------------
+def detect_kind(path: Path) -> FileKind:
+    path = Path(path)
+    if path.is_dir():
+        return "ledger" if (path / "sessions").is_dir() else "unknown"
+    with open(path, "rb") as handle:
+        for line in handle:
+            if line.strip():
+                try:
+                    obj = json.loads(line)
+                except ValueError:
+                    return "unknown"
+                if not isinstance(obj, dict):
+                    return "unknown"
+                if "responses_create_params" in obj or "response" in obj:
+                    return "nemo"
+                if "chains" in obj and "schema_version" in obj:
+                    return "polar"
+                if "input_ids" in obj and "loss_mask" in obj:
+                    return "grpo"
+                return "unknown"
+    return "unknown"
+
+
+def check_path(path: Path, *, tokenizer: Decoder | None = None, scorer: Scorer | None = None) -> CheckReport:
+    """Detect what ``path`` holds (Polar trajectories, NeMo results, GRPO rows, a ledger
+    directory) and run the checks that apply; ``scorer`` adds the fidelity re-score."""
+    path = Path(path)
+    kind = detect_kind(path)
+    report = CheckReport(path=str(path), kind=kind)
+    if kind == "unknown":
+        report.defects.append("not a Polar trajectory file, NeMo results file, GRPO batch or ledger directory")
+        return report
+    if kind == "ledger":
+        trajs = _ledger_trajectories(path, report)
+    elif kind == "polar":
+        trajs = []
+        for number, obj in _json_lines(path, report):
+            try:
+                trajs.append(Trajectory.model_validate(obj))
+            except ValueError as exc:
+                report.defects.append(f"line {number}: not a valid trajectory: {str(exc).splitlines()[0]}")
+    else:
+        trajs = None
+    if trajs is not None:
+        _check_trajectories(trajs, report, tokenizer, scorer)
+    elif kind == "nemo":
+        rows = _json_lines(path, report)
+        report.items = len(rows)
+        for number, obj in rows:
+            report.defects += [f"line {number}: {d}" for d in check_nemo_result(obj)]
+        _check_groups([(_nemo_group(obj), obj) for _, obj in rows], report, tokenizer)
+    else:
+        rows = _json_lines(path, report)
+        report.items = len(rows)
+        for number, obj in rows:
+            report.defects += [f"line {number}: {d}" for d in _check_grpo_row(obj)]
+        _check_groups([(str(obj.get("group_id")), obj) for _, obj in rows if obj.get("main")], report, tokenizer)
+        if scorer is not None:
+            chains = [Chain(index=0, call_indices=[], start_reason="", input_ids=o["input_ids"],
+                            loss_mask=o["loss_mask"], logprobs=o["logprobs"], spans=[]) for _, o in rows]
+            _add_rescore(chains, scorer, report)
+    return report
+
+
+def _check_trajectories(trajs: list[Trajectory], report: CheckReport, tokenizer: Decoder | None,
+                        scorer: Scorer | None) -> None:
+    report.items = len(trajs)
+    sampled = sum(t.stats.sampled_tokens for t in trajs)
+    trainable = sum(t.stats.trainable_tokens for t in trajs)
+    main = sum(t.stats.main_chain_tokens for t in trajs)
+    if sampled:
+        report.notes.append(f"{sampled} sampled tokens; {trainable / sampled:.1%} trainable in Polar's format, "
+                            f"{main / sampled:.1%} in the NeMo-RL export (main chains)")
+    reasons: dict[str, int] = defaultdict(int)
+    for t in trajs:
+        for b in t.stats.breaks:
+            reasons[b.reason] += 1
+        report.defects += check_trajectory(t)
+    if reasons:
+        report.notes.append("chain breaks: " + ", ".join(f"{r} x{n}" for r, n in sorted(reasons.items())))
+    _check_groups([(t.group_id, t) for t in trajs], report, tokenizer)
+    if scorer is not None:
+        _add_rescore([ch for t in trajs for ch in t.chains], scorer, report)
+
+
+def _add_rescore(chains: list[Chain], scorer: Scorer, report: CheckReport) -> None:
+    total = {"max_abs_diff": 0.0, "sum": 0.0, "tokens": 0.0}
+    for ch in chains:
+        r = rescore(ch, scorer)
+        total["max_abs_diff"] = max(total["max_abs_diff"], r["max_abs_diff"])
+        total["sum"] += r["mean_abs_diff"] * r["tokens"]
+        total["tokens"] += r["tokens"]
+    report.rescore = {"max_abs_diff": total["max_abs_diff"], "tokens": total["tokens"],
+                      "mean_abs_diff": total["sum"] / total["tokens"] if total["tokens"] else 0.0}
+
+
+def _check_groups(keyed: list[tuple[str | None, Any]], report: CheckReport, tokenizer: Decoder | None) -> None:
+    groups: dict[str, list[Any]] = defaultdict(list)
+    for key, obj in keyed:
+        if key is not None:
+            groups[key].append(obj)
+    for key, members in groups.items():
+        report.defects += check_group(members, tokenizer, label=f"group {key}")
+    if groups:
+        report.notes.append(f"{len(groups)} group(s) checked for identical first prompts")
+
+
+def _nemo_group(obj: dict[str, Any]) -> str | None:
+    polar = obj.get("polar") or {}
+    for key in (polar.get("group_id"), polar.get("task_id"), obj.get("_ng_task_index"), obj.get("task_id")):
+        if key is not None:
+            return str(key)
+    return None
+
+
+def _check_grpo_row(obj: dict[str, Any]) -> list[str]:
+    defects = []
+    ids, mask, lps = obj.get("input_ids"), obj.get("loss_mask"), obj.get("logprobs")
+    if not (_int_list(ids) and _int_list(mask) and isinstance(lps, list)):
+        return ["input_ids, loss_mask and logprobs must be lists"]
+    if not (len(ids) == len(mask) == len(lps)):
+        return [f"mismatched lengths: {len(ids)} input_ids, {len(mask)} loss_mask, {len(lps)} logprobs"]
+    if any(m not in (0, 1) for m in mask):
+        defects.append("loss_mask holds values other than 0/1")
+    bad = next((j for j, x in enumerate(lps) if not _finite_number(x)), None)
+    if bad is not None:
+        defects.append(f"logprobs[{bad}] is not finite")
+    for key in ("reward", "advantage"):
+        if not _finite_number(obj.get(key)):
+            defects.append(f"'{key}' is not a finite number")
+    if "group_id" not in obj:
+        defects.append("missing 'group_id'")
+    return defects
+
+
+def _json_lines(path: Path, report: CheckReport) -> list[tuple[int, dict[str, Any]]]:
+    rows = []
+    data = path.read_bytes().split(b"\n")
+    for number, line in enumerate(data, start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            tail = number == len(data)
+            report.defects.append(f"line {number}: not JSON" + (" (torn last line: no newline)" if tail else ""))
+            continue
+        if not isinstance(obj, dict):
+            report.defects.append(f"line {number}: not a JSON object")
+            continue
+        rows.append((number, obj))
+    return rows
+
+
+def _ledger_trajectories(root: Path, report: CheckReport) -> list[Trajectory]:
+    from polar_env.trajectory.chains import build_trajectory
+    from polar_env.trajectory.ledger import Ledger, LedgerError
+
+    ledger = Ledger(root)
+    trajs = []
+    for info in ledger.sessions():
+        try:
+            calls = ledger.calls(info.session_id)
+        except LedgerError as exc:
+            report.defects.append(str(exc))
+            continue
+        trajs.append(build_trajectory(info, calls))
+    return trajs

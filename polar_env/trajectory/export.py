@@ -1,0 +1,275 @@
+"""Exports of trajectories: Polar's own JSONL, NeMo Gym ``/run`` results, flat GRPO batches.
+
+Polar's file keeps every chain trainable. NeMo-RL asserts that the trainable items of one result
+form a single contiguous sequence, so its export carries token ids for the main chain only
+(``chains.main_chain_index``) and lists the other chains' turns as plain items. The GRPO batch is
+for trainers that take one row per sequence: every chain of every trajectory, with a
+group-normalised advantage.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from polar_env.chat.messages import AssistantTurn, Message
+from polar_env.trajectory.models import CallSummary, Trajectory
+
+GRPO_ROW_SCHEMA = "polar.grpo_row.v1"
+_TRAINABLE_TYPES = ("message", "function_call", "reasoning")  # Gym's *ForTraining item types
+
+
+# -- (a) Polar trajectory files ------------------------------------------------------------------
+class TrajectoryWriter:
+    """Appends one trajectory a line as episodes end; each line is flushed before ``write`` returns."""
+
+    def __init__(self, path: Path, *, fsync: bool = False):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.fsync = fsync
+        self._handle = open(self.path, "ab")  # noqa: SIM115 - one handle for the writer's life
+
+    def write(self, trajectory: Trajectory) -> None:
+        self._handle.write(trajectory.model_dump_json().encode() + b"\n")
+        self._handle.flush()
+        if self.fsync:
+            os.fsync(self._handle.fileno())
+
+    def close(self) -> None:
+        self._handle.close()
+
+    def __enter__(self) -> TrajectoryWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_trajectories(path: Path) -> Iterator[Trajectory]:
+    """Yield the trajectories of a Polar JSONL file; an unterminated last line (a write in
+    flight) is skipped, any other bad line raises ``ValueError`` naming its line number."""
+    data = Path(path).read_bytes()
+    lines = data.split(b"\n")
+    for number, line in enumerate(lines[:-1], start=1):
+        if line.strip():
+            try:
+                yield Trajectory.model_validate_json(line)
+            except ValueError as exc:
+                raise ValueError(f"{path}:{number}: not a Polar trajectory: {exc}") from exc
+
+
+# -- (b) NeMo Gym / NeMo-RL /run result ----------------------------------------------------------
+def to_nemo_gym_result(traj: Trajectory, *, reward: float | None = None,
+                       responses_create_params: dict[str, Any] | None = None, mask_sample: bool = False,
+                       reward_components: dict[str, float] | None = None,
+                       placeholder_token_id: int | None = None) -> dict[str, Any]:
+    """The ``/run`` result NeMo-RL's Gym actor consumes (DESIGN.md §4).
+
+    Output items follow the calls in order. A call of the main chain carries
+    ``prompt_token_ids`` (the chain up to its sampled span), ``generation_token_ids`` and
+    ``generation_log_probs`` on its last output item; every other call's items carry no token
+    ids, so NeMo-RL skips them. ``mask_sample`` (keep in the group baseline, no loss) is for
+    episodes that failed for infrastructure reasons.
+
+    A trajectory with no trainable token cannot be given to NeMo-RL (it raises "no generation
+    data"); with ``placeholder_token_id`` the result instead carries one masked placeholder
+    generation (``mask_sample`` forced on), otherwise ``ValueError``.
+    """
+    if reward is None:
+        reward = traj.reward if traj.reward is not None else 0.0
+    main = traj.chains[traj.main_chain] if traj.main_chain is not None else None
+    first_in_chain = {ch.call_indices[0] for ch in traj.chains}
+    spans = {s.call_index: s for ch in traj.chains for s in ch.spans if s.kind in ("sampled", "unscored")}
+    output: list[dict[str, Any]] = []
+    for call in traj.calls:
+        if call.output is None or call.chain is None:
+            continue
+        if call.call_index not in first_in_chain:
+            output.extend(_input_items(call.new_messages))
+        items = _output_items(call.output)
+        span = spans.get(call.call_index)
+        if main is not None and call.chain == main.index and span is not None and span.kind == "sampled":
+            carrier = _token_carrier(items, call.output.call_id)
+            carrier["prompt_token_ids"] = main.input_ids[: span.start]
+            carrier["generation_token_ids"] = main.input_ids[span.start: span.end]
+            carrier["generation_log_probs"] = main.logprobs[span.start: span.end]
+        output.extend(items)
+    if main is None:
+        if placeholder_token_id is None:
+            raise ValueError(f"session {traj.session_id}: no trainable chain to export "
+                             "(pass placeholder_token_id to export a masked placeholder)")
+        first = next((ch.first_prompt_ids() for ch in traj.chains), None) or [placeholder_token_id]
+        output.append({"type": "message", "id": f"msg_{traj.session_id}_placeholder", "role": "assistant",
+                       "status": "incomplete", "content": [_text("")],
+                       "prompt_token_ids": first, "generation_token_ids": [placeholder_token_id],
+                       "generation_log_probs": [0.0]})
+        mask_sample = True
+    params = dict(responses_create_params or {})
+    if "input" not in params:
+        params["input"] = _initial_input(traj)
+    generated = [it for it in output if it.get("generation_token_ids")]
+    stats = traj.stats
+    result: dict[str, Any] = {
+        "responses_create_params": params,
+        "response": {
+            "id": f"resp_polar_{traj.session_id}",
+            "object": "response",
+            "created_at": traj.created_at,
+            "model": traj.model,
+            "status": "completed" if traj.status == "completed" else "incomplete",
+            "output": output,
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [],
+            "usage": {
+                "input_tokens": len(generated[0]["prompt_token_ids"]) if generated else 0,
+                "output_tokens": sum(len(it["generation_token_ids"]) for it in generated),
+                "total_tokens": (len(generated[-1]["prompt_token_ids"]) + len(generated[-1]["generation_token_ids"])
+                                 if generated else 0),
+                "input_tokens_details": {"cached_tokens": 0},
+                "output_tokens_details": {"reasoning_tokens": 0},
+            },
+        },
+        "reward": float(reward),
+        "instance_config": {"mask_sample": bool(mask_sample)},
+        # numeric top-level keys: NeMo-RL logs each as a per-agent metric
+        "num_turns": len(main.call_indices) if main is not None else 0,
+        "num_calls": stats.calls,
+        "num_failed_calls": stats.failed_calls,
+        "num_chains": stats.chains,
+        "sampled_tokens": stats.sampled_tokens,
+        "trainable_tokens": stats.main_chain_tokens,
+        "trainable_fraction": stats.main_chain_tokens / stats.sampled_tokens if stats.sampled_tokens else 0.0,
+        "all_chains_trainable_fraction": stats.trainable_fraction,
+        "unscored_tokens": stats.unscored_tokens,
+        "timed_out": traj.status == "timeout",
+        "errored": traj.status == "error",
+        "polar": {
+            "session_id": traj.session_id, "task_id": traj.task_id, "group_id": traj.group_id,
+            "harness": traj.harness, "status": traj.status, "error": traj.error,
+            "main_chain": traj.main_chain, "breaks": [b.model_dump() for b in stats.breaks],
+        },
+    }
+    if reward_components:
+        result["reward_components"] = {str(k): float(v) for k, v in reward_components.items()}
+    return result
+
+
+def _text(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": []}
+
+
+def _output_items(turn: AssistantTurn) -> list[dict[str, Any]]:
+    """Responses-API output items for one answer; token ids go on the last one (Gym's convention)."""
+    items: list[dict[str, Any]] = []
+    if turn.reasoning:
+        items.append({"type": "reasoning", "id": f"rs_{turn.call_id}",
+                      "summary": [{"type": "summary_text", "text": turn.reasoning}]})
+    if turn.content or not turn.tool_calls:
+        items.append({"type": "message", "id": f"msg_{turn.call_id}", "role": "assistant",
+                      "status": "completed", "content": [_text(turn.content)]})
+    for call in turn.tool_calls:
+        if call.kind == "custom":
+            items.append({"type": "custom_tool_call", "id": f"ctc_{call.id}", "call_id": call.id,
+                          "name": call.name, "input": call.arguments})
+        else:
+            items.append({"type": "function_call", "id": f"fc_{call.id}", "call_id": call.id,
+                          "name": call.name, "arguments": call.arguments, "status": "completed"})
+    return items
+
+
+def _token_carrier(items: list[dict[str, Any]], call_id: str) -> dict[str, Any]:
+    """The last item of a call whose type Gym has a training variant for (message, function_call,
+    reasoning); when there is none (only custom tool calls), an empty assistant message is added."""
+    for item in reversed(items):
+        if item["type"] in _TRAINABLE_TYPES:
+            return item
+    items.append({"type": "message", "id": f"msg_{call_id}", "role": "assistant", "status": "completed",
+                  "content": [_text("")]})
+    return items[-1]
+
+
+def _input_items(messages: list[Message]) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    for m in messages:
+        if m.role == "tool":
+            items.append({"type": "function_call_output", "call_id": m.tool_call_id or "", "output": m.content})
+        elif m.role == "assistant":
+            turn = AssistantTurn(call_id="hist", content=m.content, reasoning=m.reasoning, tool_calls=m.tool_calls)
+            items.extend(_output_items(turn))
+        else:
+            items.append({"type": "message", "role": m.role, "content": m.content})
+    return items
+
+
+def _initial_input(traj: Trajectory) -> list[dict[str, Any]]:
+    first: CallSummary | None = next((c for c in traj.calls if c.messages_offset == 0), None)
+    return _input_items(first.new_messages) if first is not None else []
+
+
+# -- (c) flat GRPO batch -------------------------------------------------------------------------
+def group_key(traj: Trajectory) -> str:
+    """Rollouts of one task are compared with each other: group_id, else task_id, else alone."""
+    return traj.group_id or traj.task_id or traj.session_id
+
+
+def grpo_advantages(rewards: list[float], *, leave_one_out: bool = False, eps: float = 1e-6) -> list[float]:
+    """Group-normalised advantages.
+
+    Default: ``A_i = (r_i - mean(r)) / (std(r) + eps)`` with the population std of the group.
+    Leave-one-out: ``A_i = r_i - mean(r_j for j != i)`` (0.0 for a group of one).
+    """
+    n = len(rewards)
+    if n == 0:
+        return []
+    if leave_one_out:
+        if n == 1:
+            return [0.0]
+        total = sum(rewards)
+        return [r - (total - r) / (n - 1) for r in rewards]
+    mean = sum(rewards) / n
+    std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / n)
+    return [(r - mean) / (std + eps) for r in rewards]
+
+
+def grpo_rows(trajectories: Iterable[Trajectory], *, leave_one_out: bool = False,
+              eps: float = 1e-6) -> list[dict[str, Any]]:
+    """One row per chain with a trainable token, with its trajectory's group advantage."""
+    trajs = list(trajectories)
+    missing = [t.session_id for t in trajs if t.reward is None]
+    if missing:
+        raise ValueError(f"trajectories without a reward cannot get an advantage: {missing}")
+    groups: dict[str, list[int]] = defaultdict(list)
+    for i, t in enumerate(trajs):
+        groups[group_key(t)].append(i)
+    advantage: dict[int, float] = {}
+    for members in groups.values():
+        values = grpo_advantages([float(trajs[i].reward) for i in members], leave_one_out=leave_one_out, eps=eps)
+        advantage.update(zip(members, values, strict=True))
+    rows = []
+    for i, t in enumerate(trajs):
+        for ch in t.chains:
+            if not ch.trainable_tokens:
+                continue
+            rows.append({
+                "schema": GRPO_ROW_SCHEMA, "session_id": t.session_id, "task_id": t.task_id,
+                "group_id": group_key(t), "chain": ch.index, "main": ch.index == t.main_chain,
+                "reward": float(t.reward), "advantage": advantage[i],
+                "input_ids": ch.input_ids, "loss_mask": ch.loss_mask, "logprobs": ch.logprobs,
+            })
+    return rows
+
+
+def write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> int:
+    """Write dict rows as JSONL (NeMo results, GRPO rows); returns the number written."""
+    n = 0
+    with open(path, "w") as handle:
+        for row in rows:
+            handle.write(json.dumps(row, separators=(",", ":")) + "\n")
+            n += 1
+    return n

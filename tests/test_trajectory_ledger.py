@@ -1,0 +1,168 @@
+"""The ledger is a write-ahead log: what append() returned for survives SIGKILL; torn tails are reported."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from trajectory_helpers import call, session, three_turn
+
+from polar_env.trajectory.chains import build_trajectory
+from polar_env.trajectory.ledger import Ledger, LedgerError
+
+CHILD = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, {tests!r})
+    from trajectory_helpers import call, session
+    from polar_env.trajectory.ledger import Ledger
+
+    ledger = Ledger(Path({root!r}), fsync={fsync})
+    ledger.create_session(session("killme"))
+    prompt = list(range(5000))
+    i = 0
+    while True:
+        ledger.append(call(i, prompt, [i, i + 1, i + 2], parent=i - 1 if i else None, session_id="killme"))
+        print(i, flush=True)
+        prompt = prompt + [i, i + 1, i + 2, 7]
+        i += 1
+""")
+
+
+@pytest.mark.parametrize("fsync", [False, True])
+def test_sigkill_mid_session_loses_no_answered_call(tmp_path: Path, fsync: bool):
+    script = CHILD.format(tests=str(Path(__file__).parent), root=str(tmp_path), fsync=fsync)
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    acknowledged = []
+    try:
+        for line in child.stdout:
+            acknowledged.append(int(line))
+            if len(acknowledged) >= 40:
+                break
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=30)
+        # the child may have answered more before the kill landed
+        acknowledged += [int(x) for x in child.stdout.read().split()]
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == -signal.SIGKILL
+    ledger = Ledger(tmp_path)
+    report = ledger.recover()
+    assert not report.all_errors
+    calls = ledger.calls("killme")
+    indices = [c.call_index for c in calls]
+    assert indices == list(range(len(indices)))  # in order, no hole
+    assert set(acknowledged) <= set(indices)  # every answered call survived
+    assert report.total_calls == len(calls)
+    # and the survivors still form one token-exact chain
+    traj = build_trajectory(ledger.session("killme"), calls)
+    assert len(traj.chains) == 1 and traj.stats.trainable_tokens == 3 * len(calls)
+
+
+def test_round_trip_and_session_api(tmp_path: Path):
+    ledger = Ledger(tmp_path)
+    info = session("s1")
+    ledger.create_session(info)
+    with pytest.raises(ValueError, match="already exists"):
+        ledger.create_session(info)
+    for record in three_turn():
+        ledger.append(record)
+    assert [c.model_dump() for c in ledger.calls("s1")] == [c.model_dump() for c in three_turn()]
+    ledger.update_session(info.model_copy(update={"status": "completed", "closed_at": 2000.0}))
+    ledger.close_session("s1")
+    reopened = Ledger(tmp_path)
+    assert reopened.session("s1").status == "completed"
+    assert [s.session_id for s in reopened.sessions()] == ["s1"]
+    assert reopened.session("nope") is None
+    assert reopened.recover().ok
+    with pytest.raises(LedgerError):
+        reopened.append(call(0, [1], [2], session_id="unknown"))
+
+
+@pytest.mark.parametrize("bad", ["../escape", "a/b", "", ".hidden", "-x", "x" * 129, "a\nb", "..", "a b"])
+def test_session_ids_are_validated(tmp_path: Path, bad: str):
+    ledger = Ledger(tmp_path)
+    with pytest.raises(ValueError, match="invalid session id"):
+        ledger.create_session(session(bad) if bad else session("x").model_copy(update={"session_id": bad}))
+    with pytest.raises(ValueError):
+        ledger.session(bad)
+    assert not (tmp_path.parent / "escape").exists()
+
+
+def _ledger_with_calls(tmp_path: Path) -> tuple[Ledger, Path]:
+    ledger = Ledger(tmp_path)
+    ledger.create_session(session("s1"))
+    for record in three_turn():
+        ledger.append(record)
+    ledger.close()
+    return ledger, tmp_path / "sessions" / "s1" / "calls.jsonl"
+
+
+def test_torn_last_line_is_reported_and_moved_aside(tmp_path: Path):
+    # Test double for a crash mid-write: SIGKILL rarely tears a single write(), so write half a line.
+    ledger, path = _ledger_with_calls(tmp_path)
+    good_size = path.stat().st_size
+    extra = call(3, [1], [2]).model_dump_json().encode()
+    with open(path, "ab") as handle:
+        handle.write(extra[: len(extra) // 2])
+    assert len(ledger.calls("s1")) == 3  # an unterminated tail is not a finished record
+    report = Ledger(tmp_path).recover()
+    assert not report.ok
+    [torn] = report.torn
+    assert (torn.session_id, torn.offset, torn.length) == ("s1", good_size, len(extra) // 2)
+    assert Path(torn.saved_to).read_bytes() == extra[: len(extra) // 2]
+    assert path.stat().st_size == good_size
+    assert Ledger(tmp_path).recover().ok  # nothing left to repair
+    assert [c.call_index for c in Ledger(tmp_path).calls("s1")] == [0, 1, 2]
+
+
+def test_garbage_terminated_last_line_is_torn_too(tmp_path: Path):
+    ledger, path = _ledger_with_calls(tmp_path)
+    with open(path, "ab") as handle:
+        handle.write(b"\0\0\0\0\n")  # a zero-filled block after a power cut
+    with pytest.raises(LedgerError, match="corrupt record at byte"):
+        ledger.calls("s1")
+    report = Ledger(tmp_path).recover()
+    assert len(report.torn) == 1 and not report.all_errors
+    assert len(Ledger(tmp_path).calls("s1")) == 3
+
+
+def test_append_after_crash_never_glues_onto_a_torn_tail(tmp_path: Path):
+    ledger, path = _ledger_with_calls(tmp_path)
+    with open(path, "ab") as handle:
+        handle.write(b'{"schema_version": 1, "sess')
+    fresh = Ledger(tmp_path)  # a restarted proxy that appends before (or without) recover()
+    fresh.append(call(3, [1], [2]))
+    assert [c.call_index for c in fresh.calls("s1")] == [0, 1, 2, 3]
+    assert list(path.parent.glob("calls.jsonl.torn-*"))
+
+
+def test_corrupt_middle_line_is_an_error_not_silently_dropped(tmp_path: Path):
+    ledger, path = _ledger_with_calls(tmp_path)
+    lines = path.read_bytes().split(b"\n")
+    lines[1] = lines[1][:40] + b"#" + lines[1][41:]
+    path.write_bytes(b"\n".join(lines))
+    report = Ledger(tmp_path).recover()
+    assert any("corrupt record at byte" in e and "not the last line" in e for e in report.all_errors)
+    assert report.torn == []
+    assert [c.call_index for c in Ledger(tmp_path).calls("s1")] == [0, 2]
+    assert (path.parent / "calls.jsonl.corrupt").read_bytes().count(b"\n") == 2
+
+
+def test_append_is_visible_to_another_reader_immediately(tmp_path: Path):
+    writer = Ledger(tmp_path)
+    writer.create_session(session("s1"))
+    record = three_turn()[0]
+    writer.append(record)
+    # a second process would see it: read through a fresh file descriptor, no close/flush by us
+    reader = Ledger(tmp_path)
+    assert reader.calls("s1")[0].call_id == record.call_id
+    size = os.stat(tmp_path / "sessions" / "s1" / "calls.jsonl").st_size
+    assert size == len(record.model_dump_json()) + 1

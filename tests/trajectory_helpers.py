@@ -1,0 +1,46 @@
+"""Hand-built ledger records for the trajectory tests (no proxy needed to exercise the chain rules)."""
+
+from __future__ import annotations
+
+from polar_env.chat.messages import AssistantTurn, Message, ToolCall
+from polar_env.trajectory.records import CallRecord, SessionInfo
+
+
+def session(session_id: str = "s1", **metadata) -> SessionInfo:
+    return SessionInfo(session_id=session_id, key_sha256="0" * 64, created_at=1000.0,
+                       metadata={"task_id": "t1", "group_id": "g1", "harness": "codex", **metadata})
+
+
+def call(index: int, prompt: list[int], sampled: list[int], *, parent: int | None = None,
+         reason: str | None = None, messages: list[Message] | None = None, tool: str | None = None,
+         logprobs: list[float] | None = None, error: str | None = None, session_id: str = "s1") -> CallRecord:
+    calls = [ToolCall(id=f"call_{index}", name=tool, arguments='{"cmd": "ls"}')] if tool else []
+    turn = None if error else AssistantTurn(call_id=f"c{index}", content="" if tool else f"answer {index}",
+                                            tool_calls=calls, finish_reason="tool_calls" if tool else "stop")
+    return CallRecord(
+        session_id=session_id, call_index=index, call_id=f"c{index}", api="responses",
+        created_at=1000.0 + index, messages=messages or [Message(role="user", content="fix the bug")],
+        prompt_ids=prompt, sampled_ids=[] if error else sampled,
+        logprobs=[] if error else (logprobs if logprobs is not None else [-0.1 * (k + 1) for k in range(len(sampled))]),
+        output=turn, finish_reason=None if error else "stop", parent_call_index=parent,
+        reused_prefix_len=0, break_reason=reason, error=error, backend="local", model="smol")
+
+
+def three_turn() -> list[CallRecord]:
+    """prompt P, tool call, tool result, tool call, tool result, final answer: one chain."""
+    p0 = [1, 2, 3, 4]
+    s0 = [10, 11, 12]
+    p1 = p0 + s0 + [5, 6]
+    s1 = [13, 14]
+    p2 = p1 + s1 + [7, 8, 9]
+    s2 = [15, 16, 17, 18]
+    user = Message(role="user", content="fix the bug")
+    a0 = Message(role="assistant", tool_calls=[ToolCall(id="call_0", name="shell", arguments='{"cmd": "ls"}')])
+    t0 = Message(role="tool", tool_call_id="call_0", content="a.py")
+    a1 = Message(role="assistant", tool_calls=[ToolCall(id="call_1", name="shell", arguments='{"cmd": "ls"}')])
+    t1 = Message(role="tool", tool_call_id="call_1", content="ok")
+    return [
+        call(0, p0, s0, messages=[user], tool="shell"),
+        call(1, p1, s1, parent=0, messages=[user, a0, t0], tool="shell"),
+        call(2, p2, s2, parent=1, messages=[user, a0, t0, a1, t1]),
+    ]
