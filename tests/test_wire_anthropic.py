@@ -16,9 +16,10 @@ def test_claude_code_first_request_strips_the_billing_header():
     req = anthropic_messages.decode(fixture("claude-bare.req2")["body"])
     system, user = req.conversation.messages
     assert system.role == "system"
-    assert system.content == "You are a Claude agent, built on Anthropic's Claude Agent SDK.\nCWD: /testbed\nDate: 2026-11-29"
+    assert system.content == "You are a Claude agent, built on Anthropic's Claude Agent SDK.\nCWD: /testbed\n"
     assert "billing" not in system.content
-    assert req.flags == ["stripped:x-anthropic-billing-header"]
+    assert req.flags == ["stripped:x-anthropic-billing-header", "stripped:claude-date-line",
+                         "stripped:claude-todays-date"]
     assert user.role == "user" and user.content.endswith("</system-reminder>\n\n\nCreate out.txt")
     assert [t.name for t in req.conversation.tools] == ["Bash", "Edit", "Read"]
     assert req.conversation.tools[0].parameters["required"] == ["command"]
@@ -49,7 +50,7 @@ def test_pi_anthropic_second_request():
     assert [m.role for m in req.conversation.messages] == ["system", "user", "assistant", "tool"]
     assert req.conversation.messages[2].tool_calls[0].name == "bash"
     assert req.conversation.messages[3].content == "(no output)"
-    assert req.flags == []  # Pi sends no volatile header
+    assert req.flags == ["stripped:pi-current-date"]  # Pi's only volatile line is the date
 
 
 def test_blocks_map_in_order():

@@ -27,6 +27,16 @@ RULES: tuple[VolatileRule, ...] = (
     # first system block; the version suffix changes per request.
     VolatileRule("x-anthropic-billing-header", frozenset({"system"}),
                  re.compile(r"^x-anthropic-billing-header:[^\n]*(?:\n+|$)", re.MULTILINE)),
+    # Today's date, which every harness writes into its first request: rollouts of one task on
+    # either side of midnight would otherwise land in different GRPO groups. (faketime cannot
+    # help: Codex is a static musl binary that ignores LD_PRELOAD.)
+    VolatileRule("codex-current-date", frozenset({"user"}),
+                 re.compile(r"^[ \t]*<current_date>\d{4}-\d{2}-\d{2}</current_date>\n", re.MULTILINE)),
+    VolatileRule("claude-todays-date", frozenset({"system", "user"}),
+                 re.compile(r"\n*Today's date is \d{4}-\d{2}-\d{2}\.", re.MULTILINE)),
+    VolatileRule("claude-date-line", frozenset({"system"}), re.compile(r"^Date: \d{4}-\d{2}-\d{2}\n?", re.MULTILINE)),
+    VolatileRule("pi-current-date", frozenset({"system"}),
+                 re.compile(r"^Current date: \d{4}-\d{2}-\d{2}\n?", re.MULTILINE)),
 )
 
 

@@ -1,0 +1,86 @@
+"""OpenAI Codex CLI: Responses API only, configured through ``$CODEX_HOME/config.toml``.
+
+Plain ``OPENAI_BASE_URL`` is ignored and ``openai_base_url`` tries WebSockets first, so the proxy
+is a custom model provider with ``wire_api = "responses"``; the key comes from ``env_key``.
+Codex's own sandbox is off (``danger-full-access``): the Polar sandbox isolates.
+"""
+
+from __future__ import annotations
+
+import json
+
+from polar_env.harness_adapters.base import HarnessAdapter, HarnessContext, HarnessSummary, json_lines
+
+KEY_ENV = "POLAR_SESSION_KEY"
+TOOL_ITEMS = {"command_execution", "file_change", "mcp_tool_call", "web_search"}
+
+
+def _toml_str(value: str) -> str:
+    return json.dumps(value)  # a JSON string is a valid TOML basic string
+
+
+class CodexAdapter(HarnessAdapter):
+    name = "codex"
+    package = "@openai/codex"
+    version = "0.171.0"
+    bin_name = "codex"
+    noise_dirs = (".codex",)
+
+    def codex_home(self, ctx: HarnessContext) -> str:
+        return f"{ctx.home}/.codex"
+
+    def config_toml(self, ctx: HarnessContext) -> str:
+        return "\n".join([
+            f"model = {_toml_str(ctx.model_name)}",
+            'model_provider = "polar"',
+            'approval_policy = "never"',
+            'sandbox_mode = "danger-full-access"',
+            "check_for_update_on_startup = false",
+            "",
+            "[model_providers.polar]",
+            'name = "polar"',
+            f"base_url = {_toml_str(ctx.base_url)}",
+            f'env_key = "{KEY_ENV}"',
+            'wire_api = "responses"',
+            "",
+            "[analytics]",
+            "enabled = false",
+            "",
+            "[features]",
+            "plugins = false",
+            "apps = false",
+            "remote_plugin = false",
+            "",
+        ])
+
+    def config_files(self, ctx: HarnessContext) -> dict[str, str]:
+        return {f"{self.codex_home(ctx)}/config.toml": self.config_toml(ctx)}
+
+    def env(self, ctx: HarnessContext) -> dict[str, str]:
+        return {"CODEX_HOME": self.codex_home(ctx), KEY_ENV: ctx.session_key}
+
+    def command(self, ctx: HarnessContext, prompt: str) -> list[str]:
+        return [self.executable, "exec", "--skip-git-repo-check", "--ephemeral", "--json", prompt]
+
+    def summarize(self, stdout: str) -> HarnessSummary:
+        events, bad = json_lines(stdout)
+        s = HarnessSummary(events=len(events), unparsed_lines=bad)
+        for ev in events:
+            kind = ev.get("type")
+            item = ev.get("item") or {}
+            if kind == "item.completed":
+                if item.get("type") == "agent_message":
+                    s.final_message = item.get("text")
+                elif item.get("type") in TOOL_ITEMS:
+                    s.tool_calls += 1
+                    s.tool_names.append(item["type"])
+            elif kind == "turn.completed":
+                s.turns += 1
+                s.finished = True
+            elif kind == "turn.failed":
+                s.turns += 1
+                s.finished = False
+                s.error = str((ev.get("error") or {}).get("message", ev.get("error")))
+            elif kind == "error":
+                s.error = str(ev.get("message"))
+        return s

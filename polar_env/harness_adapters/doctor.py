@@ -1,0 +1,103 @@
+"""``polar doctor``: what is installed for harnesses and sandboxes, and the command that fixes each gap."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from polar_env.harness_adapters.base import cache_root
+from polar_env.harness_adapters.registry import ADAPTERS
+
+
+@dataclass
+class DoctorRow:
+    component: str
+    installed: bool
+    version: str
+    fix_command: str  # empty when nothing to fix
+    note: str = ""
+
+
+def _version(argv: list[str]) -> str:
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    out = (proc.stdout.strip() or proc.stderr.strip()).splitlines()
+    return out[0].strip() if out and proc.returncode == 0 else ""
+
+
+def _tool_row(component: str, exe: str, version_argv: list[str], fix: str) -> DoctorRow:
+    path = shutil.which(exe)
+    version = _version([path, *version_argv]) if path else ""
+    return DoctorRow(component, bool(path) and bool(version), version, "" if path and version else fix)
+
+
+def _cgroup_row() -> DoctorRow:
+    root = Path("/sys/fs/cgroup")
+    found = [c for c in ("memory", "pids") if (root / c / "cgroup.procs").exists()]
+    writable = bool(found) and all(os.access(root / c, os.W_OK) for c in found)
+    note = ("v1 " + "+".join(found) + (" (writable)" if writable else " (read-only: limits skipped)")) if found \
+        else "no cgroup v1 memory/pids: sandbox limits skipped"
+    return DoctorRow("cgroups", writable and len(found) == 2, "v1" if found else "", "" if writable else
+                     "run as root on a host with cgroup v1 memory and pids controllers", note)
+
+
+def _docker_row() -> DoctorRow:
+    row = _tool_row("docker (optional)", "docker", ["--version"], "install Docker Engine for SWE-bench images")
+    if row.installed and not _version(["docker", "version", "--format", "{{.Server.Version}}"]):
+        row.installed, row.fix_command = False, "start the Docker daemon (client found, engine unreachable)"
+    return row
+
+
+def doctor_report(root: Path | None = None) -> list[DoctorRow]:
+    rows = [
+        _tool_row("node", "node", ["--version"], "apt-get install -y nodejs"),
+        _tool_row("npm", "npm", ["--version"], "apt-get install -y npm"),
+        _tool_row("bubblewrap", "bwrap", ["--version"], "apt-get install -y bubblewrap"),
+        _tool_row("setpriv", "setpriv", ["--version"], "apt-get install -y util-linux"),
+        _tool_row("git", "git", ["--version"], "apt-get install -y git"),
+        DoctorRow("python3 (sandbox forwarder)", os.path.exists("/usr/bin/python3"),
+                  _version(["/usr/bin/python3", "--version"]), "" if os.path.exists("/usr/bin/python3")
+                  else "apt-get install -y python3"),
+        _cgroup_row(),
+        _docker_row(),
+        _tool_row("apptainer (optional)", "apptainer", ["--version"], "install Apptainer for SWE-bench images"),
+    ]
+    for name, cls in ADAPTERS.items():
+        adapter = cls()
+        ok = adapter.is_installed(root)
+        rows.append(DoctorRow(f"harness {name}", ok, adapter.version if ok else "",
+                              "" if ok else "polar doctor --install  # or: " + " ".join(adapter.install_command(root)),
+                              str(adapter.install_dir(root)) if ok else f"pinned {adapter.package}@{adapter.version}"))
+    return rows
+
+
+def format_table(rows: list[DoctorRow]) -> str:
+    header = ("component", "ok", "version", "fix / note")
+    lines = [(r.component, "yes" if r.installed else "NO", r.version, r.fix_command or r.note) for r in rows]
+    widths = [max(len(x[i]) for x in [header, *lines]) for i in range(3)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths) + "  {}"
+    return "\n".join(fmt.format(*line) for line in [header, *lines])
+
+
+def doctor_main(argv: list[str] | None = None) -> int:
+    """Print the table; exit 1 when a required component (not marked optional) is missing."""
+    parser = argparse.ArgumentParser(prog="polar doctor", description=__doc__)
+    parser.add_argument("--cache", type=Path, default=None, help=f"cache root (default {cache_root()})")
+    parser.add_argument("--install", action="store_true", help="install missing harnesses from npm (pinned)")
+    args = parser.parse_args(argv)
+    if args.install:
+        for cls in ADAPTERS.values():
+            adapter = cls()
+            if not adapter.is_installed(args.cache):
+                print(f"installing {adapter.package}@{adapter.version} ...", flush=True)
+                adapter.install(args.cache)
+    rows = doctor_report(args.cache)
+    print(format_table(rows))
+    missing = [r for r in rows if not r.installed and "optional" not in r.component and r.component != "cgroups"]
+    return 1 if missing else 0

@@ -1,0 +1,77 @@
+"""Run one harness episode inside a sandbox, pointed at the proxy, and classify how it ended.
+
+Inside the sandbox the forwarder binds 127.0.0.1:PORT first and then starts the harness as its
+child, so the harness never races the listener (DESIGN.md §6b). The deadline kills the whole
+sandbox process tree; a non-zero exit is an ``error`` carrying its stderr tail. Output is kept
+as bounded tails only, so a flooding harness cannot exhaust memory.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from polar_env.harness_adapters.base import HarnessAdapter, HarnessContext, HarnessSummary
+from polar_env.sandbox.base import Sandbox
+from polar_env.sandbox.bubblewrap import FORWARDER_INSIDE
+
+SANDBOX_PYTHON = "/usr/bin/python3"
+
+
+@dataclass
+class HarnessRun:
+    status: Literal["completed", "timeout", "error"]
+    exit_code: int | None
+    stdout_tail: str
+    stderr_tail: str
+    summary: HarnessSummary
+    duration_s: float
+    error: str | None = None
+
+
+def episode_command(adapter: HarnessAdapter, ctx: HarnessContext, prompt: str, *, socket_inside: str) -> list[str]:
+    """forwarder (listen, then exec) + the harness's headless command line."""
+    return [SANDBOX_PYTHON, FORWARDER_INSIDE, "--socket", socket_inside, "--port", str(ctx.port), "--",
+            *adapter.command(ctx, prompt)]
+
+
+async def write_config(adapter: HarnessAdapter, sandbox: Sandbox, ctx: HarnessContext) -> None:
+    with tempfile.TemporaryDirectory(prefix="polar-cfg-") as tmp:
+        for i, (inside, content) in enumerate(adapter.config_files(ctx).items()):
+            host = Path(tmp) / str(i)
+            host.write_text(content)
+            await sandbox.copy_in(host, inside)
+
+
+async def run_episode_in_sandbox(adapter: HarnessAdapter, sandbox: Sandbox, *, proxy_socket_dir: Path | None,
+                                 session_id: str, session_key: str, model_name: str, prompt: str,
+                                 timeout_s: float, max_output_bytes: int = 4 << 20) -> HarnessRun:
+    """One rollout: write the adapter's config, run forwarder+harness to its end or the deadline."""
+    spec = sandbox.spec
+    if proxy_socket_dir is not None and spec.proxy_socket_dir is not None \
+            and Path(proxy_socket_dir).resolve() != Path(spec.proxy_socket_dir).resolve():
+        raise ValueError("proxy_socket_dir differs from the sandbox's bound socket dir")
+    if spec.proxy_socket_dir is None:
+        raise ValueError("the sandbox has no proxy socket dir bound; the harness could reach nothing")
+    ctx = HarnessContext(session_id=session_id, session_key=session_key, model_name=model_name,
+                         port=spec.proxy_port, home=spec.home, workdir=spec.workdir,
+                         as_root=os.geteuid() == 0 and spec.uid == 0)
+    await write_config(adapter, sandbox, ctx)
+    cmd = episode_command(adapter, ctx, prompt, socket_inside=spec.socket_path_inside)
+    res = await sandbox.run(cmd, env=adapter.env(ctx), timeout_s=timeout_s, stdin=None,
+                            max_output_bytes=max_output_bytes)
+    summary = adapter.summarize(res.stdout_tail)
+    if res.timed_out:
+        status, error = "timeout", f"killed at the {timeout_s:g}s deadline"
+    elif res.exit_code != 0:
+        status, error = "error", f"exit {res.exit_code}: {res.stderr_tail[-2000:]}"
+    elif summary.error is not None and not summary.finished:
+        # Pi exits 0 after its retries give up; its final event carries the failure.
+        status, error = "error", f"harness reported: {summary.error}"
+    else:
+        status, error = "completed", None
+    return HarnessRun(status=status, exit_code=res.exit_code, stdout_tail=res.stdout_tail,
+                      stderr_tail=res.stderr_tail, summary=summary, duration_s=res.duration_s, error=error)

@@ -1,0 +1,278 @@
+"""`polar rollout`: K rollouts per task (GRPO groups), N at a time, resumable, on disk as they end.
+
+Layout of ``--out``:
+  ledger/               the proxy's write-ahead log (every model call of every episode)
+  trajectories.jsonl    Polar trajectories, one per finished episode, appended as each ends
+  nemo_results.jsonl    the same episodes as NeMo-RL ``/run`` results
+  grpo_batch.jsonl      per-chain rows with group-normalised advantages (rewritten at the end)
+  summary.json          counts, resolved rate, tokens, time
+A rerun on the same ``--out`` skips every episode already in trajectories.jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import secrets
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from polar_env.episodes import EpisodeConfig, EpisodeResult, run_episode
+from polar_env.tasks.models import Task
+from polar_env.trajectory.export import (
+    TrajectoryWriter,
+    grpo_rows,
+    read_trajectories,
+    to_nemo_gym_result,
+    write_jsonl,
+)
+from polar_env.trajectory.models import Trajectory
+
+
+@dataclass
+class RolloutPlan:
+    tasks: list[Task]
+    samples: int = 1
+    concurrency: int = 1
+    out: Path = Path("runs/rollout")
+    episode: EpisodeConfig = field(default_factory=EpisodeConfig)
+
+    def episodes(self) -> list[tuple[Task, int]]:
+        return [(task, k) for task in self.tasks for k in range(self.samples)]
+
+
+def episode_key(task_id: str, sample: int) -> str:
+    return f"{task_id}.s{sample}"
+
+
+def finished_keys(out: Path) -> set[str]:
+    path = out / "trajectories.jsonl"
+    if not path.exists():
+        return set()
+    return {t.metadata.get("episode_key", "") for t in read_trajectories(path)}
+
+
+def _session_id(key: str, ledger: Path) -> str:
+    """A fresh session id per attempt, so an interrupted attempt's ledger stays as it was."""
+    attempt = 0
+    while (ledger / "sessions" / f"{key}.a{attempt}").exists():
+        attempt += 1
+    return f"{key}.a{attempt}"
+
+
+def nemo_result(traj: Trajectory) -> dict[str, Any] | None:
+    infra = bool(traj.error and traj.error.startswith("infrastructure")) or bool(
+        traj.grading and traj.grading.get("failure_kind") == "infrastructure")
+    try:
+        return to_nemo_gym_result(traj, reward=traj.reward or 0.0, mask_sample=infra)
+    except ValueError:  # nothing trainable (e.g. the backend failed on the first call)
+        return None
+
+
+class Progress:
+    """The progress bar: done, running, failed, resolved so far, sampled tokens/s."""
+
+    def __init__(self, total: int, done: int):
+        self.bar = tqdm(total=total, initial=done, desc="rollouts", unit="ep", dynamic_ncols=True)
+        self.running = self.failed = self.resolved = self.tokens = 0
+        self.started = time.monotonic()
+
+    def update(self, result: EpisodeResult | None = None) -> None:
+        if result is not None:
+            traj = result.trajectory
+            self.failed += traj.status != "completed"
+            self.resolved += bool(result.grade and result.grade.resolved)
+            self.tokens += traj.stats.sampled_tokens
+            self.bar.update(1)
+        rate = self.tokens / max(time.monotonic() - self.started, 1e-9)
+        self.bar.set_postfix(running=self.running, failed=self.failed, resolved=self.resolved,
+                             tok_s=f"{rate:.1f}")
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+async def run_rollouts(plan: RolloutPlan, proxy_factory) -> list[Trajectory]:
+    """Run every unfinished episode of ``plan``; ``proxy_factory(data_dir, socket)`` builds the proxy."""
+    out = plan.out
+    out.mkdir(parents=True, exist_ok=True)
+    done = finished_keys(out)
+    todo = [(t, k) for t, k in plan.episodes() if episode_key(t.instance_id, k) not in done]
+    sock_dir = Path(tempfile.mkdtemp(prefix="polar-sock-"))  # short path: AF_UNIX paths are <108 bytes
+    sock_dir.chmod(0o755)
+    proxy = proxy_factory(out / "ledger", sock_dir / "proxy.sock")
+    await proxy.start(unix_socket=sock_dir / "proxy.sock", port=None)
+    progress = Progress(len(plan.episodes()), len(done))
+    semaphore = asyncio.Semaphore(plan.concurrency)
+    writer = TrajectoryWriter(out / "trajectories.jsonl")
+    nemo = open(out / "nemo_results.jsonl", "a")  # noqa: SIM115 - appended as episodes end
+
+    async def one(task: Task, sample: int) -> None:
+        async with semaphore:
+            key = episode_key(task.instance_id, sample)
+            progress.running += 1
+            progress.update()
+            try:
+                result = await run_episode(proxy, task, episode_id=_session_id(key, out / "ledger"),
+                                           group_id=task.instance_id, config=plan.episode,
+                                           metadata={"episode_key": key, "sample": sample})
+            finally:
+                progress.running -= 1
+            result.trajectory.metadata["episode_key"] = key
+            writer.write(result.trajectory)
+            row = nemo_result(result.trajectory)
+            if row is not None:
+                nemo.write(json.dumps(row) + "\n")
+                nemo.flush()
+            progress.update(result)
+
+    try:
+        await asyncio.gather(*(one(t, k) for t, k in todo))
+    finally:
+        progress.close()
+        writer.close()
+        nemo.close()
+        await proxy.stop()
+        for leftover in sock_dir.iterdir():
+            leftover.unlink()
+        sock_dir.rmdir()
+    trajectories = list(read_trajectories(out / "trajectories.jsonl"))
+    finish_outputs(out, trajectories)
+    return trajectories
+
+
+def finish_outputs(out: Path, trajectories: list[Trajectory]) -> dict[str, Any]:
+    """GRPO batch + summary over every finished episode in ``out``."""
+    graded = [t for t in trajectories if t.reward is not None]
+    write_jsonl(out / "grpo_batch.jsonl", grpo_rows(graded))
+    summary = summarize(trajectories)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def summarize(trajectories: list[Trajectory]) -> dict[str, Any]:
+    n = len(trajectories)
+    resolved = sum(bool(t.grading and t.grading.get("resolved")) for t in trajectories)
+    return {
+        "episodes": n,
+        "status": {s: sum(t.status == s for t in trajectories) for s in ("completed", "timeout", "error")},
+        "resolved": resolved,
+        "resolved_rate": resolved / n if n else 0.0,
+        "calls": sum(t.stats.calls for t in trajectories),
+        "sampled_tokens": sum(t.stats.sampled_tokens for t in trajectories),
+        "trainable_tokens": sum(t.stats.trainable_tokens for t in trajectories),
+        "chains": sum(t.stats.chains for t in trajectories),
+        "models": sorted({t.model for t in trajectories if t.model}),
+        "backends": sorted({t.backend for t in trajectories if t.backend}),
+    }
+
+
+def summary_table(trajectories: list[Trajectory]) -> str:
+    rows = [("episode", "status", "turns", "sampled", "trainable", "chains", "reward", "time s")]
+    for t in trajectories:
+        rows.append((t.session_id, t.status, str(t.stats.calls), str(t.stats.sampled_tokens),
+                     str(t.stats.trainable_tokens), str(t.stats.chains),
+                     "-" if t.reward is None else f"{t.reward:.1f}",
+                     f"{t.metadata.get('duration_s', 0.0):.0f}"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+# -- CLI -------------------------------------------------------------------------------------------
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--harness", default="pi", help="codex | claude-code | pi")
+    parser.add_argument("--tasks", default="bundled", help="bundled | verified | FILE.jsonl")
+    parser.add_argument("--task-ids", nargs="*", default=None, help="only these instance ids")
+    parser.add_argument("--limit", type=int, default=None, help="only the first N tasks")
+    parser.add_argument("--backend", default="local", help="local | vllm | nemo-rl | sglang")
+    parser.add_argument("--url", action="append", default=[], help="backend URL (repeatable)")
+    parser.add_argument("--model-dir", type=Path, default=None,
+                        help="HF model/tokenizer dir (default: the embedded SmolLM2-135M-Instruct)")
+    parser.add_argument("--model-name", default=None)
+    parser.add_argument("--tool-format", choices=["hermes", "qwen3_coder"], default=None)
+    parser.add_argument("--samples", type=int, default=1, help="rollouts per task (GRPO group size)")
+    parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=Path("runs/rollout"))
+    parser.add_argument("--timeout", type=float, default=600.0, help="harness deadline per episode (s)")
+    parser.add_argument("--grading-timeout", type=float, default=900.0)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--max-tokens", type=int, default=1024, help="per model call")
+    parser.add_argument("--max-context", type=int, default=32768)
+
+
+def plan_from_args(args: argparse.Namespace) -> RolloutPlan:
+    from polar_env.tasks.loader import load_tasks
+
+    tasks = load_tasks(args.tasks)
+    if args.task_ids:
+        tasks = [t for t in tasks if t.instance_id in set(args.task_ids)]
+    tasks = tasks[: args.limit] if args.limit else tasks
+    if not tasks:
+        raise SystemExit("no tasks selected")
+    policy = {"temperature": args.temperature, "top_p": args.top_p, "max_tokens": args.max_tokens}
+    return RolloutPlan(tasks=tasks, samples=args.samples, concurrency=args.concurrency, out=args.out,
+                       episode=EpisodeConfig(harness=args.harness, timeout_s=args.timeout,
+                                             grading_timeout_s=args.grading_timeout, policy=policy,
+                                             model_name=args.model_name))
+
+
+def proxy_factory_from_args(args: argparse.Namespace, backend=None):
+    """A factory building the proxy for this run (one model load, reused across reruns)."""
+    from polar_env.backends.embedded import embedded_model_dir
+    from polar_env.backends.registry import make_backend
+    from polar_env.chat.template import ChatRenderer
+    from polar_env.proxy.app import ProxyServer
+    from polar_env.proxy.engine import EngineConfig
+
+    model_dir = args.model_dir or embedded_model_dir()
+    renderer = ChatRenderer.from_pretrained(model_dir, tool_format=args.tool_format)
+    backend = backend or make_backend(args.backend, url=args.url or None,
+                                      model=args.model_name or model_dir.name, model_dir=model_dir)
+
+    def factory(data_dir: Path, socket: Path) -> ProxyServer:
+        return ProxyServer.create(renderer=renderer, backend=backend, data_dir=data_dir,
+                                  admin_secret=secrets.token_urlsafe(24),
+                                  config=EngineConfig(max_context=args.max_context,
+                                                      default_max_tokens=args.max_tokens))
+
+    return factory
+
+
+def prepare(plan: RolloutPlan) -> None:
+    """Host-side setup before the clock starts: the harness install and each task's test env."""
+    from polar_env.harness_adapters.registry import get_adapter
+    from polar_env.tasks.env import ensure_task_env
+
+    get_adapter(plan.episode.harness).install()
+    if plan.episode.grade:
+        for task in plan.tasks:
+            ensure_task_env(task)
+
+
+def rollout_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="polar rollout", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    parser.add_argument("--ray", default=None, metavar="ADDRESS",
+                        help="run episodes as Ray tasks on this cluster ('auto' to detect one)")
+    args = parser.parse_args(argv)
+    plan = plan_from_args(args)
+    if args.ray:
+        from polar_env.rollout_ray import run_on_ray
+
+        trajectories = run_on_ray(plan, args)
+    else:
+        prepare(plan)
+        trajectories = asyncio.run(run_rollouts(plan, proxy_factory_from_args(args)))
+    print(summary_table(trajectories))
+    print(json.dumps(summarize(trajectories), indent=2))
+    return 0

@@ -1,0 +1,116 @@
+"""Apptainer sandbox for clusters without Docker (HPC): SWE-bench images run as SIFs or ``docker://``.
+
+Apptainer keeps no container alive between commands, so each ``run`` is one ``apptainer exec``
+with ``--containall`` (own PID/IPC namespaces, clean env) and ``--net --network none``. The task
+tree lives on the host (extracted from the image's /testbed at create, or copied from
+``task_tree``) and is bound at /testbed, so copy and diff are host-side, as in bubblewrap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from polar_env.sandbox import gitdiff
+from polar_env.sandbox.base import NOISE_EXCLUDES, RunResult, Sandbox, SandboxSpec, run_process_tree
+from polar_env.sandbox.bubblewrap import FORWARDER_INSIDE, FORWARDER_SRC
+
+
+class ApptainerSandbox(Sandbox):
+    engine = "apptainer"
+
+    def __init__(self, spec: SandboxSpec, image: str, root: Path, extra_ro_mounts: Sequence[tuple[str, str]] = (),
+                 isolate_network: bool = True):
+        self.spec = spec
+        self.image = image  # a .sif path or docker://swebench/sweb.eval...
+        self.root = root  # host dir: testbed/ home/ git/
+        self.extra_ro_mounts = list(extra_ro_mounts)
+        self.isolate_network = isolate_network  # --network none needs root or --fakeroot on most sites
+        self._destroyed = False
+
+    @property
+    def testbed(self) -> Path:
+        return self.root / "testbed"
+
+    def exec_argv(self, cmd: Sequence[str], env: dict[str, str]) -> list[str]:
+        s = self.spec
+        argv = [self.engine, "exec", "--containall", "--cleanenv", "--writable-tmpfs", "--no-mount", "cwd",
+                "--hostname", s.hostname, "--home", f"{self.root / 'home'}:{s.home}", "--pwd", s.workdir]
+        if self.isolate_network:
+            argv += ["--net", "--network", "none"]
+        binds = [f"{self.testbed}:{s.workdir}", f"{FORWARDER_SRC}:{FORWARDER_INSIDE}:ro"]
+        if s.harness_dir is not None:
+            binds.append(f"{s.harness_dir}:/opt/harness:ro")
+        if s.proxy_socket_dir is not None:
+            binds.append(f"{s.proxy_socket_dir}:/run/proxy:ro")
+        binds += [f"{src}:{dst}:ro" for src, dst in self.extra_ro_mounts]
+        for bind in binds:
+            argv += ["--bind", bind]
+        for key, value in {**s.base_env(), **env}.items():
+            argv += ["--env", f"{key}={value}"]
+        return argv + [self.image, *cmd]
+
+    def extract_argv(self, dest: Path) -> list[str]:
+        """Copy the image's own /testbed out to the host (the SWE-bench base checkout)."""
+        return [self.engine, "exec", "--containall", "--bind", f"{dest}:/polar-out", self.image,
+                "cp", "-a", f"{self.spec.workdir}/.", "/polar-out/"]
+
+    @classmethod
+    def create(cls, task_tree: Path | None, *, spec: SandboxSpec, image: str = "",
+               extra_ro_mounts: Sequence[tuple[str, str]] = (), isolate_network: bool = True) -> ApptainerSandbox:
+        if not image:
+            raise ValueError("ApptainerSandbox needs an image (a .sif or docker://...)")
+        if spec.scratch_root is not None:
+            spec.scratch_root.mkdir(parents=True, exist_ok=True)
+        root = Path(tempfile.mkdtemp(prefix="polar-apptainer-", dir=spec.scratch_root))
+        sb = cls(spec, image, root, extra_ro_mounts, isolate_network)
+        (root / "home").mkdir()
+        if task_tree is not None:
+            shutil.copytree(task_tree, sb.testbed, symlinks=True)
+        else:
+            sb.testbed.mkdir()
+            proc = subprocess.run(sb.extract_argv(sb.testbed), capture_output=True)
+            if proc.returncode != 0:
+                shutil.rmtree(root, ignore_errors=True)
+                raise RuntimeError(f"apptainer extract failed: {proc.stderr.decode(errors='replace')[-2000:]}")
+        gitdiff.snapshot(sb.testbed, root / "git")
+        return sb
+
+    async def run(self, cmd: Sequence[str], *, env: dict[str, str] | None = None, timeout_s: float = 600.0,
+                  stdin: bytes | None = None, max_output_bytes: int = 1 << 20) -> RunResult:
+        return await run_process_tree(self.exec_argv(cmd, env or {}), timeout_s=timeout_s, stdin=stdin,
+                                      max_output_bytes=max_output_bytes)
+
+    def host_path(self, inside: str) -> Path:
+        p = Path(inside)
+        for mount, host in ((Path(self.spec.workdir), self.testbed), (Path(self.spec.home), self.root / "home")):
+            if p == mount or mount in p.parents:
+                return host / p.relative_to(mount)
+        raise ValueError(f"{inside} is not under {self.spec.workdir} or {self.spec.home}")
+
+    async def copy_in(self, src: Path, dst: str) -> None:
+        target = self.host_path(dst)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_dir():
+            shutil.copytree(src, target, symlinks=True, dirs_exist_ok=True)
+        else:
+            shutil.copy2(src, target)
+
+    async def copy_out(self, src: str, dst: Path) -> None:
+        source = self.host_path(src)
+        if source.is_dir():
+            shutil.copytree(source, dst, symlinks=True, dirs_exist_ok=True)
+        else:
+            shutil.copy2(source, dst)
+
+    async def diff(self, exclude: Sequence[str] = NOISE_EXCLUDES) -> bytes:
+        return await asyncio.to_thread(gitdiff.diff, self.testbed, self.root / "git", exclude)
+
+    async def destroy(self) -> None:
+        if not self._destroyed:
+            self._destroyed = True
+            await asyncio.to_thread(shutil.rmtree, self.root, True)

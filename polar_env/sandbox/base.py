@@ -1,0 +1,186 @@
+"""The one sandbox interface every backend (bubblewrap, docker, apptainer) implements.
+
+A sandbox holds one task tree at a fixed path (``/testbed``) and runs commands in it with a
+deadline, a fixed environment and no network except the proxy. Everything a harness reads into
+its first request (cwd, HOME, user, hostname, timezone, env) comes from :class:`SandboxSpec`, so
+it is identical across the rollouts of a task (DESIGN.md §4: GRPO groups by first-prompt ids).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Harness state and build artefacts that are never part of the agent's patch (DESIGN.md §7).
+NOISE_EXCLUDES: tuple[str, ...] = (
+    ".codex", ".claude", ".pi", "__pycache__", "*.pyc", "*.pyo", "*.egg-info", ".pytest_cache",
+    "build", "dist", ".eggs", ".tox", ".mypy_cache", ".ruff_cache", "node_modules",
+)
+
+DEFAULT_ENV: dict[str, str] = {"TZ": "UTC", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TERM": "dumb"}
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """Everything that shapes what runs inside; identical specs give identical sandboxes."""
+
+    proxy_socket_dir: Path | None = None  # host dir holding the proxy's Unix socket, bound at /run/proxy
+    proxy_socket_name: str = "proxy.sock"
+    proxy_port: int = 18080  # loopback port inside the sandbox where the forwarder listens
+    harness_dir: Path | None = None  # harness install, mounted read-only at /opt/harness
+    workdir: str = "/testbed"
+    home: str = "/home/agent"
+    user: str = "agent"
+    uid: int = 1000  # unprivileged uid the sandbox runs as when the host is root
+    hostname: str = "sandbox"
+    env: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_ENV))
+    memory_bytes: int | None = 8 << 30
+    pids_max: int | None = 4096
+    scratch_root: Path | None = None  # where per-sandbox host dirs go (default: a temp dir)
+
+    @property
+    def socket_path_inside(self) -> str:
+        return f"/run/proxy/{self.proxy_socket_name}"
+
+    def base_env(self) -> dict[str, str]:
+        """The fixed environment of every command (callers add their own on top)."""
+        path = "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
+        if self.harness_dir is not None:
+            path = "/opt/harness/node_modules/.bin:" + path
+        return {**self.env, "HOME": self.home, "USER": self.user, "LOGNAME": self.user,
+                "HOSTNAME": self.hostname, "SHELL": "/bin/bash", "PATH": path, "PWD": self.workdir}
+
+
+@dataclass
+class RunResult:
+    exit_code: int | None  # None when killed at the deadline
+    stdout_tail: str
+    stderr_tail: str
+    timed_out: bool
+    duration_s: float
+    stdout_bytes: int = 0  # total bytes written, of which only the tail is kept
+    stderr_bytes: int = 0
+
+
+class Sandbox(ABC):
+    """Create from a task tree, run with a deadline, copy in/out, diff, destroy."""
+
+    spec: SandboxSpec
+
+    @classmethod
+    @abstractmethod
+    def create(cls, task_tree: Path | None, *, spec: SandboxSpec) -> Sandbox: ...
+
+    @abstractmethod
+    async def run(self, cmd: Sequence[str], *, env: dict[str, str] | None = None, timeout_s: float = 600.0,
+                  stdin: bytes | None = None, max_output_bytes: int = 1 << 20) -> RunResult:
+        """Run ``cmd`` in the workdir; the whole process tree dies at ``timeout_s``."""
+
+    @abstractmethod
+    async def copy_in(self, src: Path, dst: str) -> None:
+        """Copy a host file or directory to ``dst`` (an absolute path inside the sandbox)."""
+
+    @abstractmethod
+    async def copy_out(self, src: str, dst: Path) -> None:
+        """Copy ``src`` (inside the sandbox) to the host path ``dst``."""
+
+    @abstractmethod
+    async def diff(self, exclude: Sequence[str] = NOISE_EXCLUDES) -> bytes:
+        """Binary-safe ``git diff`` of the workdir against its state at creation."""
+
+    @abstractmethod
+    async def destroy(self) -> None:
+        """Kill what still runs and remove every host-side trace; idempotent."""
+
+
+def exclude_pathspecs(exclude: Sequence[str]) -> list[str]:
+    """Git pathspecs that drop ``exclude`` at any depth (a name matches a dir or a file)."""
+    specs = ["."]
+    for pat in exclude:
+        specs.append(f":(exclude,glob)**/{pat}")
+        specs.append(f":(exclude,glob)**/{pat}/**")
+    return specs
+
+
+class _Tail:
+    """Keeps only the last ``limit`` bytes of a stream, so an output flood costs bounded memory."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.buf = bytearray()
+        self.total = 0
+
+    def feed(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        self.buf += chunk
+        if len(self.buf) > self.limit:
+            del self.buf[: len(self.buf) - self.limit]
+
+    def text(self) -> str:
+        return bytes(self.buf).decode("utf-8", errors="replace")
+
+
+async def _pump(stream: asyncio.StreamReader | None, tail: _Tail) -> None:
+    if stream is None:
+        return
+    while chunk := await stream.read(65536):
+        tail.feed(chunk)
+
+
+async def run_process_tree(argv: Sequence[str], *, timeout_s: float, stdin: bytes | None,
+                           max_output_bytes: int, env: dict[str, str] | None = None,
+                           preexec_fn=None, on_timeout=None) -> RunResult:
+    """Run a host process in its own session; at the deadline SIGKILL its process group.
+
+    ``on_timeout`` (sync) may kill more (a container, a cgroup) before the group is reaped.
+    """
+    start = time.monotonic()
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True,
+        preexec_fn=preexec_fn)
+    out, err = _Tail(max_output_bytes), _Tail(max_output_bytes)
+
+    async def feed_stdin() -> None:
+        if stdin is not None and proc.stdin is not None:
+            try:
+                proc.stdin.write(stdin)
+                await proc.stdin.drain()
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            finally:
+                proc.stdin.close()
+
+    work = asyncio.gather(feed_stdin(), _pump(proc.stdout, out), _pump(proc.stderr, err), proc.wait())
+    timed_out = False
+    try:
+        await asyncio.wait_for(asyncio.shield(work), timeout_s)
+    except TimeoutError:
+        timed_out = True
+        if on_timeout is not None:
+            on_timeout()
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        # Pipes may be held open by escaped grandchildren; do not wait on them forever.
+        try:
+            await asyncio.wait_for(work, 10)
+        except TimeoutError:
+            work.cancel()
+    except asyncio.CancelledError:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        raise
+    return RunResult(exit_code=None if timed_out else proc.returncode, stdout_tail=out.text(),
+                     stderr_tail=err.text(), timed_out=timed_out, duration_s=time.monotonic() - start,
+                     stdout_bytes=out.total, stderr_bytes=err.total)

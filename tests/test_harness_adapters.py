@@ -1,0 +1,171 @@
+"""Adapters: registry, cache layout, the config each harness gets (DESIGN.md §6), summaries."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from polar_env.harness_adapters import HarnessContext, get_adapter
+from polar_env.harness_adapters.base import INSTALLED_MARKER, cache_root, json_lines
+from polar_env.harness_adapters.claude_code import MODEL_VARS
+from polar_env.harness_adapters.doctor import doctor_report, format_table
+from polar_env.harness_adapters.runner import episode_command
+
+CTX = HarnessContext(session_id="sess-1", session_key="sk-polar-secret", model_name="policy", port=18080)
+
+
+def test_registry_and_aliases():
+    assert get_adapter("codex").name == "codex"
+    assert get_adapter("claude_code").name == get_adapter("claude-code").name == "claude-code"
+    assert get_adapter("pi").package == "@mariozechner/pi-coding-agent"
+    with pytest.raises(KeyError):
+        get_adapter("cursor")
+    for name in ("codex", "claude-code", "pi"):
+        version = get_adapter(name).version
+        assert version and all(part.isdigit() for part in version.split(".")), "versions are pinned exactly"
+
+
+def test_cache_dir_honours_polar_cache(monkeypatch, tmp_path: Path):
+    monkeypatch.setenv("POLAR_CACHE", str(tmp_path))
+    assert cache_root() == tmp_path
+    codex = get_adapter("codex")
+    assert codex.install_dir() == tmp_path / "harnesses" / f"codex-{codex.version}"
+    assert codex.install_command()[:4] == ["npm", "install", "--prefix", str(codex.install_dir())]
+    assert codex.install_command()[-1] == f"@openai/codex@{codex.version}"
+    monkeypatch.delenv("POLAR_CACHE")
+    assert cache_root() == Path.home() / ".cache" / "polar"
+
+
+def test_install_is_a_noop_once_installed(tmp_path: Path):
+    pi = get_adapter("pi")
+    d = pi.install_dir(tmp_path)
+    assert not pi.is_installed(tmp_path)
+    (d / "node_modules" / ".bin").mkdir(parents=True)
+    (d / "node_modules" / ".bin" / "pi").write_text("#!/bin/sh\n")
+    assert not pi.is_installed(tmp_path)  # no marker: a half-finished install
+    (d / INSTALLED_MARKER).write_text("x")
+    assert pi.is_installed(tmp_path)
+    assert pi.install(tmp_path) == d  # would run npm (no network in CI jobs without it) if not a no-op
+    assert (tmp_path / "harnesses" / f".pi-{pi.version}.lock").exists()
+
+
+def test_codex_config_matches_design():
+    codex = get_adapter("codex")
+    files = codex.config_files(CTX)
+    assert list(files) == ["/home/agent/.codex/config.toml"]
+    cfg = tomllib.loads(files["/home/agent/.codex/config.toml"])
+    assert cfg["model"] == "policy" and cfg["model_provider"] == "polar"
+    assert cfg["approval_policy"] == "never" and cfg["sandbox_mode"] == "danger-full-access"
+    provider = cfg["model_providers"]["polar"]
+    assert provider["base_url"] == "http://127.0.0.1:18080/s/sess-1/v1"
+    assert provider["wire_api"] == "responses" and provider["env_key"] == "POLAR_SESSION_KEY"
+    assert cfg["analytics"] == {"enabled": False}
+    assert cfg["features"] == {"plugins": False, "apps": False, "remote_plugin": False}
+    assert "sk-polar-secret" not in files["/home/agent/.codex/config.toml"]
+    env = codex.env(CTX)
+    assert env == {"CODEX_HOME": "/home/agent/.codex", "POLAR_SESSION_KEY": "sk-polar-secret"}
+    cmd = codex.command(CTX, "fix the bug")
+    assert cmd == ["/opt/harness/node_modules/.bin/codex", "exec", "--skip-git-repo-check", "--ephemeral", "--json",
+                   "fix the bug"]
+
+
+def test_claude_code_env_points_every_model_at_the_served_one():
+    claude = get_adapter("claude-code")
+    env = claude.env(CTX)
+    assert env["ANTHROPIC_BASE_URL"] == "http://127.0.0.1:18080/s/sess-1"
+    assert env["ANTHROPIC_API_KEY"] == "sk-polar-secret"
+    assert env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == "1"
+    assert {var: env[var] for var in MODEL_VARS} == dict.fromkeys(MODEL_VARS, "policy")
+    assert "ANTHROPIC_DEFAULT_HAIKU_MODEL" in MODEL_VARS and "CLAUDE_CODE_SUBAGENT_MODEL" in MODEL_VARS
+    assert "IS_SANDBOX" not in env
+    root_ctx = HarnessContext(**{**CTX.__dict__, "as_root": True})
+    assert claude.env(root_ctx)["IS_SANDBOX"] == "1"
+    cmd = claude.command(CTX, "fix it")
+    assert cmd[1:] == ["-p", "--dangerously-skip-permissions", "--output-format", "stream-json", "--verbose",
+                       "--model", "policy", "fix it"]
+    assert claude.config_files(CTX) == {}
+
+
+def test_pi_models_json_and_offline():
+    pi = get_adapter("pi")
+    files = pi.config_files(CTX)
+    models = json.loads(files["/home/agent/.pi/agent/models.json"])
+    provider = models["providers"]["polar"]
+    assert provider == {"baseUrl": "http://127.0.0.1:18080/s/sess-1/v1", "api": "openai-completions",
+                        "apiKey": "POLAR_SESSION_KEY", "models": [{"id": "policy"}]}
+    assert json.loads(files["/home/agent/.pi/agent/settings.json"])["enableInstallTelemetry"] is False
+    env = pi.env(CTX)
+    assert env["PI_OFFLINE"] == "1" and env["PI_CODING_AGENT_DIR"] == "/home/agent/.pi/agent"
+    assert env["POLAR_SESSION_KEY"] == "sk-polar-secret"
+    assert pi.command(CTX, "go") == ["/opt/harness/node_modules/.bin/pi", "-p", "--no-session", "--mode", "json",
+                                     "--provider", "polar", "--model", "policy", "go"]
+
+
+def test_episode_command_starts_forwarder_first():
+    cmd = episode_command(get_adapter("pi"), CTX, "go", socket_inside="/run/proxy/proxy.sock")
+    assert cmd[:8] == ["/usr/bin/python3", "/opt/polar/forwarder.py", "--socket", "/run/proxy/proxy.sock",
+                       "--port", "18080", "--", "/opt/harness/node_modules/.bin/pi"]
+
+
+CODEX_STREAM = "\n".join(json.dumps(e) for e in [
+    {"type": "thread.started", "thread_id": "t"}, {"type": "turn.started"},
+    {"type": "item.started", "item": {"id": "i0", "type": "command_execution", "command": "ls"}},
+    {"type": "item.completed", "item": {"id": "i0", "type": "command_execution", "command": "ls", "exit_code": 0}},
+    {"type": "item.completed", "item": {"id": "i1", "type": "file_change", "changes": []}},
+    {"type": "item.completed", "item": {"id": "i2", "type": "agent_message", "text": "Done."}},
+    {"type": "turn.completed", "usage": {"input_tokens": 10}}])
+
+CLAUDE_STREAM = "\n".join(json.dumps(e) for e in [
+    {"type": "system", "subtype": "init", "model": "policy"},
+    {"type": "assistant", "message": {"content": [{"type": "tool_use", "name": "Bash", "input": {}}]}},
+    {"type": "user", "message": {"content": [{"type": "tool_result", "content": "ok"}]}},
+    {"type": "assistant", "message": {"content": [{"type": "text", "text": "All done"}]}},
+    {"type": "result", "subtype": "success", "is_error": False, "num_turns": 2, "result": "All done"}])
+
+PI_STREAM = "\n".join(json.dumps(e) for e in [
+    {"type": "session", "version": 3}, {"type": "agent_start"}, {"type": "turn_start"},
+    {"type": "message_end", "message": {"role": "assistant", "content": [{"type": "toolCall", "name": "bash"}]}},
+    {"type": "tool_execution_end", "toolCallId": "c1", "toolName": "bash", "isError": False},
+    {"type": "turn_end"}, {"type": "turn_start"},
+    {"type": "message_end", "message": {"role": "assistant", "content": [{"type": "text", "text": "Edited."}],
+                                        "stopReason": "stop"}},
+    {"type": "turn_end"}, {"type": "agent_end", "messages": []}])
+
+
+def test_summaries_from_event_streams():
+    s = get_adapter("codex").summarize("garbage line\n" + CODEX_STREAM)
+    assert (s.turns, s.tool_calls, s.final_message, s.finished, s.unparsed_lines) == (1, 2, "Done.", True, 1)
+    s = get_adapter("claude-code").summarize(CLAUDE_STREAM)
+    assert (s.turns, s.tool_calls, s.final_message, s.finished, s.tool_names) == (2, 1, "All done", True, ["Bash"])
+    s = get_adapter("pi").summarize(PI_STREAM[20:])  # a tail whose first line is cut
+    assert (s.turns, s.tool_calls, s.final_message, s.finished) == (2, 1, "Edited.", True)
+
+
+def test_summaries_report_failures():
+    failed = json.dumps({"type": "turn.failed", "error": {"message": "stream disconnected"}})
+    s = get_adapter("codex").summarize(failed)
+    assert not s.finished and s.error == "stream disconnected"
+    s = get_adapter("claude-code").summarize(json.dumps({"type": "result", "subtype": "error_max_turns",
+                                                         "is_error": True, "num_turns": 3}))
+    assert not s.finished and s.error == "error_max_turns" and s.turns == 3
+    pi_err = "\n".join(json.dumps(e) for e in [
+        {"type": "message_end", "message": {"role": "assistant", "content": [], "stopReason": "error",
+                                            "errorMessage": "500 boom"}}, {"type": "agent_end"}])
+    s = get_adapter("pi").summarize(pi_err)
+    assert not s.finished and s.error == "500 boom"
+    assert json_lines("[1]\n{}\n") == ([{}], 1)
+
+
+def test_doctor_rows_cover_harnesses_and_sandbox_tools(tmp_path: Path):
+    rows = doctor_report(tmp_path)  # an empty cache: every harness missing
+    names = [r.component for r in rows]
+    for needed in ("bubblewrap", "setpriv", "node", "npm", "cgroups", "harness codex", "harness claude-code",
+                   "harness pi"):
+        assert needed in names
+    harness_rows = [r for r in rows if r.component.startswith("harness ")]
+    assert all(not r.installed and "npm install --prefix" in r.fix_command for r in harness_rows)
+    table = format_table(rows)
+    assert table.splitlines()[0].startswith("component") and "harness pi" in table

@@ -1,0 +1,176 @@
+"""Each real harness CLI, in bubblewrap, against the real proxy over its Unix socket.
+
+The backend is the scripted policy (real SmolLM2 tokenizer and model score the chosen text, so ids
+and logprobs are real): the first answer is a tool call in the harness's own tool vocabulary that
+edits /testbed/hello.py; once a tool result is in the prompt, a final answer. The test asserts the
+file change, the exit status, the trajectory (one chain, mask over exactly the sampled tokens), that
+every request stayed inside the session, and that two rollouts share their first prompt token-for-token.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+from polar_sandbox_helpers import processes_matching
+
+from polar_env.backends.local import LocalBackend
+from polar_env.backends.scripted import ScriptedBackend
+from polar_env.chat.template import ChatRenderer
+from polar_env.harness_adapters import get_adapter
+from polar_env.harness_adapters.runner import run_episode_in_sandbox
+from polar_env.proxy.app import ProxyServer
+from polar_env.proxy.engine import EngineConfig
+from polar_env.sandbox.base import SandboxSpec
+from polar_env.sandbox.bubblewrap import BubblewrapSandbox
+from polar_env.trajectory.chains import build_trajectory
+from polar_env.trajectory.checks import check_trajectory
+from polar_env.trajectory.ledger import Ledger
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(shutil.which("bwrap") is None or shutil.which("npm") is None,
+                                 reason="needs bubblewrap and npm")]
+
+EDIT = "sed -i s/original/edited-by-agent/ hello.py"
+FINAL = "Done: hello.py now says edited-by-agent."
+TOOL_FOR = {"codex": ("exec_command", "cmd"), "claude-code": ("Bash", "command"), "pi": ("bash", "command")}
+
+
+HANG = "python3 -c 'import time; time.sleep(3600)' polar-e2e-hang"
+# Each harness's own knob that keeps its shell tool waiting past the test's 20 s deadline.
+HANG_ARGS = {"exec_command": {"yield_time_ms": 30000}, "Bash": {"timeout": 600000}, "bash": {}}
+
+
+def policy(session_id: str | None, call_number: int, prompt_text: str) -> str:
+    if "<tool_response>" in prompt_text:
+        return FINAL
+    hang = "Hang forever" in prompt_text
+    for name, arg in TOOL_FOR.values():
+        if f'"name": "{name}"' in prompt_text:
+            args = {arg: HANG, **HANG_ARGS[name]} if hang else {arg: EDIT}
+            return "<tool_call>\n" + json.dumps({"name": name, "arguments": args}) + "\n</tool_call>"
+    return FINAL
+
+
+class RecordingProxy(ProxyServer):
+    """The real proxy plus a middleware that notes every request path it receives."""
+
+    seen: list[tuple[str, str]]
+
+    def app(self) -> web.Application:
+        app = super().app()
+
+        @web.middleware
+        async def record(request: web.Request, handler):
+            self.seen.append((request.method, request.path))
+            return await handler(request)
+
+        app.middlewares.insert(0, record)
+        return app
+
+
+@pytest.fixture(scope="module")
+def smol(embedded_dir):
+    return ChatRenderer.from_pretrained(embedded_dir), LocalBackend.from_pretrained(embedded_dir)
+
+
+@pytest.fixture
+async def proxy(smol, tmp_path: Path):
+    renderer, local = smol
+    server = RecordingProxy.create(renderer=renderer, backend=ScriptedBackend(local, policy, context_window=256),
+                                   data_dir=tmp_path / "ledger", admin_secret="admin",
+                                   config=EngineConfig(max_context=131072, default_max_tokens=256))
+    server.seen = []
+    await server.start(unix_socket=tmp_path / "sock" / "proxy.sock", port=None)
+    yield server
+    await server.stop()
+
+
+async def rollout(adapter, proxy: RecordingProxy, tmp_path: Path, name: str, *,
+                  prompt: str = "Change original to edited in hello.py.", timeout_s: float = 240):
+    task = tmp_path / "task"
+    if not task.exists():
+        task.mkdir(parents=True)
+        (task / "hello.py").write_text("print('original')\n")
+    sid, key = proxy.create_session(name, policy={"temperature": 1.0, "top_p": 1.0, "max_tokens": 256},
+                                    metadata={"task_id": "hello", "harness": adapter.name})
+    sock = proxy.unix_socket.parent
+    sock.chmod(0o755)
+    sb = BubblewrapSandbox.create(task, spec=SandboxSpec(proxy_socket_dir=sock, harness_dir=adapter.install_dir(),
+                                                         scratch_root=tmp_path / "scratch"))
+    try:
+        run = await run_episode_in_sandbox(adapter, sb, proxy_socket_dir=sock, session_id=sid, session_key=key,
+                                           model_name="policy", prompt=prompt, timeout_s=timeout_s)
+        edited = (sb.testbed / "hello.py").read_text()
+        patch = (await sb.diff()).decode()
+    finally:
+        await sb.destroy()
+    return sid, run, edited, patch
+
+
+@pytest.mark.parametrize("harness", ["codex", "claude-code", "pi"])
+async def test_real_harness_edits_file_through_proxy(harness, proxy: RecordingProxy, smol, tmp_path: Path):
+    adapter = get_adapter(harness)
+    adapter.install()
+    sid, run, edited, patch = await rollout(adapter, proxy, tmp_path, f"{harness}-a")
+    detail = (run.status, run.exit_code, run.stdout_tail[-3000:], run.stderr_tail[-3000:])
+    assert run.status == "completed" and run.exit_code == 0, detail
+    assert edited == "print('edited-by-agent')\n", detail
+    assert "+print('edited-by-agent')" in patch and ".codex" not in patch and ".claude" not in patch
+    assert run.summary.tool_calls >= 1 and run.summary.final_message and FINAL in run.summary.final_message, detail
+
+    ledger = Ledger(tmp_path / "ledger")
+    calls = ledger.calls(sid)
+    assert len(calls) >= 2, [c.output for c in calls]
+    traj = build_trajectory(ledger.session(sid), calls, status=run.status)
+    assert check_trajectory(traj) == []
+    main = [ch for ch in traj.chains if len(ch.call_indices) >= 2]
+    assert len(main) == 1 and len(traj.chains) == 1, [(ch.call_indices, ch.break_reason) for ch in traj.chains]
+    chain = traj.chains[0]
+    sampled = set()
+    for c in calls:
+        start = len(c.prompt_ids)
+        assert chain.input_ids[:start] == c.prompt_ids
+        assert chain.input_ids[start:start + len(c.sampled_ids)] == c.sampled_ids
+        sampled |= set(range(start, start + len(c.sampled_ids)))
+    assert {i for i, m in enumerate(chain.loss_mask) if m} == sampled
+    assert calls[0].output.tool_calls and calls[-1].output.content.strip() == FINAL
+
+    assert proxy.seen, "the harness reached the proxy"
+    outside = [(m, p) for m, p in proxy.seen if not p.startswith(f"/s/{sid}/")]
+    assert outside == [], outside
+
+
+@pytest.mark.parametrize("harness", ["codex", "claude-code", "pi"])
+async def test_two_rollouts_share_first_prompt_ids(harness, proxy: RecordingProxy, smol, tmp_path: Path):
+    renderer, _ = smol
+    adapter = get_adapter(harness)
+    adapter.install()
+    firsts = []
+    for n in range(2):
+        sid, run, _, _ = await rollout(adapter, proxy, tmp_path / f"r{n}", f"{harness}-g{n}")
+        assert run.status == "completed", (run.stdout_tail[-2000:], run.stderr_tail[-2000:])
+        firsts.append(Ledger(tmp_path / "ledger").calls(sid)[0].prompt_ids)
+    if firsts[0] != firsts[1]:
+        i = next(k for k, (a, b) in enumerate(zip(firsts[0], firsts[1], strict=False)) if a != b)
+        pytest.fail(f"first prompts differ at token {i}: {renderer.tokenizer.decode(firsts[0][i - 20:i + 20])!r} vs "
+                    f"{renderer.tokenizer.decode(firsts[1][i - 20:i + 20])!r}")
+
+
+@pytest.mark.parametrize("harness", ["codex", "claude-code", "pi"])
+async def test_hung_tool_is_killed_and_partial_trajectory_kept(harness, proxy: RecordingProxy, tmp_path: Path):
+    adapter = get_adapter(harness)
+    adapter.install()
+    sid, run, edited, _ = await rollout(adapter, proxy, tmp_path, f"{harness}-hang", prompt="Hang forever.",
+                                        timeout_s=20)
+    assert run.status == "timeout" and run.exit_code is None, (run.stdout_tail[-2000:], run.stderr_tail[-2000:])
+    assert edited == "print('original')\n"
+    assert processes_matching("polar-e2e-hang") == []
+    ledger = Ledger(tmp_path / "ledger")
+    calls = ledger.calls(sid)
+    assert len(calls) == 1 and calls[0].output.tool_calls  # the call that started the hung tool
+    traj = build_trajectory(ledger.session(sid), calls, status=run.status)
+    assert traj.status == "timeout" and len(traj.chains) == 1 and check_trajectory(traj) == []

@@ -1,0 +1,128 @@
+"""Docker and Apptainer sandboxes: the argv they build (no engine on this machine)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from polar_env.sandbox import sandbox_class
+from polar_env.sandbox.apptainer import ApptainerSandbox
+from polar_env.sandbox.base import SandboxSpec, exclude_pathspecs
+from polar_env.sandbox.docker import DockerSandbox, git_diff_script, git_snapshot_script
+from polar_env.sandbox.swebench_images import swebench_image
+
+SPEC = SandboxSpec(proxy_socket_dir=Path("/run/polar/sock"), harness_dir=Path("/cache/harnesses/codex-1"),
+                   memory_bytes=1 << 30, pids_max=512)
+
+
+def _pairs(argv: list[str], flag: str) -> list[str]:
+    return [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == flag]
+
+
+def test_swebench_image_names():
+    assert swebench_image("django__django-11099") == "swebench/sweb.eval.x86_64.django_1776_django-11099:latest"
+    assert swebench_image("psf__requests-5414", arch="arm64", tag="v1") == \
+        "swebench/sweb.eval.arm64.psf_1776_requests-5414:v1"
+    assert swebench_image("SymPy__sympy-1") == "swebench/sweb.eval.x86_64.sympy_1776_sympy-1:latest"
+
+
+def test_docker_create_argv_isolates_and_mounts():
+    sb = DockerSandbox(SPEC, swebench_image("astropy__astropy-12907"), "polar-x")
+    argv = sb.create_argv()
+    assert argv[:2] == ["docker", "create"]
+    assert _pairs(argv, "--network") == ["none"]
+    assert _pairs(argv, "--hostname") == ["sandbox"] and _pairs(argv, "--workdir") == ["/testbed"]
+    assert _pairs(argv, "--memory") == [str(1 << 30)] and _pairs(argv, "--pids-limit") == ["512"]
+    mounts = _pairs(argv, "-v")
+    assert "/cache/harnesses/codex-1:/opt/harness:ro" in mounts
+    assert "/run/polar/sock:/run/proxy:ro" in mounts
+    assert any(m.endswith(":/opt/polar/forwarder.py:ro") for m in mounts)
+    assert "TZ=UTC" in _pairs(argv, "-e")
+    assert argv[-3:] == ["swebench/sweb.eval.x86_64.astropy_1776_astropy-12907:latest", "sleep", "infinity"]
+    assert "--privileged" not in argv and _pairs(argv, "--cap-drop") == ["ALL"]
+
+
+def test_docker_exec_runs_unprivileged_with_fixed_env_and_deadline():
+    sb = DockerSandbox(SPEC, "img", "polar-x")
+    argv = sb.exec_argv(["codex", "exec", "hi"], {"CODEX_HOME": "/home/agent/.codex"}, timeout_s=30.5)
+    assert argv[:2] == ["docker", "exec"] and "-i" not in argv
+    assert _pairs(argv, "-u") == ["1000:1000"] and _pairs(argv, "-w") == ["/testbed"]
+    env = _pairs(argv, "-e")
+    assert {"HOME=/home/agent", "USER=agent", "TZ=UTC", "CODEX_HOME=/home/agent/.codex"} <= set(env)
+    assert any(e.startswith("PATH=/opt/harness/node_modules/.bin:") for e in env)
+    i = argv.index("polar-x")
+    assert argv[i + 1:] == ["timeout", "-s", "KILL", "31", "codex", "exec", "hi"]
+    assert sb.exec_argv(["x"], {}, interactive=True)[2] == "-i"
+
+
+def test_docker_copy_and_rm_argv(tmp_path: Path):
+    sb = DockerSandbox(SPEC, "img", "polar-x")
+    assert sb.cp_in_argv(tmp_path, "/testbed") == ["docker", "cp", f"{tmp_path}/.", "polar-x:/testbed"]
+    f = tmp_path / "f"
+    f.write_text("x")
+    assert sb.cp_in_argv(f, "/tmp/f") == ["docker", "cp", str(f), "polar-x:/tmp/f"]
+    assert sb.cp_out_argv("/testbed/a", tmp_path / "a") == ["docker", "cp", "polar-x:/testbed/a", str(tmp_path / "a")]
+    assert sb.rm_argv() == ["docker", "rm", "-f", "polar-x"]
+    with pytest.raises(ValueError):
+        DockerSandbox.create(None, spec=SPEC)
+
+
+def test_git_scripts_snapshot_and_diff_for_real(tmp_path: Path):
+    """The in-container git scripts, run here with sh against a real repo at a stand-in workdir."""
+    repo = tmp_path / "testbed"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    (repo / "a.py").write_text("x = 1\n")
+    subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base"], cwd=repo, check=True)
+    base_file = tmp_path / "base"
+    snap = git_snapshot_script(str(repo)).replace("/tmp/.polar-base-tree", str(base_file))
+    snap = snap.replace("git config --global --add safe.directory '*' && ", "")
+    subprocess.run(["sh", "-c", snap], check=True, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    (repo / "a.py").write_text("x = 2\n")
+    (repo / ".codex").mkdir()
+    (repo / ".codex" / "s").write_text("noise")
+    script = git_diff_script(str(repo), [".codex"]).replace("/tmp/.polar-base-tree", str(base_file))
+    out = subprocess.run(["sh", "-c", script], check=True, capture_output=True, env={"PATH": "/usr/bin:/bin",
+                                                                                      "HOME": str(tmp_path)}).stdout
+    assert b"+x = 2" in out and b".codex" not in out
+    head = subprocess.run(["git", "status", "--porcelain"], cwd=repo, capture_output=True, text=True).stdout
+    assert "a.py" in head  # the repo's own index was not touched by the snapshot
+
+
+def test_apptainer_exec_argv(tmp_path: Path):
+    sb = ApptainerSandbox(SPEC, "docker://" + swebench_image("pallets__flask-5014"), tmp_path)
+    argv = sb.exec_argv(["pi", "--version"], {"PI_OFFLINE": "1"})
+    assert argv[:3] == ["apptainer", "exec", "--containall"]
+    assert "--cleanenv" in argv and _pairs(argv, "--network") == ["none"] and "--net" in argv
+    assert _pairs(argv, "--hostname") == ["sandbox"] and _pairs(argv, "--pwd") == ["/testbed"]
+    assert _pairs(argv, "--home") == [f"{tmp_path / 'home'}:/home/agent"]
+    binds = _pairs(argv, "--bind")
+    assert f"{tmp_path / 'testbed'}:/testbed" in binds
+    assert "/cache/harnesses/codex-1:/opt/harness:ro" in binds and "/run/polar/sock:/run/proxy:ro" in binds
+    assert "PI_OFFLINE=1" in _pairs(argv, "--env") and "TZ=UTC" in _pairs(argv, "--env")
+    assert argv[-3:] == ["docker://swebench/sweb.eval.x86_64.pallets_1776_flask-5014:latest", "pi", "--version"]
+    assert "--net" not in ApptainerSandbox(SPEC, "x.sif", tmp_path, isolate_network=False).exec_argv(["t"], {})
+    extract = sb.extract_argv(tmp_path / "out")
+    assert extract[-4:] == ["cp", "-a", "/testbed/.", "/polar-out/"]
+
+
+async def test_apptainer_host_side_task_tree_and_diff(tmp_path: Path):
+    tree = tmp_path / "task"
+    tree.mkdir()
+    (tree / "m.py").write_text("a\n")
+    sb = ApptainerSandbox.create(tree, spec=SandboxSpec(scratch_root=tmp_path / "s"), image="x.sif")
+    (sb.host_path("/testbed/m.py")).write_text("b\n")
+    assert b"+b" in await sb.diff()
+    await sb.destroy()
+    assert not sb.root.exists()
+
+
+def test_sandbox_class_and_pathspecs():
+    assert sandbox_class("docker") is DockerSandbox and sandbox_class("apptainer") is ApptainerSandbox
+    assert sandbox_class("bwrap").__name__ == "BubblewrapSandbox"
+    with pytest.raises(KeyError):
+        sandbox_class("vm")
+    assert exclude_pathspecs([".pi"]) == [".", ":(exclude,glob)**/.pi", ":(exclude,glob)**/.pi/**"]
