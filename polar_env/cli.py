@@ -40,11 +40,32 @@ def _eval(argv: list[str]) -> int:
     return eval_main(argv)
 
 
+def _rollout(argv: list[str]) -> int:
+    from polar_env.rollout import rollout_main
+
+    return rollout_main(argv)
+
+
+def _demo(argv: list[str]) -> int:
+    from polar_env.demo import demo_main
+
+    return demo_main(argv)
+
+
+def _view(argv: list[str]) -> int:
+    from polar_env.viewer.view_cli import view_main
+
+    return view_main(argv)
+
+
 COMMANDS = {
+    "demo": (_demo, "the whole pipeline on the embedded default: harness, sandbox, proxy, model, grading"),
     "proxy": (_proxy, "run the token-capturing proxy (polar proxy serve --help)"),
     "check": (_check, "check trajectories / NeMo-RL results / GRPO batches (contract, groups, fidelity)"),
     "doctor": (_doctor, "report installed harnesses and sandboxes and how to fix what is missing"),
+    "rollout": (_rollout, "K rollouts per task with a real harness in sandboxes, through the proxy, graded"),
     "eval": (_eval, "grade SWE-bench predictions on bundled, Verified or custom tasks"),
+    "view": (_view, "write (or serve) the HTML page of trajectories: tokens by loss mask, logprobs, grading"),
 }
 
 

@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import json
 import secrets
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from polar_env.episodes import EpisodeConfig, EpisodeResult, run_episode
+from polar_env.episodes import EpisodeConfig, run_episode
 from polar_env.tasks.models import Task
 from polar_env.trajectory.export import (
     TrajectoryWriter,
@@ -83,12 +84,12 @@ class Progress:
         self.running = self.failed = self.resolved = self.tokens = 0
         self.started = time.monotonic()
 
-    def update(self, result: EpisodeResult | None = None) -> None:
-        if result is not None:
-            traj = result.trajectory
-            self.failed += traj.status != "completed"
-            self.resolved += bool(result.grade and result.grade.resolved)
-            self.tokens += traj.stats.sampled_tokens
+    def update(self, trajectory: Trajectory | None = None) -> None:
+        """Refresh the bar; with a finished episode's trajectory, count it first."""
+        if trajectory is not None:
+            self.failed += trajectory.status != "completed"
+            self.resolved += bool(trajectory.grading and trajectory.grading.get("resolved"))
+            self.tokens += trajectory.stats.sampled_tokens
             self.bar.update(1)
         rate = self.tokens / max(time.monotonic() - self.started, 1e-9)
         self.bar.set_postfix(running=self.running, failed=self.failed, resolved=self.resolved,
@@ -98,57 +99,116 @@ class Progress:
         self.bar.close()
 
 
+def pending_episodes(plan: RolloutPlan) -> list[tuple[Task, int]]:
+    """The plan's episodes not yet in ``plan.out`` (what a rerun still has to do)."""
+    done = finished_keys(plan.out)
+    return [(t, k) for t, k in plan.episodes() if episode_key(t.instance_id, k) not in done]
+
+
+def _drop_partial_line(path: Path) -> None:
+    """A kill during a write leaves an unterminated last line; the next append would glue onto it."""
+    if not path.exists():
+        return
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        with open(path, "r+b") as handle:
+            handle.truncate(data.rfind(b"\n") + 1)
+
+
+class RolloutOutputs:
+    """``--out`` as episodes end: a line in trajectories.jsonl and nemo_results.jsonl per episode,
+    flushed at once, so an interrupt loses only the episodes still running."""
+
+    def __init__(self, out: Path):
+        out.mkdir(parents=True, exist_ok=True)
+        for name in ("trajectories.jsonl", "nemo_results.jsonl"):
+            _drop_partial_line(out / name)
+        self._trajectories = TrajectoryWriter(out / "trajectories.jsonl")
+        self._nemo = open(out / "nemo_results.jsonl", "a")  # noqa: SIM115 - appended as episodes end
+
+    def add(self, trajectory: Trajectory) -> None:
+        self._trajectories.write(trajectory)
+        row = nemo_result(trajectory)
+        if row is not None:
+            self._nemo.write(json.dumps(row) + "\n")
+            self._nemo.flush()
+
+    def close(self) -> None:
+        self._trajectories.close()
+        self._nemo.close()
+
+
+class EpisodeRunner:
+    """Episodes of a plan on this host, all through one proxy on a Unix socket (the sandboxes'
+    only way out). ``polar rollout`` runs one; under Ray every node runs its own."""
+
+    def __init__(self, plan: RolloutPlan, proxy_factory, ledger: Path, *,
+                 metadata: dict[str, Any] | None = None):
+        self.plan = plan
+        self.proxy_factory = proxy_factory
+        self.ledger = ledger
+        self.metadata = metadata or {}  # stamped on every trajectory (e.g. the Ray node)
+        self.proxy = None
+        self._sock_dir: Path | None = None
+
+    async def start(self) -> None:
+        self._sock_dir = Path(tempfile.mkdtemp(prefix="polar-sock-"))  # AF_UNIX paths are <108 bytes
+        self._sock_dir.chmod(0o755)
+        socket = self._sock_dir / "proxy.sock"
+        self.proxy = self.proxy_factory(self.ledger, socket)
+        await self.proxy.start(unix_socket=socket, port=None)
+
+    async def run(self, task: Task, sample: int) -> Trajectory:
+        key = episode_key(task.instance_id, sample)
+        result = await run_episode(self.proxy, task, episode_id=_session_id(key, self.ledger),
+                                   group_id=task.instance_id, config=self.plan.episode,
+                                   metadata={"episode_key": key, "sample": sample, **self.metadata})
+        result.trajectory.metadata.update({"episode_key": key, **self.metadata})
+        return result.trajectory
+
+    async def stop(self) -> None:
+        if self.proxy is not None:
+            await self.proxy.stop()
+        if self._sock_dir is not None:
+            shutil.rmtree(self._sock_dir, ignore_errors=True)
+
+
 async def run_rollouts(plan: RolloutPlan, proxy_factory) -> list[Trajectory]:
     """Run every unfinished episode of ``plan``; ``proxy_factory(data_dir, socket)`` builds the proxy."""
-    out = plan.out
-    out.mkdir(parents=True, exist_ok=True)
-    done = finished_keys(out)
-    todo = [(t, k) for t, k in plan.episodes() if episode_key(t.instance_id, k) not in done]
-    sock_dir = Path(tempfile.mkdtemp(prefix="polar-sock-"))  # short path: AF_UNIX paths are <108 bytes
-    sock_dir.chmod(0o755)
-    proxy = proxy_factory(out / "ledger", sock_dir / "proxy.sock")
-    await proxy.start(unix_socket=sock_dir / "proxy.sock", port=None)
-    progress = Progress(len(plan.episodes()), len(done))
+    outputs = RolloutOutputs(plan.out)
+    todo = pending_episodes(plan)
+    progress = Progress(len(plan.episodes()), len(plan.episodes()) - len(todo))
+    runner = EpisodeRunner(plan, proxy_factory, plan.out / "ledger")
     semaphore = asyncio.Semaphore(plan.concurrency)
-    writer = TrajectoryWriter(out / "trajectories.jsonl")
-    nemo = open(out / "nemo_results.jsonl", "a")  # noqa: SIM115 - appended as episodes end
 
     async def one(task: Task, sample: int) -> None:
         async with semaphore:
-            key = episode_key(task.instance_id, sample)
             progress.running += 1
             progress.update()
             try:
-                result = await run_episode(proxy, task, episode_id=_session_id(key, out / "ledger"),
-                                           group_id=task.instance_id, config=plan.episode,
-                                           metadata={"episode_key": key, "sample": sample})
+                trajectory = await runner.run(task, sample)
             finally:
                 progress.running -= 1
-            result.trajectory.metadata["episode_key"] = key
-            writer.write(result.trajectory)
-            row = nemo_result(result.trajectory)
-            if row is not None:
-                nemo.write(json.dumps(row) + "\n")
-                nemo.flush()
-            progress.update(result)
+            outputs.add(trajectory)
+            progress.update(trajectory)
 
     try:
-        await asyncio.gather(*(one(t, k) for t, k in todo))
+        if todo:
+            await runner.start()
+            await asyncio.gather(*(one(t, k) for t, k in todo))
     finally:
         progress.close()
-        writer.close()
-        nemo.close()
-        await proxy.stop()
-        for leftover in sock_dir.iterdir():
-            leftover.unlink()
-        sock_dir.rmdir()
-    trajectories = list(read_trajectories(out / "trajectories.jsonl"))
-    finish_outputs(out, trajectories)
+        outputs.close()
+        await runner.stop()
+    trajectories = list(read_trajectories(plan.out / "trajectories.jsonl"))
+    finish_outputs(plan.out, trajectories)
     return trajectories
 
 
 def finish_outputs(out: Path, trajectories: list[Trajectory]) -> dict[str, Any]:
-    """GRPO batch + summary over every finished episode in ``out``."""
+    """NeMo results (rebuilt, so an interrupt between two appends leaves no gap), GRPO batch and
+    summary over every finished episode in ``out``."""
+    write_jsonl(out / "nemo_results.jsonl", (r for r in map(nemo_result, trajectories) if r is not None))
     graded = [t for t in trajectories if t.reward is not None]
     write_jsonl(out / "grpo_batch.jsonl", grpo_rows(graded))
     summary = summarize(trajectories)
@@ -197,6 +257,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-dir", type=Path, default=None,
                         help="HF model/tokenizer dir (default: the embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--model-name", default=None)
+    parser.add_argument("--policy", default="model",
+                        help="model (the backend samples) or a scripted policy scored by the local model: "
+                             "gold (replays the gold patch), noop")
     parser.add_argument("--tool-format", choices=["hermes", "qwen3_coder"], default=None)
     parser.add_argument("--samples", type=int, default=1, help="rollouts per task (GRPO group size)")
     parser.add_argument("--concurrency", type=int, default=1)
@@ -225,7 +288,7 @@ def plan_from_args(args: argparse.Namespace) -> RolloutPlan:
                                              model_name=args.model_name))
 
 
-def proxy_factory_from_args(args: argparse.Namespace, backend=None):
+def proxy_factory_from_args(args: argparse.Namespace, backend=None, tasks: list[Task] | None = None):
     """A factory building the proxy for this run (one model load, reused across reruns)."""
     from polar_env.backends.embedded import embedded_model_dir
     from polar_env.backends.registry import make_backend
@@ -235,6 +298,10 @@ def proxy_factory_from_args(args: argparse.Namespace, backend=None):
 
     model_dir = args.model_dir or embedded_model_dir()
     renderer = ChatRenderer.from_pretrained(model_dir, tool_format=args.tool_format)
+    if backend is None and getattr(args, "policy", "model") != "model":
+        from polar_env.backends.policies import make_policy
+
+        backend = make_backend("scripted", model_dir=model_dir, policy=make_policy(args.policy, tasks or []))
     backend = backend or make_backend(args.backend, url=args.url or None,
                                       model=args.model_name or model_dir.name, model_dir=model_dir)
 
@@ -262,8 +329,9 @@ def rollout_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="polar rollout", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
-    parser.add_argument("--ray", default=None, metavar="ADDRESS",
-                        help="run episodes as Ray tasks on this cluster ('auto' to detect one)")
+    parser.add_argument("--ray", nargs="?", const="auto", default=None, metavar="ADDRESS",
+                        help="spread the episodes over this Ray cluster's nodes, each with its own proxy "
+                             "and sandboxes (no ADDRESS or 'auto': the cluster running on this machine)")
     args = parser.parse_args(argv)
     plan = plan_from_args(args)
     if args.ray:
@@ -272,7 +340,7 @@ def rollout_main(argv: list[str] | None = None) -> int:
         trajectories = run_on_ray(plan, args)
     else:
         prepare(plan)
-        trajectories = asyncio.run(run_rollouts(plan, proxy_factory_from_args(args)))
+        trajectories = asyncio.run(run_rollouts(plan, proxy_factory_from_args(args, tasks=plan.tasks)))
     print(summary_table(trajectories))
     print(json.dumps(summarize(trajectories), indent=2))
     return 0

@@ -1,0 +1,66 @@
+"""Named scripted policies (for the demo, CI and tests), resolved on whichever node runs the proxy.
+
+A policy picks the text of each model call; ScriptedBackend has the real model score it, so ids
+and logprobs stay real. ``gold`` replays a task's gold patch through the harness's own shell tool
+(one tool call, then a final answer): it proves the whole path — harness, sandbox, proxy, grading
+— can earn reward 1.0, and is labelled as such wherever its turns are reported.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+from polar_env.tasks.models import Task
+
+Policy = Callable[[str | None, int, str], str]
+
+# (tool name, argument holding the command) of each harness's shell tool, as rendered in the prompt
+SHELL_TOOLS = (("exec_command", "cmd"), ("Bash", "command"), ("bash", "command"))
+DONE = "I applied the fix and verified it. Done."
+
+
+def shell_call(prompt_text: str, command: str) -> str:
+    """A Hermes tool call running ``command`` with whichever shell tool the harness offers."""
+    for name, arg in SHELL_TOOLS:
+        if f'"name": "{name}"' in prompt_text:
+            return "<tool_call>\n" + json.dumps({"name": name, "arguments": {arg: command}}) + "\n</tool_call>"
+    return DONE
+
+
+def _task_of(session_id: str | None, tasks: list[Task]) -> Task | None:
+    """Episode ids start with the task's instance id (``<instance_id>.s<k>.a<n>``)."""
+    matches = [t for t in tasks if session_id and session_id.startswith(t.instance_id + ".")]
+    return max(matches, key=lambda t: len(t.instance_id), default=None)
+
+
+def gold_policy(tasks: list[Task]) -> Policy:
+    def policy(session_id: str | None, call_number: int, prompt_text: str) -> str:
+        task = _task_of(session_id, tasks)
+        if task is None or "<tool_response>" in prompt_text:
+            return DONE
+        return shell_call(prompt_text, f"cd /testbed && git apply <<'POLAR_PATCH_EOF'\n{task.patch}POLAR_PATCH_EOF")
+
+    return policy
+
+
+def noop_policy(tasks: list[Task]) -> Policy:
+    """One harmless tool call, then a final answer: the shortest multi-turn episode."""
+    def policy(session_id: str | None, call_number: int, prompt_text: str) -> str:
+        return DONE if "<tool_response>" in prompt_text else shell_call(prompt_text, "ls /testbed")
+
+    return policy
+
+
+POLICIES: dict[str, Callable[[list[Task]], Policy]] = {"gold": gold_policy, "noop": noop_policy}
+
+LABELS = {
+    "gold": "scripted gold-patch replay (not a model's choice; the model only scores it)",
+    "noop": "scripted no-op tool call (not a model's choice; the model only scores it)",
+}
+
+
+def make_policy(name: str, tasks: list[Task]) -> Policy:
+    if name not in POLICIES:
+        raise KeyError(f"unknown policy {name!r}; known: {', '.join(sorted(POLICIES))}")
+    return POLICIES[name](tasks)
