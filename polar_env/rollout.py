@@ -1,12 +1,14 @@
 """`polar rollout`: K rollouts per task (GRPO groups), N at a time, resumable, on disk as they end.
 
 Layout of ``--out``:
-  ledger/               the proxy's write-ahead log (every model call of every episode)
+  ledger/               the proxy's write-ahead log (every model call of every episode;
+                        with --ray, ledger/nodes/<node>/ per node, see rollout_ray)
   trajectories.jsonl    Polar trajectories, one per finished episode, appended as each ends
-  nemo_results.jsonl    the same episodes as NeMo-RL ``/run`` results
+  nemo_results.jsonl    the same episodes as NeMo-RL ``/run`` results (rebuilt at the end)
   grpo_batch.jsonl      per-chain rows with group-normalised advantages (rewritten at the end)
   summary.json          counts, resolved rate, tokens, time
-A rerun on the same ``--out`` skips every episode already in trajectories.jsonl.
+A rerun on the same ``--out`` skips every episode already in trajectories.jsonl; an episode cut off
+by an interrupt runs again as a new attempt (session ``<task>.s<k>.a<n+1>``), its partial ledger kept.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import asyncio
 import json
 import secrets
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -136,6 +139,12 @@ class RolloutOutputs:
     def close(self) -> None:
         self._trajectories.close()
         self._nemo.close()
+
+    def __enter__(self) -> RolloutOutputs:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 class EpisodeRunner:
@@ -260,6 +269,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--policy", default="model",
                         help="model (the backend samples) or a scripted policy scored by the local model: "
                              "gold (replays the gold patch), noop")
+    parser.add_argument("--score-window", type=int, default=1024,
+                        help="scripted policies: the model scores each answer given the last N prompt tokens")
     parser.add_argument("--tool-format", choices=["hermes", "qwen3_coder"], default=None)
     parser.add_argument("--samples", type=int, default=1, help="rollouts per task (GRPO group size)")
     parser.add_argument("--concurrency", type=int, default=1)
@@ -301,7 +312,8 @@ def proxy_factory_from_args(args: argparse.Namespace, backend=None, tasks: list[
     if backend is None and getattr(args, "policy", "model") != "model":
         from polar_env.backends.policies import make_policy
 
-        backend = make_backend("scripted", model_dir=model_dir, policy=make_policy(args.policy, tasks or []))
+        backend = make_backend("scripted", model_dir=model_dir, policy=make_policy(args.policy, tasks or []),
+                               context_window=getattr(args, "score_window", 1024))
     backend = backend or make_backend(args.backend, url=args.url or None,
                                       model=args.model_name or model_dir.name, model_dir=model_dir)
 
@@ -334,13 +346,19 @@ def rollout_main(argv: list[str] | None = None) -> int:
                              "and sandboxes (no ADDRESS or 'auto': the cluster running on this machine)")
     args = parser.parse_args(argv)
     plan = plan_from_args(args)
-    if args.ray:
-        from polar_env.rollout_ray import run_on_ray
+    try:
+        if args.ray:
+            from polar_env.rollout_ray import run_on_ray
 
-        trajectories = run_on_ray(plan, args)
-    else:
-        prepare(plan)
-        trajectories = asyncio.run(run_rollouts(plan, proxy_factory_from_args(args, tasks=plan.tasks)))
+            trajectories = run_on_ray(plan, args)
+        else:
+            prepare(plan)
+            trajectories = asyncio.run(run_rollouts(plan, proxy_factory_from_args(args, tasks=plan.tasks)))
+    except KeyboardInterrupt:
+        left = len(pending_episodes(plan))
+        print(f"\ninterrupted: {len(plan.episodes()) - left} of {len(plan.episodes())} episodes are in "
+              f"{plan.out}; run the same command again to do the other {left}", file=sys.stderr)
+        return 130
     print(summary_table(trajectories))
     print(json.dumps(summarize(trajectories), indent=2))
     return 0
