@@ -66,6 +66,10 @@ COMMANDS = {
     "rollout": (_rollout, "K rollouts per task with a real harness in sandboxes, through the proxy, graded"),
     "eval": (_eval, "grade SWE-bench predictions on bundled, Verified or custom tasks"),
     "view": (_view, "write (or serve) the HTML page of trajectories: tokens by loss mask, logprobs, grading"),
+    "bench": (lambda argv: __import__("polar_env.bench.bench_cli", fromlist=["x"]).bench_main(argv),
+              "measure the proxy against direct and LiteLLM; write docs/benchmarks.md"),
+    "policy-server": (lambda argv: __import__("polar_env.agent_server.policy_server", fromlist=["x"]).main(argv),
+                      "a local stand-in policy server (vLLM /v1/completions wire) for NeMo Gym runs"),
 }
 
 
