@@ -24,7 +24,7 @@ WEATHER_TOOL = {"name": "get_weather", "description": "Current weather of a city
 async def running_proxy(renderer: ChatRenderer, backend: Backend, data_dir: Path, **kw: Any):
     proxy = ProxyServer.create(renderer=renderer, backend=backend, data_dir=data_dir, admin_secret=ADMIN,
                                config=kw.pop("config", EngineConfig(max_context=2048, default_max_tokens=64)),
-                               **kw)
+                               owns_backend=False, **kw)  # session-scoped model fixtures outlive a proxy
     await proxy.start("127.0.0.1", 0)
     try:
         yield proxy

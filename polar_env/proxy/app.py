@@ -46,8 +46,10 @@ class ProxyServer:
     """One proxy: an engine, its sessions, and the HTTP front; start it on TCP and/or a Unix socket."""
 
     def __init__(self, engine: TokenEngine, registry: SessionRegistry, *, admin_secret: str,
-                 max_body_bytes: int = DEFAULT_MAX_BODY):
+                 max_body_bytes: int = DEFAULT_MAX_BODY,
+                 owns_backend: bool = True):
         self.engine = engine
+        self.owns_backend = owns_backend  # close the backend on stop() (not when the caller shares it)
         self.registry = registry
         self.admin_secret = admin_secret
         self.max_body_bytes = max_body_bytes
@@ -60,7 +62,7 @@ class ProxyServer:
     @classmethod
     def create(cls, *, renderer: ChatRenderer, backend: Backend, data_dir: Path, admin_secret: str,
                config: EngineConfig | None = None, fsync: bool = False,
-               max_body_bytes: int = DEFAULT_MAX_BODY) -> ProxyServer:
+               max_body_bytes: int = DEFAULT_MAX_BODY, owns_backend: bool = True) -> ProxyServer:
         """Build a proxy over ``data_dir``, recovering every session already recorded there."""
         ledger = Ledger(Path(data_dir), fsync=fsync)
         engine = TokenEngine(renderer, backend, ledger, config)
@@ -68,7 +70,8 @@ class ProxyServer:
         report = registry.recover()
         if not report.ok:
             log.warning("ledger recovery found torn or corrupt lines: %s", report.model_dump_json())
-        return cls(engine, registry, admin_secret=admin_secret, max_body_bytes=max_body_bytes)
+        return cls(engine, registry, admin_secret=admin_secret, max_body_bytes=max_body_bytes,
+                   owns_backend=owns_backend)
 
     # -- in-process API ----------------------------------------------------------------------
     def create_session(self, session_id: str | None = None, *, policy: dict[str, Any] | None = None,
@@ -130,7 +133,8 @@ class ProxyServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
-        await self.engine.backend.aclose()
+        if self.owns_backend:
+            await self.engine.backend.aclose()
 
     # -- handlers ------------------------------------------------------------------------------
     @web.middleware
@@ -154,12 +158,12 @@ class ProxyServer:
     def _session(self, request: web.Request) -> Session:
         return self.registry.authenticate(request.match_info["sid"], _request_key(request))
 
-    async def _read_json(self, request: web.Request) -> Any:
+    async def _read_json(self, request: web.Request, default: bytes = b"") -> Any:
         raw = await request.read()
         try:
-            return json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise WireError(400, f"request body is not valid JSON: {exc}") from None
+            return json.loads(raw or default)
+        except (ValueError, RecursionError) as exc:  # bad JSON/UTF-8, too many digits, too deep
+            raise WireError(400, f"request body is not valid JSON: {type(exc).__name__}: {exc}"[:500]) from None
 
     def _call(self, api: str):
         module = API_MODULES[api]
@@ -222,12 +226,14 @@ class ProxyServer:
         if not self._admin_ok(request):
             return _error(401, "admin API requires the admin secret as Bearer token")
         try:
-            body = json.loads(await request.read() or b"{}")
+            body = await self._read_json(request, b"{}")
             if not isinstance(body, dict):
                 raise ValueError("body must be a JSON object")
             sid, key = self.create_session(body.get("session_id"), policy=body.get("policy"),
                                            metadata=body.get("metadata"))
-        except (ValueError, json.JSONDecodeError) as exc:
+        except WireError as exc:
+            return _error(exc.status, exc.message)
+        except (ValueError, TypeError) as exc:
             return _error(400, str(exc))
         base = f"{request.scheme}://{request.host}"
         return web.json_response({"session_id": sid, "api_key": key, "urls": self.session_urls(sid, base)},
@@ -256,9 +262,12 @@ class ProxyServer:
         session = self._admin_session(request)
         if isinstance(session, web.Response):
             return session
-        body = json.loads(await request.read() or b"{}")
+        try:
+            body = await self._read_json(request, b"{}")
+        except WireError as exc:
+            return _error(exc.status, exc.message)
         status = body.get("status", "completed") if isinstance(body, dict) else "completed"
-        if status not in ("completed", "timeout", "error"):
+        if not isinstance(status, str) or status not in ("completed", "timeout", "error"):
             return _error(400, "status must be completed, timeout or error")
         info = self.registry.close(session.id, status)
         return web.json_response(info.model_dump(mode="json", exclude={"key_sha256"}))
