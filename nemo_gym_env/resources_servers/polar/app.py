@@ -1,0 +1,148 @@
+"""NeMo Gym resources server for Polar: per-episode sandbox workspaces and SWE-bench grading.
+
+Endpoints (the agent server ``polar_agent`` calls them in this order for every rollout):
+- ``/seed_session``: materialise the task into a fresh bubblewrap workspace on this host;
+- ``/verify``: take the agent's patch from the workspace and grade it (or grade a given patch);
+- ``/close_session``: remove the workspace;
+- ``/aggregate_metrics``: resolved rate plus trajectory statistics.
+The logic lives in ``polar_env.resources_server.core``; this file only binds it to Gym.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, PrivateAttr
+
+# polar_env is imported from this checkout (three levels up), so a clean clone works without an
+# editable install; requirements.txt carries polar_env's server-side dependencies.
+_REPO = Path(__file__).resolve().parents[3]
+if (_REPO / "polar_env").is_dir() and str(_REPO) not in sys.path:
+    sys.path.insert(0, str(_REPO))
+
+from nemo_gym.base_resources_server import (  # noqa: E402
+    BaseResourcesServerConfig,
+    BaseSeedSessionRequest,
+    BaseSeedSessionResponse,
+    BaseVerifyRequest,
+    BaseVerifyResponse,
+    ResourcesCloseSessionResponse,
+    SimpleResourcesServer,
+)
+from nemo_gym.verifier_fixture import VerifierFixture  # noqa: E402
+
+from polar_env.resources_server.core import PolarResources, PolarResourcesConfig, aggregate  # noqa: E402
+
+
+class PolarResourcesServerConfig(BaseResourcesServerConfig):
+    tasks: str = "bundled"
+    scratch_root: str | None = None
+    grading_timeout_s: float = 900.0
+    max_concurrent_grades: int = 8
+    sandbox_memory_gb: float | None = 8.0
+    sandbox_pids_max: int | None = 4096
+
+    def polar(self) -> PolarResourcesConfig:
+        return PolarResourcesConfig(**{k: getattr(self, k) for k in PolarResourcesConfig.model_fields})
+
+
+class PolarSeedSessionRequest(BaseSeedSessionRequest):
+    model_config = ConfigDict(extra="forbid")
+
+    episode_id: str
+    task_id: str
+
+
+class PolarSeedSessionResponse(BaseSeedSessionResponse):
+    episode_id: str
+    task_id: str
+    sandbox_root: str
+    uid: int
+    gid: int
+
+
+class PolarCloseSessionRequest(BaseModel):
+    """Close by Polar's episode id (the agent's legacy flow; Gym's typed close needs an EpisodeId)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    resources_session_id: str
+
+
+class PolarVerifyRequest(BaseVerifyRequest):
+    """Either ``episode_id`` (grade the seeded workspace) or ``task_id`` + ``patch`` (grade that patch)."""
+
+    task_id: str
+    episode_id: str | None = None
+    patch: str | None = None
+    harness_status: str = "completed"
+    harness_error: str | None = None
+
+
+class PolarVerifyResponse(BaseVerifyResponse):
+    task_id: str
+    resolved: bool = False
+    patch_bytes: int = 0
+    grading: dict[str, Any] = {}
+
+
+class PolarVerifier:
+    """The verify logic; subclasses provide ``polar`` (the PolarResources holding the episodes)."""
+
+    async def verify(self, body: PolarVerifyRequest) -> PolarVerifyResponse:
+        if body.episode_id is not None:
+            outcome = await self.polar.verify(body.episode_id, harness_status=body.harness_status,
+                                              harness_error=body.harness_error)
+        elif body.patch is not None:
+            outcome = await self.polar.grade_patch(self.polar.task(body.task_id), body.patch)
+        else:
+            raise ValueError("verify needs episode_id (a seeded episode) or patch")
+        return PolarVerifyResponse(
+            **body.model_dump(include={"responses_create_params", "response", "task_id"}),
+            reward=outcome.reward, mask_sample=outcome.mask_sample, failure_kind=outcome.failure_kind,
+            failure_reason=outcome.failure_reason, resolved=outcome.resolved,
+            patch_bytes=len(outcome.patch.encode("utf-8", errors="surrogateescape")), grading=outcome.grading)
+
+
+class StandalonePolarVerifier(PolarVerifier):
+    """A verifier without a server around it (what VERIFIER_FIXTURE exercises)."""
+
+    def __init__(self, config: PolarResourcesConfig | None = None):
+        self.polar = PolarResources(config or PolarResourcesConfig())
+
+
+class PolarResourcesServer(PolarVerifier, SimpleResourcesServer):
+    ray_enabled = False
+    config: PolarResourcesServerConfig
+    _polar: PolarResources | None = PrivateAttr(default=None)
+
+    @property
+    def polar(self) -> PolarResources:  # built on first use: loading a large task set takes time
+        if self._polar is None:
+            self._polar = PolarResources(self.config.polar())
+        return self._polar
+
+    async def seed_session(self, body: PolarSeedSessionRequest) -> PolarSeedSessionResponse:
+        seeded = await self.polar.seed(body.episode_id, body.task_id)
+        return PolarSeedSessionResponse(**seeded.model_dump())
+
+    async def close_resources_session(self, body: PolarCloseSessionRequest) -> ResourcesCloseSessionResponse:
+        await self.polar.close(body.resources_session_id)
+        return ResourcesCloseSessionResponse(resources_session_id=body.resources_session_id)
+
+    def compute_metrics(self, tasks: list[list[dict[str, Any]]]) -> dict[str, Any]:
+        """Merged into Gym's agent_metrics: resolved rate (masked samples excluded) and trajectory stats."""
+        return {f"polar/{k}": v for k, v in aggregate([r for task in tasks for r in task]).items()}
+
+
+VERIFIER_FIXTURE = VerifierFixture(
+    server_factory=StandalonePolarVerifier,
+    request_model=PolarVerifyRequest,
+    cases_path=Path(__file__).parent / "tests" / "verifier_cases.jsonl",
+)
+
+
+if __name__ == "__main__":
+    PolarResourcesServer.run_webserver()

@@ -1,0 +1,128 @@
+"""NeMo Gym agent server for Polar: ``/run`` drives an unmodified coding harness through Polar's proxy.
+
+Per process: one Polar proxy on a Unix socket, backed by the policy server Gym names in
+``policy_base_url`` (NeMo-RL's vLLM HTTP servers in training, any vLLM in evaluation). Per row:
+seed the episode at the ``polar`` resources server, run the harness in the sandbox, verify, close,
+and answer with the NeMo-RL result (token ids of the main chain, reward, ``mask_sample`` on
+infrastructure failures). The logic lives in ``polar_env.agent_server.core``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+from typing import Any
+
+from fastapi.responses import JSONResponse
+from pydantic import ConfigDict, Field, PrivateAttr
+
+_REPO = Path(__file__).resolve().parents[3]
+if (_REPO / "polar_env").is_dir() and str(_REPO) not in sys.path:
+    sys.path.insert(0, str(_REPO))
+
+from nemo_gym.base_resources_server import BaseRunRequest  # noqa: E402
+from nemo_gym.base_responses_api_agent import BaseResponsesAPIAgentConfig, SimpleResponsesAPIAgent  # noqa: E402
+from nemo_gym.config_types import ResourcesServerRef  # noqa: E402
+from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming  # noqa: E402
+from nemo_gym.server_utils import raise_for_status  # noqa: E402
+
+from polar_env.agent_server.core import PolarAgent, PolarAgentConfig  # noqa: E402
+from polar_env.resources_server.core import SeededEpisode, VerifyOutcome, aggregate  # noqa: E402
+
+
+class PolarAgentServerConfig(BaseResponsesAPIAgentConfig):
+    resources_server: ResourcesServerRef
+    harness: str = "pi"
+    policy_base_url: str | list[str] = ""
+    policy_model_name: str = ""
+    backend: str = "vllm"
+    tokenizer: str = "embedded"
+    tool_format: str | None = None
+    max_context: int = 131072
+    timeout_s: float = 1800.0
+    max_concurrent_episodes: int = 64
+    default_sampling: dict[str, float | int] = Field(
+        default_factory=lambda: {"temperature": 1.0, "top_p": 1.0, "max_tokens": 8192})
+    runtime_dir: str | None = None
+    trajectories_path: str | None = None
+    backend_options: dict[str, Any] = Field(default_factory=dict)
+
+    def polar(self) -> PolarAgentConfig:
+        return PolarAgentConfig(**{k: getattr(self, k) for k in PolarAgentConfig.model_fields})
+
+
+class PolarRunRequest(BaseRunRequest):
+    """A data row: ``responses_create_params`` (prompt + the trainer's sampling) and ``task_id``."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    task_id: str
+
+
+class GymResources:
+    """The resources server over Gym's HTTP client (same host: the workspace is a local directory)."""
+
+    def __init__(self, server: SimpleResponsesAPIAgent, name: str):
+        self.server, self.name = server, name
+
+    async def _post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
+        resp = await self.server.server_client.post(server_name=self.name, url_path=path, json=payload)
+        await raise_for_status(resp)
+        return await resp.json()
+
+    async def seed(self, episode_id: str, task_id: str) -> SeededEpisode:
+        return SeededEpisode.model_validate(
+            await self._post("/seed_session", {"episode_id": episode_id, "task_id": task_id}))
+
+    async def verify(self, episode_id: str, task_id: str, *, harness_status: str, harness_error: str | None,
+                     result: dict[str, Any]) -> VerifyOutcome:
+        body = {"responses_create_params": result["responses_create_params"], "response": _plain(result["response"]),
+                "task_id": task_id, "episode_id": episode_id, "harness_status": harness_status,
+                "harness_error": harness_error}
+        out = await self._post("/verify", body)
+        return VerifyOutcome(reward=out["reward"], resolved=out.get("resolved", False),
+                             mask_sample=out.get("mask_sample", False), failure_kind=out.get("failure_kind"),
+                             failure_reason=out.get("failure_reason"), grading=out.get("grading") or {})
+
+    async def close(self, episode_id: str) -> None:
+        await self._post("/close_session", {"resources_session_id": episode_id})
+
+
+def _plain(response: dict[str, Any]) -> dict[str, Any]:
+    """The response without token ids (verify grades the workspace; it needs no tokens)."""
+    drop = {"prompt_token_ids", "generation_token_ids", "generation_log_probs"}
+    return {**response, "output": [{k: v for k, v in item.items() if k not in drop}
+                                   for item in response.get("output", [])]}
+
+
+class PolarAgentServer(SimpleResponsesAPIAgent):
+    ray_enabled = False
+    config: PolarAgentServerConfig
+    _agent: PolarAgent | None = PrivateAttr(default=None)
+    _lock: asyncio.Lock = PrivateAttr(default_factory=asyncio.Lock)
+
+    async def _ready(self) -> PolarAgent:
+        async with self._lock:  # the proxy binds to the serving event loop, so start it on first use
+            if self._agent is None:
+                agent = PolarAgent(self.config.polar())
+                await agent.start()
+                self._agent = agent
+        return self._agent
+
+    def compute_metrics(self, tasks: list[list[dict[str, Any]]]) -> dict[str, Any]:
+        """Merged into Gym's agent_metrics (what `gym eval run` reports): resolved rate and trajectory stats."""
+        return {f"polar/{k}": v for k, v in aggregate([r for task in tasks for r in task]).items()}
+
+    async def responses(self, body: NeMoGymResponseCreateParamsNonStreaming) -> JSONResponse:
+        return JSONResponse({"error": {"message": "polar_agent runs whole episodes: POST /run"}}, status_code=501)
+
+    async def run(self, body: PolarRunRequest) -> JSONResponse:
+        agent = await self._ready()
+        row = body.model_dump(mode="json", exclude_unset=True)
+        result = await agent.run(row, GymResources(self, self.config.resources_server.name))
+        return JSONResponse(result)
+
+
+if __name__ == "__main__":
+    PolarAgentServer.run_webserver()

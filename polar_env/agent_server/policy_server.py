@@ -1,0 +1,172 @@
+"""A stand-in policy server for CI and laptops: vLLM's ``/v1/completions`` wire over a Polar backend.
+
+NeMo Gym gives the agent a policy base URL; in training that is NeMo-RL's vLLM. Locally this
+server plays that part so the agent's unmodified ``vllm`` backend has something real to talk to:
+token ids in (``prompt`` as a list of ids), token ids and per-token logprobs out
+(``choices[0].token_ids``, ``logprobs.token_logprobs``), exactly the fields the vllm backend reads.
+
+Backends: ``local`` (the embedded SmolLM2 sampling for real) or ``scripted`` with a named policy
+whose text the real model scores. The ``gold`` policy makes CI deterministic and still exercises
+everything: on its first call it answers with a bash tool call that applies the task's gold patch
+(found by the problem statement in the prompt), then a final message once a tool result is in.
+
+    python -m polar_env.agent_server.policy_server --backend scripted --policy gold --port 8011
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import time
+import uuid
+from pathlib import Path
+
+from aiohttp import web
+
+from polar_env.backends.base import Backend, BackendError, SamplingParams
+
+FINAL = "I applied the fix; the issue is resolved."
+SHELL_TOOLS = (("bash", "command"), ("Bash", "command"), ("exec_command", "cmd"), ("shell", "command"))
+
+
+def gold_policy(tasks_spec: str = "bundled"):
+    """``policy(session, call_number, prompt_text)``: apply the matching task's gold patch, then stop."""
+    from polar_env.tasks.loader import load_tasks
+
+    tasks = load_tasks(tasks_spec)
+
+    def policy(session_id: str | None, call_number: int, prompt_text: str) -> str:
+        if "<tool_response>" in prompt_text:
+            return FINAL
+        task = next((t for t in tasks if _needle(t.problem_statement) in prompt_text), None)
+        tool = next(((n, a) for n, a in SHELL_TOOLS if f'"name": "{n}"' in prompt_text), None)
+        if task is None or tool is None:
+            return FINAL
+        command = f"cd /testbed && patch -p1 --no-backup-if-mismatch <<'POLAR_EOF'\n{task.patch}POLAR_EOF\n"
+        return "<tool_call>\n" + json.dumps({"name": tool[0], "arguments": {tool[1]: command}}) + "\n</tool_call>"
+
+    return policy
+
+
+def noop_policy(session_id: str | None, call_number: int, prompt_text: str) -> str:
+    """Answer without touching anything (a zero-reward rollout)."""
+    return FINAL
+
+
+POLICIES = {"gold": gold_policy, "noop": lambda tasks_spec="bundled": noop_policy}
+
+
+def _needle(problem: str) -> str:
+    return problem.strip().splitlines()[0][:60]
+
+
+class PolicyServer:
+    """aiohttp app: ``POST /v1/completions``, ``GET /v1/models``, ``GET /health``."""
+
+    def __init__(self, backend: Backend, *, model_name: str):
+        self.backend = backend
+        self.model_name = model_name
+        self.requests = 0
+        self._runner: web.AppRunner | None = None
+        self.port: int | None = None
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 << 20)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        return app
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        self._runner = web.AppRunner(self.app(), access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": self.model_name, "object": "model"}]})
+
+    async def _completions(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        prompt = body.get("prompt")
+        if not (isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt)):
+            return _error(400, "prompt must be a non-empty list of token ids")
+        try:
+            sampling = SamplingParams(temperature=body.get("temperature", 1.0), top_p=body.get("top_p", 1.0),
+                                      max_tokens=body.get("max_tokens") or 256,
+                                      stop_token_ids=body.get("stop_token_ids") or [], seed=body.get("seed"))
+        except ValueError as exc:
+            return _error(400, f"bad sampling parameters: {exc}")
+        self.requests += 1
+        try:
+            gen = await self.backend.generate(prompt, sampling)
+        except BackendError as exc:
+            return _error(exc.status or 500, str(exc))
+        return web.json_response({
+            "id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+            "model": body.get("model") or self.model_name,
+            "choices": [{"index": 0, "text": "", "token_ids": gen.token_ids, "prompt_token_ids": gen.prompt_ids,
+                         "logprobs": {"token_logprobs": gen.logprobs}, "finish_reason": gen.finish_reason,
+                         "stop_reason": None}],
+            "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(gen.token_ids),
+                      "total_tokens": len(prompt) + len(gen.token_ids)},
+        })
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": {"message": message, "type": "invalid_request_error"}}, status=status)
+
+
+def build_backend(kind: str, policy: str, tasks: str, model_dir: Path | None, context_window: int) -> Backend:
+    from polar_env.backends.embedded import embedded_model_dir
+    from polar_env.backends.local import LocalBackend
+
+    local = LocalBackend.from_pretrained(model_dir or embedded_model_dir())
+    if kind == "local":
+        return local
+    from polar_env.backends.scripted import ScriptedBackend
+
+    return ScriptedBackend(local, POLICIES[policy](tasks), context_window=context_window)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="polar policy-server", description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", choices=["local", "scripted"], default="scripted")
+    parser.add_argument("--policy", choices=sorted(POLICIES), default="gold", help="scripted policy")
+    parser.add_argument("--tasks", default="bundled", help="task set the gold policy looks answers up in")
+    parser.add_argument("--model-dir", type=Path, default=None, help="HF model dir (default: embedded SmolLM2)")
+    parser.add_argument("--model-name", default="polar-policy")
+    parser.add_argument("--context-window", type=int, default=256, help="scripted: prompt tokens scored")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8011)
+    args = parser.parse_args(argv)
+
+    async def serve() -> None:
+        backend = build_backend(args.backend, args.policy, args.tasks, args.model_dir, args.context_window)
+        server = PolicyServer(backend, model_name=args.model_name)
+        await server.start(args.host, args.port)
+        print(f"policy server ready on http://{args.host}:{server.port} ({args.backend}/{args.policy})", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        await server.stop()
+
+    asyncio.run(serve())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,203 @@
+"""Polar's resources server logic, free of NeMo Gym so it can be tested and reused on its own.
+
+One episode's life here: ``seed`` materialises the task tree into a fresh sandbox workspace (a
+bubblewrap root on this host), ``verify`` takes the agent's patch from that workspace (a
+``git diff`` against the seed snapshot, harness noise dropped) and grades it in a fresh copy of the
+task with the SWE-bench procedure, ``close`` removes the workspace. The agent server attaches to
+the workspace by its root path to run the harness in it, so both servers must share the host's
+filesystem (NeMo Gym starts the servers of one config on one node).
+
+Rewards: resolved = 1.0, anything else the agent did = 0.0. Failures that are not the policy's
+(sandbox, test environment, task data, a harness that could not start) set ``mask_sample``: the
+sample stays in its GRPO group's baseline but gets no loss.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from polar_env.rewards.grading import FailureKind, GradeResult, grade
+from polar_env.sandbox.base import SandboxSpec
+from polar_env.sandbox.bubblewrap import BubblewrapSandbox, CgroupLimits
+from polar_env.tasks.loader import load_tasks
+from polar_env.tasks.models import Task
+from polar_env.tasks.tree import materialize
+
+
+class PolarResourcesConfig(BaseModel):
+    """What an operator sets in the Gym config (``resources_servers.polar``)."""
+
+    tasks: str = "bundled"  # "bundled", "verified", or a JSONL path (polar_env.tasks.loader)
+    scratch_root: str | None = None  # where sandbox workspaces live (default: the system temp dir)
+    grading_timeout_s: float = 900.0  # grading's own budget; outlives the rollout deadline
+    max_concurrent_grades: int = 8  # test runs in flight at once on this host
+    sandbox_memory_gb: float | None = 8.0
+    sandbox_pids_max: int | None = 4096
+
+
+class SeededEpisode(BaseModel):
+    """What ``seed`` hands the agent: the workspace to attach to and the task's identity."""
+
+    episode_id: str
+    task_id: str
+    sandbox_root: str
+    uid: int
+    gid: int
+
+
+class VerifyOutcome(BaseModel):
+    reward: float
+    resolved: bool
+    mask_sample: bool
+    failure_kind: str | None = None  # NeMo Gym's vocabulary where one fits, else "polar:<kind>"
+    failure_reason: str | None = None
+    patch: str = ""
+    grading: dict[str, Any] = Field(default_factory=dict)
+
+
+# Gym's shared failure vocabulary (nemo_gym.failure_kinds) has no SWE-bench kinds; these are namespaced.
+_FAILURE_KIND = {FailureKind.empty_patch: "polar:empty_patch", FailureKind.apply_failed: "polar:apply_failed",
+                 FailureKind.timeout: "polar:test_timeout", FailureKind.test_crash: "polar:test_crash",
+                 FailureKind.infrastructure: "polar:infrastructure"}
+
+
+@dataclass
+class _Episode:
+    task: Task
+    sandbox: BubblewrapSandbox
+    scratch: Path
+
+
+class PolarResources:
+    """Sandboxes and grading for many concurrent episodes (state is per process)."""
+
+    def __init__(self, config: PolarResourcesConfig | None = None, tasks: list[Task] | None = None):
+        self.config = config or PolarResourcesConfig()
+        self.tasks = {t.instance_id: t for t in (tasks if tasks is not None else load_tasks(self.config.tasks))}
+        self.episodes: dict[str, _Episode] = {}
+        self.closed: set[str] = set()
+        self._grades = asyncio.Semaphore(self.config.max_concurrent_grades)
+
+    def sandbox_spec(self) -> SandboxSpec:
+        mem = self.config.sandbox_memory_gb
+        return SandboxSpec(scratch_root=Path(self.config.scratch_root) if self.config.scratch_root else None,
+                           memory_bytes=int(mem * 2**30) if mem else None, pids_max=self.config.sandbox_pids_max)
+
+    def task(self, task_id: str) -> Task:
+        try:
+            return self.tasks[task_id]
+        except KeyError:
+            raise KeyError(f"unknown task_id {task_id!r} (task set {self.config.tasks!r} has "
+                           f"{len(self.tasks)} tasks)") from None
+
+    async def seed(self, episode_id: str, task_id: str) -> SeededEpisode:
+        """Create the episode's workspace; idempotent per ``episode_id`` (a retried seed gets the same one)."""
+        if episode_id in self.closed:
+            raise ValueError(f"episode {episode_id!r} was already closed")
+        task = self.task(task_id)
+        ep = self.episodes.get(episode_id)
+        if ep is None:
+            spec = self.sandbox_spec()
+            if spec.scratch_root is not None:
+                spec.scratch_root.mkdir(parents=True, exist_ok=True)
+            scratch = Path(tempfile.mkdtemp(prefix=f"polar-seed-{_slug(episode_id)}-", dir=spec.scratch_root))
+            try:
+                tree = await asyncio.to_thread(materialize, task, scratch / "tree")
+                sandbox = await asyncio.to_thread(BubblewrapSandbox.create, tree, spec=spec)
+            except BaseException:
+                shutil.rmtree(scratch, ignore_errors=True)
+                raise
+            await asyncio.to_thread(shutil.rmtree, scratch / "tree", True)
+            ep = self.episodes[episode_id] = _Episode(task=task, sandbox=sandbox, scratch=scratch)
+        elif ep.task.instance_id != task_id:
+            raise ValueError(f"episode {episode_id!r} is bound to task {ep.task.instance_id!r}, not {task_id!r}")
+        return SeededEpisode(episode_id=episode_id, task_id=task_id, sandbox_root=str(ep.sandbox.root),
+                             uid=ep.sandbox.uid, gid=ep.sandbox.gid)
+
+    async def verify(self, episode_id: str, *, harness_status: str = "completed",
+                     harness_error: str | None = None) -> VerifyOutcome:
+        """Extract the episode's patch from its workspace and grade it."""
+        ep = self.episodes.get(episode_id)
+        if ep is None:
+            return VerifyOutcome(reward=0.0, resolved=False, mask_sample=True, failure_kind="polar:lost_session",
+                                 failure_reason=f"episode {episode_id!r} has no workspace (never seeded or closed)")
+        if harness_error and harness_error.startswith("infrastructure"):
+            return VerifyOutcome(reward=0.0, resolved=False, mask_sample=True, failure_kind="polar:infrastructure",
+                                 failure_reason=harness_error)
+        try:
+            patch = (await ep.sandbox.diff()).decode("utf-8", errors="surrogateescape")
+        except Exception as exc:  # noqa: BLE001 - a broken workspace is ours, not the policy's
+            return VerifyOutcome(reward=0.0, resolved=False, mask_sample=True, failure_kind="polar:infrastructure",
+                                 failure_reason=f"patch extraction failed: {exc}")
+        return await self.grade_patch(ep.task, patch)
+
+    async def grade_patch(self, task: Task, patch: str) -> VerifyOutcome:
+        """Grade a patch for a task (also the stateless path the verifier fixture uses)."""
+        async with self._grades:
+            result: GradeResult = await asyncio.to_thread(grade, task, patch,
+                                                          timeout_s=self.config.grading_timeout_s)
+        infra = result.failure_kind == FailureKind.infrastructure
+        return VerifyOutcome(
+            reward=float(result.reward), resolved=result.resolved, mask_sample=infra,
+            failure_kind=_FAILURE_KIND.get(result.failure_kind),
+            failure_reason=result.error or None, patch=patch,
+            grading=result.model_dump(mode="json", exclude={"log_tail"}))
+
+    async def close(self, episode_id: str) -> bool:
+        """Remove the workspace; safe to repeat, and a seed after a close is refused."""
+        self.closed.add(episode_id)
+        ep = self.episodes.pop(episode_id, None)
+        if ep is None:
+            return False
+        await ep.sandbox.destroy()
+        await asyncio.to_thread(shutil.rmtree, ep.scratch, True)
+        return True
+
+    async def aclose(self) -> None:
+        for episode_id in list(self.episodes):
+            await self.close(episode_id)
+
+
+def attach_sandbox(seeded: SeededEpisode, spec: SandboxSpec) -> BubblewrapSandbox:
+    """The agent side: run commands in a workspace ``seed`` created (same host), with the agent's own
+    mounts (proxy socket dir, harness install) in ``spec``. The resources server still owns it:
+    never ``destroy`` an attached sandbox, ask the resources server to close the episode."""
+    root = Path(seeded.sandbox_root)
+    if not (root / "testbed").is_dir():
+        raise FileNotFoundError(f"no sandbox workspace at {root} (is the resources server on this host?)")
+    cgroups = CgroupLimits(root.name, spec.memory_bytes, spec.pids_max)
+    return BubblewrapSandbox(replace(spec), root, seeded.uid, seeded.gid, cgroups)
+
+
+def aggregate(outcomes: list[dict[str, Any]]) -> dict[str, float]:
+    """Resolved rate and trajectory statistics over finished ``/run`` results (or verify responses)."""
+    n = len(outcomes)
+    if not n:
+        return {"num_samples": 0}
+    usable = [o for o in outcomes if not _masked(o)]
+    out: dict[str, float] = {
+        "num_samples": n,
+        "masked_fraction": 1 - len(usable) / n,
+        "resolved_rate": sum(float(o.get("reward", 0.0)) for o in usable) / len(usable) if usable else 0.0,
+    }
+    for key in ("num_turns", "num_calls", "num_chains", "sampled_tokens", "trainable_fraction",
+                "all_chains_trainable_fraction", "timed_out", "errored"):
+        values = [float(o[key]) for o in outcomes if isinstance(o.get(key), (int, float))]
+        if values:
+            out[f"mean_{key}"] = sum(values) / len(values)
+    return out
+
+
+def _masked(o: dict[str, Any]) -> bool:
+    return bool(o.get("mask_sample") or (o.get("instance_config") or {}).get("mask_sample"))
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "-" for c in text)[:40]

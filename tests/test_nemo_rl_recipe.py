@@ -1,0 +1,95 @@
+"""The NeMo-RL recipe and the NeMo Gym configs: they parse, name only real keys, and agree with each other."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPE = REPO / "configs" / "grpo_polar_qwen3_5_4b.yaml"
+KEYS = REPO / "configs" / "nemo_rl_grpo_keys.txt"
+HARNESS_CONFIGS = {"pi": "polar_pi.yaml", "codex": "polar_codex.yaml", "claude-code": "polar_claude_code.yaml"}
+
+
+def dotted_keys(node: object, prefix: str = "") -> list[str]:
+    out: list[str] = []
+    if isinstance(node, dict):
+        for key, value in node.items():
+            out.append(prefix + str(key))
+            out += dotted_keys(value, f"{prefix}{key}.")
+    return out
+
+
+def known_keys() -> tuple[set[str], tuple[str, ...]]:
+    lines = [ln.strip() for ln in KEYS.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
+    return {ln for ln in lines if not ln.endswith(".*")}, tuple(ln[:-1] for ln in lines if ln.endswith(".*"))
+
+
+def test_key_list_names_its_source_revision():
+    header = KEYS.read_text().splitlines()[0]
+    assert "NVIDIA-NeMo/RL@" in header and len(header.split("@")[1].split()[0]) == 40
+    exact, open_prefixes = known_keys()
+    assert {"grpo.num_prompts_per_step", "loss_fn.ratio_clip_max", "env.should_use_nemo_gym",
+            "policy.generation.vllm_cfg.expose_http_server"} <= exact
+    assert "env.nemo_gym." in open_prefixes
+
+
+def test_recipe_names_only_nemo_rl_grpo_keys():
+    recipe = yaml.safe_load(RECIPE.read_text())
+    exact, open_prefixes = known_keys()
+    unknown = [k for k in dotted_keys(recipe)
+               if k != "defaults" and k not in exact and not k.startswith(open_prefixes)]
+    assert unknown == []
+
+
+def test_a_misspelt_key_would_be_caught():
+    exact, open_prefixes = known_keys()
+    for bad in ("grpo.num_prompt_per_step", "loss_fn.clip_ratio_high", "policy.generation.vllm_cfg.expose_http"):
+        assert bad not in exact and not bad.startswith(open_prefixes)
+
+
+def test_recipe_enables_gym_async_rollouts_and_http_vllm():
+    r = yaml.safe_load(RECIPE.read_text())
+    gen = r["policy"]["generation"]
+    assert r["env"]["should_use_nemo_gym"] is True
+    assert gen["vllm_cfg"]["async_engine"] is True and gen["vllm_cfg"]["expose_http_server"] is True
+    assert r["grpo"]["async_grpo"]["enabled"] is True
+    assert r["loss_fn"]["use_importance_sampling_correction"] is True
+    # sampling the proxy can enforce: temperature and top_p only (NeMo-RL's server must not see top_k)
+    assert gen["top_k"] is None and 0 < gen["top_p"] <= 1 and gen["temperature"] > 0
+    paths = r["env"]["nemo_gym"]["config_paths"]
+    assert "responses_api_models/vllm_model/configs/vllm_model_for_training.yaml" in paths
+    polar = [p for p in paths if "POLAR_ROOT" in p]
+    assert len(polar) == 1
+    config = REPO / polar[0].replace("${oc.env:POLAR_ROOT}/", "")
+    assert config.exists()
+    gym = yaml.safe_load(config.read_text())
+    # the recipe's per-server overrides address instances the Gym config really declares
+    for instance, block in r["env"]["nemo_gym"].items():
+        if isinstance(block, dict) and any(k in block for k in ("responses_api_agents", "resources_servers")):
+            assert instance in gym, instance
+            for group, servers in block.items():
+                assert set(servers) <= set(gym[instance][group]), (instance, group)
+
+
+@pytest.mark.parametrize("harness, name", sorted(HARNESS_CONFIGS.items()))
+def test_gym_configs_declare_servers_dataset_and_environment(harness, name):
+    cfg = yaml.safe_load((REPO / "configs" / name).read_text())
+    agent_instance = f"polar_{name[len('polar_'):-len('.yaml')]}_agent"
+    resources = cfg["polar_resources_server"]["resources_servers"]["polar"]
+    assert resources["entrypoint"] == "app.py" and resources["domain"] == "coding"
+    agent = cfg[agent_instance]["responses_api_agents"]["polar_agent"]
+    assert agent["harness"] == harness
+    assert agent["resources_server"] == {"type": "resources_servers", "name": "polar_resources_server"}
+    assert agent["policy_base_url"] == "${policy_base_url}"
+    assert all(d["license"] for d in agent["datasets"])
+    env_servers = [v for v in cfg.values() if "environment_servers" in v]
+    assert env_servers == [{"environment_servers": {"legacy_agent": {
+        "entrypoint": "app.py", "agent_server": {"type": "responses_api_agents", "name": agent_instance}}}}]
+
+
+def test_server_default_config_is_the_pi_config():
+    server = yaml.safe_load((REPO / "nemo_gym_env/resources_servers/polar/configs/polar.yaml").read_text())
+    assert server == yaml.safe_load((REPO / "configs" / "polar_pi.yaml").read_text())
