@@ -20,9 +20,8 @@ ToolFormat = Literal["hermes", "qwen3_coder"]
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 
-_CALL_BLOCK = re.compile(re.escape(CALL_OPEN) + r"(.*?)" + re.escape(CALL_CLOSE), re.DOTALL)
 _XML_FUNCTION = re.compile(r"\s*<function=([^>\n]+)>\n?(.*?)</function>\s*", re.DOTALL)
-_XML_PARAM = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.DOTALL)
+PARAM_OPEN, PARAM_CLOSE = "<parameter=", "</parameter>"
 
 
 class MalformedToolCall(ValueError):
@@ -59,8 +58,8 @@ def parse_hermes_call(body: str) -> list[tuple[str, str]]:
     """``{"name": .., "arguments": {..}}`` (or a list of such) -> ``[(name, arguments_json)]``."""
     try:
         obj = json.loads(body)
-    except json.JSONDecodeError as e:
-        raise MalformedToolCall(f"bad JSON in tool call: {e}") from None
+    except (ValueError, RecursionError) as e:  # also: too many digits, nesting deeper than the stack
+        raise MalformedToolCall(f"bad JSON in tool call: {type(e).__name__}") from None
     objs = obj if isinstance(obj, list) else [obj]
     calls = []
     for item in objs:
@@ -83,11 +82,29 @@ def parse_xml_call(body: str) -> list[tuple[str, str]]:
         raise MalformedToolCall("tool call is not one <function=...>...</function> block")
     name, inner = match.group(1).strip(), match.group(2)
     args: dict[str, Any] = {}
-    for key, raw in _XML_PARAM.findall(inner):
+    params, outside = _xml_params(inner)
+    for key, raw in params:
         args[key.strip()] = _param_value(raw)
-    if _XML_PARAM.sub("", inner).strip():
+    if outside.strip():
         raise MalformedToolCall("unexpected text between parameters")
     return [(name, json.dumps(args, ensure_ascii=False))]
+
+
+def _xml_params(inner: str) -> tuple[list[tuple[str, str]], str]:
+    """``(name, raw value)`` of each ``<parameter=NAME>VALUE</parameter>`` and the text outside
+    them; a linear scan (a regex search is quadratic on thousands of unclosed tags)."""
+    params, outside, pos = [], [], 0
+    while (start := inner.find(PARAM_OPEN, pos)) >= 0:
+        name_end = inner.find(">", start)
+        name = inner[start + len(PARAM_OPEN):name_end] if name_end >= 0 else ""
+        end = inner.find(PARAM_CLOSE, name_end + 1) if name and "\n" not in name else -1
+        if end < 0:
+            break
+        outside.append(inner[pos:start])
+        params.append((name, inner[name_end + 1:end]))
+        pos = end + len(PARAM_CLOSE)
+    outside.append(inner[pos:])
+    return params, "".join(outside)
 
 
 def _param_value(raw: str) -> Any:
@@ -95,8 +112,23 @@ def _param_value(raw: str) -> Any:
     value = value[:-1] if value.endswith("\n") else value
     try:
         return json.loads(value)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # not JSON (or too many digits / too deep): keep the text
         return value
+
+
+def _call_blocks(text: str) -> tuple[list[str], str]:
+    """The bodies of ``<tool_call>...</tool_call>`` blocks and the text outside them (each block
+    replaced by NUL). A linear scan: a regex search is quadratic on thousands of unclosed tags."""
+    blocks, outside, pos = [], [], 0
+    while (start := text.find(CALL_OPEN, pos)) >= 0:
+        end = text.find(CALL_CLOSE, start + len(CALL_OPEN))
+        if end < 0:
+            break
+        outside.append(text[pos:start] + "\x00")
+        blocks.append(text[start + len(CALL_OPEN):end])
+        pos = end + len(CALL_CLOSE)
+    outside.append(text[pos:])
+    return blocks, "".join(outside)
 
 
 def parse_text(text: str, tool_format: ToolFormat, *, started_in_think: bool = False) -> ParsedOutput:
@@ -108,9 +140,9 @@ def parse_text(text: str, tool_format: ToolFormat, *, started_in_think: bool = F
     parse_call = parse_hermes_call if tool_format == "hermes" else parse_xml_call
     try:
         calls = []
-        for block in _CALL_BLOCK.findall(rest):
+        blocks, outside = _call_blocks(rest)
+        for block in blocks:
             calls.extend(parse_call(block.strip("\n") if tool_format == "hermes" else block))
-        outside = _CALL_BLOCK.sub("\x00", rest)
         if CALL_OPEN in outside or CALL_CLOSE in outside:
             raise MalformedToolCall("unterminated or stray tool-call tag")
         # content is what the model wrote before its calls (text between or after them is kept too)

@@ -150,7 +150,7 @@ def apply_tool_kinds(calls: list[ToolCall], tools: list[ToolSpec]) -> list[ToolC
         if call.name in custom:
             try:
                 value = json.loads(call.arguments)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):
                 value = call.arguments
             text = value.get("input", call.arguments) if isinstance(value, dict) else call.arguments
             call = call.model_copy(update={"kind": "custom", "arguments": text if isinstance(text, str)
@@ -163,7 +163,7 @@ def _arguments_object(arguments: str, kind: str) -> dict[str, Any]:
     if kind == "function":
         try:
             value = json.loads(arguments)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             value = None
         if isinstance(value, dict):
             return value

@@ -145,6 +145,8 @@ def _block(message_index: int, block_index: int, raw: Any, flags: list[str]) -> 
                              "must be an object")
     kind = raw.get("type")
     where = f"messages.{message_index}.content.{block_index}"
+    if not isinstance(kind, str):
+        raise WireError(400, f"invalid messages request: {where}.type must be a string")
     if kind in BLOCK_MODELS:
         return validate(BLOCK_MODELS[kind], raw, API, where)
     if kind in ("image", "document"):
@@ -210,7 +212,7 @@ def tool_input(tc: ToolCall) -> dict[str, Any]:
     """Anthropic's ``input`` object; text that is not a JSON object (a custom tool's) is wrapped."""
     try:
         value = json.loads(tc.arguments)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # also too many digits / too deep
         value = None
     return value if isinstance(value, dict) else {"input": tc.arguments}
 

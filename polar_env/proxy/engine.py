@@ -53,11 +53,13 @@ class TokenEngine:
         self.eos_ids = set(renderer.eos_token_ids)
 
     # -- prefix matching -------------------------------------------------------------------
-    def find_parent(self, session: Session, conv: Conversation, refs: list[str | None]) -> CallState | None:
-        """The latest call whose messages + answer form the longest prefix of ``conv``."""
+    def find_parent(self, session: Session, conv: Conversation, refs: list[str | None],
+                    hashes: list[str] | None = None) -> CallState | None:
+        """The latest call whose messages + answer form the longest prefix of ``conv``
+        (``hashes``: its ``prefix_hashes``, when the caller already has them)."""
         if not session.calls:
             return None
-        hashes = prefix_hashes(conv.messages)
+        hashes = hashes or prefix_hashes(conv.messages)
         tools_fp = conv.tools_fingerprint()
         for k in range(len(conv.messages) - 1, -1, -1):
             for state in reversed(session.by_prefix.get(hashes[k], ())):
@@ -76,8 +78,9 @@ class TokenEngine:
             return "different system prompt (side call)"
         return "history rewritten (compaction or edited history)"
 
-    def build_prompt(self, session: Session, conv: Conversation, refs: list[str | None]) -> Extension:
-        parent = self.find_parent(session, conv, refs)
+    def build_prompt(self, session: Session, conv: Conversation, refs: list[str | None],
+                     hashes: list[str] | None = None) -> Extension:
+        parent = self.find_parent(session, conv, refs, hashes)
         if parent is None:
             return Extension(None, self.renderer.render_prompt(conv.messages, conv.tools),
                              self.classify_break(session, conv))
@@ -114,7 +117,8 @@ class TokenEngine:
         conv = request.conversation
         call_index = session.reserve_index()
         call_id = uuid.uuid4().hex[:24]
-        ext = self.build_prompt(session, conv, request.assistant_refs)
+        hashes = prefix_hashes(conv.messages)  # once per call: matching and indexing both need them
+        ext = self.build_prompt(session, conv, request.assistant_refs, hashes)
         render_ms = (time.perf_counter() - started) * 1e3
         record = CallRecord(
             session_id=session.id, call_index=call_index, call_id=call_id, api=api, created_at=time.time(),
@@ -155,7 +159,7 @@ class TokenEngine:
         record.model = generation.model or self.backend.model
         record.timings = {"render_ms": render_ms, "generate_ms": generate_ms,
                           "total_ms": (time.perf_counter() - started) * 1e3}
-        self._persist(session, record)
+        self._persist(session, record, hashes[-1])
         return turn, record
 
     async def count_tokens(self, request: DecodedRequest) -> int:
@@ -178,9 +182,9 @@ class TokenEngine:
         record.timings = {"render_ms": render_ms, "total_ms": (time.perf_counter() - started) * 1e3}
         self._persist(session, record)
 
-    def _persist(self, session: Session, record: CallRecord) -> None:
+    def _persist(self, session: Session, record: CallRecord, prefix_hash: str | None = None) -> None:
         self.ledger.append(record)
-        session.remember(record, self.eos_ids)
+        session.remember(record, self.eos_ids, prefix_hash)
 
 
 def _answers(message: Message, ref: str | None, state: CallState) -> bool:

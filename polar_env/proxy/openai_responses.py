@@ -241,6 +241,8 @@ class _Builder:
 
     def item(self, index: int, raw: dict[str, Any]) -> None:
         kind = raw.get("type", "message")
+        if not isinstance(kind, str):
+            raise WireError(400, f"invalid responses request: input.{index}.type must be a string")
         if kind == "item_reference":
             raise WireError(400, f"input.{index}: item_reference is not supported: {STATELESS}")
         model = ITEM_MODELS.get(kind)

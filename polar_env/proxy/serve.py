@@ -43,8 +43,11 @@ def build_proxy(args: argparse.Namespace) -> ProxyServer:
 
     model_dir = args.model_dir or embedded_model_dir()
     renderer = ChatRenderer.from_pretrained(model_dir, tool_format=args.tool_format)
+    opts = {}
+    if args.backend == "instant":  # a fixed short answer: measures the proxy alone (load, crash tests)
+        opts["token_ids"] = renderer.tokenizer.encode("OK", add_special_tokens=False) + renderer.eos_token_ids[:1]
     backend = make_backend(args.backend, url=args.url or None, model=args.model_name or model_dir.name,
-                           model_dir=model_dir)
+                           model_dir=model_dir, **opts)
     return ProxyServer.create(renderer=renderer, backend=backend, data_dir=args.data_dir,
                               admin_secret=_admin_secret(args), config=EngineConfig(max_context=args.max_context),
                               fsync=args.fsync, max_body_bytes=int(args.max_body_mb * 2**20))

@@ -9,6 +9,7 @@ the engine can read a call id out of them.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
@@ -136,6 +137,11 @@ def flatten_parts(content: str | list | None, flags: list[str]) -> str:
 
 
 def sampling_of(temperature: float | None, top_p: float | None, max_tokens: int | None) -> dict[str, Any]:
+    """The sampling a harness asked for; values no backend accepts are a 400 here, not a 502 later."""
+    if temperature is not None and not (math.isfinite(temperature) and temperature >= 0):
+        raise WireError(400, f"temperature must be a finite number >= 0, got {temperature}")
+    if top_p is not None and not (math.isfinite(top_p) and 0 < top_p <= 1):
+        raise WireError(400, f"top_p must be in (0, 1], got {top_p}")
     asked = {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens}
     return {k: v for k, v in asked.items() if v is not None}
 

@@ -28,7 +28,7 @@ from polar_env.rewards.sandbox_exec import (
     run_sandboxed,
 )
 from polar_env.tasks.env import EnvBuildError, ensure_task_env
-from polar_env.tasks.models import Task
+from polar_env.tasks.models import DIFF_HEADER, Task
 from polar_env.tasks.tree import git, materialize
 
 DEFAULT_GRADING_TIMEOUT_S = float(os.environ.get("POLAR_GRADING_TIMEOUT_S", "900"))
@@ -75,9 +75,32 @@ def eval_script(task: Task) -> str:
     )
 
 
-def reset_test_files(tree: Path, task: Task, base: str) -> None:
-    """Put every file the test patch touches back to base (or delete it if base lacks it)."""
-    for rel in task.test_files():
+TEST_DIRS = frozenset({"test", "tests", "testing"})
+TEST_CONFIG_FILES = frozenset({"conftest.py", "pytest.ini", "tox.ini"})
+
+
+def agent_test_files(model_patch: str) -> list[str]:
+    """Test code and pytest configuration the agent's patch touches (either side of a rename).
+
+    Grading runs the task's tests as they are at base: an agent that edits a test, deletes one, or
+    adds a ``conftest.py`` hook that rewrites outcomes must not change what is graded.
+    """
+    seen: dict[str, None] = {}
+    for pair in DIFF_HEADER.findall(model_patch):
+        for rel in pair:
+            parts = Path(rel).parts
+            if not parts or rel.startswith("/") or ".." in parts:  # never a path outside the tree
+                continue
+            name = parts[-1]
+            if (name in TEST_CONFIG_FILES or name.startswith("test_") or name.endswith("_test.py")
+                    or TEST_DIRS & set(parts[:-1])):
+                seen.setdefault(rel, None)
+    return list(seen)
+
+
+def reset_test_files(tree: Path, task: Task, base: str, extra: list[str] | tuple[str, ...] = ()) -> None:
+    """Put every file the test patch touches (and ``extra``) back to base (or delete it if base lacks it)."""
+    for rel in dict.fromkeys([*task.test_files(), *extra]):
         tracked = git(tree, "cat-file", "-e", f"{base}:{rel}", check=False).returncode == 0
         if tracked:
             git(tree, "checkout", base, "--", rel)
@@ -122,7 +145,7 @@ def run_task_tests(
             if out.apply_method == ApplyMethod.none:
                 return out
 
-        reset_test_files(tree, task, base)
+        reset_test_files(tree, task, base, agent_test_files(model_patch))
         test_method, test_log = apply_patch(tree, task.test_patch)
         if test_method != ApplyMethod.git_apply:
             out.infra_error = f"test patch did not apply cleanly:\n{test_log[-LOG_TAIL_CHARS:]}"

@@ -12,6 +12,7 @@ import re
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 DIFF_HEADER = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.M)
+INSTANCE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
 
 
 def docker_image_name(instance_id: str, namespace: str = "swebench") -> str:
@@ -59,6 +60,15 @@ class Task(BaseModel):
     test_directives: list[str] = Field(default_factory=list)
     image: str = ""
     base_archive: str | None = None
+
+    @field_validator("instance_id")
+    @classmethod
+    def _safe_id(cls, v: str) -> str:
+        # It names cache dirs, temp dirs and images: no separators, no traversal, no hidden names.
+        if not INSTANCE_ID_RE.match(v):
+            raise ValueError(f"invalid instance_id {v!r}: letters, digits, '_', '.', '-' only, "
+                             "starting with a letter or digit")
+        return v
 
     @field_validator("FAIL_TO_PASS", "PASS_TO_PASS", mode="before")
     @classmethod
