@@ -125,7 +125,7 @@ def test_rollout_collection_through_ng_run(gym):
             (r["task_id"], r.get("failure_kind"), r.get("failure_reason"), r["polar"])
         assert r["polar"]["harness"] == "pi" and r["polar"]["status"] == "completed"
         calls = [it for it in r["response"]["output"] if it["type"] == "function_call"]
-        assert calls and calls[0]["name"] == "bash" and "patch -p1" in calls[0]["arguments"]
+        assert calls and calls[0]["name"] == "bash" and "git apply" in calls[0]["arguments"]
         assert r["num_calls"] >= 2 and r["trainable_fraction"] == 1.0
     assert {r["task_id"] for r in results} == {json.loads(line)["task_id"] for line in
                                                (EXTRA_ROOT / "resources_servers/polar/data/example.jsonl")

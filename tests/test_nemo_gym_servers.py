@@ -25,8 +25,9 @@ from polar_env.agent_server.core import (
     row_task_id,
     session_policy,
 )
-from polar_env.agent_server.policy_server import FINAL, PolicyServer, gold_policy
+from polar_env.agent_server.policy_server import PolicyServer, gold_policy
 from polar_env.backends.base import SamplingParams
+from polar_env.backends.policies import DONE as FINAL
 from polar_env.backends.vllm import VllmBackend
 from polar_env.episodes import episode_prompt
 from polar_env.resources_server.core import (
@@ -97,7 +98,7 @@ async def test_policy_server_speaks_the_vllm_wire(local_backend, renderer, tasks
         ids = renderer.tokenizer.encode(prompt, add_special_tokens=False)
         gen = await backend.generate(ids, SamplingParams(max_tokens=2048))
         text = renderer.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
-        assert text.startswith("<tool_call>") and "patch -p1" in text and task.patch.splitlines()[0] in text
+        assert text.startswith("<tool_call>") and "git apply" in text and task.patch.splitlines()[0] in text
         assert len(gen.logprobs) == len(gen.token_ids) and all(math.isfinite(x) and x <= 0 for x in gen.logprobs)
         assert gen.prompt_ids == ids and gen.finish_reason == "stop"
 
@@ -240,7 +241,7 @@ async def test_agent_runs_a_harness_through_the_proxy_and_grades(harness, tool, 
     assert result["polar"]["status"] == "completed" and result["harness_exit_code"] == 0
     assert result["responses_create_params"]["max_output_tokens"] == 2048
     calls = [it for it in result["response"]["output"] if it["type"] == "function_call"]
-    assert calls[0]["name"] == tool and "patch -p1" in calls[0]["arguments"]
+    assert calls[0]["name"] == tool and "git apply" in calls[0]["arguments"]
     assert resources.closed and not core.episodes  # the workspace was released
     saved = [json.loads(line) for line in traj_file.read_text().splitlines()]
     assert len(saved) == 1 and saved[0]["reward"] == 1.0 and saved[0]["grading"]["resolved"] is True

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import signal
 import time
 import uuid
@@ -26,40 +25,14 @@ from pathlib import Path
 from aiohttp import web
 
 from polar_env.backends.base import Backend, BackendError, SamplingParams
-
-FINAL = "I applied the fix; the issue is resolved."
-SHELL_TOOLS = (("bash", "command"), ("Bash", "command"), ("exec_command", "cmd"), ("shell", "command"))
+from polar_env.backends.policies import POLICIES, Policy, make_policy
 
 
-def gold_policy(tasks_spec: str = "bundled"):
-    """``policy(session, call_number, prompt_text)``: apply the matching task's gold patch, then stop."""
+def gold_policy(tasks_spec: str = "bundled") -> Policy:
+    """The shared gold-replay policy over ``tasks_spec`` (polar_env/backends/policies.py)."""
     from polar_env.tasks.loader import load_tasks
 
-    tasks = load_tasks(tasks_spec)
-
-    def policy(session_id: str | None, call_number: int, prompt_text: str) -> str:
-        if "<tool_response>" in prompt_text:
-            return FINAL
-        task = next((t for t in tasks if _needle(t.problem_statement) in prompt_text), None)
-        tool = next(((n, a) for n, a in SHELL_TOOLS if f'"name": "{n}"' in prompt_text), None)
-        if task is None or tool is None:
-            return FINAL
-        command = f"cd /testbed && patch -p1 --no-backup-if-mismatch <<'POLAR_EOF'\n{task.patch}POLAR_EOF\n"
-        return "<tool_call>\n" + json.dumps({"name": tool[0], "arguments": {tool[1]: command}}) + "\n</tool_call>"
-
-    return policy
-
-
-def noop_policy(session_id: str | None, call_number: int, prompt_text: str) -> str:
-    """Answer without touching anything (a zero-reward rollout)."""
-    return FINAL
-
-
-POLICIES = {"gold": gold_policy, "noop": lambda tasks_spec="bundled": noop_policy}
-
-
-def _needle(problem: str) -> str:
-    return problem.strip().splitlines()[0][:60]
+    return make_policy("gold", load_tasks(tasks_spec))
 
 
 class PolicyServer:
@@ -136,8 +109,9 @@ def build_backend(kind: str, policy: str, tasks: str, model_dir: Path | None, co
     if kind == "local":
         return local
     from polar_env.backends.scripted import ScriptedBackend
+    from polar_env.tasks.loader import load_tasks
 
-    return ScriptedBackend(local, POLICIES[policy](tasks), context_window=context_window)
+    return ScriptedBackend(local, make_policy(policy, load_tasks(tasks)), context_window=context_window)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,15 +28,22 @@ def shell_call(prompt_text: str, command: str) -> str:
     return DONE
 
 
-def _task_of(session_id: str | None, tasks: list[Task]) -> Task | None:
-    """Episode ids start with the task's instance id (``<instance_id>.s<k>.a<n>``)."""
+def _task_of(session_id: str | None, prompt_text: str, tasks: list[Task]) -> Task | None:
+    """By episode id (``<instance_id>.s<k>.a<n>``) where the backend sees it, else by the issue
+    text in the prompt (a policy server behind the proxy sees only token ids)."""
     matches = [t for t in tasks if session_id and session_id.startswith(t.instance_id + ".")]
-    return max(matches, key=lambda t: len(t.instance_id), default=None)
+    if matches:
+        return max(matches, key=lambda t: len(t.instance_id))
+    return next((t for t in tasks if _needle(t.problem_statement) in prompt_text), None)
+
+
+def _needle(problem: str) -> str:
+    return problem.strip().splitlines()[0][:60]
 
 
 def gold_policy(tasks: list[Task]) -> Policy:
     def policy(session_id: str | None, call_number: int, prompt_text: str) -> str:
-        task = _task_of(session_id, tasks)
+        task = _task_of(session_id, prompt_text, tasks)
         if task is None or "<tool_response>" in prompt_text:
             return DONE
         return shell_call(prompt_text, f"cd /testbed && git apply <<'POLAR_PATCH_EOF'\n{task.patch}POLAR_PATCH_EOF")
@@ -52,11 +59,18 @@ def noop_policy(tasks: list[Task]) -> Policy:
     return policy
 
 
-POLICIES: dict[str, Callable[[list[Task]], Policy]] = {"gold": gold_policy, "noop": noop_policy}
+def answer_policy(tasks: list[Task]) -> Policy:
+    """A final answer at once, touching nothing: a zero-reward rollout."""
+    return lambda session_id, call_number, prompt_text: DONE
+
+
+POLICIES: dict[str, Callable[[list[Task]], Policy]] = {"gold": gold_policy, "noop": noop_policy,
+                                                        "answer": answer_policy}
 
 LABELS = {
     "gold": "scripted gold-patch replay (not a model's choice; the model only scores it)",
     "noop": "scripted no-op tool call (not a model's choice; the model only scores it)",
+    "answer": "scripted final answer without any edit (not a model's choice; the model only scores it)",
 }
 
 
