@@ -173,8 +173,7 @@ def _summary(call: CallRecord, chain: int | None, by_index: dict[int, CallRecord
     parent = by_index.get(call.parent_call_index) if call.parent_call_index is not None else None
     if parent is not None and not is_failed(parent):
         n = len(parent.messages)
-        prior = call.messages[:n]
-        if [m.fingerprint() for m in prior] == [m.fingerprint() for m in parent.messages]:
+        if call.messages[:n] == parent.messages:  # pydantic field equality: no re-serialisation
             offset = min(n + 1, len(call.messages))  # + the parent's own answer
     return CallSummary(
         call_index=call.call_index, call_id=call.call_id, api=call.api, created_at=call.created_at,

@@ -1,0 +1,1 @@
+"""`polar bench`: measure what the proxy costs (overhead, growth, concurrency, builder, grading)."""

@@ -1,0 +1,209 @@
+"""`polar bench`: run every benchmark family, write figures as JSON and docs/benchmarks.md.
+
+``--quick`` (CI) runs small versions of each family in well under 3 minutes and fails only when
+a benchmark breaks (an exception, an error answer), never because the machine is slow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shlex
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from polar_env.bench.common import ANSWER_TEXT, machine_info
+from polar_env.bench.overhead import measure as overhead_measure
+
+KEYS = ("overhead_p50_ms_16k", "overhead_p99_ms_16k", "overhead_p50_ms_16k_litellm",
+        "per_call_ratio_turn200_vs_turn10", "calls_per_s_256_sessions", "build_export_ms_100k")
+
+
+def _settings(quick: bool) -> dict[str, Any]:
+    if quick:
+        return {"sizes": [2000, 16000], "calls": 6, "runs": 1, "local": None, "growth_runs": 1, "growth_words": 80,
+                "levels": [1, 64, 256], "seconds": 1.5, "conc_runs": 1, "builder_sizes": [25_000, 100_000],
+                "builder_runs": 1, "grading": False, "rollouts": False, "profile": False}
+    return {"sizes": [2000, 16000, 64000], "calls": 30, "runs": 3,
+            "local": {"sizes": [1000], "calls": 3, "runs": 1, "max_tokens": 8}, "growth_runs": 3, "growth_words": 150,
+            "levels": [1, 64, 256, 1024], "seconds": 8.0, "conc_runs": 2,
+            "builder_sizes": [25_000, 50_000, 100_000], "builder_runs": 5, "grading": True,
+            "rollouts": True, "profile": True}
+
+
+class Bench:
+    """Runs the families one by one; a family that raises is recorded as an error, not fatal."""
+
+    def __init__(self, quick: bool, workdir: Path, only: set[str] | None):
+        self.quick = quick
+        self.workdir = workdir
+        self.only = only
+        self.s = _settings(quick)
+        self.results: dict[str, Any] = {"quick": quick, "machine": machine_info(), "families": {},
+                                        "errors": {}, "notes": {}, "seconds": {}}
+        self._renderer: Any = None
+
+    @property
+    def renderer(self) -> Any:
+        if self._renderer is None:
+            from polar_env.backends.embedded import embedded_model_dir
+            from polar_env.chat.template import ChatRenderer
+
+            self._renderer = ChatRenderer.from_pretrained(embedded_model_dir())
+        return self._renderer
+
+    def answer_ids(self) -> list[int]:
+        return self.renderer.tokenizer.encode(ANSWER_TEXT, add_special_tokens=False) + self.renderer.eos_token_ids[:1]
+
+    def instant_args(self) -> list[str]:
+        return ["--answer-ids", ",".join(map(str, self.answer_ids()))]
+
+    def run(self, name: str, fn: Any) -> None:
+        if self.only is not None and name not in self.only:
+            self.results["notes"][name] = "not selected (--only)"
+            return
+        started = time.perf_counter()
+        print(f"[bench] {name} ...", file=sys.stderr, flush=True)
+        try:
+            value = fn()
+            self.results["families"][name] = asyncio.run(value) if asyncio.iscoroutine(value) else value
+        except Exception:  # a broken benchmark is reported and fails the run, the others still run
+            self.results["errors"][name] = traceback.format_exc(limit=8)
+            print(self.results["errors"][name], file=sys.stderr)
+        self.results["seconds"][name] = round(time.perf_counter() - started, 1)
+
+    def all(self) -> dict[str, Any]:
+        from polar_env.bench import builder, concurrency, grading
+
+        s = self.s
+        self.with_paths("instant", self.instant_args(), self._instant_families)
+        if s["local"]:
+            local = s["local"]
+            self.with_paths("local", ["--local"], lambda paths: self.run("overhead_local", lambda: overhead_measure(
+                self.renderer, paths, sizes=local["sizes"], calls=local["calls"], runs=local["runs"],
+                max_tokens=local["max_tokens"])))
+        else:
+            self.results["notes"]["overhead_local"] = "skipped in --quick (each call runs the real model)"
+        self.run("concurrency", lambda: self._concurrency(concurrency))
+        if 1024 not in s["levels"]:
+            self.results["notes"]["concurrency_1024"] = "1024 sessions skipped in --quick"
+        self.run("builder", lambda: builder.measure(s["builder_sizes"], s["builder_runs"]))
+        if s["grading"]:
+            self.run("grading", lambda: grading.grade_bundled(runs=1))
+        else:
+            self.results["notes"]["grading"] = "skipped in --quick (builds each task's test venv)"
+        if s["rollouts"]:
+            self.run("rollouts", lambda: self._rollouts(grading))
+        else:
+            self.results["notes"]["rollouts"] = "skipped in --quick (real harness episodes take minutes)"
+        self.results["keys"] = self.keys()
+        self.results["machine"]["load_avg_1_5_15_end"] = list(os.getloadavg())
+        return self.results
+
+    def with_paths(self, tag: str, backend_args: list[str], body: Any) -> None:
+        """Start the backend, Polar and LiteLLM once for the families that share them."""
+        from polar_env.bench.paths import open_paths
+
+        if self.only is not None and not self.only & {"overhead_instant", "growth", "profile", f"overhead_{tag}"}:
+            return
+        started = time.perf_counter()
+        try:
+            paths = asyncio.run(open_paths(self.workdir / tag, backend_args, with_litellm=True, tag=tag))
+        except Exception:
+            self.results["errors"][f"servers_{tag}"] = traceback.format_exc(limit=8)
+            return
+        self.results["seconds"][f"servers_{tag}"] = round(time.perf_counter() - started, 1)
+        try:
+            body(paths)
+        finally:
+            paths.close()
+
+    def _instant_families(self, paths: Any) -> None:
+        from polar_env.bench import growth, profiling
+
+        s = self.s
+        self.run("overhead_instant", lambda: overhead_measure(
+            self.renderer, paths, sizes=s["sizes"], calls=s["calls"], runs=s["runs"]))
+        self.run("growth", lambda: growth.measure(paths, self.workdir / "instant" / "ledger-instant",
+                                                  runs=s["growth_runs"], append_words=s["growth_words"]))
+        if s["profile"]:
+            self.run("profile", lambda: profiling.profile_polar(
+                self.renderer, paths, self.workdir / "polar-profile.txt", size=16000, calls=60))
+
+    async def _concurrency(self, concurrency: Any) -> dict[str, Any]:
+        runs = []
+        for i in range(self.s["conc_runs"]):
+            runs.append(await concurrency.measure(self.workdir / f"concurrency-{i}", answer_ids=self.answer_ids(),
+                                                  levels=self.s["levels"], seconds=self.s["seconds"]))
+        from polar_env.bench.common import median
+
+        merged = runs[-1]
+        for level in merged["levels"]:
+            merged["levels"][level]["calls_per_s_runs"] = [r["levels"][level]["calls_per_s"] for r in runs]
+            merged["levels"][level]["calls_per_s"] = median(merged["levels"][level]["calls_per_s_runs"])
+        merged["errors_total"] = sum(r["errors_total"] for r in runs)
+        if merged["errors_total"]:
+            raise RuntimeError(f"concurrency: {merged['errors_total']} calls failed: "
+                               f"{[v['first_error'] for v in merged['levels'].values() if v['first_error']]}")
+        return merged
+
+    def _rollouts(self, grading: Any) -> dict[str, Any]:
+        return {f"concurrency_{c}": grading.rollouts_per_hour(self.workdir / "rollouts", c, limit=2,
+                                                              timeout_s=1500) for c in (1, 2)}
+
+    def keys(self) -> dict[str, float | None]:
+        f = self.results["families"]
+        over = f.get("overhead_instant", {}).get("sizes", {}).get("16000", {})
+        grow = f.get("growth", {})
+        conc = f.get("concurrency", {}).get("levels", {}).get("256", {})
+        build = f.get("builder", {}).get("sizes", {}).get("100000", {})
+        return {
+            "overhead_p50_ms_16k": over.get("added_p50_ms_polar"),
+            "overhead_p99_ms_16k": over.get("added_p99_ms_polar"),
+            "overhead_p50_ms_16k_litellm": over.get("added_p50_ms_litellm"),
+            "per_call_ratio_turn200_vs_turn10": grow.get("ratio_cpu_turn200_vs_turn10"),
+            "calls_per_s_256_sessions": conc.get("calls_per_s"),
+            "build_export_ms_100k": build.get("build_export_ms"),
+        }
+
+
+def bench_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="polar bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small CI version (< 3 min); no Markdown by default")
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    parser.add_argument("--md", type=Path, default=None,
+                        help="Markdown report (default: docs/benchmarks.md for a full run, none with --quick)")
+    parser.add_argument("--only", default=None,
+                        help="comma-separated families: overhead_instant, overhead_local, growth, concurrency, "
+                             "builder, grading, rollouts, profile")
+    parser.add_argument("--workdir", type=Path, default=None, help="scratch directory (default: a temp dir)")
+    args = parser.parse_args(argv)
+    only = set(args.only.split(",")) if args.only else None
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="polar-bench-") as tmp:
+        workdir = args.workdir or Path(tmp)
+        bench = Bench(args.quick, workdir, only)
+        results = bench.all()
+    results["total_seconds"] = round(time.perf_counter() - started, 1)
+    results["finished_at"] = time.time()
+    results["command"] = "polar bench " + shlex.join(argv)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=2, default=str))
+    md = args.md or (None if args.quick else Path("docs/benchmarks.md"))
+    if md is not None:
+        from polar_env.bench.report import render
+
+        md.parent.mkdir(parents=True, exist_ok=True)
+        md.write_text(render(results))
+    print(json.dumps(results["keys"], indent=2))
+    for name, error in results["errors"].items():
+        print(f"benchmark {name} failed:\n{error}", file=sys.stderr)
+    return 1 if results["errors"] else 0
