@@ -16,7 +16,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from polar_env.sandbox import gitdiff
-from polar_env.sandbox.base import NOISE_EXCLUDES, RunResult, Sandbox, SandboxSpec, run_process_tree
+from polar_env.sandbox.base import (
+    NOISE_EXCLUDES,
+    RunResult,
+    Sandbox,
+    SandboxSpec,
+    copy_path,
+    run_process_tree,
+)
 from polar_env.sandbox.bubblewrap import FORWARDER_INSIDE, FORWARDER_SRC
 
 
@@ -93,19 +100,10 @@ class ApptainerSandbox(Sandbox):
         raise ValueError(f"{inside} is not under {self.spec.workdir} or {self.spec.home}")
 
     async def copy_in(self, src: Path, dst: str) -> None:
-        target = self.host_path(dst)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if src.is_dir():
-            shutil.copytree(src, target, symlinks=True, dirs_exist_ok=True)
-        else:
-            shutil.copy2(src, target)
+        copy_path(src, self.host_path(dst))
 
     async def copy_out(self, src: str, dst: Path) -> None:
-        source = self.host_path(src)
-        if source.is_dir():
-            shutil.copytree(source, dst, symlinks=True, dirs_exist_ok=True)
-        else:
-            shutil.copy2(source, dst)
+        copy_path(self.host_path(src), dst)
 
     async def diff(self, exclude: Sequence[str] = NOISE_EXCLUDES) -> bytes:
         return await asyncio.to_thread(gitdiff.diff, self.testbed, self.root / "git", exclude)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -98,6 +99,15 @@ class Sandbox(ABC):
     @abstractmethod
     async def destroy(self) -> None:
         """Kill what still runs and remove every host-side trace; idempotent."""
+
+
+def copy_path(src: Path, dst: Path) -> None:
+    """Copy a file or a directory tree (symlinks kept), creating ``dst``'s parent."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if src.is_dir():
+        shutil.copytree(src, dst, symlinks=True, dirs_exist_ok=True)
+    else:
+        shutil.copy2(src, dst)
 
 
 def exclude_pathspecs(exclude: Sequence[str]) -> list[str]:

@@ -21,7 +21,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from polar_env.sandbox import gitdiff
-from polar_env.sandbox.base import NOISE_EXCLUDES, RunResult, Sandbox, SandboxSpec, run_process_tree
+from polar_env.sandbox.base import (
+    NOISE_EXCLUDES,
+    RunResult,
+    Sandbox,
+    SandboxSpec,
+    copy_path,
+    run_process_tree,
+)
 
 FORWARDER_SRC = Path(__file__).with_name("forwarder.py")
 FORWARDER_INSIDE = "/opt/polar/forwarder.py"
@@ -209,11 +216,7 @@ class BubblewrapSandbox(Sandbox):
 
     async def copy_in(self, src: Path, dst: str) -> None:
         target = self.host_path(dst)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if src.is_dir():
-            shutil.copytree(src, target, symlinks=True, dirs_exist_ok=True)
-        else:
-            shutil.copy2(src, target)
+        copy_path(src, target)
         if os.geteuid() == 0:
             if target.is_dir():
                 _chown_tree(target, self.uid, self.gid)
@@ -225,12 +228,7 @@ class BubblewrapSandbox(Sandbox):
                 parent = parent.parent
 
     async def copy_out(self, src: str, dst: Path) -> None:
-        source = self.host_path(src)
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        if source.is_dir():
-            shutil.copytree(source, dst, symlinks=True, dirs_exist_ok=True)
-        else:
-            shutil.copy2(source, dst)
+        copy_path(self.host_path(src), dst)
 
     async def diff(self, exclude: Sequence[str] = NOISE_EXCLUDES) -> bytes:
         return await asyncio.to_thread(gitdiff.diff, self.testbed, self.root / "git", exclude)
