@@ -92,14 +92,16 @@ async def run_episode(proxy: ProxyServer, task: Task, *, episode_id: str, group_
         if sandbox is not None:
             await sandbox.destroy()
         shutil.rmtree(scratch, ignore_errors=True)
-    if any(c.error for c in proxy.registry.ledger.calls(session_id)) and status == "completed":
+    await proxy.drain(session_id)  # a harness killed mid-call leaves that call to finish recording
+    calls = proxy.registry.ledger.calls(session_id)
+    if status == "completed" and any(c.error and c.error.startswith("backend:") for c in calls):
         status = "error"
-        error = error or "a model call failed at the backend"
+        error = error or "infrastructure: a model call failed at the backend"
     info = proxy.registry.close(session_id, status)
     if config.grade and (error is None or not error.startswith("infrastructure")):
         result = await asyncio.to_thread(grade, task, patch, timeout_s=config.grading_timeout_s)
     trajectory = build_trajectory(
-        info, proxy.registry.ledger.calls(session_id), status=status, error=error,
+        info, calls, status=status, error=error,
         reward=result.reward if result else None,
         grading=result.model_dump(mode="json") if result else None)
     trajectory.metadata.update({"duration_s": time.time() - started, "patch_bytes": len(patch.encode(

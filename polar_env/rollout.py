@@ -204,7 +204,13 @@ async def run_rollouts(plan: RolloutPlan, proxy_factory) -> list[Trajectory]:
     try:
         if todo:
             await runner.start()
-            await asyncio.gather(*(one(t, k) for t, k in todo))
+            # one episode's unexpected failure must not stop the others: it is reported, left out of
+            # the outputs, and retried by a rerun on the same --out
+            results = await asyncio.gather(*(one(t, k) for t, k in todo), return_exceptions=True)
+            for (task, sample), result in zip(todo, results, strict=True):
+                if isinstance(result, BaseException):
+                    print(f"episode {episode_key(task.instance_id, sample)} failed outside its sandbox: "
+                          f"{type(result).__name__}: {result}", file=sys.stderr)
     finally:
         progress.close()
         outputs.close()

@@ -183,8 +183,10 @@ class PolarAgent:
         except Exception as exc:  # noqa: BLE001 - an infrastructure failure still yields a result
             status, error = "error", f"infrastructure: {type(exc).__name__}: {exc}"
             log.exception("polar agent: episode %s failed before the harness finished", episode_id)
+        await proxy.drain(session_id)  # a harness killed mid-call leaves that call to finish recording
         calls = proxy.registry.ledger.calls(session_id)
-        failed_calls = [c for c in calls if c.error]
+        # only the backend's failures are infrastructure; a context overflow is the policy's doing
+        failed_calls = [c for c in calls if c.error and c.error.startswith("backend:")]
         if failed_calls and not (error or "").startswith("infrastructure"):
             status = "error"
             error = f"infrastructure: {len(failed_calls)} model call(s) failed at the policy server"
@@ -254,4 +256,6 @@ def _tokenizer_dir(spec: str) -> Path:
 
 
 def _slug(text: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_" else "-" for c in text)[:48]
+    """ASCII letters, digits, '-' and '_' only, starting with a letter or digit (a session id)."""
+    slug = "".join(c if (c.isascii() and c.isalnum()) or c in "-_" else "-" for c in text)[:48]
+    return slug if slug[:1].isalnum() else "t" + slug[:47]

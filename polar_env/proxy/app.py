@@ -51,13 +51,15 @@ class ProxyServer:
         self.engine = engine
         self.owns_backend = owns_backend  # close the backend on stop() (not when the caller shares it)
         self.registry = registry
+        if not admin_secret:
+            raise ValueError("an empty admin secret would open the admin API to everyone")
         self.admin_secret = admin_secret
         self.max_body_bytes = max_body_bytes
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
         self.host = "127.0.0.1"
         self.unix_socket: Path | None = None
-        self._inflight: set[asyncio.Task] = set()
+        self._inflight: dict[str, set[asyncio.Task]] = {}  # session id -> model calls still running
 
     @classmethod
     def create(cls, *, renderer: ChatRenderer, backend: Backend, data_dir: Path, admin_secret: str,
@@ -83,6 +85,22 @@ class ProxyServer:
     def session_urls(self, session_id: str, base: str | None = None) -> dict[str, str]:
         base = base or self.base_url
         return {"openai": f"{base}/s/{session_id}/v1", "anthropic": f"{base}/s/{session_id}"}
+
+    def _track(self, session_id: str, task: asyncio.Task) -> None:
+        tasks = self._inflight.setdefault(session_id, set())
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+
+    async def drain(self, session_id: str, timeout_s: float = 30.0) -> None:
+        """Wait for the session's calls still running (a harness killed mid-call leaves one behind),
+        then cancel what is left; either way each call is in the ledger before this returns."""
+        tasks = list(self._inflight.pop(session_id, ()))
+        if not tasks:
+            return
+        _done, pending = await asyncio.wait(tasks, timeout=timeout_s)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     @property
     def base_url(self) -> str:
@@ -128,8 +146,9 @@ class ProxyServer:
             self.port = tcp._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
     async def stop(self) -> None:
-        if self._inflight:
-            await asyncio.gather(*self._inflight, return_exceptions=True)
+        pending = [t for tasks in self._inflight.values() for t in tasks]
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -173,8 +192,7 @@ class ProxyServer:
                 session = self._session(request)
                 decoded = module.decode(await self._read_json(request))
                 task = asyncio.ensure_future(self.engine.complete(session, api, decoded))
-                self._inflight.add(task)
-                task.add_done_callback(self._inflight.discard)
+                self._track(session.id, task)
                 # shielded: a harness that disconnects does not cancel a call that is being recorded
                 turn, _record = await asyncio.shield(task)
             except AuthError as exc:
@@ -187,6 +205,10 @@ class ProxyServer:
                 status = 503 if exc.retryable else 502
                 return web.json_response(module.encode_error(status, f"inference backend failed: {exc}"),
                                          status=status)
+            except Exception as exc:  # noqa: BLE001 - recorded by the engine; answered in the API's shape
+                log.exception("model call failed in the proxy")
+                return web.json_response(module.encode_error(500, f"proxy error: {type(exc).__name__}"),
+                                         status=500)
             if not decoded.stream:
                 return web.json_response(module.encode_response(turn, decoded))
             response = web.StreamResponse(headers={"Content-Type": "text/event-stream",

@@ -112,35 +112,49 @@ class TokenEngine:
 
     # -- one call ------------------------------------------------------------------------------
     async def complete(self, session: Session, api: str, request: DecodedRequest) -> tuple[AssistantTurn, CallRecord]:
-        """Run one model call; the record is in the ledger before this returns (or raises)."""
+        """Run one model call; the record is in the ledger before this returns or raises, whatever
+        fails (context overflow, backend, cancellation, a bug) — as a failed call with its reason."""
         started = time.perf_counter()
         conv = request.conversation
-        call_index = session.reserve_index()
-        call_id = uuid.uuid4().hex[:24]
+        record = CallRecord(
+            session_id=session.id, call_index=session.reserve_index(), call_id=uuid.uuid4().hex[:24], api=api,
+            created_at=time.time(), messages=conv.messages, tools=conv.tools,
+            requested_sampling=request.requested_sampling, backend=self.backend.name, model=self.backend.model,
+            flags=list(request.flags))
+        try:
+            return await self._complete(session, request, record, started)
+        except BaseException as exc:
+            if record.output is None and record.error is None:  # not yet in the ledger
+                if isinstance(exc, ContextOverflow):
+                    record.error = f"context overflow: {exc}"
+                elif isinstance(exc, BackendError):
+                    record.error = f"backend: {exc}"
+                elif isinstance(exc, asyncio.CancelledError):
+                    record.error = "cancelled: the call was cancelled before the backend answered"
+                else:
+                    record.error = f"proxy: {type(exc).__name__}: {exc}"
+                record.timings = {**record.timings, "total_ms": (time.perf_counter() - started) * 1e3}
+                self._persist(session, record)
+            raise
+
+    async def _complete(self, session: Session, request: DecodedRequest, record: CallRecord, started: float
+                        ) -> tuple[AssistantTurn, CallRecord]:
+        conv = request.conversation
+        call_id = record.call_id
         hashes = prefix_hashes(conv.messages)  # once per call: matching and indexing both need them
         ext = self.build_prompt(session, conv, request.assistant_refs, hashes)
         render_ms = (time.perf_counter() - started) * 1e3
-        record = CallRecord(
-            session_id=session.id, call_index=call_index, call_id=call_id, api=api, created_at=time.time(),
-            messages=conv.messages, tools=conv.tools, prompt_ids=ext.prompt_ids,
-            requested_sampling=request.requested_sampling, backend=self.backend.name, model=self.backend.model,
-            flags=list(request.flags), parent_call_index=ext.parent.call_index if ext.parent else None,
-            reused_prefix_len=len(ext.parent.ids) if ext.parent else 0, break_reason=ext.break_reason,
-        )
-        try:
-            sampling, overridden = self.sampling_for(session, request.requested_sampling, len(ext.prompt_ids))
-        except ContextOverflow as exc:
-            self._finish_failed(session, record, started, render_ms, f"context overflow: {exc}")
-            raise
+        record.prompt_ids = ext.prompt_ids
+        record.parent_call_index = ext.parent.call_index if ext.parent else None
+        record.reused_prefix_len = len(ext.parent.ids) if ext.parent else 0
+        record.break_reason = ext.break_reason
+        record.timings = {"render_ms": render_ms}
+        sampling, overridden = self.sampling_for(session, request.requested_sampling, len(ext.prompt_ids))
         record.sampling, record.overridden = sampling, overridden
         if overridden:
             record.flags.append("overridden:" + ",".join(overridden))
         gen_started = time.perf_counter()
-        try:
-            generation = await self._generate(session, ext.prompt_ids, sampling)
-        except BackendError as exc:
-            self._finish_failed(session, record, started, render_ms, f"backend: {exc}")
-            raise
+        generation = await self._generate(session, ext.prompt_ids, sampling)
         generate_ms = (time.perf_counter() - gen_started) * 1e3
         if generation.prompt_ids and generation.prompt_ids != ext.prompt_ids:
             record.flags.append("backend_prompt_mismatch")
@@ -175,12 +189,6 @@ class TokenEngine:
                     raise
             attempt += 1
             await asyncio.sleep(self.config.retry_backoff_s * attempt)
-
-    def _finish_failed(self, session: Session, record: CallRecord, started: float, render_ms: float,
-                       error: str) -> None:
-        record.error = error
-        record.timings = {"render_ms": render_ms, "total_ms": (time.perf_counter() - started) * 1e3}
-        self._persist(session, record)
 
     def _persist(self, session: Session, record: CallRecord, prefix_hash: str | None = None) -> None:
         self.ledger.append(record)

@@ -57,11 +57,14 @@ def _admin_secret(args: argparse.Namespace) -> str:
     if args.admin_secret:
         return args.admin_secret
     path = Path(args.data_dir) / "admin_secret"
-    if not path.exists():
+    secret = path.read_text().strip() if path.exists() else ""
+    if not secret:  # missing, or left empty by a crash between create and write
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(secrets.token_urlsafe(32))
-        path.chmod(0o600)
-    return path.read_text().strip()
+        secret = secrets.token_urlsafe(32)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # never readable by others
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secret)
+    return secret
 
 
 async def _serve(args: argparse.Namespace) -> None:

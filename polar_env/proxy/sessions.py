@@ -120,6 +120,10 @@ class SessionRegistry:
         unknown = set(policy) - set(POLICY_KEYS)
         if unknown:
             raise ValueError(f"unknown policy keys {sorted(unknown)}; allowed: {list(POLICY_KEYS)}")
+        for name, value in policy.items():
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
+                                      or value != value or value < 0):
+                raise ValueError(f"policy {name} must be a non-negative number, got {value!r}")
         key = "pk-" + secrets.token_urlsafe(24)
         info = SessionInfo(session_id=session_id, key_sha256=hash_key(key), created_at=time.time(),
                            policy=policy, metadata=dict(metadata or {}))
@@ -144,6 +148,8 @@ class SessionRegistry:
 
     def close(self, session_id: str, status: str = "completed") -> SessionInfo:
         session = self._sessions[session_id]
+        if session.info.closed_at is not None:  # closing twice must not rewrite how it ended
+            return session.info
         session.info = session.info.model_copy(update={"closed_at": time.time(), "status": status})
         self.ledger.update_session(session.info)
         self.ledger.close_session(session_id)
