@@ -205,6 +205,8 @@ class ProxyServer:
                 status = 503 if exc.retryable else 502
                 return web.json_response(module.encode_error(status, f"inference backend failed: {exc}"),
                                          status=status)
+            except web.HTTPException:  # 413 and friends: the middleware answers them
+                raise
             except Exception as exc:  # noqa: BLE001 - recorded by the engine; answered in the API's shape
                 log.exception("model call failed in the proxy")
                 return web.json_response(module.encode_error(500, f"proxy error: {type(exc).__name__}"),
