@@ -204,11 +204,10 @@ class PolarAgent:
             outcome = VerifyOutcome(reward=0.0, resolved=False, mask_sample=True, failure_kind="polar:infrastructure",
                                     failure_reason=f"verify failed: {exc}")
         finally:
-            if seeded:
-                try:
-                    await resources.close(episode_id)
-                except Exception:  # noqa: BLE001 - a leaked workspace must not lose the sample
-                    log.exception("polar agent: close of episode %s failed", episode_id)
+            try:  # also when the seed reply was lost: the server may have made the workspace (close is idempotent)
+                await resources.close(episode_id)
+            except Exception:  # noqa: BLE001 - a leaked workspace must not lose the sample
+                log.exception("polar agent: close of episode %s failed", episode_id)
         traj = traj.model_copy(update={"reward": outcome.reward, "grading": outcome.grading or None})
         traj.metadata.update({"duration_s": time.time() - started, "patch_bytes": len(outcome.patch.encode(
             "utf-8", errors="surrogateescape"))})
