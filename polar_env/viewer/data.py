@@ -7,7 +7,6 @@ sampled spans, the calls' messages (long texts cut) and the grading report.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from polar_env.chat.messages import Message
+from polar_env.trajectory.checks import detect_kind
 from polar_env.trajectory.export import read_trajectories
 from polar_env.trajectory.models import Trajectory
 from polar_env.viewer.tokens import TokenText
@@ -69,25 +69,13 @@ def trajectory_files(path: Path) -> list[Path]:
     return sorted(p for p in path.rglob("*.jsonl") if p.is_file())
 
 
-def _looks_like_trajectories(path: Path) -> bool:
-    with open(path, "rb") as handle:
-        for line in handle:
-            if line.strip():
-                try:
-                    row = json.loads(line)
-                except ValueError:
-                    return False
-                return isinstance(row, dict) and {"session_id", "chains", "stats"} <= row.keys()
-    return False
-
-
 def load(path: Path) -> Loaded:
     """Read the Polar trajectory files under ``path``; a session seen twice (a resumed rollout)
     keeps its last trajectory. Episodes are ordered by group, then start time."""
     out = Loaded()
     by_session: dict[str, tuple[Trajectory, str]] = {}
     for file in trajectory_files(path):
-        if not _looks_like_trajectories(file):
+        if detect_kind(file) != "polar":  # GRPO batches, NeMo results: not trajectories
             out.skipped.append(f"{file}: not a Polar trajectory file")
             continue
         out.sources.append(str(file))
