@@ -2,11 +2,47 @@
 
 from __future__ import annotations
 
+import getpass
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
+from outside_reads import OutsideReadGuard, install
 
 from polar_env.backends.embedded import embedded_model_dir
+from polar_env.tasks.env import cache_root
+
+REPO = Path(__file__).resolve().parents[1]
+# installed before any test module is imported, so reads at collection time are seen too
+GUARD = install(OutsideReadGuard(REPO, allowed=(
+    cache_root(), Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"),
+    Path(tempfile.gettempdir()) / f"pytest-of-{getpass.getuser()}")))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.option.basetemp and not REPO.is_relative_to(Path(config.option.basetemp).resolve()):
+        GUARD.allowed += (Path(config.option.basetemp).resolve(),)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if reads := GUARD.take():
+        raise pytest.UsageError(f"collecting the tests read paths outside the repository: {sorted(set(reads))}")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    GUARD.take()
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item):
+    """A test that read a file beside the clone fails: a fresh clone would not have it."""
+    result = yield
+    if reads := GUARD.take():
+        pytest.fail(f"read paths outside the repository: {sorted(set(reads))}", pytrace=False)
+    return result
 
 
 @pytest.fixture(scope="session")

@@ -10,25 +10,24 @@ import asyncio
 import copy
 import json
 import threading
-from pathlib import Path
 from typing import Any
 
 from hypothesis import strategies as st
+from wire_helpers import FIXTURES
 
 from polar_env.proxy.app import ProxyServer
 
-FIXTURES = Path("/work/shared/fixtures/harness_requests")
 API_OF_PATH = {"/v1/chat/completions": "chat", "/v1/responses": "responses", "/v1/messages": "messages"}
 
 
 def seed_bodies() -> dict[str, list[dict]]:
-    """Real harness request bodies per API (falls back to minimal ones if the fixtures are absent)."""
+    """Real harness request bodies per API, plus a minimal one each."""
     seeds: dict[str, list[dict]] = {
         "chat": [{"model": "m", "messages": [{"role": "user", "content": "hi"}]}],
         "responses": [{"model": "m", "input": "hi"}],
         "messages": [{"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}],
     }
-    for path in sorted(FIXTURES.glob("*.json")) if FIXTURES.is_dir() else []:
+    for path in sorted(FIXTURES.glob("*.json")):
         fixture = json.loads(path.read_text())
         api = API_OF_PATH.get(fixture["path"].split("?")[0])
         if api and isinstance(fixture.get("body"), dict):

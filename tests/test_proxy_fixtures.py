@@ -5,17 +5,13 @@ from __future__ import annotations
 
 import json
 from itertools import groupby
-from pathlib import Path
 
 import aiohttp
 import pytest
 from proxy_client import parse_sse, running_proxy
+from wire_helpers import FIXTURES
 
 from polar_env.proxy.engine import EngineConfig
-
-FIXTURES = Path(__file__).resolve().parents[1].parent / "shared" / "fixtures" / "harness_requests"
-if not FIXTURES.is_dir():  # CI clones main beside a copy of shared/
-    FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "harness_requests"
 
 # (first tool the scripted model calls, its arguments) per harness capture
 FIRST_CALL = {

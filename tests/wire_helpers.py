@@ -8,17 +8,13 @@ from typing import Any
 
 from polar_env.chat.messages import AssistantTurn, ToolCall
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "harness_requests"
+# request bodies and SSE replies captured from the real harness CLIs (redacted credentials)
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "harness_requests"
 
 
 def fixture(name: str) -> dict[str, Any]:
-    """One captured request (``codex.req2``); skips the test when the fixtures are not checked out."""
-    import pytest
-
-    path = FIXTURES / f"{name}.json"
-    if not path.is_file():
-        pytest.skip(f"harness fixtures not found at {FIXTURES}")
-    return json.loads(path.read_text())
+    """One captured request (``codex.req2``)."""
+    return json.loads((FIXTURES / f"{name}.json").read_text())
 
 
 def parse_sse(frames: list[bytes]) -> list[tuple[str | None, Any]]:
