@@ -104,6 +104,9 @@ def decode(body: Any) -> DecodedRequest:
         refs.append(None)
     for index, m in enumerate(req.messages):
         blocks = [{"type": "text", "text": m.content}] if isinstance(m.content, str) else m.content
+        if not blocks and not (m.role == "assistant" and index == len(req.messages) - 1):
+            raise WireError(400, f"messages.{index}: all messages must have non-empty content except for "
+                                 "the optional final assistant message")
         if m.role == "assistant":
             message, ref = _assistant(index, blocks, flags)
             messages.append(message)

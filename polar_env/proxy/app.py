@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
 
@@ -22,7 +22,7 @@ from polar_env.chat.template import ChatRenderer
 from polar_env.proxy import anthropic_messages, openai_chat, openai_responses
 from polar_env.proxy.engine import ContextOverflow, EngineConfig, TokenEngine
 from polar_env.proxy.sessions import AuthError, Session, SessionRegistry
-from polar_env.proxy.wire import WireError
+from polar_env.proxy.wire import DecodedRequest, WireError, openai_error, parse_json_body
 from polar_env.trajectory.ledger import Ledger
 
 log = logging.getLogger("polar.proxy")
@@ -33,6 +33,8 @@ API_MODULES: dict[str, ModuleType] = {
     "messages": anthropic_messages,
 }
 DEFAULT_MAX_BODY = 64 * 1024 * 1024
+OFF_LOOP_BYTES = 256 * 1024  # bodies from this size are parsed in a worker thread
+T = TypeVar("T")
 
 
 def _request_key(request: web.Request) -> str | None:
@@ -161,11 +163,16 @@ class ProxyServer:
         try:
             return await handler(request)
         except web.HTTPRequestEntityTooLarge as exc:
-            return _error(413, f"request body too large (limit {self.max_body_bytes} bytes): {exc.text}")
+            return _error(413, f"request body too large (limit {self.max_body_bytes} bytes): {exc.text}",
+                          request)
         except web.HTTPNotFound:
-            return _error(404, f"unknown route {request.method} {request.path}")
-        except web.HTTPMethodNotAllowed:
-            return _error(405, f"method {request.method} not allowed on {request.path}")
+            return _error(404, f"unknown route {request.method} {request.path}", request)
+        except web.HTTPMethodNotAllowed as exc:
+            allowed = ", ".join(sorted(exc.allowed_methods))
+            response = _error(405, f"method {request.method} not allowed on {request.path}; allowed: {allowed}",
+                              request)
+            response.headers["Allow"] = allowed
+            return response
 
     async def _ok(self, request: web.Request) -> web.Response:
         return web.Response(status=200)
@@ -178,11 +185,15 @@ class ProxyServer:
         return self.registry.authenticate(request.match_info["sid"], _request_key(request))
 
     async def _read_json(self, request: web.Request, default: bytes = b"") -> Any:
-        raw = await request.read()
-        try:
-            return json.loads(raw or default)
-        except (ValueError, RecursionError) as exc:  # bad JSON/UTF-8, too many digits, too deep
-            raise WireError(400, f"request body is not valid JSON: {type(exc).__name__}: {exc}"[:500]) from None
+        return await self._off_loop(await request.read(), parse_json_body, default)
+
+    async def _off_loop(self, raw: bytes, parse: Callable[[bytes], T], default: bytes = b"") -> T:
+        """``parse(raw)``, in a worker thread for a large body: JSON and validation of megabytes
+        would otherwise hold /health and every other session."""
+        raw = raw or default
+        if len(raw) < OFF_LOOP_BYTES:
+            return parse(raw)
+        return await asyncio.to_thread(parse, raw)
 
     def _call(self, api: str):
         module = API_MODULES[api]
@@ -190,7 +201,7 @@ class ProxyServer:
         async def handler(request: web.Request) -> web.StreamResponse:
             try:
                 session = self._session(request)
-                decoded = module.decode(await self._read_json(request))
+                decoded = await self._off_loop(await request.read(), lambda raw: _decode(module.decode, raw))
                 task = asyncio.ensure_future(self.engine.complete(session, api, decoded))
                 self._track(session.id, task)
                 # shielded: a harness that disconnects does not cancel a call that is being recorded
@@ -215,10 +226,14 @@ class ProxyServer:
                 return web.json_response(module.encode_response(turn, decoded))
             response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                                    "Cache-Control": "no-cache"})
-            await response.prepare(request)
-            for frame in module.encode_stream(turn, decoded):
-                await response.write(frame)
-            await response.write_eof()
+            try:
+                await response.prepare(request)
+                for frame in module.encode_stream(turn, decoded):
+                    await response.write(frame)
+                await response.write_eof()
+            except ConnectionResetError:  # the call is recorded; only the harness is gone
+                log.info("session %s: client disconnected before the answer of call %s was sent",
+                         session.id, turn.call_id)
             return response
 
         return handler
@@ -226,12 +241,20 @@ class ProxyServer:
     async def _count_tokens(self, request: web.Request) -> web.Response:
         try:
             self._session(request)
-            decoded = anthropic_messages.decode_count_tokens(await self._read_json(request))
+            decoded = await self._off_loop(await request.read(),
+                                           lambda raw: _decode(anthropic_messages.decode_count_tokens, raw))
+            count = await self.engine.count_tokens(decoded)
         except AuthError as exc:
             return web.json_response(anthropic_messages.encode_error(401, str(exc)), status=401)
         except WireError as exc:
             return web.json_response(anthropic_messages.encode_error(exc.status, exc.message), status=exc.status)
-        return web.json_response({"input_tokens": await self.engine.count_tokens(decoded)})
+        except web.HTTPException:
+            raise
+        except Exception as exc:  # noqa: BLE001 - answered in the API's shape, never aiohttp's plain text
+            log.exception("count_tokens failed in the proxy")
+            return web.json_response(anthropic_messages.encode_error(500, f"proxy error: {type(exc).__name__}"),
+                                     status=500)
+        return web.json_response({"input_tokens": count})
 
     async def _models(self, request: web.Request) -> web.Response:
         try:
@@ -304,6 +327,15 @@ class ProxyServer:
         return web.json_response([r.model_dump(mode="json") for r in records])
 
 
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": {"message": message, "type": "invalid_request_error"
-                                        if status < 500 else "server_error", "code": status}}, status=status)
+def _decode(decode: Callable[[Any], DecodedRequest], raw: bytes) -> DecodedRequest:
+    decoded = decode(parse_json_body(raw))
+    if not decoded.conversation.messages:
+        raise WireError(400, "the request holds no message for the model (only skipped or empty items)")
+    return decoded
+
+
+def _error(status: int, message: str, request: web.Request | None = None) -> web.Response:
+    """An error outside any model call, in the shape of the API the path belongs to (OpenAI's otherwise)."""
+    anthropic = request is not None and "/messages" in request.path
+    body = (anthropic_messages.encode_error if anthropic else openai_error)(status, message)
+    return web.json_response(body, status=status)

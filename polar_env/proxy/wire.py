@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
@@ -62,6 +63,37 @@ class DecodedRequest(BaseModel):
     assistant_refs: list[str | None] = Field(default_factory=list)
     # canonical tool name -> wire name/namespace, for tools whose canonical name is not the wire name
     tool_routes: dict[str, ToolRoute] = Field(default_factory=dict)
+
+
+# A JSON escape of a UTF-16 surrogate: a body without one cannot hold a lone surrogate after parsing
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+REPLACEMENT = "\ufffd"
+
+
+def scrub_surrogates(value: Any) -> Any:
+    """``value`` with every lone UTF-16 surrogate replaced by U+FFFD (keys and strings, recursively).
+
+    The one rule for text that is not valid Unicode: Node harnesses that cut a tool output mid-emoji
+    send ``"\\ud83d"``; replaced here, at decode time, the same text is hashed, rendered, tokenized
+    and written to the ledger (no encoder downstream can fail on it), as a provider does.
+    """
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub(REPLACEMENT, value)
+    if isinstance(value, list):
+        return [scrub_surrogates(v) for v in value]
+    if isinstance(value, dict):
+        return {scrub_surrogates(k): scrub_surrogates(v) for k, v in value.items()}
+    return value
+
+
+def parse_json_body(raw: bytes) -> Any:
+    """A request body as JSON, lone surrogates replaced (:func:`scrub_surrogates`); bad JSON is a 400."""
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError) as exc:  # bad JSON/UTF-8, too many digits, too deep
+        raise WireError(400, f"request body is not valid JSON: {type(exc).__name__}: {exc}"[:500]) from None
+    return scrub_surrogates(body) if _SURROGATE_ESCAPE.search(raw) else body
 
 
 def sse_frame(data: dict | str, event: str | None = None) -> bytes:
@@ -142,6 +174,8 @@ def sampling_of(temperature: float | None, top_p: float | None, max_tokens: int 
         raise WireError(400, f"temperature must be a finite number >= 0, got {temperature}")
     if top_p is not None and not (math.isfinite(top_p) and 0 < top_p <= 1):
         raise WireError(400, f"top_p must be in (0, 1], got {top_p}")
+    if max_tokens is not None and max_tokens < 1:
+        raise WireError(400, f"max_tokens must be at least 1, got {max_tokens}")
     asked = {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens}
     return {k: v for k, v in asked.items() if v is not None}
 
