@@ -28,6 +28,8 @@ from typing import Any
 from tqdm import tqdm
 
 from polar_env.episodes import EpisodeConfig, run_episode
+from polar_env.episodes.workspace import SANDBOX_CHOICES, WorkspaceUnavailable
+from polar_env.tasks.loader import TaskLoadError
 from polar_env.tasks.models import Task
 from polar_env.trajectory.export import (
     TrajectoryWriter,
@@ -264,6 +266,9 @@ def summary_table(trajectories: list[Trajectory]) -> str:
 # -- CLI -------------------------------------------------------------------------------------------
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--harness", default="pi", help="codex | claude-code | pi")
+    parser.add_argument("--sandbox", default="auto", choices=SANDBOX_CHOICES,
+                        help="where episodes run: auto (a bubblewrap tree for tasks with a base archive, a "
+                             "container of the task's image otherwise) or one engine for every task")
     parser.add_argument("--tasks", default="bundled", help="bundled | verified | FILE.jsonl")
     parser.add_argument("--task-ids", nargs="*", default=None, help="only these instance ids")
     parser.add_argument("--limit", type=int, default=None, help="only the first N tasks")
@@ -297,12 +302,12 @@ def plan_from_args(args: argparse.Namespace) -> RolloutPlan:
         tasks = [t for t in tasks if t.instance_id in set(args.task_ids)]
     tasks = tasks[: args.limit] if args.limit else tasks
     if not tasks:
-        raise SystemExit("no tasks selected")
+        raise TaskLoadError(f"no tasks selected from {args.tasks!r} (check --task-ids / --limit)")
     policy = {"temperature": args.temperature, "top_p": args.top_p, "max_tokens": args.max_tokens}
     return RolloutPlan(tasks=tasks, samples=args.samples, concurrency=args.concurrency, out=args.out,
                        episode=EpisodeConfig(harness=args.harness, timeout_s=args.timeout,
                                              grading_timeout_s=args.grading_timeout, policy=policy,
-                                             model_name=args.model_name))
+                                             model_name=args.model_name, sandbox=args.sandbox))
 
 
 def proxy_factory_from_args(args: argparse.Namespace, backend=None, tasks: list[Task] | None = None):
@@ -333,14 +338,22 @@ def proxy_factory_from_args(args: argparse.Namespace, backend=None, tasks: list[
 
 
 def prepare(plan: RolloutPlan) -> None:
-    """Host-side setup before the clock starts: the harness install and each task's test env."""
+    """Host-side setup and checks before the clock starts: each task's workspace can be made here
+    (engine, image), the harness is installed, and each bubblewrap task's test env is built."""
+    from polar_env.episodes.workspace import check_engine, check_image, workspace_kind
     from polar_env.harness_adapters.registry import get_adapter
     from polar_env.tasks.env import ensure_task_env
 
+    kinds = {t.instance_id: workspace_kind(t, plan.episode.sandbox) for t in plan.tasks}
+    for kind in set(kinds.values()):
+        check_engine(kind)
+    for task in plan.tasks:
+        check_image(task, kinds[task.instance_id])
     get_adapter(plan.episode.harness).install()
     if plan.episode.grade:
         for task in plan.tasks:
-            ensure_task_env(task)
+            if kinds[task.instance_id] == "bubblewrap":
+                ensure_task_env(task)
 
 
 def rollout_main(argv: list[str] | None = None) -> int:
@@ -351,14 +364,19 @@ def rollout_main(argv: list[str] | None = None) -> int:
                         help="spread the episodes over this Ray cluster's nodes, each with its own proxy "
                              "and sandboxes (no ADDRESS or 'auto': the cluster running on this machine)")
     args = parser.parse_args(argv)
-    plan = plan_from_args(args)
+    try:
+        plan = plan_from_args(args)
+        if not args.ray:
+            prepare(plan)
+    except (TaskLoadError, WorkspaceUnavailable) as exc:
+        print(f"polar rollout: {exc}", file=sys.stderr)
+        return 2
     try:
         if args.ray:
             from polar_env.rollout_ray import run_on_ray
 
             trajectories = run_on_ray(plan, args)
         else:
-            prepare(plan)
             trajectories = asyncio.run(run_rollouts(plan, proxy_factory_from_args(args, tasks=plan.tasks)))
     except KeyboardInterrupt:
         left = len(pending_episodes(plan))

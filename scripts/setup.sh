@@ -2,7 +2,8 @@
 # One-time setup on a fresh machine: system packages, the Python venv, the embedded model.
 # Idempotent; every README command calls it first. POLAR_SETUP_HARNESSES=1 also installs the
 # harness CLIs from npm (done lazily otherwise), POLAR_SETUP_VLLM=1 the vLLM CPU server venv,
-# POLAR_SETUP_GYM=1 the NeMo Gym venv (.venv-gym) for the environment's end-to-end tests.
+# POLAR_SETUP_GYM=1 the NeMo Gym venv (.venv-gym) for the environment's end-to-end tests,
+# POLAR_SETUP_CONTAINERS=1 podman and the locally built base image (scripts/setup_podman.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -44,4 +45,7 @@ if [ "${POLAR_SETUP_VLLM:-0}" = 1 ]; then
 fi
 if [ "${POLAR_SETUP_GYM:-0}" = 1 ]; then
   bash scripts/setup_nemo_gym.sh
+fi
+if [ "${POLAR_SETUP_CONTAINERS:-0}" = 1 ]; then
+  bash scripts/setup_podman.sh
 fi

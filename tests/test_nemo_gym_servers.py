@@ -30,6 +30,7 @@ from polar_env.backends.base import SamplingParams
 from polar_env.backends.policies import DONE as FINAL
 from polar_env.backends.vllm import VllmBackend
 from polar_env.episodes import episode_prompt
+from polar_env.episodes.workspace import WorkspaceMounts
 from polar_env.resources_server.core import (
     PolarResources,
     PolarResourcesConfig,
@@ -166,8 +167,8 @@ class DirectResources:
         self.core = core
         self.closed: list[str] = []
 
-    async def seed(self, episode_id: str, task_id: str) -> SeededEpisode:
-        return await self.core.seed(episode_id, task_id)
+    async def seed(self, episode_id: str, task_id: str, *, mounts: WorkspaceMounts | None = None) -> SeededEpisode:
+        return await self.core.seed(episode_id, task_id, mounts=mounts)
 
     async def verify(self, episode_id: str, task_id: str, *, harness_status: str, harness_error: str | None,
                      result: dict[str, Any]) -> VerifyOutcome:
@@ -182,7 +183,7 @@ class DirectResources:
 class SeedFails(DirectResources):
     """Stand-in for a resources server that cannot create workspaces (disk full, host down)."""
 
-    async def seed(self, episode_id: str, task_id: str) -> SeededEpisode:
+    async def seed(self, episode_id: str, task_id: str, *, mounts: WorkspaceMounts | None = None) -> SeededEpisode:
         raise OSError("no space left on device")
 
 

@@ -1,4 +1,5 @@
-"""Docker and Apptainer sandboxes: the argv they build (no engine on this machine)."""
+"""Container (docker/podman) and Apptainer sandboxes: the argv they build, unit-tested without an engine
+(tests/test_containers_podman.py runs them on a real podman)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from polar_env.sandbox import sandbox_class
 from polar_env.sandbox.apptainer import ApptainerSandbox
 from polar_env.sandbox.base import SandboxSpec, exclude_pathspecs
-from polar_env.sandbox.docker import DockerSandbox, git_diff_script, git_snapshot_script
+from polar_env.sandbox.container import ContainerSandbox, git_diff_script, git_snapshot_script
 from polar_env.sandbox.swebench_images import swebench_image
 
 SPEC = SandboxSpec(proxy_socket_dir=Path("/run/polar/sock"), harness_dir=Path("/cache/harnesses/codex-1"),
@@ -28,10 +28,11 @@ def test_swebench_image_names():
     assert swebench_image("SymPy__sympy-1") == "swebench/sweb.eval.x86_64.sympy_1776_sympy-1:latest"
 
 
-def test_docker_create_argv_isolates_and_mounts():
-    sb = DockerSandbox(SPEC, swebench_image("astropy__astropy-12907"), "polar-x")
+@pytest.mark.parametrize("engine", ["docker", "podman"])
+def test_container_create_argv_isolates_and_mounts(engine):
+    sb = ContainerSandbox(SPEC, swebench_image("astropy__astropy-12907"), "polar-x", engine=engine)
     argv = sb.create_argv()
-    assert argv[:2] == ["docker", "create"]
+    assert argv[:2] == [engine, "create"]
     assert _pairs(argv, "--network") == ["none"]
     assert _pairs(argv, "--hostname") == ["sandbox"] and _pairs(argv, "--workdir") == ["/testbed"]
     assert _pairs(argv, "--memory") == [str(1 << 30)] and _pairs(argv, "--pids-limit") == ["512"]
@@ -42,31 +43,41 @@ def test_docker_create_argv_isolates_and_mounts():
     assert "TZ=UTC" in _pairs(argv, "-e")
     assert argv[-3:] == ["swebench/sweb.eval.x86_64.astropy_1776_astropy-12907:latest", "sleep", "infinity"]
     assert "--privileged" not in argv and _pairs(argv, "--cap-drop") == ["ALL"]
+    # only what the root setup execs need (chown, git as root in a uid-1000 tree): the uid has none
+    assert _pairs(argv, "--cap-add") == ["CHOWN", "DAC_OVERRIDE", "FOWNER"]
+    assert _pairs(argv, "--security-opt") == ["no-new-privileges"]
+    tmpfs = _pairs(argv, "--tmpfs")
+    assert tmpfs[0].startswith("/home/agent:") and not any("uid=" in t for t in tmpfs)  # podman refuses uid=
 
 
-def test_docker_exec_runs_unprivileged_with_fixed_env_and_deadline():
-    sb = DockerSandbox(SPEC, "img", "polar-x")
+def test_container_exec_runs_unprivileged_with_fixed_env_and_deadline():
+    sb = ContainerSandbox(SPEC, "img", "polar-x", path="/opt/conda/bin:/usr/bin:/bin")
     argv = sb.exec_argv(["codex", "exec", "hi"], {"CODEX_HOME": "/home/agent/.codex"}, timeout_s=30.5)
     assert argv[:2] == ["docker", "exec"] and "-i" not in argv
     assert _pairs(argv, "-u") == ["1000:1000"] and _pairs(argv, "-w") == ["/testbed"]
     env = _pairs(argv, "-e")
     assert {"HOME=/home/agent", "USER=agent", "TZ=UTC", "CODEX_HOME=/home/agent/.codex"} <= set(env)
-    assert any(e.startswith("PATH=/opt/harness/node_modules/.bin:") for e in env)
+    path = next(e for e in env if e.startswith("PATH="))
+    assert path.startswith("PATH=/opt/harness/node_modules/.bin:")
+    assert path.endswith(":/opt/conda/bin:/usr/bin:/bin")  # the image's own PATH is kept
     i = argv.index("polar-x")
     assert argv[i + 1:] == ["timeout", "-s", "KILL", "31", "codex", "exec", "hi"]
     assert sb.exec_argv(["x"], {}, interactive=True)[2] == "-i"
 
 
-def test_docker_copy_and_rm_argv(tmp_path: Path):
-    sb = DockerSandbox(SPEC, "img", "polar-x")
+def test_container_copy_and_rm_argv(tmp_path: Path):
+    sb = ContainerSandbox(SPEC, "img", "polar-x")
     assert sb.cp_in_argv(tmp_path, "/testbed") == ["docker", "cp", f"{tmp_path}/.", "polar-x:/testbed"]
     f = tmp_path / "f"
     f.write_text("x")
     assert sb.cp_in_argv(f, "/tmp/f") == ["docker", "cp", str(f), "polar-x:/tmp/f"]
     assert sb.cp_out_argv("/testbed/a", tmp_path / "a") == ["docker", "cp", "polar-x:/testbed/a", str(tmp_path / "a")]
-    assert sb.rm_argv() == ["docker", "rm", "-f", "polar-x"]
+    assert sb.rm_argv() == ["docker", "rm", "-f", "-t", "0", "polar-x"]
+    assert sb.kill_user_argv()[:5] == ["docker", "exec", "-u", "1000:1000", "polar-x"]
     with pytest.raises(ValueError):
-        DockerSandbox.create(None, spec=SPEC)
+        ContainerSandbox.create(None, spec=SPEC)
+    with pytest.raises(ValueError, match="unknown container engine"):
+        ContainerSandbox(SPEC, "img", "x", engine="lxc")
 
 
 def test_git_scripts_snapshot_and_diff_for_real(tmp_path: Path):
@@ -120,9 +131,5 @@ async def test_apptainer_host_side_task_tree_and_diff(tmp_path: Path):
     assert not sb.root.exists()
 
 
-def test_sandbox_class_and_pathspecs():
-    assert sandbox_class("docker") is DockerSandbox and sandbox_class("apptainer") is ApptainerSandbox
-    assert sandbox_class("bwrap").__name__ == "BubblewrapSandbox"
-    with pytest.raises(KeyError):
-        sandbox_class("vm")
+def test_pathspecs():
     assert exclude_pathspecs([".pi"]) == [".", ":(exclude,glob)**/.pi", ":(exclude,glob)**/.pi/**"]

@@ -7,7 +7,8 @@ sessions over the servers). For each data row ``run``:
 1. opens a proxy session whose policy is the row's ``responses_create_params`` sampling
    (``temperature``, ``top_p``, ``max_output_tokens``: what NeMo-RL stamps, enforced over
    whatever the harness asks for);
-2. asks the resources server to seed the episode's workspace and attaches to it;
+2. asks the resources server to seed the episode's workspace (a bubblewrap tree or a container of the
+   task's image, with this process's proxy socket and harness install mounted) and attaches to it;
 3. runs the configured harness in the sandbox against the proxy until it ends or the deadline;
 4. asks the resources server to verify (extract the patch, grade) and to close the episode;
 5. rebuilds the trajectory from the proxy's ledger and returns the NeMo-RL ``/run`` result.
@@ -29,13 +30,20 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, Field
 
-from polar_env.episodes import episode_prompt
+from polar_env.episodes.lifecycle import (
+    close_session,
+    episode_prompt,
+    harness_spec,
+    open_session,
+    patch_bytes,
+    run_harness,
+)
+from polar_env.episodes.workspace import WorkspaceMounts
 from polar_env.harness_adapters.registry import get_adapter
-from polar_env.harness_adapters.runner import HarnessRun, run_episode_in_sandbox
+from polar_env.harness_adapters.runner import HarnessRun
 from polar_env.proxy.app import ProxyServer
 from polar_env.proxy.engine import EngineConfig
 from polar_env.resources_server.core import SeededEpisode, VerifyOutcome, attach_sandbox
-from polar_env.sandbox.base import SandboxSpec
 from polar_env.trajectory.chains import build_trajectory
 from polar_env.trajectory.export import TrajectoryWriter, to_nemo_gym_result
 
@@ -64,7 +72,8 @@ class PolarAgentConfig(BaseModel):
 class ResourcesClient(Protocol):
     """How the agent reaches the resources server (HTTP in NeMo Gym, direct calls in tests)."""
 
-    async def seed(self, episode_id: str, task_id: str) -> SeededEpisode: ...
+    async def seed(self, episode_id: str, task_id: str, *, mounts: WorkspaceMounts | None = None
+                   ) -> SeededEpisode: ...
 
     async def verify(self, episode_id: str, task_id: str, *, harness_status: str, harness_error: str | None,
                      result: dict[str, Any]) -> VerifyOutcome: ...
@@ -156,42 +165,32 @@ class PolarAgent:
 
     async def _run(self, row: dict[str, Any], resources: ResourcesClient) -> dict[str, Any]:
         proxy = self.proxy
-        assert proxy is not None and proxy.unix_socket is not None
+        assert proxy is not None
         task_id = row_task_id(row)
         params = dict(row.get("responses_create_params") or {})
         episode_id = f"{_slug(task_id)}-{uuid.uuid4().hex[:12]}"
-        started = time.time()
-        session_id, key = proxy.create_session(
-            episode_id, policy=session_policy(params, self.config.default_sampling),
-            metadata={"task_id": task_id, "group_id": task_id, "harness": self.adapter.name,
-                      "harness_version": self.adapter.version})
+        session = open_session(proxy, self.adapter, episode_id, task_id=task_id,
+                               policy=session_policy(params, self.config.default_sampling))
+        started = session.started
         run: HarnessRun | None = None
         status, error = "error", None
         seeded = False
         try:
-            seed = await resources.seed(episode_id, task_id)
+            spec = harness_spec(session)
+            mounts = WorkspaceMounts(proxy_socket_dir=str(spec.proxy_socket_dir), harness_dir=str(spec.harness_dir))
+            seed = await resources.seed(episode_id, task_id, mounts=mounts)
             seeded = True
-            spec = SandboxSpec(proxy_socket_dir=proxy.unix_socket.parent, proxy_socket_name=proxy.unix_socket.name,
-                               harness_dir=self.adapter.install_dir())
             sandbox = attach_sandbox(seed, spec)
             prompt = _row_prompt(params) or episode_prompt(_TaskView(task_id, row))
-            run = await run_episode_in_sandbox(
-                self.adapter, sandbox, proxy_socket_dir=spec.proxy_socket_dir, session_id=session_id,
-                session_key=key, model_name=self.config.policy_model_name or proxy.engine.backend.model,
-                prompt=prompt, timeout_s=self.config.timeout_s)
+            run = await run_harness(session, sandbox, prompt, model_name=self.config.policy_model_name or None,
+                                    timeout_s=self.config.timeout_s)
             status, error = run.status, run.error
         except Exception as exc:  # noqa: BLE001 - an infrastructure failure still yields a result
             status, error = "error", f"infrastructure: {type(exc).__name__}: {exc}"
             log.exception("polar agent: episode %s failed before the harness finished", episode_id)
-        await proxy.drain(session_id)  # a harness killed mid-call leaves that call to finish recording
-        calls = proxy.registry.ledger.calls(session_id)
-        # only the backend's failures are infrastructure; a context overflow is the policy's doing
-        failed_calls = [c for c in calls if c.error and c.error.startswith("backend:")]
-        if failed_calls and not (error or "").startswith("infrastructure"):
-            status = "error"
-            error = f"infrastructure: {len(failed_calls)} model call(s) failed at the policy server"
-        info = proxy.registry.close(session_id, status)
-        traj = build_trajectory(info, calls, status=status, error=error)
+        closed = await close_session(session, status, error)
+        status, error = closed.status, closed.error
+        traj = build_trajectory(closed.info, closed.calls, status=status, error=error)
         placeholder = min(proxy.engine.eos_ids)
         draft = to_nemo_gym_result(traj, responses_create_params=params, placeholder_token_id=placeholder)
         outcome: VerifyOutcome
@@ -209,8 +208,7 @@ class PolarAgent:
             except Exception:  # noqa: BLE001 - a leaked workspace must not lose the sample
                 log.exception("polar agent: close of episode %s failed", episode_id)
         traj = traj.model_copy(update={"reward": outcome.reward, "grading": outcome.grading or None})
-        traj.metadata.update({"duration_s": time.time() - started, "patch_bytes": len(outcome.patch.encode(
-            "utf-8", errors="surrogateescape"))})
+        traj.metadata.update({"duration_s": time.time() - started, "patch_bytes": patch_bytes(outcome.patch)})
         if self._writer is not None:
             self._writer.write(traj)
         result = to_nemo_gym_result(traj, reward=outcome.reward, responses_create_params=params,

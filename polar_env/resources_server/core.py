@@ -1,11 +1,11 @@
 """Polar's resources server logic, free of NeMo Gym so it can be tested and reused on its own.
 
-One episode's life here: ``seed`` materialises the task tree into a fresh sandbox workspace (a
-bubblewrap root on this host), ``verify`` takes the agent's patch from that workspace (a
-``git diff`` against the seed snapshot, harness noise dropped) and grades it in a fresh copy of the
-task with the SWE-bench procedure, ``close`` removes the workspace. The agent server attaches to
-the workspace by its root path to run the harness in it, so both servers must share the host's
-filesystem (NeMo Gym starts the servers of one config on one node).
+One episode's life here, in the pieces of ``polar_env.episodes`` (the lifecycle ``polar rollout``
+runs in one process): ``seed`` opens the task's workspace (a bubblewrap tree, or a container of the
+task's image: ``sandbox``), ``verify`` extracts the agent's patch from it and grades it with the
+SWE-bench procedure, ``close`` removes the workspace. The agent server attaches to the workspace
+(by root path or container name) to run the harness in it, so both servers must share the host
+(NeMo Gym starts the servers of one config on one node).
 
 Rewards: resolved = 1.0, anything else the agent did = 0.0. Failures that are not the policy's
 (sandbox, test environment, task data, a harness that could not start) set ``mask_sample``: the
@@ -15,20 +15,24 @@ sample stays in its GRPO group's baseline but gets no loss.
 from __future__ import annotations
 
 import asyncio
-import shutil
-import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
 
+from polar_env.episodes.lifecycle import extract_patch, is_infrastructure
+from polar_env.episodes.workspace import (
+    Workspace,
+    WorkspaceMounts,
+    WorkspaceRef,
+    attach_workspace,
+    open_workspace,
+)
 from polar_env.rewards.grading import FailureKind, GradeResult, grade
-from polar_env.sandbox.base import SandboxSpec
-from polar_env.sandbox.bubblewrap import BubblewrapSandbox, CgroupLimits
+from polar_env.sandbox.base import Sandbox, SandboxSpec
 from polar_env.tasks.loader import load_tasks
 from polar_env.tasks.models import Task
-from polar_env.tasks.tree import materialize
 
 
 class PolarResourcesConfig(BaseModel):
@@ -40,6 +44,7 @@ class PolarResourcesConfig(BaseModel):
     max_concurrent_grades: int = 8  # test runs in flight at once on this host
     sandbox_memory_gb: float | None = 8.0
     sandbox_pids_max: int | None = 4096
+    sandbox: str = "auto"  # auto | bubblewrap | docker | podman | apptainer (polar_env.episodes.workspace)
 
 
 class SeededEpisode(BaseModel):
@@ -47,9 +52,13 @@ class SeededEpisode(BaseModel):
 
     episode_id: str
     task_id: str
-    sandbox_root: str
+    sandbox_root: str  # the bubblewrap/apptainer workspace dir ("" for a container)
     uid: int
     gid: int
+    workspace: WorkspaceRef | None = None  # how to attach (absent from older servers: a bubblewrap root)
+
+    def ref(self) -> WorkspaceRef:
+        return self.workspace or WorkspaceRef(kind="bubblewrap", root=self.sandbox_root, uid=self.uid, gid=self.gid)
 
 
 class VerifyOutcome(BaseModel):
@@ -71,8 +80,7 @@ _FAILURE_KIND = {FailureKind.empty_patch: "polar:empty_patch", FailureKind.apply
 @dataclass
 class _Episode:
     task: Task
-    sandbox: BubblewrapSandbox
-    scratch: Path
+    workspace: Workspace
 
 
 class PolarResources:
@@ -97,29 +105,21 @@ class PolarResources:
             raise KeyError(f"unknown task_id {task_id!r} (task set {self.config.tasks!r} has "
                            f"{len(self.tasks)} tasks)") from None
 
-    async def seed(self, episode_id: str, task_id: str) -> SeededEpisode:
-        """Create the episode's workspace; idempotent per ``episode_id`` (a retried seed gets the same one)."""
+    async def seed(self, episode_id: str, task_id: str, mounts: WorkspaceMounts | None = None) -> SeededEpisode:
+        """Create the episode's workspace; idempotent per ``episode_id`` (a retried seed gets the same one).
+        ``mounts``: the agent's proxy socket dir and harness install (a container mounts them at creation)."""
         if episode_id in self.closed:
             raise ValueError(f"episode {episode_id!r} was already closed")
         task = self.task(task_id)
         ep = self.episodes.get(episode_id)
         if ep is None:
-            spec = self.sandbox_spec()
-            if spec.scratch_root is not None:
-                spec.scratch_root.mkdir(parents=True, exist_ok=True)
-            scratch = Path(tempfile.mkdtemp(prefix=f"polar-seed-{_slug(episode_id)}-", dir=spec.scratch_root))
-            try:
-                tree = await asyncio.to_thread(materialize, task, scratch / "tree")
-                sandbox = await asyncio.to_thread(BubblewrapSandbox.create, tree, spec=spec)
-            except BaseException:
-                shutil.rmtree(scratch, ignore_errors=True)
-                raise
-            await asyncio.to_thread(shutil.rmtree, scratch / "tree", True)
-            ep = self.episodes[episode_id] = _Episode(task=task, sandbox=sandbox, scratch=scratch)
+            workspace = await open_workspace(task, self.sandbox_spec(), sandbox=self.config.sandbox, mounts=mounts)
+            ep = self.episodes[episode_id] = _Episode(task=task, workspace=workspace)
         elif ep.task.instance_id != task_id:
             raise ValueError(f"episode {episode_id!r} is bound to task {ep.task.instance_id!r}, not {task_id!r}")
-        return SeededEpisode(episode_id=episode_id, task_id=task_id, sandbox_root=str(ep.sandbox.root),
-                             uid=ep.sandbox.uid, gid=ep.sandbox.gid)
+        ref = ep.workspace.ref
+        return SeededEpisode(episode_id=episode_id, task_id=task_id, sandbox_root=ref.root, uid=ref.uid,
+                             gid=ref.gid, workspace=ref)
 
     async def verify(self, episode_id: str, *, harness_status: str = "completed",
                      harness_error: str | None = None) -> VerifyOutcome:
@@ -128,11 +128,11 @@ class PolarResources:
         if ep is None:
             return VerifyOutcome(reward=0.0, resolved=False, mask_sample=True, failure_kind="polar:lost_session",
                                  failure_reason=f"episode {episode_id!r} has no workspace (never seeded or closed)")
-        if harness_error and harness_error.startswith("infrastructure"):
+        if is_infrastructure(harness_error):
             return VerifyOutcome(reward=0.0, resolved=False, mask_sample=True, failure_kind="polar:infrastructure",
                                  failure_reason=harness_error)
         try:
-            patch = (await ep.sandbox.diff()).decode("utf-8", errors="surrogateescape")
+            patch = await extract_patch(ep.workspace.sandbox)
         except Exception as exc:  # noqa: BLE001 - a broken workspace is ours, not the policy's
             return VerifyOutcome(reward=0.0, resolved=False, mask_sample=True, failure_kind="polar:infrastructure",
                                  failure_reason=f"patch extraction failed: {exc}")
@@ -156,8 +156,7 @@ class PolarResources:
         ep = self.episodes.pop(episode_id, None)
         if ep is None:
             return False
-        await ep.sandbox.destroy()
-        await asyncio.to_thread(shutil.rmtree, ep.scratch, True)
+        await ep.workspace.close()
         return True
 
     async def aclose(self) -> None:
@@ -165,15 +164,11 @@ class PolarResources:
             await self.close(episode_id)
 
 
-def attach_sandbox(seeded: SeededEpisode, spec: SandboxSpec) -> BubblewrapSandbox:
+def attach_sandbox(seeded: SeededEpisode, spec: SandboxSpec) -> Sandbox:
     """The agent side: run commands in a workspace ``seed`` created (same host), with the agent's own
     mounts (proxy socket dir, harness install) in ``spec``. The resources server still owns it:
     never ``destroy`` an attached sandbox, ask the resources server to close the episode."""
-    root = Path(seeded.sandbox_root)
-    if not (root / "testbed").is_dir():
-        raise FileNotFoundError(f"no sandbox workspace at {root} (is the resources server on this host?)")
-    cgroups = CgroupLimits(root.name, spec.memory_bytes, spec.pids_max)
-    return BubblewrapSandbox(replace(spec), root, seeded.uid, seeded.gid, cgroups)
+    return attach_workspace(seeded.ref(), spec)
 
 
 def aggregate(outcomes: list[dict[str, Any]]) -> dict[str, float]:
@@ -198,6 +193,3 @@ def aggregate(outcomes: list[dict[str, Any]]) -> dict[str, float]:
 def _masked(o: dict[str, Any]) -> bool:
     return bool(o.get("mask_sample") or (o.get("instance_config") or {}).get("mask_sample"))
 
-
-def _slug(text: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_" else "-" for c in text)[:40]

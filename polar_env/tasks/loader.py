@@ -34,6 +34,8 @@ def load_tasks(spec: str) -> list[Task]:
     path = Path(spec)
     if path.is_file():
         return load_jsonl(path)
+    if path.suffix in (".jsonl", ".json") or path.parent != Path("."):
+        raise TaskLoadError(f"task file {spec} does not exist: pass an existing JSONL file, 'bundled' or 'verified'")
     raise TaskLoadError(f"unknown task set {spec!r}: expected 'bundled', 'verified' or a JSONL file path")
 
 

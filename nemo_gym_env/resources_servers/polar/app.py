@@ -1,7 +1,7 @@
 """NeMo Gym resources server for Polar: per-episode sandbox workspaces and SWE-bench grading.
 
 Endpoints (the agent server ``polar_agent`` calls them in this order for every rollout):
-- ``/seed_session``: materialise the task into a fresh bubblewrap workspace on this host;
+- ``/seed_session``: open the task's workspace on this host (a bubblewrap tree or a container of its image);
 - ``/verify``: take the agent's patch from the workspace and grade it (or grade a given patch);
 - ``/close_session``: remove the workspace;
 - ``/aggregate_metrics``: resolved rate plus trajectory statistics.
@@ -33,6 +33,7 @@ from nemo_gym.base_resources_server import (  # noqa: E402
 )
 from nemo_gym.verifier_fixture import VerifierFixture  # noqa: E402
 
+from polar_env.episodes.workspace import WorkspaceMounts, WorkspaceRef  # noqa: E402
 from polar_env.resources_server.core import PolarResources, PolarResourcesConfig, aggregate  # noqa: E402
 
 
@@ -43,6 +44,7 @@ class PolarResourcesServerConfig(BaseResourcesServerConfig):
     max_concurrent_grades: int = 8
     sandbox_memory_gb: float | None = 8.0
     sandbox_pids_max: int | None = 4096
+    sandbox: str = "auto"
 
     def polar(self) -> PolarResourcesConfig:
         return PolarResourcesConfig(**{k: getattr(self, k) for k in PolarResourcesConfig.model_fields})
@@ -53,6 +55,7 @@ class PolarSeedSessionRequest(BaseSeedSessionRequest):
 
     episode_id: str
     task_id: str
+    mounts: WorkspaceMounts | None = None  # the agent's proxy socket dir and harness install (containers)
 
 
 class PolarSeedSessionResponse(BaseSeedSessionResponse):
@@ -61,6 +64,7 @@ class PolarSeedSessionResponse(BaseSeedSessionResponse):
     sandbox_root: str
     uid: int
     gid: int
+    workspace: WorkspaceRef | None = None
 
 
 class PolarCloseSessionRequest(BaseModel):
@@ -125,7 +129,7 @@ class PolarResourcesServer(PolarVerifier, SimpleResourcesServer):
         return self._polar
 
     async def seed_session(self, body: PolarSeedSessionRequest) -> PolarSeedSessionResponse:
-        seeded = await self.polar.seed(body.episode_id, body.task_id)
+        seeded = await self.polar.seed(body.episode_id, body.task_id, mounts=body.mounts)
         return PolarSeedSessionResponse(**seeded.model_dump())
 
     async def close_resources_session(self, body: PolarCloseSessionRequest) -> ResourcesCloseSessionResponse:

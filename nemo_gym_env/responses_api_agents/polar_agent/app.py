@@ -28,6 +28,7 @@ from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming  # noq
 from nemo_gym.server_utils import raise_for_status  # noqa: E402
 
 from polar_env.agent_server.core import PolarAgent, PolarAgentConfig  # noqa: E402
+from polar_env.episodes.workspace import WorkspaceMounts  # noqa: E402
 from polar_env.resources_server.core import SeededEpisode, VerifyOutcome, aggregate  # noqa: E402
 
 
@@ -71,9 +72,11 @@ class GymResources:
         await raise_for_status(resp)
         return await resp.json()
 
-    async def seed(self, episode_id: str, task_id: str) -> SeededEpisode:
-        return SeededEpisode.model_validate(
-            await self._post("/seed_session", {"episode_id": episode_id, "task_id": task_id}))
+    async def seed(self, episode_id: str, task_id: str, *, mounts: WorkspaceMounts | None = None) -> SeededEpisode:
+        body: dict[str, Any] = {"episode_id": episode_id, "task_id": task_id}
+        if mounts is not None:
+            body["mounts"] = mounts.model_dump()
+        return SeededEpisode.model_validate(await self._post("/seed_session", body))
 
     async def verify(self, episode_id: str, task_id: str, *, harness_status: str, harness_error: str | None,
                      result: dict[str, Any]) -> VerifyOutcome:

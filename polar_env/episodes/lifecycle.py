@@ -1,0 +1,168 @@
+"""One episode's lifecycle: session -> workspace -> harness -> drain -> close -> patch -> grade -> trajectory.
+
+``run_episode`` is the whole of it in one process (``polar rollout``, ``polar demo``). The NeMo Gym
+servers split it across two processes (the resources server owns the workspace, patch and grade;
+the agent server the session and harness) and call the same pieces: :func:`open_session`,
+:func:`run_harness`, :func:`close_session`, :func:`extract_patch`. Whatever happens (harness crash,
+timeout, backend failure), an episode ends in a trajectory with its status and whatever the proxy
+captured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from polar_env.episodes.workspace import Workspace, open_workspace
+from polar_env.harness_adapters.base import HarnessAdapter
+from polar_env.harness_adapters.registry import get_adapter
+from polar_env.harness_adapters.runner import HarnessRun, run_episode_in_sandbox
+from polar_env.proxy.app import ProxyServer
+from polar_env.rewards.grading import GradeResult, grade
+from polar_env.sandbox.base import Sandbox, SandboxSpec
+from polar_env.tasks.models import Task
+from polar_env.trajectory.chains import build_trajectory
+from polar_env.trajectory.models import Trajectory
+
+PROMPT = """You are working in the repository at /testbed. Resolve the following issue by editing the \
+source code (not the tests). When you are done, stop.
+
+<issue>
+{problem}
+</issue>"""
+
+
+@dataclass
+class EpisodeConfig:
+    harness: str = "pi"
+    timeout_s: float = 600.0  # the harness's wall-clock deadline
+    grading_timeout_s: float = 900.0  # grading's own budget, which outlives the rollout's
+    policy: dict[str, Any] = field(default_factory=dict)  # sampling the trainer dictates
+    model_name: str | None = None  # what the harness asks for (default: the backend's model)
+    grade: bool = True
+    scratch_root: Path | None = None
+    sandbox: str = "auto"  # auto | bubblewrap | docker | podman | apptainer (episodes.workspace)
+
+
+@dataclass
+class EpisodeResult:
+    trajectory: Trajectory
+    grade: GradeResult | None
+    harness: HarnessRun | None
+    patch: str
+
+
+@dataclass
+class EpisodeSession:
+    """An open proxy session for one episode, and the harness that will use it."""
+
+    proxy: ProxyServer
+    adapter: HarnessAdapter
+    session_id: str
+    key: str
+    started: float
+
+
+@dataclass
+class ClosedSession:
+    info: Any  # the registry's SessionInfo
+    calls: list[Any]
+    status: str
+    error: str | None
+
+
+def episode_prompt(task: Task) -> str:
+    """The first user message; identical for every rollout of a task (GRPO groups depend on it)."""
+    return PROMPT.format(problem=task.problem_statement.strip())
+
+
+def is_infrastructure(error: str | None) -> bool:
+    return bool(error and error.startswith("infrastructure"))
+
+
+def open_session(proxy: ProxyServer, adapter: HarnessAdapter, episode_id: str, *, task_id: str,
+                 group_id: str | None = None, policy: dict[str, Any] | None = None,
+                 metadata: dict[str, Any] | None = None) -> EpisodeSession:
+    """A proxy session for the episode; ``proxy`` must listen on a Unix socket (the sandbox's only way out)."""
+    if proxy.unix_socket is None:
+        raise ValueError("the proxy must listen on a Unix socket for sandboxed episodes")
+    session_id, key = proxy.create_session(episode_id, policy=policy or {}, metadata={
+        "task_id": task_id, "group_id": group_id or task_id, "harness": adapter.name,
+        "harness_version": adapter.version, **(metadata or {})})
+    return EpisodeSession(proxy, adapter, session_id, key, time.time())
+
+
+def harness_spec(session: EpisodeSession, base: SandboxSpec | None = None) -> SandboxSpec:
+    """``base`` with the mounts the harness needs: the proxy's socket dir and the harness install."""
+    sock = session.proxy.unix_socket
+    assert sock is not None
+    return replace(base or SandboxSpec(), proxy_socket_dir=sock.parent, proxy_socket_name=sock.name,
+                   harness_dir=session.adapter.install_dir())
+
+
+async def run_harness(session: EpisodeSession, sandbox: Sandbox, prompt: str, *, model_name: str | None,
+                      timeout_s: float) -> HarnessRun:
+    return await run_episode_in_sandbox(
+        session.adapter, sandbox, proxy_socket_dir=sandbox.spec.proxy_socket_dir, session_id=session.session_id,
+        session_key=session.key, model_name=model_name or session.proxy.engine.backend.model, prompt=prompt,
+        timeout_s=timeout_s)
+
+
+async def close_session(session: EpisodeSession, status: str, error: str | None) -> ClosedSession:
+    """Drain in-flight calls (a harness killed mid-call leaves that call to finish recording), count the
+    backend's failures as infrastructure (a context overflow is the policy's doing), close the session."""
+    proxy = session.proxy
+    await proxy.drain(session.session_id)
+    calls = proxy.registry.ledger.calls(session.session_id)
+    failed = [c for c in calls if c.error and c.error.startswith("backend:")]
+    if failed and not is_infrastructure(error):
+        status, error = "error", f"infrastructure: {len(failed)} model call(s) failed at the backend"
+    info = proxy.registry.close(session.session_id, status)
+    return ClosedSession(info, calls, status, error)
+
+
+async def extract_patch(sandbox: Sandbox) -> str:
+    """The agent's patch: the workspace's diff against its base snapshot, harness noise dropped."""
+    return (await sandbox.diff()).decode("utf-8", errors="surrogateescape")
+
+
+def patch_bytes(patch: str) -> int:
+    return len(patch.encode("utf-8", errors="surrogateescape"))
+
+
+async def run_episode(proxy: ProxyServer, task: Task, *, episode_id: str, group_id: str | None = None,
+                      config: EpisodeConfig | None = None, metadata: dict[str, Any] | None = None
+                      ) -> EpisodeResult:
+    """Run one rollout of ``task`` in a workspace this process owns."""
+    config = config or EpisodeConfig()
+    adapter = get_adapter(config.harness)
+    await asyncio.to_thread(adapter.install)
+    session = open_session(proxy, adapter, episode_id, task_id=task.instance_id, group_id=group_id,
+                           policy=config.policy, metadata=metadata)
+    workspace: Workspace | None = None
+    run: HarnessRun | None = None
+    patch, result, status, error = "", None, "error", None
+    try:
+        spec = harness_spec(session, SandboxSpec(scratch_root=config.scratch_root))
+        workspace = await open_workspace(task, spec, sandbox=config.sandbox)
+        run = await run_harness(session, workspace.sandbox, episode_prompt(task), model_name=config.model_name,
+                                timeout_s=config.timeout_s)
+        status, error = run.status, run.error
+        patch = await extract_patch(workspace.sandbox)
+    except Exception as exc:  # noqa: BLE001 - an infrastructure failure still yields a trajectory
+        status, error = "error", f"infrastructure: {type(exc).__name__}: {exc}"
+    finally:
+        if workspace is not None:
+            await workspace.close()
+    closed = await close_session(session, status, error)
+    if config.grade and not is_infrastructure(closed.error):
+        result = await asyncio.to_thread(grade, task, patch, timeout_s=config.grading_timeout_s)
+    trajectory = build_trajectory(
+        closed.info, closed.calls, status=closed.status, error=closed.error,
+        reward=result.reward if result else None,
+        grading=result.model_dump(mode="json") if result else None)
+    trajectory.metadata.update({"duration_s": time.time() - session.started, "patch_bytes": patch_bytes(patch)})
+    return EpisodeResult(trajectory=trajectory, grade=result, harness=run, patch=patch)

@@ -1,0 +1,195 @@
+"""An episode's workspace: where the task tree lives and the harness runs, chosen per task.
+
+``auto`` (the default) gives a bubblewrap tree for a task with a base archive (the bundled tasks,
+tasks built with ``polar tasks build``) and a container from the task's image otherwise, on the
+first engine found (podman, docker, apptainer). ``--sandbox ENGINE`` forces one: a container
+engine then runs every task in its image, bubblewrap needs a base archive.
+
+A workspace can be opened by one process and used by another on the same host (the NeMo Gym
+resources server seeds it, the agent server runs the harness in it): :class:`WorkspaceRef` is
+what crosses over. Container mounts are fixed at creation, so whoever opens a container
+workspace must pass the proxy socket dir and harness install of whoever will run in it
+(:class:`WorkspaceMounts`); bubblewrap binds them per command.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel
+
+from polar_env.sandbox.base import Sandbox, SandboxSpec
+from polar_env.tasks.models import Task
+
+SANDBOX_CHOICES = ("auto", "bubblewrap", "docker", "podman", "apptainer")
+ENGINE_ORDER = ("podman", "docker", "apptainer")
+WorkspaceKind = Literal["bubblewrap", "docker", "podman", "apptainer"]
+
+
+class WorkspaceUnavailable(RuntimeError):
+    """No way to run this task here (no engine, no image, no base tree); the message says what to do."""
+
+
+class WorkspaceMounts(BaseModel):
+    """What the process running the harness needs mounted (absent for grading-only workspaces)."""
+
+    proxy_socket_dir: str | None = None
+    harness_dir: str | None = None
+
+
+class WorkspaceRef(BaseModel):
+    """How another process on this host attaches to a workspace."""
+
+    kind: WorkspaceKind = "bubblewrap"
+    root: str = ""  # bubblewrap/apptainer: the host dir holding testbed/
+    container: str = ""  # docker/podman: the container name
+    image: str = ""
+    path: str = ""  # docker/podman: the image's PATH
+    uid: int
+    gid: int
+
+
+def engine_available(engine: str) -> bool:
+    """The engine's CLI is installed and answers (docker: its daemon too)."""
+    exe = shutil.which(engine)
+    if exe is None:
+        return False
+    argv = [exe, "version"] if engine == "apptainer" else [exe, "info", "--format", "{{json .}}"]
+    try:
+        return subprocess.run(argv, capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def default_engine() -> str:
+    for engine in ENGINE_ORDER:
+        if engine_available(engine):
+            return engine
+    raise WorkspaceUnavailable("no container engine found (podman, docker or apptainer): install one "
+                               "(scripts/setup_podman.sh; polar doctor shows what is missing) or use tasks "
+                               "with a base archive (--tasks bundled)")
+
+
+def workspace_kind(task: Task, sandbox: str = "auto") -> WorkspaceKind:
+    """Where ``task`` runs under ``--sandbox``."""
+    if sandbox not in SANDBOX_CHOICES:
+        raise WorkspaceUnavailable(f"unknown sandbox {sandbox!r}; choose one of {', '.join(SANDBOX_CHOICES)}")
+    if sandbox == "auto":
+        return "bubblewrap" if task.base_archive else default_engine()  # type: ignore[return-value]
+    if sandbox == "bubblewrap" and not task.base_archive:
+        raise WorkspaceUnavailable(f"{task.instance_id}: bubblewrap needs a base archive and the task has none; "
+                                   f"run it in its image with --sandbox podman|docker|apptainer")
+    return sandbox  # type: ignore[return-value]
+
+
+def check_engine(kind: WorkspaceKind) -> None:
+    """Refuse early, with what to do, when the chosen engine cannot run here."""
+    if kind != "bubblewrap" and not engine_available(kind):
+        raise WorkspaceUnavailable(f"{kind} is not installed or not running: install it (scripts/setup_podman.sh "
+                                   f"for podman; polar doctor shows what is missing) or pick another --sandbox")
+
+
+def check_image(task: Task, kind: WorkspaceKind) -> None:
+    """Refuse early when a container task's image is not on this machine (no registry to pull from)."""
+    from polar_env.sandbox.container import image_exists
+
+    if kind in ("docker", "podman") and not image_exists(kind, task.image):
+        raise WorkspaceUnavailable(f"{task.instance_id}: image {task.image!r} is not in {kind}: build it "
+                                   f"(python -m polar_env.tasks.images tasks --tasks FILE) or {kind} pull it")
+    if kind == "apptainer" and not task.image.startswith("docker://") and not Path(task.image).is_file():
+        raise WorkspaceUnavailable(f"{task.instance_id}: image {task.image!r} is neither a docker:// URI "
+                                   "nor a local .sif file")
+
+
+def apptainer_image(image: str) -> str:
+    """A task's ``image`` as apptainer takes it: a local .sif path, or a registry name as docker://."""
+    if image.startswith("docker://") or image.endswith(".sif"):
+        return image
+    return f"docker://{image}"
+
+
+@dataclass
+class Workspace:
+    """An opened workspace; ``close`` removes everything it made (idempotent)."""
+
+    sandbox: Sandbox
+    ref: WorkspaceRef
+    scratch: Path | None = None
+
+    async def close(self) -> None:
+        await self.sandbox.destroy()
+        if self.scratch is not None:
+            await asyncio.to_thread(shutil.rmtree, self.scratch, True)
+            self.scratch = None
+
+
+def _spec_with(spec: SandboxSpec, mounts: WorkspaceMounts | None) -> SandboxSpec:
+    if mounts is None:
+        return spec
+    return replace(spec, proxy_socket_dir=Path(mounts.proxy_socket_dir) if mounts.proxy_socket_dir else None,
+                   harness_dir=Path(mounts.harness_dir) if mounts.harness_dir else None)
+
+
+def _open(task: Task, spec: SandboxSpec, kind: WorkspaceKind) -> Workspace:
+    if kind == "bubblewrap":
+        from polar_env.sandbox.bubblewrap import BubblewrapSandbox
+        from polar_env.tasks.tree import materialize
+
+        if spec.scratch_root is not None:
+            spec.scratch_root.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(prefix=f"polar-ws-{task.instance_id}-", dir=spec.scratch_root))
+        try:
+            tree = materialize(task, scratch / "tree")
+            bw = BubblewrapSandbox.create(tree, spec=spec)
+        except BaseException:
+            shutil.rmtree(scratch, ignore_errors=True)
+            raise
+        shutil.rmtree(scratch / "tree", ignore_errors=True)
+        ref = WorkspaceRef(kind=kind, root=str(bw.root), uid=bw.uid, gid=bw.gid)
+        return Workspace(bw, ref, scratch)
+    if kind in ("docker", "podman"):
+        from polar_env.sandbox.container import ContainerSandbox
+
+        check_image(task, kind)
+        cs = ContainerSandbox.create(None, spec=spec, image=task.image, engine=kind)
+        ref = WorkspaceRef(kind=kind, container=cs.name, image=cs.image, path=cs.path, uid=spec.uid, gid=spec.uid)
+        return Workspace(cs, ref)
+    from polar_env.sandbox.apptainer import ApptainerSandbox
+
+    check_image(task, kind)
+    ap = ApptainerSandbox.create(None, spec=spec, image=apptainer_image(task.image))
+    return Workspace(ap, WorkspaceRef(kind=kind, root=str(ap.root), image=ap.image, uid=spec.uid, gid=spec.uid))
+
+
+async def open_workspace(task: Task, spec: SandboxSpec, *, sandbox: str = "auto",
+                         mounts: WorkspaceMounts | None = None) -> Workspace:
+    """A fresh workspace holding ``task``'s base tree at ``spec.workdir``."""
+    kind = workspace_kind(task, sandbox)
+    return await asyncio.to_thread(_open, task, _spec_with(spec, mounts), kind)
+
+
+def attach_workspace(ref: WorkspaceRef, spec: SandboxSpec) -> Sandbox:
+    """The using side: run commands in a workspace another process opened on this host, with this
+    process's own mounts in ``spec``. The opener still owns it: never ``destroy`` an attached sandbox."""
+    if ref.kind == "bubblewrap":
+        from polar_env.sandbox.bubblewrap import BubblewrapSandbox, CgroupLimits
+
+        root = Path(ref.root)
+        if not (root / "testbed").is_dir():
+            raise FileNotFoundError(f"no sandbox workspace at {root} (is the resources server on this host?)")
+        return BubblewrapSandbox(replace(spec), root, ref.uid, ref.gid,
+                                 CgroupLimits(root.name, spec.memory_bytes, spec.pids_max))
+    if ref.kind in ("docker", "podman"):
+        from polar_env.sandbox.container import ContainerSandbox
+
+        return ContainerSandbox(replace(spec, uid=ref.uid), ref.image, ref.container, engine=ref.kind,
+                                path=ref.path)
+    from polar_env.sandbox.apptainer import ApptainerSandbox
+
+    return ApptainerSandbox(replace(spec), ref.image, Path(ref.root))

@@ -1,0 +1,238 @@
+"""Container sandbox for task images, on Docker or Podman (one implementation: podman's CLI is docker's).
+
+One long-lived container per episode: ``--network none`` (only ``lo``), the proxy's socket dir
+bind-mounted read-only at /run/proxy and reached through the forwarder (as in bubblewrap), the
+harness install read-only at /opt/harness, memory/pids limits, PID 1 an init that reaps. Commands
+run by ``exec`` as the unprivileged sandbox uid; only the setup steps (chown, git snapshot, diff)
+exec as root, which is why the container keeps CHOWN/DAC_OVERRIDE/FOWNER and drops every other
+capability: a non-root uid has no effective capabilities, and ``no-new-privileges`` stops setuid
+binaries from getting any. The image's own PATH is kept (its toolchain lives there); the harness's
+bin dir goes in front. A deadline kills every process of the sandbox uid in the container, and a
+failed ``create`` removes the container. The argv builders are pure, so they are unit tested
+without an engine; the methods only execute them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+from polar_env.sandbox.base import (
+    NOISE_EXCLUDES,
+    RunResult,
+    Sandbox,
+    SandboxSpec,
+    exclude_pathspecs,
+    run_process_tree,
+)
+from polar_env.sandbox.bubblewrap import FORWARDER_INSIDE, FORWARDER_SRC
+
+ENGINES = ("docker", "podman")
+BASE_FILE = "/tmp/.polar-base-tree"
+SETUP_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER")  # what the root setup execs need, nothing more
+FALLBACK_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+NODE_DIR_INSIDE = "/opt/polar/bin"  # the host's Node.js binary, for harnesses in images that lack one
+
+
+def host_node() -> str | None:
+    """The host's ``node`` (the harness CLIs are Node programs; task images rarely ship Node)."""
+    found = shutil.which("node")
+    return os.path.realpath(found) if found else None
+
+
+class ContainerError(RuntimeError):
+    """An engine command failed (engine missing or down, image absent, container gone)."""
+
+
+def git_snapshot_script(workdir: str) -> str:
+    """Shell run inside the container: record the base tree without touching HEAD or the index."""
+    return (f"cd {shlex.quote(workdir)} && git config --global --add safe.directory '*' && "
+            f"GIT_INDEX_FILE=/tmp/.polar-base.index git add -A . && "
+            f"GIT_INDEX_FILE=/tmp/.polar-base.index git write-tree > {BASE_FILE}")
+
+
+def git_diff_script(workdir: str, exclude: Sequence[str]) -> str:
+    specs = " ".join(shlex.quote(s) for s in exclude_pathspecs(exclude))
+    return (f"cd {shlex.quote(workdir)} && rm -f /tmp/.polar-now.index && "
+            f"GIT_INDEX_FILE=/tmp/.polar-now.index git add -A . && "
+            f"now=$(GIT_INDEX_FILE=/tmp/.polar-now.index git write-tree) && "
+            f"git diff --binary --no-color --no-ext-diff $(cat {BASE_FILE}) $now -- {specs}")
+
+
+def engine_run(argv: Sequence[str], *, timeout_s: float = 600.0) -> bytes:
+    """Run an engine command; its failure becomes a one-line-headed ``ContainerError``."""
+    try:
+        proc = subprocess.run(list(argv), capture_output=True, timeout=timeout_s)
+    except FileNotFoundError:
+        raise ContainerError(f"{argv[0]} is not installed (polar doctor says how to install it)") from None
+    except subprocess.TimeoutExpired:
+        raise ContainerError(f"{shlex.join(argv[:3])} did not finish in {timeout_s:g}s") from None
+    if proc.returncode != 0:
+        raise ContainerError(f"{shlex.join(argv[:3])} failed: {proc.stderr.decode(errors='replace').strip()[-2000:]}")
+    return proc.stdout
+
+
+def image_exists(engine: str, image: str) -> bool:
+    try:
+        return subprocess.run([engine, "image", "inspect", image], capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def image_path(engine: str, image: str) -> str:
+    """The PATH the image sets (what its own toolchain needs), or the Debian default."""
+    out = engine_run([engine, "image", "inspect", "--format", "{{json .Config.Env}}", image])
+    for item in json.loads(out or b"null") or []:
+        if item.startswith("PATH="):
+            return item[5:]
+    return FALLBACK_PATH
+
+
+class ContainerSandbox(Sandbox):
+    def __init__(self, spec: SandboxSpec, image: str, name: str, *, engine: str = "docker",
+                 path: str = FALLBACK_PATH, extra_ro_mounts: Sequence[tuple[str, str]] = ()):
+        if engine not in ENGINES:
+            raise ValueError(f"unknown container engine {engine!r}; known: {', '.join(ENGINES)}")
+        self.spec = spec
+        self.image = image
+        self.name = name
+        self.engine = engine
+        self.path = path  # the image's PATH
+        self.extra_ro_mounts = list(extra_ro_mounts)  # e.g. a Node.js install the harness needs
+        self._destroyed = False
+
+    # --- argv builders (pure) ---
+    def create_argv(self) -> list[str]:
+        s = self.spec
+        argv = [self.engine, "create", "--name", self.name, "--hostname", s.hostname, "--network", "none",
+                "--workdir", s.workdir, "--init", "--cap-drop", "ALL"]
+        for cap in SETUP_CAPS:
+            argv += ["--cap-add", cap]
+        argv += ["--security-opt", "no-new-privileges"]
+        if s.memory_bytes is not None:
+            argv += ["--memory", str(s.memory_bytes), "--memory-swap", str(s.memory_bytes)]
+        if s.pids_max is not None:
+            argv += ["--pids-limit", str(s.pids_max)]
+        mounts = [(str(FORWARDER_SRC), FORWARDER_INSIDE)]
+        if s.harness_dir is not None:
+            mounts.append((str(s.harness_dir), "/opt/harness"))
+            if (node := host_node()) is not None:
+                mounts.append((node, f"{NODE_DIR_INSIDE}/node"))
+        if s.proxy_socket_dir is not None:
+            mounts.append((str(s.proxy_socket_dir), "/run/proxy"))
+        mounts += [(src, dst) for src, dst in self.extra_ro_mounts]
+        for src, dst in mounts:
+            argv += ["-v", f"{src}:{dst}:ro"]
+        # no uid= option (podman refuses it): HOME is chowned by the root setup exec instead
+        argv += ["--tmpfs", f"{s.home}:rw,exec,mode=0755", "--tmpfs", "/tmp:rw,exec,mode=1777"]
+        for key, value in s.env.items():
+            argv += ["-e", f"{key}={value}"]
+        return argv + [self.image, "sleep", "infinity"]
+
+    def start_argv(self) -> list[str]:
+        return [self.engine, "start", self.name]
+
+    def env(self, extra: dict[str, str]) -> dict[str, str]:
+        """The fixed sandbox environment with the image's PATH (harness bin dir first)."""
+        env = {**self.spec.base_env(), **extra}
+        harness = f"/opt/harness/node_modules/.bin:{NODE_DIR_INSIDE}:" if self.spec.harness_dir is not None else ""
+        env["PATH"] = harness + self.path
+        return env
+
+    def exec_argv(self, cmd: Sequence[str], env: dict[str, str], *, user: str | None = None,
+                  timeout_s: float | None = None, interactive: bool = False) -> list[str]:
+        s = self.spec
+        argv = [self.engine, "exec"] + (["-i"] if interactive else [])
+        argv += ["-u", user or f"{s.uid}:{s.uid}", "-w", s.workdir]
+        for key, value in self.env(env).items():
+            argv += ["-e", f"{key}={value}"]
+        argv.append(self.name)
+        if timeout_s is not None:  # kills the in-container tree even if the client is gone
+            argv += ["timeout", "-s", "KILL", str(int(timeout_s) + 1)]
+        return argv + list(cmd)
+
+    def kill_user_argv(self) -> list[str]:
+        """Kill every process of the sandbox uid in the container (``kill -1`` as that uid)."""
+        return [self.engine, "exec", "-u", f"{self.spec.uid}:{self.spec.uid}", self.name,
+                "sh", "-c", "kill -KILL -1 2>/dev/null; true"]
+
+    def setup_script(self) -> str:
+        s = self.spec
+        return (f"chown {s.uid}:{s.uid} {shlex.quote(s.home)} && chown -R {s.uid}:{s.uid} {shlex.quote(s.workdir)}"
+                f" && {git_snapshot_script(s.workdir)}")
+
+    def cp_in_argv(self, src: Path, dst: str) -> list[str]:
+        return [self.engine, "cp", f"{src}/." if src.is_dir() else str(src), f"{self.name}:{dst}"]
+
+    def cp_out_argv(self, src: str, dst: Path) -> list[str]:
+        return [self.engine, "cp", f"{self.name}:{src}", str(dst)]
+
+    def rm_argv(self) -> list[str]:
+        return [self.engine, "rm", "-f", "-t", "0", self.name]
+
+    # --- lifecycle ---
+    @classmethod
+    def create(cls, task_tree: Path | None, *, spec: SandboxSpec, image: str = "", engine: str = "docker",
+               extra_ro_mounts: Sequence[tuple[str, str]] = ()) -> ContainerSandbox:
+        """Start a container of ``image``; ``task_tree`` (if given) replaces the image's /testbed."""
+        if not image:
+            raise ValueError("a container sandbox needs an image (the task's `image`)")
+        path = image_path(engine, image)
+        sb = cls(spec, image, f"polar-{uuid.uuid4().hex[:12]}", engine=engine, path=path,
+                 extra_ro_mounts=extra_ro_mounts)
+        try:
+            engine_run(sb.create_argv())
+            engine_run(sb.start_argv())
+            if task_tree is not None:
+                engine_run(sb.exec_argv(["sh", "-c", f"rm -rf {shlex.quote(spec.workdir)}/* "
+                                         f"{shlex.quote(spec.workdir)}/.[!.]*"], {}, user="0"))
+                engine_run(sb.cp_in_argv(task_tree, spec.workdir))
+            engine_run(sb.exec_argv(["sh", "-c", sb.setup_script()], {}, user="0"))
+        except BaseException:
+            sb._remove()
+            raise
+        return sb
+
+    async def run(self, cmd: Sequence[str], *, env: dict[str, str] | None = None, timeout_s: float = 600.0,
+                  stdin: bytes | None = None, max_output_bytes: int = 1 << 20) -> RunResult:
+        if self._destroyed:
+            raise RuntimeError("sandbox destroyed")
+        argv = self.exec_argv(cmd, env or {}, timeout_s=timeout_s, interactive=stdin is not None)
+        return await run_process_tree(argv, timeout_s=timeout_s, stdin=stdin, max_output_bytes=max_output_bytes,
+                                      on_timeout=self.kill_all)
+
+    def kill_all(self) -> None:
+        """What the deadline does: nothing of the sandbox uid survives in the container."""
+        subprocess.run(self.kill_user_argv(), capture_output=True, timeout=60)
+
+    async def copy_in(self, src: Path, dst: str) -> None:
+        parent = str(Path(dst).parent)
+        await asyncio.to_thread(engine_run, self.exec_argv(["mkdir", "-p", parent], {}))
+        await asyncio.to_thread(engine_run, self.cp_in_argv(src, dst))
+        await asyncio.to_thread(engine_run, self.exec_argv(
+            ["chown", "-R", f"{self.spec.uid}:{self.spec.uid}", dst], {}, user="0"))
+
+    async def copy_out(self, src: str, dst: Path) -> None:
+        await asyncio.to_thread(engine_run, self.cp_out_argv(src, dst))
+
+    async def diff(self, exclude: Sequence[str] = NOISE_EXCLUDES) -> bytes:
+        return await asyncio.to_thread(engine_run, self.exec_argv(
+            ["sh", "-c", git_diff_script(self.spec.workdir, exclude)], {}, user="0"))
+
+    def _remove(self) -> None:
+        try:
+            subprocess.run(self.rm_argv(), capture_output=True, timeout=120)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+
+    async def destroy(self) -> None:
+        if not self._destroyed:
+            self._destroyed = True
+            await asyncio.to_thread(self._remove)

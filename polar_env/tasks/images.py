@@ -1,0 +1,144 @@
+"""Build SWE-bench-layout task images locally, cached by content: no image registry is needed.
+
+Layout (what SWE-bench's images have and what grading in the image expects): the task's base tree
+at ``/testbed`` (one commit, as ``tasks.tree`` makes it), its pinned test environment in a venv at
+``/opt/venv`` (first on PATH), ``python3`` and ``git`` from Debian. The base image is a minbase
+Debian rootfs made by ``debootstrap`` and imported into the engine; each task image is built from a
+generated Containerfile with ``--network host`` so pip reaches the package index at build time
+(never at run time: episodes and grading run with ``--network none``).
+
+Cache keys: every image's tag is a hash of everything that goes into it (the Containerfile, the
+base tree archive, the base image's key), so a machine that has the image reuses it and one that
+does not builds it, and a changed input can never reuse a stale image.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from polar_env.sandbox.container import ContainerError, engine_run, image_exists
+from polar_env.tasks.models import Task
+from polar_env.tasks.tree import materialize
+
+SUITE = "bookworm"
+# python3 + git + patch for the tests and the grader, libstdc++6 for the harness's Node.js runtime
+BASE_PACKAGES = ("python3", "python3-venv", "git", "patch", "ca-certificates", "libstdc++6", "procps")
+CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+VENV = "/opt/venv"
+
+
+def _key(*parts: bytes | str) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part.encode() if isinstance(part, str) else part)
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+def base_image() -> str:
+    """``polar-base:<key>``, the key covering the suite and package list."""
+    return f"localhost/polar-base:{_key(SUITE, 'minbase', *BASE_PACKAGES)}"
+
+
+def ensure_base_image(engine: str = "podman", *, mirror: str | None = None) -> str:
+    """Build the Debian base image unless the engine has it already (debootstrap needs root)."""
+    name = base_image()
+    if image_exists(engine, name):
+        return name
+    if shutil.which("debootstrap") is None:
+        raise ContainerError("debootstrap is not installed: apt-get install debootstrap (scripts/setup_podman.sh)")
+    with tempfile.TemporaryDirectory(prefix="polar-rootfs-") as tmp:
+        rootfs = Path(tmp) / "rootfs"
+        argv = ["debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", SUITE, str(rootfs)]
+        proc = subprocess.run(argv + ([mirror] if mirror else []), capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise ContainerError(f"debootstrap failed: {proc.stderr.strip()[-2000:]}")
+        for cache in ("var/cache/apt/archives", "var/lib/apt/lists"):
+            shutil.rmtree(rootfs / cache, ignore_errors=True)
+        tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
+        imp = subprocess.run([engine, "import", "--change", "CMD [\"/bin/bash\"]", "-", name], stdin=tar.stdout,
+                             capture_output=True, text=True)
+        tar.wait()
+        if imp.returncode != 0 or tar.returncode != 0:
+            raise ContainerError(f"{engine} import failed: {imp.stderr.strip()[-2000:]}")
+    return name
+
+
+def containerfile(task: Task, base: str) -> str:
+    """The task image: base tree at /testbed, pinned requirements in /opt/venv (no pip left in it)."""
+    reqs = " ".join(shlex.quote(r) for r in task.environment.requirements)
+    lines = [f"FROM {base}",
+             "COPY ca-certificates.crt /etc/ssl/certs/ca-certificates.crt",
+             "COPY testbed /testbed",
+             f"RUN python3 -m venv {VENV}"]
+    if reqs:
+        lines.append(f"RUN PIP_CERT=/etc/ssl/certs/ca-certificates.crt {VENV}/bin/pip install --no-deps "
+                     f"--disable-pip-version-check --no-input -q {reqs}")
+    lines += [f"RUN {VENV}/bin/pip uninstall -y -q pip setuptools || true",
+              f"ENV PATH={VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+              f"ENV VIRTUAL_ENV={VENV}",
+              "WORKDIR /testbed"]
+    return "\n".join(lines) + "\n"
+
+
+def task_image_name(task: Task, base: str) -> str:
+    """``polar-task/<id>:<key>``; the key hashes the Containerfile and the base tree archive."""
+    if not task.base_archive:
+        raise ValueError(f"{task.instance_id}: no base tree archive to build an image from")
+    archive = hashlib.sha256(Path(task.base_archive).read_bytes()).hexdigest()
+    return f"localhost/polar-task/{task.instance_id.lower()}:{_key(containerfile(task, base), archive)}"
+
+
+def ensure_task_image(task: Task, engine: str = "podman") -> str:
+    """The task's image, built (from the base image, itself built if missing) unless cached."""
+    base = ensure_base_image(engine)
+    name = task_image_name(task, base)
+    if image_exists(engine, name):
+        return name
+    with tempfile.TemporaryDirectory(prefix="polar-image-") as tmp:
+        ctx = Path(tmp)
+        materialize(task, ctx / "testbed")
+        shutil.copy2(CA_BUNDLE, ctx / "ca-certificates.crt")
+        (ctx / "Containerfile").write_text(containerfile(task, base))
+        env_args = [a for k in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL") if os.environ.get(k)
+                    for a in ("--build-arg", f"{k}={os.environ[k]}")]
+        engine_run([engine, "build", "--network", "host", "-f", str(ctx / "Containerfile"), "-t", name,
+                    *env_args, str(ctx)], timeout_s=1800)
+    return name
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m polar_env.tasks.images",
+                                 description="Build (or reuse) the base image and task images.")
+    ap.add_argument("what", choices=["base", "tasks"])
+    ap.add_argument("--tasks", default="bundled", help="bundled | FILE.jsonl (rows with a base_archive)")
+    ap.add_argument("--task-ids", nargs="*", default=None)
+    ap.add_argument("--engine", default="podman")
+    args = ap.parse_args(argv)
+    try:
+        if args.what == "base":
+            print(ensure_base_image(args.engine))
+            return 0
+        from polar_env.tasks.loader import load_tasks
+
+        for task in load_tasks(args.tasks):
+            if args.task_ids is None or task.instance_id in args.task_ids:
+                task.image = ensure_task_image(task, args.engine)
+                print(json.dumps(task.model_dump(mode="json")))
+    except (ContainerError, ValueError) as exc:
+        print(f"polar images: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""Where an episode runs (per task, under --sandbox), and the one-line errors when it cannot run here."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from polar_env.episodes.workspace import (
+    WorkspaceRef,
+    WorkspaceUnavailable,
+    apptainer_image,
+    attach_workspace,
+    check_engine,
+    engine_available,
+    workspace_kind,
+)
+from polar_env.sandbox.base import SandboxSpec
+from polar_env.sandbox.container import ContainerSandbox
+from polar_env.tasks.loader import load_bundled
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def bundled():
+    return load_bundled()[0]
+
+
+def test_workspace_is_chosen_per_task(bundled, monkeypatch):
+    imaged = bundled.model_copy(update={"base_archive": None, "image": "localhost/polar-task/x:1"})
+    assert workspace_kind(bundled) == "bubblewrap"  # a base archive: a tree, whatever engines exist
+    assert workspace_kind(bundled, "podman") == "podman"  # forced: every task in its image
+    assert workspace_kind(imaged, "docker") == "docker"
+    with pytest.raises(WorkspaceUnavailable, match="bubblewrap needs a base archive"):
+        workspace_kind(imaged, "bubblewrap")
+    with pytest.raises(WorkspaceUnavailable, match="unknown sandbox"):
+        workspace_kind(bundled, "vm")
+    monkeypatch.setenv("PATH", "/nonexistent")  # no engine at all
+    with pytest.raises(WorkspaceUnavailable, match="no container engine found"):
+        workspace_kind(imaged)
+    with pytest.raises(WorkspaceUnavailable, match="podman is not installed"):
+        check_engine("podman")
+
+
+def test_attach_rebuilds_the_opener_sandbox_from_its_ref(tmp_path: Path):
+    ref = WorkspaceRef(kind="podman", container="polar-abc", image="img", path="/venv/bin:/usr/bin", uid=1000,
+                       gid=1000)
+    spec = SandboxSpec(proxy_socket_dir=tmp_path)
+    sb = attach_workspace(WorkspaceRef.model_validate_json(ref.model_dump_json()), spec)
+    assert isinstance(sb, ContainerSandbox) and sb.engine == "podman" and sb.name == "polar-abc"
+    assert sb.exec_argv(["true"], {})[-2:] == ["polar-abc", "true"]
+    with pytest.raises(FileNotFoundError, match="no sandbox workspace"):
+        attach_workspace(WorkspaceRef(root=str(tmp_path / "gone"), uid=1, gid=1), spec)
+
+
+def test_apptainer_takes_registry_names_as_docker_uris():
+    assert apptainer_image("swebench/sweb.eval.x86_64.a:latest") == "docker://swebench/sweb.eval.x86_64.a:latest"
+    assert apptainer_image("/images/t.sif") == "/images/t.sif"
+    assert apptainer_image("docker://x/y:1") == "docker://x/y:1"
+
+
+def _polar(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "polar_env.cli", *args], capture_output=True, text=True,
+                          env=full_env, cwd=cwd, timeout=300)
+
+
+def _one_line_exit_2(proc: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def test_rollout_errors_are_one_line_exit_2(tmp_path: Path, bundled):
+    _one_line_exit_2(_polar("rollout", "--tasks", "nosuch.jsonl", "--out", str(tmp_path / "o")),
+                     "nosuch.jsonl does not exist")
+    offline = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "POLAR_CACHE": str(tmp_path / "cache"),
+               "HF_HOME": str(tmp_path / "hf")}
+    _one_line_exit_2(_polar("rollout", "--tasks", "verified", "--out", str(tmp_path / "o"), env=offline),
+                     "cannot load", "--tasks bundled")
+    row = bundled.model_copy(update={"base_archive": None, "image": "localhost/polar-test/no-such-image:0"})
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(row.model_dump_json() + "\n")
+    _one_line_exit_2(_polar("rollout", "--tasks", str(tasks), "--sandbox", "podman", "--out", str(tmp_path / "o"),
+                            env={"PATH": "/nonexistent"}), "podman is not installed", "scripts/setup_podman.sh")
+    if engine_available("podman"):
+        _one_line_exit_2(_polar("rollout", "--tasks", str(tasks), "--sandbox", "podman", "--out",
+                                str(tmp_path / "o")), "no-such-image:0' is not in podman", "build it")
