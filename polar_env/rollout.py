@@ -21,6 +21,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from tqdm import tqdm
 
 from polar_env.episodes import EpisodeConfig, run_episode
 from polar_env.episodes.workspace import SANDBOX_CHOICES, WorkspaceUnavailable
+from polar_env.outcomes import FailureKind, Outcome, OutcomeTable, parse_outcome
 from polar_env.tasks.loader import TaskLoadError
 from polar_env.tasks.models import Task
 from polar_env.trajectory.export import (
@@ -70,15 +72,6 @@ def _session_id(key: str, ledger: Path) -> str:
     while (ledger / "sessions" / f"{key}.a{attempt}").exists():
         attempt += 1
     return f"{key}.a{attempt}"
-
-
-def nemo_result(traj: Trajectory) -> dict[str, Any] | None:
-    infra = bool(traj.error and traj.error.startswith("infrastructure")) or bool(
-        traj.grading and traj.grading.get("failure_kind") == "infrastructure")
-    try:
-        return to_nemo_gym_result(traj, reward=traj.reward or 0.0, mask_sample=infra)
-    except ValueError:  # nothing trainable (e.g. the backend failed on the first call)
-        return None
 
 
 class Progress:
@@ -133,10 +126,8 @@ class RolloutOutputs:
 
     def add(self, trajectory: Trajectory) -> None:
         self._trajectories.write(trajectory)
-        row = nemo_result(trajectory)
-        if row is not None:
-            self._nemo.write(json.dumps(row) + "\n")
-            self._nemo.flush()
+        self._nemo.write(json.dumps(to_nemo_gym_result(trajectory)) + "\n")  # masked ones too: never dropped
+        self._nemo.flush()
 
     def close(self) -> None:
         self._trajectories.close()
@@ -225,7 +216,7 @@ async def run_rollouts(plan: RolloutPlan, proxy_factory) -> list[Trajectory]:
 def finish_outputs(out: Path, trajectories: list[Trajectory]) -> dict[str, Any]:
     """NeMo results (rebuilt, so an interrupt between two appends leaves no gap), GRPO batch and
     summary over every finished episode in ``out``."""
-    write_jsonl(out / "nemo_results.jsonl", (r for r in map(nemo_result, trajectories) if r is not None))
+    write_jsonl(out / "nemo_results.jsonl", map(to_nemo_gym_result, trajectories))
     graded = [t for t in trajectories if t.reward is not None]
     write_jsonl(out / "grpo_batch.jsonl", grpo_rows(graded))
     summary = summarize(trajectories)
@@ -241,6 +232,8 @@ def summarize(trajectories: list[Trajectory]) -> dict[str, Any]:
         "status": {s: sum(t.status == s for t in trajectories) for s in ("completed", "timeout", "error")},
         "resolved": resolved,
         "resolved_rate": resolved / n if n else 0.0,
+        "masked": sum(t.masked for t in trajectories),
+        "failure_kinds": dict(sorted(Counter(t.failure_kind.value for t in trajectories).items())),
         "calls": sum(t.stats.calls for t in trajectories),
         "sampled_tokens": sum(t.stats.sampled_tokens for t in trajectories),
         "trainable_tokens": sum(t.stats.trainable_tokens for t in trajectories),
@@ -292,6 +285,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--max-tokens", type=int, default=1024, help="per model call")
     parser.add_argument("--max-context", type=int, default=32768)
+    parser.add_argument("--outcome", action="append", default=[], type=_outcome_arg, metavar="KIND=mask|REWARD",
+                        help="override a row of the outcome table (docs/outcomes.md), e.g. harness_crashed=mask")
+    parser.add_argument("--min-backend-tokens-per-s", type=float, default=OutcomeTable().min_backend_tokens_per_s,
+                        help="a deadline hit while the backend sampled slower than this is masked, not the policy's")
+
+
+def _outcome_arg(item: str) -> tuple[FailureKind, Outcome]:
+    try:
+        return parse_outcome(item)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def plan_from_args(args: argparse.Namespace) -> RolloutPlan:
@@ -304,10 +308,12 @@ def plan_from_args(args: argparse.Namespace) -> RolloutPlan:
     if not tasks:
         raise TaskLoadError(f"no tasks selected from {args.tasks!r} (check --task-ids / --limit)")
     policy = {"temperature": args.temperature, "top_p": args.top_p, "max_tokens": args.max_tokens}
+    outcomes = OutcomeTable(rows=dict(args.outcome), min_backend_tokens_per_s=args.min_backend_tokens_per_s)
     return RolloutPlan(tasks=tasks, samples=args.samples, concurrency=args.concurrency, out=args.out,
                        episode=EpisodeConfig(harness=args.harness, timeout_s=args.timeout,
                                              grading_timeout_s=args.grading_timeout, policy=policy,
-                                             model_name=args.model_name, sandbox=args.sandbox))
+                                             model_name=args.model_name, sandbox=args.sandbox,
+                                             outcomes=outcomes))
 
 
 def proxy_factory_from_args(args: argparse.Namespace, backend=None, tasks: list[Task] | None = None):

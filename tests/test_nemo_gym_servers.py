@@ -149,16 +149,6 @@ async def test_seed_attach_verify_close(tmp_path: Path, tasks):
         await resources.seed("ep", TASK_ID)
 
 
-@needs_bwrap
-async def test_infrastructure_error_from_the_agent_is_masked(tmp_path: Path, tasks):
-    resources = PolarResources(PolarResourcesConfig(scratch_root=str(tmp_path)), tasks=list(tasks.values()))
-    await resources.seed("ep", TASK_ID)
-    outcome = await resources.verify("ep", harness_status="error", harness_error="infrastructure: sandbox died")
-    assert outcome.mask_sample and outcome.reward == 0.0 and outcome.failure_kind == "polar:infrastructure"
-    await resources.aclose()
-    assert not any(tmp_path.iterdir())
-
-
 # -- the agent core ------------------------------------------------------------------------------
 class DirectResources:
     """The resources core called in process (Gym calls it over HTTP; tests/test_nemo_gym_e2e.py does that)."""
@@ -170,10 +160,9 @@ class DirectResources:
     async def seed(self, episode_id: str, task_id: str, *, mounts: WorkspaceMounts | None = None) -> SeededEpisode:
         return await self.core.seed(episode_id, task_id, mounts=mounts)
 
-    async def verify(self, episode_id: str, task_id: str, *, harness_status: str, harness_error: str | None,
-                     result: dict[str, Any]) -> VerifyOutcome:
+    async def verify(self, episode_id: str, task_id: str, *, result: dict[str, Any]) -> VerifyOutcome:
         assert result["responses_create_params"]["input"]
-        return await self.core.verify(episode_id, harness_status=harness_status, harness_error=harness_error)
+        return await self.core.verify(episode_id)
 
     async def close(self, episode_id: str) -> None:
         self.closed.append(episode_id)
@@ -212,12 +201,16 @@ async def test_infrastructure_failure_gives_a_masked_valid_result(tmp_path: Path
     try:
         core = PolarResources(PolarResourcesConfig(scratch_root=str(tmp_path)), tasks=list(tasks.values()))
         result = await agent.run(_row(tasks[TASK_ID]), SeedFails(core))
+        no_task = await agent.run({"responses_create_params": _row(tasks[TASK_ID])["responses_create_params"]},
+                                  DirectResources(core))
     finally:
         await agent.stop()
     assert result["reward"] == 0.0 and result["mask_sample"] is True
     assert result["instance_config"]["mask_sample"] is True
-    assert result["failure_kind"] == "polar:infrastructure" and "no space left" in result["polar"]["error"]
+    assert result["failure_kind"] == "polar:sandbox_failure" and "no space left" in result["polar"]["error"]
     assert check_nemo_result(result) == []  # a masked placeholder NeMo-RL still accepts
+    assert no_task["failure_kind"] == "polar:input_error" and no_task["mask_sample"] is True
+    assert check_nemo_result(no_task) == []
 
 
 @pytest.mark.slow

@@ -21,6 +21,7 @@ from reliability_helpers import FakeHarness, faulty_vllm, polar_cgroups, wait_go
 from polar_env import episodes
 from polar_env.backends.registry import make_backend
 from polar_env.episodes import EpisodeConfig, run_episode
+from polar_env.outcomes import FailureKind
 from polar_env.proxy.app import ProxyServer
 from polar_env.proxy.engine import EngineConfig
 from polar_env.tasks.loader import load_tasks
@@ -81,6 +82,7 @@ async def test_harness_crash_mid_episode(renderer, task, tmp_path: Path, monkeyp
     traj = result.trajectory
     assert traj.status == "error" and "segfault in tool runner" in traj.error
     assert traj.stats.calls == 1 and len(calls) == 1 and traj.stats.trainable_tokens > 0
+    assert result.failure_kind is FailureKind.harness_crashed and not traj.masked  # after its first call: policy's
 
 
 async def test_harness_hang_is_killed_at_the_deadline(renderer, task, tmp_path: Path, monkeypatch):
@@ -88,6 +90,8 @@ async def test_harness_hang_is_killed_at_the_deadline(renderer, task, tmp_path: 
     assert result.harness.status == "timeout" and result.harness.exit_code is None
     assert 3.5 < result.harness.duration_s < 20
     assert result.trajectory.status == "timeout" and result.trajectory.stats.calls == 1
+    # no model call in flight at the deadline: the harness held the clock, not the policy
+    assert result.failure_kind is FailureKind.deadline_harness and result.trajectory.masked
 
 
 async def test_output_flood_is_bounded(renderer, task, tmp_path: Path, monkeypatch):
@@ -107,6 +111,7 @@ async def test_endless_retries_stop_at_the_deadline(renderer, task, tmp_path: Pa
     assert traj.status == "timeout"
     assert 3 <= len(calls) < 4 / 0.05 and all(c.error and "HTTP 500" in c.error for c in calls)
     assert traj.stats.failed_calls == len(calls) and traj.stats.trainable_tokens == 0
+    assert traj.failure_kind is FailureKind.backend_failure and traj.masked
 
 
 async def test_backend_failure_mid_episode_ends_in_error_with_partial_trajectory(
@@ -118,3 +123,4 @@ async def test_backend_failure_mid_episode_ends_in_error_with_partial_trajectory
     assert traj.status == "error" and "backend" in traj.error
     assert [c.error is None for c in calls] == [True, False]
     assert traj.stats.calls == 2 and traj.stats.failed_calls == 1 and traj.stats.trainable_tokens > 0
+    assert traj.failure_kind is FailureKind.backend_failure and traj.masked and traj.reward == 0.0

@@ -192,7 +192,7 @@ def test_grading_is_not_vacuous(iid: str):
     emptied = task.model_copy(update={"FAIL_TO_PASS": []})
     r = grade(emptied, task.patch)
     assert not r.resolved and r.reward == 0.0
-    assert r.failure_kind == FailureKind.infrastructure and "vacuous" in r.error
+    assert r.failure_kind == FailureKind.task_defect and "vacuous" in r.error
     # And the F2P tests really run: without the fix they fail, not go missing.
     base_run = grade(
         task,
@@ -226,7 +226,7 @@ def test_hanging_tests_time_out(tmp_path: Path):
     t0 = time.monotonic()
     r = grade(task, patch, timeout_s=5)
     assert time.monotonic() - t0 < 30
-    assert r.failure_kind == FailureKind.timeout and not r.resolved
+    assert r.failure_kind == FailureKind.test_timeout and not r.resolved
     assert sb.TESTS_TIMEOUT in r.log_tail
 
 
@@ -298,5 +298,5 @@ def test_grading_sandbox_is_not_root_and_venv_is_read_only(tmp_path: Path):
 
 
 def test_grade_result_serialises():
-    r = GradeResult(instance_id="x", failure_kind=FailureKind.timeout)
+    r = GradeResult(instance_id="x", failure_kind=FailureKind.test_timeout)
     assert GradeResult.model_validate_json(r.model_dump_json()) == r

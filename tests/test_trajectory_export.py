@@ -61,14 +61,14 @@ def test_nemo_export_trains_only_the_main_chain():
     assert result["responses_create_params"]["input"] == [{"type": "message", "role": "user", "content": "fix the bug"}]
 
 
-def test_infra_failure_is_masked_and_empty_episode_needs_a_placeholder():
+def test_infra_failure_is_masked_and_empty_episode_is_a_masked_placeholder():
     traj = build_trajectory(session(), [call(0, [1, 2, 3], [], error="backend: connection refused")],
                             status="error")
-    with pytest.raises(ValueError, match="no trainable chain"):
-        to_nemo_gym_result(traj, reward=0.0, responses_create_params={"input": []})
-    result = to_nemo_gym_result(traj, reward=0.0, responses_create_params={"input": []}, placeholder_token_id=2)
-    assert result["instance_config"]["mask_sample"] is True
+    result = to_nemo_gym_result(traj, reward=0.0, responses_create_params={"input": []})
+    assert result["instance_config"]["mask_sample"] is True  # never dropped, never trained on
     assert check_nemo_result(result) == []
+    eos = to_nemo_gym_result(traj, reward=0.0, responses_create_params={"input": []}, placeholder_token_id=2)
+    assert eos["response"]["output"][-1]["generation_token_ids"] == [2]
     ok = to_nemo_gym_result(build_trajectory(session(), three_turn()), reward=0.0,
                             responses_create_params={"input": []}, mask_sample=True)
     assert ok["instance_config"]["mask_sample"] is True

@@ -13,8 +13,9 @@ sessions over the servers). For each data row ``run``:
 4. asks the resources server to verify (extract the patch, grade) and to close the episode;
 5. rebuilds the trajectory from the proxy's ledger and returns the NeMo-RL ``/run`` result.
 
-Infrastructure failures (seed, sandbox, policy server, grading environment) give reward 0 with
-``mask_sample``; whatever the agent did itself is graded as is.
+Every episode is classified into a ``FailureKind`` and rewarded/masked by the configured outcome
+table (polar_env.outcomes): failures outside the policy (row, seed, sandbox, policy server, grading
+environment) are masked placeholders, never dropped; whatever the agent did itself is graded as is.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from polar_env.episodes.lifecycle import (
 from polar_env.episodes.workspace import WorkspaceMounts
 from polar_env.harness_adapters.registry import get_adapter
 from polar_env.harness_adapters.runner import HarnessRun
+from polar_env.outcomes import FailureKind, OutcomeTable, final_kind
 from polar_env.proxy.app import ProxyServer
 from polar_env.proxy.engine import EngineConfig
 from polar_env.resources_server.core import SeededEpisode, VerifyOutcome, attach_sandbox
@@ -67,6 +69,7 @@ class PolarAgentConfig(BaseModel):
     runtime_dir: str | None = None  # proxy socket + ledger (default: a fresh temp dir)
     trajectories_path: str | None = None  # append Polar's full trajectory (every chain) here
     backend_options: dict[str, Any] = Field(default_factory=dict)  # e.g. timeout_s, chat_template_kwargs
+    outcomes: OutcomeTable = Field(default_factory=OutcomeTable)  # reward/mask per failure kind (docs/outcomes.md)
 
 
 class ResourcesClient(Protocol):
@@ -75,8 +78,7 @@ class ResourcesClient(Protocol):
     async def seed(self, episode_id: str, task_id: str, *, mounts: WorkspaceMounts | None = None
                    ) -> SeededEpisode: ...
 
-    async def verify(self, episode_id: str, task_id: str, *, harness_status: str, harness_error: str | None,
-                     result: dict[str, Any]) -> VerifyOutcome: ...
+    async def verify(self, episode_id: str, task_id: str, *, result: dict[str, Any]) -> VerifyOutcome: ...
 
     async def close(self, episode_id: str) -> None: ...
 
@@ -166,7 +168,11 @@ class PolarAgent:
     async def _run(self, row: dict[str, Any], resources: ResourcesClient) -> dict[str, Any]:
         proxy = self.proxy
         assert proxy is not None
-        task_id = row_task_id(row)
+        bad_row: ValueError | None = None
+        try:
+            task_id = row_task_id(row)
+        except ValueError as exc:  # the data's fault, not the policy's: a masked placeholder, not a lost sample
+            task_id, bad_row = "", exc
         params = dict(row.get("responses_create_params") or {})
         episode_id = f"{_slug(task_id)}-{uuid.uuid4().hex[:12]}"
         session = open_session(proxy, self.adapter, episode_id, task_id=task_id,
@@ -175,7 +181,10 @@ class PolarAgent:
         run: HarnessRun | None = None
         status, error = "error", None
         seeded = False
+        failure: FailureKind | None = None
         try:
+            if bad_row is not None:
+                raise bad_row
             spec = harness_spec(session)
             mounts = WorkspaceMounts(proxy_socket_dir=str(spec.proxy_socket_dir), harness_dir=str(spec.harness_dir))
             seed = await resources.seed(episode_id, task_id, mounts=mounts)
@@ -185,37 +194,42 @@ class PolarAgent:
             run = await run_harness(session, sandbox, prompt, model_name=self.config.policy_model_name or None,
                                     timeout_s=self.config.timeout_s)
             status, error = run.status, run.error
-        except Exception as exc:  # noqa: BLE001 - an infrastructure failure still yields a result
-            status, error = "error", f"infrastructure: {type(exc).__name__}: {exc}"
+        except Exception as exc:  # noqa: BLE001 - a workspace failure still yields a result
+            status, error = "error", f"{type(exc).__name__}: {exc}"
+            failure = FailureKind.input_error if exc is bad_row else FailureKind.sandbox_failure
             log.exception("polar agent: episode %s failed before the harness finished", episode_id)
-        closed = await close_session(session, status, error)
-        status, error = closed.status, closed.error
+        table = self.config.outcomes
+        closed = await close_session(session, status, error, failure=failure, harness=run, outcomes=table)
+        status, error, kind = closed.status, closed.error, closed.failure_kind
         traj = build_trajectory(closed.info, closed.calls, status=status, error=error)
         placeholder = min(proxy.engine.eos_ids)
         draft = to_nemo_gym_result(traj, responses_create_params=params, placeholder_token_id=placeholder)
         outcome: VerifyOutcome
         try:
-            if not seeded:
+            if kind.outside_policy:  # grading would say nothing about the policy
+                outcome = VerifyOutcome.failed(kind, error or kind.value)
+            elif not seeded:
                 raise RuntimeError(error or "the episode was never seeded")
-            outcome = await resources.verify(episode_id, task_id, harness_status=status, harness_error=error,
-                                             result=draft)
-        except Exception as exc:  # noqa: BLE001
-            outcome = VerifyOutcome(reward=0.0, resolved=False, mask_sample=True, failure_kind="polar:infrastructure",
-                                    failure_reason=f"verify failed: {exc}")
+            else:
+                outcome = await resources.verify(episode_id, task_id, result=draft)
+                kind = final_kind(kind, FailureKind.from_wire(outcome.failure_kind), outcome.resolved)
+        except Exception as exc:  # noqa: BLE001 - grading that could not run is not the policy's
+            kind = FailureKind.infrastructure
+            outcome = VerifyOutcome.failed(kind, f"verify failed: {exc}")
         finally:
             try:  # also when the seed reply was lost: the server may have made the workspace (close is idempotent)
                 await resources.close(episode_id)
             except Exception:  # noqa: BLE001 - a leaked workspace must not lose the sample
                 log.exception("polar agent: close of episode %s failed", episode_id)
-        traj = traj.model_copy(update={"reward": outcome.reward, "grading": outcome.grading or None})
+        reward, mask = table.apply(kind, outcome.reward)
+        traj = traj.model_copy(update={"reward": reward or 0.0, "grading": outcome.grading or None,
+                                       "failure_kind": kind, "masked": mask})
         traj.metadata.update({"duration_s": time.time() - started, "patch_bytes": patch_bytes(outcome.patch)})
         if self._writer is not None:
             self._writer.write(traj)
-        result = to_nemo_gym_result(traj, reward=outcome.reward, responses_create_params=params,
-                                    mask_sample=outcome.mask_sample, placeholder_token_id=placeholder)
-        mask = result["instance_config"]["mask_sample"]
-        result.update({"mask_sample": mask, "resolved": outcome.resolved, "task_id": task_id,
-                       "failure_kind": outcome.failure_kind, "failure_reason": outcome.failure_reason,
+        result = to_nemo_gym_result(traj, responses_create_params=params, placeholder_token_id=placeholder)
+        result.update({"mask_sample": result["instance_config"]["mask_sample"], "resolved": outcome.resolved,
+                       "task_id": task_id, "failure_reason": outcome.failure_reason or error,
                        "harness_exit_code": run.exit_code if run is not None else None,
                        "duration_s": time.time() - started})
         return result

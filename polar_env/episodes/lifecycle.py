@@ -4,8 +4,8 @@
 servers split it across two processes (the resources server owns the workspace, patch and grade;
 the agent server the session and harness) and call the same pieces: :func:`open_session`,
 :func:`run_harness`, :func:`close_session`, :func:`extract_patch`. Whatever happens (harness crash,
-timeout, backend failure), an episode ends in a trajectory with its status and whatever the proxy
-captured.
+timeout, backend failure), an episode ends in a trajectory with its status, whatever the proxy
+captured, and its failure kind and reward/mask from the run's outcome table (polar_env.outcomes).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from polar_env.episodes.workspace import Workspace, open_workspace
 from polar_env.harness_adapters.base import HarnessAdapter
 from polar_env.harness_adapters.registry import get_adapter
 from polar_env.harness_adapters.runner import HarnessRun, run_episode_in_sandbox
+from polar_env.outcomes import FailureKind, OutcomeTable, classify_episode, final_kind
 from polar_env.proxy.app import ProxyServer
 from polar_env.rewards.grading import GradeResult, grade
 from polar_env.sandbox.base import Sandbox, SandboxSpec
@@ -45,6 +46,7 @@ class EpisodeConfig:
     grade: bool = True
     scratch_root: Path | None = None
     sandbox: str = "auto"  # auto | bubblewrap | docker | podman | apptainer (episodes.workspace)
+    outcomes: OutcomeTable = field(default_factory=OutcomeTable)  # reward/mask per failure kind
 
 
 @dataclass
@@ -53,6 +55,7 @@ class EpisodeResult:
     grade: GradeResult | None
     harness: HarnessRun | None
     patch: str
+    failure_kind: FailureKind = FailureKind.none
 
 
 @dataclass
@@ -72,15 +75,12 @@ class ClosedSession:
     calls: list[Any]
     status: str
     error: str | None
+    failure_kind: FailureKind  # before grading (polar_env.outcomes.final_kind adds the grade's)
 
 
 def episode_prompt(task: Task) -> str:
     """The first user message; identical for every rollout of a task (GRPO groups depend on it)."""
     return PROMPT.format(problem=task.problem_statement.strip())
-
-
-def is_infrastructure(error: str | None) -> bool:
-    return bool(error and error.startswith("infrastructure"))
 
 
 def open_session(proxy: ProxyServer, adapter: HarnessAdapter, episode_id: str, *, task_id: str,
@@ -111,17 +111,22 @@ async def run_harness(session: EpisodeSession, sandbox: Sandbox, prompt: str, *,
         timeout_s=timeout_s)
 
 
-async def close_session(session: EpisodeSession, status: str, error: str | None) -> ClosedSession:
-    """Drain in-flight calls (a harness killed mid-call leaves that call to finish recording), count the
-    backend's failures as infrastructure (a context overflow is the policy's doing), close the session."""
+async def close_session(session: EpisodeSession, status: str, error: str | None, *,
+                        failure: FailureKind | None = None, harness: HarnessRun | None = None,
+                        outcomes: OutcomeTable | None = None) -> ClosedSession:
+    """Drain in-flight calls (a harness killed mid-call leaves that call to finish recording),
+    classify the episode (``failure``: what already failed before the harness could end, e.g. the
+    workspace), close the session."""
     proxy = session.proxy
     await proxy.drain(session.session_id)
     calls = proxy.registry.ledger.calls(session.session_id)
-    failed = [c for c in calls if c.error and c.error.startswith("backend:")]
-    if failed and not is_infrastructure(error):
-        status, error = "error", f"infrastructure: {len(failed)} model call(s) failed at the backend"
+    floor = (outcomes or OutcomeTable()).min_backend_tokens_per_s
+    kind = failure or classify_episode(status, calls, deadline_at=harness.ended_at if harness else None,
+                                       min_backend_tokens_per_s=floor)
+    if kind.outside_policy and status == "completed":
+        status, error = "error", error or f"{kind.value}: the episode failed outside the policy"
     info = proxy.registry.close(session.session_id, status)
-    return ClosedSession(info, calls, status, error)
+    return ClosedSession(info, calls, status, error, kind)
 
 
 async def extract_patch(sandbox: Sandbox) -> str:
@@ -145,6 +150,7 @@ async def run_episode(proxy: ProxyServer, task: Task, *, episode_id: str, group_
     workspace: Workspace | None = None
     run: HarnessRun | None = None
     patch, result, status, error = "", None, "error", None
+    failure: FailureKind | None = None
     try:
         spec = harness_spec(session, SandboxSpec(scratch_root=config.scratch_root))
         workspace = await open_workspace(task, spec, sandbox=config.sandbox)
@@ -152,17 +158,20 @@ async def run_episode(proxy: ProxyServer, task: Task, *, episode_id: str, group_
                                 timeout_s=config.timeout_s)
         status, error = run.status, run.error
         patch = await extract_patch(workspace.sandbox)
-    except Exception as exc:  # noqa: BLE001 - an infrastructure failure still yields a trajectory
-        status, error = "error", f"infrastructure: {type(exc).__name__}: {exc}"
+    except Exception as exc:  # noqa: BLE001 - a workspace failure still yields a trajectory
+        status, error, failure = "error", f"{type(exc).__name__}: {exc}", FailureKind.sandbox_failure
     finally:
         if workspace is not None:
             await workspace.close()
-    closed = await close_session(session, status, error)
-    if config.grade and not is_infrastructure(closed.error):
+    closed = await close_session(session, status, error, failure=failure, harness=run, outcomes=config.outcomes)
+    kind = closed.failure_kind
+    if config.grade and not kind.outside_policy:  # grading would say nothing about the policy
         result = await asyncio.to_thread(grade, task, patch, timeout_s=config.grading_timeout_s)
+        kind = final_kind(kind, result.failure_kind, result.resolved)
+    reward, masked = config.outcomes.apply(kind, result.reward if result else None)
     trajectory = build_trajectory(
-        closed.info, closed.calls, status=closed.status, error=closed.error,
-        reward=result.reward if result else None,
+        closed.info, closed.calls, status=closed.status, error=closed.error, reward=reward,
         grading=result.model_dump(mode="json") if result else None)
+    trajectory.failure_kind, trajectory.masked = kind, masked
     trajectory.metadata.update({"duration_s": time.time() - session.started, "patch_bytes": patch_bytes(patch)})
-    return EpisodeResult(trajectory=trajectory, grade=result, harness=run, patch=patch)
+    return EpisodeResult(trajectory=trajectory, grade=result, harness=run, patch=patch, failure_kind=kind)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import tempfile
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -30,6 +31,7 @@ class HarnessRun:
     summary: HarnessSummary
     duration_s: float
     error: str | None = None
+    ended_at: float = field(default_factory=time.time)  # when it ended (for a timeout: when it was killed)
 
 
 def episode_command(adapter: HarnessAdapter, ctx: HarnessContext, prompt: str, *, socket_inside: str) -> list[str]:

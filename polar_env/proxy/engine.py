@@ -17,6 +17,7 @@ from typing import Any
 from polar_env.backends.base import Backend, BackendError, SamplingParams
 from polar_env.chat.messages import AssistantTurn, Conversation, Message, ToolCall
 from polar_env.chat.template import ChatRenderer, apply_tool_kinds
+from polar_env.outcomes import FailureKind
 from polar_env.proxy.sessions import POLICY_KEYS, CallState, Session, prefix_hashes
 from polar_env.proxy.wire import DecodedRequest
 from polar_env.trajectory.ledger import Ledger
@@ -126,13 +127,14 @@ class TokenEngine:
         except BaseException as exc:
             if record.output is None and record.error is None:  # not yet in the ledger
                 if isinstance(exc, ContextOverflow):
-                    record.error = f"context overflow: {exc}"
+                    record.error, record.failure_kind = f"context overflow: {exc}", FailureKind.context_overflow
                 elif isinstance(exc, BackendError):
-                    record.error = f"backend: {exc}"
+                    record.error, record.failure_kind = f"backend: {exc}", FailureKind.backend_failure
                 elif isinstance(exc, asyncio.CancelledError):
                     record.error = "cancelled: the call was cancelled before the backend answered"
                 else:
                     record.error = f"proxy: {type(exc).__name__}: {exc}"
+                    record.failure_kind = FailureKind.proxy_failure
                 record.timings = {**record.timings, "total_ms": (time.perf_counter() - started) * 1e3}
                 self._persist(session, record)
             raise

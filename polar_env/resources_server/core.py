@@ -8,8 +8,8 @@ SWE-bench procedure, ``close`` removes the workspace. The agent server attaches 
 (NeMo Gym starts the servers of one config on one node).
 
 Rewards: resolved = 1.0, anything else the agent did = 0.0. Failures that are not the policy's
-(sandbox, test environment, task data, a harness that could not start) set ``mask_sample``: the
-sample stays in its GRPO group's baseline but gets no loss.
+(workspace, test environment, task data) set ``mask_sample``: the sample stays in its GRPO group's
+baseline but gets no loss (polar_env.outcomes; the agent applies its run's table over these).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from polar_env.episodes.lifecycle import extract_patch, is_infrastructure
+from polar_env.episodes.lifecycle import extract_patch
 from polar_env.episodes.workspace import (
     Workspace,
     WorkspaceMounts,
@@ -29,7 +29,8 @@ from polar_env.episodes.workspace import (
     attach_workspace,
     open_workspace,
 )
-from polar_env.rewards.grading import FailureKind, GradeResult, grade
+from polar_env.outcomes import FailureKind, OutcomeTable
+from polar_env.rewards.grading import GradeResult, grade
 from polar_env.sandbox.base import Sandbox, SandboxSpec
 from polar_env.tasks.loader import load_tasks
 from polar_env.tasks.models import Task
@@ -65,16 +66,18 @@ class VerifyOutcome(BaseModel):
     reward: float
     resolved: bool
     mask_sample: bool
-    failure_kind: str | None = None  # NeMo Gym's vocabulary where one fits, else "polar:<kind>"
+    failure_kind: str | None = None  # FailureKind.wire ("polar:<kind>"; None when graded cleanly)
     failure_reason: str | None = None
     patch: str = ""
     grading: dict[str, Any] = Field(default_factory=dict)
 
 
-# Gym's shared failure vocabulary (nemo_gym.failure_kinds) has no SWE-bench kinds; these are namespaced.
-_FAILURE_KIND = {FailureKind.empty_patch: "polar:empty_patch", FailureKind.apply_failed: "polar:apply_failed",
-                 FailureKind.timeout: "polar:test_timeout", FailureKind.test_crash: "polar:test_crash",
-                 FailureKind.infrastructure: "polar:infrastructure"}
+    @classmethod
+    def failed(cls, kind: FailureKind, reason: str) -> VerifyOutcome:
+        """An outcome with nothing graded (the default table's row for ``kind``)."""
+        reward, mask = OutcomeTable().apply(kind)
+        return cls(reward=reward or 0.0, resolved=False, mask_sample=mask, failure_kind=kind.wire,
+                   failure_reason=reason)
 
 
 @dataclass
@@ -121,21 +124,17 @@ class PolarResources:
         return SeededEpisode(episode_id=episode_id, task_id=task_id, sandbox_root=ref.root, uid=ref.uid,
                              gid=ref.gid, workspace=ref)
 
-    async def verify(self, episode_id: str, *, harness_status: str = "completed",
-                     harness_error: str | None = None) -> VerifyOutcome:
-        """Extract the episode's patch from its workspace and grade it."""
+    async def verify(self, episode_id: str) -> VerifyOutcome:
+        """Extract the episode's patch from its workspace and grade it (the agent asks only for
+        episodes that failed, if at all, by the policy's doing)."""
         ep = self.episodes.get(episode_id)
         if ep is None:
-            return VerifyOutcome(reward=0.0, resolved=False, mask_sample=True, failure_kind="polar:lost_session",
-                                 failure_reason=f"episode {episode_id!r} has no workspace (never seeded or closed)")
-        if is_infrastructure(harness_error):
-            return VerifyOutcome(reward=0.0, resolved=False, mask_sample=True, failure_kind="polar:infrastructure",
-                                 failure_reason=harness_error)
+            return VerifyOutcome.failed(FailureKind.lost_session,
+                                        f"episode {episode_id!r} has no workspace (never seeded or closed)")
         try:
             patch = await extract_patch(ep.workspace.sandbox)
         except Exception as exc:  # noqa: BLE001 - a broken workspace is ours, not the policy's
-            return VerifyOutcome(reward=0.0, resolved=False, mask_sample=True, failure_kind="polar:infrastructure",
-                                 failure_reason=f"patch extraction failed: {exc}")
+            return VerifyOutcome.failed(FailureKind.sandbox_failure, f"patch extraction failed: {exc}")
         return await self.grade_patch(ep.task, patch)
 
     async def grade_patch(self, task: Task, patch: str) -> VerifyOutcome:
@@ -143,10 +142,10 @@ class PolarResources:
         async with self._grades:
             result: GradeResult = await asyncio.to_thread(grade, task, patch,
                                                           timeout_s=self.config.grading_timeout_s)
-        infra = result.failure_kind == FailureKind.infrastructure
+        reward, mask = OutcomeTable().apply(result.failure_kind, result.reward)
         return VerifyOutcome(
-            reward=float(result.reward), resolved=result.resolved, mask_sample=infra,
-            failure_kind=_FAILURE_KIND.get(result.failure_kind),
+            reward=reward or 0.0, resolved=result.resolved, mask_sample=mask,
+            failure_kind=result.failure_kind.wire,
             failure_reason=result.error or None, patch=patch,
             grading=result.model_dump(mode="json", exclude={"log_tail"}))
 

@@ -36,7 +36,7 @@ def build_report(
 ) -> dict:
     by_kind = {k.value: sorted(r.instance_id for r in results if r.failure_kind == k) for k in FailureKind}
     resolved = sorted(r.instance_id for r in results if r.resolved)
-    graded = [r for r in results if r.failure_kind != FailureKind.infrastructure]
+    graded = [r for r in results if not r.failure_kind.outside_policy]
     return {
         "total_instances": len(tasks),
         "submitted_instances": len(preds),

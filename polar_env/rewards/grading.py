@@ -4,7 +4,7 @@ Fresh base tree -> apply the agent patch -> reset the test files and apply the t
 run the test command between the harness markers in a network-less sandbox under the grading
 deadline -> parse per-test status with SWE-bench's parser -> resolved iff every FAIL_TO_PASS
 test passes and no PASS_TO_PASS test breaks. Failures that are not the agent's (sandbox, env,
-task data) are `infrastructure`, so the environment can mask them instead of punishing the policy.
+task data) are `infrastructure` / `task_defect` (polar_env.outcomes), masked instead of punishing the policy.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import shlex
 import shutil
 import tempfile
 import time
-from enum import StrEnum
 from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from polar_env.outcomes import FailureKind
 from polar_env.rewards import swebench_compat as sb
 from polar_env.rewards.patch import ApplyMethod, apply_patch
 from polar_env.rewards.sandbox_exec import (
@@ -33,15 +33,6 @@ from polar_env.tasks.tree import git, materialize
 
 DEFAULT_GRADING_TIMEOUT_S = float(os.environ.get("POLAR_GRADING_TIMEOUT_S", "900"))
 LOG_TAIL_CHARS = 4000
-
-
-class FailureKind(StrEnum):
-    none = "none"  # tests ran and were graded (resolved or not)
-    empty_patch = "empty_patch"
-    apply_failed = "apply_failed"
-    timeout = "timeout"
-    test_crash = "test_crash"  # the run produced no valid test results (e.g. interpreter crash)
-    infrastructure = "infrastructure"  # not the agent's fault: mask, don't punish
 
 
 class GradeResult(BaseModel):
@@ -59,7 +50,8 @@ class GradeResult(BaseModel):
 
     @property
     def is_infrastructure_failure(self) -> bool:
-        return self.failure_kind == FailureKind.infrastructure
+        """Grading could not say anything about the patch (mask, don't punish)."""
+        return self.failure_kind.outside_policy
 
 
 def eval_script(task: Task) -> str:
@@ -114,6 +106,7 @@ class TestRun(BaseModel):
     apply_method: ApplyMethod = ApplyMethod.none
     apply_log: str = ""
     infra_error: str = ""
+    infra_kind: FailureKind = FailureKind.infrastructure  # task_defect when the task's own data is at fault
     timed_out: bool = False
     log: str = ""
     valid: bool = False
@@ -149,6 +142,7 @@ def run_task_tests(
         test_method, test_log = apply_patch(tree, task.test_patch)
         if test_method != ApplyMethod.git_apply:
             out.infra_error = f"test patch did not apply cleanly:\n{test_log[-LOG_TAIL_CHARS:]}"
+            out.infra_kind = FailureKind.task_defect
             return out
 
         prepare_tree_owner(tree)
@@ -196,7 +190,8 @@ def grade(
     result = GradeResult(instance_id=task.instance_id)
     if not task.FAIL_TO_PASS:
         # Nothing would have to change for "all FAIL_TO_PASS pass": refuse to call it resolved.
-        return _infra(result, "task has no FAIL_TO_PASS tests: grading would be vacuous", t0)
+        return _infra(result, "task has no FAIL_TO_PASS tests: grading would be vacuous", t0,
+                      FailureKind.task_defect)
     if not model_patch or not model_patch.strip():
         result.failure_kind = FailureKind.empty_patch
         _finish(result, task, {}, t0)
@@ -211,11 +206,11 @@ def grade(
     result.patch_applied = run.apply_method != ApplyMethod.none
     result.log_tail = (run.log or run.apply_log)[-LOG_TAIL_CHARS:]
     if run.infra_error:
-        return _infra(result, run.infra_error, t0)
+        return _infra(result, run.infra_error, t0, run.infra_kind)
     if not result.patch_applied:
         result.failure_kind = FailureKind.apply_failed
     elif run.timed_out:
-        result.failure_kind = FailureKind.timeout
+        result.failure_kind = FailureKind.test_timeout
     elif not run.valid:
         result.failure_kind = FailureKind.test_crash
     else:
@@ -232,8 +227,9 @@ def _finish(result: GradeResult, task: Task, status_map: dict[str, str], t0: flo
     result.timings["total_s"] = time.monotonic() - t0
 
 
-def _infra(result: GradeResult, error: str, t0: float) -> GradeResult:
-    result.failure_kind = FailureKind.infrastructure
+def _infra(result: GradeResult, error: str, t0: float,
+           kind: FailureKind = FailureKind.infrastructure) -> GradeResult:
+    result.failure_kind = kind
     result.error = error
     result.resolved = False
     result.reward = 0.0

@@ -65,23 +65,25 @@ def read_trajectories(path: Path) -> Iterator[Trajectory]:
 
 # -- (b) NeMo Gym / NeMo-RL /run result ----------------------------------------------------------
 def to_nemo_gym_result(traj: Trajectory, *, reward: float | None = None,
-                       responses_create_params: dict[str, Any] | None = None, mask_sample: bool = False,
+                       responses_create_params: dict[str, Any] | None = None, mask_sample: bool | None = None,
                        reward_components: dict[str, float] | None = None,
-                       placeholder_token_id: int | None = None) -> dict[str, Any]:
-    """The ``/run`` result NeMo-RL's Gym actor consumes (DESIGN.md §4).
+                       placeholder_token_id: int = 0) -> dict[str, Any]:
+    """The ``/run`` result NeMo-RL's Gym actor consumes (docs/trajectories.md).
 
     Output items follow the calls in order. A call of the main chain carries
     ``prompt_token_ids`` (the chain up to its sampled span), ``generation_token_ids`` and
     ``generation_log_probs`` on its last output item; every other call's items carry no token
-    ids, so NeMo-RL skips them. ``mask_sample`` (keep in the group baseline, no loss) is for
-    episodes that failed for infrastructure reasons.
+    ids, so NeMo-RL skips them. ``reward`` and ``mask_sample`` (keep in the group baseline, no
+    loss) default to the trajectory's own (its outcome-table verdict, polar_env.outcomes).
 
-    A trajectory with no trainable token cannot be given to NeMo-RL (it raises "no generation
-    data"); with ``placeholder_token_id`` the result instead carries one masked placeholder
-    generation (``mask_sample`` forced on), otherwise ``ValueError``.
+    A trajectory with no trainable token is never dropped (a dropped member shrinks its GRPO
+    group): it carries one masked placeholder generation of ``placeholder_token_id`` (any id of
+    the vocabulary; the agent server passes the model's EOS), ``mask_sample`` forced on.
     """
     if reward is None:
         reward = traj.reward if traj.reward is not None else 0.0
+    if mask_sample is None:
+        mask_sample = traj.masked
     main = traj.chains[traj.main_chain] if traj.main_chain is not None else None
     first_in_chain = {ch.call_indices[0] for ch in traj.chains}
     spans = {s.call_index: s for ch in traj.chains for s in ch.spans if s.kind in ("sampled", "unscored")}
@@ -100,9 +102,6 @@ def to_nemo_gym_result(traj: Trajectory, *, reward: float | None = None,
             carrier["generation_log_probs"] = main.logprobs[span.start: span.end]
         output.extend(items)
     if main is None:
-        if placeholder_token_id is None:
-            raise ValueError(f"session {traj.session_id}: no trainable chain to export "
-                             "(pass placeholder_token_id to export a masked placeholder)")
         first = next((ch.first_prompt_ids() for ch in traj.chains), None) or [placeholder_token_id]
         output.append({"type": "message", "id": f"msg_{traj.session_id}_placeholder", "role": "assistant",
                        "status": "incomplete", "content": [_text("")],
@@ -149,9 +148,11 @@ def to_nemo_gym_result(traj: Trajectory, *, reward: float | None = None,
         "unscored_tokens": stats.unscored_tokens,
         "timed_out": traj.status == "timeout",
         "errored": traj.status == "error",
+        "failure_kind": traj.failure_kind.wire,
         "polar": {
             "session_id": traj.session_id, "task_id": traj.task_id, "group_id": traj.group_id,
             "harness": traj.harness, "status": traj.status, "error": traj.error,
+            "failure_kind": traj.failure_kind.value,
             "main_chain": traj.main_chain, "breaks": [b.model_dump() for b in stats.breaks],
         },
     }
@@ -239,7 +240,8 @@ def grpo_advantages(rewards: list[float], *, leave_one_out: bool = False, eps: f
 
 def grpo_rows(trajectories: Iterable[Trajectory], *, leave_one_out: bool = False,
               eps: float = 1e-6) -> list[dict[str, Any]]:
-    """One row per chain with a trainable token, with its trajectory's group advantage."""
+    """One row per chain with a trainable token, with its trajectory's group advantage. A masked
+    trajectory stays in its group's baseline and gives no row (NeMo-RL's ``mask_sample``)."""
     trajs = list(trajectories)
     missing = [t.session_id for t in trajs if t.reward is None]
     if missing:
@@ -254,7 +256,7 @@ def grpo_rows(trajectories: Iterable[Trajectory], *, leave_one_out: bool = False
     rows = []
     for i, t in enumerate(trajs):
         for ch in t.chains:
-            if not ch.trainable_tokens:
+            if not ch.trainable_tokens or t.masked:
                 continue
             rows.append({
                 "schema": GRPO_ROW_SCHEMA, "session_id": t.session_id, "task_id": t.task_id,

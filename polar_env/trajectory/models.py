@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from polar_env.chat.messages import AssistantTurn, Message
+from polar_env.outcomes import FailureKind
 
 TRAJECTORY_SCHEMA_VERSION = 1
 
@@ -114,3 +115,5 @@ class Trajectory(BaseModel):
     stats: TrajectoryStats
     reward: float | None = None
     grading: dict[str, Any] | None = None
+    failure_kind: FailureKind = FailureKind.none  # what ended the episode (polar_env.outcomes)
+    masked: bool = False  # the outcome table's verdict: keep in the GRPO group, train on nothing

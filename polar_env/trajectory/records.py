@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field
 
 from polar_env.backends.base import SamplingParams
 from polar_env.chat.messages import AssistantTurn, Message, ToolSpec
+from polar_env.outcomes import FailureKind
 
 RECORD_SCHEMA_VERSION = 1
 
@@ -40,7 +41,8 @@ class CallRecord(BaseModel):
     parent_call_index: int | None = None  # the call whose prompt+sampled ids this prompt extends
     reused_prefix_len: int = 0  # prompt ids taken verbatim from the parent (its prompt + sampled)
     break_reason: str | None = None  # why this call starts a new chain (None when it extends one)
-    error: str | None = None  # backend failure, if any
+    error: str | None = None  # why the call failed, if it did
+    failure_kind: FailureKind | None = None  # backend_failure, proxy_failure, context_overflow (None: cancelled)
 
 
 class SessionInfo(BaseModel):

@@ -81,8 +81,6 @@ class PolarVerifyRequest(BaseVerifyRequest):
     task_id: str
     episode_id: str | None = None
     patch: str | None = None
-    harness_status: str = "completed"
-    harness_error: str | None = None
 
 
 class PolarVerifyResponse(BaseVerifyResponse):
@@ -97,8 +95,7 @@ class PolarVerifier:
 
     async def verify(self, body: PolarVerifyRequest) -> PolarVerifyResponse:
         if body.episode_id is not None:
-            outcome = await self.polar.verify(body.episode_id, harness_status=body.harness_status,
-                                              harness_error=body.harness_error)
+            outcome = await self.polar.verify(body.episode_id)
         elif body.patch is not None:
             outcome = await self.polar.grade_patch(self.polar.task(body.task_id), body.patch)
         else:

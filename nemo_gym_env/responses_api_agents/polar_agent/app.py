@@ -29,6 +29,7 @@ from nemo_gym.server_utils import raise_for_status  # noqa: E402
 
 from polar_env.agent_server.core import PolarAgent, PolarAgentConfig  # noqa: E402
 from polar_env.episodes.workspace import WorkspaceMounts  # noqa: E402
+from polar_env.outcomes import OutcomeTable  # noqa: E402
 from polar_env.resources_server.core import SeededEpisode, VerifyOutcome, aggregate  # noqa: E402
 
 
@@ -48,6 +49,7 @@ class PolarAgentServerConfig(BaseResponsesAPIAgentConfig):
     runtime_dir: str | None = None
     trajectories_path: str | None = None
     backend_options: dict[str, Any] = Field(default_factory=dict)
+    outcomes: OutcomeTable = Field(default_factory=OutcomeTable)  # reward/mask per failure kind (docs/outcomes.md)
 
     def polar(self) -> PolarAgentConfig:
         return PolarAgentConfig(**{k: getattr(self, k) for k in PolarAgentConfig.model_fields})
@@ -78,11 +80,9 @@ class GymResources:
             body["mounts"] = mounts.model_dump()
         return SeededEpisode.model_validate(await self._post("/seed_session", body))
 
-    async def verify(self, episode_id: str, task_id: str, *, harness_status: str, harness_error: str | None,
-                     result: dict[str, Any]) -> VerifyOutcome:
+    async def verify(self, episode_id: str, task_id: str, *, result: dict[str, Any]) -> VerifyOutcome:
         body = {"responses_create_params": result["responses_create_params"], "response": _plain(result["response"]),
-                "task_id": task_id, "episode_id": episode_id, "harness_status": harness_status,
-                "harness_error": harness_error}
+                "task_id": task_id, "episode_id": episode_id}
         out = await self._post("/verify", body)
         return VerifyOutcome(reward=out["reward"], resolved=out.get("resolved", False),
                              mask_sample=out.get("mask_sample", False), failure_kind=out.get("failure_kind"),

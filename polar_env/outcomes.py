@@ -1,0 +1,174 @@
+"""How an episode ended and what it earns: the one failure-kind enum and the reward/mask table.
+
+Every way an episode can fail is classified once, into a ``FailureKind`` carried on the records
+(``CallRecord``, ``GradeResult``, ``Trajectory``, the NeMo ``/run`` result). What a kind earns is one
+table (``OutcomeTable``): the reward, and whether the sample is masked (kept in its GRPO group,
+given no loss). Failures outside the policy are masked, never scored 0 and never dropped: a
+dropped member shrinks its group, a 0 teaches the policy about our machines. A run may override
+rows (``polar rollout --outcome KIND=mask``, the Gym agent's ``outcomes``). docs/outcomes.md is
+the table in prose.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from enum import StrEnum
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+if TYPE_CHECKING:
+    from polar_env.trajectory.records import CallRecord
+
+WIRE_PREFIX = "polar:"  # NeMo Gym's shared failure vocabulary has no SWE-bench kinds: ours are namespaced
+
+
+class FailureKind(StrEnum):
+    # -- the policy's own doing: the patch is graded; a resolved patch still earns its reward
+    none = "none"  # tests ran: the grade's reward (1.0 resolved, 0.0 tests fail)
+    empty_patch = "empty_patch"
+    apply_failed = "apply_failed"
+    test_timeout = "test_timeout"  # the patched tests hit grading's own deadline
+    test_crash = "test_crash"  # the test run produced no valid results (e.g. an interpreter crash)
+    context_overflow = "context_overflow"  # the conversation outgrew the model's context
+    budget_exhausted = "budget_exhausted"  # the last answer was cut by the per-call token budget
+    harness_crashed = "harness_crashed"  # the harness failed after its first model call
+    deadline_sampling = "deadline_sampling"  # deadline hit while the policy was still sampling at speed
+    # -- outside the policy: not graded, masked
+    harness_start_failed = "harness_start_failed"  # the harness ended before its first model call
+    sandbox_failure = "sandbox_failure"  # tree, sandbox or workspace could not be made or read
+    backend_failure = "backend_failure"  # a model call failed at the inference server
+    proxy_failure = "proxy_failure"  # a model call failed inside Polar's proxy (a bug of ours)
+    deadline_backend = "deadline_backend"  # deadline hit while the backend served below its floor rate
+    deadline_harness = "deadline_harness"  # deadline hit with no model call in flight
+    infrastructure = "infrastructure"  # grading could not run (test env, grading sandbox, grader bug)
+    task_defect = "task_defect"  # the task cannot be graded (no FAIL_TO_PASS, test patch does not apply)
+    input_error = "input_error"  # the request named no task or an unknown one
+    lost_session = "lost_session"  # the resources server has no workspace for the episode
+
+    @property
+    def wire(self) -> str | None:
+        """The string NeMo Gym results carry (``polar:<kind>``); None for a clean run."""
+        return None if self is FailureKind.none else WIRE_PREFIX + self.value
+
+    @classmethod
+    def from_wire(cls, value: str | None) -> FailureKind:
+        if not value:
+            return cls.none
+        return cls(value.removeprefix(WIRE_PREFIX))
+
+    @property
+    def outside_policy(self) -> bool:
+        """The policy did not cause it: grading would say nothing about the policy, so it is skipped."""
+        return self in _OUTSIDE_POLICY
+
+
+_OUTSIDE_POLICY = frozenset({
+    FailureKind.harness_start_failed, FailureKind.sandbox_failure, FailureKind.backend_failure,
+    FailureKind.proxy_failure, FailureKind.deadline_backend, FailureKind.deadline_harness,
+    FailureKind.infrastructure, FailureKind.task_defect, FailureKind.input_error, FailureKind.lost_session})
+
+
+class Outcome(BaseModel):
+    """One row of the table: the reward a kind earns and whether the sample is masked."""
+
+    model_config = ConfigDict(frozen=True)
+    reward: float | None = None  # None: the grader's reward (only for FailureKind.none)
+    mask: bool = False
+
+
+MASKED = Outcome(reward=0.0, mask=True)
+ZERO = Outcome(reward=0.0, mask=False)
+DEFAULT_OUTCOMES: dict[FailureKind, Outcome] = {
+    kind: (MASKED if kind.outside_policy else ZERO) for kind in FailureKind} | {FailureKind.none: Outcome()}
+
+
+class OutcomeTable(BaseModel):
+    """The per-run reward/mask table (defaults: ``DEFAULT_OUTCOMES``) and the deadline classifier's floor."""
+
+    rows: dict[FailureKind, Outcome] = Field(default_factory=lambda: dict(DEFAULT_OUTCOMES))
+    # below this many sampled tokens per second of generation, a deadline is the backend's, not the policy's
+    min_backend_tokens_per_s: float = Field(default=5.0, ge=0.0)
+
+    @field_validator("rows")
+    @classmethod
+    def _over_defaults(cls, rows: dict[FailureKind, Outcome]) -> dict[FailureKind, Outcome]:
+        return {**DEFAULT_OUTCOMES, **rows}
+
+    def apply(self, kind: FailureKind, graded_reward: float | None = None) -> tuple[float | None, bool]:
+        """``(reward, mask)`` for an episode of ``kind``; ``graded_reward`` is the grader's reward
+        (None when nothing was graded: the reward stays None where the row defers to the grader)."""
+        row = self.rows[kind]
+        return (row.reward if row.reward is not None else graded_reward), row.mask
+
+
+
+def parse_outcome(item: str) -> tuple[FailureKind, Outcome]:
+    """One ``--outcome`` item: ``KIND=mask`` (reward 0, masked) or ``KIND=REWARD`` (unmasked)."""
+    name, sep, value = item.partition("=")
+    try:
+        kind = FailureKind(name.strip())
+        return kind, (MASKED if value.strip() == "mask" else Outcome(reward=float(value), mask=False))
+    except ValueError:
+        raise ValueError(f"{item!r}: expected KIND=mask or KIND=REWARD, KIND one of "
+                         f"{', '.join(k.value for k in FailureKind)}") from None
+
+
+HarnessStatus = Literal["completed", "timeout", "error"]
+
+
+def classify_episode(status: HarnessStatus, calls: Sequence[CallRecord], *, deadline_at: float | None = None,
+                     min_backend_tokens_per_s: float = 5.0) -> FailureKind:
+    """What ended an episode whose harness ran (``status``) and made ``calls``, before grading.
+
+    A failed backend or proxy call outranks everything (the rest of the episode is not the
+    policy's); a deadline is classified by cause; a harness that never reached the model did not
+    let the policy act.
+    """
+    failed = [c.failure_kind for c in calls if c.failure_kind is not None]
+    for kind in (FailureKind.backend_failure, FailureKind.proxy_failure):
+        if kind in failed:
+            return kind
+    if status == "timeout":
+        return deadline_cause(calls, deadline_at if deadline_at is not None else time.time(),
+                              min_backend_tokens_per_s)
+    if not any(c.output is not None for c in calls):
+        return FailureKind.context_overflow if FailureKind.context_overflow in failed \
+            else FailureKind.harness_start_failed
+    last = max(calls, key=lambda c: c.call_index)
+    if last.failure_kind is FailureKind.context_overflow:
+        return FailureKind.context_overflow
+    if status == "error":
+        return FailureKind.harness_crashed
+    if last.finish_reason == "length" and last.output is not None and not last.output.tool_calls:
+        return FailureKind.budget_exhausted
+    return FailureKind.none
+
+
+def deadline_cause(calls: Sequence[CallRecord], deadline_at: float, min_tokens_per_s: float) -> FailureKind:
+    """Harness stuck (no model call in flight at the deadline), backend slow (the session's calls
+    sampled below ``min_tokens_per_s``), or the policy still sampling (anything else)."""
+    in_flight = [c for c in calls if c.created_at <= deadline_at
+                 and (c.output is None and c.failure_kind is None
+                      or c.created_at + c.timings.get("total_ms", 0.0) / 1e3 >= deadline_at)]
+    if not in_flight:
+        return FailureKind.deadline_harness
+    answered = [c for c in calls if c.output is not None]
+    seconds = sum(c.timings.get("generate_ms", 0.0) for c in answered) / 1e3
+    tokens = sum(len(c.sampled_ids) for c in answered)
+    if not answered or seconds <= 0 or tokens / seconds < min_tokens_per_s:
+        return FailureKind.deadline_backend
+    return FailureKind.deadline_sampling
+
+
+def final_kind(episode: FailureKind, graded: FailureKind | None, resolved: bool) -> FailureKind:
+    """The episode's kind once graded: a resolved patch earns its reward whatever ended the harness;
+    a grading that could not run is not the policy's; otherwise the episode's cause comes first."""
+    if graded is None:
+        return episode
+    if resolved:
+        return FailureKind.none
+    if graded.outside_policy or episode is FailureKind.none:
+        return graded
+    return episode
