@@ -18,12 +18,12 @@ import pytest
 from polar_sandbox_helpers import processes_matching
 from reliability_helpers import FakeHarness, faulty_vllm, polar_cgroups, wait_gone
 
-from polar_env import episodes
 from polar_env.backends.registry import make_backend
-from polar_env.episodes import EpisodeConfig, run_episode
+from polar_env.episodes import EpisodeConfig, lifecycle, run_episode
 from polar_env.outcomes import FailureKind
 from polar_env.proxy.app import ProxyServer
 from polar_env.proxy.engine import EngineConfig
+from polar_env.sandbox.bubblewrap import BubblewrapSandbox
 from polar_env.tasks.loader import load_tasks
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")]
@@ -38,20 +38,20 @@ async def _episode(renderer, task, tmp_path: Path, monkeypatch, mode: str, *, ba
                    timeout_s: float = 20, env: dict[str, str] | None = None):
     marker = f"polar-rel-{uuid.uuid4().hex[:10]}"
     harness = FakeHarness(mode, marker, tmp_path / "install", env)
-    monkeypatch.setattr(episodes, "get_adapter", lambda name: harness)
+    monkeypatch.setattr(lifecycle, "get_adapter", lambda name: harness)
     sock_dir = Path(tempfile.mkdtemp(prefix="prx-"))  # short: Unix socket paths are limited to 108 bytes
     sock_dir.chmod(0o755)
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     created: list[str] = []  # sandbox names, to find their cgroups (other test runs may share the host)
-    real_create = episodes.BubblewrapSandbox.create
+    real_create = BubblewrapSandbox.create
 
     def recording_create(tree, *, spec):
         sandbox = real_create(tree, spec=spec)
         created.append(sandbox.root.name)
         return sandbox
 
-    monkeypatch.setattr(episodes.BubblewrapSandbox, "create", recording_create)
+    monkeypatch.setattr(BubblewrapSandbox, "create", recording_create)
     try:
         async with faulty_vllm(renderer) as double:
             double.mode = backend_mode
