@@ -44,9 +44,16 @@ HANG = "python3 -c 'import time; time.sleep(3600)' polar-e2e-hang"
 HANG_ARGS = {"exec_command": {"yield_time_ms": 30000}, "Bash": {"timeout": 600000}, "bash": {}}
 
 
+PARALLEL = ["echo one > one.txt", "echo two > two.txt"]
+
+
 def policy(session_id: str | None, call_number: int, prompt_text: str) -> str:
     if "<tool_response>" in prompt_text:
         return FINAL
+    if "Two commands at once" in prompt_text:  # two tool calls in one sampled turn
+        name, arg = TOOL_FOR["codex"]
+        return "\n".join("<tool_call>\n" + json.dumps({"name": name, "arguments": {arg: c}}) + "\n</tool_call>"
+                         for c in PARALLEL)
     hang = "Hang forever" in prompt_text
     for name, arg in TOOL_FOR.values():
         if f'"name": "{name}"' in prompt_text:
@@ -174,3 +181,27 @@ async def test_hung_tool_is_killed_and_partial_trajectory_kept(harness, proxy: R
     assert len(calls) == 1 and calls[0].output.tool_calls  # the call that started the hung tool
     traj = build_trajectory(ledger.session(sid), calls, status=run.status)
     assert traj.status == "timeout" and len(traj.chains) == 1 and check_trajectory(traj) == []
+
+
+async def test_codex_parallel_calls_extend_the_sampled_turn(proxy: RecordingProxy, smol, tmp_path: Path):
+    """Codex records each call followed by its output (call A, output A, call B, output B): the next
+    prompt must be the sampled turn (both calls, once) followed by both outputs, token-exact."""
+    renderer, _ = smol
+    adapter = get_adapter("codex")
+    adapter.install()
+    sid, run, _, patch = await rollout(adapter, proxy, tmp_path, "codex-parallel", prompt="Two commands at once.")
+    assert run.status == "completed" and run.exit_code == 0, (run.stdout_tail[-2000:], run.stderr_tail[-2000:])
+    assert "+one" in patch and "+two" in patch  # both calls ran
+    ledger = Ledger(tmp_path / "ledger")
+    c0, c1, *_ = calls = ledger.calls(sid)
+    assert [tc.arguments for tc in c0.output.tool_calls] == [json.dumps({"cmd": c}) for c in PARALLEL]
+    appended = c1.messages[len(c0.messages):]
+    assert [m.role for m in appended] == ["assistant", "tool", "tool"], [m.role for m in appended]
+    assert [tc.id for tc in appended[0].tool_calls] == [tc.id for tc in c0.output.tool_calls]
+    assert c1.parent_call_index == 0
+    assert c1.prompt_ids == c0.prompt_ids + c0.sampled_ids + renderer.render_continuation(
+        appended[1:], previous_ended_with_eos=True)
+    text = renderer.tokenizer.decode(c1.prompt_ids)
+    assert all(text.count(c) == 1 for c in PARALLEL), text[-1500:]
+    traj = build_trajectory(ledger.session(sid), calls, status=run.status)
+    assert len(traj.chains) == 1 and check_trajectory(traj) == []

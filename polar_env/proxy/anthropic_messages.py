@@ -23,6 +23,7 @@ from polar_env.proxy.wire import (
     finish_of,
     flatten_parts,
     issued_ref,
+    merge_split_turns,
     require_object,
     sampling_of,
     sse_frame,
@@ -120,6 +121,7 @@ def decode(body: Any) -> DecodedRequest:
             for message in _user(index, blocks, flags):
                 messages.append(message)
                 refs.append(None)
+    messages, refs = merge_split_turns(messages, refs)
     tools = []
     for tool in req.tools or []:
         if tool.type not in (None, "custom"):

@@ -19,7 +19,7 @@ from polar_env.chat.messages import AssistantTurn, Conversation, Message, ToolCa
 from polar_env.chat.template import ChatRenderer, apply_tool_kinds
 from polar_env.outcomes import FailureKind
 from polar_env.proxy.sessions import POLICY_KEYS, CallState, Session, prefix_hashes
-from polar_env.proxy.wire import DecodedRequest
+from polar_env.proxy.wire import DecodedRequest, issued_tool_call_id
 from polar_env.trajectory.ledger import Ledger
 from polar_env.trajectory.records import CallRecord
 
@@ -161,7 +161,7 @@ class TokenEngine:
         if generation.prompt_ids and generation.prompt_ids != ext.prompt_ids:
             record.flags.append("backend_prompt_mismatch")
         parsed = self.renderer.parse_output(generation.token_ids)
-        tool_calls = [ToolCall(id=f"call_{call_id[:12]}_{i}", name=tc.name, arguments=tc.arguments, kind=tc.kind)
+        tool_calls = [ToolCall(id=issued_tool_call_id(call_id, i), name=tc.name, arguments=tc.arguments, kind=tc.kind)
                       for i, tc in enumerate(apply_tool_kinds(parsed.tool_calls, conv.tools))]
         finish = "tool_calls" if tool_calls else generation.finish_reason
         turn = AssistantTurn(call_id=call_id, content=parsed.content, reasoning=parsed.reasoning,
@@ -201,10 +201,11 @@ def _answers(message: Message, ref: str | None, state: CallState) -> bool:
     """Whether ``message`` (an assistant turn the harness sent back) is the answer of ``state``."""
     if message.role != "assistant":
         return False
-    if ref is not None and state.call_id in ref:
-        return True
     issued = [tc.id for tc in state.output.tool_calls]
+    sent = [tc.id for tc in message.tool_calls]
+    if ref is not None and state.call_id in ref:
+        return sent == issued  # a ref on part of a turn (one of its calls) is not the turn
     if issued:
-        return [tc.id for tc in message.tool_calls] == issued
+        return sent == issued
     return not message.tool_calls and message.content.strip() == state.output.content.strip()
 

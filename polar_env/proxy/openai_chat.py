@@ -22,6 +22,7 @@ from polar_env.proxy.wire import (
     echoed_model,
     finish_of,
     flatten_parts,
+    merge_split_turns,
     openai_error,
     require_object,
     sampling_of,
@@ -105,7 +106,8 @@ class ChatRequest(_Loose):
 def decode(body: Any) -> DecodedRequest:
     req = validate(ChatRequest, require_object(body, API), API)
     flags: list[str] = []
-    messages = [_message(m, i, flags) for i, m in enumerate(req.messages)]
+    messages, refs = merge_split_turns([_message(m, i, flags) for i, m in enumerate(req.messages)],
+                                       [None] * len(req.messages))
     tools = [t for t in (_tool(t, flags) for t in req.tools or []) if t is not None]
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     decoded = DecodedRequest(
@@ -113,7 +115,7 @@ def decode(body: Any) -> DecodedRequest:
         model=req.model.strip(), raw_model=req.model,
         requested_sampling=sampling_of(req.temperature, req.top_p, max_tokens),
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
-        flags=dedupe(flags), assistant_refs=[None] * len(messages),
+        flags=dedupe(flags), assistant_refs=refs,
     )
     return volatile.apply(decoded)
 

@@ -29,6 +29,7 @@ from polar_env.proxy.wire import (
     finish_of,
     flatten_parts,
     issued_ref,
+    merge_split_turns,
     openai_error,
     require_object,
     sampling_of,
@@ -143,11 +144,12 @@ def decode(body: Any) -> DecodedRequest:
         for index, raw in enumerate(req.input):
             builder.item(index, raw)
     builder.close()
+    messages, refs = merge_split_turns(builder.messages, builder.refs)
     decoded = DecodedRequest(
-        conversation=Conversation(messages=builder.messages, tools=tools), stream=bool(req.stream),
+        conversation=Conversation(messages=messages, tools=tools), stream=bool(req.stream),
         model=req.model.strip(), raw_model=req.model,
         requested_sampling=sampling_of(req.temperature, req.top_p, req.max_output_tokens),
-        flags=dedupe(flags), assistant_refs=builder.refs, tool_routes=routes,
+        flags=dedupe(flags), assistant_refs=refs, tool_routes=routes,
     )
     return volatile.apply(decoded)
 

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
 
-from polar_env.chat.messages import AssistantTurn, Conversation
+from polar_env.chat.messages import AssistantTurn, Conversation, Message
 
 # Text parts and blocks of one message are joined with this; every API uses the same join so a
 # conversation decodes to the same canonical text whichever wire it came over.
@@ -120,6 +120,55 @@ def call_id_from_ref(ref: str | None) -> str | None:
     if ref.startswith(("fc_", "ctc_")) and ref.count("_") >= 2:
         return ref.split("_", 1)[1].rsplit("_", 1)[0] or None
     return None
+
+
+def issued_tool_call_id(call_id: str, index: int) -> str:
+    """The id of the ``index``-th tool call of model call ``call_id``: it names the sampled turn."""
+    return f"call_{call_id[:12]}_{index}"
+
+
+def turn_of(tool_call_id: str) -> str | None:
+    """Which sampled turn a proxy-issued tool-call id belongs to (the call id's first 12 characters)."""
+    head, _, index = tool_call_id.rpartition("_")
+    if not head.startswith("call_") or not index.isdigit() or len(head) != len("call_") + 12:
+        return None
+    return head[len("call_"):]
+
+
+def _turn_key(message: Message, ref: str | None) -> str | None:
+    """The sampled turn a tool-calling assistant message comes from, if every id names the same one."""
+    keys = {turn_of(tc.id) for tc in message.tool_calls}
+    ref_call = call_id_from_ref(ref)
+    if ref_call:
+        keys.add(ref_call[:12])
+    return keys.pop() if len(keys) == 1 and None not in keys else None
+
+
+def merge_split_turns(messages: list[Message], refs: list[str | None]) -> tuple[list[Message], list[str | None]]:
+    """Put the tool calls of one sampled turn back into one assistant message.
+
+    Codex records each function call followed by its output (call A, output A, call B, output B);
+    decoded as sent, that is two assistant turns, and the prompt would re-render call B after
+    output A, which the model never saw. An assistant message that holds only tool calls, follows
+    tool results only, and whose calls (and ref) name the same proxy-issued turn as the assistant
+    message before those results, joins that message; the results keep their order after it.
+    """
+    out: list[Message] = []
+    out_refs: list[str | None] = []
+    last = None  # index in ``out`` of the latest assistant message
+    for message, ref in zip(messages, refs, strict=True):
+        if (message.role == "assistant" and last is not None and message.tool_calls and not message.content
+                and message.reasoning is None and len(out) > last + 1
+                and all(m.role == "tool" for m in out[last + 1:])):
+            key = _turn_key(message, ref)
+            if key is not None and key == _turn_key(out[last], out_refs[last]):
+                out[last] = out[last].model_copy(update={"tool_calls": out[last].tool_calls + message.tool_calls})
+                continue
+        if message.role == "assistant":
+            last = len(out)
+        out.append(message)
+        out_refs.append(ref)
+    return out, out_refs
 
 
 def require_object(body: Any, api: str) -> dict:

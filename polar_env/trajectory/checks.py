@@ -225,11 +225,37 @@ def check_trajectory(traj: Trajectory) -> list[str]:
                         if m == 0 and x != 0.0), None)
         if nonzero is not None:
             defects.append(f"{where}: masked position {nonzero} has a nonzero logprob")
+    defects += duplicate_turns(traj)
     if sum(ch.trainable_tokens for ch in traj.chains) != traj.stats.trainable_tokens:
         defects.append(f"session {traj.session_id}: stats.trainable_tokens disagrees with the chains")
     if traj.main_chain is not None:
         result = to_nemo_gym_result(traj, reward=traj.reward or 0.0)
         defects += [f"session {traj.session_id} NeMo export: {d}" for d in check_nemo_result(result)]
+    return defects
+
+
+def duplicate_turns(traj: Trajectory) -> list[str]:
+    """Calls whose appended messages re-render a tool call their chain already sampled.
+
+    Token-exact extension alone cannot see this: when one sampled turn reaches the proxy split in
+    two (Codex's interleaved call A, output A, call B, output B), the prompt still starts with the
+    parent's ids, then renders call B a second time after output A. The model never saw that
+    prompt, so training on it is silent corruption.
+    """
+    defects = []
+    sampled: dict[int, dict[str, int]] = defaultdict(dict)  # chain -> tool-call id -> call that sampled it
+    for call in sorted(traj.calls, key=lambda c: c.call_index):
+        if call.chain is None:
+            continue
+        seen = sampled[call.chain]
+        if call.parent_call_index is not None and call.messages_offset > 0:
+            again = [tc.id for m in call.new_messages if m.role == "assistant" for tc in m.tool_calls if tc.id in seen]
+            if again:
+                defects.append(f"session {traj.session_id} call {call.call_index}: its prompt re-renders tool "
+                               f"call(s) {', '.join(again)} that call {seen[again[0]]} already sampled in chain "
+                               f"{call.chain} (one sampled turn decoded as two)")
+        for tc in call.output.tool_calls if call.output else []:
+            seen[tc.id] = call.call_index
     return defects
 
 
