@@ -14,56 +14,51 @@ import time
 from pathlib import Path
 
 from polar_env.backends.embedded import EMBEDDED_MODEL_NAME
-from polar_env.rollout import (
-    add_arguments,
-    finish_outputs,
-    plan_from_args,
-    prepare,
-    proxy_factory_from_args,
-    run_rollouts,
-    summarize,
-    summary_table,
-)
+from polar_env.rollout.cli import add_job_arguments, config_from_args
+from polar_env.rollout.config import RolloutConfig
 
 QUICK = {"limit": 2, "samples": 1, "max_tokens": 96, "timeout": 120.0, "concurrency": 2}
 FULL = {"limit": None, "samples": 2, "max_tokens": 160, "timeout": 300.0, "concurrency": 2}
 
 
-def policy_label(args: argparse.Namespace, model: str) -> str:
-    if args.policy == "model":
-        return (f"{model} sampled every turn itself (T={args.temperature}, top_p={args.top_p}); "
+def policy_label(config: RolloutConfig, model: str) -> str:
+    if config.policy == "model":
+        return (f"{model} sampled every turn itself (T={config.temperature}, top_p={config.top_p}); "
                 "an untrained 135M model: expect reward 0, the point is the pipeline")
     from polar_env.backends.policies import LABELS
 
-    return f"{LABELS.get(args.policy, args.policy)}; logprobs from {model}"
+    return f"{LABELS.get(config.policy, config.policy)}; logprobs from {model}"
 
 
 def write_viewer(out: Path) -> Path | None:
-    try:
-        from polar_env.viewer.view_cli import view_main
-    except ImportError:
-        return None
+    from polar_env.viewer.view_cli import write_view
+
     page = out / "viewer.html"
-    view_main([str(out / "trajectories.jsonl"), "--out", str(page)])
-    return page
+    return page if write_view(out / "trajectories.jsonl", page) else None
 
 
-def demo_main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="polar demo", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = __doc__
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    add_job_arguments(parser)
     parser.add_argument("--quick", action="store_true", help="2 tasks, 1 sample each (what CI runs)")
     parser.set_defaults(out=Path("runs/demo"), **FULL)
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    from polar_env.rollout.outputs import finish_outputs, summarize, summary_table
+    from polar_env.rollout.plan import plan_from_config
+    from polar_env.rollout.runner import prepare, proxy_factory, run_rollouts
+
+    config = config_from_args(args)
     if args.quick:  # quick defaults, still overridable by explicit flags
-        parser.set_defaults(**QUICK)
-        args = parser.parse_args(argv)
+        config = config.model_copy(update={k: v for k, v in QUICK.items() if getattr(args, k) == FULL[k]})
     started = time.monotonic()
-    plan = plan_from_args(args)
-    print(f"polar demo: {len(plan.tasks)} bundled task(s) x {plan.samples} sample(s), harness {args.harness}, "
+    plan = plan_from_config(config)
+    print(f"polar demo: {len(plan.tasks)} bundled task(s) x {plan.samples} sample(s), harness {config.harness}, "
           f"concurrency {plan.concurrency}, out {plan.out}", flush=True)
     prepare(plan)
-    trajectories = asyncio.run(run_rollouts(plan, proxy_factory_from_args(args, tasks=plan.tasks)))
+    trajectories = asyncio.run(run_rollouts(plan, proxy_factory(config, tasks=plan.tasks)))
     summary = finish_outputs(plan.out, trajectories)
     page = write_viewer(plan.out)
     model = ", ".join(summary["models"]) or EMBEDDED_MODEL_NAME
@@ -76,7 +71,7 @@ def demo_main(argv: list[str] | None = None) -> int:
           f"sampled {s['sampled_tokens']}  trainable {s['trainable_tokens']}  chains {s['chains']}  "
           f"time {time.monotonic() - started:.0f}s")
     print(f"model:  {model} via the {', '.join(s['backends'])} backend")
-    print(f"policy: {policy_label(args, model)}")
+    print(f"policy: {policy_label(config, model)}")
     print(f"outputs: {plan.out}/trajectories.jsonl, nemo_results.jsonl, grpo_batch.jsonl, summary.json"
           + (f", {page}" if page else ""))
     print(f"check them: polar check {plan.out}/nemo_results.jsonl")

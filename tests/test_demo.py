@@ -8,8 +8,7 @@ import shutil
 
 import pytest
 
-from polar_env.demo import demo_main
-from polar_env.trajectory.check_cli import check_main
+from polar_env.cli import main as polar_main
 from polar_env.trajectory.export import read_trajectories
 
 pytestmark = [pytest.mark.slow,
@@ -21,13 +20,13 @@ pytestmark = [pytest.mark.slow,
 def test_quick_demo_outputs_pass_polar_check(policy, tmp_path, capsys):
     out = tmp_path / "demo"
     extra = ["--max-tokens", "1024"] if policy == "gold" else []  # the gold patch is one long tool call
-    assert demo_main(["--quick", "--out", str(out), "--policy", policy, *extra]) == 0
+    assert polar_main(["demo", "--quick", "--out", str(out), "--policy", policy, *extra]) == 0
     printed = capsys.readouterr().out.lower()
     assert "model:  smollm2-135m-instruct" in printed and "policy: " in printed
     for name in ("trajectories.jsonl", "nemo_results.jsonl", "grpo_batch.jsonl", "summary.json", "viewer.html"):
         assert (out / name).stat().st_size > 0, name
     for name in ("trajectories.jsonl", "nemo_results.jsonl", "grpo_batch.jsonl"):
-        assert check_main([str(out / name)]) == 0, name
+        assert polar_main(["check", str(out / name)]) == 0, name
     trajectories = list(read_trajectories(out / "trajectories.jsonl"))
     assert len(trajectories) == 2 and all(t.grading for t in trajectories)
     assert all(t.stats.trainable_tokens > 0 for t in trajectories)

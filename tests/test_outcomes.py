@@ -24,7 +24,7 @@ from polar_env.outcomes import (
     classify_episode,
     final_kind,
 )
-from polar_env.rollout import RolloutOutputs, finish_outputs
+from polar_env.rollout.outputs import RolloutOutputs, finish_outputs
 from polar_env.trajectory.chains import build_trajectory
 from polar_env.trajectory.checks import check_nemo_result
 
@@ -111,13 +111,13 @@ def test_docs_table_lists_every_kind_with_its_default():
 
 
 def test_a_run_overrides_rows_from_the_cli_and_the_gym_config(tmp_path: Path):
-    import argparse
+    from polar_env.cli import build_parser
+    from polar_env.rollout.cli import config_from_args
+    from polar_env.rollout.plan import plan_from_config
 
-    from polar_env.rollout import add_arguments, plan_from_args
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    plan = plan_from_args(parser.parse_args(["--task-ids", "pallets__flask-5014", "--outcome", "harness_crashed=mask",
-                                             "--outcome", "deadline_harness=0", "--min-backend-tokens-per-s", "2"]))
+    argv = ["rollout", "--task-ids", "pallets__flask-5014", "--outcome", "harness_crashed=mask",
+            "--outcome", "deadline_harness=0", "--min-backend-tokens-per-s", "2"]
+    plan = plan_from_config(config_from_args(build_parser(argv).parse_args(argv)))
     table = plan.episode.outcomes
     assert table.apply(FailureKind.harness_crashed) == (0.0, True)
     assert table.apply(FailureKind.deadline_harness) == (0.0, False)
@@ -175,7 +175,9 @@ async def test_timed_out_episodes_are_masked_not_dropped(tmp_path: Path, embedde
     stand-in for an overloaded vLLM: a real slow server cannot be provoked on demand). Both samples
     of the group hit the deadline with the model call in flight: both are exported, masked."""
     from polar_env.backends.registry import make_backend
-    from polar_env.rollout import RolloutPlan, proxy_factory_from_args, run_rollouts
+    from polar_env.rollout.config import RolloutConfig
+    from polar_env.rollout.plan import plan_from_config
+    from polar_env.rollout.runner import proxy_factory, run_rollouts
     from polar_env.tasks.loader import load_tasks
 
     async def never(request: web.Request) -> web.Response:
@@ -190,19 +192,12 @@ async def test_timed_out_episodes_are_masked_not_dropped(tmp_path: Path, embedde
     await site.start()
     port = site._server.sockets[0].getsockname()[1]
     try:
-        import argparse
-
-        from polar_env.rollout import add_arguments, plan_from_args
-        parser = argparse.ArgumentParser()
-        add_arguments(parser)
-        args = parser.parse_args(["--harness", "pi", "--task-ids", "pallets__flask-5014", "--samples", "2",
-                                  "--concurrency", "2", "--timeout", "20", "--out", str(tmp_path / "out"),
-                                  "--model-dir", str(embedded_dir)])
-        plan: RolloutPlan = plan_from_args(args)
+        config = RolloutConfig(harness="pi", task_ids=["pallets__flask-5014"], samples=2, concurrency=2, timeout=20,
+                               out=tmp_path / "out", model_dir=embedded_dir)
+        plan = plan_from_config(config)
         backend = make_backend("vllm", url=f"http://127.0.0.1:{port}", model="slow",
                                timeout_s=3600)
-        trajectories = await run_rollouts(plan, proxy_factory_from_args(args, backend=backend,
-                                                                          tasks=load_tasks("bundled")))
+        trajectories = await run_rollouts(plan, proxy_factory(config, backend=backend, tasks=load_tasks("bundled")))
     finally:
         await runner.cleanup()
     assert len(trajectories) == 2

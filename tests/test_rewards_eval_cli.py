@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from polar_env.rewards.eval_cli import eval_main
+from polar_env.cli import main as polar_main
 from polar_env.tasks.loader import load_tasks
 
 pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="grading sandbox needs bubblewrap")
@@ -26,8 +26,8 @@ def test_eval_reports_like_swe_bench(tmp_path: Path, capsys: pytest.CaptureFixtu
     out = tmp_path / "report.json"
 
     assert (
-        eval_main(
-            ["--tasks", "bundled", "--predictions", str(pred_file), "--workers", "2", "--out", str(out)]
+        polar_main(
+            ["eval", "--tasks", "bundled", "--predictions", str(pred_file), "--workers", "2", "--out", str(out)]
         )
         == 0
     )
@@ -50,7 +50,7 @@ def test_eval_rejects_unknown_instances(tmp_path: Path, capsys: pytest.CaptureFi
     pred_file.write_text(
         json.dumps([{"instance_id": "nope__nope-1", "model_patch": "", "model_name_or_path": "m"}])
     )
-    assert eval_main(["--tasks", "bundled", "--predictions", str(pred_file)]) == 2
+    assert polar_main(["eval", "--tasks", "bundled", "--predictions", str(pred_file)]) == 2
     assert "nope__nope-1" in capsys.readouterr().err
 
 
@@ -59,5 +59,5 @@ def test_eval_verified_offline_fails_cleanly(tmp_path: Path, monkeypatch: pytest
     pred_file = tmp_path / "preds.jsonl"
     pred_file.write_text("")
     monkeypatch.setattr("polar_env.tasks.loader.VERIFIED_DATASET", str(tmp_path / "no-such-dataset-dir"))
-    assert eval_main(["--tasks", "verified", "--predictions", str(pred_file)]) == 2
+    assert polar_main(["eval", "--tasks", "verified", "--predictions", str(pred_file)]) == 2
     assert "cannot load" in capsys.readouterr().err

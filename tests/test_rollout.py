@@ -25,17 +25,13 @@ from pathlib import Path
 import pytest
 from trajectory_helpers import session, three_turn
 
-from polar_env.rollout import (
-    Progress,
-    RolloutOutputs,
-    RolloutPlan,
-    finished_keys,
-    pending_episodes,
-)
-from polar_env.rollout_ray import node_ledger
+from polar_env.cli import main as polar_main
+from polar_env.rollout.outputs import RolloutOutputs
+from polar_env.rollout.plan import RolloutPlan, finished_keys, pending_episodes
+from polar_env.rollout.progress import Progress
+from polar_env.rollout.ray import node_ledger
 from polar_env.tasks.loader import load_tasks
 from polar_env.trajectory.chains import build_trajectory
-from polar_env.trajectory.check_cli import check_main
 from polar_env.trajectory.checks import check_group, first_prompt_ids
 from polar_env.trajectory.export import read_trajectories
 from polar_env.trajectory.models import Trajectory
@@ -129,7 +125,7 @@ def assert_acceptance(out: Path) -> list[Trajectory]:
         assert check_group(group, label=group_id) == []
     assert first_prompt_ids(groups[TASKS[0]][0]) != first_prompt_ids(groups[TASKS[1]][0])
     for name in ("trajectories.jsonl", "nemo_results.jsonl", "grpo_batch.jsonl"):
-        assert check_main([str(out / name)]) == 0, name
+        assert polar_main(["check", str(out / name)]) == 0, name
     assert len((out / "nemo_results.jsonl").read_text().splitlines()) == 4
     return trajectories
 

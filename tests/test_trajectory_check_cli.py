@@ -7,8 +7,8 @@ from pathlib import Path
 
 from trajectory_helpers import call, session, three_turn
 
+from polar_env.cli import main as polar_main
 from polar_env.trajectory.chains import build_trajectory
-from polar_env.trajectory.check_cli import check_main
 from polar_env.trajectory.export import TrajectoryWriter, to_nemo_gym_result, write_jsonl
 from polar_env.trajectory.ledger import Ledger
 
@@ -18,7 +18,7 @@ def test_check_cli_reports_ok_and_defects(tmp_path: Path, capsys):
     results = [to_nemo_gym_result(build_trajectory(session(f"s{i}"), three_turn()), reward=float(i),
                                   responses_create_params={"input": []}) for i in range(2)]
     write_jsonl(good, results)
-    assert check_main([str(good)]) == 0
+    assert polar_main(["check", str(good)]) == 0
     out = capsys.readouterr().out
     assert "nemo file, 2 item(s)" in out and "OK" in out
 
@@ -26,7 +26,7 @@ def test_check_cli_reports_ok_and_defects(tmp_path: Path, capsys):
     results[0]["response"]["output"][2]["generation_log_probs"][0] = None
     bad = tmp_path / "bad.jsonl"
     write_jsonl(bad, results)
-    assert check_main([str(bad)]) == 1
+    assert polar_main(["check", str(bad)]) == 1
     out = capsys.readouterr().out
     assert "line 1: response.output[2]: generation_log_probs[0] is not finite" in out
     assert "group g1: rollout 1 differs from rollout 0 in its first prompt at token 0 (1 vs 77" in out
@@ -36,10 +36,10 @@ def test_check_cli_reports_ok_and_defects(tmp_path: Path, capsys):
         writer.write(build_trajectory(session(), three_turn(), reward=1.0))
     with open(torn, "ab") as handle:
         handle.write(b'{"schema_version": 1, "chai')
-    assert check_main([str(torn)]) == 1
+    assert polar_main(["check", str(torn)]) == 1
     assert "torn last line" in capsys.readouterr().out
 
-    assert check_main([str(tmp_path / "missing.jsonl")]) == 2
+    assert polar_main(["check", str(tmp_path / "missing.jsonl")]) == 2
 
 
 def test_check_cli_on_a_ledger_directory(tmp_path: Path, capsys):
@@ -47,10 +47,10 @@ def test_check_cli_on_a_ledger_directory(tmp_path: Path, capsys):
     ledger.create_session(session("s1"))
     for record in three_turn() + [call(3, [50, 51], [52], reason="side call")]:
         ledger.append(record)
-    assert check_main([str(tmp_path / "proxy")]) == 0
+    assert polar_main(["check", str(tmp_path / "proxy")]) == 0
     out = capsys.readouterr().out
     assert "ledger directory, 1 item(s)" in out and "side call x1" in out
 
     unknown = tmp_path / "x.jsonl"
     unknown.write_text(json.dumps({"hello": 1}) + "\n")
-    assert check_main([str(unknown)]) == 1
+    assert polar_main(["check", str(unknown)]) == 1

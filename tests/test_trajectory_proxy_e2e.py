@@ -22,8 +22,8 @@ from proxy_client import ADMIN, WEATHER_TOOL, post, running_proxy
 from polar_env.backends.local import LocalBackend
 from polar_env.backends.scripted import ScriptedBackend
 from polar_env.chat.template import ChatRenderer
+from polar_env.cli import main as polar_main
 from polar_env.trajectory.chains import build_trajectory
-from polar_env.trajectory.check_cli import check_main
 from polar_env.trajectory.checks import check_group, check_nemo_result, check_trajectory, rescore
 from polar_env.trajectory.export import TrajectoryWriter, to_nemo_gym_result
 from polar_env.trajectory.ledger import Ledger
@@ -212,7 +212,7 @@ async def test_polar_check_rescore_on_sampled_logprobs(smol, embedded_dir, tmp_p
     path = tmp_path / "trajectories.jsonl"
     with TrajectoryWriter(path) as writer:
         writer.write(traj)
-    assert check_main([str(path), "--rescore", str(embedded_dir)]) == 0
+    assert polar_main(["check", str(path), "--rescore", str(embedded_dir)]) == 0
     out = capsys.readouterr().out
     line = next(x for x in out.splitlines() if "rescore:" in x)
     max_diff = float(line.split("max |diff| ")[1].split(",")[0])

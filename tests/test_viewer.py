@@ -41,7 +41,7 @@ from polar_env.trajectory.ledger import Ledger
 from polar_env.trajectory.models import Trajectory
 from polar_env.trajectory.records import CallRecord, SessionInfo
 from polar_env.viewer.tokens import TokenText
-from polar_env.viewer.view_cli import PageSource, start_server, view_main
+from polar_env.viewer.view_cli import PageSource, start_server
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 REPO = Path(__file__).resolve().parent.parent
@@ -257,7 +257,7 @@ def check_page(page: str, episodes: list[Trajectory], embedded_dir: Path) -> dic
 
 def test_page_embeds_every_episode_and_works_offline(run_dir, record_episodes, embedded_dir, capsys):
     out = run_dir / "page" / "view.html"
-    assert view_main([str(run_dir), "--out", str(out), "--tokenizer", str(embedded_dir)]) == 0
+    assert polar_main(["view", str(run_dir), "--out", str(out), "--tokenizer", str(embedded_dir)]) == 0
     assert "4 episodes from 1 file(s)" in capsys.readouterr().out
     blocks = check_page(out.read_text(), record_episodes, embedded_dir)
     broken = blocks["polar-ep-3"]
@@ -280,7 +280,7 @@ def test_single_file_default_out_and_cli_routing(run_dir, embedded_dir, capsys):
     file = run_dir / "trajectories.jsonl"
     assert polar_main(["view", str(file), "--tokenizer", str(embedded_dir)]) == 0
     assert (run_dir / "trajectories.html").stat().st_size > 10_000
-    assert view_main([str(run_dir / "missing")]) == 2
+    assert polar_main(["view", str(run_dir / "missing")]) == 2
     assert "does not exist" in capsys.readouterr().err
 
 
@@ -422,7 +422,7 @@ async def test_page_in_headless_chromium(proxy_episodes, embedded_dir, tmp_path)
     episodes = [*proxy_episodes, failed_episode(ChatRenderer.from_pretrained(embedded_dir))]
     run_dir = write_run(episodes, tmp_path / "run")
     page = run_dir / "viewer.html"
-    assert view_main([str(run_dir), "--tokenizer", str(embedded_dir)]) == 0
+    assert polar_main(["view", str(run_dir), "--tokenizer", str(embedded_dir)]) == 0
     blocks = check_page(page.read_text(), episodes, embedded_dir)
     assert len(blocks["polar-ep-0"]["chains"]) == 2 and "side call" in blocks["polar-ep-0"]["chains"][1]["why"]
     proc, tools, http = await open_in_chromium(page, tmp_path)
@@ -503,7 +503,7 @@ async def test_100k_token_episode_renders_fast(embedded_dir, tmp_path):
     with TrajectoryWriter(tmp_path / "runs" / "long.jsonl") as writer:
         writer.write(traj)
     t0 = time.monotonic()
-    assert view_main([str(tmp_path / "runs"), "--tokenizer", str(embedded_dir)]) == 0
+    assert polar_main(["view", str(tmp_path / "runs"), "--tokenizer", str(embedded_dir)]) == 0
     build_s = time.monotonic() - t0
     proc, tools, http = await open_in_chromium(tmp_path / "runs" / "viewer.html", tmp_path)
     try:

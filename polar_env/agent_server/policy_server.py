@@ -114,8 +114,8 @@ def build_backend(kind: str, policy: str, tasks: str, model_dir: Path | None, co
     return ScriptedBackend(local, make_policy(policy, load_tasks(tasks)), context_window=context_window)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="polar policy-server", description=__doc__.splitlines()[0])
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = __doc__.splitlines()[0]
     parser.add_argument("--backend", choices=["local", "scripted"], default="scripted")
     parser.add_argument("--policy", choices=sorted(POLICIES), default="gold", help="scripted policy")
     parser.add_argument("--tasks", default="bundled", help="task set the gold policy looks answers up in")
@@ -124,7 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--context-window", type=int, default=256, help="scripted: prompt tokens scored")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8011)
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
 
     async def serve() -> None:
         backend = build_backend(args.backend, args.policy, args.tasks, args.model_dir, args.context_window)
@@ -141,6 +143,3 @@ def main(argv: list[str] | None = None) -> int:
     asyncio.run(serve())
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

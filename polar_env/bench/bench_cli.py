@@ -173,9 +173,9 @@ class Bench:
         }
 
 
-def bench_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="polar bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = __doc__
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--quick", action="store_true", help="small CI version (< 3 min); no Markdown by default")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     parser.add_argument("--md", type=Path, default=None,
@@ -184,7 +184,9 @@ def bench_main(argv: list[str]) -> int:
                         help="comma-separated families: overhead_instant, overhead_local, growth, concurrency, "
                              "builder, grading, rollouts, profile")
     parser.add_argument("--workdir", type=Path, default=None, help="scratch directory (default: a temp dir)")
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
     only = set(args.only.split(",")) if args.only else None
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="polar-bench-") as tmp:
@@ -193,7 +195,7 @@ def bench_main(argv: list[str]) -> int:
         results = bench.all()
     results["total_seconds"] = round(time.perf_counter() - started, 1)
     results["finished_at"] = time.time()
-    results["command"] = "polar bench " + shlex.join(argv)
+    results["command"] = "polar " + shlex.join(args.argv)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=2, default=str))

@@ -178,7 +178,8 @@ def attach_workspace(ref: WorkspaceRef, spec: SandboxSpec) -> Sandbox:
     """The using side: run commands in a workspace another process opened on this host, with this
     process's own mounts in ``spec``. The opener still owns it: never ``destroy`` an attached sandbox."""
     if ref.kind == "bubblewrap":
-        from polar_env.sandbox.bubblewrap import BubblewrapSandbox, CgroupLimits
+        from polar_env.sandbox.bubblewrap import BubblewrapSandbox
+        from polar_env.sandbox.cgroups import CgroupLimits
 
         root = Path(ref.root)
         if not (root / "testbed").is_dir():

@@ -85,12 +85,14 @@ def format_table(rows: list[DoctorRow]) -> str:
     return "\n".join(fmt.format(*line) for line in [header, *lines])
 
 
-def doctor_main(argv: list[str] | None = None) -> int:
-    """Print the table; exit 1 when a required component (not marked optional) is missing."""
-    parser = argparse.ArgumentParser(prog="polar doctor", description=__doc__)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = __doc__
     parser.add_argument("--cache", type=Path, default=None, help=f"cache root (default {cache_root()})")
     parser.add_argument("--install", action="store_true", help="install missing harnesses from npm (pinned)")
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the table; exit 1 when a required component (not marked optional) is missing."""
     if args.install:
         for cls in ADAPTERS.values():
             adapter = cls()

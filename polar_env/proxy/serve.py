@@ -14,6 +14,10 @@ from polar_env.proxy.engine import EngineConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = ("Serve OpenAI Chat Completions, OpenAI Responses and Anthropic Messages at "
+                          "/s/<session>/v1/... in front of an inference backend, recording every call token by "
+                          "token. Create sessions with POST /admin/sessions (Bearer admin secret); each "
+                          "harness then uses its session key as its API key.")
     parser.add_argument("--backend", default="local",
                         choices=["local", "vllm", "nemo-rl", "sglang", "instant"],
                         help="inference backend (default: local in-process transformers model)")
@@ -82,6 +86,6 @@ async def _serve(args: argparse.Namespace) -> None:
     await proxy.stop()
 
 
-def serve_main(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     asyncio.run(_serve(args))
     return 0

@@ -79,16 +79,17 @@ def summary_text(report: dict) -> str:
     return "\n".join(lines)
 
 
-def eval_main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="polar eval", description="Grade SWE-bench predictions.")
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.description = "Grade SWE-bench predictions."
     ap.add_argument("--tasks", default="bundled", help="bundled | verified | path/to/tasks.jsonl")
     ap.add_argument("--predictions", required=True, type=Path, help="predictions .jsonl or .json")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", type=Path, default=None, help="write the JSON report here")
     ap.add_argument("--timeout", type=float, default=DEFAULT_GRADING_TIMEOUT_S, help="grading deadline (s)")
     ap.add_argument("--instance-ids", nargs="*", default=None, help="grade only these instances")
-    args = ap.parse_args(argv)
 
+
+def run(args: argparse.Namespace) -> int:
     try:
         tasks = {t.instance_id: t for t in load_tasks(args.tasks)}
     except TaskLoadError as e:

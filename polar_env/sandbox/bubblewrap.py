@@ -5,8 +5,8 @@ sandbox user), the task copy at ``/testbed``, HOME and ``/tmp`` bound from per-s
 (so adapters can write config before and read state after a run), the harness install read-only
 at ``/opt/harness``, the proxy's socket dir at ``/run/proxy``, and the forwarder at
 ``/opt/polar/forwarder.py``. ``--unshare-all`` leaves only ``lo``. When the host runs as root the
-whole bwrap runs under an unprivileged uid (``setpriv``) that owns the task copy; cgroup v1
-memory/pids limits apply where the host lets us create child cgroups.
+whole bwrap runs under an unprivileged uid (``setpriv``) that owns the task copy; memory/pids
+limits apply through cgroup v2 where we can delegate, else cgroup v1 (``polar_env.sandbox.cgroups``).
 """
 
 from __future__ import annotations
@@ -14,9 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import signal
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -29,10 +27,11 @@ from polar_env.sandbox.base import (
     copy_path,
     run_process_tree,
 )
+from polar_env.sandbox.bwrap_argv import BwrapCommand, Mount
+from polar_env.sandbox.cgroups import CgroupLimits
 
 FORWARDER_SRC = Path(__file__).with_name("forwarder.py")
 FORWARDER_INSIDE = "/opt/polar/forwarder.py"
-CGROUP_V1_ROOT = Path("/sys/fs/cgroup")
 
 
 def _chown_tree(path: Path, uid: int, gid: int) -> None:
@@ -40,64 +39,6 @@ def _chown_tree(path: Path, uid: int, gid: int) -> None:
     for root, dirs, files in os.walk(path):
         for name in dirs + files:
             os.lchown(os.path.join(root, name), uid, gid)
-
-
-class CgroupLimits:
-    """Per-sandbox cgroup v1 memory + pids groups; ``applied`` says which the host accepted."""
-
-    def __init__(self, name: str, memory_bytes: int | None, pids_max: int | None,
-                 root: Path = CGROUP_V1_ROOT):
-        self.dirs: list[Path] = []
-        self.applied: list[str] = []
-        self.skipped: dict[str, str] = {}
-        wanted = {"memory": ("memory.limit_in_bytes", memory_bytes), "pids": ("pids.max", pids_max)}
-        for controller, (knob, value) in wanted.items():
-            if value is None:
-                continue
-            parent = root / controller
-            if not (parent / "cgroup.procs").exists():
-                self.skipped[controller] = "no cgroup v1 hierarchy"
-                continue
-            group = parent / "polar" / name
-            try:
-                group.mkdir(parents=True, exist_ok=True)
-                (group / knob).write_text(str(value))
-            except OSError as exc:
-                self.skipped[controller] = str(exc)
-                if group.exists():
-                    group.rmdir()
-                continue
-            self.dirs.append(group)
-            self.applied.append(controller)
-
-    def join(self) -> None:
-        """Move the calling process into every group (used as a preexec_fn: runs in the child)."""
-        for group in self.dirs:
-            (group / "cgroup.procs").write_text(str(os.getpid()))
-
-    def kill_all(self) -> None:
-        for group in self.dirs:
-            try:
-                for pid in (group / "cgroup.procs").read_text().split():
-                    try:
-                        os.kill(int(pid), signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-            except OSError:
-                pass
-
-    def remove(self) -> None:
-        for group in self.dirs:
-            for _ in range(50):
-                try:
-                    group.rmdir()
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:  # busy until the last process is reaped
-                    self.kill_all()
-                    time.sleep(0.05)
-        self.dirs = []
 
 
 class BubblewrapSandbox(Sandbox):
@@ -158,43 +99,20 @@ class BubblewrapSandbox(Sandbox):
         Unprivileged, bwrap uses a user namespace and the uid stays the caller's.
         """
         s = self.spec
-        as_root = os.geteuid() == 0
-        argv = ["bwrap"]
-        if as_root:
-            argv += ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
-        else:
-            argv += ["--unshare-all", "--cap-drop", "ALL", "--uid", str(self.uid), "--gid", str(self.gid)]
-        argv += ["--die-with-parent", "--new-session", "--hostname", s.hostname, "--ro-bind", "/usr", "/usr"]
-        for link in ("lib", "lib64", "bin", "sbin"):
-            if os.path.islink(f"/{link}"):
-                argv += ["--symlink", os.readlink(f"/{link}"), f"/{link}"]
-            elif os.path.isdir(f"/{link}"):
-                argv += ["--ro-bind", f"/{link}", f"/{link}"]
-        binds = [("--ro-bind", str(self.root / "etc" / "passwd"), "/etc/passwd"),
-                 ("--ro-bind", str(self.root / "etc" / "group"), "/etc/group"),
-                 ("--ro-bind", str(self.root / "etc" / "hostname"), "/etc/hostname"),
-                 ("--bind", str(self.root / "tmp"), "/tmp"),
-                 ("--bind", str(self.home), s.home),
-                 ("--bind", str(self.testbed), s.workdir),
-                 ("--ro-bind", str(FORWARDER_SRC), FORWARDER_INSIDE)]
+        mounts = [Mount("/etc/passwd", self.root / "etc" / "passwd"),
+                  Mount("/etc/group", self.root / "etc" / "group"),
+                  Mount("/etc/hostname", self.root / "etc" / "hostname"),
+                  Mount("/tmp", self.root / "tmp", "bind"),
+                  Mount(s.home, self.home, "bind"),
+                  Mount(s.workdir, self.testbed, "bind"),
+                  Mount(FORWARDER_INSIDE, FORWARDER_SRC)]
         if s.harness_dir is not None:
-            binds.append(("--ro-bind", str(s.harness_dir), "/opt/harness"))
+            mounts.append(Mount("/opt/harness", s.harness_dir))
         if s.proxy_socket_dir is not None:
-            binds.append(("--ro-bind", str(s.proxy_socket_dir), "/run/proxy"))
-        argv += ["--ro-bind", "/etc", "/etc", "--proc", "/proc", "--dev", "/dev"]
-        parents = sorted({str(p) for _, _, dst in binds for p in Path(dst).parents if str(p) not in ("/", "/etc")})
-        for parent in parents:  # bwrap would create them 0700, unreadable to the sandbox uid
-            argv += ["--perms", "0755", "--dir", parent]
-        for flag, src, dst in binds:
-            argv += [flag, src, dst]
-        argv += ["--remount-ro", "/", "--chdir", s.workdir, "--clearenv"]
-        for key, value in {**s.base_env(), **env}.items():
-            argv += ["--setenv", key, value]
-        argv.append("--")
-        if as_root:
-            argv += ["setpriv", f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups",
-                     "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
-        return argv + list(cmd)
+            mounts.append(Mount("/run/proxy", s.proxy_socket_dir))
+        command = BwrapCommand(mounts, workdir=s.workdir, env={**s.base_env(), **env}, uid=self.uid, gid=self.gid,
+                               hostname=s.hostname)
+        return command.argv(cmd)
 
     async def run(self, cmd: Sequence[str], *, env: dict[str, str] | None = None, timeout_s: float = 600.0,
                   stdin: bytes | None = None, max_output_bytes: int = 1 << 20) -> RunResult:

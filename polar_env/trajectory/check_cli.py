@@ -9,11 +9,11 @@ from pathlib import Path
 from polar_env.trajectory.checks import check_path
 
 
-def check_main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="polar check", description=(
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
         "Check a Polar trajectory file, a NeMo Gym results file, a GRPO batch or a ledger directory: "
         "NeMo-RL contract, identical first prompts per group, and (with --rescore) recorded logprobs "
-        "against one forward pass of the model."))
+        "against one forward pass of the model.")
     parser.add_argument("path", type=Path)
     parser.add_argument("--rescore", metavar="MODEL_DIR", type=Path,
                         help="re-score trainable tokens with this local model (float32)")
@@ -21,7 +21,9 @@ def check_main(argv: list[str] | None = None) -> int:
                         help="decode text around differing first prompts (default: the --rescore model)")
     parser.add_argument("--max-diff", type=float, default=1e-3,
                         help="re-score max |diff| above this is a defect (default 1e-3)")
-    args = parser.parse_args(argv)
+
+
+def run(args: argparse.Namespace) -> int:
     if not args.path.exists():
         print(f"polar check: {args.path}: no such file or directory", file=sys.stderr)
         return 2
@@ -42,6 +44,3 @@ def check_main(argv: list[str] | None = None) -> int:
     print(report.render())
     return 0 if report.ok else 1
 
-
-if __name__ == "__main__":
-    sys.exit(check_main())

@@ -16,12 +16,10 @@ from polar_env.viewer.html import render
 from polar_env.viewer.tokens import TokenText
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="polar view",
-        description="Write one self-contained HTML page (no network needed) showing the Polar trajectories "
-                    "under PATH: the episodes, and per chain the token stream coloured by loss mask and "
-                    "shaded by logprob, tool calls and results, chain breaks and the grading result.")
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = ("Write one self-contained HTML page (no network needed) showing the Polar trajectories "
+                     "under PATH: the episodes, and per chain the token stream coloured by loss mask and "
+                     "shaded by logprob, tool calls and results, chain breaks and the grading result.")
     p.add_argument("path", type=Path, help="a directory of trajectory *.jsonl files (searched recursively) or one file")
     p.add_argument("--out", type=Path, help="the HTML file to write (default: PATH/viewer.html, or PATH.html for a file)")
     p.add_argument("--tokenizer", default=None,
@@ -31,7 +29,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--serve", action="store_true",
                    help="also serve the page on 127.0.0.1 (rebuilt when the files change) until Ctrl-C")
     p.add_argument("--port", type=int, default=8765, help="port for --serve (0: any free port)")
-    return p
 
 
 def _token_text(option: str | None) -> TokenText:
@@ -97,20 +94,20 @@ async def _serve_forever(page: Callable[[], str], port: int) -> None:
         await runner.cleanup()
 
 
-def view_main(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
-    path: Path = args.path
+def write_view(path: Path, out: Path | None = None, tokenizer: str | None = None,
+               title: str | None = None) -> PageSource | None:
+    """Write the page for ``path``; None, after saying why on stderr, when it cannot."""
     if not path.exists():
         print(f"polar view: {path} does not exist", file=sys.stderr)
-        return 2
-    out: Path = args.out or (path / "viewer.html" if path.is_dir() else path.with_suffix(".html"))
+        return None
+    out = out or (path / "viewer.html" if path.is_dir() else path.with_suffix(".html"))
     try:
-        text = _token_text(args.tokenizer)
+        text = _token_text(tokenizer)
     except (OSError, ValueError) as exc:
         print(f"polar view: cannot load the tokenizer ({exc}); pass --tokenizer MODEL_DIR or --tokenizer none",
               file=sys.stderr)
-        return 2
-    source = PageSource(path, text, args.title)
+        return None
+    source = PageSource(path, text, title)
     page = source.page()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
@@ -123,6 +120,13 @@ def view_main(argv: list[str]) -> int:
           f"{len(page) / 1e6:.1f} MB, token text by {text.name}")
     if not loaded.episodes:
         print(f"polar view: no Polar trajectories under {path}", file=sys.stderr)
+    return source
+
+
+def run(args: argparse.Namespace) -> int:
+    source = write_view(args.path, args.out, args.tokenizer, args.title)
+    if source is None:
+        return 2
     if args.serve:
         try:
             asyncio.run(_serve_forever(source.page, args.port))

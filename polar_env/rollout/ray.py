@@ -12,7 +12,6 @@ from ``--out``. Every node needs polar_env installed, bubblewrap, and npm access
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import dataclasses
 import socket
@@ -22,17 +21,11 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from polar_env.rollout import (
-    EpisodeRunner,
-    Progress,
-    RolloutOutputs,
-    RolloutPlan,
-    episode_key,
-    finish_outputs,
-    pending_episodes,
-    prepare,
-    proxy_factory_from_args,
-)
+from polar_env.rollout.config import RolloutConfig
+from polar_env.rollout.outputs import RolloutOutputs, finish_outputs
+from polar_env.rollout.plan import RolloutPlan, episode_key, pending_episodes
+from polar_env.rollout.progress import Progress
+from polar_env.rollout.runner import EpisodeRunner, prepare, proxy_factory
 from polar_env.trajectory.export import read_trajectories
 from polar_env.trajectory.models import Trajectory
 
@@ -52,9 +45,9 @@ def node_ledger(out: Path, node_id: str) -> Path:
 class NodeWorker:
     """A Ray actor on one node: its proxy, its sandboxes, its share of the episodes."""
 
-    def __init__(self, plan: RolloutPlan, args: argparse.Namespace):
+    def __init__(self, plan: RolloutPlan, config: RolloutConfig):
         self.plan = plan
-        self.args = args
+        self.config = config
         self.tasks = {t.instance_id: t for t in plan.tasks}
         self.runner: EpisodeRunner | None = None
 
@@ -63,7 +56,7 @@ class NodeWorker:
 
         node_id = ray.get_runtime_context().get_node_id()
         await asyncio.to_thread(prepare, self.plan)
-        factory = await asyncio.to_thread(proxy_factory_from_args, self.args, tasks=self.plan.tasks)
+        factory = await asyncio.to_thread(proxy_factory, self.config, tasks=self.plan.tasks)
         ledger = node_ledger(self.plan.out, node_id)
         self.runner = EpisodeRunner(self.plan, factory, ledger,
                                     metadata={"ray_node_id": node_id, "host": socket.gethostname()})
@@ -87,19 +80,19 @@ def worker_nodes() -> list[dict[str, Any]]:
     return [n for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU", 0) > 0]
 
 
-def run_on_ray(plan: RolloutPlan, args: argparse.Namespace) -> list[Trajectory]:
-    """Run the plan's unfinished episodes on the Ray cluster at ``args.ray`` ('auto': the local one)."""
+def run_on_ray(plan: RolloutPlan, config: RolloutConfig) -> list[Trajectory]:
+    """Run the plan's unfinished episodes on the Ray cluster at ``config.ray`` ('auto': the local one)."""
     import ray
 
     plan = dataclasses.replace(plan, out=plan.out.resolve())  # nodes see the path, not the driver's cwd
-    ray.init(address=args.ray, log_to_driver=False)
+    ray.init(address=config.ray, log_to_driver=False)
     try:
-        return _drive(plan, args)
+        return _drive(plan, config)
     finally:
         ray.shutdown()
 
 
-def _drive(plan: RolloutPlan, args: argparse.Namespace) -> list[Trajectory]:
+def _drive(plan: RolloutPlan, config: RolloutConfig) -> list[Trajectory]:
     import ray
     from ray.exceptions import RayActorError
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -111,7 +104,7 @@ def _drive(plan: RolloutPlan, args: argparse.Namespace) -> list[Trajectory]:
         remote = ray.remote(NodeWorker)
         candidates = [remote.options(num_cpus=0, max_concurrency=plan.concurrency + 2,
                                      scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
-                                     ).remote(plan, args) for n in worker_nodes()]
+                                     ).remote(plan, config) for n in worker_nodes()]
         for actor, ref in [(a, a.setup.remote()) for a in candidates]:
             try:
                 info = ray.get(ref)

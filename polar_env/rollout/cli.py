@@ -1,0 +1,102 @@
+"""`polar rollout` (and the flags `polar demo` shares): flags in, a RolloutConfig out, the job run."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import polar_env.rollout
+from polar_env.episodes.workspace import SANDBOX_CHOICES, WorkspaceUnavailable
+from polar_env.outcomes import FailureKind, Outcome, parse_outcome
+from polar_env.rollout.config import RolloutConfig
+from polar_env.tasks.loader import TaskLoadError
+
+
+def add_job_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of a rollout job (`polar demo` has them too); their names are RolloutConfig's fields."""
+    d = RolloutConfig()
+    parser.add_argument("--harness", default=d.harness, help="codex | claude-code | pi")
+    parser.add_argument("--sandbox", default=d.sandbox, choices=SANDBOX_CHOICES,
+                        help="where episodes run: auto (a bubblewrap tree for tasks with a base archive, a "
+                             "container of the task's image otherwise) or one engine for every task")
+    parser.add_argument("--tasks", default=d.tasks, help="bundled | verified | FILE.jsonl")
+    parser.add_argument("--task-ids", nargs="*", default=d.task_ids, help="only these instance ids")
+    parser.add_argument("--limit", type=int, default=d.limit, help="only the first N tasks")
+    parser.add_argument("--backend", default=d.backend, help="local | vllm | nemo-rl | sglang")
+    parser.add_argument("--url", action="append", default=[], help="backend URL (repeatable)")
+    parser.add_argument("--model-dir", type=Path, default=d.model_dir,
+                        help="HF model/tokenizer dir (default: the embedded SmolLM2-135M-Instruct)")
+    parser.add_argument("--model-name", default=d.model_name)
+    parser.add_argument("--policy", default=d.policy,
+                        help="model (the backend samples) or a scripted policy scored by the local model: "
+                             "gold (replays the gold patch), noop")
+    parser.add_argument("--score-window", type=int, default=d.score_window,
+                        help="scripted policies: the model scores each answer given the last N prompt tokens")
+    parser.add_argument("--tool-format", choices=["hermes", "qwen3_coder"], default=d.tool_format)
+    parser.add_argument("--samples", type=int, default=d.samples, help="rollouts per task (GRPO group size)")
+    parser.add_argument("--concurrency", type=int, default=d.concurrency)
+    parser.add_argument("--out", type=Path, default=d.out)
+    parser.add_argument("--timeout", type=float, default=d.timeout, help="harness deadline per episode (s)")
+    parser.add_argument("--grading-timeout", type=float, default=d.grading_timeout)
+    parser.add_argument("--temperature", type=float, default=d.temperature)
+    parser.add_argument("--top-p", type=float, default=d.top_p)
+    parser.add_argument("--max-tokens", type=int, default=d.max_tokens, help="per model call")
+    parser.add_argument("--max-context", type=int, default=d.max_context)
+    parser.add_argument("--outcome", action="append", default=[], type=_outcome_arg, metavar="KIND=mask|REWARD",
+                        help="override a row of the outcome table (docs/outcomes.md), e.g. harness_crashed=mask")
+    parser.add_argument("--min-backend-tokens-per-s", type=float, default=d.min_backend_tokens_per_s,
+                        help="a deadline hit while the backend sampled slower than this is masked, not the policy's")
+
+
+def _outcome_arg(item: str) -> tuple[FailureKind, Outcome]:
+    try:
+        return parse_outcome(item)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def config_from_args(args: argparse.Namespace) -> RolloutConfig:
+    """The parsed flags as the typed config (flags other commands add are left out)."""
+    return RolloutConfig.model_validate({k: v for k, v in vars(args).items() if k in RolloutConfig.model_fields})
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = polar_env.rollout.__doc__
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    add_job_arguments(parser)
+    parser.add_argument("--ray", nargs="?", const="auto", default=None, metavar="ADDRESS",
+                        help="spread the episodes over this Ray cluster's nodes, each with its own proxy "
+                             "and sandboxes (no ADDRESS or 'auto': the cluster running on this machine)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from polar_env.rollout.outputs import summarize, summary_table
+    from polar_env.rollout.plan import pending_episodes, plan_from_config
+    from polar_env.rollout.runner import prepare, proxy_factory, run_rollouts
+
+    config = config_from_args(args)
+    try:
+        plan = plan_from_config(config)
+        if not config.ray:
+            prepare(plan)
+    except (TaskLoadError, WorkspaceUnavailable) as exc:
+        print(f"polar rollout: {exc}", file=sys.stderr)
+        return 2
+    try:
+        if config.ray:
+            from polar_env.rollout.ray import run_on_ray
+
+            trajectories = run_on_ray(plan, config)
+        else:
+            trajectories = asyncio.run(run_rollouts(plan, proxy_factory(config, tasks=plan.tasks)))
+    except KeyboardInterrupt:
+        left = len(pending_episodes(plan))
+        print(f"\ninterrupted: {len(plan.episodes()) - left} of {len(plan.episodes())} episodes are in "
+              f"{plan.out}; run the same command again to do the other {left}", file=sys.stderr)
+        return 130
+    print(summary_table(trajectories))
+    print(json.dumps(summarize(trajectories), indent=2))
+    return 0

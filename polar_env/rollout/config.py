@@ -1,0 +1,48 @@
+"""The settings of one rollout job, typed once: the CLI fills them, Ray ships them to every node."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from polar_env.outcomes import FailureKind, Outcome, OutcomeTable
+
+
+class RolloutConfig(BaseModel):
+    """What `polar rollout` / `polar demo` were asked to do (one field per flag, same names)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    harness: str = "pi"  # codex | claude-code | pi
+    sandbox: str = "auto"  # auto | bubblewrap | docker | podman | apptainer (polar_env.episodes.workspace)
+    tasks: str = "bundled"  # bundled | verified | FILE.jsonl
+    task_ids: list[str] | None = None
+    limit: int | None = None
+    backend: str = "local"  # local | vllm | nemo-rl | sglang
+    url: list[str] = []
+    model_dir: Path | None = None  # default: the embedded SmolLM2-135M-Instruct
+    model_name: str | None = None
+    policy: str = "model"  # who picks each answer: the backend's model, or a scripted policy (gold, noop)
+    score_window: int = 1024  # scripted policies: prompt tokens the model scores each answer with
+    tool_format: Literal["hermes", "qwen3_coder"] | None = None
+    samples: int = 1  # GRPO group size
+    concurrency: int = 1
+    out: Path = Path("runs/rollout")
+    timeout: float = 600.0  # harness deadline per episode (s)
+    grading_timeout: float = 900.0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 1024  # per model call
+    max_context: int = 32768
+    outcome: list[tuple[FailureKind, Outcome]] = []  # rows overriding the outcome table (docs/outcomes.md)
+    min_backend_tokens_per_s: float = OutcomeTable().min_backend_tokens_per_s
+    ray: str | None = None  # a Ray cluster address ('auto': the one on this machine)
+
+    def sampling(self) -> dict[str, float | int]:
+        """The sampling parameters the trainer dictates to every model call."""
+        return {"temperature": self.temperature, "top_p": self.top_p, "max_tokens": self.max_tokens}
+
+    def outcomes(self) -> OutcomeTable:
+        return OutcomeTable(rows=dict(self.outcome), min_backend_tokens_per_s=self.min_backend_tokens_per_s)

@@ -1,0 +1,97 @@
+"""What a rollout leaves in ``--out``: trajectories and NeMo results as episodes end, then the GRPO
+batch and the summary over everything finished."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from polar_env.trajectory.export import (
+    TrajectoryWriter,
+    grpo_rows,
+    to_nemo_gym_result,
+    write_jsonl,
+)
+from polar_env.trajectory.models import Trajectory
+
+
+def _drop_partial_line(path: Path) -> None:
+    """A kill during a write leaves an unterminated last line; the next append would glue onto it."""
+    if not path.exists():
+        return
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        with open(path, "r+b") as handle:
+            handle.truncate(data.rfind(b"\n") + 1)
+
+
+class RolloutOutputs:
+    """``--out`` as episodes end: a line in trajectories.jsonl and nemo_results.jsonl per episode,
+    flushed at once, so an interrupt loses only the episodes still running."""
+
+    def __init__(self, out: Path):
+        out.mkdir(parents=True, exist_ok=True)
+        for name in ("trajectories.jsonl", "nemo_results.jsonl"):
+            _drop_partial_line(out / name)
+        self._trajectories = TrajectoryWriter(out / "trajectories.jsonl")
+        self._nemo = open(out / "nemo_results.jsonl", "a")  # noqa: SIM115 - appended as episodes end
+
+    def add(self, trajectory: Trajectory) -> None:
+        self._trajectories.write(trajectory)
+        self._nemo.write(json.dumps(to_nemo_gym_result(trajectory)) + "\n")  # masked ones too: never dropped
+        self._nemo.flush()
+
+    def close(self) -> None:
+        self._trajectories.close()
+        self._nemo.close()
+
+    def __enter__(self) -> RolloutOutputs:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def finish_outputs(out: Path, trajectories: list[Trajectory]) -> dict[str, Any]:
+    """NeMo results (rebuilt, so an interrupt between two appends leaves no gap), GRPO batch and
+    summary over every finished episode in ``out``."""
+    write_jsonl(out / "nemo_results.jsonl", map(to_nemo_gym_result, trajectories))
+    graded = [t for t in trajectories if t.reward is not None]
+    write_jsonl(out / "grpo_batch.jsonl", grpo_rows(graded))
+    summary = summarize(trajectories)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def summarize(trajectories: list[Trajectory]) -> dict[str, Any]:
+    n = len(trajectories)
+    resolved = sum(bool(t.grading and t.grading.get("resolved")) for t in trajectories)
+    return {
+        "episodes": n,
+        "status": {s: sum(t.status == s for t in trajectories) for s in ("completed", "timeout", "error")},
+        "resolved": resolved,
+        "resolved_rate": resolved / n if n else 0.0,
+        "masked": sum(t.masked for t in trajectories),
+        "failure_kinds": dict(sorted(Counter(t.failure_kind.value for t in trajectories).items())),
+        "calls": sum(t.stats.calls for t in trajectories),
+        "sampled_tokens": sum(t.stats.sampled_tokens for t in trajectories),
+        "trainable_tokens": sum(t.stats.trainable_tokens for t in trajectories),
+        "chains": sum(t.stats.chains for t in trajectories),
+        "models": sorted({t.model for t in trajectories if t.model}),
+        "backends": sorted({t.backend for t in trajectories if t.backend}),
+    }
+
+
+def summary_table(trajectories: list[Trajectory]) -> str:
+    rows = [("episode", "status", "turns", "sampled", "trainable", "chains", "reward", "time s")]
+    for t in trajectories:
+        rows.append((t.session_id, t.status, str(t.stats.calls), str(t.stats.sampled_tokens),
+                     str(t.stats.trainable_tokens), str(t.stats.chains),
+                     "-" if t.reward is None else f"{t.reward:.1f}",
+                     f"{t.metadata.get('duration_s', 0.0):.0f}"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

@@ -1,0 +1,65 @@
+"""Which episodes a rollout job owes, and which of them ``--out`` already holds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from polar_env.episodes import EpisodeConfig
+from polar_env.rollout.config import RolloutConfig
+from polar_env.tasks.models import Task
+from polar_env.trajectory.export import read_trajectories
+
+
+@dataclass
+class RolloutPlan:
+    tasks: list[Task]
+    samples: int = 1
+    concurrency: int = 1
+    out: Path = Path("runs/rollout")
+    episode: EpisodeConfig = field(default_factory=EpisodeConfig)
+
+    def episodes(self) -> list[tuple[Task, int]]:
+        return [(task, k) for task in self.tasks for k in range(self.samples)]
+
+
+def plan_from_config(config: RolloutConfig) -> RolloutPlan:
+    """The tasks the config selects, each ``samples`` times."""
+    from polar_env.tasks.loader import TaskLoadError, load_tasks
+
+    tasks = load_tasks(config.tasks)
+    if config.task_ids:
+        tasks = [t for t in tasks if t.instance_id in set(config.task_ids)]
+    tasks = tasks[: config.limit] if config.limit else tasks
+    if not tasks:
+        raise TaskLoadError(f"no tasks selected from {config.tasks!r} (check --task-ids / --limit)")
+    return RolloutPlan(tasks=tasks, samples=config.samples, concurrency=config.concurrency, out=config.out,
+                       episode=EpisodeConfig(harness=config.harness, timeout_s=config.timeout,
+                                             grading_timeout_s=config.grading_timeout, policy=config.sampling(),
+                                             model_name=config.model_name, sandbox=config.sandbox,
+                                             outcomes=config.outcomes()))
+
+
+def episode_key(task_id: str, sample: int) -> str:
+    return f"{task_id}.s{sample}"
+
+
+def finished_keys(out: Path) -> set[str]:
+    path = out / "trajectories.jsonl"
+    if not path.exists():
+        return set()
+    return {t.metadata.get("episode_key", "") for t in read_trajectories(path)}
+
+
+def pending_episodes(plan: RolloutPlan) -> list[tuple[Task, int]]:
+    """The plan's episodes not yet in ``plan.out`` (what a rerun still has to do)."""
+    done = finished_keys(plan.out)
+    return [(t, k) for t, k in plan.episodes() if episode_key(t.instance_id, k) not in done]
+
+
+def attempt_session_id(key: str, ledger: Path) -> str:
+    """A fresh session id per attempt, so an interrupted attempt's ledger stays as it was."""
+    attempt = 0
+    while (ledger / "sessions" / f"{key}.a{attempt}").exists():
+        attempt += 1
+    return f"{key}.a{attempt}"

@@ -1,0 +1,142 @@
+"""Episodes of a plan on this host, N at a time, all through one proxy on a Unix socket."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from polar_env.episodes import run_episode
+from polar_env.proxy.app import ProxyServer
+from polar_env.rollout.config import RolloutConfig
+from polar_env.rollout.outputs import RolloutOutputs, finish_outputs
+from polar_env.rollout.plan import RolloutPlan, attempt_session_id, episode_key, pending_episodes
+from polar_env.rollout.progress import Progress
+from polar_env.tasks.models import Task
+from polar_env.trajectory.export import read_trajectories
+from polar_env.trajectory.models import Trajectory
+
+ProxyFactory = Callable[[Path, Path], ProxyServer]  # (ledger dir, Unix socket) -> an unstarted proxy
+
+
+class EpisodeRunner:
+    """Episodes of a plan on this host, all through one proxy on a Unix socket (the sandboxes'
+    only way out). ``polar rollout`` runs one; under Ray every node runs its own."""
+
+    def __init__(self, plan: RolloutPlan, proxy_factory: ProxyFactory, ledger: Path, *,
+                 metadata: dict[str, Any] | None = None):
+        self.plan = plan
+        self.proxy_factory = proxy_factory
+        self.ledger = ledger
+        self.metadata = metadata or {}  # stamped on every trajectory (e.g. the Ray node)
+        self.proxy: ProxyServer | None = None
+        self._sock_dir: Path | None = None
+
+    async def start(self) -> None:
+        self._sock_dir = Path(tempfile.mkdtemp(prefix="polar-sock-"))  # AF_UNIX paths are <108 bytes
+        self._sock_dir.chmod(0o755)
+        socket = self._sock_dir / "proxy.sock"
+        self.proxy = self.proxy_factory(self.ledger, socket)
+        await self.proxy.start(unix_socket=socket, port=None)
+
+    async def run(self, task: Task, sample: int) -> Trajectory:
+        key = episode_key(task.instance_id, sample)
+        result = await run_episode(self.proxy, task, episode_id=attempt_session_id(key, self.ledger),
+                                   group_id=task.instance_id, config=self.plan.episode,
+                                   metadata={"episode_key": key, "sample": sample, **self.metadata})
+        result.trajectory.metadata.update({"episode_key": key, **self.metadata})
+        return result.trajectory
+
+    async def stop(self) -> None:
+        if self.proxy is not None:
+            await self.proxy.stop()
+        if self._sock_dir is not None:
+            shutil.rmtree(self._sock_dir, ignore_errors=True)
+
+
+async def run_rollouts(plan: RolloutPlan, proxy_factory: ProxyFactory) -> list[Trajectory]:
+    """Run every unfinished episode of ``plan``; ``proxy_factory(data_dir, socket)`` builds the proxy."""
+    outputs = RolloutOutputs(plan.out)
+    todo = pending_episodes(plan)
+    progress = Progress(len(plan.episodes()), len(plan.episodes()) - len(todo))
+    runner = EpisodeRunner(plan, proxy_factory, plan.out / "ledger")
+    semaphore = asyncio.Semaphore(plan.concurrency)
+
+    async def one(task: Task, sample: int) -> None:
+        async with semaphore:
+            progress.running += 1
+            progress.update()
+            try:
+                trajectory = await runner.run(task, sample)
+            finally:
+                progress.running -= 1
+            outputs.add(trajectory)
+            progress.update(trajectory)
+
+    try:
+        if todo:
+            await runner.start()
+            # one episode's unexpected failure must not stop the others: it is reported, left out of
+            # the outputs, and retried by a rerun on the same --out
+            results = await asyncio.gather(*(one(t, k) for t, k in todo), return_exceptions=True)
+            for (task, sample), result in zip(todo, results, strict=True):
+                if isinstance(result, BaseException):
+                    print(f"episode {episode_key(task.instance_id, sample)} failed outside its sandbox: "
+                          f"{type(result).__name__}: {result}", file=sys.stderr)
+    finally:
+        progress.close()
+        outputs.close()
+        await runner.stop()
+    trajectories = list(read_trajectories(plan.out / "trajectories.jsonl"))
+    finish_outputs(plan.out, trajectories)
+    return trajectories
+
+
+def proxy_factory(config: RolloutConfig, backend=None, tasks: list[Task] | None = None) -> ProxyFactory:
+    """A factory building the proxy for this run (one model load, reused across reruns)."""
+    from polar_env.backends.embedded import embedded_model_dir
+    from polar_env.backends.registry import make_backend
+    from polar_env.chat.template import ChatRenderer
+    from polar_env.proxy.engine import EngineConfig
+
+    model_dir = config.model_dir or embedded_model_dir()
+    renderer = ChatRenderer.from_pretrained(model_dir, tool_format=config.tool_format)
+    if backend is None and config.policy != "model":
+        from polar_env.backends.policies import make_policy
+
+        backend = make_backend("scripted", model_dir=model_dir, policy=make_policy(config.policy, tasks or []),
+                               context_window=config.score_window)
+    backend = backend or make_backend(config.backend, url=config.url or None,
+                                      model=config.model_name or model_dir.name, model_dir=model_dir)
+
+    def factory(data_dir: Path, socket: Path) -> ProxyServer:
+        return ProxyServer.create(renderer=renderer, backend=backend, data_dir=data_dir,
+                                  admin_secret=secrets.token_urlsafe(24),
+                                  config=EngineConfig(max_context=config.max_context,
+                                                      default_max_tokens=config.max_tokens))
+
+    return factory
+
+
+def prepare(plan: RolloutPlan) -> None:
+    """Host-side setup and checks before the clock starts: each task's workspace can be made here
+    (engine, image), the harness is installed, and each bubblewrap task's test env is built."""
+    from polar_env.episodes.workspace import check_engine, check_image, workspace_kind
+    from polar_env.harness_adapters.registry import get_adapter
+    from polar_env.tasks.env import ensure_task_env
+
+    kinds = {t.instance_id: workspace_kind(t, plan.episode.sandbox) for t in plan.tasks}
+    for kind in set(kinds.values()):
+        check_engine(kind)
+    for task in plan.tasks:
+        check_image(task, kinds[task.instance_id])
+    get_adapter(plan.episode.harness).install()
+    if plan.episode.grade:
+        for task in plan.tasks:
+            if kinds[task.instance_id] == "bubblewrap":
+                ensure_task_env(task)
