@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Rebuild the bundled SWE-bench Verified tasks from PyPI sdists (DESIGN.md §7).
+"""Rebuild the bundled SWE-bench Verified tasks from PyPI sdists (docs/rewards.md).
 
 For each task: download the pinned release sdist that contains the upstream fix (sha256
 checked), revert the fix, its new test and its changelog line to get the base tree, diff the

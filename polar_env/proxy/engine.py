@@ -1,4 +1,4 @@
-"""The token path: canonical conversation in, token-exact call out (DESIGN.md §3).
+"""The token path: canonical conversation in, token-exact call out (docs/architecture.md, "The token path").
 
 For each request the engine finds the earlier call that this conversation extends (its messages
 plus its own answer are a message-level prefix of the request), reuses that call's prompt ids and

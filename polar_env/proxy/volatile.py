@@ -1,4 +1,4 @@
-"""Strip prompt text that changes between rollouts of one task (DESIGN.md §4).
+"""Strip prompt text that changes between rollouts of one task (docs/architecture.md, "The token path").
 
 GRPO groups are formed by the exact token ids of the first prompt: a line that differs per request
 (Claude Code's billing header carries a per-request hash) makes every sample a group of one, with

@@ -3,7 +3,7 @@
 A sandbox holds one task tree at a fixed path (``/testbed``) and runs commands in it with a
 deadline, a fixed environment and no network except the proxy. Everything a harness reads into
 its first request (cwd, HOME, user, hostname, timezone, env) comes from :class:`SandboxSpec`, so
-it is identical across the rollouts of a task (DESIGN.md §4: GRPO groups by first-prompt ids).
+it is identical across the rollouts of a task (docs/architecture.md, "The token path": GRPO groups by first-prompt ids).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# Harness state and build artefacts that are never part of the agent's patch (DESIGN.md §7).
+# Harness state and build artefacts that are never part of the agent's patch (docs/rewards.md).
 NOISE_EXCLUDES: tuple[str, ...] = (
     ".codex", ".claude", ".pi", "__pycache__", "*.pyc", "*.pyo", "*.egg-info", ".pytest_cache",
     "build", "dist", ".eggs", ".tox", ".mypy_cache", ".ruff_cache", "node_modules",

@@ -1,4 +1,4 @@
-"""The local default sandbox: bubblewrap with no network but the proxy (DESIGN.md §6b).
+"""The local default sandbox: bubblewrap with no network but the proxy (docs/architecture.md, "An episode").
 
 Layout inside: the read-only host ``/usr`` and ``/etc`` (a generated passwd/group names the
 sandbox user), the task copy at ``/testbed``, HOME and ``/tmp`` bound from per-sandbox host dirs

@@ -3,7 +3,7 @@
 The sandbox has no network, only ``lo``; the proxy's socket directory is bind-mounted in. Harnesses
 speak TCP, so this relays each TCP connection to a blocking Unix-socket connection. It binds
 before it reports ready (a line on stderr) and, given ``-- CMD...``, starts CMD only then and exits
-with CMD's status, so the harness never races the listener. Run with /usr/bin/python3 (DESIGN §6b).
+with CMD's status, so the harness never races the listener. Run with /usr/bin/python3 (docs/architecture.md, "An episode").
 """
 
 from __future__ import annotations
