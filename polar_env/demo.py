@@ -42,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     add_job_arguments(parser)
     parser.add_argument("--quick", action="store_true", help="2 tasks, 1 sample each (what CI runs)")
-    parser.set_defaults(out=Path("runs/demo"), **FULL)
+    parser.set_defaults(out=Path("runs/demo"), **dict.fromkeys(FULL))  # None: not given, the preset decides
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,9 +50,11 @@ def run(args: argparse.Namespace) -> int:
     from polar_env.rollout.plan import plan_from_config
     from polar_env.rollout.runner import prepare, proxy_factory, run_rollouts
 
+    preset = QUICK if args.quick else FULL  # explicit flags win over either preset
+    for key, value in preset.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     config = config_from_args(args)
-    if args.quick:  # quick defaults, still overridable by explicit flags
-        config = config.model_copy(update={k: v for k, v in QUICK.items() if getattr(args, k) == FULL[k]})
     started = time.monotonic()
     plan = plan_from_config(config)
     print(f"polar demo: {len(plan.tasks)} bundled task(s) x {plan.samples} sample(s), harness {config.harness}, "
