@@ -17,8 +17,17 @@ from polar_env.backends.embedded import EMBEDDED_MODEL_NAME
 from polar_env.rollout.cli import add_job_arguments, config_from_args
 from polar_env.rollout.config import RolloutConfig
 
-QUICK = {"limit": 2, "samples": 1, "max_tokens": 96, "timeout": 120.0, "concurrency": 2}
-FULL = {"limit": None, "samples": 2, "max_tokens": 160, "timeout": 300.0, "concurrency": 2}
+QUICK = {"limit": 2, "samples": 1, "timeout": 120.0, "concurrency": 2}
+FULL = {"limit": None, "samples": 2, "timeout": 300.0, "concurrency": 2}
+# Per-call token budget unless --max-tokens says otherwise. The embedded model's answers are cut short
+# to keep a CPU demo quick; a scripted policy's answer is the script's (the gold patch is one long
+# tool call, up to ~400 tokens on the bundled tasks), so it gets rollout's budget.
+MODEL_MAX_TOKENS = {"quick": 96, "full": 160}
+SCRIPTED_MAX_TOKENS = 1024
+
+
+def default_max_tokens(policy: str, quick: bool) -> int:
+    return MODEL_MAX_TOKENS["quick" if quick else "full"] if policy == "model" else SCRIPTED_MAX_TOKENS
 
 
 def policy_label(config: RolloutConfig, model: str) -> str:
@@ -42,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     add_job_arguments(parser)
     parser.add_argument("--quick", action="store_true", help="2 tasks, 1 sample each (what CI runs)")
-    parser.set_defaults(out=Path("runs/demo"), **dict.fromkeys(FULL))  # None: not given, the preset decides
+    parser.set_defaults(out=Path("runs/demo"), max_tokens=None, **dict.fromkeys(FULL))  # None: the preset decides
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
     for key, value in preset.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    if args.max_tokens is None:
+        args.max_tokens = default_max_tokens(args.policy, args.quick)
     config = config_from_args(args)
     started = time.monotonic()
     plan = plan_from_config(config)

@@ -8,19 +8,37 @@ import shutil
 
 import pytest
 
+from polar_env.backends.policies import SHELL_TOOLS, gold_policy
 from polar_env.cli import main as polar_main
+from polar_env.demo import default_max_tokens
+from polar_env.tasks.loader import load_tasks
 from polar_env.trajectory.export import read_trajectories
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(shutil.which("bwrap") is None or shutil.which("npm") is None,
-                                 reason="needs bubblewrap and npm")]
+needs_sandbox = pytest.mark.skipif(shutil.which("bwrap") is None or shutil.which("npm") is None,
+                                   reason="needs bubblewrap and npm")
 
 
+@pytest.mark.parametrize("quick", [True, False])
+def test_gold_default_budget_holds_every_bundled_gold_call(quick, renderer):
+    """`polar demo --policy gold` (no --max-tokens) must not truncate any gold tool call, in any
+    harness's shell tool: a truncated call applies nothing and the episode scores 0."""
+    tasks = load_tasks("bundled")
+    policy = gold_policy(tasks)
+    budget = default_max_tokens("gold", quick)
+    for task in tasks:
+        for tool, _ in SHELL_TOOLS:
+            text = policy(f"{task.instance_id}.s0.a0", 0, f'"name": "{tool}"')
+            assert "git apply" in text
+            tokens = len(renderer.tokenizer.encode(text, add_special_tokens=False)) + 1  # + end of turn
+            assert tokens <= budget, (task.instance_id, tool, tokens, budget)
+
+
+@pytest.mark.slow
+@needs_sandbox
 @pytest.mark.parametrize("policy", ["model", "gold"])
 def test_quick_demo_outputs_pass_polar_check(policy, tmp_path, capsys):
     out = tmp_path / "demo"
-    extra = ["--max-tokens", "1024"] if policy == "gold" else []  # the gold patch is one long tool call
-    assert polar_main(["demo", "--quick", "--out", str(out), "--policy", policy, *extra]) == 0
+    assert polar_main(["demo", "--quick", "--out", str(out), "--policy", policy]) == 0  # as the README writes it
     printed = capsys.readouterr().out.lower()
     assert "model:  smollm2-135m-instruct" in printed and "policy: " in printed
     for name in ("trajectories.jsonl", "nemo_results.jsonl", "grpo_batch.jsonl", "summary.json", "viewer.html"):

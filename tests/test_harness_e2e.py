@@ -4,13 +4,17 @@ The backend is the scripted policy (real SmolLM2 tokenizer and model score the c
 and logprobs are real): the first answer is a tool call in the harness's own tool vocabulary that
 edits /testbed/hello.py; once a tool result is in the prompt, a final answer. The test asserts the
 file change, the exit status, the trajectory (one chain, mask over exactly the sampled tokens), that
-every request stayed inside the session, and that two rollouts share their first prompt token-for-token.
+every request stayed inside the session, and that two rollouts on two "machines" (another hostname,
+user, time zone and temp path; the host kernel varied in the captured request) share their first
+prompt token-for-token.
 """
 
 from __future__ import annotations
 
 import json
+import platform
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,6 +26,7 @@ from polar_env.backends.scripted import ScriptedBackend
 from polar_env.chat.template import ChatRenderer
 from polar_env.harness_adapters import get_adapter
 from polar_env.harness_adapters.runner import run_episode_in_sandbox
+from polar_env.proxy import anthropic_messages, openai_chat, openai_responses
 from polar_env.proxy.app import ProxyServer
 from polar_env.proxy.engine import EngineConfig
 from polar_env.sandbox.base import SandboxSpec
@@ -63,9 +68,11 @@ def policy(session_id: str | None, call_number: int, prompt_text: str) -> str:
 
 
 class RecordingProxy(ProxyServer):
-    """The real proxy plus a middleware that notes every request path it receives."""
+    """The real proxy plus a middleware that notes every request path it receives (and keeps the
+    bodies of model calls)."""
 
     seen: list[tuple[str, str]]
+    bodies: list[tuple[str, bytes]]
 
     def app(self) -> web.Application:
         app = super().app()
@@ -73,6 +80,8 @@ class RecordingProxy(ProxyServer):
         @web.middleware
         async def record(request: web.Request, handler):
             self.seen.append((request.method, request.path))
+            if request.method == "POST":
+                self.bodies.append((request.path, await request.read()))
             return await handler(request)
 
         app.middlewares.insert(0, record)
@@ -90,14 +99,15 @@ async def proxy(smol, tmp_path: Path):
     server = RecordingProxy.create(renderer=renderer, backend=ScriptedBackend(local, policy, context_window=256),
                                    data_dir=tmp_path / "ledger", admin_secret="admin",
                                    config=EngineConfig(max_context=131072, default_max_tokens=256))
-    server.seen = []
+    server.seen, server.bodies = [], []
     await server.start(unix_socket=tmp_path / "sock" / "proxy.sock", port=None)
     yield server
     await server.stop()
 
 
 async def rollout(adapter, proxy: RecordingProxy, tmp_path: Path, name: str, *,
-                  prompt: str = "Change original to edited in hello.py.", timeout_s: float = 240):
+                  prompt: str = "Change original to edited in hello.py.", timeout_s: float = 240,
+                  machine: dict | None = None):
     task = tmp_path / "task"
     if not task.exists():
         task.mkdir(parents=True)
@@ -106,8 +116,8 @@ async def rollout(adapter, proxy: RecordingProxy, tmp_path: Path, name: str, *,
                                     metadata={"task_id": "hello", "harness": adapter.name})
     sock = proxy.unix_socket.parent
     sock.chmod(0o755)
-    sb = BubblewrapSandbox.create(task, spec=SandboxSpec(proxy_socket_dir=sock, harness_dir=adapter.install_dir(),
-                                                         scratch_root=tmp_path / "scratch"))
+    spec = SandboxSpec(proxy_socket_dir=sock, harness_dir=adapter.install_dir(), scratch_root=tmp_path / "scratch")
+    sb = BubblewrapSandbox.create(task, spec=replace(spec, **(machine or {})))
     try:
         run = await run_episode_in_sandbox(adapter, sb, proxy_socket_dir=sock, session_id=sid, session_key=key,
                                            model_name="policy", prompt=prompt, timeout_s=timeout_s)
@@ -151,20 +161,43 @@ async def test_real_harness_edits_file_through_proxy(harness, proxy: RecordingPr
     assert outside == [], outside
 
 
+# What differs between two nodes of a cluster that a sandbox spec could still leak: hostname, user,
+# time zone, the host path of the workspace (each rollout has its own tmp_path).
+MACHINES = [{}, {"hostname": "node-b", "user": "worker", "env": {**SandboxSpec().env, "TZ": "America/New_York"}}]
+DECODE = {"/v1/messages": anthropic_messages.decode, "/v1/responses": openai_responses.decode,
+          "/v1/chat/completions": openai_chat.decode}
+
+
+def _first_difference(renderer, a: list[int], b: list[int]) -> str:
+    i = next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    return f"differ at token {i}: {renderer.tokenizer.decode(a[i - 20:i + 20])!r} vs {renderer.tokenizer.decode(b[i - 20:i + 20])!r}"
+
+
 @pytest.mark.parametrize("harness", ["codex", "claude-code", "pi"])
 async def test_two_rollouts_share_first_prompt_ids(harness, proxy: RecordingProxy, smol, tmp_path: Path):
+    """GRPO groups by first-prompt ids: samples of one task on two machines must form one group."""
     renderer, _ = smol
     adapter = get_adapter(harness)
     adapter.install()
-    firsts = []
-    for n in range(2):
-        sid, run, _, _ = await rollout(adapter, proxy, tmp_path / f"r{n}", f"{harness}-g{n}")
+    firsts, bodies = [], []
+    for n, machine in enumerate(MACHINES):
+        sid, run, _, _ = await rollout(adapter, proxy, tmp_path / f"r{n}", f"{harness}-g{n}", machine=machine)
         assert run.status == "completed", (run.stdout_tail[-2000:], run.stderr_tail[-2000:])
         firsts.append(Ledger(tmp_path / "ledger").calls(sid)[0].prompt_ids)
-    if firsts[0] != firsts[1]:
-        i = next(k for k, (a, b) in enumerate(zip(firsts[0], firsts[1], strict=False)) if a != b)
-        pytest.fail(f"first prompts differ at token {i}: {renderer.tokenizer.decode(firsts[0][i - 20:i + 20])!r} vs "
-                    f"{renderer.tokenizer.decode(firsts[1][i - 20:i + 20])!r}")
+        bodies.append(next(b for p, b in proxy.bodies if p.startswith(f"/s/{sid}/")))
+    assert firsts[0] == firsts[1], _first_difference(renderer, *firsts)
+
+    # the host kernel cannot differ between two sandboxes on one host: vary it in the captured request
+    path = next(p for p, _ in proxy.bodies if p.startswith(f"/s/{harness}-g0/"))
+    decode = DECODE[path.removeprefix(f"/s/{harness}-g0")]
+    kernel = platform.release()
+    text = bodies[0].decode()
+    if harness == "claude-code":  # its "# Environment" message carries "OS Version: Linux <uname -r>"
+        assert f"OS Version: Linux {kernel}" in text
+    other = json.loads(text.replace(kernel, "5.15.0-1042-azure"))
+    ids = [renderer.render_prompt(r.conversation.messages, r.conversation.tools)
+           for r in (decode(json.loads(text)), decode(other))]
+    assert ids[0] == firsts[0] and ids[1] == ids[0], _first_difference(renderer, ids[0], ids[1])
 
 
 @pytest.mark.parametrize("harness", ["codex", "claude-code", "pi"])

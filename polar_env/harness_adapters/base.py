@@ -11,6 +11,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import shutil
 import subprocess
 from abc import ABC, abstractmethod
@@ -81,12 +82,25 @@ def json_lines(stdout: str) -> tuple[list[dict], int]:
     return events, bad
 
 
+@dataclass(frozen=True)
+class VolatileRule:
+    """A line the harness writes into its prompt that differs between rollouts of one task (the date,
+    the host's kernel, a per-request hash): the proxy rewrites every match to ``replacement`` in
+    messages of ``roles``, so GRPO groups, keyed on first-prompt ids, span days and machines."""
+
+    name: str
+    roles: frozenset[str]  # the canonical roles the rule applies to
+    pattern: re.Pattern[str]
+    replacement: str = ""  # what a match becomes (default: removed)
+
+
 class HarnessAdapter(ABC):
     name: ClassVar[str]
     package: ClassVar[str]  # npm package
     version: ClassVar[str]  # pinned; bump deliberately (first prompts change with it)
     bin_name: ClassVar[str]  # executable in node_modules/.bin
     noise_dirs: ClassVar[tuple[str, ...]] = ()  # state it may drop in the task tree
+    volatile_rules: ClassVar[tuple[VolatileRule, ...]] = ()  # per-day / per-machine prompt lines
 
     # --- install ---
     def install_dir(self, root: Path | None = None) -> Path:

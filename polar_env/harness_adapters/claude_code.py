@@ -7,7 +7,15 @@ is the one switch that removes all outside lookups and the title-generation call
 
 from __future__ import annotations
 
-from polar_env.harness_adapters.base import HarnessAdapter, HarnessContext, HarnessSummary, json_lines
+import re
+
+from polar_env.harness_adapters.base import (
+    HarnessAdapter,
+    HarnessContext,
+    HarnessSummary,
+    VolatileRule,
+    json_lines,
+)
 
 MODEL_VARS = ("ANTHROPIC_MODEL", "ANTHROPIC_SMALL_FAST_MODEL", "ANTHROPIC_DEFAULT_HAIKU_MODEL",
               "ANTHROPIC_DEFAULT_SONNET_MODEL", "ANTHROPIC_DEFAULT_OPUS_MODEL", "CLAUDE_CODE_SUBAGENT_MODEL")
@@ -19,6 +27,19 @@ class ClaudeCodeAdapter(HarnessAdapter):
     version = "2.1.332"
     bin_name = "claude"
     noise_dirs = (".claude",)
+    volatile_rules = (
+        # "x-anthropic-billing-header: cc_version=2.1.197.66a; cc_entrypoint=sdk-cli;" as the first
+        # system block; the version suffix changes per request.
+        VolatileRule("x-anthropic-billing-header", frozenset({"system"}),
+                     re.compile(r"^x-anthropic-billing-header:[^\n]*(?:\n+|$)", re.MULTILINE)),
+        VolatileRule("claude-todays-date", frozenset({"system", "user"}),
+                     re.compile(r"\n*Today's date is \d{4}-\d{2}-\d{2}\.", re.MULTILINE)),
+        VolatileRule("claude-date-line", frozenset({"system"}), re.compile(r"^Date: \d{4}-\d{2}-\d{2}\n?", re.MULTILINE)),
+        # " - OS Version: Linux 6.18.44-fc-v669" in its "# Environment" message: the host's kernel
+        # (uname -r), which no sandbox can hide; the OS name stays.
+        VolatileRule("claude-os-version", frozenset({"system", "user"}),
+                     re.compile(r"^( *- )?OS Version: (\w+) [^\n]*$", re.MULTILINE), r"\1OS Version: \2"),
+    )
 
     def config_files(self, ctx: HarnessContext) -> dict[str, str]:
         return {}

@@ -8,8 +8,15 @@ Codex's own sandbox is off (``danger-full-access``): the Polar sandbox isolates.
 from __future__ import annotations
 
 import json
+import re
 
-from polar_env.harness_adapters.base import HarnessAdapter, HarnessContext, HarnessSummary, json_lines
+from polar_env.harness_adapters.base import (
+    HarnessAdapter,
+    HarnessContext,
+    HarnessSummary,
+    VolatileRule,
+    json_lines,
+)
 
 KEY_ENV = "POLAR_SESSION_KEY"
 TOOL_ITEMS = {"command_execution", "file_change", "mcp_tool_call", "web_search"}
@@ -25,6 +32,14 @@ class CodexAdapter(HarnessAdapter):
     version = "0.171.0"
     bin_name = "codex"
     noise_dirs = (".codex",)
+    volatile_rules = (
+        # its <environment_context>: today's date (faketime cannot help: Codex is a static musl binary
+        # that ignores LD_PRELOAD) and the host's time zone
+        VolatileRule("codex-current-date", frozenset({"user"}),
+                     re.compile(r"^[ \t]*<current_date>\d{4}-\d{2}-\d{2}</current_date>\n", re.MULTILINE)),
+        VolatileRule("codex-timezone", frozenset({"user"}),
+                     re.compile(r"^[ \t]*<timezone>[^<\n]*</timezone>\n", re.MULTILINE)),
+    )
 
     def codex_home(self, ctx: HarnessContext) -> str:
         return f"{ctx.home}/.codex"

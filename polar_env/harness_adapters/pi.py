@@ -7,8 +7,15 @@ every startup network operation (update checks, package checks, install telemetr
 from __future__ import annotations
 
 import json
+import re
 
-from polar_env.harness_adapters.base import HarnessAdapter, HarnessContext, HarnessSummary, json_lines
+from polar_env.harness_adapters.base import (
+    HarnessAdapter,
+    HarnessContext,
+    HarnessSummary,
+    VolatileRule,
+    json_lines,
+)
 
 PROVIDER = "polar"
 KEY_ENV = "POLAR_SESSION_KEY"
@@ -25,6 +32,8 @@ class PiAdapter(HarnessAdapter):
     version = "0.73.1"
     bin_name = "pi"
     noise_dirs = (".pi",)
+    volatile_rules = (VolatileRule("pi-current-date", frozenset({"system"}),
+                                   re.compile(r"^Current date: \d{4}-\d{2}-\d{2}\n?", re.MULTILINE)),)
     api = "openai-completions"
 
     def agent_dir(self, ctx: HarnessContext) -> str:

@@ -1,52 +1,32 @@
-"""Strip prompt text that changes between rollouts of one task (docs/architecture.md, "The token path").
+"""Normalise prompt text that changes between rollouts of one task (docs/architecture.md, "The token path").
 
 GRPO groups are formed by the exact token ids of the first prompt: a line that differs per request
-(Claude Code's billing header carries a per-request hash) makes every sample a group of one, with
-zero advantage and no error. Each rule below is one known volatile line; the names of the rules
-that fired are recorded as ``stripped:<name>`` flags on the call.
+(Claude Code's billing header carries a per-request hash), per day (the date) or per machine (the
+host's kernel, time zone) splits one task's samples into groups of one, with zero advantage and
+no error. Each rule is one known volatile line, declared by the adapter of the harness that writes
+it; the names of the rules that fired are recorded as ``stripped:<name>`` flags on the call.
 """
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
-
 from polar_env.chat.messages import Message
+from polar_env.harness_adapters.base import VolatileRule
+from polar_env.harness_adapters.registry import ADAPTERS
 from polar_env.proxy.wire import DecodedRequest, dedupe
 
-
-@dataclass(frozen=True)
-class VolatileRule:
-    name: str
-    roles: frozenset[str]  # the canonical roles the rule applies to
-    pattern: re.Pattern[str]  # removed wherever it matches
-
-
-RULES: tuple[VolatileRule, ...] = (
-    # Claude Code: "x-anthropic-billing-header: cc_version=2.1.197.66a; cc_entrypoint=sdk-cli;" as the
-    # first system block; the version suffix changes per request.
-    VolatileRule("x-anthropic-billing-header", frozenset({"system"}),
-                 re.compile(r"^x-anthropic-billing-header:[^\n]*(?:\n+|$)", re.MULTILINE)),
-    # Today's date, which every harness writes into its first request: rollouts of one task on
-    # either side of midnight would otherwise land in different GRPO groups. (faketime cannot
-    # help: Codex is a static musl binary that ignores LD_PRELOAD.)
-    VolatileRule("codex-current-date", frozenset({"user"}),
-                 re.compile(r"^[ \t]*<current_date>\d{4}-\d{2}-\d{2}</current_date>\n", re.MULTILINE)),
-    VolatileRule("claude-todays-date", frozenset({"system", "user"}),
-                 re.compile(r"\n*Today's date is \d{4}-\d{2}-\d{2}\.", re.MULTILINE)),
-    VolatileRule("claude-date-line", frozenset({"system"}), re.compile(r"^Date: \d{4}-\d{2}-\d{2}\n?", re.MULTILINE)),
-    VolatileRule("pi-current-date", frozenset({"system"}),
-                 re.compile(r"^Current date: \d{4}-\d{2}-\d{2}\n?", re.MULTILINE)),
-)
+# Each adapter declares its harness's own lines (harness_adapters/<harness>.py); the proxy does not
+# know which harness a session runs, so it applies all of them.
+RULES: tuple[VolatileRule, ...] = tuple(rule for adapter in ADAPTERS.values() for rule in adapter.volatile_rules)
 
 
 def strip_message(message: Message, rules: tuple[VolatileRule, ...] = RULES) -> tuple[Message, list[str]]:
-    """The message without volatile text, and the names of the rules that removed something."""
+    """The message with volatile text normalised, and the names of the rules that changed something."""
     content, fired = message.content, []
     for rule in rules:
         if message.role in rule.roles:
-            content, n = rule.pattern.subn("", content)
-            if n:
+            new = rule.pattern.sub(rule.replacement, content)
+            if new != content:
+                content = new
                 fired.append(rule.name)
     return (message.model_copy(update={"content": content}) if fired else message), fired
 
