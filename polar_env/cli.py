@@ -32,6 +32,11 @@ COMMANDS = (
     Command("rollout", "K rollouts per task with a real harness in sandboxes, through the proxy, graded",
             "polar_env.rollout.cli"),
     Command("eval", "grade SWE-bench predictions on bundled, Verified or custom tasks", "polar_env.rewards.eval_cli"),
+    Command("tasks", "bring your own tasks: build one from a row and its base tree, validate a task file",
+            children=(Command("build", "a task from a SWE-bench-schema row and its base tree: derive "
+                              "FAIL_TO_PASS/PASS_TO_PASS", "polar_env.tasks.build_cli"),
+                      Command("validate", "check every task of a file: environment, test patch, gold resolves, "
+                              "empty patch does not", "polar_env.tasks.validate_cli"))),
     Command("view", "write (or serve) the HTML page of trajectories: tokens by loss mask, logprobs, grading",
             "polar_env.viewer.view_cli"),
     Command("bench", "measure the proxy against direct and LiteLLM; write docs/benchmarks.md",

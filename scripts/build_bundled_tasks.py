@@ -15,9 +15,7 @@ Needs PyPI (sdists and the pinned test environments) and bubblewrap.
 from __future__ import annotations
 
 import argparse
-import gzip
 import hashlib
-import io
 import json
 import shutil
 import subprocess
@@ -30,9 +28,9 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-from polar_env.rewards.grading import run_task_tests  # noqa: E402
 from polar_env.tasks.env import cache_root, ensure_task_env  # noqa: E402
 from polar_env.tasks.models import Task, TaskEnvironment  # noqa: E402
+from polar_env.tasks.toolkit import TaskDefect, derive_tests, deterministic_targz  # noqa: E402
 from polar_env.tasks.tree import git, init_single_commit  # noqa: E402
 
 PYTEST_PINS = ["pytest==7.3.1", "iniconfig==2.0.0", "packaging==23.1", "pluggy==1.0.0"]
@@ -386,50 +384,11 @@ def apply_edits(tree: Path, edits: list[Edit], *, to_base: bool) -> None:
         f.write_text(text.replace(old, new))
 
 
-def deterministic_targz(src: Path, out: Path) -> None:
-    """Byte-identical archive for identical trees: sorted, zero mtimes/owners, normalised modes."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for p in sorted(src.rglob("*")):
-            if ".git" in p.relative_to(src).parts:
-                continue
-            info = tar.gettarinfo(str(p), arcname=str(p.relative_to(src)))
-            info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
-            info.mode = 0o755 if (p.is_dir() or info.mode & 0o111) else 0o644
-            if p.is_file() and not p.is_symlink():
-                with p.open("rb") as fh:
-                    tar.addfile(info, fh)
-            else:
-                tar.addfile(info)
-    with open(out, "wb") as fh, gzip.GzipFile(fileobj=fh, mode="wb", mtime=0, compresslevel=9) as gz:
-        gz.write(buf.getvalue())
-
-
 def diff_of(tree: Path, edits: list[Edit]) -> str:
     apply_edits(tree, edits, to_base=False)
     out = git(tree, "diff", "--binary", "--no-color").stdout.decode()
     git(tree, "checkout", "--", ".")
     return out
-
-
-def derive_tests(task: Task) -> tuple[list[str], list[str], dict]:
-    """FAIL_TO_PASS / PASS_TO_PASS from one run without and one with the gold patch."""
-    before = run_task_tests(task, "")
-    after = run_task_tests(task, task.patch)
-    for name, run in (("before", before), ("after", after)):
-        if run.infra_error or run.timed_out or not run.valid:
-            raise SystemExit(
-                f"{task.instance_id}: {name}-gold test run failed: {run.infra_error}\n{run.log[-3000:]}"
-            )
-    passing = {"PASSED", "XFAIL"}
-    f2p = sorted(
-        t for t, s in after.status_map.items() if s in passing and before.status_map.get(t) not in passing
-    )
-    p2p = sorted(
-        t for t, s in after.status_map.items() if s in passing and before.status_map.get(t) in passing
-    )
-    timing = {"before_tests_s": before.timings.get("tests_s"), "after_tests_s": after.timings.get("tests_s")}
-    return f2p, p2p, timing
 
 
 def build(spec: Spec, out_root: Path) -> Task:
@@ -470,15 +429,16 @@ def build(spec: Spec, out_root: Path) -> Task:
         base_archive=str(archive),
     )
     ensure_task_env(task)
-    f2p, p2p, timing = derive_tests(task)
-    if not f2p:
-        raise SystemExit(f"{spec.instance_id}: the gold patch fixes no test; the task would be vacuous")
+    try:
+        f2p, p2p = derive_tests(task)
+    except TaskDefect as e:
+        raise SystemExit(str(e)) from e
     task.FAIL_TO_PASS, task.PASS_TO_PASS = f2p, p2p
     record = task.model_dump(mode="json")
     record["base_archive"] = archive.name
     record["source"] = {"sdist": spec.sdist, "file": spec.sdist_file, "sha256": spec.sha256}
     (out_dir / "task.json").write_text(json.dumps(record, indent=1) + "\n")
-    print(f"{spec.instance_id}: F2P={f2p} P2P={len(p2p)} archive={archive.stat().st_size}B {timing}")
+    print(f"{spec.instance_id}: F2P={f2p} P2P={len(p2p)} archive={archive.stat().st_size}B")
     return task
 
 

@@ -91,4 +91,4 @@ def test_rollout_errors_are_one_line_exit_2(tmp_path: Path, bundled):
                             env={"PATH": "/nonexistent"}), "podman is not installed", "scripts/setup_podman.sh")
     if engine_available("podman"):
         _one_line_exit_2(_polar("rollout", "--tasks", str(tasks), "--sandbox", "podman", "--out",
-                                str(tmp_path / "o")), "no-such-image:0' is not in podman", "build it")
+                                str(tmp_path / "o")), "no-such-image:0' is not in podman", "docs/tasks.md")

@@ -11,7 +11,6 @@ import pytest
 from polar_env.sandbox.apptainer import ApptainerSandbox
 from polar_env.sandbox.base import SandboxSpec, exclude_pathspecs
 from polar_env.sandbox.container import ContainerSandbox, git_diff_script, git_snapshot_script
-from polar_env.sandbox.swebench_images import swebench_image
 
 SPEC = SandboxSpec(proxy_socket_dir=Path("/run/polar/sock"), harness_dir=Path("/cache/harnesses/codex-1"),
                    memory_bytes=1 << 30, pids_max=512)
@@ -21,16 +20,9 @@ def _pairs(argv: list[str], flag: str) -> list[str]:
     return [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == flag]
 
 
-def test_swebench_image_names():
-    assert swebench_image("django__django-11099") == "swebench/sweb.eval.x86_64.django_1776_django-11099:latest"
-    assert swebench_image("psf__requests-5414", arch="arm64", tag="v1") == \
-        "swebench/sweb.eval.arm64.psf_1776_requests-5414:v1"
-    assert swebench_image("SymPy__sympy-1") == "swebench/sweb.eval.x86_64.sympy_1776_sympy-1:latest"
-
-
 @pytest.mark.parametrize("engine", ["docker", "podman"])
 def test_container_create_argv_isolates_and_mounts(engine):
-    sb = ContainerSandbox(SPEC, swebench_image("astropy__astropy-12907"), "polar-x", engine=engine)
+    sb = ContainerSandbox(SPEC, "swebench/sweb.eval.x86_64.astropy_1776_astropy-12907:latest", "polar-x", engine=engine)
     argv = sb.create_argv()
     assert argv[:2] == [engine, "create"]
     assert _pairs(argv, "--network") == ["none"]
@@ -104,7 +96,7 @@ def test_git_scripts_snapshot_and_diff_for_real(tmp_path: Path):
 
 
 def test_apptainer_exec_argv(tmp_path: Path):
-    sb = ApptainerSandbox(SPEC, "docker://" + swebench_image("pallets__flask-5014"), tmp_path)
+    sb = ApptainerSandbox(SPEC, "docker://swebench/sweb.eval.x86_64.pallets_1776_flask-5014:latest", tmp_path)
     argv = sb.exec_argv(["pi", "--version"], {"PI_OFFLINE": "1"})
     assert argv[:3] == ["apptainer", "exec", "--containall"]
     assert "--cleanenv" in argv and _pairs(argv, "--network") == ["none"] and "--net" in argv

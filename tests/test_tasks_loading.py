@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from polar_env.rewards.swebench_compat import instance_image
 from polar_env.tasks.loader import TaskLoadError, load_jsonl, load_tasks
-from polar_env.tasks.models import Task, default_test_directives, docker_image_name, patch_files
+from polar_env.tasks.models import Task, default_test_directives, patch_files
 from polar_env.tasks.tree import git, materialize
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -31,7 +32,7 @@ def test_bundled_set_has_required_real_instances():
         assert Path(t.base_archive).is_file()
         # The gold patch touches no test file and the test patch only tests.
         assert not set(t.test_files()) & set(patch_files(t.patch))
-        assert t.image == docker_image_name(t.instance_id)
+        assert t.image == instance_image(t.instance_id)  # the name SWE-bench's harness uses
 
 
 def test_bundled_task_records_sdist_checksum():
@@ -121,7 +122,8 @@ def test_jsonl_rows_in_swe_bench_schema(tmp_path: Path):
     assert task.FAIL_TO_PASS == ["test_ascii_validator (auth_tests.test_validators.UsernameValidatorsTests)"]
     assert task.test_directives == ["auth_tests.test_validators"]
     assert task.test_cmd.startswith("./tests/runtests.py")
-    assert task.image == "swebench/sweb.eval.x86_64.django_1776_django-11099:latest"
+    assert task.image == ""  # none named: SWE-bench's own image for the instance
+    assert instance_image(task.instance_id) == "swebench/sweb.eval.x86_64.django_1776_django-11099:latest"
 
 
 def test_jsonl_bad_row_names_the_line(tmp_path: Path):

@@ -22,7 +22,8 @@ from polar_env.harness_adapters.registry import get_adapter
 from polar_env.harness_adapters.runner import HarnessRun, run_episode_in_sandbox
 from polar_env.outcomes import FailureKind, OutcomeTable, classify_episode, final_kind
 from polar_env.proxy.app import ProxyServer
-from polar_env.rewards.grading import GradeResult, grade
+from polar_env.rewards.grading import GradeResult
+from polar_env.rewards.image_grading import grade_task
 from polar_env.sandbox.base import Sandbox, SandboxSpec
 from polar_env.tasks.models import Task
 from polar_env.trajectory.chains import build_trajectory
@@ -166,7 +167,8 @@ async def run_episode(proxy: ProxyServer, task: Task, *, episode_id: str, group_
     closed = await close_session(session, status, error, failure=failure, harness=run, outcomes=config.outcomes)
     kind = closed.failure_kind
     if config.grade and not kind.outside_policy:  # grading would say nothing about the policy
-        result = await asyncio.to_thread(grade, task, patch, timeout_s=config.grading_timeout_s)
+        result = await asyncio.to_thread(grade_task, task, patch, kind=workspace.ref.kind if workspace else "bubblewrap",
+                                         timeout_s=config.grading_timeout_s)
         kind = final_kind(kind, result.failure_kind, result.resolved)
     reward, masked = config.outcomes.apply(kind, result.reward if result else None)
     trajectory = build_trajectory(
@@ -174,4 +176,8 @@ async def run_episode(proxy: ProxyServer, task: Task, *, episode_id: str, group_
         grading=result.model_dump(mode="json") if result else None)
     trajectory.failure_kind, trajectory.masked = kind, masked
     trajectory.metadata.update({"duration_s": time.time() - session.started, "patch_bytes": patch_bytes(patch)})
+    if workspace is not None:  # where it ran (and was graded): bubblewrap, or the engine and image
+        trajectory.metadata["workspace"] = workspace.ref.kind
+        if workspace.ref.image:
+            trajectory.metadata["image"] = workspace.ref.image
     return EpisodeResult(trajectory=trajectory, grade=result, harness=run, patch=patch, failure_kind=kind)

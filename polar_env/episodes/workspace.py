@@ -95,16 +95,25 @@ def check_engine(kind: WorkspaceKind) -> None:
                                    f"for podman; polar doctor shows what is missing) or pick another --sandbox")
 
 
+def task_image(task: Task) -> str:
+    """The image a task runs in: the one it names, else the one SWE-bench publishes for the instance."""
+    if task.image:
+        return task.image
+    from polar_env.rewards.swebench_compat import instance_image
+
+    return instance_image(task.instance_id)
+
+
 def check_image(task: Task, kind: WorkspaceKind) -> None:
     """Refuse early when a container task's image is not on this machine (no registry to pull from)."""
     from polar_env.sandbox.container import image_exists
 
-    if kind in ("docker", "podman") and not image_exists(kind, task.image):
-        raise WorkspaceUnavailable(f"{task.instance_id}: image {task.image!r} is not in {kind}: build it "
-                                   f"(python -m polar_env.tasks.images tasks --tasks FILE) or {kind} pull it")
-    if kind == "apptainer" and not task.image.startswith("docker://") and not Path(task.image).is_file():
-        raise WorkspaceUnavailable(f"{task.instance_id}: image {task.image!r} is neither a docker:// URI "
-                                   "nor a local .sif file")
+    image = task_image(task)
+    if kind in ("docker", "podman") and not image_exists(kind, image):
+        raise WorkspaceUnavailable(f"{task.instance_id}: image {image!r} is not in {kind}: build it "
+                                   f"(docs/tasks.md) or {kind} pull it")
+    if kind == "apptainer" and image.endswith(".sif") and not Path(image).is_file():
+        raise WorkspaceUnavailable(f"{task.instance_id}: image {image} does not exist")
 
 
 def apptainer_image(image: str) -> str:
@@ -157,13 +166,13 @@ def _open(task: Task, spec: SandboxSpec, kind: WorkspaceKind) -> Workspace:
         from polar_env.sandbox.container import ContainerSandbox
 
         check_image(task, kind)
-        cs = ContainerSandbox.create(None, spec=spec, image=task.image, engine=kind)
+        cs = ContainerSandbox.create(None, spec=spec, image=task_image(task), engine=kind)
         ref = WorkspaceRef(kind=kind, container=cs.name, image=cs.image, path=cs.path, uid=spec.uid, gid=spec.uid)
         return Workspace(cs, ref)
     from polar_env.sandbox.apptainer import ApptainerSandbox
 
     check_image(task, kind)
-    ap = ApptainerSandbox.create(None, spec=spec, image=apptainer_image(task.image))
+    ap = ApptainerSandbox.create(None, spec=spec, image=apptainer_image(task_image(task)))
     return Workspace(ap, WorkspaceRef(kind=kind, root=str(ap.root), image=ap.image, uid=spec.uid, gid=spec.uid))
 
 

@@ -47,11 +47,29 @@ def _cgroup_row() -> DoctorRow:
                      "run as root on a host with cgroup v1 memory and pids controllers", note)
 
 
-def _docker_row() -> DoctorRow:
-    row = _tool_row("docker (optional)", "docker", ["--version"], "install Docker Engine for SWE-bench images")
-    if row.installed and not _version(["docker", "version", "--format", "{{.Server.Version}}"]):
-        row.installed, row.fix_command = False, "start the Docker daemon (client found, engine unreachable)"
-    return row
+def _engine_rows() -> list[DoctorRow]:
+    """Container engines (optional: tasks with a base archive run in bubblewrap), with the fix for each."""
+    from polar_env.episodes.workspace import engine_available
+    from polar_env.tasks.images import base_image
+
+    rows = []
+    fixes = {"podman": "POLAR_SETUP_CONTAINERS=1 bash scripts/setup.sh  # podman, runc, engine config, base image",
+             "docker": "install Docker Engine and start its daemon (or use podman)",
+             "apptainer": "install Apptainer from your site's packages (none for Debian; for clusters)"}
+    for engine in ("podman", "docker", "apptainer"):
+        row = _tool_row(f"{engine} (optional)", engine, ["--version"], fixes[engine])
+        if row.installed and not engine_available(engine):
+            row.installed, row.fix_command = False, f"{engine} is installed but does not answer: " + (
+                "start the Docker daemon" if engine == "docker" else "see /etc/containers/containers.conf in "
+                "scripts/setup_podman.sh" if engine == "podman" else f"check `{engine} version`")
+        elif row.installed and engine == "podman":
+            from polar_env.sandbox.container import image_exists
+
+            base = base_image()
+            row.note = f"base image {base}" + ("" if image_exists(engine, base) else " missing: "
+                                               "python -m polar_env.tasks.images base")
+        rows.append(row)
+    return rows
 
 
 def doctor_report(root: Path | None = None) -> list[DoctorRow]:
@@ -65,8 +83,7 @@ def doctor_report(root: Path | None = None) -> list[DoctorRow]:
                   _version(["/usr/bin/python3", "--version"]), "" if os.path.exists("/usr/bin/python3")
                   else "apt-get install -y python3"),
         _cgroup_row(),
-        _docker_row(),
-        _tool_row("apptainer (optional)", "apptainer", ["--version"], "install Apptainer for SWE-bench images"),
+        *_engine_rows(),
     ]
     for name, cls in ADAPTERS.items():
         adapter = cls()

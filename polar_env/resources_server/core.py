@@ -28,9 +28,11 @@ from polar_env.episodes.workspace import (
     WorkspaceRef,
     attach_workspace,
     open_workspace,
+    workspace_kind,
 )
 from polar_env.outcomes import FailureKind, OutcomeTable
-from polar_env.rewards.grading import GradeResult, grade
+from polar_env.rewards.grading import GradeResult
+from polar_env.rewards.image_grading import grade_task
 from polar_env.sandbox.base import Sandbox, SandboxSpec
 from polar_env.tasks.loader import load_tasks
 from polar_env.tasks.models import Task
@@ -135,12 +137,13 @@ class PolarResources:
             patch = await extract_patch(ep.workspace.sandbox)
         except Exception as exc:  # noqa: BLE001 - a broken workspace is ours, not the policy's
             return VerifyOutcome.failed(FailureKind.sandbox_failure, f"patch extraction failed: {exc}")
-        return await self.grade_patch(ep.task, patch)
+        return await self.grade_patch(ep.task, patch, ep.workspace.ref.kind)
 
-    async def grade_patch(self, task: Task, patch: str) -> VerifyOutcome:
-        """Grade a patch for a task (also the stateless path the verifier fixture uses)."""
+    async def grade_patch(self, task: Task, patch: str, kind: str | None = None) -> VerifyOutcome:
+        """Grade a patch for a task where its episodes run (also the stateless path the verifier fixture uses)."""
+        kind = kind or await asyncio.to_thread(workspace_kind, task, self.config.sandbox)
         async with self._grades:
-            result: GradeResult = await asyncio.to_thread(grade, task, patch,
+            result: GradeResult = await asyncio.to_thread(grade_task, task, patch, kind=kind,
                                                           timeout_s=self.config.grading_timeout_s)
         reward, mask = OutcomeTable().apply(result.failure_kind, result.reward)
         return VerifyOutcome(

@@ -16,8 +16,16 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from polar_env.episodes.workspace import (
+    SANDBOX_CHOICES,
+    WorkspaceUnavailable,
+    check_engine,
+    check_image,
+    workspace_kind,
+)
 from polar_env.rewards import swebench_compat as sb
-from polar_env.rewards.grading import DEFAULT_GRADING_TIMEOUT_S, FailureKind, GradeResult, grade
+from polar_env.rewards.grading import DEFAULT_GRADING_TIMEOUT_S, FailureKind, GradeResult
+from polar_env.rewards.image_grading import grade_task
 from polar_env.tasks.env import EnvBuildError, ensure_task_env
 from polar_env.tasks.loader import TaskLoadError, load_tasks
 from polar_env.tasks.models import Task
@@ -87,15 +95,21 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--out", type=Path, default=None, help="write the JSON report here")
     ap.add_argument("--timeout", type=float, default=DEFAULT_GRADING_TIMEOUT_S, help="grading deadline (s)")
     ap.add_argument("--instance-ids", nargs="*", default=None, help="grade only these instances")
+    ap.add_argument("--sandbox", default="auto", choices=SANDBOX_CHOICES,
+                    help="where to grade: auto (bubblewrap for tasks with a base archive, the task's image "
+                         "otherwise) or one engine for every task (podman/docker: in the task's image)")
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         tasks = {t.instance_id: t for t in load_tasks(args.tasks)}
-    except TaskLoadError as e:
-        print(f"polar eval: {e}", file=sys.stderr)
+        if not args.predictions.is_file():
+            raise TaskLoadError(f"predictions file {args.predictions} does not exist: pass a SWE-bench "
+                                "predictions .jsonl/.json (instance_id, model_patch, model_name_or_path)")
+        preds = load_predictions(args.predictions)
+    except (TaskLoadError, ValueError) as e:
+        print(f"polar eval: {e}".splitlines()[0], file=sys.stderr)
         return 2
-    preds = load_predictions(args.predictions)
     if args.instance_ids:
         preds = [p for p in preds if p["instance_id"] in set(args.instance_ids)]
     unknown = sorted(p["instance_id"] for p in preds if p["instance_id"] not in tasks)
@@ -103,8 +117,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"polar eval: predictions for unknown instances: {', '.join(unknown)}", file=sys.stderr)
         return 2
 
+    try:  # where each task is graded; refuse early when its engine or image is not here
+        kinds = {iid: workspace_kind(tasks[iid], args.sandbox) for iid in {p["instance_id"] for p in preds}}
+        for iid, kind in kinds.items():
+            check_engine(kind)
+            check_image(tasks[iid], kind)
+    except WorkspaceUnavailable as e:
+        print(f"polar eval: {e}", file=sys.stderr)
+        return 2
     # Build the pinned environments first, once each (setup needs PyPI; grading never does).
-    for iid in sorted({p["instance_id"] for p in preds}):
+    for iid in sorted(i for i, kind in kinds.items() if kind == "bubblewrap"):
         try:
             ensure_task_env(tasks[iid])
         except EnvBuildError as e:
@@ -117,7 +139,8 @@ def run(args: argparse.Namespace) -> int:
     results: list[GradeResult] = []
     with ThreadPoolExecutor(max_workers=max(1, args.workers)) as pool:
         futures = [
-            pool.submit(grade, tasks[p["instance_id"]], p.get("model_patch"), timeout_s=args.timeout)
+            pool.submit(grade_task, tasks[p["instance_id"]], p.get("model_patch"), kind=kinds[p["instance_id"]],
+                        timeout_s=args.timeout)
             for p in preds
         ]
         for fut in tqdm(as_completed(futures), total=len(futures), desc="grading", unit="inst"):

@@ -102,3 +102,25 @@ def tests_report(status_map: dict[str, str], fail_to_pass: list[str], pass_to_pa
 def fully_resolved(report: dict) -> bool:
     sb = _sb()
     return sb.grading.get_resolution_status(report) == sb.constants.ResolvedStatus.FULL.value
+
+
+def instance_image(instance_id: str, namespace: str = "swebench") -> str:
+    """The image SWE-bench's harness runs ``instance_id`` in (its own naming, `__` -> `_1776_`)."""
+    from swebench.image_builder.image_spec import ImageSpec
+
+    return ImageSpec(instance_id=instance_id, dockerfile="(published)", namespace=namespace).name
+
+
+def make_test_spec(row: dict):
+    """SWE-bench's TestSpec for a row that carries its eval script (``eval_script``, ``image``,
+    ``log_parser``, ``eval_type``: the columns swebench 5 evaluates from); its ``eval_script`` and
+    ``image`` are what the harness runs."""
+    from swebench.harness.utils import make_test_spec as _make
+
+    _sb()
+    return _make(row)
+
+
+def parse_log_with_spec(spec, log_path: str) -> tuple[dict[str, str], bool]:
+    """(per-test status map, valid) for a log of ``spec``'s eval script, by its own parser."""
+    return _sb().grading.get_logs_eval(spec, log_path)

@@ -34,12 +34,15 @@ def env_dir(task: Task) -> Path:
 
 
 def _interpreter(version: str) -> str:
-    # /usr/bin first: the venv's python symlink must resolve inside the sandbox, which
-    # mounts /usr but not pyenv or other home-directory installs.
-    for cand in (f"/usr/bin/python{version}", shutil.which(f"python{version}")):
-        if cand and Path(cand).exists():
+    """The documented rule (docs/tasks.md): ``python: "X.Y"`` is the system's ``pythonX.Y`` under /usr,
+    because the venv's python symlink must resolve inside the grading sandbox, which mounts /usr but
+    not pyenv shims, uv's or any other home-directory installs."""
+    for cand in (f"/usr/bin/python{version}", f"/usr/local/bin/python{version}", shutil.which(f"python{version}")):
+        if cand and Path(cand).exists() and os.path.realpath(cand).startswith("/usr/"):
             return cand
-    raise EnvBuildError(f"python{version} not found (install it, e.g. apt-get install python{version}-venv)")
+    raise EnvBuildError(f"python{version} is not installed under /usr (the grading sandbox mounts only /usr): "
+                        f"install it system-wide (e.g. apt-get install python{version}-venv), or run the task "
+                        f"in an image that has it (docs/tasks.md)")
 
 
 def _stamp(task: Task) -> dict:

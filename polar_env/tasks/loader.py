@@ -59,9 +59,16 @@ def load_jsonl(path: Path) -> list[Task]:
             if not line.strip():
                 continue
             try:
-                tasks.append(_from_row(json.loads(line)))
+                task = _from_row(json.loads(line))
             except Exception as e:  # noqa: BLE001 - re-raised with the line that failed
                 raise TaskLoadError(f"{path}:{lineno}: not a valid task row: {e}") from e
+            if task.base_archive:  # relative to the task file, so a task set moves as a whole
+                archive = path.parent / task.base_archive
+                if not archive.is_file():
+                    raise TaskLoadError(f"{path}:{lineno}: base_archive {task.base_archive} not found "
+                                        f"(looked for {archive}; relative paths are relative to the task file)")
+                task.base_archive = str(archive)
+            tasks.append(task)
     return tasks
 
 

@@ -15,11 +15,6 @@ DIFF_HEADER = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.M)
 INSTANCE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
 
 
-def docker_image_name(instance_id: str, namespace: str = "swebench") -> str:
-    """The per-instance image SWE-bench publishes (Docker Hub forbids `__`, hence `_1776_`)."""
-    return f"{namespace}/sweb.eval.x86_64.{instance_id}:latest".lower().replace("__", "_1776_")
-
-
 def patch_files(patch: str) -> list[str]:
     """Paths a unified git diff touches (new side), in order, without duplicates."""
     seen: dict[str, None] = {}
@@ -58,8 +53,13 @@ class Task(BaseModel):
     environment: TaskEnvironment = Field(default_factory=TaskEnvironment)
     test_cmd: str = "python -m pytest -rA"
     test_directives: list[str] = Field(default_factory=list)
-    image: str = ""
+    image: str = ""  # the container image to run in; "" = the image SWE-bench publishes for the instance
     base_archive: str | None = None
+    # SWE-bench's own evaluation columns (swebench 5 datasets carry them): when `eval_script` is set,
+    # grading in the image runs exactly the script the `swebench` package builds from them.
+    eval_script: str = ""
+    log_parser: str = ""
+    eval_type: str = ""
 
     @field_validator("instance_id")
     @classmethod
@@ -78,8 +78,6 @@ class Task(BaseModel):
 
     @model_validator(mode="after")
     def _defaults(self) -> Task:
-        if not self.image:
-            self.image = docker_image_name(self.instance_id)
         if not self.test_directives:
             self.test_directives = default_test_directives(self.repo, self.test_patch)
         return self

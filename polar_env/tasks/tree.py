@@ -61,14 +61,29 @@ def init_single_commit(tree: Path) -> str:
     return git(tree, "rev-parse", "HEAD").stdout.decode().strip()
 
 
+def strip_single_top(dest: Path) -> None:
+    """An archive whose every file sits under one folder (an sdist's ``pkg-1.2.3/``, a GitHub tarball's
+    ``repo-<sha>/``) has that folder as the tree's root: move its contents up."""
+    entries = list(dest.iterdir())
+    if len(entries) != 1 or not entries[0].is_dir() or entries[0].is_symlink():
+        return
+    top = entries[0].rename(dest / f".polar-top-{entries[0].name}")
+    for child in top.iterdir():
+        child.rename(dest / child.name)
+    top.rmdir()
+
+
 def materialize(task: Task, dest: Path) -> Path:
-    """Unpack a bundled task's base tree into `dest` (must not exist) and commit it once."""
+    """Unpack a task's base tree archive into `dest` (must not exist) and commit it once."""
     if not task.base_archive:
-        raise ValueError(f"{task.instance_id}: no base tree archive (non-bundled tasks run in their image)")
+        raise ValueError(f"{task.instance_id}: no base tree archive (tasks without one run in their image)")
     dest.mkdir(parents=True)
     with tarfile.open(task.base_archive) as tar:
         tar.extractall(dest, filter="data")
+    strip_single_top(dest)
     commit = init_single_commit(dest)
     if task.base_commit and commit != task.base_commit:
-        raise RuntimeError(f"{task.instance_id}: base tree commit {commit} != recorded {task.base_commit}")
+        raise RuntimeError(f"{task.instance_id}: base_commit {task.base_commit} is not the commit of the base tree "
+                           f"({commit}): base_commit is Polar's one-commit id of the archive, not the upstream "
+                           f"commit; leave it empty or let `polar tasks build` write it (docs/tasks.md)")
     return dest

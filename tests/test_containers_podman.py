@@ -1,0 +1,207 @@
+"""Container workspaces on a real engine (podman, set up by scripts/setup_podman.sh).
+
+The images are built from scratch or reused by their cache key (``polar_env.tasks.images``): two
+bundled tasks in SWE-bench's layout. Then, for real: an episode per harness in the container
+through the proxy, with the scripted gold policy, graded inside the image (reward 1.0), an empty
+patch (reward 0), ``polar rollout --sandbox podman`` and ``polar eval`` on a JSONL whose rows name
+the images, the isolation of the container (only the proxy is reachable) and its deadline (nothing
+left running inside or outside), and the cleanup of a container whose creation failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from polar_sandbox_helpers import UnixHTTPServer, processes_matching, reply_json
+from test_security_sandbox import NET_PROBE
+
+from polar_env.backends.policies import make_policy
+from polar_env.backends.scripted import ScriptedBackend
+from polar_env.episodes import EpisodeConfig, run_episode
+from polar_env.episodes.workspace import engine_available, open_workspace
+from polar_env.proxy.app import ProxyServer
+from polar_env.proxy.engine import EngineConfig
+from polar_env.rewards.image_grading import grade_task
+from polar_env.sandbox.base import SandboxSpec
+from polar_env.sandbox.bubblewrap import FORWARDER_INSIDE
+from polar_env.sandbox.container import ContainerError, ContainerSandbox
+from polar_env.tasks.images import base_image, ensure_task_image, task_image_name
+from polar_env.tasks.loader import load_bundled
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not engine_available("podman"), reason="needs podman (scripts/setup_podman.sh)")]
+ENGINE = "podman"
+TASK_IDS = ("psf__requests-5414", "pallets__flask-5014")
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _containers() -> set[str]:
+    out = subprocess.run([ENGINE, "ps", "-a", "--format", "{{.Names}}"], capture_output=True, text=True, check=True)
+    return {n for n in out.stdout.split() if n.startswith("polar-")}
+
+
+@pytest.fixture(scope="module")
+def imaged():
+    """The two bundled tasks as image rows (no base archive: they can only run in their image)."""
+    tasks = {t.instance_id: t for t in load_bundled() if t.instance_id in TASK_IDS}
+    return {iid: t.model_copy(update={"image": ensure_task_image(t, ENGINE), "base_archive": None})
+            for iid, t in tasks.items()}
+
+
+@pytest.fixture(scope="module")
+def task_file(imaged, tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("tasks") / "tasks.jsonl"
+    path.write_text("".join(t.model_dump_json() + "\n" for t in imaged.values()))
+    return path
+
+
+@pytest.fixture
+async def gold_proxy(local_backend, renderer, imaged, tmp_path: Path):
+    backend = ScriptedBackend(local_backend, make_policy("gold", list(imaged.values())), context_window=256)
+    proxy = ProxyServer.create(renderer=renderer, backend=backend, data_dir=tmp_path / "ledger",
+                               admin_secret=secrets.token_urlsafe(16), config=EngineConfig(max_context=32768))
+    sock = Path(f"/tmp/polar-t-{uuid.uuid4().hex[:8]}")
+    sock.mkdir(mode=0o755)
+    await proxy.start(unix_socket=sock / "proxy.sock", port=None)
+    yield proxy
+    await proxy.stop()
+    shutil.rmtree(sock, ignore_errors=True)
+
+
+def test_images_are_cached_by_content(imaged):
+    task = imaged["psf__requests-5414"]
+    assert task.image.startswith("localhost/polar-task/psf__requests-5414:")
+    assert base_image().startswith("localhost/polar-base:")
+    bundled = next(t for t in load_bundled() if t.instance_id == task.instance_id)
+    started = time.monotonic()
+    assert ensure_task_image(bundled, ENGINE) == task.image and time.monotonic() - started < 30  # reused
+    changed = bundled.model_copy(update={"environment": bundled.environment.model_copy(
+        update={"requirements": [*bundled.environment.requirements, "six==1.16.0"]})})
+    assert task_image_name(changed, base_image()) != task.image  # another input, another key
+    layout = subprocess.run([ENGINE, "run", "--rm", "--network", "none", task.image, "sh", "-c",
+                             "git -C /testbed rev-parse HEAD && python -c 'import pytest, sys; print(sys.prefix)'"],
+                            capture_output=True, text=True, timeout=120)
+    assert layout.returncode == 0, layout.stderr
+    commit, prefix = layout.stdout.split()
+    assert commit == task.base_commit  # the same one-commit tree as the bubblewrap workspace
+    assert prefix == "/opt/venv"  # the test environment is the image's
+
+
+@pytest.mark.parametrize("harness", ["codex", "claude-code"])
+async def test_episode_in_the_container_graded_in_the_image(harness, gold_proxy, imaged, tmp_path: Path):
+    task = imaged["psf__requests-5414"]
+    before = _containers()
+    result = await run_episode(gold_proxy, task, episode_id=f"ep-{harness}", config=EpisodeConfig(
+        harness=harness, sandbox=ENGINE, timeout_s=300, scratch_root=tmp_path))
+    traj = result.trajectory
+    assert traj.status == "completed", (traj.error, result.harness and result.harness.stderr_tail[-2000:])
+    assert traj.metadata["workspace"] == ENGINE and traj.metadata["image"] == task.image
+    assert traj.stats.calls >= 2 and result.patch.startswith("diff --git")
+    assert traj.reward == 1.0 and result.grade.resolved and result.grade.apply_method == "git_apply"
+    assert _containers() == before  # the episode's container and the grading container are gone
+
+
+async def test_empty_patch_earns_nothing_in_the_image(imaged):
+    task = imaged["psf__requests-5414"]
+    empty = await asyncio.to_thread(grade_task, task, "", kind=ENGINE)
+    assert empty.reward == 0.0 and empty.failure_kind == "empty_patch"
+    broken = "diff --git a/nosuch.py b/nosuch.py\n--- a/nosuch.py\n+++ b/nosuch.py\n@@ -1 +1 @@\n-a\n+b\n"
+    refused = await asyncio.to_thread(grade_task, task, broken, kind=ENGINE)
+    assert refused.reward == 0.0 and refused.failure_kind == "apply_failed"
+    test_edit = task.test_patch  # applying the tests alone fixes nothing
+    unresolved = await asyncio.to_thread(grade_task, task, test_edit, kind=ENGINE)
+    assert unresolved.reward == 0.0 and not unresolved.resolved
+    assert unresolved.fail_to_pass and set(unresolved.fail_to_pass.values()) != {"PASSED"}
+
+
+def _polar(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "polar_env.cli", *args], capture_output=True, text=True,
+                          env=env, timeout=900)
+
+
+def test_polar_rollout_and_eval_on_image_rows(task_file: Path, imaged, tmp_path: Path):
+    """The user's commands: rows naming images, the Pi harness in podman, then `polar eval` in the image."""
+    iid = "psf__requests-5414"
+    proc = _polar("rollout", "--tasks", str(task_file), "--task-ids", iid, "--sandbox", ENGINE, "--policy", "gold",
+                  "--out", str(tmp_path / "out"), "--timeout", "300", "--score-window", "256")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["episodes"] == 1 and summary["resolved"] == 1, proc.stdout[-2000:]
+    (traj,) = [json.loads(line) for line in (tmp_path / "out" / "trajectories.jsonl").read_text().splitlines()]
+    assert traj["metadata"]["workspace"] == ENGINE and traj["reward"] == 1.0
+
+    preds = tmp_path / "preds.jsonl"
+    preds.write_text(json.dumps({"instance_id": iid, "model_patch": imaged[iid].patch, "model_name_or_path": "g"})
+                     + "\n")
+    proc = _polar("eval", "--tasks", str(task_file), "--predictions", str(preds), "--out", str(tmp_path / "r.json"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["resolved_ids"] == [iid] and report["error_instances"] == 0
+
+
+@pytest.fixture
+async def box(imaged, tmp_path: Path):
+    (tmp_path / "sock").mkdir(mode=0o755)
+    spec = SandboxSpec(proxy_socket_dir=tmp_path / "sock", memory_bytes=512 << 20, pids_max=128)
+    ws = await open_workspace(imaged["pallets__flask-5014"], spec, sandbox=ENGINE)
+    yield ws.sandbox
+    await ws.close()
+
+
+async def test_only_the_proxy_is_reachable_from_the_container(box, tmp_path: Path):
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    try:
+        async with UnixHTTPServer(tmp_path / "sock", await reply_json(200, '"proxy-ok"')):
+            py = "/usr/bin/python3"
+            res = await box.run([py, FORWARDER_INSIDE, "--socket", "/run/proxy/proxy.sock", "--port", "18080", "--",
+                                 py, "-c", NET_PROBE.replace("HOST_PORT", str(listener.getsockname()[1]))],
+                                timeout_s=90)
+    finally:
+        listener.close()
+    assert res.exit_code == 0, res.stderr_tail
+    out = dict(line.split(" ", 1) for line in res.stdout_tail.splitlines())
+    assert out.pop("proxy") == '"proxy-ok"'  # the one way out works
+    assert set(out.values()) == {"FAILED"}, out  # outside v4/v6, host loopback, metadata, DNS, UDP, PyPI
+    who = await box.run(["sh", "-c", "id -u; cat /proc/self/status | grep CapEff"], timeout_s=30)
+    uid, caps = who.stdout_tail.splitlines()
+    assert uid == "1000" and caps.split()[1] == "0000000000000000"  # unprivileged, no capabilities
+
+
+async def test_the_deadline_leaves_nothing_running(box):
+    marker = f"stay{uuid.uuid4().hex[:8]}"
+    script = (f"import os, subprocess, time\nfor _ in range(3):\n    if os.fork() == 0:\n        os.setsid()\n"
+              f"        os.execvp('sleep', ['sleep', '3600', '{marker}'])\n"
+              f"subprocess.Popen(['nohup', 'sleep', '3601', '{marker}'], start_new_session=True)\n"
+              f"print('spawned', flush=True)\ntime.sleep(3600)\n")
+    res = await box.run(["/usr/bin/python3", "-c", script], timeout_s=3)
+    assert res.timed_out and "spawned" in res.stdout_tail
+    for _ in range(50):
+        if not processes_matching(marker):
+            break
+        await asyncio.sleep(0.1)
+    assert processes_matching(marker) == []  # host view: covers the container's processes too
+    inside = subprocess.run([ENGINE, "exec", box.name, "ps", "-eo", "args"], capture_output=True, text=True)
+    assert marker not in inside.stdout
+    again = await box.run(["echo", "alive"], timeout_s=30)
+    assert again.stdout_tail.strip() == "alive"  # the workspace itself survives its command's deadline
+
+
+def test_a_failed_create_leaves_no_container():
+    before = _containers()
+    with pytest.raises(ContainerError, match="failed"):  # the base image has no /testbed: setup fails
+        ContainerSandbox.create(None, spec=SandboxSpec(), image=base_image(), engine=ENGINE)
+    assert _containers() == before
