@@ -205,3 +205,25 @@ def test_a_failed_create_leaves_no_container():
     with pytest.raises(ContainerError, match="failed"):  # the base image has no /testbed: setup fails
         ContainerSandbox.create(None, spec=SandboxSpec(), image=base_image(), engine=ENGINE)
     assert _containers() == before
+
+
+async def test_gym_resources_server_seeds_a_container_the_agent_attaches_to(imaged, tmp_path: Path):
+    """The NeMo Gym split of the same lifecycle: the resources server opens the container (with the agent's
+    proxy socket dir mounted), the agent side attaches by name and edits, verify grades in the image."""
+    from polar_env.episodes.workspace import WorkspaceMounts
+    from polar_env.resources_server.core import PolarResources, PolarResourcesConfig, attach_sandbox
+
+    task = imaged["psf__requests-5414"]
+    (tmp_path / "sock").mkdir(mode=0o755)
+    before = _containers()
+    core = PolarResources(PolarResourcesConfig(sandbox=ENGINE), tasks=[task])
+    seeded = await core.seed("ep", task.instance_id, mounts=WorkspaceMounts(proxy_socket_dir=str(tmp_path / "sock")))
+    assert seeded.workspace.kind == ENGINE and seeded.workspace.container in _containers()
+    agent_side = attach_sandbox(seeded, SandboxSpec(proxy_socket_dir=tmp_path / "sock"))
+    edit = await agent_side.run(["patch", "-p1"], stdin=task.patch.encode(), timeout_s=60)
+    assert edit.exit_code == 0, edit.stderr_tail
+    mounted = await agent_side.run(["test", "-d", "/run/proxy"], timeout_s=30)
+    assert mounted.exit_code == 0  # the agent's socket dir was mounted at creation
+    outcome = await core.verify("ep")
+    assert outcome.reward == 1.0 and outcome.resolved and not outcome.mask_sample
+    assert await core.close("ep") and _containers() == before

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -92,3 +93,25 @@ def test_rollout_errors_are_one_line_exit_2(tmp_path: Path, bundled):
     if engine_available("podman"):
         _one_line_exit_2(_polar("rollout", "--tasks", str(tasks), "--sandbox", "podman", "--out",
                                 str(tmp_path / "o")), "no-such-image:0' is not in podman", "docs/tasks.md")
+
+
+def test_eval_errors_are_one_line_exit_2(tmp_path: Path, bundled):
+    _one_line_exit_2(_polar("eval", "--tasks", "bundled", "--predictions", str(tmp_path / "nosuch.jsonl")),
+                     "nosuch.jsonl does not exist")
+    row = bundled.model_copy(update={"base_archive": None, "image": "localhost/polar-test/no-such-image:0"})
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(row.model_dump_json() + "\n")
+    preds = tmp_path / "preds.jsonl"
+    preds.write_text(json.dumps({"instance_id": row.instance_id, "model_patch": row.patch}) + "\n")
+    _one_line_exit_2(_polar("eval", "--tasks", str(tasks), "--predictions", str(preds), "--sandbox", "docker",
+                            env={"PATH": "/nonexistent"}), "docker is not installed")
+
+
+def test_doctor_reports_container_engines_and_their_fix(monkeypatch):
+    from polar_env.harness_adapters.doctor import doctor_report
+
+    monkeypatch.setenv("PATH", "/nonexistent")
+    rows = {r.component: r for r in doctor_report()}
+    assert {"podman (optional)", "docker (optional)", "apptainer (optional)"} <= set(rows)
+    assert not rows["podman (optional)"].installed
+    assert "scripts/setup.sh" in rows["podman (optional)"].fix_command
