@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from aiohttp import web
+
+from polar_env.sandbox.bubblewrap import FORWARDER_INSIDE
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -67,3 +70,54 @@ def processes_matching(marker: str) -> list[int]:
             if marker in cmdline:
                 pids.append(int(entry))
     return pids
+
+
+NET_PROBE = """
+import socket, urllib.request
+def tcp(host, port, fam=socket.AF_INET):
+    s = socket.socket(fam); s.settimeout(3)
+    try:
+        s.connect((host, port)); return "CONNECTED"
+    except OSError as e:
+        return "FAILED"
+results = {
+    "outside_v4": tcp("93.184.216.34", 443), "outside_v6": tcp("2606:4700::1111", 443, socket.AF_INET6),
+    "host_loopback": tcp("127.0.0.1", HOST_PORT), "metadata": tcp("169.254.169.254", 80),
+}
+try:
+    socket.getaddrinfo("pypi.org", 443); results["dns"] = "RESOLVED"
+except OSError:
+    results["dns"] = "FAILED"
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+try:
+    u.sendto(b"x", ("8.8.8.8", 53)); results["udp"] = "SENT"
+except OSError:
+    results["udp"] = "FAILED"
+try:
+    urllib.request.urlopen("https://pypi.org/simple/flask/", timeout=5); results["pypi"] = "REACHED"
+except OSError:
+    results["pypi"] = "FAILED"
+req = urllib.request.Request("http://127.0.0.1:18080/s/x/v1/models")
+results["proxy"] = urllib.request.urlopen(req, timeout=10).read().decode()
+for k, v in results.items():
+    print(k, v)
+"""
+
+
+async def probe_network(sandbox, sock_dir: Path) -> dict[str, str]:
+    """Every way out an agent would try, from inside ``sandbox`` (whose proxy socket dir is ``sock_dir``):
+    outside addresses, a host loopback port, cloud metadata, DNS, UDP, PyPI, and the proxy through the
+    forwarder (``proxy``: its answer). Every other value is ``FAILED`` when the sandbox is sealed."""
+    py = "/usr/bin/python3"
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    try:
+        async with UnixHTTPServer(sock_dir, await reply_json(200, '"proxy-ok"')):
+            res = await sandbox.run([py, FORWARDER_INSIDE, "--socket", "/run/proxy/proxy.sock", "--port", "18080",
+                                     "--", py, "-c", NET_PROBE.replace("HOST_PORT", str(listener.getsockname()[1]))],
+                                    timeout_s=90)
+    finally:
+        listener.close()
+    assert res.exit_code == 0, res.stderr_tail
+    return dict(line.split(" ", 1) for line in res.stdout_tail.splitlines())

@@ -15,7 +15,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -23,8 +22,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from polar_sandbox_helpers import UnixHTTPServer, processes_matching, reply_json
-from test_security_sandbox import NET_PROBE
+from polar_sandbox_helpers import probe_network, processes_matching
 
 from polar_env.backends.policies import make_policy
 from polar_env.backends.scripted import ScriptedBackend
@@ -34,7 +32,6 @@ from polar_env.proxy.app import ProxyServer
 from polar_env.proxy.engine import EngineConfig
 from polar_env.rewards.image_grading import grade_task
 from polar_env.sandbox.base import SandboxSpec
-from polar_env.sandbox.bubblewrap import FORWARDER_INSIDE
 from polar_env.sandbox.container import ContainerError, ContainerSandbox
 from polar_env.tasks.images import base_image, ensure_task_image, task_image_name
 from polar_env.tasks.loader import load_bundled
@@ -161,19 +158,7 @@ async def box(imaged, tmp_path: Path):
 
 
 async def test_only_the_proxy_is_reachable_from_the_container(box, tmp_path: Path):
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen()
-    try:
-        async with UnixHTTPServer(tmp_path / "sock", await reply_json(200, '"proxy-ok"')):
-            py = "/usr/bin/python3"
-            res = await box.run([py, FORWARDER_INSIDE, "--socket", "/run/proxy/proxy.sock", "--port", "18080", "--",
-                                 py, "-c", NET_PROBE.replace("HOST_PORT", str(listener.getsockname()[1]))],
-                                timeout_s=90)
-    finally:
-        listener.close()
-    assert res.exit_code == 0, res.stderr_tail
-    out = dict(line.split(" ", 1) for line in res.stdout_tail.splitlines())
+    out = await probe_network(box, tmp_path / "sock")
     assert out.pop("proxy") == '"proxy-ok"'  # the one way out works
     assert set(out.values()) == {"FAILED"}, out  # outside v4/v6, host loopback, metadata, DNS, UDP, PyPI
     who = await box.run(["sh", "-c", "id -u; cat /proc/self/status | grep CapEff"], timeout_s=30)

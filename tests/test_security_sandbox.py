@@ -8,18 +8,17 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import socket
 import subprocess
 import time
 import uuid
 from pathlib import Path
 
 import pytest
-from polar_sandbox_helpers import UnixHTTPServer, processes_matching, reply_json
+from polar_sandbox_helpers import probe_network, processes_matching
 
 from polar_env.rewards.grading import agent_test_files, grade
 from polar_env.sandbox.base import SandboxSpec
-from polar_env.sandbox.bubblewrap import FORWARDER_INSIDE, BubblewrapSandbox
+from polar_env.sandbox.bubblewrap import BubblewrapSandbox
 from polar_env.tasks.loader import load_tasks
 from polar_env.tasks.tree import materialize
 
@@ -49,51 +48,10 @@ async def _py(sb: BubblewrapSandbox, script: str, timeout_s: float = 60, **kw):
     return await sb.run([PY, "-c", script], timeout_s=timeout_s, **kw)
 
 
-NET_PROBE = """
-import socket, urllib.request
-def tcp(host, port, fam=socket.AF_INET):
-    s = socket.socket(fam); s.settimeout(3)
-    try:
-        s.connect((host, port)); return "CONNECTED"
-    except OSError as e:
-        return "FAILED"
-results = {
-    "outside_v4": tcp("93.184.216.34", 443), "outside_v6": tcp("2606:4700::1111", 443, socket.AF_INET6),
-    "host_loopback": tcp("127.0.0.1", HOST_PORT), "metadata": tcp("169.254.169.254", 80),
-}
-try:
-    socket.getaddrinfo("pypi.org", 443); results["dns"] = "RESOLVED"
-except OSError:
-    results["dns"] = "FAILED"
-u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-try:
-    u.sendto(b"x", ("8.8.8.8", 53)); results["udp"] = "SENT"
-except OSError:
-    results["udp"] = "FAILED"
-try:
-    urllib.request.urlopen("https://pypi.org/simple/flask/", timeout=5); results["pypi"] = "REACHED"
-except OSError:
-    results["pypi"] = "FAILED"
-req = urllib.request.Request("http://127.0.0.1:18080/s/x/v1/models")
-results["proxy"] = urllib.request.urlopen(req, timeout=10).read().decode()
-for k, v in results.items():
-    print(k, v)
-"""
 
 
 async def test_no_network_but_the_proxy(sandbox, tmp_path: Path):
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen()
-    try:
-        async with UnixHTTPServer(tmp_path / "sock", await reply_json(200, '"proxy-ok"')):
-            res = await sandbox.run([PY, FORWARDER_INSIDE, "--socket", "/run/proxy/proxy.sock", "--port", "18080",
-                                     "--", PY, "-c", NET_PROBE.replace("HOST_PORT", str(listener.getsockname()[1]))],
-                                    timeout_s=90)
-    finally:
-        listener.close()
-    assert res.exit_code == 0, res.stderr_tail
-    out = dict(line.split(" ", 1) for line in res.stdout_tail.splitlines())
+    out = await probe_network(sandbox, tmp_path / "sock")
     assert out.pop("proxy") == '"proxy-ok"'  # the one way out works
     assert set(out.values()) == {"FAILED"}, out
 
