@@ -57,6 +57,15 @@ class Conversation(BaseModel):
         return _digest([t.model_dump(mode="json") for t in self.tools])
 
 
+class TokenLogprob(BaseModel):
+    """One sampled token's recorded logprob, in the OpenAI APIs' shape (no alternatives)."""
+
+    token: str
+    logprob: float
+    bytes: list[int]
+    top_logprobs: list[dict[str, Any]] = Field(default_factory=list)
+
+
 class AssistantTurn(BaseModel):
     """The parsed answer of one model call, which each wire API encodes in its own shape."""
 
@@ -69,6 +78,10 @@ class AssistantTurn(BaseModel):
     completion_tokens: int = 0
     malformed_tool_call: bool = False
     model: str = ""
+    stop_sequence: str | None = None  # the stop string the reply was cut at
+    prefill: str = ""  # Anthropic prefill: ``content`` starts with it, the answer carries only the rest
+    # only when the harness asked for logprobs; the record keeps them once, as ``CallRecord.logprobs``
+    logprobs: list[TokenLogprob] | None = Field(default=None, exclude=True)
 
     def as_message(self) -> Message:
         return Message(role="assistant", content=self.content, reasoning=self.reasoning,

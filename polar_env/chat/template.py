@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from polar_env.chat.messages import Message, ToolCall, ToolSpec
-from polar_env.chat.parsers import THINK_OPEN, ParsedOutput, ToolFormat, parse_text
+from polar_env.chat.parsers import CALL_OPEN, THINK_OPEN, ParsedOutput, ToolFormat, parse_text
 
 TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
 _FORMAT_TEMPLATES: dict[str, str] = {"hermes": "chatml_hermes_tools", "qwen3_coder": "qwen3_coder_tools"}
@@ -101,11 +101,46 @@ class ChatRenderer:
 
     # ---- parsing ---------------------------------------------------------------------------
 
-    def parse_output(self, token_ids: list[int]) -> ParsedOutput:
-        """Parse sampled ids (a trailing end-of-turn id is dropped); ``text`` is the raw decode."""
+    def parse_output(self, token_ids: list[int], *, prefix: str = "", text: str | None = None) -> ParsedOutput:
+        """Parse sampled ids (a trailing end-of-turn id is dropped) continuing ``prefix`` (text the
+        prompt already holds of this turn: a prefill or a forced tool call's start); ``text``: their
+        text when it is not their whole decode (a reply cut at a stop string)."""
+        text = self.sampled_text(token_ids) if text is None else text
+        return parse_text(prefix + text, self.tool_format, started_in_think=self._prompt_opens_think)
+
+    def sampled_text(self, token_ids: list[int]) -> str:
         ids = token_ids[:-1] if token_ids and token_ids[-1] in self.eos_token_ids else token_ids
-        text = self.tokenizer.decode(ids, skip_special_tokens=False)
-        return parse_text(text, self.tool_format, started_in_think=self._prompt_opens_think)
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def cut_at_stop(self, token_ids: list[int], stops: list[str]) -> tuple[int, str, str] | None:
+        """``(n, stop, text)``: the earliest stop string in the sampled text, the fewest leading ids
+        whose text holds it and the text before it; None when no stop string was sampled. The reply is cut there as a provider cuts it: the ids up
+        to the one that completed the stop string stay the record (the model sampled them; the
+        next prompt continues them), the text before it is the answer."""
+        text = self.sampled_text(token_ids)
+        hits = [(text.find(s), s) for s in stops if s in text]
+        if not hits:
+            return None
+        at, stop = min(hits)
+        lo, hi = 1, len(token_ids)  # ``stop in decode(ids[:n])`` is monotone in n: binary search
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if stop in self.tokenizer.decode(token_ids[:mid], skip_special_tokens=False):
+                hi = mid
+            else:
+                lo = mid + 1
+        return lo, stop, text[:at]
+
+    def forced_call_prefix(self, name: str | None) -> str:
+        """The start of a tool call, written after the generation prompt when ``tool_choice``
+        requires one (any tool, or the tool ``name``): the model continues inside the call."""
+        if self.tool_format == "hermes":
+            return CALL_OPEN + "\n" + ("" if name is None else '{"name": ' + json.dumps(name) + ', "arguments": ')
+        return CALL_OPEN + "\n<function=" + ("" if name is None else name + ">\n")
+
+    def encode_text(self, text: str) -> list[int]:
+        """Ids of text that follows the generation prompt (a prefill), special tokens not added."""
+        return self._encode(text) if text else []
 
     # ---- internals -------------------------------------------------------------------------
 

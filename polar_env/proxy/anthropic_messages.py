@@ -18,15 +18,18 @@ from polar_env.proxy.wire import (
     PART_JOIN,
     DecodedRequest,
     WireError,
+    choose_tools,
     dedupe,
     echoed_model,
     finish_of,
+    flag_structured_output,
     flatten_parts,
     issued_ref,
     merge_split_turns,
     require_object,
     sampling_of,
     sse_frame,
+    stops_of,
     validate,
 )
 
@@ -91,6 +94,9 @@ class MessagesRequest(_Loose):
     temperature: float | None = None
     top_p: float | None = None
     stream: bool | None = False
+    stop_sequences: list[str] | None = None
+    tool_choice: dict[str, Any] | None = None  # {"type": "auto" | "any" | "tool" | "none", "name": ...}
+    output_format: dict[str, Any] | None = None  # structured outputs: {"type": "json_schema", ...}
 
 
 # -- decoding ----------------------------------------------------------------------------------
@@ -122,6 +128,7 @@ def decode(body: Any) -> DecodedRequest:
                 messages.append(message)
                 refs.append(None)
     messages, refs = merge_split_turns(messages, refs)
+    prefill = _prefill(req, messages, refs)
     tools = []
     for tool in req.tools or []:
         if tool.type not in (None, "custom"):
@@ -129,13 +136,42 @@ def decode(body: Any) -> DecodedRequest:
             continue
         params = {} if tool.input_schema is None else {"parameters": tool.input_schema}
         tools.append(ToolSpec(name=tool.name, description=tool.description or "", **params))
+    tools, choice = choose_tools(tools, *_tool_choice(req.tool_choice, flags), flags)
+    flag_structured_output((req.output_format or {}).get("type"), flags)
     decoded = DecodedRequest(
         conversation=Conversation(messages=messages, tools=tools), stream=bool(req.stream),
         model=req.model.strip(), raw_model=req.model,
         requested_sampling=sampling_of(req.temperature, req.top_p, req.max_tokens),
-        flags=dedupe(flags), assistant_refs=refs,
+        flags=dedupe(flags), assistant_refs=refs, stop=stops_of(req.stop_sequences), tool_choice=choice,
+        prefill=prefill,
     )
     return volatile.apply(decoded)
+
+
+def _prefill(req: MessagesRequest, messages: list[Message], refs: list[str | None]) -> str | None:
+    """A final assistant message is a prefill the reply continues, not a turn to close: taken out
+    of the conversation (the prompt ends inside that turn) and returned as text."""
+    last = messages[-1] if messages else None
+    if req.messages[-1].role != "assistant" or last is None or last.role != "assistant" or last.tool_calls:
+        return None
+    if last.content != last.content.rstrip():
+        raise WireError(400, "final assistant content cannot end with trailing whitespace")
+    messages.pop()
+    refs.pop()
+    return last.content
+
+
+def _tool_choice(choice: dict[str, Any] | None, flags: list[str]) -> tuple[str, str | None]:
+    if choice and choice.get("disable_parallel_tool_use"):
+        flags.append("unenforced:disable_parallel_tool_use")
+    kind = (choice or {}).get("type", "auto")
+    if kind in ("auto", "none"):
+        return kind, None
+    if kind == "any":
+        return "required", None
+    if kind == "tool" and isinstance(choice.get("name"), str):
+        return "function", choice["name"]
+    raise WireError(400, f"invalid messages request: tool_choice: unsupported type {kind!r}")
 
 
 def decode_count_tokens(body: Any) -> DecodedRequest:
@@ -226,10 +262,15 @@ def content_blocks(turn: AssistantTurn) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = []
     if turn.reasoning is not None:
         blocks.append({"type": "thinking", "thinking": turn.reasoning, "signature": issued_ref(turn.call_id)})
-    if turn.content or not turn.tool_calls:
-        blocks.append({"type": "text", "text": turn.content})
+    text = turn.content.removeprefix(turn.prefill)  # a prefilled reply carries only its continuation
+    if text or not turn.tool_calls:
+        blocks.append({"type": "text", "text": text})
     blocks += [{"type": "tool_use", "id": tc.id, "name": tc.name, "input": tool_input(tc)} for tc in turn.tool_calls]
     return blocks
+
+
+def stop_reason(turn: AssistantTurn) -> str:
+    return "stop_sequence" if turn.stop_sequence is not None else STOP_REASONS[finish_of(turn)]
 
 
 def _usage(turn: AssistantTurn) -> dict[str, int]:
@@ -239,8 +280,8 @@ def _usage(turn: AssistantTurn) -> dict[str, int]:
 
 def _message(turn: AssistantTurn, req: DecodedRequest, content: list[dict[str, Any]], done: bool) -> dict:
     return {"id": f"msg_{turn.call_id}", "type": "message", "role": "assistant", "model": echoed_model(turn, req),
-            "content": content, "stop_reason": STOP_REASONS[finish_of(turn)] if done else None,
-            "stop_sequence": None,
+            "content": content, "stop_reason": stop_reason(turn) if done else None,
+            "stop_sequence": turn.stop_sequence if done else None,
             "usage": _usage(turn) if done else {**_usage(turn), "output_tokens": 0}}
 
 
@@ -272,7 +313,7 @@ def encode_stream(turn: AssistantTurn, req: DecodedRequest) -> list[bytes]:
             emit("content_block_delta", index=index,
                  delta={"type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)})
         emit("content_block_stop", index=index)
-    emit("message_delta", delta={"stop_reason": STOP_REASONS[finish_of(turn)], "stop_sequence": None},
+    emit("message_delta", delta={"stop_reason": stop_reason(turn), "stop_sequence": turn.stop_sequence},
          usage=_usage(turn))
     emit("message_stop")
     return frames

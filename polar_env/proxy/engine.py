@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from polar_env.backends.base import Backend, BackendError, SamplingParams
-from polar_env.chat.messages import AssistantTurn, Conversation, Message, ToolCall
+from polar_env.chat.messages import AssistantTurn, Conversation, Message, TokenLogprob, ToolCall
 from polar_env.chat.template import ChatRenderer, apply_tool_kinds
 from polar_env.outcomes import FailureKind
 from polar_env.proxy.sessions import POLICY_KEYS, CallState, Session, prefix_hashes
@@ -120,7 +120,8 @@ class TokenEngine:
         record = CallRecord(
             session_id=session.id, call_index=session.reserve_index(), call_id=uuid.uuid4().hex[:24], api=api,
             created_at=time.time(), messages=conv.messages, tools=conv.tools,
-            requested_sampling=request.requested_sampling, backend=self.backend.name, model=self.backend.model,
+            requested_sampling={**request.requested_sampling, **({"stop": request.stop} if request.stop else {})},
+            backend=self.backend.name, model=self.backend.model,
             flags=list(request.flags))
         try:
             return await self._complete(session, request, record, started)
@@ -145,41 +146,71 @@ class TokenEngine:
         call_id = record.call_id
         hashes = prefix_hashes(conv.messages)  # once per call: matching and indexing both need them
         ext = self.build_prompt(session, conv, request.assistant_refs, hashes)
+        prefix = self._prefix(request, record)
+        prompt_ids = ext.prompt_ids + self.renderer.encode_text(prefix)
         render_ms = (time.perf_counter() - started) * 1e3
-        record.prompt_ids = ext.prompt_ids
+        record.prompt_ids, record.prefill = prompt_ids, prefix
         record.parent_call_index = ext.parent.call_index if ext.parent else None
         record.reused_prefix_len = len(ext.parent.ids) if ext.parent else 0
         record.break_reason = ext.break_reason
         record.timings = {"render_ms": render_ms}
-        sampling, overridden = self.sampling_for(session, request.requested_sampling, len(ext.prompt_ids))
+        sampling, overridden = self.sampling_for(session, request.requested_sampling, len(prompt_ids))
         record.sampling, record.overridden = sampling, overridden
         if overridden:
             record.flags.append("overridden:" + ",".join(overridden))
         gen_started = time.perf_counter()
-        generation = await self._generate(session, ext.prompt_ids, sampling)
+        generation = await self._generate(session, prompt_ids, sampling)
         generate_ms = (time.perf_counter() - gen_started) * 1e3
-        if generation.prompt_ids and generation.prompt_ids != ext.prompt_ids:
+        if generation.prompt_ids and generation.prompt_ids != prompt_ids:
             record.flags.append("backend_prompt_mismatch")
-        parsed = self.renderer.parse_output(generation.token_ids)
+        sampled, logprobs, finish = generation.token_ids, generation.logprobs, generation.finish_reason
+        text = stop = None
+        if request.stop and (cut := self.renderer.cut_at_stop(sampled, request.stop)) is not None:
+            n, stop, text = cut
+            sampled, logprobs, finish = sampled[:n], logprobs[:n], "stop"
+        parsed = self.renderer.parse_output(sampled, prefix=prefix, text=text)
         tool_calls = [ToolCall(id=issued_tool_call_id(call_id, i), name=tc.name, arguments=tc.arguments, kind=tc.kind)
                       for i, tc in enumerate(apply_tool_kinds(parsed.tool_calls, conv.tools))]
-        finish = "tool_calls" if tool_calls else generation.finish_reason
         turn = AssistantTurn(call_id=call_id, content=parsed.content, reasoning=parsed.reasoning,
-                             tool_calls=tool_calls, finish_reason=finish, prompt_tokens=len(ext.prompt_ids),
-                             completion_tokens=len(generation.token_ids), malformed_tool_call=parsed.malformed,
-                             model=request.model or self.backend.model)
+                             tool_calls=tool_calls, finish_reason="tool_calls" if tool_calls else finish,
+                             prompt_tokens=len(prompt_ids), completion_tokens=len(sampled),
+                             malformed_tool_call=parsed.malformed, model=request.model or self.backend.model,
+                             stop_sequence=stop, prefill=request.prefill or "",
+                             logprobs=self._token_logprobs(sampled, logprobs) if request.logprobs else None)
         if parsed.malformed:
             record.flags.append("malformed_tool_call")
-        record.sampled_ids, record.logprobs = generation.token_ids, generation.logprobs
-        record.output, record.finish_reason = turn, generation.finish_reason
+        record.sampled_ids, record.logprobs = sampled, logprobs
+        record.output, record.finish_reason, record.stop_sequence = turn, finish, stop
         record.model = generation.model or self.backend.model
         record.timings = {"render_ms": render_ms, "generate_ms": generate_ms,
                           "total_ms": (time.perf_counter() - started) * 1e3}
         self._persist(session, record, hashes[-1])
         return turn, record
 
+    def _prefix(self, request: DecodedRequest, record: CallRecord) -> str:
+        """Text of the reply the prompt already holds: the harness's prefill, else the start of the
+        tool call that ``tool_choice`` requires."""
+        if request.prefill is not None:
+            if request.tool_choice.mode != "auto":
+                record.flags.append("unenforced:tool_choice(prefill)")
+            return request.prefill
+        if request.tool_choice.mode == "auto":
+            return ""
+        return self.renderer.forced_call_prefix(request.tool_choice.name)
+
+    def _token_logprobs(self, ids: list[int], logprobs: list[float]) -> list[TokenLogprob]:
+        """The recorded logprobs in the OpenAI shape (the end-of-turn token is not part of the text)."""
+        out = []
+        for token_id, logprob in zip(ids, logprobs, strict=False):
+            if token_id in self.eos_ids:
+                continue
+            token = self.renderer.tokenizer.decode([token_id], skip_special_tokens=False)
+            out.append(TokenLogprob(token=token, logprob=logprob, bytes=list(token.encode())))
+        return out
+
     async def count_tokens(self, request: DecodedRequest) -> int:
-        return len(self.renderer.render_prompt(request.conversation.messages, request.conversation.tools))
+        prompt = self.renderer.render_prompt(request.conversation.messages, request.conversation.tools)
+        return len(prompt) + len(self.renderer.encode_text(request.prefill or ""))
 
     async def _generate(self, session: Session, prompt_ids: list[int], sampling: SamplingParams):
         attempt = 0

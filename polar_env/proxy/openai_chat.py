@@ -17,16 +17,21 @@ from polar_env.proxy import volatile
 from polar_env.proxy.wire import (
     DecodedRequest,
     WireError,
+    choose_tools,
     custom_tool_description,
     dedupe,
     echoed_model,
     finish_of,
+    flag_structured_output,
     flatten_parts,
     merge_split_turns,
     openai_error,
+    openai_tool_choice,
+    refuse_n,
     require_object,
     sampling_of,
     sse_frame,
+    stops_of,
     validate,
 )
 
@@ -101,21 +106,36 @@ class ChatRequest(_Loose):
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     tools: list[ChatTool] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    stop: str | list[str] | None = None
+    n: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    response_format: dict[str, Any] | None = None
 
 
 def decode(body: Any) -> DecodedRequest:
     req = validate(ChatRequest, require_object(body, API), API)
+    refuse_n(req.n)
     flags: list[str] = []
     messages, refs = merge_split_turns([_message(m, i, flags) for i, m in enumerate(req.messages)],
                                        [None] * len(req.messages))
     tools = [t for t in (_tool(t, flags) for t in req.tools or []) if t is not None]
+    tools, choice = choose_tools(tools, *openai_tool_choice(req.tool_choice, flags), flags)
+    if req.parallel_tool_calls is False:
+        flags.append("unenforced:parallel_tool_calls=false")
+    flag_structured_output((req.response_format or {}).get("type"), flags)
+    if req.top_logprobs:
+        flags.append("unenforced:top_logprobs")
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     decoded = DecodedRequest(
         conversation=Conversation(messages=messages, tools=tools), stream=bool(req.stream),
         model=req.model.strip(), raw_model=req.model,
         requested_sampling=sampling_of(req.temperature, req.top_p, max_tokens),
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
-        flags=dedupe(flags), assistant_refs=refs,
+        flags=dedupe(flags), assistant_refs=refs, stop=stops_of(req.stop, limit=4), tool_choice=choice,
+        logprobs=bool(req.logprobs),
     )
     return volatile.apply(decoded)
 
@@ -171,6 +191,12 @@ def _usage(turn: AssistantTurn) -> dict[str, int]:
             "total_tokens": turn.prompt_tokens + turn.completion_tokens}
 
 
+def _logprobs(turn: AssistantTurn) -> dict[str, Any] | None:
+    if turn.logprobs is None:
+        return None
+    return {"content": [t.model_dump() for t in turn.logprobs], "refusal": None}
+
+
 def encode_response(turn: AssistantTurn, req: DecodedRequest) -> dict:
     message: dict[str, Any] = {"role": "assistant", "content": turn.content if turn.content or not turn.tool_calls
                                else None}
@@ -180,7 +206,8 @@ def encode_response(turn: AssistantTurn, req: DecodedRequest) -> dict:
         message["tool_calls"] = [_wire_call(tc) for tc in turn.tool_calls]
     return {"id": f"chatcmpl-{turn.call_id}", "object": "chat.completion", "created": int(time.time()),
             "model": echoed_model(turn, req),
-            "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_of(turn)}],
+            "choices": [{"index": 0, "message": message, "logprobs": _logprobs(turn),
+                         "finish_reason": finish_of(turn)}],
             "usage": _usage(turn)}
 
 
@@ -188,15 +215,15 @@ def encode_stream(turn: AssistantTurn, req: DecodedRequest) -> list[bytes]:
     head = {"id": f"chatcmpl-{turn.call_id}", "object": "chat.completion.chunk", "created": int(time.time()),
             "model": echoed_model(turn, req)}
 
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
-        return sse_frame({**head, "choices": [{"index": 0, "delta": delta, "logprobs": None,
+    def chunk(delta: dict[str, Any], finish: str | None = None, logprobs: dict | None = None) -> bytes:
+        return sse_frame({**head, "choices": [{"index": 0, "delta": delta, "logprobs": logprobs,
                                                "finish_reason": finish}]})
 
     frames = [chunk({"role": "assistant", "content": ""})]
     if turn.reasoning:
         frames.append(chunk({"reasoning_content": turn.reasoning}))
-    if turn.content:
-        frames.append(chunk({"content": turn.content}))
+    if turn.content or turn.logprobs is not None:
+        frames.append(chunk({"content": turn.content}, logprobs=_logprobs(turn)))
     frames += [chunk({"tool_calls": [_wire_call(tc, i)]}) for i, tc in enumerate(turn.tool_calls)]
     frames.append(chunk({}, finish_of(turn)))
     if req.include_usage:

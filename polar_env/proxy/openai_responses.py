@@ -23,14 +23,17 @@ from polar_env.proxy.wire import (
     ToolRoute,
     WireError,
     call_id_from_ref,
+    choose_tools,
     custom_tool_description,
     dedupe,
     echoed_model,
     finish_of,
+    flag_structured_output,
     flatten_parts,
     issued_ref,
     merge_split_turns,
     openai_error,
+    openai_tool_choice,
     require_object,
     sampling_of,
     sse_frame,
@@ -38,6 +41,7 @@ from polar_env.proxy.wire import (
 )
 
 API = "responses"
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
 STATELESS = "this proxy is stateless; send the full input (store=false)"
 
 
@@ -121,6 +125,11 @@ class ResponsesRequest(_Loose):
     top_p: float | None = None
     max_output_tokens: int | None = None
     tools: list[ToolDef] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    text: dict[str, Any] | None = None  # {"format": {"type": "text" | "json_schema" | "json_object"}, ...}
+    include: list[str] | None = None
+    top_logprobs: int | None = None
 
 
 # -- decoding ----------------------------------------------------------------------------------
@@ -133,6 +142,13 @@ def decode(body: Any) -> DecodedRequest:
     req = validate(ResponsesRequest, body, API)
     flags: list[str] = []
     tools, routes = _tools(req.tools or [], flags)
+    tools, choice = choose_tools(tools, *openai_tool_choice(_flat_choice(req.tool_choice, routes), flags), flags)
+    if req.parallel_tool_calls is False:
+        flags.append("unenforced:parallel_tool_calls=false")
+    fmt = (req.text or {}).get("format")
+    flag_structured_output(fmt.get("type") if isinstance(fmt, dict) else None, flags)
+    if req.top_logprobs:
+        flags.append("unenforced:top_logprobs")
     builder = _Builder(flags)
     if req.instructions:
         builder.add(Message(role="system", content=req.instructions))
@@ -149,9 +165,17 @@ def decode(body: Any) -> DecodedRequest:
         conversation=Conversation(messages=messages, tools=tools), stream=bool(req.stream),
         model=req.model.strip(), raw_model=req.model,
         requested_sampling=sampling_of(req.temperature, req.top_p, req.max_output_tokens),
-        flags=dedupe(flags), assistant_refs=refs, tool_routes=routes,
+        flags=dedupe(flags), assistant_refs=refs, tool_routes=routes, tool_choice=choice,
+        logprobs=LOGPROBS_INCLUDE in (req.include or []),
     )
     return volatile.apply(decoded)
+
+
+def _flat_choice(choice: str | dict[str, Any] | None, routes: dict[str, ToolRoute]) -> str | dict[str, Any] | None:
+    """A forced tool named by its wire name (and namespace) refers to its canonical, flattened name."""
+    if isinstance(choice, dict) and isinstance(choice.get("name"), str) and choice.get("namespace"):
+        return {**choice, "name": flat_name(choice["namespace"], choice["name"])}
+    return choice
 
 
 def flat_name(namespace: str | None, name: str) -> str:
@@ -299,7 +323,8 @@ def output_items(turn: AssistantTurn, req: DecodedRequest) -> list[dict[str, Any
                       "encrypted_content": issued_ref(turn.call_id)})
     if turn.content or not turn.tool_calls:
         items.append({"type": "message", "id": f"msg_{turn.call_id}", "status": "completed", "role": "assistant",
-                      "content": [{"type": "output_text", "text": turn.content, "annotations": []}]})
+                      "content": [{"type": "output_text", "text": turn.content, "annotations": [],
+                                   **_logprobs(turn)}]})
     for i, tc in enumerate(turn.tool_calls):
         if _kind_of(tc, req) == "custom":
             items.append({"type": "custom_tool_call", "id": f"ctc_{turn.call_id}_{i}", "status": "completed",
@@ -312,6 +337,10 @@ def output_items(turn: AssistantTurn, req: DecodedRequest) -> list[dict[str, Any
             item["namespace"] = route.namespace
         items.append(item)
     return items
+
+
+def _logprobs(turn: AssistantTurn) -> dict[str, Any]:
+    return {} if turn.logprobs is None else {"logprobs": [t.model_dump() for t in turn.logprobs]}
 
 
 def _usage(turn: AssistantTurn) -> dict[str, Any]:
@@ -368,9 +397,10 @@ def encode_stream(turn: AssistantTurn, req: DecodedRequest) -> list[bytes]:
             for c, part in enumerate(item["content"]):
                 emit("response.content_part.added", **at, content_index=c,
                      part={**part, "text": ""})
+                logprobs = part.get("logprobs", [])
                 if part["text"]:
-                    emit("response.output_text.delta", **at, content_index=c, delta=part["text"], logprobs=[])
-                emit("response.output_text.done", **at, content_index=c, text=part["text"], logprobs=[])
+                    emit("response.output_text.delta", **at, content_index=c, delta=part["text"], logprobs=logprobs)
+                emit("response.output_text.done", **at, content_index=c, text=part["text"], logprobs=logprobs)
                 emit("response.content_part.done", **at, content_index=c, part=part)
         elif item["type"] == "function_call":
             emit("response.function_call_arguments.delta", **at, delta=item["arguments"])

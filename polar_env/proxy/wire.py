@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
 
-from polar_env.chat.messages import AssistantTurn, Conversation, Message
+from polar_env.chat.messages import AssistantTurn, Conversation, Message, ToolSpec
 
 # Text parts and blocks of one message are joined with this; every API uses the same join so a
 # conversation decodes to the same canonical text whichever wire it came over.
@@ -48,6 +48,15 @@ class ToolRoute(BaseModel):
     namespace: str | None = None
 
 
+class ToolChoice(BaseModel):
+    """``tool_choice`` reduced to what the engine can enforce: ``required`` and ``function`` by
+    prefilling the start of a tool call after the generation prompt; ``none`` is applied when
+    decoding (the tools are not offered)."""
+
+    mode: Literal["auto", "required", "function"] = "auto"
+    name: str | None = None  # mode == "function"
+
+
 class DecodedRequest(BaseModel):
     """One harness request, reduced to the canonical conversation plus what the answer must echo."""
 
@@ -63,6 +72,11 @@ class DecodedRequest(BaseModel):
     assistant_refs: list[str | None] = Field(default_factory=list)
     # canonical tool name -> wire name/namespace, for tools whose canonical name is not the wire name
     tool_routes: dict[str, ToolRoute] = Field(default_factory=dict)
+    stop: list[str] = Field(default_factory=list)  # stop strings: the reply ends before the first one
+    tool_choice: ToolChoice = Field(default_factory=ToolChoice)
+    # Anthropic prefill: the text of a final assistant message, which the reply continues
+    prefill: str | None = None
+    logprobs: bool = False  # answer with the recorded logprob of each sampled token
 
 
 # A JSON escape of a UTF-16 surrogate: a body without one cannot hold a lone surrogate after parsing
@@ -227,6 +241,62 @@ def sampling_of(temperature: float | None, top_p: float | None, max_tokens: int 
         raise WireError(400, f"max_tokens must be at least 1, got {max_tokens}")
     asked = {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens}
     return {k: v for k, v in asked.items() if v is not None}
+
+
+def stops_of(stop: str | list[str] | None, limit: int | None = None) -> list[str]:
+    """Stop strings as a list; an empty one would end every reply at once, so it is a 400."""
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    if any(not s for s in stops):
+        raise WireError(400, "stop sequences must be non-empty strings")
+    if limit is not None and len(stops) > limit:
+        raise WireError(400, f"at most {limit} stop sequences are allowed, got {len(stops)}")
+    return stops
+
+
+def openai_tool_choice(choice: str | dict[str, Any] | None, flags: list[str]) -> tuple[str, str | None]:
+    """(mode, tool name) of an OpenAI ``tool_choice`` (Chat and Responses); forms the engine cannot enforce are flagged."""
+    if choice is None or choice in ("auto", "none", "required"):
+        return choice or "auto", None
+    if isinstance(choice, dict) and choice.get("type") in ("function", "custom"):
+        inner = choice.get(choice["type"])
+        name = inner.get("name") if isinstance(inner, dict) else choice.get("name")
+        if isinstance(name, str) and name:
+            return "function", name
+    kind = choice.get("type") if isinstance(choice, dict) else choice
+    flags.append(f"unenforced:tool_choice={kind}")
+    return "auto", None
+
+
+def choose_tools(tools: list[ToolSpec], mode: str, name: str | None, flags: list[str]
+                 ) -> tuple[list[ToolSpec], ToolChoice]:
+    """Apply a decoded ``tool_choice``: ``none`` offers no tools (the model cannot call what it is
+    not shown), ``required``/``function`` need the tools they name; the flag says what was done."""
+    if mode == "auto":
+        return tools, ToolChoice()
+    if mode == "none":
+        if tools:
+            flags.append("tool_choice:none(tools hidden)")
+        return [], ToolChoice()
+    if not tools:
+        raise WireError(400, f"tool_choice {mode!r} needs tools, and the request offers none")
+    if mode == "function":
+        if name not in {t.name for t in tools}:
+            raise WireError(400, f"tool_choice names tool {name!r}, which is not among the request's tools")
+        flags.append(f"tool_choice:function={name}(prefilled)")
+        return tools, ToolChoice(mode="function", name=name)
+    flags.append("tool_choice:required(prefilled)")
+    return tools, ToolChoice(mode="required")
+
+
+def flag_structured_output(kind: str | None, flags: list[str]) -> None:
+    """A JSON-schema / JSON-object reply format cannot be enforced on raw sampling: accepted, flagged."""
+    if kind and kind != "text":
+        flags.append(f"unenforced:response_format={kind}")
+
+
+def refuse_n(n: int | None) -> None:
+    if n is not None and n != 1:
+        raise WireError(400, f"n={n} is not supported: each call samples one reply (send n requests)")
 
 
 def custom_tool_description(description: str, fmt: dict[str, Any] | None) -> str:

@@ -31,6 +31,10 @@ class CallRecord(BaseModel):
     logprobs: list[float] = Field(default_factory=list)
     output: AssistantTurn | None = None  # None when the backend failed
     finish_reason: str | None = None
+    stop_sequence: str | None = None  # the requested stop string the reply was cut at (sampled ids end with it)
+    # text written after the generation prompt, whose ids end prompt_ids: an Anthropic prefill, or the
+    # start of a tool call that tool_choice required
+    prefill: str = ""
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     requested_sampling: dict[str, Any] = Field(default_factory=dict)  # what the harness asked for
     overridden: list[str] = Field(default_factory=list)  # params the session policy overrode
