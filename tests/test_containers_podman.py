@@ -64,8 +64,10 @@ def task_file(imaged, tmp_path_factory) -> Path:
 
 
 @pytest.fixture
-async def gold_proxy(local_backend, renderer, imaged, tmp_path: Path):
-    backend = ScriptedBackend(local_backend, make_policy("gold", list(imaged.values())), context_window=256)
+async def scripted_proxy(request, local_backend, renderer, imaged, tmp_path: Path):
+    """A proxy whose turns the scripted policy ``request.param`` writes (gold: replays the fix; noop: one
+    ``ls`` and a final answer), scored by the real model."""
+    backend = ScriptedBackend(local_backend, make_policy(request.param, list(imaged.values())), context_window=256)
     proxy = ProxyServer.create(renderer=renderer, backend=backend, data_dir=tmp_path / "ledger",
                                admin_secret=secrets.token_urlsafe(16), config=EngineConfig(max_context=32768))
     sock = Path(f"/tmp/polar-t-{uuid.uuid4().hex[:8]}")
@@ -95,17 +97,24 @@ def test_images_are_cached_by_content(imaged):
     assert prefix == "/opt/venv"  # the test environment is the image's
 
 
-@pytest.mark.parametrize("harness", ["codex", "claude-code"])
-async def test_episode_in_the_container_graded_in_the_image(harness, gold_proxy, imaged, tmp_path: Path):
+@pytest.mark.parametrize("harness, scripted_proxy", [("codex", "gold"), ("claude-code", "gold"), ("pi", "noop")],
+                         indirect=["scripted_proxy"])
+async def test_episode_in_the_container_graded_in_the_image(harness, scripted_proxy, imaged, tmp_path: Path):
+    """Gold turns resolve the task (reward 1.0, graded in the image); noop turns leave an empty patch (0).
+    Pi's gold episode runs through `polar rollout` below."""
     task = imaged["psf__requests-5414"]
     before = _containers()
-    result = await run_episode(gold_proxy, task, episode_id=f"ep-{harness}", config=EpisodeConfig(
+    result = await run_episode(scripted_proxy, task, episode_id=f"ep-{harness}", config=EpisodeConfig(
         harness=harness, sandbox=ENGINE, timeout_s=300, scratch_root=tmp_path))
     traj = result.trajectory
     assert traj.status == "completed", (traj.error, result.harness and result.harness.stderr_tail[-2000:])
     assert traj.metadata["workspace"] == ENGINE and traj.metadata["image"] == task.image
-    assert traj.stats.calls >= 2 and result.patch.startswith("diff --git")
-    assert traj.reward == 1.0 and result.grade.resolved and result.grade.apply_method == "git_apply"
+    assert traj.stats.calls >= 2
+    if harness == "pi":
+        assert result.patch == "" and traj.reward == 0.0 and result.grade.failure_kind == "empty_patch"
+    else:
+        assert result.patch.startswith("diff --git")
+        assert traj.reward == 1.0 and result.grade.resolved and result.grade.apply_method == "git_apply"
     assert _containers() == before  # the episode's container and the grading container are gone
 
 
