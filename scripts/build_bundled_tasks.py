@@ -28,7 +28,8 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-from polar_env.tasks.env import cache_root, ensure_task_env  # noqa: E402
+from polar_env.cache import cache_root  # noqa: E402
+from polar_env.tasks.env import ensure_task_env  # noqa: E402
 from polar_env.tasks.models import Task, TaskEnvironment  # noqa: E402
 from polar_env.tasks.toolkit import TaskDefect, derive_tests, deterministic_targz  # noqa: E402
 from polar_env.tasks.tree import git, init_single_commit  # noqa: E402

@@ -11,7 +11,7 @@ import pytest
 from outside_reads import OutsideReadGuard, install
 
 from polar_env.backends.embedded import embedded_model_dir
-from polar_env.tasks.env import cache_root
+from polar_env.cache import cache_root
 
 REPO = Path(__file__).resolve().parents[1]
 # installed before any test module is imported, so reads at collection time are seen too

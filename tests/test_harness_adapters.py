@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from polar_env.cache import cache_root
 from polar_env.harness_adapters import HarnessContext, get_adapter
-from polar_env.harness_adapters.base import INSTALLED_MARKER, cache_root, json_lines
+from polar_env.harness_adapters.base import INSTALLED_MARKER, json_lines
 from polar_env.harness_adapters.claude_code import MODEL_VARS
 from polar_env.harness_adapters.doctor import doctor_report, format_table
 from polar_env.harness_adapters.runner import episode_command

@@ -14,16 +14,13 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from polar_env.cache import cache_root
+
 EMBEDDED_MODEL_NAME = "SmolLM2-135M-Instruct"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _DIR_NAME = "smollm2-135m-instruct"
 _TEMPLATE = Path(__file__).resolve().parent.parent / "chat" / "templates" / "chatml_hermes_tools.jinja"
 _STAMP = "polar_embedded.json"
-
-
-def polar_cache_dir() -> Path:
-    """``$POLAR_CACHE`` or ``~/.cache/polar``."""
-    return Path(os.environ.get("POLAR_CACHE") or Path.home() / ".cache" / "polar")
 
 
 def gguf_path() -> Path:
@@ -44,7 +41,7 @@ def embedded_model_dir(cache_dir: Path | None = None) -> Path:
     The conversion writes into a temporary sibling directory and renames it into place, so a
     concurrent or interrupted conversion never leaves a half-written model behind.
     """
-    root = Path(cache_dir) if cache_dir is not None else polar_cache_dir()
+    root = Path(cache_dir) if cache_dir is not None else cache_root()
     target = root / "models" / _DIR_NAME
     if (target / _STAMP).is_file():
         _refresh_template(target)

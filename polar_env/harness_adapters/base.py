@@ -19,12 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+from polar_env.cache import cache_root
+
 HARNESS_MOUNT = "/opt/harness"
 INSTALLED_MARKER = ".polar-installed"
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("POLAR_CACHE") or Path.home() / ".cache" / "polar")
 
 
 @dataclass(frozen=True)

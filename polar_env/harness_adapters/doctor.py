@@ -9,7 +9,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from polar_env.harness_adapters.base import cache_root
+from polar_env.cache import cache_root
 from polar_env.harness_adapters.registry import ADAPTERS
 
 

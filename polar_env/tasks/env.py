@@ -10,12 +10,12 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+from polar_env.cache import cache_root
 from polar_env.tasks.models import Task
 
 STAMP = "polar-env.json"
@@ -23,10 +23,6 @@ STAMP = "polar-env.json"
 
 class EnvBuildError(RuntimeError):
     """The task environment could not be built (an infrastructure failure, not the agent's)."""
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("POLAR_CACHE") or Path.home() / ".cache" / "polar")
 
 
 def env_dir(task: Task) -> Path:

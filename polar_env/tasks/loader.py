@@ -6,7 +6,7 @@ import json
 import os
 from pathlib import Path
 
-from polar_env.tasks.env import cache_root
+from polar_env.cache import cache_root
 from polar_env.tasks.models import Task
 
 BUNDLED_DIR = Path(__file__).parent / "bundled"
