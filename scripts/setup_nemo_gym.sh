@@ -36,11 +36,13 @@ PYEOF
   .venv-gym/bin/pip install -q --upgrade pip
   .venv-gym/bin/pip install -q "${flags[@]}" "nemo-gym==$GYM_VERSION"
 fi
-# What Polar's servers import besides nemo-gym (their requirements.txt), and what `gym env test`
-# runs their tests with. polar_env itself is not installed: each server's app.py imports it from
-# this checkout.
-.venv-gym/bin/python -c "import swebench, transformers, aiohttp, pytest, pytest_asyncio, httpx" 2>/dev/null \
-  || .venv-gym/bin/pip install -q -r nemo_gym_env/resources_servers/polar/requirements.txt pytest pytest-asyncio httpx
+# What Polar's servers import besides nemo-gym: polar_env from this checkout, installed from a
+# server's requirements.txt the way Gym does it (from the server's directory), and what
+# `gym env test` runs their tests with. (-I: the check must not find polar_env through the cwd.)
+.venv-gym/bin/python -I -c "import polar_env, pytest, pytest_asyncio, httpx, sys
+sys.exit(polar_env.__file__ != '$PWD/polar_env/__init__.py')" 2>/dev/null \
+  || (cd nemo_gym_env/resources_servers/polar \
+      && ../../../.venv-gym/bin/pip install -q -r requirements.txt pytest pytest-asyncio httpx)
 # `gym env start` builds one uv venv per server: uv must be on PATH (.venv-gym/bin is enough).
 .venv-gym/bin/python -c "import importlib.util as u; assert u.find_spec('uv')" 2>/dev/null \
   || .venv-gym/bin/pip install -q uv

@@ -143,3 +143,11 @@ def run(args: argparse.Namespace) -> int:
     asyncio.run(serve())
     return 0
 
+
+
+if __name__ == "__main__":  # the same as `polar policy-server ...`
+    import sys
+
+    from polar_env.cli import main
+
+    raise SystemExit(main(["policy-server", *sys.argv[1:]]))

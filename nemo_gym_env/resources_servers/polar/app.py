@@ -10,19 +10,10 @@ The logic lives in ``polar_env.resources_server.core``; this file only binds it 
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, PrivateAttr
-
-# polar_env is imported from this checkout (three levels up), so a clean clone works without an
-# editable install; requirements.txt carries polar_env's server-side dependencies.
-_REPO = Path(__file__).resolve().parents[3]
-if (_REPO / "polar_env").is_dir() and str(_REPO) not in sys.path:
-    sys.path.insert(0, str(_REPO))
-
-from nemo_gym.base_resources_server import (  # noqa: E402
+from nemo_gym.base_resources_server import (
     BaseResourcesServerConfig,
     BaseSeedSessionRequest,
     BaseSeedSessionResponse,
@@ -31,23 +22,15 @@ from nemo_gym.base_resources_server import (  # noqa: E402
     ResourcesCloseSessionResponse,
     SimpleResourcesServer,
 )
-from nemo_gym.verifier_fixture import VerifierFixture  # noqa: E402
+from nemo_gym.verifier_fixture import VerifierFixture
+from pydantic import BaseModel, ConfigDict, PrivateAttr
 
-from polar_env.episodes.workspace import WorkspaceMounts, WorkspaceRef  # noqa: E402
-from polar_env.resources_server.core import PolarResources, PolarResourcesConfig, aggregate  # noqa: E402
+from polar_env.episodes.workspace import WorkspaceMounts, WorkspaceRef
+from polar_env.resources_server.core import PolarResources, PolarResourcesConfig, aggregate
 
 
-class PolarResourcesServerConfig(BaseResourcesServerConfig):
-    tasks: str = "bundled"
-    scratch_root: str | None = None
-    grading_timeout_s: float = 900.0
-    max_concurrent_grades: int = 8
-    sandbox_memory_gb: float | None = 8.0
-    sandbox_pids_max: int | None = 4096
-    sandbox: str = "auto"
-
-    def polar(self) -> PolarResourcesConfig:
-        return PolarResourcesConfig(**{k: getattr(self, k) for k in PolarResourcesConfig.model_fields})
+class PolarResourcesServerConfig(PolarResourcesConfig, BaseResourcesServerConfig):
+    """Gym's server settings plus Polar's own (``PolarResourcesConfig``, declared once)."""
 
 
 class PolarSeedSessionRequest(BaseSeedSessionRequest):
@@ -122,7 +105,7 @@ class PolarResourcesServer(PolarVerifier, SimpleResourcesServer):
     @property
     def polar(self) -> PolarResources:  # built on first use: loading a large task set takes time
         if self._polar is None:
-            self._polar = PolarResources(self.config.polar())
+            self._polar = PolarResources(self.config)
         return self._polar
 
     async def seed_session(self, body: PolarSeedSessionRequest) -> PolarSeedSessionResponse:

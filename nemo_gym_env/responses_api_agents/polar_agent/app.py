@@ -10,49 +10,25 @@ infrastructure failures). The logic lives in ``polar_env.agent_server.core``.
 from __future__ import annotations
 
 import asyncio
-import sys
-from pathlib import Path
 from typing import Any
 
 from fastapi.responses import JSONResponse
-from pydantic import ConfigDict, Field, PrivateAttr
+from nemo_gym.base_resources_server import BaseRunRequest
+from nemo_gym.base_responses_api_agent import BaseResponsesAPIAgentConfig, SimpleResponsesAPIAgent
+from nemo_gym.config_types import ResourcesServerRef
+from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming
+from nemo_gym.server_utils import raise_for_status
+from pydantic import ConfigDict, PrivateAttr
 
-_REPO = Path(__file__).resolve().parents[3]
-if (_REPO / "polar_env").is_dir() and str(_REPO) not in sys.path:
-    sys.path.insert(0, str(_REPO))
-
-from nemo_gym.base_resources_server import BaseRunRequest  # noqa: E402
-from nemo_gym.base_responses_api_agent import BaseResponsesAPIAgentConfig, SimpleResponsesAPIAgent  # noqa: E402
-from nemo_gym.config_types import ResourcesServerRef  # noqa: E402
-from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming  # noqa: E402
-from nemo_gym.server_utils import raise_for_status  # noqa: E402
-
-from polar_env.agent_server.core import PolarAgent, PolarAgentConfig  # noqa: E402
-from polar_env.episodes.workspace import WorkspaceMounts  # noqa: E402
-from polar_env.outcomes import OutcomeTable  # noqa: E402
-from polar_env.resources_server.core import SeededEpisode, VerifyOutcome, aggregate  # noqa: E402
+from polar_env.agent_server.core import PolarAgent, PolarAgentConfig
+from polar_env.episodes.workspace import WorkspaceMounts
+from polar_env.resources_server.core import SeededEpisode, VerifyOutcome, aggregate
 
 
-class PolarAgentServerConfig(BaseResponsesAPIAgentConfig):
+class PolarAgentServerConfig(PolarAgentConfig, BaseResponsesAPIAgentConfig):
+    """Gym's server settings plus Polar's own (``PolarAgentConfig``, declared once)."""
+
     resources_server: ResourcesServerRef
-    harness: str = "pi"
-    policy_base_url: str | list[str] = ""
-    policy_model_name: str = ""
-    backend: str = "vllm"
-    tokenizer: str = "embedded"
-    tool_format: str | None = None
-    max_context: int = 131072
-    timeout_s: float = 1800.0
-    max_concurrent_episodes: int = 64
-    default_sampling: dict[str, float | int] = Field(
-        default_factory=lambda: {"temperature": 1.0, "top_p": 1.0, "max_tokens": 8192})
-    runtime_dir: str | None = None
-    trajectories_path: str | None = None
-    backend_options: dict[str, Any] = Field(default_factory=dict)
-    outcomes: OutcomeTable = Field(default_factory=OutcomeTable)  # reward/mask per failure kind (docs/outcomes.md)
-
-    def polar(self) -> PolarAgentConfig:
-        return PolarAgentConfig(**{k: getattr(self, k) for k in PolarAgentConfig.model_fields})
 
 
 class PolarRunRequest(BaseRunRequest):
@@ -108,7 +84,7 @@ class PolarAgentServer(SimpleResponsesAPIAgent):
     async def _ready(self) -> PolarAgent:
         async with self._lock:  # the proxy binds to the serving event loop, so start it on first use
             if self._agent is None:
-                agent = PolarAgent(self.config.polar())
+                agent = PolarAgent(self.config)
                 await agent.start()
                 self._agent = agent
         return self._agent

@@ -19,7 +19,7 @@ from responses_api_agents.polar_agent.app import (
     _plain,
 )
 
-from polar_env.agent_server.core import base_urls, row_task_id, session_policy
+from polar_env.agent_server.core import PolarAgentConfig, base_urls, row_task_id, session_policy
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "resources_servers" / "polar" / "data" / "example.jsonl"
 
@@ -33,10 +33,10 @@ def _config(**kw) -> PolarAgentServerConfig:
 def test_config_maps_onto_polar_agent_config() -> None:
     config = _config(harness="codex", policy_base_url=["http://a:1/v1", "http://b:2/v1"], backend="nemo-rl",
                      default_sampling={"temperature": 0.7, "top_p": 0.9, "max_tokens": 512})
-    polar = config.polar()
-    assert polar.harness == "codex" and polar.backend == "nemo-rl"
-    assert base_urls(polar.policy_base_url) == ["http://a:1", "http://b:2"]
-    assert polar.default_sampling["top_p"] == 0.9
+    assert isinstance(config, PolarAgentConfig)  # the Gym config is Polar's config, declared once
+    assert config.harness == "codex" and config.backend == "nemo-rl"
+    assert base_urls(config.policy_base_url) == ["http://a:1", "http://b:2"]
+    assert config.default_sampling["top_p"] == 0.9
 
 
 def test_example_rows_parse_as_run_requests() -> None:
