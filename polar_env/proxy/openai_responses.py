@@ -307,36 +307,45 @@ class _Builder:
 
 
 # -- encoding ----------------------------------------------------------------------------------
-def _kind_of(tc: ToolCall, req: DecodedRequest) -> str:
-    if tc.kind == "custom":
-        return "custom"
+def _kind_of(tc: ToolCall, req: DecodedRequest | None) -> str:
+    if tc.kind == "custom" or req is None:
+        return tc.kind
     spec = next((t for t in req.conversation.tools if t.name == tc.name), None)
     return spec.kind if spec else "function"
 
 
-def output_items(turn: AssistantTurn, req: DecodedRequest) -> list[dict[str, Any]]:
-    """The completed output items of a turn: reasoning (carrying the call ref), message, tool calls."""
-    items: list[dict[str, Any]] = []
+def message_item(call_id: str, text: str, status: str = "completed", **part_fields: Any) -> dict[str, Any]:
+    """An assistant output message (also the empty one an export hangs token ids on)."""
+    part = ContentPart(type="output_text", text=text, annotations=[], **part_fields)
+    return MessageItem(id=f"msg_{call_id}", status=status, role="assistant", content=[part]).model_dump(
+        exclude_none=True)
+
+
+def output_items(turn: AssistantTurn, req: DecodedRequest | None = None) -> list[dict[str, Any]]:
+    """The completed output items of a turn: reasoning (carrying the call ref), message, tool calls.
+
+    The same items, with the same ids, go to the harness and into NeMo Gym exports; an export has
+    no request (``req=None``): tool kinds come from the calls and no namespaces are restored.
+    """
+    items: list[_Loose] = []
     if turn.reasoning is not None:
-        summary = [{"type": "summary_text", "text": turn.reasoning}] if turn.reasoning else []
-        items.append({"type": "reasoning", "id": f"rs_{turn.call_id}", "summary": summary,
-                      "encrypted_content": issued_ref(turn.call_id)})
+        summary = [TextPart(text=turn.reasoning)] if turn.reasoning else []
+        items.append(ReasoningItem(type="reasoning", id=f"rs_{turn.call_id}", summary=summary,
+                                   encrypted_content=issued_ref(turn.call_id)))
+    dumped = [item.model_dump(exclude_none=True) for item in items]
     if turn.content or not turn.tool_calls:
-        items.append({"type": "message", "id": f"msg_{turn.call_id}", "status": "completed", "role": "assistant",
-                      "content": [{"type": "output_text", "text": turn.content, "annotations": [],
-                                   **_logprobs(turn)}]})
+        dumped.append(message_item(turn.call_id, turn.content, **_logprobs(turn)))
     for i, tc in enumerate(turn.tool_calls):
         if _kind_of(tc, req) == "custom":
-            items.append({"type": "custom_tool_call", "id": f"ctc_{turn.call_id}_{i}", "status": "completed",
-                          "call_id": tc.id, "name": tc.name, "input": tc.arguments})
-            continue
-        route = req.tool_routes.get(tc.name)
-        item = {"type": "function_call", "id": f"fc_{turn.call_id}_{i}", "status": "completed",
-                "call_id": tc.id, "name": route.name if route else tc.name, "arguments": tc.arguments}
-        if route and route.namespace:
-            item["namespace"] = route.namespace
-        items.append(item)
-    return items
+            item: _Loose = CustomToolCallItem(type="custom_tool_call", id=f"ctc_{turn.call_id}_{i}", call_id=tc.id,
+                                              name=tc.name, input=tc.arguments, status="completed")
+        else:
+            route = req.tool_routes.get(tc.name) if req is not None else None
+            item = FunctionCallItem(type="function_call", id=f"fc_{turn.call_id}_{i}", call_id=tc.id,
+                                    name=route.name if route else tc.name, arguments=tc.arguments,
+                                    namespace=route.namespace if route else None, status="completed")
+        dumped.append(item.model_dump(exclude_none=True))
+    return dumped
 
 
 def _logprobs(turn: AssistantTurn) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from polar_env.chat.messages import AssistantTurn, Message
+from polar_env.proxy.openai_responses import message_item, output_items
 from polar_env.trajectory.models import CallSummary, Trajectory
 
 GRPO_ROW_SCHEMA = "polar.grpo_row.v1"
@@ -93,7 +94,7 @@ def to_nemo_gym_result(traj: Trajectory, *, reward: float | None = None,
             continue
         if call.call_index not in first_in_chain:
             output.extend(_input_items(call.new_messages))
-        items = _output_items(call.output)
+        items = output_items(call.output)  # the items the harness got, with the same ids
         span = spans.get(call.call_index)
         if main is not None and call.chain == main.index and span is not None and span.kind == "sampled":
             carrier = _token_carrier(items, call.output.call_id)
@@ -103,8 +104,7 @@ def to_nemo_gym_result(traj: Trajectory, *, reward: float | None = None,
         output.extend(items)
     if main is None:
         first = next((ch.first_prompt_ids() for ch in traj.chains), None) or [placeholder_token_id]
-        output.append({"type": "message", "id": f"msg_{traj.session_id}_placeholder", "role": "assistant",
-                       "status": "incomplete", "content": [_text("")],
+        output.append({**message_item(f"{traj.session_id}_placeholder", "", status="incomplete"),
                        "prompt_token_ids": first, "generation_token_ids": [placeholder_token_id],
                        "generation_log_probs": [0.0]})
         mask_sample = True
@@ -161,37 +161,13 @@ def to_nemo_gym_result(traj: Trajectory, *, reward: float | None = None,
     return result
 
 
-def _text(text: str) -> dict[str, Any]:
-    return {"type": "output_text", "text": text, "annotations": []}
-
-
-def _output_items(turn: AssistantTurn) -> list[dict[str, Any]]:
-    """Responses-API output items for one answer; token ids go on the last one (Gym's convention)."""
-    items: list[dict[str, Any]] = []
-    if turn.reasoning:
-        items.append({"type": "reasoning", "id": f"rs_{turn.call_id}",
-                      "summary": [{"type": "summary_text", "text": turn.reasoning}]})
-    if turn.content or not turn.tool_calls:
-        items.append({"type": "message", "id": f"msg_{turn.call_id}", "role": "assistant",
-                      "status": "completed", "content": [_text(turn.content)]})
-    for call in turn.tool_calls:
-        if call.kind == "custom":
-            items.append({"type": "custom_tool_call", "id": f"ctc_{call.id}", "call_id": call.id,
-                          "name": call.name, "input": call.arguments})
-        else:
-            items.append({"type": "function_call", "id": f"fc_{call.id}", "call_id": call.id,
-                          "name": call.name, "arguments": call.arguments, "status": "completed"})
-    return items
-
-
 def _token_carrier(items: list[dict[str, Any]], call_id: str) -> dict[str, Any]:
     """The last item of a call whose type Gym has a training variant for (message, function_call,
     reasoning); when there is none (only custom tool calls), an empty assistant message is added."""
     for item in reversed(items):
         if item["type"] in _TRAINABLE_TYPES:
             return item
-    items.append({"type": "message", "id": f"msg_{call_id}", "role": "assistant", "status": "completed",
-                  "content": [_text("")]})
+    items.append(message_item(call_id, ""))
     return items[-1]
 
 
@@ -202,7 +178,7 @@ def _input_items(messages: list[Message]) -> list[dict[str, Any]]:
             items.append({"type": "function_call_output", "call_id": m.tool_call_id or "", "output": m.content})
         elif m.role == "assistant":
             turn = AssistantTurn(call_id="hist", content=m.content, reasoning=m.reasoning, tool_calls=m.tool_calls)
-            items.extend(_output_items(turn))
+            items.extend(output_items(turn))
         else:
             items.append({"type": "message", "role": m.role, "content": m.content})
     return items
