@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from polar_env.chat.messages import AssistantTurn, Conversation, Message, ToolCall, ToolSpec
 from polar_env.proxy import volatile
 from polar_env.proxy.wire import (
     PART_JOIN,
     DecodedRequest,
+    Loose,
     WireError,
     choose_tools,
     dedupe,
@@ -40,52 +41,48 @@ HARMLESS_BLOCKS = frozenset({"server_tool_use", "web_search_tool_result", "web_f
                              "container_upload", "search_result"})
 
 
-class _Loose(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
-class TextBlock(_Loose):
+class TextBlock(Loose):
     type: Literal["text"] = "text"
     text: str
 
 
-class ToolUseBlock(_Loose):
+class ToolUseBlock(Loose):
     type: Literal["tool_use"]
     id: str
     name: str
     input: dict[str, Any] | str = Field(default_factory=dict)
 
 
-class ToolResultBlock(_Loose):
+class ToolResultBlock(Loose):
     type: Literal["tool_result"]
     tool_use_id: str
     content: str | list[dict[str, Any]] | None = None
     is_error: bool | None = None
 
 
-class ThinkingBlock(_Loose):
+class ThinkingBlock(Loose):
     type: Literal["thinking"]
     thinking: str = ""
     signature: str | None = None
 
 
-BLOCK_MODELS: dict[str, type[_Loose]] = {"text": TextBlock, "tool_use": ToolUseBlock,
+BLOCK_MODELS: dict[str, type[Loose]] = {"text": TextBlock, "tool_use": ToolUseBlock,
                                           "tool_result": ToolResultBlock, "thinking": ThinkingBlock}
 
 
-class AnthropicMessage(_Loose):
+class AnthropicMessage(Loose):
     role: Literal["user", "assistant", "system"]  # "system" mid-conversation: a Claude Code beta
     content: str | list[dict[str, Any]]
 
 
-class AnthropicTool(_Loose):
+class AnthropicTool(Loose):
     name: str
     type: str | None = None  # absent or "custom" for client tools; versioned server tools otherwise
     description: str | None = None
     input_schema: dict[str, Any] | None = None
 
 
-class MessagesRequest(_Loose):
+class MessagesRequest(Loose):
     model: str
     messages: list[AnthropicMessage] = Field(min_length=1)
     system: str | list[TextBlock] | None = None
@@ -179,7 +176,7 @@ def decode_count_tokens(body: Any) -> DecodedRequest:
     return decode(body).model_copy(update={"stream": False})
 
 
-def _block(message_index: int, block_index: int, raw: Any, flags: list[str]) -> _Loose | str | None:
+def _block(message_index: int, block_index: int, raw: Any, flags: list[str]) -> Loose | str | None:
     """A validated block, placeholder text for media, or None for a harmless block."""
     if not isinstance(raw, dict):
         raise WireError(400, f"invalid messages request: messages.{message_index}.content.{block_index} "

@@ -10,12 +10,13 @@ import json
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from polar_env.chat.messages import AssistantTurn, Conversation, Message, ToolCall, ToolSpec
 from polar_env.proxy import volatile
 from polar_env.proxy.wire import (
     DecodedRequest,
+    Loose,
     WireError,
     choose_tools,
     custom_tool_description,
@@ -38,33 +39,29 @@ from polar_env.proxy.wire import (
 API = "chat completions"
 
 
-class _Loose(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
-class ContentPart(_Loose):
+class ContentPart(Loose):
     type: str = "text"
     text: str | None = None
 
 
-class FunctionCall(_Loose):
+class FunctionCall(Loose):
     name: str
     arguments: str | dict[str, Any] = "{}"
 
 
-class CustomCall(_Loose):
+class CustomCall(Loose):
     name: str
     input: str = ""
 
 
-class ChatToolCall(_Loose):
+class ChatToolCall(Loose):
     id: str
     type: Literal["function", "custom"] = "function"
     function: FunctionCall | None = None
     custom: CustomCall | None = None
 
 
-class ChatMessage(_Loose):
+class ChatMessage(Loose):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[ContentPart] | None = None
     tool_calls: list[ChatToolCall] | None = None
@@ -74,29 +71,29 @@ class ChatMessage(_Loose):
     reasoning: str | None = None
 
 
-class FunctionDef(_Loose):
+class FunctionDef(Loose):
     name: str
     description: str | None = None
     parameters: dict[str, Any] | None = None
 
 
-class CustomDef(_Loose):
+class CustomDef(Loose):
     name: str
     description: str | None = None
     format: dict[str, Any] | None = None
 
 
-class ChatTool(_Loose):
+class ChatTool(Loose):
     type: str = "function"
     function: FunctionDef | None = None
     custom: CustomDef | None = None
 
 
-class StreamOptions(_Loose):
+class StreamOptions(Loose):
     include_usage: bool = False
 
 
-class ChatRequest(_Loose):
+class ChatRequest(Loose):
     model: str
     messages: list[ChatMessage] = Field(min_length=1)
     stream: bool | None = False

@@ -13,13 +13,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
-
 from polar_env.chat.messages import AssistantTurn, Conversation, Message, ToolCall, ToolSpec
 from polar_env.proxy import volatile
 from polar_env.proxy.wire import (
     PART_JOIN,
     DecodedRequest,
+    Loose,
     ToolRoute,
     WireError,
     call_id_from_ref,
@@ -45,23 +44,19 @@ LOGPROBS_INCLUDE = "message.output_text.logprobs"
 STATELESS = "this proxy is stateless; send the full input (store=false)"
 
 
-class _Loose(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
-class ContentPart(_Loose):
+class ContentPart(Loose):
     type: str = "input_text"
     text: str | None = None
 
 
-class MessageItem(_Loose):
+class MessageItem(Loose):
     type: Literal["message"] = "message"
     id: str | None = None
     role: Literal["user", "assistant", "system", "developer"]
     content: str | list[ContentPart]
 
 
-class FunctionCallItem(_Loose):
+class FunctionCallItem(Loose):
     type: Literal["function_call"]
     id: str | None = None
     call_id: str
@@ -70,7 +65,7 @@ class FunctionCallItem(_Loose):
     arguments: str = ""
 
 
-class CustomToolCallItem(_Loose):
+class CustomToolCallItem(Loose):
     type: Literal["custom_tool_call"]
     id: str | None = None
     call_id: str
@@ -78,18 +73,18 @@ class CustomToolCallItem(_Loose):
     input: str = ""
 
 
-class ToolOutputItem(_Loose):
+class ToolOutputItem(Loose):
     type: Literal["function_call_output", "custom_tool_call_output"]
     call_id: str
     output: str | list[ContentPart]
 
 
-class TextPart(_Loose):
+class TextPart(Loose):
     type: str = "summary_text"
     text: str = ""
 
 
-class ReasoningItem(_Loose):
+class ReasoningItem(Loose):
     type: Literal["reasoning"]
     id: str | None = None
     summary: list[TextPart] = []
@@ -97,7 +92,7 @@ class ReasoningItem(_Loose):
     encrypted_content: str | None = None
 
 
-ITEM_MODELS: dict[str, type[_Loose]] = {
+ITEM_MODELS: dict[str, type[Loose]] = {
     "message": MessageItem, "function_call": FunctionCallItem, "custom_tool_call": CustomToolCallItem,
     "function_call_output": ToolOutputItem, "custom_tool_call_output": ToolOutputItem,
     "reasoning": ReasoningItem,
@@ -107,7 +102,7 @@ HARMLESS_ITEMS = frozenset({"web_search_call", "file_search_call", "image_genera
                             "tool_search_output", "code_interpreter_call", "mcp_list_tools"})
 
 
-class ToolDef(_Loose):
+class ToolDef(Loose):
     type: str
     name: str | None = None
     description: str | None = None
@@ -116,7 +111,7 @@ class ToolDef(_Loose):
     tools: list[dict[str, Any]] | None = None  # type == "namespace"
 
 
-class ResponsesRequest(_Loose):
+class ResponsesRequest(Loose):
     model: str
     input: str | list[dict[str, Any]]
     instructions: str | None = None
@@ -327,7 +322,7 @@ def output_items(turn: AssistantTurn, req: DecodedRequest | None = None) -> list
     The same items, with the same ids, go to the harness and into NeMo Gym exports; an export has
     no request (``req=None``): tool kinds come from the calls and no namespaces are restored.
     """
-    items: list[_Loose] = []
+    items: list[Loose] = []
     if turn.reasoning is not None:
         summary = [TextPart(text=turn.reasoning)] if turn.reasoning else []
         items.append(ReasoningItem(type="reasoning", id=f"rs_{turn.call_id}", summary=summary,
@@ -337,7 +332,7 @@ def output_items(turn: AssistantTurn, req: DecodedRequest | None = None) -> list
         dumped.append(message_item(turn.call_id, turn.content, **_logprobs(turn)))
     for i, tc in enumerate(turn.tool_calls):
         if _kind_of(tc, req) == "custom":
-            item: _Loose = CustomToolCallItem(type="custom_tool_call", id=f"ctc_{turn.call_id}_{i}", call_id=tc.id,
+            item: Loose = CustomToolCallItem(type="custom_tool_call", id=f"ctc_{turn.call_id}_{i}", call_id=tc.id,
                                               name=tc.name, input=tc.arguments, status="completed")
         else:
             route = req.tool_routes.get(tc.name) if req is not None else None

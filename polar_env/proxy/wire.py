@@ -13,7 +13,7 @@ import math
 import re
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from polar_env.chat.messages import AssistantTurn, Conversation, Message, ToolSpec
 
@@ -30,6 +30,12 @@ IMAGE_PART_TYPES = frozenset({"image", "image_url", "input_image"})
 FILE_PART_TYPES = frozenset({"file", "input_file", "document"})
 
 M = TypeVar("M", bound=BaseModel)
+
+
+class Loose(BaseModel):
+    """A wire model that keeps fields it does not name: APIs grow, and a harness's extra field is no error."""
+
+    model_config = ConfigDict(extra="allow")
 
 
 class WireError(Exception):
