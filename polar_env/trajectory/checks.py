@@ -13,8 +13,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StrictBool, StrictFloat, StrictInt, ValidationError
 
+from polar_env.proxy.wire import Loose
 from polar_env.trajectory.export import to_nemo_gym_result
 from polar_env.trajectory.models import Chain, Trajectory
 
@@ -69,47 +70,103 @@ def _finite_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+Number = StrictInt | StrictFloat  # JSON numbers; a bool is not one
+
+
+class _Params(Loose):
+    input: Any
+
+
+class _Response(Loose):
+    output: list[Any]
+
+
+class _InstanceConfig(Loose):
+    mask_sample: StrictBool = False
+
+
+class NemoResult(Loose):
+    """The ``/run`` result fields NeMo-RL's Gym actor reads (extra numeric keys are its metrics)."""
+
+    reward: Number
+    responses_create_params: _Params
+    response: _Response
+    reward_components: dict[str, Number] | None = None
+    instance_config: _InstanceConfig | None = None
+
+
+class TrainableItem(Loose):
+    """An output item that carries token ids: what NeMo-RL turns into a training sample."""
+
+    prompt_token_ids: list[StrictInt]
+    generation_token_ids: list[StrictInt]
+    generation_log_probs: list[Number | None]  # a NaN written as JSON null: reported by position below
+
+
+# what a validation error at a field means, in NeMo-RL's terms
+_RESULT_DEFECTS = {
+    ("reward",): lambda raw: "missing 'reward'" if "reward" not in raw else
+    f"'reward' is not a finite number: {raw['reward']!r}",
+    ("responses_create_params",): lambda raw: "missing 'responses_create_params'",
+    ("responses_create_params", "input"): lambda raw: "'responses_create_params' has no 'input'",
+    ("response",): lambda raw: "missing 'response.output' list",
+    ("reward_components",): lambda raw: "'reward_components' must map names to finite numbers",
+    ("instance_config",): lambda raw: "'instance_config' is not an object",
+    ("instance_config", "mask_sample"): lambda raw:
+        f"instance_config.mask_sample is not a bool: {raw['instance_config']['mask_sample']!r}",
+}
+_ITEM_DEFECTS = {
+    "prompt_token_ids": "'prompt_token_ids' missing or not a list of ints",
+    "generation_token_ids": "'generation_token_ids' is not a list of ints",
+    "generation_log_probs": "'generation_log_probs' missing or not a list of numbers",
+}
+
+
+def _defect_at(loc: tuple, table: dict) -> Any:
+    """The entry of ``table`` for the longest leading part of an error location."""
+    keys = [str(part) for part in loc if not isinstance(part, int)]
+    for n in range(len(keys), 0, -1):
+        if tuple(keys[:n]) in table:
+            return table[tuple(keys[:n])]
+    return None
+
+
 def check_nemo_result(result: dict[str, Any]) -> list[str]:
     """Everything NeMo-RL's Gym actor asserts or relies on for one ``/run`` result."""
-    defects: list[str] = []
     if not isinstance(result, dict):
         return ["result is not a JSON object"]
-    if "reward" not in result:
-        defects.append("missing 'reward'")
-    elif not _finite_number(result["reward"]):
-        defects.append(f"'reward' is not a finite number: {result['reward']!r}")
-    params = result.get("responses_create_params")
-    if not isinstance(params, dict):
-        defects.append("missing 'responses_create_params'")
-    elif "input" not in params:
-        defects.append("'responses_create_params' has no 'input'")
+    defects: list[str] = []
+    try:
+        parsed: NemoResult | None = NemoResult.model_validate(result)
+    except ValidationError as exc:
+        parsed = None
+        for error in exc.errors():
+            name = _defect_at(error["loc"], _RESULT_DEFECTS)
+            message = name(result) if name else f"{'.'.join(map(str, error['loc']))}: {error['msg']}"
+            if message not in defects:
+                defects.append(message)
+    if parsed is not None and not math.isfinite(parsed.reward):
+        defects.append(f"'reward' is not a finite number: {parsed.reward!r}")
     response = result.get("response")
     output = response.get("output") if isinstance(response, dict) else None
-    if not isinstance(output, list):
-        defects.append("missing 'response.output' list")
-        output = []
     seen: list[int] = []
     trainable = 0
-    for i, item in enumerate(output):
-        if not _is_trainable(item):
+    for i, raw in enumerate(output if isinstance(output, list) else []):
+        if not _is_trainable(raw):
             continue
         trainable += 1
         where = f"response.output[{i}]"
-        prompt, gen, lps = (item.get("prompt_token_ids"), item.get("generation_token_ids"),
-                            item.get("generation_log_probs"))
-        if not _int_list(prompt):
-            defects.append(f"{where}: 'prompt_token_ids' missing or not a list of ints")
+        try:
+            item = TrainableItem.model_validate(raw)
+        except ValidationError as exc:
+            defects.append(f"{where}: {_ITEM_DEFECTS[str(exc.errors()[0]['loc'][0])]}")
             continue
-        if not _int_list(gen):
-            defects.append(f"{where}: 'generation_token_ids' is not a list of ints")
-            continue
-        if not isinstance(lps, list):
-            defects.append(f"{where}: 'generation_log_probs' missing")
-        elif len(lps) != len(gen):
+        prompt, gen, lps = item.prompt_token_ids, item.generation_token_ids, item.generation_log_probs
+        if len(lps) != len(gen):
             defects.append(f"{where}: mismatched lengths: {len(gen)} generation_token_ids but "
                            f"{len(lps)} generation_log_probs")
         else:
-            bad = next((j for j, x in enumerate(lps) if not _finite_number(x)), None)
+            bad = next((j for j, x in enumerate(lps) if x is None or not math.isfinite(x)), None)
             if bad is not None:
                 defects.append(f"{where}: generation_log_probs[{bad}] is not finite ({lps[bad]!r})")
         if prompt[: len(seen)] != seen:
@@ -118,24 +175,18 @@ def check_nemo_result(result: dict[str, Any]) -> list[str]:
             defects.append(f"{where}: non-contiguous: prompt_token_ids[{pos}] is {got}, but the earlier "
                            f"prompt+generation has {seen[pos]} there (prompt length {len(prompt)}, "
                            f"{len(seen)} tokens seen)")
-        seen = list(prompt) + list(gen)
+        seen = prompt + gen
     if not trainable:
         defects.append("no trainable output item (no item with generation_token_ids): NeMo-RL raises "
                        "'no generation data'")
-    components = result.get("reward_components")
+    components = parsed.reward_components if parsed is not None else None
     if components:
-        if not isinstance(components, dict) or not all(_finite_number(v) for v in components.values()):
+        if not all(math.isfinite(v) for v in components.values()):
             defects.append("'reward_components' must map names to finite numbers")
-        elif _finite_number(result.get("reward")):
+        else:
             total = sum(components.values())
-            if not math.isclose(total, result["reward"], rel_tol=1e-5, abs_tol=1e-6):
-                defects.append(f"reward_components sum to {total}, not reward {result['reward']}")
-    config = result.get("instance_config")
-    if config is not None:
-        if not isinstance(config, dict):
-            defects.append("'instance_config' is not an object")
-        elif "mask_sample" in config and not isinstance(config["mask_sample"], bool):
-            defects.append(f"instance_config.mask_sample is not a bool: {config['mask_sample']!r}")
+            if not math.isclose(total, parsed.reward, rel_tol=1e-5, abs_tol=1e-6):
+                defects.append(f"reward_components sum to {total}, not reward {parsed.reward}")
     return defects
 
 
