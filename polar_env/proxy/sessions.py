@@ -6,10 +6,8 @@ once and kept only as a SHA-256 digest, so keys never reach logs or the ledger.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import hmac
-import re
 import secrets
 import time
 from array import array
@@ -17,10 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from polar_env.chat.messages import AssistantTurn, Message
-from polar_env.trajectory.ledger import Ledger
+from polar_env.trajectory.ledger import SESSION_ID_RE, Ledger
 from polar_env.trajectory.records import CallRecord, SessionInfo
 
-SESSION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 POLICY_KEYS = ("temperature", "top_p", "max_tokens")
 RESTARTS_KEY = "proxy_restarts"  # session metadata: how many proxy restarts an open session lived through
 
@@ -62,7 +59,6 @@ class Session:
     calls: list[CallState] = field(default_factory=list)
     by_prefix: dict[str, list[CallState]] = field(default_factory=dict)
     next_index: int = 0
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
     def id(self) -> str:
