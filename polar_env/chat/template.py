@@ -45,6 +45,9 @@ class ChatRenderer:
         self.chat_template: str = chat_template or tokenizer.chat_template or bundled_template(
             _FORMAT_TEMPLATES[tool_format])
         vocab = tokenizer.get_vocab()
+        # no token decodes to more characters than its vocabulary entry has (byte-level or not):
+        # text of N characters takes at least N / max_token_chars tokens, known before tokenizing
+        self.max_token_chars: int = max(map(len, vocab), default=1) or 1
         self.end_of_turn: str = "<|im_end|>" if "<|im_end|>" in vocab else tokenizer.eos_token
         ids = [vocab[self.end_of_turn], tokenizer.eos_token_id]
         self.eos_token_ids: list[int] = list(dict.fromkeys(i for i in ids if i is not None))

@@ -11,8 +11,11 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 from polar_env.backends.base import Backend, BackendError, SamplingParams
 from polar_env.chat.messages import AssistantTurn, Conversation, Message, TokenLogprob, ToolCall
@@ -22,6 +25,9 @@ from polar_env.proxy.sessions import POLICY_KEYS, CallState, Session, prefix_has
 from polar_env.proxy.wire import DecodedRequest, issued_tool_call_id
 from polar_env.trajectory.ledger import Ledger
 from polar_env.trajectory.records import CallRecord
+
+T = TypeVar("T")
+GUARD_PIECE = 16 * 1024  # characters tokenized at a time when sizing a huge request
 
 
 class ContextOverflow(Exception):
@@ -52,6 +58,13 @@ class TokenEngine:
         self.ledger = ledger
         self.config = config or EngineConfig()
         self.eos_ids = set(renderer.eos_token_ids)
+        # Rendering, tokenizing, parsing and the ledger's JSON run here, off the event loop: one
+        # thread, because a fast tokenizer must not be used from two threads at once.
+        self._cpu = ThreadPoolExecutor(max_workers=1, thread_name_prefix="polar-tokenize")
+
+    async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on the engine's worker thread: /health and other sessions stay served."""
+        return await asyncio.get_running_loop().run_in_executor(self._cpu, partial(fn, *args))
 
     # -- prefix matching -------------------------------------------------------------------
     def find_parent(self, session: Session, conv: Conversation, refs: list[str | None],
@@ -79,15 +92,36 @@ class TokenEngine:
             return "different system prompt (side call)"
         return "history rewritten (compaction or edited history)"
 
-    def build_prompt(self, session: Session, conv: Conversation, refs: list[str | None],
-                     hashes: list[str] | None = None) -> Extension:
-        parent = self.find_parent(session, conv, refs, hashes)
+    async def build_prompt(self, session: Session, conv: Conversation, refs: list[str | None],
+                           hashes: list[str] | None = None) -> Extension:
+        parent = self.find_parent(session, conv, refs, hashes)  # on the loop: it reads the session
+        await self.check_size(conv, parent)
         if parent is None:
-            return Extension(None, self.renderer.render_prompt(conv.messages, conv.tools),
-                             self.classify_break(session, conv))
+            reason = self.classify_break(session, conv)
+            return Extension(None, await self.off_loop(self.renderer.render_prompt, conv.messages, conv.tools),
+                             reason)
         appended = conv.messages[parent.n_messages + 1:]
-        glue = self.renderer.render_continuation(appended, previous_ended_with_eos=parent.ended_with_eos)
-        return Extension(parent, parent.ids.tolist() + glue, None)
+        return Extension(parent, await self.off_loop(_extend, self.renderer, parent, appended), None)
+
+    async def check_size(self, conv: Conversation, parent: CallState | None) -> None:
+        """Refuse a request whose new text cannot fit the context before it is rendered and tokenized
+        whole (seconds, and megabytes of ids, for a 5 MB tool output): at once when even the most
+        characters a token holds cannot fit it, else by counting tokens piece by piece, stopping
+        as soon as the count is past the room left (with a margin for the cuts between pieces)."""
+        messages = conv.messages[parent.n_messages + 1:] if parent else conv.messages
+        texts = [t for m in messages for t in (m.content, m.reasoning or "", *(tc.arguments for tc in m.tool_calls))]
+        chars = sum(map(len, texts))
+        room = self.config.max_context - (len(parent.ids) if parent else 0)
+        if chars // self.renderer.max_token_chars >= room:
+            raise ContextOverflow(f"prompt is at least {chars // self.renderer.max_token_chars} tokens "
+                                  f"({chars} characters of new text); the model's context is "
+                                  f"{self.config.max_context} tokens")
+        if chars * 4 < room:  # a token holds at least one byte, a character at most four
+            return
+        tokens, pieces = await self.off_loop(_count_until, self.renderer, texts, room)
+        if tokens - 2 * pieces >= room:
+            raise ContextOverflow(f"prompt is more than {tokens - 2 * pieces} tokens ({chars} characters of new "
+                                  f"text); the model's context is {self.config.max_context} tokens")
 
     # -- sampling ----------------------------------------------------------------------------
     def sampling_for(self, session: Session, requested: dict[str, Any], prompt_len: int
@@ -137,24 +171,30 @@ class TokenEngine:
                     record.error = f"proxy: {type(exc).__name__}: {exc}"
                     record.failure_kind = FailureKind.proxy_failure
                 record.timings = {**record.timings, "total_ms": (time.perf_counter() - started) * 1e3}
-                self._persist(session, record)
+                if isinstance(exc, Exception):  # a large request's JSON is written off the loop
+                    await self.off_loop(self.ledger.append, record)
+                    session.remember(record, self.eos_ids)
+                else:  # cancelled: awaiting again could be cancelled too; write it now
+                    self._persist(session, record)
             raise
 
     async def _complete(self, session: Session, request: DecodedRequest, record: CallRecord, started: float
                         ) -> tuple[AssistantTurn, CallRecord]:
         conv = request.conversation
         call_id = record.call_id
-        hashes = prefix_hashes(conv.messages)  # once per call: matching and indexing both need them
-        ext = self.build_prompt(session, conv, request.assistant_refs, hashes)
+        # once per call: matching and indexing both need them
+        hashes = await self.off_loop(prefix_hashes, conv.messages)
+        ext = await self.build_prompt(session, conv, request.assistant_refs, hashes)
         prefix = self._prefix(request, record)
-        prompt_ids = ext.prompt_ids + self.renderer.encode_text(prefix)
+        prompt_ids = ext.prompt_ids + (await self.off_loop(self.renderer.encode_text, prefix) if prefix else [])
         render_ms = (time.perf_counter() - started) * 1e3
-        record.prompt_ids, record.prefill = prompt_ids, prefix
+        record.prefill = prefix
         record.parent_call_index = ext.parent.call_index if ext.parent else None
         record.reused_prefix_len = len(ext.parent.ids) if ext.parent else 0
         record.break_reason = ext.break_reason
         record.timings = {"render_ms": render_ms}
         sampling, overridden = self.sampling_for(session, request.requested_sampling, len(prompt_ids))
+        record.prompt_ids = prompt_ids  # after the context check: an overflow records no megabytes of ids
         record.sampling, record.overridden = sampling, overridden
         if overridden:
             record.flags.append("overridden:" + ",".join(overridden))
@@ -165,10 +205,11 @@ class TokenEngine:
             record.flags.append("backend_prompt_mismatch")
         sampled, logprobs, finish = generation.token_ids, generation.logprobs, generation.finish_reason
         text = stop = None
-        if request.stop and (cut := self.renderer.cut_at_stop(sampled, request.stop)) is not None:
+        if request.stop and (cut := await self.off_loop(self.renderer.cut_at_stop, sampled, request.stop)):
             n, stop, text = cut
             sampled, logprobs, finish = sampled[:n], logprobs[:n], "stop"
-        parsed = self.renderer.parse_output(sampled, prefix=prefix, text=text)
+        parsed = await self.off_loop(partial(self.renderer.parse_output, sampled, prefix=prefix, text=text))
+        token_logprobs = await self.off_loop(self._token_logprobs, sampled, logprobs) if request.logprobs else None
         tool_calls = [ToolCall(id=issued_tool_call_id(call_id, i), name=tc.name, arguments=tc.arguments, kind=tc.kind)
                       for i, tc in enumerate(apply_tool_kinds(parsed.tool_calls, conv.tools))]
         turn = AssistantTurn(call_id=call_id, content=parsed.content, reasoning=parsed.reasoning,
@@ -176,7 +217,7 @@ class TokenEngine:
                              prompt_tokens=len(prompt_ids), completion_tokens=len(sampled),
                              malformed_tool_call=parsed.malformed, model=request.model or self.backend.model,
                              stop_sequence=stop, prefill=request.prefill or "",
-                             logprobs=self._token_logprobs(sampled, logprobs) if request.logprobs else None)
+                             logprobs=token_logprobs)
         if parsed.malformed:
             record.flags.append("malformed_tool_call")
         record.sampled_ids, record.logprobs = sampled, logprobs
@@ -184,7 +225,8 @@ class TokenEngine:
         record.model = generation.model or self.backend.model
         record.timings = {"render_ms": render_ms, "generate_ms": generate_ms,
                           "total_ms": (time.perf_counter() - started) * 1e3}
-        self._persist(session, record, hashes[-1])
+        await self.off_loop(self.ledger.append, record)  # the JSON of a huge prompt is CPU work too
+        session.remember(record, self.eos_ids, hashes[-1])
         return turn, record
 
     def _prefix(self, request: DecodedRequest, record: CallRecord) -> str:
@@ -209,8 +251,9 @@ class TokenEngine:
         return out
 
     async def count_tokens(self, request: DecodedRequest) -> int:
-        prompt = self.renderer.render_prompt(request.conversation.messages, request.conversation.tools)
-        return len(prompt) + len(self.renderer.encode_text(request.prefill or ""))
+        conv = request.conversation
+        prompt = await self.off_loop(self.renderer.render_prompt, conv.messages, conv.tools)
+        return len(prompt) + len(await self.off_loop(self.renderer.encode_text, request.prefill or ""))
 
     async def _generate(self, session: Session, prompt_ids: list[int], sampling: SamplingParams):
         attempt = 0
@@ -223,9 +266,28 @@ class TokenEngine:
             attempt += 1
             await asyncio.sleep(self.config.retry_backoff_s * attempt)
 
-    def _persist(self, session: Session, record: CallRecord, prefix_hash: str | None = None) -> None:
+    def _persist(self, session: Session, record: CallRecord) -> None:
         self.ledger.append(record)
-        session.remember(record, self.eos_ids, prefix_hash)
+        session.remember(record, self.eos_ids)
+
+
+def _count_until(renderer: ChatRenderer, texts: list[str], limit: int) -> tuple[int, int]:
+    """(tokens, pieces): ``texts`` tokenized in pieces of ``GUARD_PIECE`` characters until past
+    ``limit``; each piece holds the interpreter only briefly, so the event loop keeps running."""
+    tokens = pieces = 0
+    for text in texts:
+        for start in range(0, len(text), GUARD_PIECE):
+            tokens += len(renderer.encode_text(text[start:start + GUARD_PIECE]))
+            pieces += 1
+            if tokens - 2 * pieces >= limit:
+                return tokens, pieces
+    return tokens, pieces
+
+
+def _extend(renderer: ChatRenderer, parent: CallState, appended: list[Message]) -> list[int]:
+    """The parent's prompt and sampled ids followed by the rendered ``appended`` messages."""
+    glue = renderer.render_continuation(appended, previous_ended_with_eos=parent.ended_with_eos)
+    return parent.ids.tolist() + glue
 
 
 def _answers(message: Message, ref: str | None, state: CallState) -> bool:
