@@ -9,7 +9,8 @@ import sys
 import pytest
 from vllm_server import group_rss_mb, vllm_server  # noqa: F401  (fixture)
 
-from polar_env.backends.base import BackendError, SamplingParams
+from polar_env.backends.base import BackendError, ContextOverflow, SamplingParams
+from polar_env.backends.embedded import EMBEDDED_CONTEXT
 from polar_env.backends.registry import make_backend
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
@@ -88,10 +89,11 @@ async def test_seeded_sampling_is_reproducible_and_concurrent(backend, tokenizer
     assert all(g.token_ids == gens[0].token_ids for g in gens)
 
 
-async def test_prompt_over_context_is_not_retryable(backend):
-    with pytest.raises(BackendError) as err:
-        await backend.generate([42] * 5000, SamplingParams(max_tokens=4))
-    assert err.value.status == 400 and not err.value.retryable
+async def test_the_window_is_the_rope_scaled_one_and_a_longer_prompt_is_an_overflow(backend):
+    assert await backend.max_model_len() == EMBEDDED_CONTEXT  # vLLM read the YaRN config as transformers does
+    with pytest.raises(ContextOverflow) as err:
+        await backend.generate([42] * (EMBEDDED_CONTEXT + 10), SamplingParams(max_tokens=4))
+    assert err.value.window == EMBEDDED_CONTEXT and "maximum context length" in str(err.value)
 
 
 async def test_unknown_model_name_is_not_retryable(vllm_server):  # noqa: F811

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from polar_env.backends.embedded import EMBEDDED_MODEL_NAME, embedded_model_dir
+from polar_env.backends.embedded import EMBEDDED_CONTEXT, EMBEDDED_MODEL_NAME, embedded_model_dir
 from polar_env.chat.template import ChatRenderer, bundled_template
 
 
@@ -29,7 +29,7 @@ def test_embedded_dir_is_a_float32_hf_model_with_our_template(embedded_dir):
 def test_a_stale_template_in_the_cache_is_refreshed(embedded_dir, tmp_path):
     target = tmp_path / "models" / embedded_dir.name
     target.mkdir(parents=True)
-    for name in ("tokenizer_config.json", "chat_template.jinja", "polar_embedded.json"):
+    for name in ("config.json", "tokenizer_config.json", "chat_template.jinja", "polar_embedded.json"):
         shutil.copy(embedded_dir / name, target / name)
     config = json.loads((target / "tokenizer_config.json").read_text())
     (target / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": "old"}))
@@ -37,6 +37,22 @@ def test_a_stale_template_in_the_cache_is_refreshed(embedded_dir, tmp_path):
     assert json.loads((target / "tokenizer_config.json").read_text())["chat_template"] == bundled_template(
         "chatml_hermes_tools")
     assert (target / "chat_template.jinja").read_text() == bundled_template("chatml_hermes_tools")
+
+
+def test_a_cache_converted_with_the_trained_window_gets_the_rope_scaled_one(embedded_dir, tmp_path):
+    target = tmp_path / "models" / embedded_dir.name
+    target.mkdir(parents=True)
+    for name in ("config.json", "tokenizer_config.json", "chat_template.jinja", "polar_embedded.json"):
+        shutil.copy(embedded_dir / name, target / name)
+    old = json.loads((target / "config.json").read_text())
+    old.update(max_position_embeddings=8192, rope_parameters={"rope_theta": 100000.0, "rope_type": "default"})
+    (target / "config.json").write_text(json.dumps(old))
+    assert embedded_model_dir(tmp_path) == target
+    config = json.loads((target / "config.json").read_text())
+    assert config["max_position_embeddings"] == EMBEDDED_CONTEXT == 32768
+    assert config["rope_parameters"] == {"rope_theta": 100000.0, "rope_type": "yarn", "factor": 4.0,
+                                         "original_max_position_embeddings": 8192}
+    assert json.loads((target / "tokenizer_config.json").read_text())["model_max_length"] == 32768
 
 
 @pytest.mark.slow

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from polar_env.backends.base import Backend, BackendError, SamplingParams
+from polar_env.backends.base import Backend, ContextOverflow, SamplingParams
 from polar_env.backends.instant import InstantBackend
 from polar_env.backends.local import LocalBackend
 from polar_env.backends.scripted import ScriptedBackend
@@ -83,9 +83,10 @@ async def test_processed_logprobs_are_those_of_the_sampling_distribution(embedde
 
 
 async def test_prompt_longer_than_the_context_is_refused(local):
-    with pytest.raises(BackendError) as err:
+    assert await local.max_model_len() == local.max_context == 32768  # the embedded model, RoPE-scaled
+    with pytest.raises(ContextOverflow) as err:
         await local.generate([1] * local.max_context, SamplingParams(max_tokens=1))
-    assert err.value.status == 400 and not err.value.retryable
+    assert (err.value.prompt_tokens, err.value.window) == (32768, 32768)
 
 
 async def test_scripted_backend_scores_the_policy_text_with_the_model(local, prompt):

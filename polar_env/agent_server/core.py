@@ -61,7 +61,7 @@ class PolarAgentConfig(BaseModel):
     backend: str = "vllm"  # vllm (stock OpenAI server, /v1/completions) | nemo-rl (NeMo-RL's HTTP server)
     tokenizer: str = "embedded"  # HF model/tokenizer dir of the policy, or "embedded" (the CI SmolLM2)
     tool_format: str | None = None  # hermes | qwen3_coder (default: from the chat template)
-    max_context: int = 131072
+    max_context: int | None = None  # the context window to enforce; None: the backend's own (max_model_len)
     timeout_s: float = 1800.0  # the harness's wall-clock deadline per episode
     max_concurrent_episodes: int = 64
     default_sampling: dict[str, float | int] = Field(

@@ -39,6 +39,20 @@ class BackendError(RuntimeError):
         self.status = status
 
 
+class ContextOverflow(Exception):
+    """The prompt leaves no room to generate within the model's context window.
+
+    Raised by the proxy's own check and by a backend whose server refused the prompt as too long;
+    either way the harness gets its API's own context-length error, never a backend failure.
+    """
+
+    def __init__(self, prompt_tokens: int, window: int | None, detail: str = ""):
+        self.prompt_tokens = prompt_tokens
+        self.window = window
+        super().__init__(detail or f"prompt is {prompt_tokens} tokens; the model's context window is "
+                                   f"{window if window is not None else 'smaller'} tokens")
+
+
 @runtime_checkable
 class Backend(Protocol):
     name: str

@@ -3,6 +3,12 @@
 No model hub is needed: the package ships a Q4_1 GGUF, which is dequantized once into a plain
 float32 Hugging Face directory that both the local backend and a vLLM server can load. The saved
 tokenizer carries our tools-aware template, because SmolLM2's own template knows no tools.
+
+SmolLM2 was trained with an 8,192-token window, smaller than the first prompt of Codex (~9.5k
+tokens) or Claude Code (~12.8k). The converted config stretches it to ``EMBEDDED_CONTEXT`` tokens
+with YaRN RoPE scaling, which transformers and vLLM both read from ``rope_parameters``. Text past
+the trained window is modelled worse (untrained positions); what it buys is that every harness runs
+end to end on the embedded default.
 """
 
 from __future__ import annotations
@@ -21,6 +27,10 @@ GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _DIR_NAME = "smollm2-135m-instruct"
 _TEMPLATE = Path(__file__).resolve().parent.parent / "chat" / "templates" / "chatml_hermes_tools.jinja"
 _STAMP = "polar_embedded.json"
+TRAINED_CONTEXT = 8192
+EMBEDDED_CONTEXT = 32768
+ROPE_PARAMETERS = {"rope_type": "yarn", "factor": EMBEDDED_CONTEXT / TRAINED_CONTEXT,
+                   "original_max_position_embeddings": TRAINED_CONTEXT}
 
 
 def gguf_path() -> Path:
@@ -45,6 +55,7 @@ def embedded_model_dir(cache_dir: Path | None = None) -> Path:
     target = root / "models" / _DIR_NAME
     if (target / _STAMP).is_file():
         _refresh_template(target)
+        _refresh_context(target)
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{_DIR_NAME}-", dir=target.parent))
@@ -72,6 +83,22 @@ def _refresh_template(model_dir: Path) -> None:
     _write_atomic(model_dir / "chat_template.jinja", template)
 
 
+def _refresh_context(model_dir: Path) -> None:
+    """Bring a converted directory's context window up to date (the weights do not change)."""
+    config_path = model_dir / "config.json"
+    config = json.loads(config_path.read_text())
+    rope = config.get("rope_parameters") or {}
+    wanted = {**rope, **ROPE_PARAMETERS}
+    if rope != wanted or config.get("max_position_embeddings") != EMBEDDED_CONTEXT:
+        config.update(rope_parameters=wanted, max_position_embeddings=EMBEDDED_CONTEXT)
+        _write_atomic(config_path, json.dumps(config, indent=2))
+    tok_path = model_dir / "tokenizer_config.json"
+    tok = json.loads(tok_path.read_text())
+    if tok.get("model_max_length") != EMBEDDED_CONTEXT:
+        tok["model_max_length"] = EMBEDDED_CONTEXT
+        _write_atomic(tok_path, json.dumps(tok, indent=2, ensure_ascii=False))
+
+
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(text)
@@ -89,13 +116,15 @@ def _convert(gguf: Path, out: Path) -> None:
         gguf.parent, **kwargs, quantization_config=GgufConfig(dequantize=True), dtype=torch.float32)
     template = _TEMPLATE.read_text()
     tokenizer.chat_template = template
+    model.config.rope_parameters = {**(model.config.rope_parameters or {}), **ROPE_PARAMETERS}
+    model.config.max_position_embeddings = EMBEDDED_CONTEXT
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     # Also in tokenizer_config.json, with a class name older transformers (a vLLM venv) knows.
     config_path = out / "tokenizer_config.json"
     config = json.loads(config_path.read_text())
     config.update(chat_template=template, tokenizer_class="PreTrainedTokenizerFast",
-                  model_max_length=model.config.max_position_embeddings)
+                  model_max_length=EMBEDDED_CONTEXT)
     config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False))
     for path in out.iterdir():
         path.chmod(0o644)

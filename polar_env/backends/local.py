@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
-from polar_env.backends.base import BackendError, Generation, SamplingParams
+from polar_env.backends.base import BackendError, ContextOverflow, Generation, SamplingParams
 
 
 class LocalBackend:
@@ -76,6 +76,10 @@ class LocalBackend:
             cancel.set()  # the worker stops at its next token
             raise
 
+    async def max_model_len(self) -> int:
+        """The model config's ``max_position_embeddings`` (the embedded model's is RoPE-scaled)."""
+        return self.max_context
+
     def score(self, ids: list[int], start: int) -> list[float]:
         """Raw logprobs of ``ids[start:]`` given what precedes each, in one forward pass."""
         import torch
@@ -107,8 +111,7 @@ class LocalBackend:
         if not prompt_ids:
             raise BackendError("empty prompt", status=400)
         if len(prompt_ids) >= self.max_context:
-            raise BackendError(f"prompt of {len(prompt_ids)} tokens does not fit the model's "
-                               f"{self.max_context}-token context", status=400)
+            raise ContextOverflow(len(prompt_ids), self.max_context)
         budget = min(sampling.max_tokens, self.max_context - len(prompt_ids))
         stops = set(sampling.stop_token_ids) | set(self.eos_token_ids)
         rng = torch.Generator(device=self.device)

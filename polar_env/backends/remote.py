@@ -7,6 +7,11 @@ the same request again can succeed (connection errors, timeouts, 5xx, 408, 429, 
 Retrying is the caller's choice, with one exception made here: a pooled keep-alive connection the
 server closed just as it was reused is retried once at once (seen with vLLM's uvicorn, which drops
 idle connections after 5 s).
+
+A server's refusal of a prompt as too long (vLLM's 400 "maximum context length is N tokens",
+SGLang's "longer than the model's context length") is a ``ContextOverflow``, not a failure: the
+harness must see its API's own overflow error. The context window itself is what the server's
+``/v1/models`` reports as ``max_model_len`` (vLLM and SGLang both do).
 """
 
 from __future__ import annotations
@@ -14,16 +19,33 @@ from __future__ import annotations
 import errno
 import itertools
 import json
+import re
 import zlib
 from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
 
-from polar_env.backends.base import BackendError
+from polar_env.backends.base import BackendError, ContextOverflow
 
 _ERROR_EXCERPT = 500
 KEEPALIVE_S = 3.0
+# how inference servers word "the prompt does not fit"; the group, where present, is the window
+OVERFLOW_PATTERNS = (
+    re.compile(r"maximum context length is (\d+) tokens"),  # vLLM (and OpenAI)
+    re.compile(r"longer than the model's context length \((\d+) tokens\)"),  # SGLang
+    re.compile(r"exceeds the context window"),
+)
+
+
+def overflow_window(text: str) -> int | None | bool:
+    """The window named in a server's context-length refusal; True when it names none; False when
+    ``text`` is no such refusal."""
+    for pattern in OVERFLOW_PATTERNS:
+        match = pattern.search(text)
+        if match:
+            return int(match.group(1)) if match.groups() else True
+    return False
 
 
 def normalize_base_url(url: str) -> str:
@@ -52,6 +74,8 @@ class RemoteBackend:
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._round_robin = itertools.count()
         self._session: aiohttp.ClientSession | None = None
+        self._window: int | None = None
+        self._window_asked = False
 
     def pick_url(self, session_id: str | None = None) -> str:
         """The same server for every call of a session; round-robin for calls without one."""
@@ -89,6 +113,9 @@ class RemoteBackend:
             except aiohttp.ClientError as e:
                 raise BackendError(f"{where}: {type(e).__name__}: {e}", retryable=True) from e
         text = raw.decode("utf-8", errors="replace")
+        if status in (400, 413) and (window := overflow_window(text)) is not False:
+            raise ContextOverflow(0, None if window is True else window,  # the engine knows the prompt length
+                                  f"{where}: {text[:_ERROR_EXCERPT]}")
         if status >= 400:
             raise BackendError(f"{where}: HTTP {status}: {text[:_ERROR_EXCERPT]}",
                                retryable=status >= 500 or status in (408, 429), status=status)
@@ -101,6 +128,20 @@ class RemoteBackend:
             raise BackendError(f"{where}: reply is not a JSON object: {text[:_ERROR_EXCERPT]!r}",
                                status=status)
         return payload
+
+    async def max_model_len(self) -> int | None:
+        """``max_model_len`` from the first server's ``/v1/models``, asked once; None if it says none."""
+        if not self._window_asked:
+            self._window_asked = True
+            try:
+                async with self._client().get(self.urls[0] + "/v1/models") as response:
+                    payload = await response.json(content_type=None) if response.status == 200 else {}
+                models = payload.get("data") if isinstance(payload, dict) else None
+                lengths = [m.get("max_model_len") for m in models or [] if isinstance(m, dict)]
+                self._window = next((n for n in lengths if isinstance(n, int) and n > 0), None)
+            except (aiohttp.ClientError, TimeoutError, ValueError):
+                self._window = None
+        return self._window
 
     async def aclose(self) -> None:
         if self._session is not None:

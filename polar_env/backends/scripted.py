@@ -51,5 +51,9 @@ class ScriptedBackend:
         return Generation(prompt_ids=list(prompt_ids), token_ids=ids, logprobs=logprobs,
                           finish_reason=finish, backend=self.name, model=self.model)
 
+    async def max_model_len(self) -> None:
+        """No limit of its own: only the last ``context_window`` prompt tokens are scored."""
+        return None
+
     async def aclose(self) -> None:
         """The wrapped LocalBackend belongs to the caller, who closes it."""

@@ -121,6 +121,9 @@ async def close_session(session: EpisodeSession, status: str, error: str | None,
     proxy = session.proxy
     await proxy.drain(session.session_id)
     calls = proxy.registry.ledger.calls(session.session_id)
+    stopped = proxy.registry.get(session.session_id).stopped
+    if stopped is not None:  # the proxy refused a retry loop; the harness ended on that refusal
+        status, error = "error", f"stopped: {stopped}"
     floor = (outcomes or OutcomeTable()).min_backend_tokens_per_s
     kind = failure or classify_episode(status, calls, deadline_at=harness.ended_at if harness else None,
                                        min_backend_tokens_per_s=floor)

@@ -324,3 +324,11 @@ def encode_error(status: int, message: str) -> dict:
     """Anthropic's error body; Claude Code retries 429/5xx (``overloaded_error``, ``api_error``)."""
     kind = _ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
     return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def encode_overflow(prompt_tokens: int, window: int | None) -> dict:
+    """Anthropic's wording, which Claude Code parses (``N tokens > M maximum``) to compact reactively.
+
+    ``M`` is the longest prompt that still leaves one token to generate."""
+    limit = window - 1 if window else prompt_tokens - 1
+    return encode_error(400, f"prompt is too long: {prompt_tokens} tokens > {limit} maximum")

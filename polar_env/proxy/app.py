@@ -20,7 +20,7 @@ from aiohttp import web
 from polar_env.backends.base import Backend, BackendError
 from polar_env.chat.template import ChatRenderer
 from polar_env.proxy import anthropic_messages, openai_chat, openai_responses
-from polar_env.proxy.engine import ContextOverflow, EngineConfig, TokenEngine
+from polar_env.proxy.engine import ContextOverflow, EngineConfig, SessionStopped, TokenEngine
 from polar_env.proxy.sessions import AuthError, Session, SessionRegistry
 from polar_env.proxy.wire import DecodedRequest, WireError, openai_error, parse_json_body
 from polar_env.trajectory.ledger import Ledger
@@ -210,8 +210,10 @@ class ProxyServer:
                 return web.json_response(module.encode_error(401, str(exc)), status=401)
             except WireError as exc:
                 return web.json_response(module.encode_error(exc.status, exc.message), status=exc.status)
-            except ContextOverflow as exc:
-                return web.json_response(module.encode_error(400, str(exc)), status=400)
+            except ContextOverflow as exc:  # the provider's own shape, so the harness compacts or stops
+                return web.json_response(module.encode_overflow(exc.prompt_tokens, exc.window), status=400)
+            except SessionStopped as exc:  # a 400: no harness retries it
+                return web.json_response(module.encode_error(400, f"episode stopped: {exc}"), status=400)
             except BackendError as exc:
                 status = 503 if exc.retryable else 502
                 return web.json_response(module.encode_error(status, f"inference backend failed: {exc}"),

@@ -4,6 +4,12 @@ For each request the engine finds the earlier call that this conversation extend
 plus its own answer are a message-level prefix of the request), reuses that call's prompt ids and
 sampled ids verbatim, and renders only the messages appended since. The call is appended to the
 ledger before the harness gets its answer.
+
+The context window is the user's (``EngineConfig.max_context``) or else the backend's own
+(``max_model_len``); a prompt that leaves no room to generate is refused here, before the backend,
+as a ``ContextOverflow`` that each API answers in its provider's own error shape. A harness that
+sends the same failing request again is stopped after ``MAX_IDENTICAL_FAILURES``: its session
+refuses every further call, so a retry loop ends at once instead of running out the deadline.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeVar
 
-from polar_env.backends.base import Backend, BackendError, SamplingParams
+from polar_env.backends.base import Backend, BackendError, ContextOverflow, SamplingParams
 from polar_env.chat.messages import AssistantTurn, Conversation, Message, TokenLogprob, ToolCall
 from polar_env.chat.template import ChatRenderer, apply_tool_kinds
 from polar_env.outcomes import FailureKind
@@ -29,14 +35,16 @@ from polar_env.trajectory.records import CallRecord
 T = TypeVar("T")
 GUARD_PIECE = 16 * 1024  # characters tokenized at a time when sizing a huge request
 
+MAX_IDENTICAL_FAILURES = 2
 
-class ContextOverflow(Exception):
-    """The prompt leaves no room to generate within the model's context window."""
+
+class SessionStopped(Exception):
+    """The session refuses further calls (the harness repeated a failing request); says why."""
 
 
 @dataclass
 class EngineConfig:
-    max_context: int = 8192
+    max_context: int | None = None  # the context window; None: what the backend reports
     default_max_tokens: int = 1024
     backend_retries: int = 2  # extra attempts on retryable backend errors
     retry_backoff_s: float = 0.2
@@ -61,10 +69,23 @@ class TokenEngine:
         # Rendering, tokenizing, parsing and the ledger's JSON run here, off the event loop: one
         # thread, because a fast tokenizer must not be used from two threads at once.
         self._cpu = ThreadPoolExecutor(max_workers=1, thread_name_prefix="polar-tokenize")
+        self._window: int | None = None
+        self._window_known = False
 
     async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on the engine's worker thread: /health and other sessions stay served."""
         return await asyncio.get_running_loop().run_in_executor(self._cpu, partial(fn, *args))
+
+
+    async def context_window(self) -> int | None:
+        """The window calls must fit: the configured one, else the backend's (asked once); None: unknown."""
+        if self.config.max_context is not None:
+            return self.config.max_context
+        if not self._window_known:
+            ask = getattr(self.backend, "max_model_len", None)
+            self._window = await ask() if ask is not None else None
+            self._window_known = True
+        return self._window
 
     # -- prefix matching -------------------------------------------------------------------
     def find_parent(self, session: Session, conv: Conversation, refs: list[str | None],
@@ -108,24 +129,27 @@ class TokenEngine:
         whole (seconds, and megabytes of ids, for a 5 MB tool output): at once when even the most
         characters a token holds cannot fit it, else by counting tokens piece by piece, stopping
         as soon as the count is past the room left (with a margin for the cuts between pieces)."""
+        window = await self.context_window()
+        if window is None:
+            return
         messages = conv.messages[parent.n_messages + 1:] if parent else conv.messages
         texts = [t for m in messages for t in (m.content, m.reasoning or "", *(tc.arguments for tc in m.tool_calls))]
         chars = sum(map(len, texts))
-        room = self.config.max_context - (len(parent.ids) if parent else 0)
-        if chars // self.renderer.max_token_chars >= room:
-            raise ContextOverflow(f"prompt is at least {chars // self.renderer.max_token_chars} tokens "
-                                  f"({chars} characters of new text); the model's context is "
-                                  f"{self.config.max_context} tokens")
+        reused = len(parent.ids) if parent else 0
+        room = window - reused
+        if (least := chars // self.renderer.max_token_chars) >= room:
+            raise ContextOverflow(reused + least, window, f"prompt is at least {reused + least} tokens ({chars} "
+                                  f"characters of new text); the model's context is {window} tokens")
         if chars * 4 < room:  # a token holds at least one byte, a character at most four
             return
         tokens, pieces = await self.off_loop(_count_until, self.renderer, texts, room)
-        if tokens - 2 * pieces >= room:
-            raise ContextOverflow(f"prompt is more than {tokens - 2 * pieces} tokens ({chars} characters of new "
-                                  f"text); the model's context is {self.config.max_context} tokens")
+        if (least := tokens - 2 * pieces) >= room:
+            raise ContextOverflow(reused + least, window, f"prompt is more than {reused + least} tokens ({chars} "
+                                  f"characters of new text); the model's context is {window} tokens")
 
     # -- sampling ----------------------------------------------------------------------------
-    def sampling_for(self, session: Session, requested: dict[str, Any], prompt_len: int
-                     ) -> tuple[SamplingParams, list[str]]:
+    def sampling_for(self, session: Session, requested: dict[str, Any], prompt_len: int,
+                     window: int | None = None) -> tuple[SamplingParams, list[str]]:
         """Session policy (the trainer's) wins over the harness; record what it overrode."""
         chosen: dict[str, Any] = {"max_tokens": self.config.default_max_tokens, **self.config.defaults}
         overridden = []
@@ -138,11 +162,11 @@ class TokenEngine:
                     overridden.append(key)
             elif asked is not None:
                 chosen[key] = asked
-        room = self.config.max_context - prompt_len
-        if room <= 0:
-            raise ContextOverflow(f"prompt is {prompt_len} tokens; the model's context is "
-                                  f"{self.config.max_context} tokens")
-        chosen["max_tokens"] = max(1, min(int(chosen["max_tokens"]), room))
+        if window is not None:
+            if prompt_len >= window:  # not even one token of room
+                raise ContextOverflow(prompt_len, window)
+            chosen["max_tokens"] = min(int(chosen["max_tokens"]), window - prompt_len)
+        chosen["max_tokens"] = max(1, int(chosen["max_tokens"]))
         return SamplingParams(stop_token_ids=sorted(self.eos_ids), **chosen), overridden
 
     # -- one call ------------------------------------------------------------------------------
@@ -151,6 +175,9 @@ class TokenEngine:
         fails (context overflow, backend, cancellation, a bug) — as a failed call with its reason."""
         started = time.perf_counter()
         conv = request.conversation
+        if session.stopped is not None:
+            raise SessionStopped(session.stopped)
+        hashes = await self.off_loop(prefix_hashes, conv.messages)  # once: matching, indexing, retry counting
         record = CallRecord(
             session_id=session.id, call_index=session.reserve_index(), call_id=uuid.uuid4().hex[:24], api=api,
             created_at=time.time(), messages=conv.messages, tools=conv.tools,
@@ -158,8 +185,11 @@ class TokenEngine:
             backend=self.backend.name, model=self.backend.model,
             flags=list(request.flags))
         try:
-            return await self._complete(session, request, record, started)
+            return await self._complete(session, request, record, started, hashes)
         except BaseException as exc:
+            if not isinstance(exc, asyncio.CancelledError) and session.count_failure(
+                    f"{api}:{hashes[-1]}:{conv.tools_fingerprint()}", MAX_IDENTICAL_FAILURES, str(exc)):
+                self.ledger.update_session(session.info)
             if record.output is None and record.error is None:  # not yet in the ledger
                 if isinstance(exc, ContextOverflow):
                     record.error, record.failure_kind = f"context overflow: {exc}", FailureKind.context_overflow
@@ -178,12 +208,10 @@ class TokenEngine:
                     self._persist(session, record)
             raise
 
-    async def _complete(self, session: Session, request: DecodedRequest, record: CallRecord, started: float
-                        ) -> tuple[AssistantTurn, CallRecord]:
+    async def _complete(self, session: Session, request: DecodedRequest, record: CallRecord, started: float,
+                        hashes: list[str]) -> tuple[AssistantTurn, CallRecord]:
         conv = request.conversation
         call_id = record.call_id
-        # once per call: matching and indexing both need them
-        hashes = await self.off_loop(prefix_hashes, conv.messages)
         ext = await self.build_prompt(session, conv, request.assistant_refs, hashes)
         prefix = self._prefix(request, record)
         prompt_ids = ext.prompt_ids + (await self.off_loop(self.renderer.encode_text, prefix) if prefix else [])
@@ -193,13 +221,17 @@ class TokenEngine:
         record.reused_prefix_len = len(ext.parent.ids) if ext.parent else 0
         record.break_reason = ext.break_reason
         record.timings = {"render_ms": render_ms}
-        sampling, overridden = self.sampling_for(session, request.requested_sampling, len(prompt_ids))
+        window = await self.context_window()
+        sampling, overridden = self.sampling_for(session, request.requested_sampling, len(prompt_ids), window)
         record.prompt_ids = prompt_ids  # after the context check: an overflow records no megabytes of ids
         record.sampling, record.overridden = sampling, overridden
         if overridden:
             record.flags.append("overridden:" + ",".join(overridden))
         gen_started = time.perf_counter()
-        generation = await self._generate(session, prompt_ids, sampling)
+        try:
+            generation = await self._generate(session, prompt_ids, sampling)
+        except ContextOverflow as exc:  # the backend's own refusal: answered as ours would be
+            raise ContextOverflow(len(prompt_ids), exc.window or window, str(exc)) from exc
         generate_ms = (time.perf_counter() - gen_started) * 1e3
         if generation.prompt_ids and generation.prompt_ids != prompt_ids:
             record.flags.append("backend_prompt_mismatch")

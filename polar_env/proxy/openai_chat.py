@@ -27,6 +27,7 @@ from polar_env.proxy.wire import (
     flatten_parts,
     merge_split_turns,
     openai_error,
+    openai_overflow,
     openai_tool_choice,
     refuse_n,
     require_object,
@@ -231,3 +232,10 @@ def encode_stream(turn: AssistantTurn, req: DecodedRequest) -> list[bytes]:
 
 def encode_error(status: int, message: str) -> dict:
     return openai_error(status, message)
+
+
+def encode_overflow(prompt_tokens: int, window: int | None) -> dict:
+    """Chat Completions' wording, numbers included (as vLLM's OpenAI server words it too)."""
+    return openai_overflow(f"This model's maximum context length is {window or prompt_tokens - 1} tokens. However, your messages "
+                           f"resulted in {prompt_tokens} tokens. Please reduce the length of the messages.",
+                           "messages")

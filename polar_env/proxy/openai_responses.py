@@ -32,6 +32,7 @@ from polar_env.proxy.wire import (
     issued_ref,
     merge_split_turns,
     openai_error,
+    openai_overflow,
     openai_tool_choice,
     require_object,
     sampling_of,
@@ -419,3 +420,9 @@ def encode_stream(turn: AssistantTurn, req: DecodedRequest) -> list[bytes]:
 
 def encode_error(status: int, message: str) -> dict:
     return openai_error(status, message)
+
+
+def encode_overflow(prompt_tokens: int, window: int | None) -> dict:
+    """The Responses API's wording; it names no numbers (Codex reads only ``code``)."""
+    return openai_overflow("Your input exceeds the context window of this model. Please adjust your input "
+                           "and try again.", "input")

@@ -35,7 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="ledger directory; a restart on the same directory recovers every session")
     parser.add_argument("--admin-secret", default=os.environ.get("POLAR_ADMIN_SECRET"),
                         help="secret for /admin (env POLAR_ADMIN_SECRET; generated into DATA_DIR/admin_secret if unset)")
-    parser.add_argument("--max-context", type=int, default=8192)
+    parser.add_argument("--max-context", type=int, default=None,
+                        help="context window to enforce (default: the backend's own, e.g. vLLM's max_model_len)")
     parser.add_argument("--max-body-mb", type=float, default=DEFAULT_MAX_BODY / 2**20)
     parser.add_argument("--fsync", action="store_true", help="fsync every ledger append (power-loss safe)")
 

@@ -11,6 +11,7 @@ import hmac
 import secrets
 import time
 from array import array
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +21,7 @@ from polar_env.trajectory.records import CallRecord, SessionInfo
 
 POLICY_KEYS = ("temperature", "top_p", "max_tokens")
 RESTARTS_KEY = "proxy_restarts"  # session metadata: how many proxy restarts an open session lived through
+STOPPED_KEY = "stopped"  # session metadata: why the session refuses further calls
 
 
 class AuthError(Exception):
@@ -59,10 +61,26 @@ class Session:
     calls: list[CallState] = field(default_factory=list)
     by_prefix: dict[str, list[CallState]] = field(default_factory=dict)
     next_index: int = 0
+    failures: Counter[str] = field(default_factory=Counter)  # request fingerprint -> failed calls
 
     @property
     def id(self) -> str:
         return self.info.session_id
+
+    @property
+    def stopped(self) -> str | None:
+        """Why the session refuses further calls (None while it accepts them)."""
+        return self.info.metadata.get(STOPPED_KEY)
+
+    def count_failure(self, fingerprint: str, limit: int, why: str) -> bool:
+        """Count a failed call of this request; at ``limit`` identical failures the session stops
+        (returns True once, when it does)."""
+        self.failures[fingerprint] += 1
+        if self.failures[fingerprint] < limit or self.stopped is not None:
+            return False
+        reason = f"the harness sent the same failing request {limit} times (last: {why})"[:500]
+        self.info = self.info.model_copy(update={"metadata": {**self.info.metadata, STOPPED_KEY: reason}})
+        return True
 
     def reserve_index(self) -> int:
         index = self.next_index

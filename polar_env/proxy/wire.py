@@ -336,3 +336,9 @@ def openai_error(status: int, message: str) -> dict:
     """OpenAI's error body (Chat Completions and Responses share it); SDK retry logic reads the status."""
     kind = _OPENAI_ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
     return {"error": {"message": message, "type": kind, "param": None, "code": None}}
+
+
+def openai_overflow(message: str, param: str) -> dict:
+    """OpenAI's context-length error; Codex and the OpenAI SDKs key on ``code``, Pi on the message."""
+    return {"error": {"message": message, "type": "invalid_request_error", "param": param,
+                      "code": "context_length_exceeded"}}

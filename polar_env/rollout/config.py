@@ -35,7 +35,7 @@ class RolloutConfig(BaseModel):
     temperature: float = 1.0
     top_p: float = 1.0
     max_tokens: int = 1024  # per model call
-    max_context: int = 32768
+    max_context: int | None = None  # the context window; None: the backend's own (max_model_len)
     outcome: list[tuple[FailureKind, Outcome]] = []  # rows overriding the outcome table (docs/outcomes.md)
     min_backend_tokens_per_s: float = OutcomeTable().min_backend_tokens_per_s
     ray: str | None = None  # a Ray cluster address ('auto': the one on this machine)
