@@ -79,15 +79,15 @@ def test_agent_commits_and_index_are_counted_but_not_touched(repo: Path):
     assert git(repo, "status", "--porcelain").stdout == status_before
 
 
-def test_fuzzy_patch_falls_back_to_patch(repo: Path):
-    # Context line "line 7" is wrong ("seven"): git apply refuses, patch --fuzz accepts.
+def test_fuzzy_patch_is_refused_not_fuzzed(repo: Path):
+    # Context line "line 7" is wrong ("seven"): `patch --fuzz` would take it; the grader does not.
     patch = (
         "diff --git a/pkg/mod.py b/pkg/mod.py\n--- a/pkg/mod.py\n+++ b/pkg/mod.py\n"
         "@@ -7,7 +7,7 @@\n seven\n line 8\n line 9\n-line 10\n+ten\n line 11\n line 12\n line 13\n"
     )
     method, log = apply_patch(repo, patch)
-    assert method == ApplyMethod.patch_fuzz, log
-    assert "ten\n" in (repo / "pkg" / "mod.py").read_text()
+    assert method == ApplyMethod.none and "patch does not apply" in log
+    assert "ten\n" not in (repo / "pkg" / "mod.py").read_text()
 
 
 def test_non_applying_patch_reports_none(repo: Path):

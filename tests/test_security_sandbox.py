@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from polar_sandbox_helpers import probe_network, processes_matching
 
-from polar_env.rewards.grading import agent_test_files, grade
+from polar_env.rewards.grading import grade
 from polar_env.sandbox.base import SandboxSpec
 from polar_env.sandbox.bubblewrap import BubblewrapSandbox
 from polar_env.tasks.loader import load_tasks
@@ -209,9 +209,10 @@ def _new_conftest_in_subdir(tree: Path) -> None:
 @pytest.mark.parametrize("edit", [_delete_tests, _fake_test, _outcome_hook, _new_conftest_in_subdir])
 def test_editing_or_deleting_tests_earns_nothing(task, tmp_path: Path, edit):
     patch = _agent_patch(task, tmp_path, edit)
-    assert patch.strip() and agent_test_files(patch)
+    assert patch.strip()
     result = grade(task, patch, timeout_s=300)
     assert result.failure_kind == "none", (result.error, result.log_tail[-1500:])
+    assert result.reset_paths and set(result.reset_paths.values()) == {"test"}
     assert result.reward == 0.0 and not result.resolved
     assert result.fail_to_pass == {"tests/test_blueprints.py::test_empty_name_not_allowed": "FAILED"}
 

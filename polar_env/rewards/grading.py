@@ -1,10 +1,18 @@
-"""Grade one agent patch against one task, the way SWE-bench's harness does.
+"""Grade one agent patch against one task, in two modes reported side by side (docs/rewards.md).
 
-Fresh base tree -> apply the agent patch -> reset the test files and apply the test patch ->
-run the test command between the harness markers in a network-less sandbox under the grading
-deadline -> parse per-test status with SWE-bench's parser -> resolved iff every FAIL_TO_PASS
-test passes and no PASS_TO_PASS test breaks. Failures that are not the agent's (sandbox, env,
-task data) are `infrastructure` / `task_defect` (polar_env.outcomes), masked instead of punishing the policy.
+Fresh copy of the base tree -> `git apply` the agent patch (refusals are the agent's failure) ->
+then per mode:
+
+- ``strict`` (the training reward): restore every changed path that is not project source
+  (`path_policy`) and apply the test patch; run pytest the grader's way, read per-test outcomes
+  from the grader plugin's report, and believe them only if they agree with the runner (`strict_run`).
+- ``swebench`` (numbers comparable with published pass@1): SWE-bench's procedure — reset only the
+  test patch's files, run the test command between the harness markers, parse the log with the
+  pinned ``swebench`` package's parser.
+
+Resolved iff every FAIL_TO_PASS test passes and no PASS_TO_PASS test breaks (SWE-bench's own
+report functions in both modes). Failures that are not the agent's (sandbox, env, task data) are
+`infrastructure` / `task_defect` (polar_env.outcomes), masked instead of punishing the policy.
 """
 
 from __future__ import annotations
@@ -14,28 +22,53 @@ import shlex
 import shutil
 import tempfile
 import time
+from enum import StrEnum
 from pathlib import Path
 
 from pydantic import BaseModel, Field
 
 from polar_env.outcomes import FailureKind
 from polar_env.rewards import swebench_compat as sb
-from polar_env.rewards.patch import ApplyMethod, apply_patch
+from polar_env.rewards.bounded_output import OutputStats
+from polar_env.rewards.flags import tampering_flags
+from polar_env.rewards.patch import ApplyMethod
+from polar_env.rewards.path_policy import non_source_reason
 from polar_env.rewards.sandbox_exec import (
     TREE_MOUNT,
     SandboxUnavailable,
     prepare_tree_owner,
     run_sandboxed,
 )
+from polar_env.rewards.strict_run import StrictUnsupported, run_strict
+from polar_env.rewards.workspace import GradingTree, PatchRefused
 from polar_env.tasks.env import EnvBuildError, ensure_task_env
-from polar_env.tasks.models import DIFF_HEADER, Task
-from polar_env.tasks.tree import git, materialize
+from polar_env.tasks.models import Task
 
 DEFAULT_GRADING_TIMEOUT_S = float(os.environ.get("POLAR_GRADING_TIMEOUT_S", "900"))
 LOG_TAIL_CHARS = 4000
 
 
+class GradingMode(StrEnum):
+    strict = "strict"
+    swebench = "swebench"
+
+
+class ModeResult(BaseModel):
+    """One mode's verdict on the same applied patch."""
+
+    resolved: bool = False
+    reward: float = 0.0
+    failure_kind: FailureKind = FailureKind.none
+    fail_to_pass: dict[str, str] = Field(default_factory=dict)
+    pass_to_pass: dict[str, str] = Field(default_factory=dict)
+    error: str = ""
+    output: OutputStats = Field(default_factory=OutputStats)
+    tests_s: float = 0.0
+
+
 class GradeResult(BaseModel):
+    """The grade record. Top-level verdict fields are those of ``mode``; ``modes`` holds both."""
+
     instance_id: str
     resolved: bool = False
     reward: float = 0.0
@@ -47,6 +80,12 @@ class GradeResult(BaseModel):
     timings: dict[str, float] = Field(default_factory=dict)
     log_tail: str = ""
     error: str = ""
+    mode: GradingMode = GradingMode.strict
+    modes: dict[GradingMode, ModeResult] = Field(default_factory=dict)
+    disagreement: str = ""  # when strict and swebench differ: the rule that made the difference
+    flags: list[str] = Field(default_factory=list)  # tampering signals (flags.py, runtime checks)
+    flag_evidence: dict[str, str] = Field(default_factory=dict)
+    reset_paths: dict[str, str] = Field(default_factory=dict)  # changed non-source path -> rule
 
     @property
     def is_infrastructure_failure(self) -> bool:
@@ -55,7 +94,7 @@ class GradeResult(BaseModel):
 
 
 def eval_script(task: Task) -> str:
-    """The script run in the sandbox: test command between SWE-bench's markers, exit code after."""
+    """SWE-bench's script: test command between the harness markers, exit code after."""
     return "\n".join(
         [
             f"echo {shlex.quote(sb.START_TEST_OUTPUT)}",
@@ -67,115 +106,136 @@ def eval_script(task: Task) -> str:
     )
 
 
-TEST_DIRS = frozenset({"test", "tests", "testing"})
-TEST_CONFIG_FILES = frozenset({"conftest.py", "pytest.ini", "tox.ini"})
-
-
-def agent_test_files(model_patch: str) -> list[str]:
-    """Test code and pytest configuration the agent's patch touches (either side of a rename).
-
-    Grading runs the task's tests as they are at base: an agent that edits a test, deletes one, or
-    adds a ``conftest.py`` hook that rewrites outcomes must not change what is graded.
-    """
-    seen: dict[str, None] = {}
-    for pair in DIFF_HEADER.findall(model_patch):
-        for rel in pair:
-            parts = Path(rel).parts
-            if not parts or rel.startswith("/") or ".." in parts:  # never a path outside the tree
-                continue
-            name = parts[-1]
-            if (name in TEST_CONFIG_FILES or name.startswith("test_") or name.endswith("_test.py")
-                    or TEST_DIRS & set(parts[:-1])):
-                seen.setdefault(rel, None)
-    return list(seen)
-
-
-def reset_test_files(tree: Path, task: Task, base: str, extra: list[str] | tuple[str, ...] = ()) -> None:
-    """Put every file the test patch touches (and ``extra``) back to base (or delete it if base lacks it)."""
-    for rel in dict.fromkeys([*task.test_files(), *extra]):
-        tracked = git(tree, "cat-file", "-e", f"{base}:{rel}", check=False).returncode == 0
-        if tracked:
-            git(tree, "checkout", base, "--", rel)
-        elif (tree / rel).exists() or (tree / rel).is_symlink():
-            (tree / rel).unlink()
-
-
 class TestRun(BaseModel):
     """What one sandboxed test run of a patched tree produced (shared by grading and task building)."""
 
-    apply_method: ApplyMethod = ApplyMethod.none
-    apply_log: str = ""
     infra_error: str = ""
     infra_kind: FailureKind = FailureKind.infrastructure  # task_defect when the task's own data is at fault
     timed_out: bool = False
     log: str = ""
     valid: bool = False
+    error: str = ""  # why a run that finished cannot be believed (strict: report violations)
+    violations: list[str] = Field(default_factory=list)
     status_map: dict[str, str] = Field(default_factory=dict)
-    timings: dict[str, float] = Field(default_factory=dict)
+    output: OutputStats = Field(default_factory=OutputStats)
+    seconds: float = 0.0
+
+
+class AppliedPatch(BaseModel):
+    """The agent patch on a fresh base copy, and what the grader made of the tree."""
+
+    apply_method: ApplyMethod = ApplyMethod.none
+    apply_log: str = ""
+    refused: str = ""
+    changes: dict[str, str] = Field(default_factory=dict)  # path -> new git mode
+    reset_paths: dict[str, str] = Field(default_factory=dict)
+    source_diff: str = ""
+
+
+def apply_agent_patch(task: Task, gtree: GradingTree, model_patch: str) -> AppliedPatch:
+    """`git apply` only; then classify every changed path of the resulting tree."""
+    out = AppliedPatch()
+    if not model_patch.strip():
+        return out
+    allow_binary = "GIT binary patch" in task.patch
+    try:
+        out.apply_log = gtree.apply(model_patch, allow_binary=allow_binary)
+        out.apply_method = ApplyMethod.git_apply
+        out.changes = gtree.changes()
+        gtree.check_links(out.changes)
+    except PatchRefused as e:
+        out.apply_method, out.refused = ApplyMethod.none, str(e)
+        return out
+    roots = gtree.import_roots(task)
+    for path in out.changes:
+        reason = non_source_reason(path, roots)
+        if reason:
+            out.reset_paths[path] = reason
+    kept = [p for p in out.changes if p not in out.reset_paths]
+    if kept:
+        out.source_diff = gtree.git("diff", "--no-ext-diff", "--no-color", gtree.base, "--", *kept,
+                                    check=False).stdout.decode("utf-8", "replace")
+    return out
+
+
+def _prepare_mode(task: Task, gtree: GradingTree, applied: AppliedPatch, mode: GradingMode) -> str:
+    """Reset for ``mode`` and apply the test patch; returns why the task cannot be graded, or ""."""
+    test_files = task.test_files()
+    resets = [*test_files, *applied.reset_paths] if mode == GradingMode.strict else test_files
+    gtree.restore(list(dict.fromkeys(resets)))
+    try:
+        gtree.apply(task.test_patch, allow_binary=True)
+    except PatchRefused as e:
+        return f"test patch did not apply cleanly:\n{str(e)[-LOG_TAIL_CHARS:]}"
+    prepare_tree_owner(gtree.tree)
+    return ""
+
+
+def _run_mode(task: Task, tree: Path, venv: Path, mode: GradingMode, timeout_s: float, tmp: Path) -> TestRun:
+    env = {k: v.replace("{testbed}", TREE_MOUNT) for k, v in task.environment.env.items()}
+    out = TestRun()
+    try:
+        try:
+            if mode != GradingMode.strict:
+                raise StrictUnsupported(mode)
+            run, outcome = run_strict(task, tree, venv, env, timeout_s)
+        except StrictUnsupported:
+            # Not pytest (or swebench mode): SWE-bench's script and log parser (strict keeps its reset).
+            run, outcome = run_sandboxed(eval_script(task), tree=tree, venv=venv, timeout_s=timeout_s, env=env), None
+    except (SandboxUnavailable, OSError) as e:
+        out.infra_error = f"sandbox: {e}"
+        return out
+    out.seconds, out.log, out.output = run.seconds, run.output, run.stats
+    if run.timed_out:
+        out.timed_out = True
+        out.log += f"\n{sb.TESTS_TIMEOUT} after {timeout_s:.0f}s\n"
+        return out
+    if outcome is not None:
+        if not outcome.status_map and run.output.lstrip().startswith(("bwrap:", "setpriv:")):
+            out.infra_error = f"sandbox did not start (exit {run.returncode}): {run.output[:300]}"
+            return out
+        out.status_map, out.valid = outcome.status_map, outcome.valid
+        out.violations, out.error = outcome.violations, outcome.error or "; ".join(outcome.violations)
+        return out
+    if sb.START_TEST_OUTPUT not in out.log:
+        # The marker is the first thing the script prints: the sandbox itself never ran.
+        out.infra_error = f"sandbox did not start (exit {run.returncode})"
+        return out
+    log_path = tmp / "test_output.txt"
+    log_path.write_text(out.log)
+    out.status_map, out.valid = sb.parse_log(
+        str(log_path),
+        instance_id=task.instance_id,
+        repo=task.repo,
+        version=task.version,
+        fail_to_pass=task.FAIL_TO_PASS,
+        pass_to_pass=task.PASS_TO_PASS,
+    )
+    return out
 
 
 def run_task_tests(
-    task: Task, model_patch: str, *, timeout_s: float = DEFAULT_GRADING_TIMEOUT_S, workdir: Path | None = None
+    task: Task,
+    model_patch: str,
+    *,
+    mode: GradingMode = GradingMode.swebench,
+    timeout_s: float = DEFAULT_GRADING_TIMEOUT_S,
+    workdir: Path | None = None,
 ) -> TestRun:
-    """Fresh base tree + `model_patch` (skipped if empty) + test patch, tests run in the sandbox."""
-    t0 = time.monotonic()
-    out = TestRun()
-    tmp = Path(tempfile.mkdtemp(prefix=f"polar-grade-{task.instance_id}-", dir=workdir))
-    try:
+    """Fresh base copy + `model_patch` (skipped if empty) + test patch, tests run in ``mode``."""
+    with tempfile.TemporaryDirectory(prefix=f"polar-grade-{task.instance_id}-", dir=workdir) as tmp:
         try:
             venv = ensure_task_env(task)
-            tree = materialize(task, tmp / "testbed")
+            gtree = GradingTree.fresh(task, Path(tmp))
         except (EnvBuildError, OSError, RuntimeError, ValueError) as e:
-            out.infra_error = f"setup: {e}"
-            return out
-        out.timings["setup_s"] = time.monotonic() - t0
-        base = git(tree, "rev-parse", "HEAD").stdout.decode().strip()
-
-        if model_patch.strip():
-            t_apply = time.monotonic()
-            out.apply_method, out.apply_log = apply_patch(tree, model_patch)
-            out.timings["apply_s"] = time.monotonic() - t_apply
-            if out.apply_method == ApplyMethod.none:
-                return out
-
-        reset_test_files(tree, task, base, agent_test_files(model_patch))
-        test_method, test_log = apply_patch(tree, task.test_patch)
-        if test_method != ApplyMethod.git_apply:
-            out.infra_error = f"test patch did not apply cleanly:\n{test_log[-LOG_TAIL_CHARS:]}"
-            out.infra_kind = FailureKind.task_defect
-            return out
-
-        prepare_tree_owner(tree)
-        env = {k: v.replace("{testbed}", TREE_MOUNT) for k, v in task.environment.env.items()}
-        try:
-            run = run_sandboxed(eval_script(task), tree=tree, venv=venv, timeout_s=timeout_s, env=env)
-        except (SandboxUnavailable, OSError) as e:
-            out.infra_error = f"sandbox: {e}"
-            return out
-        out.timings["tests_s"] = run.seconds
-        out.log = run.output
-        if run.timed_out:
-            out.timed_out = True
-            out.log += f"\n{sb.TESTS_TIMEOUT} after {timeout_s:.0f}s\n"
-            return out
-        if sb.START_TEST_OUTPUT not in out.log:
-            # The marker is the first thing the script prints: the sandbox itself never ran.
-            out.infra_error = f"sandbox did not start (exit {run.returncode})"
-            return out
-
-        log_path = tmp / "test_output.txt"
-        log_path.write_text(out.log)
-        out.status_map, out.valid = sb.parse_log(
-            str(log_path),
-            instance_id=task.instance_id,
-            repo=task.repo,
-            version=task.version,
-            fail_to_pass=task.FAIL_TO_PASS,
-            pass_to_pass=task.PASS_TO_PASS,
-        )
-        return out
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+            return TestRun(infra_error=f"setup: {e}")
+        applied = apply_agent_patch(task, gtree, model_patch)
+        if applied.refused:
+            return TestRun(infra_error=f"patch refused: {applied.refused}")
+        defect = _prepare_mode(task, gtree, applied, mode)
+        if defect:
+            return TestRun(infra_error=defect, infra_kind=FailureKind.task_defect)
+        return _run_mode(task, gtree.tree, venv, mode, timeout_s, Path(tmp))
 
 
 def grade(
@@ -184,41 +244,123 @@ def grade(
     *,
     timeout_s: float = DEFAULT_GRADING_TIMEOUT_S,
     workdir: Path | None = None,
+    mode: GradingMode = GradingMode.strict,
 ) -> GradeResult:
-    """Grade `model_patch` for `task`. Never raises for agent-caused failures."""
+    """Grade `model_patch` for `task` in both modes; the top-level verdict is ``mode``'s.
+
+    Never raises for agent-caused failures.
+    """
     t0 = time.monotonic()
-    result = GradeResult(instance_id=task.instance_id)
+    result = GradeResult(instance_id=task.instance_id, mode=mode)
     if not task.FAIL_TO_PASS:
         # Nothing would have to change for "all FAIL_TO_PASS pass": refuse to call it resolved.
         return _infra(result, "task has no FAIL_TO_PASS tests: grading would be vacuous", t0,
                       FailureKind.task_defect)
     if not model_patch or not model_patch.strip():
         result.failure_kind = FailureKind.empty_patch
+        result.modes = {m: ModeResult(failure_kind=FailureKind.empty_patch) for m in GradingMode}
         _finish(result, task, {}, t0)
         return result
-
     try:
-        run = run_task_tests(task, model_patch, timeout_s=timeout_s, workdir=workdir)
+        return _grade(task, model_patch, result, timeout_s=timeout_s, workdir=workdir, t0=t0)
     except Exception as e:  # noqa: BLE001 - a grader bug must be masked as infrastructure, not scored 0
         return _infra(result, f"grader error: {type(e).__name__}: {e}", t0)
-    result.timings.update(run.timings)
-    result.apply_method = run.apply_method
-    result.patch_applied = run.apply_method != ApplyMethod.none
-    result.log_tail = (run.log or run.apply_log)[-LOG_TAIL_CHARS:]
-    if run.infra_error:
-        return _infra(result, run.infra_error, t0, run.infra_kind)
-    if not result.patch_applied:
-        result.failure_kind = FailureKind.apply_failed
-    elif run.timed_out:
-        result.failure_kind = FailureKind.test_timeout
+
+
+def _grade(task: Task, model_patch: str, result: GradeResult, *, timeout_s: float, workdir: Path | None,
+           t0: float) -> GradeResult:
+    with tempfile.TemporaryDirectory(prefix=f"polar-grade-{task.instance_id}-", dir=workdir) as tmp_s:
+        tmp = Path(tmp_s)
+        try:
+            venv = ensure_task_env(task)
+            gtree = GradingTree.fresh(task, tmp / "strict")
+        except (EnvBuildError, OSError, RuntimeError, ValueError) as e:
+            return _infra(result, f"setup: {e}", t0)
+        result.timings["setup_s"] = time.monotonic() - t0
+        t_apply = time.monotonic()
+        applied = apply_agent_patch(task, gtree, model_patch)
+        result.timings["apply_s"] = time.monotonic() - t_apply
+        result.apply_method = applied.apply_method
+        result.patch_applied = applied.apply_method != ApplyMethod.none
+        result.reset_paths = applied.reset_paths
+        if applied.refused:
+            result.failure_kind, result.error = FailureKind.apply_failed, f"patch refused: {applied.refused}"
+            result.log_tail = applied.refused[-LOG_TAIL_CHARS:]
+            result.modes = {m: ModeResult(failure_kind=FailureKind.apply_failed, error=result.error)
+                            for m in GradingMode}
+            result.flags = ["patch-refused"]
+            _finish(result, task, {}, t0)
+            return result
+        evidence = tampering_flags(applied.source_diff, task.repo)
+        evidence.update({f"reset:{r}": p for p, r in applied.reset_paths.items()})
+        # The swebench tree is the same applied patch with SWE-bench's (narrower) reset.
+        sb_tree = GradingTree(tmp / "swebench" / "tree", tmp / "swebench" / "git", gtree.base)
+        shutil.copytree(gtree.tree, sb_tree.tree, symlinks=True)
+        shutil.copytree(gtree.git_dir, sb_tree.git_dir, symlinks=True)
+        runs: dict[GradingMode, TestRun] = {}
+        for m, tree in ((GradingMode.strict, gtree), (GradingMode.swebench, sb_tree)):
+            defect = _prepare_mode(task, tree, applied, m)
+            if defect:
+                return _infra(result, defect, t0, FailureKind.task_defect)
+            runs[m] = _run_mode(task, tree.tree, venv, m, timeout_s, tmp)
+            result.timings[f"tests_{m.value}_s"] = runs[m].seconds
+            if runs[m].infra_error:
+                return _infra(result, runs[m].infra_error, t0, runs[m].infra_kind)
+        result.modes = {m: _mode_result(task, run) for m, run in runs.items()}
+        for m, run in runs.items():
+            if run.output.truncated:
+                evidence.setdefault("output-truncated", f"{run.output.bytes} bytes, {run.output.lines} lines ({m})")
+            for v in run.violations:
+                evidence.setdefault(v.split(":")[0], v)
+        result.flags = sorted(evidence)
+        result.flag_evidence = evidence
+        chosen = result.modes[result.mode]
+        result.resolved, result.reward, result.failure_kind = chosen.resolved, chosen.reward, chosen.failure_kind
+        result.error = chosen.error
+        result.log_tail = runs[result.mode].log[-LOG_TAIL_CHARS:]
+        result.timings["tests_s"] = runs[result.mode].seconds
+        result.disagreement = _disagreement(result, applied, runs, task.test_files())
+        _finish(result, task, runs[result.mode].status_map, t0)
+        return result
+
+
+def _mode_result(task: Task, run: TestRun) -> ModeResult:
+    out = ModeResult(output=run.output, tests_s=run.seconds, error=run.error)
+    if run.timed_out:
+        out.failure_kind = FailureKind.test_timeout
     elif not run.valid:
-        result.failure_kind = FailureKind.test_crash
+        out.failure_kind = FailureKind.test_crash
     else:
         report = sb.tests_report(run.status_map, task.FAIL_TO_PASS, task.PASS_TO_PASS)
-        result.resolved = sb.fully_resolved(report)
-        result.reward = 1.0 if result.resolved else 0.0
-    _finish(result, task, run.status_map, t0)
-    return result
+        out.resolved = sb.fully_resolved(report)
+        out.reward = 1.0 if out.resolved else 0.0
+    out.fail_to_pass = {t: run.status_map.get(t, "MISSING") for t in task.FAIL_TO_PASS}
+    out.pass_to_pass = {t: run.status_map.get(t, "MISSING") for t in task.PASS_TO_PASS}
+    return out
+
+
+def _disagreement(result: GradeResult, applied: AppliedPatch, runs: dict[GradingMode, TestRun],
+                  test_files: list[str]) -> str:
+    """Name the strict rule that made the two modes' rewards differ ("" when they agree)."""
+    strict, swe = result.modes[GradingMode.strict], result.modes[GradingMode.swebench]
+    if strict.reward == swe.reward:
+        return ""
+    reasons = []
+    extra = sorted(p for p in applied.reset_paths if p not in set(test_files))
+    if extra:
+        reasons.append("allowed-path rule restored " + ", ".join(
+            f"{p} ({applied.reset_paths[p]})" for p in extra[:5]))
+    if runs[GradingMode.strict].violations:
+        reasons.append("structured report not believed: " + "; ".join(runs[GradingMode.strict].violations[:3]))
+    elif runs[GradingMode.strict].error:
+        reasons.append(f"strict run: {runs[GradingMode.strict].error}")
+    differing = [t for t in [*strict.fail_to_pass, *strict.pass_to_pass]
+                 if {**strict.fail_to_pass, **strict.pass_to_pass}[t] != {**swe.fail_to_pass, **swe.pass_to_pass}[t]]
+    if differing:
+        both = {**strict.fail_to_pass, **strict.pass_to_pass}, {**swe.fail_to_pass, **swe.pass_to_pass}
+        reasons.append("per-test status: " + ", ".join(
+            f"{t} strict={both[0][t]} swebench={both[1][t]}" for t in differing[:3]))
+    return "; ".join(reasons) or "strict runs the tests the grader's way (python -P, no plugin autoload, own ini)"
 
 
 def _finish(result: GradeResult, task: Task, status_map: dict[str, str], t0: float) -> None:

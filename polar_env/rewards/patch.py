@@ -1,4 +1,4 @@
-"""Agent patches: extract them from a sandbox tree, apply them to a fresh one.
+"""Agent patches: extract them from a sandbox tree, apply them to a fresh one (`git apply` only).
 
 Extraction diffs the working tree (untracked files included) against the tree's root commit,
 the only commit a task tree starts with, so commits the agent made are still counted. A
@@ -8,7 +8,6 @@ excluded; `--binary` keeps binary edits applicable.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import tempfile
 from enum import StrEnum
@@ -35,8 +34,8 @@ NOISE_PATHSPECS = [
 
 
 class ApplyMethod(StrEnum):
+    # No `patch --fuzz` fallback: it writes paths `git apply` refuses (inside .git/, through symlinks).
     git_apply = "git_apply"
-    patch_fuzz = "patch_fuzz"
     none = "none"
 
 
@@ -84,23 +83,8 @@ def _git_with_index(tree: Path, index: str, *args: str) -> bytes:
 
 
 def apply_patch(tree: Path, patch: str) -> tuple[ApplyMethod, str]:
-    """Apply with `git apply`, falling back to `patch --fuzz`; returns (method, tool output)."""
-    with tempfile.NamedTemporaryFile("wb", suffix=".diff", delete=False) as f:
-        f.write(patch.encode("utf-8", "surrogateescape"))
-        path = f.name
-    try:
-        proc = git(tree, "apply", "--verbose", "--whitespace=nowarn", path, check=False)
-        log = proc.stdout.decode(errors="replace") + proc.stderr.decode(errors="replace")
-        if proc.returncode == 0:
-            return ApplyMethod.git_apply, log
-        fuzz = subprocess.run(
-            ["patch", "--batch", "--fuzz=5", "-p1", "--no-backup-if-mismatch", "-r", "-", "-i", path],
-            cwd=tree,
-            capture_output=True,
-        )
-        log += fuzz.stdout.decode(errors="replace") + fuzz.stderr.decode(errors="replace")
-        if fuzz.returncode == 0:
-            return ApplyMethod.patch_fuzz, log
-        return ApplyMethod.none, log
-    finally:
-        os.unlink(path)
+    """`git apply` to a tree with its own repository; returns (method, git's output)."""
+    proc = git(tree, "apply", "--verbose", "--whitespace=nowarn", "-", check=False,
+               input=patch.encode("utf-8", "surrogateescape"))
+    log = proc.stdout.decode(errors="replace") + proc.stderr.decode(errors="replace")
+    return (ApplyMethod.git_apply if proc.returncode == 0 else ApplyMethod.none), log

@@ -11,10 +11,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from polar_env.rewards.bounded_output import OutputStats, read_bounded
 from polar_env.sandbox.bwrap_argv import BwrapCommand, Mount
 from polar_env.sandbox.bwrap_argv import SandboxUnavailable as SandboxUnavailable  # what run_sandboxed raises
 
@@ -29,12 +32,16 @@ class SandboxRun:
     output: str
     timed_out: bool
     seconds: float
+    stats: OutputStats = field(default_factory=OutputStats)
 
 
-def _sandbox(tree: Path, venv: Path, env: dict[str, str]) -> BwrapCommand:
-    """The grading sandbox: the tree writable at /testbed, the task venv read-only, fresh tmpfs."""
+def _sandbox(tree: Path, venv: Path, env: dict[str, str], *, tree_writable: bool = True,
+             extra_mounts: Sequence[Mount] = ()) -> BwrapCommand:
+    """The grading sandbox: the tree at /testbed (read-only for strict runs), the task venv
+    read-only, fresh tmpfs, plus grader-owned mounts (the strict runner's plugin and report dir)."""
     mounts = [Mount("/tmp", kind="tmpfs", perms="1777"), Mount("/home/agent", kind="tmpfs", perms="0777"),
-              Mount(TREE_MOUNT, tree, "bind"), Mount(VENV_MOUNT, venv)]
+              Mount(TREE_MOUNT, tree, "bind" if tree_writable else "ro-bind"), Mount(VENV_MOUNT, venv),
+              *extra_mounts]
     uid, gid = (SANDBOX_UID, SANDBOX_UID) if os.geteuid() == 0 else (os.geteuid(), os.getegid())
     return BwrapCommand(mounts, workdir=TREE_MOUNT, env=env, uid=uid, gid=gid)
 
@@ -50,9 +57,20 @@ def prepare_tree_owner(tree: Path) -> None:
 
 
 def run_sandboxed(
-    script: str, *, tree: Path, venv: Path, timeout_s: float, env: dict[str, str] | None = None
+    script: str | Sequence[str],
+    *,
+    tree: Path,
+    venv: Path,
+    timeout_s: float,
+    env: dict[str, str] | None = None,
+    tree_writable: bool = True,
+    extra_mounts: Sequence[Mount] = (),
+    pass_fds: Sequence[int] = (),
 ) -> SandboxRun:
-    """Run `script` with bash in the sandbox; kill the whole sandbox at the deadline."""
+    """Run `script` (bash source, or an argv run as is) in the sandbox; kill it all at the deadline.
+
+    Output (stdout and stderr together) is read with bounded memory (`read_bounded`).
+    """
     full_env = {
         "PATH": f"{VENV_MOUNT}/bin:/usr/bin:/bin",
         "HOME": "/home/agent",
@@ -62,15 +80,23 @@ def run_sandboxed(
         "VIRTUAL_ENV": VENV_MOUNT,
         **(env or {}),
     }
-    argv = _sandbox(tree, venv, full_env).argv(["/bin/bash", "-c", script])
+    cmd = ["/bin/bash", "-c", script] if isinstance(script, str) else list(script)
+    argv = _sandbox(tree, venv, full_env, tree_writable=tree_writable, extra_mounts=extra_mounts).argv(cmd)
     start = time.monotonic()
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                            start_new_session=True, pass_fds=tuple(pass_fds))
+    result: dict[str, tuple[str, OutputStats]] = {}
+    reader = threading.Thread(target=lambda: result.setdefault("out", read_bounded(proc.stdout)), daemon=True)
+    reader.start()
     try:
-        out, _ = proc.communicate(timeout=timeout_s)
+        proc.wait(timeout=timeout_s)
         timed_out = False
     except subprocess.TimeoutExpired:
         # Killing bwrap's process group tears down its PID namespace and everything in it.
         os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
+        proc.wait()
         timed_out = True
-    return SandboxRun(proc.returncode, out.decode("utf-8", "replace"), timed_out, time.monotonic() - start)
+    reader.join()
+    proc.stdout.close()
+    out, stats = result.get("out", ("", OutputStats()))
+    return SandboxRun(proc.returncode, out, timed_out, time.monotonic() - start, stats)

@@ -91,6 +91,20 @@ def parse_log(
     return sb.grading.get_logs_eval(spec, log_path)
 
 
+def status_map_from_outcomes(statuses: dict[str, str], *, repo: str) -> dict[str, str]:
+    """Key structured per-test outcomes the way SWE-bench keys its log lines, via the repo's parser.
+
+    Each outcome becomes a ``STATUS nodeid`` summary line (as ``pytest -rA`` prints it) fed to the
+    registered parser, so ids are cut and normalised exactly as in `swebench` mode. Where several
+    node ids map to one key, a failing status wins (its lines go last; the parser keeps the last).
+    """
+    sb = _sb()
+    failing = ("FAILED", "ERROR")
+    lines = [f"{status} {nodeid}" for nodeid, status in sorted(statuses.items(), key=lambda kv: kv[1] in failing)]
+    spec = SimpleNamespace(repo=repo, instance_id="", version="")
+    return sb.registry[parser_name(repo)]("\n".join(lines), spec)
+
+
 def tests_report(status_map: dict[str, str], fail_to_pass: list[str], pass_to_pass: list[str]) -> dict:
     """SWE-bench's F2P/P2P success/failure report for one run."""
     sb = _sb()
