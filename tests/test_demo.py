@@ -48,6 +48,10 @@ def test_quick_demo_outputs_pass_polar_check(policy, tmp_path, capsys):
     trajectories = list(read_trajectories(out / "trajectories.jsonl"))
     assert len(trajectories) == 2 and all(t.grading for t in trajectories)
     assert all(t.stats.trainable_tokens > 0 for t in trajectories)
+    # strict (the reward) and swebench grading agree on every patch the demo's policy produced
+    modes = [t.grading["modes"] for t in trajectories]
+    assert all(m["strict"]["reward"] == m["swebench"]["reward"] for m in modes), modes
+    assert not any(t.grading["disagreement"] for t in trajectories)
     summary = json.loads((out / "summary.json").read_text())
     if policy == "gold":
         assert summary["resolved"] == 2, [t.grading["failure_kind"] for t in trajectories]

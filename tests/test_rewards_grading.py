@@ -7,8 +7,11 @@ and refuse a vacuous FAIL_TO_PASS list.
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -241,6 +244,51 @@ def test_interpreter_crash_is_test_crash(tmp_path: Path):
     )
     r = grade(task, patch)
     assert r.failure_kind == FailureKind.test_crash and not r.resolved
+
+
+FLOOD = """
+
+import atexit as _atexit
+import os as _os
+
+
+def _flood():
+    chunk = b"x" * (1 << 20) + b"\\n"
+    for _ in range(1024):
+        _os.write(1, chunk)
+
+
+_atexit.register(_flood)
+"""
+
+
+@pytest.mark.slow
+def test_grader_memory_stays_bounded_when_tests_print_1gb(tmp_path: Path):
+    """1 GiB of test output (in each mode) costs the grading process a bounded, small amount of memory."""
+    task = TASKS["pallets__flask-5014"]
+    tree = materialize(task, tmp_path / "agent")
+    with open(tree / "src" / "flask" / "__init__.py", "a") as f:
+        f.write(FLOOD)
+    (tmp_path / "patch.diff").write_text(extract_patch(tree))
+    script = (
+        "import json, resource, sys\n"
+        "from polar_env.rewards.grading import grade\n"
+        "from polar_env.tasks.loader import load_tasks\n"
+        "task = next(t for t in load_tasks('bundled') if t.instance_id == 'pallets__flask-5014')\n"
+        f"r = grade(task, open({str(tmp_path / 'patch.diff')!r}).read())\n"
+        "print(json.dumps({'rss_kb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,\n"
+        "                  'result': r.model_dump(mode='json')}))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.splitlines()[-1])
+    result = out["result"]
+    for mode in ("strict", "swebench"):
+        output = result["modes"][mode]["output"]
+        assert output["bytes"] >= 1 << 30 and output["dropped_bytes"] > 1 << 29, (mode, output)
+    assert "output-truncated" in result["flags"] and result["reward"] == 0.0
+    print(f"\n1 GiB per mode printed; grader peak RSS {out['rss_kb'] / 1024:.0f} MiB")
+    assert out["rss_kb"] < 400 * 1024, f"grader peak RSS {out['rss_kb'] / 1024:.0f} MiB"
 
 
 def test_missing_environment_is_infrastructure():

@@ -74,7 +74,8 @@ def grading(resolved: bool) -> dict:
         failure_kind=FailureKind.none, patch_applied=True, apply_method=ApplyMethod.git_apply,
         fail_to_pass={"tests/test_calc.py::test_add": "PASSED" if resolved else "FAILED"},
         pass_to_pass={"tests/test_calc.py::test_sub": "PASSED"},
-        log_tail="tests/test_calc.py::test_add " + ("PASSED" if resolved else "FAILED"))
+        log_tail="tests/test_calc.py::test_add " + ("PASSED" if resolved else "FAILED"),
+        flags=[] if resolved else ["reset:test"], flag_evidence={} if resolved else {"reset:test": "tests/test_calc.py"})
     return result.model_dump(mode="json")
 
 
@@ -433,6 +434,8 @@ async def test_page_in_headless_chromium(proxy_episodes, embedded_dir, tmp_path)
         assert await tools.eval("document.querySelectorAll('#chain-view .seg.sampled').length") == len(main.call_indices)
         assert await tools.eval("document.querySelectorAll('#chain-view .toks b').length") == main.trainable_tokens
         assert await tools.eval("document.querySelectorAll('#grading .tests tr').length") == 3  # header + 2 tests
+        # grading's tampering flags are shown in the episode list
+        assert "reset:test" in await tools.eval("document.querySelector('#episodes tbody').innerText")
         # folded spans are filled when opened; the tool results are there, folded
         assert await tools.eval("document.querySelectorAll('#chain-view details.seg .toks i').length") == 0
         await tools.eval("document.querySelector('#chain-view details.seg.inter').open = true")

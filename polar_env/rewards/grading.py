@@ -116,6 +116,7 @@ class TestRun(BaseModel):
     valid: bool = False
     error: str = ""  # why a run that finished cannot be believed (strict: report violations)
     violations: list[str] = Field(default_factory=list)
+    untrusted_xfail: list[str] = Field(default_factory=list)
     status_map: dict[str, str] = Field(default_factory=dict)
     output: OutputStats = Field(default_factory=OutputStats)
     seconds: float = 0.0
@@ -196,6 +197,7 @@ def _run_mode(task: Task, tree: Path, venv: Path, mode: GradingMode, timeout_s: 
             return out
         out.status_map, out.valid = outcome.status_map, outcome.valid
         out.violations, out.error = outcome.violations, outcome.error or "; ".join(outcome.violations)
+        out.untrusted_xfail = outcome.untrusted_xfail
         return out
     if sb.START_TEST_OUTPUT not in out.log:
         # The marker is the first thing the script prints: the sandbox itself never ran.
@@ -312,6 +314,8 @@ def _grade(task: Task, model_patch: str, result: GradeResult, *, timeout_s: floa
                 evidence.setdefault("output-truncated", f"{run.output.bytes} bytes, {run.output.lines} lines ({m})")
             for v in run.violations:
                 evidence.setdefault(v.split(":")[0], v)
+            if run.untrusted_xfail:
+                evidence.setdefault("untrusted-xfail", ", ".join(run.untrusted_xfail[:3]))
         result.flags = sorted(evidence)
         result.flag_evidence = evidence
         chosen = result.modes[result.mode]

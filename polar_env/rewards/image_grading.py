@@ -24,7 +24,7 @@ from pathlib import Path
 
 from polar_env.outcomes import FailureKind
 from polar_env.rewards import swebench_compat as sb
-from polar_env.rewards.grading import LOG_TAIL_CHARS, GradeResult, _finish, _infra, eval_script
+from polar_env.rewards.grading import LOG_TAIL_CHARS, GradeResult, GradingMode, _finish, _infra, eval_script
 from polar_env.rewards.patch import ApplyMethod
 from polar_env.sandbox.base import SandboxSpec
 from polar_env.sandbox.container import ContainerError, ContainerSandbox
@@ -93,7 +93,7 @@ def run_base_in_image(task: Task, *, engine: str, timeout_s: float = 900.0) -> t
 async def _grade(task: Task, patch: str, *, engine: str, image: str, timeout_s: float,
                  base_only: bool = False) -> GradeResult:
     t0 = time.monotonic()
-    result = GradeResult(instance_id=task.instance_id)
+    result = GradeResult(instance_id=task.instance_id, mode=GradingMode.swebench)  # its procedure, only
     if not task.FAIL_TO_PASS:
         return _infra(result, "task has no FAIL_TO_PASS tests: grading would be vacuous", t0, FailureKind.task_defect)
     if not patch.strip() and not base_only:
@@ -156,7 +156,8 @@ async def _grade(task: Task, patch: str, *, engine: str, image: str, timeout_s: 
     return result
 
 
-def grade_task(task: Task, model_patch: str | None, *, kind: str, timeout_s: float = 900.0) -> GradeResult:
+def grade_task(task: Task, model_patch: str | None, *, kind: str, timeout_s: float = 900.0,
+               mode: GradingMode = GradingMode.strict) -> GradeResult:
     """Grade where the task's episodes run: its image for docker/podman, the bubblewrap grader (the
     task's base tree and pinned venv) otherwise. Apptainer has no image grader yet: a task without
     a base archive is then an infrastructure failure, never the agent's."""
@@ -169,4 +170,4 @@ def grade_task(task: Task, model_patch: str | None, *, kind: str, timeout_s: flo
         return _infra(GradeResult(instance_id=task.instance_id),
                       f"no grader for {kind} without a base archive: grade with --sandbox podman|docker",
                       time.monotonic())
-    return grade(task, model_patch, timeout_s=timeout_s)
+    return grade(task, model_patch, timeout_s=timeout_s, mode=mode)

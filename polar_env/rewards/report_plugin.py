@@ -11,7 +11,9 @@ any conftest or code under test, so it can:
   assertion-rewriting and pluggy modules, the exit functions) and check at every
   teardown and at the end that nothing replaced them, and that every test module was loaded
   from its own file by pytest's rewriter or the standard loader;
-- note where every plugin registered after start-up comes from (the grader judges the origins);
+- note where every registered plugin comes from (the grader judges the origins);
+- count an xfail as XFAIL only when the test itself (or a conftest) raised it: an imperative
+  ``pytest.xfail`` from the code under test is a FAILED test;
 - write per-test outcomes (SWE-bench's status names) plus the runner's own counts and exit status
   to the report path outside the tree, at the very end of the session.
 """
@@ -99,9 +101,10 @@ class _State:
         # Taken on import: `-p` loads this module before any conftest or code under test runs.
         self.snapshot = _snapshot()
         self.tampered: set[str] = set()
-        self.late_plugins: set[str] = set()
+        self.plugins: set[str] = set()
         self.statuses: dict[str, str] = {}
         self.failed_reports = 0
+        self.untrusted_xfail: set[str] = set()
 
     def check(self) -> None:
         now = _snapshot()
@@ -120,16 +123,29 @@ def _plugin_origin(plugin: object) -> str:
     return str(getattr(mod, "__file__", "") or getattr(mod, "__name__", "") or type(plugin).__qualname__)
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_configure(config: pytest.Config) -> None:
-    known = {id(p) for p in config.pluginmanager.get_plugins()}
+def pytest_plugin_registered(plugin: object, manager: object) -> None:
+    """Every plugin, including those registered before this module (pluggy replays them)."""
+    _STATE.plugins.add(_plugin_origin(plugin))
 
-    class _Watch:
-        def pytest_plugin_registered(self, plugin: object, manager: object) -> None:
-            if id(plugin) not in known and plugin is not self:
-                _STATE.late_plugins.add(_plugin_origin(plugin))
 
-    config.pluginmanager.register(_Watch(), "polar-grader-watch")
+def _raised_from(excinfo: pytest.ExceptionInfo[BaseException]) -> str:
+    """The file of the innermost frame outside pytest that led to the exception."""
+    for entry in reversed(list(excinfo.traceback)):
+        path = str(entry.path)
+        if "/_pytest/" not in path and "/pytest/" not in path:
+            return os.path.realpath(path)
+    return ""
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
+    """An xfail only counts when the test or a conftest raised it, not the code under test."""
+    yield
+    excinfo = call.excinfo
+    if excinfo is not None and excinfo.errisinstance(pytest.xfail.Exception):
+        origin = _raised_from(excinfo)
+        if origin != os.path.realpath(str(item.path)) and not origin.endswith("/conftest.py"):
+            _STATE.untrusted_xfail.add(item.nodeid)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -138,6 +154,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.failed:
         _STATE.failed_reports += 1
         status = "FAILED" if when == "call" else "ERROR"
+    elif report.skipped and wasxfail and nodeid in _STATE.untrusted_xfail:
+        status = "FAILED"
     elif report.skipped:
         status = "XFAIL" if wasxfail else "SKIPPED"
     elif when == "call":
@@ -171,7 +189,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         "failed_reports": _STATE.failed_reports,
         "statuses": _STATE.statuses,
         "tampered": sorted(_STATE.tampered),
-        "late_plugins": sorted(_STATE.late_plugins),
+        "plugins": sorted(_STATE.plugins),
+        "untrusted_xfail": sorted(_STATE.untrusted_xfail),
         "finished": True,
     }
     with open(_STATE.report_path, "w", encoding="utf-8") as f:

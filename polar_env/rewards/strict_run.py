@@ -114,6 +114,7 @@ class StrictOutcome:
     status_map: dict[str, str] = field(default_factory=dict)
     valid: bool = False
     violations: list[str] = field(default_factory=list)  # integrity/consistency findings
+    untrusted_xfail: list[str] = field(default_factory=list)  # xfails raised by code under test
     error: str = ""
 
 
@@ -166,10 +167,11 @@ def check_report(path: Path, nonce: str, run: SandboxRun, repo: str) -> StrictOu
     if not secrets.compare_digest(str(report.get("nonce", "")), nonce):
         out.violations.append("report-forged: the report does not carry this run's nonce")
     out.violations += [f"runner-tampered: {k}" for k in report.get("tampered", [])]
-    out.violations += [f"plugin-registered: {o}" for o in report.get("late_plugins", []) if not _trusted_plugin(o)]
+    out.violations += [f"plugin-registered: {o}" for o in report.get("plugins", []) if not _trusted_plugin(o)]
     if exitstatus != run.returncode:
         out.violations.append(f"exit-mismatch: runner said {exitstatus}, process exited {run.returncode}")
-    bad = sum(s in ("FAILED", "ERROR") for s in statuses.values())
+    out.untrusted_xfail = [str(t) for t in report.get("untrusted_xfail", [])]
+    bad = sum(s in ("FAILED", "ERROR") for s in statuses.values()) - len(out.untrusted_xfail)
     if (exitstatus == 0) != (bad == 0 and failed == 0) or failed != int(report.get("failed_reports", failed)):
         out.violations.append(f"count-mismatch: exit {exitstatus}, {failed} failed by the runner, "
                               f"{bad} failing tests reported")
@@ -177,7 +179,7 @@ def check_report(path: Path, nonce: str, run: SandboxRun, repo: str) -> StrictOu
     if summary is not None:
         mine = {s: sum(v == s for v in statuses.values()) for s in ("PASSED", "FAILED", "ERROR")}
         # A test whose call passed but whose teardown errored is counted both ways by the runner.
-        if summary.get("failed", 0) != mine["FAILED"] or not (
+        if summary.get("failed", 0) != mine["FAILED"] - len(out.untrusted_xfail) or not (
                 mine["PASSED"] <= summary.get("passed", 0) <= mine["PASSED"] + mine["ERROR"]):
             out.violations.append(f"summary-mismatch: runner printed {summary}, report has {mine}")
     if exitstatus not in (0, 1):
@@ -187,7 +189,7 @@ def check_report(path: Path, nonce: str, run: SandboxRun, repo: str) -> StrictOu
 
 
 def _trusted_plugin(origin: str) -> bool:
-    """Late plugins from the venv, the standard library, conftests or the runner's own packages."""
+    """Plugins from the venv, the standard library, the grader, conftests or the runner's packages."""
     if not origin.startswith(TREE_MOUNT + "/"):
         return origin.startswith(("/usr/", VENV_MOUNT + "/", GRADER_MOUNT + "/")) or not origin.startswith("/")
     return origin.endswith("/conftest.py") or any(d in origin for d in RUNNER_DIRS)

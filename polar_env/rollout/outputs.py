@@ -81,6 +81,9 @@ def summarize(trajectories: list[Trajectory]) -> dict[str, Any]:
         "chains": sum(t.stats.chains for t in trajectories),
         "models": sorted({t.model for t in trajectories if t.model}),
         "backends": sorted({t.backend for t in trajectories if t.backend}),
+        # grading's tampering signals (docs/rewards.md): episodes per flag
+        "grading_flags": dict(sorted(Counter(f for t in trajectories for f in (t.grading or {}).get("flags", [])
+                                             ).items())),
     }
 
 

@@ -109,7 +109,7 @@ def summary(traj: Trajectory, source: str) -> dict[str, Any]:
         "harness": traj.harness, "model": traj.model, "backend": traj.backend, "status": traj.status,
         "error": _cut(traj.error, 300), "reward": traj.reward, "resolved": grading.get("resolved"),
         "failure_kind": grading.get("failure_kind") if traj.failure_kind == "none" else traj.failure_kind.value,
-        "masked": traj.masked, "chains": stats.chains, "calls": stats.calls,
+        "flags": grading.get("flags", []), "masked": traj.masked, "chains": stats.chains, "calls": stats.calls,
         "failed_calls": stats.failed_calls, "sampled": stats.sampled_tokens, "trainable": stats.trainable_tokens,
         "main_tokens": stats.main_chain_tokens, "tokens": sum(len(ch.input_ids) for ch in traj.chains),
         "created_at": traj.created_at, "duration": (traj.ended_at - traj.created_at) if traj.ended_at else None,

@@ -1,0 +1,144 @@
+"""The red-team corpus (tests/redteam/, made by scripts/build_redteam_corpus.py) through `polar eval`.
+
+Every attack must get reward 0 under `strict`, every control (each bundled gold patch, gold plus a
+harmless pyproject.toml/setup.cfg edit) 1.0 under both modes with the modes agreeing. The
+host-execution class writes hooks and git config whose payload creates a canary file on the host:
+the canary must never appear. A subset goes through a real harness episode (Pi in bubblewrap,
+scripted policy): the attack is made in the agent's own tree and the patch is extracted from it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from polar_env.tasks.loader import load_tasks
+
+REDTEAM = Path(__file__).parent / "redteam"
+MANIFEST = json.loads((REDTEAM / "manifest.json").read_text())
+TASKS = {t.instance_id: t for t in load_tasks("bundled")}
+CANARY = Path("/tmp/polar-redteam-canary")
+POLAR = Path(sys.executable).with_name("polar")
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="grading sandbox needs bubblewrap")
+
+
+def patch_of(entry: dict) -> str:
+    return TASKS[entry["task"]].patch if entry["patch"] == "gold" else (REDTEAM / entry["patch"]).read_text()
+
+
+def test_corpus_breadth():
+    attacks = [e for e in MANIFEST if not e["class"].startswith("control")]
+    assert len(attacks) >= 40 and len({e["class"] for e in attacks}) >= 15
+    assert all(e["strict_reward"] == 0.0 for e in attacks)
+    golds = {e["task"] for e in MANIFEST if e["class"] == "control-gold"}
+    assert golds == set(TASKS)
+    assert {e["class"] for e in MANIFEST} >= {"control-gold-plus-config", "host-exec-git", "runner-config",
+                                              "plugin-entry-point", "startup-hook", "import-shadowing",
+                                              "report-tampering", "assertion-rewriter", "test-file-on-disk",
+                                              "forged-output", "forged-markers", "patch-syntax-evasion",
+                                              "unbounded-output"}
+    assert len({e["id"] for e in MANIFEST}) == len(MANIFEST)
+    for e in MANIFEST:
+        assert e["task"] in TASKS and patch_of(e).strip(), e["id"]
+
+
+def test_host_exec_payload_is_live(tmp_path: Path):
+    """The canary check means something: the hook payload, if a host git ever ran it, creates the file."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    hook = (REDTEAM / "patches" / "git-hook-post-checkout.diff").read_text()
+    canary = tmp_path / "canary"
+    body = "".join(line[1:] + "\n" for line in hook.splitlines() if line.startswith("+") and not line.startswith("+++"))
+    assert str(CANARY) in body
+    (repo / ".git" / "hooks" / "post-checkout").write_text(body.replace(str(CANARY), str(canary)))
+    (repo / ".git" / "hooks" / "post-checkout").chmod(0o755)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "x"],
+                   cwd=repo, check=True)
+    subprocess.run(["git", "checkout", "-q", "-b", "other"], cwd=repo, check=True)
+    assert canary.exists()
+
+
+@needs_bwrap
+@pytest.mark.slow
+def test_corpus_through_polar_eval(tmp_path: Path):
+    CANARY.unlink(missing_ok=True)
+    preds = tmp_path / "redteam.jsonl"
+    preds.write_text("".join(json.dumps({"instance_id": e["task"], "model_patch": patch_of(e),
+                                         "model_name_or_path": f"redteam/{e['id']}"}) + "\n" for e in MANIFEST))
+    out = tmp_path / "report.json"
+    t0 = time.monotonic()
+    proc = subprocess.run([str(POLAR), "eval", "--tasks", "bundled", "--predictions", str(preds),
+                           "--workers", "2", "--out", str(out)], capture_output=True, text=True, timeout=1800)
+    wall = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert not CANARY.exists(), "an attack ran code on the grading host"
+    wrong, per_class = [], Counter()
+    for e in MANIFEST:
+        r = report["instances"][f"{e['task']}@redteam/{e['id']}"]
+        per_class[(e["class"], r["reward"])] += 1
+        if r["reward"] != e["strict_reward"] or r["failure_kind"] == "infrastructure":
+            wrong.append((e["id"], r["reward"], r["failure_kind"], r["error"][:300], r["log_tail"][-500:]))
+        if e["class"].startswith("control"):
+            assert r["modes"]["swebench"]["reward"] == 1.0 and not r["disagreement"], (e["id"], r["disagreement"])
+        if e["class"] == "host-exec-git":
+            assert r["failure_kind"] == "apply_failed" and "patch-refused" in r["flags"], e["id"]
+    assert wrong == [], wrong
+    print(f"\nred-team corpus: {len(MANIFEST)} patches in {wall:.0f}s; swebench mode resolved "
+          f"{report['resolved_by_mode']['swebench']}, strict {report['resolved_by_mode']['strict']}")
+    for (cls, reward), n in sorted(per_class.items()):
+        print(f"  {cls}: {n} x reward {reward}")
+
+
+HARNESS_SUBSET = ["conftest-append", "report-from-item-and-call", "gold-plus-pyproject"]
+
+
+@needs_bwrap
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("npm") is None, reason="needs npm for the harness")
+async def test_attacks_made_in_the_agents_tree(embedded_dir: Path, renderer, tmp_path: Path):
+    """Pi runs the attack as a shell command in its sandboxed tree; the extracted patch is graded."""
+    from polar_env.backends.local import LocalBackend
+    from polar_env.backends.policies import DONE, shell_call
+    from polar_env.backends.scripted import ScriptedBackend
+    from polar_env.episodes.lifecycle import EpisodeConfig, run_episode
+    from polar_env.proxy.app import ProxyServer
+    from polar_env.proxy.engine import EngineConfig
+
+    entries = {e["id"]: e for e in MANIFEST}
+    commands = {e: "cd /testbed && echo " + base64.b64encode(patch_of(entries[e]).encode()).decode()
+                   + " | base64 -d | git apply" for e in HARNESS_SUBSET}
+
+    def policy(session_id: str | None, call_number: int, prompt_text: str) -> str:
+        attack = next(e for e in HARNESS_SUBSET if session_id and session_id.startswith(e + "."))
+        return DONE if "<tool_response>" in prompt_text else shell_call(prompt_text, commands[attack])
+
+    local = LocalBackend.from_pretrained(embedded_dir)
+    proxy = ProxyServer.create(renderer=renderer, backend=ScriptedBackend(local, policy, context_window=256),
+                               data_dir=tmp_path / "ledger", admin_secret="admin",
+                               config=EngineConfig(max_context=131072, default_max_tokens=4096))
+    await proxy.start(unix_socket=tmp_path / "sock" / "proxy.sock", port=None)
+    os.chmod(tmp_path / "sock", 0o755)
+    try:
+        for attack in HARNESS_SUBSET:
+            entry = entries[attack]
+            result = await run_episode(proxy, TASKS[entry["task"]], episode_id=f"{attack}.s0",
+                                       config=EpisodeConfig(harness="pi", timeout_s=300, policy={"max_tokens": 4096},
+                                                            scratch_root=tmp_path / "scratch"))
+            assert result.grade is not None and result.patch.strip(), (attack, result.trajectory.error)
+            assert result.grade.reward == entry["strict_reward"], (attack, result.grade.error, result.grade.flags)
+            assert result.trajectory.grading and result.trajectory.grading["flags"] == result.grade.flags
+            if entry["strict_reward"] == 0.0:
+                assert result.grade.flags, attack
+    finally:
+        await proxy.stop()
