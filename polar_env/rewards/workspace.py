@@ -9,6 +9,7 @@ nothing from the tree is ever executed on the host.
 
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import subprocess
@@ -42,6 +43,7 @@ def base_tree(task: Task) -> Path:
         path = _BASES.get(task.instance_id)
         if path is None or not path.exists():
             root = Path(tempfile.mkdtemp(prefix=f"polar-base-{task.instance_id}-"))
+            atexit.register(shutil.rmtree, root, True)
             tree = materialize(task, root / "tree")
             shutil.move(tree / ".git", root / "git")
             _BASES[task.instance_id] = path = root
