@@ -109,6 +109,8 @@ def eval_script(task: Task) -> str:
 class TestRun(BaseModel):
     """What one sandboxed test run of a patched tree produced (shared by grading and task building)."""
 
+    apply_method: ApplyMethod = ApplyMethod.none
+    apply_log: str = ""
     infra_error: str = ""
     infra_kind: FailureKind = FailureKind.infrastructure  # task_defect when the task's own data is at fault
     timed_out: bool = False
@@ -233,11 +235,13 @@ def run_task_tests(
             return TestRun(infra_error=f"setup: {e}")
         applied = apply_agent_patch(task, gtree, model_patch)
         if applied.refused:
-            return TestRun(infra_error=f"patch refused: {applied.refused}")
+            return TestRun(apply_log=applied.refused)
         defect = _prepare_mode(task, gtree, applied, mode)
         if defect:
             return TestRun(infra_error=defect, infra_kind=FailureKind.task_defect)
-        return _run_mode(task, gtree.tree, venv, mode, timeout_s, Path(tmp))
+        run = _run_mode(task, gtree.tree, venv, mode, timeout_s, Path(tmp))
+        run.apply_method, run.apply_log = applied.apply_method, applied.apply_log
+        return run
 
 
 def grade(

@@ -26,6 +26,7 @@ from pathlib import Path, PurePosixPath
 
 from polar_env.rewards import swebench_compat as sb
 from polar_env.rewards.sandbox_exec import SANDBOX_UID, TREE_MOUNT, VENV_MOUNT, SandboxRun, run_sandboxed
+from polar_env.sandbox.bwrap_argv import Mount
 from polar_env.tasks.models import Task
 
 GRADER_MOUNT = "/opt/polar-grader"
@@ -142,8 +143,7 @@ def run_strict(task: Task, tree: Path, venv: Path, env: dict[str, str], timeout_
                    "POLAR_GRADER_REPORT": f"{REPORT_MOUNT}/report.json"}
         try:
             run = run_sandboxed(argv, tree=tree, venv=venv, timeout_s=timeout_s, env=run_env, tree_writable=False,
-                                extra_binds=[("--ro-bind", grader_dir, GRADER_MOUNT),
-                                             ("--bind", report_dir, REPORT_MOUNT)],
+                                extra_mounts=[Mount(GRADER_MOUNT, grader_dir), Mount(REPORT_MOUNT, report_dir, "bind")],
                                 pass_fds=[read_fd])
         finally:
             os.close(read_fd)
