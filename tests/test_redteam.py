@@ -85,7 +85,8 @@ def test_corpus_through_polar_eval(tmp_path: Path):
     assert not CANARY.exists(), "an attack ran code on the grading host"
     wrong, per_class = [], Counter()
     for e in MANIFEST:
-        r = report["instances"][f"{e['task']}@redteam/{e['id']}"]
+        instances = report["instances"]  # keyed id@model where a task has several predictions
+        r = instances.get(f"{e['task']}@redteam/{e['id']}") or instances[e["task"]]
         per_class[(e["class"], r["reward"])] += 1
         if r["reward"] != e["strict_reward"] or r["failure_kind"] == "infrastructure":
             wrong.append((e["id"], r["reward"], r["failure_kind"], r["error"][:300], r["log_tail"][-500:]))
