@@ -38,6 +38,7 @@ class CheckReport(BaseModel):
     items: int = 0
     defects: list[str] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list)  # not defects: the file is valid, but loses something
     rescore: dict[str, float] | None = None
 
     @property
@@ -48,6 +49,7 @@ class CheckReport(BaseModel):
         what = "ledger directory" if self.kind == "ledger" else f"{self.kind} file"
         lines = [f"{self.path}: {what}, {self.items} item(s)"]
         lines += [f"  note: {n}" for n in self.notes]
+        lines += [f"  WARNING: {w}" for w in self.warnings]
         if self.rescore is not None:
             r = self.rescore
             lines.append(f"  rescore: {int(r['tokens'])} tokens, max |diff| {r['max_abs_diff']:.3g}, "
@@ -383,6 +385,12 @@ def check_path(path: Path, *, tokenizer: Decoder | None = None, scorer: Scorer |
         for number, obj in rows:
             report.defects += [f"line {number}: {d}" for d in check_nemo_result(obj)]
         _check_groups([(_nemo_group(obj), obj) for _, obj in rows], report, tokenizer)
+        # each result carries its episode's trainable tokens in every chain and in the main chain
+        numbers = [o for _, o in rows if all(_finite_number(o.get(k)) for k in
+                                               ("sampled_tokens", "trainable_tokens", "all_chains_trainable_fraction"))]
+        everywhere = sum(round(o["all_chains_trainable_fraction"] * o["sampled_tokens"]) for o in numbers)
+        _warn_side_chains(report, everywhere - sum(int(o["trainable_tokens"]) for o in numbers), everywhere,
+                          "trainable")
     else:
         rows = _json_lines(path, report)
         report.items = len(rows)
@@ -405,6 +413,8 @@ def _check_trajectories(trajs: list[Trajectory], report: CheckReport, tokenizer:
     if sampled:
         report.notes.append(f"{sampled} sampled tokens; {trainable / sampled:.1%} trainable in Polar's format, "
                             f"{main / sampled:.1%} in the NeMo-RL export (main chains)")
+    side = sum(ch.sampled_tokens for t in trajs for ch in t.chains if ch.index != t.main_chain)
+    _warn_side_chains(report, side, sampled, "sampled")
     reasons: dict[str, int] = defaultdict(int)
     for t in trajs:
         for b in t.stats.breaks:
@@ -415,6 +425,14 @@ def _check_trajectories(trajs: list[Trajectory], report: CheckReport, tokenizer:
     _check_groups([(t.group_id, t) for t in trajs], report, tokenizer)
     if scorer is not None:
         _add_rescore([ch for t in trajs for ch in t.chains], scorer, report)
+
+
+def _warn_side_chains(report: CheckReport, side: int, total: int, what: str) -> None:
+    """NeMo-RL trains one contiguous chain per episode (the main one); tokens elsewhere are lost to it."""
+    if side > 0 and total:
+        report.warnings.append(f"{side} of {total} {what} tokens ({side / total:.1%}) sit in chains NeMo-RL will "
+                               "not train (it trains each episode's main chain only; Polar's trajectory file and "
+                               "GRPO batch keep them)")
 
 
 def _add_rescore(chains: list[Chain], scorer: Scorer, report: CheckReport) -> None:
