@@ -33,7 +33,9 @@ async def running_proxy(renderer: ChatRenderer, backend: Backend, data_dir: Path
 
 
 def parse_sse(raw: bytes) -> list[tuple[str | None, Any]]:
-    """SSE frames as (event name, decoded data); ``[DONE]`` stays a string."""
+    """SSE frames as (event name, decoded data); ``[DONE]`` stays a string. Keep-alives a slow answer
+    is preceded by are skipped as the SDKs skip them: comment lines (no data) and Responses'
+    ``keepalive`` events."""
     events = []
     for block in raw.decode().split("\n\n"):
         if not block.strip():
@@ -44,6 +46,8 @@ def parse_sse(raw: bytes) -> list[tuple[str | None, Any]]:
                 name = line[6:].strip()
             elif line.startswith("data:"):
                 data.append(line[5:].lstrip())
+        if not data or name == "keepalive":
+            continue
         text = "\n".join(data)
         events.append((name, text if text == "[DONE]" else json.loads(text)))
     return events

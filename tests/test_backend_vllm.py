@@ -114,3 +114,26 @@ def test_two_turn_check_script(vllm_server):  # noqa: F811
     assert report["ok"], report
     assert report["prompt2_tokens"] > report["prompt1_tokens"] + report["turn1_tokens"]
     assert report["rescore_max_abs_diff"] < 1e-3
+
+
+async def test_logprobs_mode_is_probed_and_a_mismatched_training_session_refused(backend, tokenizer, tmp_path):
+    """This server runs vLLM's default --logprobs-mode raw_logprobs: the proxy finds that out at start,
+    records it on every session, and refuses a training session that samples at temperature 0.7
+    (its recorded logprobs would not be those of the distribution sampled from)."""
+    from polar_env.backends.logprobs_mode import LogprobsMismatch
+    from polar_env.chat.template import ChatRenderer
+    from polar_env.proxy.app import ProxyServer
+
+    assert await backend.probe_logprobs_mode(chat_prompt(tokenizer, "Say something.")) == "raw"
+    proxy = ProxyServer.create(renderer=ChatRenderer(tokenizer), backend=backend, data_dir=tmp_path,
+                               admin_secret="admin", owns_backend=False)
+    await proxy.start(port=0)
+    try:
+        assert proxy.logprobs_mode == "raw"
+        with pytest.raises(LogprobsMismatch, match="temperature 0.7.*--logprobs-mode processed_logprobs"):
+            proxy.create_session("trained-hot", policy={"temperature": 0.7, "top_p": 1.0}, training=True)
+        sid, _ = proxy.create_session("trained", policy={"temperature": 1.0, "top_p": 1.0}, training=True)
+        assert proxy.registry.get(sid).info.logprobs_mode == "raw"
+        proxy.create_session("eval-hot", policy={"temperature": 0.7})  # not trained on: allowed
+    finally:
+        await proxy.stop()

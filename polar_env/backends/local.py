@@ -99,6 +99,10 @@ class LocalBackend:
         """``score`` in the backend's worker thread."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, self.score, list(ids), start)
 
+    async def probe_logprobs_mode(self, prompt_ids: list[int]) -> Literal["raw", "processed"]:
+        """What this backend was built to record (no probe needed: it is in process)."""
+        return self.logprobs_mode
+
     async def aclose(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
 

@@ -55,5 +55,9 @@ class ScriptedBackend:
         """No limit of its own: only the last ``context_window`` prompt tokens are scored."""
         return None
 
+    async def probe_logprobs_mode(self, prompt_ids: list[int]) -> Literal["raw"]:
+        """Scripted answers are scored by the model's own log-softmax (``LocalBackend.ascore``)."""
+        return "raw"
+
     async def aclose(self) -> None:
         """The wrapped LocalBackend belongs to the caller, who closes it."""

@@ -11,7 +11,8 @@ Sampling knobs the request leaves unset fall back to the model's ``generation_co
 (Qwen3 ships ``top_k: 20``), so every knob that shapes the distribution is sent explicitly.
 Logprobs are what the server is started with: vLLM's default ``--logprobs-mode raw_logprobs`` gives
 the model's own distribution (temperature 1, no top-p), ``processed_logprobs`` the distribution
-actually sampled from. At temperature 1 and top_p 1 the two agree.
+actually sampled from. At temperature 1 and top_p 1 the two agree; ``probe_logprobs_mode`` tells
+which one a server returns (backends/logprobs_mode.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from polar_env.backends.base import BackendError, Generation, SamplingParams
+from polar_env.backends.logprobs_mode import PROBE_TEMPERATURE, LogprobsMode, classify
 from polar_env.backends.remote import RemoteBackend, as_logprobs, as_token_ids, malformed
 
 
@@ -49,6 +51,24 @@ class VllmBackend(RemoteBackend):
         if sampling.seed is not None:
             body["seed"] = sampling.seed
         return body
+
+    async def probe_logprobs_mode(self, prompt_ids: list[int]) -> LogprobsMode:
+        """Sample one token at ``PROBE_TEMPERATURE``, then read the model's own logprob of it as a
+        prompt logprob (never processed): equal means the server returns raw logprobs."""
+        for seed in range(3):  # another token when the model was certain of the first
+            gen = await self.generate(prompt_ids, SamplingParams(temperature=PROBE_TEMPERATURE, max_tokens=1,
+                                                                 seed=seed))
+            body = {**self.request_body(prompt_ids + gen.token_ids, SamplingParams(max_tokens=1)),
+                    "prompt_logprobs": 0}
+            payload = await self.post_json(self.pick_url(), "/v1/completions", body)
+            try:
+                raw = payload["choices"][0]["prompt_logprobs"][-1][str(gen.token_ids[0])]["logprob"]
+            except (KeyError, IndexError, TypeError):
+                raise malformed(self.name, "choices[0].prompt_logprobs missing the probed token", payload) from None
+            mode = classify(gen.logprobs[0], float(raw))
+            if mode != "unknown":
+                return mode
+        return "unknown"
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams, *,
                        session_id: str | None = None) -> Generation:

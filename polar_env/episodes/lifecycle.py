@@ -90,7 +90,7 @@ def open_session(proxy: ProxyServer, adapter: HarnessAdapter, episode_id: str, *
     """A proxy session for the episode; ``proxy`` must listen on a Unix socket (the sandbox's only way out)."""
     if proxy.unix_socket is None:
         raise ValueError("the proxy must listen on a Unix socket for sandboxed episodes")
-    session_id, key = proxy.create_session(episode_id, policy=policy or {}, metadata={
+    session_id, key = proxy.create_session(episode_id, policy=policy or {}, training=True, metadata={
         "task_id": task_id, "group_id": group_id or task_id, "harness": adapter.name,
         "harness_version": adapter.version, **(metadata or {})})
     return EpisodeSession(proxy, adapter, session_id, key, time.time())

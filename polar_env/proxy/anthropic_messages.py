@@ -320,6 +320,15 @@ _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: 
                 404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 529: "overloaded_error"}
 
 
+# Anthropic's own keep-alive event; sent while a slow generation runs so no client idle timeout trips
+KEEPALIVE = sse_frame({"type": "ping"}, event="ping")
+
+
+def encode_stream_error(body: dict) -> bytes:
+    """A failure after the stream started (the status line is sent): Anthropic's ``error`` event."""
+    return sse_frame(body, event="error")
+
+
 def encode_error(status: int, message: str) -> dict:
     """Anthropic's error body; Claude Code retries 429/5xx (``overloaded_error``, ``api_error``)."""
     kind = _ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 
 from polar_env.backends.base import Backend, BackendError
+from polar_env.backends.logprobs_mode import LogprobsMismatch, LogprobsMode, sampling_mismatch
 from polar_env.chat.template import ChatRenderer
 from polar_env.proxy import anthropic_messages, openai_chat, openai_responses
 from polar_env.proxy.engine import ContextOverflow, EngineConfig, SessionStopped, TokenEngine
@@ -44,12 +45,34 @@ def _request_key(request: web.Request) -> str | None:
     return request.headers.get("x-api-key")
 
 
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+DEFAULT_KEEPALIVE_S = 5.0  # well under any harness's stream idle timeout (Codex: 300 s by default)
+
+
+def _failure(module: ModuleType, exc: BaseException) -> tuple[int, dict]:
+    """The HTTP status and the body, in the called API's shape, a failed model call is answered with."""
+    if isinstance(exc, ContextOverflow):  # the provider's own shape, so the harness compacts or stops
+        return 400, module.encode_overflow(exc.prompt_tokens, exc.window)
+    if isinstance(exc, AuthError):
+        status, message = 401, str(exc)
+    elif isinstance(exc, WireError):
+        status, message = exc.status, exc.message
+    elif isinstance(exc, SessionStopped):  # a 400: no harness retries it
+        status, message = 400, f"episode stopped: {exc}"
+    elif isinstance(exc, BackendError):
+        status, message = (503 if exc.retryable else 502), f"inference backend failed: {exc}"
+    else:
+        log.error("model call failed in the proxy", exc_info=exc)
+        status, message = 500, f"proxy error: {type(exc).__name__}"
+    return status, module.encode_error(status, message)
+
+
 class ProxyServer:
     """One proxy: an engine, its sessions, and the HTTP front; start it on TCP and/or a Unix socket."""
 
     def __init__(self, engine: TokenEngine, registry: SessionRegistry, *, admin_secret: str,
                  max_body_bytes: int = DEFAULT_MAX_BODY,
-                 owns_backend: bool = True):
+                 owns_backend: bool = True, keepalive_s: float = DEFAULT_KEEPALIVE_S):
         self.engine = engine
         self.owns_backend = owns_backend  # close the backend on stop() (not when the caller shares it)
         self.registry = registry
@@ -57,16 +80,19 @@ class ProxyServer:
             raise ValueError("an empty admin secret would open the admin API to everyone")
         self.admin_secret = admin_secret
         self.max_body_bytes = max_body_bytes
+        self.keepalive_s = keepalive_s  # SSE keep-alive interval while a streamed call generates
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
         self.host = "127.0.0.1"
         self.unix_socket: Path | None = None
         self._inflight: dict[str, set[asyncio.Task]] = {}  # session id -> model calls still running
+        self.logprobs_mode: LogprobsMode = "unknown"  # which logprobs the backend returns (probed at start)
 
     @classmethod
     def create(cls, *, renderer: ChatRenderer, backend: Backend, data_dir: Path, admin_secret: str,
                config: EngineConfig | None = None, fsync: bool = False,
-               max_body_bytes: int = DEFAULT_MAX_BODY, owns_backend: bool = True) -> ProxyServer:
+               max_body_bytes: int = DEFAULT_MAX_BODY, owns_backend: bool = True,
+               keepalive_s: float = DEFAULT_KEEPALIVE_S) -> ProxyServer:
         """Build a proxy over ``data_dir``, recovering every session already recorded there."""
         ledger = Ledger(Path(data_dir), fsync=fsync)
         engine = TokenEngine(renderer, backend, ledger, config)
@@ -75,13 +101,17 @@ class ProxyServer:
         if not report.ok:
             log.warning("ledger recovery found torn or corrupt lines: %s", report.model_dump_json())
         return cls(engine, registry, admin_secret=admin_secret, max_body_bytes=max_body_bytes,
-                   owns_backend=owns_backend)
+                   owns_backend=owns_backend, keepalive_s=keepalive_s)
 
     # -- in-process API ----------------------------------------------------------------------
     def create_session(self, session_id: str | None = None, *, policy: dict[str, Any] | None = None,
-                       metadata: dict[str, Any] | None = None) -> tuple[str, str]:
-        """Register a session; returns ``(session_id, api_key)``. The key is not stored."""
-        session, key = self.registry.create(session_id, policy=policy, metadata=metadata)
+                       metadata: dict[str, Any] | None = None, training: bool = False) -> tuple[str, str]:
+        """Register a session; returns ``(session_id, api_key)``. The key is not stored. A training
+        session whose enforced sampling does not match the backend's logprobs is refused (LogprobsMismatch)."""
+        if training and (why := sampling_mismatch(self.logprobs_mode, policy or {})):
+            raise LogprobsMismatch(why)
+        session, key = self.registry.create(session_id, policy=policy, metadata=metadata, training=training,
+                                            logprobs_mode=self.logprobs_mode)
         return session.id, key
 
     def session_urls(self, session_id: str, base: str | None = None) -> dict[str, str]:
@@ -131,6 +161,8 @@ class ProxyServer:
         return app
 
     async def start(self, host: str = "127.0.0.1", port: int = 0, unix_socket: Path | None = None) -> None:
+        self.logprobs_mode = await self.engine.probe_logprobs_mode()
+        log.info("backend %s returns %s logprobs", self.engine.backend.name, self.logprobs_mode)
         self._runner = web.AppRunner(self.app(), access_log=None)
         await self._runner.setup()
         self.host = host
@@ -204,30 +236,20 @@ class ProxyServer:
                 decoded = await self._off_loop(await request.read(), lambda raw: _decode(module.decode, raw))
                 task = asyncio.ensure_future(self.engine.complete(session, api, decoded))
                 self._track(session.id, task)
+                if decoded.stream:  # a quick answer or failure keeps its own status line
+                    await asyncio.wait({task}, timeout=self.keepalive_s)
+                    if not task.done():
+                        return await self._stream_while_generating(request, module, decoded, session, task)
                 # shielded: a harness that disconnects does not cancel a call that is being recorded
                 turn, _record = await asyncio.shield(task)
-            except AuthError as exc:
-                return web.json_response(module.encode_error(401, str(exc)), status=401)
-            except WireError as exc:
-                return web.json_response(module.encode_error(exc.status, exc.message), status=exc.status)
-            except ContextOverflow as exc:  # the provider's own shape, so the harness compacts or stops
-                return web.json_response(module.encode_overflow(exc.prompt_tokens, exc.window), status=400)
-            except SessionStopped as exc:  # a 400: no harness retries it
-                return web.json_response(module.encode_error(400, f"episode stopped: {exc}"), status=400)
-            except BackendError as exc:
-                status = 503 if exc.retryable else 502
-                return web.json_response(module.encode_error(status, f"inference backend failed: {exc}"),
-                                         status=status)
             except web.HTTPException:  # 413 and friends: the middleware answers them
                 raise
             except Exception as exc:  # noqa: BLE001 - recorded by the engine; answered in the API's shape
-                log.exception("model call failed in the proxy")
-                return web.json_response(module.encode_error(500, f"proxy error: {type(exc).__name__}"),
-                                         status=500)
+                status, body = _failure(module, exc)
+                return web.json_response(body, status=status)
             if not decoded.stream:
                 return web.json_response(module.encode_response(turn, decoded))
-            response = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                                   "Cache-Control": "no-cache"})
+            response = web.StreamResponse(headers=SSE_HEADERS)
             try:
                 await response.prepare(request)
                 for frame in module.encode_stream(turn, decoded):
@@ -239,6 +261,30 @@ class ProxyServer:
             return response
 
         return handler
+
+    async def _stream_while_generating(self, request: web.Request, module: ModuleType, decoded: DecodedRequest,
+                                       session: Session, task: asyncio.Task) -> web.StreamResponse:
+        """Open the stream before the answer exists and send the API's keep-alive every
+        ``keepalive_s`` until it does, so a slow generation never trips a harness's idle timeout; a
+        failure from then on is the API's in-stream error event (the status line is already sent)."""
+        response = web.StreamResponse(headers=SSE_HEADERS)
+        try:
+            await response.prepare(request)
+            while not task.done():
+                await asyncio.wait({task}, timeout=self.keepalive_s)
+                if not task.done():
+                    await response.write(module.KEEPALIVE)
+            try:
+                turn, _record = task.result()
+                frames = module.encode_stream(turn, decoded)
+            except Exception as exc:  # noqa: BLE001 - recorded by the engine; told in the API's shape
+                frames = [module.encode_stream_error(_failure(module, exc)[1])]
+            for frame in frames:
+                await response.write(frame)
+            await response.write_eof()
+        except ConnectionResetError:  # the call goes on and is recorded; only the harness is gone
+            log.info("session %s: client disconnected while its call was generating", session.id)
+        return response
 
     async def _count_tokens(self, request: web.Request) -> web.Response:
         try:
@@ -279,7 +325,7 @@ class ProxyServer:
             if not isinstance(body, dict):
                 raise ValueError("body must be a JSON object")
             sid, key = self.create_session(body.get("session_id"), policy=body.get("policy"),
-                                           metadata=body.get("metadata"))
+                                           metadata=body.get("metadata"), training=bool(body.get("training")))
         except WireError as exc:
             return _error(exc.status, exc.message)
         except (ValueError, TypeError) as exc:

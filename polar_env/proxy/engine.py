@@ -15,6 +15,7 @@ refuses every further call, so a retry loop ends at once instead of running out 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import uuid
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 from polar_env.backends.base import Backend, BackendError, ContextOverflow, SamplingParams
+from polar_env.backends.logprobs_mode import LogprobsMode
 from polar_env.chat.messages import AssistantTurn, Conversation, Message, TokenLogprob, ToolCall
 from polar_env.chat.template import ChatRenderer, apply_tool_kinds
 from polar_env.outcomes import FailureKind
@@ -32,6 +34,7 @@ from polar_env.proxy.wire import DecodedRequest, issued_tool_call_id
 from polar_env.trajectory.ledger import Ledger
 from polar_env.trajectory.records import CallRecord
 
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 GUARD_PIECE = 16 * 1024  # characters tokenized at a time when sizing a huge request
 
@@ -146,6 +149,18 @@ class TokenEngine:
         if (least := tokens - 2 * pieces) >= room:
             raise ContextOverflow(reused + least, window, f"prompt is more than {reused + least} tokens ({chars} "
                                   f"characters of new text); the model's context is {window} tokens")
+
+    async def probe_logprobs_mode(self) -> LogprobsMode:
+        """Ask the backend which logprobs it returns (a short probe for HTTP servers); ``unknown``
+        when it cannot say or is unreachable now."""
+        probe = getattr(self.backend, "probe_logprobs_mode", None)
+        if probe is None:
+            return "unknown"
+        try:
+            return await probe(self.renderer.render_prompt([Message(role="user", content="Say something.")], []))
+        except BackendError as exc:
+            log.warning("could not tell which logprobs backend %s returns: %s", self.backend.name, exc)
+            return "unknown"
 
     # -- sampling ----------------------------------------------------------------------------
     def sampling_for(self, session: Session, requested: dict[str, Any], prompt_len: int,

@@ -15,6 +15,7 @@ from pydantic import Field
 from polar_env.chat.messages import AssistantTurn, Conversation, Message, ToolCall, ToolSpec
 from polar_env.proxy import volatile
 from polar_env.proxy.wire import (
+    SSE_COMMENT_KEEPALIVE,
     DecodedRequest,
     Loose,
     WireError,
@@ -228,6 +229,14 @@ def encode_stream(turn: AssistantTurn, req: DecodedRequest) -> list[bytes]:
         frames.append(sse_frame({**head, "choices": [], "usage": _usage(turn)}))
     frames.append(sse_frame("[DONE]"))
     return frames
+
+
+KEEPALIVE = SSE_COMMENT_KEEPALIVE
+
+
+def encode_stream_error(body: dict) -> bytes:
+    """A failure after the stream started: the error body as a chunk, then the end of the stream."""
+    return sse_frame(body) + sse_frame("[DONE]")
 
 
 def encode_error(status: int, message: str) -> dict:

@@ -418,6 +418,16 @@ def encode_stream(turn: AssistantTurn, req: DecodedRequest) -> list[bytes]:
     return frames
 
 
+# The Responses API's own heartbeat (``{"type": "keepalive"}``, which OpenAI sends on long requests
+# and the SDKs skip). Not an SSE comment: Codex's stream idle timer counts parsed events only.
+KEEPALIVE = sse_frame({"type": "keepalive"}, event="keepalive")
+
+
+def encode_stream_error(body: dict) -> bytes:
+    """A failure after the stream started: the Responses API's ``error`` stream event."""
+    return sse_frame({"type": "error", **body["error"], "sequence_number": 0}, event="error")
+
+
 def encode_error(status: int, message: str) -> dict:
     return openai_error(status, message)
 

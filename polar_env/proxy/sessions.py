@@ -15,6 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from polar_env.backends.logprobs_mode import LogprobsMode
 from polar_env.chat.messages import AssistantTurn, Message
 from polar_env.trajectory.ledger import SESSION_ID_RE, Ledger
 from polar_env.trajectory.records import CallRecord, SessionInfo
@@ -124,7 +125,8 @@ class SessionRegistry:
         self._sessions: dict[str, Session] = {}
 
     def create(self, session_id: str | None = None, *, policy: dict[str, Any] | None = None,
-               metadata: dict[str, Any] | None = None) -> tuple[Session, str]:
+               metadata: dict[str, Any] | None = None, training: bool = False,
+               logprobs_mode: LogprobsMode = "unknown") -> tuple[Session, str]:
         session_id = session_id or secrets.token_hex(8)
         if not SESSION_ID_RE.match(session_id):
             raise ValueError(f"invalid session id {session_id!r}: use letters, digits, '_', '.', '-' (max 128)")
@@ -140,7 +142,8 @@ class SessionRegistry:
                 raise ValueError(f"policy {name} must be a non-negative number, got {value!r}")
         key = "pk-" + secrets.token_urlsafe(24)
         info = SessionInfo(session_id=session_id, key_sha256=hash_key(key), created_at=time.time(),
-                           policy=policy, metadata=dict(metadata or {}))
+                           policy=policy, metadata=dict(metadata or {}), training=training,
+                           logprobs_mode=logprobs_mode)
         self.ledger.create_session(info)
         session = Session(info=info)
         self._sessions[session_id] = session

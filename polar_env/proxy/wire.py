@@ -116,6 +116,11 @@ def parse_json_body(raw: bytes) -> Any:
     return scrub_surrogates(body) if _SURROGATE_ESCAPE.search(raw) else body
 
 
+# An SSE comment line: clients skip it, and the bytes keep connection-level idle timeouts from
+# tripping (Chat Completions has no keep-alive event of its own).
+SSE_COMMENT_KEEPALIVE = b": keep-alive\n\n"
+
+
 def sse_frame(data: dict | str, event: str | None = None) -> bytes:
     """One server-sent event; dicts are sent as compact JSON, strings (``[DONE]``) as they are."""
     text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))

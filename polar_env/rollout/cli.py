@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import polar_env.rollout
+from polar_env.backends.logprobs_mode import LogprobsMismatch
 from polar_env.episodes.workspace import SANDBOX_CHOICES, WorkspaceUnavailable
 from polar_env.outcomes import FailureKind, Outcome, parse_outcome
 from polar_env.rollout.config import RolloutConfig
@@ -93,6 +94,9 @@ def run(args: argparse.Namespace) -> int:
             trajectories = run_on_ray(plan, config)
         else:
             trajectories = asyncio.run(run_rollouts(plan, proxy_factory(config, tasks=plan.tasks)))
+    except LogprobsMismatch as exc:
+        print(f"polar rollout: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         left = len(pending_episodes(plan))
         print(f"\ninterrupted: {len(plan.episodes()) - left} of {len(plan.episodes())} episodes are in "

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from polar_env.backends.logprobs_mode import LogprobsMismatch, sampling_mismatch
 from polar_env.episodes import run_episode
 from polar_env.proxy.app import ProxyServer
 from polar_env.rollout.config import RolloutConfig
@@ -43,6 +44,8 @@ class EpisodeRunner:
         socket = self._sock_dir / "proxy.sock"
         self.proxy = self.proxy_factory(self.ledger, socket)
         await self.proxy.start(unix_socket=socket, port=None)
+        if why := sampling_mismatch(self.proxy.logprobs_mode, self.plan.episode.policy):
+            raise LogprobsMismatch(why)  # every episode would be refused: say it once, before any runs
 
     async def run(self, task: Task, sample: int) -> Trajectory:
         key = episode_key(task.instance_id, sample)

@@ -58,5 +58,7 @@ class SessionInfo(BaseModel):
     created_at: float
     policy: dict[str, Any] = Field(default_factory=dict)  # forced sampling (temperature, top_p, max_tokens)
     metadata: dict[str, Any] = Field(default_factory=dict)  # task_id, group_id, harness, ...
+    training: bool = False  # its samples are trained on: sampling must match the backend's logprobs
+    logprobs_mode: Literal["raw", "processed", "unknown"] = "unknown"  # what the backend returned at start
     closed_at: float | None = None
     status: Literal["open", "completed", "timeout", "error"] = "open"
