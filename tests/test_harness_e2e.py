@@ -217,8 +217,10 @@ async def test_hung_tool_is_killed_and_partial_trajectory_kept(harness, proxy: R
 
 
 async def test_codex_parallel_calls_extend_the_sampled_turn(proxy: RecordingProxy, smol, tmp_path: Path):
-    """Codex records each call followed by its output (call A, output A, call B, output B): the next
-    prompt must be the sampled turn (both calls, once) followed by both outputs, token-exact."""
+    """Two tool calls sampled in one turn, run by the real Codex CLI: whatever order its history sends
+    them back in (0.171 sends both calls, then both outputs; the interleaved call A, output A, call B,
+    output B form is in test_wire_parallel.py), the next prompt is the sampled turn (both calls,
+    once) followed by both outputs, token-exact."""
     renderer, _ = smol
     adapter = get_adapter("codex")
     adapter.install()
