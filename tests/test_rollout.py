@@ -26,7 +26,7 @@ import pytest
 from trajectory_helpers import session, three_turn
 
 from polar_env.cli import main as polar_main
-from polar_env.rollout.outputs import RolloutOutputs
+from polar_env.rollout.outputs import RolloutOutputs, summarize
 from polar_env.rollout.plan import RolloutPlan, finished_keys, pending_episodes
 from polar_env.rollout.progress import Progress
 from polar_env.rollout.ray import node_ledger
@@ -90,6 +90,13 @@ def test_progress_counts_failed_and_resolved():
     progress.close()
     assert (progress.bar.n, progress.resolved, progress.failed) == (2, 1, 1)
     assert progress.tokens == 2 * 9  # three_turn samples 3 + 2 + 4 tokens
+
+
+def test_summary_counts_grading_flags():
+    flagged = [trajectory(f"t{n}", f"t{n}.s0") for n in range(3)]
+    flagged[0].grading["flags"] = ["reset:test", "runner-output"]
+    flagged[1].grading["flags"] = ["reset:test"]
+    assert summarize(flagged)["grading_flags"] == {"reset:test": 2, "runner-output": 1}
 
 
 def test_node_ledger_falls_back_to_temp_when_out_is_not_writable(tmp_path: Path):
