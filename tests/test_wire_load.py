@@ -30,28 +30,38 @@ async def _health_latencies(http: aiohttp.ClientSession, url: str, until: asynci
     return latencies
 
 
+async def _big_request_with_health_polled(proxy, http: aiohttp.ClientSession, sid: str, key: str):
+    # serialized up front: the client's own JSON encoding would block this (shared) loop
+    raw = json.dumps({"model": "m", "messages": [{"role": "user", "content": BIG}]}).encode()
+    started = time.perf_counter()
+    task = asyncio.ensure_future(http.post(f"{proxy.base_url}/s/{sid}/v1/chat/completions", data=raw, headers={
+        "Authorization": f"Bearer {key}", "Content-Type": "application/json"}))
+    latencies = await _health_latencies(http, f"{proxy.base_url}/health", task)
+    async with await task as resp:
+        return resp.status, await resp.json(), latencies, time.perf_counter() - started
+
+
 async def test_health_answers_within_50_ms_while_a_5_mb_request_is_processed(renderer, tmp_path):
     """A Qwen3.5-class window (262144 tokens): the 5 MB text is not refused on its length alone, so
-    it is parsed and sized off the event loop while /health is polled every 10 ms."""
+    it is parsed and sized off the event loop while /health is polled every 10 ms. A step that
+    blocks the loop fails every attempt; a second attempt only absorbs a scheduling hiccup of a
+    machine whose cores other jobs share."""
     backend = InstantBackend(renderer.tokenizer.encode("Seen.", add_special_tokens=False) + renderer.eos_token_ids[:1])
     config = EngineConfig(max_context=262_144, default_max_tokens=8)
     async with running_proxy(renderer, backend, tmp_path, config=config) as proxy, aiohttp.ClientSession() as http:
-        sid, key = proxy.create_session("big")
-        # serialized up front: the client's own JSON encoding would block this (shared) loop
-        raw = json.dumps({"model": "m", "messages": [{"role": "user", "content": BIG}]}).encode()
-        started = time.perf_counter()
-        task = asyncio.ensure_future(http.post(f"{proxy.base_url}/s/{sid}/v1/chat/completions", data=raw, headers={
-            "Authorization": f"Bearer {key}", "Content-Type": "application/json"}))
-        latencies = await _health_latencies(http, f"{proxy.base_url}/health", task)
-        async with await task as resp:
-            status, answer = resp.status, await resp.json()
-        took = time.perf_counter() - started
-        [call] = await ledger_calls(http, proxy, sid)
-    assert status == 400 and "context" in answer["error"]["message"], answer
-    assert call["error"].startswith("context overflow") and call["prompt_ids"] == []  # no megabytes of ids
-    assert len(latencies) >= 3, (took, latencies)
-    print(f"{len(latencies)} health checks in {took:.2f} s, slowest {max(latencies) * 1e3:.1f} ms")
-    assert max(latencies) < 0.05, f"/health took {max(latencies) * 1e3:.0f} ms while the request ran {took:.1f} s"
+        slowest = []
+        for attempt in range(2):
+            sid, key = proxy.create_session(f"big{attempt}")
+            status, answer, latencies, took = await _big_request_with_health_polled(proxy, http, sid, key)
+            assert status == 400 and "context" in answer["error"]["message"], answer
+            [call] = await ledger_calls(http, proxy, sid)
+            assert call["error"].startswith("context overflow") and call["prompt_ids"] == []  # no megabytes of ids
+            assert len(latencies) >= 3, (took, latencies)
+            print(f"{len(latencies)} health checks in {took:.2f} s, slowest {max(latencies) * 1e3:.1f} ms")
+            slowest.append(max(latencies))
+            if slowest[-1] < 0.05:
+                break
+    assert min(slowest) < 0.05, f"/health took {[round(s * 1e3) for s in slowest]} ms during the 5 MB request"
 
 
 async def test_a_request_that_cannot_fit_is_refused_before_tokenizing(renderer, tmp_path):
@@ -64,7 +74,7 @@ async def test_a_request_that_cannot_fit_is_refused_before_tokenizing(renderer, 
         status, answer = await post(http, f"{proxy.base_url}/s/{sid}/v1/messages", body, key)
         took = time.perf_counter() - started
         [call] = await ledger_calls(http, proxy, sid)
-    assert status == 400 and answer["type"] == "error" and "context" in answer["error"]["message"]
+    assert status == 400 and answer["type"] == "error" and "too long" in answer["error"]["message"], answer
     assert call["error"].startswith("context overflow") and call["prompt_ids"] == []  # no megabytes of ids
     assert "render_ms" not in call["timings"], call["timings"]  # refused before anything was rendered
     assert took < 5, took  # tokenizing 5 MB whole takes 10-20 s on this machine
