@@ -46,6 +46,8 @@ class FailureKind(StrEnum):
     task_defect = "task_defect"  # the task cannot be graded (no FAIL_TO_PASS, test patch does not apply)
     input_error = "input_error"  # the request named no task or an unknown one
     lost_session = "lost_session"  # the resources server has no workspace for the episode
+    harness_killed = "harness_killed"  # the harness died of a signal that was not the deadline (OOM, operator)
+    cancelled = "cancelled"  # the episode was abandoned: its caller went away or the server shut down
 
     @property
     def wire(self) -> str | None:
@@ -67,7 +69,8 @@ class FailureKind(StrEnum):
 _OUTSIDE_POLICY = frozenset({
     FailureKind.harness_start_failed, FailureKind.sandbox_failure, FailureKind.backend_failure,
     FailureKind.proxy_failure, FailureKind.deadline_backend, FailureKind.deadline_harness,
-    FailureKind.infrastructure, FailureKind.task_defect, FailureKind.input_error, FailureKind.lost_session})
+    FailureKind.infrastructure, FailureKind.task_defect, FailureKind.input_error, FailureKind.lost_session,
+    FailureKind.harness_killed, FailureKind.cancelled})
 
 
 class Outcome(BaseModel):
@@ -119,17 +122,20 @@ HarnessStatus = Literal["completed", "timeout", "error"]
 
 
 def classify_episode(status: HarnessStatus, calls: Sequence[CallRecord], *, deadline_at: float | None = None,
-                     min_backend_tokens_per_s: float = 5.0) -> FailureKind:
+                     min_backend_tokens_per_s: float = 5.0, killed_by: str | None = None) -> FailureKind:
     """What ended an episode whose harness ran (``status``) and made ``calls``, before grading.
 
     A failed backend or proxy call outranks everything (the rest of the episode is not the
-    policy's); a deadline is classified by cause; a harness that never reached the model did not
-    let the policy act.
+    policy's); a harness killed by a signal other than the deadline's (``killed_by``) was stopped
+    from outside; a deadline is classified by cause; a harness that never reached the model did
+    not let the policy act.
     """
     failed = [c.failure_kind for c in calls if c.failure_kind is not None]
     for kind in (FailureKind.backend_failure, FailureKind.proxy_failure):
         if kind in failed:
             return kind
+    if killed_by is not None and status != "timeout":
+        return FailureKind.harness_killed
     if status == "timeout":
         return deadline_cause(calls, deadline_at if deadline_at is not None else time.time(),
                               min_backend_tokens_per_s)

@@ -46,7 +46,11 @@ sys.exit(polar_env.__file__ != '$PWD/polar_env/__init__.py')" 2>/dev/null \
 # `gym env start` builds one uv venv per server: uv must be on PATH (.venv-gym/bin is enough).
 .venv-gym/bin/python -c "import importlib.util as u; assert u.find_spec('uv')" 2>/dev/null \
   || .venv-gym/bin/pip install -q uv
-# On Python < 3.13.14 uv cannot build Gym's per-server venvs (nemo-gym refuses the interpreter):
-# there, run Gym with +skip_venv_if_present=true and +uv_venv_dir=DIR where DIR/<type>/<name>/.venv
-# links to .venv-gym (tests/test_nemo_gym_e2e.py does exactly that; docs/nemo.md explains).
+# Gym builds one uv venv per server; on Python < 3.13.14 uv cannot (nemo-gym refuses the interpreter).
+# .gym-venvs/<type>/<name>/.venv link to .venv-gym instead, used with `+skip_venv_if_present=true
+# +uv_venv_dir=$PWD/.gym-venvs` (docs/nemo.md's commands; also faster than building them).
+for server in resources_servers/polar responses_api_agents/polar_agent environment_servers/legacy_agent; do
+  mkdir -p ".gym-venvs/$server"
+  ln -sfn "$PWD/.venv-gym" ".gym-venvs/$server/.venv"
+done
 echo "setup_nemo_gym: $(.venv-gym/bin/python -c 'import importlib.metadata as m; print("nemo-gym", m.version("nemo-gym"))') in .venv-gym"

@@ -1,14 +1,19 @@
-"""Polar as a real NeMo Gym environment: `gym env start` (ng_run), `gym eval run` (ng_collect_rollouts)
-and `gym env test` (ng_test), all from the real nemo-gym 0.7.0 in .venv-gym (scripts/setup_nemo_gym.sh).
+"""Polar as a real NeMo Gym environment under the faults a training cluster sees: `gym env start`
+(ng_run), `gym eval run` (ng_collect_rollouts) and `gym env test` (ng_test), all from the real
+nemo-gym 0.7.0 in .venv-gym (scripts/setup_nemo_gym.sh). The clean collection path is
+tests/test_nemo_gym_docs.py (docs/nemo.md's commands, run as written).
 
-The policy is Polar's stand-in policy server (vLLM's /v1/completions wire) with the deterministic
-`gold` policy: the real SmolLM2 scores a bash tool call that applies the task's fix, so Pi really
-runs a tool in its sandbox, the proxy records real token ids and logprobs, and grading really
-runs the task's tests. Every result must pass the NeMo-RL contract check with a graded reward,
-and each task's group must share its first prompt token for token.
+One `ng_run` serves every case here. The policy is Polar's stand-in policy server (vLLM's
+/v1/completions wire, the deterministic `gold` policy over the real SmolLM2). To hold a model call
+in flight the test pauses the policy server with SIGSTOP — a stalled inference server, the real
+thing — and sees the call waiting in the server's receive queue. Cases: concurrent seeds of one
+episode; a `/run` whose client goes away mid-episode; a harness killed with a call in flight; the
+collection client stopped with SIGINT. After each, nothing of the episode remains (workspace,
+sandbox process, proxy session) and its rollout is masked by the documented outcome table; after
+shutdown no temp dir remains either. Every server's temp state goes to the test's own TMPDIR.
 
-Machine workaround: nemo-gym 0.7.0 wants Python >= 3.13.14 and this machine has 3.13.0, where
-uv cannot build the server venvs, so every server venv is a link to .venv-gym (prebuilt with
+Machine workaround: nemo-gym 0.7.0 wants Python >= 3.13.14 and this machine has 3.13.0, where uv
+cannot build the server venvs, so every server venv is a link to .venv-gym (prebuilt with
 --ignore-requires-python) and Gym is told to reuse it (skip_venv_if_present).
 """
 
@@ -21,18 +26,30 @@ import signal
 import socket
 import subprocess
 import sys
-import time
+import threading
 from pathlib import Path
 
 import pytest
+import yaml
+from gym_helpers import (
+    free_port,
+    harness_pids,
+    interruptible,
+    requests_waiting,
+    sandbox_processes,
+    stop,
+    wait_for,
+    wait_until,
+)
 
-from polar_env.trajectory.checks import check_group, check_nemo_result, check_path
+from polar_env.trajectory.checks import check_nemo_result
 
 REPO = Path(__file__).resolve().parents[1]
 GYM_VENV = REPO / ".venv-gym"
 EXTRA_ROOT = REPO / "nemo_gym_env"
 SERVER_DIRS = ("resources_servers/polar", "responses_api_agents/polar_agent", "environment_servers/legacy_agent")
-REPEATS = 2
+EXAMPLES = EXTRA_ROOT / "resources_servers" / "polar" / "data" / "example.jsonl"
+ROWS = [json.loads(line) for line in EXAMPLES.read_text().splitlines()]
 
 pytestmark = [
     pytest.mark.slow,
@@ -42,115 +59,218 @@ pytestmark = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class Gym:
+    """The running environment: where its servers listen and where their state lives."""
 
+    def __init__(self, work: Path, env: dict[str, str], common: list[str], policy: subprocess.Popen,
+                 policy_port: int):
+        self.work, self.env, self.common, self.policy, self.policy_port = work, env, common, policy, policy_port
+        self.tmp = work / "tmp"
+        self.trajectories = work / "trajectories.jsonl"
+        self.urls: dict[str, str] = {}
 
-def _wait_for(path: Path, needle: str, proc: subprocess.Popen, timeout_s: float) -> None:
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        text = path.read_text(errors="replace") if path.exists() else ""
-        if needle in text:
-            return
-        if proc.poll() is not None:
-            pytest.fail(f"process exited {proc.returncode} before {needle!r}:\n{text[-6000:]}")
-        time.sleep(1)
-    pytest.fail(f"no {needle!r} within {timeout_s}s:\n{path.read_text(errors='replace')[-6000:]}")
+    def discover(self, head_port: int) -> None:
+        import urllib.request
 
+        with urllib.request.urlopen(f"http://127.0.0.1:{head_port}/global_config_dict_yaml", timeout=30) as r:
+            config = yaml.safe_load(yaml.safe_load(r.read().decode()))
+        for name in ("polar_pi_agent", "polar_resources_server"):
+            block = next(iter(next(iter(config[name].values())).values()))
+            self.urls[name] = f"http://{block['host']}:{block['port']}"
 
-def _stop(proc: subprocess.Popen, sig: int = signal.SIGINT, timeout_s: float = 60) -> None:
-    if proc.poll() is None:
-        proc.send_signal(sig)
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    def open_sessions(self) -> list[str]:
+        return [p.name for p in self.tmp.glob("polar-agent-*/ledger/sessions/*")]
+
+    def workspaces(self) -> list[str]:
+        return [p.name for p in self.tmp.glob("polar-resources-*/polar-ws-*")]
+
+    def settled(self) -> bool:
+        return not self.open_sessions() and not self.workspaces() and not sandbox_processes(self.tmp)
+
+    def recorded(self) -> list[dict]:
+        text = self.trajectories.read_text() if self.trajectories.exists() else ""
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+    def pause_policy(self) -> None:
+        self.policy.send_signal(signal.SIGSTOP)
+
+    def resume_policy(self) -> None:
+        self.policy.send_signal(signal.SIGCONT)
 
 
 @pytest.fixture(scope="module")
 def gym(tmp_path_factory, embedded_dir):
-    """The policy server plus `ng_run` on configs/polar_pi.yaml; yields (env, common Gym overrides, workdir)."""
+    """The policy server plus `ng_run` on configs/polar_pi.yaml, torn down with SIGINT and checked clean."""
     work = tmp_path_factory.mktemp("nemo-gym")
     venvs = work / "venvs"
     for d in SERVER_DIRS:
         (venvs / d).mkdir(parents=True)
         (venvs / d / ".venv").symlink_to(GYM_VENV)
-    policy_port, head_port = _free_port(), _free_port()
+    (work / "tmp").mkdir()
+    policy_port, head_port = free_port(), free_port()
     policy_log = work / "policy.log"
-    policy = subprocess.Popen([sys.executable, "-m", "polar_env.agent_server.policy_server", "--backend", "scripted",
+    policy = subprocess.Popen([sys.executable, "-m", "polar_env.cli", "policy-server", "--backend", "scripted",
                                "--policy", "gold", "--port", str(policy_port), "--model-dir", str(embedded_dir)],
-                              stdout=policy_log.open("w"), stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
+                              stdout=policy_log.open("w"), stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
+                              preexec_fn=interruptible)
     env = {**os.environ, "PATH": f"{GYM_VENV / 'bin'}:{os.environ['PATH']}", "NEMO_GYM_EXTRA_ROOTS": str(EXTRA_ROOT),
-           "RAY_USAGE_STATS_ENABLED": "0"}
+           "RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "TMPDIR": str(work / "tmp"),
+           "RAY_TMPDIR": "/tmp"}  # Ray's AF_UNIX socket paths under a pytest tmp dir would be too long
     env.pop("VIRTUAL_ENV", None)
     common = ["+head_server.host=127.0.0.1", f"+head_server.port={head_port}"]
+    g = Gym(work, env, common, policy, policy_port)
+    agent = "+polar_pi_agent.responses_api_agents.polar_agent"
     run_log = work / "ng_run.log"
     run = None
     try:
-        _wait_for(policy_log, "policy server ready", policy, 120)
+        wait_for(policy_log, "policy server ready", policy, 120)
         run = subprocess.Popen(
             [str(GYM_VENV / "bin" / "ng_run"), f"+config_paths=[{REPO / 'configs' / 'polar_pi.yaml'}]",
              f"+policy_base_url=http://127.0.0.1:{policy_port}/v1", "+policy_api_key=none",
              "+policy_model_name=polar-policy", f"+polar_tokenizer={embedded_dir}",
+             f"{agent}.trajectories_path={g.trajectories}", f"{agent}.timeout_s=600",
              "+skip_venv_if_present=true", f"+uv_venv_dir={venvs}", *common],
-            stdout=run_log.open("w"), stderr=subprocess.STDOUT, cwd=work, env=env, start_new_session=True)
-        _wait_for(run_log, "All 3 / 3 servers ready", run, 300)
-        yield env, common, work
+            stdout=run_log.open("w"), stderr=subprocess.STDOUT, cwd=work, env=env, start_new_session=True,
+                              preexec_fn=interruptible)
+        wait_for(run_log, "All 3 / 3 servers ready", run, 300)
+        g.discover(head_port)
+        yield g
     finally:
+        g.resume_policy()
         if run is not None:
-            _stop(run)
-        _stop(policy, signal.SIGTERM, 30)
+            stop(run)
+        stop(policy, signal.SIGTERM, 30)
+    # shutdown: every server settled its episodes and removed its temp state
+    log = run_log.read_text(errors="replace")
+    assert "polar agent stopped: every episode settled, temp state removed" in log, log[-4000:]
+    assert not [p.name for p in (work / "tmp").iterdir() if p.name.startswith("polar-")]
+    assert sandbox_processes(work / "tmp") == []
 
 
-def test_rollout_collection_through_ng_run(gym):
-    env, common, work = gym
-    out = work / "rollouts.jsonl"
-    proc = subprocess.run(
-        [str(GYM_VENV / "bin" / "ng_collect_rollouts"), "+agent_name=polar_pi_agent",
-         f"+input_jsonl_fpath={EXTRA_ROOT / 'resources_servers/polar/data/example.jsonl'}",
-         f"+output_jsonl_fpath={out}", "+limit=null", f"+num_repeats={REPEATS}", "+num_samples_in_parallel=3",
-         *common],
-        cwd=work, env=env, capture_output=True, text=True, timeout=480)
-    assert proc.returncode == 0, (proc.stdout[-4000:], proc.stderr[-4000:],
-                                  (work / "ng_run.log").read_text(errors="replace")[-4000:])
-    results = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
-    assert len(results) == 5 * REPEATS
-    for r in results:
-        assert check_nemo_result(r) == [], (r["task_id"], check_nemo_result(r))
-        # the reward comes from grading: the gold fix resolves the task, none is masked
-        assert r["reward"] == 1.0 and r["resolved"] is True and r["mask_sample"] is False, \
-            (r["task_id"], r.get("failure_kind"), r.get("failure_reason"), r["polar"])
-        assert r["polar"]["harness"] == "pi" and r["polar"]["status"] == "completed"
-        calls = [it for it in r["response"]["output"] if it["type"] == "function_call"]
-        assert calls and calls[0]["name"] == "bash" and "git apply" in calls[0]["arguments"]
-        assert r["num_calls"] >= 2 and r["trainable_fraction"] == 1.0
-    assert {r["task_id"] for r in results} == {json.loads(line)["task_id"] for line in
-                                               (EXTRA_ROOT / "resources_servers/polar/data/example.jsonl")
-                                               .read_text().splitlines()}
-    groups: dict[str, list[dict]] = {}
-    for r in results:
-        groups.setdefault(r["polar"]["group_id"], []).append(r)
-    assert sorted(len(g) for g in groups.values()) == [REPEATS] * 5
-    for group_id, members in groups.items():
-        assert check_group(members, label=group_id) == []
-    report = check_path(out)  # the file as a whole: contract per line, groups by task
-    assert report.kind == "nemo" and report.ok, report.render()
-    metrics = json.loads((work / "rollouts_aggregate_metrics.json").read_text())
-    assert metrics and metrics[0]["agent_metrics"]["mean/reward"] == 1.0
+def _post(url: str, body: dict, timeout_s: float = 900) -> tuple[int, dict]:
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+def _row(i: int = 0) -> dict:
+    return {**ROWS[i], "responses_create_params": {**ROWS[i]["responses_create_params"], "max_output_tokens": 2048}}
+
+
+def test_concurrent_seeds_of_one_episode_make_one_workspace(gym):
+    url = gym.urls["polar_resources_server"]
+    body = {"episode_id": "twin-1", "task_id": ROWS[0]["task_id"]}
+    replies: list[tuple[int, dict]] = []
+    threads = [threading.Thread(target=lambda: replies.append(_post(f"{url}/seed_session", body))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [status for status, _ in replies] == [200, 200], replies
+    assert replies[0][1]["sandbox_root"] == replies[1][1]["sandbox_root"]
+    assert len(gym.workspaces()) == 1
+    assert _post(f"{url}/close_session", {"resources_session_id": "twin-1"})[0] == 200
+    assert gym.settled()
+    # bad requests: a 4xx with the reason, never a 500
+    status, reply = _post(f"{url}/seed_session", {"episode_id": "x", "task_id": "nobody__nothing-1"})
+    assert status == 404 and "unknown task_id" in reply["detail"]
+    status, reply = _post(gym.urls["polar_pi_agent"] + "/run", {**_row(), "task_id": ""})
+    assert status == 422 and "task_id" in reply["detail"]
+    status, reply = _post(gym.urls["polar_pi_agent"] + "/run", {**_row(), "responses_create_params": {
+        **_row()["responses_create_params"], "temperature": -1}})
+    assert status == 422 and "temperature" in reply["detail"]
+
+
+def _start_run_and_hold_a_call(gym) -> None:
+    """With the policy server paused, wait until the episode's first model call waits on it."""
+    wait_until(lambda: requests_waiting(gym.policy_port) > 0, 300, "a model call waiting on the paused policy")
+
+
+def test_a_run_cancelled_mid_episode_settles_masked(gym):
+    """The client goes away (a timeout, a dropped connection): the episode still closes everything."""
+    before = len(gym.recorded())
+    host, port = gym.urls["polar_pi_agent"].removeprefix("http://").split(":")
+    body = json.dumps(_row(1)).encode()
+    gym.pause_policy()
+    try:
+        with socket.create_connection((host, int(port))) as client:
+            client.sendall(b"POST /run HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                           + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            _start_run_and_hold_a_call(gym)
+            assert gym.open_sessions() and gym.workspaces()
+        # the client is gone
+    finally:
+        gym.resume_policy()
+    wait_until(gym.settled, 120, "the cancelled episode to settle")
+    wait_until(lambda: len(gym.recorded()) > before, 60, "the cancelled episode's trajectory")
+    traj = gym.recorded()[-1]
+    failure = traj["metadata"]["failure"]
+    assert failure["kind"] == "cancelled" and failure["component"] == "client" and failure["stage"] == "agent"
+    assert failure["in_flight_call"] == 0 and "model call #0 in flight" in failure["cause"]
+    assert traj["metadata"]["mask_sample"] is True and traj["reward"] == 0.0
+
+
+def test_a_harness_killed_with_a_call_in_flight_is_masked_as_a_kill(gym):
+    answer: list[tuple[int, dict]] = []
+    gym.pause_policy()
+    try:
+        worker = threading.Thread(target=lambda: answer.append(_post(gym.urls["polar_pi_agent"] + "/run", _row(2))))
+        worker.start()
+        _start_run_and_hold_a_call(gym)
+        victims = harness_pids(gym.tmp)
+        assert len(victims) == 1, victims
+        os.kill(victims[0], signal.SIGKILL)
+    finally:
+        gym.resume_policy()
+    worker.join(600)
+    status, result = answer[0]
+    assert status == 200, result
+    assert check_nemo_result(result) == []
+    assert result["mask_sample"] is True and result["reward"] == 0.0 and result["failure_kind"] == "polar:harness_killed"
+    failure = result["failure"]
+    assert failure["component"] == "harness" and failure["signal"] == "SIGKILL" and failure["in_flight_call"] == 0
+    assert failure["cause"] == "harness killed by SIGKILL with model call #0 in flight", failure
+    assert "POLAR_FORWARDER_READY" not in result["polar"]["error"]
+    wait_until(gym.settled, 60, "the killed episode to settle")
+
+
+def test_sigint_of_the_collection_client_leaves_nothing_behind(gym):
+    before = len(gym.recorded())
+    rows = gym.work / "two.jsonl"
+    rows.write_text("".join(json.dumps(r) + "\n" for r in ROWS[3:5]))
+    gym.pause_policy()
+    try:
+        client = subprocess.Popen(
+            [str(GYM_VENV / "bin" / "ng_collect_rollouts"), "+agent_name=polar_pi_agent",
+             f"+input_jsonl_fpath={rows}", f"+output_jsonl_fpath={gym.work / 'interrupted.jsonl'}", "+limit=null",
+             "+num_repeats=1", "+num_samples_in_parallel=2", *gym.common],
+            cwd=gym.work, env=gym.env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                              preexec_fn=interruptible)
+        wait_until(lambda: requests_waiting(gym.policy_port) >= 2, 300, "both episodes' first calls in flight")
+        stop(client, signal.SIGINT, 120)
+    finally:
+        gym.resume_policy()
+    wait_until(gym.settled, 180, "the interrupted episodes to settle")
+    wait_until(lambda: len(gym.recorded()) >= before + 2, 60, "the interrupted episodes' trajectories")
+    for traj in gym.recorded()[before:]:
+        assert traj["metadata"]["failure"]["kind"] == "cancelled" and traj["metadata"]["mask_sample"] is True
 
 
 @pytest.mark.parametrize("entrypoint, validate", [("resources_servers/polar", True),
                                                  ("responses_api_agents/polar_agent", False)])
 def test_gym_env_test_on_polar_servers(gym, entrypoint, validate):
-    env, _, work = gym
     proc = subprocess.run(
         [str(GYM_VENV / "bin" / "ng_test"), f"+entrypoint={entrypoint}", f"+should_validate_data={str(validate).lower()}",
-         "+skip_venv_if_present=true", f"+uv_venv_dir={work / 'venvs'}"],
-        cwd=work, env=env, capture_output=True, text=True, timeout=600)
+         "+skip_venv_if_present=true", f"+uv_venv_dir={gym.work / 'venvs'}"],
+        cwd=gym.work, env=gym.env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, (proc.stdout[-6000:], proc.stderr[-3000:])
     assert " passed" in proc.stdout and " failed" not in proc.stdout
     if validate:
         assert "has been successfully validated" in proc.stdout
+

@@ -9,6 +9,7 @@ infrastructure-failure path, which cannot be provoked otherwise.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import shutil
@@ -18,10 +19,12 @@ from typing import Any
 import pytest
 
 from polar_env.agent_server.core import (
+    InputError,
     PolarAgent,
     PolarAgentConfig,
     _row_prompt,
     base_urls,
+    row_sampling,
     row_task_id,
     session_policy,
 )
@@ -32,12 +35,15 @@ from polar_env.backends.vllm import VllmBackend
 from polar_env.episodes import episode_prompt
 from polar_env.episodes.workspace import WorkspaceMounts
 from polar_env.resources_server.core import (
+    EpisodeConflict,
     PolarResources,
     PolarResourcesConfig,
     SeededEpisode,
+    UnknownTask,
     VerifyOutcome,
     aggregate,
     attach_sandbox,
+    masked_metrics,
 )
 from polar_env.sandbox.base import SandboxSpec
 from polar_env.tasks.loader import load_tasks
@@ -79,11 +85,58 @@ def test_row_task_id_and_prompt():
 
 
 def test_aggregate_resolved_rate_excludes_masked_samples():
-    out = aggregate([{"reward": 1.0, "num_turns": 3}, {"reward": 0.0, "num_turns": 5},
-                     {"reward": 0.0, "instance_config": {"mask_sample": True}, "num_turns": 1}])
-    assert out["resolved_rate"] == 0.5 and out["masked_fraction"] == pytest.approx(1 / 3)
-    assert out["mean_num_turns"] == 3.0 and out["num_samples"] == 3
+    rollouts = [{"reward": 1.0, "num_turns": 3}, {"reward": 0.0, "num_turns": 5},
+                {"reward": 0.0, "instance_config": {"mask_sample": True}, "num_turns": 1,
+                 "failure_kind": "polar:harness_killed"}]
+    out = aggregate(rollouts)
+    assert out["resolved_rate"] == 0.5 and out["mean_num_turns"] == 3.0 and out["num_samples"] == 3
     assert aggregate([]) == {"num_samples": 0}
+    # Gym gives compute_metrics only unmasked rollouts; the masked ones are counted over all of them
+    assert masked_metrics(rollouts) == {"num_rollouts": 3, "num_masked": 1, "masked_fraction": pytest.approx(1 / 3),
+                                        "masked/harness_killed": 1}
+
+
+def test_row_checks_give_input_errors_not_crashes():
+    assert row_sampling({"responses_create_params": {"temperature": 0.0, "top_p": 1, "max_output_tokens": 5}})
+    for bad, field in (({"temperature": -1}, "temperature"), ({"top_p": 0}, "top_p"),
+                       ({"max_output_tokens": 2.5}, "max_output_tokens"), ({"temperature": "hot"}, "temperature")):
+        with pytest.raises(InputError, match=field):
+            row_sampling({"responses_create_params": bad})
+    with pytest.raises(InputError, match="task_id"):
+        row_task_id({"task_id": ""})
+
+
+def test_a_harness_killed_by_a_signal_is_named_not_an_exit_code(tmp_path: Path):
+    """The sandbox's forwarder runs the harness as its child: a SIGKILLed harness must read as that."""
+    import subprocess
+    import sys
+
+    from polar_env.harness_adapters.runner import killed_by
+    from polar_env.sandbox.forwarder import __file__ as forwarder
+
+    proc = subprocess.run([sys.executable, forwarder, "--socket", str(tmp_path / "none.sock"), "--port", "0", "--",
+                           "sh", "-c", "kill -KILL $$"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 128 + 9 and killed_by(proc.returncode, proc.stderr) == "SIGKILL", proc.stderr
+    assert killed_by(-15, "") == "SIGTERM"  # the sandbox process itself died of a signal
+    assert killed_by(1, "POLAR_FORWARDER_READY 127.0.0.1:18080\n") is None  # an ordinary failure
+
+
+def test_the_janitor_removes_a_killed_servers_temp_state(tmp_path: Path):
+    """Gym SIGKILLs a server that is not gone a second after SIGINT: its temp dir must go anyway."""
+    import subprocess
+    import sys
+    import time
+
+    state = tmp_path / "polar-agent-x"
+    (state / "ledger").mkdir(parents=True)
+    code = ("import os, signal, sys; from pathlib import Path; from polar_env.janitor import Janitor; "
+            "j = Janitor(Path(sys.argv[1])); print('ready', flush=True); os.kill(os.getpid(), signal.SIGKILL)")
+    proc = subprocess.run([sys.executable, "-c", code, str(state)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == -9 and "ready" in proc.stdout
+    deadline = time.time() + 30
+    while state.exists() and time.time() < deadline:
+        time.sleep(0.1)
+    assert not state.exists()
 
 
 # -- the stand-in policy server over real HTTP -------------------------------------------------
@@ -129,7 +182,7 @@ async def test_seed_attach_verify_close(tmp_path: Path, tasks):
     assert await resources.seed("ep", TASK_ID) == seeded  # idempotent
     with pytest.raises(ValueError, match="bound to task"):
         await resources.seed("ep", "pallets__flask-5014")
-    with pytest.raises(KeyError, match="unknown task_id"):
+    with pytest.raises(UnknownTask, match="unknown task_id"):
         await resources.seed("other", "nobody__nothing-1")
 
     # the agent side attaches and edits through the sandbox, as a harness would
@@ -147,6 +200,35 @@ async def test_seed_attach_verify_close(tmp_path: Path, tasks):
     assert lost.mask_sample and lost.reward == 0.0 and lost.failure_kind == "polar:lost_session"
     with pytest.raises(ValueError, match="already closed"):
         await resources.seed("ep", TASK_ID)
+
+
+@needs_bwrap
+async def test_concurrent_seeds_of_one_episode_make_one_workspace(tmp_path: Path, tasks):
+    resources = PolarResources(PolarResourcesConfig(scratch_root=str(tmp_path)), tasks=list(tasks.values()))
+    first, second = await asyncio.gather(resources.seed("ep", TASK_ID), resources.seed("ep", TASK_ID))
+    assert first == second and len(list(tmp_path.glob("polar-resources-*/polar-ws-*"))) == 1
+    assert Path(first.sandbox_root).parent.name.startswith("polar-ws-")  # every trace under the workspace dir
+
+    # a caller cancelled mid-seed (client gone) leaves the seed to finish; close removes what it made
+    caller = asyncio.ensure_future(resources.seed("ep2", TASK_ID))
+    await asyncio.sleep(0.05)
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    assert resources.open_episodes == 2
+    await resources.close("ep2")
+    assert resources.open_episodes == 1 and len(list(tmp_path.glob("polar-resources-*/polar-ws-*"))) == 1
+
+    # a close that arrives while the seed is still running: the seed is refused, nothing stays
+    racing = asyncio.ensure_future(resources.seed("ep3", TASK_ID))
+    await asyncio.sleep(0.05)
+    await resources.close("ep3")
+    with pytest.raises(EpisodeConflict, match="closed"):
+        await racing
+    with pytest.raises(UnknownTask, match="unknown task_id"):
+        await resources.seed("ep4", "nobody__nothing-1")
+    await resources.aclose()
+    assert resources.open_episodes == 0 and not any(tmp_path.iterdir())
 
 
 # -- the agent core ------------------------------------------------------------------------------
@@ -194,23 +276,34 @@ def _row(task) -> dict[str, Any]:
 
 @needs_bwrap
 @pytest.mark.skipif(shutil.which("npm") is None, reason="needs npm for the Pi harness")
-async def test_infrastructure_failure_gives_a_masked_valid_result(tmp_path: Path, policy_url, embedded_dir, tasks):
+async def test_failures_before_the_harness_are_masked_with_their_cause(tmp_path: Path, policy_url, embedded_dir,
+                                                                     tasks):
     agent = PolarAgent(PolarAgentConfig(harness="pi", policy_base_url=policy_url, policy_model_name="polar-policy",
-                                        tokenizer=str(embedded_dir), runtime_dir=str(tmp_path / "rt")))
+                                        tokenizer=str(embedded_dir)))
     await agent.start()
+    runtime_dir = agent.runtime_dir
+    assert runtime_dir is not None and runtime_dir.name.startswith("polar-agent-")
+    core = PolarResources(PolarResourcesConfig(scratch_root=str(tmp_path)), tasks=list(tasks.values()))
     try:
-        core = PolarResources(PolarResourcesConfig(scratch_root=str(tmp_path)), tasks=list(tasks.values()))
-        result = await agent.run(_row(tasks[TASK_ID]), SeedFails(core))
-        no_task = await agent.run({"responses_create_params": _row(tasks[TASK_ID])["responses_create_params"]},
-                                  DirectResources(core))
+        broken = await agent.run(_row(tasks[TASK_ID]), SeedFails(core))
+        unknown = await agent.run({**_row(tasks[TASK_ID]), "task_id": "nobody__nothing-1"}, DirectResources(core))
+        with pytest.raises(InputError, match="temperature"):
+            await agent.run({**_row(tasks[TASK_ID]), "responses_create_params": {"temperature": -1}},
+                            DirectResources(core))
+        assert agent.open_sessions == 0 and not list((runtime_dir / "ledger" / "sessions").iterdir())
     finally:
         await agent.stop()
-    assert result["reward"] == 0.0 and result["mask_sample"] is True
-    assert result["instance_config"]["mask_sample"] is True
-    assert result["failure_kind"] == "polar:sandbox_failure" and "no space left" in result["polar"]["error"]
-    assert check_nemo_result(result) == []  # a masked placeholder NeMo-RL still accepts
-    assert no_task["failure_kind"] == "polar:input_error" and no_task["mask_sample"] is True
-    assert check_nemo_result(no_task) == []
+    assert not runtime_dir.exists()  # the agent's temp state goes with it
+    for result in (broken, unknown):
+        assert result["reward"] == 0.0 and result["mask_sample"] is True
+        assert result["instance_config"]["mask_sample"] is True
+        assert check_nemo_result(result) == []  # a masked placeholder NeMo-RL still accepts
+    assert broken["failure_kind"] == "polar:sandbox_failure" and "no space left" in broken["polar"]["error"]
+    assert broken["failure"]["stage"] == "seed" and broken["failure"]["component"] == "resources_server"
+    # an unknown task is the request's fault, and says so
+    assert unknown["failure_kind"] == "polar:input_error" and "unknown task_id 'nobody__nothing-1'" in \
+        unknown["failure_reason"] and unknown["failure"]["component"] == "request"
+    assert not any(tmp_path.iterdir())
 
 
 @pytest.mark.slow

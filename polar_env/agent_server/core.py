@@ -4,34 +4,44 @@ One process holds one proxy, listening on a Unix socket (the sandboxes' only way
 backend is the policy server NeMo Gym / NeMo-RL names in ``policy_base_url`` (several URLs spread
 sessions over the servers). For each data row ``run``:
 
-1. opens a proxy session whose policy is the row's ``responses_create_params`` sampling
+1. checks the row (a malformed one is an ``InputError``: the server answers 4xx, nothing is made);
+2. opens a proxy session whose policy is the row's ``responses_create_params`` sampling
    (``temperature``, ``top_p``, ``max_output_tokens``: what NeMo-RL stamps, enforced over
    whatever the harness asks for);
-2. asks the resources server to seed the episode's workspace (a bubblewrap tree or a container of the
+3. asks the resources server to seed the episode's workspace (a bubblewrap tree or a container of the
    task's image, with this process's proxy socket and harness install mounted) and attaches to it;
-3. runs the configured harness in the sandbox against the proxy until it ends or the deadline;
-4. asks the resources server to verify (extract the patch, grade) and to close the episode;
-5. rebuilds the trajectory from the proxy's ledger and returns the NeMo-RL ``/run`` result.
+4. runs the configured harness in the sandbox against the proxy until it ends or the deadline;
+5. settles (the pieces of ``polar_env.episodes.lifecycle``): drains the session's calls, closes the
+   session and classifies the episode into a ``FailureKind``, grades it unless the kind is outside
+   the policy, closes the workspace, applies the run's outcome table (``polar_env.outcomes``:
+   reward, mask), and returns the NeMo-RL ``/run`` result with the failure's structured fields
+   (``failures.EpisodeFailure``) and Gym's observability records.
 
-Every episode is classified into a ``FailureKind`` and rewarded/masked by the configured outcome
-table (polar_env.outcomes): failures outside the policy (row, seed, sandbox, policy server, grading
-environment) are masked placeholders, never dropped; whatever the agent did itself is graded as is.
+Cancellation safety: each episode runs as its own task. A caller that goes away (client timeout,
+disconnect: Gym cancels the handler) cancels the episode, which still settles — ``cancelled``,
+masked, session closed, workspace removed — in the background; ``stop`` (server shutdown) cancels
+what is in flight the same way and waits for every settle to finish.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import secrets
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from pydantic import BaseModel, Field
 
+from polar_env.agent_server.failures import COMPONENT, Component, EpisodeFailure, Stage
+from polar_env.agent_server.observations import agent_observations, latency_summary, producer_trajectory
 from polar_env.episodes.lifecycle import (
+    EpisodeSession,
     close_session,
     episode_prompt,
     harness_spec,
@@ -42,14 +52,18 @@ from polar_env.episodes.lifecycle import (
 from polar_env.episodes.workspace import WorkspaceMounts
 from polar_env.harness_adapters.registry import get_adapter
 from polar_env.harness_adapters.runner import HarnessRun
+from polar_env.janitor import Janitor
 from polar_env.outcomes import FailureKind, OutcomeTable, final_kind
 from polar_env.proxy.app import ProxyServer
 from polar_env.proxy.engine import EngineConfig
-from polar_env.resources_server.core import SeededEpisode, VerifyOutcome, attach_sandbox
+from polar_env.resources_server.core import SeededEpisode, UnknownTask, VerifyOutcome, attach_sandbox
 from polar_env.trajectory.chains import build_trajectory
 from polar_env.trajectory.export import TrajectoryWriter, to_nemo_gym_result
+from polar_env.trajectory.models import Trajectory
+from polar_env.trajectory.records import CallRecord
 
 log = logging.getLogger(__name__)
+SHUTDOWN_GRACE_S = 120.0  # how long stop() waits for in-flight episodes to settle
 
 
 class PolarAgentConfig(BaseModel):
@@ -66,14 +80,20 @@ class PolarAgentConfig(BaseModel):
     max_concurrent_episodes: int = 64
     default_sampling: dict[str, float | int] = Field(
         default_factory=lambda: {"temperature": 1.0, "top_p": 1.0, "max_tokens": 8192})
-    runtime_dir: str | None = None  # proxy socket + ledger (default: a fresh temp dir)
+    runtime_dir: str | None = None  # proxy socket + ledger (default: a temp dir, removed at stop)
     trajectories_path: str | None = None  # append Polar's full trajectory (every chain) here
     backend_options: dict[str, Any] = Field(default_factory=dict)  # e.g. timeout_s, chat_template_kwargs
     outcomes: OutcomeTable = Field(default_factory=OutcomeTable)  # reward/mask per failure kind (docs/outcomes.md)
 
 
+class InputError(ValueError):
+    """A malformed ``/run`` row: the server answers 4xx with this message, never a 500."""
+
+
 class ResourcesClient(Protocol):
-    """How the agent reaches the resources server (HTTP in NeMo Gym, direct calls in tests)."""
+    """How the agent reaches the resources server (HTTP in NeMo Gym, direct calls in tests).
+
+    ``seed`` raises ``UnknownTask`` when the resources server does not know the task."""
 
     async def seed(self, episode_id: str, task_id: str, *, mounts: WorkspaceMounts | None = None
                    ) -> SeededEpisode: ...
@@ -109,9 +129,56 @@ def row_task_id(row: dict[str, Any]) -> str:
         if isinstance(row.get(key), str) and row[key]:
             return row[key]
     meta = row.get("metadata") or {}
-    if isinstance(meta.get("task_id"), str):
+    if isinstance(meta.get("task_id"), str) and meta["task_id"]:
         return meta["task_id"]
-    raise ValueError("the row names no task (expected a 'task_id' field)")
+    raise InputError("the row names no task (expected a non-empty 'task_id' field)")
+
+
+_SAMPLING_RANGES = {"temperature": (0.0, math.inf, "a number >= 0"), "top_p": (1e-9, 1.0, "a number in (0, 1]"),
+                    "max_output_tokens": (1, math.inf, "an integer >= 1")}
+
+
+def row_sampling(row: dict[str, Any]) -> dict[str, Any]:
+    """The row's ``responses_create_params``, its sampling checked (out of range is an ``InputError``)."""
+    params = row.get("responses_create_params")
+    if params is None:
+        return {}
+    if not isinstance(params, dict):
+        raise InputError("responses_create_params must be an object")
+    for key, (low, high, what) in _SAMPLING_RANGES.items():
+        value = params.get(key)
+        if value is None:
+            continue
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not number or not (low <= value <= high) or (key == "max_output_tokens" and not isinstance(value, int)):
+            raise InputError(f"responses_create_params.{key} must be {what}, got {value!r}")
+    return dict(params)
+
+
+@dataclass
+class _Episode:
+    """One rollout's state as it moves through its stages; ``settle`` turns it into the result."""
+
+    task_id: str
+    episode_id: str
+    session: EpisodeSession
+    params: dict[str, Any]
+    rollout_id: str
+    started: float = field(default_factory=time.time)
+    stage: Stage = "admission"
+    timings: dict[str, float] = field(default_factory=dict)
+    harness_ended: float | None = None
+    run: HarnessRun | None = None
+    failure: EpisodeFailure | None = None
+
+    def fail(self, kind: FailureKind, component: Component, cause: str, **fields: Any) -> None:
+        """Record the first failure (later ones are consequences of it)."""
+        if self.failure is None:
+            self.failure = EpisodeFailure(kind=kind, stage=self.stage, component=component, cause=cause,
+                                          at_s=round(time.time() - self.started, 3), **fields)
+
+    def timed(self, name: str, since: float) -> None:
+        self.timings[name] = round(time.time() - since, 3)
 
 
 class PolarAgent:
@@ -120,8 +187,12 @@ class PolarAgent:
         self.proxy: ProxyServer | None = None
         self.runtime_dir: Path | None = None
         self.adapter = get_adapter(config.harness)
-        self._episodes = asyncio.Semaphore(config.max_concurrent_episodes)
+        self._slots = asyncio.Semaphore(config.max_concurrent_episodes)
         self._writer: TrajectoryWriter | None = None
+        self._janitor: Janitor | None = None
+        self._playing: set[asyncio.Task] = set()  # episodes before settling: stop() cancels these
+        self._settling: set[asyncio.Task] = set()  # settles: stop() waits for these, never cancels
+        self._stopping = False
 
     async def start(self) -> None:
         """Build the proxy over the policy server and install the harness (once per process)."""
@@ -136,6 +207,8 @@ class PolarAgent:
         renderer = await asyncio.to_thread(ChatRenderer.from_pretrained, model_dir, tool_format=c.tool_format)
         backend = make_backend(c.backend, url=urls, model=c.policy_model_name, **c.backend_options)
         self.runtime_dir = Path(c.runtime_dir) if c.runtime_dir else Path(tempfile.mkdtemp(prefix="polar-agent-"))
+        if not c.runtime_dir:  # ours: removed at stop, or by the janitor if the process is killed first
+            self._janitor = Janitor(self.runtime_dir)
         self.runtime_dir.mkdir(parents=True, exist_ok=True)
         self.proxy = ProxyServer.create(renderer=renderer, backend=backend, data_dir=self.runtime_dir / "ledger",
                                         admin_secret=secrets.token_urlsafe(32),
@@ -147,92 +220,236 @@ class PolarAgent:
         if c.trajectories_path:
             self._writer = TrajectoryWriter(Path(c.trajectories_path))
         await asyncio.to_thread(self.adapter.install)
-        log.info("polar agent: harness %s, proxy on %s, policy %s (%s)", self.adapter.name, self.proxy.unix_socket,
-                 urls, c.backend)
+        log.info("polar agent: harness %s, proxy on %s, policy %s (%s)", self.adapter.name,
+                    self.proxy.unix_socket, urls, c.backend)
 
     async def stop(self) -> None:
+        """Shutdown: episodes in flight are cancelled (masked ``cancelled``) and settle — session closed,
+        workspace removed — before the proxy goes; then the agent's temp dir is removed."""
+        self._stopping = True
+        for task in list(self._playing):
+            task.cancel()
+        deadline = time.monotonic() + SHUTDOWN_GRACE_S
+        while pending := self._playing | self._settling:  # a cancelled episode starts its settle
+            if time.monotonic() >= deadline:
+                log.error("polar agent: %d episode(s) did not settle within %.0fs", len(pending), SHUTDOWN_GRACE_S)
+                break
+            await asyncio.wait(pending, timeout=deadline - time.monotonic())
         if self.proxy is not None:
             await self.proxy.stop()
+            self.proxy.registry.ledger.close()
             self.proxy = None
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+        if self._janitor is not None:
+            await asyncio.to_thread(self._janitor.release)
+            self._janitor = None
 
-    async def run(self, row: dict[str, Any], resources: ResourcesClient) -> dict[str, Any]:
-        """One rollout of the row's task; always returns a result NeMo-RL accepts."""
-        if self.proxy is None:
-            raise RuntimeError("PolarAgent.start() was not awaited")
-        async with self._episodes:
-            return await self._run(row, resources)
+    @property
+    def open_sessions(self) -> int:
+        return sum(1 for s in self.proxy.registry.all() if s.info.closed_at is None) if self.proxy else 0
 
-    async def _run(self, row: dict[str, Any], resources: ResourcesClient) -> dict[str, Any]:
+    async def run(self, row: dict[str, Any], resources: ResourcesClient, *,
+                  rollout_id: str | None = None) -> dict[str, Any]:
+        """One rollout of the row's task; returns a result NeMo-RL accepts, or raises ``InputError``."""
+        if self.proxy is None or self._stopping:
+            raise RuntimeError("the agent is not running (start() not awaited, or stopping)")
+        task_id = row_task_id(row)
+        params = row_sampling(row)
+        episode = asyncio.ensure_future(self._episode(row, task_id, params, resources, rollout_id))
+        self._playing.add(episode)
+        episode.add_done_callback(self._playing.discard)
+        try:
+            return await asyncio.shield(episode)
+        except asyncio.CancelledError:
+            episode.cancel()  # the caller is gone: the episode settles (masked) in the background
+            raise
+
+    async def _episode(self, row: dict[str, Any], task_id: str, params: dict[str, Any],
+                       resources: ResourcesClient, rollout_id: str | None) -> dict[str, Any]:
         proxy = self.proxy
         assert proxy is not None
-        bad_row: ValueError | None = None
+        async with self._slots:
+            episode_id = f"{_slug(task_id)}-{uuid.uuid4().hex[:12]}"
+            session = open_session(proxy, self.adapter, episode_id, task_id=task_id,
+                                   policy=session_policy(params, self.config.default_sampling))
+            ep = _Episode(task_id=task_id, episode_id=episode_id, session=session, params=params,
+                          rollout_id=rollout_id or episode_id, started=session.started)
+            try:
+                await self._play(ep, row, resources)
+            except asyncio.CancelledError:
+                asyncio.current_task().uncancel()  # type: ignore[union-attr]
+                if self._stopping:
+                    ep.fail(FailureKind.cancelled, "agent_server",
+                            f"the agent server shut down during the {ep.stage} stage")
+                else:
+                    ep.fail(FailureKind.cancelled, "client", f"the /run caller went away during the {ep.stage} stage")
+            except UnknownTask as exc:
+                ep.fail(FailureKind.input_error, "request", str(exc))
+            except Exception as exc:  # noqa: BLE001 - a workspace failure still yields a result
+                log.exception("polar agent: episode %s failed in the %s stage", episode_id, ep.stage)
+                ep.fail(FailureKind.sandbox_failure, "sandbox" if ep.stage == "agent" else "resources_server",
+                        f"{type(exc).__name__}: {exc}")
+            # settling is not interrupted by a second cancel (shutdown after a disconnect)
+            settle = asyncio.ensure_future(self._settle(ep, resources))
+            self._settling.add(settle)
+            settle.add_done_callback(self._settling.discard)
+            return await asyncio.shield(settle)
+
+    async def _play(self, ep: _Episode, row: dict[str, Any], resources: ResourcesClient) -> None:
+        ep.stage = "seed"
+        since = time.time()
+        spec = harness_spec(ep.session)
+        mounts = WorkspaceMounts(proxy_socket_dir=str(spec.proxy_socket_dir), harness_dir=str(spec.harness_dir))
+        seed = await resources.seed(ep.episode_id, ep.task_id, mounts=mounts)
+        sandbox = attach_sandbox(seed, spec)
+        ep.timed("seed_s", since)
+        ep.stage = "agent"
+        since = time.time()
+        prompt = _row_prompt(ep.params) or episode_prompt(_TaskView(ep.task_id, row))
         try:
-            task_id = row_task_id(row)
-        except ValueError as exc:  # the data's fault, not the policy's: a masked placeholder, not a lost sample
-            task_id, bad_row = "", exc
-        params = dict(row.get("responses_create_params") or {})
-        episode_id = f"{_slug(task_id)}-{uuid.uuid4().hex[:12]}"
-        session = open_session(proxy, self.adapter, episode_id, task_id=task_id,
-                               policy=session_policy(params, self.config.default_sampling))
-        started = session.started
-        run: HarnessRun | None = None
-        status, error = "error", None
-        seeded = False
-        failure: FailureKind | None = None
-        try:
-            if bad_row is not None:
-                raise bad_row
-            spec = harness_spec(session)
-            mounts = WorkspaceMounts(proxy_socket_dir=str(spec.proxy_socket_dir), harness_dir=str(spec.harness_dir))
-            seed = await resources.seed(episode_id, task_id, mounts=mounts)
-            seeded = True
-            sandbox = attach_sandbox(seed, spec)
-            prompt = _row_prompt(params) or episode_prompt(_TaskView(task_id, row))
-            run = await run_harness(session, sandbox, prompt, model_name=self.config.policy_model_name or None,
+            run = await run_harness(ep.session, sandbox, prompt, model_name=self.config.policy_model_name or None,
                                     timeout_s=self.config.timeout_s)
-            status, error = run.status, run.error
-        except Exception as exc:  # noqa: BLE001 - a workspace failure still yields a result
-            status, error = "error", f"{type(exc).__name__}: {exc}"
-            failure = FailureKind.input_error if exc is bad_row else FailureKind.sandbox_failure
-            log.exception("polar agent: episode %s failed before the harness finished", episode_id)
-        table = self.config.outcomes
-        closed = await close_session(session, status, error, failure=failure, harness=run, outcomes=table)
-        status, error, kind = closed.status, closed.error, closed.failure_kind
-        traj = build_trajectory(closed.info, closed.calls, status=status, error=error)
-        placeholder = min(proxy.engine.eos_ids)
-        draft = to_nemo_gym_result(traj, responses_create_params=params, placeholder_token_id=placeholder)
-        outcome: VerifyOutcome
-        try:
-            if kind.outside_policy:  # grading would say nothing about the policy
-                outcome = VerifyOutcome.failed(kind, error or kind.value)
-            elif not seeded:
-                raise RuntimeError(error or "the episode was never seeded")
-            else:
-                outcome = await resources.verify(episode_id, task_id, result=draft)
-                kind = final_kind(kind, FailureKind.from_wire(outcome.failure_kind), outcome.resolved)
-        except Exception as exc:  # noqa: BLE001 - grading that could not run is not the policy's
-            kind = FailureKind.infrastructure
-            outcome = VerifyOutcome.failed(kind, f"verify failed: {exc}")
         finally:
+            ep.harness_ended = time.time()
+            ep.timed("harness_s", since)
+        ep.run = run  # how it ended is classified with the session's calls (close_session)
+
+    async def _settle(self, ep: _Episode, resources: ResourcesClient) -> dict[str, Any]:
+        """Drain and close the session (classified), grade unless the kind is outside the policy, close the
+        workspace, apply the outcome table, build the result."""
+        proxy = self.proxy
+        assert proxy is not None
+        table = self.config.outcomes
+        since = time.time()
+        run = ep.run
+        status = run.status if run is not None and ep.failure is None else "error"
+        closed = await close_session(ep.session, status, ep.failure.cause if ep.failure else run.error if run else None,
+                                     failure=ep.failure.kind if ep.failure else None, harness=run, outcomes=table)
+        kind = closed.failure_kind
+        if ep.failure is None and kind is not FailureKind.none:
+            self._note_classified(ep, kind, closed.calls)
+        _note_in_flight(ep, closed.calls)
+        traj = build_trajectory(closed.info, closed.calls, status=closed.status,
+                                error=ep.failure.cause if ep.failure else None)
+        placeholder = min(proxy.engine.eos_ids)
+        outcome: VerifyOutcome | None = None
+        try:
+            if not kind.outside_policy:  # grading would say nothing about the policy otherwise
+                ep.stage = "verification"
+                graded = time.time()
+                draft = to_nemo_gym_result(traj, responses_create_params=ep.params, placeholder_token_id=placeholder)
+                try:
+                    outcome = await resources.verify(ep.episode_id, ep.task_id, result=draft)
+                    kind = final_kind(kind, FailureKind.from_wire(outcome.failure_kind), outcome.resolved)
+                    if kind is FailureKind.none:  # resolved: the patch earns its reward whatever ended the harness
+                        ep.failure = None
+                    elif ep.failure is None or ep.failure.kind is not kind:
+                        ep.failure = None
+                        ep.fail(kind, COMPONENT.get(kind, "policy"), outcome.failure_reason or kind.value)
+                except Exception as exc:  # noqa: BLE001 - grading that could not run is not the policy's
+                    kind, outcome, ep.failure = FailureKind.infrastructure, None, None
+                    ep.fail(kind, "grader", f"verify failed: {type(exc).__name__}: {exc}")
+                ep.timed("grading_s", graded)
+        finally:
+            ep.stage = "cleanup"
+            closing = time.time()
             try:  # also when the seed reply was lost: the server may have made the workspace (close is idempotent)
-                await resources.close(episode_id)
+                await resources.close(ep.episode_id)
             except Exception:  # noqa: BLE001 - a leaked workspace must not lose the sample
-                log.exception("polar agent: close of episode %s failed", episode_id)
+                log.exception("polar agent: close of episode %s failed", ep.episode_id)
+            ep.timed("close_s", closing)
+        if outcome is None:
+            assert ep.failure is not None
+            outcome = VerifyOutcome.failed(kind, ep.failure.cause)
         reward, mask = table.apply(kind, outcome.reward)
         traj = traj.model_copy(update={"reward": reward or 0.0, "grading": outcome.grading or None,
-                                       "failure_kind": kind, "masked": mask})
-        traj.metadata.update({"duration_s": time.time() - started, "patch_bytes": patch_bytes(outcome.patch)})
+                                       "failure_kind": kind, "masked": mask,
+                                       "error": ep.failure.cause if ep.failure else None})
+        ep.timings["total_s"] = round(time.time() - ep.started, 3)
+        ep.timings["settle_s"] = round(time.time() - since, 3)
+        return self._result(ep, traj, outcome, placeholder)
+
+    def _note_classified(self, ep: _Episode, kind: FailureKind, calls: list[CallRecord]) -> None:
+        """The structured record of a kind the ledger decided (a failed call, the deadline, the harness's end)."""
+        run = ep.run
+        failed = [c for c in calls if c.failure_kind is not None]
+        if kind in (FailureKind.backend_failure, FailureKind.proxy_failure) and failed:
+            where = "at the policy server" if kind is FailureKind.backend_failure else "inside Polar's proxy"
+            ep.fail(kind, COMPONENT[kind], f"{len(failed)} model call(s) failed {where}, the last: "
+                    f"{failed[-1].error}"[:2000], in_flight_call=failed[-1].call_index)
+            return
+        cause = _CAUSES.get(kind, kind.value).format(timeout=f"{self.config.timeout_s:g}")
+        if run is not None and kind is FailureKind.harness_killed:
+            cause = f"harness killed by {run.signal}"
+        elif run is not None and run.error and kind in (FailureKind.harness_crashed, FailureKind.harness_start_failed):
+            cause = f"{cause}: {run.error}"
+        ep.fail(kind, COMPONENT.get(kind, "policy"), cause[:2000], exit_code=run.exit_code if run else None,
+                signal=run.signal if run else None)
+
+    def _result(self, ep: _Episode, traj: Trajectory, outcome: VerifyOutcome, placeholder: int) -> dict[str, Any]:
+        proxy = self.proxy
+        assert proxy is not None
+        result = to_nemo_gym_result(traj, responses_create_params=ep.params, placeholder_token_id=placeholder)
+        mask = result["instance_config"]["mask_sample"]
+        traj.metadata.update({"duration_s": ep.timings["total_s"], "timings": dict(ep.timings), "mask_sample": mask,
+                              "failure": ep.failure.model_dump() if ep.failure else None,
+                              "patch_bytes": patch_bytes(outcome.patch)})
         if self._writer is not None:
             self._writer.write(traj)
-        result = to_nemo_gym_result(traj, responses_create_params=params, placeholder_token_id=placeholder)
-        result.update({"mask_sample": result["instance_config"]["mask_sample"], "resolved": outcome.resolved,
-                       "task_id": task_id, "failure_reason": outcome.failure_reason or error,
-                       "harness_exit_code": run.exit_code if run is not None else None,
-                       "duration_s": time.time() - started})
+        proxy.registry.discard(ep.session.session_id)  # the trajectory carries it on: the proxy keeps only open sessions
+        latency = latency_summary(traj)
+        invocation_status = ("completed" if ep.run is not None and ep.run.status == "completed" and ep.failure is None
+                             else "incomplete" if ep.failure is not None and ep.failure.kind in _INCOMPLETE
+                             else "failed")
+        result.update({
+            "mask_sample": mask, "resolved": outcome.resolved, "task_id": ep.task_id,
+            "failure_reason": ep.failure.cause if ep.failure else None,
+            "failure": ep.failure.model_dump() if ep.failure else None,
+            "harness_exit_code": ep.run.exit_code if ep.run is not None else None,
+            # numeric top-level keys: Gym and NeMo-RL average each into a metric
+            "duration_s": ep.timings["total_s"], "seed_s": ep.timings.get("seed_s", 0.0),
+            "harness_s": ep.timings.get("harness_s", 0.0), "grading_s": ep.timings.get("grading_s", 0.0),
+            "model_call_p50_ms": latency.get("p50", 0.0), "model_call_p95_ms": latency.get("p95", 0.0),
+            "ng_agent_observations": agent_observations(
+                traj, result["response"]["output"], invocation_id=ep.episode_id, status=invocation_status,
+                duration_ms=ep.timings["harness_s"] * 1e3 if "harness_s" in ep.timings else None,
+                error_type=ep.failure.kind.value if ep.failure else None),
+            "ng_trajectory": producer_trajectory(traj, task_id=ep.task_id, rollout_id=ep.rollout_id,
+                                                 invocation_id=ep.episode_id,
+                                                 resolved=None if mask else outcome.resolved),
+        })
+        result["polar"].update({"timings": dict(ep.timings), "model_call_latency_ms": latency})
         return result
+
+
+_INCOMPLETE = frozenset({FailureKind.cancelled, FailureKind.deadline_sampling, FailureKind.deadline_backend,
+                         FailureKind.deadline_harness})
+_CAUSES = {
+    FailureKind.harness_crashed: "the harness failed after its first model call",
+    FailureKind.harness_start_failed: "the harness ended before its first model call",
+    FailureKind.deadline_sampling: "the {timeout}s deadline hit while the policy was still sampling",
+    FailureKind.deadline_backend: "the {timeout}s deadline hit while the policy server served too slowly",
+    FailureKind.deadline_harness: "the {timeout}s deadline hit while the harness held the clock",
+    FailureKind.context_overflow: "the conversation outgrew the model's context",
+    FailureKind.budget_exhausted: "the last answer was cut by the per-call token budget",
+}
+
+
+def _note_in_flight(ep: _Episode, calls: list[CallRecord]) -> None:
+    """Name the model call the harness was waiting on when it was killed, cancelled or out of time."""
+    failure, ended = ep.failure, ep.harness_ended
+    if failure is None or ended is None or failure.in_flight_call is not None or (
+            failure.kind is not FailureKind.harness_killed and failure.kind not in _INCOMPLETE):
+        return
+    for call in calls:
+        done = call.created_at + call.timings.get("total_ms", math.inf) / 1e3
+        if call.created_at <= ended < done:
+            failure.in_flight_call = call.call_index
+            failure.cause += f" with model call #{call.call_index} in flight"
+            return
+    failure.cause += " between model calls"
 
 
 class _TaskView:

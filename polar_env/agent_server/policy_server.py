@@ -10,7 +10,7 @@ whose text the real model scores. The ``gold`` policy makes CI deterministic and
 everything: on its first call it answers with a bash tool call that applies the task's gold patch
 (found by the problem statement in the prompt), then a final message once a tool result is in.
 
-    python -m polar_env.agent_server.policy_server --backend scripted --policy gold --port 8011
+    polar policy-server --backend scripted --policy gold --port 8011
 """
 
 from __future__ import annotations

@@ -126,7 +126,7 @@ async def close_session(session: EpisodeSession, status: str, error: str | None,
         status, error = "error", f"stopped: {stopped}"
     floor = (outcomes or OutcomeTable()).min_backend_tokens_per_s
     kind = failure or classify_episode(status, calls, deadline_at=harness.ended_at if harness else None,
-                                       min_backend_tokens_per_s=floor)
+                                       min_backend_tokens_per_s=floor, killed_by=harness.signal if harness else None)
     if kind.outside_policy and status == "completed":
         status, error = "error", error or f"{kind.value}: the episode failed outside the policy"
     info = proxy.registry.close(session.session_id, status)

@@ -155,7 +155,7 @@ def _open(task: Task, spec: SandboxSpec, kind: WorkspaceKind) -> Workspace:
         scratch = Path(tempfile.mkdtemp(prefix=f"polar-ws-{task.instance_id}-", dir=spec.scratch_root))
         try:
             tree = materialize(task, scratch / "tree")
-            bw = BubblewrapSandbox.create(tree, spec=spec)
+            bw = BubblewrapSandbox.create(tree, spec=replace(spec, scratch_root=scratch))  # one dir to remove
         except BaseException:
             shutil.rmtree(scratch, ignore_errors=True)
             raise

@@ -1,14 +1,17 @@
 """Run one harness episode inside a sandbox, pointed at the proxy, and classify how it ended.
 
 Inside the sandbox the forwarder binds 127.0.0.1:PORT first and then starts the harness as its
-child, so the harness never races the listener (docs/architecture.md, "An episode"). The deadline kills the whole
-sandbox process tree; a non-zero exit is an ``error`` carrying its stderr tail. Output is kept
-as bounded tails only, so a flooding harness cannot exhaust memory.
+child, so the harness never races the listener (docs/architecture.md, "An episode"). The deadline
+kills the whole sandbox process tree; a non-zero exit is an ``error`` carrying its stderr tail, and
+a harness killed by a signal (the forwarder names it, or the sandbox itself died of one) says
+which. Output is kept as bounded tails only, so a flooding harness cannot exhaust memory.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import signal
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -18,6 +21,7 @@ from typing import Literal
 from polar_env.harness_adapters.base import HarnessAdapter, HarnessContext, HarnessSummary
 from polar_env.sandbox.base import Sandbox
 from polar_env.sandbox.bubblewrap import FORWARDER_INSIDE
+from polar_env.sandbox.forwarder import KILLED, READY
 
 SANDBOX_PYTHON = "/usr/bin/python3"
 
@@ -32,6 +36,7 @@ class HarnessRun:
     duration_s: float
     error: str | None = None
     ended_at: float = field(default_factory=time.time)  # when it ended (for a timeout: when it was killed)
+    signal: str | None = None  # e.g. "SIGKILL" when the harness (or its sandbox) was killed
 
 
 def episode_command(adapter: HarnessAdapter, ctx: HarnessContext, prompt: str, *, socket_inside: str) -> list[str]:
@@ -68,12 +73,28 @@ async def run_episode_in_sandbox(adapter: HarnessAdapter, sandbox: Sandbox, *, p
     summary = adapter.summarize(res.stdout_tail)
     if res.timed_out:
         status, error = "timeout", f"killed at the {timeout_s:g}s deadline"
+    elif (sig := killed_by(res.exit_code, res.stderr_tail)) is not None:
+        status, error = "error", f"harness killed by {sig} (not at the deadline)"
     elif res.exit_code != 0:
-        status, error = "error", f"exit {res.exit_code}: {res.stderr_tail[-2000:]}"
+        status, error = "error", f"exit {res.exit_code}: {_stderr_text(res.stderr_tail)[-2000:]}"
     elif summary.error is not None and not summary.finished:
         # Pi exits 0 after its retries give up; its final event carries the failure.
         status, error = "error", f"harness reported: {summary.error}"
     else:
         status, error = "completed", None
     return HarnessRun(status=status, exit_code=res.exit_code, stdout_tail=res.stdout_tail,
-                      stderr_tail=res.stderr_tail, summary=summary, duration_s=res.duration_s, error=error)
+                      stderr_tail=res.stderr_tail, summary=summary, duration_s=res.duration_s, error=error,
+                      signal=None if res.timed_out else killed_by(res.exit_code, res.stderr_tail))
+
+
+def killed_by(exit_code: int | None, stderr_tail: str) -> str | None:
+    """The signal that ended the harness: named by the forwarder, or the sandbox process's own death."""
+    if exit_code is not None and exit_code < 0:
+        return signal.Signals(-exit_code).name
+    found = re.findall(rf"^{KILLED} (SIG[A-Z0-9]+)$", stderr_tail, re.MULTILINE)
+    return found[-1] if found else None
+
+
+def _stderr_text(tail: str) -> str:
+    """The harness's own stderr, without the forwarder's bookkeeping line."""
+    return "\n".join(line for line in tail.splitlines() if not line.startswith(READY))

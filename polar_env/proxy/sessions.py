@@ -172,6 +172,14 @@ class SessionRegistry:
         self.ledger.close_session(session_id)
         return session.info
 
+    def discard(self, session_id: str) -> None:
+        """Forget a closed session, in memory and on disk (a long-lived proxy keeps only open ones)."""
+        session = self._sessions.get(session_id)
+        if session is not None and session.info.closed_at is None:
+            raise ValueError(f"session {session_id!r} is still open")
+        self._sessions.pop(session_id, None)
+        self.ledger.remove_session(session_id)
+
     def recover(self) -> Any:
         """Reload every session and its finished calls from the ledger after a restart.
 

@@ -10,11 +10,19 @@ SWE-bench procedure, ``close`` removes the workspace. The agent server attaches 
 Rewards: resolved = 1.0, anything else the agent did = 0.0. Failures that are not the policy's
 (workspace, test environment, task data) set ``mask_sample``: the sample stays in its GRPO group's
 baseline but gets no loss (polar_env.outcomes; the agent applies its run's table over these).
+
+Lifecycle safety: a seed runs as its own task, so a caller that is cancelled (client gone) neither
+leaves a half-made workspace behind nor starts a second one; concurrent seeds of one episode share
+that task (one sandbox); a close waits for a seed still in flight and removes what it made. Every
+host-side trace of a workspace lives under one ``polar-resources-*`` dir per process,
+which ``aclose`` removes at shutdown and a janitor (``polar_env.janitor``) removes if the process is
+killed first.
 """
 
 from __future__ import annotations
 
 import asyncio
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,12 +38,21 @@ from polar_env.episodes.workspace import (
     open_workspace,
     workspace_kind,
 )
+from polar_env.janitor import Janitor
 from polar_env.outcomes import FailureKind, OutcomeTable
 from polar_env.rewards.grading import GradeResult
 from polar_env.rewards.image_grading import grade_task
 from polar_env.sandbox.base import Sandbox, SandboxSpec
 from polar_env.tasks.loader import load_tasks
 from polar_env.tasks.models import Task
+
+
+class UnknownTask(LookupError):
+    """The request names a task the server's task set does not have (a 404, not an infrastructure failure)."""
+
+
+class EpisodeConflict(ValueError):
+    """The episode id is already closed, or bound to another task (a 409)."""
 
 
 class PolarResourcesConfig(BaseModel):
@@ -96,35 +113,61 @@ class PolarResources:
         self.tasks = {t.instance_id: t for t in (tasks if tasks is not None else load_tasks(self.config.tasks))}
         self.episodes: dict[str, _Episode] = {}
         self.closed: set[str] = set()
+        self._seeding: dict[str, asyncio.Future[_Episode]] = {}
         self._grades = asyncio.Semaphore(self.config.max_concurrent_grades)
+        self._scratch: Path | None = None
+        self._janitor: Janitor | None = None
+
+    @property
+    def scratch(self) -> Path:
+        """This process's dir for every workspace (made on first use)."""
+        if self._scratch is None:
+            root = Path(self.config.scratch_root) if self.config.scratch_root else None
+            if root is not None:
+                root.mkdir(parents=True, exist_ok=True)
+            self._scratch = Path(tempfile.mkdtemp(prefix="polar-resources-", dir=root))
+            self._janitor = Janitor(self._scratch)
+        return self._scratch
 
     def sandbox_spec(self) -> SandboxSpec:
         mem = self.config.sandbox_memory_gb
-        return SandboxSpec(scratch_root=Path(self.config.scratch_root) if self.config.scratch_root else None,
-                           memory_bytes=int(mem * 2**30) if mem else None, pids_max=self.config.sandbox_pids_max)
+        return SandboxSpec(scratch_root=self.scratch, memory_bytes=int(mem * 2**30) if mem else None,
+                           pids_max=self.config.sandbox_pids_max)
 
     def task(self, task_id: str) -> Task:
         try:
             return self.tasks[task_id]
         except KeyError:
-            raise KeyError(f"unknown task_id {task_id!r} (task set {self.config.tasks!r} has "
-                           f"{len(self.tasks)} tasks)") from None
+            raise UnknownTask(f"unknown task_id {task_id!r} (task set {self.config.tasks!r} has "
+                              f"{len(self.tasks)} tasks)") from None
 
     async def seed(self, episode_id: str, task_id: str, mounts: WorkspaceMounts | None = None) -> SeededEpisode:
-        """Create the episode's workspace; idempotent per ``episode_id`` (a retried seed gets the same one).
+        """Create the episode's workspace; idempotent per ``episode_id``, also for concurrent calls.
         ``mounts``: the agent's proxy socket dir and harness install (a container mounts them at creation)."""
         if episode_id in self.closed:
-            raise ValueError(f"episode {episode_id!r} was already closed")
+            raise EpisodeConflict(f"episode {episode_id!r} was already closed")
         task = self.task(task_id)
         ep = self.episodes.get(episode_id)
         if ep is None:
-            workspace = await open_workspace(task, self.sandbox_spec(), sandbox=self.config.sandbox, mounts=mounts)
-            ep = self.episodes[episode_id] = _Episode(task=task, workspace=workspace)
-        elif ep.task.instance_id != task_id:
-            raise ValueError(f"episode {episode_id!r} is bound to task {ep.task.instance_id!r}, not {task_id!r}")
+            pending = self._seeding.get(episode_id)
+            if pending is None:
+                pending = self._seeding[episode_id] = asyncio.ensure_future(self._create(episode_id, task, mounts))
+                pending.add_done_callback(lambda _: self._seeding.pop(episode_id, None))
+            ep = await asyncio.shield(pending)  # a cancelled caller leaves the workspace to close()
+        if ep.task.instance_id != task_id:
+            raise EpisodeConflict(f"episode {episode_id!r} is bound to task {ep.task.instance_id!r}, "
+                                  f"not {task_id!r}")
         ref = ep.workspace.ref
         return SeededEpisode(episode_id=episode_id, task_id=task_id, sandbox_root=ref.root, uid=ref.uid,
                              gid=ref.gid, workspace=ref)
+
+    async def _create(self, episode_id: str, task: Task, mounts: WorkspaceMounts | None) -> _Episode:
+        workspace = await open_workspace(task, self.sandbox_spec(), sandbox=self.config.sandbox, mounts=mounts)
+        if episode_id in self.closed:  # closed while it was being made: nobody will attach
+            await workspace.close()
+            raise EpisodeConflict(f"episode {episode_id!r} was closed while it was being seeded")
+        ep = self.episodes[episode_id] = _Episode(task=task, workspace=workspace)
+        return ep
 
     async def verify(self, episode_id: str) -> VerifyOutcome:
         """Extract the episode's patch from its workspace and grade it (the agent asks only for
@@ -153,8 +196,13 @@ class PolarResources:
             grading=result.model_dump(mode="json", exclude={"log_tail"}))
 
     async def close(self, episode_id: str) -> bool:
-        """Remove the workspace; safe to repeat, and a seed after a close is refused."""
+        """Remove the workspace (after a seed still in flight); safe to repeat, and a later seed is refused."""
         self.closed.add(episode_id)
+        pending = self._seeding.get(episode_id)
+        if pending is not None:
+            await asyncio.wait([pending])  # it sees the close and removes what it made
+            if not pending.cancelled():
+                pending.exception()  # retrieved here too: its callers may all be gone
         ep = self.episodes.pop(episode_id, None)
         if ep is None:
             return False
@@ -162,8 +210,16 @@ class PolarResources:
         return True
 
     async def aclose(self) -> None:
-        for episode_id in list(self.episodes):
+        """Server shutdown: close every episode, also those still being seeded."""
+        for episode_id in set(self.episodes) | set(self._seeding):
             await self.close(episode_id)
+        if self._janitor is not None:
+            await asyncio.to_thread(self._janitor.release)
+            self._scratch = self._janitor = None
+
+    @property
+    def open_episodes(self) -> int:
+        return len(self.episodes) + len(self._seeding)
 
 
 def attach_sandbox(seeded: SeededEpisode, spec: SandboxSpec) -> Sandbox:
@@ -174,14 +230,15 @@ def attach_sandbox(seeded: SeededEpisode, spec: SandboxSpec) -> Sandbox:
 
 
 def aggregate(outcomes: list[dict[str, Any]]) -> dict[str, float]:
-    """Resolved rate and trajectory statistics over finished ``/run`` results (or verify responses)."""
+    """Resolved rate and trajectory statistics over finished ``/run`` results (or verify responses).
+
+    Gym hands ``compute_metrics`` only the unmasked rollouts; ``masked_metrics`` counts the others."""
     n = len(outcomes)
     if not n:
         return {"num_samples": 0}
     usable = [o for o in outcomes if not _masked(o)]
     out: dict[str, float] = {
         "num_samples": n,
-        "masked_fraction": 1 - len(usable) / n,
         "resolved_rate": sum(float(o.get("reward", 0.0)) for o in usable) / len(usable) if usable else 0.0,
     }
     for key in ("num_turns", "num_calls", "num_chains", "sampled_tokens", "trainable_fraction",
@@ -189,6 +246,17 @@ def aggregate(outcomes: list[dict[str, Any]]) -> dict[str, float]:
         values = [float(o[key]) for o in outcomes if isinstance(o.get(key), (int, float))]
         if values:
             out[f"mean_{key}"] = sum(values) / len(values)
+    return out
+
+
+def masked_metrics(outcomes: list[dict[str, Any]]) -> dict[str, float]:
+    """Over every rollout, masked ones included: how many were masked, and why (failure kind)."""
+    masked = [o for o in outcomes if _masked(o)]
+    out: dict[str, float] = {"num_rollouts": len(outcomes), "num_masked": len(masked),
+                             "masked_fraction": len(masked) / len(outcomes) if outcomes else 0.0}
+    for o in masked:
+        key = f"masked/{(o.get('failure_kind') or 'unknown').removeprefix('polar:')}"
+        out[key] = out.get(key, 0) + 1
     return out
 
 

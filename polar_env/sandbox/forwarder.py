@@ -9,12 +9,14 @@ with CMD's status, so the harness never races the listener. Run with /usr/bin/py
 from __future__ import annotations
 
 import argparse
+import signal
 import socket
 import subprocess
 import sys
 import threading
 
 READY = "POLAR_FORWARDER_READY"
+KILLED = "POLAR_HARNESS_KILLED_BY"
 
 
 def _pipe(src: socket.socket, dst: socket.socket) -> None:
@@ -71,10 +73,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     threading.Thread(target=_accept_loop, args=(server, args.socket), daemon=True).start()
     try:
-        return subprocess.call(cmd)
+        code = subprocess.call(cmd)
     except FileNotFoundError as exc:
         print(f"polar-forwarder: {exc}", file=sys.stderr, flush=True)
         return 127
+    if code < 0:
+        print(f"{KILLED} {signal.Signals(-code).name}", file=sys.stderr, flush=True)
+        return 128 - code
+    return code
 
 
 if __name__ == "__main__":

@@ -111,7 +111,6 @@ def to_nemo_gym_result(traj: Trajectory, *, reward: float | None = None,
     params = dict(responses_create_params or {})
     if "input" not in params:
         params["input"] = _initial_input(traj)
-    generated = [it for it in output if it.get("generation_token_ids")]
     stats = traj.stats
     result: dict[str, Any] = {
         "responses_create_params": params,
@@ -125,14 +124,7 @@ def to_nemo_gym_result(traj: Trajectory, *, reward: float | None = None,
             "parallel_tool_calls": True,
             "tool_choice": "auto",
             "tools": [],
-            "usage": {
-                "input_tokens": len(generated[0]["prompt_token_ids"]) if generated else 0,
-                "output_tokens": sum(len(it["generation_token_ids"]) for it in generated),
-                "total_tokens": (len(generated[-1]["prompt_token_ids"]) + len(generated[-1]["generation_token_ids"])
-                                 if generated else 0),
-                "input_tokens_details": {"cached_tokens": 0},
-                "output_tokens_details": {"reasoning_tokens": 0},
-            },
+            "usage": _usage(traj),
         },
         "reward": float(reward),
         "instance_config": {"mask_sample": bool(mask_sample)},
@@ -159,6 +151,14 @@ def to_nemo_gym_result(traj: Trajectory, *, reward: float | None = None,
     if reward_components:
         result["reward_components"] = {str(k): float(v) for k, v in reward_components.items()}
     return result
+
+
+def _usage(traj: Trajectory) -> dict[str, Any]:
+    """Summed over every model call of the episode, as an API bills them: total = input + output."""
+    prompt = sum(c.prompt_tokens for c in traj.calls)
+    sampled = sum(c.sampled_tokens for c in traj.calls)
+    return {"input_tokens": prompt, "output_tokens": sampled, "total_tokens": prompt + sampled,
+            "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}}
 
 
 def _token_carrier(items: list[dict[str, Any]], call_id: str) -> dict[str, Any]:

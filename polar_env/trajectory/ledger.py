@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import threading
 from pathlib import Path
 from typing import BinaryIO
@@ -135,6 +136,12 @@ class Ledger:
             if handle is not None:
                 self._sync(handle)
                 handle.close()
+
+    def remove_session(self, session_id: str) -> None:
+        """Delete a finished session's records (its trajectory was built and handed on)."""
+        self.close_session(session_id)
+        with self._lock:
+            shutil.rmtree(self._dir(session_id), ignore_errors=True)
 
     def close(self) -> None:
         with self._lock:

@@ -5,7 +5,9 @@ Endpoints (the agent server ``polar_agent`` calls them in this order for every r
 - ``/verify``: take the agent's patch from the workspace and grade it (or grade a given patch);
 - ``/close_session``: remove the workspace;
 - ``/aggregate_metrics``: resolved rate plus trajectory statistics.
-The logic lives in ``polar_env.resources_server.core``; this file only binds it to Gym.
+Bad requests are 4xx with the reason (an unknown task 404, a closed or rebound episode 409, a
+verify with neither episode nor patch 422); at shutdown every workspace is removed. The logic lives
+in ``polar_env.resources_server.core``; this file only binds it to Gym.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from fastapi import FastAPI, HTTPException
 from nemo_gym.base_resources_server import (
     BaseResourcesServerConfig,
     BaseSeedSessionRequest,
@@ -26,7 +29,14 @@ from nemo_gym.verifier_fixture import VerifierFixture
 from pydantic import BaseModel, ConfigDict, PrivateAttr
 
 from polar_env.episodes.workspace import WorkspaceMounts, WorkspaceRef
-from polar_env.resources_server.core import PolarResources, PolarResourcesConfig, aggregate
+from polar_env.gym_lifespan import add_lifespan_hooks
+from polar_env.resources_server.core import (
+    EpisodeConflict,
+    PolarResources,
+    PolarResourcesConfig,
+    UnknownTask,
+    aggregate,
+)
 
 
 class PolarResourcesServerConfig(PolarResourcesConfig, BaseResourcesServerConfig):
@@ -80,9 +90,13 @@ class PolarVerifier:
         if body.episode_id is not None:
             outcome = await self.polar.verify(body.episode_id)
         elif body.patch is not None:
-            outcome = await self.polar.grade_patch(self.polar.task(body.task_id), body.patch)
+            try:
+                task = self.polar.task(body.task_id)
+            except UnknownTask as exc:
+                raise HTTPException(status_code=404, detail=str(exc)) from None
+            outcome = await self.polar.grade_patch(task, body.patch)
         else:
-            raise ValueError("verify needs episode_id (a seeded episode) or patch")
+            raise HTTPException(status_code=422, detail="verify needs episode_id (a seeded episode) or patch")
         return PolarVerifyResponse(
             **body.model_dump(include={"responses_create_params", "response", "task_id"}),
             reward=outcome.reward, mask_sample=outcome.mask_sample, failure_kind=outcome.failure_kind,
@@ -108,8 +122,24 @@ class PolarResourcesServer(PolarVerifier, SimpleResourcesServer):
             self._polar = PolarResources(self.config)
         return self._polar
 
+    def setup_webserver(self) -> FastAPI:
+        app = super().setup_webserver()
+        add_lifespan_hooks(app, stop=self._close_all)  # no workspace outlives the server
+        return app
+
+    async def _close_all(self) -> None:
+        if self._polar is not None:
+            open_episodes = self._polar.open_episodes
+            await self._polar.aclose()
+            print(f"polar resources: closed {open_episodes} open episode(s) at shutdown", flush=True)
+
     async def seed_session(self, body: PolarSeedSessionRequest) -> PolarSeedSessionResponse:
-        seeded = await self.polar.seed(body.episode_id, body.task_id, mounts=body.mounts)
+        try:
+            seeded = await self.polar.seed(body.episode_id, body.task_id, mounts=body.mounts)
+        except UnknownTask as exc:
+            raise HTTPException(status_code=404, detail=str(exc)) from None
+        except EpisodeConflict as exc:
+            raise HTTPException(status_code=409, detail=str(exc)) from None
         return PolarSeedSessionResponse(**seeded.model_dump())
 
     async def close_resources_session(self, body: PolarCloseSessionRequest) -> ResourcesCloseSessionResponse:

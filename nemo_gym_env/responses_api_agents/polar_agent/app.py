@@ -3,26 +3,40 @@
 Per process: one Polar proxy on a Unix socket, backed by the policy server Gym names in
 ``policy_base_url`` (NeMo-RL's vLLM HTTP servers in training, any vLLM in evaluation). Per row:
 seed the episode at the ``polar`` resources server, run the harness in the sandbox, verify, close,
-and answer with the NeMo-RL result (token ids of the main chain, reward, ``mask_sample`` on
-infrastructure failures). The logic lives in ``polar_env.agent_server.core``.
+and answer with the NeMo-RL result (token ids of the main chain, reward, ``mask_sample`` by the
+outcome table, the failure's structured fields, ``ng_agent_observations`` and ``ng_trajectory``).
+A malformed row is a 422 with the reason. The agent starts with the server (on its event loop)
+and stops with it: episodes in flight settle (masked ``shutdown``) and its temp dir is removed.
+The logic lives in ``polar_env.agent_server.core``.
 """
 
 from __future__ import annotations
 
-import asyncio
+import json
 from typing import Any
 
+from aiohttp import ClientResponseError
+from fastapi import Body, FastAPI, HTTPException
 from fastapi.responses import JSONResponse
 from nemo_gym.base_resources_server import BaseRunRequest
 from nemo_gym.base_responses_api_agent import BaseResponsesAPIAgentConfig, SimpleResponsesAPIAgent
-from nemo_gym.config_types import ResourcesServerRef
+from nemo_gym.config_types import AggregateMetrics, AggregateMetricsRequest, ResourcesServerRef
 from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming
+from nemo_gym.rollout_correlation import maybe_rollout_id_from_run_body
 from nemo_gym.server_utils import raise_for_status
 from pydantic import ConfigDict, PrivateAttr
 
-from polar_env.agent_server.core import PolarAgent, PolarAgentConfig
+from polar_env.agent_server.core import InputError, PolarAgent, PolarAgentConfig
+from polar_env.agent_server.observations import plain_items
 from polar_env.episodes.workspace import WorkspaceMounts
-from polar_env.resources_server.core import SeededEpisode, VerifyOutcome, aggregate
+from polar_env.gym_lifespan import add_lifespan_hooks
+from polar_env.resources_server.core import (
+    SeededEpisode,
+    UnknownTask,
+    VerifyOutcome,
+    aggregate,
+    masked_metrics,
+)
 
 
 class PolarAgentServerConfig(PolarAgentConfig, BaseResponsesAPIAgentConfig):
@@ -54,10 +68,16 @@ class GymResources:
         body: dict[str, Any] = {"episode_id": episode_id, "task_id": task_id}
         if mounts is not None:
             body["mounts"] = mounts.model_dump()
-        return SeededEpisode.model_validate(await self._post("/seed_session", body))
+        try:
+            return SeededEpisode.model_validate(await self._post("/seed_session", body))
+        except ClientResponseError as exc:
+            if exc.status == 404:  # the resources server does not have the task: an input error, not ours
+                raise UnknownTask(_detail(exc)) from None
+            raise
 
     async def verify(self, episode_id: str, task_id: str, *, result: dict[str, Any]) -> VerifyOutcome:
-        body = {"responses_create_params": result["responses_create_params"], "response": _plain(result["response"]),
+        body = {"responses_create_params": result["responses_create_params"],
+                "response": {**result["response"], "output": plain_items(result["response"]["output"])},
                 "task_id": task_id, "episode_id": episode_id}
         out = await self._post("/verify", body)
         return VerifyOutcome(reward=out["reward"], resolved=out.get("resolved", False),
@@ -68,38 +88,69 @@ class GymResources:
         await self._post("/close_session", {"resources_session_id": episode_id})
 
 
-def _plain(response: dict[str, Any]) -> dict[str, Any]:
-    """The response without token ids (verify grades the workspace; it needs no tokens)."""
-    drop = {"prompt_token_ids", "generation_token_ids", "generation_log_probs"}
-    return {**response, "output": [{k: v for k, v in item.items() if k not in drop}
-                                   for item in response.get("output", [])]}
+def _detail(exc: ClientResponseError) -> str:
+    """FastAPI's ``{"detail": ...}`` from an error answer, else its raw text."""
+    raw = getattr(exc, "response_content", b"") or b""
+    try:
+        return str(json.loads(raw)["detail"])
+    except (ValueError, KeyError, TypeError):
+        return raw.decode("utf-8", errors="replace") or str(exc)
 
 
 class PolarAgentServer(SimpleResponsesAPIAgent):
     ray_enabled = False
     config: PolarAgentServerConfig
     _agent: PolarAgent | None = PrivateAttr(default=None)
-    _lock: asyncio.Lock = PrivateAttr(default_factory=asyncio.Lock)
 
-    async def _ready(self) -> PolarAgent:
-        async with self._lock:  # the proxy binds to the serving event loop, so start it on first use
-            if self._agent is None:
-                agent = PolarAgent(self.config)
-                await agent.start()
-                self._agent = agent
-        return self._agent
+    def setup_webserver(self) -> FastAPI:
+        app = super().setup_webserver()
+        # the proxy binds to the serving event loop: start the agent there, and stop it with the server
+        add_lifespan_hooks(app, start=self._start_agent, stop=self._stop_agent)
+        return app
+
+    async def _start_agent(self) -> None:
+        agent = PolarAgent(self.config)
+        await agent.start()
+        self._agent = agent
+        print(f"polar agent ready: harness {agent.adapter.name}, proxy on {agent.proxy.unix_socket}, "
+              f"policy {self.config.policy_base_url} ({self.config.backend})", flush=True)
+
+    async def _stop_agent(self) -> None:
+        if self._agent is not None:
+            agent, self._agent = self._agent, None
+            await agent.stop()
+            print("polar agent stopped: every episode settled, temp state removed", flush=True)
 
     def compute_metrics(self, tasks: list[list[dict[str, Any]]]) -> dict[str, Any]:
-        """Merged into Gym's agent_metrics (what `gym eval run` reports): resolved rate and trajectory stats."""
+        """Merged into Gym's agent_metrics (what `gym eval run` reports): resolved rate and trajectory stats
+        over the unmasked rollouts (Gym passes only those)."""
         return {f"polar/{k}": v for k, v in aggregate([r for task in tasks for r in task]).items()}
+
+    async def aggregate_metrics(self, body: AggregateMetricsRequest = Body()) -> AggregateMetrics:  # noqa: B008
+        """Gym's aggregation, plus masked-rollout counts over every rollout (``compute_metrics`` never sees
+        the masked ones, so they are counted here)."""
+        metrics = await super().aggregate_metrics(body)
+        masked = {f"polar/{k}": v for k, v in masked_metrics(body.verify_responses).items()}
+        metrics.agent_metrics.update(masked)
+        metrics.key_metrics.update({k: masked[k] for k in ("polar/masked_fraction", "polar/num_masked")})
+        return metrics
 
     async def responses(self, body: NeMoGymResponseCreateParamsNonStreaming) -> JSONResponse:
         return JSONResponse({"error": {"message": "polar_agent runs whole episodes: POST /run"}}, status_code=501)
 
     async def run(self, body: PolarRunRequest) -> JSONResponse:
-        agent = await self._ready()
+        if self._agent is None:
+            raise HTTPException(status_code=503, detail="the polar agent is not running (starting or stopping)")
         row = body.model_dump(mode="json", exclude_unset=True)
-        result = await agent.run(row, GymResources(self, self.config.resources_server.name))
+        try:
+            rollout_id = maybe_rollout_id_from_run_body(row)
+        except ValueError as exc:  # a malformed explicit _ng_rollout_id
+            raise HTTPException(status_code=422, detail=str(exc)) from None
+        try:
+            result = await self._agent.run(row, GymResources(self, self.config.resources_server.name),
+                                           rollout_id=rollout_id)
+        except InputError as exc:
+            raise HTTPException(status_code=422, detail=str(exc)) from None
         return JSONResponse(result)
 
 

@@ -89,3 +89,20 @@ def test_aggregate_metrics_reports_resolved_rate(tmp_path: Path) -> None:
     # Gym takes masked samples out of the quality metrics before Polar's are computed
     assert agent["polar/resolved_rate"] == 0.5 and agent["polar/num_samples"] == 2
     assert agent["polar/mean_num_turns"] == 3.0
+
+
+def test_bad_requests_get_4xx_and_shutdown_removes_workspaces(tmp_path: Path) -> None:
+    server = _server(tmp_path)
+    with TestClient(server.setup_webserver(), raise_server_exceptions=False) as http:
+        unknown = http.post("/seed_session", json={"episode_id": "ep-x", "task_id": "nobody__nothing-1"})
+        assert unknown.status_code == 404 and "unknown task_id 'nobody__nothing-1'" in unknown.json()["detail"]
+        neither = http.post("/verify", json={"responses_create_params": PARAMS, "response": RESPONSE, "task_id": TASK})
+        assert neither.status_code == 422 and "episode_id" in neither.json()["detail"]
+        bogus = http.post("/verify", json={"responses_create_params": PARAMS, "response": RESPONSE,
+                                           "task_id": "nobody__nothing-1", "patch": ""})
+        assert bogus.status_code == 404, bogus.text
+        assert http.post("/seed_session", json={"episode_id": "ep-3", "task_id": TASK}).status_code == 200
+        rebound = http.post("/seed_session", json={"episode_id": "ep-3", "task_id": "pallets__flask-5014"})
+        assert rebound.status_code == 409 and "bound to task" in rebound.json()["detail"]
+        assert list(tmp_path.glob("polar-resources-*/polar-ws-*"))
+    assert not any(tmp_path.iterdir())  # the server's shutdown closed the episode nobody closed

@@ -1,8 +1,9 @@
 """Polar's agent server under NeMo Gym's test conventions (run by `gym env test`).
 
 What can be checked without a policy server: the config Gym builds from YAML, the rows it accepts,
-and the wiring of ``/run``'s inputs. The full rollout (harness, proxy, sandbox, grading) is
-covered by the repository's tests/test_nemo_gym_e2e.py through `gym env start` + `gym eval run`.
+the wiring of ``/run``'s inputs, and that the observability records validate against Gym's own
+models. The full rollout (harness, proxy, sandbox, grading) is covered by the repository's
+tests/test_nemo_gym_e2e.py through `gym env start` + `gym eval run`.
 """
 
 from __future__ import annotations
@@ -11,15 +12,19 @@ import json
 from pathlib import Path
 
 from fastapi.testclient import TestClient
+from nemo_gym.rollout_observability import AgentObservationBundle, TrajectoryRecord
 from nemo_gym.server_utils import ServerClient
 from responses_api_agents.polar_agent.app import (
     PolarAgentServer,
     PolarAgentServerConfig,
     PolarRunRequest,
-    _plain,
 )
 
 from polar_env.agent_server.core import PolarAgentConfig, base_urls, row_task_id, session_policy
+from polar_env.agent_server.observations import agent_observations, plain_items, producer_trajectory
+from polar_env.chat.messages import AssistantTurn, Message, ToolCall
+from polar_env.trajectory.export import to_nemo_gym_result
+from polar_env.trajectory.models import CallSummary, Trajectory, TrajectoryStats
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "resources_servers" / "polar" / "data" / "example.jsonl"
 
@@ -60,6 +65,49 @@ def test_responses_endpoint_points_at_run() -> None:
 
 
 def test_verify_payload_drops_token_ids_only() -> None:
-    response = {"id": "r", "output": [{"type": "message", "content": [], "prompt_token_ids": [1],
-                                       "generation_token_ids": [2], "generation_log_probs": [-0.1]}]}
-    assert _plain(response) == {"id": "r", "output": [{"type": "message", "content": []}]}
+    output = [{"type": "message", "content": [], "prompt_token_ids": [1], "generation_token_ids": [2],
+               "generation_log_probs": [-0.1]}]
+    assert plain_items(output) == [{"type": "message", "content": []}]
+
+
+def _trajectory() -> Trajectory:
+    """Two proxied calls (a bash tool call, then a final answer) and a failed third, as the proxy records them."""
+    call = AssistantTurn(call_id="c1", tool_calls=[ToolCall(id="t1", name="bash", arguments='{"command": "ls"}')],
+                         finish_reason="tool_calls")
+    done = AssistantTurn(call_id="c2", content="done")
+    calls = [
+        CallSummary(call_index=0, call_id="c1", api="chat", created_at=100.0, chain=0, parent_call_index=None,
+                    messages_offset=0, new_messages=[Message(role="user", content="fix it")], output=call,
+                    finish_reason="tool_calls", prompt_tokens=50, sampled_tokens=12, timings={"total_ms": 800.0}),
+        CallSummary(call_index=1, call_id="c2", api="chat", created_at=102.0, chain=0, parent_call_index=0,
+                    messages_offset=2, new_messages=[Message(role="tool", content="a.py", tool_call_id="t1")],
+                    output=done, finish_reason="stop", prompt_tokens=70, sampled_tokens=3,
+                    timings={"total_ms": 200.0}),
+        CallSummary(call_index=2, call_id="c3", api="chat", created_at=103.0, chain=None, parent_call_index=None,
+                    messages_offset=0, new_messages=[], output=None, finish_reason=None, prompt_tokens=0,
+                    sampled_tokens=0, error="backend: 503", timings={"total_ms": 5.0}),
+    ]
+    stats = TrajectoryStats(calls=3, failed_calls=1, chains=0, sampled_tokens=15, trainable_tokens=0,
+                            trainable_fraction=0.0, main_chain_tokens=0, masked_tokens=0, unscored_tokens=0)
+    return Trajectory(session_id="ep-1", task_id="t", model="m", created_at=100.0, status="completed", calls=calls,
+                      stats=stats)
+
+
+def test_observability_records_validate_against_gyms_models() -> None:
+    traj = _trajectory()
+    result = to_nemo_gym_result(traj, placeholder_token_id=0)
+    usage = result["response"]["usage"]
+    assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"] == 50 + 12 + 70 + 3
+    bundle = AgentObservationBundle.model_validate(agent_observations(
+        traj, result["response"]["output"], invocation_id="ep-1", status="failed", duration_ms=3000.0,
+        error_type="harness_killed"))
+    invocation, tool = bundle.records
+    assert invocation.status == "failed" and [r.model_call_id for r in invocation.model_calls] == ["c1", "c2", "c3"]
+    assert tool.tool_call_id == "t1" and tool.tool_name == "bash"
+    record = TrajectoryRecord.model_validate(producer_trajectory(traj, task_id="t", rollout_id="0-0",
+                                                                 invocation_id="ep-1", resolved=True))
+    assert [t.turn_no for t in record.turns] == [1, 2] and record.turns[-1].resolved is True
+    assert record.turns[1].step_count == 1  # one tool call before the second turn
+    failed = record.model_calls[2]
+    assert failed.response_metadata.response_status == "failed" and failed.response_metadata.error_category == "backend"
+    assert record.model_calls[0].duration_ms == 800.0 and record.model_calls[0].token_stats.total_tokens == 62

@@ -1,0 +1,120 @@
+"""What the NeMo Gym end-to-end tests share: free ports, waiting on logs, stopping process groups,
+and looking at the host the way an operator would (sandbox processes, model calls in flight)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def interruptible() -> None:
+    """A child's ``preexec_fn``: SIGINT and SIGQUIT back to their defaults, as under a terminal (a
+    process started in the background of a non-interactive shell inherits them ignored, and neither
+    bash nor Python then lets SIGINT through)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
+def wait_for(path: Path, needle: str, proc: subprocess.Popen, timeout_s: float) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        text = path.read_text(errors="replace") if path.exists() else ""
+        if needle in text:
+            return
+        if proc.poll() is not None:
+            pytest.fail(f"process exited {proc.returncode} before {needle!r}:\n{text[-6000:]}")
+        time.sleep(1)
+    pytest.fail(f"no {needle!r} within {timeout_s}s:\n{path.read_text(errors='replace')[-6000:]}")
+
+
+def stop(proc: subprocess.Popen, sig: int = signal.SIGINT, timeout_s: float = 90) -> None:
+    """Signal the process (its own session) and wait; SIGKILL the whole group if it will not go."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _program(cmd: str) -> str:
+    return os.path.basename(cmd.split(" ", 1)[0])
+
+
+def sandbox_processes(under: Path) -> list[str]:
+    """Sandboxes still running whose workspace is under ``under`` (their bwrap argv binds it)."""
+    return [f"{pid}: {cmd[:200]}" for pid in os.listdir("/proc") if pid.isdigit()
+            if _program(cmd := _cmdline(pid)) == "bwrap" and str(under) in cmd]
+
+
+def harness_pids(under: Path) -> list[int]:
+    """The harness processes (the forwarder's children) of the sandboxes under ``under``."""
+    forwarders = set()
+    for pid in os.listdir("/proc"):
+        if pid.isdigit() and "/opt/polar/forwarder.py" in (cmd := _cmdline(pid)) and _program(cmd) not in (
+                "bwrap", "setpriv"):
+            forwarders.add(int(pid))
+    sandboxed = {int(p.split(":")[0]) for p in sandbox_processes(under)}
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid in forwarders and _descends_from(ppid, sandboxed):
+            out.append(int(pid))
+    return out
+
+
+def _descends_from(pid: int, ancestors: set[int]) -> bool:
+    while pid > 1:
+        if pid in ancestors:
+            return True
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            return False
+    return False
+
+
+def requests_waiting(port: int) -> int:
+    """Connections to 127.0.0.1:``port`` whose request sits unread in the listener's receive queue:
+    with the server stopped (SIGSTOP), each is a model call in flight."""
+    waiting = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, state, queues = fields[1], fields[3], fields[4]
+        if local.endswith(f":{port:04X}") and state == "01" and int(queues.split(":")[1], 16) > 0:
+            waiting += 1
+    return waiting
+
+
+def wait_until(predicate, timeout_s: float, what: str, interval_s: float = 0.5) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if predicate():
+            return
+        time.sleep(interval_s)
+    pytest.fail(f"timed out after {timeout_s}s waiting for {what}")
