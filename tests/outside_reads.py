@@ -15,6 +15,7 @@ import sysconfig
 from pathlib import Path
 
 WATCHED_EVENTS = frozenset({"open", "os.listdir", "os.scandir"})
+OWN_TEMP_PREFIX = "polar-"
 
 
 class OutsideReadGuard:
@@ -26,8 +27,10 @@ class OutsideReadGuard:
         roots = {Path(p).resolve() for p in (*allowed, *_interpreter_roots())}
         # a root holding the repository itself would excuse all its neighbours
         self.allowed = tuple(root for root in roots if not _within(self.repo, root))
-        # the neighbours at start: anything made later (a tmp dir of the tests) is the tests' own
-        self.neighbours = frozenset(os.listdir(self.parent)) - {self.repo.name}
+        # the neighbours at start: anything made later (a tmp dir of the tests) is the tests' own; so
+        # are Polar's own temp artefacts (polar-ledgers, polar-seed-*...) when the clone sits in /tmp
+        self.neighbours = frozenset(name for name in os.listdir(self.parent)
+                                    if name != self.repo.name and not name.startswith(OWN_TEMP_PREFIX))
         self.reads: list[str] = []
 
     def offending(self, path: str | bytes | os.PathLike | int) -> Path | None:
