@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import json
 
 import aiohttp
 import pytest
@@ -60,3 +61,20 @@ async def test_two_turns_through_the_proxy_on_real_vllm_are_token_exact(api, str
     assert c0["backend"] == "vllm" and "backend_prompt_mismatch" not in c0["flags"] + c1["flags"]
     for call in calls:
         assert len(call["logprobs"]) == len(call["sampled_ids"]) > 0
+
+
+@pytest.mark.parametrize("harness", ["codex", "claude-code"])
+def test_harness_episode_on_real_vllm_fits_the_window_and_passes_check(harness, vllm_server, tmp_path):  # noqa: F811
+    """Codex's and Claude Code's first prompts (~9.5k and ~12.8k tokens) are past SmolLM2's trained
+    8k window: the RoPE-scaled 32k one, which vLLM derives and the proxy reads, lets the model sample."""
+    from polar_env.cli import main
+
+    out = tmp_path / "out"
+    assert main(["rollout", "--harness", harness, "--tasks", "bundled", "--limit", "1", "--backend", "vllm",
+                 "--url", vllm_server.url, "--model-name", vllm_server.model, "--max-tokens", "64",
+                 "--timeout", "240", "--out", str(out)]) == 0
+    [trajectory] = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
+    first = trajectory["chains"][0]
+    assert len(first["input_ids"]) > 8192 and trajectory["stats"]["sampled_tokens"] > 0, trajectory["error"]
+    assert not any("context overflow" in (c.get("error") or "") for c in trajectory["calls"])
+    assert main(["check", str(out / "trajectories.jsonl")]) == 0
