@@ -158,7 +158,7 @@ class TokenEngine:
             return "unknown"
         try:
             return await probe(self.renderer.render_prompt([Message(role="user", content="Say something.")], []))
-        except BackendError as exc:
+        except (BackendError, ContextOverflow) as exc:
             log.warning("could not tell which logprobs backend %s returns: %s", self.backend.name, exc)
             return "unknown"
 
