@@ -187,6 +187,21 @@ def test_concurrent_seeds_of_one_episode_make_one_workspace(gym):
     assert status == 422 and "temperature" in reply["detail"]
 
 
+def test_masked_rollouts_survive_gyms_aggregation(gym):
+    """Gym leaves masked rollouts out of every quality metric (compute_metrics never sees them);
+    the agent's aggregation still counts them."""
+    rollouts = [{"_ng_task_index": 0, "_ng_rollout_index": 0, "reward": 1.0, "mask_sample": False},
+                {"_ng_task_index": 0, "_ng_rollout_index": 1, "reward": 0.0, "mask_sample": True,
+                 "failure_kind": "polar:harness_killed"},
+                {"_ng_task_index": 1, "_ng_rollout_index": 0, "reward": 0.0, "mask_sample": False}]
+    status, metrics = _post(gym.urls["polar_pi_agent"] + "/aggregate_metrics", {"verify_responses": rollouts})
+    assert status == 200, metrics
+    agent = metrics["agent_metrics"]
+    assert agent["mean/reward"] == 0.5  # over the two unmasked rollouts
+    assert agent["polar/masked_fraction"] == pytest.approx(1 / 3) and agent["polar/masked/harness_killed"] == 1
+    assert metrics["key_metrics"]["polar/num_masked"] == 1
+
+
 def _start_run_and_hold_a_call(gym) -> None:
     """With the policy server paused, wait until the episode's first model call waits on it."""
     wait_until(lambda: requests_waiting(gym.policy_port) > 0, 300, "a model call waiting on the paused policy")
