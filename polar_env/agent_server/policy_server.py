@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import time
 import uuid
 from pathlib import Path
@@ -26,6 +25,7 @@ from aiohttp import web
 
 from polar_env.backends.base import Backend, BackendError, SamplingParams
 from polar_env.backends.policies import POLICIES, Policy, make_policy
+from polar_env.stop_signal import wait_for_stop_signal
 
 
 def gold_policy(tasks_spec: str = "bundled") -> Policy:
@@ -133,11 +133,7 @@ def run(args: argparse.Namespace) -> int:
         server = PolicyServer(backend, model_name=args.model_name)
         await server.start(args.host, args.port)
         print(f"policy server ready on http://{args.host}:{server.port} ({args.backend}/{args.policy})", flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
+        await wait_for_stop_signal()
         await server.stop()
 
     asyncio.run(serve())

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import sys
 import time
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any
 from aiohttp import web
 
 from polar_env.bench.common import ADMIN_SECRET, ANSWER_TEXT
+from polar_env.stop_signal import wait_for_stop_signal
 
 
 class BenchBackend:
@@ -88,11 +88,7 @@ async def _serve(app: web.Application, on_stop: Any = None) -> None:
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     print(f"READY {port}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await wait_for_stop_signal()
     if on_stop is not None:
         await on_stop()
     await runner.cleanup()

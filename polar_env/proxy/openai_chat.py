@@ -18,6 +18,7 @@ from polar_env.proxy.wire import (
     SSE_COMMENT_KEEPALIVE,
     DecodedRequest,
     Loose,
+    OpenAIRequestFields,
     WireError,
     choose_tools,
     custom_tool_description,
@@ -95,22 +96,15 @@ class StreamOptions(Loose):
     include_usage: bool = False
 
 
-class ChatRequest(Loose):
-    model: str
+class ChatRequest(OpenAIRequestFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    stream: bool | None = False
     stream_options: StreamOptions | None = None
-    temperature: float | None = None
-    top_p: float | None = None
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     tools: list[ChatTool] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None
     stop: str | list[str] | None = None
     n: int | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = None
     response_format: dict[str, Any] | None = None
 
 

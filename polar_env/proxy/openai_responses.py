@@ -19,6 +19,7 @@ from polar_env.proxy.wire import (
     PART_JOIN,
     DecodedRequest,
     Loose,
+    OpenAIRequestFields,
     ToolRoute,
     WireError,
     call_id_from_ref,
@@ -112,20 +113,13 @@ class ToolDef(Loose):
     tools: list[dict[str, Any]] | None = None  # type == "namespace"
 
 
-class ResponsesRequest(Loose):
-    model: str
+class ResponsesRequest(OpenAIRequestFields):
     input: str | list[dict[str, Any]]
     instructions: str | None = None
-    stream: bool | None = False
-    temperature: float | None = None
-    top_p: float | None = None
     max_output_tokens: int | None = None
     tools: list[ToolDef] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None
     text: dict[str, Any] | None = None  # {"format": {"type": "text" | "json_schema" | "json_object"}, ...}
     include: list[str] | None = None
-    top_logprobs: int | None = None
 
 
 # -- decoding ----------------------------------------------------------------------------------

@@ -6,11 +6,11 @@ import argparse
 import asyncio
 import os
 import secrets
-import signal
 from pathlib import Path
 
 from polar_env.proxy.app import DEFAULT_MAX_BODY, ProxyServer
 from polar_env.proxy.engine import EngineConfig
+from polar_env.stop_signal import wait_for_stop_signal
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -79,11 +79,7 @@ async def _serve(args: argparse.Namespace) -> None:
     print(f"polar proxy listening on {where}; backend={proxy.engine.backend.name} "
           f"model={proxy.engine.backend.model}; admin secret in {args.data_dir}/admin_secret "
           f"unless POLAR_ADMIN_SECRET is set", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await wait_for_stop_signal()
     await proxy.stop()
 
 

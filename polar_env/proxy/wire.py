@@ -38,6 +38,18 @@ class Loose(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
+class OpenAIRequestFields(Loose):
+    """What Chat Completions and Responses requests share, with the same meaning in both."""
+
+    model: str
+    stream: bool | None = False
+    temperature: float | None = None
+    top_p: float | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    top_logprobs: int | None = None
+
+
 class WireError(Exception):
     """A request the proxy refuses; ``message`` names the defect so the harness log says why."""
 
