@@ -31,3 +31,38 @@ def test_sampling_matches_raw_logprobs_only_untempered():
     assert "top_p 0.9" in sampling_mismatch("raw", {"temperature": 1.0, "top_p": 0.9})
     assert sampling_mismatch("processed", {"temperature": 0.7, "top_p": 0.9}) is None
     assert sampling_mismatch("unknown", {"temperature": 0.7}) is None
+
+
+async def test_a_backend_that_never_answers_the_probe_does_not_hang_the_proxy_start(renderer, tmp_path):
+    """The probe has its own bound: a hanging server (a stand-in, since an overloaded vLLM cannot be
+    provoked on demand) must not hold the proxy's start for the backend's generation timeout."""
+    import asyncio
+    import time
+
+    from aiohttp import web
+
+    from polar_env.backends.registry import make_backend
+    from polar_env.proxy.app import ProxyServer
+    from polar_env.proxy.engine import EngineConfig
+
+    async def never(request: web.Request) -> web.Response:
+        await asyncio.sleep(3600)
+        return web.Response(status=500)
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", never)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    backend = make_backend("vllm", url=f"http://127.0.0.1:{port}", model="slow", timeout_s=3600)
+    proxy = ProxyServer.create(renderer=renderer, backend=backend, data_dir=tmp_path / "data", admin_secret="s",
+                               config=EngineConfig(max_context=8192, logprobs_probe_timeout_s=1.0))
+    started = time.perf_counter()
+    try:
+        await asyncio.wait_for(proxy.start(), 30)
+        assert proxy.logprobs_mode == "unknown" and time.perf_counter() - started < 30
+    finally:
+        await proxy.stop()
+        await runner.cleanup()

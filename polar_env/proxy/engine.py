@@ -52,6 +52,9 @@ class EngineConfig:
     backend_retries: int = 2  # extra attempts on retryable backend errors
     retry_backoff_s: float = 0.2
     defaults: dict[str, Any] = field(default_factory=dict)  # sampling when neither policy nor harness sets it
+    # the start-up logprobs probe's own bound: a backend that hangs must not hang the proxy's start
+    # (its generation timeout may be an hour); past it the mode is ``unknown``
+    logprobs_probe_timeout_s: float = 30.0
 
 
 @dataclass
@@ -156,10 +159,12 @@ class TokenEngine:
         probe = getattr(self.backend, "probe_logprobs_mode", None)
         if probe is None:
             return "unknown"
+        prompt = self.renderer.render_prompt([Message(role="user", content="Say something.")], [])
         try:
-            return await probe(self.renderer.render_prompt([Message(role="user", content="Say something.")], []))
-        except (BackendError, ContextOverflow) as exc:
-            log.warning("could not tell which logprobs backend %s returns: %s", self.backend.name, exc)
+            return await asyncio.wait_for(probe(prompt), self.config.logprobs_probe_timeout_s)
+        except (BackendError, ContextOverflow, TimeoutError) as exc:
+            why = str(exc) or f"no answer in {self.config.logprobs_probe_timeout_s:g} s"
+            log.warning("could not tell which logprobs backend %s returns: %s", self.backend.name, why)
             return "unknown"
 
     # -- sampling ----------------------------------------------------------------------------
