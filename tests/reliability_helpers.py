@@ -16,6 +16,7 @@ from typing import ClassVar
 
 from aiohttp import web
 
+from polar_env.backends.logprobs_mode import PROBE_TEMPERATURE
 from polar_env.harness_adapters.base import HarnessAdapter, HarnessContext, HarnessSummary, json_lines
 
 
@@ -27,6 +28,7 @@ class FaultyVllm:
         self.mode = "ok"
         self.fail_first = 0  # with mode "flaky": this many 500s, then good answers
         self.hits = Counter()
+        self.probes = 0
         self.release = asyncio.Event()  # lets hanging handlers end when the test is over
 
     def good(self, prompt: list[int]) -> dict:
@@ -36,6 +38,9 @@ class FaultyVllm:
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
+        if body.get("temperature") == PROBE_TEMPERATURE and body.get("max_tokens") == 1:
+            self.probes += 1  # the proxy's start-up logprobs probe, not a call: a server that cannot say
+            return web.Response(status=404, text="no logprobs probe here")
         self.hits[self.mode] += 1
         mode = self.mode
         if mode == "flaky":

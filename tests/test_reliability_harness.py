@@ -103,13 +103,15 @@ async def test_output_flood_is_bounded(renderer, task, tmp_path: Path, monkeypat
     assert result.trajectory.status == "completed"
 
 
-async def test_endless_retries_stop_at_the_deadline(renderer, task, tmp_path: Path, monkeypatch):
+async def test_endless_retries_stop_at_the_second_identical_failure(renderer, task, tmp_path: Path, monkeypatch):
+    """A harness that retries a failing call forever: the proxy stops the session at the second
+    identical failure (docs/proxy.md, no retry storms) and refuses the rest before the backend."""
     result, calls = await _episode(renderer, task, tmp_path, monkeypatch, "retry_forever", backend_mode="500",
                                    timeout_s=4)
-    assert result.harness.status == "timeout"
+    assert result.harness.status == "timeout"  # it keeps retrying the refusals until its deadline
     traj = result.trajectory
-    assert traj.status == "timeout"
-    assert 3 <= len(calls) < 4 / 0.05 and all(c.error and "HTTP 500" in c.error for c in calls)
+    assert traj.status == "error" and traj.error.startswith("stopped: the harness sent the same failing request")
+    assert len(calls) == 2 and all(c.error and "HTTP 500" in c.error for c in calls)
     assert traj.stats.failed_calls == len(calls) and traj.stats.trainable_tokens == 0
     assert traj.failure_kind is FailureKind.backend_failure and traj.masked
 
