@@ -29,6 +29,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
 from polar_env.cache import cache_root  # noqa: E402
+from polar_env.rewards.swebench_compat import instance_image  # noqa: E402
 from polar_env.tasks.env import ensure_task_env  # noqa: E402
 from polar_env.tasks.models import Task, TaskEnvironment  # noqa: E402
 from polar_env.tasks.toolkit import TaskDefect, derive_tests, deterministic_targz  # noqa: E402
@@ -436,6 +437,10 @@ def build(spec: Spec, out_root: Path) -> Task:
         raise SystemExit(str(e)) from e
     task.FAIL_TO_PASS, task.PASS_TO_PASS = f2p, p2p
     record = task.model_dump(mode="json")
+    record["image"] = instance_image(spec.instance_id)  # the image SWE-bench publishes for it
+    for unused in ("eval_script", "eval_type", "log_parser"):  # bundled rows grade from test_cmd
+        if not record.get(unused):
+            record.pop(unused, None)
     record["base_archive"] = archive.name
     record["source"] = {"sdist": spec.sdist, "file": spec.sdist_file, "sha256": spec.sha256}
     (out_dir / "task.json").write_text(json.dumps(record, indent=1) + "\n")

@@ -252,4 +252,4 @@ async def test_memory_and_pids_limits(task_tree: Path, tmp_path: Path, record_pr
 def test_forwarder_is_stdlib_only():
     src = Path(sys.modules[BubblewrapSandbox.__module__].__file__).with_name("forwarder.py").read_text()
     imports = {line.split()[1].split(".")[0] for line in src.splitlines() if line.startswith(("import ", "from "))}
-    assert imports <= {"__future__", "argparse", "socket", "subprocess", "sys", "threading"}
+    assert imports and imports <= set(sys.stdlib_module_names)  # images have python3, not our packages
