@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -20,3 +21,18 @@ async def serve(app: web.Application) -> AsyncIterator[str]:
         yield f"http://127.0.0.1:{port}"
     finally:
         await runner.cleanup()
+
+
+@asynccontextmanager
+async def never_answering_completions() -> AsyncIterator[str]:
+    """A vLLM-shaped ``/v1/completions`` that never answers (an overloaded server cannot be provoked
+    on demand); yields its base URL."""
+
+    async def never(request: web.Request) -> web.Response:
+        await asyncio.sleep(3600)
+        return web.Response(status=500)
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", never)
+    async with serve(app) as url:
+        yield url

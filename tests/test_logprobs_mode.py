@@ -39,30 +39,19 @@ async def test_a_backend_that_never_answers_the_probe_does_not_hang_the_proxy_st
     import asyncio
     import time
 
-    from aiohttp import web
+    from http_double import never_answering_completions
 
     from polar_env.backends.registry import make_backend
     from polar_env.proxy.app import ProxyServer
     from polar_env.proxy.engine import EngineConfig
 
-    async def never(request: web.Request) -> web.Response:
-        await asyncio.sleep(3600)
-        return web.Response(status=500)
-
-    app = web.Application()
-    app.router.add_post("/v1/completions", never)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    backend = make_backend("vllm", url=f"http://127.0.0.1:{port}", model="slow", timeout_s=3600)
-    proxy = ProxyServer.create(renderer=renderer, backend=backend, data_dir=tmp_path / "data", admin_secret="s",
-                               config=EngineConfig(max_context=8192, logprobs_probe_timeout_s=1.0))
-    started = time.perf_counter()
-    try:
-        await asyncio.wait_for(proxy.start(), 30)
-        assert proxy.logprobs_mode == "unknown" and time.perf_counter() - started < 30
-    finally:
-        await proxy.stop()
-        await runner.cleanup()
+    async with never_answering_completions() as url:
+        backend = make_backend("vllm", url=url, model="slow", timeout_s=3600)
+        proxy = ProxyServer.create(renderer=renderer, backend=backend, data_dir=tmp_path / "data", admin_secret="s",
+                                   config=EngineConfig(max_context=8192, logprobs_probe_timeout_s=1.0))
+        started = time.perf_counter()
+        try:
+            await asyncio.wait_for(proxy.start(), 30)
+            assert proxy.logprobs_mode == "unknown" and time.perf_counter() - started < 30
+        finally:
+            await proxy.stop()

@@ -5,7 +5,6 @@ never dropped from nemo_results.jsonl and never trained on at reward 0."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
 import subprocess
@@ -13,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from aiohttp import web
+from http_double import never_answering_completions
 from trajectory_helpers import call, session, three_turn
 
 from polar_env.outcomes import (
@@ -180,26 +179,12 @@ async def test_timed_out_episodes_are_masked_not_dropped(tmp_path: Path, embedde
     from polar_env.rollout.runner import proxy_factory, run_rollouts
     from polar_env.tasks.loader import load_tasks
 
-    async def never(request: web.Request) -> web.Response:
-        await asyncio.sleep(3600)
-        return web.Response(status=500)
-
-    app = web.Application()
-    app.router.add_post("/v1/completions", never)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]
-    try:
+    async with never_answering_completions() as url:
         config = RolloutConfig(harness="pi", task_ids=["pallets__flask-5014"], samples=2, concurrency=2, timeout=20,
                                out=tmp_path / "out", model_dir=embedded_dir)
         plan = plan_from_config(config)
-        backend = make_backend("vllm", url=f"http://127.0.0.1:{port}", model="slow",
-                               timeout_s=3600)
+        backend = make_backend("vllm", url=url, model="slow", timeout_s=3600)
         trajectories = await run_rollouts(plan, proxy_factory(config, backend=backend, tasks=load_tasks("bundled")))
-    finally:
-        await runner.cleanup()
     assert len(trajectories) == 2
     assert {t.status for t in trajectories} == {"timeout"}
     assert {t.failure_kind for t in trajectories} == {FailureKind.deadline_backend}
