@@ -32,8 +32,10 @@ class ClaudeCodeAdapter(HarnessAdapter):
         # system block; the version suffix changes per request.
         VolatileRule("x-anthropic-billing-header", frozenset({"system"}),
                      re.compile(r"^x-anthropic-billing-header:[^\n]*(?:\n+|$)", re.MULTILINE)),
+        # the look-behind starts a match only at the first newline of a run: without it, every
+        # newline of a long blank run retries the run (quadratic: minutes for a 1 MB tool output)
         VolatileRule("claude-todays-date", frozenset({"system", "user"}),
-                     re.compile(r"\n*Today's date is \d{4}-\d{2}-\d{2}\.", re.MULTILINE)),
+                     re.compile(r"(?<!\n)\n*Today's date is \d{4}-\d{2}-\d{2}\.", re.MULTILINE)),
         VolatileRule("claude-date-line", frozenset({"system"}), re.compile(r"^Date: \d{4}-\d{2}-\d{2}\n?", re.MULTILINE)),
         # " - OS Version: Linux 6.18.44-fc-v669" in its "# Environment" message: the host's kernel
         # (uname -r), which no sandbox can hide; the OS name stays.

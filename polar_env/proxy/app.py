@@ -11,6 +11,7 @@ import asyncio
 import hmac
 import logging
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
@@ -22,6 +23,7 @@ from polar_env.backends.logprobs_mode import LogprobsMismatch, LogprobsMode, sam
 from polar_env.chat.template import ChatRenderer
 from polar_env.proxy import anthropic_messages, openai_chat, openai_responses
 from polar_env.proxy.engine import ContextOverflow, EngineConfig, SessionStopped, TokenEngine
+from polar_env.proxy.offload import ParsePool
 from polar_env.proxy.sessions import AuthError, Session, SessionRegistry
 from polar_env.proxy.wire import DecodedRequest, WireError, openai_error, parse_json_body
 from polar_env.trajectory.ledger import Ledger
@@ -34,7 +36,7 @@ API_MODULES: dict[str, ModuleType] = {
     "messages": anthropic_messages,
 }
 DEFAULT_MAX_BODY = 64 * 1024 * 1024
-OFF_LOOP_BYTES = 256 * 1024  # bodies from this size are parsed in a worker thread
+OFF_LOOP_BYTES = 256 * 1024  # bodies from this size are parsed in a worker process (proxy/offload.py)
 T = TypeVar("T")
 
 
@@ -87,6 +89,7 @@ class ProxyServer:
         self.unix_socket: Path | None = None
         self._inflight: dict[str, set[asyncio.Task]] = {}  # session id -> model calls still running
         self.logprobs_mode: LogprobsMode = "unknown"  # which logprobs the backend returns (probed at start)
+        self._parsers = ParsePool()
 
     @classmethod
     def create(cls, *, renderer: ChatRenderer, backend: Backend, data_dir: Path, admin_secret: str,
@@ -186,6 +189,7 @@ class ProxyServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        self._parsers.close()
         if self.owns_backend:
             await self.engine.backend.aclose()
 
@@ -220,12 +224,13 @@ class ProxyServer:
         return await self._off_loop(await request.read(), parse_json_body, default)
 
     async def _off_loop(self, raw: bytes, parse: Callable[[bytes], T], default: bytes = b"") -> T:
-        """``parse(raw)``, in a worker thread for a large body: JSON and validation of megabytes
-        would otherwise hold /health and every other session."""
+        """``parse(raw)``, in a worker process for a large body: JSON, validation and the volatile
+        rules over megabytes would otherwise hold /health and every other session (a thread would
+        too: they hold the GIL)."""
         raw = raw or default
         if len(raw) < OFF_LOOP_BYTES:
             return parse(raw)
-        return await asyncio.to_thread(parse, raw)
+        return await self._parsers.run(parse, raw)
 
     def _call(self, api: str):
         module = API_MODULES[api]
@@ -233,7 +238,7 @@ class ProxyServer:
         async def handler(request: web.Request) -> web.StreamResponse:
             try:
                 session = self._session(request)
-                decoded = await self._off_loop(await request.read(), lambda raw: _decode(module.decode, raw))
+                decoded = await self._off_loop(await request.read(), partial(_decode, module.decode))
                 task = asyncio.ensure_future(self.engine.complete(session, api, decoded))
                 self._track(session.id, task)
                 if decoded.stream:  # a quick answer or failure keeps its own status line
@@ -290,7 +295,7 @@ class ProxyServer:
         try:
             self._session(request)
             decoded = await self._off_loop(await request.read(),
-                                           lambda raw: _decode(anthropic_messages.decode_count_tokens, raw))
+                                           partial(_decode, anthropic_messages.decode_count_tokens))
             count = await self.engine.count_tokens(decoded)
         except AuthError as exc:
             return web.json_response(anthropic_messages.encode_error(401, str(exc)), status=401)

@@ -58,6 +58,9 @@ class WireError(Exception):
         self.status = status
         self.message = message
 
+    def __reduce__(self):  # raised in a parse worker process (proxy/offload.py), re-raised here
+        return type(self), (self.status, self.message)
+
 
 class ToolRoute(BaseModel):
     """How to name a tool call on the way back when the canonical name was flattened (Codex namespaces)."""
