@@ -24,10 +24,6 @@ FULL = {"limit": None, "samples": 2, "timeout": 300.0, "concurrency": 2}
 # tool call, up to ~400 tokens on the bundled tasks), so it gets rollout's budget.
 MODEL_MAX_TOKENS = {"quick": 96, "full": 160}
 SCRIPTED_MAX_TOKENS = 1024
-# Added to the preset's deadline: the in-process model prefills each call's whole prompt on CPU, and
-# Codex's and Claude Code's first prompts (~9.5k and ~12.8k tokens, Pi's ~1.5k) take minutes of a busy
-# 2-core machine, with two episodes taking turns on the one model.
-PREFILL_ALLOWANCE_S = {"codex": 480.0, "claude-code": 480.0}
 
 
 def default_max_tokens(policy: str, quick: bool) -> int:
@@ -59,13 +55,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from polar_env.harness_adapters.registry import get_adapter
     from polar_env.rollout.outputs import finish_outputs, summarize, summary_table
     from polar_env.rollout.plan import plan_from_config
     from polar_env.rollout.runner import prepare, proxy_factory, run_rollouts
 
     preset = QUICK if args.quick else FULL  # explicit flags win over either preset
     if args.timeout is None:
-        args.timeout = preset["timeout"] + PREFILL_ALLOWANCE_S.get(args.harness, 0.0)
+        # the in-process model prefills each call's whole prompt on CPU: a long first prompt takes
+        # minutes of a busy 2-core machine, with two episodes taking turns on the one model
+        args.timeout = preset["timeout"] + get_adapter(args.harness).prefill_allowance_s
     for key, value in preset.items():
         if getattr(args, key) is None:
             setattr(args, key, value)

@@ -18,6 +18,7 @@ from aiohttp import web
 
 from polar_env.backends.logprobs_mode import PROBE_TEMPERATURE
 from polar_env.harness_adapters.base import HarnessAdapter, HarnessContext, HarnessSummary, json_lines
+from polar_env.harness_adapters.sources import NpmPackage
 
 
 class FaultyVllm:
@@ -146,9 +147,7 @@ class FakeHarness(HarnessAdapter):
     """A harness adapter whose 'CLI' is FAKE_HARNESS; ``marker`` makes its processes findable."""
 
     name: ClassVar[str] = "fake"
-    package: ClassVar[str] = "none"
-    version: ClassVar[str] = "0"
-    bin_name: ClassVar[str] = "fake"
+    source: ClassVar[NpmPackage] = NpmPackage("none", "0", "fake")  # never installed: install() is overridden
 
     def __init__(self, mode: str, marker: str, install_root: Path, env: dict[str, str] | None = None):
         self.mode, self.marker, self.root, self.extra_env = mode, marker, install_root, env or {}

@@ -8,9 +8,10 @@ import shutil
 
 import pytest
 
-from polar_env.backends.policies import SHELL_TOOLS, gold_policy
+from polar_env.backends.policies import gold_policy
 from polar_env.cli import main as polar_main
 from polar_env.demo import default_max_tokens
+from polar_env.harness_adapters.registry import shell_tools
 from polar_env.tasks.loader import load_tasks
 from polar_env.trajectory.export import read_trajectories
 
@@ -26,11 +27,11 @@ def test_gold_default_budget_holds_every_bundled_gold_call(quick, renderer):
     policy = gold_policy(tasks)
     budget = default_max_tokens("gold", quick)
     for task in tasks:
-        for tool, _ in SHELL_TOOLS:
-            text = policy(f"{task.instance_id}.s0.a0", 0, f'"name": "{tool}"')
+        for tool in shell_tools():
+            text = policy(f"{task.instance_id}.s0.a0", 0, f'"name": "{tool.name}"')
             assert "git apply" in text
             tokens = len(renderer.tokenizer.encode(text, add_special_tokens=False)) + 1  # + end of turn
-            assert tokens <= budget, (task.instance_id, tool, tokens, budget)
+            assert tokens <= budget, (task.instance_id, tool.name, tokens, budget)
 
 
 @pytest.mark.slow

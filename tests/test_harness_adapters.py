@@ -9,11 +9,13 @@ from pathlib import Path
 import pytest
 
 from polar_env.cache import cache_root
-from polar_env.harness_adapters import HarnessContext, get_adapter
-from polar_env.harness_adapters.base import INSTALLED_MARKER, json_lines
+from polar_env.harness_adapters import HarnessContext, adapter_names, get_adapter
+from polar_env.harness_adapters.base import json_lines
 from polar_env.harness_adapters.claude_code import MODEL_VARS
 from polar_env.harness_adapters.doctor import doctor_report, format_table
+from polar_env.harness_adapters.registry import ADAPTERS, NOISE_EXCLUDES, shell_tools
 from polar_env.harness_adapters.runner import episode_command
+from polar_env.harness_adapters.sources import INSTALLED_MARKER, PythonVenv
 
 CTX = HarnessContext(session_id="sess-1", session_key="sk-polar-secret", model_name="policy", port=18080)
 
@@ -21,7 +23,7 @@ CTX = HarnessContext(session_id="sess-1", session_key="sk-polar-secret", model_n
 def test_registry_and_aliases():
     assert get_adapter("codex").name == "codex"
     assert get_adapter("claude_code").name == get_adapter("claude-code").name == "claude-code"
-    assert get_adapter("pi").package == "@mariozechner/pi-coding-agent"
+    assert get_adapter("pi").package == "@mariozechner/pi-coding-agent@0.73.1"
     with pytest.raises(KeyError):
         get_adapter("cursor")
     for name in ("codex", "claude-code", "pi"):
@@ -34,8 +36,9 @@ def test_cache_dir_honours_polar_cache(monkeypatch, tmp_path: Path):
     assert cache_root() == tmp_path
     codex = get_adapter("codex")
     assert codex.install_dir() == tmp_path / "harnesses" / f"codex-{codex.version}"
-    assert codex.install_command()[:4] == ["npm", "install", "--prefix", str(codex.install_dir())]
-    assert codex.install_command()[-1] == f"@openai/codex@{codex.version}"
+    [npm] = codex.install_commands()
+    assert npm[:4] == ["npm", "install", "--prefix", str(codex.install_dir())]
+    assert npm[-1] == f"@openai/codex@{codex.version}"
     monkeypatch.delenv("POLAR_CACHE")
     assert cache_root() == Path.home() / ".cache" / "polar"
 
@@ -51,6 +54,33 @@ def test_install_is_a_noop_once_installed(tmp_path: Path):
     assert pi.is_installed(tmp_path)
     assert pi.install(tmp_path) == d  # would run npm (no network in CI jobs without it) if not a no-op
     assert (tmp_path / "harnesses" / f".pi-{pi.version}.lock").exists()
+
+
+def test_python_venv_source_installs_into_its_own_venv_and_launches_through_it(tmp_path: Path):
+    """What a PyPI harness declares (docs/harnesses.md): a pinned requirement and a console script."""
+    src = PythonVenv("mini-swe-agent", "1.0.0", "mini", extras=("litellm==1.2.3",))
+    dest = tmp_path / "mini-1.0.0"
+    venv, pip = src.install_commands(dest)
+    assert venv == ["/usr/bin/python3", "-m", "venv", str(dest)]
+    assert pip[:3] == [str(dest / "bin" / "python"), "-m", "pip"] and pip[-2:] == ["mini-swe-agent==1.0.0",
+                                                                                    "litellm==1.2.3"]
+    # a console script's #! names the host path of the venv, so it runs through the mounted interpreter
+    assert src.launcher == ["/opt/harness/bin/python", "/opt/harness/bin/mini"]
+    assert src.executable_in(dest) == dest / "bin" / "mini" and src.spec == "mini-swe-agent==1.0.0"
+
+
+def test_harness_knowledge_lives_in_the_adapters():
+    """The diff's noise, the scripted policy's shell tools and the proxy's volatile lines are the union
+    of what each adapter declares; nothing else lists a harness."""
+    from polar_env.proxy.volatile import RULES
+    from polar_env.sandbox.base import BUILD_EXCLUDES
+
+    for cls in ADAPTERS.values():
+        assert set(cls.noise_dirs) <= set(NOISE_EXCLUDES)
+        assert set(cls.volatile_rules) <= set(RULES)
+        assert cls.shell_tool is None or cls.shell_tool in shell_tools()
+    assert set(NOISE_EXCLUDES) - set(BUILD_EXCLUDES) == {d for cls in ADAPTERS.values() for d in cls.noise_dirs}
+    assert not {".codex", ".claude", ".pi"} & set(BUILD_EXCLUDES)
 
 
 def test_codex_config_matches_design():
@@ -166,7 +196,9 @@ def test_doctor_rows_cover_harnesses_and_sandbox_tools(tmp_path: Path):
     for needed in ("bubblewrap", "setpriv", "node", "npm", "cgroups", "harness codex", "harness claude-code",
                    "harness pi"):
         assert needed in names
-    harness_rows = [r for r in rows if r.component.startswith("harness ")]
-    assert all(not r.installed and "npm install --prefix" in r.fix_command for r in harness_rows)
+    harness_rows = {r.component.removeprefix("harness "): r for r in rows if r.component.startswith("harness ")}
+    assert list(harness_rows) == adapter_names()
+    for name, row in harness_rows.items():  # each row names the exact commands its source installs with
+        assert not row.installed and " ".join(get_adapter(name).install_commands(tmp_path)[-1]) in row.fix_command
     table = format_table(rows)
     assert table.splitlines()[0].startswith("component") and "harness pi" in table

@@ -22,9 +22,11 @@ from aiohttp import web
 from polar_sandbox_helpers import processes_matching
 
 from polar_env.backends.local import LocalBackend
+from polar_env.backends.policies import offered_shell_tool, tool_call
 from polar_env.backends.scripted import ScriptedBackend
 from polar_env.chat.template import ChatRenderer
 from polar_env.harness_adapters import get_adapter
+from polar_env.harness_adapters.registry import NOISE_EXCLUDES
 from polar_env.harness_adapters.runner import run_episode_in_sandbox
 from polar_env.proxy import anthropic_messages, openai_chat, openai_responses
 from polar_env.proxy.app import ProxyServer
@@ -41,12 +43,7 @@ pytestmark = [pytest.mark.slow,
 
 EDIT = "sed -i s/original/edited-by-agent/ hello.py"
 FINAL = "Done: hello.py now says edited-by-agent."
-TOOL_FOR = {"codex": ("exec_command", "cmd"), "claude-code": ("Bash", "command"), "pi": ("bash", "command")}
-
-
 HANG = "python3 -c 'import time; time.sleep(3600)' polar-e2e-hang"
-# Each harness's own knob that keeps its shell tool waiting past the test's 20 s deadline.
-HANG_ARGS = {"exec_command": {"yield_time_ms": 30000}, "Bash": {"timeout": 600000}, "bash": {}}
 
 
 PARALLEL = ["echo one > one.txt", "echo two > two.txt"]
@@ -55,16 +52,13 @@ PARALLEL = ["echo one > one.txt", "echo two > two.txt"]
 def policy(session_id: str | None, call_number: int, prompt_text: str) -> str:
     if "<tool_response>" in prompt_text:
         return FINAL
+    tool = offered_shell_tool(prompt_text)
+    if tool is None:
+        return FINAL
     if "Two commands at once" in prompt_text:  # two tool calls in one sampled turn
-        name, arg = TOOL_FOR["codex"]
-        return "\n".join("<tool_call>\n" + json.dumps({"name": name, "arguments": {arg: c}}) + "\n</tool_call>"
-                         for c in PARALLEL)
-    hang = "Hang forever" in prompt_text
-    for name, arg in TOOL_FOR.values():
-        if f'"name": "{name}"' in prompt_text:
-            args = {arg: HANG, **HANG_ARGS[name]} if hang else {arg: EDIT}
-            return "<tool_call>\n" + json.dumps({"name": name, "arguments": args}) + "\n</tool_call>"
-    return FINAL
+        return "\n".join(tool_call(tool, c) for c in PARALLEL)
+    # the hang keeps the harness's own shell tool waiting past the test's 20 s deadline (its wait_args)
+    return tool_call(tool, HANG, wait=True) if "Hang forever" in prompt_text else tool_call(tool, EDIT)
 
 
 class RecordingProxy(ProxyServer):
@@ -122,7 +116,7 @@ async def rollout(adapter, proxy: RecordingProxy, tmp_path: Path, name: str, *,
         run = await run_episode_in_sandbox(adapter, sb, proxy_socket_dir=sock, session_id=sid, session_key=key,
                                            model_name="policy", prompt=prompt, timeout_s=timeout_s)
         edited = (sb.testbed / "hello.py").read_text()
-        patch = (await sb.diff()).decode()
+        patch = (await sb.diff(NOISE_EXCLUDES)).decode()
     finally:
         await sb.destroy()
     return sid, run, edited, patch
@@ -136,7 +130,8 @@ async def test_real_harness_edits_file_through_proxy(harness, proxy: RecordingPr
     detail = (run.status, run.exit_code, run.stdout_tail[-3000:], run.stderr_tail[-3000:])
     assert run.status == "completed" and run.exit_code == 0, detail
     assert edited == "print('edited-by-agent')\n", detail
-    assert "+print('edited-by-agent')" in patch and ".codex" not in patch and ".claude" not in patch
+    assert "+print('edited-by-agent')" in patch
+    assert not any(d in patch for d in adapter.noise_dirs), patch
     assert run.summary.tool_calls >= 1 and run.summary.final_message and FINAL in run.summary.final_message, detail
 
     ledger = Ledger(tmp_path / "ledger")

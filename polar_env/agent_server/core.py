@@ -69,7 +69,7 @@ SHUTDOWN_GRACE_S = 120.0  # how long stop() waits for in-flight episodes to sett
 class PolarAgentConfig(BaseModel):
     """What an operator sets in the Gym config (``responses_api_agents.polar_agent``)."""
 
-    harness: str = "pi"  # codex | claude-code | pi (polar_env.harness_adapters)
+    harness: str = "pi"  # a name in polar_env/harness_adapters/registry.py
     policy_base_url: str | list[str] = ""  # NeMo-RL passes a list (one per vLLM server), with or without /v1
     policy_model_name: str = ""  # the served model name; also what the harness asks for
     backend: str = "vllm"  # vllm (stock OpenAI server, /v1/completions) | nemo-rl (NeMo-RL's HTTP server)

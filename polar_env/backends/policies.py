@@ -11,21 +11,30 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
+from polar_env.harness_adapters.base import ShellTool
+from polar_env.harness_adapters.registry import shell_tools
 from polar_env.tasks.models import Task
 
 Policy = Callable[[str | None, int, str], str]
 
-# (tool name, argument holding the command) of each harness's shell tool, as rendered in the prompt
-SHELL_TOOLS = (("exec_command", "cmd"), ("Bash", "command"), ("bash", "command"))
 DONE = "I applied the fix and verified it. Done."
 
 
+def offered_shell_tool(prompt_text: str) -> ShellTool | None:
+    """The shell tool (declared by each adapter) that the prompt's tool list offers, if any."""
+    return next((tool for tool in shell_tools() if f'"name": "{tool.name}"' in prompt_text), None)
+
+
+def tool_call(tool: ShellTool, command: str, *, wait: bool = False) -> str:
+    """A Hermes tool call running ``command`` with ``tool``."""
+    return "<tool_call>\n" + json.dumps({"name": tool.name, "arguments": tool.arguments(command, wait=wait)}) \
+        + "\n</tool_call>"
+
+
 def shell_call(prompt_text: str, command: str) -> str:
-    """A Hermes tool call running ``command`` with whichever shell tool the harness offers."""
-    for name, arg in SHELL_TOOLS:
-        if f'"name": "{name}"' in prompt_text:
-            return "<tool_call>\n" + json.dumps({"name": name, "arguments": {arg: command}}) + "\n</tool_call>"
-    return DONE
+    """A tool call running ``command`` with whichever shell tool the harness offers (else a final answer)."""
+    tool = offered_shell_tool(prompt_text)
+    return DONE if tool is None else tool_call(tool, command)
 
 
 def _task_of(session_id: str | None, prompt_text: str, tasks: list[Task]) -> Task | None:

@@ -18,7 +18,7 @@ from typing import Any
 
 from polar_env.episodes.workspace import Workspace, open_workspace
 from polar_env.harness_adapters.base import HarnessAdapter
-from polar_env.harness_adapters.registry import get_adapter
+from polar_env.harness_adapters.registry import NOISE_EXCLUDES, get_adapter
 from polar_env.harness_adapters.runner import HarnessRun, run_episode_in_sandbox
 from polar_env.outcomes import FailureKind, OutcomeTable, classify_episode, final_kind
 from polar_env.proxy.app import ProxyServer
@@ -135,7 +135,7 @@ async def close_session(session: EpisodeSession, status: str, error: str | None,
 
 async def extract_patch(sandbox: Sandbox) -> str:
     """The agent's patch: the workspace's diff against its base snapshot, harness noise dropped."""
-    return (await sandbox.diff()).decode("utf-8", errors="surrogateescape")
+    return (await sandbox.diff(NOISE_EXCLUDES)).decode("utf-8", errors="surrogateescape")
 
 
 def patch_bytes(patch: str) -> int:

@@ -1,4 +1,4 @@
-"""Harness adapters (codex, claude-code, pi): install, configure, run headless, summarize."""
+"""Harness adapters: the only place that knows a harness (install, configure, run headless, summarize)."""
 
 from polar_env.harness_adapters.base import HarnessAdapter, HarnessContext, HarnessSummary
 from polar_env.harness_adapters.registry import adapter_names, get_adapter

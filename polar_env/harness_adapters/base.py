@@ -1,28 +1,24 @@
-"""What every harness adapter declares: package, install, config, command line, summary.
+"""What every harness adapter declares: install source, config, env, command line, shell tool, noise
+dirs, volatile prompt lines, summary parser.
 
-An adapter is data plus three small functions; the runner (runner.py) does the rest. Installs
+An adapter is data plus four small functions; the runner (runner.py) does the rest. Installs
 live in one shared cache (``$POLAR_CACHE`` or ``~/.cache/polar``) as
-``harnesses/<name>-<version>`` and are mounted read-only at /opt/harness in every sandbox.
+``harnesses/<name>-<version>`` and are mounted read-only at /opt/harness in every sandbox (sources.py).
 Nothing here is per-rollout except the session id and key, which never reach the prompt.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
 import re
-import shutil
-import subprocess
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
 from polar_env.cache import cache_root
-
-HARNESS_MOUNT = "/opt/harness"
-INSTALLED_MARKER = ".polar-installed"
+from polar_env.harness_adapters import sources
+from polar_env.harness_adapters.sources import InstallSource
 
 
 @dataclass(frozen=True)
@@ -92,51 +88,60 @@ class VolatileRule:
     replacement: str = ""  # what a match becomes (default: removed)
 
 
+@dataclass(frozen=True)
+class ShellTool:
+    """The harness's own shell tool as the model sees it, so a scripted policy (backends/policies.py)
+    can call it: ``{name: {command_arg: <command>, **extra_args}}``. ``wait_args`` raise the tool's own
+    time limit for a command that runs long (without them some harnesses kill it after seconds)."""
+
+    name: str
+    command_arg: str
+    extra_args: dict[str, object] = field(default_factory=dict)
+    wait_args: dict[str, object] = field(default_factory=dict)
+
+    def arguments(self, command: str, *, wait: bool = False) -> dict[str, object]:
+        return {self.command_arg: command, **self.extra_args, **(self.wait_args if wait else {})}
+
+
 class HarnessAdapter(ABC):
+    """Everything Polar knows about one harness; nothing outside this class names the harness."""
+
     name: ClassVar[str]
-    package: ClassVar[str]  # npm package
-    version: ClassVar[str]  # pinned; bump deliberately (first prompts change with it)
-    bin_name: ClassVar[str]  # executable in node_modules/.bin
-    noise_dirs: ClassVar[tuple[str, ...]] = ()  # state it may drop in the task tree
+    source: ClassVar[InstallSource]  # npm package or Python venv, pinned
+    shell_tool: ClassVar[ShellTool | None] = None  # for scripted policies (None: it has none)
+    noise_dirs: ClassVar[tuple[str, ...]] = ()  # state it may drop in the task tree, never part of a patch
     volatile_rules: ClassVar[tuple[VolatileRule, ...]] = ()  # per-day / per-machine prompt lines
+    # Extra deadline `polar demo` grants: the embedded CPU model prefills a long first prompt for minutes.
+    prefill_allowance_s: ClassVar[float] = 0.0
+
+    @property
+    def version(self) -> str:
+        return self.source.version
+
+    @property
+    def package(self) -> str:
+        return self.source.spec
 
     # --- install ---
     def install_dir(self, root: Path | None = None) -> Path:
         return (root or cache_root()) / "harnesses" / f"{self.name}-{self.version}"
 
     def is_installed(self, root: Path | None = None) -> bool:
-        d = self.install_dir(root)
-        return (d / INSTALLED_MARKER).exists() and (d / "node_modules" / ".bin" / self.bin_name).exists()
+        return sources.is_installed(self.source, self.install_dir(root))
 
-    def install_command(self, root: Path | None = None) -> list[str]:
-        return ["npm", "install", "--prefix", str(self.install_dir(root)), "--no-audit", "--no-fund",
-                "--loglevel=error", f"{self.package}@{self.version}"]
+    def install_commands(self, root: Path | None = None) -> list[list[str]]:
+        return self.source.install_commands(self.install_dir(root))
 
     def install(self, root: Path | None = None, *, timeout_s: float = 1800) -> Path:
-        """Install once; a file lock makes concurrent callers wait for the first."""
-        d = self.install_dir(root)
-        d.parent.mkdir(parents=True, exist_ok=True)
-        with open(d.parent / f".{d.name}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if self.is_installed(root):
-                return d
-            shutil.rmtree(d, ignore_errors=True)  # a half-finished earlier attempt
-            d.mkdir()
-            proc = subprocess.run(self.install_command(root), capture_output=True, text=True, timeout=timeout_s)
-            if proc.returncode != 0:
-                shutil.rmtree(d, ignore_errors=True)
-                raise RuntimeError(f"npm install {self.package}@{self.version} failed:\n{proc.stderr[-4000:]}")
-            (d / INSTALLED_MARKER).write_text(f"{self.package}@{self.version}\n")
-            os.chmod(d, 0o755)
-        return d
+        return sources.install(self.source, self.install_dir(root), timeout_s=timeout_s)
 
     @property
-    def executable(self) -> str:
-        """The CLI's path inside the sandbox."""
-        return f"{HARNESS_MOUNT}/node_modules/.bin/{self.bin_name}"
+    def launcher(self) -> list[str]:
+        """The argv prefix that starts the CLI inside the sandbox."""
+        return self.source.launcher
 
     def version_command(self) -> list[str]:
-        return [self.executable, "--version"]
+        return [*self.launcher, "--version"]
 
     # --- per-episode ---
     @abstractmethod

@@ -13,9 +13,11 @@ from polar_env.harness_adapters.base import (
     HarnessAdapter,
     HarnessContext,
     HarnessSummary,
+    ShellTool,
     VolatileRule,
     json_lines,
 )
+from polar_env.harness_adapters.sources import NpmPackage
 
 MODEL_VARS = ("ANTHROPIC_MODEL", "ANTHROPIC_SMALL_FAST_MODEL", "ANTHROPIC_DEFAULT_HAIKU_MODEL",
               "ANTHROPIC_DEFAULT_SONNET_MODEL", "ANTHROPIC_DEFAULT_OPUS_MODEL", "CLAUDE_CODE_SUBAGENT_MODEL")
@@ -23,10 +25,10 @@ MODEL_VARS = ("ANTHROPIC_MODEL", "ANTHROPIC_SMALL_FAST_MODEL", "ANTHROPIC_DEFAUL
 
 class ClaudeCodeAdapter(HarnessAdapter):
     name = "claude-code"
-    package = "@anthropic-ai/claude-code"
-    version = "2.1.332"
-    bin_name = "claude"
+    source = NpmPackage("@anthropic-ai/claude-code", "2.1.332", "claude")
+    shell_tool = ShellTool("Bash", "command", wait_args={"timeout": 600000})
     noise_dirs = (".claude",)
+    prefill_allowance_s = 480.0  # ~12.8k first-prompt tokens
     volatile_rules = (
         # "x-anthropic-billing-header: cc_version=2.1.197.66a; cc_entrypoint=sdk-cli;" as the first
         # system block; the version suffix changes per request.
@@ -63,7 +65,7 @@ class ClaudeCodeAdapter(HarnessAdapter):
         return env
 
     def command(self, ctx: HarnessContext, prompt: str) -> list[str]:
-        return [self.executable, "-p", "--dangerously-skip-permissions", "--output-format", "stream-json",
+        return [*self.launcher, "-p", "--dangerously-skip-permissions", "--output-format", "stream-json",
                 "--verbose", "--model", ctx.model_name, prompt]
 
     def summarize(self, stdout: str) -> HarnessSummary:

@@ -14,9 +14,11 @@ from polar_env.harness_adapters.base import (
     HarnessAdapter,
     HarnessContext,
     HarnessSummary,
+    ShellTool,
     VolatileRule,
     json_lines,
 )
+from polar_env.harness_adapters.sources import NpmPackage
 
 KEY_ENV = "POLAR_SESSION_KEY"
 TOOL_ITEMS = {"command_execution", "file_change", "mcp_tool_call", "web_search"}
@@ -28,10 +30,10 @@ def _toml_str(value: str) -> str:
 
 class CodexAdapter(HarnessAdapter):
     name = "codex"
-    package = "@openai/codex"
-    version = "0.171.0"
-    bin_name = "codex"
+    source = NpmPackage("@openai/codex", "0.171.0", "codex")
+    shell_tool = ShellTool("exec_command", "cmd", wait_args={"yield_time_ms": 30000})
     noise_dirs = (".codex",)
+    prefill_allowance_s = 480.0  # ~9.5k first-prompt tokens
     volatile_rules = (
         # its <environment_context>: today's date (faketime cannot help: Codex is a static musl binary
         # that ignores LD_PRELOAD) and the host's time zone
@@ -75,7 +77,7 @@ class CodexAdapter(HarnessAdapter):
         return {"CODEX_HOME": self.codex_home(ctx), KEY_ENV: ctx.session_key}
 
     def command(self, ctx: HarnessContext, prompt: str) -> list[str]:
-        return [self.executable, "exec", "--skip-git-repo-check", "--ephemeral", "--json", prompt]
+        return [*self.launcher, "exec", "--skip-git-repo-check", "--ephemeral", "--json", prompt]
 
     def summarize(self, stdout: str) -> HarnessSummary:
         events, bad = json_lines(stdout)

@@ -89,8 +89,9 @@ def doctor_report(root: Path | None = None) -> list[DoctorRow]:
         adapter = cls()
         ok = adapter.is_installed(root)
         rows.append(DoctorRow(f"harness {name}", ok, adapter.version if ok else "",
-                              "" if ok else "polar doctor --install  # or: " + " ".join(adapter.install_command(root)),
-                              str(adapter.install_dir(root)) if ok else f"pinned {adapter.package}@{adapter.version}"))
+                              "" if ok else "polar doctor --install  # or: " + " && ".join(
+                                  " ".join(cmd) for cmd in adapter.install_commands(root)),
+                              str(adapter.install_dir(root)) if ok else f"pinned {adapter.package} ({adapter.source.kind})"))
     return rows
 
 
@@ -105,7 +106,7 @@ def format_table(rows: list[DoctorRow]) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__
     parser.add_argument("--cache", type=Path, default=None, help=f"cache root (default {cache_root()})")
-    parser.add_argument("--install", action="store_true", help="install missing harnesses from npm (pinned)")
+    parser.add_argument("--install", action="store_true", help="install missing harnesses (pinned, from npm or PyPI)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -114,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
         for cls in ADAPTERS.values():
             adapter = cls()
             if not adapter.is_installed(args.cache):
-                print(f"installing {adapter.package}@{adapter.version} ...", flush=True)
+                print(f"installing {adapter.package} ...", flush=True)
                 adapter.install(args.cache)
     rows = doctor_report(args.cache)
     print(format_table(rows))

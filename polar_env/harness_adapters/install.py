@@ -1,4 +1,4 @@
-"""`python -m polar_env.harness_adapters.install [all|NAME...]`: install harness CLIs from npm once."""
+"""`python -m polar_env.harness_adapters.install [all|NAME...]`: install pinned harness CLIs (npm or a Python venv) once."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         adapter = get_adapter(name)
         where = adapter.install()
-        print(f"harness {adapter.name} {adapter.package}@{adapter.version}: {where}")
+        print(f"harness {adapter.name} {adapter.package} ({adapter.source.kind}): {where}")
     return 0
 
 

@@ -13,9 +13,11 @@ from polar_env.harness_adapters.base import (
     HarnessAdapter,
     HarnessContext,
     HarnessSummary,
+    ShellTool,
     VolatileRule,
     json_lines,
 )
+from polar_env.harness_adapters.sources import NpmPackage
 
 PROVIDER = "polar"
 KEY_ENV = "POLAR_SESSION_KEY"
@@ -28,9 +30,8 @@ def _text(message: dict) -> str | None:
 
 class PiAdapter(HarnessAdapter):
     name = "pi"
-    package = "@mariozechner/pi-coding-agent"
-    version = "0.73.1"
-    bin_name = "pi"
+    source = NpmPackage("@mariozechner/pi-coding-agent", "0.73.1", "pi")
+    shell_tool = ShellTool("bash", "command")
     noise_dirs = (".pi",)
     volatile_rules = (VolatileRule("pi-current-date", frozenset({"system"}),
                                    re.compile(r"^Current date: \d{4}-\d{2}-\d{2}\n?", re.MULTILINE)),)
@@ -58,7 +59,7 @@ class PiAdapter(HarnessAdapter):
                 "PI_TELEMETRY": "0", KEY_ENV: ctx.session_key}
 
     def command(self, ctx: HarnessContext, prompt: str) -> list[str]:
-        return [self.executable, "-p", "--no-session", "--mode", "json", "--provider", PROVIDER,
+        return [*self.launcher, "-p", "--no-session", "--mode", "json", "--provider", PROVIDER,
                 "--model", ctx.model_name, prompt]
 
     def summarize(self, stdout: str) -> HarnessSummary:

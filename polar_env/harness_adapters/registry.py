@@ -1,11 +1,17 @@
-"""Name -> adapter. Adding a harness = one module with a HarnessAdapter subclass + one line here."""
+"""Name -> adapter. Adding a harness = one module with a HarnessAdapter subclass + one line here.
+
+What Polar needs from every harness at once (the proxy and the grader do not know which harness a
+session runs) is the union over this table: noise dirs here, volatile lines in proxy/volatile.py,
+shell tools in backends/policies.py.
+"""
 
 from __future__ import annotations
 
-from polar_env.harness_adapters.base import HarnessAdapter
+from polar_env.harness_adapters.base import HarnessAdapter, ShellTool
 from polar_env.harness_adapters.claude_code import ClaudeCodeAdapter
 from polar_env.harness_adapters.codex import CodexAdapter
 from polar_env.harness_adapters.pi import PiAdapter
+from polar_env.sandbox.base import BUILD_EXCLUDES
 
 ADAPTERS: dict[str, type[HarnessAdapter]] = {
     "codex": CodexAdapter,
@@ -13,6 +19,10 @@ ADAPTERS: dict[str, type[HarnessAdapter]] = {
     "pi": PiAdapter,
 }
 ALIASES = {"claude_code": "claude-code", "claude": "claude-code"}
+
+# Every harness's state dirs and the build artefacts: never part of an agent's patch (docs/rewards.md).
+NOISE_EXCLUDES: tuple[str, ...] = tuple(dict.fromkeys(
+    [d for adapter in ADAPTERS.values() for d in adapter.noise_dirs] + list(BUILD_EXCLUDES)))
 
 
 def get_adapter(name: str) -> HarnessAdapter:
@@ -24,3 +34,13 @@ def get_adapter(name: str) -> HarnessAdapter:
 
 def adapter_names() -> list[str]:
     return list(ADAPTERS)
+
+
+def harness_choices() -> list[str]:
+    """Every name ``get_adapter`` accepts (aliases included), for command-line choices."""
+    return [*ADAPTERS, *ALIASES]
+
+
+def shell_tools() -> list[ShellTool]:
+    """Each harness's shell tool, in registry order."""
+    return [adapter.shell_tool for adapter in ADAPTERS.values() if adapter.shell_tool is not None]

@@ -13,24 +13,9 @@ import tempfile
 from enum import StrEnum
 from pathlib import Path
 
+from polar_env.harness_adapters.registry import NOISE_EXCLUDES
+from polar_env.sandbox.base import exclude_pathspecs
 from polar_env.tasks.tree import git
-
-# Harness homes, caches and build artefacts: never part of a solution.
-NOISE_PATHSPECS = [
-    ":(exclude,glob)**/.codex/**",
-    ":(exclude,glob)**/.claude/**",
-    ":(exclude,glob)**/.pi/**",
-    ":(exclude,glob)**/__pycache__/**",
-    ":(exclude,glob)**/*.pyc",
-    ":(exclude,glob)**/.pytest_cache/**",
-    ":(exclude,glob)**/.mypy_cache/**",
-    ":(exclude,glob)**/.ruff_cache/**",
-    ":(exclude,glob)**/.tox/**",
-    ":(exclude,glob)**/*.egg-info/**",
-    ":(exclude,glob)**/node_modules/**",
-    ":(exclude)build",
-    ":(exclude)dist",
-]
 
 
 class ApplyMethod(StrEnum):
@@ -53,7 +38,7 @@ def extract_patch(tree: Path) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         index = str(Path(tmp) / "index")
         _git_with_index(tree, index, "read-tree", base)
-        _git_with_index(tree, index, "add", "-A", "--", ".", *NOISE_PATHSPECS)
+        _git_with_index(tree, index, "add", "-A", "--", *exclude_pathspecs(NOISE_EXCLUDES))
         out = _git_with_index(
             tree, index, "diff", "--cached", "--binary", "--no-color", "--no-ext-diff", base
         )

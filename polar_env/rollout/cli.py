@@ -11,6 +11,7 @@ from pathlib import Path
 import polar_env.rollout
 from polar_env.backends.logprobs_mode import LogprobsMismatch
 from polar_env.episodes.workspace import SANDBOX_CHOICES, WorkspaceUnavailable
+from polar_env.harness_adapters.registry import adapter_names, harness_choices
 from polar_env.outcomes import FailureKind, Outcome, parse_outcome
 from polar_env.rollout.config import RolloutConfig
 from polar_env.tasks.loader import TaskLoadError
@@ -19,7 +20,8 @@ from polar_env.tasks.loader import TaskLoadError
 def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of a rollout job (`polar demo` has them too); their names are RolloutConfig's fields."""
     d = RolloutConfig()
-    parser.add_argument("--harness", default=d.harness, help="codex | claude-code | pi")
+    parser.add_argument("--harness", default=d.harness, choices=harness_choices(), metavar="HARNESS",
+                        help=f"one of: {', '.join(adapter_names())} (docs/harnesses.md)")
     parser.add_argument("--sandbox", default=d.sandbox, choices=SANDBOX_CHOICES,
                         help="where episodes run: auto (a bubblewrap tree for tasks with a base archive, a "
                              "container of the task's image otherwise) or one engine for every task")

@@ -15,7 +15,7 @@ class RolloutConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    harness: str = "pi"  # codex | claude-code | pi
+    harness: str = "pi"  # a name in harness_adapters/registry.py
     sandbox: str = "auto"  # auto | bubblewrap | docker | podman | apptainer (polar_env.episodes.workspace)
     tasks: str = "bundled"  # bundled | verified | FILE.jsonl
     task_ids: list[str] | None = None

@@ -19,11 +19,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-# Harness state and build artefacts that are never part of the agent's patch (docs/rewards.md).
-NOISE_EXCLUDES: tuple[str, ...] = (
-    ".codex", ".claude", ".pi", "__pycache__", "*.pyc", "*.pyo", "*.egg-info", ".pytest_cache",
+# Build artefacts and caches that are never part of the agent's patch (docs/rewards.md); each
+# harness adds its own state dirs (harness_adapters.registry.NOISE_EXCLUDES).
+BUILD_EXCLUDES: tuple[str, ...] = (
+    "__pycache__", "*.pyc", "*.pyo", "*.egg-info", ".pytest_cache",
     "build", "dist", ".eggs", ".tox", ".mypy_cache", ".ruff_cache", "node_modules",
 )
+# Where a harness install keeps its executables (harness_adapters/sources.py): npm, a Python venv.
+HARNESS_BIN_DIRS = "/opt/harness/node_modules/.bin:/opt/harness/bin"
 
 DEFAULT_ENV: dict[str, str] = {"TZ": "UTC", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TERM": "dumb"}
 
@@ -54,7 +57,7 @@ class SandboxSpec:
         """The fixed environment of every command (callers add their own on top)."""
         path = "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
         if self.harness_dir is not None:
-            path = "/opt/harness/node_modules/.bin:" + path
+            path = f"{HARNESS_BIN_DIRS}:{path}"
         return {**self.env, "HOME": self.home, "USER": self.user, "LOGNAME": self.user,
                 "HOSTNAME": self.hostname, "SHELL": "/bin/bash", "PATH": path, "PWD": self.workdir}
 
@@ -93,7 +96,7 @@ class Sandbox(ABC):
         """Copy ``src`` (inside the sandbox) to the host path ``dst``."""
 
     @abstractmethod
-    async def diff(self, exclude: Sequence[str] = NOISE_EXCLUDES) -> bytes:
+    async def diff(self, exclude: Sequence[str] = BUILD_EXCLUDES) -> bytes:
         """Binary-safe ``git diff`` of the workdir against its state at creation."""
 
     @abstractmethod

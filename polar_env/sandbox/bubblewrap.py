@@ -20,7 +20,7 @@ from pathlib import Path
 
 from polar_env.sandbox import gitdiff
 from polar_env.sandbox.base import (
-    NOISE_EXCLUDES,
+    BUILD_EXCLUDES,
     RunResult,
     Sandbox,
     SandboxSpec,
@@ -148,7 +148,7 @@ class BubblewrapSandbox(Sandbox):
     async def copy_out(self, src: str, dst: Path) -> None:
         copy_path(self.host_path(src), dst)
 
-    async def diff(self, exclude: Sequence[str] = NOISE_EXCLUDES) -> bytes:
+    async def diff(self, exclude: Sequence[str] = BUILD_EXCLUDES) -> bytes:
         return await asyncio.to_thread(gitdiff.diff, self.testbed, self.root / "git", exclude)
 
     async def destroy(self) -> None:

@@ -25,7 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from polar_env.sandbox.base import (
-    NOISE_EXCLUDES,
+    BUILD_EXCLUDES,
+    HARNESS_BIN_DIRS,
     RunResult,
     Sandbox,
     SandboxSpec,
@@ -142,7 +143,7 @@ class ContainerSandbox(Sandbox):
     def env(self, extra: dict[str, str]) -> dict[str, str]:
         """The fixed sandbox environment with the image's PATH (harness bin dir first)."""
         env = {**self.spec.base_env(), **extra}
-        harness = f"/opt/harness/node_modules/.bin:{NODE_DIR_INSIDE}:" if self.spec.harness_dir is not None else ""
+        harness = f"{HARNESS_BIN_DIRS}:{NODE_DIR_INSIDE}:" if self.spec.harness_dir is not None else ""
         env["PATH"] = harness + self.path
         return env
 
@@ -222,7 +223,7 @@ class ContainerSandbox(Sandbox):
     async def copy_out(self, src: str, dst: Path) -> None:
         await asyncio.to_thread(engine_run, self.cp_out_argv(src, dst))
 
-    async def diff(self, exclude: Sequence[str] = NOISE_EXCLUDES) -> bytes:
+    async def diff(self, exclude: Sequence[str] = BUILD_EXCLUDES) -> bytes:
         return await asyncio.to_thread(engine_run, self.exec_argv(
             ["sh", "-c", git_diff_script(self.spec.workdir, exclude)], {}, user="0"))
 

@@ -11,7 +11,7 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from polar_env.sandbox.base import NOISE_EXCLUDES, exclude_pathspecs
+from polar_env.sandbox.base import BUILD_EXCLUDES, exclude_pathspecs
 
 _IDENT = {"GIT_AUTHOR_NAME": "polar", "GIT_AUTHOR_EMAIL": "polar@localhost",
           "GIT_COMMITTER_NAME": "polar", "GIT_COMMITTER_EMAIL": "polar@localhost",
@@ -43,7 +43,7 @@ def snapshot(tree: Path, git_dir: Path) -> str:
     return base
 
 
-def diff(tree: Path, git_dir: Path, exclude: Sequence[str] = NOISE_EXCLUDES) -> bytes:
+def diff(tree: Path, git_dir: Path, exclude: Sequence[str] = BUILD_EXCLUDES) -> bytes:
     """Binary-safe patch from the snapshot to the tree's current state, noise excluded."""
     base = (git_dir / "POLAR_BASE").read_text().strip()
     index = git_dir / "polar-now.index"
