@@ -20,16 +20,25 @@ from polar_env.proxy.app import ProxyServer
 API_OF_PATH = {"/v1/chat/completions": "chat", "/v1/responses": "responses", "/v1/messages": "messages"}
 
 
+def api_of_path(path: str) -> str | None:
+    """Which wire API a captured request's path is (Gemini's names the method after the model)."""
+    path = path.split("?")[0]
+    if path.endswith((":generateContent", ":streamGenerateContent")):
+        return "gemini"
+    return API_OF_PATH.get(path)
+
+
 def seed_bodies() -> dict[str, list[dict]]:
     """Real harness request bodies per API, plus a minimal one each."""
     seeds: dict[str, list[dict]] = {
         "chat": [{"model": "m", "messages": [{"role": "user", "content": "hi"}]}],
         "responses": [{"model": "m", "input": "hi"}],
         "messages": [{"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}],
+        "gemini": [{"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}],
     }
     for path in sorted(FIXTURES.glob("*.json")):
         fixture = json.loads(path.read_text())
-        api = API_OF_PATH.get(fixture["path"].split("?")[0])
+        api = api_of_path(fixture["path"])
         if api and isinstance(fixture.get("body"), dict):
             seeds[api].append(fixture["body"])
     return seeds
@@ -39,11 +48,14 @@ JSON_LEAVES = (st.none() | st.booleans() | st.integers(min_value=-2**70, max_val
                | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=40)
                | st.sampled_from(["user", "assistant", "system", "tool", "developer", "function_call",
                                   "function_call_output", "message", "text", "tool_use", "tool_result",
-                                  "thinking", "reasoning", "input_text", "image", "polar:v1:", "msg_", "fc__1"]))
+                                  "thinking", "reasoning", "input_text", "image", "polar:v1:", "msg_", "fc__1",
+                                  "model", "MODE_UNSPECIFIED", "ANY", "NONE"]))
 JSON = st.recursive(JSON_LEAVES, lambda inner: st.lists(inner, max_size=4)
                     | st.dictionaries(st.text(max_size=12) | st.sampled_from(
                         ["role", "content", "type", "text", "id", "call_id", "name", "arguments", "input",
-                         "tool_calls", "tool_call_id", "tools", "stream", "max_tokens"]), inner, max_size=4),
+                         "tool_calls", "tool_call_id", "tools", "stream", "max_tokens", "contents", "parts",
+                         "functionCall", "functionResponse", "args", "response", "thought", "thoughtSignature",
+                         "systemInstruction", "functionDeclarations", "generationConfig"]), inner, max_size=4),
                     max_leaves=20)
 
 

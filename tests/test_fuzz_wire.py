@@ -19,13 +19,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from polar_env.backends.instant import InstantBackend
-from polar_env.proxy import anthropic_messages, openai_chat, openai_responses
+from polar_env.proxy import anthropic_messages, gemini_generate_content, openai_chat, openai_responses
 from polar_env.proxy.app import ProxyServer
 from polar_env.proxy.engine import EngineConfig
 from polar_env.proxy.wire import DecodedRequest, WireError
 
 SEEDS = seed_bodies()
-MODULES = {"chat": openai_chat, "responses": openai_responses, "messages": anthropic_messages}
+MODULES = {"chat": openai_chat, "responses": openai_responses, "messages": anthropic_messages,
+           "gemini": gemini_generate_content}
+PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages",
+         "gemini": "/v1beta/models/m:streamGenerateContent?alt=sse"}
 FUZZ = settings(deadline=None, suppress_health_check=list(HealthCheck), database=None,
                 derandomize=not os.environ.get("POLAR_FUZZ_RANDOM"))  # CI: reproducible; set it to explore
 LIMIT = 256 * 1024
@@ -66,7 +69,9 @@ def _send(port: int, method: str, path: str, body: bytes | None, headers: dict[s
 
 
 ROUTES = ["/v1/chat/completions", "/chat/completions", "/v1/responses", "/responses", "/v1/messages",
-          "/v1/messages/count_tokens", "/v1/models", "", "/", "/v1"]
+          "/v1/messages/count_tokens", "/v1beta/models/m:generateContent", "/v1/models", "", "/", "/v1",
+          "/v1beta/models/m:streamGenerateContent?alt=sse", "/v1beta/models/m:countTokens?key=pk-wrong",
+          "/v1beta/models/m", "/v1beta/models/m:sparkle"]
 SAFE = string.ascii_letters + string.digits + "-._~%:@!$&'()*+,;=?#"
 WEIRD_PATHS = ["/s/../admin/sessions", "/s/%2e%2e/v1/chat/completions", "/s/fz%2F..%2F/v1/responses",
                "/admin/sessions/..%2F..%2Fetc/calls", "//admin/sessions", "/s//v1/messages", "/s/fz/v1/../../admin",
@@ -88,7 +93,7 @@ def requests_(draw, sid: str, key: str):
         st.binary(max_size=300),
         st.none(),
     ))
-    auth = draw(st.sampled_from([{"Authorization": f"Bearer {key}"}, {"x-api-key": key}, {},
+    auth = draw(st.sampled_from([{"Authorization": f"Bearer {key}"}, {"x-api-key": key}, {"x-goog-api-key": key}, {},
                                  {"Authorization": "Bearer pk-wrong"}, {"Authorization": "Bearer fuzz-admin"}]))
     return method, path, body, {"Content-Type": "application/json", **auth}
 
@@ -109,7 +114,7 @@ def test_router_answers_2xx_or_4xx_with_a_message(served, data):
 def test_oversized_body_gets_413(served, api):
     threaded = served[0]
     sid, key = threaded.proxy.create_session()  # the router fuzz may have closed "fz"
-    path = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages"}[api]
+    path = PATHS[api]
     body = json.dumps({"model": "m", "input": "x" * (LIMIT + 1),
                        "messages": [{"role": "user", "content": "x" * (LIMIT + 1)}]}).encode()
     status, raw = _send(threaded.proxy.port, "POST", f"/s/{sid}{path}", body, {"Authorization": f"Bearer {key}"})
@@ -137,7 +142,7 @@ ADMIN_ROUTES = ["/admin/sessions", "/admin/sessions/{sid}/close"]
 def test_nasty_bodies_on_every_route_are_4xx(served, name):
     threaded = served[0]
     sid, key = threaded.proxy.create_session()
-    for route in ROUTES[:6]:
+    for route in ROUTES[:7]:
         status, raw = _send(threaded.proxy.port, "POST", f"/s/{sid}{route}", NASTY_BODIES[name],
                             {"Authorization": f"Bearer {key}"})
         assert status < 500, (route, status, raw[:300])
@@ -153,6 +158,8 @@ def test_nasty_bodies_on_every_route_are_4xx(served, name):
 def test_sampling_no_backend_accepts_is_a_400(api, knob, value):
     """Forwarded, these would make the backend answer 400 and the harness see a 502."""
     body = {**SEEDS[api][0], knob: value}
+    if api == "gemini":  # sampling lives in generationConfig, in camelCase
+        body = {**SEEDS[api][0], "generationConfig": {{"top_p": "topP"}.get(knob, knob): value}}
     with pytest.raises(WireError) as err:
         MODULES[api].decode(body)
     assert err.value.status == 400 and knob in err.value.message

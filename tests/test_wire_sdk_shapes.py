@@ -1,4 +1,4 @@
-"""What the proxy sends out parses with the vendors' own SDK types (openai, anthropic), and the NeMo
+"""What the proxy sends out parses with the vendors' own SDK types (openai, anthropic, google-genai), and the NeMo
 Gym result parses with NeMo Gym's own models: a field the SDKs would reject is a bug a harness or
 the trainer meets later, and one these tests find first."""
 
@@ -9,6 +9,8 @@ import subprocess
 from pathlib import Path
 
 import anthropic.types as anthropic_types
+import google.genai.errors as genai_errors
+import google.genai.types as genai_types
 import openai.types.chat as openai_chat_types
 import openai.types.responses as openai_responses_types
 import pytest
@@ -16,7 +18,7 @@ from pydantic import TypeAdapter
 from trajectory_helpers import session, three_turn
 from wire_helpers import fixture, parse_sse, text_turn, tool_turn
 
-from polar_env.proxy import anthropic_messages, openai_chat, openai_responses
+from polar_env.proxy import anthropic_messages, gemini_generate_content, openai_chat, openai_responses
 from polar_env.trajectory.chains import build_trajectory
 from polar_env.trajectory.export import to_nemo_gym_result
 
@@ -62,6 +64,20 @@ def test_anthropic_messages_shapes_parse_as_anthropic_sdk_types(turn):
     assert events[0].type == "message_start" and events[-1].type == "message_stop"
 
 
+@pytest.mark.parametrize("turn", sorted(TURNS))
+def test_gemini_shapes_parse_as_genai_sdk_types(turn):
+    gemini = gemini_generate_content
+    req = gemini.decode(fixture("gemini.req1")["body"], "polar-model", stream=True)
+    parsed = genai_types.GenerateContentResponse.model_validate(gemini.encode_response(TURNS[turn](), req))
+    candidate = parsed.candidates[0]
+    assert candidate.finish_reason == {"text": "STOP", "tools": "STOP", "truncated": "MAX_TOKENS"}[turn]
+    assert [c.id for c in parsed.function_calls or []] == [c.id for c in TURNS[turn]().tool_calls]
+    chunks = [genai_types.GenerateContentResponse.model_validate(c) for c in gemini.stream_chunks(TURNS[turn](), req)]
+    assert chunks[-1].usage_metadata.candidates_token_count == TURNS[turn]().completion_tokens
+    assert [p.text for c in chunks for p in c.candidates[0].content.parts if p.text] == [
+        p.text for p in candidate.content.parts if p.text]
+
+
 def test_error_shapes_parse_as_sdk_error_objects():
     from openai.types.shared import ErrorObject
 
@@ -69,6 +85,8 @@ def test_error_shapes_parse_as_sdk_error_objects():
         ErrorObject.model_validate(codec.encode_error(400, "bad")["error"])
     error = anthropic_types.ErrorResponse.model_validate(anthropic_messages.encode_error(400, "bad"))
     assert error.error.type == "invalid_request_error"
+    google = genai_errors.APIError(400, gemini_generate_content.encode_error(400, "bad"))
+    assert (google.code, google.status, google.message) == (400, "INVALID_ARGUMENT", "bad")
 
 
 def _nemo_result() -> dict:

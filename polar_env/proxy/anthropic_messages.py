@@ -31,6 +31,7 @@ from polar_env.proxy.wire import (
     sampling_of,
     sse_frame,
     stops_of,
+    tool_input,
     validate,
 )
 
@@ -176,6 +177,10 @@ def decode_count_tokens(body: Any) -> DecodedRequest:
     return decode(body).model_copy(update={"stream": False})
 
 
+def encode_count(tokens: int) -> dict[str, int]:
+    return {"input_tokens": tokens}
+
+
 def _block(message_index: int, block_index: int, raw: Any, flags: list[str]) -> Loose | str | None:
     """A validated block, placeholder text for media, or None for a harmless block."""
     if not isinstance(raw, dict):
@@ -246,15 +251,6 @@ def _assistant(index: int, blocks: list[Any], flags: list[str]) -> tuple[Message
 
 
 # -- encoding ----------------------------------------------------------------------------------
-def tool_input(tc: ToolCall) -> dict[str, Any]:
-    """Anthropic's ``input`` object; text that is not a JSON object (a custom tool's) is wrapped."""
-    try:
-        value = json.loads(tc.arguments)
-    except (ValueError, RecursionError):  # also too many digits / too deep
-        value = None
-    return value if isinstance(value, dict) else {"input": tc.arguments}
-
-
 def content_blocks(turn: AssistantTurn) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = []
     if turn.reasoning is not None:

@@ -1,6 +1,7 @@
-"""The aiohttp proxy: per-session routing and auth in front of the three wire APIs.
+"""The aiohttp proxy: per-session routing and auth in front of the four wire APIs.
 
 Routes: ``/s/<session_id>/v1/{chat/completions,responses,messages,messages/count_tokens,models}``
+and ``/s/<session_id>/v1beta/models/<model>:{generateContent,streamGenerateContent,countTokens}``
 for harnesses (the session key is their API key), ``/admin/...`` for whoever runs episodes
 (protected by the admin secret). Sessions are never created implicitly.
 """
@@ -21,7 +22,7 @@ from aiohttp import web
 from polar_env.backends.base import Backend, BackendError
 from polar_env.backends.logprobs_mode import LogprobsMismatch, LogprobsMode, sampling_mismatch
 from polar_env.chat.template import ChatRenderer
-from polar_env.proxy import anthropic_messages, openai_chat, openai_responses
+from polar_env.proxy import anthropic_messages, gemini_generate_content, openai_chat, openai_responses
 from polar_env.proxy.engine import ContextOverflow, EngineConfig, SessionStopped, TokenEngine
 from polar_env.proxy.offload import ParsePool
 from polar_env.proxy.sessions import AuthError, Session, SessionRegistry
@@ -34,6 +35,7 @@ API_MODULES: dict[str, ModuleType] = {
     "chat": openai_chat,
     "responses": openai_responses,
     "messages": anthropic_messages,
+    "gemini": gemini_generate_content,
 }
 DEFAULT_MAX_BODY = 64 * 1024 * 1024
 OFF_LOOP_BYTES = 256 * 1024  # bodies from this size are parsed in a worker process (proxy/offload.py)
@@ -44,7 +46,7 @@ def _request_key(request: web.Request) -> str | None:
     auth = request.headers.get("Authorization", "")
     if auth.lower().startswith("bearer "):
         return auth[7:].strip()
-    return request.headers.get("x-api-key")
+    return request.headers.get("x-api-key") or request.headers.get("x-goog-api-key")
 
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
@@ -156,6 +158,8 @@ class ProxyServer:
         r.add_post("/s/{sid}/v1/messages", self._call("messages"))
         r.add_post("/s/{sid}/v1/messages/count_tokens", self._count_tokens)
         r.add_get("/s/{sid}/v1/models", self._models)
+        for version in ("v1beta", "v1"):  # Gemini: the model and the method are the last segment
+            r.add_post(f"/s/{{sid}}/{version}/models/{{target}}", self._gemini)
         r.add_post("/admin/sessions", self._admin_create)
         r.add_get("/admin/sessions", self._admin_list)
         r.add_get("/admin/sessions/{sid}", self._admin_get)
@@ -217,8 +221,8 @@ class ProxyServer:
         return web.json_response({"status": "ok", "sessions": len(self.registry.all()),
                                   "backend": self.engine.backend.name, "model": self.engine.backend.model})
 
-    def _session(self, request: web.Request) -> Session:
-        return self.registry.authenticate(request.match_info["sid"], _request_key(request))
+    def _session(self, request: web.Request, key: str | None = None) -> Session:
+        return self.registry.authenticate(request.match_info["sid"], key or _request_key(request))
 
     async def _read_json(self, request: web.Request, default: bytes = b"") -> Any:
         return await self._off_loop(await request.read(), parse_json_body, default)
@@ -236,36 +240,57 @@ class ProxyServer:
         module = API_MODULES[api]
 
         async def handler(request: web.Request) -> web.StreamResponse:
-            try:
-                session = self._session(request)
-                decoded = await self._off_loop(await request.read(), partial(_decode, module.decode))
-                task = asyncio.ensure_future(self.engine.complete(session, api, decoded))
-                self._track(session.id, task)
-                if decoded.stream:  # a quick answer or failure keeps its own status line
-                    await asyncio.wait({task}, timeout=self.keepalive_s)
-                    if not task.done():
-                        return await self._stream_while_generating(request, module, decoded, session, task)
-                # shielded: a harness that disconnects does not cancel a call that is being recorded
-                turn, _record = await asyncio.shield(task)
-            except web.HTTPException:  # 413 and friends: the middleware answers them
-                raise
-            except Exception as exc:  # noqa: BLE001 - recorded by the engine; answered in the API's shape
-                status, body = _failure(module, exc)
-                return web.json_response(body, status=status)
-            if not decoded.stream:
-                return web.json_response(module.encode_response(turn, decoded))
-            response = web.StreamResponse(headers=SSE_HEADERS)
-            try:
-                await response.prepare(request)
-                for frame in module.encode_stream(turn, decoded):
-                    await response.write(frame)
-                await response.write_eof()
-            except ConnectionResetError:  # the call is recorded; only the harness is gone
-                log.info("session %s: client disconnected before the answer of call %s was sent",
-                         session.id, turn.call_id)
-            return response
+            return await self._model_call(request, api, module.decode)
 
         return handler
+
+    async def _gemini(self, request: web.Request) -> web.StreamResponse:
+        """``models/<model>:<method>``: the URL names the model and whether to stream; Gemini clients
+        send the key as ``x-goog-api-key`` or ``?key=``."""
+        gemini = gemini_generate_content
+        try:
+            model, method = gemini.parse_target(request.match_info["target"])
+        except WireError as exc:
+            return web.json_response(gemini.encode_error(exc.status, exc.message), status=exc.status)
+        key = request.query.get("key")
+        if method == "countTokens":
+            return await self._count_tokens(request, gemini, partial(gemini.decode_count_tokens, model=model), key)
+        stream, sse = method == "streamGenerateContent", request.query.get("alt") == "sse"
+        return await self._model_call(request, "gemini", partial(gemini.decode, model=model, stream=stream, sse=sse),
+                                      key)
+
+    async def _model_call(self, request: web.Request, api: str, decode: Callable[[Any], DecodedRequest],
+                          key: str | None = None) -> web.StreamResponse:
+        """One model call in ``api``'s shape: auth, decode, the engine, the answer (SSE when it streams)."""
+        module = API_MODULES[api]
+        try:
+            session = self._session(request, key)
+            decoded = await self._off_loop(await request.read(), partial(_decode, decode))
+            task = asyncio.ensure_future(self.engine.complete(session, api, decoded))
+            self._track(session.id, task)
+            if decoded.stream:  # a quick answer or failure keeps its own status line
+                await asyncio.wait({task}, timeout=self.keepalive_s)
+                if not task.done():
+                    return await self._stream_while_generating(request, module, decoded, session, task)
+            # shielded: a harness that disconnects does not cancel a call that is being recorded
+            turn, _record = await asyncio.shield(task)
+        except web.HTTPException:  # 413 and friends: the middleware answers them
+            raise
+        except Exception as exc:  # noqa: BLE001 - recorded by the engine; answered in the API's shape
+            status, body = _failure(module, exc)
+            return web.json_response(body, status=status)
+        if not decoded.stream:
+            return web.json_response(module.encode_response(turn, decoded))
+        response = web.StreamResponse(headers=SSE_HEADERS)
+        try:
+            await response.prepare(request)
+            for frame in module.encode_stream(turn, decoded):
+                await response.write(frame)
+            await response.write_eof()
+        except ConnectionResetError:  # the call is recorded; only the harness is gone
+            log.info("session %s: client disconnected before the answer of call %s was sent",
+                     session.id, turn.call_id)
+        return response
 
     async def _stream_while_generating(self, request: web.Request, module: ModuleType, decoded: DecodedRequest,
                                        session: Session, task: asyncio.Task) -> web.StreamResponse:
@@ -291,23 +316,24 @@ class ProxyServer:
             log.info("session %s: client disconnected while its call was generating", session.id)
         return response
 
-    async def _count_tokens(self, request: web.Request) -> web.Response:
+    async def _count_tokens(self, request: web.Request, module: ModuleType = anthropic_messages,
+                            decode: Callable[[Any], DecodedRequest] = anthropic_messages.decode_count_tokens,
+                            key: str | None = None) -> web.Response:
+        """The prompt's token count from the real chat template (Anthropic's and Gemini's count routes)."""
         try:
-            self._session(request)
-            decoded = await self._off_loop(await request.read(),
-                                           partial(_decode, anthropic_messages.decode_count_tokens))
+            self._session(request, key)
+            decoded = await self._off_loop(await request.read(), partial(_decode, decode))
             count = await self.engine.count_tokens(decoded)
         except AuthError as exc:
-            return web.json_response(anthropic_messages.encode_error(401, str(exc)), status=401)
+            return web.json_response(module.encode_error(401, str(exc)), status=401)
         except WireError as exc:
-            return web.json_response(anthropic_messages.encode_error(exc.status, exc.message), status=exc.status)
+            return web.json_response(module.encode_error(exc.status, exc.message), status=exc.status)
         except web.HTTPException:
             raise
         except Exception as exc:  # noqa: BLE001 - answered in the API's shape, never aiohttp's plain text
             log.exception("count_tokens failed in the proxy")
-            return web.json_response(anthropic_messages.encode_error(500, f"proxy error: {type(exc).__name__}"),
-                                     status=500)
-        return web.json_response({"input_tokens": count})
+            return web.json_response(module.encode_error(500, f"proxy error: {type(exc).__name__}"), status=500)
+        return web.json_response(module.encode_count(count))
 
     async def _models(self, request: web.Request) -> web.Response:
         try:
@@ -389,6 +415,11 @@ def _decode(decode: Callable[[Any], DecodedRequest], raw: bytes) -> DecodedReque
 
 def _error(status: int, message: str, request: web.Request | None = None) -> web.Response:
     """An error outside any model call, in the shape of the API the path belongs to (OpenAI's otherwise)."""
-    anthropic = request is not None and "/messages" in request.path
-    body = (anthropic_messages.encode_error if anthropic else openai_error)(status, message)
-    return web.json_response(body, status=status)
+    path = request.path if request is not None else ""
+    if "/messages" in path:
+        encode = anthropic_messages.encode_error
+    elif "/v1beta/" in path or "/models/" in path:
+        encode = gemini_generate_content.encode_error
+    else:
+        encode = openai_error
+    return web.json_response(encode(status, message), status=status)

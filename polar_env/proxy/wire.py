@@ -1,7 +1,8 @@
-"""What the three wire-API codecs share: the decoded request, the 4xx error, SSE framing, id formats.
+"""What the four wire-API codecs share: the decoded request, the 4xx error, SSE framing, id formats.
 
-Each API module (``openai_chat``, ``openai_responses``, ``anthropic_messages``) turns a harness body
-into a :class:`DecodedRequest` and an :class:`AssistantTurn` back into that API's JSON or SSE frames.
+Each API module (``openai_chat``, ``openai_responses``, ``anthropic_messages``,
+``gemini_generate_content``) turns a harness body into a :class:`DecodedRequest` and an
+:class:`AssistantTurn` back into that API's JSON or SSE frames.
 The proxy issues every id the harness echoes back, so the formats live here, in one place, where
 the engine can read a call id out of them.
 """
@@ -15,7 +16,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from polar_env.chat.messages import AssistantTurn, Conversation, Message, ToolSpec
+from polar_env.chat.messages import AssistantTurn, Conversation, Message, ToolCall, ToolSpec
 
 # Text parts and blocks of one message are joined with this; every API uses the same join so a
 # conversation decodes to the same canonical text whichever wire it came over.
@@ -330,6 +331,16 @@ def custom_tool_description(description: str, fmt: dict[str, Any] | None) -> str
     if not fmt or fmt.get("type") != "grammar":
         return description
     return f"{description}\n\nInput format ({fmt.get('syntax', 'grammar')} grammar):\n{fmt.get('definition', '')}"
+
+
+def tool_input(tc: ToolCall) -> dict[str, Any]:
+    """A call's arguments as the object Anthropic (``input``) and Gemini (``args``) send; text that is
+    not a JSON object (a custom tool's) is wrapped as ``{"input": text}``."""
+    try:
+        value = json.loads(tc.arguments)
+    except (ValueError, RecursionError):  # also too many digits / too deep
+        value = None
+    return value if isinstance(value, dict) else {"input": tc.arguments}
 
 
 def finish_of(turn: AssistantTurn) -> str:

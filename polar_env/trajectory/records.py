@@ -22,7 +22,7 @@ class CallRecord(BaseModel):
     session_id: str
     call_index: int  # 0-based order of arrival within the session
     call_id: str  # id the proxy issued (response id, message id, completion id)
-    api: Literal["chat", "responses", "messages"]
+    api: Literal["chat", "responses", "messages", "gemini"]
     created_at: float
     messages: list[Message]  # canonical request messages after volatile stripping
     tools: list[ToolSpec] = Field(default_factory=list)
