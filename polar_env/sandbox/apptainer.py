@@ -8,7 +8,6 @@ tree lives on the host (extracted from the image's /testbed at create, or copied
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 import subprocess
 import tempfile
@@ -17,17 +16,16 @@ from pathlib import Path
 
 from polar_env.sandbox import gitdiff
 from polar_env.sandbox.base import (
-    BUILD_EXCLUDES,
     RunResult,
-    Sandbox,
     SandboxSpec,
     copy_path,
     run_process_tree,
 )
 from polar_env.sandbox.bubblewrap import FORWARDER_INSIDE, FORWARDER_SRC
+from polar_env.sandbox.host_tree import HostTreeSandbox
 
 
-class ApptainerSandbox(Sandbox):
+class ApptainerSandbox(HostTreeSandbox):
     engine = "apptainer"
 
     def __init__(self, spec: SandboxSpec, image: str, root: Path, extra_ro_mounts: Sequence[tuple[str, str]] = (),
@@ -38,10 +36,6 @@ class ApptainerSandbox(Sandbox):
         self.extra_ro_mounts = list(extra_ro_mounts)
         self.isolate_network = isolate_network  # --network none needs root or --fakeroot on most sites
         self._destroyed = False
-
-    @property
-    def testbed(self) -> Path:
-        return self.root / "testbed"
 
     def exec_argv(self, cmd: Sequence[str], env: dict[str, str]) -> list[str]:
         s = self.spec
@@ -92,23 +86,6 @@ class ApptainerSandbox(Sandbox):
         return await run_process_tree(self.exec_argv(cmd, env or {}), timeout_s=timeout_s, stdin=stdin,
                                       max_output_bytes=max_output_bytes)
 
-    def host_path(self, inside: str) -> Path:
-        p = Path(inside)
-        for mount, host in ((Path(self.spec.workdir), self.testbed), (Path(self.spec.home), self.root / "home")):
-            if p == mount or mount in p.parents:
-                return host / p.relative_to(mount)
-        raise ValueError(f"{inside} is not under {self.spec.workdir} or {self.spec.home}")
-
     async def copy_in(self, src: Path, dst: str) -> None:
         copy_path(src, self.host_path(dst))
 
-    async def copy_out(self, src: str, dst: Path) -> None:
-        copy_path(self.host_path(src), dst)
-
-    async def diff(self, exclude: Sequence[str] = BUILD_EXCLUDES) -> bytes:
-        return await asyncio.to_thread(gitdiff.diff, self.testbed, self.root / "git", exclude)
-
-    async def destroy(self) -> None:
-        if not self._destroyed:
-            self._destroyed = True
-            await asyncio.to_thread(shutil.rmtree, self.root, True)

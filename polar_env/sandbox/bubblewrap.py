@@ -11,7 +11,6 @@ limits apply through cgroup v2 where we can delegate, else cgroup v1 (``polar_en
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 import tempfile
@@ -20,15 +19,14 @@ from pathlib import Path
 
 from polar_env.sandbox import gitdiff
 from polar_env.sandbox.base import (
-    BUILD_EXCLUDES,
     RunResult,
-    Sandbox,
     SandboxSpec,
     copy_path,
     run_process_tree,
 )
 from polar_env.sandbox.bwrap_argv import BwrapCommand, Mount
 from polar_env.sandbox.cgroups import CgroupLimits
+from polar_env.sandbox.host_tree import HostTreeSandbox
 
 FORWARDER_SRC = Path(__file__).with_name("forwarder.py")
 FORWARDER_INSIDE = "/opt/polar/forwarder.py"
@@ -41,7 +39,7 @@ def _chown_tree(path: Path, uid: int, gid: int) -> None:
             os.lchown(os.path.join(root, name), uid, gid)
 
 
-class BubblewrapSandbox(Sandbox):
+class BubblewrapSandbox(HostTreeSandbox):
     """One task copy + private HOME/tmp on the host, entered by a fresh bwrap per command."""
 
     def __init__(self, spec: SandboxSpec, root: Path, uid: int, gid: int, cgroups: CgroupLimits):
@@ -50,14 +48,6 @@ class BubblewrapSandbox(Sandbox):
         self.uid, self.gid = uid, gid
         self.cgroups = cgroups
         self._destroyed = False
-
-    @property
-    def testbed(self) -> Path:
-        return self.root / "testbed"
-
-    @property
-    def home(self) -> Path:
-        return self.root / "home"
 
     @property
     def limits_applied(self) -> list[str]:
@@ -123,14 +113,8 @@ class BubblewrapSandbox(Sandbox):
                                       preexec_fn=self.cgroups.join if self.cgroups.dirs else None,
                                       on_timeout=self.cgroups.kill_all)
 
-    def host_path(self, inside: str) -> Path:
-        """Map a path inside the sandbox to its host location (only the writable binds)."""
-        p = Path(os.path.normpath(inside))
-        for mount, host in ((Path(self.spec.workdir), self.testbed), (Path(self.spec.home), self.home),
-                            (Path("/tmp"), self.root / "tmp")):
-            if p == mount or mount in p.parents:
-                return host / p.relative_to(mount)
-        raise ValueError(f"{inside} is not under {self.spec.workdir}, {self.spec.home} or /tmp")
+    def writable_binds(self) -> list[tuple[Path, Path]]:
+        return [*super().writable_binds(), (Path("/tmp"), self.root / "tmp")]
 
     async def copy_in(self, src: Path, dst: str) -> None:
         target = self.host_path(dst)
@@ -145,16 +129,6 @@ class BubblewrapSandbox(Sandbox):
                 os.lchown(parent, self.uid, self.gid)
                 parent = parent.parent
 
-    async def copy_out(self, src: str, dst: Path) -> None:
-        copy_path(self.host_path(src), dst)
-
-    async def diff(self, exclude: Sequence[str] = BUILD_EXCLUDES) -> bytes:
-        return await asyncio.to_thread(gitdiff.diff, self.testbed, self.root / "git", exclude)
-
-    async def destroy(self) -> None:
-        if self._destroyed:
-            return
-        self._destroyed = True
+    def release(self) -> None:
         self.cgroups.kill_all()
         self.cgroups.remove()
-        await asyncio.to_thread(shutil.rmtree, self.root, True)
