@@ -33,6 +33,7 @@ class FailureKind(StrEnum):
     test_crash = "test_crash"  # the test run produced no valid results (e.g. an interpreter crash)
     context_overflow = "context_overflow"  # the conversation outgrew the model's context
     budget_exhausted = "budget_exhausted"  # the last answer was cut by the per-call token budget
+    episode_budget = "episode_budget"  # the proxy refused a call past the episode's calls/sampled-tokens budget
     harness_crashed = "harness_crashed"  # the harness failed after its first model call
     deadline_sampling = "deadline_sampling"  # deadline hit while the policy was still sampling at speed
     # -- outside the policy: not graded, masked
@@ -136,6 +137,8 @@ def classify_episode(status: HarnessStatus, calls: Sequence[CallRecord], *, dead
             return kind
     if killed_by is not None and status != "timeout":
         return FailureKind.harness_killed
+    if FailureKind.episode_budget in failed:  # the proxy ended the episode; whatever the harness did next
+        return FailureKind.episode_budget
     if status == "timeout":
         return deadline_cause(calls, deadline_at if deadline_at is not None else time.time(),
                               min_backend_tokens_per_s)

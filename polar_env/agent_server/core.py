@@ -60,7 +60,7 @@ from polar_env.resources_server.core import SeededEpisode, UnknownTask, VerifyOu
 from polar_env.trajectory.chains import build_trajectory
 from polar_env.trajectory.export import TrajectoryWriter, to_nemo_gym_result
 from polar_env.trajectory.models import Trajectory
-from polar_env.trajectory.records import CallRecord
+from polar_env.trajectory.records import CallRecord, EpisodeBudget
 
 log = logging.getLogger(__name__)
 SHUTDOWN_GRACE_S = 120.0  # how long stop() waits for in-flight episodes to settle
@@ -84,6 +84,7 @@ class PolarAgentConfig(BaseModel):
     trajectories_path: str | None = None  # append Polar's full trajectory (every chain) here
     backend_options: dict[str, Any] = Field(default_factory=dict)  # e.g. timeout_s, chat_template_kwargs
     outcomes: OutcomeTable = Field(default_factory=OutcomeTable)  # reward/mask per failure kind (docs/outcomes.md)
+    budget: EpisodeBudget = Field(default_factory=EpisodeBudget)  # per-episode max_calls / max_sampled_tokens
 
 
 class InputError(ValueError):
@@ -273,7 +274,8 @@ class PolarAgent:
         async with self._slots:
             episode_id = f"{_slug(task_id)}-{uuid.uuid4().hex[:12]}"
             session = open_session(proxy, self.adapter, episode_id, task_id=task_id,
-                                   policy=session_policy(params, self.config.default_sampling))
+                                   policy=session_policy(params, self.config.default_sampling),
+                                   budget=self.config.budget)
             ep = _Episode(task_id=task_id, episode_id=episode_id, session=session, params=params,
                           rollout_id=rollout_id or episode_id, started=session.started)
             try:

@@ -28,6 +28,7 @@ from polar_env.sandbox.base import Sandbox, SandboxSpec
 from polar_env.tasks.models import Task
 from polar_env.trajectory.chains import build_trajectory
 from polar_env.trajectory.models import Trajectory
+from polar_env.trajectory.records import EpisodeBudget
 
 PROMPT = """You are working in the repository at /testbed. Resolve the following issue by editing the \
 source code (not the tests). When you are done, stop.
@@ -48,6 +49,7 @@ class EpisodeConfig:
     scratch_root: Path | None = None
     sandbox: str = "auto"  # auto | bubblewrap | docker | podman | apptainer (episodes.workspace)
     outcomes: OutcomeTable = field(default_factory=OutcomeTable)  # reward/mask per failure kind
+    budget: EpisodeBudget = field(default_factory=EpisodeBudget)  # per-episode limits the proxy enforces
 
 
 @dataclass
@@ -86,11 +88,11 @@ def episode_prompt(task: Task) -> str:
 
 def open_session(proxy: ProxyServer, adapter: HarnessAdapter, episode_id: str, *, task_id: str,
                  group_id: str | None = None, policy: dict[str, Any] | None = None,
-                 metadata: dict[str, Any] | None = None) -> EpisodeSession:
+                 metadata: dict[str, Any] | None = None, budget: EpisodeBudget | None = None) -> EpisodeSession:
     """A proxy session for the episode; ``proxy`` must listen on a Unix socket (the sandbox's only way out)."""
     if proxy.unix_socket is None:
         raise ValueError("the proxy must listen on a Unix socket for sandboxed episodes")
-    session_id, key = proxy.create_session(episode_id, policy=policy or {}, training=True, metadata={
+    session_id, key = proxy.create_session(episode_id, policy=policy or {}, training=True, budget=budget, metadata={
         "task_id": task_id, "group_id": group_id or task_id, "harness": adapter.name,
         "harness_version": adapter.version, **(metadata or {})})
     return EpisodeSession(proxy, adapter, session_id, key, time.time())
@@ -150,7 +152,7 @@ async def run_episode(proxy: ProxyServer, task: Task, *, episode_id: str, group_
     adapter = get_adapter(config.harness)
     await asyncio.to_thread(adapter.install)
     session = open_session(proxy, adapter, episode_id, task_id=task.instance_id, group_id=group_id,
-                           policy=config.policy, metadata=metadata)
+                           policy=config.policy, metadata=metadata, budget=config.budget)
     workspace: Workspace | None = None
     run: HarnessRun | None = None
     patch, result, status, error = "", None, "error", None

@@ -25,9 +25,10 @@ from polar_env.chat.template import ChatRenderer
 from polar_env.proxy import anthropic_messages, gemini_generate_content, openai_chat, openai_responses
 from polar_env.proxy.engine import ContextOverflow, EngineConfig, SessionStopped, TokenEngine
 from polar_env.proxy.offload import ParsePool
-from polar_env.proxy.sessions import AuthError, Session, SessionRegistry
+from polar_env.proxy.sessions import AuthError, BudgetExceeded, Session, SessionRegistry
 from polar_env.proxy.wire import DecodedRequest, WireError, openai_error, parse_json_body
 from polar_env.trajectory.ledger import Ledger
+from polar_env.trajectory.records import EpisodeBudget
 
 log = logging.getLogger("polar.proxy")
 
@@ -63,6 +64,8 @@ def _failure(module: ModuleType, exc: BaseException) -> tuple[int, dict]:
         status, message = exc.status, exc.message
     elif isinstance(exc, SessionStopped):  # a 400: no harness retries it
         status, message = 400, f"episode stopped: {exc}"
+    elif isinstance(exc, BudgetExceeded):  # a 400 too: the harness ends instead of retrying
+        status, message = 400, f"episode budget exhausted: {exc}"
     elif isinstance(exc, BackendError):
         status, message = (503 if exc.retryable else 502), f"inference backend failed: {exc}"
     else:
@@ -110,13 +113,14 @@ class ProxyServer:
 
     # -- in-process API ----------------------------------------------------------------------
     def create_session(self, session_id: str | None = None, *, policy: dict[str, Any] | None = None,
-                       metadata: dict[str, Any] | None = None, training: bool = False) -> tuple[str, str]:
+                       metadata: dict[str, Any] | None = None, training: bool = False,
+                       budget: EpisodeBudget | dict[str, Any] | None = None) -> tuple[str, str]:
         """Register a session; returns ``(session_id, api_key)``. The key is not stored. A training
         session whose enforced sampling does not match the backend's logprobs is refused (LogprobsMismatch)."""
         if training and (why := sampling_mismatch(self.logprobs_mode, policy or {})):
             raise LogprobsMismatch(why)
         session, key = self.registry.create(session_id, policy=policy, metadata=metadata, training=training,
-                                            logprobs_mode=self.logprobs_mode)
+                                            logprobs_mode=self.logprobs_mode, budget=budget)
         return session.id, key
 
     def session_urls(self, session_id: str, base: str | None = None) -> dict[str, str]:
@@ -356,7 +360,8 @@ class ProxyServer:
             if not isinstance(body, dict):
                 raise ValueError("body must be a JSON object")
             sid, key = self.create_session(body.get("session_id"), policy=body.get("policy"),
-                                           metadata=body.get("metadata"), training=bool(body.get("training")))
+                                           metadata=body.get("metadata"), training=bool(body.get("training")),
+                                           budget=body.get("budget"))
         except WireError as exc:
             return _error(exc.status, exc.message)
         except (ValueError, TypeError) as exc:

@@ -29,7 +29,7 @@ from polar_env.backends.logprobs_mode import LogprobsMode
 from polar_env.chat.messages import AssistantTurn, Conversation, Message, TokenLogprob, ToolCall
 from polar_env.chat.template import ChatRenderer, apply_tool_kinds
 from polar_env.outcomes import FailureKind
-from polar_env.proxy.sessions import POLICY_KEYS, CallState, Session, prefix_hashes
+from polar_env.proxy.sessions import POLICY_KEYS, BudgetExceeded, CallState, Session, prefix_hashes
 from polar_env.proxy.wire import DecodedRequest, issued_tool_call_id
 from polar_env.trajectory.ledger import Ledger
 from polar_env.trajectory.records import CallRecord
@@ -213,6 +213,8 @@ class TokenEngine:
             if record.output is None and record.error is None:  # not yet in the ledger
                 if isinstance(exc, ContextOverflow):
                     record.error, record.failure_kind = f"context overflow: {exc}", FailureKind.context_overflow
+                elif isinstance(exc, BudgetExceeded):
+                    record.error, record.failure_kind = f"budget: {exc}", FailureKind.episode_budget
                 elif isinstance(exc, BackendError):
                     record.error, record.failure_kind = f"backend: {exc}", FailureKind.backend_failure
                 elif isinstance(exc, asyncio.CancelledError):
@@ -232,6 +234,8 @@ class TokenEngine:
                         hashes: list[str]) -> tuple[AssistantTurn, CallRecord]:
         conv = request.conversation
         call_id = record.call_id
+        session.token_room()  # a spent budget refuses the call before it costs anything
+        session.admit()
         ext = await self.build_prompt(session, conv, request.assistant_refs, hashes)
         prefix = self._prefix(request, record)
         prompt_ids = ext.prompt_ids + (await self.off_loop(self.renderer.encode_text, prefix) if prefix else [])
@@ -247,11 +251,17 @@ class TokenEngine:
         record.sampling, record.overridden = sampling, overridden
         if overridden:
             record.flags.append("overridden:" + ",".join(overridden))
+        if (room := session.token_room()) is not None and sampling.max_tokens > room:
+            sampling = record.sampling = sampling.model_copy(update={"max_tokens": room})
+            record.flags.append(f"budget:max_tokens={room}")
         gen_started = time.perf_counter()
+        session.reserved_tokens += sampling.max_tokens  # calls in parallel share what is left
         try:
             generation = await self._generate(session, prompt_ids, sampling)
         except ContextOverflow as exc:  # the backend's own refusal: answered as ours would be
             raise ContextOverflow(len(prompt_ids), exc.window or window, str(exc)) from exc
+        finally:
+            session.reserved_tokens -= sampling.max_tokens
         generate_ms = (time.perf_counter() - gen_started) * 1e3
         if generation.prompt_ids and generation.prompt_ids != prompt_ids:
             record.flags.append("backend_prompt_mismatch")

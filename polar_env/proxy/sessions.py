@@ -18,7 +18,7 @@ from typing import Any
 from polar_env.backends.logprobs_mode import LogprobsMode
 from polar_env.chat.messages import AssistantTurn, Message
 from polar_env.trajectory.ledger import SESSION_ID_RE, Ledger
-from polar_env.trajectory.records import CallRecord, SessionInfo
+from polar_env.trajectory.records import CallRecord, EpisodeBudget, SessionInfo
 
 POLICY_KEYS = ("temperature", "top_p", "max_tokens")
 RESTARTS_KEY = "proxy_restarts"  # session metadata: how many proxy restarts an open session lived through
@@ -27,6 +27,10 @@ STOPPED_KEY = "stopped"  # session metadata: why the session refuses further cal
 
 class AuthError(Exception):
     """Unknown session or wrong key; both answer 401 with the same message (no enumeration)."""
+
+
+class BudgetExceeded(Exception):
+    """The session's episode budget (``SessionInfo.budget``) refuses this call; says which limit."""
 
 
 def prefix_hashes(messages: list[Message]) -> list[str]:
@@ -63,6 +67,9 @@ class Session:
     by_prefix: dict[str, list[CallState]] = field(default_factory=dict)
     next_index: int = 0
     failures: Counter[str] = field(default_factory=Counter)  # request fingerprint -> failed calls
+    admitted: int = 0  # calls let through the budget (answered or still running)
+    sampled_tokens: int = 0  # sampled by the answered calls
+    reserved_tokens: int = 0  # ``max_tokens`` of the calls still generating
 
     @property
     def id(self) -> str:
@@ -83,6 +90,23 @@ class Session:
         self.info = self.info.model_copy(update={"metadata": {**self.info.metadata, STOPPED_KEY: reason}})
         return True
 
+    def admit(self) -> None:
+        """Let one more call through, or raise :class:`BudgetExceeded` when the calls budget is spent."""
+        limit = self.info.budget.max_calls
+        if limit is not None and self.admitted >= limit:
+            raise BudgetExceeded(f"the episode's budget of {limit} model calls is spent")
+        self.admitted += 1
+
+    def token_room(self) -> int | None:
+        """Tokens the budget still lets the next call sample (None: no limit); 0 raises BudgetExceeded."""
+        limit = self.info.budget.max_sampled_tokens
+        if limit is None:
+            return None
+        room = limit - self.sampled_tokens - self.reserved_tokens
+        if room < 1:
+            raise BudgetExceeded(f"the episode's budget of {limit} sampled tokens is spent")
+        return room
+
     def reserve_index(self) -> int:
         index = self.next_index
         self.next_index += 1
@@ -94,6 +118,7 @@ class Session:
         self.next_index = max(self.next_index, record.call_index + 1)
         if record.output is None or record.error:
             return
+        self.sampled_tokens += len(record.sampled_ids)
         state = CallState(
             call_index=record.call_index, call_id=record.call_id, n_messages=len(record.messages),
             prefix_hash=prefix_hash or prefix_hashes(record.messages)[-1],
@@ -126,7 +151,8 @@ class SessionRegistry:
 
     def create(self, session_id: str | None = None, *, policy: dict[str, Any] | None = None,
                metadata: dict[str, Any] | None = None, training: bool = False,
-               logprobs_mode: LogprobsMode = "unknown") -> tuple[Session, str]:
+               logprobs_mode: LogprobsMode = "unknown",
+               budget: EpisodeBudget | dict[str, Any] | None = None) -> tuple[Session, str]:
         session_id = session_id or secrets.token_hex(8)
         if not SESSION_ID_RE.match(session_id):
             raise ValueError(f"invalid session id {session_id!r}: use letters, digits, '_', '.', '-' (max 128)")
@@ -143,7 +169,7 @@ class SessionRegistry:
         key = "pk-" + secrets.token_urlsafe(24)
         info = SessionInfo(session_id=session_id, key_sha256=hash_key(key), created_at=time.time(),
                            policy=policy, metadata=dict(metadata or {}), training=training,
-                           logprobs_mode=logprobs_mode)
+                           logprobs_mode=logprobs_mode, budget=EpisodeBudget.model_validate(budget or {}))
         self.ledger.create_session(info)
         session = Session(info=info)
         self._sessions[session_id] = session
@@ -195,5 +221,6 @@ class SessionRegistry:
             session = Session(info=info)
             for record in sorted(self.ledger.calls(info.session_id), key=lambda r: r.call_index):
                 session.remember(record, self.eos_ids)
+            session.admitted = len(session.calls)
             self._sessions[info.session_id] = session
         return report

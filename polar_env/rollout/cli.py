@@ -49,6 +49,10 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=d.max_tokens, help="per model call")
     parser.add_argument("--max-context", type=int, default=d.max_context,
                         help="context window to enforce (default: the backend's own, e.g. vLLM's max_model_len)")
+    parser.add_argument("--max-calls", type=int, default=d.max_calls,
+                        help="per-episode budget: model calls the proxy answers before refusing (docs/proxy.md)")
+    parser.add_argument("--max-sampled-tokens", type=int, default=d.max_sampled_tokens,
+                        help="per-episode budget: tokens sampled over all of an episode's calls")
     parser.add_argument("--outcome", action="append", default=[], type=_outcome_arg, metavar="KIND=mask|REWARD",
                         help="override a row of the outcome table (docs/outcomes.md), e.g. harness_crashed=mask")
     parser.add_argument("--min-backend-tokens-per-s", type=float, default=d.min_backend_tokens_per_s,

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from polar_env.outcomes import FailureKind, Outcome, OutcomeTable
+from polar_env.trajectory.records import EpisodeBudget
 
 
 class RolloutConfig(BaseModel):
@@ -36,6 +37,8 @@ class RolloutConfig(BaseModel):
     top_p: float = 1.0
     max_tokens: int = 1024  # per model call
     max_context: int | None = None  # the context window; None: the backend's own (max_model_len)
+    max_calls: int | None = None  # per-episode budget at the proxy: model calls (docs/proxy.md)
+    max_sampled_tokens: int | None = None  # per-episode budget at the proxy: tokens sampled over all calls
     outcome: list[tuple[FailureKind, Outcome]] = []  # rows overriding the outcome table (docs/outcomes.md)
     min_backend_tokens_per_s: float = OutcomeTable().min_backend_tokens_per_s
     ray: str | None = None  # a Ray cluster address ('auto': the one on this machine)
@@ -43,6 +46,9 @@ class RolloutConfig(BaseModel):
     def sampling(self) -> dict[str, float | int]:
         """The sampling parameters the trainer dictates to every model call."""
         return {"temperature": self.temperature, "top_p": self.top_p, "max_tokens": self.max_tokens}
+
+    def budget(self) -> EpisodeBudget:
+        return EpisodeBudget(max_calls=self.max_calls, max_sampled_tokens=self.max_sampled_tokens)
 
     def outcomes(self) -> OutcomeTable:
         return OutcomeTable(rows=dict(self.outcome), min_backend_tokens_per_s=self.min_backend_tokens_per_s)

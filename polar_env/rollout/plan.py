@@ -37,7 +37,7 @@ def plan_from_config(config: RolloutConfig) -> RolloutPlan:
                        episode=EpisodeConfig(harness=config.harness, timeout_s=config.timeout,
                                              grading_timeout_s=config.grading_timeout, policy=config.sampling(),
                                              model_name=config.model_name, sandbox=config.sandbox,
-                                             outcomes=config.outcomes()))
+                                             outcomes=config.outcomes(), budget=config.budget()))
 
 
 def episode_key(task_id: str, sample: int) -> str:

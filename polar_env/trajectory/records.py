@@ -46,7 +46,15 @@ class CallRecord(BaseModel):
     reused_prefix_len: int = 0  # prompt ids taken verbatim from the parent (its prompt + sampled)
     break_reason: str | None = None  # why this call starts a new chain (None when it extends one)
     error: str | None = None  # why the call failed, if it did
-    failure_kind: FailureKind | None = None  # backend_failure, proxy_failure, context_overflow (None: cancelled)
+    failure_kind: FailureKind | None = None  # backend_failure, proxy_failure, context_overflow, episode_budget
+
+
+class EpisodeBudget(BaseModel):
+    """Per-episode limits the proxy enforces whatever the harness's own step caps say (None: no limit):
+    past one, each call is refused in its API's error shape and the episode ends ``episode_budget``."""
+
+    max_calls: int | None = Field(default=None, ge=1)  # model calls let through (failed ones count too)
+    max_sampled_tokens: int | None = Field(default=None, ge=1)  # tokens sampled over all calls
 
 
 class SessionInfo(BaseModel):
@@ -60,5 +68,6 @@ class SessionInfo(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)  # task_id, group_id, harness, ...
     training: bool = False  # its samples are trained on: sampling must match the backend's logprobs
     logprobs_mode: Literal["raw", "processed", "unknown"] = "unknown"  # what the backend returned at start
+    budget: EpisodeBudget = Field(default_factory=EpisodeBudget)
     closed_at: float | None = None
     status: Literal["open", "completed", "timeout", "error"] = "open"
