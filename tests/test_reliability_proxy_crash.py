@@ -1,11 +1,13 @@
 """SIGKILL the proxy under load (64 concurrent multi-turn sessions), restart it on the same data
-directory: every call a harness got an answer for is recovered, the sessions that were open are
-marked, and they can go on extending their chains. The proxy is the real ``polar proxy serve``
+directory: every call a harness got an answer for is recovered, in its session's one token-exact
+chain with the answer the harness got, the sessions that were open are marked, and they can go on
+extending their chains. The proxy is the real ``polar proxy serve``
 in a subprocess (instant backend, so load is the proxy's own)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import signal
@@ -15,6 +17,9 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+
+from polar_env.trajectory.chains import build_trajectory
+from polar_env.trajectory.ledger import Ledger
 
 pytestmark = pytest.mark.slow
 SECRET = "crash-test-admin"
@@ -34,7 +39,7 @@ async def _start_proxy(data_dir: Path) -> tuple[subprocess.Popen, str]:
 
 
 async def _episode(http: aiohttp.ClientSession, base: str, sid: str, key: str, answered: list[str],
-                   close_after: int | None) -> None:
+                   close_after: int | None, contents: dict[str, str]) -> None:
     """A harness-like loop: resend the whole history plus a new turn, until the proxy is gone."""
     url = f"{base}/s/{sid}/v1/chat/completions"
     messages = [{"role": "system", "content": f"You are agent {sid}."}]
@@ -48,6 +53,7 @@ async def _episode(http: aiohttp.ClientSession, base: str, sid: str, key: str, a
         except (TimeoutError, aiohttp.ClientError):
             return  # the proxy died: this call was never answered
         answered.append(reply["id"].removeprefix("chatcmpl-"))
+        contents[answered[-1]] = reply["choices"][0]["message"]["content"]
         messages.append(reply["choices"][0]["message"])
         if close_after is not None and len(answered) == close_after:
             async with http.post(f"{base}/admin/sessions/{sid}/close", json={"status": "completed"},
@@ -69,9 +75,11 @@ async def test_sigkill_under_load_loses_no_answered_call(tmp_path: Path):
                     assert resp.status == 201
                     keys[f"ep{i:02d}"] = (await resp.json())["api_key"]
             answered = {sid: [] for sid in keys}
+            contents: dict[str, str] = {}  # call id -> the answer the harness got
             closed = {f"ep{i:02d}" for i in range(4)}  # these finish before the crash
             tasks = [asyncio.create_task(_episode(http, base, sid, key, answered[sid],
-                                                  2 if sid in closed else None)) for sid, key in keys.items()]
+                                                  2 if sid in closed else None, contents))
+                     for sid, key in keys.items()]
             while sum(map(len, answered.values())) < 600:  # well into the load
                 await asyncio.sleep(0.05)
             proc.send_signal(signal.SIGKILL)
@@ -81,6 +89,7 @@ async def test_sigkill_under_load_loses_no_answered_call(tmp_path: Path):
         proc.wait()
     assert all(len(answered[sid]) == 2 for sid in closed)
     assert sum(len(v) > 2 for v in answered.values()) > SESSIONS // 2  # most sessions were mid-episode
+    _answered_calls_are_in_their_trajectories(data, answered, contents)
 
     proc, base = await _start_proxy(data)
     try:
@@ -112,3 +121,27 @@ async def test_sigkill_under_load_loses_no_answered_call(tmp_path: Path):
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(30)
+
+
+def _answered_calls_are_in_their_trajectories(data: Path, answered: dict[str, list[str]],
+                                              contents: dict[str, str]) -> None:
+    """What a trainer gets from the crashed ledger: each session's trajectory holds every answered
+    call, in one chain, with the tokens whose text the harness got (each prompt rebuilt from the
+    compact records and checked against its SHA-256 by the ledger, then chained token-exactly)."""
+    ledger = Ledger(data)
+    assert not ledger.recover().all_errors
+    for sid, ids in answered.items():
+        calls = {c.call_id: c for c in ledger.calls(sid)}
+        traj = build_trajectory(ledger.session(sid), list(calls.values()))
+        in_chain = {s.chain: s for s in traj.calls if s.call_id in ids}
+        assert len(traj.chains) == 1 and set(in_chain) == {0}, (sid, traj.stats.breaks)
+        chain = traj.chains[0]
+        lines = [json.loads(line) for line in (data / "sessions" / sid / "calls.jsonl").read_bytes().splitlines()]
+        assert all(len(line["appended_ids"]) < line["prompt_len"] for line in lines[1:])  # each stores what it adds
+        spans = {s.call_index: s for s in chain.spans if s.kind == "sampled"}
+        for call_id in ids:
+            record = calls[call_id]
+            span = spans[record.call_index]
+            assert chain.input_ids[span.start:span.end] == record.sampled_ids
+            assert chain.input_ids[:span.start] == record.prompt_ids  # the whole prompt, token-exact
+            assert record.output.content == contents[call_id]

@@ -10,10 +10,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from trajectory_helpers import call, session, three_turn
+from trajectory_helpers import call, reusing, session, three_turn
 
+from polar_env.chat.messages import Message
 from polar_env.trajectory.chains import build_trajectory
-from polar_env.trajectory.ledger import Ledger, LedgerError
+from polar_env.trajectory.ledger import Ledger, LedgerError, encode_line
+from polar_env.trajectory.records import CallRecord, ids_digest
 
 CHILD = textwrap.dedent("""
     import sys
@@ -74,7 +76,9 @@ def test_round_trip_and_session_api(tmp_path: Path):
         ledger.create_session(info)
     for record in three_turn():
         ledger.append(record)
-    assert [c.model_dump() for c in ledger.calls("s1")] == [c.model_dump() for c in three_turn()]
+    # back as written, plus the hash of each whole prompt (the ledger computes what the writer left out)
+    assert [c.model_dump() for c in ledger.calls("s1")] == [
+        c.model_copy(update={"prompt_sha256": ids_digest(c.prompt_ids).hexdigest()}).model_dump() for c in three_turn()]
     ledger.update_session(info.model_copy(update={"status": "completed", "closed_at": 2000.0}))
     ledger.close_session("s1")
     reopened = Ledger(tmp_path)
@@ -152,8 +156,9 @@ def test_corrupt_middle_line_is_an_error_not_silently_dropped(tmp_path: Path):
     report = Ledger(tmp_path).recover()
     assert any("corrupt record at byte" in e and "not the last line" in e for e in report.all_errors)
     assert report.torn == []
-    assert [c.call_index for c in Ledger(tmp_path).calls("s1")] == [0, 2]
-    assert (path.parent / "calls.jsonl.corrupt").read_bytes().count(b"\n") == 2
+    # call 2 stores only what it adds to call 1: without call 1 it cannot be rebuilt, so it goes too
+    assert [c.call_index for c in Ledger(tmp_path).calls("s1")] == [0]
+    assert (path.parent / "calls.jsonl.corrupt").read_bytes().count(b"\n") == 4
 
 
 def test_append_is_visible_to_another_reader_immediately(tmp_path: Path):
@@ -165,4 +170,73 @@ def test_append_is_visible_to_another_reader_immediately(tmp_path: Path):
     reader = Ledger(tmp_path)
     assert reader.calls("s1")[0].call_id == record.call_id
     size = os.stat(tmp_path / "sessions" / "s1" / "calls.jsonl").st_size
-    assert size == len(record.model_dump_json()) + 1
+    assert size == len(encode_line(record))
+
+
+def _long_chain(calls: int, appended: int = 50, sampled: int = 20) -> list[CallRecord]:
+    """A proxy-shaped episode: each call extends the previous one by a tool result and declares it."""
+    records, prompt = [], list(range(300))
+    for i in range(calls):
+        ids = [1000 + i * sampled + k for k in range(sampled)]
+        record = call(i, prompt, ids, parent=i - 1 if i else None, tool="shell",
+                      messages=[Message(role="user", content="fix")] + [Message(role="tool", content=f"out {k}",
+                                                                                tool_call_id=f"call_{k}")
+                                                                        for k in range(i)])
+        records.append(reusing(record, records[-1]) if records else record)
+        prompt = prompt + ids + [5000 + i * appended + k for k in range(appended)]
+    return records
+
+
+def test_a_line_holds_what_the_call_adds_and_reads_back_whole(tmp_path: Path):
+    ledger = Ledger(tmp_path)
+    ledger.create_session(session("s1"))
+    records = _long_chain(60)
+    for record in records:
+        ledger.append(record)
+    path = tmp_path / "sessions" / "s1" / "calls.jsonl"
+    sizes = [len(line) for line in path.read_bytes().splitlines()]
+    assert max(sizes[1:]) < 1.2 * min(sizes[1:])  # call 59 (3,900 prompt ids) costs what call 1 (370) does
+    back = ledger.calls("s1")
+    assert [(c.prompt_ids, c.messages, c.tools) for c in back] == [(c.prompt_ids, c.messages, c.tools) for c in records]
+    assert all(c.prompt_sha256 == ids_digest(c.prompt_ids).hexdigest() for c in back)
+    traj = build_trajectory(ledger.session("s1"), back)
+    assert len(traj.chains) == 1 and traj.chains[0].input_ids == back[-1].prompt_ids + back[-1].sampled_ids
+    assert path.stat().st_size / len(traj.chains[0].input_ids) < 40  # bytes per distinct token, flat
+
+
+def test_an_altered_record_is_caught_by_its_childrens_prompt_hash(tmp_path: Path):
+    ledger, path = _ledger_with_calls(tmp_path)
+    lines = path.read_bytes().split(b"\n")
+    assert b'"sampled_ids":[10,11,12]' in lines[0]
+    lines[0] = lines[0].replace(b'"sampled_ids":[10,11,12]', b'"sampled_ids":[10,99,12]')  # still valid JSON
+    path.write_bytes(b"\n".join(lines))
+    with pytest.raises(LedgerError, match="call 1: the prompt rebuilt from its parent chain .* SHA-256"):
+        Ledger(tmp_path).calls("s1")
+    report = Ledger(tmp_path).recover()
+    assert sum("does not rebuild from its parent chain" in e for e in report.all_errors) == 2
+
+
+def test_an_old_format_ledger_is_read_and_extended_in_place(tmp_path: Path):
+    old = three_turn()[:2]
+    folder = tmp_path / "sessions" / "s1"
+    folder.mkdir(parents=True)
+    (folder / "session.json").write_text(session("s1").model_dump_json())
+    new_fields = {"prompt_sha256", "reused_messages", "reused_tools"}  # what format-1 lines lack
+    (folder / "calls.jsonl").write_bytes(b"".join(
+        c.model_copy(update={"schema_version": 1}).model_dump_json(exclude=new_fields).encode() + b"\n"
+        for c in old))
+    ledger = Ledger(tmp_path)
+    assert ledger.recover().ok
+    ledger.append(three_turn()[2])  # a proxy restarted on an old data dir goes on in format 2
+    back = ledger.calls("s1")
+    assert [c.schema_version for c in back] == [1, 1, 2]
+    assert [c.prompt_ids for c in back] == [c.prompt_ids for c in three_turn()]
+    assert len(build_trajectory(ledger.session("s1"), back).chains) == 1
+
+
+def test_a_newer_format_says_so(tmp_path: Path):
+    ledger, path = _ledger_with_calls(tmp_path)
+    with open(path, "ab") as handle:
+        handle.write(b'{"schema_version": 9, "session_id": "s1"}\n')
+    with pytest.raises(LedgerError, match="written in ledger format 9; this polar_env reads formats 1-2"):
+        ledger.calls("s1")

@@ -39,8 +39,16 @@ def three_turn() -> list[CallRecord]:
     t0 = Message(role="tool", tool_call_id="call_0", content="a.py")
     a1 = Message(role="assistant", tool_calls=[ToolCall(id="call_1", name="shell", arguments='{"cmd": "ls"}')])
     t1 = Message(role="tool", tool_call_id="call_1", content="ok")
-    return [
+    calls = [
         call(0, p0, s0, messages=[user], tool="shell"),
         call(1, p1, s1, parent=0, messages=[user, a0, t0], tool="shell"),
         call(2, p2, s2, parent=1, messages=[user, a0, t0, a1, t1]),
     ]
+    return [calls[0], *(reusing(c, p) for p, c in zip(calls, calls[1:], strict=False))]
+
+
+def reusing(record: CallRecord, parent: CallRecord) -> CallRecord:
+    """``record`` with the reuse the proxy declares for a call extending ``parent`` (its ids,
+    messages and tools), so the ledger stores only what it adds."""
+    return record.model_copy(update={"reused_prefix_len": len(parent.prompt_ids) + len(parent.sampled_ids),
+                                     "reused_messages": len(parent.messages), "reused_tools": True})

@@ -22,7 +22,9 @@ from polar_env.bench.common import ANSWER_TEXT, machine_info
 from polar_env.bench.overhead import measure as overhead_measure
 
 KEYS = ("overhead_p50_ms_16k", "overhead_p99_ms_16k", "overhead_p50_ms_16k_litellm",
-        "per_call_ratio_turn200_vs_turn10", "calls_per_s_256_sessions", "build_export_ms_100k")
+        "per_call_ratio_turn200_vs_turn10", "calls_per_s_256_sessions", "build_export_ms_100k",
+        "export_json_ms_100k", "ledger_bytes_per_token", "proxy_rss_mb_1024_sessions")
+FULL_RUN_ONLY = ("proxy_rss_mb_1024_sessions",)  # --quick runs no 1,024 sessions
 
 
 def _settings(quick: bool) -> dict[str, Any]:
@@ -162,6 +164,7 @@ class Bench:
         over = f.get("overhead_instant", {}).get("sizes", {}).get("16000", {})
         grow = f.get("growth", {})
         conc = f.get("concurrency", {}).get("levels", {}).get("256", {})
+        conc_1024 = f.get("concurrency", {}).get("levels", {}).get("1024", {})
         build = f.get("builder", {}).get("sizes", {}).get("100000", {})
         return {
             "overhead_p50_ms_16k": over.get("added_p50_ms_polar"),
@@ -170,6 +173,9 @@ class Bench:
             "per_call_ratio_turn200_vs_turn10": grow.get("ratio_cpu_turn200_vs_turn10"),
             "calls_per_s_256_sessions": conc.get("calls_per_s"),
             "build_export_ms_100k": build.get("build_export_ms"),
+            "export_json_ms_100k": build.get("json_ms"),
+            "ledger_bytes_per_token": build.get("ledger_bytes_per_token"),
+            "proxy_rss_mb_1024_sessions": conc_1024.get("proxy_rss_mb"),
         }
 
 

@@ -34,7 +34,7 @@ def _ledger_calls(ledger: Path) -> list[list[tuple[float, int]]]:
     for calls in ledger.glob("sessions/*/calls.jsonl"):
         rows = [json.loads(line) for line in calls.read_text().splitlines() if line.strip()]
         rows.sort(key=lambda r: r["call_index"])
-        out.append([(r["timings"].get("render_ms", 0.0), len(r["prompt_ids"])) for r in rows])
+        out.append([(r["timings"].get("render_ms", 0.0), r.get("prompt_len", len(r.get("prompt_ids", [])))) for r in rows])
     return out
 
 

@@ -157,13 +157,16 @@ def render(results: dict[str, Any]) -> str:
     if "builder" in fam:
         b = fam["builder"]
         out += ["## Builder and export", "",
-                f"Synthetic records of one {b['calls']}-call chain (60 sampled tokens per call); "
-                "`build` = `build_trajectory`, `export` = `to_nemo_gym_result` + `grpo_rows`; `json` = "
-                f"serializing both (not part of the target); median of {b['runs']} runs.", "",
-                "| tokens | build ms | export ms | build + export ms | json ms | json MB |",
-                "|---|---|---|---|---|---|"]
+                f"Synthetic records of one {b['calls']}-call chain (60 sampled tokens per call), written to a "
+                "ledger as the proxy writes them and read back (`ledger read ms`: `Ledger.calls`, which "
+                "rebuilds and hash-checks every prompt); `build` = `build_trajectory`, `export` = "
+                "`to_nemo_gym_result` + `grpo_rows`; `json` = serializing both as the exports do (orjson); "
+                f"median of {b['runs']} runs.", "",
+                "| tokens | ledger bytes / token | ledger read ms | build ms | export ms | build + export ms "
+                "| json ms | json MB |", "|---|---|---|---|---|---|---|---|"]
         for v in b["sizes"].values():
-            out.append(f"| {v['sequence_tokens']:,} | {_f(v['build_ms'])} | {_f(v['export_ms'])} | "
+            out.append(f"| {v['sequence_tokens']:,} | {_f(v.get('ledger_bytes_per_token'))} | "
+                       f"{_f(v.get('ledger_read_ms'))} | {_f(v['build_ms'])} | {_f(v['export_ms'])} | "
                        f"{_f(v['build_export_ms'])} | {_f(v['json_ms'])} | {_f(v['json_mb'])} |")
         out.append("")
     if "grading" in fam or "rollouts" in fam:

@@ -32,7 +32,7 @@ from polar_env.outcomes import FailureKind
 from polar_env.proxy.sessions import POLICY_KEYS, BudgetExceeded, CallState, Session, prefix_hashes
 from polar_env.proxy.wire import DecodedRequest, issued_tool_call_id
 from polar_env.trajectory.ledger import Ledger
-from polar_env.trajectory.records import CallRecord
+from polar_env.trajectory.records import CallRecord, ids_digest
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -224,7 +224,7 @@ class TokenEngine:
                     record.failure_kind = FailureKind.proxy_failure
                 record.timings = {**record.timings, "total_ms": (time.perf_counter() - started) * 1e3}
                 if isinstance(exc, Exception):  # a large request's JSON is written off the loop
-                    await self.off_loop(self.ledger.append, record)
+                    await self.ledger.append_async(record)
                     session.remember(record, self.eos_ids)
                 else:  # cancelled: awaiting again could be cancelled too; write it now
                     self._persist(session, record)
@@ -248,6 +248,12 @@ class TokenEngine:
         window = await self.context_window()
         sampling, overridden = self.sampling_for(session, request.requested_sampling, len(prompt_ids), window)
         record.prompt_ids = prompt_ids  # after the context check: an overflow records no megabytes of ids
+        # the ledger line stores only what this call adds to its parent, plus the whole prompt's hash
+        prompt_digest = (ids_digest(prompt_ids[record.reused_prefix_len:], ext.parent.digest) if ext.parent
+                         else ids_digest(prompt_ids))
+        record.prompt_sha256 = prompt_digest.hexdigest()
+        if ext.parent:
+            record.reused_messages, record.reused_tools = ext.parent.n_messages, True
         record.sampling, record.overridden = sampling, overridden
         if overridden:
             record.flags.append("overridden:" + ",".join(overridden))
@@ -287,8 +293,8 @@ class TokenEngine:
         record.model = generation.model or self.backend.model
         record.timings = {"render_ms": render_ms, "generate_ms": generate_ms,
                           "total_ms": (time.perf_counter() - started) * 1e3}
-        await self.off_loop(self.ledger.append, record)  # the JSON of a huge prompt is CPU work too
-        session.remember(record, self.eos_ids, hashes[-1])
+        await self.ledger.append_async(record)
+        session.remember(record, self.eos_ids, hashes[-1], ids_digest(sampled, prompt_digest))
         return turn, record
 
     def _prefix(self, request: DecodedRequest, record: CallRecord) -> str:

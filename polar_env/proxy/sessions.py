@@ -18,7 +18,7 @@ from typing import Any
 from polar_env.backends.logprobs_mode import LogprobsMode
 from polar_env.chat.messages import AssistantTurn, Message
 from polar_env.trajectory.ledger import SESSION_ID_RE, Ledger
-from polar_env.trajectory.records import CallRecord, EpisodeBudget, SessionInfo
+from polar_env.trajectory.records import CallRecord, EpisodeBudget, SessionInfo, ids_digest
 
 POLICY_KEYS = ("temperature", "top_p", "max_tokens")
 RESTARTS_KEY = "proxy_restarts"  # session metadata: how many proxy restarts an open session lived through
@@ -58,6 +58,7 @@ class CallState:
     ended_with_eos: bool
     output: AssistantTurn
     system_fp: str | None
+    digest: Any  # ``ids_digest`` of ``ids``: a child's prompt hash continues it (trajectory.records)
 
 
 @dataclass
@@ -112,20 +113,24 @@ class Session:
         self.next_index += 1
         return index
 
-    def remember(self, record: CallRecord, eos_ids: set[int], prefix_hash: str | None = None) -> None:
+    def remember(self, record: CallRecord, eos_ids: set[int], prefix_hash: str | None = None,
+                 digest: Any = None) -> None:
         """Index a finished call so later requests can extend it (``prefix_hash``: that of
-        ``record.messages`` when the caller already has it)."""
+        ``record.messages``, ``digest``: ``ids_digest`` of its prompt + sampled ids, when the
+        caller already has them)."""
         self.next_index = max(self.next_index, record.call_index + 1)
         if record.output is None or record.error:
             return
         self.sampled_tokens += len(record.sampled_ids)
+        ids = array("i", record.prompt_ids + record.sampled_ids)
         state = CallState(
             call_index=record.call_index, call_id=record.call_id, n_messages=len(record.messages),
             prefix_hash=prefix_hash or prefix_hashes(record.messages)[-1],
-            tools_fp=_tools_fp(record), ids=array("i", record.prompt_ids + record.sampled_ids),
+            tools_fp=_tools_fp(record), ids=ids,
             ended_with_eos=bool(record.sampled_ids) and record.sampled_ids[-1] in eos_ids,
             output=record.output,
             system_fp=record.messages[0].fingerprint() if record.messages else None,
+            digest=digest if digest is not None else ids_digest(ids),
         )
         self.calls.append(state)
         self.by_prefix.setdefault(state.prefix_hash, []).append(state)

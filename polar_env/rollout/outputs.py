@@ -11,6 +11,7 @@ from typing import Any
 from polar_env.trajectory.export import (
     TrajectoryWriter,
     grpo_rows,
+    jsonl_line,
     to_nemo_gym_result,
     write_jsonl,
 )
@@ -36,11 +37,11 @@ class RolloutOutputs:
         for name in ("trajectories.jsonl", "nemo_results.jsonl"):
             _drop_partial_line(out / name)
         self._trajectories = TrajectoryWriter(out / "trajectories.jsonl")
-        self._nemo = open(out / "nemo_results.jsonl", "a")  # noqa: SIM115 - appended as episodes end
+        self._nemo = open(out / "nemo_results.jsonl", "ab")  # noqa: SIM115 - appended as episodes end
 
     def add(self, trajectory: Trajectory) -> None:
         self._trajectories.write(trajectory)
-        self._nemo.write(json.dumps(to_nemo_gym_result(trajectory)) + "\n")  # masked ones too: never dropped
+        self._nemo.write(jsonl_line(to_nemo_gym_result(trajectory)))  # masked ones too: never dropped
         self._nemo.flush()
 
     def close(self) -> None:

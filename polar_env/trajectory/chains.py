@@ -2,7 +2,8 @@
 
 The proxy claims, per call, which earlier call it extends (``parent_call_index``); the builder
 trusts no claim it can check: a call joins its parent's chain only when its prompt ids really
-start with everything the chain holds so far (token-exact) and the parent is still that chain's
+start with everything the chain holds so far (token-exact: the chain's running SHA-256 continued
+with the call's new ids equals the prompt's recorded one) and the parent is still that chain's
 tip. Anything else starts a new chain, with the reason recorded. No chain is spliced across a
 break, and sampled tokens without usable logprobs are masked, never guessed.
 """
@@ -21,7 +22,7 @@ from polar_env.trajectory.models import (
     Trajectory,
     TrajectoryStats,
 )
-from polar_env.trajectory.records import CallRecord, SessionInfo
+from polar_env.trajectory.records import CallRecord, SessionInfo, ids_digest
 
 REASON_START = "start"
 REASON_NOT_TOKEN_EXACT = "not token-exact"
@@ -38,6 +39,7 @@ def is_failed(call: CallRecord) -> bool:
 def build_chains(calls: list[CallRecord]) -> tuple[list[Chain], dict[int, int]]:
     """Group calls into chains; returns the chains and ``call_index -> chain index``."""
     chains: list[Chain] = []
+    digests: list[Any] = []  # per chain: ``ids_digest`` of its input ids so far
     chain_of: dict[int, int] = {}
     tip: dict[int, int] = {}  # chain index -> call index of its last call
     known = {c.call_index for c in calls}
@@ -46,6 +48,7 @@ def build_chains(calls: list[CallRecord]) -> tuple[list[Chain], dict[int, int]]:
             continue
         parent = call.parent_call_index
         reason: str | None
+        glue_digest = None
         if parent is None:
             reason = call.break_reason or REASON_NO_PARENT
         elif parent not in known or parent >= call.call_index:
@@ -54,19 +57,37 @@ def build_chains(calls: list[CallRecord]) -> tuple[list[Chain], dict[int, int]]:
             reason = REASON_PARENT_FAILED
         elif tip[chain_of[parent]] != parent:
             reason = REASON_BRANCH
-        elif call.prompt_ids[: len(chains[chain_of[parent]].input_ids)] != chains[chain_of[parent]].input_ids:
+        elif (glue_digest := _extends(call, chains[chain_of[parent]], digests[chain_of[parent]])) is None:
             reason = REASON_NOT_TOKEN_EXACT
         else:
             reason = None
         if reason is None:
             index = chain_of[parent]
             _extend(chains[index], call)
+            digests[index] = ids_digest(call.sampled_ids, glue_digest)
         else:
             index = len(chains)
             chains.append(_start(index, call, reason if index else (call.break_reason or REASON_START)))
+            digests.append(ids_digest(chains[index].input_ids))
         chain_of[call.call_index] = index
         tip[index] = call.call_index
     return chains, chain_of
+
+
+def _extends(call: CallRecord, chain: Chain, digest: Any) -> Any:
+    """The digest of ``call``'s prompt when it starts with all of ``chain`` (token-exact), else None.
+
+    With the prompt's recorded SHA-256 (every ledger record has it; the ledger checked it against
+    the ids on read) the chain's running digest, continued with the call's new ids, must equal it:
+    O(new ids) per call instead of comparing the whole history again.
+    """
+    n = len(chain.input_ids)
+    if len(call.prompt_ids) < n:
+        return None
+    glue = ids_digest(call.prompt_ids[n:], digest)
+    if call.prompt_sha256:
+        return glue if glue.hexdigest() == call.prompt_sha256 else None
+    return glue if call.prompt_ids[:n] == chain.input_ids else None
 
 
 def main_chain_index(chains: list[Chain]) -> int | None:

@@ -9,13 +9,14 @@ group-normalised advantage.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
+
+import orjson
 
 from polar_env.chat.messages import AssistantTurn, Message
 from polar_env.proxy.openai_responses import message_item, output_items
@@ -243,11 +244,17 @@ def grpo_rows(trajectories: Iterable[Trajectory], *, leave_one_out: bool = False
     return rows
 
 
+def jsonl_line(row: dict[str, Any]) -> bytes:
+    """One export row as a JSONL line; orjson, because rows hold long id lists (a 100k-token NeMo
+    result is tens of MB of ints: ``json`` takes several times longer on it)."""
+    return orjson.dumps(row) + b"\n"
+
+
 def write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> int:
     """Write dict rows as JSONL (NeMo results, GRPO rows); returns the number written."""
     n = 0
-    with open(path, "w") as handle:
+    with open(path, "wb") as handle:
         for row in rows:
-            handle.write(json.dumps(row, separators=(",", ":")) + "\n")
+            handle.write(jsonl_line(row))
             n += 1
     return n

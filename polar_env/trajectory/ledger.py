@@ -1,25 +1,42 @@
 """The call ledger: a per-session write-ahead log on disk.
 
 Layout: ``<root>/sessions/<session_id>/session.json`` (the SessionInfo, replaced atomically) and
-``calls.jsonl`` (one CallRecord a line). ``append`` returns only once the line is in the OS (and
-on disk with ``fsync=True``), so the proxy answers the harness only for calls a restarted proxy
-will find again. A crash mid-write leaves a torn last line; ``recover`` moves it aside and says so,
-because a record that cannot be parsed must never be half-accepted.
+``calls.jsonl`` (one call a line). ``append`` returns only once the line is in the OS (and on disk
+with ``fsync=True``), so the proxy answers the harness only for calls a restarted proxy will find
+again. A crash mid-write leaves a torn last line; ``recover`` moves it aside and says so, because a
+record that cannot be parsed must never be half-accepted.
+
+A line (format 2, ``CallLine``) holds what the call adds to its parent: the appended prompt ids,
+the new messages, the sampled ids, plus the whole prompt's length and SHA-256. Reading rebuilds
+each prompt from its parent chain and checks it against that hash, so the bytes of a session grow
+with its distinct tokens while a rebuilt prompt is still proven token-exact. Format-1 lines (the
+whole call, written before) are read as they are: old ledgers need no migration step.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import shutil
 import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 from pydantic import BaseModel, Field, ValidationError
 
-from polar_env.trajectory.records import CallRecord, SessionInfo
+from polar_env.trajectory.records import (
+    RECORD_SCHEMA_VERSION,
+    CallFields,
+    CallLine,
+    CallRecord,
+    SessionInfo,
+    ids_digest,
+)
 
+T = TypeVar("T")
 SESSION_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 SESSION_FILE = "session.json"
 CALLS_FILE = "calls.jsonl"
@@ -75,7 +92,8 @@ def validate_session_id(session_id: str) -> str:
 
 
 class Ledger:
-    """Durable per-session call log; safe for one asyncio loop (appends are synchronous)."""
+    """Durable per-session call log; appends are thread-safe, ``append_async`` runs them on the
+    ledger's own writer thread so disk waits (fsync) never stall the event loop or the tokenizer."""
 
     def __init__(self, root: Path, *, fsync: bool = False):
         self.root = Path(root)
@@ -84,6 +102,7 @@ class Ledger:
         self._sessions_dir.mkdir(parents=True, exist_ok=True)
         self._handles: dict[str, BinaryIO] = {}
         self._lock = threading.RLock()
+        self._writer: ThreadPoolExecutor | None = None
 
     # -- sessions --------------------------------------------------------------------------------
     def create_session(self, info: SessionInfo) -> None:
@@ -149,9 +168,16 @@ class Ledger:
                 self.close_session(session_id)
 
     # -- calls -----------------------------------------------------------------------------------
+    async def append_async(self, record: CallRecord) -> None:
+        """``append`` on the writer thread; returns once the line is written, like ``append``."""
+        with self._lock:
+            if self._writer is None:
+                self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="polar-ledger")
+        await asyncio.get_running_loop().run_in_executor(self._writer, self.append, record)
+
     def append(self, record: CallRecord) -> None:
         """Write one record as one line; on return it is in the OS (on disk with ``fsync``)."""
-        line = record.model_dump_json().encode() + b"\n"
+        line = encode_line(record)
         with self._lock:
             handle = self._handle(record.session_id)
             start = handle.tell()
@@ -177,12 +203,13 @@ class Ledger:
         except FileNotFoundError:
             return []
         records = []
+        decoder = LineDecoder()
         for offset, line in _complete_lines(data):
-            record = _parse(line)
-            if record is None:
-                raise LedgerError(f"session {session_id!r}: corrupt record at byte {offset} of {path} "
-                                  "(run Ledger.recover())")
-            records.append(record)
+            try:
+                records.append(decoder.add(line))
+            except LedgerError as exc:
+                raise LedgerError(f"session {session_id!r}: corrupt record at byte {offset} of {path}: {exc} "
+                                  "(run Ledger.recover())") from None
         return records
 
     def recover(self) -> RecoveryReport:
@@ -251,11 +278,17 @@ class Ledger:
             return result
         data = path.read_bytes()
         lines = list(_all_lines(data))  # (offset, bytes, terminated)
-        parsed = [(off, raw, term, _parse(raw) if term else None) for off, raw, term in lines]
-        last_good = max((i for i, p in enumerate(parsed) if p[3] is not None), default=-1)
-        tail = parsed[last_good + 1:]
-        corrupt = [(off, raw) for off, raw, _, rec in parsed[:last_good + 1] if rec is None]
-        good = [rec for *_, rec in parsed[:last_good + 1] if rec is not None]
+        decoder = LineDecoder()
+        readable = [(off, raw, _try(decoder.parse, raw) if term else None) for off, raw, term in lines]
+        # a crash tears only the end: lines after the last one that parses are a torn tail; a line
+        # before it that does not parse, or does not rebuild (its parent is gone), is corruption
+        last_good = max((i for i, (*_, line) in enumerate(readable) if line is not None), default=-1)
+        tail = readable[last_good + 1:]
+        parsed = [(off, raw, line is not None, _try(decoder.rebuild, line) if line is not None else None)
+                  for off, raw, line in readable[:last_good + 1]]
+        why = {off: "does not rebuild from its parent chain" for off, _, ok, rec in parsed if ok and rec is None}
+        corrupt = [(off, raw) for off, raw, _, rec in parsed if rec is None]
+        good = [rec for *_, rec in parsed if rec is not None]
         if tail:
             offset = tail[0][0]
             saved = _unique(folder / f"{CALLS_FILE}.torn-{offset}")
@@ -268,10 +301,9 @@ class Ledger:
                     handle.write(b"# offset %d\n" % off + raw + b"\n")
             for off, _ in corrupt:
                 result.errors.append(f"session {session_id!r}: corrupt record at byte {off} "
-                                     f"(not the last line; moved to {CALLS_FILE}.corrupt)")
+                                     f"({why.get(off, 'not the last line')}; moved to {CALLS_FILE}.corrupt)")
             tmp = folder / f".{CALLS_FILE}.tmp"
-            tmp.write_bytes(b"".join(raw + b"\n" for _, raw, _, rec in parsed[:last_good + 1]
-                                     if rec is not None))
+            tmp.write_bytes(b"".join(raw + b"\n" for _, raw, _, rec in parsed if rec is not None))
             os.replace(tmp, path)
         elif tail:
             os.truncate(path, tail[0][0])
@@ -309,11 +341,113 @@ def _complete_lines(data: bytes):
             yield offset, line
 
 
-def _parse(line: bytes) -> CallRecord | None:
+def encode_line(record: CallRecord) -> bytes:
+    """The record as a format-2 line: what it adds to the ids, messages and tools its writer
+    declared reused from the parent (``reused_prefix_len``, ``reused_messages``, ``reused_tools``)."""
+    has_parent = record.parent_call_index is not None
+    prompt = record.prompt_ids
+    reused = record.reused_prefix_len if has_parent and record.reused_prefix_len <= len(prompt) else 0
+    reused_messages = record.reused_messages if has_parent else 0
+    line = CallLine.model_construct(
+        **{name: getattr(record, name) for name in CallFields.model_fields},
+        schema_version=RECORD_SCHEMA_VERSION, appended_ids=prompt[reused:], prompt_len=len(prompt),
+        new_messages=record.messages[reused_messages:], tools=None if has_parent and record.reused_tools else record.tools)
+    line.reused_messages = reused_messages
+    line.prompt_sha256 = record.prompt_sha256 or ids_digest(prompt).hexdigest()
+    return line.model_dump_json().encode() + b"\n"
+
+
+class LineDecoder:
+    """Rebuilds a session's whole records from its lines, in file order (a parent's line always
+    comes before its children's: the proxy extends only calls already in the ledger)."""
+
+    def __init__(self) -> None:
+        self.records: dict[int, CallRecord] = {}
+        self._digests: dict[int, Any] = {}  # call index -> digest of its prompt + sampled ids
+
+    def add(self, raw: bytes) -> CallRecord:
+        """Decode one line (either format); ``LedgerError`` says why it cannot be a record."""
+        return self.rebuild(self.parse(raw))
+
+    @staticmethod
+    def parse(raw: bytes) -> CallLine | CallRecord:
+        """The line as written (format 2) or the whole record (format 1); ``LedgerError`` if neither."""
+        try:
+            return CallLine.model_validate_json(raw)
+        except (ValidationError, ValueError) as exc:
+            try:
+                return CallRecord.model_validate_json(raw)
+            except (ValidationError, ValueError):
+                raise LedgerError(_why_unreadable(raw, exc)) from None
+
+    def rebuild(self, parsed: CallLine | CallRecord) -> CallRecord:
+        """The whole record of a parsed line; ``LedgerError`` when its parent chain does not give it."""
+        record = parsed if isinstance(parsed, CallRecord) else self._rebuild(parsed)
+        self.records[record.call_index] = record
+        return record
+
+    def _rebuild(self, line: CallLine) -> CallRecord:
+        index, appended = line.call_index, line.appended_ids
+        reused = line.prompt_len - len(appended)
+        parent = None
+        if reused or line.reused_messages or line.tools is None:
+            parent = self.records.get(line.parent_call_index) if line.parent_call_index is not None else None
+            if parent is None:
+                raise LedgerError(f"call {index} extends call {line.parent_call_index}, which is not before it in the log")
+        if reused < 0 or (parent is not None and reused > len(parent.prompt_ids) + len(parent.sampled_ids)):
+            raise LedgerError(f"call {index} reuses {reused} ids its parent does not have")
+        if parent is not None and line.reused_messages > len(parent.messages):
+            raise LedgerError(f"call {index} reuses {line.reused_messages} messages; its parent has "
+                              f"{len(parent.messages)}")
+        if parent is None:
+            prompt, digest = list(appended), ids_digest(appended)
+        else:
+            n = len(parent.prompt_ids)
+            prompt = parent.prompt_ids[:reused]  # one copy of the reused prefix, then extended in place
+            if reused > n:
+                prompt += parent.sampled_ids[:reused - n]
+            prompt += appended
+            if reused == n + len(parent.sampled_ids):  # the usual case: continue the parent's digest
+                digest = ids_digest(appended, self._digest(parent))
+            else:
+                digest = ids_digest(prompt)
+        if digest.hexdigest() != line.prompt_sha256:
+            raise LedgerError(f"call {index}: the prompt rebuilt from its parent chain ({len(prompt)} ids) does "
+                              "not match its recorded SHA-256: a record it extends was altered")
+        self._digests[index] = ids_digest(line.sampled_ids, digest)
+        fields = {name: getattr(line, name) for name in CallFields.model_fields}
+        return CallRecord.model_construct(
+            **fields, schema_version=line.schema_version, prompt_ids=prompt,
+            messages=(parent.messages[:line.reused_messages] if parent else []) + line.new_messages,
+            tools=parent.tools if line.tools is None and parent is not None else (line.tools or []),
+            reused_tools=line.tools is None)
+
+    def _digest(self, record: CallRecord) -> Any:
+        digest = self._digests.get(record.call_index)
+        if digest is None:  # a format-1 parent: hash it once
+            digest = self._digests[record.call_index] = ids_digest(record.prompt_ids + record.sampled_ids)
+        return digest
+
+
+def _try(fn: Callable[[Any], T], arg: Any) -> T | None:
     try:
-        return CallRecord.model_validate_json(line)
-    except (ValidationError, ValueError):
+        return fn(arg)
+    except LedgerError:
         return None
+
+
+def _why_unreadable(raw: bytes, exc: Exception) -> str:
+    """One line naming the problem; a format newer than this code says so instead of 'corrupt'."""
+    import json
+
+    try:
+        version = json.loads(raw).get("schema_version")
+    except (ValueError, AttributeError):
+        return "not a JSON object"
+    if isinstance(version, int) and version > RECORD_SCHEMA_VERSION:
+        return (f"written in ledger format {version}; this polar_env reads formats 1-{RECORD_SCHEMA_VERSION} "
+                "(upgrade polar_env)")
+    return f"not a call record ({str(exc).splitlines()[0]})"
 
 
 def _last_byte(path: Path) -> bytes:

@@ -6,6 +6,9 @@ builder, exporters). Session keys never appear here.
 
 from __future__ import annotations
 
+import hashlib
+import sys
+from array import array
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -14,19 +17,30 @@ from polar_env.backends.base import SamplingParams
 from polar_env.chat.messages import AssistantTurn, Message, ToolSpec
 from polar_env.outcomes import FailureKind
 
-RECORD_SCHEMA_VERSION = 1
+RECORD_SCHEMA_VERSION = 2  # ledger line format: 1 = the whole call, 2 = what it adds to its parent
+SESSION_SCHEMA_VERSION = 1
 
 
-class CallRecord(BaseModel):
-    schema_version: int = RECORD_SCHEMA_VERSION
+def ids_digest(ids: list[int] | array, digest: Any = None) -> Any:
+    """SHA-256 of token ids as little-endian int32s, continued from ``digest`` when given (a
+    prompt's digest is its parent's continued with the ids appended since: no re-hashing)."""
+    digest = hashlib.sha256() if digest is None else digest.copy()
+    packed = ids if isinstance(ids, array) else array("i", ids)
+    if sys.byteorder == "big":
+        packed = array("i", packed)
+        packed.byteswap()
+    digest.update(packed.tobytes())
+    return digest
+
+
+class CallFields(BaseModel):
+    """What a call's record and its ledger line share: everything but the prompt's ids, messages and tools."""
+
     session_id: str
     call_index: int  # 0-based order of arrival within the session
     call_id: str  # id the proxy issued (response id, message id, completion id)
     api: Literal["chat", "responses", "messages", "gemini"]
     created_at: float
-    messages: list[Message]  # canonical request messages after volatile stripping
-    tools: list[ToolSpec] = Field(default_factory=list)
-    prompt_ids: list[int] = Field(default_factory=list)
     sampled_ids: list[int] = Field(default_factory=list)
     logprobs: list[float] = Field(default_factory=list)
     output: AssistantTurn | None = None  # None when the backend failed
@@ -47,6 +61,34 @@ class CallRecord(BaseModel):
     break_reason: str | None = None  # why this call starts a new chain (None when it extends one)
     error: str | None = None  # why the call failed, if it did
     failure_kind: FailureKind | None = None  # backend_failure, proxy_failure, context_overflow, episode_budget
+    # hex SHA-256 (``ids_digest``) of the whole prompt the backend was sent; "" where not known (a
+    # record read from a format-1 line, or built by hand): readers then compare the ids themselves
+    prompt_sha256: str = ""
+    # leading messages equal to the parent's first ones (the writer's claim, from its prefix match)
+    reused_messages: int = 0
+
+
+class CallRecord(CallFields):
+    """One call as a whole: what the proxy builds, what ``Ledger.calls`` returns, the chain
+    builder's input. On disk it is a ``CallLine`` (format 2) or, in old ledgers, itself (format 1)."""
+
+    schema_version: int = RECORD_SCHEMA_VERSION  # 1: read from an old ledger's line (the whole call)
+    messages: list[Message]  # canonical request messages after volatile stripping
+    tools: list[ToolSpec] = Field(default_factory=list)
+    prompt_ids: list[int] = Field(default_factory=list)
+    reused_tools: bool = False  # the tools are the parent's (the writer's claim): the line omits them
+
+
+class CallLine(CallFields):
+    """A ledger line (format 2): the call as what it adds to its parent, so a session's bytes on
+    disk grow with its distinct tokens, not with calls x context. ``Ledger.calls`` rebuilds the
+    whole prompt from the parent chain and checks it against ``prompt_sha256`` and ``prompt_len``."""
+
+    schema_version: Literal[2] = RECORD_SCHEMA_VERSION
+    appended_ids: list[int] = Field(default_factory=list)  # prompt ids after the reused prefix
+    prompt_len: int = 0
+    new_messages: list[Message] = Field(default_factory=list)  # messages after the reused ones
+    tools: list[ToolSpec] | None = None  # None: the parent's
 
 
 class EpisodeBudget(BaseModel):
@@ -60,7 +102,7 @@ class EpisodeBudget(BaseModel):
 class SessionInfo(BaseModel):
     """What is persisted about a session; the key is stored only as a salted hash."""
 
-    schema_version: int = RECORD_SCHEMA_VERSION
+    schema_version: int = SESSION_SCHEMA_VERSION
     session_id: str
     key_sha256: str
     created_at: float
