@@ -10,12 +10,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from trajectory_helpers import call, reusing, session, three_turn
+from trajectory_helpers import call, long_chain, session, three_turn
 
-from polar_env.chat.messages import Message
 from polar_env.trajectory.chains import build_trajectory
 from polar_env.trajectory.ledger import Ledger, LedgerError, encode_line
-from polar_env.trajectory.records import CallRecord, ids_digest
+from polar_env.trajectory.records import ids_digest
 
 CHILD = textwrap.dedent("""
     import sys
@@ -173,24 +172,10 @@ def test_append_is_visible_to_another_reader_immediately(tmp_path: Path):
     assert size == len(encode_line(record))
 
 
-def _long_chain(calls: int, appended: int = 50, sampled: int = 20) -> list[CallRecord]:
-    """A proxy-shaped episode: each call extends the previous one by a tool result and declares it."""
-    records, prompt = [], list(range(300))
-    for i in range(calls):
-        ids = [1000 + i * sampled + k for k in range(sampled)]
-        record = call(i, prompt, ids, parent=i - 1 if i else None, tool="shell",
-                      messages=[Message(role="user", content="fix")] + [Message(role="tool", content=f"out {k}",
-                                                                                tool_call_id=f"call_{k}")
-                                                                        for k in range(i)])
-        records.append(reusing(record, records[-1]) if records else record)
-        prompt = prompt + ids + [5000 + i * appended + k for k in range(appended)]
-    return records
-
-
 def test_a_line_holds_what_the_call_adds_and_reads_back_whole(tmp_path: Path):
     ledger = Ledger(tmp_path)
     ledger.create_session(session("s1"))
-    records = _long_chain(60)
+    records = long_chain(60)
     for record in records:
         ledger.append(record)
     path = tmp_path / "sessions" / "s1" / "calls.jsonl"

@@ -52,3 +52,17 @@ def reusing(record: CallRecord, parent: CallRecord) -> CallRecord:
     messages and tools), so the ledger stores only what it adds."""
     return record.model_copy(update={"reused_prefix_len": len(parent.prompt_ids) + len(parent.sampled_ids),
                                      "reused_messages": len(parent.messages), "reused_tools": True})
+
+
+def long_chain(calls: int, appended: int = 50, sampled: int = 20) -> list[CallRecord]:
+    """A proxy-shaped episode: each call extends the previous one by a tool result and declares it."""
+    records, prompt = [], list(range(300))
+    for i in range(calls):
+        ids = [1000 + i * sampled + k for k in range(sampled)]
+        record = call(i, prompt, ids, parent=i - 1 if i else None, tool="shell",
+                      messages=[Message(role="user", content="fix")] + [Message(role="tool", content=f"out {k}",
+                                                                                tool_call_id=f"call_{k}")
+                                                                        for k in range(i)])
+        records.append(reusing(record, records[-1]) if records else record)
+        prompt = prompt + ids + [5000 + i * appended + k for k in range(appended)]
+    return records

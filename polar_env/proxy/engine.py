@@ -141,7 +141,7 @@ class TokenEngine:
         messages = conv.messages[parent.n_messages + 1:] if parent else conv.messages
         texts = [t for m in messages for t in (m.content, m.reasoning or "", *(tc.arguments for tc in m.tool_calls))]
         chars = sum(map(len, texts))
-        reused = len(parent.ids) if parent else 0
+        reused = parent.n_ids if parent else 0
         room = window - reused
         if (least := chars // self.renderer.max_token_chars) >= room:
             raise ContextOverflow(reused + least, window, f"prompt is at least {reused + least} tokens ({chars} "
@@ -242,7 +242,7 @@ class TokenEngine:
         render_ms = (time.perf_counter() - started) * 1e3
         record.prefill = prefix
         record.parent_call_index = ext.parent.call_index if ext.parent else None
-        record.reused_prefix_len = len(ext.parent.ids) if ext.parent else 0
+        record.reused_prefix_len = ext.parent.n_ids if ext.parent else 0
         record.break_reason = ext.break_reason
         record.timings = {"render_ms": render_ms}
         window = await self.context_window()
@@ -355,7 +355,7 @@ def _count_until(renderer: ChatRenderer, texts: list[str], limit: int) -> tuple[
 def _extend(renderer: ChatRenderer, parent: CallState, appended: list[Message]) -> list[int]:
     """The parent's prompt and sampled ids followed by the rendered ``appended`` messages."""
     glue = renderer.render_continuation(appended, previous_ended_with_eos=parent.ended_with_eos)
-    return parent.ids.tolist() + glue
+    return parent.token_ids() + glue
 
 
 def _answers(message: Message, ref: str | None, state: CallState) -> bool:

@@ -54,17 +54,25 @@ class CallState:
     n_messages: int
     prefix_hash: str
     tools_fp: str
-    ids: array  # prompt ids + sampled ids
+    # this call's prompt + sampled ids are ``buffer[:n_ids]``; a child that extends the buffer's last
+    # call appends to it, so a chain holds one buffer: memory linear in the session's distinct tokens
+    buffer: array
+    n_ids: int
     ended_with_eos: bool
     output: AssistantTurn
     system_fp: str | None
-    digest: Any  # ``ids_digest`` of ``ids``: a child's prompt hash continues it (trajectory.records)
+    digest: Any  # ``ids_digest`` of its prompt + sampled ids: a child's prompt hash continues it
+
+    def token_ids(self) -> list[int]:
+        """This call's prompt ids followed by its sampled ids."""
+        return self.buffer[:self.n_ids].tolist()
 
 
 @dataclass
 class Session:
     info: SessionInfo
     calls: list[CallState] = field(default_factory=list)
+    by_index: dict[int, CallState] = field(default_factory=dict)
     by_prefix: dict[str, list[CallState]] = field(default_factory=dict)
     next_index: int = 0
     failures: Counter[str] = field(default_factory=Counter)  # request fingerprint -> failed calls
@@ -122,17 +130,27 @@ class Session:
         if record.output is None or record.error:
             return
         self.sampled_tokens += len(record.sampled_ids)
-        ids = array("i", record.prompt_ids + record.sampled_ids)
+        parent = self.by_index.get(record.parent_call_index) if record.parent_call_index is not None else None
+        reused = record.reused_prefix_len
+        # the parent is the tip of its buffer and this prompt starts with it: go on in the same buffer
+        shared = parent is not None and reused == parent.n_ids == len(parent.buffer) <= len(record.prompt_ids)
+        added = array("i", record.prompt_ids[reused:] if shared else record.prompt_ids)
+        added.extend(record.sampled_ids)
+        if digest is None:  # a recovered record
+            digest = ids_digest(added, parent.digest) if shared else ids_digest(added)
+        buffer = parent.buffer if shared else array("i")
+        buffer.extend(added)
         state = CallState(
             call_index=record.call_index, call_id=record.call_id, n_messages=len(record.messages),
             prefix_hash=prefix_hash or prefix_hashes(record.messages)[-1],
-            tools_fp=_tools_fp(record), ids=ids,
+            tools_fp=_tools_fp(record), buffer=buffer, n_ids=len(buffer),
             ended_with_eos=bool(record.sampled_ids) and record.sampled_ids[-1] in eos_ids,
             output=record.output,
             system_fp=record.messages[0].fingerprint() if record.messages else None,
-            digest=digest if digest is not None else ids_digest(ids),
+            digest=digest,
         )
         self.calls.append(state)
+        self.by_index[state.call_index] = state
         self.by_prefix.setdefault(state.prefix_hash, []).append(state)
 
 
