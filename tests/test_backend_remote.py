@@ -21,6 +21,10 @@ from polar_env.backends.vllm import VllmBackend
 GOOD = {"model": "m", "choices": [{"index": 0, "text": "", "finish_reason": "stop", "stop_reason": None,
                                    "token_ids": [5, 2], "prompt_token_ids": [1, 2, 3],
                                    "logprobs": {"token_logprobs": [-0.5, -0.25]}}]}
+# what vLLM sends for the backend's own request (return_tokens_as_token_ids, no return_token_ids)
+NO_ECHO = {"model": "m", "usage": {"prompt_tokens": 3, "completion_tokens": 2},
+           "choices": [{"index": 0, "text": "", "finish_reason": "stop", "stop_reason": None,
+                        "logprobs": {"tokens": ["token_id:5", "token_id:2"], "token_logprobs": [-0.5, -0.25]}}]}
 
 
 def test_normalize_base_url():
@@ -63,13 +67,42 @@ async def test_reads_ids_and_logprobs():
 
     async def handler(request):
         seen.update(await request.json())
-        return web.json_response(GOOD)
+        return web.json_response(NO_ECHO)
 
     async with serve(_app(handler)) as url:
         gen = await _generate(url, model="m")
     assert gen.token_ids == [5, 2] and gen.logprobs == [-0.5, -0.25] and gen.finish_reason == "stop"
-    assert seen["prompt"] == [1, 2, 3] and seen["model"] == "m" and seen["return_token_ids"] is True
+    assert seen["prompt"] == [1, 2, 3] and seen["model"] == "m" and seen["return_tokens_as_token_ids"] is True
+    assert "return_token_ids" not in seen  # the proxy holds the prompt ids: no echo asked for
     assert seen["logprobs"] == 0 and seen["top_k"] == 0 and seen["top_p"] == 1.0 and "seed" not in seen
+
+
+async def test_prompt_length_is_checked_without_echo():
+    async def handler(request):
+        return web.json_response({**NO_ECHO, "usage": {"prompt_tokens": 4, "completion_tokens": 2}})
+
+    async with serve(_app(handler)) as url:
+        with pytest.raises(BackendError, match="changed the prompt ids \\(3 sent, 4 used\\)"):
+            await _generate(url)
+
+
+async def test_verify_prompt_echo_asks_for_and_compares_the_echo():
+    seen = {}
+
+    async def handler(request):
+        seen.update(await request.json())
+        return web.json_response(GOOD)
+
+    async with serve(_app(handler)) as url:
+        gen = await _generate(url, verify_prompt_echo=True)
+    assert seen["return_token_ids"] is True and gen.token_ids == [5, 2]
+
+    async def missing(request):
+        return web.json_response(NO_ECHO)
+
+    async with serve(_app(missing)) as url:
+        with pytest.raises(BackendError, match="echoed no prompt_token_ids"):
+            await _generate(url, verify_prompt_echo=True)
 
 
 @pytest.mark.parametrize(("status", "retryable"), [(500, True), (503, True), (429, True), (400, False),

@@ -25,6 +25,7 @@ from aiohttp import web
 
 from polar_env.backends.base import Backend, BackendError, SamplingParams
 from polar_env.backends.policies import POLICIES, Policy, make_policy
+from polar_env.backends.vllm import completion_choice
 from polar_env.stop_signal import wait_for_stop_signal
 
 
@@ -89,9 +90,7 @@ class PolicyServer:
         return web.json_response({
             "id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
             "model": body.get("model") or self.model_name,
-            "choices": [{"index": 0, "text": "", "token_ids": gen.token_ids, "prompt_token_ids": gen.prompt_ids,
-                         "logprobs": {"token_logprobs": gen.logprobs}, "finish_reason": gen.finish_reason,
-                         "stop_reason": None}],
+            "choices": [completion_choice(body, gen.token_ids, gen.logprobs, gen.finish_reason)],
             "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(gen.token_ids),
                       "total_tokens": len(prompt) + len(gen.token_ids)},
         })

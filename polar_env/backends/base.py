@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SkipValidation
 
 
 class SamplingParams(BaseModel):
@@ -22,7 +22,9 @@ class SamplingParams(BaseModel):
 
 
 class Generation(BaseModel):
-    prompt_ids: list[int]
+    # the prompt the backend ran: the caller's own list, not validated or copied (tens of thousands
+    # of ids per call, already checked by whoever built them)
+    prompt_ids: SkipValidation[list[int]]
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: Literal["stop", "length"]

@@ -20,7 +20,7 @@ class InstantBackend:
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams, *,
                        session_id: str | None = None) -> Generation:
         ids = self.token_ids[:sampling.max_tokens]
-        return Generation(prompt_ids=list(prompt_ids), token_ids=ids, logprobs=[self.logprob] * len(ids),
+        return Generation(prompt_ids=prompt_ids, token_ids=ids, logprobs=[self.logprob] * len(ids),
                           finish_reason="stop" if len(ids) == len(self.token_ids) else "length",
                           backend=self.name, model=self.model)
 

@@ -129,6 +129,6 @@ class NemoRLBackend(RemoteBackend):
             raise BackendError(f"{self.name}: generation aborted by the server", retryable=True)
         if finish not in ("stop", "length"):
             raise malformed(self.name, f"finish_reason {finish!r}", payload)
-        return Generation(prompt_ids=list(prompt_ids), token_ids=token_ids, logprobs=logprobs,
+        return Generation(prompt_ids=prompt_ids, token_ids=token_ids, logprobs=logprobs,
                           finish_reason=finish, backend=self.name,
                           model=self.model or str(payload.get("model") or ""))

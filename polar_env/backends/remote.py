@@ -26,9 +26,11 @@ from typing import Any
 
 import aiohttp
 
+from polar_env import fastjson
 from polar_env.backends.base import BackendError, ContextOverflow
 
 _ERROR_EXCERPT = 500
+JSON_HEADERS = {"Content-Type": "application/json"}
 KEEPALIVE_S = 3.0
 # how inference servers word "the prompt does not fit"; the group, where present, is the window
 OVERFLOW_PATTERNS = (
@@ -96,9 +98,10 @@ class RemoteBackend:
     async def post_json(self, base_url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """POST ``body`` and return the decoded JSON object, or raise ``BackendError``."""
         where = f"{self.name} {base_url}{path}"
+        payload = fastjson.dumps(body)  # a long prompt is a list of many thousand ids: orjson, not json
         for attempt in (1, 2):
             try:
-                async with self._client().post(base_url + path, json=body) as response:
+                async with self._client().post(base_url + path, data=payload, headers=JSON_HEADERS) as response:
                     raw = await response.read()
                     status = response.status
                 break
@@ -112,22 +115,22 @@ class RemoteBackend:
                 raise BackendError(f"{where}: timed out", retryable=True) from e
             except aiohttp.ClientError as e:
                 raise BackendError(f"{where}: {type(e).__name__}: {e}", retryable=True) from e
-        text = raw.decode("utf-8", errors="replace")
-        if status in (400, 413) and (window := overflow_window(text)) is not False:
-            raise ContextOverflow(0, None if window is True else window,  # the engine knows the prompt length
-                                  f"{where}: {text[:_ERROR_EXCERPT]}")
         if status >= 400:
+            text = raw.decode("utf-8", errors="replace")
+            if status in (400, 413) and (window := overflow_window(text)) is not False:
+                raise ContextOverflow(0, None if window is True else window,  # the engine knows the prompt length
+                                      f"{where}: {text[:_ERROR_EXCERPT]}")
             raise BackendError(f"{where}: HTTP {status}: {text[:_ERROR_EXCERPT]}",
                                retryable=status >= 500 or status in (408, 429), status=status)
         try:
-            payload = json.loads(text)
+            reply = fastjson.loads(raw)
         except ValueError as e:
-            raise BackendError(f"{where}: invalid JSON in reply: {text[:_ERROR_EXCERPT]!r}",
-                               retryable=True, status=status) from e
-        if not isinstance(payload, dict):
-            raise BackendError(f"{where}: reply is not a JSON object: {text[:_ERROR_EXCERPT]!r}",
-                               status=status)
-        return payload
+            excerpt = raw[:_ERROR_EXCERPT].decode("utf-8", errors="replace")
+            raise BackendError(f"{where}: invalid JSON in reply: {excerpt!r}", retryable=True, status=status) from e
+        if not isinstance(reply, dict):
+            excerpt = raw[:_ERROR_EXCERPT].decode("utf-8", errors="replace")
+            raise BackendError(f"{where}: reply is not a JSON object: {excerpt!r}", status=status)
+        return reply
 
     async def max_model_len(self) -> int | None:
         """``max_model_len`` from the first server's ``/v1/models``, asked once; None if it says none."""

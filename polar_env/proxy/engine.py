@@ -269,7 +269,7 @@ class TokenEngine:
         finally:
             session.reserved_tokens -= sampling.max_tokens
         generate_ms = (time.perf_counter() - gen_started) * 1e3
-        if generation.prompt_ids and generation.prompt_ids != prompt_ids:
+        if generation.prompt_ids is not prompt_ids and generation.prompt_ids != prompt_ids:
             record.flags.append("backend_prompt_mismatch")
         sampled, logprobs, finish = generation.token_ids, generation.logprobs, generation.finish_reason
         text = stop = None

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import secrets
 from pathlib import Path
 
+from polar_env import event_loop
 from polar_env.proxy.app import DEFAULT_MAX_BODY, ProxyServer
 from polar_env.proxy.engine import EngineConfig
 from polar_env.stop_signal import wait_for_stop_signal
@@ -39,6 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="context window to enforce (default: the backend's own, e.g. vLLM's max_model_len)")
     parser.add_argument("--max-body-mb", type=float, default=DEFAULT_MAX_BODY / 2**20)
     parser.add_argument("--fsync", action="store_true", help="fsync every ledger append (power-loss safe)")
+    parser.add_argument("--verify-prompt-echo", action="store_true",
+                        help="vllm backend: have the server echo every prompt's ids and compare them id by id "
+                             "(debugging; by default its prompt token count is checked)")
 
 
 def build_proxy(args: argparse.Namespace) -> ProxyServer:
@@ -48,7 +51,11 @@ def build_proxy(args: argparse.Namespace) -> ProxyServer:
 
     model_dir = args.model_dir or embedded_model_dir()
     renderer = ChatRenderer.from_pretrained(model_dir, tool_format=args.tool_format)
-    opts = {}
+    opts: dict = {}
+    if args.verify_prompt_echo:
+        if args.backend != "vllm":
+            raise SystemExit("--verify-prompt-echo applies to --backend vllm only")
+        opts["verify_prompt_echo"] = True
     if args.backend == "instant":  # a fixed short answer: measures the proxy alone (load, crash tests)
         opts["token_ids"] = renderer.tokenizer.encode("OK", add_special_tokens=False) + renderer.eos_token_ids[:1]
     backend = make_backend(args.backend, url=args.url or None, model=args.model_name or model_dir.name,
@@ -84,5 +91,5 @@ async def _serve(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    asyncio.run(_serve(args))
+    event_loop.run(_serve(args))
     return 0

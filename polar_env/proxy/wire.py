@@ -16,6 +16,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from polar_env import fastjson
 from polar_env.chat.messages import AssistantTurn, Conversation, Message, ToolCall, ToolSpec
 
 # Text parts and blocks of one message are joined with this; every API uses the same join so a
@@ -126,7 +127,7 @@ def scrub_surrogates(value: Any) -> Any:
 def parse_json_body(raw: bytes) -> Any:
     """A request body as JSON, lone surrogates replaced (:func:`scrub_surrogates`); bad JSON is a 400."""
     try:
-        body = json.loads(raw)
+        body = fastjson.loads(raw)
     except (ValueError, RecursionError) as exc:  # bad JSON/UTF-8, too many digits, too deep
         raise WireError(400, f"request body is not valid JSON: {type(exc).__name__}: {exc}"[:500]) from None
     return scrub_surrogates(body) if _SURROGATE_ESCAPE.search(raw) else body
@@ -138,11 +139,12 @@ SSE_COMMENT_KEEPALIVE = b": keep-alive\n\n"
 
 
 def sse_frame(data: dict | str, event: str | None = None) -> bytes:
-    """One server-sent event; dicts are sent as compact JSON, strings (``[DONE]``) as they are."""
-    text = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False, separators=(",", ":"))
-    head = f"event: {event}\n" if event else ""
-    body = "".join(f"data: {line}\n" for line in text.split("\n"))
-    return (head + body + "\n").encode()
+    """One server-sent event; dicts are sent as compact JSON (one line: JSON escapes newlines),
+    strings (``[DONE]``) as they are."""
+    head = f"event: {event}\n".encode() if event else b""
+    if not isinstance(data, str):
+        return head + b"data: " + fastjson.dumps(data) + b"\n\n"
+    return head + "".join(f"data: {line}\n" for line in data.split("\n")).encode() + b"\n"
 
 
 def issued_ref(call_id: str) -> str:
