@@ -21,9 +21,11 @@ from polar_env.backends.vllm import VllmBackend
 GOOD = {"model": "m", "choices": [{"index": 0, "text": "", "finish_reason": "stop", "stop_reason": None,
                                    "token_ids": [5, 2], "prompt_token_ids": [1, 2, 3],
                                    "logprobs": {"token_logprobs": [-0.5, -0.25]}}]}
-# what vLLM sends for the backend's own request (return_tokens_as_token_ids, no return_token_ids)
+# what vLLM sends for the backend's own request (return_tokens_as_token_ids, no return_token_ids:
+# the id keys are there, as null)
 NO_ECHO = {"model": "m", "usage": {"prompt_tokens": 3, "completion_tokens": 2},
            "choices": [{"index": 0, "text": "", "finish_reason": "stop", "stop_reason": None,
+                        "token_ids": None, "prompt_token_ids": None,
                         "logprobs": {"tokens": ["token_id:5", "token_id:2"], "token_logprobs": [-0.5, -0.25]}}]}
 
 

@@ -126,7 +126,7 @@ class VllmBackend(RemoteBackend):
 def _sampled_ids(choice: dict[str, Any]) -> list[int] | None:
     """The sampled ids: ``token_ids`` where the server sent them, else parsed from the logprobs'
     ``token_id:N`` tokens (what ``return_tokens_as_token_ids`` gives without echoing the prompt)."""
-    if "token_ids" in choice:
+    if choice.get("token_ids") is not None:  # vLLM sends the key as null when not asked for ids
         return as_token_ids(choice["token_ids"])
     tokens = (choice.get("logprobs") or {}).get("tokens")
     if not isinstance(tokens, list):

@@ -14,6 +14,7 @@ from pydantic import Field
 
 from polar_env.chat.messages import AssistantTurn, Conversation, Message, ToolCall, ToolSpec
 from polar_env.proxy import volatile
+from polar_env.proxy.seen import Seen
 from polar_env.proxy.wire import (
     PART_JOIN,
     DecodedRequest,
@@ -98,7 +99,8 @@ class MessagesRequest(Loose):
 
 
 # -- decoding ----------------------------------------------------------------------------------
-def decode(body: Any) -> DecodedRequest:
+def decode(body: Any, seen: Seen | None = None) -> DecodedRequest:
+    """``seen``: the session's last request, whose stripped messages are reused (proxy/seen.py)."""
     req = validate(MessagesRequest, require_object(body, API), API)
     flags: list[str] = []
     messages: list[Message] = []
@@ -143,7 +145,7 @@ def decode(body: Any) -> DecodedRequest:
         flags=dedupe(flags), assistant_refs=refs, stop=stops_of(req.stop_sequences), tool_choice=choice,
         prefill=prefill,
     )
-    return volatile.apply(decoded)
+    return volatile.apply(decoded, seen=seen)
 
 
 def _prefill(req: MessagesRequest, messages: list[Message], refs: list[str | None]) -> str | None:

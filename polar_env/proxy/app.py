@@ -26,6 +26,7 @@ from polar_env.chat.template import ChatRenderer
 from polar_env.proxy import anthropic_messages, gemini_generate_content, openai_chat, openai_responses
 from polar_env.proxy.engine import ContextOverflow, EngineConfig, SessionStopped, TokenEngine
 from polar_env.proxy.offload import ParsePool
+from polar_env.proxy.seen import Seen
 from polar_env.proxy.sessions import AuthError, BudgetExceeded, Session, SessionRegistry
 from polar_env.proxy.wire import DecodedRequest, WireError, openai_error, parse_json_body
 from polar_env.trajectory.ledger import Ledger
@@ -241,6 +242,18 @@ class ProxyServer:
             return parse(raw)
         return await self._parsers.run(parse, raw)
 
+    async def _decode_call(self, session: Session, raw: bytes, decode: Callable[..., DecodedRequest]
+                           ) -> DecodedRequest:
+        """A model call's body decoded, reusing what the session's last request already decoded
+        (proxy/seen.py). Here, on the loop, when the body is small or only its new part is (a chat
+        request growing by less than ``OFF_LOOP_BYTES`` since the last: its parse is one fast
+        orjson pass); else whole in a worker process, which sends back the snapshot it made."""
+        seen = session.seen
+        if len(raw) < OFF_LOOP_BYTES or (seen.decoded is not None and len(raw) - seen.body_bytes < OFF_LOOP_BYTES):
+            return _decode(decode, raw, seen)
+        decoded, session.seen = await self._parsers.run(partial(_decode_fresh, decode), raw)
+        return decoded
+
     def _call(self, api: str):
         module = API_MODULES[api]
 
@@ -270,7 +283,7 @@ class ProxyServer:
         module = API_MODULES[api]
         try:
             session = self._session(request, key)
-            decoded = await self._off_loop(await request.read(), partial(_decode, decode))
+            decoded = await self._decode_call(session, await request.read(), decode)
             task = asyncio.ensure_future(self.engine.complete(session, api, decoded))
             self._track(session.id, task)
             if decoded.stream:  # a quick answer or failure keeps its own status line
@@ -412,11 +425,25 @@ class ProxyServer:
         return _json([r.model_dump(mode="json") for r in records])
 
 
-def _decode(decode: Callable[[Any], DecodedRequest], raw: bytes) -> DecodedRequest:
-    decoded = decode(parse_json_body(raw))
+def _decode(decode: Callable[..., DecodedRequest], raw: bytes, seen: Seen | None = None) -> DecodedRequest:
+    """The request decoded (reusing what ``seen``, the session's last request, already decoded)
+    with its messages' prefix hashes."""
+    decoded = decode(parse_json_body(raw)) if seen is None else decode(parse_json_body(raw), seen=seen)
     if not decoded.conversation.messages:
         raise WireError(400, "the request holds no message for the model (only skipped or empty items)")
+    if seen is not None:
+        seen.body_bytes = len(raw)
+        decoded.prefix_hashes = seen.hashes(decoded.conversation.messages)
     return decoded
+
+
+def _decode_fresh(decode: Callable[..., DecodedRequest], raw: bytes) -> tuple[DecodedRequest, Seen]:
+    """:func:`_decode` from nothing, in a worker process: the request and the snapshot it leaves
+    (without the running hashes, which do not pickle; the next request starts them anew)."""
+    seen = Seen()
+    decoded = _decode(decode, raw, seen)
+    seen.hashed = None
+    return decoded, seen
 
 
 def _json(data: Any, status: int = 200) -> web.Response:

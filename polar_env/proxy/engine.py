@@ -197,7 +197,8 @@ class TokenEngine:
         conv = request.conversation
         if session.stopped is not None:
             raise SessionStopped(session.stopped)
-        hashes = await self.off_loop(prefix_hashes, conv.messages)  # once: matching, indexing, retry counting
+        # once: matching, indexing, retry counting (the decoder's, reused from the session's last request)
+        hashes = request.prefix_hashes or await self.off_loop(prefix_hashes, conv.messages)
         record = CallRecord(
             session_id=session.id, call_index=session.reserve_index(), call_id=uuid.uuid4().hex[:24], api=api,
             created_at=time.time(), messages=conv.messages, tools=conv.tools,

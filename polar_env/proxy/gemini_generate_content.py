@@ -24,6 +24,7 @@ from pydantic.alias_generators import to_camel
 
 from polar_env.chat.messages import AssistantTurn, Conversation, Message, ToolCall, ToolSpec
 from polar_env.proxy import volatile
+from polar_env.proxy.seen import Seen
 from polar_env.proxy.wire import (
     PART_JOIN,
     REF_PREFIX,
@@ -146,8 +147,10 @@ def parse_target(target: str) -> tuple[str, str]:
 
 
 # -- decoding ----------------------------------------------------------------------------------
-def decode(body: Any, model: str = "", stream: bool = False, sse: bool = True) -> GeminiRequest:
-    """One ``generateContent`` body; ``model`` and ``stream`` come from the URL."""
+def decode(body: Any, model: str = "", stream: bool = False, sse: bool = True, seen: Seen | None = None
+           ) -> GeminiRequest:
+    """One ``generateContent`` body; ``model`` and ``stream`` come from the URL; ``seen``: the
+    session's last request, whose stripped messages are reused (proxy/seen.py)."""
     req = validate(GenerateContentRequest, require_object(body, API), API)
     flags: list[str] = []
     messages: list[Message] = []
@@ -194,7 +197,7 @@ def decode(body: Any, model: str = "", stream: bool = False, sse: bool = True) -
         flags=dedupe(flags), assistant_refs=refs, stop=stops_of(config.stop_sequences, limit=5),
         tool_choice=choice, logprobs=bool(config.response_logprobs),
     )
-    return volatile.apply(decoded)
+    return volatile.apply(decoded, seen=seen)
 
 
 def encode_count(tokens: int) -> dict[str, int]:

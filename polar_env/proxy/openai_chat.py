@@ -14,6 +14,7 @@ from pydantic import Field
 
 from polar_env.chat.messages import AssistantTurn, Conversation, Message, ToolCall, ToolSpec
 from polar_env.proxy import volatile
+from polar_env.proxy.seen import Decoded, Seen
 from polar_env.proxy.wire import (
     SSE_COMMENT_KEEPALIVE,
     DecodedRequest,
@@ -108,12 +109,31 @@ class ChatRequest(OpenAIRequestFields):
     response_format: dict[str, Any] | None = None
 
 
-def decode(body: Any) -> DecodedRequest:
-    req = validate(ChatRequest, require_object(body, API), API)
+def decode(body: Any, seen: Seen | None = None) -> DecodedRequest:
+    """``seen``: the session's last request; the leading messages equal to its raw ones are taken
+    as it decoded them, so validation and conversion run on the messages new since."""
+    body = require_object(body, API)
+    raw = body.get("messages")
+    known = seen.decoded if seen is not None and isinstance(raw, list) else None
+    k = seen.reusable_items(raw) if known is not None else 0
+    try:
+        req = validate(ChatRequest, {**body, "messages": raw[k:]} if k else body, API)
+    except WireError:
+        if not k:
+            raise
+        req = validate(ChatRequest, body, API)  # the error names the message by its index in the request
     refuse_n(req.n)
-    flags: list[str] = []
-    messages, refs = merge_split_turns([_message(m, i, flags) for i, m in enumerate(req.messages)],
-                                       [None] * len(req.messages))
+    flags: list[str] = [f for item in known.flags[:k] for f in item] if known is not None else []
+    decoded = known.messages[:k] if known is not None else []
+    item_flags = known.flags[:k] if known is not None else []
+    for i, m in enumerate(req.messages, start=k):
+        raised: list[str] = []
+        decoded.append(_message(m, i, raised))
+        item_flags.append(tuple(raised))
+        flags += raised
+    if seen is not None and isinstance(raw, list):
+        seen.decoded = Decoded(raw, decoded, item_flags)
+    messages, refs = merge_split_turns(decoded, [None] * len(decoded))
     tools = [t for t in (_tool(t, flags) for t in req.tools or []) if t is not None]
     tools, choice = choose_tools(tools, *openai_tool_choice(req.tool_choice, flags), flags)
     if req.parallel_tool_calls is False:
@@ -130,7 +150,7 @@ def decode(body: Any) -> DecodedRequest:
         flags=dedupe(flags), assistant_refs=refs, stop=stops_of(req.stop, limit=4), tool_choice=choice,
         logprobs=bool(req.logprobs),
     )
-    return volatile.apply(decoded)
+    return volatile.apply(decoded, seen=seen)
 
 
 def _message(m: ChatMessage, index: int, flags: list[str]) -> Message:

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from polar_env.chat.messages import AssistantTurn, Conversation, Message, ToolCall, ToolSpec
 from polar_env.proxy import volatile
+from polar_env.proxy.seen import Seen
 from polar_env.proxy.wire import (
     PART_JOIN,
     DecodedRequest,
@@ -123,7 +124,8 @@ class ResponsesRequest(OpenAIRequestFields):
 
 
 # -- decoding ----------------------------------------------------------------------------------
-def decode(body: Any) -> DecodedRequest:
+def decode(body: Any, seen: Seen | None = None) -> DecodedRequest:
+    """``seen``: the session's last request, whose stripped messages are reused (proxy/seen.py)."""
     body = require_object(body, API)
     if body.get("previous_response_id"):
         raise WireError(400, f"previous_response_id is not supported: {STATELESS}")
@@ -158,7 +160,7 @@ def decode(body: Any) -> DecodedRequest:
         flags=dedupe(flags), assistant_refs=refs, tool_routes=routes, tool_choice=choice,
         logprobs=LOGPROBS_INCLUDE in (req.include or []),
     )
-    return volatile.apply(decoded)
+    return volatile.apply(decoded, seen=seen)
 
 
 def _flat_choice(choice: str | dict[str, Any] | None, routes: dict[str, ToolRoute]) -> str | dict[str, Any] | None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from polar_env.backends.logprobs_mode import LogprobsMode
 from polar_env.chat.messages import AssistantTurn, Message
+from polar_env.proxy.seen import Seen, hash_prefixes
 from polar_env.trajectory.ledger import SESSION_ID_RE, Ledger
 from polar_env.trajectory.records import CallRecord, EpisodeBudget, SessionInfo, ids_digest
 
@@ -35,14 +36,7 @@ class BudgetExceeded(Exception):
 
 def prefix_hashes(messages: list[Message]) -> list[str]:
     """``h[k]`` identifies ``messages[:k]``; two conversations share a k-prefix iff their h[k] agree."""
-    out = [""]
-    running = hashlib.sha256()
-    for message in messages:
-        # the digest of pydantic's own JSON (fixed field order) is ~3x cheaper than fingerprint()'s
-        # model_dump + sorted json.dumps, and this runs for every message of every request
-        running.update(hashlib.sha256(message.model_dump_json().encode()).digest())
-        out.append(running.copy().hexdigest()[:32])
-    return out
+    return hash_prefixes(messages).hashes
 
 
 @dataclass
@@ -79,6 +73,7 @@ class Session:
     admitted: int = 0  # calls let through the budget (answered or still running)
     sampled_tokens: int = 0  # sampled by the answered calls
     reserved_tokens: int = 0  # ``max_tokens`` of the calls still generating
+    seen: Seen = field(default_factory=Seen)  # the last request, reused where the next one repeats it
 
     @property
     def id(self) -> str:

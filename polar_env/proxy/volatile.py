@@ -12,6 +12,7 @@ from __future__ import annotations
 from polar_env.chat.messages import Message
 from polar_env.harness_adapters.base import VolatileRule
 from polar_env.harness_adapters.registry import ADAPTERS
+from polar_env.proxy.seen import Seen, Stripped, common_prefix
 from polar_env.proxy.wire import DecodedRequest, dedupe
 
 # Each adapter declares its harness's own lines (harness_adapters/<harness>.py); the proxy does not
@@ -31,16 +32,30 @@ def strip_message(message: Message, rules: tuple[VolatileRule, ...] = RULES) -> 
     return (message.model_copy(update={"content": content}) if fired else message), fired
 
 
-def apply(req: DecodedRequest, rules: tuple[VolatileRule, ...] = RULES) -> DecodedRequest:
-    """Strip every message; a system message left empty is dropped (with its ref, keeping alignment)."""
-    messages, refs, flags = [], [], list(req.flags)
-    refs_in = req.assistant_refs or [None] * len(req.conversation.messages)
-    for message, ref in zip(req.conversation.messages, refs_in, strict=True):
+def apply(req: DecodedRequest, rules: tuple[VolatileRule, ...] = RULES, seen: Seen | None = None) -> DecodedRequest:
+    """Strip every message; a system message left empty is dropped (with its ref, keeping alignment).
+
+    With ``seen`` (the session's last request), the leading messages equal to that request's keep
+    their stripped form: the rules run on the messages new since.
+    """
+    before = req.conversation.messages
+    last = seen.stripped if seen is not None else None
+    k = common_prefix(before, last.before) if last is not None else 0
+    after: list[Message | None] = list(last.after[:k]) if last is not None else []
+    fired_all: list[tuple[str, ...]] = list(last.fired[:k]) if last is not None else []
+    for message in before[k:]:
         stripped, fired = strip_message(message, rules)
+        dropped = fired and stripped.role == "system" and not stripped.content.strip()
+        after.append(None if dropped else stripped)
+        fired_all.append(tuple(fired))
+    if seen is not None:
+        seen.stripped = Stripped(list(before), after, fired_all)
+    messages, refs, flags = [], [], list(req.flags)
+    refs_in = req.assistant_refs or [None] * len(before)
+    for stripped, fired, ref in zip(after, fired_all, refs_in, strict=True):
         flags += [f"stripped:{name}" for name in fired]
-        if fired and stripped.role == "system" and not stripped.content.strip():
-            continue
-        messages.append(stripped)
-        refs.append(ref)
+        if stripped is not None:
+            messages.append(stripped)
+            refs.append(ref)
     conversation = req.conversation.model_copy(update={"messages": messages})
     return req.model_copy(update={"conversation": conversation, "assistant_refs": refs, "flags": dedupe(flags)})

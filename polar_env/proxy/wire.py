@@ -100,6 +100,8 @@ class DecodedRequest(BaseModel):
     # Anthropic prefill: the text of a final assistant message, which the reply continues
     prefill: str | None = None
     logprobs: bool = False  # answer with the recorded logprob of each sampled token
+    # prefix hashes of the conversation's messages (``proxy/seen.py``), when the decoder computed them
+    prefix_hashes: list[str] = Field(default_factory=list, exclude=True, repr=False)
 
 
 # A JSON escape of a UTF-16 surrogate: a body without one cannot hold a lone surrogate after parsing

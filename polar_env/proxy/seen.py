@@ -1,0 +1,105 @@
+"""What a session's previous request already held, so each request is worked on only where it is new.
+
+A harness resends its whole history on every call; at turn 200 that is hundreds of messages the
+proxy validated, stripped of volatile lines and hashed on the turns before. :class:`Seen` keeps,
+per session, the last request's raw wire items, the canonical messages they decoded to, their
+stripped form and the running prefix hashes. The next request reuses all of that for its leading
+items equal to the previous request's (an ``==`` of parsed JSON: a C-level compare, not a decode),
+and decodes, strips and hashes only the rest. The result is the same as decoding everything: any
+item that differs, and all after it, go through the full path.
+
+A snapshot is replaced whole, never edited, so two requests of one session decoding at once (in
+worker threads for large bodies) each see a consistent one; the later simply wins.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from polar_env.chat.messages import Message
+
+
+def message_digest(message: Message) -> bytes:
+    """The digest a prefix hash chains: of pydantic's own JSON (fixed field order), ~3x cheaper
+    than ``fingerprint()``'s model_dump + sorted json.dumps."""
+    return hashlib.sha256(message.model_dump_json().encode()).digest()
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """The raw wire items of one request and what each decoded to (with the flags it raised)."""
+
+    raw: list[Any]
+    messages: list[Message]
+    flags: list[tuple[str, ...]]
+
+
+@dataclass(frozen=True)
+class Stripped:
+    """Canonical messages before and after the volatile rules (None: a system message left empty)."""
+
+    before: list[Message]
+    after: list[Message | None]
+    fired: list[tuple[str, ...]]
+
+
+@dataclass(frozen=True)
+class Hashed:
+    """Messages and their running prefix hashes: ``hashes[k]`` identifies ``messages[:k]``."""
+
+    messages: list[Message]
+    hashes: list[str]
+    states: list[Any]  # the running sha256 after each prefix, to continue from any of them
+
+
+def _same(a: Message, b: Message) -> bool:
+    return a is b or a == b
+
+
+def common_prefix(new: list[Any], old: list[Any], same: Any = None) -> int:
+    """How many leading items of ``new`` equal those of ``old``."""
+    n = min(len(new), len(old))
+    k = 0
+    if same is None:
+        while k < n and (new[k] is old[k] or new[k] == old[k]):
+            k += 1
+    else:
+        while k < n and same(new[k], old[k]):
+            k += 1
+    return k
+
+
+def hash_prefixes(messages: list[Message], known: Hashed | None = None) -> Hashed:
+    """Prefix hashes of ``messages``, continuing from ``known`` over the leading messages it shares."""
+    k = common_prefix(messages, known.messages, lambda a, b: a is b) if known else 0
+    hashes = known.hashes[:k + 1] if known else [""]
+    states = known.states[:k + 1] if known else [hashlib.sha256()]
+    running = states[-1].copy()
+    for message in messages[k:]:
+        running.update(message_digest(message))
+        states.append(running.copy())
+        hashes.append(running.hexdigest()[:32])
+    return Hashed(list(messages), hashes, states)
+
+
+@dataclass
+class Seen:
+    """The last request of one session, in its three stages (each None until a request filled it)."""
+
+    decoded: Decoded | None = None
+    stripped: Stripped | None = None
+    hashed: Hashed | None = field(default=None, repr=False)
+    body_bytes: int = 0  # the size of the last request's body
+
+    def reusable_items(self, raw: list[Any]) -> int:
+        """How many leading raw items equal the previous request's (at most all but one, so the
+        request still validates as a whole)."""
+        if self.decoded is None or not raw:
+            return 0
+        return min(common_prefix(raw, self.decoded.raw), len(raw) - 1)
+
+    def hashes(self, messages: list[Message]) -> list[str]:
+        self.hashed = hashed = hash_prefixes(messages, self.hashed)
+        return hashed.hashes

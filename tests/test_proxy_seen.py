@@ -1,0 +1,95 @@
+"""Decoding with the session's last request (proxy/seen.py) gives exactly what decoding whole gives.
+
+The captured requests of every real harness are replayed in order through one ``Seen``, then
+edited the ways a harness edits its history (an earlier item changed, one dropped, the same body
+again), and each decode is compared with a decode from scratch: the same conversation, flags,
+refs and prefix hashes.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+from wire_helpers import FIXTURES
+
+from polar_env.proxy import anthropic_messages, openai_chat, openai_responses
+from polar_env.proxy.app import _decode
+from polar_env.proxy.seen import Seen
+from polar_env.proxy.sessions import prefix_hashes
+from polar_env.proxy.wire import WireError
+
+DECODERS = {"codex": openai_responses, "claude": anthropic_messages, "pi-chat": openai_chat,
+            "pi-anthropic": anthropic_messages, "pi-responses": openai_responses}
+HARNESSES = sorted({p.name.split(".")[0] for p in FIXTURES.glob("*.req*.json")})
+
+
+def _module(harness: str):
+    return DECODERS.get(harness) or DECODERS[harness.split("-")[0]]
+
+
+def _bodies(harness: str) -> list[dict]:
+    captured = [json.loads(p.read_text()) for p in sorted(FIXTURES.glob(f"{harness}.req*.json"))]
+    return [c["body"] for c in captured if c["method"] == "POST"]
+
+
+def _items_key(body: dict) -> str:
+    return "messages" if "messages" in body else "input"
+
+
+def _edits(body: dict) -> list[dict]:
+    """The body as a harness may resend it: unchanged, with an earlier item edited, with one dropped."""
+    key = _items_key(body)
+    out = [copy.deepcopy(body)]
+    items = body.get(key)
+    if isinstance(items, list) and len(items) >= 2:
+        edited = copy.deepcopy(body)
+        first = json.dumps(edited[key][0])
+        edited[key][0] = json.loads(first.replace("e", "E", 1)) if "e" in first else edited[key][0]
+        out.append(edited)
+        dropped = copy.deepcopy(body)
+        del dropped[key][len(items) // 2]
+        out.append(dropped)
+    return out
+
+
+def _same(a, b) -> None:
+    assert a.conversation == b.conversation
+    assert a.flags == b.flags and a.assistant_refs == b.assistant_refs
+    assert a.prefix_hashes == prefix_hashes(b.conversation.messages)
+
+
+@pytest.mark.parametrize("harness", HARNESSES)
+def test_replayed_sessions_decode_as_from_scratch(harness):
+    module, seen = _module(harness), Seen()
+    sequence = []
+    for body in _bodies(harness):
+        sequence += [body, *_edits(body), body]  # and back to the plain request after the edits
+    assert len(sequence) >= 3
+    for body in sequence:
+        raw = json.dumps(body).encode()
+        try:
+            whole = _decode(module.decode, raw)
+        except WireError as exc:  # an edit may make a request invalid: then both refuse it alike
+            with pytest.raises(WireError) as again:
+                _decode(module.decode, raw, seen)
+            assert again.value.message == exc.message
+            continue
+        _same(_decode(module.decode, raw, seen), whole)
+
+
+def test_chat_reuses_decoded_messages_and_names_errors_by_their_index():
+    seen = Seen()
+    history = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    first = openai_chat.decode({"model": "m", "messages": history}, seen)
+    history = history + [{"role": "assistant", "content": "hello"}, {"role": "user", "content": "go on"}]
+    second = openai_chat.decode({"model": "m", "messages": history}, seen)
+    # the earlier messages are the very objects decoded before: not validated or stripped again
+    assert all(a is b for a, b in zip(first.conversation.messages, second.conversation.messages, strict=False))
+    bad = history + [{"role": "tool", "content": "x"}]  # a tool message without tool_call_id
+    with pytest.raises(WireError, match="messages.4: a tool message needs tool_call_id"):
+        openai_chat.decode({"model": "m", "messages": bad}, seen)
+    bad = history + [{"role": "robot", "content": "x"}]
+    with pytest.raises(WireError, match=r"messages\.4\.role"):
+        openai_chat.decode({"model": "m", "messages": bad}, seen)
