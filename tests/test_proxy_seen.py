@@ -10,18 +10,19 @@ from __future__ import annotations
 
 import copy
 import json
+import pickle
 
 import pytest
 from wire_helpers import FIXTURES
 
-from polar_env.proxy import anthropic_messages, openai_chat, openai_responses
-from polar_env.proxy.app import _decode
+from polar_env.proxy import anthropic_messages, gemini_generate_content, openai_chat, openai_responses
+from polar_env.proxy.app import _decode, _decode_fresh
 from polar_env.proxy.seen import Seen
 from polar_env.proxy.sessions import prefix_hashes
 from polar_env.proxy.wire import WireError
 
 DECODERS = {"codex": openai_responses, "claude": anthropic_messages, "pi-chat": openai_chat,
-            "pi-anthropic": anthropic_messages, "pi-responses": openai_responses}
+            "pi-anthropic": anthropic_messages, "pi-responses": openai_responses, "gemini": gemini_generate_content}
 HARNESSES = sorted({p.name.split(".")[0] for p in FIXTURES.glob("*.req*.json")})
 
 
@@ -35,7 +36,7 @@ def _bodies(harness: str) -> list[dict]:
 
 
 def _items_key(body: dict) -> str:
-    return "messages" if "messages" in body else "input"
+    return next(k for k in ("messages", "input", "contents") if k in body)
 
 
 def _edits(body: dict) -> list[dict]:
@@ -93,3 +94,12 @@ def test_chat_reuses_decoded_messages_and_names_errors_by_their_index():
     bad = history + [{"role": "robot", "content": "x"}]
     with pytest.raises(WireError, match=r"messages\.4\.role"):
         openai_chat.decode({"model": "m", "messages": bad}, seen)
+
+
+def test_a_large_body_decoded_in_a_worker_leaves_its_snapshot():
+    history = [{"role": "user", "content": f"line {i} " + "x" * 1000} for i in range(300)]
+    raw = json.dumps({"model": "m", "messages": history}).encode()
+    decoded, seen = pickle.loads(pickle.dumps(_decode_fresh(openai_chat.decode, raw)))  # as from a process
+    assert seen.decoded is not None and seen.body_bytes == len(raw) and len(decoded.conversation.messages) == 300
+    grown = json.dumps({"model": "m", "messages": history + [{"role": "user", "content": "more"}]}).encode()
+    _same(_decode(openai_chat.decode, grown, seen), _decode(openai_chat.decode, grown))
