@@ -3,7 +3,8 @@
 # Idempotent; every README command calls it first. POLAR_SETUP_HARNESSES=1 also installs the
 # harness CLIs from npm (done lazily otherwise), POLAR_SETUP_VLLM=1 the vLLM CPU server venv,
 # POLAR_SETUP_GYM=1 the NeMo Gym venv (.venv-gym) for the environment's end-to-end tests,
-# POLAR_SETUP_CONTAINERS=1 podman and the locally built base image (scripts/setup_podman.sh).
+# POLAR_SETUP_CONTAINERS=1 podman and the locally built base image (scripts/setup_podman.sh),
+# POLAR_SETUP_LITELLM=1 LiteLLM's proxy in .venv-litellm, the comparison path of the full `polar bench`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -45,6 +46,9 @@ if [ "${POLAR_SETUP_VLLM:-0}" = 1 ]; then
 fi
 if [ "${POLAR_SETUP_GYM:-0}" = 1 ]; then
   bash scripts/setup_nemo_gym.sh
+fi
+if [ "${POLAR_SETUP_LITELLM:-0}" = 1 ]; then
+  bash scripts/setup_litellm.sh
 fi
 if [ "${POLAR_SETUP_CONTAINERS:-0}" = 1 ]; then
   bash scripts/setup_podman.sh

@@ -22,9 +22,11 @@ from polar_env.bench.common import ANSWER_TEXT, machine_info
 from polar_env.bench.overhead import measure as overhead_measure
 
 KEYS = ("overhead_p50_ms_16k", "overhead_p99_ms_16k", "overhead_p50_ms_16k_litellm",
-        "per_call_ratio_turn200_vs_turn10", "calls_per_s_256_sessions", "build_export_ms_100k",
-        "export_json_ms_100k", "ledger_bytes_per_token", "proxy_rss_mb_1024_sessions")
-FULL_RUN_ONLY = ("proxy_rss_mb_1024_sessions",)  # --quick runs no 1,024 sessions
+        "ratio_polar_litellm_2k", "ratio_polar_litellm_16k", "ratio_polar_litellm_64k", "ratio_polar_litellm_128k",
+        "per_call_ratio_turn200_vs_turn10", "calls_per_s_256_sessions", "ledger_bytes_per_token",
+        "build_export_ms_100k", "export_json_ms_100k", "proxy_rss_mb_1024_sessions")
+FULL_RUN_ONLY = ("proxy_rss_mb_1024_sessions", "ratio_polar_litellm_64k", "ratio_polar_litellm_128k")
+RATIO_SIZES = {"2k": 2000, "16k": 16000, "64k": 64000, "128k": 128000}
 
 
 def _settings(quick: bool) -> dict[str, Any]:
@@ -32,7 +34,7 @@ def _settings(quick: bool) -> dict[str, Any]:
         return {"sizes": [2000, 16000], "calls": 6, "runs": 1, "local": None, "growth_runs": 1, "growth_words": 80,
                 "levels": [1, 64, 256], "seconds": 1.5, "conc_runs": 1, "builder_sizes": [25_000, 100_000],
                 "builder_runs": 1, "grading": False, "rollouts": False, "profile": False}
-    return {"sizes": [2000, 16000, 64000], "calls": 30, "runs": 3,
+    return {"sizes": list(RATIO_SIZES.values()), "calls": 30, "runs": 3,
             "local": {"sizes": [1000], "calls": 3, "runs": 1, "max_tokens": 8}, "growth_runs": 3, "growth_words": 150,
             "levels": [1, 64, 256, 1024], "seconds": 8.0, "conc_runs": 2,
             "builder_sizes": [25_000, 50_000, 100_000], "builder_runs": 5, "grading": True,
@@ -161,22 +163,26 @@ class Bench:
 
     def keys(self) -> dict[str, float | None]:
         f = self.results["families"]
-        over = f.get("overhead_instant", {}).get("sizes", {}).get("16000", {})
+        sizes = f.get("overhead_instant", {}).get("sizes", {})
+        over = sizes.get("16000", {})
         grow = f.get("growth", {})
-        conc = f.get("concurrency", {}).get("levels", {}).get("256", {})
-        conc_1024 = f.get("concurrency", {}).get("levels", {}).get("1024", {})
+        conc = f.get("concurrency", {}).get("levels", {})
         build = f.get("builder", {}).get("sizes", {}).get("100000", {})
-        return {
+        keys = {
             "overhead_p50_ms_16k": over.get("added_p50_ms_polar"),
             "overhead_p99_ms_16k": over.get("added_p99_ms_polar"),
             "overhead_p50_ms_16k_litellm": over.get("added_p50_ms_litellm"),
+            **{f"ratio_polar_litellm_{name}": sizes.get(str(n), {}).get("ratio_p50_polar_vs_litellm")
+               for name, n in RATIO_SIZES.items()},
             "per_call_ratio_turn200_vs_turn10": grow.get("ratio_cpu_turn200_vs_turn10"),
-            "calls_per_s_256_sessions": conc.get("calls_per_s"),
+            "calls_per_s_256_sessions": conc.get("256", {}).get("calls_per_s"),
+            "ledger_bytes_per_token": build.get("ledger_bytes_per_token"),
             "build_export_ms_100k": build.get("build_export_ms"),
             "export_json_ms_100k": build.get("json_ms"),
-            "ledger_bytes_per_token": build.get("ledger_bytes_per_token"),
-            "proxy_rss_mb_1024_sessions": conc_1024.get("proxy_rss_mb"),
+            "proxy_rss_mb_1024_sessions": conc.get("1024", {}).get("proxy_rss_mb"),
         }
+        assert tuple(keys) == KEYS
+        return keys
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

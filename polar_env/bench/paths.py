@@ -48,16 +48,25 @@ class Path_:
         return f"{self.base_url}/s/{sid}/v1/chat/completions", {"Authorization": f"Bearer {key}"}
 
 
+# LiteLLM's proxy pins its own web stack and SDK versions, so it lives in a venv of its own
+# (scripts/setup_litellm.sh), not in Polar's
+LITELLM_VENV = Path(__file__).resolve().parents[2] / ".venv-litellm"
+
+
 def litellm_executable() -> Path | None:
-    exe = Path(sys.executable).parent / "litellm"
-    return exe if exe.exists() else None
+    """``litellm`` beside this Python (``pip install -e '.[bench]'``), else in ``.venv-litellm``."""
+    for exe in (Path(sys.executable).parent / "litellm", LITELLM_VENV / "bin" / "litellm"):
+        if exe.exists():
+            return exe
+    return None
 
 
 def start_litellm(backend_url: str, workdir: Path) -> tuple[subprocess.Popen, int, Path]:
     """LiteLLM's own proxy server (``litellm --config``), pass-through to ``backend_url``."""
     exe = litellm_executable()
     if exe is None:
-        raise FileNotFoundError("litellm is not installed in this environment (pip install 'litellm[proxy]')")
+        raise FileNotFoundError("litellm is not installed: bash scripts/setup_litellm.sh (or "
+                                "POLAR_SETUP_LITELLM=1 bash scripts/setup.sh) makes .venv-litellm")
     config = workdir / "litellm.yaml"
     config.write_text(json.dumps({
         "model_list": [{"model_name": "bench", "litellm_params": {
