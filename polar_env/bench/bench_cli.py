@@ -196,6 +196,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated families: overhead_instant, overhead_local, growth, concurrency, "
                              "builder, grading, rollouts, profile")
     parser.add_argument("--workdir", type=Path, default=None, help="scratch directory (default: a temp dir)")
+    parser.add_argument("--note", default=None,
+                        help="what else ran on the machine during the run (said in the report's Machine section)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -208,6 +210,8 @@ def run(args: argparse.Namespace) -> int:
     results["total_seconds"] = round(time.perf_counter() - started, 1)
     results["finished_at"] = time.time()
     results["command"] = "polar " + shlex.join(args.argv)
+    if args.note:
+        results["machine"]["note"] = args.note
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=2, default=str))
