@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from trajectory_helpers import call, long_chain, session, three_turn
 
 from polar_env.trajectory.chains import build_trajectory
 from polar_env.trajectory.ledger import Ledger, LedgerError, encode_line
-from polar_env.trajectory.records import ids_digest
+from polar_env.trajectory.records import CallRecord, ids_digest
 
 CHILD = textwrap.dedent("""
     import sys
@@ -225,3 +226,22 @@ def test_a_newer_format_says_so(tmp_path: Path):
         handle.write(b'{"schema_version": 9, "session_id": "s1"}\n')
     with pytest.raises(LedgerError, match="written in ledger format 9; this polar_env reads formats 1-2"):
         ledger.calls("s1")
+
+
+async def test_append_async_writes_on_the_ledger_thread_and_returns_once_written(tmp_path: Path):
+    ledger = Ledger(tmp_path)
+    ledger.create_session(session("s1"))
+    writers: list[str] = []
+    write = ledger.append
+
+    def observed(record: CallRecord) -> None:  # the real append, noting which thread runs it
+        writers.append(threading.current_thread().name)
+        write(record)
+
+    ledger.append = observed
+    for record in three_turn():
+        await ledger.append_async(record)
+        # the await returned: the line is already there for another reader (a restarted proxy)
+        assert Ledger(tmp_path).calls("s1")[-1].call_id == record.call_id
+    assert len(writers) == 3 and all(name.startswith("polar-ledger") for name in writers)
+    assert threading.current_thread().name not in writers
