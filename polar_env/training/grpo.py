@@ -1,0 +1,65 @@
+"""TRL's ``GRPOTrainer`` on Polar rollouts, its importance ratio taken against Polar's recorded logprobs.
+
+Without vLLM, TRL computes the PPO ratio against a detached copy of its own forward pass, which is 1
+by construction and says nothing about the sampler. Here the denominator is what the proxy recorded
+when the token was sampled (``old_per_token_logps`` := Polar's logprobs on sampled tokens), so the
+ratio is π_θ / π_sampler as the algorithm defines it, and on one machine it is 1 at step 0 only if
+the trainer's forward pass reproduces the sampler's logprobs. Each step also logs
+``polar/logprob_abs_diff/max`` and ``polar/ratio/{min,max}`` over the batch's sampled tokens, and keeps
+them in ``trainer.polar_fidelity``. With ``use_vllm`` TRL's own importance-sampling correction
+(against the same recorded logprobs) is left as it is.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from trl import GRPOConfig, GRPOTrainer
+
+from polar_env.training.rollouts import PolarRollouts
+
+
+def polar_reward(prompts: list[Any], completions: list[Any], polar_reward: list[float | None],
+                 **kwargs: Any) -> list[float | None]:
+    """The episode's reward (SWE-bench grading through the outcome table); None: unscorable."""
+    return [None if r is None else float(r) for r in polar_reward]
+
+
+class PolarGRPOTrainer(GRPOTrainer):
+    """``GRPOTrainer(rollout_func=rollouts, reward_funcs=[polar_reward, ...], train_dataset=rollouts.dataset())``."""
+
+    def __init__(self, model: Any, rollouts: PolarRollouts, args: GRPOConfig, **kwargs: Any):
+        if args.top_p != 1.0 or args.top_k:
+            raise ValueError("TRL's forward pass scores the full distribution (temperature only): sample with "
+                             "top_p=1.0 and top_k=0, or the recorded logprobs are of another distribution")
+        kwargs.setdefault("processing_class", rollouts.model.tokenizer)
+        kwargs.setdefault("train_dataset", rollouts.dataset())
+        reward_funcs = [polar_reward, *kwargs.pop("reward_funcs", [])]
+        super().__init__(model=model, reward_funcs=reward_funcs, args=args, rollout_func=rollouts, **kwargs)
+        self.polar_fidelity: list[dict[str, float]] = []
+
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        out = super()._generate_and_score_completions(inputs)
+        if self.use_vllm:
+            return out
+        recorded = out["sampling_per_token_logps"]
+        sampled = (out["completion_mask"] * out.get("tool_mask", 1)).bool()
+        ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
+        attention = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
+        with torch.no_grad():
+            logps, _, _ = self._get_per_token_logps_and_entropies(
+                self.model, ids, attention, out["completion_ids"].size(1),
+                batch_size=self.args.per_device_train_batch_size)
+        delta = (logps - recorded)[sampled]
+        stats = {"step": float(self.state.global_step), "tokens": float(delta.numel()),
+                 "logprob_abs_diff_max": float(delta.abs().max()) if delta.numel() else 0.0,
+                 "ratio_min": float(delta.exp().min()) if delta.numel() else 1.0,
+                 "ratio_max": float(delta.exp().max()) if delta.numel() else 1.0}
+        self.polar_fidelity.append(stats)
+        metrics = self._metrics["train" if self.model.training else "eval"]
+        metrics["polar/logprob_abs_diff/max"].append(stats["logprob_abs_diff_max"])
+        metrics["polar/ratio/min"].append(stats["ratio_min"])
+        metrics["polar/ratio/max"].append(stats["ratio_max"])
+        out["old_per_token_logps"] = torch.where(sampled, recorded, logps)
+        return out

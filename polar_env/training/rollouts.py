@@ -1,0 +1,171 @@
+"""Polar as TRL's rollout source: each rollout of a GRPO step is one real harness episode.
+
+TRL's ``GRPOTrainer(rollout_func=...)`` hands the function the prompts of a step (each already
+repeated ``num_generations`` times) and the trainer, and takes back ``prompt_ids``,
+``completion_ids`` and ``logprobs`` per prompt, plus extra fields: ``env_mask`` (1 on tokens the
+model sampled, 0 on tool output and template glue) and anything the reward functions read. Here a
+prompt is the first user message of a task (``episodes.episode_prompt``); the episode runs through
+the usual lifecycle (``rollout.runner.EpisodeRunner``: sandbox, harness, proxy, grading), and the
+row TRL gets is the trajectory's main chain exactly as the proxy captured it — prompt ids up to the
+first sampled token, then the rest of the chain, with Polar's loss mask and recorded logprobs.
+
+On one machine the proxy's backend is a ``LocalBackend`` over the trainer's own model object (not a
+copy): every episode of step N samples from the weights step N trains, so the rollouts are always
+on-policy and nothing has to be synced. It records ``processed`` logprobs (the distribution after
+the trainer's temperature), which is what TRL's forward pass computes when top-p is 1. A scripted policy (``RolloutConfig.policy``) picks the text
+instead and the same live model scores it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from polar_env.backends.local import LocalBackend
+from polar_env.episodes import episode_prompt
+from polar_env.rollout.config import RolloutConfig
+from polar_env.rollout.outputs import RolloutOutputs, finish_outputs
+from polar_env.rollout.plan import RolloutPlan, plan_from_config
+from polar_env.rollout.runner import EpisodeRunner, prepare, proxy_factory
+from polar_env.tasks.models import Task
+from polar_env.trajectory.export import read_trajectories
+from polar_env.trajectory.models import Trajectory
+
+Policy = Callable[[str | None, int, str], str]
+
+
+def trl_row(traj: Trajectory, eos_token_id: int) -> dict[str, Any]:
+    """One TRL rollout row from a trajectory's main chain, ids and logprobs as recorded.
+
+    TRL trains one completion per rollout, so side chains (a compaction summary, a sub-agent) are
+    not trained here, as in the NeMo-RL export. A trajectory with nothing trainable (no main chain,
+    or masked by the outcome table) still gives a row, all of it masked, so its reward stays in the
+    group's baseline (NeMo-RL's ``mask_sample``).
+    """
+    main = traj.chains[traj.main_chain] if traj.main_chain is not None else None
+    if main is None:
+        first = next((ch.first_prompt_ids() for ch in traj.chains), None) or [eos_token_id]
+        return {"prompt_ids": first, "completion_ids": [eos_token_id], "logprobs": [0.0], "env_mask": [0]}
+    start = len(main.first_prompt_ids())
+    mask = [0] * (len(main.input_ids) - start) if traj.masked else main.loss_mask[start:]
+    return {"prompt_ids": main.input_ids[:start], "completion_ids": main.input_ids[start:],
+            "logprobs": main.logprobs[start:], "env_mask": mask}
+
+
+class PolarRollouts:
+    """A TRL ``rollout_func`` running harness episodes with ``model`` (the trainer's model object).
+
+    ``config`` says which harness, tasks, sandbox, token budget per call, deadline, concurrency and
+    output directory (``config.out`` collects every episode's trajectory, as ``polar rollout``
+    writes them); temperature and top-p come from the trainer at each step. ``policy``, when
+    given, overrides ``config.policy`` with a scripted policy callable.
+    """
+
+    def __init__(self, model: Any, config: RolloutConfig, *, policy: Policy | None = None,
+                 tokenizer: Any = None):
+        from transformers import AutoTokenizer
+
+        from polar_env.backends.embedded import embedded_model_dir
+
+        self.config = config
+        self.plan: RolloutPlan = plan_from_config(config)
+        model_dir = config.model_dir or embedded_model_dir()
+        tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(model_dir))
+        device = str(next(model.parameters()).device)
+        self.model = LocalBackend(model, tokenizer, name="trl-live", model_name=config.model_name, device=device,
+                                  logprobs_mode="processed")
+        backend: Any = self.model
+        if policy is None and config.policy != "model":
+            from polar_env.backends.policies import make_policy
+
+            policy = make_policy(config.policy, self.plan.tasks)
+        if policy is not None:
+            from polar_env.backends.scripted import ScriptedBackend
+
+            backend = ScriptedBackend(self.model, policy, context_window=config.score_window)
+        self.eos_token_id = self.model.eos_token_ids[0]
+        self.tasks: dict[str, Task] = {episode_prompt(t): t for t in self.plan.tasks}
+        self._samples: Counter[str] = Counter()
+        prepare(self.plan)
+        self._runner = EpisodeRunner(self.plan, proxy_factory(config, backend=backend, tasks=self.plan.tasks),
+                                     self.plan.out / "ledger")
+        self._outputs = RolloutOutputs(self.plan.out)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="polar-rollouts", daemon=True)
+        self._thread.start()
+        self._submit(self._runner.start())
+
+    def dataset(self) -> Any:
+        """The training set TRL samples prompts from: one row per task, the prompt its harness gets."""
+        from datasets import Dataset
+
+        return Dataset.from_list([{"prompt": prompt, "task_id": task.instance_id}
+                                  for prompt, task in self.tasks.items()])
+
+    def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
+        module = trainer.accelerator.unwrap_model(trainer.model)
+        if module is not self.model.module:
+            raise ValueError("PolarRollouts must sample with the trainer's own model object (pass the same "
+                             "model to PolarRollouts and the trainer), or the rollouts are off-policy")
+        unknown = [p for p in prompts if p not in self.tasks]
+        if unknown:
+            raise ValueError(f"{len(unknown)} prompt(s) are not first prompts of this run's tasks "
+                             "(use PolarRollouts.dataset() as the training set)")
+        sampling = {"temperature": float(trainer.temperature), "top_p": float(trainer.top_p),
+                    "max_tokens": self.config.max_tokens}
+        self._runner.plan = replace(self.plan, episode=replace(self.plan.episode, policy=sampling))
+        jobs = []
+        for prompt in prompts:
+            task = self.tasks[prompt]
+            jobs.append((task, self._samples[task.instance_id]))
+            self._samples[task.instance_id] += 1
+        training = module.training
+        module.eval()  # sample without dropout; the trainer's own forward passes set their mode
+        try:
+            trajectories = self._submit(self._episodes(jobs))
+        finally:
+            module.train(training)
+        rows = [trl_row(t, self.eos_token_id) for t in trajectories]
+        out: dict[str, list[Any]] = {key: [r[key] for r in rows] for key in rows[0]}
+        out["polar_reward"] = [t.reward for t in trajectories]
+        out["polar_session"] = [t.session_id for t in trajectories]
+        self.last_trajectories = trajectories
+        return out
+
+    async def _episodes(self, jobs: list[tuple[Task, int]]) -> list[Trajectory]:
+        semaphore = asyncio.Semaphore(self.plan.concurrency)
+
+        async def one(task: Task, sample: int) -> Trajectory:
+            async with semaphore:
+                trajectory = await self._runner.run(task, sample)
+            self._outputs.add(trajectory)
+            return trajectory
+
+        return list(await asyncio.gather(*(one(t, k) for t, k in jobs)))
+
+    def _submit(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def close(self) -> None:
+        """Stop the proxy and the loop; write the run's GRPO batch and summary next to its trajectories."""
+        if not self._thread.is_alive():
+            return
+        try:
+            self._submit(self._runner.stop())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+            self._outputs.close()
+        path = self.plan.out / "trajectories.jsonl"
+        if path.exists():
+            finish_outputs(self.plan.out, list(read_trajectories(path)))
+
+    def __enter__(self) -> PolarRollouts:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
