@@ -5,12 +5,15 @@ sampled by the model itself: the proxy's backend is the trainer's own module, sa
 with a KV cache; the trainer then scores the captured main chain in one full forward pass
 (``GRPOTrainer._get_per_token_logps_and_entropies``, the function its loss calls). Float32, so the
 two must agree to 1e-4 on every sampled token, which is what makes the GRPO ratio 1 at step 0.
-Each call's answer is cut at a few tokens: the harnesses' first prompts are 1.5k-13k tokens, and
-the prefill of those on a CPU is what this test pays for.
+Each call's answer is cut at a few tokens: what this test pays for is the prefill of the harness's
+first prompt, twice (sampler and trainer). Pi's is ~1.7k tokens; Codex's (~9.5k) and Claude Code's
+(~12.8k) take minutes per forward pass on a 2-core CPU, more than CI's budget allows, so those two
+run when ``POLAR_FIDELITY_ALL_HARNESSES=1`` is set (docs/training.md has their figures and the command).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
@@ -29,7 +32,12 @@ def live_model(embedded_dir):
     return AutoModelForCausalLM.from_pretrained(str(embedded_dir), dtype=torch.float32)
 
 
-@pytest.mark.parametrize("harness", ["codex", "claude-code", "pi"])
+LONG_PROMPT = pytest.mark.skipif(os.environ.get("POLAR_FIDELITY_ALL_HARNESSES") != "1",
+                                 reason="a 10k+ token prefill, twice, on CPU: set POLAR_FIDELITY_ALL_HARNESSES=1")
+
+
+@pytest.mark.parametrize("harness", [pytest.param("codex", marks=LONG_PROMPT),
+                                     pytest.param("claude-code", marks=LONG_PROMPT), "pi"])
 def test_trainer_forward_reproduces_recorded_logprobs(harness, live_model, embedded_dir, tmp_path):
     from trl import GRPOConfig
 
@@ -40,7 +48,7 @@ def test_trainer_forward_reproduces_recorded_logprobs(harness, live_model, embed
 
     config = RolloutConfig(harness=harness, task_ids=["psf__requests-5414"], model_dir=embedded_dir,
                            out=tmp_path / "rollouts", max_tokens=6, timeout=900)
-    args = GRPOConfig(output_dir=str(tmp_path / "trl"), per_device_train_batch_size=1, num_generations=1,
+    args = GRPOConfig(output_dir=str(tmp_path / "trl"), per_device_train_batch_size=2, num_generations=2,
                       temperature=1.0, bf16=False, use_cpu=True, gradient_checkpointing=False, report_to="none")
     with PolarRollouts(live_model, config) as rollouts:
         trainer = PolarGRPOTrainer(live_model, rollouts, args)
