@@ -28,7 +28,7 @@ from polar_env.chat.template import ChatRenderer
 from polar_env.harness_adapters import get_adapter
 from polar_env.harness_adapters.registry import NOISE_EXCLUDES
 from polar_env.harness_adapters.runner import run_episode_in_sandbox
-from polar_env.proxy import anthropic_messages, openai_chat, openai_responses
+from polar_env.proxy import anthropic_messages, gemini_generate_content, openai_chat, openai_responses
 from polar_env.proxy.app import ProxyServer
 from polar_env.proxy.engine import EngineConfig
 from polar_env.sandbox.base import SandboxSpec
@@ -47,6 +47,10 @@ HANG = "python3 -c 'import time; time.sleep(3600)' polar-e2e-hang"
 
 
 PARALLEL = ["echo one > one.txt", "echo two > two.txt"]
+HARNESSES = ["codex", "claude-code", "pi", "gemini-cli"]
+# the deadline must pass while the tool hangs, after the first call: Gemini CLI's first call (its
+# ~11.7k-token prompt rendered, the answer scored) can take 20 s alone on a busy 2-core machine
+HANG_DEADLINE_S = {"gemini-cli": 60}
 
 
 def policy(session_id: str | None, call_number: int, prompt_text: str) -> str:
@@ -122,7 +126,7 @@ async def rollout(adapter, proxy: RecordingProxy, tmp_path: Path, name: str, *,
     return sid, run, edited, patch
 
 
-@pytest.mark.parametrize("harness", ["codex", "claude-code", "pi"])
+@pytest.mark.parametrize("harness", HARNESSES)
 async def test_real_harness_edits_file_through_proxy(harness, proxy: RecordingProxy, smol, tmp_path: Path):
     adapter = get_adapter(harness)
     adapter.install()
@@ -160,7 +164,8 @@ async def test_real_harness_edits_file_through_proxy(harness, proxy: RecordingPr
 # time zone, the host path of the workspace (each rollout has its own tmp_path).
 MACHINES = [{}, {"hostname": "node-b", "user": "worker", "env": {**SandboxSpec().env, "TZ": "America/New_York"}}]
 DECODE = {"/v1/messages": anthropic_messages.decode, "/v1/responses": openai_responses.decode,
-          "/v1/chat/completions": openai_chat.decode}
+          "/v1/chat/completions": openai_chat.decode,
+          "/v1beta/models/policy:streamGenerateContent": gemini_generate_content.decode}
 
 
 def _first_difference(renderer, a: list[int], b: list[int]) -> str:
@@ -168,7 +173,7 @@ def _first_difference(renderer, a: list[int], b: list[int]) -> str:
     return f"differ at token {i}: {renderer.tokenizer.decode(a[i - 20:i + 20])!r} vs {renderer.tokenizer.decode(b[i - 20:i + 20])!r}"
 
 
-@pytest.mark.parametrize("harness", ["codex", "claude-code", "pi"])
+@pytest.mark.parametrize("harness", HARNESSES)
 async def test_two_rollouts_share_first_prompt_ids(harness, proxy: RecordingProxy, smol, tmp_path: Path):
     """GRPO groups by first-prompt ids: samples of one task on two machines must form one group."""
     renderer, _ = smol
@@ -195,12 +200,12 @@ async def test_two_rollouts_share_first_prompt_ids(harness, proxy: RecordingProx
     assert ids[0] == firsts[0] and ids[1] == ids[0], _first_difference(renderer, ids[0], ids[1])
 
 
-@pytest.mark.parametrize("harness", ["codex", "claude-code", "pi"])
+@pytest.mark.parametrize("harness", HARNESSES)
 async def test_hung_tool_is_killed_and_partial_trajectory_kept(harness, proxy: RecordingProxy, tmp_path: Path):
     adapter = get_adapter(harness)
     adapter.install()
     sid, run, edited, _ = await rollout(adapter, proxy, tmp_path, f"{harness}-hang", prompt="Hang forever.",
-                                        timeout_s=20)
+                                        timeout_s=HANG_DEADLINE_S.get(harness, 20))
     assert run.status == "timeout" and run.exit_code is None, (run.stdout_tail[-2000:], run.stderr_tail[-2000:])
     assert edited == "print('original')\n"
     assert processes_matching("polar-e2e-hang") == []

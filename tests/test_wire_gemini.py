@@ -39,7 +39,16 @@ def test_gemini_cli_first_request_decodes():
     assert "command" in shell.parameters["properties"]  # parametersJsonSchema is the schema
     assert req.stream and req.model == "polar-model"
     assert req.requested_sampling == {"temperature": 1, "top_p": 0.95}
-    assert "unenforced:topK" in req.flags
+    assert req.flags == ["unenforced:topK", "stripped:gemini-todays-date"]
+    assert "Today's date" not in user.content
+
+
+def test_a_different_date_decodes_to_the_same_conversation():
+    """Gemini CLI writes the date in the user's locale into its first user message (adapter rule)."""
+    body = fixture("gemini.req1")["body"]
+    shifted = json.loads(json.dumps(body).replace("Monday, November 30, 2026", "Thursday, February 3, 2031"))
+    assert shifted != body
+    assert gemini.decode(body).conversation == gemini.decode(shifted).conversation
 
 
 def test_gemini_cli_tool_round_becomes_a_tool_message_with_the_issued_ids():

@@ -10,6 +10,7 @@ from __future__ import annotations
 from polar_env.harness_adapters.base import HarnessAdapter, ShellTool
 from polar_env.harness_adapters.claude_code import ClaudeCodeAdapter
 from polar_env.harness_adapters.codex import CodexAdapter
+from polar_env.harness_adapters.gemini_cli import GeminiCliAdapter
 from polar_env.harness_adapters.pi import PiAdapter
 from polar_env.sandbox.base import BUILD_EXCLUDES
 
@@ -17,8 +18,9 @@ ADAPTERS: dict[str, type[HarnessAdapter]] = {
     "codex": CodexAdapter,
     "claude-code": ClaudeCodeAdapter,
     "pi": PiAdapter,
+    "gemini-cli": GeminiCliAdapter,
 }
-ALIASES = {"claude_code": "claude-code", "claude": "claude-code"}
+ALIASES = {"claude_code": "claude-code", "claude": "claude-code", "gemini_cli": "gemini-cli", "gemini": "gemini-cli"}
 
 # Every harness's state dirs and the build artefacts: never part of an agent's patch (docs/rewards.md).
 NOISE_EXCLUDES: tuple[str, ...] = tuple(dict.fromkeys(
