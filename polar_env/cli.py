@@ -27,6 +27,8 @@ COMMANDS = (
         Command("serve", "run the proxy standalone against any backend", "polar_env.proxy.serve"),)),
     Command("check", "check trajectories / NeMo-RL results / GRPO batches (contract, groups, fidelity)",
             "polar_env.trajectory.check_cli"),
+    Command("export", "trajectories as an SFT dataset TRL's SFTTrainer or NeMo-RL's SFT reads as is (token ids, "
+            "assistant-only loss masks, every chain)", "polar_env.trajectory.export_cli"),
     Command("doctor", "report installed harnesses and sandboxes and how to fix what is missing",
             "polar_env.harness_adapters.doctor"),
     Command("rollout", "K rollouts per task with a real harness in sandboxes, through the proxy, graded",
@@ -37,6 +39,8 @@ COMMANDS = (
                               "FAIL_TO_PASS/PASS_TO_PASS", "polar_env.tasks.build_cli"),
                       Command("validate", "check every task of a file: environment, test patch, gold resolves, "
                               "empty patch does not", "polar_env.tasks.validate_cli"))),
+    Command("train", "one machine, the embedded model: SFT warm start on gold replays, then GRPO through real "
+            "harness episodes; checkpoints and a reward plot", "polar_env.training.train_cli"),
     Command("view", "write (or serve) the HTML page of trajectories: tokens by loss mask, logprobs, grading",
             "polar_env.viewer.view_cli"),
     Command("bench", "measure the proxy against direct and LiteLLM; write docs/benchmarks.md",
