@@ -8,6 +8,7 @@ Content blocks map onto the canonical conversation: ``tool_result`` blocks of a 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any, Literal
 
 from pydantic import Field
@@ -33,6 +34,7 @@ from polar_env.proxy.wire import (
     sse_frame,
     stops_of,
     tool_input,
+    user_turn,
     validate,
 )
 
@@ -203,29 +205,21 @@ def _block(message_index: int, block_index: int, raw: Any, flags: list[str]) -> 
 
 
 def _user(index: int, blocks: list[Any], flags: list[str]) -> list[Message]:
-    out: list[Message] = []
-    texts: list[str] = []
+    return user_turn(_user_items(index, blocks, flags))
 
-    def flush() -> None:
-        if texts:
-            out.append(Message(role="user", content=PART_JOIN.join(texts)))
-            texts.clear()
 
+def _user_items(index: int, blocks: list[Any], flags: list[str]) -> Iterator[str | Message]:
     for j, raw in enumerate(blocks):
         block = _block(index, j, raw, flags)
         if isinstance(block, ToolResultBlock):
-            flush()
-            out.append(Message(role="tool", content=flatten_parts(block.content, flags),
-                               tool_call_id=block.tool_use_id))
+            yield Message(role="tool", content=flatten_parts(block.content, flags), tool_call_id=block.tool_use_id)
         elif isinstance(block, TextBlock):
-            texts.append(block.text)
+            yield block.text
         elif isinstance(block, str):
-            texts.append(block)
+            yield block
         elif block is not None:
             raise WireError(400, f"invalid messages request: messages.{index}.content.{j}: "
                                  f"{block.type} blocks belong in assistant messages")
-    flush()
-    return out
 
 
 def _assistant(index: int, blocks: list[Any], flags: list[str]) -> tuple[Message, str | None]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from collections.abc import Iterator
 from typing import Any, Literal
 
 from pydantic import ConfigDict, Field
@@ -41,6 +42,7 @@ from polar_env.proxy.wire import (
     sampling_of,
     stops_of,
     tool_input,
+    user_turn,
     validate,
 )
 
@@ -222,27 +224,20 @@ def _text(part: Part, where: str, flags: list[str]) -> str:
 
 
 def _user_turn(index: int, parts: list[Part], pending: list[ToolCall], flags: list[str]) -> list[Message]:
-    out: list[Message] = []
-    texts: list[str] = []
+    return user_turn(_user_items(index, parts, pending, flags))
 
-    def flush() -> None:
-        if texts:
-            out.append(Message(role="user", content=PART_JOIN.join(texts)))
-            texts.clear()
 
+def _user_items(index: int, parts: list[Part], pending: list[ToolCall], flags: list[str]) -> Iterator[str | Message]:
     for j, part in enumerate(parts):
         if part.function_response is not None:
-            flush()
-            out.append(_tool_result(part.function_response, pending))
+            yield _tool_result(part.function_response, pending)
         elif part.function_call is not None:
             raise WireError(400, f"invalid {API} request: contents.{index}.parts.{j}: functionCall parts "
                                  "belong in model turns")
         elif part.thought:
             flags.append("skipped_part:thought")
         else:
-            texts.append(_text(part, f"contents.{index}.parts.{j}", flags))
-    flush()
-    return out
+            yield _text(part, f"contents.{index}.parts.{j}", flags)
 
 
 def _tool_result(response: FunctionResponse, pending: list[ToolCall]) -> Message:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterable
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -214,6 +215,24 @@ def merge_split_turns(messages: list[Message], refs: list[str | None]) -> tuple[
         out.append(message)
         out_refs.append(ref)
     return out, out_refs
+
+
+def user_turn(items: Iterable[str | Message]) -> list[Message]:
+    """A user turn's parts in order as messages: runs of text join into one user message, each tool
+    result (a ``tool`` message) stays where it was (Anthropic blocks, Gemini parts)."""
+    out: list[Message] = []
+    texts: list[str] = []
+    for item in items:
+        if isinstance(item, str):
+            texts.append(item)
+            continue
+        if texts:
+            out.append(Message(role="user", content=PART_JOIN.join(texts)))
+            texts = []
+        out.append(item)
+    if texts:
+        out.append(Message(role="user", content=PART_JOIN.join(texts)))
+    return out
 
 
 def require_object(body: Any, api: str) -> dict:
