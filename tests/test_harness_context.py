@@ -33,7 +33,7 @@ MARGIN = 5200  # the flood overflows it by ~500 tokens in every harness; Claude 
 FLOOD = "seq 100000 100800"  # ~5,000 tokens of tool output, well past MARGIN
 SUMMARY = "Summary: I ran seq and its output was long; nothing is left to do."
 FINAL = "Done."
-TOOL_FOR = {"exec_command": "cmd", "Bash": "command", "bash": "command"}
+TOOL_FOR = {"exec_command": "cmd", "Bash": "command", "bash": "command", "run_shell_command": "command"}
 # each harness's own compaction request (codex-rs templates/compact, Claude Code's compact prompt,
 # Pi's compaction.js SUMMARIZATION_PROMPT)
 COMPACTION_MARKERS = ("CONTEXT CHECKPOINT COMPACTION", "detailed summary of the conversation so far",
@@ -73,7 +73,7 @@ async def small_window_proxy(smol, tmp_path: Path):  # noqa: F811
     await server.stop()
 
 
-@pytest.mark.parametrize("harness", ["codex", "claude-code", "pi"])
+@pytest.mark.parametrize("harness", ["codex", "claude-code", "pi", "gemini-cli"])
 async def test_harness_reacts_to_the_providers_overflow_error(harness, small_window_proxy, tmp_path: Path):
     adapter = get_adapter(harness)
     adapter.install()
@@ -104,6 +104,12 @@ async def test_harness_reacts_to_the_providers_overflow_error(harness, small_win
         assert compactions and compactions[0].output.content == SUMMARY, detail
         assert traj.chains[1].start_reason == "history rewritten (compaction or edited history)", detail
         assert run.status == "completed" and calls[-1].output.content == FINAL, detail
+    elif harness == "gemini-cli":
+        # Gemini CLI compacts only ahead of its own idea of the window, never on the API's refusal:
+        # "The input token count (N) exceeds the maximum number of tokens allowed (M)." ends the turn
+        # at once, without a retry, and the CLI exits non-zero reporting it
+        assert len(calls) == 2 and run.status == "error", detail
+        assert "exceeds the maximum number of tokens" in (run.summary.error or ""), detail
     else:
         # Pi matches "maximum context length is N tokens", compacts (a summarization side call that
         # succeeds: a new chain) and retries once; the retry keeps the recent flood and overflows
