@@ -135,6 +135,19 @@ def test_pi_models_json_and_offline():
                                      "--provider", "polar", "--model", "policy", "go"]
 
 
+def test_gemini_cli_env_settings_and_command():
+    gemini = get_adapter("gemini-cli")
+    env = gemini.env(CTX)
+    assert env["GOOGLE_GEMINI_BASE_URL"] == "http://127.0.0.1:18080/s/sess-1"  # the SDK appends /v1beta/...
+    assert env["GEMINI_API_KEY"] == "sk-polar-secret" and env["GEMINI_TELEMETRY_ENABLED"] == "false"
+    settings = json.loads(gemini.config_files(CTX)["/home/agent/.gemini/settings.json"])
+    assert settings["security"]["auth"]["selectedType"] == "gemini-api-key"
+    assert settings["privacy"]["usageStatisticsEnabled"] is False and settings["telemetry"]["enabled"] is False
+    assert settings["general"]["enableAutoUpdate"] is False
+    assert gemini.command(CTX, "go") == ["/opt/harness/node_modules/.bin/gemini", "--yolo", "--output-format",
+                                         "stream-json", "--model", "policy", "--prompt", "go"]
+
+
 def test_episode_command_starts_forwarder_first():
     cmd = episode_command(get_adapter("pi"), CTX, "go", socket_inside="/run/proxy/proxy.sock")
     assert cmd[:8] == ["/usr/bin/python3", "/opt/polar/forwarder.py", "--socket", "/run/proxy/proxy.sock",
@@ -166,6 +179,17 @@ PI_STREAM = "\n".join(json.dumps(e) for e in [
     {"type": "turn_end"}, {"type": "agent_end", "messages": []}])
 
 
+# Gemini CLI 0.61.0's own stream-json output of a run (one shell call, then the answer in two deltas)
+GEMINI_STREAM = "\n".join(json.dumps(e) for e in [
+    {"type": "init", "session_id": "s", "model": "policy"},
+    {"type": "message", "role": "user", "content": "Create out.txt containing hi"},
+    {"type": "tool_use", "tool_name": "run_shell_command", "tool_id": "t0", "parameters": {"command": "ls"}},
+    {"type": "tool_result", "tool_id": "t0", "status": "success", "output": ""},
+    {"type": "message", "role": "assistant", "content": "Do", "delta": True},
+    {"type": "message", "role": "assistant", "content": "ne.", "delta": True},
+    {"type": "result", "status": "success", "stats": {"total_tokens": 210, "tool_calls": 1}}])
+
+
 def test_summaries_from_event_streams():
     s = get_adapter("codex").summarize("garbage line\n" + CODEX_STREAM)
     assert (s.turns, s.tool_calls, s.final_message, s.finished, s.unparsed_lines) == (1, 2, "Done.", True, 1)
@@ -173,6 +197,9 @@ def test_summaries_from_event_streams():
     assert (s.turns, s.tool_calls, s.final_message, s.finished, s.tool_names) == (2, 1, "All done", True, ["Bash"])
     s = get_adapter("pi").summarize(PI_STREAM[20:])  # a tail whose first line is cut
     assert (s.turns, s.tool_calls, s.final_message, s.finished) == (2, 1, "Edited.", True)
+    s = get_adapter("gemini-cli").summarize(GEMINI_STREAM)
+    assert (s.turns, s.tool_calls, s.final_message, s.finished, s.tool_names) == (
+        2, 1, "Done.", True, ["run_shell_command"])
 
 
 def test_summaries_report_failures():
@@ -187,6 +214,9 @@ def test_summaries_report_failures():
                                             "errorMessage": "500 boom"}}, {"type": "agent_end"}])
     s = get_adapter("pi").summarize(pi_err)
     assert not s.finished and s.error == "500 boom"
+    gemini_err = json.dumps({"type": "result", "status": "error", "error": {"type": "Error", "message": "400 no"}})
+    s = get_adapter("gemini-cli").summarize(gemini_err)
+    assert not s.finished and s.error == "400 no"
     assert json_lines("[1]\n{}\n") == ([{}], 1)
 
 
@@ -194,7 +224,7 @@ def test_doctor_rows_cover_harnesses_and_sandbox_tools(tmp_path: Path):
     rows = doctor_report(tmp_path)  # an empty cache: every harness missing
     names = [r.component for r in rows]
     for needed in ("bubblewrap", "setpriv", "node", "npm", "cgroups", "harness codex", "harness claude-code",
-                   "harness pi"):
+                   "harness pi", "harness gemini-cli"):
         assert needed in names
     harness_rows = {r.component.removeprefix("harness "): r for r in rows if r.component.startswith("harness ")}
     assert list(harness_rows) == adapter_names()
