@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-time setup on a fresh machine: system packages, the Python venv, the embedded model.
 # Idempotent; every README command calls it first. POLAR_SETUP_HARNESSES=1 also installs the
-# harness CLIs from npm (done lazily otherwise), POLAR_SETUP_VLLM=1 the vLLM CPU server venv,
+# harness CLIs from npm and PyPI (done lazily otherwise), POLAR_SETUP_VLLM=1 the vLLM CPU server venv,
 # POLAR_SETUP_GYM=1 the NeMo Gym venv (.venv-gym) for the environment's end-to-end tests,
 # POLAR_SETUP_CONTAINERS=1 podman and the locally built base image (scripts/setup_podman.sh),
 # POLAR_SETUP_LITELLM=1 LiteLLM's proxy in .venv-litellm, the comparison path of the full `polar bench`.
@@ -13,6 +13,8 @@ command -v bwrap >/dev/null || need_apt+=(bubblewrap)
 command -v setpriv >/dev/null || need_apt+=(util-linux)
 command -v patch >/dev/null || need_apt+=(patch)
 command -v git >/dev/null || need_apt+=(git)
+# the Python harnesses' venvs are made by Debian's python3, the interpreter every sandbox mounts
+/usr/bin/python3 -c "import ensurepip, venv" 2>/dev/null || need_apt+=(python3-venv)
 if [ "${POLAR_SETUP_BROWSER:-0}" = 1 ]; then command -v chromium >/dev/null || need_apt+=(chromium); fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then

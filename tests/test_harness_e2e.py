@@ -11,6 +11,7 @@ prompt token-for-token.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import platform
 import shutil
@@ -22,7 +23,7 @@ from aiohttp import web
 from polar_sandbox_helpers import processes_matching
 
 from polar_env.backends.local import LocalBackend
-from polar_env.backends.policies import offered_shell_tool, tool_call
+from polar_env.backends.policies import final_answer, offered_shell_tool, patch_edit, tool_call
 from polar_env.backends.scripted import ScriptedBackend
 from polar_env.chat.template import ChatRenderer
 from polar_env.harness_adapters import get_adapter
@@ -33,6 +34,7 @@ from polar_env.proxy.app import ProxyServer
 from polar_env.proxy.engine import EngineConfig
 from polar_env.sandbox.base import SandboxSpec
 from polar_env.sandbox.bubblewrap import BubblewrapSandbox
+from polar_env.tasks.tree import init_single_commit
 from polar_env.trajectory.chains import build_trajectory
 from polar_env.trajectory.checks import check_trajectory
 from polar_env.trajectory.ledger import Ledger
@@ -44,25 +46,46 @@ pytestmark = [pytest.mark.slow,
 EDIT = "sed -i s/original/edited-by-agent/ hello.py"
 FINAL = "Done: hello.py now says edited-by-agent."
 HANG = "python3 -c 'import time; time.sleep(3600)' polar-e2e-hang"
+# the same edit as a git patch, for harnesses that edit from reply text (aider)
+EDIT_PATCH = """diff --git a/hello.py b/hello.py
+--- a/hello.py
++++ b/hello.py
+@@ -1 +1 @@
+-print('original')
++print('edited-by-agent')
+"""
+# a patch that matches nothing: a text-editing harness asks again, and that second call never gets answered
+MISS_PATCH = EDIT_PATCH.replace("-print('original')", "-print('polar-e2e-absent')")
 
 
 PARALLEL = ["echo one > one.txt", "echo two > two.txt"]
-HARNESSES = ["codex", "claude-code", "pi", "gemini-cli"]
+HARNESSES = ["codex", "claude-code", "pi", "gemini-cli", "mini-swe-agent", "aider"]
 # the deadline must pass while the tool hangs, after the first call: Gemini CLI's first call (its
-# ~11.7k-token prompt rendered, the answer scored) can take 20 s alone on a busy 2-core machine
-HANG_DEADLINE_S = {"gemini-cli": 60}
+# ~11.7k-token prompt rendered, the answer scored) can take 20 s alone on a busy 2-core machine; the
+# PyPI harnesses import LiteLLM first (seconds of CPU), and mini-SWE-agent's own command timeout is 60 s
+HANG_DEADLINE_S = {"gemini-cli": 60, "mini-swe-agent": 45, "aider": 45}
 
 
 def policy(session_id: str | None, call_number: int, prompt_text: str) -> str:
     if "<tool_response>" in prompt_text:
-        return FINAL
+        return final_answer(prompt_text, FINAL)
     tool = offered_shell_tool(prompt_text)
-    if tool is None:
-        return FINAL
+    if tool is None:  # a harness that edits from the reply text
+        return patch_edit(prompt_text, MISS_PATCH if "Hang forever" in prompt_text else EDIT_PATCH, FINAL)
     if "Two commands at once" in prompt_text:  # two tool calls in one sampled turn
         return "\n".join(tool_call(tool, c) for c in PARALLEL)
     # the hang keeps the harness's own shell tool waiting past the test's 20 s deadline (its wait_args)
     return tool_call(tool, HANG, wait=True) if "Hang forever" in prompt_text else tool_call(tool, EDIT)
+
+
+class HangingScriptedBackend(ScriptedBackend):
+    """A model that never answers a session's second call once the first prompt asked for a hang: the
+    only hang a harness without a shell tool can meet (a test double for a stalled inference server)."""
+
+    async def generate(self, prompt_ids, sampling, *, session_id=None):
+        if self.calls[session_id] >= 1 and "Hang forever" in self.local.tokenizer.decode(prompt_ids):
+            await asyncio.Event().wait()  # cancelled by the proxy's drain after the deadline
+        return await super().generate(prompt_ids, sampling, session_id=session_id)
 
 
 class RecordingProxy(ProxyServer):
@@ -94,7 +117,7 @@ def smol(embedded_dir):
 @pytest.fixture
 async def proxy(smol, tmp_path: Path):
     renderer, local = smol
-    server = RecordingProxy.create(renderer=renderer, backend=ScriptedBackend(local, policy, context_window=256),
+    server = RecordingProxy.create(renderer=renderer, backend=HangingScriptedBackend(local, policy, context_window=256),
                                    data_dir=tmp_path / "ledger", admin_secret="admin",
                                    config=EngineConfig(max_context=131072, default_max_tokens=256))
     server.seen, server.bodies = [], []
@@ -110,6 +133,7 @@ async def rollout(adapter, proxy: RecordingProxy, tmp_path: Path, name: str, *,
     if not task.exists():
         task.mkdir(parents=True)
         (task / "hello.py").write_text("print('original')\n")
+        init_single_commit(task)  # as every task tree is (tasks/tree.py)
     sid, key = proxy.create_session(name, policy={"temperature": 1.0, "top_p": 1.0, "max_tokens": 256},
                                     metadata={"task_id": "hello", "harness": adapter.name})
     sock = proxy.unix_socket.parent
@@ -140,11 +164,12 @@ async def test_real_harness_edits_file_through_proxy(harness, proxy: RecordingPr
 
     ledger = Ledger(tmp_path / "ledger")
     calls = ledger.calls(sid)
-    assert len(calls) >= 2, [c.output for c in calls]
+    # a tool harness: the edit, then the final answer; a text-editing one: the edit is its final answer
+    assert len(calls) >= (1 if adapter.text_edit else 2), [c.output for c in calls]
     traj = build_trajectory(ledger.session(sid), calls, status=run.status)
     assert check_trajectory(traj) == []
-    main = [ch for ch in traj.chains if len(ch.call_indices) >= 2]
-    assert len(main) == 1 and len(traj.chains) == 1, [(ch.call_indices, ch.break_reason) for ch in traj.chains]
+    assert len(traj.chains) == 1 and traj.chains[0].call_indices == list(range(len(calls))), \
+        [(ch.call_indices, ch.break_reason) for ch in traj.chains]
     chain = traj.chains[0]
     sampled = set()
     for c in calls:
@@ -153,7 +178,12 @@ async def test_real_harness_edits_file_through_proxy(harness, proxy: RecordingPr
         assert chain.input_ids[start:start + len(c.sampled_ids)] == c.sampled_ids
         sampled |= set(range(start, start + len(c.sampled_ids)))
     assert {i for i, m in enumerate(chain.loss_mask) if m} == sampled
-    assert calls[0].output.tool_calls and calls[-1].output.content.strip() == FINAL
+    if adapter.text_edit:
+        assert calls[-1].output.content.startswith(FINAL) and "```diff" in calls[-1].output.content
+    elif adapter.finish_command:  # it ends by running that command, the final text printed after it
+        assert calls[0].output.tool_calls and adapter.finish_command in calls[-1].output.tool_calls[0].arguments
+    else:
+        assert calls[0].output.tool_calls and calls[-1].output.content.strip() == FINAL
 
     assert proxy.seen, "the harness reached the proxy"
     outside = [(m, p) for m, p in proxy.seen if not p.startswith(f"/s/{sid}/")]
@@ -206,12 +236,15 @@ async def test_hung_tool_is_killed_and_partial_trajectory_kept(harness, proxy: R
     adapter.install()
     sid, run, edited, _ = await rollout(adapter, proxy, tmp_path, f"{harness}-hang", prompt="Hang forever.",
                                         timeout_s=HANG_DEADLINE_S.get(harness, 20))
+    await proxy.drain(sid, timeout_s=1)  # the unanswered call of a text-editing harness
     assert run.status == "timeout" and run.exit_code is None, (run.stdout_tail[-2000:], run.stderr_tail[-2000:])
     assert edited == "print('original')\n"
     assert processes_matching("polar-e2e-hang") == []
     ledger = Ledger(tmp_path / "ledger")
     calls = ledger.calls(sid)
-    assert len(calls) == 1 and calls[0].output.tool_calls  # the call that started the hung tool
+    # the call that started the hung tool, or (a text-editing harness) whose edit missed before the hang
+    assert len(calls) == 1 and calls[0].output, [c.model_dump(exclude={"prompt_ids", "sampled_ids", "logprobs", "messages", "tools"}) for c in calls]
+    assert calls[0].output.tool_calls or "polar-e2e-absent" in calls[0].output.content
     traj = build_trajectory(ledger.session(sid), calls, status=run.status)
     assert traj.status == "timeout" and len(traj.chains) == 1 and check_trajectory(traj) == []
 

@@ -19,7 +19,7 @@ from polar_env.sandbox.bubblewrap import BubblewrapSandbox
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(shutil.which("bwrap") is None or shutil.which("npm") is None,
                                  reason="needs bubblewrap and npm")]
-HARNESSES = ["codex", "claude-code", "pi"]
+HARNESSES = ["codex", "claude-code", "pi", "mini-swe-agent", "aider"]
 
 
 @pytest.fixture(scope="module", params=HARNESSES)

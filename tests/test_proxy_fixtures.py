@@ -1,4 +1,4 @@
-"""Real request bodies captured from Codex, Claude Code and Pi are decoded, rendered and answered,
+"""Real request bodies captured from Codex, Claude Code, Pi, mini-SWE-agent and aider are decoded, rendered and answered,
 and the SSE each harness needs comes back event by event (same event order as the real server)."""
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ FIRST_CALL = {
     "pi-responses": ("bash", {"command": "ls"}),
     "claude-bare": ("Bash", {"command": "ls"}),
     "claude": (None, None),
+    "mini-swe-agent": ("bash", {"command": "ls"}),
+    "aider": (None, None),  # no tools: it edits from a diff in the text
 }
 
 
@@ -79,6 +81,11 @@ async def test_fixture_requests_are_answered_with_the_sse_the_harness_needs(harn
                 raw = await resp.read()
                 assert resp.status == 200, raw[:500]
             if captured["method"] == "HEAD":
+                continue
+            if not captured["body"].get("stream"):  # mini-SWE-agent: LiteLLM asks for one JSON answer
+                message = json.loads(raw)["choices"][0]["message"]
+                called = [c["function"]["name"] for c in message.get("tool_calls") or []]
+                assert called == ([tool] if tool and captured is requests[0] else []), message
                 continue
             assert resp.headers["Content-Type"].startswith("text/event-stream")
             ours = _ours(parse_sse(raw))

@@ -1,18 +1,19 @@
 """Named scripted policies (for the demo, CI and tests), resolved on whichever node runs the proxy.
 
 A policy picks the text of each model call; ScriptedBackend has the real model score it, so ids
-and logprobs stay real. ``gold`` replays a task's gold patch through the harness's own shell tool
-(one tool call, then a final answer): it proves the whole path — harness, sandbox, proxy, grading
+and logprobs stay real. ``gold`` replays a task's gold patch through the harness's own shell tool,
+or its text edit format where edits are reply text (one edit, then a final answer): it proves the whole path — harness, sandbox, proxy, grading
 — can earn reward 1.0, and is labelled as such wherever its turns are reported.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Callable
 
 from polar_env.harness_adapters.base import ShellTool
-from polar_env.harness_adapters.registry import shell_tools
+from polar_env.harness_adapters.registry import finish_commands, shell_tools, text_edits
 from polar_env.tasks.models import Task
 
 Policy = Callable[[str | None, int, str], str]
@@ -37,6 +38,23 @@ def shell_call(prompt_text: str, command: str) -> str:
     return DONE if tool is None else tool_call(tool, command)
 
 
+def final_answer(prompt_text: str, text: str = DONE) -> str:
+    """``text`` as the final answer; a harness that ends only when the model runs its finish command
+    (the command is in its prompt) gets that command, with ``text`` as the output after it."""
+    tool = offered_shell_tool(prompt_text)
+    finish = next((c for c in finish_commands() if c in prompt_text), None)
+    return text if tool is None or finish is None else tool_call(tool, f"{finish} && echo {shlex.quote(text)}")
+
+
+def patch_edit(prompt_text: str, patch: str, text: str = DONE) -> str:
+    """Apply a git patch with the harness's own means: ``git apply`` through its shell tool, else its
+    text edit format (after ``text``); a harness with neither gets ``text`` as a final answer."""
+    if offered_shell_tool(prompt_text) is not None:
+        return shell_call(prompt_text, f"cd /testbed && git apply <<'POLAR_PATCH_EOF'\n{patch}POLAR_PATCH_EOF")
+    edit = next((e for e in text_edits() if e.marker in prompt_text), None)
+    return text if edit is None else edit.render(patch, text)
+
+
 def _task_of(session_id: str | None, prompt_text: str, tasks: list[Task]) -> Task | None:
     """By episode id (``<instance_id>.s<k>.a<n>``) where the backend sees it, else by the issue
     text in the prompt (a policy server behind the proxy sees only token ids)."""
@@ -54,8 +72,8 @@ def gold_policy(tasks: list[Task]) -> Policy:
     def policy(session_id: str | None, call_number: int, prompt_text: str) -> str:
         task = _task_of(session_id, prompt_text, tasks)
         if task is None or "<tool_response>" in prompt_text:
-            return DONE
-        return shell_call(prompt_text, f"cd /testbed && git apply <<'POLAR_PATCH_EOF'\n{task.patch}POLAR_PATCH_EOF")
+            return final_answer(prompt_text)
+        return patch_edit(prompt_text, task.patch)
 
     return policy
 
@@ -63,14 +81,14 @@ def gold_policy(tasks: list[Task]) -> Policy:
 def noop_policy(tasks: list[Task]) -> Policy:
     """One harmless tool call, then a final answer: the shortest multi-turn episode."""
     def policy(session_id: str | None, call_number: int, prompt_text: str) -> str:
-        return DONE if "<tool_response>" in prompt_text else shell_call(prompt_text, "ls /testbed")
+        return final_answer(prompt_text) if "<tool_response>" in prompt_text else shell_call(prompt_text, "ls /testbed")
 
     return policy
 
 
 def answer_policy(tasks: list[Task]) -> Policy:
     """A final answer at once, touching nothing: a zero-reward rollout."""
-    return lambda session_id, call_number, prompt_text: DONE
+    return lambda session_id, call_number, prompt_text: final_answer(prompt_text)
 
 
 POLICIES: dict[str, Callable[[list[Task]], Policy]] = {"gold": gold_policy, "noop": noop_policy,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
@@ -103,12 +104,26 @@ class ShellTool:
         return {self.command_arg: command, **self.extra_args, **(self.wait_args if wait else {})}
 
 
+@dataclass(frozen=True)
+class TextEdit:
+    """A harness whose model edits files by writing them into its reply, not through a tool (aider):
+    ``marker`` is text its prompt always carries, ``render(patch, message)`` writes a git patch in the
+    harness's own edit format after ``message``, so a scripted policy can make the edit."""
+
+    marker: str
+    render: Callable[[str, str], str]
+
+
 class HarnessAdapter(ABC):
     """Everything Polar knows about one harness; nothing outside this class names the harness."""
 
     name: ClassVar[str]
     source: ClassVar[InstallSource]  # npm package or Python venv, pinned
     shell_tool: ClassVar[ShellTool | None] = None  # for scripted policies (None: it has none)
+    text_edit: ClassVar[TextEdit | None] = None  # its edit format, when edits are reply text
+    # The command that ends a run for harnesses that stop only when the model runs it (its prompt
+    # carries it verbatim); a scripted final answer runs it through the shell tool.
+    finish_command: ClassVar[str | None] = None
     noise_dirs: ClassVar[tuple[str, ...]] = ()  # state it may drop in the task tree, never part of a patch
     volatile_rules: ClassVar[tuple[VolatileRule, ...]] = ()  # per-day / per-machine prompt lines
     # Extra deadline `polar demo` grants: the embedded CPU model prefills a long first prompt for minutes.

@@ -2,15 +2,17 @@
 
 What Polar needs from every harness at once (the proxy and the grader do not know which harness a
 session runs) is the union over this table: noise dirs here, volatile lines in proxy/volatile.py,
-shell tools in backends/policies.py.
+shell tools, text edit formats and finish commands in backends/policies.py.
 """
 
 from __future__ import annotations
 
-from polar_env.harness_adapters.base import HarnessAdapter, ShellTool
+from polar_env.harness_adapters.aider import AiderAdapter
+from polar_env.harness_adapters.base import HarnessAdapter, ShellTool, TextEdit
 from polar_env.harness_adapters.claude_code import ClaudeCodeAdapter
 from polar_env.harness_adapters.codex import CodexAdapter
 from polar_env.harness_adapters.gemini_cli import GeminiCliAdapter
+from polar_env.harness_adapters.mini_swe_agent import MiniSweAgentAdapter
 from polar_env.harness_adapters.pi import PiAdapter
 from polar_env.sandbox.base import BUILD_EXCLUDES
 
@@ -19,8 +21,11 @@ ADAPTERS: dict[str, type[HarnessAdapter]] = {
     "claude-code": ClaudeCodeAdapter,
     "pi": PiAdapter,
     "gemini-cli": GeminiCliAdapter,
+    "mini-swe-agent": MiniSweAgentAdapter,
+    "aider": AiderAdapter,
 }
-ALIASES = {"claude_code": "claude-code", "claude": "claude-code", "gemini_cli": "gemini-cli", "gemini": "gemini-cli"}
+ALIASES = {"claude_code": "claude-code", "claude": "claude-code", "gemini_cli": "gemini-cli", "gemini": "gemini-cli",
+           "mini_swe_agent": "mini-swe-agent"}
 
 # Every harness's state dirs and the build artefacts: never part of an agent's patch (docs/rewards.md).
 NOISE_EXCLUDES: tuple[str, ...] = tuple(dict.fromkeys(
@@ -46,3 +51,13 @@ def harness_choices() -> list[str]:
 def shell_tools() -> list[ShellTool]:
     """Each harness's shell tool, in registry order."""
     return [adapter.shell_tool for adapter in ADAPTERS.values() if adapter.shell_tool is not None]
+
+
+def text_edits() -> list[TextEdit]:
+    """Each text-editing harness's edit format, in registry order."""
+    return [adapter.text_edit for adapter in ADAPTERS.values() if adapter.text_edit is not None]
+
+
+def finish_commands() -> list[str]:
+    """Each harness's finish command (for the harnesses that end only by running one)."""
+    return [adapter.finish_command for adapter in ADAPTERS.values() if adapter.finish_command is not None]

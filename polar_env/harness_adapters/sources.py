@@ -2,8 +2,9 @@
 
 An adapter declares one source; the source knows how to install itself into
 ``<cache>/harnesses/<name>-<version>`` and how the CLI is launched once that directory is mounted
-read-only at /opt/harness in a sandbox. Executables land in ``node_modules/.bin`` (npm) or ``bin``
-(venv), the two directories the sandbox puts first on ``PATH`` (``sandbox.base.HARNESS_BIN_DIRS``).
+read-only at /opt/harness in a sandbox. Executables land in ``node_modules/.bin`` (npm), which the
+sandbox puts first on ``PATH`` (``sandbox.base.HARNESS_BIN_DIRS``), or ``bin`` (venv), which it
+does not: the venv's python would shadow the task's for the agent's own commands.
 """
 
 from __future__ import annotations

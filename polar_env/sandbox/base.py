@@ -25,8 +25,10 @@ BUILD_EXCLUDES: tuple[str, ...] = (
     "__pycache__", "*.pyc", "*.pyo", "*.egg-info", ".pytest_cache",
     "build", "dist", ".eggs", ".tox", ".mypy_cache", ".ruff_cache", "node_modules",
 )
-# Where a harness install keeps its executables (harness_adapters/sources.py): npm, a Python venv.
-HARNESS_BIN_DIRS = "/opt/harness/node_modules/.bin:/opt/harness/bin"
+# Where an npm harness install keeps its executables (harness_adapters/sources.py). A Python venv's
+# bin/ stays off PATH: its launcher is absolute, and on PATH its python/pip would replace the task's
+# for every command the agent runs.
+HARNESS_BIN_DIRS = "/opt/harness/node_modules/.bin"
 
 DEFAULT_ENV: dict[str, str] = {"TZ": "UTC", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TERM": "dumb"}
 

@@ -1,0 +1,169 @@
+"""The PyPI harnesses (mini-SWE-agent, aider): what each is configured with (docs/harnesses.md), how
+their console logs are read, and how the scripted policies speak their edit and finish protocols."""
+
+from __future__ import annotations
+
+import json
+
+from polar_env.backends.policies import DONE, final_answer, patch_edit
+from polar_env.harness_adapters import HarnessContext, get_adapter
+from polar_env.harness_adapters.aider import udiff_reply
+
+CTX = HarnessContext(session_id="sess-1", session_key="sk-polar-secret", model_name="policy", port=18080)
+
+# the tail of a real `mini` run in bubblewrap (InteractiveAgent's console; litellm's notice included)
+MINI_LOG = """
+\x1b[1;31mProvider List: https://docs.litellm.ai/docs/providers\x1b[0m
+
+
+mini-swe-agent (step 1, $0.00):
+```
+sed -i s/original/edited-by-agent/ hello.py
+```
+
+Tool:
+<returncode>
+0
+<output>
+
+────────────────────────────────────────────────────────────────────────────────
+
+mini-swe-agent (step 2, $0.00):
+```
+echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && echo Done
+```
+
+Tool:
+<returncode>
+-1
+<output>
+
+<exception_info>
+action was not executed
+
+Exit:
+Done
+
+Saved trajectory to '/home/agent/.config/mini-swe-agent/last_mini_run.traj.json'
+"""
+
+# a real `aider --message` run: banner, the streamed reply, the token line, the applied edit
+AIDER_LOG = """Analytics have been permanently disabled.
+Detected dumb terminal, disabling fancy input and pretty output.
+
+Aider v0.86.2
+Model: openai/policy with udiff edit format
+Git repo: .git with 1 files
+Repo-map: using 4096 tokens, auto refresh
+
+Done.
+
+```diff
+--- a/hello.py
++++ b/hello.py
+@@ -1 +1 @@
+-print('original')
++print('edited-by-agent')
+```
+Tokens: 1.2k sent, 35 received.
+
+hello.py
+Applied edit to hello.py
+"""
+
+AIDER_AUTH_ERROR = """Aider v0.86.2
+Model: openai/policy with udiff edit format
+Git repo: none
+Repo-map: disabled
+
+litellm.AuthenticationError: AuthenticationError: OpenAIException - unknown
+session or wrong API key for this session
+The API provider is not able to authenticate you. Check your API key.
+"""
+
+GOLD = """diff --git a/a.py b/a.py
+index 1111111..2222222 100644
+--- a/a.py
++++ b/a.py
+@@ -1 +1 @@
+-x = 1
++x = 2
+diff --git a/b.py b/b.py
+new file mode 100644
+index 0000000..3333333
+--- /dev/null
++++ b/b.py
+@@ -0,0 +1 @@
++y = 3
+"""
+
+
+def test_mini_swe_agent_runs_its_swebench_config_pointed_at_the_proxy():
+    mini = get_adapter("mini-swe-agent")
+    assert mini.source.kind == "python-venv" and mini.package == "mini-swe-agent==2.4.6"
+    files = mini.config_files(CTX)
+    cfg = json.loads(files["/home/agent/.config/polar-mini.yaml"])
+    assert cfg["model"] == {"model_name": "openai/policy", "cost_tracking": "ignore_errors",
+                            "model_kwargs": {"api_base": "http://127.0.0.1:18080/s/sess-1/v1"}}
+    # commands run where mini runs, inside the sandbox (swebench.yaml names a docker container)
+    assert cfg["environment"] == {"environment_class": "local", "cwd": "/testbed", "env": {"BASH_ENV": ""}}
+    assert "sk-polar-secret" not in files["/home/agent/.config/polar-mini.yaml"]
+    env = mini.env(CTX)
+    assert env["OPENAI_API_KEY"] == "sk-polar-secret" and env["LITELLM_LOCAL_MODEL_COST_MAP"] == "True"
+    assert env["MSWEA_CONFIGURED"] == "true"  # else its first-run wizard waits for input
+    assert mini.command(CTX, "fix it") == ["/opt/harness/bin/python", "/opt/harness/bin/mini", "-y",
+                                           "--exit-immediately", "-c", "swebench.yaml", "-c",
+                                           "/home/agent/.config/polar-mini.yaml", "-t", "fix it"]
+
+
+def test_mini_swe_agent_summary_from_its_console():
+    s = get_adapter("mini-swe-agent").summarize(MINI_LOG)
+    assert (s.turns, s.tool_calls, s.final_message, s.finished, s.error) == (2, 2, "Done", True, None)
+    stopped = get_adapter("mini-swe-agent").summarize("mini-swe-agent (step 3, $0.00):\n```\nls\n```\n\n"
+                                                      "Exit:\nRepeatedFormatError\n")
+    assert not stopped.finished and stopped.error == "RepeatedFormatError" and stopped.turns == 3
+
+
+def test_aider_config_is_one_file_and_calls_nothing_else():
+    aider = get_adapter("aider")
+    assert aider.package == "aider-chat==0.86.2" and aider.shell_tool is None and aider.text_edit is not None
+    files = aider.config_files(CTX)
+    cfg = json.loads(files["/home/agent/.aider-polar.conf.yml"])
+    assert cfg["model"] == "openai/policy" and cfg["openai-api-base"] == "http://127.0.0.1:18080/s/sess-1/v1"
+    assert cfg["edit-format"] == "udiff" and cfg["yes-always"] is True
+    assert cfg["check-update"] is False and cfg["analytics-disable"] is True and cfg["auto-commits"] is False
+    assert cfg["chat-history-file"].startswith("/home/agent/")  # not in the task tree
+    meta = json.loads(files[cfg["model-metadata-file"]])
+    assert meta["openai/policy"]["max_input_tokens"] > 0  # so it never fetches LiteLLM's price list
+    assert all("sk-polar-secret" not in text for text in files.values())
+    assert aider.env(CTX)["OPENAI_API_KEY"] == "sk-polar-secret"
+    assert aider.command(CTX, "fix it") == ["/opt/harness/bin/python", "/opt/harness/bin/aider", "--config",
+                                            "/home/agent/.aider-polar.conf.yml", "--message", "fix it"]
+
+
+def test_aider_summary_from_its_console():
+    s = get_adapter("aider").summarize(AIDER_LOG)
+    assert (s.turns, s.tool_calls, s.finished, s.error) == (1, 1, True, None)
+    assert s.final_message.startswith("Done.\n\n```diff") and s.final_message.endswith("```")
+    failed = get_adapter("aider").summarize(AIDER_AUTH_ERROR)  # it exits 0 after an API error
+    assert not failed.finished and failed.error.startswith("AuthenticationError")
+
+
+def test_udiff_reply_is_one_fence_per_file_without_git_headers():
+    reply = udiff_reply(GOLD, "Fixed.")
+    assert reply.startswith("Fixed.\n\n```diff\n--- a/a.py\n+++ b/a.py\n@@ -1 +1 @@\n-x = 1\n+x = 2\n```")
+    assert "```diff\n--- /dev/null\n+++ b/b.py\n@@ -0,0 +1 @@\n+y = 3\n```" in reply
+    assert "diff --git" not in reply and "index " not in reply
+
+
+def test_policies_speak_each_protocol():
+    mini_prompt = '"name": "bash" ... finish with `echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`.'
+    answer = final_answer(mini_prompt, "All set.")
+    call = json.loads(answer.split("<tool_call>\n")[1].split("\n</tool_call>")[0])
+    assert call == {"name": "bash", "arguments": {
+        "command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && echo 'All set.'"}}
+    assert final_answer('"name": "bash" and no finish command') == DONE  # Pi's bash tool: plain text ends it
+    aider_prompt = "Return edits similar to unified diffs that `diff -U0` would produce."
+    assert patch_edit(aider_prompt, GOLD) == udiff_reply(GOLD, DONE)
+    assert patch_edit("no tools, no edit format", GOLD) == DONE
+    assert "git apply" in patch_edit(mini_prompt, GOLD)
