@@ -20,6 +20,8 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(shutil.which("bwrap") is None or shutil.which("npm") is None,
                                  reason="needs bubblewrap and npm")]
 HARNESSES = ["codex", "claude-code", "pi", "mini-swe-agent", "aider"]
+# the PyPI harnesses import LiteLLM before their first call: seconds of CPU on a busy 2-core machine
+HANG_DEADLINE_S = {"mini-swe-agent": 20, "aider": 20}
 
 
 @pytest.fixture(scope="module", params=HARNESSES)
@@ -71,16 +73,17 @@ async def test_harness_error_is_recorded_with_stderr_tail(adapter, tmp_path: Pat
 
 async def test_hanging_harness_is_killed_at_deadline(adapter, tmp_path: Path):
     marker = f"polar-hang-{uuid.uuid4().hex[:8]}"
+    deadline = HANG_DEADLINE_S.get(adapter.name, 8)
     sb = _sandbox(adapter, tmp_path)
     try:
         async with UnixHTTPServer(tmp_path / "sock", hang) as server:
             run = await run_episode_in_sandbox(adapter, sb, proxy_socket_dir=tmp_path / "sock", session_id="sid-h",
                                                session_key="key-h", model_name="policy",
-                                               prompt=f"Say {marker}", timeout_s=8)
+                                               prompt=f"Say {marker}", timeout_s=deadline)
     finally:
         await sb.destroy()
     assert run.status == "timeout" and run.exit_code is None
-    assert 7 < run.duration_s < 30
+    assert deadline - 1 < run.duration_s < deadline + 22
     assert server.requests  # it was waiting on the model when the deadline hit
     for _ in range(50):
         if not processes_matching(marker):
