@@ -29,6 +29,7 @@ from polar_env.chat.template import ChatRenderer
 from polar_env.harness_adapters import get_adapter
 from polar_env.harness_adapters.registry import NOISE_EXCLUDES
 from polar_env.harness_adapters.runner import run_episode_in_sandbox
+from polar_env.outcomes import FailureKind, classify_episode
 from polar_env.proxy import anthropic_messages, gemini_generate_content, openai_chat, openai_responses
 from polar_env.proxy.app import ProxyServer
 from polar_env.proxy.engine import EngineConfig
@@ -67,9 +68,11 @@ HANG_DEADLINE_S = {"gemini-cli": 60, "mini-swe-agent": 45, "aider": 45}
 
 
 def policy(session_id: str | None, call_number: int, prompt_text: str) -> str:
+    tool = offered_shell_tool(prompt_text)
+    if "Loop forever" in prompt_text and tool is not None:  # a runaway: a tool call every turn
+        return tool_call(tool, "echo again")
     if "<tool_response>" in prompt_text:
         return final_answer(prompt_text, FINAL)
-    tool = offered_shell_tool(prompt_text)
     if tool is None:  # a harness that edits from the reply text
         return patch_edit(prompt_text, MISS_PATCH if "Hang forever" in prompt_text else EDIT_PATCH, FINAL)
     if "Two commands at once" in prompt_text:  # two tool calls in one sampled turn
@@ -128,14 +131,14 @@ async def proxy(smol, tmp_path: Path):
 
 async def rollout(adapter, proxy: RecordingProxy, tmp_path: Path, name: str, *,
                   prompt: str = "Change original to edited in hello.py.", timeout_s: float = 240,
-                  machine: dict | None = None):
+                  machine: dict | None = None, budget: dict | None = None):
     task = tmp_path / "task"
     if not task.exists():
         task.mkdir(parents=True)
         (task / "hello.py").write_text("print('original')\n")
         init_single_commit(task)  # as every task tree is (tasks/tree.py)
     sid, key = proxy.create_session(name, policy={"temperature": 1.0, "top_p": 1.0, "max_tokens": 256},
-                                    metadata={"task_id": "hello", "harness": adapter.name})
+                                    metadata={"task_id": "hello", "harness": adapter.name}, budget=budget)
     sock = proxy.unix_socket.parent
     sock.chmod(0o755)
     spec = SandboxSpec(proxy_socket_dir=sock, harness_dir=adapter.install_dir(), scratch_root=tmp_path / "scratch")
@@ -275,3 +278,21 @@ async def test_codex_parallel_calls_extend_the_sampled_turn(proxy: RecordingProx
     assert all(text.count(c) == 1 for c in PARALLEL), text[-1500:]
     traj = build_trajectory(ledger.session(sid), calls, status=run.status)
     assert len(traj.chains) == 1 and check_trajectory(traj) == []
+
+
+async def test_runaway_harness_is_stopped_by_the_episode_budget(proxy: RecordingProxy, tmp_path: Path):
+    """A policy that never stops calling tools, in the real Pi: the proxy's budget (3 calls) refuses the
+    4th call in Chat Completions' error shape, Pi ends its run on it long before the deadline, and the
+    episode is classified ``episode_budget``. (Gemini CLI's reaction to the same 400 is in
+    test_harness_context.py; every API's refusal shape in test_proxy_budgets.py.)"""
+    adapter = get_adapter("pi")
+    adapter.install()
+    sid, run, _, _ = await rollout(adapter, proxy, tmp_path, "pi-runaway", prompt="Loop forever.", timeout_s=600,
+                                   budget={"max_calls": 3})
+    calls = Ledger(tmp_path / "ledger").calls(sid)
+    detail = ([(c.call_index, c.error) for c in calls], run.status, run.stdout_tail[-1500:])
+    # it ends on the refusal (the calls before it may take minutes on a loaded machine)
+    assert run.status != "timeout" and run.ended_at - calls[-1].created_at < 60, detail
+    assert [c.failure_kind for c in calls] == [None, None, None, FailureKind.episode_budget], detail
+    assert all(c.output.tool_calls for c in calls[:3]), detail
+    assert classify_episode(run.status, calls) is FailureKind.episode_budget
