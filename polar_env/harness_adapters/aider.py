@@ -46,6 +46,8 @@ class AiderAdapter(HarnessAdapter):
     # the sentence its udiff system prompt always carries
     text_edit = TextEdit("Return edits similar to unified diffs that `diff -U0` would produce.", udiff_reply)
     noise_dirs = (".aider.tags.cache.v4",)  # its repo-map cache, written in the repository root
+    # ~11-13k first-prompt tokens on the bundled tasks: its repo map and the files the task names
+    prefill_allowance_s = 480.0
 
     def config_path(self, ctx: HarnessContext) -> str:
         return f"{ctx.home}/.aider-polar.conf.yml"
