@@ -131,9 +131,9 @@ async def test_logprobs_mode_is_probed_and_a_mismatched_training_session_refused
     try:
         assert proxy.logprobs_mode == "raw"
         with pytest.raises(LogprobsMismatch, match="temperature 0.7.*--logprobs-mode processed_logprobs"):
-            proxy.create_session("trained-hot", policy={"temperature": 0.7, "top_p": 1.0}, training=True)
-        sid, _ = proxy.create_session("trained", policy={"temperature": 1.0, "top_p": 1.0}, training=True)
+            proxy.create_session("trained-hot", sampling={"temperature": 0.7, "top_p": 1.0}, training=True)
+        sid, _ = proxy.create_session("trained", sampling={"temperature": 1.0, "top_p": 1.0}, training=True)
         assert proxy.registry.get(sid).info.logprobs_mode == "raw"
-        proxy.create_session("eval-hot", policy={"temperature": 0.7})  # not trained on: allowed
+        proxy.create_session("eval-hot", sampling={"temperature": 0.7})  # not trained on: allowed
     finally:
         await proxy.stop()

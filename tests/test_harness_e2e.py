@@ -137,7 +137,7 @@ async def rollout(adapter, proxy: RecordingProxy, tmp_path: Path, name: str, *,
         task.mkdir(parents=True)
         (task / "hello.py").write_text("print('original')\n")
         init_single_commit(task)  # as every task tree is (tasks/tree.py)
-    sid, key = proxy.create_session(name, policy={"temperature": 1.0, "top_p": 1.0, "max_tokens": 256},
+    sid, key = proxy.create_session(name, sampling={"temperature": 1.0, "top_p": 1.0, "max_tokens": 256},
                                     metadata={"task_id": "hello", "harness": adapter.name}, budget=budget)
     sock = proxy.unix_socket.parent
     sock.chmod(0o755)

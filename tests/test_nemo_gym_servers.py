@@ -26,7 +26,7 @@ from polar_env.agent_server.core import (
     base_urls,
     row_sampling,
     row_task_id,
-    session_policy,
+    session_sampling,
 )
 from polar_env.agent_server.policy_server import PolicyServer, gold_policy
 from polar_env.backends.base import SamplingParams
@@ -66,12 +66,12 @@ def test_base_urls_accepts_what_gym_and_nemo_rl_pass():
     assert base_urls("") == []
 
 
-def test_session_policy_takes_the_trainers_sampling_over_defaults():
+def test_session_sampling_takes_the_trainers_sampling_over_defaults():
     default = {"temperature": 1.0, "top_p": 1.0, "max_tokens": 8192}
-    assert session_policy({"temperature": 0.6, "max_output_tokens": 300}, default) == {
+    assert session_sampling({"temperature": 0.6, "max_output_tokens": 300}, default) == {
         "temperature": 0.6, "top_p": 1.0, "max_tokens": 300}
-    assert session_policy(None, default) == default
-    assert session_policy({"top_p": None}, default) == default
+    assert session_sampling(None, default) == default
+    assert session_sampling({"top_p": None}, default) == default
 
 
 def test_row_task_id_and_prompt():

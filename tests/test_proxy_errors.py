@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import aiohttp
 import pytest
 from proxy_client import ADMIN, running_proxy
+
+from polar_env.trajectory.ledger import Ledger
 
 
 def _message(body):
@@ -87,8 +91,28 @@ async def test_anthropic_errors_and_extras(proxy):
             assert resp.status == 200 and (await resp.json())["data"][0]["id"]
 
 
-async def test_sampling_policy_overrides_the_harness(proxy):
-    sid, key = proxy.create_session("pol", policy={"temperature": 0.7, "top_p": 0.9, "max_tokens": 16})
+async def test_session_sampling_still_answers_to_its_old_name_policy(proxy, tmp_path):
+    """Forced sampling was called ``policy`` in the admin API and in ledgers before it became
+    ``sampling`` (docs/architecture.md, "Names"): both old forms still work; giving both is a 400."""
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+    async with aiohttp.ClientSession() as http:
+        for name in ("sampling", "policy"):
+            body = {"session_id": f"by-{name}", name: {"temperature": 0.5}}
+            async with http.post(f"{proxy.base_url}/admin/sessions", json=body, headers=admin) as resp:
+                assert resp.status == 201, await resp.text()
+            assert proxy.registry.get(f"by-{name}").info.sampling == {"temperature": 0.5}
+        both = {"sampling": {"temperature": 0.5}, "policy": {"temperature": 0.7}}
+        async with http.post(f"{proxy.base_url}/admin/sessions", json=both, headers=admin) as resp:
+            assert resp.status == 400 and "old name" in _message(await resp.json())
+    session_file = tmp_path / "sessions" / "by-sampling" / "session.json"
+    written = json.loads(session_file.read_text())
+    written["policy"] = written.pop("sampling")  # as a ledger from before the rename has it
+    session_file.write_text(json.dumps(written))
+    assert Ledger(tmp_path).session("by-sampling").sampling == {"temperature": 0.5}
+
+
+async def test_session_sampling_overrides_the_harness(proxy):
+    sid, key = proxy.create_session("pol", sampling={"temperature": 0.7, "top_p": 0.9, "max_tokens": 16})
     async with aiohttp.ClientSession() as http:
         body = {**CHAT, "temperature": 0.1, "top_p": 0.9, "max_tokens": 500}
         async with http.post(f"{proxy.base_url}/s/{sid}/v1/chat/completions", json=body,

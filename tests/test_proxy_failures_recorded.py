@@ -65,14 +65,14 @@ async def test_drain_cancels_a_call_whose_harness_is_gone_and_keeps_its_record(r
         assert record.error.startswith("cancelled") and record.output is None
 
 
-def test_policy_values_are_checked(renderer, tmp_path):
+def test_forced_sampling_values_are_checked(renderer, tmp_path):
     from polar_env.proxy.sessions import SessionRegistry
     from polar_env.trajectory.ledger import Ledger
 
     registry = SessionRegistry(Ledger(tmp_path), set(renderer.eos_token_ids))
     for bad in ({"max_tokens": "lots"}, {"temperature": float("nan")}, {"top_p": -1}, {"temperature": True}):
         with pytest.raises(ValueError, match="non-negative number"):
-            registry.create(policy=bad)
-    session, _ = registry.create("ok", policy={"temperature": 0.7, "max_tokens": 64})
+            registry.create(sampling=bad)
+    session, _ = registry.create("ok", sampling={"temperature": 0.7, "max_tokens": 64})
     closed = registry.close("ok", "timeout")
     assert registry.close("ok", "completed").status == "timeout" == closed.status

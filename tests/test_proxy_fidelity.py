@@ -8,7 +8,7 @@ from proxy_client import ledger_calls, post, running_proxy
 
 async def test_recorded_logprobs_match_a_fresh_forward_pass(renderer, local_backend, tmp_path):
     async with running_proxy(renderer, local_backend, tmp_path) as proxy, aiohttp.ClientSession() as http:
-        sid, key = proxy.create_session("fid", policy={"temperature": 1.0, "top_p": 1.0, "max_tokens": 24})
+        sid, key = proxy.create_session("fid", sampling={"temperature": 1.0, "top_p": 1.0, "max_tokens": 24})
         body = {"model": "m", "messages": [{"role": "user", "content": "Name three fruits."}]}
         status, reply = await post(http, f"{proxy.base_url}/s/{sid}/v1/chat/completions", body, key)
         assert status == 200

@@ -45,7 +45,7 @@ async def test_two_turns_through_the_proxy_on_real_vllm_are_token_exact(api, str
     route, first, answer_of, _, family = APIS[api]
     backend = make_backend("vllm", url=vllm_server.url, model=vllm_server.model)
     async with running_proxy(renderer, backend, tmp_path) as proxy, aiohttp.ClientSession() as http:
-        sid, key = proxy.create_session("v", policy={"temperature": 1.0, "top_p": 1.0, "max_tokens": 48})
+        sid, key = proxy.create_session("v", sampling={"temperature": 1.0, "top_p": 1.0, "max_tokens": 48})
         url = f"{proxy.base_url}/s/{sid}{route}"
         header = "bearer" if family == "openai" else "x-api-key"
         body1 = first(stream)

@@ -135,7 +135,7 @@ async def test_attacks_made_in_the_agents_tree(embedded_dir: Path, renderer, tmp
         for attack in HARNESS_SUBSET:
             entry = entries[attack]
             result = await run_episode(proxy, TASKS[entry["task"]], episode_id=f"{attack}.s0",
-                                       config=EpisodeConfig(harness="pi", timeout_s=300, policy={"max_tokens": 4096},
+                                       config=EpisodeConfig(harness="pi", timeout_s=300, sampling={"max_tokens": 4096},
                                                             scratch_root=tmp_path / "scratch"))
             assert result.grade is not None and result.patch.strip(), (attack, result.trajectory.error)
             assert result.grade.reward == entry["strict_reward"], (attack, result.grade.error, result.grade.flags)

@@ -79,7 +79,7 @@ def _proxy(renderer, tmp_path: Path, *, keepalive_s: float, delay_s: float = DEL
 async def _episode(adapter, renderer, work: Path, keepalive_s: float):
     proxy = _proxy(renderer, work, keepalive_s=keepalive_s)
     await proxy.start(unix_socket=work / "sock" / "proxy.sock", port=None)
-    sid, key = proxy.create_session("episode", policy={"max_tokens": 16})
+    sid, key = proxy.create_session("episode", sampling={"max_tokens": 16})
     (work / "sock").chmod(0o755)
     (work / "task").mkdir()
     sandbox = BubblewrapSandbox.create(work / "task", spec=SandboxSpec(
@@ -125,7 +125,7 @@ async def test_each_api_streams_its_own_keepalive_then_the_answer(api, path, bod
     0.5 s, then the answer (or, when the backend fails after the stream opened, the API's error event)."""
     proxy = _proxy(renderer, tmp_path, keepalive_s=0.5, delay_s=3.0, fail=fail)
     await proxy.start(port=0)
-    sid, key = proxy.create_session("s", policy={"max_tokens": 16})
+    sid, key = proxy.create_session("s", sampling={"max_tokens": 16})
     url = f"{proxy.base_url}/s/{sid}{path}"
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(sock_read=1.5)) as http, \

@@ -83,7 +83,7 @@ async def test_three_turn_tool_session_is_one_chain(smol, tmp_path):
             aiohttp.ClientSession() as http:
         results = []
         for n in range(2):  # two rollouts of the same task: one GRPO group
-            sid, key = proxy.create_session(f"roll{n}", policy={"temperature": 1.0, "top_p": 1.0, "max_tokens": 64},
+            sid, key = proxy.create_session(f"roll{n}", sampling={"temperature": 1.0, "top_p": 1.0, "max_tokens": 64},
                                             metadata={"task_id": "weather", "group_id": "g-weather"})
             await run_episode(http, proxy, sid, key)
             ledger = ledger_of(tmp_path)
@@ -112,7 +112,7 @@ async def test_compaction_and_side_call_make_three_named_chains(smol, tmp_path):
     renderer, local = smol
     async with running_proxy(renderer, ScriptedBackend(local, policy), tmp_path) as proxy, \
             aiohttp.ClientSession() as http:
-        sid, key = proxy.create_session("frag", policy={"max_tokens": 64})
+        sid, key = proxy.create_session("frag", sampling={"max_tokens": 64})
         await run_episode(http, proxy, sid, key, turns=2)
         title = {"model": "m", "messages": [
             {"role": "system", "content": "Write a short title for the conversation."},
@@ -200,7 +200,7 @@ async def test_sigkilled_proxy_restarts_with_every_answered_call(smol, embedded_
 async def test_polar_check_rescore_on_sampled_logprobs(smol, embedded_dir, tmp_path, capsys):
     renderer, local = smol
     async with running_proxy(renderer, local, tmp_path / "proxy") as proxy, aiohttp.ClientSession() as http:
-        sid, key = proxy.create_session("sampled", policy={"temperature": 1.0, "top_p": 1.0, "max_tokens": 12})
+        sid, key = proxy.create_session("sampled", sampling={"temperature": 1.0, "top_p": 1.0, "max_tokens": 12})
         body = {"model": "m", "messages": [{"role": "user", "content": "Name three fruits."}]}
         await run_episode(http, proxy, sid, key, turns=2, body=body)
         async with http.post(f"{proxy.base_url}/admin/sessions/{sid}/close",

@@ -188,7 +188,7 @@ def proxy_episodes(embedded_dir, tmp_path_factory) -> list[Trajectory]:
                 aiohttp.ClientSession() as http:
             sessions = []
             for n in range(3):
-                sid, key = proxy.create_session(f"calc-roll{n}", policy={"temperature": 1.0, "max_tokens": 96},
+                sid, key = proxy.create_session(f"calc-roll{n}", sampling={"temperature": 1.0, "max_tokens": 96},
                                                 metadata={"task_id": "calc__add-1", "group_id": "g-calc",
                                                           "harness": "pi"})
                 sessions.append(sid)

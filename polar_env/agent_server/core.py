@@ -5,7 +5,7 @@ backend is the policy server NeMo Gym / NeMo-RL names in ``policy_base_url`` (se
 sessions over the servers). For each data row ``run``:
 
 1. checks the row (a malformed one is an ``InputError``: the server answers 4xx, nothing is made);
-2. opens a proxy session whose policy is the row's ``responses_create_params`` sampling
+2. opens a proxy session whose forced sampling is the row's ``responses_create_params`` sampling
    (``temperature``, ``top_p``, ``max_output_tokens``: what NeMo-RL stamps, enforced over
    whatever the harness asks for);
 3. asks the resources server to seed the episode's workspace (a bubblewrap tree or a container of the
@@ -114,14 +114,14 @@ def base_urls(value: str | list[str]) -> list[str]:
     return out
 
 
-def session_policy(params: dict[str, Any] | None, default: dict[str, Any]) -> dict[str, Any]:
+def session_sampling(params: dict[str, Any] | None, default: dict[str, Any]) -> dict[str, Any]:
     """The proxy session's sampling: the row's ``responses_create_params`` over the configured default."""
     params = params or {}
-    policy = dict(default)
+    sampling = dict(default)
     for src, dst in (("temperature", "temperature"), ("top_p", "top_p"), ("max_output_tokens", "max_tokens")):
         if params.get(src) is not None:
-            policy[dst] = params[src]
-    return policy
+            sampling[dst] = params[src]
+    return sampling
 
 
 def row_task_id(row: dict[str, Any]) -> str:
@@ -274,7 +274,7 @@ class PolarAgent:
         async with self._slots:
             episode_id = f"{_slug(task_id)}-{uuid.uuid4().hex[:12]}"
             session = open_session(proxy, self.adapter, episode_id, task_id=task_id,
-                                   policy=session_policy(params, self.config.default_sampling),
+                                   sampling=session_sampling(params, self.config.default_sampling),
                                    budget=self.config.budget)
             ep = _Episode(task_id=task_id, episode_id=episode_id, session=session, params=params,
                           rollout_id=rollout_id or episode_id, started=session.started)

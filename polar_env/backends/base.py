@@ -12,7 +12,7 @@ from pydantic import BaseModel, Field, SkipValidation
 
 
 class SamplingParams(BaseModel):
-    """Sampling actually used for a call (after the session policy overrode the harness)."""
+    """Sampling actually used for a call (after the session's forced sampling overrode the harness)."""
 
     temperature: float = 1.0
     top_p: float = 1.0

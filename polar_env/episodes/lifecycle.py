@@ -43,7 +43,7 @@ class EpisodeConfig:
     harness: str = "pi"
     timeout_s: float = 600.0  # the harness's wall-clock deadline
     grading_timeout_s: float = 900.0  # grading's own budget, which outlives the rollout's
-    policy: dict[str, Any] = field(default_factory=dict)  # sampling the trainer dictates
+    sampling: dict[str, Any] = field(default_factory=dict)  # sampling the trainer dictates
     model_name: str | None = None  # what the harness asks for (default: the backend's model)
     grade: bool = True
     scratch_root: Path | None = None
@@ -87,12 +87,12 @@ def episode_prompt(task: Task) -> str:
 
 
 def open_session(proxy: ProxyServer, adapter: HarnessAdapter, episode_id: str, *, task_id: str,
-                 group_id: str | None = None, policy: dict[str, Any] | None = None,
+                 group_id: str | None = None, sampling: dict[str, Any] | None = None,
                  metadata: dict[str, Any] | None = None, budget: EpisodeBudget | None = None) -> EpisodeSession:
     """A proxy session for the episode; ``proxy`` must listen on a Unix socket (the sandbox's only way out)."""
     if proxy.unix_socket is None:
         raise ValueError("the proxy must listen on a Unix socket for sandboxed episodes")
-    session_id, key = proxy.create_session(episode_id, policy=policy or {}, training=True, budget=budget, metadata={
+    session_id, key = proxy.create_session(episode_id, sampling=sampling or {}, training=True, budget=budget, metadata={
         "task_id": task_id, "group_id": group_id or task_id, "harness": adapter.name,
         "harness_version": adapter.version, **(metadata or {})})
     return EpisodeSession(proxy, adapter, session_id, key, time.time())
@@ -152,7 +152,7 @@ async def run_episode(proxy: ProxyServer, task: Task, *, episode_id: str, group_
     adapter = get_adapter(config.harness)
     await asyncio.to_thread(adapter.install)
     session = open_session(proxy, adapter, episode_id, task_id=task.instance_id, group_id=group_id,
-                           policy=config.policy, metadata=metadata, budget=config.budget)
+                           sampling=config.sampling, metadata=metadata, budget=config.budget)
     workspace: Workspace | None = None
     run: HarnessRun | None = None
     patch, result, status, error = "", None, "error", None

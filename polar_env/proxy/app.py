@@ -114,14 +114,14 @@ class ProxyServer:
                    owns_backend=owns_backend, keepalive_s=keepalive_s)
 
     # -- in-process API ----------------------------------------------------------------------
-    def create_session(self, session_id: str | None = None, *, policy: dict[str, Any] | None = None,
+    def create_session(self, session_id: str | None = None, *, sampling: dict[str, Any] | None = None,
                        metadata: dict[str, Any] | None = None, training: bool = False,
                        budget: EpisodeBudget | dict[str, Any] | None = None) -> tuple[str, str]:
         """Register a session; returns ``(session_id, api_key)``. The key is not stored. A training
         session whose enforced sampling does not match the backend's logprobs is refused (LogprobsMismatch)."""
-        if training and (why := sampling_mismatch(self.logprobs_mode, policy or {})):
+        if training and (why := sampling_mismatch(self.logprobs_mode, sampling or {})):
             raise LogprobsMismatch(why)
-        session, key = self.registry.create(session_id, policy=policy, metadata=metadata, training=training,
+        session, key = self.registry.create(session_id, sampling=sampling, metadata=metadata, training=training,
                                             logprobs_mode=self.logprobs_mode, budget=budget)
         return session.id, key
 
@@ -373,7 +373,7 @@ class ProxyServer:
             body = await self._read_json(request, b"{}")
             if not isinstance(body, dict):
                 raise ValueError("body must be a JSON object")
-            sid, key = self.create_session(body.get("session_id"), policy=body.get("policy"),
+            sid, key = self.create_session(body.get("session_id"), sampling=_sampling_field(body),
                                            metadata=body.get("metadata"), training=bool(body.get("training")),
                                            budget=body.get("budget"))
         except WireError as exc:
@@ -449,6 +449,13 @@ def _decode_fresh(decode: Callable[..., DecodedRequest], raw: bytes) -> tuple[De
 def _json(data: Any, status: int = 200) -> web.Response:
     """A JSON response encoded by orjson (aiohttp's own ``json_response`` uses the stdlib codec)."""
     return web.Response(body=fastjson.dumps(data), status=status, content_type="application/json")
+
+
+def _sampling_field(body: dict[str, Any]) -> Any:
+    """The admin body's forced sampling: ``sampling``, or ``policy``, its name before the rename."""
+    if "sampling" in body and "policy" in body:
+        raise ValueError("give sampling only (policy is its old name)")
+    return body.get("sampling", body.get("policy"))
 
 
 def _error(status: int, message: str, request: web.Request | None = None) -> web.Response:

@@ -29,7 +29,7 @@ from polar_env.backends.logprobs_mode import LogprobsMode
 from polar_env.chat.messages import AssistantTurn, Conversation, Message, TokenLogprob, ToolCall
 from polar_env.chat.template import ChatRenderer, apply_tool_kinds
 from polar_env.outcomes import FailureKind
-from polar_env.proxy.sessions import POLICY_KEYS, BudgetExceeded, CallState, Session, prefix_hashes
+from polar_env.proxy.sessions import SAMPLING_KEYS, BudgetExceeded, CallState, Session, prefix_hashes
 from polar_env.proxy.wire import DecodedRequest, issued_tool_call_id
 from polar_env.trajectory.ledger import Ledger
 from polar_env.trajectory.records import CallRecord, ids_digest
@@ -51,7 +51,7 @@ class EngineConfig:
     default_max_tokens: int = 1024
     backend_retries: int = 2  # extra attempts on retryable backend errors
     retry_backoff_s: float = 0.2
-    defaults: dict[str, Any] = field(default_factory=dict)  # sampling when neither policy nor harness sets it
+    defaults: dict[str, Any] = field(default_factory=dict)  # sampling when neither the session nor the harness sets it
     # the start-up logprobs probe's own bound: a backend that hangs must not hang the proxy's start
     # (its generation timeout may be an hour); past it the mode is ``unknown``
     logprobs_probe_timeout_s: float = 30.0
@@ -170,12 +170,12 @@ class TokenEngine:
     # -- sampling ----------------------------------------------------------------------------
     def sampling_for(self, session: Session, requested: dict[str, Any], prompt_len: int,
                      window: int | None = None) -> tuple[SamplingParams, list[str]]:
-        """Session policy (the trainer's) wins over the harness; record what it overrode."""
+        """The session's forced sampling (the trainer's) wins over the harness; record what it overrode."""
         chosen: dict[str, Any] = {"max_tokens": self.config.default_max_tokens, **self.config.defaults}
         overridden = []
-        for key in POLICY_KEYS:
+        for key in SAMPLING_KEYS:
             asked = requested.get(key)
-            forced = session.info.policy.get(key)
+            forced = session.info.sampling.get(key)
             if forced is not None:
                 chosen[key] = forced
                 if asked is not None and asked != forced:

@@ -1,4 +1,4 @@
-"""Sessions: who may call, under which sampling policy, and the per-session call index.
+"""Sessions: who may call, with which forced sampling, and the per-session call index.
 
 A session exists only once the admin API (or an in-process call) created it; its key is returned
 once and kept only as a SHA-256 digest, so keys never reach logs or the ledger.
@@ -21,7 +21,7 @@ from polar_env.proxy.seen import Seen, hash_prefixes
 from polar_env.trajectory.ledger import SESSION_ID_RE, Ledger
 from polar_env.trajectory.records import CallRecord, EpisodeBudget, SessionInfo, ids_digest
 
-POLICY_KEYS = ("temperature", "top_p", "max_tokens")
+SAMPLING_KEYS = ("temperature", "top_p", "max_tokens")  # what a session may force
 RESTARTS_KEY = "proxy_restarts"  # session metadata: how many proxy restarts an open session lived through
 STOPPED_KEY = "stopped"  # session metadata: why the session refuses further calls
 
@@ -167,7 +167,7 @@ class SessionRegistry:
         self.eos_ids = eos_ids
         self._sessions: dict[str, Session] = {}
 
-    def create(self, session_id: str | None = None, *, policy: dict[str, Any] | None = None,
+    def create(self, session_id: str | None = None, *, sampling: dict[str, Any] | None = None,
                metadata: dict[str, Any] | None = None, training: bool = False,
                logprobs_mode: LogprobsMode = "unknown",
                budget: EpisodeBudget | dict[str, Any] | None = None) -> tuple[Session, str]:
@@ -176,17 +176,17 @@ class SessionRegistry:
             raise ValueError(f"invalid session id {session_id!r}: use letters, digits, '_', '.', '-' (max 128)")
         if session_id in self._sessions or self.ledger.session(session_id) is not None:
             raise ValueError(f"session {session_id!r} already exists")
-        policy = dict(policy or {})
-        unknown = set(policy) - set(POLICY_KEYS)
+        sampling = dict(sampling or {})
+        unknown = set(sampling) - set(SAMPLING_KEYS)
         if unknown:
-            raise ValueError(f"unknown policy keys {sorted(unknown)}; allowed: {list(POLICY_KEYS)}")
-        for name, value in policy.items():
+            raise ValueError(f"unknown sampling keys {sorted(unknown)}; allowed: {list(SAMPLING_KEYS)}")
+        for name, value in sampling.items():
             if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
                                       or value != value or value < 0):
-                raise ValueError(f"policy {name} must be a non-negative number, got {value!r}")
+                raise ValueError(f"sampling {name} must be a non-negative number, got {value!r}")
         key = "pk-" + secrets.token_urlsafe(24)
         info = SessionInfo(session_id=session_id, key_sha256=hash_key(key), created_at=time.time(),
-                           policy=policy, metadata=dict(metadata or {}), training=training,
+                           sampling=sampling, metadata=dict(metadata or {}), training=training,
                            logprobs_mode=logprobs_mode, budget=EpisodeBudget.model_validate(budget or {}))
         self.ledger.create_session(info)
         session = Session(info=info)

@@ -35,7 +35,7 @@ def plan_from_config(config: RolloutConfig) -> RolloutPlan:
         raise TaskLoadError(f"no tasks selected from {config.tasks!r} (check --task-ids / --limit)")
     return RolloutPlan(tasks=tasks, samples=config.samples, concurrency=config.concurrency, out=config.out,
                        episode=EpisodeConfig(harness=config.harness, timeout_s=config.timeout,
-                                             grading_timeout_s=config.grading_timeout, policy=config.sampling(),
+                                             grading_timeout_s=config.grading_timeout, sampling=config.sampling(),
                                              model_name=config.model_name, sandbox=config.sandbox,
                                              outcomes=config.outcomes(), budget=config.budget()))
 

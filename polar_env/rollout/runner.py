@@ -44,7 +44,7 @@ class EpisodeRunner:
         socket = self._sock_dir / "proxy.sock"
         self.proxy = self.proxy_factory(self.ledger, socket)
         await self.proxy.start(unix_socket=socket, port=None)
-        if why := sampling_mismatch(self.proxy.logprobs_mode, self.plan.episode.policy):
+        if why := sampling_mismatch(self.proxy.logprobs_mode, self.plan.episode.sampling):
             raise LogprobsMismatch(why)  # every episode would be refused: say it once, before any runs
 
     async def run(self, task: Task, sample: int) -> Trajectory:

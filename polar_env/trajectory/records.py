@@ -11,7 +11,7 @@ import sys
 from array import array
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import AliasChoices, BaseModel, Field
 
 from polar_env.backends.base import SamplingParams
 from polar_env.chat.messages import AssistantTurn, Message, ToolSpec
@@ -51,7 +51,7 @@ class CallFields(BaseModel):
     prefill: str = ""
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     requested_sampling: dict[str, Any] = Field(default_factory=dict)  # what the harness asked for
-    overridden: list[str] = Field(default_factory=list)  # params the session policy overrode
+    overridden: list[str] = Field(default_factory=list)  # params the session's forced sampling overrode
     backend: str = ""
     model: str = ""
     timings: dict[str, float] = Field(default_factory=dict)  # render_ms, generate_ms, total_ms
@@ -106,7 +106,8 @@ class SessionInfo(BaseModel):
     session_id: str
     key_sha256: str
     created_at: float
-    policy: dict[str, Any] = Field(default_factory=dict)  # forced sampling (temperature, top_p, max_tokens)
+    # forced sampling (temperature, top_p, max_tokens); ledgers written before the rename call it "policy"
+    sampling: dict[str, Any] = Field(default_factory=dict, validation_alias=AliasChoices("sampling", "policy"))
     metadata: dict[str, Any] = Field(default_factory=dict)  # task_id, group_id, harness, ...
     training: bool = False  # its samples are trained on: sampling must match the backend's logprobs
     logprobs_mode: Literal["raw", "processed", "unknown"] = "unknown"  # what the backend returned at start

@@ -20,7 +20,7 @@ from responses_api_agents.polar_agent.app import (
     PolarRunRequest,
 )
 
-from polar_env.agent_server.core import PolarAgentConfig, base_urls, row_task_id, session_policy
+from polar_env.agent_server.core import PolarAgentConfig, base_urls, row_task_id, session_sampling
 from polar_env.agent_server.observations import agent_observations, plain_items, producer_trajectory
 from polar_env.chat.messages import AssistantTurn, Message, ToolCall
 from polar_env.trajectory.export import to_nemo_gym_result
@@ -52,7 +52,7 @@ def test_example_rows_parse_as_run_requests() -> None:
             **row["responses_create_params"], "temperature": 0.6, "top_p": 0.95, "max_output_tokens": 300}})
         dumped = request.model_dump(mode="json", exclude_unset=True)
         assert row_task_id(dumped) == row["task_id"]
-        assert session_policy(dumped["responses_create_params"], {"max_tokens": 8192}) == {
+        assert session_sampling(dumped["responses_create_params"], {"max_tokens": 8192}) == {
             "temperature": 0.6, "top_p": 0.95, "max_tokens": 300}
 
 
