@@ -117,7 +117,7 @@ class PolarRollouts:
                              "(use PolarRollouts.dataset() as the training set)")
         sampling = {"temperature": float(trainer.temperature), "top_p": float(trainer.top_p),
                     "max_tokens": self.config.max_tokens}
-        self._runner.plan = replace(self.plan, episode=replace(self.plan.episode, policy=sampling))
+        self._runner.plan = replace(self.plan, episode=replace(self.plan.episode, sampling=sampling))
         jobs = []
         for prompt in prompts:
             task = self.tasks[prompt]
