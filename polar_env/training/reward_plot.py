@@ -21,8 +21,8 @@ def plot_rewards(metrics: list[dict[str, Any]], path: Path, *, title: str) -> Pa
         ax.annotate(f"{m['phase']}\n{m['mean_reward']:.2f}", (m["step"], m["mean_reward"]),
                     textcoords="offset points", xytext=(0, 8), ha="center", fontsize=8)
     ax.set_xticks(steps)
-    ax.set_ylim(-0.05, 1.15)
-    ax.set_xlabel("step (0: the untrained model; then the rollouts of each GRPO step, and after the last)")
+    ax.set_ylim(-0.05, 1.25)
+    ax.set_xlabel("rollout round (0: the untrained model)")
     ax.set_ylabel("mean reward (model-sampled)")
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
