@@ -7,11 +7,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from polar_env.harness_adapters.registry import adapter_names
+
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "configs" / "grpo_polar_qwen3_5_4b.yaml"
 KEYS = REPO / "configs" / "nemo_rl_grpo_keys.txt"
-HARNESS_CONFIGS = {"pi": "polar_pi.yaml", "codex": "polar_codex.yaml", "claude-code": "polar_claude_code.yaml",
-                   "gemini-cli": "polar_gemini_cli.yaml", "mini-swe-agent": "polar_mini_swe_agent.yaml", "aider": "polar_aider.yaml"}
+# one Gym config per registered harness
+HARNESS_CONFIGS = {name: f"polar_{name.replace('-', '_')}.yaml" for name in adapter_names()}
 
 
 def dotted_keys(node: object, prefix: str = "") -> list[str]:

@@ -1,4 +1,4 @@
-"""Real request bodies captured from Codex, Claude Code, Pi, mini-SWE-agent and aider are decoded, rendered and answered,
+"""Real request bodies captured from every harness are decoded, rendered and answered,
 and the SSE each harness needs comes back event by event (same event order as the real server)."""
 
 from __future__ import annotations
@@ -24,6 +24,9 @@ FIRST_CALL = {
     "claude": (None, None),
     "mini-swe-agent": ("bash", {"command": "ls"}),
     "aider": (None, None),  # no tools: it edits from a diff in the text
+    "qwen-code": ("run_shell_command", {"command": "ls"}),
+    "opencode": ("bash", {"command": "ls"}),
+    "cline": ("run_commands", {"commands": ["ls"]}),
 }
 
 

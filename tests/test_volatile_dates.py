@@ -11,8 +11,14 @@ from wire_helpers import FIXTURES
 from polar_env.proxy import anthropic_messages, openai_chat, openai_responses
 
 DECODERS = {"codex": openai_responses, "claude": anthropic_messages, "pi-chat": openai_chat,
-            "pi-anthropic": anthropic_messages, "pi-responses": openai_responses}
-DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+            "pi-anthropic": anthropic_messages, "pi-responses": openai_responses, "qwen-code": openai_chat,
+            "opencode": openai_chat, "cline": openai_chat}
+# each way a harness writes today's date (ISO; Cline's 11/30/2026; Qwen Code's Monday, November 30, 2026;
+# OpenCode's Mon Nov 30 2026), and another day written the same way
+DATES = [(re.compile(r"\d{4}-\d{2}-\d{2}"), "2031-02-03"),
+         (re.compile(r"\b\d{2}/\d{2}/\d{4}\b"), "02/03/2031"),
+         (re.compile(r"\b[A-Z][a-z]+day, [A-Z][a-z]+ \d{1,2}, \d{4}"), "Monday, February 3, 2031"),
+         (re.compile(r"\b(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) [A-Z][a-z]{2} \d{2} \d{4}"), "Mon Feb 03 2031")]
 
 
 def _decoder(name: str):
@@ -24,7 +30,7 @@ def _first_dated_model_calls() -> list[str]:
     first: dict[str, str] = {}
     for path in sorted(FIXTURES.glob("*.req*.json")):
         captured = json.loads(path.read_text())
-        if captured["method"] == "POST" and DATE.search(json.dumps(captured["body"])):
+        if captured["method"] == "POST" and any(date.search(json.dumps(captured["body"])) for date, _ in DATES):
             first.setdefault(path.name.split(".")[0], path.name)
     return sorted(first.values())
 
@@ -34,7 +40,9 @@ def test_a_different_date_decodes_to_the_same_conversation(path):
     captured = json.loads((FIXTURES / path).read_text())
     decode = _decoder(path.split(".")[0]).decode
     text = json.dumps(captured["body"])
-    shifted = json.loads(DATE.sub("2031-02-03", text))
+    for date, other_day in DATES:
+        text = date.sub(other_day, text)
+    shifted = json.loads(text)
     a, b = decode(captured["body"]), decode(shifted)
     assert any(f.startswith("stripped:") for f in a.flags)
     assert a.conversation == b.conversation

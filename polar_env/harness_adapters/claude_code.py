@@ -69,26 +69,32 @@ class ClaudeCodeAdapter(HarnessAdapter):
                 "--verbose", "--model", ctx.model_name, prompt]
 
     def summarize(self, stdout: str) -> HarnessSummary:
-        events, bad = json_lines(stdout)
-        s = HarnessSummary(events=len(events), unparsed_lines=bad)
-        assistant_turns = 0
-        for ev in events:
-            kind = ev.get("type")
-            if kind == "assistant":
-                assistant_turns += 1
-                for block in (ev.get("message") or {}).get("content") or []:
-                    if block.get("type") == "tool_use":
-                        s.tool_calls += 1
-                        s.tool_names.append(str(block.get("name")))
-                    elif block.get("type") == "text":
-                        s.final_message = block.get("text")
-            elif kind == "result":
-                s.turns = int(ev.get("num_turns") or assistant_turns)
-                s.finished = ev.get("subtype") == "success" and not ev.get("is_error")
-                if isinstance(ev.get("result"), str):
-                    s.final_message = ev["result"]
-                if not s.finished:
-                    s.error = str(ev.get("result") or ev.get("subtype"))
-        if not s.turns:
-            s.turns = assistant_turns
-        return s
+        return stream_json_summary(stdout)
+
+
+def stream_json_summary(stdout: str) -> HarnessSummary:
+    """Claude Code's ``stream-json`` events (``assistant`` messages with ``tool_use`` blocks, a final
+    ``result``); Qwen Code writes the same format."""
+    events, bad = json_lines(stdout)
+    s = HarnessSummary(events=len(events), unparsed_lines=bad)
+    assistant_turns = 0
+    for ev in events:
+        kind = ev.get("type")
+        if kind == "assistant":
+            assistant_turns += 1
+            for block in (ev.get("message") or {}).get("content") or []:
+                if block.get("type") == "tool_use":
+                    s.tool_calls += 1
+                    s.tool_names.append(str(block.get("name")))
+                elif block.get("type") == "text":
+                    s.final_message = block.get("text")
+        elif kind == "result":
+            s.turns = int(ev.get("num_turns") or assistant_turns)
+            s.finished = ev.get("subtype") == "success" and not ev.get("is_error")
+            if isinstance(ev.get("result"), str):
+                s.final_message = ev["result"]
+            if not s.finished:
+                s.error = str(ev.get("result") or ev.get("subtype"))
+    if not s.turns:
+        s.turns = assistant_turns
+    return s

@@ -10,10 +10,13 @@ from __future__ import annotations
 from polar_env.harness_adapters.aider import AiderAdapter
 from polar_env.harness_adapters.base import HarnessAdapter, ShellTool, TextEdit
 from polar_env.harness_adapters.claude_code import ClaudeCodeAdapter
+from polar_env.harness_adapters.cline import ClineAdapter
 from polar_env.harness_adapters.codex import CodexAdapter
 from polar_env.harness_adapters.gemini_cli import GeminiCliAdapter
 from polar_env.harness_adapters.mini_swe_agent import MiniSweAgentAdapter
+from polar_env.harness_adapters.opencode import OpenCodeAdapter
 from polar_env.harness_adapters.pi import PiAdapter
+from polar_env.harness_adapters.qwen_code import QwenCodeAdapter
 from polar_env.sandbox.base import BUILD_EXCLUDES
 
 ADAPTERS: dict[str, type[HarnessAdapter]] = {
@@ -23,6 +26,9 @@ ADAPTERS: dict[str, type[HarnessAdapter]] = {
     "gemini-cli": GeminiCliAdapter,
     "mini-swe-agent": MiniSweAgentAdapter,
     "aider": AiderAdapter,
+    "qwen-code": QwenCodeAdapter,
+    "opencode": OpenCodeAdapter,
+    "cline": ClineAdapter,
 }
 ALIASES = {"claude_code": "claude-code", "claude": "claude-code", "gemini_cli": "gemini-cli", "gemini": "gemini-cli",
            "mini_swe_agent": "mini-swe-agent"}
