@@ -232,3 +232,68 @@ def test_doctor_rows_cover_harnesses_and_sandbox_tools(tmp_path: Path):
         assert not row.installed and " ".join(get_adapter(name).install_commands(tmp_path)[-1]) in row.fix_command
     table = format_table(rows)
     assert table.splitlines()[0].startswith("component") and "harness pi" in table
+
+
+def test_qwen_code_settings_and_env_point_at_the_proxy_only():
+    qwen = get_adapter("qwen-code")
+    settings = json.loads(qwen.config_files(CTX)["/home/agent/.qwen/settings.json"])
+    assert settings["security"]["auth"]["selectedType"] == "openai" and settings["model"]["name"] == "policy"
+    assert settings["privacy"]["usageStatisticsEnabled"] is False and settings["telemetry"]["enabled"] is False
+    assert settings["general"]["enableAutoUpdate"] is False
+    env = qwen.env(CTX)
+    assert env["OPENAI_BASE_URL"] == "http://127.0.0.1:18080/s/sess-1/v1" and env["OPENAI_API_KEY"] == "sk-polar-secret"
+    assert env["QWEN_USAGE_STATISTICS_ENABLED"] == env["QWEN_TELEMETRY_ENABLED"] == "0"
+    assert qwen.command(CTX, "go")[:1] == ["/opt/harness/node_modules/.bin/qwen"] and "yolo" in qwen.command(CTX, "go")
+
+
+def test_opencode_provider_references_the_key_and_nothing_calls_out():
+    opencode = get_adapter("opencode")
+    text = opencode.config_files(CTX)["/home/agent/.config/opencode/opencode.json"]
+    cfg = json.loads(text)
+    assert "sk-polar-secret" not in text
+    provider = cfg["provider"]["polar"]
+    assert provider["npm"] == "@ai-sdk/openai-compatible"
+    assert provider["options"] == {"baseURL": "http://127.0.0.1:18080/s/sess-1/v1", "apiKey": "{env:POLAR_SESSION_KEY}"}
+    assert cfg["model"] == cfg["small_model"] == "polar/policy" and cfg["enabled_providers"] == ["polar"]
+    env = opencode.env(CTX)
+    assert env["POLAR_SESSION_KEY"] == "sk-polar-secret" and env["OPENCODE_DISABLE_MODELS_FETCH"] == "1"
+    assert "--title" in opencode.command(CTX, "go")  # a named session: no title-generation call
+
+
+def test_cline_providers_file_is_what_cline_auth_writes():
+    cline = get_adapter("cline")
+    cfg = json.loads(cline.config_files(CTX)["/home/agent/.cline/data/settings/providers.json"])
+    entry = cfg["providers"]["openai-compatible"]
+    assert cfg["lastUsedProvider"] == "openai-compatible" and entry["updatedAt"]
+    assert entry["settings"] == {"provider": "openai-compatible", "apiKey": "sk-polar-secret", "model": "policy",
+                                 "baseUrl": "http://127.0.0.1:18080/s/sess-1/v1"}
+    # a run given --provider/--model/--key rewrites the file without the base URL
+    assert cline.command(CTX, "go") == ["/opt/harness/node_modules/.bin/cline", "--json", "--config",
+                                        "/home/agent/.cline", "go"]
+    assert cline.shell_tool is not None and cline.shell_tool.arguments("ls") == {"commands": ["ls"]}
+
+
+OPENCODE_STREAM = "\n".join(json.dumps(e) for e in [
+    {"type": "step_start", "part": {}}, {"type": "tool_use", "part": {"tool": "bash", "state": {"status": "completed"}}},
+    {"type": "step_finish", "part": {"reason": "tool-calls"}}, {"type": "step_start", "part": {}},
+    {"type": "text", "part": {"text": "Edited."}}, {"type": "step_finish", "part": {"reason": "stop"}}])
+
+CLINE_STREAM = "\n".join(json.dumps(e) for e in [
+    {"type": "agent_event", "event": {"type": "iteration_start", "iteration": 1}},
+    {"type": "agent_event", "event": {"type": "content_start", "contentType": "tool", "toolName": "run_commands"}},
+    {"type": "agent_event", "event": {"type": "iteration_end", "iteration": 1}},
+    {"type": "agent_event", "event": {"type": "content_end", "contentType": "text", "text": "Edited."}},
+    {"type": "agent_event", "event": {"type": "iteration_end", "iteration": 2}},
+    {"type": "run_result", "finishReason": "completed", "text": "Edited."}])
+
+
+def test_new_harness_summaries():
+    s = get_adapter("opencode").summarize(OPENCODE_STREAM)
+    assert (s.turns, s.tool_calls, s.final_message, s.finished, s.tool_names) == (2, 1, "Edited.", True, ["bash"])
+    s = get_adapter("cline").summarize(CLINE_STREAM)
+    assert (s.turns, s.tool_calls, s.final_message, s.finished, s.tool_names) == (2, 1, "Edited.", True,
+                                                                                    ["run_commands"])
+    failed = get_adapter("cline").summarize(json.dumps({"type": "run_result", "finishReason": "error", "text": "boom"}))
+    assert not failed.finished and failed.error == "boom"
+    s = get_adapter("qwen-code").summarize(CLAUDE_STREAM)  # Qwen Code's stream-json is Claude Code's format
+    assert (s.turns, s.tool_calls, s.final_message, s.finished) == (2, 1, "All done", True)

@@ -30,6 +30,7 @@ class ClineAdapter(HarnessAdapter):
     source = NpmPackage("cline", "3.0.65", "cline")
     shell_tool = ShellTool("run_commands", "commands", command_is_list=True)
     noise_dirs = (".cline", ".clinerules")
+    prefill_allowance_s = 480.0  # ~5.7k first-prompt tokens and 25 tools
     volatile_rules = (
         # "2. Date: 11/30/2026" in the <env> block of its system prompt
         VolatileRule("cline-date", frozenset({"system"}), re.compile(r"^\d+\. Date: \d{2}/\d{2}/\d{4}\n", re.MULTILINE)),

@@ -35,6 +35,7 @@ class OpenCodeAdapter(HarnessAdapter):
     source = NpmPackage("opencode-ai", "1.18.33", "opencode")
     shell_tool = ShellTool("bash", "command", wait_args={"timeout": 600000})  # ``timeout`` in ms
     noise_dirs = (".opencode",)
+    prefill_allowance_s = 480.0  # ~7.4k first-prompt tokens
     volatile_rules = (
         # "  Today's date: Mon Nov 30 2026" in the <env> block of its system prompt
         VolatileRule("opencode-todays-date", frozenset({"system"}),
