@@ -8,13 +8,13 @@ import re
 import pytest
 from wire_helpers import FIXTURES
 
-from polar_env.proxy import anthropic_messages, openai_chat, openai_responses
+from polar_env.proxy import anthropic_messages, gemini_generate_content, openai_chat, openai_responses
 
 DECODERS = {"codex": openai_responses, "claude": anthropic_messages, "pi-chat": openai_chat,
             "pi-anthropic": anthropic_messages, "pi-responses": openai_responses, "qwen-code": openai_chat,
-            "opencode": openai_chat, "cline": openai_chat}
-# each way a harness writes today's date (ISO; Cline's 11/30/2026; Qwen Code's Monday, November 30, 2026;
-# OpenCode's Mon Nov 30 2026), and another day written the same way
+            "opencode": openai_chat, "cline": openai_chat, "gemini": gemini_generate_content}
+# each way a harness writes today's date (ISO; Cline's 11/30/2026; Qwen Code's and Gemini CLI's Monday,
+# November 30, 2026; OpenCode's Mon Nov 30 2026), and another day written the same way
 DATES = [(re.compile(r"\d{4}-\d{2}-\d{2}"), "2031-02-03"),
          (re.compile(r"\b\d{2}/\d{2}/\d{4}\b"), "02/03/2031"),
          (re.compile(r"\b[A-Z][a-z]+day, [A-Z][a-z]+ \d{1,2}, \d{4}"), "Monday, February 3, 2031"),
