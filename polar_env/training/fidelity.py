@@ -18,21 +18,25 @@ from typing import Any
 
 import torch
 
-from polar_env.training.rollouts import trl_row
 from polar_env.trajectory.models import Trajectory
 
 
 def recorded_vs_trainer(trainer: Any, traj: Trajectory) -> dict[str, float]:
-    """Max |trainer logprob - recorded logprob| over the main chain's sampled tokens (one forward pass)."""
-    row = trl_row(traj, eos_token_id=0)
-    prompt, completion = row["prompt_ids"], row["completion_ids"]
+    """Max |trainer logprob - recorded logprob| over the main chain's sampled tokens (one forward pass).
+
+    Every sampled token with a recorded logprob counts, whatever the outcome table decided about
+    training on the episode (a timed-out episode's tokens are still the sampler's)."""
+    if traj.main_chain is None:
+        return {"tokens": 0.0, "max_abs_diff": 0.0, "ratio_min": 1.0, "ratio_max": 1.0}
+    chain = traj.chains[traj.main_chain]
+    start = len(chain.first_prompt_ids())
     device = trainer.accelerator.device
-    ids = torch.tensor([prompt + completion], device=device)
+    ids = torch.tensor([chain.input_ids], device=device)
     with torch.no_grad():
         logps, _, _ = trainer._get_per_token_logps_and_entropies(
-            trainer.model, ids, torch.ones_like(ids), len(completion))
-    mask = torch.tensor(row["env_mask"], device=device).bool()
-    recorded = torch.tensor(row["logprobs"], device=device, dtype=logps.dtype)
+            trainer.model, ids, torch.ones_like(ids), len(chain.input_ids) - start)
+    mask = torch.tensor(chain.loss_mask[start:], device=device).bool()
+    recorded = torch.tensor(chain.logprobs[start:], device=device, dtype=logps.dtype)
     delta = (logps[0] - recorded)[mask]
     return {"tokens": float(delta.numel()), "max_abs_diff": float(delta.abs().max()) if delta.numel() else 0.0,
             "ratio_min": float(delta.exp().min()) if delta.numel() else 1.0,
