@@ -30,6 +30,9 @@ class MiniSweAgentAdapter(HarnessAdapter):
     source = PythonVenv("mini-swe-agent", "2.4.6", "mini")
     shell_tool = ShellTool("bash", "command")  # a command may run 60 s (environment.timeout)
     finish_command = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+    # two calls of ~1.7k prompt tokens after seconds of LiteLLM import: at load 11 on the 2-core
+    # machine one of two quick-demo episodes ended 12 s past the plain 120 s deadline
+    prefill_allowance_s = 120.0
 
     def config_path(self, ctx: HarnessContext) -> str:
         return f"{ctx.home}/.config/polar-mini.yaml"
