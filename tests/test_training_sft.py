@@ -8,6 +8,7 @@ would, and runs one SFTTrainer step on it with the embedded model.
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 
@@ -111,7 +112,7 @@ def test_frozen_trunk_is_the_models_forward_and_moves_only_the_top(embedded_dir)
 
 @pytest.mark.slow
 @needs_sandbox
-def test_gold_episode_exports_and_trains_one_sftrainer_step(tmp_path, embedded_dir):
+def test_gold_episode_exports_trains_one_sftrainer_step_and_polar_train_runs(tmp_path, embedded_dir):
     torch = pytest.importorskip("torch")
     pytest.importorskip("trl")
     from datasets import load_dataset
@@ -147,3 +148,21 @@ def test_gold_episode_exports_and_trains_one_sftrainer_step(tmp_path, embedded_d
     losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
     assert len(losses) == 1 and math.isfinite(losses[0])
     assert not torch.equal(before, model.lm_head.weight)
+
+    # `polar train` on the same gold episode, as small as it goes: every stage runs and writes its outputs
+    run = tmp_path / "train"
+    assert polar_main(["train", "--task-ids", "pallets__flask-5014", "--gold", str(out), "--samples", "1",
+                       "--grpo-steps", "1", "--sft-epochs", "1", "--max-tokens", "8", "--keep-checkpoints", "1",
+                       "--out", str(run)]) == 0
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rounds = [m for m in metrics if "mean_reward" in m]
+    assert [m["step"] for m in rounds] == [0, 1, 2] and all(m["episodes"] == 1 for m in rounds)
+    sft = next(m for m in metrics if m["phase"] == "sft")
+    assert sft["chains"] == len(traj.chains) and math.isfinite(sft["last_loss"])
+    assert next(m for m in metrics if m["phase"] == "grpo update")["rows"] == 0  # a group of one: no advantage
+    assert (run / "reward.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (run / "checkpoints" / "sft" / "config.json").is_file()
+    assert (run / "checkpoints" / "step-1" / "config.json").is_file()
+    for step in (0, 1, 2):  # every round's episode sampled by the live model itself
+        (episode,) = read_trajectories(run / "rounds" / f"step-{step}" / "trajectories.jsonl")
+        assert episode.backend == "local" and episode.stats.sampled_tokens > 0
