@@ -158,8 +158,8 @@ def render(results: dict[str, Any]) -> str:
                        f"{_f(v['latency_p99_ms'])} | {v['proxy_cpu_percent']:.0f} | {_f(cpu_per_call)} | "
                        f"{v['client_cpu_percent']:.0f} | {v['proxy_rss_mb']:.0f} | {v['errors']} |")
         out += ["", f"Storage: {c['ledger_bytes'] / 2**20:.1f} MB of ledger for {c['record_tokens']:,} recorded "
-                f"token ids ({_f(c['disk_bytes_per_record_token'])} bytes each; a call's record holds its whole "
-                f"prompt) and {c['chain_tokens']:,} distinct chain tokens "
+                f"token ids ({_f(c['disk_bytes_per_record_token'])} bytes each; a call's line stores only what it "
+                f"adds to its parent) and {c['chain_tokens']:,} distinct chain tokens "
                 f"({_f(c['disk_bytes_per_chain_token'])} bytes each). RAM: proxy RSS went from "
                 f"{c['rss_mb_idle']:.0f} MB idle to {_f(c['rss_mb_end'], 0)} MB, "
                 f"{_f(c['ram_bytes_per_record_token'])} bytes per recorded token id "
