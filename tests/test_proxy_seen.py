@@ -21,18 +21,20 @@ from polar_env.proxy.seen import Seen
 from polar_env.proxy.sessions import prefix_hashes
 from polar_env.proxy.wire import WireError
 
-DECODERS = {"codex": openai_responses, "claude": anthropic_messages, "pi-chat": openai_chat,
-            "pi-anthropic": anthropic_messages, "pi-responses": openai_responses, "gemini": gemini_generate_content}
+DECODERS = {"/v1/responses": openai_responses, "/v1/messages": anthropic_messages,
+            "/v1/chat/completions": openai_chat}
 HARNESSES = sorted({p.name.split(".")[0] for p in FIXTURES.glob("*.req*.json")})
 
 
-def _module(harness: str):
-    return DECODERS.get(harness) or DECODERS[harness.split("-")[0]]
+def _module(path: str):
+    """The codec of the API a captured request was sent to (its path, as the proxy routes it)."""
+    path = path.split("?")[0]
+    return gemini_generate_content if path.startswith("/v1beta/models/") else DECODERS[path]
 
 
-def _bodies(harness: str) -> list[dict]:
+def _bodies(harness: str) -> list[tuple[str, dict]]:
     captured = [json.loads(p.read_text()) for p in sorted(FIXTURES.glob(f"{harness}.req*.json"))]
-    return [c["body"] for c in captured if c["method"] == "POST"]
+    return [(c["path"], c["body"]) for c in captured if c["method"] == "POST"]
 
 
 def _items_key(body: dict) -> str:
@@ -63,12 +65,11 @@ def _same(a, b) -> None:
 
 @pytest.mark.parametrize("harness", HARNESSES)
 def test_replayed_sessions_decode_as_from_scratch(harness):
-    module, seen = _module(harness), Seen()
-    sequence = []
-    for body in _bodies(harness):
-        sequence += [body, *_edits(body), body]  # and back to the plain request after the edits
+    seen, sequence = Seen(), []
+    for path, body in _bodies(harness):  # and back to the plain request after the edits
+        sequence += [(_module(path), b) for b in (body, *_edits(body), body)]
     assert len(sequence) >= 3
-    for body in sequence:
+    for module, body in sequence:
         raw = json.dumps(body).encode()
         try:
             whole = _decode(module.decode, raw)
