@@ -87,8 +87,11 @@ class HangingScriptedBackend(ScriptedBackend):
     """A model that never answers a session's second call once the first prompt asked for a hang: the
     only hang a harness without a shell tool can meet (a test double for a stalled inference server)."""
 
+    hanging: set[str | None]  # sessions with a call held here now
+
     async def generate(self, prompt_ids, sampling, *, session_id=None):
         if self.calls[session_id] >= 1 and "Hang forever" in self.local.tokenizer.decode(prompt_ids):
+            self.hanging.add(session_id)
             await asyncio.Event().wait()  # cancelled by the proxy's drain after the deadline
         return await super().generate(prompt_ids, sampling, session_id=session_id)
 
@@ -122,10 +125,12 @@ def smol(embedded_dir):
 @pytest.fixture
 async def proxy(smol, tmp_path: Path):
     renderer, local = smol
-    server = RecordingProxy.create(renderer=renderer, backend=HangingScriptedBackend(local, policy, context_window=256),
+    backend = HangingScriptedBackend(local, policy, context_window=256)
+    backend.hanging = set()
+    server = RecordingProxy.create(renderer=renderer, backend=backend,
                                    data_dir=tmp_path / "ledger", admin_secret="admin",
                                    config=EngineConfig(max_context=131072, default_max_tokens=256))
-    server.seen, server.bodies = [], []
+    server.seen, server.bodies, server.model = [], [], backend
     await server.start(unix_socket=tmp_path / "sock" / "proxy.sock", port=None)
     yield server
     await server.stop()
@@ -155,11 +160,9 @@ async def rollout(adapter, proxy: RecordingProxy, tmp_path: Path, name: str, *,
     return sid, run, edited, patch
 
 
-@pytest.mark.parametrize("harness", HARNESSES)
-async def test_real_harness_edits_file_through_proxy(harness, proxy: RecordingProxy, smol, tmp_path: Path):
-    adapter = get_adapter(harness)
-    adapter.install()
-    sid, run, edited, patch = await rollout(adapter, proxy, tmp_path, f"{harness}-a")
+def assert_clean_edit(adapter, proxy: RecordingProxy, ledger_dir: Path, sid: str, run, edited: str, patch: str):
+    """The real CLI made the edit with its own tools and exited cleanly; its calls form one chain whose
+    loss mask is exactly the sampled tokens."""
     detail = (run.status, run.exit_code, run.stdout_tail[-3000:], run.stderr_tail[-3000:])
     assert run.status == "completed" and run.exit_code == 0, detail
     assert edited == "print('edited-by-agent')\n", detail
@@ -167,7 +170,7 @@ async def test_real_harness_edits_file_through_proxy(harness, proxy: RecordingPr
     assert not any(d in patch for d in adapter.noise_dirs), patch
     assert run.summary.tool_calls >= 1 and run.summary.final_message and FINAL in run.summary.final_message, detail
 
-    ledger = Ledger(tmp_path / "ledger")
+    ledger = Ledger(ledger_dir)
     calls = ledger.calls(sid)
     # a tool harness: the edit, then the final answer; a text-editing one: the edit is its final answer
     assert len(calls) >= (1 if adapter.text_edit else 2), [c.output for c in calls]
@@ -190,10 +193,6 @@ async def test_real_harness_edits_file_through_proxy(harness, proxy: RecordingPr
     else:
         assert calls[0].output.tool_calls and calls[-1].output.content.strip() == FINAL
 
-    assert proxy.seen, "the harness reached the proxy"
-    outside = [(m, p) for m, p in proxy.seen if not p.startswith(f"/s/{sid}/")]
-    assert outside == [], outside
-
 
 # What differs between two nodes of a cluster that a sandbox spec could still leak: hostname, user,
 # time zone, the host path of the workspace (each rollout has its own tmp_path).
@@ -209,17 +208,23 @@ def _first_difference(renderer, a: list[int], b: list[int]) -> str:
 
 
 @pytest.mark.parametrize("harness", HARNESSES)
-async def test_two_rollouts_share_first_prompt_ids(harness, proxy: RecordingProxy, smol, tmp_path: Path):
-    """GRPO groups by first-prompt ids: samples of one task on two machines must form one group."""
+async def test_real_harness_edits_through_proxy_and_two_machines_share_first_prompt_ids(
+        harness, proxy: RecordingProxy, smol, tmp_path: Path):
+    """Each rollout: the real CLI in bubblewrap edits the file through the proxy and nothing else. And
+    GRPO groups by first-prompt ids: samples of one task on two machines must form one group."""
     renderer, _ = smol
     adapter = get_adapter(harness)
     adapter.install()
-    firsts, bodies = [], []
+    firsts, bodies, sids = [], [], []
     for n, machine in enumerate(MACHINES):
-        sid, run, _, _ = await rollout(adapter, proxy, tmp_path / f"r{n}", f"{harness}-g{n}", machine=machine)
-        assert run.status == "completed", (run.stdout_tail[-2000:], run.stderr_tail[-2000:])
+        sid, run, edited, patch = await rollout(adapter, proxy, tmp_path / f"r{n}", f"{harness}-g{n}", machine=machine)
+        assert_clean_edit(adapter, proxy, tmp_path / "ledger", sid, run, edited, patch)
+        sids.append(sid)
         firsts.append(Ledger(tmp_path / "ledger").calls(sid)[0].prompt_ids)
         bodies.append(next(b for p, b in proxy.bodies if p.startswith(f"/s/{sid}/")))
+    assert proxy.seen, "the harness reached the proxy"
+    outside = [(m, p) for m, p in proxy.seen if not any(p.startswith(f"/s/{sid}/") for sid in sids)]
+    assert outside == [], outside
     assert firsts[0] == firsts[1], _first_difference(renderer, *firsts)
 
     # the host kernel cannot differ between two sandboxes on one host: vary it in the captured request
@@ -241,9 +246,9 @@ async def test_hung_tool_is_killed_and_partial_trajectory_kept(harness, proxy: R
     adapter.install()
     sid, run, edited, _ = await rollout(adapter, proxy, tmp_path, f"{harness}-hang", prompt="Hang forever.",
                                         timeout_s=HANG_DEADLINE_S.get(harness, 20))
-    # a tool harness's call still being answered at the deadline is recorded once answered (as the episode
-    # lifecycle drains it); a text-editing harness's retry is never answered and is cancelled
-    await proxy.drain(sid, timeout_s=1 if adapter.text_edit else 300)
+    # a call still being answered at the deadline is recorded once answered (as the episode lifecycle
+    # drains it); a call the stalled model holds is never answered and is cancelled
+    await proxy.drain(sid, timeout_s=1 if sid in proxy.model.hanging else 300)
     assert run.status == "timeout" and run.exit_code is None, (run.stdout_tail[-2000:], run.stderr_tail[-2000:])
     assert edited == "print('original')\n"
     assert processes_matching("polar-e2e-hang") == []
@@ -252,8 +257,11 @@ async def test_hung_tool_is_killed_and_partial_trajectory_kept(harness, proxy: R
     if adapter.text_edit:  # the edit that missed, then the retry the model never answered (recorded as cancelled)
         assert len(calls) == 2 and calls[1].output is None and calls[1].error, [c.error for c in calls]
         assert "polar-e2e-absent" in calls[0].output.content
-    else:  # the call that started the hung tool
-        assert len(calls) == 1 and calls[0].output.tool_calls, (run.duration_s, [c.error for c in calls])
+    else:  # the call that started the hung tool; a harness whose own command limit is shorter than the
+        # deadline (Cline's is a fixed 30 s) asks again, and that call meets the stalled model: cancelled
+        assert calls[0].output.tool_calls and HANG in calls[0].output.tool_calls[0].arguments, calls[0].output
+        assert len(calls) <= 2 and all(c.output is None and c.error for c in calls[1:]), \
+            (run.duration_s, [c.error for c in calls])
     traj = build_trajectory(ledger.session(sid), calls, status=run.status)
     assert traj.status == "timeout" and len(traj.chains) == 1 and check_trajectory(traj) == []
 

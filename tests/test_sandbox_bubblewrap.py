@@ -13,6 +13,7 @@ import pytest
 from aiohttp import web
 from polar_sandbox_helpers import UnixHTTPServer, processes_matching
 
+from polar_env.harness_adapters.registry import NOISE_EXCLUDES
 from polar_env.sandbox.base import SandboxSpec
 from polar_env.sandbox.bubblewrap import FORWARDER_INSIDE, BubblewrapSandbox
 from polar_env.sandbox.cgroups import CgroupLimits
@@ -148,7 +149,7 @@ async def test_diff_is_binary_safe_and_drops_noise(sandbox: BubblewrapSandbox):
               "echo n > build/out.o && rm README")
     res = await sandbox.run(["sh", "-c", script], timeout_s=30)
     assert res.exit_code == 0, res.stderr_tail
-    patch = (await sandbox.diff()).decode()
+    patch = (await sandbox.diff(NOISE_EXCLUDES)).decode()  # build artefacts + every harness's noise dirs, as episodes diff
     assert "+    return 2" in patch and "-    return 1" in patch
     assert "GIT binary patch" in patch and "blob.bin" in patch
     assert "deleted file mode" in patch and "a/README" in patch
