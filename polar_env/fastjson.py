@@ -2,7 +2,8 @@
 histories), with the standard library as the fallback for what orjson refuses.
 
 orjson rejects a few inputs ``json`` accepts (lone UTF-16 surrogate escapes, ``NaN``, integers past
-64 bits); ``loads`` hands those to ``json`` so a request means exactly what it meant before.
+64 bits); ``loads`` and ``dumps`` hand those to ``json`` so a request means exactly what it meant
+before, and an answer holding such a value (a tool argument the model sampled) is still sent.
 """
 
 from __future__ import annotations
@@ -23,4 +24,7 @@ def loads(raw: bytes | str) -> Any:
 
 def dumps(value: Any) -> bytes:
     """Compact UTF-8 JSON (``separators=(",", ":")``, ``ensure_ascii=False``)."""
-    return orjson.dumps(value)
+    try:
+        return orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        return json.dumps(value, separators=(",", ":")).encode()  # ASCII escapes: valid even for lone surrogates

@@ -7,6 +7,8 @@ does not matter here, only how many calls and tokens)."""
 
 from __future__ import annotations
 
+import asyncio
+
 import aiohttp
 import pytest
 from proxy_client import ADMIN, ledger_calls, post, running_proxy
@@ -92,3 +94,41 @@ async def test_admin_api_sets_the_budget_and_refuses_a_bad_one(renderer, instant
         async with http.post(f"{proxy.base_url}/admin/sessions", headers=admin,
                              json={"session_id": "a2", "budget": {"max_calls": 0}}) as resp:
             assert resp.status == 400 and "max_calls" in (await resp.json())["error"]["message"]
+
+
+class _HeldBackend(InstantBackend):
+    """Holds its first answer until released, so a second call runs while the first one's
+    reservation is out (a harness's side call beside its main call)."""
+
+    def __init__(self, token_ids: list[int]):
+        super().__init__(token_ids)
+        self.first_started, self.release = asyncio.Event(), asyncio.Event()
+        self.calls = 0
+
+    async def generate(self, prompt_ids, sampling, *, session_id=None):
+        self.calls += 1
+        if self.calls == 1:
+            self.first_started.set()
+            await self.release.wait()
+        return await super().generate(prompt_ids, sampling, session_id=session_id)
+
+
+async def test_a_parallel_call_waits_for_a_reservation_instead_of_being_refused(renderer, instant, tmp_path):
+    """The first call asks for more than the budget and reserves all of it; a call beside it is
+    not refused for tokens nobody has sampled yet: it waits, then gets what is really left."""
+    backend = _HeldBackend(instant.token_ids)
+    path, body = BODIES["chat"]
+    async with running_proxy(renderer, backend, tmp_path) as proxy, aiohttp.ClientSession() as http:
+        sid, key = proxy.create_session("parallel", budget={"max_sampled_tokens": 12})
+        url = f"{proxy.base_url}/s/{sid}{path}"
+        first = asyncio.create_task(post(http, url, {**body, "max_tokens": 100}, key))
+        await asyncio.wait_for(backend.first_started.wait(), 30)
+        second = asyncio.create_task(post(http, url, body, key))
+        await asyncio.sleep(0.3)
+        assert not second.done()  # waiting on the first call's reservation, not refused
+        backend.release.set()
+        (s1, a1), (s2, a2) = await first, await second
+        calls = await ledger_calls(http, proxy, sid)
+    assert (s1, s2) == (200, 200), (a1, a2)
+    assert [len(c["sampled_ids"]) for c in calls] == [8, 4]  # never past the budget of 12
+    assert all(c["failure_kind"] is None for c in calls)

@@ -68,6 +68,16 @@ def test_harness_noise_is_dropped(repo: Path):
         assert noise not in patch
 
 
+def test_source_in_a_nested_build_or_dist_dir_is_graded(repo: Path):
+    """Build output is dropped at the root only: pip keeps real code in ``operations/build/``."""
+    for rel in ("pkg/build/wheel.py", "pkg/dist/meta.py", "build/out.py"):
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text("FIXED = True\n")
+    patch = extract_patch(repo)
+    assert "pkg/build/wheel.py" in patch and "pkg/dist/meta.py" in patch
+    assert "build/out.py" not in patch.replace("pkg/build/", "")
+
+
 def test_agent_commits_and_index_are_counted_but_not_touched(repo: Path):
     (repo / "pkg" / "mod.py").write_text("committed\n")
     git(repo, "commit", "-qam", "agent commit")

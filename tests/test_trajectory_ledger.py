@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -245,3 +246,35 @@ async def test_append_async_writes_on_the_ledger_thread_and_returns_once_written
         assert Ledger(tmp_path).calls("s1")[-1].call_id == record.call_id
     assert len(writers) == 3 and all(name.startswith("polar-ledger") for name in writers)
     assert threading.current_thread().name not in writers
+
+
+async def test_a_cancelled_append_still_writes_its_line_before_the_cancel_returns(tmp_path: Path):
+    """A call cancelled while its line waits behind another session's write (drain cancels calls
+    after its timeout) must not lose the line: the record already counts as written. The slow
+    first write is a test double: a blocked disk cannot be provoked here."""
+    ledger = Ledger(tmp_path)
+    ledger.create_session(session("s1"))
+    first, second = three_turn()[:2]
+    release = threading.Event()
+    write = ledger.append
+
+    writers: set[threading.Thread] = set()
+
+    def slow(record: CallRecord) -> None:
+        writers.add(threading.current_thread())
+        if record is first:
+            release.wait(10)
+        write(record)
+
+    ledger.append = slow
+    blocking = asyncio.create_task(ledger.append_async(first))
+    queued = asyncio.create_task(ledger.append_async(second))
+    await asyncio.sleep(0.05)
+    queued.cancel()
+    asyncio.get_running_loop().call_later(0.2, release.set)
+    with pytest.raises(asyncio.CancelledError):
+        await queued
+    assert [c.call_id for c in Ledger(tmp_path).calls("s1")] == [first.call_id, second.call_id]
+    await blocking
+    ledger.close()  # and its writer thread ends with it
+    assert writers and not any(thread.is_alive() for thread in writers)

@@ -235,7 +235,7 @@ class TokenEngine:
                         hashes: list[str]) -> tuple[AssistantTurn, CallRecord]:
         conv = request.conversation
         call_id = record.call_id
-        session.token_room()  # a spent budget refuses the call before it costs anything
+        await session.wait_for_token_room()  # a spent budget refuses the call before it costs anything
         session.admit()
         ext = await self.build_prompt(session, conv, request.assistant_refs, hashes)
         prefix = self._prefix(request, record)
@@ -258,45 +258,47 @@ class TokenEngine:
         record.sampling, record.overridden = sampling, overridden
         if overridden:
             record.flags.append("overridden:" + ",".join(overridden))
-        if (room := session.token_room()) is not None and sampling.max_tokens > room:
+        if (room := await session.wait_for_token_room()) is not None and sampling.max_tokens > room:
             sampling = record.sampling = sampling.model_copy(update={"max_tokens": room})
             record.flags.append(f"budget:max_tokens={room}")
         gen_started = time.perf_counter()
-        session.reserved_tokens += sampling.max_tokens  # calls in parallel share what is left
+        # calls in parallel share what is left; held until this call's sampled tokens are counted
+        session.reserve_tokens(sampling.max_tokens)
         try:
-            generation = await self._generate(session, prompt_ids, sampling)
-        except ContextOverflow as exc:  # the backend's own refusal: answered as ours would be
-            raise ContextOverflow(len(prompt_ids), exc.window or window, str(exc)) from exc
+            try:
+                generation = await self._generate(session, prompt_ids, sampling)
+            except ContextOverflow as exc:  # the backend's own refusal: answered as ours would be
+                raise ContextOverflow(len(prompt_ids), exc.window or window, str(exc)) from exc
+            generate_ms = (time.perf_counter() - gen_started) * 1e3
+            if generation.prompt_ids is not prompt_ids and generation.prompt_ids != prompt_ids:
+                record.flags.append("backend_prompt_mismatch")
+            sampled, logprobs, finish = generation.token_ids, generation.logprobs, generation.finish_reason
+            text = stop = None
+            if request.stop and (cut := await self.off_loop(self.renderer.cut_at_stop, sampled, request.stop)):
+                n, stop, text = cut
+                sampled, logprobs, finish = sampled[:n], logprobs[:n], "stop"
+            parsed = await self.off_loop(partial(self.renderer.parse_output, sampled, prefix=prefix, text=text))
+            token_logprobs = await self.off_loop(self._token_logprobs, sampled, logprobs) if request.logprobs else None
+            tool_calls = [ToolCall(id=issued_tool_call_id(call_id, i), name=tc.name, arguments=tc.arguments, kind=tc.kind)
+                          for i, tc in enumerate(apply_tool_kinds(parsed.tool_calls, conv.tools))]
+            turn = AssistantTurn(call_id=call_id, content=parsed.content, reasoning=parsed.reasoning,
+                                 tool_calls=tool_calls, finish_reason="tool_calls" if tool_calls else finish,
+                                 prompt_tokens=len(prompt_ids), completion_tokens=len(sampled),
+                                 malformed_tool_call=parsed.malformed, model=request.model or self.backend.model,
+                                 stop_sequence=stop, prefill=request.prefill or "",
+                                 logprobs=token_logprobs)
+            if parsed.malformed:
+                record.flags.append("malformed_tool_call")
+            record.sampled_ids, record.logprobs = sampled, logprobs
+            record.output, record.finish_reason, record.stop_sequence = turn, finish, stop
+            record.model = generation.model or self.backend.model
+            record.timings = {"render_ms": render_ms, "generate_ms": generate_ms,
+                              "total_ms": (time.perf_counter() - started) * 1e3}
+            await self.ledger.append_async(record)
+            session.remember(record, self.eos_ids, hashes[-1], ids_digest(sampled, prompt_digest))
+            return turn, record
         finally:
-            session.reserved_tokens -= sampling.max_tokens
-        generate_ms = (time.perf_counter() - gen_started) * 1e3
-        if generation.prompt_ids is not prompt_ids and generation.prompt_ids != prompt_ids:
-            record.flags.append("backend_prompt_mismatch")
-        sampled, logprobs, finish = generation.token_ids, generation.logprobs, generation.finish_reason
-        text = stop = None
-        if request.stop and (cut := await self.off_loop(self.renderer.cut_at_stop, sampled, request.stop)):
-            n, stop, text = cut
-            sampled, logprobs, finish = sampled[:n], logprobs[:n], "stop"
-        parsed = await self.off_loop(partial(self.renderer.parse_output, sampled, prefix=prefix, text=text))
-        token_logprobs = await self.off_loop(self._token_logprobs, sampled, logprobs) if request.logprobs else None
-        tool_calls = [ToolCall(id=issued_tool_call_id(call_id, i), name=tc.name, arguments=tc.arguments, kind=tc.kind)
-                      for i, tc in enumerate(apply_tool_kinds(parsed.tool_calls, conv.tools))]
-        turn = AssistantTurn(call_id=call_id, content=parsed.content, reasoning=parsed.reasoning,
-                             tool_calls=tool_calls, finish_reason="tool_calls" if tool_calls else finish,
-                             prompt_tokens=len(prompt_ids), completion_tokens=len(sampled),
-                             malformed_tool_call=parsed.malformed, model=request.model or self.backend.model,
-                             stop_sequence=stop, prefill=request.prefill or "",
-                             logprobs=token_logprobs)
-        if parsed.malformed:
-            record.flags.append("malformed_tool_call")
-        record.sampled_ids, record.logprobs = sampled, logprobs
-        record.output, record.finish_reason, record.stop_sequence = turn, finish, stop
-        record.model = generation.model or self.backend.model
-        record.timings = {"render_ms": render_ms, "generate_ms": generate_ms,
-                          "total_ms": (time.perf_counter() - started) * 1e3}
-        await self.ledger.append_async(record)
-        session.remember(record, self.eos_ids, hashes[-1], ids_digest(sampled, prompt_digest))
-        return turn, record
+            session.release_tokens(sampling.max_tokens)
 
     def _prefix(self, request: DecodedRequest, record: CallRecord) -> str:
         """Text of the reply the prompt already holds: the harness's prefill, else the start of the

@@ -6,6 +6,7 @@ once and kept only as a SHA-256 digest, so keys never reach logs or the ledger.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import secrets
@@ -17,6 +18,7 @@ from typing import Any
 
 from polar_env.backends.logprobs_mode import LogprobsMode
 from polar_env.chat.messages import AssistantTurn, Message
+from polar_env.outcomes import FailureKind
 from polar_env.proxy.seen import Seen, hash_prefixes
 from polar_env.trajectory.ledger import SESSION_ID_RE, Ledger
 from polar_env.trajectory.records import CallRecord, EpisodeBudget, SessionInfo, ids_digest
@@ -72,7 +74,9 @@ class Session:
     failures: Counter[str] = field(default_factory=Counter)  # request fingerprint -> failed calls
     admitted: int = 0  # calls let through the budget (answered or still running)
     sampled_tokens: int = 0  # sampled by the answered calls
-    reserved_tokens: int = 0  # ``max_tokens`` of the calls still generating
+    reserved_tokens: int = 0  # ``max_tokens`` of the calls still generating (until counted)
+    # set when a reservation is released: a parallel call waits on it rather than being refused
+    released: asyncio.Event = field(default_factory=asyncio.Event)
     seen: Seen = field(default_factory=Seen)  # the last request, reused where the next one repeats it
 
     @property
@@ -110,6 +114,25 @@ class Session:
         if room < 1:
             raise BudgetExceeded(f"the episode's budget of {limit} sampled tokens is spent")
         return room
+
+    async def wait_for_token_room(self) -> int | None:
+        """``token_room``, waiting while calls in parallel hold what is left: only tokens actually
+        sampled spend the budget, so a side call is not refused for another call's reservation."""
+        while True:
+            try:
+                return self.token_room()
+            except BudgetExceeded:
+                if self.reserved_tokens <= 0:
+                    raise
+                await self.released.wait()
+
+    def reserve_tokens(self, n: int) -> None:
+        self.reserved_tokens += n
+
+    def release_tokens(self, n: int) -> None:
+        self.reserved_tokens -= n
+        self.released.set()  # wake the waiters, then arm a fresh event for the next release
+        self.released = asyncio.Event()
 
     def reserve_index(self) -> int:
         index = self.next_index
@@ -212,6 +235,7 @@ class SessionRegistry:
         if session.info.closed_at is not None:  # closing twice must not rewrite how it ended
             return session.info
         session.info = session.info.model_copy(update={"closed_at": time.time(), "status": status})
+        session.seen = Seen()  # the last request's bodies: nothing extends a closed session
         self.ledger.update_session(session.info)
         self.ledger.close_session(session_id)
         return session.info
@@ -237,8 +261,10 @@ class SessionRegistry:
                 info = info.model_copy(update={"metadata": {**info.metadata, RESTARTS_KEY: restarts}})
                 self.ledger.update_session(info)
             session = Session(info=info)
-            for record in sorted(self.ledger.calls(info.session_id), key=lambda r: r.call_index):
+            records = sorted(self.ledger.calls(info.session_id), key=lambda r: r.call_index)
+            for record in records:
                 session.remember(record, self.eos_ids)
-            session.admitted = len(session.calls)
+            # failed calls spent the calls budget too; only a refusal by the budget itself did not
+            session.admitted = sum(1 for record in records if record.failure_kind != FailureKind.episode_budget)
             self._sessions[info.session_id] = session
         return report

@@ -25,6 +25,9 @@ BUILD_EXCLUDES: tuple[str, ...] = (
     "__pycache__", "*.pyc", "*.pyo", "*.egg-info", ".pytest_cache",
     "build", "dist", ".eggs", ".tox", ".mypy_cache", ".ruff_cache", "node_modules",
 )
+# Excluded only at the repository root: a package may hold real source in a nested ``build/`` or
+# ``dist/`` (pip's ``operations/build/``), and a fix there must reach the grader.
+ROOT_ONLY_EXCLUDES: frozenset[str] = frozenset({"build", "dist", ".eggs"})
 # Where an npm harness install keeps its executables (harness_adapters/sources.py). A Python venv's
 # bin/ stays off PATH: its launcher is absolute, and on PATH its python/pip would replace the task's
 # for every command the agent runs.
@@ -116,9 +119,13 @@ def copy_path(src: Path, dst: Path) -> None:
 
 
 def exclude_pathspecs(exclude: Sequence[str]) -> list[str]:
-    """Git pathspecs that drop ``exclude`` at any depth (a name matches a dir or a file)."""
+    """Git pathspecs that drop ``exclude`` at any depth (a name matches a dir or a file), except
+    ``ROOT_ONLY_EXCLUDES``, dropped at the root only."""
     specs = ["."]
     for pat in exclude:
+        if pat in ROOT_ONLY_EXCLUDES:
+            specs.append(f":(exclude,literal){pat}")
+            continue
         specs.append(f":(exclude,glob)**/{pat}")
         specs.append(f":(exclude,glob)**/{pat}/**")
     return specs

@@ -166,14 +166,26 @@ class Ledger:
         with self._lock:
             for session_id in list(self._handles):
                 self.close_session(session_id)
+            writer, self._writer = self._writer, None
+        if writer is not None:  # its queued lines are written first
+            writer.shutdown(wait=True)
 
     # -- calls -----------------------------------------------------------------------------------
     async def append_async(self, record: CallRecord) -> None:
-        """``append`` on the writer thread; returns once the line is written, like ``append``."""
+        """``append`` on the writer thread; returns once the line is written, like ``append``.
+
+        Cancelling the caller does not cancel the write (a queued write would otherwise be dropped
+        while the caller believes its record is on disk): the cancel waits for the line, then
+        goes through."""
         with self._lock:
             if self._writer is None:
                 self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="polar-ledger")
-        await asyncio.get_running_loop().run_in_executor(self._writer, self.append, record)
+        written = asyncio.get_running_loop().run_in_executor(self._writer, self.append, record)
+        try:
+            await asyncio.shield(written)
+        except asyncio.CancelledError:
+            await asyncio.wait([written])
+            raise
 
     def append(self, record: CallRecord) -> None:
         """Write one record as one line; on return it is in the OS (on disk with ``fsync``)."""
