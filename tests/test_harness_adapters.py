@@ -15,7 +15,7 @@ from polar_env.harness_adapters.claude_code import MODEL_VARS
 from polar_env.harness_adapters.doctor import doctor_report, format_table
 from polar_env.harness_adapters.registry import ADAPTERS, NOISE_EXCLUDES, shell_tools
 from polar_env.harness_adapters.runner import episode_command
-from polar_env.harness_adapters.sources import INSTALLED_MARKER, PythonVenv
+from polar_env.harness_adapters.sources import INSTALLED_MARKER, LOCKS_DIR, PythonVenv, is_installed
 
 CTX = HarnessContext(session_id="sess-1", session_key="sk-polar-secret", model_name="policy", port=18080)
 
@@ -50,7 +50,7 @@ def test_install_is_a_noop_once_installed(tmp_path: Path):
     (d / "node_modules" / ".bin").mkdir(parents=True)
     (d / "node_modules" / ".bin" / "pi").write_text("#!/bin/sh\n")
     assert not pi.is_installed(tmp_path)  # no marker: a half-finished install
-    (d / INSTALLED_MARKER).write_text("x")
+    (d / INSTALLED_MARKER).write_text(f"{pi.source.identity}\n")
     assert pi.is_installed(tmp_path)
     assert pi.install(tmp_path) == d  # would run npm (no network in CI jobs without it) if not a no-op
     assert (tmp_path / "harnesses" / f".pi-{pi.version}.lock").exists()
@@ -67,6 +67,26 @@ def test_python_venv_source_installs_into_its_own_venv_and_launches_through_it(t
     # a console script's #! names the host path of the venv, so it runs through the mounted interpreter
     assert src.launcher == ["/opt/harness/bin/python", "/opt/harness/bin/mini"]
     assert src.executable_in(dest) == dest / "bin" / "mini" and src.spec == "mini-swe-agent==1.0.0"
+
+
+@pytest.mark.parametrize("name", [n for n, cls in ADAPTERS.items() if getattr(cls.source, "lock", None)])
+def test_a_pypi_harness_installs_under_its_lock_and_a_changed_lock_reinstalls(name, tmp_path: Path):
+    """Every dependency of a PyPI harness is pinned by its lock (pip constraints), the lock pins the
+    harness itself at the adapter's version, and an install made under another lock is not reused."""
+    src = ADAPTERS[name].source
+    lock = LOCKS_DIR / src.lock
+    pins = dict(line.split("==") for line in lock.read_text().splitlines() if "==" in line)
+    assert pins[src.package] == src.version and all(v.strip() for v in pins.values())
+    assert not [line for line in lock.read_text().splitlines() if line and not line.startswith("#") and "==" not in line]
+    pip = src.install_commands(tmp_path / "venv")[1]
+    assert pip[pip.index("-c") + 1] == str(lock)
+    dest = tmp_path / "venv"
+    src.executable_in(dest).parent.mkdir(parents=True)
+    src.executable_in(dest).touch()
+    (dest / INSTALLED_MARKER).write_text(f"{src.spec}\n")  # an install from before the lock
+    assert not is_installed(src, dest)
+    (dest / INSTALLED_MARKER).write_text(f"{src.identity}\n")
+    assert is_installed(src, dest)
 
 
 def test_harness_knowledge_lives_in_the_adapters():

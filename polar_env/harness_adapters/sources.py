@@ -10,6 +10,7 @@ does not: the venv's python would shadow the task's for the agent's own commands
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 import shutil
 import subprocess
@@ -19,6 +20,7 @@ from typing import Protocol
 
 HARNESS_MOUNT = "/opt/harness"
 INSTALLED_MARKER = ".polar-installed"
+LOCKS_DIR = Path(__file__).parent / "locks"
 
 
 class InstallSource(Protocol):
@@ -29,6 +31,11 @@ class InstallSource(Protocol):
 
     @property
     def spec(self) -> str: ...
+
+    @property
+    def identity(self) -> str:
+        """What the install marker records: an install made from another one is redone."""
+        ...
 
     def install_commands(self, dest: Path) -> list[list[str]]: ...
 
@@ -50,6 +57,10 @@ class NpmPackage:
     @property
     def spec(self) -> str:
         return f"{self.package}@{self.version}"
+
+    @property
+    def identity(self) -> str:
+        return self.spec
 
     def install_commands(self, dest: Path) -> list[list[str]]:
         return [["npm", "install", "--prefix", str(dest), "--no-audit", "--no-fund", "--loglevel=error", self.spec]]
@@ -76,16 +87,26 @@ class PythonVenv:
     entry_point: str  # console script in the venv's bin/
     extras: tuple[str, ...] = ()  # further requirements, each pinned (``name==version``)
     python: str = "/usr/bin/python3"
+    # ``locks/<lock>``: pip constraints pinning every dependency (a floating LiteLLM or SDK would
+    # change first prompts between installs, and is a supply-chain door into every sandbox)
+    lock: str | None = None
     kind: str = "python-venv"
 
     @property
     def spec(self) -> str:
         return f"{self.package}=={self.version}"
 
+    @property
+    def identity(self) -> str:
+        if self.lock is None:
+            return self.spec
+        return f"{self.spec} lock:{hashlib.sha256((LOCKS_DIR / self.lock).read_bytes()).hexdigest()[:16]}"
+
     def install_commands(self, dest: Path) -> list[list[str]]:
         pip = [str(dest / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-input",
                "--disable-pip-version-check"]
-        return [[self.python, "-m", "venv", str(dest)], [*pip, self.spec, *self.extras]]
+        constraints = ["-c", str(LOCKS_DIR / self.lock)] if self.lock else []
+        return [[self.python, "-m", "venv", str(dest)], [*pip, *constraints, self.spec, *self.extras]]
 
     def executable_in(self, dest: Path) -> Path:
         return dest / "bin" / self.entry_point
@@ -96,7 +117,8 @@ class PythonVenv:
 
 
 def is_installed(source: InstallSource, dest: Path) -> bool:
-    return (dest / INSTALLED_MARKER).exists() and source.executable_in(dest).exists()
+    marker = dest / INSTALLED_MARKER
+    return marker.exists() and marker.read_text() == f"{source.identity}\n" and source.executable_in(dest).exists()
 
 
 def install(source: InstallSource, dest: Path, *, timeout_s: float = 1800) -> Path:
@@ -115,6 +137,6 @@ def install(source: InstallSource, dest: Path, *, timeout_s: float = 1800) -> Pa
                 shutil.rmtree(dest, ignore_errors=True)
                 raise RuntimeError(f"installing {source.spec} ({source.kind}) failed at {cmd[:3]}:\n"
                                    f"{proc.stderr[-4000:]}")
-        (dest / INSTALLED_MARKER).write_text(f"{source.spec}\n")
+        (dest / INSTALLED_MARKER).write_text(f"{source.identity}\n")
         os.chmod(dest, 0o755)
     return dest
