@@ -5,10 +5,12 @@ from __future__ import annotations
 import getpass
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from outside_reads import OutsideReadGuard, install
+from vllm_server import VllmServer, running_vllm_server
 
 from polar_env.backends.embedded import embedded_model_dir
 from polar_env.cache import cache_root
@@ -73,3 +75,11 @@ def scripted_backend_factory(local_backend):
     from polar_env.backends.scripted import ScriptedBackend
 
     return lambda policy, **kw: ScriptedBackend(local_backend, policy, **kw)
+
+
+@pytest.fixture(scope="session")
+def vllm_server() -> Iterator[VllmServer]:
+    """A real vLLM CPU server on the embedded model: defined here so every module that uses it
+    (tests/test_backend_vllm.py, tests/test_proxy_vllm.py) shares the one server of the process."""
+    with running_vllm_server() as server:
+        yield server

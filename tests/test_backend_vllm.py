@@ -7,7 +7,7 @@ import math
 import sys
 
 import pytest
-from vllm_server import group_rss_mb, vllm_server  # noqa: F401  (fixture)
+from vllm_server import group_rss_mb
 
 from polar_env.backends.base import BackendError, ContextOverflow, SamplingParams
 from polar_env.backends.embedded import EMBEDDED_CONTEXT
@@ -19,14 +19,14 @@ EOS = 2  # <|im_end|> of SmolLM2-Instruct: its generation_config's eos_token_id
 
 
 @pytest.fixture(scope="module")
-def tokenizer(vllm_server):  # noqa: F811
+def tokenizer(vllm_server):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(vllm_server.model_dir)
 
 
 @pytest.fixture(scope="module")
-def local(vllm_server):  # noqa: F811
+def local(vllm_server):
     from polar_env.backends.local import LocalBackend
 
     return LocalBackend.from_pretrained(vllm_server.model_dir)
@@ -39,13 +39,13 @@ def chat_prompt(tokenizer, text: str) -> list[int]:
 
 
 @pytest.fixture
-async def backend(vllm_server):  # noqa: F811
+async def backend(vllm_server):
     b = make_backend("vllm", url=vllm_server.url + "/v1", model=vllm_server.model)
     yield b
     await b.aclose()
 
 
-async def test_ids_and_logprobs_match_local_model(backend, tokenizer, local, vllm_server):  # noqa: F811
+async def test_ids_and_logprobs_match_local_model(backend, tokenizer, local, vllm_server):
     prompt = chat_prompt(tokenizer, "Write a haiku about the sea.")
     gen = await backend.generate(prompt, SamplingParams(temperature=1.0, top_p=1.0, max_tokens=24, seed=3))
     assert gen.backend == "vllm" and gen.model == vllm_server.model and gen.prompt_ids == prompt
@@ -96,7 +96,7 @@ async def test_the_window_is_the_rope_scaled_one_and_a_longer_prompt_is_an_overf
     assert err.value.window == EMBEDDED_CONTEXT and "maximum context length" in str(err.value)
 
 
-async def test_unknown_model_name_is_not_retryable(vllm_server):  # noqa: F811
+async def test_unknown_model_name_is_not_retryable(vllm_server):
     b = make_backend("vllm", url=vllm_server.url, model="no-such-model")
     try:
         with pytest.raises(BackendError) as err:
@@ -106,7 +106,7 @@ async def test_unknown_model_name_is_not_retryable(vllm_server):  # noqa: F811
         await b.aclose()
 
 
-def test_two_turn_check_script(vllm_server):  # noqa: F811
+def test_two_turn_check_script(vllm_server):
     from polar_env.backends.check_vllm import run_check
 
     report = asyncio.run(run_check(vllm_server.url, str(vllm_server.model_dir), vllm_server.model, max_tokens=48))

