@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
+import sys
+from functools import partial
 from pathlib import Path
 
 from polar_env import event_loop
 from polar_env.proxy.app import DEFAULT_MAX_BODY, ProxyServer
 from polar_env.proxy.engine import EngineConfig
+from polar_env.proxy.workers import LayoutError, check_data_dir, serve, worker_dir
 from polar_env.stop_signal import wait_for_stop_signal
 
 
@@ -30,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tool-call format of the model's output (default: from the template)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8787)
+    parser.add_argument("--workers", type=int, default=1,
+                        help="proxy processes, each owning a share of the sessions (docs/proxy.md): the admin "
+                             "API on --port, worker K on --port + 1 + K, its ledger in DATA_DIR/worker-K")
     parser.add_argument("--unix-socket", type=Path, default=None, help="also listen on this Unix socket")
     parser.add_argument("--data-dir", type=Path, default=Path("runs/proxy"),
                         help="ledger directory; a restart on the same directory recovers every session")
@@ -79,7 +85,9 @@ def _admin_secret(args: argparse.Namespace) -> str:
     return secret
 
 
-async def _serve(args: argparse.Namespace) -> None:
+async def _serve(args: argparse.Namespace) -> int:
+    if args.workers > 1:
+        return await _serve_workers(args)
     proxy = build_proxy(args)
     await proxy.start(args.host, args.port, args.unix_socket)
     where = proxy.base_url + (f" and unix:{proxy.unix_socket}" if proxy.unix_socket else "")
@@ -88,8 +96,31 @@ async def _serve(args: argparse.Namespace) -> None:
           f"unless POLAR_ADMIN_SECRET is set", flush=True)
     await wait_for_stop_signal()
     await proxy.stop()
+    return 0
+
+
+async def _serve_workers(args: argparse.Namespace) -> int:
+    secret = _admin_secret(args)
+    builds = [partial(build_proxy, argparse.Namespace(**{**vars(args), "data_dir": worker_dir(args.data_dir, k),
+                                                         "admin_secret": secret, "run": None}))
+              for k in range(args.workers)]
+
+    def listening(front: str, workers: list[str]) -> None:
+        print(f"polar proxy listening on {front} (admin API; {len(workers)} workers: {' '.join(workers)}); "
+              f"backend={args.backend}; admin secret in {args.data_dir}/admin_secret unless POLAR_ADMIN_SECRET "
+              "is set", flush=True)
+
+    return await serve(builds, host=args.host, port=args.port, admin_secret=secret, on_listening=listening)
 
 
 def run(args: argparse.Namespace) -> int:
-    event_loop.run(_serve(args))
-    return 0
+    try:
+        if args.workers < 1:
+            raise LayoutError("--workers must be at least 1")
+        if args.workers > 1 and args.unix_socket is not None:
+            raise LayoutError("--unix-socket serves one process: use it without --workers")
+        check_data_dir(args.data_dir, args.workers)
+    except LayoutError as exc:
+        print(f"polar proxy serve: error: {exc}", file=sys.stderr)
+        return 2
+    return event_loop.run(_serve(args))
