@@ -23,10 +23,12 @@ from polar_env.bench.overhead import measure as overhead_measure
 
 KEYS = ("overhead_p50_ms_16k", "overhead_p99_ms_16k", "overhead_p50_ms_16k_litellm",
         "ratio_polar_litellm_2k", "ratio_polar_litellm_16k", "ratio_polar_litellm_64k", "ratio_polar_litellm_128k",
-        "per_call_ratio_turn200_vs_turn10", "calls_per_s_256_sessions", "ledger_bytes_per_token",
+        "per_call_ratio_turn200_vs_turn10", "calls_per_s_256_sessions", "calls_per_s_256_sessions_workers_2",
+        "ledger_bytes_per_token",
         "build_export_ms_100k", "export_json_ms_100k", "proxy_rss_mb_1024_sessions")
 FULL_RUN_ONLY = ("proxy_rss_mb_1024_sessions", "ratio_polar_litellm_64k", "ratio_polar_litellm_128k")
 RATIO_SIZES = {"2k": 2000, "16k": 16000, "64k": 64000, "128k": 128000}
+WORKERS = 2  # the multi-process layout measured beside one process (polar proxy serve --workers 2)
 
 
 def _settings(quick: bool) -> dict[str, Any]:
@@ -95,6 +97,7 @@ class Bench:
         else:
             self.results["notes"]["overhead_local"] = "skipped in --quick (each call runs the real model)"
         self.run("concurrency", lambda: self._concurrency(concurrency))
+        self.run("concurrency_workers", lambda: self._concurrency(concurrency, workers=WORKERS, levels=[256]))
         if 1024 not in s["levels"]:
             self.results["notes"]["concurrency_1024"] = "1024 sessions skipped in --quick"
         self.run("builder", lambda: builder.measure(s["builder_sizes"], s["builder_runs"]))
@@ -140,11 +143,13 @@ class Bench:
             self.run("profile", lambda: profiling.profile_polar(
                 self.renderer, paths, self.workdir / "polar-profile.txt", size=16000, calls=60))
 
-    async def _concurrency(self, concurrency: Any) -> dict[str, Any]:
+    async def _concurrency(self, concurrency: Any, workers: int = 1, levels: list[int] | None = None
+                           ) -> dict[str, Any]:
         runs = []
         for i in range(self.s["conc_runs"]):
-            runs.append(await concurrency.measure(self.workdir / f"concurrency-{i}", answer_ids=self.answer_ids(),
-                                                  levels=self.s["levels"], seconds=self.s["seconds"]))
+            runs.append(await concurrency.measure(self.workdir / f"concurrency-w{workers}-{i}",
+                                                  answer_ids=self.answer_ids(), levels=levels or self.s["levels"],
+                                                  seconds=self.s["seconds"], workers=workers))
         from polar_env.bench.common import median
 
         merged = runs[-1]
@@ -176,6 +181,8 @@ class Bench:
                for name, n in RATIO_SIZES.items()},
             "per_call_ratio_turn200_vs_turn10": grow.get("ratio_cpu_turn200_vs_turn10"),
             "calls_per_s_256_sessions": conc.get("256", {}).get("calls_per_s"),
+            "calls_per_s_256_sessions_workers_2": f.get("concurrency_workers", {}).get("levels", {}).get(
+                "256", {}).get("calls_per_s"),
             "ledger_bytes_per_token": build.get("ledger_bytes_per_token"),
             "build_export_ms_100k": build.get("build_export_ms"),
             "export_json_ms_100k": build.get("json_ms"),
@@ -194,6 +201,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="Markdown report (default: docs/benchmarks.md for a full run, none with --quick)")
     parser.add_argument("--only", default=None,
                         help="comma-separated families: overhead_instant, overhead_local, growth, concurrency, "
+                             "concurrency_workers, "
                              "builder, grading, rollouts, profile")
     parser.add_argument("--workdir", type=Path, default=None, help="scratch directory (default: a temp dir)")
     parser.add_argument("--note", default=None,

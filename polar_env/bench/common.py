@@ -175,10 +175,11 @@ async def wait_http(url: str, timeout_s: float, proc: subprocess.Popen | None = 
     raise TimeoutError(f"{url} not healthy after {timeout_s}s")
 
 
-async def create_polar_session(http: aiohttp.ClientSession, base_url: str, session_id: str) -> str:
+async def create_polar_session(http: aiohttp.ClientSession, base_url: str, session_id: str) -> tuple[str, str]:
+    """A new session's key and its OpenAI base URL (a worker's port with ``--workers``)."""
     async with http.post(f"{base_url}/admin/sessions", json={"session_id": session_id},
                          headers={"Authorization": f"Bearer {ADMIN_SECRET}"}) as resp:
         body = await resp.json()
         if resp.status != 201:
             raise RuntimeError(f"creating session failed: {resp.status} {body}")
-        return body["api_key"]
+        return body["api_key"], body["urls"]["openai"]

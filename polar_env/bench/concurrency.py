@@ -1,7 +1,9 @@
 """Sustained calls/s of one proxy process with 1..1024 concurrent sessions, instant backend.
 
 The proxy runs in its own process with the in-process instant backend, so the figure is the
-proxy's own ceiling (no backend hop). Each session replays a 20-turn agent conversation whose
+proxy's own ceiling (no backend hop). ``workers=N`` measures the layout of ``polar proxy serve
+--workers N`` instead (an admin front and N proxy processes, each session on one of them); its
+CPU and RSS figures are the whole process tree's. Each session replays a 20-turn agent conversation whose
 request bodies are encoded up front (the answers are fixed), then starts over on the same
 session (a new chain), so the load generator spends its CPU on HTTP, not on JSON.
 """
@@ -47,8 +49,8 @@ def _dir_bytes(path: Path) -> int:
 class Load:
     """N session workers in this process; counts calls, errors, latencies and tokens."""
 
-    def __init__(self, http: aiohttp.ClientSession, base_url: str, bodies: list[bytes]):
-        self.http, self.base_url, self.bodies = http, base_url, bodies
+    def __init__(self, http: aiohttp.ClientSession, bodies: list[bytes]):
+        self.http, self.bodies = http, bodies
         self.done = 0
         self.errors: list[str] = []
         self.latencies: list[float] = []
@@ -58,8 +60,8 @@ class Load:
         self.stop = False
         self.warm = 0  # sessions past their first (cold, fully rendered) call
 
-    async def worker(self, sid: str, key: str) -> None:
-        url = f"{self.base_url}/s/{sid}/v1/chat/completions"
+    async def worker(self, base: str, key: str) -> None:
+        url = f"{base}/chat/completions"
         headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
         previous = 0
         k = 0
@@ -89,8 +91,21 @@ class Load:
             k = (k + 1) % len(self.bodies)
 
 
+def _rss_mb(proc: Any) -> float:
+    """Resident MB of the proxy and its worker processes."""
+    import psutil
+
+    total = 0
+    for p in (proc, *proc.children(recursive=True)):
+        try:
+            total += p.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return total / 2**20
+
+
 async def measure(workdir: Path, *, answer_ids: list[int], levels: list[int], seconds: float,
-                  warmup_s: float = 0.5, append_words: int = 30) -> dict[str, Any]:
+                  warmup_s: float = 0.5, append_words: int = 30, workers: int = 1) -> dict[str, Any]:
     """calls/s, latency, proxy CPU% and RSS per level (measured after every session's first
     call plus ``warmup_s``); bytes per captured token at the end."""
     import psutil
@@ -98,24 +113,22 @@ async def measure(workdir: Path, *, answer_ids: list[int], levels: list[int], se
     workdir.mkdir(parents=True, exist_ok=True)
     ledger = workdir / "ledger-concurrency"
     server = start_bench_server(["proxy", "--answer-ids", ",".join(map(str, answer_ids)),
-                                 "--data-dir", str(ledger)], workdir / "polar-concurrency.log")
+                                 "--data-dir", str(ledger), "--workers", str(workers)],
+                                workdir / "polar-concurrency.log")
     proc = psutil.Process(server.proc.pid)
     me = psutil.Process(os.getpid())
     bodies = _bodies(append_words)
     result: dict[str, Any] = {"levels": {}, "seconds": seconds, "turns_per_conversation": TURNS,
-                              "rss_mb_idle": proc.memory_info().rss / 2**20}
+                              "workers": workers, "rss_mb_idle": _rss_mb(proc)}
     record_tokens = chain_tokens = 0
     try:
         connector = aiohttp.TCPConnector(limit=0, force_close=False)
         async with aiohttp.ClientSession(connector=connector,
                                          timeout=aiohttp.ClientTimeout(total=120)) as http:
             for n in levels:
-                load = Load(http, server.base_url, bodies)
-                sessions = []
-                for i in range(n):
-                    sid = f"conc{n}-{i}"
-                    sessions.append((sid, await create_polar_session(http, server.base_url, sid)))
-                tasks = [asyncio.create_task(load.worker(sid, key)) for sid, key in sessions]
+                load = Load(http, bodies)
+                sessions = [await create_polar_session(http, server.base_url, f"conc{n}-{i}") for i in range(n)]
+                tasks = [asyncio.create_task(load.worker(url, key)) for key, url in sessions]
                 # every session's first call renders its whole prompt: measure only once all are past it
                 deadline = time.monotonic() + 120
                 while load.warm < n and time.monotonic() < deadline and not load.errors:
@@ -139,12 +152,12 @@ async def measure(workdir: Path, *, answer_ids: list[int], levels: list[int], se
                     "latency_p99_ms": percentile(lat, 99),
                     "proxy_cpu_percent": 100 * (cpu1 - cpu0) / elapsed,
                     "client_cpu_percent": 100 * ((me1.user + me1.system) - (me0.user + me0.system)) / elapsed,
-                    "proxy_rss_mb": proc.memory_info().rss / 2**20,
+                    "proxy_rss_mb": _rss_mb(proc),
                 }
                 record_tokens += load.record_tokens
                 chain_tokens += load.chain_tokens
     finally:
-        rss = proc.memory_info().rss / 2**20 if proc.is_running() else None
+        rss = _rss_mb(proc) if proc.is_running() else None
         server.stop()
     disk = _dir_bytes(ledger)
     result.update({

@@ -44,8 +44,8 @@ class Path_:
             return f"{self.base_url}/v1/chat/completions", self.headers
         self._n += 1
         sid = f"bench-{os.getpid()}-{time.monotonic_ns()}-{self._n}"
-        key = await create_polar_session(http, self.base_url, sid)
-        return f"{self.base_url}/s/{sid}/v1/chat/completions", {"Authorization": f"Bearer {key}"}
+        key, url = await create_polar_session(http, self.base_url, sid)
+        return f"{url}/chat/completions", {"Authorization": f"Bearer {key}"}
 
 
 # LiteLLM's proxy pins its own web stack and SDK versions, so it lives in a venv of its own

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -22,6 +23,7 @@ STATED = (
     ("overhead_p50_ms_16k_litellm", "LiteLLM's added latency p50, 16k tokens (ms)"),
     ("ledger_bytes_per_token", "ledger bytes per token of a 100k-token episode"),
     ("proxy_rss_mb_1024_sessions", "proxy RSS at 1,024 open sessions (MB)"),
+    ("calls_per_s_256_sessions_workers_2", "calls/s, `polar proxy serve --workers 2`, 256 sessions (0 errors)"),
 )
 
 
@@ -149,21 +151,20 @@ def render(results: dict[str, Any]) -> str:
                 f"One Polar proxy process with the in-process instant backend; N sessions, each replaying a "
                 f"{c['turns_per_conversation']}-turn conversation (then starting a new chain), measured over "
                 f"{c['seconds']} s after a warm-up; calls/s is the median of the runs shown.", "",
-                "| sessions | calls/s (runs) | p50 ms | p99 ms | proxy CPU % | proxy CPU ms/call | "
-                "load-generator CPU % | proxy RSS MB | errors |", "|---|---|---|---|---|---|---|---|---|"]
-        for n, v in c["levels"].items():
-            cpu_per_call = v["proxy_cpu_percent"] * 10 / v["calls_per_s"] if v["calls_per_s"] else None
-            runs = ", ".join(f"{x:.0f}" for x in v.get("calls_per_s_runs", [v["calls_per_s"]]))
-            out.append(f"| {n} | {v['calls_per_s']:.0f} ({runs}) | {_f(v['latency_p50_ms'])} | "
-                       f"{_f(v['latency_p99_ms'])} | {v['proxy_cpu_percent']:.0f} | {_f(cpu_per_call)} | "
-                       f"{v['client_cpu_percent']:.0f} | {v['proxy_rss_mb']:.0f} | {v['errors']} |")
-        out += ["", f"Storage: {c['ledger_bytes'] / 2**20:.1f} MB of ledger for {c['record_tokens']:,} recorded "
+                *_concurrency_table(c), "", f"Storage: {c['ledger_bytes'] / 2**20:.1f} MB of ledger for {c['record_tokens']:,} recorded "
                 f"token ids ({_f(c['disk_bytes_per_record_token'])} bytes each; a call's line stores only what it "
                 f"adds to its parent) and {c['chain_tokens']:,} distinct chain tokens "
                 f"({_f(c['disk_bytes_per_chain_token'])} bytes each). RAM: proxy RSS went from "
                 f"{c['rss_mb_idle']:.0f} MB idle to {_f(c['rss_mb_end'], 0)} MB, "
                 f"{_f(c['ram_bytes_per_record_token'])} bytes per recorded token id "
                 f"({_f(c['ram_bytes_per_chain_token'])} per chain token).", ""]
+    if "concurrency_workers" in fam:
+        w = fam["concurrency_workers"]
+        out += [f"### {w['workers']} proxy processes", "",
+                f"The same load against `polar proxy serve --workers {w['workers']}`'s layout: an admin front "
+                f"that assigns each session to one of {w['workers']} proxy processes, whose port the session's "
+                "urls name (docs/proxy.md); CPU and RSS are the whole process tree's.", "",
+                *_concurrency_table(w), ""]
     if "builder" in fam:
         b = fam["builder"]
         out += ["## Builder and export", "",
@@ -236,12 +237,41 @@ def _retokenize(fam: dict[str, Any]) -> str:
             f"re-tokenizing proxy pays on every call) took {cold:.0f} ms against {warm:.0f} ms warm.")
 
 
-def _cpu_per_call(fam: dict[str, Any], level: str) -> float | None:
+def _concurrency_table(c: dict[str, Any]) -> list[str]:
+    out = ["| sessions | calls/s (runs) | p50 ms | p99 ms | proxy CPU % | proxy CPU ms/call | "
+           "load-generator CPU % | proxy RSS MB | errors |", "|---|---|---|---|---|---|---|---|---|"]
+    for n, v in c["levels"].items():
+        cpu_per_call = v["proxy_cpu_percent"] * 10 / v["calls_per_s"] if v["calls_per_s"] else None
+        runs = ", ".join(f"{x:.0f}" for x in v.get("calls_per_s_runs", [v["calls_per_s"]]))
+        out.append(f"| {n} | {v['calls_per_s']:.0f} ({runs}) | {_f(v['latency_p50_ms'])} | "
+                   f"{_f(v['latency_p99_ms'])} | {v['proxy_cpu_percent']:.0f} | {_f(cpu_per_call)} | "
+                   f"{v['client_cpu_percent']:.0f} | {v['proxy_rss_mb']:.0f} | {v['errors']} |")
+    return out
+
+
+def _cpu_per_call(fam: dict[str, Any], level: str, family: str = "concurrency") -> float | None:
     """The proxy's CPU ms per call at one concurrency level (its CPU share / calls per second)."""
-    v = fam.get("concurrency", {}).get("levels", {}).get(level)
+    v = fam.get(family, {}).get("levels", {}).get(level)
     if not v or not v.get("calls_per_s"):
         return None
     return v["proxy_cpu_percent"] * 10 / v["calls_per_s"]
+
+
+def _workers(fam: dict[str, Any], keys: dict[str, Any]) -> str:
+    """What the multi-process layout measured, and the cores 2,000 calls/s takes at its CPU per call."""
+    w = fam.get("concurrency_workers")
+    cpu = _cpu_per_call(fam, "256", "concurrency_workers")
+    if not w or not cpu:
+        return " Its figure was not measured in this run."
+    one = keys.get("calls_per_s_256_sessions")
+    gain = f" ({keys['calls_per_s_256_sessions_workers_2'] / one:.1f}x one process's in this run)" if one else ""
+    return (f" Measured with {w['workers']} worker processes (`calls_per_s_256_sessions_workers_2` = "
+            f"{_f(keys.get('calls_per_s_256_sessions_workers_2'))}{gain}, 0 errors) at {cpu:.2f} ms of CPU a call "
+            f"over the whole tree: {1000 / cpu:,.0f} calls/s per core the workers get, so 2,000 calls/s takes "
+            f"about {2000 * cpu / 1000:.1f} dedicated cores of workers (`--workers {math.ceil(2000 * cpu / 1000)}` "
+            "on a machine with cores to spare for the harnesses and the backend). On this 2-core machine the workers share "
+            "the cores with the load generator and the other jobs: the calls/s figure is what their CPU share "
+            "bought, the CPU per call is the one that carries to another machine.")
 
 
 def _per_size(fam: dict[str, Any], what: str) -> str:
@@ -260,6 +290,7 @@ def analysis(results: dict[str, Any]) -> str:
     cpu256 = _cpu_per_call(fam, "256")
     cores = f"{1000 / cpu256:,.0f} calls/s per dedicated core ({cpu256:.2f} ms of proxy CPU a call)" \
         if cpu256 else "not measured"
+    workers = _workers(fam, keys)
     return f"""## Why, and what would close the gaps
 
 From the py-spy table above (proxy process, 16k conversation), the CPU columns, and in-process
@@ -291,10 +322,8 @@ servers run on `uvloop`.
   >= 2,000). The proxy is CPU-bound: one process sustains about {cores}. On this machine the proxy
   gets the CPU share shown in the concurrency table; the load generator and the other jobs take the
   rest, so 2,000 calls/s in one process needs a dedicated core at under 0.5 ms a call. Sessions are
-  independent, so the layout beyond one core is several proxy processes with the session as the
-  routing key (the one-proxy-per-node Ray layout, docs/nemo.md): it scales with cores, and was not
-  measured on this 2-core machine, where a second proxy process would take its core from the load
-  generator.
+  independent, so the layout beyond one core is several proxy processes, each owning a share of the
+  sessions (`polar proxy serve --workers N`, docs/proxy.md).{workers}
 - **Builder, export and ledger** (`build_export_ms_100k` = {_f(keys.get("build_export_ms_100k"))} ms,
   `export_json_ms_100k` = {_f(keys.get("export_json_ms_100k"))} ms, `ledger_bytes_per_token` =
   {_f(keys.get("ledger_bytes_per_token"))}): see the builder section; a call's ledger record stores

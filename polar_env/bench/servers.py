@@ -4,7 +4,8 @@
 direct path and LiteLLM) and vLLM-style ``/v1/completions`` (token ids in, token ids and logprobs
 out, shaped by the request's flags as vLLM shapes them, for Polar's ``vllm`` backend). With
 ``--instant`` it answers at once with a fixed completion, so only proxy cost is measured; with
-``--local`` it runs the embedded SmolLM2 greedily. ``proxy``: Polar's proxy in front of either.
+``--local`` it runs the embedded SmolLM2 greedily. ``proxy``: Polar's proxy in front of either
+(``--workers N``: N proxy processes behind an admin front, as ``polar proxy serve --workers N``).
 Each prints ``READY <port>`` on stdout once listening and stops on SIGTERM.
 """
 
@@ -13,10 +14,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from yarl import URL
 
 from polar_env import event_loop, fastjson
 from polar_env.backends.vllm import completion_choice
@@ -116,7 +119,7 @@ async def _backend_main(args: argparse.Namespace) -> None:
     await _serve(backend.app())
 
 
-async def _proxy_main(args: argparse.Namespace) -> None:
+def _proxy(args: argparse.Namespace, data_dir: Path) -> Any:
     from polar_env.backends.registry import make_backend
     from polar_env.proxy.app import ProxyServer
     from polar_env.proxy.engine import EngineConfig
@@ -125,9 +128,19 @@ async def _proxy_main(args: argparse.Namespace) -> None:
         backend = make_backend("vllm", url=args.backend_url, model="bench")
     else:
         backend = make_backend("instant", token_ids=[int(x) for x in args.answer_ids.split(",")])
-    proxy = ProxyServer.create(renderer=_renderer(), backend=backend, data_dir=Path(args.data_dir),
-                               admin_secret=ADMIN_SECRET,
-                               config=EngineConfig(max_context=args.max_context, default_max_tokens=64))
+    return ProxyServer.create(renderer=_renderer(), backend=backend, data_dir=data_dir, admin_secret=ADMIN_SECRET,
+                              config=EngineConfig(max_context=args.max_context, default_max_tokens=64))
+
+
+async def _proxy_main(args: argparse.Namespace) -> None:
+    if args.workers > 1:  # the layout of `polar proxy serve --workers N` (proxy/workers.py)
+        from polar_env.proxy.workers import serve, worker_dir
+
+        await serve([partial(_proxy, args, worker_dir(Path(args.data_dir), k)) for k in range(args.workers)],
+                    host="127.0.0.1", port=0, admin_secret=ADMIN_SECRET,
+                    on_listening=lambda front, _workers: print(f"READY {URL(front).port}", flush=True))
+        return
+    proxy = _proxy(args, Path(args.data_dir))
     await _serve(proxy.app(), on_stop=proxy.engine.backend.aclose)
 
 
@@ -142,6 +155,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--answer-ids", default="")
     p.add_argument("--data-dir", required=True)
     p.add_argument("--max-context", type=int, default=200_000)
+    p.add_argument("--workers", type=int, default=1, help="worker processes behind an admin front")
     args = parser.parse_args(argv)
     event_loop.run(_backend_main(args) if args.kind == "backend" else _proxy_main(args))
     return 0
