@@ -23,8 +23,15 @@ def loads(raw: bytes | str) -> Any:
 
 
 def dumps(value: Any) -> bytes:
-    """Compact UTF-8 JSON (``separators=(",", ":")``, ``ensure_ascii=False``)."""
+    """Compact UTF-8 JSON (``separators=(",", ":")``, ``ensure_ascii=False``); numpy arrays (an
+    export's token-id views) are written as lists."""
     try:
-        return orjson.dumps(value)
-    except orjson.JSONEncodeError:
-        return json.dumps(value, separators=(",", ":")).encode()  # ASCII escapes: valid even for lone surrogates
+        return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY)
+    except orjson.JSONEncodeError:  # ASCII escapes: valid even for lone surrogates
+        return json.dumps(value, separators=(",", ":"), default=_tolist).encode()
+
+
+def _tolist(value: Any) -> Any:
+    if hasattr(value, "tolist"):  # a numpy array
+        return value.tolist()
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")

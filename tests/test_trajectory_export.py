@@ -6,9 +6,11 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
-from trajectory_helpers import call, session, three_turn
+from trajectory_helpers import call, long_chain, session, three_turn
 
+from polar_env import fastjson
 from polar_env.chat.messages import ToolCall
 from polar_env.trajectory.chains import build_trajectory
 from polar_env.trajectory.checks import check_group, check_nemo_result, check_path, rescore
@@ -16,6 +18,7 @@ from polar_env.trajectory.export import (
     TrajectoryWriter,
     grpo_advantages,
     grpo_rows,
+    jsonl_line,
     read_trajectories,
     to_nemo_gym_result,
     write_jsonl,
@@ -72,6 +75,27 @@ def test_infra_failure_is_masked_and_empty_episode_is_a_masked_placeholder():
     ok = to_nemo_gym_result(build_trajectory(session(), three_turn()), reward=0.0,
                             responses_create_params={"input": []}, mask_sample=True)
     assert ok["instance_config"]["mask_sample"] is True
+
+
+def test_array_export_writes_the_same_bytes_without_a_copy_per_call():
+    """``arrays=True`` (what the agent server and ``polar rollout`` serialise) must be the same JSON,
+    through both writers, and each call's prompt a read-only view of one buffer, not a copy."""
+    unscored = call(2, [1, 2, 3, 4, 10, 11, 12, 5, 6, 13, 14, 7], [15, 16], parent=1, logprobs=[math.nan, -0.1])
+    for traj in (build_trajectory(session(), three_turn(), reward=1.0), _fragmented(),
+                 build_trajectory(session(), three_turn()[:2] + [unscored], reward=0.0),
+                 build_trajectory(session(), [call(0, [1, 2], [], error="backend down")], status="error")):
+        lists = to_nemo_gym_result(traj, responses_create_params={"input": []})
+        arrays = to_nemo_gym_result(traj, responses_create_params={"input": []}, arrays=True)
+        assert jsonl_line(arrays) == jsonl_line(lists) and fastjson.dumps(arrays) + b"\n" == jsonl_line(lists)
+        assert json.loads(jsonl_line(arrays)) == lists
+        assert check_nemo_result(arrays) == check_nemo_result(lists) == []
+    traj = build_trajectory(session(), long_chain(30), reward=1.0)
+    carriers = [it for it in to_nemo_gym_result(traj, arrays=True)["response"]["output"] if "prompt_token_ids" in it]
+    assert len(carriers) == 30
+    last = carriers[-1]["prompt_token_ids"]
+    assert all(np.shares_memory(it["prompt_token_ids"], last) for it in carriers)
+    with pytest.raises(ValueError, match="read-only"):
+        last[0] = 7  # a shared buffer: one item's edit would change every prompt
 
 
 def _good_result() -> dict:

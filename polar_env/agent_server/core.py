@@ -341,7 +341,8 @@ class PolarAgent:
             if not kind.outside_policy:  # grading would say nothing about the policy otherwise
                 ep.stage = "verification"
                 graded = time.time()
-                draft = to_nemo_gym_result(traj, responses_create_params=ep.params, placeholder_token_id=placeholder)
+                draft = to_nemo_gym_result(traj, responses_create_params=ep.params, placeholder_token_id=placeholder,
+                                           arrays=True)
                 try:
                     outcome = await resources.verify(ep.episode_id, ep.task_id, result=draft)
                     kind = final_kind(kind, FailureKind.from_wire(outcome.failure_kind), outcome.resolved)
@@ -393,7 +394,9 @@ class PolarAgent:
     def _result(self, ep: _Episode, traj: Trajectory, outcome: VerifyOutcome, placeholder: int) -> dict[str, Any]:
         proxy = self.proxy
         assert proxy is not None
-        result = to_nemo_gym_result(traj, responses_create_params=ep.params, placeholder_token_id=placeholder)
+        # arrays: the result is only serialised (fastjson), and its per-call prompts are views, not copies
+        result = to_nemo_gym_result(traj, responses_create_params=ep.params, placeholder_token_id=placeholder,
+                                    arrays=True)
         mask = result["instance_config"]["mask_sample"]
         traj.metadata.update({"duration_s": ep.timings["total_s"], "timings": dict(ep.timings), "mask_sample": mask,
                               "failure": ep.failure.model_dump() if ep.failure else None,

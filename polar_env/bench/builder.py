@@ -80,15 +80,15 @@ def time_once(info: SessionInfo, records: list[CallRecord]) -> dict[str, float]:
     t0 = time.perf_counter()
     traj = build_trajectory(info, records, reward=1.0)
     t1 = time.perf_counter()
-    result = to_nemo_gym_result(traj)
+    result = to_nemo_gym_result(traj, arrays=True)  # as the agent server and `polar rollout` export it
     rows = grpo_rows([traj])
     t2 = time.perf_counter()
-    blob = jsonl_line(result) + b"".join(map(jsonl_line, rows))  # what the exports write
+    lines = [jsonl_line(result), *map(jsonl_line, rows)]  # what the exports write, a line at a time
     t3 = time.perf_counter()
     if not rows or not traj.chains or len(traj.chains) != 1:
         raise RuntimeError(f"builder produced {len(traj.chains)} chains and {len(rows)} rows; expected 1 and 1")
     return {"build_ms": (t1 - t0) * 1e3, "export_ms": (t2 - t1) * 1e3, "build_export_ms": (t2 - t0) * 1e3,
-            "json_ms": (t3 - t2) * 1e3, "json_mb": len(blob) / 2**20,
+            "json_ms": (t3 - t2) * 1e3, "json_mb": sum(map(len, lines)) / 2**20,
             "sequence_tokens": len(traj.chains[0].input_ids)}
 
 

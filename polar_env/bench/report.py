@@ -171,7 +171,9 @@ def render(results: dict[str, Any]) -> str:
                 f"Synthetic records of one {b['calls']}-call chain (60 sampled tokens per call), written to a "
                 "ledger as the proxy writes them and read back (`ledger read ms`: `Ledger.calls`, which "
                 "rebuilds and hash-checks every prompt); `build` = `build_trajectory`, `export` = "
-                "`to_nemo_gym_result` + `grpo_rows`; `json` = serializing both as the exports do (orjson); "
+                "`to_nemo_gym_result(arrays=True)` + `grpo_rows` (as the agent server and `polar rollout` "
+                "export); `json` = `jsonl_line` of each (orjson), as the exports write them; the NeMo result "
+                "repeats each call's prompt (NeMo-RL's contract), so its size grows with calls x context; "
                 f"median of {b['runs']} runs.", "",
                 "| tokens | ledger bytes / token | ledger read ms | build ms | export ms | build + export ms "
                 "| json ms | json MB |", "|---|---|---|---|---|---|---|---|"]

@@ -41,7 +41,7 @@ class RolloutOutputs:
 
     def add(self, trajectory: Trajectory) -> None:
         self._trajectories.write(trajectory)
-        self._nemo.write(jsonl_line(to_nemo_gym_result(trajectory)))  # masked ones too: never dropped
+        self._nemo.write(jsonl_line(to_nemo_gym_result(trajectory, arrays=True)))  # masked ones too: never dropped
         self._nemo.flush()
 
     def close(self) -> None:
@@ -58,7 +58,7 @@ class RolloutOutputs:
 def finish_outputs(out: Path, trajectories: list[Trajectory]) -> dict[str, Any]:
     """NeMo results (rebuilt, so an interrupt between two appends leaves no gap), GRPO batch and
     summary over every finished episode in ``out``."""
-    write_jsonl(out / "nemo_results.jsonl", map(to_nemo_gym_result, trajectories))
+    write_jsonl(out / "nemo_results.jsonl", (to_nemo_gym_result(t, arrays=True) for t in trajectories))
     graded = [t for t in trajectories if t.reward is not None]
     write_jsonl(out / "grpo_batch.jsonl", grpo_rows(graded))
     summary = summarize(trajectories)

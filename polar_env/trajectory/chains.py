@@ -18,6 +18,7 @@ from polar_env.trajectory.models import (
     Chain,
     ChainBreak,
     Span,
+    SpanKind,
     Status,
     Trajectory,
     TrajectoryStats,
@@ -114,7 +115,8 @@ def build_trajectory(session: SessionInfo, calls: list[CallRecord], *, status: S
     by_index = {c.call_index: c for c in calls}
     summaries = [_summary(c, chain_of.get(c.call_index), by_index) for c in calls]
     sampled = sum(len(c.sampled_ids) for c in calls)
-    trainable = sum(ch.trainable_tokens for ch in chains)
+    per_chain = [ch.trainable_tokens for ch in chains]  # each a pass over the chain's mask: once
+    trainable = sum(per_chain)
     stats = TrajectoryStats(
         calls=len(calls),
         failed_calls=sum(1 for c in calls if is_failed(c)),
@@ -122,8 +124,8 @@ def build_trajectory(session: SessionInfo, calls: list[CallRecord], *, status: S
         sampled_tokens=sampled,
         trainable_tokens=trainable,
         trainable_fraction=trainable / sampled if sampled else 0.0,
-        main_chain_tokens=chains[main].trainable_tokens if main is not None else 0,
-        masked_tokens=sum(len(ch.loss_mask) - ch.trainable_tokens for ch in chains),
+        main_chain_tokens=per_chain[main] if main is not None else 0,
+        masked_tokens=sum(len(ch.loss_mask) for ch in chains) - trainable,
         unscored_tokens=sum(s.end - s.start for ch in chains for s in ch.spans if s.kind == "unscored"),
         breaks=[ChainBreak(call_index=ch.call_indices[0], chain=ch.index, reason=ch.start_reason)
                 for ch in chains[1:]],
@@ -160,7 +162,7 @@ def _start(index: int, call: CallRecord, reason: str) -> Chain:
     chain = Chain(index=index, call_indices=[call.call_index], start_reason=reason,
                   input_ids=list(call.prompt_ids), loss_mask=[0] * len(call.prompt_ids),
                   logprobs=[0.0] * len(call.prompt_ids),
-                  spans=[Span(start=0, end=len(call.prompt_ids), kind="prompt", call_index=call.call_index)])
+                  spans=[_span(0, len(call.prompt_ids), "prompt", call.call_index)])
     _add_sampled(chain, call)
     return chain
 
@@ -173,20 +175,23 @@ def _extend(chain: Chain, call: CallRecord) -> None:
         chain.input_ids.extend(glue)
         chain.loss_mask.extend([0] * len(glue))
         chain.logprobs.extend([0.0] * len(glue))
-        chain.spans.append(Span(start=start, end=start + len(glue), kind="interstitial",
-                                call_index=call.call_index))
+        chain.spans.append(_span(start, start + len(glue), "interstitial", call.call_index))
     _add_sampled(chain, call)
 
 
 def _add_sampled(chain: Chain, call: CallRecord) -> None:
     start = len(chain.input_ids)
     n = len(call.sampled_ids)
-    scored = len(call.logprobs) == n and all(math.isfinite(x) for x in call.logprobs)
+    scored = len(call.logprobs) == n and all(map(math.isfinite, call.logprobs))
     chain.input_ids.extend(call.sampled_ids)
     chain.loss_mask.extend([1 if scored else 0] * n)
     chain.logprobs.extend(call.logprobs if scored else [0.0] * n)
-    chain.spans.append(Span(start=start, end=start + n, kind="sampled" if scored else "unscored",
-                            call_index=call.call_index))
+    chain.spans.append(_span(start, start + n, "sampled" if scored else "unscored", call.call_index))
+
+
+def _span(start: int, end: int, kind: SpanKind, call_index: int) -> Span:
+    """A span of ints the builder computed itself: built without pydantic's validation (hundreds a trajectory)."""
+    return Span.model_construct(start=start, end=end, kind=kind, call_index=call_index)
 
 
 def _summary(call: CallRecord, chain: int | None, by_index: dict[int, CallRecord]) -> CallSummary:
@@ -196,12 +201,14 @@ def _summary(call: CallRecord, chain: int | None, by_index: dict[int, CallRecord
         n = len(parent.messages)
         if call.messages[:n] == parent.messages:  # pydantic field equality: no re-serialisation
             offset = min(n + 1, len(call.messages))  # + the parent's own answer
-    return CallSummary(
+    # model_construct: every value comes from a validated record (or is computed here); validating
+    # them again would cost more than the rest of the summary
+    return CallSummary.model_construct(
         call_index=call.call_index, call_id=call.call_id, api=call.api, created_at=call.created_at,
         chain=chain, parent_call_index=call.parent_call_index, messages_offset=offset,
         new_messages=call.messages[offset:], output=call.output, finish_reason=call.finish_reason,
-        prompt_tokens=len(call.prompt_ids), sampled_tokens=len(call.sampled_ids), flags=call.flags,
-        error=call.error, timings=call.timings,
+        prompt_tokens=len(call.prompt_ids), sampled_tokens=len(call.sampled_ids), flags=list(call.flags),
+        error=call.error, timings=dict(call.timings),
     )
 
 

@@ -11,9 +11,10 @@ import json
 import math
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol
 
-from pydantic import BaseModel, Field, StrictBool, StrictFloat, StrictInt, ValidationError
+import numpy as np
+from pydantic import BaseModel, BeforeValidator, Field, StrictBool, StrictFloat, StrictInt, ValidationError
 
 from polar_env.proxy.wire import Loose
 from polar_env.trajectory.export import to_nemo_gym_result
@@ -61,7 +62,10 @@ class CheckReport(BaseModel):
 
 # -- NeMo-RL contract ----------------------------------------------------------------------------
 def _is_trainable(item: Any) -> bool:
-    return isinstance(item, dict) and bool(item.get("generation_token_ids"))
+    if not isinstance(item, dict):
+        return False
+    ids = item.get("generation_token_ids")
+    return bool(len(ids)) if isinstance(ids, np.ndarray) else bool(ids)
 
 
 def _int_list(value: Any) -> bool:
@@ -97,12 +101,18 @@ class NemoResult(Loose):
     instance_config: _InstanceConfig | None = None
 
 
+def _as_list(value: Any) -> Any:
+    """The numpy views of an in-memory export (``to_nemo_gym_result(arrays=True)``) as the lists they serialise to."""
+    return value.tolist() if isinstance(value, np.ndarray) else value
+
+
 class TrainableItem(Loose):
     """An output item that carries token ids: what NeMo-RL turns into a training sample."""
 
-    prompt_token_ids: list[StrictInt]
-    generation_token_ids: list[StrictInt]
-    generation_log_probs: list[Number | None]  # a NaN written as JSON null: reported by position below
+    prompt_token_ids: Annotated[list[StrictInt], BeforeValidator(_as_list)]
+    generation_token_ids: Annotated[list[StrictInt], BeforeValidator(_as_list)]
+    # a NaN written as JSON null: reported by position below
+    generation_log_probs: Annotated[list[Number | None], BeforeValidator(_as_list)]
 
 
 # what a validation error at a field means, in NeMo-RL's terms
@@ -200,7 +210,8 @@ def first_prompt_ids(result: dict[str, Any] | Trajectory) -> list[int] | None:
     if "response" in result:
         for item in (result.get("response") or {}).get("output") or []:
             if _is_trainable(item):
-                return list(item.get("prompt_token_ids") or [])
+                ids = item.get("prompt_token_ids")
+                return _as_list(ids) if ids is not None and len(ids) else []
         return None
     if "input_ids" in result and "loss_mask" in result:
         mask = result["loss_mask"]

@@ -16,11 +16,12 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import orjson
 
 from polar_env.chat.messages import AssistantTurn, Message
 from polar_env.proxy.openai_responses import message_item, output_items
-from polar_env.trajectory.models import CallSummary, Trajectory
+from polar_env.trajectory.models import CallSummary, Chain, Trajectory
 
 GRPO_ROW_SCHEMA = "polar.grpo_row.v1"
 _TRAINABLE_TYPES = ("message", "function_call", "reasoning")  # Gym's *ForTraining item types
@@ -69,7 +70,7 @@ def read_trajectories(path: Path) -> Iterator[Trajectory]:
 def to_nemo_gym_result(traj: Trajectory, *, reward: float | None = None,
                        responses_create_params: dict[str, Any] | None = None, mask_sample: bool | None = None,
                        reward_components: dict[str, float] | None = None,
-                       placeholder_token_id: int = 0) -> dict[str, Any]:
+                       placeholder_token_id: int = 0, arrays: bool = False) -> dict[str, Any]:
     """The ``/run`` result NeMo-RL's Gym actor consumes (docs/trajectories.md).
 
     Output items follow the calls in order. A call of the main chain carries
@@ -81,6 +82,12 @@ def to_nemo_gym_result(traj: Trajectory, *, reward: float | None = None,
     A trajectory with no trainable token is never dropped (a dropped member shrinks its GRPO
     group): it carries one masked placeholder generation of ``placeholder_token_id`` (any id of
     the vocabulary; the agent server passes the model's EOS), ``mask_sample`` forced on.
+
+    Each call's ``prompt_token_ids`` repeats the whole chain before it (NeMo-RL checks every item's
+    prompt against all earlier ids), so a 200-call, 100k-token episode holds ~10M ids. As lists
+    that is ~60 ms of copying; ``arrays=True`` gives read-only numpy views of one array of the chain
+    instead (no copy per call), for results that are only serialised (``jsonl_line``,
+    ``fastjson.dumps``: the same JSON bytes).
     """
     if reward is None:
         reward = traj.reward if traj.reward is not None else 0.0
@@ -89,6 +96,7 @@ def to_nemo_gym_result(traj: Trajectory, *, reward: float | None = None,
     main = traj.chains[traj.main_chain] if traj.main_chain is not None else None
     first_in_chain = {ch.call_indices[0] for ch in traj.chains}
     spans = {s.call_index: s for ch in traj.chains for s in ch.spans if s.kind in ("sampled", "unscored")}
+    ids, logprobs = _token_sources(main, arrays) if main is not None else ([], [])
     output: list[dict[str, Any]] = []
     for call in traj.calls:
         if call.output is None or call.chain is None:
@@ -99,9 +107,9 @@ def to_nemo_gym_result(traj: Trajectory, *, reward: float | None = None,
         span = spans.get(call.call_index)
         if main is not None and call.chain == main.index and span is not None and span.kind == "sampled":
             carrier = _token_carrier(items, call.output.call_id)
-            carrier["prompt_token_ids"] = main.input_ids[: span.start]
-            carrier["generation_token_ids"] = main.input_ids[span.start: span.end]
-            carrier["generation_log_probs"] = main.logprobs[span.start: span.end]
+            carrier["prompt_token_ids"] = ids[: span.start]
+            carrier["generation_token_ids"] = ids[span.start: span.end]
+            carrier["generation_log_probs"] = logprobs[span.start: span.end]
         output.extend(items)
     if main is None:
         first = next((ch.first_prompt_ids() for ch in traj.chains), None) or [placeholder_token_id]
@@ -152,6 +160,16 @@ def to_nemo_gym_result(traj: Trajectory, *, reward: float | None = None,
     if reward_components:
         result["reward_components"] = {str(k): float(v) for k, v in reward_components.items()}
     return result
+
+
+def _token_sources(main: Chain, arrays: bool) -> tuple[Any, Any]:
+    """What the carriers slice their ids and logprobs from: the chain's lists (a slice is a copy),
+    or read-only numpy arrays (a slice is a view; read-only because every view shares one buffer)."""
+    if not arrays:
+        return main.input_ids, main.logprobs
+    ids, logprobs = np.array(main.input_ids, dtype=np.int64), np.array(main.logprobs, dtype=np.float64)
+    ids.flags.writeable = logprobs.flags.writeable = False
+    return ids, logprobs
 
 
 def _usage(traj: Trajectory) -> dict[str, Any]:
@@ -246,8 +264,10 @@ def grpo_rows(trajectories: Iterable[Trajectory], *, leave_one_out: bool = False
 
 def jsonl_line(row: dict[str, Any]) -> bytes:
     """One export row as a JSONL line; orjson, because rows hold long id lists (a 100k-token NeMo
-    result is tens of MB of ints: ``json`` takes several times longer on it)."""
-    return orjson.dumps(row) + b"\n"
+    result is tens of MB of ints: ``json`` takes several times longer on it). numpy arrays (the
+    views of ``to_nemo_gym_result(arrays=True)``) are written as lists; the newline is appended by
+    orjson, not by copying those MB once more."""
+    return orjson.dumps(row, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE)
 
 
 def write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> int:

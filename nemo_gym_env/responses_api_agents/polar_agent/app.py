@@ -16,7 +16,7 @@ import json
 from typing import Any
 
 from aiohttp import ClientResponseError
-from fastapi import Body, FastAPI, HTTPException
+from fastapi import Body, FastAPI, HTTPException, Response
 from fastapi.responses import JSONResponse
 from nemo_gym.base_resources_server import BaseRunRequest
 from nemo_gym.base_responses_api_agent import BaseResponsesAPIAgentConfig, SimpleResponsesAPIAgent
@@ -26,6 +26,7 @@ from nemo_gym.rollout_correlation import maybe_rollout_id_from_run_body
 from nemo_gym.server_utils import raise_for_status
 from pydantic import ConfigDict, PrivateAttr
 
+from polar_env import fastjson
 from polar_env.agent_server.core import InputError, PolarAgent, PolarAgentConfig
 from polar_env.agent_server.observations import plain_items
 from polar_env.episodes.workspace import WorkspaceMounts
@@ -138,7 +139,7 @@ class PolarAgentServer(SimpleResponsesAPIAgent):
     async def responses(self, body: NeMoGymResponseCreateParamsNonStreaming) -> JSONResponse:
         return JSONResponse({"error": {"message": "polar_agent runs whole episodes: POST /run"}}, status_code=501)
 
-    async def run(self, body: PolarRunRequest) -> JSONResponse:
+    async def run(self, body: PolarRunRequest) -> Response:
         if self._agent is None:
             raise HTTPException(status_code=503, detail="the polar agent is not running (starting or stopping)")
         row = body.model_dump(mode="json", exclude_unset=True)
@@ -151,7 +152,9 @@ class PolarAgentServer(SimpleResponsesAPIAgent):
                                            rollout_id=rollout_id)
         except InputError as exc:
             raise HTTPException(status_code=422, detail=str(exc)) from None
-        return JSONResponse(result)
+        # orjson: a 100k-token episode's result is ~60 MB of JSON (every call repeats its prompt, as NeMo-RL
+        # requires), seconds for the stdlib codec; its token ids are numpy views the stdlib cannot write
+        return Response(fastjson.dumps(result), media_type="application/json")
 
 
 if __name__ == "__main__":
