@@ -253,7 +253,10 @@ class PolarAgent:
 
     async def run(self, row: dict[str, Any], resources: ResourcesClient, *,
                   rollout_id: str | None = None) -> dict[str, Any]:
-        """One rollout of the row's task; returns a result NeMo-RL accepts, or raises ``InputError``."""
+        """One rollout of the row's task; returns a result NeMo-RL accepts, or raises ``InputError``.
+
+        Its token ids are read-only numpy views (``to_nemo_gym_result(arrays=True)``): serialise it
+        with ``polar_env.fastjson.dumps``, as the Gym server does."""
         if self.proxy is None or self._stopping:
             raise RuntimeError("the agent is not running (start() not awaited, or stopping)")
         task_id = row_task_id(row)
