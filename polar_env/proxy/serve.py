@@ -12,7 +12,7 @@ from pathlib import Path
 from polar_env import event_loop
 from polar_env.proxy.app import DEFAULT_MAX_BODY, ProxyServer
 from polar_env.proxy.engine import EngineConfig
-from polar_env.proxy.workers import LayoutError, check_data_dir, serve, worker_dir
+from polar_env.proxy.workers import LayoutError, WorkerStartError, check_data_dir, serve, worker_dir
 from polar_env.stop_signal import wait_for_stop_signal
 
 
@@ -123,4 +123,8 @@ def run(args: argparse.Namespace) -> int:
     except LayoutError as exc:
         print(f"polar proxy serve: error: {exc}", file=sys.stderr)
         return 2
-    return event_loop.run(_serve(args))
+    try:
+        return event_loop.run(_serve(args))
+    except WorkerStartError as exc:
+        print(f"polar proxy serve: error: {exc}", file=sys.stderr)
+        return 1

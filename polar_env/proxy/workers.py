@@ -50,6 +50,10 @@ class LayoutError(ValueError):
     """The data directory or the flags do not fit the layout asked for."""
 
 
+class WorkerStartError(RuntimeError):
+    """A worker exited, or did not listen in time, at start (its own error is on stderr above)."""
+
+
 def worker_dir(data_dir: Path, index: int) -> Path:
     return Path(data_dir) / f"worker-{index}"
 
@@ -111,13 +115,13 @@ class Workers:
         ports = []
         for k, (proc, ready) in enumerate(zip(self.procs, self._ready, strict=True)):
             if not ready.poll(timeout_s):
-                raise RuntimeError(f"proxy worker {k} did not start within {timeout_s:.0f} s")
+                raise WorkerStartError(f"proxy worker {k} did not start within {timeout_s:.0f} s")
             try:
                 ports.append(ready.recv())
             except EOFError:
                 proc.join(5)
-                raise RuntimeError(f"proxy worker {k} exited at start (code {proc.exitcode}); "
-                                   "its error is above") from None
+                raise WorkerStartError(f"proxy worker {k} exited at start (code {proc.exitcode}); "
+                                       "its error is above") from None
         return ports
 
     def wait_any_exit(self) -> None:
@@ -145,6 +149,7 @@ class Front:
         self.urls = [str(URL.build(scheme="http", host=local, port=p)) for p in worker_ports]
         self.admin_secret = admin_secret
         self.owner: dict[str, int] = {}  # session id -> worker index
+        self.load = [0] * len(worker_ports)  # sessions assigned to each worker
         self.http: aiohttp.ClientSession | None = None
 
     async def open(self) -> None:
@@ -156,6 +161,7 @@ class Front:
                 resp.raise_for_status()
                 for info in fastjson.loads(await resp.read()):
                     self.owner[info["session_id"]] = k
+                    self.load[k] += 1
 
     async def close(self) -> None:
         if self.http is not None:
@@ -204,19 +210,19 @@ class Front:
         sid = parsed.get("session_id") if isinstance(parsed, dict) else None
         sid = sid if isinstance(sid, str) else None
         k = self.owner.get(sid) if sid else None  # a taken id goes to its owner, which refuses it
-        reserved = k is None and sid is not None
-        if k is None:
-            load = [0] * len(self.urls)
-            for owner in self.owner.values():
-                load[owner] += 1
-            k = load.index(min(load))
-            if reserved:
-                self.owner[sid] = k  # before the await: a concurrent create of the same id goes there too
+        assigned = k is None
+        if assigned:  # counted before the await, so a burst of creates is spread too
+            k = self.load.index(min(self.load))
+            self.load[k] += 1
+            if sid is not None:
+                self.owner[sid] = k  # a concurrent create of the same id goes to the same worker
         response = await self._forward(k, request, body)
         if response.status == 201:
             self.owner[fastjson.loads(response.body)["session_id"]] = k
-        elif reserved and self.owner.get(sid) == k:
-            del self.owner[sid]
+        elif assigned:
+            self.load[k] -= 1
+            if sid is not None and self.owner.get(sid) == k:
+                del self.owner[sid]
         return response
 
     async def _list(self, request: web.Request) -> web.Response:
