@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
 import sys
 import textwrap
 import threading
+import tracemalloc
 from pathlib import Path
 
 import pytest
-from trajectory_helpers import call, long_chain, session, three_turn
+from trajectory_helpers import call, long_chain, reusing, session, three_turn
 
 from polar_env.trajectory.chains import build_trajectory
 from polar_env.trajectory.ledger import Ledger, LedgerError, encode_line
@@ -189,6 +191,37 @@ def test_a_line_holds_what_the_call_adds_and_reads_back_whole(tmp_path: Path):
     traj = build_trajectory(ledger.session("s1"), back)
     assert len(traj.chains) == 1 and traj.chains[0].input_ids == back[-1].prompt_ids + back[-1].sampled_ids
     assert path.stat().st_size / len(traj.chains[0].input_ids) < 40  # bytes per distinct token, flat
+
+
+def test_read_back_prompts_share_their_chain_yet_stay_exact(tmp_path: Path):
+    """A chain's prompts are read back as prefixes of one list (not a list per call: calls x context
+    ids); a retry branching off the middle, and its own child, still read back token-exact."""
+    records = long_chain(120, appended=200)
+    parent = records[60]
+    retry = reusing(call(120, parent.prompt_ids + parent.sampled_ids + [9, 9], [7, 8], parent=60, tool="shell",
+                         messages=records[61].messages), parent)
+    child = reusing(call(121, retry.prompt_ids + retry.sampled_ids + [6], [5], parent=120, tool="shell",
+                         messages=records[61].messages), retry)
+    ledger = Ledger(tmp_path)
+    ledger.create_session(session("s1"))
+    for record in [*records, retry, child]:
+        ledger.append(record)
+    tracemalloc.start()
+    back = ledger.calls("s1")
+    allocated = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    distinct = len(records[-1].prompt_ids) + len(records[-1].sampled_ids)
+    as_lists = sum(8 * len(r.prompt_ids) for r in records)  # the pointer arrays of one list per prompt
+    assert allocated < as_lists / 2, (allocated, as_lists, distinct)
+    written = [*records, retry, child]
+    assert [(c.prompt_ids, c.sampled_ids, c.messages) for c in back] == [
+        (c.prompt_ids, c.sampled_ids, c.messages) for c in written]  # each prompt equals the list it stands for
+    assert [json.loads(r.model_dump_json())["prompt_ids"] for r in back] == [r.prompt_ids for r in written]
+    assert back[60].prompt_ids[-1] == parent.prompt_ids[-1] and len(back[60].prompt_ids) == len(parent.prompt_ids)
+    assert back[121].prompt_ids[-3:] == [9, 9, 7, 8, 6][-3:] and list(back[121].prompt_ids) == child.prompt_ids
+    traj = build_trajectory(ledger.session("s1"), back)
+    assert [len(ch.call_indices) for ch in traj.chains] == [120, 2]  # the retry is a branch: a chain of its own
+    assert traj.chains[1].input_ids == child.prompt_ids + child.sampled_ids
 
 
 def test_an_altered_record_is_caught_by_its_childrens_prompt_hash(tmp_path: Path):

@@ -32,6 +32,7 @@ from polar_env.trajectory.records import (
     CallFields,
     CallLine,
     CallRecord,
+    PromptIds,
     SessionInfo,
     ids_digest,
 )
@@ -411,21 +412,30 @@ class LineDecoder:
         if parent is not None and line.reused_messages > len(parent.messages):
             raise LedgerError(f"call {index} reuses {line.reused_messages} messages; its parent has "
                               f"{len(parent.messages)}")
+        prompt: list[int] | PromptIds | None = None
         if parent is None:
             prompt, digest = list(appended), ids_digest(appended)
         else:
             n = len(parent.prompt_ids)
-            prompt = parent.prompt_ids[:reused]  # one copy of the reused prefix, then extended in place
-            if reused > n:
-                prompt += parent.sampled_ids[:reused - n]
-            prompt += appended
             if reused == n + len(parent.sampled_ids):  # the usual case: continue the parent's digest
                 digest = ids_digest(appended, self._digest(parent))
             else:
+                prompt = parent.prompt_ids[:reused]  # one copy of the reused prefix, then extended in place
+                if reused > n:
+                    prompt += parent.sampled_ids[:reused - n]
+                prompt += appended
                 digest = ids_digest(prompt)
         if digest.hexdigest() != line.prompt_sha256:
-            raise LedgerError(f"call {index}: the prompt rebuilt from its parent chain ({len(prompt)} ids) does "
+            raise LedgerError(f"call {index}: the prompt rebuilt from its parent chain ({line.prompt_len} ids) does "
                               "not match its recorded SHA-256: a record it extends was altered")
+        if prompt is None:  # checked before the chain's shared list grows
+            assert parent is not None
+            base = parent.prompt_ids
+            if not (isinstance(base, PromptIds) and base.extends(n)):
+                base = PromptIds(list(base), n)  # a branch, or a format-1 parent: the new chain's own list
+            prompt = base.grown(parent.sampled_ids, appended)
+        elif isinstance(prompt, list):
+            prompt = PromptIds(prompt, len(prompt))
         self._digests[index] = ids_digest(line.sampled_ids, digest)
         fields = {name: getattr(line, name) for name in CallFields.model_fields}
         return CallRecord.model_construct(

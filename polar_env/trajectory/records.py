@@ -9,9 +9,11 @@ from __future__ import annotations
 import hashlib
 import sys
 from array import array
-from typing import Any, Literal
+from collections.abc import Sequence
+from itertools import islice
+from typing import Any, Literal, overload
 
-from pydantic import AliasChoices, BaseModel, Field
+from pydantic import AliasChoices, BaseModel, Field, field_serializer
 
 from polar_env.backends.base import SamplingParams
 from polar_env.chat.messages import AssistantTurn, Message, ToolSpec
@@ -31,6 +33,73 @@ def ids_digest(ids: list[int] | array, digest: Any = None) -> Any:
         packed.byteswap()
     digest.update(packed.tobytes())
     return digest
+
+
+class PromptIds(Sequence[int]):
+    """A prompt read back from the ledger: the first ``len(self)`` ids of a list its chain shares.
+
+    Each call's prompt is its parent's prompt + sampled ids + what was appended, so a chain's
+    prompts are prefixes of one list: a list per call would copy calls x context ids (10M, ~80 MB,
+    for a 200-call 100k-token episode) that the chain builder never reads. Read-only; a slice is a
+    list, and it equals the list it stands for.
+    """
+
+    __slots__ = ("_ids", "_n")
+
+    def __init__(self, ids: list[int], n: int):
+        self._ids, self._n = ids, n
+
+    def __len__(self) -> int:
+        return self._n
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[int]: ...
+    def __getitem__(self, index: int | slice) -> int | list[int]:
+        if isinstance(index, slice):
+            if index.step not in (None, 1):
+                return self.tolist()[index]
+            start, stop, _ = index.indices(self._n)
+            return self._ids[start:stop]
+        if index < 0:
+            index += self._n
+        if not 0 <= index < self._n:
+            raise IndexError("prompt index out of range")
+        return self._ids[index]
+
+    def __iter__(self):  # noqa: ANN204 - an iterator of ints
+        return islice(self._ids, self._n)
+
+    def tolist(self) -> list[int]:
+        return self._ids[: self._n]
+
+    def extends(self, n: int) -> bool:
+        """Whether this prompt ends its shared list, which can then grow in place for a child
+        (a second child of the same ``n`` ids finds the list longer and copies instead)."""
+        return len(self._ids) == self._n == n
+
+    def grown(self, *parts: list[int]) -> PromptIds:
+        """The next prompt of the chain: this one's list extended in place (see ``extends``)."""
+        for part in parts:
+            self._ids.extend(part)
+        return PromptIds(self._ids, len(self._ids))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, PromptIds):
+            other = other.tolist()
+        return isinstance(other, list) and len(other) == self._n and self.tolist() == other
+
+    __hash__ = None  # type: ignore[assignment] - equal to a list, so unhashable like one
+
+    def __add__(self, other: Sequence[int]) -> list[int]:
+        return self.tolist() + list(other)
+
+    def __radd__(self, other: Sequence[int]) -> list[int]:
+        return list(other) + self.tolist()
+
+    def __repr__(self) -> str:
+        return repr(self.tolist())
 
 
 class CallFields(BaseModel):
@@ -75,8 +144,12 @@ class CallRecord(CallFields):
     schema_version: int = RECORD_SCHEMA_VERSION  # 1: read from an old ledger's line (the whole call)
     messages: list[Message]  # canonical request messages after volatile stripping
     tools: list[ToolSpec] = Field(default_factory=list)
-    prompt_ids: list[int] = Field(default_factory=list)
+    prompt_ids: list[int] = Field(default_factory=list)  # a PromptIds when read back from a format-2 ledger
     reused_tools: bool = False  # the tools are the parent's (the writer's claim): the line omits them
+
+    @field_serializer("prompt_ids")
+    def _prompt_list(self, ids: Sequence[int]) -> list[int]:
+        return ids if isinstance(ids, list) else list(ids)
 
 
 class CallLine(CallFields):
