@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import pickle
+import sys
 
 import pytest
 from wire_helpers import FIXTURES
@@ -104,3 +105,32 @@ def test_a_large_body_decoded_in_a_worker_leaves_its_snapshot():
     assert seen.decoded is not None and seen.body_bytes == len(raw) and len(decoded.conversation.messages) == 300
     grown = json.dumps({"model": "m", "messages": history + [{"role": "user", "content": "more"}]}).encode()
     _same(_decode(openai_chat.decode, grown, seen), _decode(openai_chat.decode, grown))
+
+
+def _calls_to_decode_next(turns: int) -> int:
+    """Function calls (Python and C) made to decode the next request of a ``turns``-turn chat session."""
+    seen, history = Seen(), [{"role": "system", "content": "Be brief."}]
+    for i in range(turns):
+        history += [{"role": "user", "content": f"step {i}"}, {"role": "assistant", "content": f"done {i}"}]
+    _decode(openai_chat.decode, json.dumps({"model": "m", "messages": history}).encode(), seen)
+    history += [{"role": "user", "content": "next step"}]
+    raw = json.dumps({"model": "m", "messages": history}).encode()
+    calls = 0
+
+    def count(frame, event, arg) -> None:
+        nonlocal calls
+        calls += event in ("call", "c_call")
+
+    sys.setprofile(count)
+    try:
+        _decode(openai_chat.decode, raw, seen)
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+def test_decoding_the_next_request_does_not_walk_the_history():
+    """Validation, the split-turn merge, the volatile rules and the prefix hashes run on the appended
+    messages only: a request at turn 200 makes no more calls than one at turn 20 (the JSON parse and
+    the prefix compare are single C calls whatever the length)."""
+    assert _calls_to_decode_next(200) <= _calls_to_decode_next(20)

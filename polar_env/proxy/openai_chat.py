@@ -133,7 +133,7 @@ def decode(body: Any, seen: Seen | None = None) -> DecodedRequest:
         flags += raised
     if seen is not None and isinstance(raw, list):
         seen.decoded = Decoded(raw, decoded, item_flags)
-    messages, refs = merge_split_turns(decoded, [None] * len(decoded))
+    messages, refs = merge_split_turns(decoded, [None] * len(decoded), seen)
     tools = [t for t in (_tool(t, flags) for t in req.tools or []) if t is not None]
     tools, choice = choose_tools(tools, *openai_tool_choice(req.tool_choice, flags), flags)
     if req.parallel_tool_calls is False:

@@ -1,12 +1,13 @@
 """What a session's previous request already held, so each request is worked on only where it is new.
 
 A harness resends its whole history on every call; at turn 200 that is hundreds of messages the
-proxy validated, stripped of volatile lines and hashed on the turns before. :class:`Seen` keeps,
-per session, the last request's raw wire items, the canonical messages they decoded to, their
-stripped form and the running prefix hashes. The next request reuses all of that for its leading
-items equal to the previous request's (an ``==`` of parsed JSON: a C-level compare, not a decode),
-and decodes, strips and hashes only the rest. The result is the same as decoding everything: any
-item that differs, and all after it, go through the full path.
+proxy validated, merged, stripped of volatile lines and hashed on the turns before. :class:`Seen`
+keeps, per session, the last request's raw wire items, the canonical messages they decoded to, the
+state the split-turn merge ended in, their stripped form and the running prefix hashes. The next
+request reuses all of that for its leading items equal to the previous request's (an ``==`` of
+parsed JSON or of the same message objects: a C-level compare, not a decode), and works only on
+the rest, so a call's cost does not grow with the history. The result is the same as decoding
+everything: any item that differs, and all after it, go through the full path.
 
 A snapshot is replaced whole, never edited, so two requests of one session decoding at once (in
 worker threads for large bodies) each see a consistent one; the later simply wins.
@@ -37,12 +38,30 @@ class Decoded:
 
 
 @dataclass(frozen=True)
+class Merged:
+    """``merge_split_turns`` of one request: its input and the state the merge ended in (the output
+    so far and the output index of the latest assistant message), which a longer input continues."""
+
+    messages: list[Message]
+    refs: list[str | None]
+    out: list[Message]
+    out_refs: list[str | None]
+    last: int | None
+
+
+@dataclass(frozen=True)
 class Stripped:
-    """Canonical messages before and after the volatile rules (None: a system message left empty)."""
+    """Canonical messages and refs before the volatile rules, each message after them (None: a
+    system message left empty) with the rules that fired, and the request's output: the messages
+    kept, their refs and the ``stripped:`` flags raised, in order."""
 
     before: list[Message]
+    refs: list[str | None]
     after: list[Message | None]
     fired: list[tuple[str, ...]]
+    messages: list[Message]
+    out_refs: list[str | None]
+    flags: dict[str, None]
 
 
 @dataclass(frozen=True)
@@ -66,6 +85,12 @@ def common_prefix(new: list[Any], old: list[Any]) -> int:
     return k
 
 
+def extends(new: list[Any], old: list[Any]) -> bool:
+    """Whether ``new`` starts with all of ``old`` (one C-level compare; the same objects compare by
+    identity first)."""
+    return len(new) >= len(old) and new[:len(old)] == old
+
+
 def hash_prefixes(messages: list[Message], known: Hashed | None = None) -> Hashed:
     """Prefix hashes of ``messages``, continuing from ``known`` over the leading messages it shares."""
     k = common_prefix(messages, known.messages) if known else 0
@@ -81,9 +106,10 @@ def hash_prefixes(messages: list[Message], known: Hashed | None = None) -> Hashe
 
 @dataclass
 class Seen:
-    """The last request of one session, in its three stages (each None until a request filled it)."""
+    """The last request of one session, in its four stages (each None until a request filled it)."""
 
     decoded: Decoded | None = None
+    merged: Merged | None = None
     stripped: Stripped | None = None
     hashed: Hashed | None = field(default=None, repr=False)
     body_bytes: int = 0  # the size of the last request's body

@@ -12,7 +12,7 @@ from __future__ import annotations
 from polar_env.chat.messages import Message
 from polar_env.harness_adapters.base import VolatileRule
 from polar_env.harness_adapters.registry import ADAPTERS
-from polar_env.proxy.seen import Seen, Stripped, common_prefix
+from polar_env.proxy.seen import Seen, Stripped, common_prefix, extends
 from polar_env.proxy.wire import DecodedRequest, dedupe
 
 # Each adapter declares its harness's own lines (harness_adapters/<harness>.py); the proxy does not
@@ -36,26 +36,35 @@ def apply(req: DecodedRequest, rules: tuple[VolatileRule, ...] = RULES, seen: Se
     """Strip every message; a system message left empty is dropped (with its ref, keeping alignment).
 
     With ``seen`` (the session's last request), the leading messages equal to that request's keep
-    their stripped form: the rules run on the messages new since.
+    their stripped form: the rules run on the messages new since; and a request that extends the
+    last one (same messages and refs, then more) continues its output instead of rebuilding it.
     """
     before = req.conversation.messages
+    refs_in = req.assistant_refs or [None] * len(before)
     last = seen.stripped if seen is not None else None
     k = common_prefix(before, last.before) if last is not None else 0
-    after: list[Message | None] = list(last.after[:k]) if last is not None else []
-    fired_all: list[tuple[str, ...]] = list(last.fired[:k]) if last is not None else []
+    after: list[Message | None] = last.after[:k] if last is not None else []
+    fired_all: list[tuple[str, ...]] = last.fired[:k] if last is not None else []
     for message in before[k:]:
         stripped, fired = strip_message(message, rules)
         dropped = fired and stripped.role == "system" and not stripped.content.strip()
         after.append(None if dropped else stripped)
         fired_all.append(tuple(fired))
+    if last is not None and k == len(last.before) and extends(refs_in, last.refs):
+        start, messages, refs, stripped_flags = k, list(last.messages), list(last.out_refs), dict(last.flags)
+    else:
+        start, messages, refs, stripped_flags = 0, [], [], {}
+    if len(refs_in) != len(before):
+        raise ValueError(f"{len(refs_in)} assistant refs for {len(before)} messages")
+    for i in range(start, len(before)):
+        for name in fired_all[i]:
+            stripped_flags[f"stripped:{name}"] = None
+        if after[i] is not None:
+            messages.append(after[i])
+            refs.append(refs_in[i])
     if seen is not None:
-        seen.stripped = Stripped(list(before), after, fired_all)
-    messages, refs, flags = [], [], list(req.flags)
-    refs_in = req.assistant_refs or [None] * len(before)
-    for stripped, fired, ref in zip(after, fired_all, refs_in, strict=True):
-        flags += [f"stripped:{name}" for name in fired]
-        if stripped is not None:
-            messages.append(stripped)
-            refs.append(ref)
+        seen.stripped = Stripped(list(before), list(refs_in), after, fired_all, list(messages), list(refs),
+                                 dict(stripped_flags))
     conversation = req.conversation.model_copy(update={"messages": messages})
-    return req.model_copy(update={"conversation": conversation, "assistant_refs": refs, "flags": dedupe(flags)})
+    return req.model_copy(update={"conversation": conversation, "assistant_refs": refs,
+                                  "flags": dedupe([*req.flags, *stripped_flags])})

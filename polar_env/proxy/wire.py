@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from polar_env import fastjson
 from polar_env.chat.messages import AssistantTurn, Conversation, Message, ToolCall, ToolSpec
+from polar_env.proxy.seen import Merged, Seen, extends
 
 # Text parts and blocks of one message are joined with this; every API uses the same join so a
 # conversation decodes to the same canonical text whichever wire it came over.
@@ -190,7 +191,8 @@ def _turn_key(message: Message, ref: str | None) -> str | None:
     return keys.pop() if len(keys) == 1 and None not in keys else None
 
 
-def merge_split_turns(messages: list[Message], refs: list[str | None]) -> tuple[list[Message], list[str | None]]:
+def merge_split_turns(messages: list[Message], refs: list[str | None], seen: Seen | None = None
+                      ) -> tuple[list[Message], list[str | None]]:
     """Put the tool calls of one sampled turn back into one assistant message.
 
     Codex records each function call followed by its output (call A, output A, call B, output B);
@@ -198,11 +200,16 @@ def merge_split_turns(messages: list[Message], refs: list[str | None]) -> tuple[
     output A, which the model never saw. An assistant message that holds only tool calls, follows
     tool results only, and whose calls (and ref) name the same proxy-issued turn as the assistant
     message before those results, joins that message; the results keep their order after it.
+
+    With ``seen`` (the session's last request), an input that extends the last one's continues
+    from the state its merge ended in: only the appended messages are walked.
     """
-    out: list[Message] = []
-    out_refs: list[str | None] = []
-    last = None  # index in ``out`` of the latest assistant message
-    for message, ref in zip(messages, refs, strict=True):
+    known = seen.merged if seen is not None else None
+    if known is not None and extends(messages, known.messages) and extends(refs, known.refs):
+        start, out, out_refs, last = len(known.messages), list(known.out), list(known.out_refs), known.last
+    else:
+        start, out, out_refs, last = 0, [], [], None  # last: index in ``out`` of the latest assistant message
+    for message, ref in zip(messages[start:], refs[start:], strict=True):
         if (message.role == "assistant" and last is not None and message.tool_calls and not message.content
                 and message.reasoning is None and len(out) > last + 1
                 and all(m.role == "tool" for m in out[last + 1:])):
@@ -214,6 +221,8 @@ def merge_split_turns(messages: list[Message], refs: list[str | None]) -> tuple[
             last = len(out)
         out.append(message)
         out_refs.append(ref)
+    if seen is not None:
+        seen.merged = Merged(list(messages), list(refs), list(out), list(out_refs), last)
     return out, out_refs
 
 
