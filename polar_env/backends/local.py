@@ -104,7 +104,8 @@ class LocalBackend:
         return self.logprobs_mode
 
     async def aclose(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        """Stop the model's worker thread: queued work is cancelled, a running generation finishes."""
+        await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)  # the loop runs on
 
     # ---- the sampling loop ------------------------------------------------------------------
 

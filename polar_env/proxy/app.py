@@ -193,6 +193,9 @@ class ProxyServer:
             self.port = tcp._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
     async def stop(self) -> None:
+        """Finish the calls in flight, close the server, then stop every thread and process the
+        proxy started (tokenizer, ledger writer, parse workers, an owned backend's): they are idle
+        by then, so joining them is immediate."""
         pending = [t for tasks in self._inflight.values() for t in tasks]
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
@@ -200,6 +203,8 @@ class ProxyServer:
             await self._runner.cleanup()
             self._runner = None
         self._parsers.close()
+        self.engine.close()
+        self.registry.ledger.close()
         if self.owns_backend:
             await self.engine.backend.aclose()
 

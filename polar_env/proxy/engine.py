@@ -72,16 +72,24 @@ class TokenEngine:
         self.ledger = ledger
         self.config = config or EngineConfig()
         self.eos_ids = set(renderer.eos_token_ids)
-        # Rendering, tokenizing, parsing and the ledger's JSON run here, off the event loop: one
-        # thread, because a fast tokenizer must not be used from two threads at once.
-        self._cpu = ThreadPoolExecutor(max_workers=1, thread_name_prefix="polar-tokenize")
+        # Rendering, tokenizing and parsing run here, off the event loop: one thread (started on
+        # first use, stopped by ``close``), because a fast tokenizer must not be used from two
+        # threads at once.
+        self._cpu: ThreadPoolExecutor | None = None
         self._window: int | None = None
         self._window_known = False
 
     async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` on the engine's worker thread: /health and other sessions stay served."""
+        if self._cpu is None:
+            self._cpu = ThreadPoolExecutor(max_workers=1, thread_name_prefix="polar-tokenize")
         return await asyncio.get_running_loop().run_in_executor(self._cpu, partial(fn, *args))
 
+    def close(self) -> None:
+        """Stop the worker thread once it is idle (a later call starts a new one)."""
+        cpu, self._cpu = self._cpu, None
+        if cpu is not None:
+            cpu.shutdown(wait=True)
 
     async def context_window(self) -> int | None:
         """The window calls must fit: the configured one, else the backend's (asked once); None: unknown."""
@@ -239,7 +247,9 @@ class TokenEngine:
         session.admit()
         ext = await self.build_prompt(session, conv, request.assistant_refs, hashes)
         prefix = self._prefix(request, record)
-        prompt_ids = ext.prompt_ids + (await self.off_loop(self.renderer.encode_text, prefix) if prefix else [])
+        prompt_ids = ext.prompt_ids  # a list of its own: extended in place, never copied whole
+        if prefix:
+            prompt_ids += await self.off_loop(self.renderer.encode_text, prefix)
         render_ms = (time.perf_counter() - started) * 1e3
         record.prefill = prefix
         record.parent_call_index = ext.parent.call_index if ext.parent else None
@@ -357,8 +367,9 @@ def _count_until(renderer: ChatRenderer, texts: list[str], limit: int) -> tuple[
 
 def _extend(renderer: ChatRenderer, parent: CallState, appended: list[Message]) -> list[int]:
     """The parent's prompt and sampled ids followed by the rendered ``appended`` messages."""
-    glue = renderer.render_continuation(appended, previous_ended_with_eos=parent.ended_with_eos)
-    return parent.token_ids() + glue
+    ids = parent.token_ids()
+    ids += renderer.render_continuation(appended, previous_ended_with_eos=parent.ended_with_eos)
+    return ids
 
 
 def _answers(message: Message, ref: str | None, state: CallState) -> bool:

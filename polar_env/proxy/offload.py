@@ -46,6 +46,7 @@ class ParsePool:
             raise
 
     def close(self) -> None:
+        """Stop the workers and the pool's own thread, waiting for them (a later body starts a new pool)."""
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None

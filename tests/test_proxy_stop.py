@@ -1,0 +1,48 @@
+"""``ProxyServer.stop`` stops every thread and process the proxy started.
+
+A proxy runs its tokenizer, its ledger writer and the model of a backend it owns on worker threads,
+and parses large bodies in worker processes; a trainer or a test suite starts and stops many
+proxies in one process, so each stop must leave none of them behind.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+
+import aiohttp
+from proxy_client import ADMIN, post
+
+from polar_env.backends.local import LocalBackend
+from polar_env.proxy.app import OFF_LOOP_BYTES, ProxyServer
+from polar_env.proxy.engine import EngineConfig
+
+
+def _ours(before: set[threading.Thread]) -> list[str]:
+    """Threads started since ``before``, but the event loop's own default executor (asyncio joins it)."""
+    return sorted(t.name for t in threading.enumerate() if t not in before and not t.name.startswith("asyncio_"))
+
+
+async def test_stop_leaves_no_worker_thread_or_process(renderer, embedded_dir, tmp_path):
+    backend = LocalBackend.from_pretrained(embedded_dir)  # its worker thread starts with the first call
+    before = set(threading.enumerate())  # after loading: tqdm leaves a monitor thread of its own
+    proxy = ProxyServer.create(renderer=renderer, backend=backend,
+                               data_dir=tmp_path, admin_secret=ADMIN,
+                               config=EngineConfig(max_context=2048, default_max_tokens=4))
+    await proxy.start("127.0.0.1", 0)
+    sid, key = proxy.create_session()
+    url = f"{proxy.base_url}/s/{sid}/v1/chat/completions"
+    async with aiohttp.ClientSession() as http:
+        status, reply = await post(http, url, {"model": "m", "messages": [{"role": "user", "content": "Hi."}]}, key)
+        assert status == 200, reply
+        # a body past OFF_LOOP_BYTES is parsed in a worker process (its answer: the context overflows)
+        huge = {"model": "m", "messages": [{"role": "user", "content": "word " * (OFF_LOOP_BYTES // 4)}]}
+        status, reply = await post(http, url, huge, key)
+        assert status == 400 and "context" in reply["error"]["message"], reply
+    started = _ours(before)
+    for worker in ("polar-tokenize_0", "polar-ledger_0", "polar-local_0"):
+        assert worker in started
+    assert multiprocessing.active_children()  # the parse worker
+    await proxy.stop()
+    assert _ours(before) == []
+    assert multiprocessing.active_children() == []
