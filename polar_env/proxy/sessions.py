@@ -161,10 +161,14 @@ class Session:
         state = CallState(
             call_index=record.call_index, call_id=record.call_id, n_messages=len(record.messages),
             prefix_hash=prefix_hash or prefix_hashes(record.messages)[-1],
-            tools_fp=_tools_fp(record), buffer=buffer, n_ids=len(buffer),
+            # a call that reuses its parent's tools and messages has the parent's fingerprints: not
+            # hashed again per call (a harness's tools and system prompt run to tens of kilobytes)
+            tools_fp=parent.tools_fp if parent is not None and record.reused_tools else _tools_fp(record),
+            buffer=buffer, n_ids=len(buffer),
             ended_with_eos=bool(record.sampled_ids) and record.sampled_ids[-1] in eos_ids,
             output=record.output,
-            system_fp=record.messages[0].fingerprint() if record.messages else None,
+            system_fp=(parent.system_fp if parent is not None and record.reused_messages
+                       else record.messages[0].fingerprint() if record.messages else None),
             digest=digest,
         )
         self.calls.append(state)
