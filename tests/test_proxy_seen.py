@@ -107,14 +107,14 @@ def test_a_large_body_decoded_in_a_worker_leaves_its_snapshot():
     _same(_decode(openai_chat.decode, grown, seen), _decode(openai_chat.decode, grown))
 
 
-def _calls_to_decode_next(turns: int) -> int:
-    """Function calls (Python and C) made to decode the next request of a ``turns``-turn chat session."""
-    seen, history = Seen(), [{"role": "system", "content": "Be brief."}]
+def _calls_to_decode_next(module, turns: int) -> int:
+    """Function calls (Python and C) made to decode the next request of a ``turns``-turn session."""
+    seen, history = Seen(), []
     for i in range(turns):
         history += [{"role": "user", "content": f"step {i}"}, {"role": "assistant", "content": f"done {i}"}]
-    _decode(openai_chat.decode, json.dumps({"model": "m", "messages": history}).encode(), seen)
+    _decode(module.decode, json.dumps({"model": "m", "system": "Be brief.", "messages": history}).encode(), seen)
     history += [{"role": "user", "content": "next step"}]
-    raw = json.dumps({"model": "m", "messages": history}).encode()
+    raw = json.dumps({"model": "m", "system": "Be brief.", "messages": history}).encode()
     calls = 0
 
     def count(frame, event, arg) -> None:
@@ -123,14 +123,15 @@ def _calls_to_decode_next(turns: int) -> int:
 
     sys.setprofile(count)
     try:
-        _decode(openai_chat.decode, raw, seen)
+        _decode(module.decode, raw, seen)
     finally:
         sys.setprofile(None)
     return calls
 
 
-def test_decoding_the_next_request_does_not_walk_the_history():
+@pytest.mark.parametrize("module", [openai_chat, anthropic_messages])
+def test_decoding_the_next_request_does_not_walk_the_history(module):
     """Validation, the split-turn merge, the volatile rules and the prefix hashes run on the appended
     messages only: a request at turn 200 makes no more calls than one at turn 20 (the JSON parse and
     the prefix compare are single C calls whatever the length)."""
-    assert _calls_to_decode_next(200) <= _calls_to_decode_next(20)
+    assert _calls_to_decode_next(module, 200) <= _calls_to_decode_next(module, 20)

@@ -15,7 +15,7 @@ from pydantic import Field
 
 from polar_env.chat.messages import AssistantTurn, Conversation, Message, ToolCall, ToolSpec
 from polar_env.proxy import volatile
-from polar_env.proxy.seen import Seen
+from polar_env.proxy.seen import Decoded, Seen
 from polar_env.proxy.wire import (
     PART_JOIN,
     DecodedRequest,
@@ -36,6 +36,7 @@ from polar_env.proxy.wire import (
     tool_input,
     user_turn,
     validate,
+    validate_items,
 )
 
 API = "messages"
@@ -102,34 +103,30 @@ class MessagesRequest(Loose):
 
 # -- decoding ----------------------------------------------------------------------------------
 def decode(body: Any, seen: Seen | None = None) -> DecodedRequest:
-    """``seen``: the session's last request, whose stripped messages are reused (proxy/seen.py)."""
-    req = validate(MessagesRequest, require_object(body, API), API)
-    flags: list[str] = []
-    messages: list[Message] = []
-    refs: list[str | None] = []
+    """``seen``: the session's last request; the leading messages equal to its raw ones are taken
+    as it decoded them (validation and conversion run on the messages new since, and its last
+    message again: an empty final assistant message is valid only last), and its stripped
+    messages are reused (proxy/seen.py)."""
+    body = require_object(body, API)
+    req, k, known = validate_items(MessagesRequest, body, "messages", API, seen, redo_last=True)
+    wire_messages, wire_refs, ends, item_flags = known.upto(k) if known is not None else ([], [], [], [])
+    flags = [f for item in item_flags for f in item]
+    last = k + len(req.messages) - 1
+    for index, m in enumerate(req.messages, start=k):
+        raised: list[str] = []
+        for message, ref in _wire_message(index, m, index == last, raised):
+            wire_messages.append(message)
+            wire_refs.append(ref)
+        ends.append(len(wire_messages))
+        item_flags.append(tuple(raised))
+        flags += raised
+    if seen is not None:
+        seen.decoded = Decoded(body["messages"], wire_messages, wire_refs, ends, item_flags)
+    messages, refs = wire_messages, wire_refs
     if req.system:
         system = req.system if isinstance(req.system, str) else PART_JOIN.join(b.text for b in req.system)
-        messages.append(Message(role="system", content=system))
-        refs.append(None)
-    for index, m in enumerate(req.messages):
-        blocks = [{"type": "text", "text": m.content}] if isinstance(m.content, str) else m.content
-        if not blocks and not (m.role == "assistant" and index == len(req.messages) - 1):
-            raise WireError(400, f"messages.{index}: all messages must have non-empty content except for "
-                                 "the optional final assistant message")
-        if m.role == "assistant":
-            message, ref = _assistant(index, blocks, flags)
-            messages.append(message)
-            refs.append(ref)
-        elif m.role == "system":
-            texts = [validate(TextBlock, raw, API, f"messages.{index}.content.{j}").text
-                     for j, raw in enumerate(blocks)]
-            messages.append(Message(role="system", content=PART_JOIN.join(texts)))
-            refs.append(None)
-        else:
-            for message in _user(index, blocks, flags):
-                messages.append(message)
-                refs.append(None)
-    messages, refs = merge_split_turns(messages, refs)
+        messages, refs = [Message(role="system", content=system), *wire_messages], [None, *wire_refs]
+    messages, refs = merge_split_turns(messages, refs, seen)
     prefill = _prefill(req, messages, refs)
     tools = []
     for tool in req.tools or []:
@@ -202,6 +199,20 @@ def _block(message_index: int, block_index: int, raw: Any, flags: list[str]) -> 
         flags.append(f"skipped_block:{kind}")
         return None
     raise WireError(400, f"invalid messages request: {where}: unsupported content block type {kind!r}")
+
+
+def _wire_message(index: int, m: AnthropicMessage, last: bool, flags: list[str]) -> list[tuple[Message, str | None]]:
+    """The canonical messages (with refs) of the request's ``index``-th message (``last``: the final one)."""
+    blocks = [{"type": "text", "text": m.content}] if isinstance(m.content, str) else m.content
+    if not blocks and not (m.role == "assistant" and last):
+        raise WireError(400, f"messages.{index}: all messages must have non-empty content except for "
+                             "the optional final assistant message")
+    if m.role == "assistant":
+        return [_assistant(index, blocks, flags)]
+    if m.role == "system":
+        texts = [validate(TextBlock, raw, API, f"messages.{index}.content.{j}").text for j, raw in enumerate(blocks)]
+        return [(Message(role="system", content=PART_JOIN.join(texts)), None)]
+    return [(message, None) for message in _user(index, blocks, flags)]
 
 
 def _user(index: int, blocks: list[Any], flags: list[str]) -> list[Message]:

@@ -250,9 +250,9 @@ class ProxyServer:
     async def _decode_call(self, session: Session, raw: bytes, decode: Callable[..., DecodedRequest]
                            ) -> DecodedRequest:
         """A model call's body decoded, reusing what the session's last request already decoded
-        (proxy/seen.py). Here, on the loop, when the body is small or only its new part is (a chat
-        request growing by less than ``OFF_LOOP_BYTES`` since the last: its parse is one fast
-        orjson pass); else whole in a worker process, which sends back the snapshot it made."""
+        (proxy/seen.py). Here, on the loop, when the body is small or only its new part is (a Chat
+        Completions or Messages request growing by less than ``OFF_LOOP_BYTES`` since the last: its
+        parse is one fast orjson pass); else whole in a worker process, which sends back the snapshot it made."""
         seen = session.seen
         if len(raw) < OFF_LOOP_BYTES or (seen.decoded is not None and len(raw) - seen.body_bytes < OFF_LOOP_BYTES):
             return _decode(decode, raw, seen)

@@ -37,7 +37,7 @@ from polar_env.proxy.wire import (
     sampling_of,
     sse_frame,
     stops_of,
-    validate,
+    validate_items,
 )
 
 API = "chat completions"
@@ -113,27 +113,20 @@ def decode(body: Any, seen: Seen | None = None) -> DecodedRequest:
     """``seen``: the session's last request; the leading messages equal to its raw ones are taken
     as it decoded them, so validation and conversion run on the messages new since."""
     body = require_object(body, API)
-    raw = body.get("messages")
-    known = seen.decoded if seen is not None and isinstance(raw, list) else None
-    k = seen.reusable_items(raw) if known is not None else 0
-    try:
-        req = validate(ChatRequest, {**body, "messages": raw[k:]} if k else body, API)
-    except WireError:
-        if not k:
-            raise
-        req = validate(ChatRequest, body, API)  # the error names the message by its index in the request
+    req, k, known = validate_items(ChatRequest, body, "messages", API, seen)
     refuse_n(req.n)
-    flags: list[str] = [f for item in known.flags[:k] for f in item] if known is not None else []
-    decoded = known.messages[:k] if known is not None else []
-    item_flags = known.flags[:k] if known is not None else []
+    decoded, refs, ends, item_flags = known.upto(k) if known is not None else ([], [], [], [])
+    flags: list[str] = [f for item in item_flags for f in item]
     for i, m in enumerate(req.messages, start=k):
         raised: list[str] = []
         decoded.append(_message(m, i, raised))
+        refs.append(None)
+        ends.append(len(decoded))
         item_flags.append(tuple(raised))
         flags += raised
-    if seen is not None and isinstance(raw, list):
-        seen.decoded = Decoded(raw, decoded, item_flags)
-    messages, refs = merge_split_turns(decoded, [None] * len(decoded), seen)
+    if seen is not None:
+        seen.decoded = Decoded(body["messages"], decoded, refs, ends, item_flags)
+    messages, refs = merge_split_turns(decoded, refs, seen)
     tools = [t for t in (_tool(t, flags) for t in req.tools or []) if t is not None]
     tools, choice = choose_tools(tools, *openai_tool_choice(req.tool_choice, flags), flags)
     if req.parallel_tool_calls is False:

@@ -30,11 +30,19 @@ def message_digest(message: Message) -> bytes:
 
 @dataclass(frozen=True)
 class Decoded:
-    """The raw wire items of one request and what each decoded to (with the flags it raised)."""
+    """The raw wire items of one request and what they decoded to: the canonical messages and their
+    refs in order, where each item's messages end (``ends[i]``) and the flags each item raised."""
 
     raw: list[Any]
     messages: list[Message]
+    refs: list[str | None]
+    ends: list[int]
     flags: list[tuple[str, ...]]
+
+    def upto(self, k: int) -> tuple[list[Message], list[str | None], list[int], list[tuple[str, ...]]]:
+        """What the first ``k`` items decoded to, as new lists the next request appends to."""
+        n = self.ends[k - 1] if k else 0
+        return self.messages[:n], self.refs[:n], self.ends[:k], self.flags[:k]
 
 
 @dataclass(frozen=True)
@@ -114,12 +122,14 @@ class Seen:
     hashed: Hashed | None = field(default=None, repr=False)
     body_bytes: int = 0  # the size of the last request's body
 
-    def reusable_items(self, raw: list[Any]) -> int:
+    def reusable_items(self, raw: list[Any], redo_last: bool = False) -> int:
         """How many leading raw items equal the previous request's (at most all but one, so the
-        request still validates as a whole)."""
+        request still validates as a whole; ``redo_last``: and never the previous request's last,
+        for an API where the last item decodes differently)."""
         if self.decoded is None or not raw:
             return 0
-        return min(common_prefix(raw, self.decoded.raw), len(raw) - 1)
+        k = min(common_prefix(raw, self.decoded.raw), len(raw) - 1)
+        return min(k, len(self.decoded.raw) - 1) if redo_last else k
 
     def hashes(self, messages: list[Message]) -> list[str]:
         self.hashed = hashed = hash_prefixes(messages, self.hashed)

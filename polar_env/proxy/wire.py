@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from polar_env import fastjson
 from polar_env.chat.messages import AssistantTurn, Conversation, Message, ToolCall, ToolSpec
-from polar_env.proxy.seen import Merged, Seen, extends
+from polar_env.proxy.seen import Decoded, Merged, Seen, extends
 
 # Text parts and blocks of one message are joined with this; every API uses the same join so a
 # conversation decodes to the same canonical text whichever wire it came over.
@@ -263,6 +263,22 @@ def validate(model: type[M], data: Any, api: str, where: str = "") -> M:
             loc = ".".join([where] * bool(where) + [str(p) for p in err["loc"]]) or "body"
             problems.append(f"{loc}: {err['msg']}")
         raise WireError(400, f"invalid {api} request: " + "; ".join(problems)) from None
+
+
+def validate_items(model: type[M], body: dict, key: str, api: str, seen: Seen | None, *, redo_last: bool = False
+                   ) -> tuple[M, int, Decoded | None]:
+    """``(request, k, known)``: ``body`` validated without its first ``k`` ``key`` items, those equal
+    to the items the session's last request (``seen``) decoded into ``known``; a request is still
+    refused as a whole, its error naming the item by its index in the request."""
+    raw = body.get(key)
+    known = seen.decoded if seen is not None and isinstance(raw, list) else None
+    k = seen.reusable_items(raw, redo_last) if seen is not None and known is not None else 0
+    if not k:
+        return validate(model, body, api), 0, known
+    try:
+        return validate(model, {**body, key: raw[k:]}, api), k, known
+    except WireError:
+        return validate(model, body, api), 0, known  # raises, naming the item by its index
 
 
 def flatten_parts(content: str | list | None, flags: list[str]) -> str:
