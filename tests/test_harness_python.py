@@ -1,4 +1,4 @@
-"""The PyPI harnesses (mini-SWE-agent, aider): what each is configured with (docs/harnesses.md), how
+"""The PyPI harnesses (mini-SWE-agent, aider, Hermes Agent): what each is configured with (docs/harnesses.md), how
 their console logs are read, and how the scripted policies speak their edit and finish protocols."""
 
 from __future__ import annotations
@@ -80,6 +80,39 @@ litellm.AuthenticationError: AuthenticationError: OpenAIException - unknown
 session or wrong API key for this session
 The API provider is not able to authenticate you. Check your API key.
 """
+
+# a real `hermes chat --yolo -q` run in bubblewrap: one terminal call, the streamed answer box, the exit summary
+HERMES_LOG = """Query: Change original to edited in hello.py.
+Initializing agent...\r
+────────────────────────────────────────\r
+
+  ┊ 💻 preparing terminal…
+  ┊ 💻 $         sed -i s/original/edited-by-agent/ hello.py  0.1s
+
+╭─ ⚕ Hermes ───────────────────────────────────────────────────────────────────╮
+    Done: hello.py now says edited-by-agent.
+╰──────────────────────────────────────────────────────────────────────────────╯
+
+Resume this session with:
+  hermes --resume 20261130_184440_00b5ac
+
+Session:        20261130_184440_00b5ac
+Duration:       24s
+Messages:       4 (1 user, 2 tool calls)
+"""
+
+# a real run whose first call got a 400: it gives up at once, prints the message in a panel and exits 0
+HERMES_400 = """Query: Create out.txt\nInitializing agent...\r\n────────────────────────────────────────\r\n\n\
+⚠️  API call failed (attempt 1/3): BadRequestError [HTTP 400]\r\n   🔌 Provider: custom  Model: policy\r\n\
+   📝 Error: HTTP 400: polar-test-refusal\r\n❌ Non-retryable error (HTTP 400): HTTP 400: polar-test-refusal\r\n\
+❌ Non-retryable client error (HTTP 400). Aborting.\r\n\
+ ─  ⚕ Hermes  ───────────────────────────────────────────────────────────────── \r\n\
+                                                                                \r\n\
+     HTTP 400: polar-test-refusal                                               \r\n\
+                                                                                \r\n\
+ ────────────────────────────────────────────────────────────────────────────── \r\n\n\
+Resume this session with:\n  hermes --resume 20261130_185958_f579aa\n\nSession:        20261130_185958_f579aa\n\
+Duration:       7s\nMessages:       1 (1 user, 0 tool calls)\n"""
 
 GOLD = """diff --git a/a.py b/a.py
 index 1111111..2222222 100644
@@ -167,3 +200,30 @@ def test_policies_speak_each_protocol():
     assert patch_edit(aider_prompt, GOLD) == udiff_reply(GOLD, DONE)
     assert patch_edit("no tools, no edit format", GOLD) == DONE
     assert "git apply" in patch_edit(mini_prompt, GOLD)
+
+
+def test_hermes_agent_home_points_its_custom_provider_at_the_proxy():
+    hermes = get_adapter("hermes-agent")
+    assert hermes.package == "hermes-agent==0.19.0" and hermes.shell_tool.name == "terminal"
+    files = hermes.config_files(CTX)
+    cfg = json.loads(files["/home/agent/.hermes/config.yaml"])
+    assert cfg["model"] == {"provider": "custom", "base_url": "http://127.0.0.1:18080/s/sess-1/v1",
+                            "api_key": "${POLAR_SESSION_KEY}", "default": "policy", "context_length": 131072,
+                            "supports_vision": False}
+    assert cfg["auxiliary"]["title_generation"]["enabled"] is False  # no second, unrelated chain
+    assert cfg["security"] == {"tirith_enabled": False, "allow_lazy_installs": False}  # no downloads
+    assert all("sk-polar-secret" not in text for text in files.values())
+    assert hermes.env(CTX) == {"HERMES_HOME": "/home/agent/.hermes", "POLAR_SESSION_KEY": "sk-polar-secret"}
+    assert hermes.command(CTX, "fix it") == ["/opt/harness/bin/python", "/opt/harness/bin/hermes", "chat", "--yolo",
+                                             "-q", "fix it"]
+
+
+def test_hermes_agent_summary_from_its_console():
+    s = get_adapter("hermes-agent").summarize(HERMES_LOG)
+    assert (s.turns, s.tool_calls, s.tool_names, s.finished, s.error) == (2, 1, ["terminal"], True, None)
+    assert s.final_message == "Done: hello.py now says edited-by-agent."
+    failed = get_adapter("hermes-agent").summarize(HERMES_400)  # it exits 0 after giving up
+    assert not failed.finished and failed.error == "Non-retryable error (HTTP 400): HTTP 400: polar-test-refusal"
+    assert failed.final_message == "HTTP 400: polar-test-refusal" and failed.turns == 0
+    cut = get_adapter("hermes-agent").summarize(HERMES_LOG.split("\nResume")[0])  # killed before its summary
+    assert not cut.finished and cut.tool_calls == 1

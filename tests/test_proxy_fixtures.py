@@ -27,6 +27,7 @@ FIRST_CALL = {
     "qwen-code": ("run_shell_command", {"command": "ls"}),
     "opencode": ("bash", {"command": "ls"}),
     "cline": ("run_commands", {"commands": ["ls"]}),
+    "hermes-agent": ("terminal", {"command": "ls"}),
 }
 
 

@@ -13,6 +13,7 @@ from polar_env.harness_adapters.claude_code import ClaudeCodeAdapter
 from polar_env.harness_adapters.cline import ClineAdapter
 from polar_env.harness_adapters.codex import CodexAdapter
 from polar_env.harness_adapters.gemini_cli import GeminiCliAdapter
+from polar_env.harness_adapters.hermes_agent import HermesAgentAdapter
 from polar_env.harness_adapters.mini_swe_agent import MiniSweAgentAdapter
 from polar_env.harness_adapters.opencode import OpenCodeAdapter
 from polar_env.harness_adapters.pi import PiAdapter
@@ -29,9 +30,11 @@ ADAPTERS: dict[str, type[HarnessAdapter]] = {
     "qwen-code": QwenCodeAdapter,
     "opencode": OpenCodeAdapter,
     "cline": ClineAdapter,
+    "hermes-agent": HermesAgentAdapter,
 }
 ALIASES = {"claude_code": "claude-code", "claude": "claude-code", "gemini_cli": "gemini-cli", "gemini": "gemini-cli",
-           "mini_swe_agent": "mini-swe-agent"}
+           "mini_swe_agent": "mini-swe-agent",
+           "hermes_agent": "hermes-agent", "hermes": "hermes-agent"}
 
 # Every harness's state dirs and the build artefacts: never part of an agent's patch (docs/rewards.md).
 NOISE_EXCLUDES: tuple[str, ...] = tuple(dict.fromkeys(
