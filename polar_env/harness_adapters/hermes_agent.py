@@ -4,10 +4,10 @@ Everything it reads lives under ``HERMES_HOME``: ``config.yaml`` makes the proxy
 OpenAI-compatible provider (base URL, served model, and the key as ``${POLAR_SESSION_KEY}``, which
 Hermes expands from the environment, so the file is the same every rollout). ``context_length``
 spares it probing the server for the window, and ``supports_vision: false`` (a text model) its
-keyless probe for Ollama's vision support; the side calls it would make on its own are off: the session-title request after the
-first answer (a second chain in the trajectory), and the download of its ``tirith`` command scanner
-and of lazily installed tool dependencies (no network in the sandbox). ``chat -q`` runs one query
-headless and exits; ``--yolo`` runs commands without asking.
+keyless probe for Ollama's vision support. The side calls it would make on its own are off: the
+session-title request after the first answer (a second chain in the trajectory), and the download
+of its ``tirith`` command scanner and of lazily installed tool dependencies (no network in the
+sandbox). ``chat -q`` runs one query headless and exits; ``--yolo`` runs commands without asking.
 """
 
 from __future__ import annotations
