@@ -10,6 +10,7 @@ import asyncio
 import hashlib
 import hmac
 import secrets
+import threading
 import time
 from array import array
 from collections import Counter
@@ -53,6 +54,9 @@ class CallState:
     # this call's prompt + sampled ids are ``buffer[:n_ids]``; a child that extends the buffer's last
     # call appends to it, so a chain holds one buffer: memory linear in the session's distinct tokens
     buffer: array
+    # the buffer's ids as a list of shared int objects (8 bytes a token), extended as it is read:
+    # a child's prompt list is a slice of it, not ``tolist()`` of the whole chain on every call
+    mirror: list[int]
     n_ids: int
     ended_with_eos: bool
     output: AssistantTurn
@@ -60,8 +64,17 @@ class CallState:
     digest: Any  # ``ids_digest`` of its prompt + sampled ids: a child's prompt hash continues it
 
     def token_ids(self) -> list[int]:
-        """This call's prompt ids followed by its sampled ids."""
-        return self.buffer[:self.n_ids].tolist()
+        """This call's prompt ids followed by its sampled ids (a new list)."""
+        mirror = self.mirror
+        if len(mirror) < self.n_ids:
+            with _MIRROR_LOCK:
+                new = self.buffer[len(mirror):self.n_ids]
+                mirror.extend(map(_INTS.setdefault, new, new))
+        return mirror[:self.n_ids]
+
+
+_INTS: dict[int, int] = {}  # one int object per token id, shared by every mirror
+_MIRROR_LOCK = threading.Lock()
 
 
 @dataclass
@@ -156,7 +169,7 @@ class Session:
         added.extend(record.sampled_ids)
         if digest is None:  # a recovered record
             digest = ids_digest(added, parent.digest) if shared else ids_digest(added)
-        buffer = parent.buffer if shared else array("i")
+        buffer, mirror = (parent.buffer, parent.mirror) if shared else (array("i"), [])
         buffer.extend(added)
         state = CallState(
             call_index=record.call_index, call_id=record.call_id, n_messages=len(record.messages),
@@ -164,7 +177,7 @@ class Session:
             # a call that reuses its parent's tools and messages has the parent's fingerprints: not
             # hashed again per call (a harness's tools and system prompt run to tens of kilobytes)
             tools_fp=parent.tools_fp if parent is not None and record.reused_tools else _tools_fp(record),
-            buffer=buffer, n_ids=len(buffer),
+            buffer=buffer, mirror=mirror, n_ids=len(buffer),
             ended_with_eos=bool(record.sampled_ids) and record.sampled_ids[-1] in eos_ids,
             output=record.output,
             system_fp=(parent.system_fp if parent is not None and record.reused_messages
