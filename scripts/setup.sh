@@ -13,6 +13,8 @@ command -v bwrap >/dev/null || need_apt+=(bubblewrap)
 command -v setpriv >/dev/null || need_apt+=(util-linux)
 command -v patch >/dev/null || need_apt+=(patch)
 command -v git >/dev/null || need_apt+=(git)
+# a harness needing a newer Python (OpenHands) runs a copy of a host CPython, its library path made relative
+command -v patchelf >/dev/null || need_apt+=(patchelf)
 # the Python harnesses' venvs are made by Debian's python3, the interpreter every sandbox mounts
 /usr/bin/python3 -c "import ensurepip, venv" 2>/dev/null || need_apt+=(python3-venv)
 if [ "${POLAR_SETUP_BROWSER:-0}" = 1 ]; then command -v chromium >/dev/null || need_apt+=(chromium); fi

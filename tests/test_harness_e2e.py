@@ -61,14 +61,15 @@ MISS_PATCH = EDIT_PATCH.replace("-print('original')", "-print('polar-e2e-absent'
 
 PARALLEL = ["echo one > one.txt", "echo two > two.txt"]
 HARNESSES = ["codex", "claude-code", "pi", "gemini-cli", "mini-swe-agent", "aider", "qwen-code", "opencode", "cline",
-             "hermes-agent"]
+             "hermes-agent", "openhands"]
 # the deadline must pass while the tool hangs, after the first call: Gemini CLI's first call (its
 # ~11.7k-token prompt rendered, the answer scored) can take 20 s alone on a busy 2-core machine; the
 # PyPI harnesses import LiteLLM first (seconds of CPU); mini-SWE-agent's own command timeout (60 s)
 # starts after its first call, so any deadline under it still finds the tool hanging.
-# Qwen Code's first prompt is ~18k tokens, Hermes Agent's ~15k, OpenCode's and Cline's ~6-7k, and Cline runs on Bun
+# Qwen Code's first prompt is ~18k tokens, Hermes Agent's ~15k, OpenCode's and Cline's ~6-7k, and Cline runs on Bun;
+# OpenHands imports LiteLLM and its SDK (~10 s of CPU) before its ~6k-token first call
 HANG_DEADLINE_S = {"gemini-cli": 60, "mini-swe-agent": 55, "aider": 60, "qwen-code": 45, "opencode": 30, "cline": 40,
-                   "hermes-agent": 45}
+                   "hermes-agent": 45, "openhands": 60}
 
 
 def policy(session_id: str | None, call_number: int, prompt_text: str) -> str:

@@ -19,10 +19,10 @@ from polar_env.sandbox.bubblewrap import BubblewrapSandbox
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(shutil.which("bwrap") is None or shutil.which("npm") is None,
                                  reason="needs bubblewrap and npm")]
-HARNESSES = ["codex", "claude-code", "pi", "mini-swe-agent", "aider", "hermes-agent"]
-# the PyPI harnesses import LiteLLM (Hermes Agent: its agent and tools) before their first call: seconds of
-# CPU on a busy 2-core machine
-HANG_DEADLINE_S = {"mini-swe-agent": 20, "aider": 20, "hermes-agent": 20}
+HARNESSES = ["codex", "claude-code", "pi", "mini-swe-agent", "aider", "hermes-agent", "openhands"]
+# the PyPI harnesses import LiteLLM (Hermes Agent: its agent and tools; OpenHands: its SDK, ~14 s on a quiet
+# machine) before their first call: seconds of CPU on a busy 2-core machine
+HANG_DEADLINE_S = {"mini-swe-agent": 20, "aider": 20, "hermes-agent": 20, "openhands": 40}
 
 
 @pytest.fixture(scope="module", params=HARNESSES)

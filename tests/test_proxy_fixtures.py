@@ -28,6 +28,7 @@ FIRST_CALL = {
     "opencode": ("bash", {"command": "ls"}),
     "cline": ("run_commands", {"commands": ["ls"]}),
     "hermes-agent": ("terminal", {"command": "ls"}),
+    "openhands": ("terminal", {"command": "ls", "security_risk": "LOW"}),
 }
 
 

@@ -13,7 +13,7 @@ from polar_env.proxy import anthropic_messages, gemini_generate_content, openai_
 DECODERS = {"codex": openai_responses, "claude": anthropic_messages, "pi-chat": openai_chat,
             "pi-anthropic": anthropic_messages, "pi-responses": openai_responses, "qwen-code": openai_chat,
             "opencode": openai_chat, "cline": openai_chat, "gemini": gemini_generate_content,
-            "hermes-agent": openai_chat}
+            "hermes-agent": openai_chat, "openhands": openai_chat}
 # each way a harness writes today's date (ISO; Cline's 11/30/2026; Qwen Code's and Gemini CLI's Monday,
 # November 30, 2026; OpenCode's Mon Nov 30 2026), and another day written the same way
 # (an ISO date followed by a time is a fixed example: Hermes Agent's cronjob tool shows '2026-06-01T09:00:00')

@@ -22,8 +22,12 @@ DONE = "I applied the fix and verified it. Done."
 
 
 def offered_shell_tool(prompt_text: str) -> ShellTool | None:
-    """The shell tool (declared by each adapter) that the prompt's tool list offers, if any."""
-    return next((tool for tool in shell_tools() if f'"name": "{tool.name}"' in prompt_text), None)
+    """The shell tool (declared by each adapter) that the prompt's tool list offers, if any; where two
+    harnesses name theirs alike (``terminal``), the one whose required extra arguments the prompt
+    declares too."""
+    offered = [tool for tool in shell_tools() if f'"name": "{tool.name}"' in prompt_text
+               and all(f'"{arg}"' in prompt_text for arg in tool.extra_args)]
+    return max(offered, key=lambda tool: len(tool.extra_args), default=None)
 
 
 def tool_call(tool: ShellTool, command: str, *, wait: bool = False) -> str:

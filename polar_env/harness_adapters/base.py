@@ -93,16 +93,19 @@ class VolatileRule:
 class ShellTool:
     """The harness's own shell tool as the model sees it, so a scripted policy (backends/policies.py)
     can call it: ``{name: {command_arg: <command>}}`` (``[<command>]`` where the tool takes a list of
-    commands). ``wait_args`` raise the tool's own time limit for a command that runs long (without
-    them some harnesses kill it after seconds)."""
+    commands). ``extra_args`` are arguments the tool requires on every call (OpenHands:
+    ``security_risk``); ``wait_args`` raise the tool's own time limit for a command that runs long
+    (without them some harnesses kill it after seconds)."""
 
     name: str
     command_arg: str
     command_is_list: bool = False
     wait_args: dict[str, object] = field(default_factory=dict)
+    extra_args: dict[str, object] = field(default_factory=dict)
 
     def arguments(self, command: str, *, wait: bool = False) -> dict[str, object]:
-        return {self.command_arg: [command] if self.command_is_list else command, **(self.wait_args if wait else {})}
+        return {self.command_arg: [command] if self.command_is_list else command, **self.extra_args,
+                **(self.wait_args if wait else {})}
 
 
 @dataclass(frozen=True)

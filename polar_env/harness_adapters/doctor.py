@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from polar_env.cache import cache_root
+from polar_env.harness_adapters.base import HarnessAdapter
 from polar_env.harness_adapters.registry import ADAPTERS
 
 
@@ -72,6 +73,13 @@ def _engine_rows() -> list[DoctorRow]:
     return rows
 
 
+def _install_hint(adapter: HarnessAdapter, root: Path | None) -> str:
+    try:
+        return "polar doctor --install  # or: " + " && ".join(" ".join(cmd) for cmd in adapter.install_commands(root))
+    except RuntimeError as e:  # what the source needs first (a portable Python's host interpreter)
+        return str(e)
+
+
 def doctor_report(root: Path | None = None) -> list[DoctorRow]:
     rows = [
         _tool_row("node", "node", ["--version"], "apt-get install -y nodejs"),
@@ -79,6 +87,7 @@ def doctor_report(root: Path | None = None) -> list[DoctorRow]:
         _tool_row("bubblewrap", "bwrap", ["--version"], "apt-get install -y bubblewrap"),
         _tool_row("setpriv", "setpriv", ["--version"], "apt-get install -y util-linux"),
         _tool_row("git", "git", ["--version"], "apt-get install -y git"),
+        _tool_row("patchelf (portable Python harnesses)", "patchelf", ["--version"], "apt-get install -y patchelf"),
         DoctorRow("python3 (sandbox forwarder)", os.path.exists("/usr/bin/python3"),
                   _version(["/usr/bin/python3", "--version"]), "" if os.path.exists("/usr/bin/python3")
                   else "apt-get install -y python3"),
@@ -88,9 +97,7 @@ def doctor_report(root: Path | None = None) -> list[DoctorRow]:
     for name, cls in ADAPTERS.items():
         adapter = cls()
         ok = adapter.is_installed(root)
-        rows.append(DoctorRow(f"harness {name}", ok, adapter.version if ok else "",
-                              "" if ok else "polar doctor --install  # or: " + " && ".join(
-                                  " ".join(cmd) for cmd in adapter.install_commands(root)),
+        rows.append(DoctorRow(f"harness {name}", ok, adapter.version if ok else "", "" if ok else _install_hint(adapter, root),
                               str(adapter.install_dir(root)) if ok else f"pinned {adapter.package} ({adapter.source.kind})"))
     return rows
 

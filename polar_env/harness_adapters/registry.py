@@ -16,6 +16,7 @@ from polar_env.harness_adapters.gemini_cli import GeminiCliAdapter
 from polar_env.harness_adapters.hermes_agent import HermesAgentAdapter
 from polar_env.harness_adapters.mini_swe_agent import MiniSweAgentAdapter
 from polar_env.harness_adapters.opencode import OpenCodeAdapter
+from polar_env.harness_adapters.openhands import OpenHandsAdapter
 from polar_env.harness_adapters.pi import PiAdapter
 from polar_env.harness_adapters.qwen_code import QwenCodeAdapter
 from polar_env.sandbox.base import BUILD_EXCLUDES
@@ -31,6 +32,7 @@ ADAPTERS: dict[str, type[HarnessAdapter]] = {
     "opencode": OpenCodeAdapter,
     "cline": ClineAdapter,
     "hermes-agent": HermesAgentAdapter,
+    "openhands": OpenHandsAdapter,
 }
 ALIASES = {"claude_code": "claude-code", "claude": "claude-code", "gemini_cli": "gemini-cli", "gemini": "gemini-cli",
            "mini_swe_agent": "mini-swe-agent",

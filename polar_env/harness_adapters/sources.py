@@ -10,6 +10,7 @@ does not: the venv's python would shadow the task's for the agent's own commands
 from __future__ import annotations
 
 import fcntl
+import glob
 import hashlib
 import os
 import shutil
@@ -98,15 +99,11 @@ class PythonVenv:
 
     @property
     def identity(self) -> str:
-        if self.lock is None:
-            return self.spec
-        return f"{self.spec} lock:{hashlib.sha256((LOCKS_DIR / self.lock).read_bytes()).hexdigest()[:16]}"
+        return _locked_identity(self.spec, self.lock)
 
     def install_commands(self, dest: Path) -> list[list[str]]:
-        pip = [str(dest / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-input",
-               "--disable-pip-version-check"]
-        constraints = ["-c", str(LOCKS_DIR / self.lock)] if self.lock else []
-        return [[self.python, "-m", "venv", str(dest)], [*pip, *constraints, self.spec, *self.extras]]
+        return [[self.python, "-m", "venv", str(dest)],
+                [*_pip_install(str(dest / "bin" / "python"), self.lock), self.spec, *self.extras]]
 
     def executable_in(self, dest: Path) -> Path:
         return dest / "bin" / self.entry_point
@@ -114,6 +111,84 @@ class PythonVenv:
     @property
     def launcher(self) -> list[str]:
         return [f"{HARNESS_MOUNT}/bin/python", f"{HARNESS_MOUNT}/bin/{self.entry_point}"]
+
+
+def _locked_identity(spec: str, lock: str | None) -> str:
+    if lock is None:
+        return spec
+    return f"{spec} lock:{hashlib.sha256((LOCKS_DIR / lock).read_bytes()).hexdigest()[:16]}"
+
+
+def _pip_install(python: str, lock: str | None) -> list[str]:
+    constraints = ["-c", str(LOCKS_DIR / lock)] if lock else []
+    return [python, "-m", "pip", "install", "--quiet", "--no-input", "--disable-pip-version-check", *constraints]
+
+
+@dataclass(frozen=True)
+class PortablePython:
+    """A copy of a host CPython ``<python>`` at ``<dest>`` with ``<package>==<version>`` in it.
+
+    For harnesses that need a newer Python than the sandbox's ``/usr/bin/python3`` (OpenHands: 3.12).
+    The interpreter, its ``libpython`` and its standard library (no tests, no site-packages) are
+    copied, and the interpreter's library path becomes ``$ORIGIN/../lib`` (patchelf), so the install
+    runs from wherever it is mounted and needs nothing of the host's: CPython finds its prefix from
+    its own path. pip comes from the interpreter's bundled ``ensurepip`` (offline). The host
+    interpreter is ``$POLAR_PYTHON<major>_<minor>``, else ``python<ver>`` on PATH, else a pyenv build.
+    """
+
+    package: str
+    version: str  # pinned exactly
+    entry_point: str
+    python: str  # "3.12": the interpreter's major.minor
+    lock: str | None = None  # as PythonVenv's
+    kind: str = "portable-python"
+
+    @property
+    def spec(self) -> str:
+        return f"{self.package}=={self.version}"
+
+    @property
+    def identity(self) -> str:
+        return _locked_identity(self.spec, self.lock)
+
+    @property
+    def interpreter(self) -> str:
+        return f"bin/python{self.python}"
+
+    def host_prefix(self) -> Path:
+        """The prefix of a host CPython of this major.minor, asked of the interpreter itself (a pyenv
+        shim on PATH is a script; its ``sys.base_prefix`` is the real build)."""
+        var = f"POLAR_PYTHON{self.python.replace('.', '_')}"
+        pyenv = os.path.expanduser(f"~/.pyenv/versions/{self.python}.*/bin/python{self.python}")
+        for cand in filter(None, [os.environ.get(var), shutil.which(f"python{self.python}"),
+                                  *sorted(glob.glob(pyenv), reverse=True)]):
+            proc = subprocess.run([cand, "-c", "import sys; print(sys.base_prefix, '%d.%d' % sys.version_info[:2])"],
+                                  capture_output=True, text=True)
+            if proc.returncode == 0 and proc.stdout.split()[1:] == [self.python]:
+                return Path(proc.stdout.split()[0])
+        raise RuntimeError(f"{self.spec} needs a CPython {self.python}: none found (set {var}, put "
+                           f"python{self.python} on PATH, or install one with pyenv)")
+
+    def install_commands(self, dest: Path) -> list[list[str]]:
+        src, stdlib = self.host_prefix(), f"lib/python{self.python}"
+        python = str(dest / self.interpreter)
+        return [["mkdir", "-p", str(dest / "bin"), str(dest / "lib")],
+                ["cp", "-a", str(src / self.interpreter), str(dest / "bin")],
+                # libpython where the build is shared (none where it is static)
+                ["sh", "-c", f'cp -a "$1"/lib/libpython{self.python}.so* "$2"/lib/ 2>/dev/null || true', "-",
+                 str(src), str(dest)],
+                ["cp", "-a", str(src / stdlib), str(dest / "lib")],
+                ["rm", "-rf", str(dest / stdlib / "test"), str(dest / stdlib / "site-packages")],
+                ["patchelf", "--set-rpath", "$ORIGIN/../lib", python],
+                [python, "-m", "ensurepip", "--default-pip"],
+                [*_pip_install(python, self.lock), self.spec]]
+
+    def executable_in(self, dest: Path) -> Path:
+        return dest / "bin" / self.entry_point
+
+    @property
+    def launcher(self) -> list[str]:
+        return [f"{HARNESS_MOUNT}/{self.interpreter}", f"{HARNESS_MOUNT}/bin/{self.entry_point}"]
 
 
 def is_installed(source: InstallSource, dest: Path) -> bool:
