@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -37,6 +38,9 @@ from polar_env.trajectory.records import CallRecord, ids_digest
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 GUARD_PIECE = 16 * 1024  # characters tokenized at a time when sizing a huge request
+# appended text and sampled ids this small are rendered / parsed on the loop when the tokenizer is free
+INLINE_CHARS = 4096
+INLINE_IDS = 512
 
 MAX_IDENTICAL_FAILURES = 2
 
@@ -74,16 +78,29 @@ class TokenEngine:
         self.eos_ids = set(renderer.eos_token_ids)
         # Rendering, tokenizing and parsing run here, off the event loop: one thread (started on
         # first use, stopped by ``close``), because a fast tokenizer must not be used from two
-        # threads at once.
+        # threads at once; ``_tokenizer`` is held by whoever uses it (the thread, or the loop inline).
         self._cpu: ThreadPoolExecutor | None = None
+        self._tokenizer = threading.Lock()
         self._window: int | None = None
         self._window_known = False
 
-    async def off_loop(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` on the engine's worker thread: /health and other sessions stay served."""
+    async def off_loop(self, fn: Callable[..., T], *args: Any, small: bool = False) -> T:
+        """``fn(*args)`` on the engine's worker thread: /health and other sessions stay served.
+        ``small`` work (a turn's worth of text, well under a millisecond) runs here on the loop
+        when the tokenizer is free: the hop to the thread and back costs more than the work, and
+        on a loaded machine waits for the scheduler twice."""
+        if small and self._tokenizer.acquire(blocking=False):
+            try:
+                return fn(*args)
+            finally:
+                self._tokenizer.release()
         if self._cpu is None:
             self._cpu = ThreadPoolExecutor(max_workers=1, thread_name_prefix="polar-tokenize")
-        return await asyncio.get_running_loop().run_in_executor(self._cpu, partial(fn, *args))
+        return await asyncio.get_running_loop().run_in_executor(self._cpu, partial(self._locked, fn, *args))
+
+    def _locked(self, fn: Callable[..., T], *args: Any) -> T:
+        with self._tokenizer:
+            return fn(*args)
 
     def close(self) -> None:
         """Stop the worker thread once it is idle (a later call starts a new one)."""
@@ -136,7 +153,8 @@ class TokenEngine:
             return Extension(None, await self.off_loop(self.renderer.render_prompt, conv.messages, conv.tools),
                              reason)
         appended = conv.messages[parent.n_messages + 1:]
-        return Extension(parent, await self.off_loop(_extend, self.renderer, parent, appended), None)
+        small = sum(map(len, _texts(appended))) < INLINE_CHARS
+        return Extension(parent, await self.off_loop(_extend, self.renderer, parent, appended, small=small), None)
 
     async def check_size(self, conv: Conversation, parent: CallState | None) -> None:
         """Refuse a request whose new text cannot fit the context before it is rendered and tokenized
@@ -146,8 +164,7 @@ class TokenEngine:
         window = await self.context_window()
         if window is None:
             return
-        messages = conv.messages[parent.n_messages + 1:] if parent else conv.messages
-        texts = [t for m in messages for t in (m.content, m.reasoning or "", *(tc.arguments for tc in m.tool_calls))]
+        texts = _texts(conv.messages[parent.n_messages + 1:] if parent else conv.messages)
         chars = sum(map(len, texts))
         reused = parent.n_ids if parent else 0
         room = window - reused
@@ -287,8 +304,11 @@ class TokenEngine:
             if request.stop and (cut := await self.off_loop(self.renderer.cut_at_stop, sampled, request.stop)):
                 n, stop, text = cut
                 sampled, logprobs, finish = sampled[:n], logprobs[:n], "stop"
-            parsed = await self.off_loop(partial(self.renderer.parse_output, sampled, prefix=prefix, text=text))
-            token_logprobs = await self.off_loop(self._token_logprobs, sampled, logprobs) if request.logprobs else None
+            small = len(sampled) <= INLINE_IDS
+            parsed = await self.off_loop(partial(self.renderer.parse_output, sampled, prefix=prefix, text=text),
+                                         small=small)
+            token_logprobs = (await self.off_loop(self._token_logprobs, sampled, logprobs, small=small)
+                              if request.logprobs else None)
             tool_calls = [ToolCall(id=issued_tool_call_id(call_id, i), name=tc.name, arguments=tc.arguments, kind=tc.kind)
                           for i, tc in enumerate(apply_tool_kinds(parsed.tool_calls, conv.tools))]
             turn = AssistantTurn(call_id=call_id, content=parsed.content, reasoning=parsed.reasoning,
@@ -350,6 +370,11 @@ class TokenEngine:
     def _persist(self, session: Session, record: CallRecord) -> None:
         self.ledger.append(record)
         session.remember(record, self.eos_ids)
+
+
+def _texts(messages: list[Message]) -> list[str]:
+    """The text a render of ``messages`` tokenizes (contents, reasoning, tool-call arguments)."""
+    return [t for m in messages for t in (m.content, m.reasoning or "", *(tc.arguments for tc in m.tool_calls))]
 
 
 def _count_until(renderer: ChatRenderer, texts: list[str], limit: int) -> tuple[int, int]:
