@@ -48,7 +48,7 @@ def test_reads_beside_the_repository_are_recorded_and_nothing_else(tmp_path):
 def test_a_test_reading_beside_the_clone_fails_the_run(tmp_path):
     """The conftest wiring, run as pytest itself: one test reads ``../shared`` and must fail."""
     repo, _ = _layout(tmp_path)
-    for helper in ("conftest.py", "outside_reads.py"):
+    for helper in ("conftest.py", "outside_reads.py", "vllm_server.py"):  # what conftest imports
         shutil.copy(TESTS / helper, repo / "tests" / helper)
     (repo / "tests" / "test_reads.py").write_text(
         "from pathlib import Path\n"
