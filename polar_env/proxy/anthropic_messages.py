@@ -15,13 +15,14 @@ from pydantic import Field
 
 from polar_env.chat.messages import AssistantTurn, Conversation, Message, ToolCall, ToolSpec
 from polar_env.proxy import volatile
-from polar_env.proxy.seen import Decoded, Seen
+from polar_env.proxy.seen import Seen
 from polar_env.proxy.wire import (
     PART_JOIN,
     DecodedRequest,
     Loose,
     WireError,
     choose_tools,
+    decode_items,
     dedupe,
     echoed_model,
     finish_of,
@@ -109,23 +110,15 @@ def decode(body: Any, seen: Seen | None = None) -> DecodedRequest:
     messages are reused (proxy/seen.py)."""
     body = require_object(body, API)
     req, k, known = validate_items(MessagesRequest, body, "messages", API, seen, redo_last=True)
-    wire_messages, wire_refs, ends, item_flags = known.upto(k) if known is not None else ([], [], [], [])
-    flags = [f for item in item_flags for f in item]
     last = k + len(req.messages) - 1
-    for index, m in enumerate(req.messages, start=k):
-        raised: list[str] = []
-        for message, ref in _wire_message(index, m, index == last, raised):
-            wire_messages.append(message)
-            wire_refs.append(ref)
-        ends.append(len(wire_messages))
-        item_flags.append(tuple(raised))
-        flags += raised
+    wire, flags = decode_items(body["messages"], req.messages, k, known,
+                               lambda i, m, raised: _wire_message(i, m, i == last, raised))
     if seen is not None:
-        seen.decoded = Decoded(body["messages"], wire_messages, wire_refs, ends, item_flags)
-    messages, refs = wire_messages, wire_refs
+        seen.decoded = wire
+    messages, refs = wire.messages, wire.refs
     if req.system:
         system = req.system if isinstance(req.system, str) else PART_JOIN.join(b.text for b in req.system)
-        messages, refs = [Message(role="system", content=system), *wire_messages], [None, *wire_refs]
+        messages, refs = [Message(role="system", content=system), *messages], [None, *refs]
     messages, refs = merge_split_turns(messages, refs, seen)
     prefill = _prefill(req, messages, refs)
     tools = []

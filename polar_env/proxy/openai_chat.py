@@ -14,7 +14,7 @@ from pydantic import Field
 
 from polar_env.chat.messages import AssistantTurn, Conversation, Message, ToolCall, ToolSpec
 from polar_env.proxy import volatile
-from polar_env.proxy.seen import Decoded, Seen
+from polar_env.proxy.seen import Seen
 from polar_env.proxy.wire import (
     SSE_COMMENT_KEEPALIVE,
     DecodedRequest,
@@ -23,6 +23,7 @@ from polar_env.proxy.wire import (
     WireError,
     choose_tools,
     custom_tool_description,
+    decode_items,
     dedupe,
     echoed_model,
     finish_of,
@@ -115,18 +116,11 @@ def decode(body: Any, seen: Seen | None = None) -> DecodedRequest:
     body = require_object(body, API)
     req, k, known = validate_items(ChatRequest, body, "messages", API, seen)
     refuse_n(req.n)
-    decoded, refs, ends, item_flags = known.upto(k) if known is not None else ([], [], [], [])
-    flags: list[str] = [f for item in item_flags for f in item]
-    for i, m in enumerate(req.messages, start=k):
-        raised: list[str] = []
-        decoded.append(_message(m, i, raised))
-        refs.append(None)
-        ends.append(len(decoded))
-        item_flags.append(tuple(raised))
-        flags += raised
+    wire, flags = decode_items(body["messages"], req.messages, k, known,
+                               lambda i, m, raised: [(_message(m, i, raised), None)])
     if seen is not None:
-        seen.decoded = Decoded(body["messages"], decoded, refs, ends, item_flags)
-    messages, refs = merge_split_turns(decoded, refs, seen)
+        seen.decoded = wire
+    messages, refs = merge_split_turns(wire.messages, wire.refs, seen)
     tools = [t for t in (_tool(t, flags) for t in req.tools or []) if t is not None]
     tools, choice = choose_tools(tools, *openai_tool_choice(req.tool_choice, flags), flags)
     if req.parallel_tool_calls is False:

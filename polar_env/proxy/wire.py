@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -279,6 +279,25 @@ def validate_items(model: type[M], body: dict, key: str, api: str, seen: Seen | 
         return validate(model, {**body, key: raw[k:]}, api), k, known
     except WireError:
         return validate(model, body, api), 0, known  # raises, naming the item by its index
+
+
+def decode_items(raw: list[Any], items: list[Any], k: int, known: Decoded | None,
+                 decode: Callable[[int, Any, list[str]], Iterable[tuple[Message, str | None]]]
+                 ) -> tuple[Decoded, list[str]]:
+    """A request's wire items decoded: the first ``k`` as ``known`` (the session's last request)
+    decoded them, then ``items`` (the validated rest, numbered from ``k``) by ``decode(index, item,
+    flags)`` into messages and refs; with every item's flags, in order."""
+    messages, refs, ends, item_flags = known.upto(k) if known is not None else ([], [], [], [])
+    flags = [f for item in item_flags for f in item]
+    for index, item in enumerate(items, start=k):
+        raised: list[str] = []
+        for message, ref in decode(index, item, raised):
+            messages.append(message)
+            refs.append(ref)
+        ends.append(len(messages))
+        item_flags.append(tuple(raised))
+        flags += raised
+    return Decoded(raw, messages, refs, ends, item_flags), flags
 
 
 def flatten_parts(content: str | list | None, flags: list[str]) -> str:
