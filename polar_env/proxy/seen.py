@@ -9,8 +9,10 @@ parsed JSON or of the same message objects: a C-level compare, not a decode), an
 the rest, so a call's cost does not grow with the history. The result is the same as decoding
 everything: any item that differs, and all after it, go through the full path.
 
-A snapshot is replaced whole, never edited, so two requests of one session decoding at once (in
-worker threads for large bodies) each see a consistent one; the later simply wins.
+Each snapshot (a frozen dataclass) is replaced whole, never edited, and only on the event loop; a
+large body decoded in a worker process works on a copy and its snapshot replaces the session's when
+it comes back, so two requests of one session decoding at once each see a consistent one and the
+later simply wins.
 """
 
 from __future__ import annotations
