@@ -89,7 +89,7 @@ def test_frozen_trunk_is_the_models_forward_and_moves_only_the_top(embedded_dir)
     from transformers import AutoModelForCausalLM
 
     from polar_env.training.frozen_trunk import freeze_all_but_top, top_logprobs, trunk_hidden
-    from polar_env.training.grpo_update import grpo_update
+    from polar_env.training.warm_start import sft_warm_start
 
     model = AutoModelForCausalLM.from_pretrained(str(embedded_dir), dtype=torch.float32).eval()
     ids = list(range(100, 164))
@@ -101,11 +101,9 @@ def test_frozen_trunk_is_the_models_forward_and_moves_only_the_top(embedded_dir)
     got = top_logprobs(model, trunk_hidden(model, ids, first), ids, positions, first, temperature=0.5)
     assert max(abs(g - recorded[p]) for g, p in zip(got.tolist(), positions, strict=True)) < 1e-4
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    row = {"input_ids": ids, "loss_mask": [int(p in positions) for p in range(len(ids))], "logprobs": recorded,
-           "advantage": 1.0}
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
-    stats = grpo_update(model, optimizer, [row, {**row, "advantage": 0.0}], top_layers=2, temperature=0.5)
-    assert stats["rows"] == 1 and stats["ratio_max_dev"] < 1e-4 and math.isfinite(stats["loss"])
+    losses = sft_warm_start(model, [{"input_ids": ids, "assistant_masks": [int(p in positions) for p in range(len(ids))]}],
+                            epochs=2, learning_rate=1e-4, top_layers=2)
+    assert len(losses) == 2 and all(math.isfinite(x) for x in losses)
     moved = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
     assert moved and all(n.startswith(("model.layers.28.", "model.layers.29.")) for n in moved), sorted(moved)
 
@@ -151,18 +149,21 @@ def test_gold_episode_exports_trains_one_sftrainer_step_and_polar_train_runs(tmp
 
     # `polar train` on the same gold episode, as small as it goes: every stage runs and writes its outputs
     run = tmp_path / "train"
-    assert polar_main(["train", "--task-ids", "pallets__flask-5014", "--gold", str(out), "--samples", "1",
+    assert polar_main(["train", "--task-ids", "pallets__flask-5014", "--gold", str(out), "--samples", "2",
                        "--grpo-steps", "1", "--sft-epochs", "1", "--max-tokens", "8", "--keep-checkpoints", "1",
                        "--out", str(run)]) == 0
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     rounds = [m for m in metrics if "mean_reward" in m]
-    assert [m["step"] for m in rounds] == [0, 1, 2] and all(m["episodes"] == 1 for m in rounds)
+    assert [m["step"] for m in rounds] == [0, 1, 2] and all(m["episodes"] == 2 for m in rounds)
     sft = next(m for m in metrics if m["phase"] == "sft")
     assert sft["chains"] == len(traj.chains) and math.isfinite(sft["last_loss"])
-    assert next(m for m in metrics if m["phase"] == "grpo update")["rows"] == 0  # a group of one: no advantage
+    update = next(m for m in metrics if m["phase"] == "grpo update")  # PolarGRPOTrainer's step
+    assert math.isfinite(update["loss"]) and update["logprob_abs_diff_max"] < 1e-4
+    # 8 tokens per call: both episodes unresolved, a uniform group: no advantage, so no update
+    assert update["rows"] == 0 and update["frac_reward_zero_std"] == 1.0 and update["weights_max_change"] == 0.0
     assert (run / "reward.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (run / "checkpoints" / "sft" / "config.json").is_file()
     assert (run / "checkpoints" / "step-1" / "config.json").is_file()
-    for step in (0, 1, 2):  # every round's episode sampled by the live model itself
-        (episode,) = read_trajectories(run / "rounds" / f"step-{step}" / "trajectories.jsonl")
-        assert episode.backend == "local" and episode.stats.sampled_tokens > 0
+    for folder in ("step-0", "grpo", "step-2"):  # every round's episodes sampled by the live model itself
+        episodes = list(read_trajectories(run / "rounds" / folder / "trajectories.jsonl"))
+        assert len(episodes) == 2 and all(e.backend == "local" and e.stats.sampled_tokens > 0 for e in episodes)

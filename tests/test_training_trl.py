@@ -86,3 +86,22 @@ def test_two_grpo_steps_through_pi(embedded_dir, tmp_path):
         assert g.nonsampled_max() == 0.0  # prompt, tool output, template glue: no gradient at all
         assert g.sampled_min() > 0.0  # every sampled token of a row with an advantage: some gradient
         assert g.masked_completion_positions() > 0  # Pi's tool output sat inside the completion
+
+
+def test_half_precision_is_refused(embedded_dir, tmp_path):
+    """TRL's GRPOConfig defaults to bf16 autocast, whose logprobs are ~0.17 off the recorded float32 ones."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    from trl import GRPOConfig
+
+    from polar_env.rollout.config import RolloutConfig
+    from polar_env.training.grpo import PolarGRPOTrainer
+    from polar_env.training.rollouts import PolarRollouts
+
+    model = AutoModelForCausalLM.from_pretrained(str(embedded_dir), dtype=torch.float32)
+    config = RolloutConfig(harness="pi", task_ids=[TASK], model_dir=embedded_dir, out=tmp_path / "rollouts")
+    with PolarRollouts(model, config) as rollouts:
+        for half in ({}, {"bf16": False, "fp16": True}):  # {}: TRL's own default, bf16
+            args = GRPOConfig(output_dir=str(tmp_path / "trl"), use_cpu=True, report_to="none", **half)
+            with pytest.raises(ValueError, match=r"bf16=False, fp16=False"):
+                PolarGRPOTrainer(model, rollouts, args)

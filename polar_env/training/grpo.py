@@ -30,6 +30,10 @@ class PolarGRPOTrainer(GRPOTrainer):
     """``GRPOTrainer(rollout_func=rollouts, reward_funcs=[polar_reward, ...], train_dataset=rollouts.dataset())``."""
 
     def __init__(self, model: Any, rollouts: PolarRollouts, args: GRPOConfig, **kwargs: Any):
+        if args.bf16 or args.fp16:
+            raise ValueError("PolarGRPOTrainer: half-precision autocast moves the trainer's logprobs off the recorded "
+                             "ones (|Δ| ~0.17 with bf16), so the ratio would not start at 1: pass "
+                             "GRPOConfig(bf16=False, fp16=False) (TRL defaults bf16 to True)")
         if args.top_p != 1.0 or args.top_k:
             raise ValueError("TRL's forward pass scores the full distribution (temperature only): sample with "
                              "top_p=1.0 and top_k=0, or the recorded logprobs are of another distribution")

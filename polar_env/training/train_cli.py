@@ -6,14 +6,16 @@
 2. step 0: the untrained model samples every turn of K episodes per task itself (reward 0 expected);
 3. SFT warm start with TRL's SFTTrainer on those episodes' token-exact rows (every chain,
    assistant-only loss);
-4. GRPO steps: K episodes per task through the real harness, sampled by the live model (the proxy's
-   local backend wraps the very module being trained, so the rollouts are on-policy), graded by the
-   SWE-bench tests, one clipped-surrogate update per step from Polar's GRPO rows;
+4. GRPO steps with ``PolarGRPOTrainer`` (TRL's GRPOTrainer, the project's one GRPO implementation):
+   K episodes per task through the real harness, sampled by the live model (the proxy's local
+   backend wraps the very module being trained, so the rollouts are on-policy), graded by the
+   SWE-bench tests, one update per step over the top layers (the trunk stays frozen, as in the
+   warm start);
 5. a last round of rollouts after the last update.
 
-Writes OUT/metrics.jsonl (one line per rollout round), OUT/reward.png (mean reward per step),
-OUT/checkpoints/{sft,step-N} (Hugging Face model dirs) and each round's rollout outputs in
-OUT/rounds/step-N. A CPU run memorises a handful of tasks; it shows the loop closes, not that the
+Writes OUT/metrics.jsonl (one line per rollout round and per update), OUT/reward.png (mean reward
+per step), OUT/checkpoints/{sft,step-N} (Hugging Face model dirs) and the rollout outputs in
+OUT/rounds/step-N (the untrained and the last round) and OUT/rounds/grpo (the GRPO steps' episodes). A CPU run memorises a handful of tasks; it shows the loop closes, not that the
 model generalises (docs/learning.md).
 """
 
@@ -39,7 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "(default: replay the gold patches into OUT/gold first)")
     parser.add_argument("--sft-epochs", type=int, default=20, help="passes over the resolved gold chains")
     parser.add_argument("--sft-lr", type=float, default=1e-3)
-    parser.add_argument("--grpo-steps", type=int, default=1)
+    parser.add_argument("--grpo-steps", type=int, default=1,
+                        help="GRPO updates; each takes --samples (>= 2) episodes per task")
     parser.add_argument("--lr", type=float, default=1e-5, help="GRPO learning rate (AdamW)")
     parser.add_argument("--top-layers", type=int, default=2,
                         help="decoder layers trained (the top ones; the rest stay frozen, a CPU budget)")
@@ -65,7 +68,7 @@ class Run:
         self.started = time.monotonic()
 
     def rollouts(self, step: int, phase: str) -> list:
-        """K episodes per task, every turn sampled by the live model, into OUT/rounds/step-N."""
+        """K episodes per task, every turn sampled by the live model, into OUT/rounds/step-N (no update)."""
         from polar_env.backends.local import LocalBackend
         from polar_env.rollout.plan import plan_from_config
         from polar_env.rollout.runner import proxy_factory, run_rollouts
@@ -74,12 +77,16 @@ class Run:
         # at a temperature other than 1 the recorded logprobs must be those of the distribution sampled from
         mode = "raw" if (config.temperature, config.top_p) == (1.0, 1.0) else "processed"
         backend = LocalBackend(self.model, self.tokenizer, model_name=self.model_name, logprobs_mode=mode)
+        self.model.eval()
         trajectories = asyncio.run(run_rollouts(plan_from_config(config), proxy_factory(config, backend=backend)))
+        self.record_round(step, phase, trajectories)
+        return trajectories
+
+    def record_round(self, step: int, phase: str, trajectories: list) -> None:
         rewards = [float(t.reward or 0.0) for t in trajectories]
         self.record({"step": step, "phase": phase, "episodes": len(trajectories),
                      "resolved": sum(bool(t.grading and t.grading.get("resolved")) for t in trajectories),
                      "mean_reward": sum(rewards) / len(rewards) if rewards else 0.0})
-        return trajectories
 
     @property
     def model_name(self) -> str:
@@ -110,6 +117,70 @@ class Run:
         return path
 
 
+def advantage_rows(trajectories: list) -> int:
+    """Episodes in a group (same task) whose rewards differ: the only rows with a GRPO advantage."""
+    groups: dict[str | None, list[float]] = {}
+    for t in trajectories:
+        groups.setdefault(t.task_id, []).append(float(t.reward or 0.0))
+    return sum(len(r) for r in groups.values() if len(set(r)) > 1)
+
+
+def grpo_steps(run_: Run, args: argparse.Namespace, tasks: int, stages: Any) -> None:
+    """``args.grpo_steps`` GRPO steps of ``PolarGRPOTrainer`` over the top layers (the rest stay frozen):
+    each step ``--samples`` episodes per task by the live model, one optimizer step over all of them."""
+    from transformers import TrainerCallback
+    from trl import GRPOConfig
+
+    from polar_env.training.frozen_trunk import freeze_all_but_top
+    from polar_env.training.grpo import PolarGRPOTrainer
+    from polar_env.training.rollouts import PolarRollouts
+
+    freeze_all_but_top(run_.model, args.top_layers)
+    config = run_.config.model_copy(update={"out": run_.out / "rounds" / "grpo"})
+    rollouts = PolarRollouts(run_.model, config, tokenizer=run_.tokenizer)
+    samples = run_.config.samples
+    grpo_args = GRPOConfig(
+        output_dir=str(run_.out / "trl"), num_generations=samples, per_device_train_batch_size=samples,
+        gradient_accumulation_steps=tasks, max_steps=args.grpo_steps, learning_rate=args.lr,
+        lr_scheduler_type="constant", beta=0.0, temperature=run_.config.temperature, top_p=1.0,
+        bf16=False, use_cpu=True, gradient_checkpointing=False, logging_steps=1, save_strategy="no",
+        report_to="none", seed=args.seed, disable_tqdm=True)
+    trainer = PolarGRPOTrainer(run_.model, rollouts, grpo_args)
+    trained = [(name, p) for name, p in run_.model.named_parameters() if p.requires_grad]
+    before = {name: p.detach().clone() for name, p in trained}
+    update: dict[str, Any] = {}
+
+    class Rounds(TrainerCallback):
+        def on_step_begin(self, *a: Any, **kw: Any) -> None:
+            stages.set_postfix_str(f"GRPO step {trainer.state.global_step + 1}: rollouts and update")
+
+        def on_step_end(self, a: Any, state: Any, *rest: Any, **kw: Any) -> None:
+            step = state.global_step
+            trajectories = rollouts.last_trajectories
+            run_.record_round(step, "after SFT" if step == 1 else f"GRPO {step - 1}", trajectories)
+            changed = max(float((p.detach() - before[name]).abs().max()) for name, p in trained)
+            for name, p in trained:
+                before[name].copy_(p.detach())
+            fidelity = trainer.polar_fidelity[-1] if trainer.polar_fidelity else {}
+            update.update({"step": step, "phase": "grpo update", "rows": advantage_rows(trajectories),
+                           "episodes": len(trajectories), "weights_max_change": changed,
+                           **{k: v for k, v in fidelity.items() if k != "step"}})
+            run_.checkpoint(f"step-{step}", args.keep_checkpoints)
+            stages.update()
+
+        def on_log(self, a: Any, state: Any, control: Any, logs: dict | None = None, **kw: Any) -> None:
+            if logs and "loss" in logs and update:
+                run_.record({**update, "loss": logs["loss"],
+                             "frac_reward_zero_std": logs.get("frac_reward_zero_std")})
+                update.clear()
+
+    trainer.add_callback(Rounds())
+    try:
+        trainer.train()
+    finally:
+        rollouts.close()
+
+
 def gold_replays(config: RolloutConfig, out: Path) -> Path:
     """Each task once with the scripted gold policy (resumable: a rerun skips the finished ones)."""
     from polar_env.rollout.plan import plan_from_config
@@ -129,9 +200,8 @@ def run(args: argparse.Namespace) -> int:
     from polar_env.backends.embedded import embedded_model_dir
     from polar_env.rollout.plan import plan_from_config
     from polar_env.rollout.runner import prepare
-    from polar_env.training.grpo_update import grpo_update
     from polar_env.training.warm_start import sft_warm_start
-    from polar_env.trajectory.export import grpo_rows, read_trajectories, write_jsonl
+    from polar_env.trajectory.export import read_trajectories, write_jsonl
     from polar_env.trajectory.sft import sft_rows
 
     config = config_from_args(args)
@@ -140,6 +210,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if config.top_p != 1.0:
         print("polar train: the GRPO ratio is computed at top_p 1.0 only", file=sys.stderr)
+        return 2
+    if config.samples < 2:
+        print("polar train: GRPO needs --samples 2 or more (a group of one has no advantage)", file=sys.stderr)
         return 2
     config.out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(args.seed)
@@ -167,16 +240,7 @@ def run(args: argparse.Namespace) -> int:
         run_.record({"phase": "sft", "chains": len(rows), "first_loss": losses[0], "last_loss": losses[-1]})
         run_.checkpoint("sft", args.keep_checkpoints)
         stages.update()
-        optimizer = torch.optim.AdamW([p for p in run_.model.parameters() if p.requires_grad], lr=args.lr)
-        for step in range(1, args.grpo_steps + 1):
-            stages.set_postfix_str(f"GRPO step {step}: rollouts")
-            trajectories = run_.rollouts(step, "after SFT" if step == 1 else f"GRPO {step - 1}")
-            stages.set_postfix_str(f"GRPO step {step}: update")
-            stats = grpo_update(run_.model, optimizer, grpo_rows(trajectories), top_layers=args.top_layers,
-                                temperature=config.temperature)
-            run_.record({"step": step, "phase": "grpo update", **stats})
-            run_.checkpoint(f"step-{step}", args.keep_checkpoints)
-            stages.update()
+        grpo_steps(run_, args, len(plan.tasks), stages)
         stages.set_postfix_str("rollouts after the last update")
         run_.rollouts(args.grpo_steps + 1, f"GRPO {args.grpo_steps}")
         stages.update()
