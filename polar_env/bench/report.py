@@ -300,11 +300,16 @@ stage timings made while changing the hot path. What the proxy does per call now
 body once with `orjson`; for the messages the session's previous request already held
 (`proxy/seen.py`, compared as parsed JSON, a C-level `==`) it reuses their validated, converted,
 volatile-stripped form and their running prefix hash, so validation, the volatile rules and the
-hashing run on the appended messages only; it renders and tokenizes only those; it sends the
-prompt ids to the backend once (`orjson`) and no longer asks for them back (`usage.prompt_tokens`
-is checked instead; `--verify-prompt-echo` restores the echo for debugging); the ledger line holds
-only what the call adds, written by the ledger's own thread before the answer goes out; the
-servers run on `uvloop`.
+hashing run on the appended messages only (Chat Completions and Anthropic Messages; Responses and
+Gemini requests are still decoded whole); the split-turn merge and the volatile output continue
+the previous request's; it renders and tokenizes only the appended text (on the event loop when
+that is a turn's worth and the tokenizer is free, else on its worker thread); a chain keeps its ids
+in one shared list, so a call's prompt is a slice of its parent's, not a copy of the history; it
+sends the prompt ids to the backend once (`orjson`) and no longer asks for them back
+(`usage.prompt_tokens` is checked instead; `--verify-prompt-echo` restores the echo for
+debugging); the ledger line holds only what the call adds, written by the ledger's own thread
+before the answer goes out; the servers run on `uvloop`. The export hands each call's prompt out
+as a read-only numpy view of its chain's ids (no copy per call) and `orjson` writes the arrays.
 
 - **Proxy CPU per call** (the figure a loaded machine distorts least), instant backend:
   {_per_size(fam, "cpu")}. What still grows with the history is unavoidable byte handling:
