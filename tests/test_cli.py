@@ -41,3 +41,12 @@ def test_only_the_chosen_command_is_imported():
             f"print([m for m in {modules!r} if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "['polar_env.trajectory.check_cli']"
+
+
+def test_train_with_unknown_task_ids_says_so_in_one_line(tmp_path):
+    """Comma-separated ids (the form `--task-ids` does not take) name no bundled task."""
+    run = polar("train", "--task-ids", "pallets__flask-5014,psf__requests-5414", "--samples", "2",
+                "--out", str(tmp_path / "train"))
+    assert run.returncode == 2, run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("polar train: ") and "Traceback" not in run.stderr

@@ -198,8 +198,10 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from polar_env.backends.embedded import embedded_model_dir
+    from polar_env.episodes.workspace import WorkspaceUnavailable
     from polar_env.rollout.plan import plan_from_config
     from polar_env.rollout.runner import prepare
+    from polar_env.tasks.loader import TaskLoadError
     from polar_env.training.warm_start import sft_warm_start
     from polar_env.trajectory.export import read_trajectories, write_jsonl
     from polar_env.trajectory.sft import sft_rows
@@ -216,8 +218,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     config.out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(args.seed)
-    plan = plan_from_config(config)
-    prepare(plan)
+    try:
+        plan = plan_from_config(config)
+        prepare(plan)
+    except (TaskLoadError, WorkspaceUnavailable) as exc:
+        print(f"polar train: {exc}", file=sys.stderr)
+        return 2
     gold_dir = args.gold or gold_replays(config, config.out / "gold")
     gold_file = gold_dir / "trajectories.jsonl"
     tasks = {t.instance_id for t in plan.tasks}
