@@ -74,8 +74,26 @@ class NpmPackage:
         return [f"{HARNESS_MOUNT}/node_modules/.bin/{self.bin_name}"]
 
 
+class _LockedPyPI:
+    """``spec`` and ``identity`` of a pinned PyPI package installed under an optional lock."""
+
+    package: str
+    version: str
+    lock: str | None
+
+    @property
+    def spec(self) -> str:
+        return f"{self.package}=={self.version}"
+
+    @property
+    def identity(self) -> str:
+        if self.lock is None:
+            return self.spec
+        return f"{self.spec} lock:{hashlib.sha256((LOCKS_DIR / self.lock).read_bytes()).hexdigest()[:16]}"
+
+
 @dataclass(frozen=True)
-class PythonVenv:
+class PythonVenv(_LockedPyPI):
     """A venv at ``<dest>`` made by ``python`` with ``<package>==<version>`` (plus pinned ``extras``) in it.
 
     The venv's interpreter links to ``python``, which must exist at the same path inside the sandbox
@@ -93,13 +111,6 @@ class PythonVenv:
     lock: str | None = None
     kind: str = "python-venv"
 
-    @property
-    def spec(self) -> str:
-        return f"{self.package}=={self.version}"
-
-    @property
-    def identity(self) -> str:
-        return _locked_identity(self.spec, self.lock)
 
     def install_commands(self, dest: Path) -> list[list[str]]:
         return [[self.python, "-m", "venv", str(dest)],
@@ -113,19 +124,13 @@ class PythonVenv:
         return [f"{HARNESS_MOUNT}/bin/python", f"{HARNESS_MOUNT}/bin/{self.entry_point}"]
 
 
-def _locked_identity(spec: str, lock: str | None) -> str:
-    if lock is None:
-        return spec
-    return f"{spec} lock:{hashlib.sha256((LOCKS_DIR / lock).read_bytes()).hexdigest()[:16]}"
-
-
 def _pip_install(python: str, lock: str | None) -> list[str]:
     constraints = ["-c", str(LOCKS_DIR / lock)] if lock else []
     return [python, "-m", "pip", "install", "--quiet", "--no-input", "--disable-pip-version-check", *constraints]
 
 
 @dataclass(frozen=True)
-class PortablePython:
+class PortablePython(_LockedPyPI):
     """A copy of a host CPython ``<python>`` at ``<dest>`` with ``<package>==<version>`` in it.
 
     For harnesses that need a newer Python than the sandbox's ``/usr/bin/python3`` (OpenHands: 3.12).
@@ -143,13 +148,6 @@ class PortablePython:
     lock: str | None = None  # as PythonVenv's
     kind: str = "portable-python"
 
-    @property
-    def spec(self) -> str:
-        return f"{self.package}=={self.version}"
-
-    @property
-    def identity(self) -> str:
-        return _locked_identity(self.spec, self.lock)
 
     @property
     def interpreter(self) -> str:
