@@ -22,13 +22,15 @@ def loads(raw: bytes | str) -> Any:
         return json.loads(raw)
 
 
-def dumps(value: Any) -> bytes:
+def dumps(value: Any, *, newline: bool = False) -> bytes:
     """Compact UTF-8 JSON (``separators=(",", ":")``, ``ensure_ascii=False``); numpy arrays (an
-    export's token-id views) are written as lists."""
+    export's token-id views) are written as lists. ``newline`` ends it with one (a JSONL line),
+    appended by orjson rather than by copying a line of many MB once more."""
     try:
-        return orjson.dumps(value, option=orjson.OPT_SERIALIZE_NUMPY)
+        option = orjson.OPT_SERIALIZE_NUMPY | (orjson.OPT_APPEND_NEWLINE if newline else 0)
+        return orjson.dumps(value, option=option)
     except orjson.JSONEncodeError:  # ASCII escapes: valid even for lone surrogates
-        return json.dumps(value, separators=(",", ":"), default=_tolist).encode()
+        return json.dumps(value, separators=(",", ":"), default=_tolist).encode() + (b"\n" if newline else b"")
 
 
 def _tolist(value: Any) -> Any:

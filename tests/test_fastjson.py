@@ -23,3 +23,12 @@ def test_dumps_round_trips_what_loads_reads(value):
 def test_loads_keeps_the_standard_librarys_error_for_bad_json():
     with pytest.raises(json.JSONDecodeError):
         fastjson.loads(b"{not json")
+
+
+def test_a_jsonl_line_of_a_row_orjson_refuses_is_still_one_line():
+    from polar_env.trajectory.export import jsonl_line
+
+    line = jsonl_line({"content": "\ud800", "ids": [1, 2]})
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    assert json.loads(line) == {"content": "\ud800", "ids": [1, 2]}
+    assert jsonl_line({"ids": [1, 2]}) == b'{"ids":[1,2]}\n'

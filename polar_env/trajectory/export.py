@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import orjson
 
+from polar_env import fastjson
 from polar_env.chat.messages import AssistantTurn, Message
 from polar_env.proxy.openai_responses import message_item, output_items
 from polar_env.trajectory.models import CallSummary, Chain, Trajectory
@@ -263,11 +263,11 @@ def grpo_rows(trajectories: Iterable[Trajectory], *, leave_one_out: bool = False
 
 
 def jsonl_line(row: dict[str, Any]) -> bytes:
-    """One export row as a JSONL line; orjson, because rows hold long id lists (a 100k-token NeMo
-    result is tens of MB of ints: ``json`` takes several times longer on it). numpy arrays (the
-    views of ``to_nemo_gym_result(arrays=True)``) are written as lists; the newline is appended by
-    orjson, not by copying those MB once more."""
-    return orjson.dumps(row, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE)
+    """One export row as a JSONL line, through the hot-path codec: rows hold long id lists (a
+    100k-token NeMo result is tens of MB of ints), and a row orjson refuses (a lone surrogate in a
+    message) still gets written. numpy arrays (the views of ``to_nemo_gym_result(arrays=True)``)
+    are written as lists."""
+    return fastjson.dumps(row, newline=True)
 
 
 def write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> int:
