@@ -45,6 +45,7 @@ class FailureKind(StrEnum):
     deadline_harness = "deadline_harness"  # deadline hit with no model call in flight
     infrastructure = "infrastructure"  # grading could not run (test env, grading sandbox, grader bug)
     task_defect = "task_defect"  # the task cannot be graded (no FAIL_TO_PASS, test patch does not apply)
+    no_reward = "no_reward"  # a Harbor verifier wrote no reward, an empty or an unparsable one (never a 0)
     input_error = "input_error"  # the request named no task or an unknown one
     lost_session = "lost_session"  # the resources server has no workspace for the episode
     harness_killed = "harness_killed"  # the harness died of a signal that was not the deadline (OOM, operator)
@@ -70,7 +71,7 @@ class FailureKind(StrEnum):
 _OUTSIDE_POLICY = frozenset({
     FailureKind.harness_start_failed, FailureKind.sandbox_failure, FailureKind.backend_failure,
     FailureKind.proxy_failure, FailureKind.deadline_backend, FailureKind.deadline_harness,
-    FailureKind.infrastructure, FailureKind.task_defect, FailureKind.input_error, FailureKind.lost_session,
+    FailureKind.infrastructure, FailureKind.task_defect, FailureKind.no_reward, FailureKind.input_error, FailureKind.lost_session,
     FailureKind.harness_killed, FailureKind.cancelled})
 
 

@@ -4,7 +4,8 @@
 # harness CLIs from npm and PyPI (done lazily otherwise), POLAR_SETUP_VLLM=1 the vLLM CPU server venv,
 # POLAR_SETUP_GYM=1 the NeMo Gym venv (.venv-gym) for the environment's end-to-end tests,
 # POLAR_SETUP_CONTAINERS=1 podman and the locally built base image (scripts/setup_podman.sh),
-# POLAR_SETUP_LITELLM=1 LiteLLM's proxy in .venv-litellm, the comparison path of the full `polar bench`.
+# POLAR_SETUP_LITELLM=1 LiteLLM's proxy in .venv-litellm, the comparison path of the full `polar bench`,
+# POLAR_SETUP_HARBOR=1 the `harbor` package in .venv-harbor (Python 3.12), for the Harbor conformance test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -53,6 +54,9 @@ if [ "${POLAR_SETUP_GYM:-0}" = 1 ]; then
 fi
 if [ "${POLAR_SETUP_LITELLM:-0}" = 1 ]; then
   bash scripts/setup_litellm.sh
+fi
+if [ "${POLAR_SETUP_HARBOR:-0}" = 1 ]; then
+  bash scripts/setup_harbor.sh
 fi
 if [ "${POLAR_SETUP_CONTAINERS:-0}" = 1 ]; then
   bash scripts/setup_podman.sh

@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 POLAR_SETUP_HARNESSES=${POLAR_SETUP_HARNESSES:-1} POLAR_SETUP_VLLM=${POLAR_SETUP_VLLM:-1} \
   POLAR_SETUP_GYM=${POLAR_SETUP_GYM:-1} POLAR_SETUP_BROWSER=${POLAR_SETUP_BROWSER:-1} \
-  POLAR_SETUP_CONTAINERS=${POLAR_SETUP_CONTAINERS:-1} bash scripts/setup.sh
+  POLAR_SETUP_CONTAINERS=${POLAR_SETUP_CONTAINERS:-1} POLAR_SETUP_HARBOR=${POLAR_SETUP_HARBOR:-1} bash scripts/setup.sh
 .venv/bin/ruff check .
 # Given test paths, one pytest run over them. The whole suite runs one pytest process per test file
 # (the vLLM ones together): a file's models, servers and threads are gone before the next file

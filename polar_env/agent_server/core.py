@@ -466,6 +466,7 @@ class _TaskView:
     def __init__(self, task_id: str, row: dict[str, Any]):
         self.instance_id = task_id
         self.problem_statement = str(row.get("problem_statement") or "")
+        self.harbor = None  # a Harbor task's row carries its instruction as the prompt (``input``)
 
 
 def _row_prompt(params: dict[str, Any]) -> str | None:

@@ -1,7 +1,7 @@
 """Named scripted policies (for the demo, CI and tests), resolved on whichever node runs the proxy.
 
 A policy picks the text of each model call; ScriptedBackend has the real model score it, so ids
-and logprobs stay real. ``gold`` replays a task's gold patch through the harness's own shell tool,
+and logprobs stay real. ``gold`` replays a task's gold patch (a Harbor task's ``solution/solve.sh``) through the harness's own shell tool,
 or its text edit format where edits are reply text (one edit, then a final answer): it proves the whole path — harness, sandbox, proxy, grading
 — can earn reward 1.0, and is labelled as such wherever its turns are reported.
 """
@@ -65,7 +65,8 @@ def _task_of(session_id: str | None, prompt_text: str, tasks: list[Task]) -> Tas
     matches = [t for t in tasks if session_id and session_id.startswith(t.instance_id + ".")]
     if matches:
         return max(matches, key=lambda t: len(t.instance_id))
-    return next((t for t in tasks if _needle(t.problem_statement) in prompt_text), None)
+    return next((t for t in tasks if t.problem_statement.strip() and _needle(t.problem_statement) in prompt_text),
+                None)
 
 
 def _needle(problem: str) -> str:
@@ -77,6 +78,10 @@ def gold_policy(tasks: list[Task]) -> Policy:
         task = _task_of(session_id, prompt_text, tasks)
         if task is None or "<tool_response>" in prompt_text:
             return final_answer(prompt_text)
+        if task.harbor is not None:  # a Harbor task's gold is its solution/solve.sh, run by the harness
+            from polar_env.tasks.harbor import gold_command
+
+            return shell_call(prompt_text, gold_command(task))
         return patch_edit(prompt_text, task.patch)
 
     return policy

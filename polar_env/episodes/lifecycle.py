@@ -50,6 +50,7 @@ class EpisodeConfig:
     sandbox: str = "auto"  # auto | bubblewrap | docker | podman | apptainer (episodes.workspace)
     outcomes: OutcomeTable = field(default_factory=OutcomeTable)  # reward/mask per failure kind
     budget: EpisodeBudget = field(default_factory=EpisodeBudget)  # per-episode limits the proxy enforces
+    reward_key: str | None = None  # a Harbor task's reward.json key that is the reward (rewards/harbor_verifier.py)
 
 
 @dataclass
@@ -82,7 +83,10 @@ class ClosedSession:
 
 
 def episode_prompt(task: Task) -> str:
-    """The first user message; identical for every rollout of a task (GRPO groups depend on it)."""
+    """The first user message; identical for every rollout of a task (GRPO groups depend on it).
+    A Harbor task's is its instruction.md as written."""
+    if task.harbor is not None:
+        return task.problem_statement
     return PROMPT.format(problem=task.problem_statement.strip())
 
 
@@ -144,6 +148,25 @@ def patch_bytes(patch: str) -> int:
     return len(patch.encode("utf-8", errors="surrogateescape"))
 
 
+def agent_timeout(task: Task, default_s: float) -> float:
+    """The harness's deadline: a Harbor task's ``[agent] timeout_sec`` where it sets one."""
+    own = task.harbor.config.agent.timeout_sec if task.harbor is not None else None
+    return own or default_s
+
+
+async def grade_episode(task: Task, patch: str, workspace: Workspace | None, config: EpisodeConfig) -> GradeResult:
+    """A Harbor task's own verifier in the agent's (still open) container; SWE-bench grading of the
+    patch in a fresh tree or container otherwise."""
+    if task.harbor is not None:
+        from polar_env.rewards.harbor_verifier import verify
+        from polar_env.sandbox.container import ContainerSandbox
+
+        assert workspace is not None and isinstance(workspace.sandbox, ContainerSandbox)
+        return await verify(task, workspace.sandbox, reward_key=config.reward_key)
+    return await asyncio.to_thread(grade_task, task, patch, kind=workspace.ref.kind if workspace else "bubblewrap",
+                                   timeout_s=config.grading_timeout_s)
+
+
 async def run_episode(proxy: ProxyServer, task: Task, *, episode_id: str, group_id: str | None = None,
                       config: EpisodeConfig | None = None, metadata: dict[str, Any] | None = None
                       ) -> EpisodeResult:
@@ -161,20 +184,23 @@ async def run_episode(proxy: ProxyServer, task: Task, *, episode_id: str, group_
         spec = harness_spec(session, SandboxSpec(scratch_root=config.scratch_root))
         workspace = await open_workspace(task, spec, sandbox=config.sandbox)
         run = await run_harness(session, workspace.sandbox, episode_prompt(task), model_name=config.model_name,
-                                timeout_s=config.timeout_s)
+                                timeout_s=agent_timeout(task, config.timeout_s))
         status, error = run.status, run.error
         patch = await extract_patch(workspace.sandbox)
     except Exception as exc:  # noqa: BLE001 - a workspace failure still yields a trajectory
         status, error, failure = "error", f"{type(exc).__name__}: {exc}", FailureKind.sandbox_failure
     finally:
-        if workspace is not None:
+        if workspace is not None and task.harbor is None:  # a Harbor task is verified in its workspace
             await workspace.close()
-    closed = await close_session(session, status, error, failure=failure, harness=run, outcomes=config.outcomes)
-    kind = closed.failure_kind
-    if config.grade and not kind.outside_policy:  # grading would say nothing about the policy
-        result = await asyncio.to_thread(grade_task, task, patch, kind=workspace.ref.kind if workspace else "bubblewrap",
-                                         timeout_s=config.grading_timeout_s)
-        kind = final_kind(kind, result.failure_kind, result.resolved)
+    try:
+        closed = await close_session(session, status, error, failure=failure, harness=run, outcomes=config.outcomes)
+        kind = closed.failure_kind
+        if config.grade and not kind.outside_policy:  # grading would say nothing about the policy
+            result = await grade_episode(task, patch, workspace, config)
+            kind = final_kind(kind, result.failure_kind, result.resolved)
+    finally:
+        if workspace is not None and task.harbor is not None:
+            await workspace.close()
     reward, masked = config.outcomes.apply(kind, result.reward if result else None)
     trajectory = build_trajectory(
         closed.info, closed.calls, status=closed.status, error=closed.error, reward=reward,

@@ -51,6 +51,7 @@ class WorkspaceRef(BaseModel):
     container: str = ""  # docker/podman: the container name
     image: str = ""
     path: str = ""  # docker/podman: the image's PATH
+    workdir: str = "/testbed"  # where the task tree is inside (a Harbor task's or dataset's own)
     uid: int
     gid: int
 
@@ -82,6 +83,9 @@ def workspace_kind(task: Task, sandbox: str = "auto") -> WorkspaceKind:
         raise WorkspaceUnavailable(f"unknown sandbox {sandbox!r}; choose one of {', '.join(SANDBOX_CHOICES)}")
     if sandbox == "auto":
         return "bubblewrap" if task.base_archive else default_engine()  # type: ignore[return-value]
+    if sandbox == "bubblewrap" and task.harbor is not None:
+        raise WorkspaceUnavailable(f"{task.instance_id}: a Harbor task runs in its environment image: "
+                                   f"use --sandbox podman|docker (or auto)")
     if sandbox == "bubblewrap" and not task.base_archive:
         raise WorkspaceUnavailable(f"{task.instance_id}: bubblewrap needs a base archive and the task has none; "
                                    f"run it in its image with --sandbox podman|docker|apptainer")
@@ -105,9 +109,17 @@ def task_image(task: Task) -> str:
 
 
 def check_image(task: Task, kind: WorkspaceKind) -> None:
-    """Refuse early when a container task's image is not on this machine (no registry to pull from)."""
-    from polar_env.sandbox.container import image_exists
+    """Refuse early when a container task's image is not on this machine (no registry to pull from);
+    a Harbor task's image is built here from its ``environment/`` first (cached by content)."""
+    from polar_env.sandbox.container import ContainerError, image_exists
 
+    if task.harbor is not None and not task.image and kind in ("docker", "podman"):
+        from polar_env.tasks.harbor_image import ensure_harbor_image
+
+        try:
+            task.image = ensure_harbor_image(task, kind)
+        except ContainerError as exc:
+            raise WorkspaceUnavailable(str(exc)) from exc
     image = task_image(task)
     if kind in ("docker", "podman") and not image_exists(kind, image):
         raise WorkspaceUnavailable(f"{task.instance_id}: image {image!r} is not in {kind}: build it "
@@ -136,6 +148,16 @@ class Workspace:
         if self.scratch is not None:
             await asyncio.to_thread(shutil.rmtree, self.scratch, True)
             self.scratch = None
+
+
+def task_spec(task: Task, spec: SandboxSpec) -> SandboxSpec:
+    """``spec`` in the task's workdir, with a Harbor task's ``[environment]`` limits (cpus, memory)."""
+    spec = replace(spec, workdir=task.workdir)
+    if task.harbor is None:
+        return spec
+    env = task.harbor.config.environment
+    return replace(spec, cpus=env.cpus or spec.cpus,
+                   memory_bytes=env.memory_mb << 20 if env.memory_mb else spec.memory_bytes)
 
 
 def _spec_with(spec: SandboxSpec, mounts: WorkspaceMounts | None) -> SandboxSpec:
@@ -167,7 +189,8 @@ def _open(task: Task, spec: SandboxSpec, kind: WorkspaceKind) -> Workspace:
 
         check_image(task, kind)
         cs = ContainerSandbox.create(None, spec=spec, image=task_image(task), engine=kind)
-        ref = WorkspaceRef(kind=kind, container=cs.name, image=cs.image, path=cs.path, uid=spec.uid, gid=spec.uid)
+        ref = WorkspaceRef(kind=kind, container=cs.name, image=cs.image, path=cs.path, workdir=spec.workdir,
+                           uid=spec.uid, gid=spec.uid)
         return Workspace(cs, ref)
     from polar_env.sandbox.apptainer import ApptainerSandbox
 
@@ -180,7 +203,7 @@ async def open_workspace(task: Task, spec: SandboxSpec, *, sandbox: str = "auto"
                          mounts: WorkspaceMounts | None = None) -> Workspace:
     """A fresh workspace holding ``task``'s base tree at ``spec.workdir``."""
     kind = workspace_kind(task, sandbox)
-    return await asyncio.to_thread(_open, task, _spec_with(spec, mounts), kind)
+    return await asyncio.to_thread(_open, task, task_spec(task, _spec_with(spec, mounts)), kind)
 
 
 def attach_workspace(ref: WorkspaceRef, spec: SandboxSpec) -> Sandbox:
@@ -198,7 +221,7 @@ def attach_workspace(ref: WorkspaceRef, spec: SandboxSpec) -> Sandbox:
     if ref.kind in ("docker", "podman"):
         from polar_env.sandbox.container import ContainerSandbox
 
-        return ContainerSandbox(replace(spec, uid=ref.uid), ref.image, ref.container, engine=ref.kind,
+        return ContainerSandbox(replace(spec, uid=ref.uid, workdir=ref.workdir), ref.image, ref.container, engine=ref.kind,
                                 path=ref.path)
     from polar_env.sandbox.apptainer import ApptainerSandbox
 

@@ -58,7 +58,8 @@ class EpisodeConflict(ValueError):
 class PolarResourcesConfig(BaseModel):
     """What an operator sets in the Gym config (``resources_servers.polar``)."""
 
-    tasks: str = "bundled"  # "bundled", "verified", or a JSONL path (polar_env.tasks.loader)
+    tasks: str = "bundled"  # "bundled", "terminal", "verified", a JSONL path or a Harbor folder (polar_env.tasks.loader)
+    reward_key: str | None = None  # Harbor tasks: the reward.json key that is the reward
     scratch_root: str | None = None  # where sandbox workspaces live (default: the system temp dir)
     grading_timeout_s: float = 900.0  # grading's own budget; outlives the rollout deadline
     max_concurrent_grades: int = 8  # test runs in flight at once on this host
@@ -180,6 +181,12 @@ class PolarResources:
             patch = await extract_patch(ep.workspace.sandbox)
         except Exception as exc:  # noqa: BLE001 - a broken workspace is ours, not the policy's
             return VerifyOutcome.failed(FailureKind.sandbox_failure, f"patch extraction failed: {exc}")
+        if ep.task.harbor is not None:  # its own verifier, in the container the agent left
+            from polar_env.rewards.harbor_verifier import verify
+
+            async with self._grades:
+                result = await verify(ep.task, ep.workspace.sandbox, reward_key=self.config.reward_key)  # type: ignore[arg-type]
+            return self._outcome(result, patch)
         return await self.grade_patch(ep.task, patch, ep.workspace.ref.kind)
 
     async def grade_patch(self, task: Task, patch: str, kind: str | None = None) -> VerifyOutcome:
@@ -188,6 +195,10 @@ class PolarResources:
         async with self._grades:
             result: GradeResult = await asyncio.to_thread(grade_task, task, patch, kind=kind,
                                                           timeout_s=self.config.grading_timeout_s)
+        return self._outcome(result, patch)
+
+    @staticmethod
+    def _outcome(result: GradeResult, patch: str) -> VerifyOutcome:
         reward, mask = OutcomeTable().apply(result.failure_kind, result.reward)
         return VerifyOutcome(
             reward=reward or 0.0, resolved=result.resolved, mask_sample=mask,

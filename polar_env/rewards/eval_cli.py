@@ -113,7 +113,7 @@ def summary_text(report: dict) -> str:
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.description = "Grade SWE-bench predictions."
-    ap.add_argument("--tasks", default="bundled", help="bundled | verified | path/to/tasks.jsonl")
+    ap.add_argument("--tasks", default="bundled", help="bundled | terminal | verified | path/to/tasks.jsonl | a Harbor task folder")
     ap.add_argument("--predictions", required=True, type=Path, help="predictions .jsonl or .json")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", type=Path, default=None, help="write the JSON report here")

@@ -51,6 +51,7 @@ LOG_TAIL_CHARS = 4000
 class GradingMode(StrEnum):
     strict = "strict"
     swebench = "swebench"
+    harbor = "harbor"  # a Harbor task's own verifier (rewards/harbor_verifier.py)
 
 
 class ModeResult(BaseModel):
@@ -86,6 +87,7 @@ class GradeResult(BaseModel):
     flags: list[str] = Field(default_factory=list)  # tampering signals (flags.py, runtime checks)
     flag_evidence: dict[str, str] = Field(default_factory=dict)
     reset_paths: dict[str, str] = Field(default_factory=dict)  # changed non-source path -> rule
+    rewards: dict[str, float] = Field(default_factory=dict)  # a Harbor verifier's reward.json, whole
 
     @property
     def is_infrastructure_failure(self) -> bool:

@@ -164,6 +164,10 @@ def grade_task(task: Task, model_patch: str | None, *, kind: str, timeout_s: flo
     from polar_env.episodes.workspace import task_image
     from polar_env.rewards.grading import grade
 
+    if task.harbor is not None and kind in ("docker", "podman"):
+        from polar_env.rewards.harbor_verifier import grade_patch
+
+        return grade_patch(task, model_patch or "", engine=kind)
     if kind in ("docker", "podman"):
         return grade_in_image(task, model_patch, engine=kind, image=task_image(task), timeout_s=timeout_s)
     if not task.base_archive:

@@ -25,7 +25,12 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sandbox", default=d.sandbox, choices=SANDBOX_CHOICES,
                         help="where episodes run: auto (a bubblewrap tree for tasks with a base archive, a "
                              "container of the task's image otherwise) or one engine for every task")
-    parser.add_argument("--tasks", default=d.tasks, help="bundled | verified | FILE.jsonl")
+    parser.add_argument("--tasks", default=d.tasks,
+                        help="bundled | terminal | verified | FILE.jsonl | a Harbor task folder (or a folder of "
+                             "them) | a dataset NAME[:split] (docs/tasks.md)")
+    parser.add_argument("--reward-key", default=d.reward_key,
+                        help="Harbor tasks: the reward.json key that is the reward (default: 'reward', else "
+                             "the only key; docs/tasks.md)")
     parser.add_argument("--task-ids", nargs="*", default=d.task_ids, help="only these instance ids")
     parser.add_argument("--limit", type=int, default=d.limit, help="only the first N tasks")
     parser.add_argument("--backend", default=d.backend, help="local | vllm | nemo-rl | sglang")

@@ -18,7 +18,7 @@ class RolloutConfig(BaseModel):
 
     harness: str = "pi"  # a name in harness_adapters/registry.py
     sandbox: str = "auto"  # auto | bubblewrap | docker | podman | apptainer (polar_env.episodes.workspace)
-    tasks: str = "bundled"  # bundled | verified | FILE.jsonl
+    tasks: str = "bundled"  # bundled | terminal | verified | FILE.jsonl | a Harbor task folder | DATASET[:split]
     task_ids: list[str] | None = None
     limit: int | None = None
     backend: str = "local"  # local | vllm | nemo-rl | sglang
@@ -41,6 +41,7 @@ class RolloutConfig(BaseModel):
     max_sampled_tokens: int | None = None  # per-episode budget at the proxy: tokens sampled over all calls
     outcome: list[tuple[FailureKind, Outcome]] = []  # rows overriding the outcome table (docs/outcomes.md)
     min_backend_tokens_per_s: float = OutcomeTable().min_backend_tokens_per_s
+    reward_key: str | None = None  # Harbor tasks: the reward.json key trained on (rewards/harbor_verifier.py)
     ray: str | None = None  # a Ray cluster address ('auto': the one on this machine)
 
     def sampling(self) -> dict[str, float | int]:

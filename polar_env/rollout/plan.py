@@ -37,7 +37,8 @@ def plan_from_config(config: RolloutConfig) -> RolloutPlan:
                        episode=EpisodeConfig(harness=config.harness, timeout_s=config.timeout,
                                              grading_timeout_s=config.grading_timeout, sampling=config.sampling(),
                                              model_name=config.model_name, sandbox=config.sandbox,
-                                             outcomes=config.outcomes(), budget=config.budget()))
+                                             outcomes=config.outcomes(), budget=config.budget(),
+                                             reward_key=config.reward_key))
 
 
 def episode_key(task_id: str, sample: int) -> str:

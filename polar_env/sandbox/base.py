@@ -52,6 +52,7 @@ class SandboxSpec:
     env: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_ENV))
     memory_bytes: int | None = 8 << 30
     pids_max: int | None = 4096
+    cpus: float | None = None  # containers: --cpus (a Harbor task's [environment] cpus)
     scratch_root: Path | None = None  # where per-sandbox host dirs go (default: a temp dir)
 
     @property

@@ -121,6 +121,8 @@ class ContainerSandbox(Sandbox):
             argv += ["--memory", str(s.memory_bytes), "--memory-swap", str(s.memory_bytes)]
         if s.pids_max is not None:
             argv += ["--pids-limit", str(s.pids_max)]
+        if s.cpus is not None:
+            argv += ["--cpus", f"{s.cpus:g}"]
         mounts = [(str(FORWARDER_SRC), FORWARDER_INSIDE)]
         if s.harness_dir is not None:
             mounts.append((str(s.harness_dir), "/opt/harness"))

@@ -10,6 +10,7 @@ from polar_env.cache import cache_root
 from polar_env.tasks.models import Task
 
 BUNDLED_DIR = Path(__file__).parent / "bundled"
+TERMINAL_DIR = Path(__file__).parent / "terminal"  # Harbor task folders: terminal work, not SWE-bench
 VERIFIED_DATASET = "princeton-nlp/SWE-bench_Verified"
 
 # SWE-bench's test commands for the Verified repos whose runner is not plain pytest.
@@ -26,17 +27,25 @@ class TaskLoadError(RuntimeError):
 
 
 def load_tasks(spec: str) -> list[Task]:
-    """`spec` is "bundled", "verified", or the path of a JSONL file of SWE-bench-style rows."""
+    """`spec` is "bundled", "verified", "terminal" (the bundled Harbor tasks), a Harbor task folder (or a
+    folder of them), or the path of a JSONL file of SWE-bench-style rows."""
     if spec == "bundled":
         return load_bundled()
     if spec == "verified":
         return load_verified()
-    path = Path(spec)
+    path = TERMINAL_DIR if spec == "terminal" else Path(spec)
+    if path.is_dir():
+        from polar_env.tasks.harbor import HarborTaskError, load_harbor
+
+        try:
+            return load_harbor(path)
+        except HarborTaskError as exc:
+            raise TaskLoadError(str(exc)) from exc
     if path.is_file():
         return load_jsonl(path)
     if path.suffix in (".jsonl", ".json") or path.parent != Path("."):
-        raise TaskLoadError(f"task file {spec} does not exist: pass an existing JSONL file, 'bundled' or 'verified'")
-    raise TaskLoadError(f"unknown task set {spec!r}: expected 'bundled', 'verified' or a JSONL file path")
+        raise TaskLoadError(f"task file {spec} does not exist: pass an existing JSONL file, a Harbor task folder, 'bundled', 'terminal' or 'verified'")
+    raise TaskLoadError(f"unknown task set {spec!r}: expected 'bundled', 'terminal', 'verified', a Harbor task folder or a JSONL file path")
 
 
 def load_bundled() -> list[Task]:

@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 import re
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
+
+from polar_env.tasks.harbor_config import HarborRef
 
 DIFF_HEADER = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.M)
 INSTANCE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,199}$")
@@ -60,6 +62,9 @@ class Task(BaseModel):
     eval_script: str = ""
     log_parser: str = ""
     eval_type: str = ""
+    workdir: str = "/testbed"  # where the repository is inside the image (datasets differ: /app, /<repo>)
+    # A Harbor task folder (tasks/harbor.py): graded by its own tests/test.sh, not by SWE-bench tests.
+    harbor: HarborRef | None = None
 
     @field_validator("instance_id")
     @classmethod
@@ -82,6 +87,17 @@ class Task(BaseModel):
             self.test_directives = default_test_directives(self.repo, self.test_patch)
         return self
 
+    @model_serializer(mode="wrap")
+    def _drop_unset_sources(self, handler):  # type: ignore[no-untyped-def]
+        # A SWE-bench row stays a SWE-bench row: the Harbor and image-layout fields appear only when set.
+        data = handler(self)
+        if isinstance(data, dict):
+            if data.get("harbor") is None:
+                data.pop("harbor", None)
+            if data.get("workdir") == "/testbed":
+                data.pop("workdir", None)
+        return data
+
     def test_files(self) -> list[str]:
         """Files the test patch touches: reset to base before it is applied."""
         return patch_files(self.test_patch)
@@ -97,3 +113,4 @@ def default_test_directives(repo: str, test_patch: str) -> list[str]:
         # Django's runner takes dotted module names relative to tests/.
         return [f.removeprefix("tests/").removesuffix(".py").replace("/", ".") for f in files]
     return files
+

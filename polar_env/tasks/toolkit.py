@@ -144,6 +144,8 @@ def validate_task(task: Task, *, kind: str, timeout_s: float = 900.0) -> Validat
     from polar_env.rewards.image_grading import grade_task
     from polar_env.tasks.env import EnvBuildError, ensure_task_env
 
+    if task.harbor is not None:
+        return validate_harbor_task(task, kind=kind)
     v = Validation(task.instance_id)
     if kind == "bubblewrap":
         try:
@@ -166,6 +168,46 @@ def validate_task(task: Task, *, kind: str, timeout_s: float = 900.0) -> Validat
         f"does not resolve ({gold.failure_kind}; not passing: {', '.join(sorted(broken)[:3]) or '-'})")
     v.checks["base"] = _base_check(task, kind, timeout_s)
     return v
+
+
+def validate_harbor_task(task: Task, *, kind: str) -> Validation:
+    """A Harbor task: its image builds, ``solution/solve.sh`` earns reward 1, doing nothing does not;
+    a verifier that writes no reward (for either) is the task's defect."""
+    import asyncio
+
+    from polar_env.outcomes import FailureKind
+    from polar_env.tasks.harbor import HarborTaskError, gold_command
+
+    v = Validation(task.instance_id)
+    try:
+        solve = gold_command(task)
+    except HarborTaskError as exc:
+        v.checks["solution"] = str(exc)
+        return v
+    for check, command in (("gold", solve), ("no-op", None)):
+        grade = asyncio.run(_harbor_episode(task, kind, command))
+        if grade.failure_kind in (FailureKind.no_reward, FailureKind.infrastructure, FailureKind.test_timeout):
+            v.checks[check] = f"verifier failed ({grade.failure_kind}): {grade.error.splitlines()[0] if grade.error else '-'}"
+        elif check == "gold":
+            v.checks[check] = "ok" if grade.resolved else f"solution/solve.sh earns {grade.reward:g}, not 1"
+        else:
+            v.checks[check] = "ok" if not grade.resolved else "doing nothing already earns 1 (the task rewards doing nothing)"
+    return v
+
+
+async def _harbor_episode(task: Task, kind: str, command: str | None):
+    """Open the task's workspace, run ``command`` as the agent would (None: nothing), verify."""
+    from polar_env.episodes.workspace import open_workspace
+    from polar_env.rewards.harbor_verifier import verify
+    from polar_env.sandbox.base import SandboxSpec
+
+    workspace = await open_workspace(task, SandboxSpec(), sandbox=kind)
+    try:
+        if command is not None:
+            await workspace.sandbox.run(["bash", "-c", command], timeout_s=task.harbor.config.agent.timeout_sec or 600)
+        return await verify(task, workspace.sandbox)  # type: ignore[arg-type]
+    finally:
+        await workspace.close()
 
 
 def _base_check(task: Task, kind: str, timeout_s: float) -> str:

@@ -19,7 +19,7 @@ from polar_env.tasks.toolkit import validate_task
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = ("Per task: the environment builds, the test patch applies, the gold patch resolves and "
                           "the empty patch does not. Exit 1 if any task is defective.")
-    parser.add_argument("file", help="a task file (JSONL), or 'bundled'")
+    parser.add_argument("file", help="a task file (JSONL), a Harbor task folder (or a folder of them), or 'bundled'")
     parser.add_argument("--sandbox", default="auto", choices=SANDBOX_CHOICES, help="where to grade (as polar eval)")
     parser.add_argument("--timeout", type=float, default=900.0, help="per test run (s)")
 

@@ -1,0 +1,191 @@
+"""The Harbor verifier contract: a task's own ``tests/test.sh`` decides its reward, in the agent's container.
+
+Harbor (and NeMo Gym, which runs Harbor folders natively) grade a task after the agent is done, in
+the environment the agent left: the agent never saw ``tests/`` or ``solution/`` (neither is in the
+image: it is built from ``environment/`` only, and nothing of the task folder is mounted). Here,
+once the harness has ended:
+
+1. every process of the agent's uid in the container is killed (nothing it left running can write
+   after the next step);
+2. ``/logs/verifier`` and ``/tests`` are removed and made again, empty and root-owned, so a reward the
+   agent planted is gone; ``tests/`` is copied in, root-owned and read-only;
+3. ``bash /tests/test.sh`` runs in the workdir as ``[verifier] user`` (default: root, as Harbor's
+   image default), with ``[verifier] env``, under ``[verifier] timeout_sec``, in the container's
+   ``--network none`` (only ``lo``: no network at all, not even the proxy's forwarder is running),
+   its output bounded;
+4. ``/logs/verifier/reward.json`` is read first (an object of numbers, or one number), else
+   ``reward.txt`` (one number). Missing, empty, unparsable or non-finite is ``no_reward``: its own
+   failure kind, masked by default and never trained as 0 (Harbor: ``RewardFileNotFoundError``,
+   ``RewardFileEmptyError``).
+
+The scalar reward of a multi-key ``reward.json`` (the whole object is kept in ``GradeResult.rewards``,
+so on the trajectory's ``grading``): the key ``reward_key`` names (``--reward-key``; absent key:
+``no_reward``), else the key ``reward``, else the only key; several keys none of them ``reward`` and no
+``--reward-key`` is ``no_reward`` too (a guess would train on the wrong number). ``resolved`` means a
+scalar of at least 1.0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import shlex
+import time
+
+from polar_env.outcomes import FailureKind
+from polar_env.rewards.grading import LOG_TAIL_CHARS, GradeResult, GradingMode
+from polar_env.sandbox.base import run_process_tree
+from polar_env.sandbox.container import ContainerError, ContainerSandbox, engine_run
+from polar_env.tasks.models import Task
+
+VERIFIER_DIR = "/logs/verifier"
+TESTS_DIR = "/tests"
+MAX_REWARD_BYTES = 64 << 10
+MAX_OUTPUT_BYTES = 1 << 20
+REWARD_FILES = ("reward.json", "reward.txt")  # in the order they are read
+
+
+class RewardError(ValueError):
+    """The verifier's reward cannot be read as a number; the message says which file and why."""
+
+
+def _clean_script(verifier_user: str) -> str:
+    """Root's reset before the tests: fresh, empty, root-owned /logs/verifier and /tests."""
+    return (f"rm -rf {VERIFIER_DIR} {TESTS_DIR}; if [ -L /logs ] || [ ! -d /logs ]; then rm -rf /logs; fi; "
+            f"mkdir -p {VERIFIER_DIR} {TESTS_DIR} && chown 0:0 /logs && chmod 0755 /logs && "
+            f"chown {shlex.quote(verifier_user)} {VERIFIER_DIR} && chmod 0755 {VERIFIER_DIR}")
+
+
+def _read_script() -> str:
+    """Print which reward file exists (json first) and its first bytes; exit 3 when there is none."""
+    return "; ".join(f"if [ -f {VERIFIER_DIR}/{name} ]; then echo {name}; head -c {MAX_REWARD_BYTES + 1} "
+                     f"{VERIFIER_DIR}/{name}; exit 0; fi" for name in REWARD_FILES) + "; exit 3"
+
+
+def _number(value: object, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise RewardError(f"{where}: {value!r} is not a finite number")
+    return float(value)
+
+
+def parse_rewards(name: str, text: str) -> dict[str, float]:
+    """The rewards a reward file holds (``reward.txt``: ``{"reward": x}``), as Harbor reads them."""
+    if not text.strip():
+        raise RewardError(f"{VERIFIER_DIR}/{name} is empty")
+    if len(text.encode()) > MAX_REWARD_BYTES:
+        raise RewardError(f"{VERIFIER_DIR}/{name} is larger than {MAX_REWARD_BYTES} bytes")
+    if name == "reward.txt":
+        try:
+            value = float(text.strip())
+        except ValueError as exc:
+            raise RewardError(f"{VERIFIER_DIR}/reward.txt: not one number: {text.strip()[:80]!r}") from exc
+        return {"reward": _number(value, f"{VERIFIER_DIR}/reward.txt")}
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RewardError(f"{VERIFIER_DIR}/reward.json: not JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        return {"reward": _number(data, f"{VERIFIER_DIR}/reward.json")}
+    if not data:
+        raise RewardError(f"{VERIFIER_DIR}/reward.json is an empty object")
+    return {str(k): _number(v, f"{VERIFIER_DIR}/reward.json key {k!r}") for k, v in data.items()}
+
+
+def scalar_reward(rewards: dict[str, float], reward_key: str | None = None) -> float:
+    """The one number trained on: ``reward_key``'s, else ``reward``'s, else the only key's."""
+    if reward_key is not None:
+        if reward_key not in rewards:
+            raise RewardError(f"reward.json has no key {reward_key!r} (--reward-key); keys: {', '.join(rewards)}")
+        return rewards[reward_key]
+    if "reward" in rewards:
+        return rewards["reward"]
+    if len(rewards) == 1:
+        return next(iter(rewards.values()))
+    raise RewardError(f"reward.json has several keys ({', '.join(rewards)}) and none is 'reward': "
+                      f"choose the scalar with --reward-key")
+
+
+async def verify(task: Task, box: ContainerSandbox, *, reward_key: str | None = None) -> GradeResult:
+    """Run the task's verifier in ``box`` (the agent's container, its harness ended). Never raises."""
+    assert task.harbor is not None
+    t0 = time.monotonic()
+    config = task.harbor.config.verifier
+    result = GradeResult(instance_id=task.instance_id, mode=GradingMode.harbor)
+    if config.environment_mode == "separate":
+        return _fail(result, FailureKind.infrastructure, "a separate verifier environment is not supported yet", t0)
+    user = str(config.user if config.user is not None else 0)
+    try:
+        box.kill_all()
+        engine_run(box.exec_argv(["sh", "-c", _clean_script(user)], {}, user="0"))
+        engine_run(box.cp_in_argv(task.harbor.tests_dir, TESTS_DIR))
+        engine_run(box.exec_argv(["sh", "-c", f"chown -R 0:0 {TESTS_DIR} && chmod -R a-w,a+rX {TESTS_DIR}"], {},
+                                 user="0"))
+        result.timings["setup_s"] = time.monotonic() - t0
+        env = {**config.env, **({"HOME": "/root"} if user in ("0", "root") else {})}
+        run = await run_process_tree(
+            box.exec_argv(["bash", f"{TESTS_DIR}/test.sh"], env, user=user, timeout_s=config.timeout_sec),
+            timeout_s=config.timeout_sec, stdin=None, max_output_bytes=MAX_OUTPUT_BYTES, on_timeout=box.kill_all)
+        result.timings["tests_s"] = run.duration_s
+        result.log_tail = (run.stdout_tail + run.stderr_tail)[-LOG_TAIL_CHARS:]
+        if run.timed_out:
+            return _fail(result, FailureKind.test_timeout, f"tests/test.sh ran past {config.timeout_sec:g}s", t0)
+        read = await run_process_tree(box.exec_argv(["sh", "-c", _read_script()], {}, user="0"), timeout_s=60,
+                                      stdin=None, max_output_bytes=MAX_REWARD_BYTES + 4096)
+    except (ContainerError, OSError) as exc:
+        return _fail(result, FailureKind.infrastructure, f"container: {exc}", t0)
+    if read.exit_code == 3:
+        return _fail(result, FailureKind.no_reward, f"tests/test.sh wrote neither {VERIFIER_DIR}/reward.json "
+                     f"nor reward.txt (exit code {run.exit_code})", t0)
+    name, _, text = read.stdout_tail.partition("\n")
+    try:
+        result.rewards = parse_rewards(name, text)
+        result.reward = scalar_reward(result.rewards, reward_key)
+    except RewardError as exc:
+        return _fail(result, FailureKind.no_reward, str(exc), t0)
+    result.resolved = result.reward >= 1.0
+    result.timings["total_s"] = time.monotonic() - t0
+    return result
+
+
+def grade_patch(task: Task, patch: str, *, engine: str, reward_key: str | None = None) -> GradeResult:
+    """``polar eval`` of a prediction for a Harbor task: a fresh container of its image, the patch
+    ``git apply``-ed in the workdir as the agent's uid (a refusal is ``apply_failed``), then the verifier."""
+    return asyncio.run(_grade_patch(task, patch, engine=engine, reward_key=reward_key))
+
+
+async def _grade_patch(task: Task, patch: str, *, engine: str, reward_key: str | None) -> GradeResult:
+    import tempfile
+    from pathlib import Path
+
+    from polar_env.episodes.workspace import WorkspaceUnavailable, check_image, task_spec
+    from polar_env.sandbox.base import SandboxSpec
+
+    t0 = time.monotonic()
+    result = GradeResult(instance_id=task.instance_id, mode=GradingMode.harbor)
+    box: ContainerSandbox | None = None
+    try:
+        check_image(task, engine)  # type: ignore[arg-type]
+        box = await asyncio.to_thread(ContainerSandbox.create, None, spec=task_spec(task, SandboxSpec()),
+                                      image=task.image, engine=engine)
+        if patch.strip():
+            with tempfile.TemporaryDirectory(prefix="polar-harbor-") as tmp:
+                (Path(tmp) / "model.patch").write_text(patch, errors="surrogateescape")
+                await box.copy_in(Path(tmp) / "model.patch", "/tmp/polar-model.patch")
+            applied = await box.run(["git", "apply", "--verbose", "/tmp/polar-model.patch"], timeout_s=120)
+            if applied.exit_code != 0:
+                result.log_tail = (applied.stdout_tail + applied.stderr_tail)[-LOG_TAIL_CHARS:]
+                return _fail(result, FailureKind.apply_failed, "the patch does not apply", t0)
+            result.patch_applied = True
+        return await verify(task, box, reward_key=reward_key)
+    except (ContainerError, WorkspaceUnavailable, OSError) as exc:
+        return _fail(result, FailureKind.infrastructure, f"container: {exc}", t0)
+    finally:
+        if box is not None:
+            await box.destroy()
+
+
+def _fail(result: GradeResult, kind: FailureKind, error: str, t0: float) -> GradeResult:
+    result.failure_kind, result.error, result.reward, result.resolved = kind, error, 0.0, False
+    result.timings["total_s"] = time.monotonic() - t0
+    return result

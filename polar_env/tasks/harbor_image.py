@@ -1,0 +1,107 @@
+"""The image a Harbor task runs in: ``[environment] docker_image`` as is, else ``environment/`` built
+with the local engine and cached by content hash.
+
+No registry is reachable on Polar's machines, so every ``FROM`` must name an image the engine
+already has. Two names are mapped before that check: ``polar-base`` (the project's Debian base,
+tasks/images.py; the bundled terminal tasks use it) and whatever ``POLAR_IMAGE_MAP`` maps
+(``NAME=LOCAL[,NAME=LOCAL...]``, e.g. ``ubuntu:24.04=localhost/polar-base:<key>``). A ``FROM`` still
+missing is one error naming it and both ways to map it (that variable, or ``podman tag``).
+
+The tag ``localhost/polar-harbor/<id>:<key>`` hashes every file of ``environment/`` (names and
+bytes), the rewritten Dockerfile and the id of each base image, so an unchanged task reuses its
+image and any change rebuilds it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+from polar_env.sandbox.container import ContainerError, engine_run, image_exists
+from polar_env.tasks.models import Task
+
+POLAR_BASE_ALIAS = "polar-base"
+MAP_ENV = "POLAR_IMAGE_MAP"
+FROM_RE = re.compile(r"^(\s*FROM\s+)((?:--\S+\s+)*)(\S+)(.*)$", re.I | re.M)
+
+
+class HarborImageError(ContainerError):
+    """The environment cannot be built here; the message names the image or file and what to do."""
+
+
+def image_map() -> dict[str, str]:
+    """``polar-base`` -> the project's base image, plus ``POLAR_IMAGE_MAP``'s pairs (which win)."""
+    from polar_env.tasks.images import base_image
+
+    pairs = {POLAR_BASE_ALIAS: base_image()}
+    for item in filter(None, (s.strip() for s in os.environ.get(MAP_ENV, "").split(","))):
+        name, sep, local = item.partition("=")
+        if not sep or not name.strip() or not local.strip():
+            raise HarborImageError(f"{MAP_ENV}: {item!r} is not NAME=LOCAL_IMAGE")
+        pairs[name.strip()] = local.strip()
+    return pairs
+
+
+def rewrite_from(dockerfile: str, mapping: dict[str, str]) -> tuple[str, list[str]]:
+    """The Dockerfile with mapped ``FROM`` images, and the external images it then starts from
+    (a ``FROM`` naming an earlier stage is not an image)."""
+    stages: set[str] = set()
+    bases: list[str] = []
+
+    def sub(m: re.Match[str]) -> str:
+        image = mapping.get(m.group(3), m.group(3))
+        alias = re.match(r"\s+AS\s+(\S+)", m.group(4), re.I)
+        if m.group(3) not in stages and "$" not in image:
+            bases.append(image)
+        if alias:
+            stages.add(alias.group(1))
+        return f"{m.group(1)}{m.group(2)}{image}{m.group(4)}"
+
+    return FROM_RE.sub(sub, dockerfile), bases
+
+
+def _content_key(env_dir: Path, dockerfile: str, base_ids: list[str]) -> str:
+    h = hashlib.sha256()
+    for path in sorted(p for p in env_dir.rglob("*") if p.is_file()):
+        h.update(str(path.relative_to(env_dir)).encode() + b"\0" + path.read_bytes() + b"\0")
+    h.update(dockerfile.encode() + b"\0" + "\0".join(base_ids).encode())
+    return h.hexdigest()[:16]
+
+
+def _image_id(engine: str, image: str) -> str:
+    return json.loads(engine_run([engine, "image", "inspect", "--format", "{{json .Id}}", image]) or b'""')
+
+
+def ensure_harbor_image(task: Task, engine: str = "podman") -> str:
+    """The task's image: its ``docker_image`` (never pulled), else ``environment/`` built unless cached."""
+    assert task.harbor is not None
+    env = task.harbor.config.environment
+    if env.docker_image:
+        return env.docker_image
+    env_dir = task.harbor.environment_dir
+    dockerfile, bases = rewrite_from((env_dir / "Dockerfile").read_text(), image_map())
+    if not bases:
+        raise HarborImageError(f"{env_dir / 'Dockerfile'}: no FROM line")
+    for base in bases:
+        if not image_exists(engine, base):
+            raise HarborImageError(
+                f"{task.instance_id}: environment/Dockerfile starts FROM {base}, which is not in {engine} and "
+                f"cannot be pulled here: map it to a local image with {MAP_ENV}='{base}=LOCAL_IMAGE' "
+                f"(e.g. LOCAL_IMAGE={image_map()[POLAR_BASE_ALIAS]}), or `{engine} tag LOCAL_IMAGE {base}`; "
+                f"docs/tasks.md, 'Harbor task folders'")
+    key = _content_key(env_dir, dockerfile, [_image_id(engine, b) for b in bases])
+    name = f"localhost/polar-harbor/{task.instance_id.lower()}:{key}"
+    if image_exists(engine, name):
+        return name
+    with tempfile.TemporaryDirectory(prefix="polar-harbor-image-") as tmp:
+        ctx = Path(tmp) / "context"
+        shutil.copytree(env_dir, ctx, symlinks=True)
+        (ctx / "Dockerfile").write_text(dockerfile)
+        engine_run([engine, "build", "--network", "host", "-f", str(ctx / "Dockerfile"), "-t", name, str(ctx)],
+                   timeout_s=env.build_timeout_sec)
+    return name

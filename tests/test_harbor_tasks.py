@@ -1,0 +1,160 @@
+"""Harbor task folders without an engine: task.toml's model, the loader, the gold command, the
+image's FROM mapping and the verifier's reward rule (the container paths: test_harbor_e2e.py)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from polar_env.episodes import episode_prompt
+from polar_env.episodes.workspace import WorkspaceUnavailable, task_spec, workspace_kind
+from polar_env.outcomes import DEFAULT_OUTCOMES, FailureKind, OutcomeTable
+from polar_env.rewards.harbor_verifier import RewardError, parse_rewards, scalar_reward
+from polar_env.sandbox.base import SandboxSpec
+from polar_env.tasks.harbor import HarborTaskError, gold_command, load_harbor, load_task_dir
+from polar_env.tasks.harbor_image import HarborImageError, ensure_harbor_image, image_map, rewrite_from
+from polar_env.tasks.loader import TERMINAL_DIR, TaskLoadError, load_tasks
+from polar_env.tasks.models import Task
+
+FIXTURES = Path(__file__).parent / "fixtures" / "harbor"
+
+
+def _task(tmp_path: Path, toml: str = "", *, dockerfile: str = "FROM polar-base\nWORKDIR /work\n",
+          solution: dict[str, str] | None = None) -> Path:
+    d = tmp_path / "my-task"
+    (d / "environment").mkdir(parents=True)
+    (d / "tests").mkdir()
+    (d / "task.toml").write_text(toml)
+    (d / "instruction.md").write_text("Do the thing.\n")
+    (d / "environment" / "Dockerfile").write_text(dockerfile)
+    (d / "tests" / "test.sh").write_text("echo 1 > /logs/verifier/reward.txt\n")
+    for name, text in (solution or {"solve.sh": "echo solved > out.txt\n"}).items():
+        (d / "solution" / name).parent.mkdir(parents=True, exist_ok=True)
+        (d / "solution" / name).write_text(text)
+    return d
+
+
+def test_terminal_tasks_load_with_their_config():
+    tasks = load_tasks("terminal")
+    assert len(tasks) >= 6
+    assert load_tasks(str(TERMINAL_DIR)) == tasks  # the folder of folders, by path
+    for task in tasks:
+        assert task.harbor is not None and task.workdir == "/app"
+        assert episode_prompt(task) == (Path(task.harbor.path) / "instruction.md").read_text()
+        cfg = task.harbor.config
+        assert cfg.verifier.timeout_sec == 120.0 and cfg.agent.timeout_sec == 600.0
+        assert cfg.environment.memory_mb == 1024 and not cfg.environment.wants_internet
+        assert (Path(task.harbor.path) / "solution" / "solve.sh").is_file()
+        assert "FROM polar-base" in (task.harbor.environment_dir / "Dockerfile").read_text()
+    # a task crosses processes (Ray, the Gym servers) as JSON
+    assert Task.model_validate_json(tasks[0].model_dump_json()) == tasks[0]
+
+
+def test_one_folder_config_fields_limits_and_workdir(tmp_path):
+    d = _task(tmp_path, '[task]\nname = "acme/Fancy Task"\n[environment]\ncpus = 2\nmemory_mb = 512\n'
+                        'network_mode = "public"\nfuture_field = 3\n[verifier]\nuser = "tester"\n')
+    (task,) = load_harbor(d)
+    assert task.instance_id == "Fancy-Task" and task.workdir == "/work"
+    env = task.harbor.config.environment
+    assert env.wants_internet and env.model_extra == {"future_field": 3}  # unknown keys kept
+    assert task.harbor.config.verifier.user == "tester"
+    spec = task_spec(task, SandboxSpec())
+    assert (spec.cpus, spec.memory_bytes, spec.workdir) == (2.0, 512 << 20, "/work")
+    with pytest.raises(WorkspaceUnavailable, match="Harbor task runs in its environment image"):
+        workspace_kind(task, "bubblewrap")
+
+
+def test_broken_folders_are_one_clear_error(tmp_path):
+    d = _task(tmp_path, "[verifier]\ntimeout_sec = 'soon'\n")
+    with pytest.raises(HarborTaskError, match=r"task.toml: field verifier.timeout_sec"):
+        load_task_dir(d)
+    (d / "task.toml").write_text("[verifier\n")
+    with pytest.raises(HarborTaskError, match="not a readable TOML file"):
+        load_task_dir(d)
+    (d / "task.toml").write_text("")
+    (d / "tests" / "test.sh").unlink()
+    with pytest.raises(HarborTaskError, match="tests/test.sh is missing"):
+        load_task_dir(d)
+    with pytest.raises(TaskLoadError, match="neither a Harbor task folder"):
+        load_tasks(str(tmp_path / "my-task" / "environment"))
+
+
+def test_gold_command_runs_solve_sh_from_the_workdir(tmp_path):
+    (task,) = load_harbor(_task(tmp_path))
+    work = tmp_path / "work"
+    work.mkdir()
+    cmd = gold_command(task).replace("cd /work", f"cd {work}")
+    subprocess.run(["bash", "-c", cmd], check=True)
+    assert (work / "out.txt").read_text() == "solved\n"
+    # with helpers: a tarball unpacked into /tmp/solution, solve.sh run from there
+    (task,) = load_harbor(_task(tmp_path / "b", solution={
+        "solve.sh": "bash /tmp/solution/lib/helper.sh\n", "lib/helper.sh": "echo helped > out.txt\n"}))
+    cmd = gold_command(task).replace("cd /work", f"cd {work}")
+    subprocess.run(["bash", "-c", cmd], check=True)
+    assert (work / "out.txt").read_text() == "helped\n"
+    shutil.rmtree("/tmp/solution", ignore_errors=True)
+
+
+def test_from_lines_are_mapped_and_a_missing_base_is_named(tmp_path, monkeypatch):
+    monkeypatch.setenv("POLAR_IMAGE_MAP", "ubuntu:24.04=localhost/mine:1")
+    mapping = image_map()
+    assert mapping["ubuntu:24.04"] == "localhost/mine:1" and mapping["polar-base"].startswith("localhost/polar-base:")
+    text, bases = rewrite_from("FROM --platform=linux/amd64 ubuntu:24.04 AS build\nRUN x\nFROM build\n", mapping)
+    assert text.splitlines()[0] == "FROM --platform=linux/amd64 localhost/mine:1 AS build"
+    assert bases == ["localhost/mine:1"]  # `FROM build` is a stage, not an image
+    (task,) = load_harbor(_task(tmp_path, dockerfile="FROM python:3.12-slim\nWORKDIR /app\n"))
+    with pytest.raises(HarborImageError, match=r"FROM python:3.12-slim, which is not in podman.*POLAR_IMAGE_MAP"):
+        ensure_harbor_image(task, "podman")
+    monkeypatch.setenv("POLAR_IMAGE_MAP", "oops")
+    with pytest.raises(HarborImageError, match="not NAME=LOCAL_IMAGE"):
+        image_map()
+
+
+def test_docker_image_is_used_as_is(tmp_path):
+    (task,) = load_harbor(_task(tmp_path, '[environment]\ndocker_image = "registry.example/img:7"\n'))
+    assert task.image == "registry.example/img:7" and ensure_harbor_image(task) == "registry.example/img:7"
+
+
+@pytest.mark.parametrize(("name", "text", "rewards"), [
+    ("reward.txt", "1\n", {"reward": 1.0}),
+    ("reward.txt", " 0.25 ", {"reward": 0.25}),
+    ("reward.json", '{"reward": 1, "tests_passed": 7}', {"reward": 1.0, "tests_passed": 7.0}),
+    ("reward.json", "0.5", {"reward": 0.5}),
+])
+def test_reward_files_parse_as_harbor_reads_them(name, text, rewards):
+    assert parse_rewards(name, text) == rewards
+
+
+@pytest.mark.parametrize(("name", "text", "why"), [
+    ("reward.txt", "", "empty"), ("reward.txt", "passed", "not one number"), ("reward.txt", "nan", "finite"),
+    ("reward.json", "{", "not JSON"), ("reward.json", "{}", "empty object"),
+    ("reward.json", '{"reward": "1"}', "not a finite number"), ("reward.json", '{"reward": true}', "finite"),
+])
+def test_unreadable_rewards_are_errors_not_zero(name, text, why):
+    with pytest.raises(RewardError, match=why):
+        parse_rewards(name, text)
+
+
+def test_scalar_rule_for_multi_key_rewards():
+    assert scalar_reward({"reward": 0.5, "other": 1.0}) == 0.5
+    assert scalar_reward({"accuracy": 0.75}) == 0.75
+    assert scalar_reward({"a": 0.1, "b": 0.9}, "b") == 0.9
+    with pytest.raises(RewardError, match="--reward-key"):
+        scalar_reward({"a": 0.1, "b": 0.9})
+    with pytest.raises(RewardError, match="no key 'c'"):
+        scalar_reward({"a": 0.1}, "c")
+
+
+def test_no_reward_is_masked_by_default_never_zero():
+    assert FailureKind.no_reward.outside_policy
+    assert DEFAULT_OUTCOMES[FailureKind.no_reward].mask
+    assert OutcomeTable().apply(FailureKind.no_reward, 0.0) == (0.0, True)
+    assert FailureKind.from_wire("polar:no_reward") is FailureKind.no_reward
+
+
+def test_fixture_without_reward_loads():
+    (task,) = load_harbor(FIXTURES / "no-reward")
+    assert task.instance_id == "no-reward" and task.workdir == "/app"
