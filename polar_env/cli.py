@@ -38,7 +38,9 @@ COMMANDS = (
             children=(Command("build", "a task from a SWE-bench-schema row and its base tree: derive "
                               "FAIL_TO_PASS/PASS_TO_PASS", "polar_env.tasks.build_cli"),
                       Command("validate", "check every task of a file: environment, test patch, gold resolves, "
-                              "empty patch does not", "polar_env.tasks.validate_cli"))),
+                              "empty patch does not", "polar_env.tasks.validate_cli"),
+                      Command("export", "write tasks (bundled, JSONL, Harbor, datasets) as Harbor task folders",
+                              "polar_env.tasks.harbor_export"))),
     Command("train", "one machine, the embedded model: SFT warm start on gold replays, then GRPO through real "
             "harness episodes; checkpoints and a reward plot", "polar_env.training.train_cli"),
     Command("view", "write (or serve) the HTML page of trajectories: tokens by loss mask, logprobs, grading",

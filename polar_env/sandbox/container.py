@@ -52,9 +52,18 @@ class ContainerError(RuntimeError):
     """An engine command failed (engine missing or down, image absent, container gone)."""
 
 
+SIDE_GIT_DIR = "/tmp/.polar-git"  # the snapshot's repository when the workdir is not one (a Harbor task's /app)
+
+
+def _side_git(workdir: str) -> str:
+    return f"export GIT_DIR={SIDE_GIT_DIR} GIT_WORK_TREE={shlex.quote(workdir)}"
+
+
 def git_snapshot_script(workdir: str) -> str:
-    """Shell run inside the container: record the base tree without touching HEAD or the index."""
+    """Shell run inside the container: record the base tree without touching HEAD or the index (a
+    workdir that is no git repository gets a side repository outside it, so the tree stays as it is)."""
     return (f"cd {shlex.quote(workdir)} && git config --global --add safe.directory '*' && "
+            f"{{ git rev-parse --git-dir >/dev/null 2>&1 || {{ {_side_git(workdir)} && git init -q; }}; }} && "
             f"GIT_INDEX_FILE=/tmp/.polar-base.index git add -A . && "
             f"GIT_INDEX_FILE=/tmp/.polar-base.index git write-tree > {BASE_FILE}")
 
@@ -62,6 +71,7 @@ def git_snapshot_script(workdir: str) -> str:
 def git_diff_script(workdir: str, exclude: Sequence[str]) -> str:
     specs = " ".join(shlex.quote(s) for s in exclude_pathspecs(exclude))
     return (f"cd {shlex.quote(workdir)} && rm -f /tmp/.polar-now.index && "
+            f"{{ [ ! -d {SIDE_GIT_DIR} ] || {_side_git(workdir)}; }} && "
             f"GIT_INDEX_FILE=/tmp/.polar-now.index git add -A . && "
             f"now=$(GIT_INDEX_FILE=/tmp/.polar-now.index git write-tree) && "
             f"git diff --binary --no-color --no-ext-diff $(cat {BASE_FILE}) $now -- {specs}")

@@ -15,9 +15,9 @@ image and any change rebuilds it.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
+import shlex
 import shutil
 import tempfile
 from pathlib import Path
@@ -74,7 +74,7 @@ def _content_key(env_dir: Path, dockerfile: str, base_ids: list[str]) -> str:
 
 
 def _image_id(engine: str, image: str) -> str:
-    return json.loads(engine_run([engine, "image", "inspect", "--format", "{{json .Id}}", image]) or b'""')
+    return engine_run([engine, "image", "inspect", "--format", "{{.Id}}", image]).decode().strip()
 
 
 def ensure_harbor_image(task: Task, engine: str = "podman") -> str:
@@ -85,6 +85,9 @@ def ensure_harbor_image(task: Task, engine: str = "podman") -> str:
         return env.docker_image
     env_dir = task.harbor.environment_dir
     dockerfile, bases = rewrite_from((env_dir / "Dockerfile").read_text(), image_map())
+    # Docker creates a WORKDIR; podman's builder may not keep an empty one, and a container cannot
+    # start in a missing workdir. The engine's default user does not matter: Polar execs as a given uid.
+    dockerfile += f"\nUSER root\nRUN mkdir -p {shlex.quote(task.workdir)}\n"
     if not bases:
         raise HarborImageError(f"{env_dir / 'Dockerfile'}: no FROM line")
     for base in bases:

@@ -1,0 +1,71 @@
+"""Conformance with the `harbor` package itself (0.25.0, in .venv-harbor: scripts/setup_harbor.sh):
+harbor's own task model accepts every folder `polar tasks export --format harbor` writes (the
+bundled SWE-bench tasks and the terminal Harbor tasks), and Polar loads harbor's template task."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from polar_env.tasks.harbor import load_task_dir
+from polar_env.tasks.loader import load_tasks
+
+REPO = Path(__file__).resolve().parents[1]
+HARBOR_PY = REPO / ".venv-harbor" / "bin" / "python"
+pytestmark = pytest.mark.skipif(not HARBOR_PY.exists(), reason="needs .venv-harbor (scripts/setup_harbor.sh)")
+
+CHECK = """
+import json, sys, warnings
+from pathlib import Path
+from harbor.models.task.task import Task
+warnings.simplefilter("error", DeprecationWarning)  # an export must not use deprecated fields
+out = {}
+for d in sys.argv[1:]:
+    t = Task(d)
+    out[Path(d).name] = {"valid": Task.is_valid_dir(d), "name": t.name, "instruction": t.instruction,
+                         "verifier_timeout": t.config.verifier.timeout_sec,
+                         "network": t.config.environment.network_mode.value, "workdir": t.config.environment.workdir}
+print(json.dumps(out))
+"""
+
+
+def _harbor(*args: str) -> str:
+    proc = subprocess.run([str(HARBOR_PY), *args], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_harbor_accepts_every_exported_folder(tmp_path: Path):
+    out = tmp_path / "export"
+    for spec in ("bundled", "terminal"):
+        proc = subprocess.run([sys.executable, "-m", "polar_env.cli", "tasks", "export", "--format", "harbor",
+                               "--tasks", spec, "--out", str(out)], capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    tasks = load_tasks("bundled") + load_tasks("terminal")
+    folders = sorted(out.iterdir())
+    assert [f.name for f in folders] == sorted(t.instance_id for t in tasks)
+    seen = json.loads(_harbor("-c", CHECK, *map(str, folders)))
+    for task in tasks:
+        got = seen[task.instance_id]
+        assert got["valid"], task.instance_id
+        assert got["network"] == "no-network" and got["workdir"] in (None, task.workdir)
+        assert got["instruction"].strip() and got["verifier_timeout"] > 0
+    # and they load back in Polar with the same prompt
+    for task in tasks:
+        back = load_task_dir(out / task.instance_id)
+        assert back.harbor is not None and back.workdir == task.workdir
+        if task.harbor is not None:
+            assert back.problem_statement == task.problem_statement
+
+
+def test_polar_loads_harbors_template_task():
+    site = _harbor("-c", "import harbor, pathlib; print(pathlib.Path(harbor.__file__).parent)").strip()
+    template = Path(site) / "cli" / "template-task"
+    task = load_task_dir(template)
+    assert task.instance_id == "template-task" and task.workdir == "/app"  # the Dockerfile's WORKDIR
+    assert task.harbor.config.verifier.timeout_sec == 900.0 and task.harbor.config.agent.timeout_sec == 900.0
+    assert task.harbor.config.schema_version == "1.4"

@@ -1,0 +1,94 @@
+"""Harbor tasks end to end in podman: the verifier contract against a hostile agent, a verifier that
+writes no reward (masked, its own kind), and `polar rollout` gold and no-op episodes on the terminal
+tasks for two harnesses, checked by `polar check`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from polar_env.episodes.workspace import check_image, engine_available, open_workspace
+from polar_env.rewards.harbor_verifier import verify
+from polar_env.sandbox.base import SandboxSpec
+from polar_env.tasks.harbor import load_task_dir
+from polar_env.tasks.loader import TERMINAL_DIR
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not engine_available("podman"), reason="needs podman (scripts/setup_podman.sh)")]
+ENGINE = "podman"
+NO_REWARD = Path(__file__).parent / "fixtures" / "harbor" / "no-reward"
+
+
+def _polar(*args: str, timeout: float = 1200) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "polar_env.cli", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+async def test_agent_cannot_read_tests_or_solution_nor_plant_a_reward():
+    """In the episode the agent's uid finds neither tests/ nor solution/ anywhere; a reward it plants
+    (in a /logs the image left writable, and from a process it leaves running) does not survive:
+    the task's test.sh writes none, so the verifier reports no_reward, not the planted 1."""
+    task = load_task_dir(NO_REWARD)
+    check_image(task, ENGINE)
+    ws = await open_workspace(task, SandboxSpec(), sandbox=ENGINE)
+    try:
+        box = ws.sandbox
+        look = await box.run(["sh", "-c", "ls /tests /solution 2>&1; find / -xdev \\( -name test.sh -o -name "
+                                          "solve.sh \\) 2>/dev/null; id -u"], timeout_s=120)
+        assert "No such file or directory" in look.stdout_tail
+        assert "test.sh" not in look.stdout_tail.replace("/tests", "") and "solve.sh" not in look.stdout_tail
+        assert look.stdout_tail.split()[-1] == "1000"
+        plant = await box.run(["sh", "-c", "echo 1 > /logs/verifier/reward.txt && echo '{\"reward\": 1}' > "
+                                           "/logs/verifier/reward.json && (nohup sh -c 'while :; do echo 1 > "
+                                           "/logs/verifier/reward.txt; done' >/dev/null 2>&1 &) && echo planted"],
+                              timeout_s=60)
+        assert "planted" in plant.stdout_tail  # the image let the agent write there
+        result = await verify(task, box)  # type: ignore[arg-type]
+        assert result.failure_kind == "no_reward" and result.reward == 0.0 and not result.resolved, result
+        assert "wrote neither" in result.error
+        left = await box.run(["sh", "-c", "ls -A /logs/verifier; stat -c %U /tests/test.sh"], timeout_s=60)
+        assert left.stdout_tail.split() == ["root"]  # nothing planted survived; the tests are root's
+    finally:
+        await ws.close()
+
+
+def test_rollout_with_a_verifier_that_writes_no_reward_is_masked(tmp_path: Path):
+    out = tmp_path / "out"
+    proc = _polar("rollout", "--tasks", str(NO_REWARD), "--sandbox", ENGINE, "--policy", "gold", "--harness", "pi",
+                  "--out", str(out), "--score-window", "256")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (traj,) = _rows(out / "trajectories.jsonl")
+    assert traj["failure_kind"] == "no_reward" and traj["masked"] is True, traj.get("grading")
+    assert traj["grading"]["mode"] == "harbor"
+
+
+@pytest.mark.parametrize(("harness", "gold_task", "noop_task"), [("pi", "fix-median-bug", "csv-region-totals"),
+                                                                 ("codex", "csv-region-totals", "fix-median-bug")])
+def test_gold_and_noop_rollouts_on_terminal_tasks(harness: str, gold_task: str, noop_task: str, tmp_path: Path):
+    """`polar rollout --tasks <harbor dir>`: solve.sh through the harness's shell tool earns 1.0, the
+    no-op policy does not; `polar check` accepts both outputs (one episode each: the closing note has
+    all six tasks, gold and no-op)."""
+    for policy, tid in (("gold", gold_task), ("noop", noop_task)):
+        out = tmp_path / policy
+        proc = _polar("rollout", "--tasks", str(TERMINAL_DIR), "--task-ids", tid, "--sandbox", ENGINE,
+                      "--policy", policy, "--harness", harness, "--out", str(out), "--score-window", "256")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        (traj,) = _rows(out / "trajectories.jsonl")
+        assert traj["task_id"] == tid and traj["metadata"]["workspace"] == ENGINE
+        assert traj["grading"]["mode"] == "harbor"
+        if policy == "gold":
+            assert traj["reward"] == 1.0 and traj["failure_kind"] == "none", traj["grading"]
+        else:
+            assert traj["reward"] != 1.0 and not traj["masked"], traj["grading"]
+        if tid == "csv-region-totals":  # its multi-key reward.json is kept whole on the trajectory
+            assert set(traj["grading"]["rewards"]) == {"reward", "regions_correct"}
+        check = _polar("check", str(out / "nemo_results.jsonl"), timeout=300)
+        assert check.returncode == 0 and "OK" in check.stdout, check.stdout + check.stderr
