@@ -92,7 +92,7 @@ def load_task_dir(path: Path) -> Task:
                               f"or runs [environment] docker_image")
     workdir = env.workdir or dockerfile_workdir(env_dir) or "/app"
     return Task(instance_id=task_name(path, config), repo=f"harbor/{path.name}", problem_statement=instruction.read_text(),
-                test_patch="", FAIL_TO_PASS=[], test_directives=["-"], image=env.docker_image or "", workdir=workdir,
+                test_patch="", FAIL_TO_PASS=[], image=env.docker_image or "", workdir=workdir,
                 harbor=HarborRef(path=str(path), config=config))
 
 

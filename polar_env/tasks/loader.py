@@ -33,6 +33,11 @@ def load_tasks(spec: str) -> list[Task]:
         return load_bundled()
     if spec == "verified":
         return load_verified()
+    name, _, split = spec.partition(":")
+    from polar_env.tasks.datasets import DATASETS
+
+    if name in DATASETS:
+        return load_dataset(name, split)
     path = TERMINAL_DIR if spec == "terminal" else Path(spec)
     if path.is_dir():
         from polar_env.tasks.harbor import HarborTaskError, load_harbor
@@ -82,10 +87,66 @@ def load_jsonl(path: Path) -> list[Task]:
 
 
 def _from_row(row: dict) -> Task:
+    from polar_env.tasks.datasets import detect
+
+    if (dataset := detect(row)) is not None:  # a row in another dataset's own schema
+        return dataset.to_task(row)
     row = dict(row)
     if "test_cmd" not in row and row.get("repo") in VERIFIED_TEST_CMD:
         row["test_cmd"] = VERIFIED_TEST_CMD[row["repo"]]
     return Task.model_validate(row)
+
+
+def load_dataset(name: str, split: str = "") -> list[Task]:
+    """``NAME[:split]`` of a dataset loader (tasks/datasets/): ``split`` may be a JSONL file of the
+    dataset's rows; else the hub's split, through ``datasets`` (cached as JSONL like Verified)."""
+    from polar_env.tasks.datasets import DATASETS, DatasetRowError
+
+    spec = DATASETS[name]
+    if split.endswith((".jsonl", ".json")):
+        rows = _jsonl_rows(Path(split))
+    else:
+        rows = _hub_rows(spec.hub_name, split or spec.default_split, f"{name}-{split or spec.default_split}")
+    tasks = []
+    for lineno, row in enumerate(rows, 1):
+        try:
+            tasks.append(spec.to_task(row))
+        except DatasetRowError as exc:
+            raise TaskLoadError(f"{name} row {lineno}: {exc}") from exc
+    return tasks
+
+
+def _jsonl_rows(path: Path) -> list[dict]:
+    if not path.is_file():
+        raise TaskLoadError(f"task file {path} does not exist")
+    try:
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    except json.JSONDecodeError as exc:
+        raise TaskLoadError(f"{path}: not JSONL: {exc}") from exc
+
+
+def _hub_rows(dataset: str, split: str, cache_name: str) -> list[dict]:
+    """A hub dataset's rows through ``datasets``, kept as JSONL in the Polar cache (then offline)."""
+    cached = cache_root() / "tasks" / f"{cache_name}.jsonl"
+    if cached.is_file():
+        return _jsonl_rows(cached)
+    try:
+        import datasets
+    except ImportError as e:
+        raise TaskLoadError(f"loading {dataset} needs the `datasets` package: pip install datasets") from e
+    try:
+        ds = datasets.load_dataset(dataset, split=split)
+    except Exception as e:  # noqa: BLE001 - datasets raises many types for "hub unreachable"
+        raise TaskLoadError(
+            f"cannot load {dataset} split {split!r}: the Hugging Face hub is unreachable or the split unknown, "
+            f"and it is not in the local cache ({type(e).__name__}: {e}). Export its rows to JSONL on a machine "
+            f"with hub access and pass NAME:FILE.jsonl or FILE.jsonl.") from e
+    rows = [dict(row) for row in ds]
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cached.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(r, default=str) + "\n" for r in rows))
+    tmp.rename(cached)
+    return rows
 
 
 def load_verified(split: str = "test") -> list[Task]:

@@ -1,0 +1,109 @@
+"""Dataset loaders: one row in each dataset's own schema (tests/fixtures/datasets/, written from the
+dataset cards: nothing is fetched) -> a Polar task with the image, workdir, test command and parser
+that dataset's convention gives; a malformed row is one error naming the field."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from polar_env.tasks.datasets import DATASETS, DatasetRowError, detect
+from polar_env.tasks.loader import TaskLoadError, load_tasks
+
+ROWS = Path(__file__).parent / "fixtures" / "datasets"
+
+EXPECTED = {  # name: (instance_id, image, workdir, test command prefix, log parser)
+    "swe-gym": ("getmoto__moto-5752", "xingyaoww/sweb.eval.x86_64.getmoto_s_moto-5752", "/testbed",
+                "python -m pytest -rA", ""),
+    "swe-rebench": ("oemof__tespy-653", "swerebench/sweb.eval.x86_64.oemof_1776_tespy-653", "/testbed",
+                    "pytest --no-header -rA", "pytest"),
+    "swe-rebench-v2": ("tokio-rs__bytes-732", "swerebench/sweb.eval.x86_64.tokio-rs_1776_bytes-732", "/bytes",
+                       "cargo test", "parse_log_cargo"),
+    "swe-smith": ("getmoto__moto.694ce1f4.pr_7331", "jyangballin/swesmith.x86_64.getmoto_1776_moto.694ce1f4",
+                  "/testbed", "pytest --disable-warnings", "pytest"),
+    "r2e-gym": ("aiohttp__f0d74880deec", "namanjain12/aiohttp_final:f0d74880deec8fcd982bce639c93c5e130d41198",
+                "/testbed", "bash run_tests.sh", "r2e"),
+    "swe-bench-pro": (None, "jefzda/sweap-images:qutebrowser.qutebrowser-qutebrowser__qutebrowser-f91ace96223cac8"
+                      "161c16dd061907e138fe85111-v059c6fdc75567943479b23ebca7c07b5e9a7f34c", "/app",
+                      "bash /run_scripts/run_script.sh", "swe-bench-pro:python"),
+    "multi-swe-bench": ("cli__cli-513", "mswebench/cli_m_cli:pr-513", "/home/cli", "bash /home/fix-run.sh",
+                        "multi-swe-bench:go"),
+}
+
+
+def _row(name: str) -> dict:
+    return json.loads((ROWS / f"{name}.jsonl").read_text())
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_row_maps_to_task(name: str):
+    iid, image, workdir, cmd, parser = EXPECTED[name]
+    (task,) = load_tasks(f"{name}:{ROWS / f'{name}.jsonl'}")
+    assert (task.image, task.workdir, task.log_parser) == (image, workdir, parser)
+    assert task.full_test_command().startswith(cmd)
+    if iid:
+        assert task.instance_id == iid
+    assert task.problem_statement.strip() and task.FAIL_TO_PASS
+    assert DATASETS[name].to_task(_row(name)) == task
+
+
+def test_dataset_specific_fields():
+    (pro,) = load_tasks(f"swe-bench-pro:{ROWS / 'swe-bench-pro.jsonl'}")
+    assert "Requirements:\n- Move the filter" in pro.problem_statement and "New interfaces:" in pro.problem_statement
+    assert pro.test_directives == ["tests/unit/utils/test_qtlog.py"]
+    assert pro.FAIL_TO_PASS == ["tests/unit/utils/test_qtlog.py::TestHideQtWarning::test_unfiltered"]
+    (r2e,) = load_tasks(f"r2e-gym:{ROWS / 'r2e-gym.jsonl'}")
+    assert r2e.FAIL_TO_PASS == ["test_text_charset", "test_text_default"]  # the tests expected to pass
+    (smith,) = load_tasks(f"swe-smith:{ROWS / 'swe-smith.jsonl'}")
+    assert smith.base_commit == smith.instance_id and smith.test_patch == ""  # the instance's branch
+    (msb,) = load_tasks(f"multi-swe-bench:{ROWS / 'multi-swe-bench.jsonl'}")
+    assert msb.FAIL_TO_PASS == ["TestPRView_web"] and msb.PASS_TO_PASS == ["TestPRList"]
+    assert msb.problem_statement.startswith("gh pr view --web opens nothing")
+    assert not DATASETS["multi-swe-bench"].graded_here and DATASETS["swe-rebench"].graded_here
+
+
+@pytest.mark.parametrize("name", ["swe-rebench", "swe-rebench-v2", "swe-smith", "r2e-gym", "swe-bench-pro",
+                                  "multi-swe-bench"])
+def test_plain_jsonl_rows_are_recognised_by_schema(name: str, tmp_path: Path):
+    assert detect(_row(name)) is DATASETS[name]
+    f = tmp_path / "rows.jsonl"
+    f.write_text(json.dumps(_row(name)) + "\n")
+    (task,) = load_tasks(str(f))
+    assert task.image == EXPECTED[name][1]
+    assert detect(_row("swe-gym")) is None  # SWE-bench's own schema keeps its path
+
+
+@pytest.mark.parametrize(("name", "drop", "field"), [
+    ("swe-rebench", ("install_config", "test_cmd"), "install_config.test_cmd"),
+    ("swe-rebench-v2", ("docker_image",), "docker_image"),
+    ("swe-smith", ("image_name",), "image_name"),
+    ("r2e-gym", ("commit_hash",), "commit_hash"),
+    ("swe-bench-pro", ("dockerhub_tag",), "dockerhub_tag"),
+    ("multi-swe-bench", ("fix_patch",), "fix_patch"),
+    ("swe-gym", ("FAIL_TO_PASS",), "FAIL_TO_PASS"),
+])
+def test_malformed_row_is_one_error_naming_the_field(name: str, drop: tuple[str, ...], field: str, tmp_path: Path):
+    row = _row(name)
+    holder = row
+    for key in drop[:-1]:
+        holder = holder[key]
+    del holder[drop[-1]]
+    with pytest.raises(DatasetRowError, match=f"missing field '{field}'"):
+        DATASETS[name].to_task(row)
+    f = tmp_path / "rows.jsonl"
+    f.write_text(json.dumps(row) + "\n")
+    with pytest.raises(TaskLoadError, match=f"{name} row 1: .*'{field}'"):
+        load_tasks(f"{name}:{f}")
+
+
+def test_wrong_type_and_unreachable_hub(monkeypatch, tmp_path: Path):
+    row = _row("multi-swe-bench") | {"number": "513"}
+    with pytest.raises(DatasetRowError, match="field 'number' must be int"):
+        DATASETS["multi-swe-bench"].to_task(row)
+    monkeypatch.setenv("POLAR_CACHE", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    with pytest.raises(TaskLoadError, match="cannot load nebius/SWE-rebench split 'test'"):
+        load_tasks("swe-rebench")
