@@ -92,5 +92,5 @@ def run(args: argparse.Namespace) -> int:
     print(f"policy: {policy_label(config, model)}")
     print(f"outputs: {plan.out}/trajectories.jsonl, nemo_results.jsonl, grpo_batch.jsonl, summary.json"
           + (f", {page}" if page else ""))
-    print(f"check them: polar check {plan.out}/nemo_results.jsonl")
+    print(f"check them: polar check {plan.out}/nemo_results.jsonl --samples {plan.samples}")
     return 0

@@ -29,7 +29,7 @@ def test_check_cli_reports_ok_and_defects(tmp_path: Path, capsys):
     assert polar_main(["check", str(bad)]) == 1
     out = capsys.readouterr().out
     assert "line 1: response.output[2]: generation_log_probs[0] is not finite" in out
-    assert "group g1: rollout 1 differs from rollout 0 in its first prompt at token 0 (1 vs 77" in out
+    assert "task g1: rollout 1 differs from rollout 0 in its first prompt at token 0 (1 vs 77" in out
 
     torn = tmp_path / "torn.jsonl"
     with TrajectoryWriter(torn) as writer:

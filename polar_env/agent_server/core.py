@@ -58,7 +58,7 @@ from polar_env.proxy.app import ProxyServer
 from polar_env.proxy.engine import EngineConfig
 from polar_env.resources_server.core import SeededEpisode, UnknownTask, VerifyOutcome, attach_sandbox
 from polar_env.trajectory.chains import build_trajectory
-from polar_env.trajectory.export import TrajectoryWriter, to_nemo_gym_result
+from polar_env.trajectory.export import GroupPrompts, TrajectoryWriter, to_nemo_gym_result
 from polar_env.trajectory.models import Trajectory
 from polar_env.trajectory.records import CallRecord, EpisodeBudget
 
@@ -190,6 +190,9 @@ class PolarAgent:
         self.adapter = get_adapter(config.harness)
         self._slots = asyncio.Semaphore(config.max_concurrent_episodes)
         self._writer: TrajectoryWriter | None = None
+        # each task's first prompt as its rollouts reached the model (one per task: docs/harnesses.md), for the
+        # placeholder of a rollout that fails before its first call, so it stays in its NeMo-RL group
+        self._first_prompts = GroupPrompts(max_groups=4096)
         self._janitor: Janitor | None = None
         self._playing: set[asyncio.Task] = set()  # episodes before settling: stop() cancels these
         self._settling: set[asyncio.Task] = set()  # settles: stop() waits for these, never cancels
@@ -398,8 +401,9 @@ class PolarAgent:
         proxy = self.proxy
         assert proxy is not None
         # arrays: the result is only serialised (fastjson), and its per-call prompts are views, not copies
+        self._first_prompts.note(traj)
         result = to_nemo_gym_result(traj, responses_create_params=ep.params, placeholder_token_id=placeholder,
-                                    arrays=True)
+                                    group_prompt=self._first_prompts.get(traj), arrays=True)
         mask = result["instance_config"]["mask_sample"]
         traj.metadata.update({"duration_s": ep.timings["total_s"], "timings": dict(ep.timings), "mask_sample": mask,
                               "failure": ep.failure.model_dump() if ep.failure else None,

@@ -10,6 +10,12 @@ LiteLLM the served model's window, so aider never fetches LiteLLM's price list; 
 and ``--analytics-disable`` turn off its other calls out. History files live in HOME, and
 ``--no-auto-commits --no-dirty-commits --no-gitignore`` leave the task's git repository alone; its
 repo-map cache is the one thing it writes into the tree.
+
+Its repo map (the ranked definitions it puts in the first prompt) is built from Python sets and
+dicts keyed by file and identifier names: their iteration order, so the PageRank graph's edge order,
+the tie-breaks and the files that fit the token budget, follows ``hash(str)``, salted per process.
+``PYTHONHASHSEED=0`` makes the map a function of the tree alone (it reads no mtimes or sizes to
+rank; mtimes key only its tags cache), so every rollout of a task gets one first prompt.
 """
 
 from __future__ import annotations
@@ -77,7 +83,7 @@ class AiderAdapter(HarnessAdapter):
                 self.metadata_path(ctx): json.dumps(metadata, indent=2) + "\n"}
 
     def env(self, ctx: HarnessContext) -> dict[str, str]:
-        return {KEY_ENV: ctx.session_key, "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+        return {KEY_ENV: ctx.session_key, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "PYTHONHASHSEED": "0"}
 
     def command(self, ctx: HarnessContext, prompt: str) -> list[str]:
         return [*self.launcher, "--config", self.config_path(ctx), "--message", prompt]

@@ -4,6 +4,10 @@
 ``/v1beta/models/<model>:streamGenerateContent?alt=sse``; plain HTTP is allowed to 127.0.0.1) and
 ``GEMINI_API_KEY`` is sent as ``x-goog-api-key``. Settings pick API-key auth and turn off telemetry,
 usage statistics and update checks; the folder is trusted so ``--yolo`` runs every tool headless.
+
+Agent skills are off: it lists the skills it finds (two built in, plus any in HOME or the tree) in
+its system prompt and in ``activate_skill``'s description in the order an asynchronous glob returns
+them, which changes between runs of one task and split its GRPO groups.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ SETTINGS = {
     "privacy": {"usageStatisticsEnabled": False},
     "telemetry": {"enabled": False},
     "tools": {"shell": {"enableInteractiveShell": False}},  # plain child processes: no pty in a sandbox
+    "skills": {"enabled": False},  # listed in glob order, which varies run to run (see above)
 }
 
 

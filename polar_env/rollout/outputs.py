@@ -9,9 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from polar_env.trajectory.export import (
+    GroupPrompts,
     TrajectoryWriter,
+    group_key,
     grpo_rows,
     jsonl_line,
+    nemo_results,
     to_nemo_gym_result,
     write_jsonl,
 )
@@ -38,10 +41,14 @@ class RolloutOutputs:
             _drop_partial_line(out / name)
         self._trajectories = TrajectoryWriter(out / "trajectories.jsonl")
         self._nemo = open(out / "nemo_results.jsonl", "ab")  # noqa: SIM115 - appended as episodes end
+        self._prompts = GroupPrompts()
 
     def add(self, trajectory: Trajectory) -> None:
         self._trajectories.write(trajectory)
-        self._nemo.write(jsonl_line(to_nemo_gym_result(trajectory, arrays=True)))  # masked ones too: never dropped
+        self._prompts.note(trajectory)
+        # masked ones too: never dropped (a placeholder whose siblings end later gets their prompt in finish_outputs)
+        self._nemo.write(jsonl_line(to_nemo_gym_result(trajectory, group_prompt=self._prompts.get(trajectory),
+                                                       arrays=True)))
         self._nemo.flush()
 
     def close(self) -> None:
@@ -58,7 +65,7 @@ class RolloutOutputs:
 def finish_outputs(out: Path, trajectories: list[Trajectory]) -> dict[str, Any]:
     """NeMo results (rebuilt, so an interrupt between two appends leaves no gap), GRPO batch and
     summary over every finished episode in ``out``."""
-    write_jsonl(out / "nemo_results.jsonl", (to_nemo_gym_result(t, arrays=True) for t in trajectories))
+    write_jsonl(out / "nemo_results.jsonl", nemo_results(trajectories))
     graded = [t for t in trajectories if t.reward is not None]
     write_jsonl(out / "grpo_batch.jsonl", grpo_rows(graded))
     summary = summarize(trajectories)
@@ -75,6 +82,9 @@ def summarize(trajectories: list[Trajectory]) -> dict[str, Any]:
         "resolved": resolved,
         "resolved_rate": resolved / n if n else 0.0,
         "masked": sum(t.masked for t in trajectories),
+        # groups no rollout of which reached the model: their placeholders have no first prompt to share
+        "unusable_groups": sorted(set(map(group_key, trajectories))
+                                  - {group_key(t) for t in trajectories if t.main_chain is not None}),
         "failure_kinds": dict(sorted(Counter(t.failure_kind.value for t in trajectories).items())),
         "calls": sum(t.stats.calls for t in trajectories),
         "sampled_tokens": sum(t.stats.sampled_tokens for t in trajectories),

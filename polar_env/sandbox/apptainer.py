@@ -22,7 +22,7 @@ from polar_env.sandbox.base import (
     run_process_tree,
 )
 from polar_env.sandbox.bubblewrap import FORWARDER_INSIDE, FORWARDER_SRC
-from polar_env.sandbox.host_tree import HostTreeSandbox
+from polar_env.sandbox.host_tree import HostTreeSandbox, copy_tree
 
 
 class ApptainerSandbox(HostTreeSandbox):
@@ -71,7 +71,7 @@ class ApptainerSandbox(HostTreeSandbox):
         sb = cls(spec, image, root, extra_ro_mounts, isolate_network)
         (root / "home").mkdir()
         if task_tree is not None:
-            shutil.copytree(task_tree, sb.testbed, symlinks=True)
+            copy_tree(task_tree, sb.testbed)
         else:
             sb.testbed.mkdir()
             proc = subprocess.run(sb.extract_argv(sb.testbed), capture_output=True)

@@ -12,7 +12,6 @@ limits apply through cgroup v2 where we can delegate, else cgroup v1 (``polar_en
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,7 +25,7 @@ from polar_env.sandbox.base import (
 )
 from polar_env.sandbox.bwrap_argv import BwrapCommand, Mount
 from polar_env.sandbox.cgroups import CgroupLimits
-from polar_env.sandbox.host_tree import HostTreeSandbox
+from polar_env.sandbox.host_tree import HostTreeSandbox, copy_tree
 
 FORWARDER_SRC = Path(__file__).with_name("forwarder.py")
 FORWARDER_INSIDE = "/opt/polar/forwarder.py"
@@ -61,7 +60,7 @@ class BubblewrapSandbox(HostTreeSandbox):
         os.chmod(root, 0o755)
         testbed, home, tmp, etc = root / "testbed", root / "home", root / "tmp", root / "etc"
         if task_tree is not None:
-            shutil.copytree(task_tree, testbed, symlinks=True)
+            copy_tree(task_tree, testbed)
         else:
             testbed.mkdir()
         for d in (home, tmp, etc):

@@ -16,6 +16,29 @@ from pathlib import Path
 from polar_env.sandbox import gitdiff
 from polar_env.sandbox.base import BUILD_EXCLUDES, Sandbox, copy_path
 
+TREE_MTIME = 946684800  # 2000-01-01T00:00:00Z, the date of a task's one base commit (tasks/tree.py)
+
+
+def copy_tree(src: Path, dst: Path, *, mtime: int = TREE_MTIME) -> None:
+    """Copy a task tree to ``dst`` (must not exist) as every rollout of the task should see it: entries
+    made in sorted name order (a filesystem that lists in creation order then lists them sorted), every
+    mtime ``mtime``. A plain copy carries the time it was made and the source's listing order, and a
+    harness that lists or ranks files by either (a repo map, a directory tree in its prompt) puts them
+    into its first prompt, splitting the task's GRPO group."""
+    dst.mkdir()
+    for entry in sorted(os.scandir(src), key=lambda e: e.name):
+        target = dst / entry.name
+        if entry.is_symlink():
+            os.symlink(os.readlink(entry.path), target)
+        elif entry.is_dir(follow_symlinks=False):
+            copy_tree(Path(entry.path), target, mtime=mtime)
+            continue
+        else:
+            shutil.copy2(entry.path, target)
+        os.utime(target, (mtime, mtime), follow_symlinks=False)
+    shutil.copymode(src, dst)
+    os.utime(dst, (mtime, mtime))
+
 
 class HostTreeSandbox(Sandbox):
     root: Path  # host dir: testbed/ home/ git/ and what the engine adds

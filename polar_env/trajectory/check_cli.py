@@ -12,13 +12,16 @@ from polar_env.trajectory.checks import check_path
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Check a Polar trajectory file, a NeMo Gym results file, a GRPO batch or a ledger directory: "
-        "NeMo-RL contract, identical first prompts per group, and (with --rescore) recorded logprobs "
-        "against one forward pass of the model.")
+        "NeMo-RL contract, one first prompt and one group size per task (as NeMo-RL groups), and (with "
+        "--rescore) recorded logprobs against one forward pass of the model.")
     parser.add_argument("path", type=Path)
     parser.add_argument("--rescore", metavar="MODEL_DIR", type=Path,
                         help="re-score trainable tokens with this local model (float32)")
     parser.add_argument("--tokenizer", metavar="DIR", type=Path,
                         help="decode text around differing first prompts (default: the --rescore model)")
+    parser.add_argument("--samples", type=int, metavar="N",
+                        help="the run's rollouts per task: every task must have exactly N (default: as many "
+                             "as the run's other tasks)")
     parser.add_argument("--max-diff", type=float, default=1e-3,
                         help="re-score max |diff| above this is a defect (default 1e-3)")
 
@@ -37,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
-    report = check_path(args.path, tokenizer=tokenizer, scorer=scorer)
+    report = check_path(args.path, tokenizer=tokenizer, scorer=scorer, samples=args.samples)
     if report.rescore is not None and report.rescore["max_abs_diff"] > args.max_diff:
         report.defects.append(f"re-scored logprobs differ from the recorded ones by up to "
                               f"{report.rescore['max_abs_diff']:.3g} (limit {args.max_diff:g})")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal, Protocol
 
@@ -221,6 +222,17 @@ def first_prompt_ids(result: dict[str, Any] | Trajectory) -> list[int] | None:
     return None
 
 
+def nemo_rl_groups(prompts: list[list[int] | None]) -> list[list[int]]:
+    """The samples (indices into ``prompts``) NeMo-RL gives one GRPO baseline: those whose first-prompt
+    token ids are equal. NeMo-RL's rule, reproduced: ``calculate_baseline_and_std_per_prompt`` in
+    nemo_rl/algorithms/utils.py takes ``torch.unique(prompts, dim=0)`` over the batch's prompt ids and
+    forms each baseline over the samples equal to one unique row. A sample with no prompt is alone."""
+    groups: dict[tuple[int, ...] | int, list[int]] = {}
+    for i, ids in enumerate(prompts):
+        groups.setdefault(tuple(ids) if ids is not None else -1 - i, []).append(i)
+    return list(groups.values())
+
+
 def check_group(results: list[dict[str, Any] | Trajectory], tokenizer: Decoder | None = None, *,
                 label: str = "group") -> list[str]:
     """All rollouts of one task must share their first prompt token for token, else GRPO
@@ -240,8 +252,28 @@ def check_group(results: list[dict[str, Any] | Trajectory], tokenizer: Decoder |
                f"({_tok(ref, pos)} vs {_tok(p, pos)}; lengths {len(ref)} vs {len(p)})")
         if tokenizer is not None:
             msg += f": {_context(tokenizer, ref, pos)!r} vs {_context(tokenizer, p, pos)!r}"
-        defects.append(msg)
+        else:
+            msg += " (pass --tokenizer DIR for the text there)"
+        defects.append(msg + "; NeMo-RL would split the task's group")
     return defects
+
+
+def check_group_sizes(sizes: dict[str, int], samples: int | None = None) -> list[str]:
+    """Every task of a run has ``samples`` rollouts (GRPO's group size); without ``samples``, as many as
+    the run's other tasks. A group short of one (an episode dropped from the file, a sample lost) gets a
+    wrong baseline in NeMo-RL and no error."""
+    if not sizes:
+        return []
+    if samples is not None:
+        return [f"task {key}: {n} rollout(s) but the run's --samples is {samples} (a missing or extra episode: "
+                f"its GRPO group and baseline are wrong)" for key, n in sizes.items() if n != samples]
+    counts = defaultdict(int)
+    for n in sizes.values():
+        counts[n] += 1
+    usual = max(counts, key=lambda n: (counts[n], n))
+    return [f"task {key}: {n} rollout(s) where the run's other tasks have {usual} (a dropped or extra episode: "
+            f"unequal GRPO groups; pass --samples N to check against the run's)" for key, n in sizes.items()
+            if n != usual]
 
 
 def _tok(ids: list[int], pos: int) -> str:
@@ -368,9 +400,11 @@ def detect_kind(path: Path) -> FileKind:
     return "unknown"
 
 
-def check_path(path: Path, *, tokenizer: Decoder | None = None, scorer: Scorer | None = None) -> CheckReport:
+def check_path(path: Path, *, tokenizer: Decoder | None = None, scorer: Scorer | None = None,
+               samples: int | None = None) -> CheckReport:
     """Detect what ``path`` holds (Polar trajectories, NeMo results, GRPO rows, a ledger
-    directory) and run the checks that apply; ``scorer`` adds the fidelity re-score."""
+    directory) and run the checks that apply; ``scorer`` adds the fidelity re-score, ``samples``
+    (the run's rollouts per task) the group-size check against it."""
     path = Path(path)
     kind = detect_kind(path)
     report = CheckReport(path=str(path), kind=kind)
@@ -389,13 +423,14 @@ def check_path(path: Path, *, tokenizer: Decoder | None = None, scorer: Scorer |
     else:
         trajs = None
     if trajs is not None:
-        _check_trajectories(trajs, report, tokenizer, scorer)
+        _check_trajectories(trajs, report, tokenizer, scorer, samples)
     elif kind == "nemo":
         rows = _json_lines(path, report)
         report.items = len(rows)
         for number, obj in rows:
             report.defects += [f"line {number}: {d}" for d in check_nemo_result(obj)]
-        _check_groups([(_nemo_group(obj), obj) for _, obj in rows], report, tokenizer)
+        _check_groups([(_nemo_group(obj), obj) for _, obj in rows], report, tokenizer, samples=samples,
+                      reached=lambda o: (o.get("polar") or {}).get("first_prompt") != "none")
         # each result carries its episode's trainable tokens in every chain and in the main chain
         numbers = [o for _, o in rows if all(_finite_number(o.get(k)) for k in
                                                ("sampled_tokens", "trainable_tokens", "all_chains_trainable_fraction"))]
@@ -416,7 +451,7 @@ def check_path(path: Path, *, tokenizer: Decoder | None = None, scorer: Scorer |
 
 
 def _check_trajectories(trajs: list[Trajectory], report: CheckReport, tokenizer: Decoder | None,
-                        scorer: Scorer | None) -> None:
+                        scorer: Scorer | None, samples: int | None = None) -> None:
     report.items = len(trajs)
     sampled = sum(t.stats.sampled_tokens for t in trajs)
     trainable = sum(t.stats.trainable_tokens for t in trajs)
@@ -433,7 +468,8 @@ def _check_trajectories(trajs: list[Trajectory], report: CheckReport, tokenizer:
         report.defects += check_trajectory(t)
     if reasons:
         report.notes.append("chain breaks: " + ", ".join(f"{r} x{n}" for r, n in sorted(reasons.items())))
-    _check_groups([(t.group_id, t) for t in trajs], report, tokenizer)
+    _check_groups([(t.group_id, t) for t in trajs], report, tokenizer, samples=samples,
+                  reached=lambda t: t.main_chain is not None)
     if scorer is not None:
         _add_rescore([ch for t in trajs for ch in t.chains], scorer, report)
 
@@ -457,15 +493,48 @@ def _add_rescore(chains: list[Chain], scorer: Scorer, report: CheckReport) -> No
                       "mean_abs_diff": total["sum"] / total["tokens"] if total["tokens"] else 0.0}
 
 
-def _check_groups(keyed: list[tuple[str | None, Any]], report: CheckReport, tokenizer: Decoder | None) -> None:
+def _check_groups(keyed: list[tuple[str | None, Any]], report: CheckReport, tokenizer: Decoder | None, *,
+                  samples: int | None = None, reached: Callable[[Any], bool] | None = None) -> None:
+    """Per task: one first prompt (else NeMo-RL splits the group), the run's group size (``reached``:
+    whether a member got to the model; a group none of whose members did is unusable). Without a
+    tokenizer, the one of the model the file names is tried for the text at a difference."""
     groups: dict[str, list[Any]] = defaultdict(list)
     for key, obj in keyed:
         if key is not None:
             groups[key].append(obj)
     for key, members in groups.items():
-        report.defects += check_group(members, tokenizer, label=f"group {key}")
+        defects = check_group(members, tokenizer, label=f"task {key}")
+        if defects and tokenizer is None and (tokenizer := _model_decoder(members)) is not None:
+            defects = check_group(members, tokenizer, label=f"task {key}")
+        report.defects += defects
+    if reached is not None:
+        report.defects += check_group_sizes({key: len(members) for key, members in groups.items()}, samples)
+        unusable = [key for key, members in groups.items() if not any(map(reached, members))]
+        if unusable:
+            report.warnings.append(f"{len(unusable)} group(s) unusable, no rollout reached the model (their masked "
+                                   f"placeholders train nothing): {', '.join(unusable[:10])}")
     if groups:
-        report.notes.append(f"{len(groups)} group(s) checked for identical first prompts")
+        report.notes.append(f"{len(groups)} group(s) checked for identical first prompts"
+                            + (" and equal sizes" if reached is not None else ""))
+
+
+def _model_decoder(members: list[Any]) -> Decoder | None:
+    """The tokenizer of the model that produced ``members``, when it is on this machine: the embedded
+    model, or a Hugging Face name in the local cache (nothing is downloaded)."""
+    name = next((m.model if isinstance(m, Trajectory) else (m.get("response") or {}).get("model")
+                 for m in members), None)
+    if not isinstance(name, str) or not name:
+        return None
+    try:
+        from transformers import AutoTokenizer
+
+        from polar_env.backends.embedded import EMBEDDED_MODEL_NAME, embedded_model_dir
+
+        if name == EMBEDDED_MODEL_NAME:
+            return AutoTokenizer.from_pretrained(embedded_model_dir())
+        return AutoTokenizer.from_pretrained(name, local_files_only=True)
+    except Exception:  # noqa: BLE001 - the text is a courtesy; the defect stands without it
+        return None
 
 
 def _nemo_group(obj: dict[str, Any]) -> str | None:

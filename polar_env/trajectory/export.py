@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -70,7 +70,8 @@ def read_trajectories(path: Path) -> Iterator[Trajectory]:
 def to_nemo_gym_result(traj: Trajectory, *, reward: float | None = None,
                        responses_create_params: dict[str, Any] | None = None, mask_sample: bool | None = None,
                        reward_components: dict[str, float] | None = None,
-                       placeholder_token_id: int = 0, arrays: bool = False) -> dict[str, Any]:
+                       placeholder_token_id: int = 0, group_prompt: list[int] | None = None,
+                       arrays: bool = False) -> dict[str, Any]:
     """The ``/run`` result NeMo-RL's Gym actor consumes (docs/trajectories.md).
 
     Output items follow the calls in order. A call of the main chain carries
@@ -81,7 +82,10 @@ def to_nemo_gym_result(traj: Trajectory, *, reward: float | None = None,
 
     A trajectory with no trainable token is never dropped (a dropped member shrinks its GRPO
     group): it carries one masked placeholder generation of ``placeholder_token_id`` (any id of
-    the vocabulary; the agent server passes the model's EOS), ``mask_sample`` forced on.
+    the vocabulary; the agent server passes the model's EOS), ``mask_sample`` forced on. NeMo-RL
+    groups by first-prompt ids, so its prompt is its own first prompt when it has one, else
+    ``group_prompt`` (a sibling's: :class:`GroupPrompts`), so it stays in its task's group and
+    baseline; with neither it is ``[placeholder_token_id]`` and ``polar.first_prompt`` says ``none``.
 
     Each call's ``prompt_token_ids`` repeats the whole chain before it (NeMo-RL checks every item's
     prompt against all earlier ids), so a 200-call, 100k-token episode holds ~10M ids. As lists
@@ -111,8 +115,11 @@ def to_nemo_gym_result(traj: Trajectory, *, reward: float | None = None,
             carrier["generation_token_ids"] = ids[span.start: span.end]
             carrier["generation_log_probs"] = logprobs[span.start: span.end]
         output.extend(items)
+    first_prompt = "own"
     if main is None:
-        first = next((ch.first_prompt_ids() for ch in traj.chains), None) or [placeholder_token_id]
+        first = next((ch.first_prompt_ids() for ch in traj.chains), None)
+        first_prompt = "own" if first else "sibling" if group_prompt else "none"
+        first = first or group_prompt or [placeholder_token_id]
         output.append({**message_item(f"{traj.session_id}_placeholder", "", status="incomplete"),
                        "prompt_token_ids": first, "generation_token_ids": [placeholder_token_id],
                        "generation_log_probs": [0.0]})
@@ -153,7 +160,7 @@ def to_nemo_gym_result(traj: Trajectory, *, reward: float | None = None,
         "polar": {
             "session_id": traj.session_id, "task_id": traj.task_id, "group_id": traj.group_id,
             "harness": traj.harness, "status": traj.status, "error": traj.error,
-            "failure_kind": traj.failure_kind.value,
+            "failure_kind": traj.failure_kind.value, "first_prompt": first_prompt,
             "main_chain": traj.main_chain, "breaks": [b.model_dump() for b in stats.breaks],
         },
     }
@@ -208,10 +215,46 @@ def _initial_input(traj: Trajectory) -> list[dict[str, Any]]:
     return _input_items(first.new_messages) if first is not None else []
 
 
-# -- (c) flat GRPO batch -------------------------------------------------------------------------
 def group_key(traj: Trajectory) -> str:
     """Rollouts of one task are compared with each other: group_id, else task_id, else alone."""
     return traj.group_id or traj.task_id or traj.session_id
+
+
+class GroupPrompts:
+    """The first-prompt ids each group's rollouts reached the model with, for the placeholder of a
+    sibling that failed before its first call (``to_nemo_gym_result(group_prompt=...)``). A task's
+    first prompt is the same in every rollout (docs/harnesses.md), so any sibling's will do. Kept as
+    int32 arrays, the ``max_groups`` most recently noted (a long-lived server sees every task)."""
+
+    def __init__(self, trajectories: Iterable[Trajectory] = (), *, max_groups: int | None = None):
+        self._ids: OrderedDict[str, np.ndarray] = OrderedDict()
+        self.max_groups = max_groups
+        for traj in trajectories:
+            self.note(traj)
+
+    def note(self, traj: Trajectory) -> None:
+        if traj.main_chain is None:
+            return
+        key = group_key(traj)
+        if key not in self._ids:
+            self._ids[key] = np.array(traj.chains[traj.main_chain].first_prompt_ids(), dtype=np.int32)
+        self._ids.move_to_end(key)
+        while self.max_groups is not None and len(self._ids) > self.max_groups:
+            self._ids.popitem(last=False)
+
+    def get(self, traj: Trajectory) -> list[int] | None:
+        ids = self._ids.get(group_key(traj))
+        return ids.tolist() if ids is not None else None
+
+
+def nemo_results(trajectories: list[Trajectory]) -> Iterator[dict[str, Any]]:
+    """Every trajectory as its ``/run`` result, placeholders carrying their group's first prompt."""
+    prompts = GroupPrompts(trajectories)
+    for traj in trajectories:
+        yield to_nemo_gym_result(traj, group_prompt=prompts.get(traj), arrays=True)
+
+
+# -- (c) flat GRPO batch -------------------------------------------------------------------------
 
 
 def grpo_advantages(rewards: list[float], *, leave_one_out: bool = False, eps: float = 1e-6) -> list[float]:
