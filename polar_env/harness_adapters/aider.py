@@ -11,11 +11,12 @@ and ``--analytics-disable`` turn off its other calls out. History files live in 
 ``--no-auto-commits --no-dirty-commits --no-gitignore`` leave the task's git repository alone; its
 repo-map cache is the one thing it writes into the tree.
 
-Its repo map (the ranked definitions it puts in the first prompt) is built from Python sets and
-dicts keyed by file and identifier names: their iteration order, so the PageRank graph's edge order,
-the tie-breaks and the files that fit the token budget, follows ``hash(str)``, salted per process.
-``PYTHONHASHSEED=0`` makes the map a function of the tree alone (it reads no mtimes or sizes to
-rank; mtimes key only its tags cache), so every rollout of a task gets one first prompt.
+Its repo map (ranked definitions of the tree's files, ~8k tokens of the first prompt) is off
+(``map-tokens: 0``): it came out different in rollouts of one task, split its GRPO groups, and
+neither ``PYTHONHASHSEED=0`` (it ranks from sets keyed by names, so the per-process ``hash()`` salt
+reorders ties) nor ``map-refresh: files`` (in ``auto`` it rebuilds or reuses the map depending on how
+long the first build took) made 3 sandboxed rollouts of a bundled task agree (tests/test_groups_determinism.py).
+The hash seed stays fixed for whatever else it iterates in set order (file mentions).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ class AiderAdapter(HarnessAdapter):
     # the sentence its udiff system prompt always carries
     text_edit = TextEdit("Return edits similar to unified diffs that `diff -U0` would produce.", udiff_reply)
     noise_dirs = (".aider.tags.cache.v4",)  # its repo-map cache, written in the repository root
-    # ~11-13k first-prompt tokens on the bundled tasks: its repo map and the files the task names
+    # a long first prompt on the bundled tasks: the files the task names (and its repo map, before it was off)
     prefill_allowance_s = 480.0
 
     def config_path(self, ctx: HarnessContext) -> str:
@@ -71,7 +72,7 @@ class AiderAdapter(HarnessAdapter):
             "yes-always": True, "auto-commits": False, "dirty-commits": False, "gitignore": False,
             "pretty": False, "fancy-input": False, "suggest-shell-commands": False, "detect-urls": False,
             "auto-lint": False, "check-update": False, "analytics-disable": True, "show-release-notes": False,
-            "disable-playwright": True,
+            "disable-playwright": True, "map-tokens": 0,  # no repo map: see the module docstring
             "chat-history-file": f"{ctx.home}/.aider.chat.history.md",
             "input-history-file": f"{ctx.home}/.aider.input.history",
         }

@@ -33,7 +33,7 @@ class ClineAdapter(HarnessAdapter):
     prefill_allowance_s = 480.0  # ~5.7k first-prompt tokens and 25 tools
     volatile_rules = (
         # "2. Date: 11/30/2026" in the <env> block of its system prompt
-        VolatileRule("cline-date", frozenset({"system"}), re.compile(r"^\d+\. Date: \d{2}/\d{2}/\d{4}\n", re.MULTILINE)),
+        VolatileRule("cline-date", frozenset({"system"}), re.compile(r"^\d+\. Date: \d{1,2}/\d{1,2}/\d{4}\n", re.MULTILINE)),
     )
 
     def config_dir(self, ctx: HarnessContext) -> str:
