@@ -5,7 +5,10 @@ then per mode:
 
 - ``strict`` (the training reward): restore every changed path that is not project source
   (`path_policy`) and apply the test patch; run pytest the grader's way, read per-test outcomes
-  from the grader plugin's report, and believe them only if they agree with the runner (`strict_run`).
+  from the grader plugin's result stream, and believe them only if they agree with the runner and
+  its canaries (`strict_run`) and with the gold run (`gold_reference`: the same ids collected, every
+  test the gold run passed still passing), and if the F2P tests pass again when perturbed
+  (`run_perturbed`). Any tampering flag (`flags`, the run's own findings) scores 0.
 - ``swebench`` (numbers comparable with published pass@1): SWE-bench's procedure — reset only the
   test patch's files, run the test command between the harness markers, parse the log with the
   pinned ``swebench`` package's parser.
@@ -21,6 +24,7 @@ import os
 import shlex
 import shutil
 import tempfile
+import threading
 import time
 from enum import StrEnum
 from pathlib import Path
@@ -30,7 +34,7 @@ from pydantic import BaseModel, Field
 from polar_env.outcomes import FailureKind
 from polar_env.rewards import swebench_compat as sb
 from polar_env.rewards.bounded_output import OutputStats
-from polar_env.rewards.flags import tampering_flags
+from polar_env.rewards.flags import is_tamper, tampering_flags
 from polar_env.rewards.patch import ApplyMethod
 from polar_env.rewards.path_policy import non_source_reason
 from polar_env.rewards.sandbox_exec import (
@@ -39,7 +43,7 @@ from polar_env.rewards.sandbox_exec import (
     prepare_tree_owner,
     run_sandboxed,
 )
-from polar_env.rewards.strict_run import StrictUnsupported, run_strict
+from polar_env.rewards.strict_run import PASSING, StrictUnsupported, run_perturbed, run_strict
 from polar_env.rewards.workspace import GradingTree, PatchRefused
 from polar_env.tasks.env import EnvBuildError, ensure_task_env
 from polar_env.tasks.models import Task
@@ -122,6 +126,7 @@ class TestRun(BaseModel):
     violations: list[str] = Field(default_factory=list)
     untrusted_xfail: list[str] = Field(default_factory=list)
     status_map: dict[str, str] = Field(default_factory=dict)
+    collected: list[str] = Field(default_factory=list)  # strict: node ids the run collected
     output: OutputStats = Field(default_factory=OutputStats)
     seconds: float = 0.0
 
@@ -201,7 +206,7 @@ def _run_mode(task: Task, tree: Path, venv: Path, mode: GradingMode, timeout_s: 
             return out
         out.status_map, out.valid = outcome.status_map, outcome.valid
         out.violations, out.error = outcome.violations, outcome.error or "; ".join(outcome.violations)
-        out.untrusted_xfail = outcome.untrusted_xfail
+        out.untrusted_xfail, out.collected = outcome.untrusted_xfail, outcome.collected
         return out
     if sb.START_TEST_OUTPUT not in out.log:
         # The marker is the first thing the script prints: the sandbox itself never ran.
@@ -244,6 +249,58 @@ def run_task_tests(
         run = _run_mode(task, gtree.tree, venv, mode, timeout_s, Path(tmp))
         run.apply_method, run.apply_log = applied.apply_method, applied.apply_log
         return run
+
+
+_GOLD: dict[str, TestRun] = {}
+_GOLD_LOCKS: dict[str, threading.Lock] = {}
+_GOLD_LOCK = threading.Lock()
+
+
+def gold_reference(task: Task, timeout_s: float = DEFAULT_GRADING_TIMEOUT_S) -> TestRun:
+    """The gold patch's strict run (once per task and process): the ids a run must collect and the
+    statuses it must reproduce. Evidence the graded tree cannot influence."""
+    key = f"{task.instance_id}:{hash((task.patch, task.test_patch))}"
+    with _GOLD_LOCK:
+        lock = _GOLD_LOCKS.setdefault(key, threading.Lock())
+    with lock:
+        if key not in _GOLD:
+            run = run_task_tests(task, task.patch, mode=GradingMode.strict, timeout_s=timeout_s)
+            if not run.valid or run.infra_error:
+                return run  # not cached: a sandbox hiccup must not stick
+            _GOLD[key] = run
+        return _GOLD[key]
+
+
+def against_gold(task: Task, run: TestRun, gold: TestRun) -> list[str]:
+    """Violations of the gold run's evidence: results for ids it never collected, and F2P/P2P tests
+    it passed that did not pass the same way here (a P2P test turned SKIPPED is a regression)."""
+    found = []
+    ghosts = sorted(set(run.collected) - set(gold.collected))
+    if ghosts:
+        found.append(f"ghost-id: collected ids the gold run never collected: {ghosts[:3]}")
+    regressed = {t: run.status_map.get(t, "MISSING") for t in [*task.FAIL_TO_PASS, *task.PASS_TO_PASS]
+                 if gold.status_map.get(t) in PASSING and run.status_map.get(t) != gold.status_map[t]}
+    if regressed:
+        found.append(f"gold-status: {len(regressed)} tests the gold run passed did not, e.g. "
+                     + ", ".join(f"{t}={s}" for t, s in list(regressed.items())[:3]))
+    return found
+
+
+def perturbed_disagreement(task: Task, tree: Path, venv: Path, timeout_s: float) -> list[str]:
+    """Run the F2P tests perturbed (`run_perturbed`); each must pass there too."""
+    env = {k: v.replace("{testbed}", TREE_MOUNT) for k, v in task.environment.env.items()}
+    try:
+        perturbed = run_perturbed(task, tree, venv, env, timeout_s)
+    except (SandboxUnavailable, OSError) as e:
+        return [f"perturbed-run: sandbox: {e}"]
+    if perturbed.run is not None and perturbed.run.timed_out:
+        return ["perturbed-run: timed out"]
+    out = perturbed.outcome
+    if not out.valid:
+        return [f"perturbed-run: {(out.error or '; '.join(out.violations))[:300]}"]
+    differ = {t: out.statuses.get(new, "MISSING") for t, new in perturbed.renamed.items()
+              if out.statuses.get(new) != "PASSED"}
+    return [f"perturbed-run: F2P tests that pass only when graded: {differ}"] if differ else []
 
 
 def grade(
@@ -299,7 +356,7 @@ def _grade(task: Task, model_patch: str, result: GradeResult, *, timeout_s: floa
             result.flags = ["patch-refused"]
             _finish(result, task, {}, t0)
             return result
-        evidence = tampering_flags(applied.source_diff, task.repo)
+        evidence = tampering_flags(applied.source_diff, task.repo, task.problem_statement)
         evidence.update({f"reset:{r}": p for p, r in applied.reset_paths.items()})
         # The swebench tree is the same applied patch with SWE-bench's (narrower) reset.
         sb_tree = GradingTree(tmp / "swebench" / "tree", tmp / "swebench" / "git", gtree.base)
@@ -314,6 +371,20 @@ def _grade(task: Task, model_patch: str, result: GradeResult, *, timeout_s: floa
             result.timings[f"tests_{m.value}_s"] = runs[m].seconds
             if runs[m].infra_error:
                 return _infra(result, runs[m].infra_error, t0, runs[m].infra_kind)
+        strict = runs[GradingMode.strict]
+        if strict.collected:  # a structured (pytest) run: judge it against evidence it cannot reach
+            t_ref = time.monotonic()
+            gold = gold_reference(task, timeout_s)
+            if not gold.valid:
+                return _infra(result, f"the gold patch has no valid strict run: {gold.infra_error or gold.error}"[:600],
+                              t0, gold.infra_kind if gold.infra_error else FailureKind.task_defect)
+            found = against_gold(task, strict, gold)
+            if not found and _mode_result(task, strict).resolved:
+                found = perturbed_disagreement(task, gtree.tree, venv, timeout_s)
+            result.timings["evidence_s"] = time.monotonic() - t_ref
+            strict.violations += found
+            if found:
+                strict.valid, strict.error = False, "; ".join(strict.violations)
         result.modes = {m: _mode_result(task, run) for m, run in runs.items()}
         for m, run in runs.items():
             if run.output.truncated:
@@ -324,6 +395,11 @@ def _grade(task: Task, model_patch: str, result: GradeResult, *, timeout_s: floa
                 evidence.setdefault("untrusted-xfail", ", ".join(run.untrusted_xfail[:3]))
         result.flags = sorted(evidence)
         result.flag_evidence = evidence
+        tamper = [f for f in result.flags if is_tamper(f)]
+        strict_mode = result.modes[GradingMode.strict]
+        if tamper and strict_mode.reward:  # strict pays nothing for a run with any sign of tampering
+            strict_mode.resolved, strict_mode.reward = False, 0.0
+            strict_mode.error = f"tampering flag(s): {', '.join(tamper)}"
         chosen = result.modes[result.mode]
         result.resolved, result.reward, result.failure_kind = chosen.resolved, chosen.reward, chosen.failure_kind
         result.error = chosen.error

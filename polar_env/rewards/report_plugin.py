@@ -1,33 +1,36 @@
-"""The grader's pytest plugin: the structured result report of a `strict` grading run.
+"""The grader's pytest plugin: the result stream of a `strict` grading run.
 
-Runs INSIDE the grading sandbox, in the task's interpreter, bound read-only at
-``/opt/polar-grader/polar_grader_report.py`` and loaded with ``-p polar_grader_report`` (plugin
-autoload is off). It imports nothing but the standard library and pytest, and is imported before
-any conftest or code under test, so it can:
+Runs INSIDE the grading sandbox, in the task's interpreter, bound read-only beside the grader's
+ini and loaded with ``-p`` (plugin autoload is off). It imports nothing but the standard library
+and pytest, and is imported before any conftest or code under test, so it can:
 
-- take the run's nonce from a pipe the grader passes (the nonce never appears in the environment
-  or argv), so a report forged by code under test is recognisable;
-- snapshot the runner's moving parts (functions and classes of pytest's reporting, running,
-  assertion-rewriting and pluggy modules, the exit functions) and check at every
-  teardown and at the end that nothing replaced them, and that every test module was loaded
-  from its own file by pytest's rewriter or the standard loader;
-- note where every registered plugin comes from (the grader judges the origins);
-- count an xfail as XFAIL only when the test itself (or a conftest) raised it: an imperative
-  ``pytest.xfail`` from the code under test is a FAILED test;
-- write per-test outcomes (SWE-bench's status names) plus the runner's own counts and exit status
-  to the report path outside the tree, at the very end of the session.
+- take the run's configuration (nonce, canaries, perturbation) from a pipe the grader fills and
+  closes (nothing of it is in the environment or argv), and the write end of the result pipe,
+  whose read end only the grader outside the sandbox holds; both fds are made non-inheritable;
+- write every report phase, the collected ids, each plugin's origin and every tampering it sees as
+  one numbered line the moment it happens: what is written cannot be unwritten, so an attack
+  that edits results later (at exit, in a report file, in this module's state) has nothing to edit,
+  and a line injected by the tested code breaks the numbering or duplicates a result;
+- mix the grader's randomly named canary tests (one must pass, one must fail) into the modules it
+  is told, as functions of those modules;
+- snapshot the runner's moving parts and the exit functions and report any replacement;
+- in a perturbed run, hide what pytest would show a test-run detector (``PYTEST_CURRENT_TEST``, the
+  autoload switch).
+
+The grader, not this plugin, turns the phases into statuses and judges them (strict_run).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import sys
 
 import pytest
 
-_NONCE_FD_ENV = "POLAR_GRADER_NONCE_FD"
-_REPORT_ENV = "POLAR_GRADER_REPORT"
+_CONFIG_FD_ENV = "POLAR_GRADER_CONFIG_FD"
+_RESULT_FD_ENV = "POLAR_GRADER_RESULT_FD"
 _WATCHED_MODULES = (
     "_pytest.runner", "_pytest.reports", "_pytest.python", "_pytest.main", "_pytest.terminal",
     "_pytest.skipping", "_pytest.outcomes", "_pytest.assertion", "_pytest.assertion.rewrite",
@@ -35,25 +38,38 @@ _WATCHED_MODULES = (
     "_pytest.junitxml", "_pytest.warnings", "pluggy", "pluggy._hooks",
     "pluggy._callers", "pluggy._manager", "pytest",
 )
-_WATCHED_ATTRS = {"os": ("_exit", "exit", "kill", "abort"), "sys": ("exit", "excepthook"),
+_WATCHED_ATTRS = {"os": ("_exit", "exit", "kill", "abort", "write"), "sys": ("exit", "excepthook"),
                   "builtins": ("AssertionError", "print", "__import__", "exit", "open", "compile", "exec")}
 _PLAIN = (int, float, str, bytes, bool, type(None), dict, list, set, tuple)
+_LOADER_MODULES = ("_pytest.assertion.rewrite", "importlib._bootstrap_external", "_frozen_importlib_external")
+_os_write, _dumps = os.write, json.dumps  # bound now: later replacements of either do not reach the stream
 
 
-def _take_nonce() -> str:
-    fd = os.environ.pop(_NONCE_FD_ENV, "")
+def _take_fd(env: str) -> int:
+    fd = os.environ.pop(env, "")
     if not fd:
-        return ""
+        return -1
+    os.set_inheritable(int(fd), False)
+    return int(fd)
+
+
+def _take_config() -> dict:
+    fd = _take_fd(_CONFIG_FD_ENV)
+    if fd < 0:
+        return {}
     try:
-        return os.read(int(fd), 128).decode("ascii", "replace").strip()
+        data = b""
+        while chunk := os.read(fd, 65536):
+            data += chunk
+        return json.loads(data or b"{}")
     finally:
-        os.close(int(fd))
+        os.close(fd)
 
 
 def _snapshot() -> dict[str, int]:
     """id() of every callable/class the run's outcome depends on, and of their class members."""
     snap: dict[str, int] = {}
-    for name in _WATCHED_MODULES:
+    for name in (*_WATCHED_MODULES, __name__):
         mod = sys.modules.get(name)
         if mod is None:
             continue
@@ -73,49 +89,50 @@ def _snapshot() -> dict[str, int]:
     return snap
 
 
-_LOADER_MODULES = ("_pytest.assertion.rewrite", "importlib._bootstrap_external", "_frozen_importlib_external")
+class _Stream:
+    """Numbered JSON lines to the grader's pipe (bound functions only: nothing to monkeypatch)."""
 
+    def __init__(self, fd: int, nonce: str) -> None:
+        self.fd, self.nonce, self.seq = fd, nonce, 0
 
-def _foreign_test_modules(session: pytest.Session) -> list[str]:
-    """Test modules not loaded from their own file by pytest's rewriter or the standard loader.
-
-    An import hook planted by code under test (a finder ahead of pytest's, a loader that edits
-    the code) shows up here; other finders packages install (six's, for instance) do not matter.
-    """
-    seen: dict[str, str] = {}
-    for item in getattr(session, "items", []):
-        mod = getattr(item, "module", None)
-        if mod is None or mod.__name__ in seen:
-            continue
-        loader = getattr(mod, "__loader__", None)
-        origin = os.path.realpath(getattr(mod, "__file__", "") or "")
-        if type(loader).__module__ not in _LOADER_MODULES or origin != os.path.realpath(str(item.path)):
-            seen[mod.__name__] = f"test-module-loader: {mod.__name__} via {type(loader).__module__}"
-    return sorted(seen.values())
+    def emit(self, kind: str, **data: object) -> None:
+        if self.fd < 0:
+            return
+        line = _dumps({"seq": self.seq, "nonce": self.nonce, "t": kind, **data}).encode() + b"\n"
+        self.seq += 1
+        while line:
+            line = line[_os_write(self.fd, line):]
 
 
 class _State:
     def __init__(self) -> None:
-        self.nonce = _take_nonce()
-        self.report_path = os.environ.pop(_REPORT_ENV, "")
+        config = _take_config()
+        self.stream = _Stream(_take_fd(_RESULT_FD_ENV), str(config.get("nonce", "")))
+        self.canaries: dict[str, list[list]] = config.get("canaries", {})
+        self.perturb = bool(config.get("perturb"))
+        if self.perturb:
+            _hide_current_test()
         # Taken on import: `-p` loads this module before any conftest or code under test runs.
         self.snapshot = _snapshot()
         self.tampered: set[str] = set()
-        self.plugins: set[str] = set()
-        self.statuses: dict[str, str] = {}
-        self.failed_reports = 0
         self.untrusted_xfail: set[str] = set()
 
     def check(self) -> None:
         now = _snapshot()
-        for key, ident in self.snapshot.items():
-            if now.get(key) != ident:
-                self.tampered.add(key)
+        found = {key for key, ident in self.snapshot.items() if now.get(key) != ident}
         if sys.gettrace() is not None or sys.getprofile() is not None:
-            self.tampered.add("sys.settrace/setprofile")
+            found.add("sys.settrace/setprofile")
+        if found - self.tampered:
+            self.stream.emit("tampered", keys=sorted(found - self.tampered))
+            self.tampered |= found
 
 
-_STATE = _State()
+def _hide_current_test() -> None:
+    """A perturbed run shows no PYTEST_CURRENT_TEST (pytest sets it around every phase)."""
+    import _pytest.runner
+
+    if hasattr(_pytest.runner, "_update_current_test_var"):
+        _pytest.runner._update_current_test_var = lambda item, when: None
 
 
 def _plugin_origin(plugin: object) -> str:
@@ -125,7 +142,39 @@ def _plugin_origin(plugin: object) -> str:
 
 def pytest_plugin_registered(plugin: object, manager: object) -> None:
     """Every plugin, including those registered before this module (pluggy replays them)."""
-    _STATE.plugins.add(_plugin_origin(plugin))
+    _STATE.stream.emit("plugin", origin=_plugin_origin(plugin))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if _STATE.perturb:  # read by pytest before this hook; a perturbed run does not show it to the tests
+        os.environ.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)
+
+
+def _canary_items(session: pytest.Session, items: list[pytest.Item]) -> None:
+    """Define each canary as a function of its module (its own file) and put it among the module's tests."""
+    for relpath, canaries in _STATE.canaries.items():
+        positions = [i for i, it in enumerate(items) if it.nodeid.split("::")[0] == relpath]
+        module_node = items[positions[0]].getparent(pytest.Module) if positions else None
+        if module_node is None:
+            continue
+        for name, _kind, body in canaries:
+            code = compile(f"def {name}():\n    {body}\n", str(module_node.path), "exec")
+            exec(code, module_node.obj.__dict__)
+            item = pytest.Function.from_parent(module_node, name=name)
+            at = positions[0] + secrets.randbelow(len(positions) + 1)
+            items.insert(at, item)
+            positions.append(positions[-1] + 1)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    _canary_items(session, items)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    _STATE.stream.emit("collected", ids=[item.nodeid for item in session.items])
+    _STATE.check()
 
 
 def _raised_from(excinfo: pytest.ExceptionInfo[BaseException]) -> str:
@@ -149,49 +198,40 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    nodeid, when = report.nodeid, report.when
-    wasxfail = hasattr(report, "wasxfail")
-    if report.failed:
-        _STATE.failed_reports += 1
-        status = "FAILED" if when == "call" else "ERROR"
-    elif report.skipped and wasxfail and nodeid in _STATE.untrusted_xfail:
-        status = "FAILED"
-    elif report.skipped:
-        status = "XFAIL" if wasxfail else "SKIPPED"
-    elif when == "call":
-        status = "XPASS" if wasxfail else "PASSED"
-    else:
-        status = ""
-    previous = _STATE.statuses.get(nodeid, "")
-    # A failing phase outranks a passing one (call passed + teardown error = ERROR).
-    if status and previous not in ("FAILED", "ERROR"):
-        _STATE.statuses[nodeid] = status
-    if when == "teardown":
+    _STATE.stream.emit("phase", id=report.nodeid, when=report.when, outcome=report.outcome,
+                       xfail=hasattr(report, "wasxfail"), untrusted=report.nodeid in _STATE.untrusted_xfail)
+    if report.when == "teardown":
         _STATE.check()
 
 
 def pytest_collectreport(report: pytest.CollectReport) -> None:
     if report.failed:
-        _STATE.failed_reports += 1
+        _STATE.stream.emit("collect-error", id=report.nodeid)
+
+
+def _foreign_test_modules(session: pytest.Session) -> list[str]:
+    """Test modules not loaded from their own file by pytest's rewriter or the standard loader."""
+    seen: dict[str, str] = {}
+    for item in getattr(session, "items", []):
+        mod = getattr(item, "module", None)
+        if mod is None or mod.__name__ in seen:
+            continue
+        loader = getattr(mod, "__loader__", None)
+        origin = os.path.realpath(getattr(mod, "__file__", "") or "")
+        if type(loader).__module__ not in _LOADER_MODULES or origin != os.path.realpath(str(item.path)):
+            seen[mod.__name__] = f"test-module-loader: {mod.__name__} via {type(loader).__module__}"
+    return sorted(seen.values())
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     _STATE.check()
-    _STATE.tampered.update(_foreign_test_modules(session))
-    if not _STATE.report_path:
-        return
-    report = {
-        "nonce": _STATE.nonce,
-        "exitstatus": int(exitstatus),
-        "testscollected": int(session.testscollected),
-        "testsfailed": int(session.testsfailed),
-        "failed_reports": _STATE.failed_reports,
-        "statuses": _STATE.statuses,
-        "tampered": sorted(_STATE.tampered),
-        "plugins": sorted(_STATE.plugins),
-        "untrusted_xfail": sorted(_STATE.untrusted_xfail),
-        "finished": True,
-    }
-    with open(_STATE.report_path, "w", encoding="utf-8") as f:
-        json.dump(report, f)
+    foreign = _foreign_test_modules(session)
+    if foreign:
+        _STATE.stream.emit("tampered", keys=foreign)
+    _STATE.stream.emit("end", exitstatus=int(exitstatus), testscollected=int(session.testscollected),
+                       testsfailed=int(session.testsfailed))
+
+
+# Last, so the snapshot holds this module's own hooks too.
+_STATE = _State()

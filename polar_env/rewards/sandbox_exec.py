@@ -36,14 +36,15 @@ class SandboxRun:
 
 
 def _sandbox(tree: Path, venv: Path, env: dict[str, str], *, tree_writable: bool = True,
-             extra_mounts: Sequence[Mount] = ()) -> BwrapCommand:
+             extra_mounts: Sequence[Mount] = (), tree_mount: str = TREE_MOUNT,
+             hostname: str = "sandbox") -> BwrapCommand:
     """The grading sandbox: the tree at /testbed (read-only for strict runs), the task venv
     read-only, fresh tmpfs, plus grader-owned mounts (the strict runner's plugin and report dir)."""
     mounts = [Mount("/tmp", kind="tmpfs", perms="1777"), Mount("/home/agent", kind="tmpfs", perms="0777"),
-              Mount(TREE_MOUNT, tree, "bind" if tree_writable else "ro-bind"), Mount(VENV_MOUNT, venv),
+              Mount(tree_mount, tree, "bind" if tree_writable else "ro-bind"), Mount(VENV_MOUNT, venv),
               *extra_mounts]
     uid, gid = (SANDBOX_UID, SANDBOX_UID) if os.geteuid() == 0 else (os.geteuid(), os.getegid())
-    return BwrapCommand(mounts, workdir=TREE_MOUNT, env=env, uid=uid, gid=gid)
+    return BwrapCommand(mounts, workdir=tree_mount, env=env, uid=uid, gid=gid, hostname=hostname)
 
 
 def prepare_tree_owner(tree: Path) -> None:
@@ -66,8 +67,12 @@ def run_sandboxed(
     tree_writable: bool = True,
     extra_mounts: Sequence[Mount] = (),
     pass_fds: Sequence[int] = (),
+    tree_mount: str = TREE_MOUNT,
+    hostname: str = "sandbox",
 ) -> SandboxRun:
     """Run `script` (bash source, or an argv run as is) in the sandbox; kill it all at the deadline.
+
+    ``tree_mount`` and ``hostname`` differ only in strict grading's perturbed second run.
 
     Output (stdout and stderr together) is read with bounded memory (`read_bounded`).
     """
@@ -81,7 +86,8 @@ def run_sandboxed(
         **(env or {}),
     }
     cmd = ["/bin/bash", "-c", script] if isinstance(script, str) else list(script)
-    argv = _sandbox(tree, venv, full_env, tree_writable=tree_writable, extra_mounts=extra_mounts).argv(cmd)
+    argv = _sandbox(tree, venv, full_env, tree_writable=tree_writable, extra_mounts=extra_mounts,
+                    tree_mount=tree_mount, hostname=hostname).argv(cmd)
     start = time.monotonic()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                             start_new_session=True, pass_fds=tuple(pass_fds))

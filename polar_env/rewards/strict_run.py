@@ -1,14 +1,18 @@
-"""`strict` grading: the tests run the grader's way and the result comes from a structured report.
+"""`strict` grading: the tests run the grader's way and the result comes from a result stream.
 
 - No current directory on ``sys.path`` (``python -P``), plugin autoload off
   (``PYTEST_DISABLE_PLUGIN_AUTOLOAD=1``) with the task env's installed plugins named with ``-p``,
   the grader's own ini (written from the base tree's pytest configuration) and ``--rootdir``,
   no cache plugin, the whole tree mounted read-only.
-- The grader's plugin (`report_plugin`) writes per-test outcomes, the runner's counts and exit
-  status, and what it saw tampered with, to a directory outside the tree; the run's nonce comes
-  through a pipe.
-- The report is cross-checked against the process's real exit code and the runner's own summary
-  line before any outcome is believed. Output is never parsed for markers.
+- The grader's plugin (`report_plugin`) writes every report phase as a numbered line into a pipe
+  whose read end the grader holds outside the sandbox (no file the tests could rewrite); its
+  configuration (nonce, canaries) comes through a second pipe, closed before any test code runs.
+- Two randomly named canaries per F2P test file (one must pass, one must fail) are mixed into the
+  run; a run whose canaries come out wrong, whose stream is out of sequence or holds a result for
+  an id it never collected, is not believed. The stream is cross-checked against the process's
+  real exit code and the runner's own summary line. Output is never parsed for markers.
+- ``run_perturbed``: the F2P tests again, renamed, in a tree at another path, under another host
+  name and argv, without ``-P`` and with no ``PYTEST_*`` variable visible (the grader compares).
 """
 
 from __future__ import annotations
@@ -19,21 +23,24 @@ import os
 import re
 import secrets
 import shlex
+import shutil
+import string
 import tempfile
+import threading
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from polar_env.rewards import swebench_compat as sb
-from polar_env.rewards.sandbox_exec import SANDBOX_UID, TREE_MOUNT, VENV_MOUNT, SandboxRun, run_sandboxed
+from polar_env.rewards.sandbox_exec import TREE_MOUNT, VENV_MOUNT, SandboxRun, run_sandboxed
 from polar_env.sandbox.bwrap_argv import Mount
 from polar_env.tasks.models import Task
 
 GRADER_MOUNT = "/opt/polar-grader"
-REPORT_MOUNT = "/run/polar-report"
 PLUGIN_MODULE = "polar_grader_report"
 PLUGIN_SRC = Path(__file__).with_name("report_plugin.py")
-MAX_REPORT_BYTES = 16 << 20
+MAX_REPORT_BYTES = 16 << 20  # of the result stream
+PASSING = ("PASSED", "XFAIL")
 # pytest's own order of config files per directory, with the section each must hold to count.
 CONFIG_FILES = (("pytest.ini", "pytest"), (".pytest.ini", "pytest"), ("pyproject.toml", None),
                 ("tox.ini", "pytest"), ("setup.cfg", "tool:pytest"))
@@ -113,71 +120,248 @@ class StrictOutcome:
     """What the strict run established: per-test statuses, or why the run cannot be believed."""
 
     status_map: dict[str, str] = field(default_factory=dict)
+    statuses: dict[str, str] = field(default_factory=dict)  # node id -> status (canaries left out)
+    collected: list[str] = field(default_factory=list)  # node ids, canaries left out
     valid: bool = False
     violations: list[str] = field(default_factory=list)  # integrity/consistency findings
     untrusted_xfail: list[str] = field(default_factory=list)  # xfails raised by code under test
     error: str = ""
 
 
+def _random_name(prefix: str = "") -> str:
+    return prefix + "".join(secrets.choice(string.ascii_lowercase) for _ in range(10))
+
+
+def make_canaries(files: list[str], prefix: str = "test_") -> dict[str, list[list[str]]]:
+    """Per test file, tests with fresh random names and numbers whose outcome is known: a plain assert
+    and a ``pytest.raises`` that must pass, the same two made to fail, and an unexpected exception."""
+    out: dict[str, list[list[str]]] = {}
+    for rel in dict.fromkeys(files):
+        a, b = secrets.randbelow(1000) + 2, secrets.randbelow(1000) + 2
+        bodies = [("pass", f"assert {a} * {b} == {a * b}"), ("fail", f"assert {a} * {b} == {a * b + 1}"),
+                  ("pass", f"with __import__('pytest').raises(ZeroDivisionError):\n        {a} // ({b} - {b})"),
+                  ("fail", f"with __import__('pytest').raises(ZeroDivisionError):\n        {a} // {b}"),
+                  ("fail", f"raise ValueError({a} * {b})")]
+        out[rel] = [[_random_name(prefix), kind, body] for kind, body in bodies]
+    return out
+
+
+def _drain(fd: int, sink: dict[str, object]) -> None:
+    """Read the result pipe to its end, keeping at most MAX_REPORT_BYTES."""
+    chunks, size = [], 0
+    with os.fdopen(fd, "rb", buffering=0) as f:
+        while chunk := f.read(65536):
+            size += len(chunk)
+            if size <= MAX_REPORT_BYTES:
+                chunks.append(chunk)
+    sink["data"], sink["size"] = b"".join(chunks), size
+
+
+def _run_with_stream(argv: list[str], *, tree: Path, venv: Path, env: dict[str, str], timeout_s: float,
+                     grader_dir: Path, grader_mount: str, config: dict, tree_mount: str = TREE_MOUNT,
+                     hostname: str = "sandbox") -> tuple[SandboxRun, bytes, int]:
+    """Run ``argv`` with the config pipe (filled, closed) and the result pipe (drained here)."""
+    cfg_r, cfg_w = os.pipe()
+    os.write(cfg_w, json.dumps(config).encode())  # far below a pipe's buffer
+    os.close(cfg_w)
+    res_r, res_w = os.pipe()
+    sink: dict[str, object] = {}
+    reader = threading.Thread(target=_drain, args=(res_r, sink), daemon=True)
+    reader.start()
+    run_env = {**env, "POLAR_GRADER_CONFIG_FD": str(cfg_r), "POLAR_GRADER_RESULT_FD": str(res_w)}
+    try:
+        run = run_sandboxed(argv, tree=tree, venv=venv, timeout_s=timeout_s, env=run_env, tree_writable=False,
+                            extra_mounts=[Mount(grader_mount, grader_dir)], pass_fds=[cfg_r, res_w],
+                            tree_mount=tree_mount, hostname=hostname)
+    finally:
+        os.close(cfg_r)
+        os.close(res_w)
+        reader.join()
+    return run, sink.get("data", b""), int(sink.get("size", 0))
+
+
+def _grader_dir(tmp: Path, task: Task, tree: Path, module: str, **ini: str) -> Path:
+    grader_dir = tmp / "grader"
+    grader_dir.mkdir()
+    (grader_dir / f"{module}.py").write_text(PLUGIN_SRC.read_text())
+    (grader_dir / "pytest.ini").write_text(render_ini({**base_pytest_options(tree, task.test_directives), **ini}))
+    return grader_dir
+
+
+def _pytest_options(task: Task, venv: Path, grader_mount: str, tree_mount: str, module: str) -> list[str]:
+    plugins = [p for m in venv_plugins(venv) for p in ("-p", m)]
+    return ["-c", f"{grader_mount}/pytest.ini", f"--rootdir={tree_mount}", f"--confcutdir={tree_mount}",
+            "-p", "no:cacheprovider", "-p", module, *plugins, *pytest_args(task)]
+
+
+def test_file_of(test_id: str) -> str:
+    return test_id.split("::")[0]
+
+
 def run_strict(task: Task, tree: Path, venv: Path, env: dict[str, str], timeout_s: float) -> tuple[SandboxRun, StrictOutcome]:
     """Run the task's tests the strict way on the (already reset and test-patched) ``tree``."""
     with tempfile.TemporaryDirectory(prefix="polar-strict-") as tmp:
-        grader_dir, report_dir = Path(tmp) / "grader", Path(tmp) / "report"
-        grader_dir.mkdir()
-        report_dir.mkdir()
-        (grader_dir / f"{PLUGIN_MODULE}.py").write_text(PLUGIN_SRC.read_text())
-        (grader_dir / "pytest.ini").write_text(render_ini(base_pytest_options(tree, task.test_directives)))
-        if os.geteuid() == 0:
-            os.chown(report_dir, SANDBOX_UID, SANDBOX_UID)
-        plugins = [p for m in venv_plugins(venv) for p in ("-p", m)]
-        argv = ["python", "-P", "-m", "pytest", "-c", f"{GRADER_MOUNT}/pytest.ini", f"--rootdir={TREE_MOUNT}",
-                f"--confcutdir={TREE_MOUNT}", "-p", "no:cacheprovider", "-p", PLUGIN_MODULE, *plugins,
-                *pytest_args(task), *task.test_directives]
-        nonce = secrets.token_hex(16)
-        read_fd, write_fd = os.pipe()
-        os.write(write_fd, nonce.encode())
-        os.close(write_fd)
+        grader_dir = _grader_dir(Path(tmp), task, tree, PLUGIN_MODULE)
+        argv = ["python", "-P", "-m", "pytest", *_pytest_options(task, venv, GRADER_MOUNT, TREE_MOUNT, PLUGIN_MODULE),
+                *task.test_directives]
+        canaries = make_canaries([test_file_of(t) for t in task.FAIL_TO_PASS if "::" in t])
+        config = {"nonce": secrets.token_hex(16), "canaries": canaries}
         pythonpath = ":".join(filter(None, [GRADER_MOUNT, env.get("PYTHONPATH", "")]))
-        run_env = {**env, "PYTHONPATH": pythonpath, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
-                   "PYTHONNOUSERSITE": "1", "POLAR_GRADER_NONCE_FD": str(read_fd),
-                   "POLAR_GRADER_REPORT": f"{REPORT_MOUNT}/report.json"}
+        run_env = {**env, "PYTHONPATH": pythonpath, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONNOUSERSITE": "1"}
+        run, data, size = _run_with_stream(argv, tree=tree, venv=venv, env=run_env, timeout_s=timeout_s,
+                                           grader_dir=grader_dir, grader_mount=GRADER_MOUNT, config=config)
+    return run, judge_stream(data, size, config, run, task.repo)
+
+
+@dataclass
+class Perturbed:
+    """The perturbed run of the F2P tests: its outcome and graded id -> renamed id."""
+
+    outcome: StrictOutcome
+    renamed: dict[str, str]
+    run: SandboxRun | None = None
+
+
+def _rename_f2p(tree: Path, f2p: list[str], prefix: str) -> dict[str, str]:
+    """Rename each F2P test file and test function in ``tree`` (a grader-owned copy); graded id -> new id.
+
+    Functions get ``prefix`` (the perturbed run's ``python_functions``), so no F2P test is named test*."""
+    files: dict[str, str] = {}
+    funcs: dict[tuple[str, str], str] = {}
+    renamed: dict[str, str] = {}
+    for test_id in f2p:
+        if "::" not in test_id:
+            continue
+        rel, rest = test_id.split("::", 1)
+        path = tree / rel
+        if any(p.is_symlink() for p in [path, *path.parents] if p.is_relative_to(tree)) or not path.is_file():
+            raise ValueError(f"{rel} is not a plain file in the graded tree")
+        new_rel = files.setdefault(rel, str(Path(rel).with_name(_random_name("test_") + ".py")))
+        *scopes, last = rest.split("::")
+        func, bracket, params = last.partition("[")
+        new_func = funcs.setdefault((rel, func), _random_name(prefix))
+        renamed[test_id] = "::".join([new_rel, *scopes, new_func + bracket + params])
+    for rel, new_rel in files.items():
+        source = (tree / rel).read_text()
+        for (frel, func), new_func in funcs.items():
+            if frel == rel:
+                source = re.sub(rf"(\bdef\s+){re.escape(func)}(\s*\()", rf"\g<1>{new_func}\g<2>", source)
+        (tree / rel).unlink()
+        (tree / new_rel).write_text(source)
+    return renamed
+
+
+def run_perturbed(task: Task, tree: Path, venv: Path, env: dict[str, str], timeout_s: float) -> Perturbed:
+    """The F2P tests once more, where nothing says "graded test run": renamed modules and functions, the
+    tree at another path, another hostname and argv[0], no ``-P``, no ``PYTEST_*`` variable visible."""
+    with tempfile.TemporaryDirectory(prefix="polar-perturbed-") as tmp:
+        copy = Path(tmp) / "tree"
+        shutil.copytree(tree, copy, symlinks=True)
         try:
-            run = run_sandboxed(argv, tree=tree, venv=venv, timeout_s=timeout_s, env=run_env, tree_writable=False,
-                                extra_mounts=[Mount(GRADER_MOUNT, grader_dir), Mount(REPORT_MOUNT, report_dir, "bind")],
-                                pass_fds=[read_fd])
-        finally:
-            os.close(read_fd)
-        report_path = report_dir / "report.json"
-        outcome = (check_report(report_path, nonce, run, task.repo) if report_path.is_file() and not report_path.is_symlink()
-                   else StrictOutcome(error="the runner wrote no report (it did not finish its session)"))
-    return run, outcome
+            unittest = any("TestCase" in (tree / test_file_of(t)).read_text() for t in task.FAIL_TO_PASS if "::" in t)
+            prefix = "test_" if unittest else _random_name()[:6] + "_"  # unittest collects test* only
+            renamed = _rename_f2p(copy, task.FAIL_TO_PASS, prefix)
+        except (ValueError, OSError, UnicodeDecodeError) as e:
+            return Perturbed(StrictOutcome(violations=[f"perturbed-run: {e}"]), {})
+        module, mount = _random_name(), "/srv/" + _random_name()
+        grader_mount = "/opt/" + _random_name()
+        grader_dir = _grader_dir(Path(tmp), task, tree, module, python_functions=prefix)
+        options = _pytest_options(task, venv, grader_mount, mount, module)
+        (grader_dir / "main.py").write_text(
+            f"import sys\nimport pytest\nsys.argv[:] = [{'/usr/local/bin/' + _random_name()!r}]\n"
+            f"raise SystemExit(pytest.main({[*options, *dict.fromkeys(renamed.values())]!r}))\n")
+        run_env = {k: v.replace(TREE_MOUNT, mount) for k, v in env.items()}
+        run_env.update({"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONNOUSERSITE": "1"})
+        canaries = make_canaries([test_file_of(t) for t in renamed.values()], prefix)
+        config = {"nonce": secrets.token_hex(16), "canaries": canaries, "perturb": True}
+        run, data, size = _run_with_stream(["python", f"{grader_mount}/main.py"], tree=copy, venv=venv,
+                                           env=run_env, timeout_s=timeout_s, grader_dir=grader_dir,
+                                           grader_mount=grader_mount, config=config, tree_mount=mount,
+                                           hostname=_random_name())
+    return Perturbed(judge_stream(data, size, config, run, task.repo, tree_mount=mount), renamed, run)
 
 
-def check_report(path: Path, nonce: str, run: SandboxRun, repo: str) -> StrictOutcome:
-    """Believe the plugin's report only if it is the run's own and agrees with the runner."""
-    if path.stat().st_size > MAX_REPORT_BYTES:
-        return StrictOutcome(error=f"report larger than {MAX_REPORT_BYTES} bytes")
-    try:
-        report = json.loads(path.read_text())
-        statuses = {str(k): str(v) for k, v in report["statuses"].items()}
-        exitstatus, failed = int(report["exitstatus"]), int(report["testsfailed"])
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
-        return StrictOutcome(error=f"malformed report: {e}")
-    out = StrictOutcome(status_map=sb.status_map_from_outcomes(statuses, repo=repo))
-    if not secrets.compare_digest(str(report.get("nonce", "")), nonce):
-        out.violations.append("report-forged: the report does not carry this run's nonce")
-    out.violations += [f"runner-tampered: {k}" for k in report.get("tampered", [])]
-    out.violations += [f"plugin-registered: {o}" for o in report.get("plugins", []) if not _trusted_plugin(o)]
+def _status(phases: list[dict]) -> str:
+    """One test's status from its report phases (SWE-bench's names; a failing phase wins)."""
+    status = ""
+    for p in phases:
+        outcome, when = p.get("outcome"), p.get("when")
+        if outcome == "failed":
+            return "FAILED" if when == "call" else "ERROR"
+        if outcome == "skipped" and p.get("xfail") and p.get("untrusted"):
+            return "FAILED"
+        if outcome == "skipped":
+            status = "XFAIL" if p.get("xfail") else "SKIPPED"
+        elif when == "call":
+            status = "XPASS" if p.get("xfail") else "PASSED"
+    return status
+
+
+def judge_stream(data: bytes, size: int, config: dict, run: SandboxRun, repo: str,
+                 tree_mount: str = TREE_MOUNT) -> StrictOutcome:
+    """Believe the stream only if it is the run's own, complete, in sequence and agrees with the runner."""
+    out = StrictOutcome()
+    if size > MAX_REPORT_BYTES:
+        out.error = f"result stream larger than {MAX_REPORT_BYTES} bytes"
+        return out
+    events: list[dict] = []
+    for i, line in enumerate(data.splitlines()):
+        try:
+            event = json.loads(line)
+        except ValueError:
+            out.violations.append(f"stream-forged: line {i} is not the plugin's")
+            break
+        if not isinstance(event, dict) or event.get("seq") != i or not secrets.compare_digest(
+                str(event.get("nonce", "")), config["nonce"]):
+            out.violations.append(f"stream-forged: line {i} is out of sequence or lacks the run's nonce")
+            break
+        events.append(event)
+    kinds: dict[str, list[dict]] = {}
+    for event in events:
+        kinds.setdefault(str(event.get("t")), []).append(event)
+    ends, collected_events = kinds.get("end", []), kinds.get("collected", [])
+    if len(ends) != 1 or len(collected_events) != 1:
+        out.violations += [] if out.violations else ["stream-forged: not one collection and one end"]
+        if not ends:
+            out.error = "the runner did not finish its session"
+        return out
+    canary = {f"{rel}::{name}": "PASSED" if kind == "pass" else "FAILED"
+              for rel, items in config.get("canaries", {}).items() for name, kind, _ in items}
+    collected = [str(i) for i in collected_events[0].get("ids", [])]
+    phases: dict[str, list[dict]] = {}
+    for p in kinds.get("phase", []):
+        phases.setdefault(str(p.get("id")), []).append(p)
+    all_statuses = {nodeid: _status(ps) for nodeid, ps in phases.items()}
+    for nodeid, ps in phases.items():
+        whens = [str(p.get("when")) for p in ps]
+        if whens not in (["setup"], ["setup", "teardown"], ["setup", "call"], ["setup", "call", "teardown"]):
+            out.violations.append(f"stream-forged: {nodeid} reported phases {whens}")
+            break
+    ghosts = sorted(set(phases) - set(collected))
+    if ghosts:
+        out.violations.append(f"ghost-id: results for ids never collected: {ghosts[:3]}")
+    wrong = {c: all_statuses.get(c, "MISSING") for c, want in canary.items() if all_statuses.get(c) != want}
+    if wrong:
+        out.violations.append(f"canary: {wrong}")
+    out.statuses = {k: v for k, v in all_statuses.items() if k not in canary and v}
+    out.collected = [c for c in collected if c not in canary]
+    out.status_map = sb.status_map_from_outcomes(out.statuses, repo=repo)
+    out.violations += [f"runner-tampered: {k}" for e in kinds.get("tampered", []) for k in e.get("keys", [])]
+    out.violations += [f"plugin-registered: {o}" for e in kinds.get("plugin", [])
+                       if not _trusted_plugin(o := str(e.get("origin")), tree_mount)]
+    out.untrusted_xfail = sorted({str(p.get("id")) for p in kinds.get("phase", []) if p.get("untrusted")})
+    end = ends[0]
+    exitstatus, failed = int(end.get("exitstatus", -1)), int(end.get("testsfailed", -1))
     if exitstatus != run.returncode:
         out.violations.append(f"exit-mismatch: runner said {exitstatus}, process exited {run.returncode}")
-    out.untrusted_xfail = [str(t) for t in report.get("untrusted_xfail", [])]
-    bad = sum(s in ("FAILED", "ERROR") for s in statuses.values()) - len(out.untrusted_xfail)
-    if (exitstatus == 0) != (bad == 0 and failed == 0) or failed != int(report.get("failed_reports", failed)):
+    bad = sum(s in ("FAILED", "ERROR") for s in all_statuses.values()) - len(out.untrusted_xfail)
+    failed_reports = sum(p.get("outcome") == "failed" for p in kinds.get("phase", [])) + len(kinds.get("collect-error", []))
+    if (exitstatus == 0) != (bad == 0 and failed == 0) or failed != failed_reports:
         out.violations.append(f"count-mismatch: exit {exitstatus}, {failed} failed by the runner, "
                               f"{bad} failing tests reported")
     summary = _summary_counts(run.output)
     if summary is not None:
-        mine = {s: sum(v == s for v in statuses.values()) for s in ("PASSED", "FAILED", "ERROR")}
+        mine = {s: sum(v == s for v in all_statuses.values()) for s in ("PASSED", "FAILED", "ERROR")}
         # A test whose call passed but whose teardown errored is counted both ways by the runner.
         if summary.get("failed", 0) != mine["FAILED"] - len(out.untrusted_xfail) or not (
                 mine["PASSED"] <= summary.get("passed", 0) <= mine["PASSED"] + mine["ERROR"]):
@@ -188,10 +372,10 @@ def check_report(path: Path, nonce: str, run: SandboxRun, repo: str) -> StrictOu
     return out
 
 
-def _trusted_plugin(origin: str) -> bool:
+def _trusted_plugin(origin: str, tree_mount: str = TREE_MOUNT) -> bool:
     """Plugins from the venv, the standard library, the grader, conftests or the runner's packages."""
-    if not origin.startswith(TREE_MOUNT + "/"):
-        return origin.startswith(("/usr/", VENV_MOUNT + "/", GRADER_MOUNT + "/")) or not origin.startswith("/")
+    if not origin.startswith(tree_mount + "/"):
+        return origin.startswith(("/usr/", VENV_MOUNT + "/", "/opt/")) or not origin.startswith("/")
     return origin.endswith("/conftest.py") or any(d in origin for d in RUNNER_DIRS)
 
 
