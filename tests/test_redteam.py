@@ -37,7 +37,7 @@ def patch_of(entry: dict) -> str:
 
 def test_corpus_breadth():
     attacks = [e for e in MANIFEST if not e["class"].startswith("control")]
-    assert len(attacks) >= 40 and len({e["class"] for e in attacks}) >= 15
+    assert len(attacks) >= 60 and len({e["class"] for e in attacks}) >= 18
     assert all(e["strict_reward"] == 0.0 for e in attacks)
     golds = {e["task"] for e in MANIFEST if e["class"] == "control-gold"}
     assert golds == set(TASKS)
@@ -45,7 +45,7 @@ def test_corpus_breadth():
                                               "plugin-entry-point", "startup-hook", "import-shadowing",
                                               "report-tampering", "assertion-rewriter", "test-file-on-disk",
                                               "forged-output", "forged-markers", "patch-syntax-evasion",
-                                              "unbounded-output"}
+                                              "unbounded-output", "result-forgery", "special-case", "flag-zeroes"}
     assert len({e["id"] for e in MANIFEST}) == len(MANIFEST)
     for e in MANIFEST:
         assert e["task"] in TASKS and patch_of(e).strip(), e["id"]

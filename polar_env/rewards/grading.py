@@ -43,7 +43,13 @@ from polar_env.rewards.sandbox_exec import (
     prepare_tree_owner,
     run_sandboxed,
 )
-from polar_env.rewards.strict_run import PASSING, StrictUnsupported, run_perturbed, run_strict
+from polar_env.rewards.strict_run import (
+    PASSING,
+    StrictUnsupported,
+    perturbed_disagreement,
+    run_perturbed,
+    run_strict,
+)
 from polar_env.rewards.workspace import GradingTree, PatchRefused
 from polar_env.tasks.env import EnvBuildError, ensure_task_env
 from polar_env.tasks.models import Task
@@ -278,29 +284,23 @@ def against_gold(task: Task, run: TestRun, gold: TestRun) -> list[str]:
     ghosts = sorted(set(run.collected) - set(gold.collected))
     if ghosts:
         found.append(f"ghost-id: collected ids the gold run never collected: {ghosts[:3]}")
-    regressed = {t: run.status_map.get(t, "MISSING") for t in [*task.FAIL_TO_PASS, *task.PASS_TO_PASS]
-                 if gold.status_map.get(t) in PASSING and run.status_map.get(t) != gold.status_map[t]}
+    # a plain failure (FAILED, ERROR, MISSING) already fails the report; this catches the rest
+    regressed = {t: run.status_map[t] for t in [*task.FAIL_TO_PASS, *task.PASS_TO_PASS]
+                 if gold.status_map.get(t) in PASSING and run.status_map.get(t, "FAILED") not in
+                 (gold.status_map[t], "FAILED", "ERROR")}
     if regressed:
         found.append(f"gold-status: {len(regressed)} tests the gold run passed did not, e.g. "
                      + ", ".join(f"{t}={s}" for t, s in list(regressed.items())[:3]))
     return found
 
 
-def perturbed_disagreement(task: Task, tree: Path, venv: Path, timeout_s: float) -> list[str]:
+def perturbed_findings(task: Task, tree: Path, venv: Path, timeout_s: float) -> list[str]:
     """Run the F2P tests perturbed (`run_perturbed`); each must pass there too."""
     env = {k: v.replace("{testbed}", TREE_MOUNT) for k, v in task.environment.env.items()}
     try:
-        perturbed = run_perturbed(task, tree, venv, env, timeout_s)
+        return perturbed_disagreement(run_perturbed(task, tree, venv, env, timeout_s))
     except (SandboxUnavailable, OSError) as e:
         return [f"perturbed-run: sandbox: {e}"]
-    if perturbed.run is not None and perturbed.run.timed_out:
-        return ["perturbed-run: timed out"]
-    out = perturbed.outcome
-    if not out.valid:
-        return [f"perturbed-run: {(out.error or '; '.join(out.violations))[:300]}"]
-    differ = {t: out.statuses.get(new, "MISSING") for t, new in perturbed.renamed.items()
-              if out.statuses.get(new) != "PASSED"}
-    return [f"perturbed-run: F2P tests that pass only when graded: {differ}"] if differ else []
 
 
 def grade(
@@ -380,7 +380,7 @@ def _grade(task: Task, model_patch: str, result: GradeResult, *, timeout_s: floa
                               t0, gold.infra_kind if gold.infra_error else FailureKind.task_defect)
             found = against_gold(task, strict, gold)
             if not found and _mode_result(task, strict).resolved:
-                found = perturbed_disagreement(task, gtree.tree, venv, timeout_s)
+                found = perturbed_findings(task, gtree.tree, venv, timeout_s)
             result.timings["evidence_s"] = time.monotonic() - t_ref
             strict.violations += found
             if found:

@@ -12,6 +12,11 @@ A fresh container of the image (``--network none``, limits, nothing mounted but 
 
 This is SWE-bench's procedure (docs/rewards.md calls it the ``swebench`` mode): the test files the
 test patch touches are reset, nothing else. The deadline kills everything in the container.
+
+For a pytest task the ``strict`` mode runs too, in a second fresh container (`image_strict`): the
+allowed-path reset, the grader's runner and result stream, canaries, the gold patch's run in the
+same image as evidence, and every tampering flag scoring 0. It is the record's verdict, as in
+bubblewrap grading; ``swebench`` stays beside it in ``modes``.
 """
 
 from __future__ import annotations
@@ -19,13 +24,28 @@ from __future__ import annotations
 import asyncio
 import shlex
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 from polar_env.outcomes import FailureKind
 from polar_env.rewards import swebench_compat as sb
-from polar_env.rewards.grading import LOG_TAIL_CHARS, GradeResult, GradingMode, _finish, _infra, eval_script
+from polar_env.rewards.flags import is_tamper
+from polar_env.rewards.grading import (
+    LOG_TAIL_CHARS,
+    GradeResult,
+    GradingMode,
+    ModeResult,
+    TestRun,
+    _finish,
+    _infra,
+    _mode_result,
+    against_gold,
+    eval_script,
+)
+from polar_env.rewards.image_strict import StrictImageError, perturbed_in_box, strict_in_box
 from polar_env.rewards.patch import ApplyMethod
+from polar_env.rewards.strict_run import StrictUnsupported, perturbed_disagreement, pytest_args
 from polar_env.sandbox.base import SandboxSpec
 from polar_env.sandbox.container import ContainerError, ContainerSandbox
 from polar_env.tasks.models import Task
@@ -75,9 +95,90 @@ def grading_plan(task: Task, image: str) -> tuple[str, str, object | None]:
 
 
 def grade_in_image(task: Task, model_patch: str | None, *, engine: str, image: str,
-                   timeout_s: float = 900.0) -> GradeResult:
-    """Grade ``model_patch`` for ``task`` in a fresh container of ``image``. Never raises for agent faults."""
-    return asyncio.run(_grade(task, model_patch or "", engine=engine, image=image, timeout_s=timeout_s))
+                   timeout_s: float = 900.0, mode: GradingMode = GradingMode.strict) -> GradeResult:
+    """Grade ``model_patch`` for ``task`` in fresh containers of ``image`` (both modes; the verdict is
+    ``mode``'s, strict where the task runs pytest). Never raises for agent faults."""
+    result = asyncio.run(_grade(task, model_patch or "", engine=engine, image=image, timeout_s=timeout_s))
+    try:
+        pytest_args(task)
+    except StrictUnsupported:
+        return result  # not pytest: SWE-bench's procedure is all there is
+    if result.is_infrastructure_failure or result.failure_kind in (FailureKind.empty_patch, FailureKind.apply_failed):
+        return result
+    t0 = time.monotonic()
+    swebench = ModeResult(resolved=result.resolved, reward=result.reward, failure_kind=result.failure_kind,
+                          fail_to_pass=result.fail_to_pass, pass_to_pass=result.pass_to_pass, error=result.error,
+                          tests_s=result.timings.get("tests_s", 0.0))
+    try:
+        strict, evidence, reset = asyncio.run(_strict(task, model_patch or "", engine=engine, image=image,
+                                                      timeout_s=timeout_s))
+    except StrictImageError as e:
+        return _infra(result, f"strict: {e}"[:2000], t0, FailureKind.task_defect if e.task_defect
+                      else FailureKind.infrastructure)
+    except (ContainerError, OSError) as e:
+        return _infra(result, f"container: {e}", t0)
+    result.modes = {GradingMode.strict: strict, GradingMode.swebench: swebench}
+    result.flags, result.flag_evidence, result.reset_paths = sorted(evidence), evidence, reset
+    tamper = [f for f in result.flags if is_tamper(f)]
+    if tamper and strict.reward:
+        strict.resolved, strict.reward, strict.error = False, 0.0, f"tampering flag(s): {', '.join(tamper)}"
+    result.mode = mode
+    chosen = result.modes[mode]
+    result.resolved, result.reward, result.failure_kind = chosen.resolved, chosen.reward, chosen.failure_kind
+    result.error, result.fail_to_pass, result.pass_to_pass = chosen.error, chosen.fail_to_pass, chosen.pass_to_pass
+    result.timings["tests_strict_s"] = strict.tests_s
+    if strict.reward != swebench.reward:
+        result.disagreement = strict.error or "strict runs the tests the grader's way"
+    return result
+
+
+_GOLD: dict[str, TestRun] = {}
+_GOLD_LOCK = threading.Lock()
+
+
+async def _strict_run(task: Task, patch: str, *, engine: str, image: str, timeout_s: float,
+                      gold: TestRun | None = None) -> dict:
+    """The strict run in a fresh container; with ``gold``, judged against it, and perturbed if it resolves."""
+    box = await asyncio.to_thread(ContainerSandbox.create, None, spec=GRADING_SPEC, image=image, engine=engine)
+    try:
+        done = await strict_in_box(task, box, patch, timeout_s)
+        run = done.get("run")
+        if gold is not None and run is not None and not run.timed_out:
+            found = against_gold(task, run, gold)
+            if not found and _mode_result(task, run).resolved:
+                found = perturbed_disagreement(await perturbed_in_box(task, box, timeout_s))
+            if found:
+                run.violations += found
+                run.valid, run.error = False, "; ".join(run.violations)
+        return done
+    finally:
+        await box.destroy()
+
+
+async def _strict(task: Task, patch: str, *, engine: str, image: str,
+                  timeout_s: float) -> tuple[ModeResult, dict[str, str], dict[str, str]]:
+    """The strict mode in the image, judged against the gold patch's strict run in the same image."""
+    key = f"{task.instance_id}:{image}:{hash((task.patch, task.test_patch))}"
+    with _GOLD_LOCK:
+        gold = _GOLD.get(key)
+    if gold is None:
+        gold = (await _strict_run(task, task.patch, engine=engine, image=image, timeout_s=timeout_s))["run"]
+        if not gold.valid:
+            raise StrictImageError(f"the gold patch has no valid strict run in the image: {gold.error}"[:600],
+                                   task_defect=True)
+        with _GOLD_LOCK:
+            _GOLD[key] = gold
+    done = await _strict_run(task, patch, engine=engine, image=image, timeout_s=timeout_s, gold=gold)
+    if "refused" in done:
+        return ModeResult(failure_kind=FailureKind.apply_failed, error=done["refused"]), {"patch-refused": ""}, {}
+    run: TestRun = done["run"]
+    evidence = dict(done["flags"])
+    evidence.update({f"reset:{r}": p for p, r in done["reset_paths"].items()})
+    for v in run.violations:
+        evidence.setdefault(v.split(":")[0], v)
+    if run.untrusted_xfail:
+        evidence.setdefault("untrusted-xfail", ", ".join(run.untrusted_xfail[:3]))
+    return _mode_result(task, run), evidence, done["reset_paths"]
 
 
 def run_base_in_image(task: Task, *, engine: str, timeout_s: float = 900.0) -> tuple[dict[str, str], str]:
@@ -169,7 +270,7 @@ def grade_task(task: Task, model_patch: str | None, *, kind: str, timeout_s: flo
 
         return grade_patch(task, model_patch or "", engine=kind)
     if kind in ("docker", "podman"):
-        return grade_in_image(task, model_patch, engine=kind, image=task_image(task), timeout_s=timeout_s)
+        return grade_in_image(task, model_patch, engine=kind, image=task_image(task), timeout_s=timeout_s, mode=mode)
     if not task.base_archive:
         return _infra(GradeResult(instance_id=task.instance_id),
                       f"no grader for {kind} without a base archive: grade with --sandbox podman|docker",

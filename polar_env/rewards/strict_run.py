@@ -71,12 +71,17 @@ def _ini_value(value: object) -> str:
     return str(value)
 
 
-def base_pytest_options(tree: Path, directives: list[str]) -> dict[str, str]:
-    """The options of the config file pytest would pick from the (reset) tree, as pytest finds it."""
+def config_dirs(directives: list[str]) -> list[PurePosixPath]:
+    """The directories pytest looks in for its config file, nearest first."""
     dirs = [PurePosixPath(d).parent if d.endswith(".py") or "::" in d else PurePosixPath(d)
             for d in (x.split("::")[0] for x in directives)] or [PurePosixPath(".")]
     common = PurePosixPath(os.path.commonpath([str(d) for d in dirs])) if dirs else PurePosixPath(".")
-    for here in [common, *common.parents]:
+    return [common, *common.parents]
+
+
+def base_pytest_options(tree: Path, directives: list[str]) -> dict[str, str]:
+    """The options of the config file pytest would pick from the (reset) tree, as pytest finds it."""
+    for here in config_dirs(directives):
         for name, section in CONFIG_FILES:
             path = tree / here / name
             if not path.is_file() or path.is_symlink():
@@ -251,6 +256,43 @@ def _rename_f2p(tree: Path, f2p: list[str], prefix: str) -> dict[str, str]:
     return renamed
 
 
+@dataclass
+class PerturbedPlan:
+    """Everything random about one perturbed run (names, paths), and the grader files it needs."""
+
+    renamed: dict[str, str]  # graded F2P id -> its id in the perturbed run
+    files: dict[str, str]  # renamed test file: graded path -> perturbed path
+    mount: str
+    grader_mount: str
+    config: dict
+
+
+def plan_perturbed(task: Task, copy: Path, config_tree: Path, grader_dir: Path, *, venv: Path | None = None,
+                   plugins: list[str] | None = None) -> PerturbedPlan:
+    """Rename the F2P test files and functions in ``copy`` and write the perturbed run's grader files
+    (plugin under a random module name, ini with ``python_functions`` the random prefix, a runner script
+    that shows a random ``argv[0]``) into ``grader_dir``. Raises ValueError for a test file that is a link."""
+    unittest = any("TestCase" in (copy / test_file_of(t)).read_text() for t in task.FAIL_TO_PASS if "::" in t)
+    prefix = "test_" if unittest else _random_name()[:6] + "_"  # unittest collects test* only
+    before = {test_file_of(t) for t in task.FAIL_TO_PASS if "::" in t}
+    renamed = _rename_f2p(copy, task.FAIL_TO_PASS, prefix)
+    files = {test_file_of(old): test_file_of(new) for old, new in renamed.items() if test_file_of(old) in before}
+    module, mount, grader_mount = _random_name(), "/srv/" + _random_name(), "/opt/" + _random_name()
+    grader_dir.mkdir(parents=True, exist_ok=True)
+    (grader_dir / f"{module}.py").write_text(PLUGIN_SRC.read_text())
+    options = {**base_pytest_options(config_tree, task.test_directives), "python_functions": prefix}
+    (grader_dir / "pytest.ini").write_text(render_ini(options))
+    plugin_args = [p for m in (plugins if plugins is not None else venv_plugins(venv)) for p in ("-p", m)]
+    argv = ["-c", f"{grader_mount}/pytest.ini", f"--rootdir={mount}", f"--confcutdir={mount}", "-p", "no:cacheprovider",
+            "-p", module, *plugin_args, *pytest_args(task), *dict.fromkeys(renamed.values())]
+    (grader_dir / "main.py").write_text(
+        f"import sys\nimport pytest\nsys.argv[:] = [{'/usr/local/bin/' + _random_name()!r}]\n"
+        f"raise SystemExit(pytest.main({argv!r}))\n")
+    canaries = make_canaries([test_file_of(t) for t in renamed.values()], prefix)
+    config = {"nonce": secrets.token_hex(16), "canaries": canaries, "perturb": True}
+    return PerturbedPlan(renamed, files, mount, grader_mount, config)
+
+
 def run_perturbed(task: Task, tree: Path, venv: Path, env: dict[str, str], timeout_s: float) -> Perturbed:
     """The F2P tests once more, where nothing says "graded test run": renamed modules and functions, the
     tree at another path, another hostname and argv[0], no ``-P``, no ``PYTEST_*`` variable visible."""
@@ -258,27 +300,28 @@ def run_perturbed(task: Task, tree: Path, venv: Path, env: dict[str, str], timeo
         copy = Path(tmp) / "tree"
         shutil.copytree(tree, copy, symlinks=True)
         try:
-            unittest = any("TestCase" in (tree / test_file_of(t)).read_text() for t in task.FAIL_TO_PASS if "::" in t)
-            prefix = "test_" if unittest else _random_name()[:6] + "_"  # unittest collects test* only
-            renamed = _rename_f2p(copy, task.FAIL_TO_PASS, prefix)
+            plan = plan_perturbed(task, copy, tree, Path(tmp) / "grader", venv=venv)
         except (ValueError, OSError, UnicodeDecodeError) as e:
             return Perturbed(StrictOutcome(violations=[f"perturbed-run: {e}"]), {})
-        module, mount = _random_name(), "/srv/" + _random_name()
-        grader_mount = "/opt/" + _random_name()
-        grader_dir = _grader_dir(Path(tmp), task, tree, module, python_functions=prefix)
-        options = _pytest_options(task, venv, grader_mount, mount, module)
-        (grader_dir / "main.py").write_text(
-            f"import sys\nimport pytest\nsys.argv[:] = [{'/usr/local/bin/' + _random_name()!r}]\n"
-            f"raise SystemExit(pytest.main({[*options, *dict.fromkeys(renamed.values())]!r}))\n")
-        run_env = {k: v.replace(TREE_MOUNT, mount) for k, v in env.items()}
+        run_env = {k: v.replace(TREE_MOUNT, plan.mount) for k, v in env.items()}
         run_env.update({"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONNOUSERSITE": "1"})
-        canaries = make_canaries([test_file_of(t) for t in renamed.values()], prefix)
-        config = {"nonce": secrets.token_hex(16), "canaries": canaries, "perturb": True}
-        run, data, size = _run_with_stream(["python", f"{grader_mount}/main.py"], tree=copy, venv=venv,
-                                           env=run_env, timeout_s=timeout_s, grader_dir=grader_dir,
-                                           grader_mount=grader_mount, config=config, tree_mount=mount,
-                                           hostname=_random_name())
-    return Perturbed(judge_stream(data, size, config, run, task.repo, tree_mount=mount), renamed, run)
+        run, data, size = _run_with_stream(["python", f"{plan.grader_mount}/main.py"], tree=copy, venv=venv,
+                                           env=run_env, timeout_s=timeout_s, grader_dir=Path(tmp) / "grader",
+                                           grader_mount=plan.grader_mount, config=plan.config,
+                                           tree_mount=plan.mount, hostname=_random_name())
+    return Perturbed(judge_stream(data, size, plan.config, run, task.repo, tree_mount=plan.mount), plan.renamed, run)
+
+
+def perturbed_disagreement(perturbed: Perturbed) -> list[str]:
+    """Each F2P test must pass in the perturbed run too (the graded run already passed it)."""
+    out = perturbed.outcome
+    if perturbed.run is not None and perturbed.run.timed_out:
+        return ["perturbed-run: timed out"]
+    if not out.valid:
+        return [f"perturbed-run: {(out.error or '; '.join(out.violations))[:300]}"]
+    differ = {t: out.statuses.get(new, "MISSING") for t, new in perturbed.renamed.items()
+              if out.statuses.get(new) != "PASSED"}
+    return [f"perturbed-run: F2P tests that pass only when graded: {differ}"] if differ else []
 
 
 def _status(phases: list[dict]) -> str:

@@ -142,10 +142,13 @@ class GradingTree:
                 self.git("checkout", self.base, "--", rel)
 
     def import_roots(self, task: Task) -> dict[str, set[str]]:
-        """The tree root plus in-tree PYTHONPATH entries -> their top-level module names at base."""
-        roots = {""}
-        for entry in task.environment.env.get("PYTHONPATH", "").split(":"):
-            if entry.startswith("{testbed}"):
-                roots.add(entry.removeprefix("{testbed}").strip("/"))
-        files = self.base_files()
-        return {root: path_policy.top_level_modules(files, root) for root in roots}
+        return import_roots(task, self.base_files())
+
+
+def import_roots(task: Task, files: list[str]) -> dict[str, set[str]]:
+    """The tree root plus in-tree PYTHONPATH entries -> their top-level module names among ``files`` (base)."""
+    roots = {""}
+    for entry in task.environment.env.get("PYTHONPATH", "").split(":"):
+        if entry.startswith("{testbed}"):
+            roots.add(entry.removeprefix("{testbed}").strip("/"))
+    return {root: path_policy.top_level_modules(files, root) for root in roots}

@@ -1,0 +1,218 @@
+"""`strict` grading inside the task's own image: the bubblewrap grader's layers, run in a container.
+
+A fresh container of the image, then, as the unprivileged sandbox uid, with git reading no user or
+system configuration and running no hooks or fsmonitor: `git apply` the agent's patch, list every
+changed path against the tree recorded at creation, restore each that is not project source
+(`path_policy`, the same rule as bubblewrap grading) and the test files, apply the test patch.
+Root then hands the tree and the grader's files to root (the tests cannot write either, as the
+read-only bind does in bubblewrap). The tests run through the grader's runner script (no current
+directory on ``sys.path``, plugin autoload off, the image's installed ``pytest11`` plugins named,
+the grader's ini from the reset tree's configuration), with `report_plugin` reading its
+configuration from stdin and writing its result stream to a descriptor that is the exec's stdout,
+while pytest's own output goes to stderr. The stream is judged exactly as in bubblewrap
+(`strict_run.judge_stream`: sequence, nonce, canaries, ids, counts), then against the gold patch's
+run in the same image (`grading.against_gold`), and every tampering flag scores 0.
+`perturbed_in_box` is the perturbed second run of the F2P tests (`strict_run.plan_perturbed`: renamed
+files and functions, the tree copied to ``/srv/<random>``, a random ``argv[0]``, no ``PYTEST_*``
+visible); the container's host name stays the one it was created with.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import shlex
+import tempfile
+import time
+from pathlib import Path
+
+from polar_env.rewards import path_policy
+from polar_env.rewards.flags import tampering_flags
+from polar_env.rewards.sandbox_exec import SandboxRun
+from polar_env.rewards.strict_run import (
+    CONFIG_FILES,
+    PLUGIN_MODULE,
+    PLUGIN_SRC,
+    Perturbed,
+    StrictOutcome,
+    base_pytest_options,
+    config_dirs,
+    judge_stream,
+    make_canaries,
+    plan_perturbed,
+    pytest_args,
+    render_ini,
+    test_file_of,
+)
+from polar_env.rewards.workspace import import_roots
+from polar_env.sandbox.container import BASE_FILE, ContainerSandbox, engine_run
+from polar_env.tasks.models import Task
+
+GRADER_INSIDE = "/opt/polar-grader"
+TREE = "/testbed"
+GIT = ("git -c core.hooksPath=/dev/null -c core.fsmonitor=false -c diff.external= -c core.quotepath=false "
+       "-c safe.directory='*'")
+GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_TERMINAL_PROMPT": "0"}
+MAX_STREAM_BYTES = 16 << 20
+CHANGES = f"""set -e
+cd {TREE}
+base=$(cat {BASE_FILE})
+export GIT_INDEX_FILE=$(mktemp)
+{GIT} read-tree "$base"
+{GIT} add -A -f -- .
+{GIT} diff --cached --name-only -z --no-renames "$base"
+printf '\\0\\0'
+{GIT} ls-tree -r --name-only -z "$base"
+"""
+SOURCE_DIFF = f"""cd {TREE}
+base=$(cat {BASE_FILE})
+export GIT_INDEX_FILE=$(mktemp)
+{GIT} read-tree "$base" && {GIT} add -A -f -- . && {GIT} diff --cached --no-color --no-ext-diff "$base" -- "$@"
+"""
+RESTORE = f"""set -e
+cd {TREE}
+base=$(cat {BASE_FILE})
+for p in "$@"; do
+  rm -rf -- "$p"
+  if {GIT} cat-file -e "$base:$p" 2>/dev/null; then {GIT} checkout "$base" -- "$p"; fi
+done
+{GIT} apply -v - || {{ echo 'POLAR: test patch did not apply'; exit 97; }}
+"""
+# what the image's interpreter has installed, read without the tree on the path (-I: isolated)
+PLUGINS = ("cd / && python -I -c \"import importlib.metadata as m\n"
+           "eps = m.entry_points()\n"
+           "eps = eps.select(group='pytest11') if hasattr(eps, 'select') else eps.get('pytest11', [])\n"
+           "print(' '.join(sorted({e.value.split(':')[0].strip() for e in eps})))\"")
+CONFIGS = ("cd / && python -I -c \"import json, subprocess, sys\n"
+           "out = {}\n"
+           "for p in sys.argv[1:]:\n"
+           "    r = subprocess.run(['cat', '/testbed/' + p], capture_output=True)\n"
+           "    if r.returncode == 0: out[p] = r.stdout.decode('utf-8', 'replace')\n"
+           "print(json.dumps(out))\" \"$@\"")
+
+
+class StrictImageError(Exception):
+    """The strict run could not be set up (an infrastructure or task fault, never the agent's)."""
+
+    def __init__(self, message: str, task_defect: bool = False):
+        super().__init__(message)
+        self.task_defect = task_defect
+
+
+def _config_candidates(directives: list[str]) -> list[str]:
+    return [str(here / name) for here in config_dirs(directives) for name, _ in CONFIG_FILES]
+
+
+async def _root(box: ContainerSandbox, script: str) -> None:
+    await asyncio.to_thread(engine_run, box.exec_argv(["sh", "-c", script], {}, user="0"))
+
+
+async def _plugins(box: ContainerSandbox) -> list[str]:
+    return (await box.run(["sh", "-c", PLUGINS], timeout_s=60)).stdout_tail.split()
+
+
+async def _fetch(box: ContainerSandbox, dest: Path, paths: list[str], tree: str = TREE) -> Path:
+    """Copy the text of those of ``paths`` that exist in the container's ``tree`` to ``dest`` (host)."""
+    got = await box.run(["sh", "-c", CONFIGS.replace("/testbed/", tree + "/"), "sh", *paths], timeout_s=60,
+                        max_output_bytes=32 << 20)
+    dest.mkdir(parents=True, exist_ok=True)
+    for rel, text in json.loads(got.stdout_tail or "{}").items():
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        (dest / rel).write_text(text)
+    return dest
+
+
+async def _run_stream(task: Task, box: ContainerSandbox, tree: str, grader: str, config: dict,
+                      timeout_s: float) -> tuple[SandboxRun, StrictOutcome]:
+    """Run the grader's script in ``grader`` on ``tree`` as the sandbox uid; judge its result stream."""
+    exports = {k: v.replace("{testbed}", tree) for k, v in task.environment.env.items()}
+    script = (f"cd {tree} && export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTHONNOUSERSITE=1 "
+              f"POLAR_GRADER_CONFIG_FD=0 POLAR_GRADER_RESULT_FD=3 && exec 3>&1 1>&2 && "
+              f"exec python {grader}/main.py")
+    t0 = time.monotonic()
+    ran = await box.run(["bash", "-c", script], env=exports, stdin=json.dumps(config).encode(),
+                        timeout_s=timeout_s, max_output_bytes=MAX_STREAM_BYTES)
+    run = SandboxRun(ran.exit_code if ran.exit_code is not None else -9, ran.stderr_tail, ran.timed_out,
+                     time.monotonic() - t0)
+    outcome = StrictOutcome(error="timed out") if ran.timed_out else judge_stream(
+        ran.stdout_tail.encode("utf-8", "surrogateescape"), ran.stdout_bytes, config, run, task.repo, tree_mount=tree)
+    return run, outcome
+
+
+async def perturbed_in_box(task: Task, box: ContainerSandbox, timeout_s: float) -> Perturbed:
+    """The perturbed F2P run in ``box``, after `strict_in_box` (the reset, test-patched tree is root's)."""
+    with tempfile.TemporaryDirectory(prefix="polar-image-perturbed-") as tmp:
+        f2p_files = sorted({test_file_of(t) for t in task.FAIL_TO_PASS if "::" in t})
+        copy = await _fetch(box, Path(tmp) / "tests", f2p_files)
+        cfg_tree = await _fetch(box, Path(tmp) / "cfg", _config_candidates(task.test_directives))
+        try:
+            plan = plan_perturbed(task, copy, cfg_tree, Path(tmp) / "grader", plugins=await _plugins(box))
+        except (ValueError, OSError, UnicodeDecodeError) as e:
+            return Perturbed(StrictOutcome(violations=[f"perturbed-run: {e}"]), {})
+        await _root(box, f"cp -a {TREE} {plan.mount} && rm -f -- "
+                         + " ".join(f"{plan.mount}/{shlex.quote(old)}" for old in plan.files))
+        for new in plan.files.values():
+            await box.copy_in(copy / new, f"{plan.mount}/{new}")
+        await box.copy_in(Path(tmp) / "grader", plan.grader_mount)
+        await _root(box, f"chown -hR 0:0 {plan.mount} {plan.grader_mount} && chmod -R go-w {plan.mount}")
+    run, outcome = await _run_stream(task, box, plan.mount, plan.grader_mount, plan.config, timeout_s)
+    return Perturbed(outcome, plan.renamed, run)
+
+
+async def strict_in_box(task: Task, box: ContainerSandbox, patch: str, timeout_s: float) -> dict:
+    """Apply ``patch`` and run the tests the strict way in ``box`` (a fresh container of the image).
+
+    Returns ``{"refused": git's words}``, or ``{"run": TestRun, "flags": {category: evidence},
+    "reset_paths": {path: rule}}``; raises StrictImageError when the run cannot be set up.
+    """
+    from polar_env.rewards.grading import TestRun
+
+    env = GIT_ENV
+    if patch.strip():
+        applied = await box.run(["sh", "-c", f"cd {TREE} && {GIT} apply --verbose -"], env=env,
+                                stdin=patch.encode("utf-8", "surrogateescape"), timeout_s=120)
+        if applied.exit_code != 0:
+            return {"refused": (applied.stdout_tail + applied.stderr_tail)[-4000:]}
+    listed = await box.run(["bash", "-c", CHANGES], env=env, timeout_s=300, max_output_bytes=64 << 20)
+    if listed.exit_code != 0:
+        raise StrictImageError(f"listing changes failed: {listed.stderr_tail[-500:]}")
+    changed_s, _, files_s = listed.stdout_tail.partition("\0\0")
+    changed = [p for p in changed_s.split("\0") if p]
+    files = [p for p in files_s.split("\0") if p]
+    roots = import_roots(task, files)
+    reset = {p: r for p in changed if (r := path_policy.non_source_reason(p, roots))}
+    kept = [p for p in changed if p not in reset]
+    flags: dict[str, str] = {}
+    if kept:
+        diff = await box.run(["bash", "-c", SOURCE_DIFF, "bash", *kept], env=env, timeout_s=300,
+                             max_output_bytes=16 << 20)
+        flags = tampering_flags(diff.stdout_tail, task.repo, task.problem_statement)
+    paths = sorted(dict.fromkeys([*task.test_files(), *reset]), key=lambda p: (p.count("/"), p))
+    restored = await box.run(["bash", "-c", RESTORE, "bash", *paths], env=env, timeout_s=300,
+                             stdin=task.test_patch.encode("utf-8", "surrogateescape"))
+    if restored.exit_code == 97:
+        raise StrictImageError(f"test patch did not apply cleanly:\n{restored.stdout_tail[-2000:]}", task_defect=True)
+    if restored.exit_code != 0:
+        raise StrictImageError(f"reset failed: {restored.stderr_tail[-500:]}")
+    plugins = await _plugins(box)
+    with tempfile.TemporaryDirectory(prefix="polar-image-strict-") as tmp:
+        cfg_tree = await _fetch(box, Path(tmp) / "cfg", _config_candidates(task.test_directives))
+        grader = Path(tmp) / "grader"
+        grader.mkdir()
+        (grader / f"{PLUGIN_MODULE}.py").write_text(PLUGIN_SRC.read_text())
+        (grader / "pytest.ini").write_text(render_ini(base_pytest_options(cfg_tree, task.test_directives)))
+        options = ["-c", f"{GRADER_INSIDE}/pytest.ini", f"--rootdir={TREE}", f"--confcutdir={TREE}",
+                   "-p", "no:cacheprovider", "-p", PLUGIN_MODULE,
+                   *[x for m in plugins for x in ("-p", m)], *pytest_args(task),
+                   *task.test_directives]
+        (grader / "main.py").write_text(f"import pytest\nraise SystemExit(pytest.main({options!r}))\n")
+        await box.copy_in(grader, GRADER_INSIDE)
+    await _root(box, f"chown -hR 0:0 {GRADER_INSIDE} {TREE} && chmod -R go-w {TREE} {GRADER_INSIDE}")
+    canaries = make_canaries([test_file_of(t) for t in task.FAIL_TO_PASS if "::" in t])
+    config = {"nonce": secrets.token_hex(16), "canaries": canaries}
+    run, outcome = await _run_stream(task, box, TREE, GRADER_INSIDE, config, timeout_s)
+    out = TestRun(timed_out=run.timed_out, log=run.output, seconds=run.seconds, status_map=outcome.status_map,
+                  valid=outcome.valid, collected=outcome.collected, violations=outcome.violations,
+                  error=outcome.error or "; ".join(outcome.violations), untrusted_xfail=outcome.untrusted_xfail)
+    return {"run": out, "flags": flags, "reset_paths": reset}
