@@ -101,6 +101,36 @@ def test_corpus_through_polar_eval(tmp_path: Path):
         print(f"  {cls}: {n} x reward {reward}")
 
 
+# flask's image (the grading of container tasks): a control and one attack per layer of strict
+IMAGE_SUBSET = ["gold-pallets__flask-5014", "conftest-append", "code-swapped-in-place", "stream-rewritten-at-exit",
+                "p2p-turned-skipped", "sc-cwd-hidden", "sc-pytest-in-sys-modules"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("podman") is None, reason="image grading needs podman (scripts/setup_podman.sh)")
+def test_container_classes_in_podman_image_grading():
+    """Image grading (`grade_task` with kind podman) gives the corpus's strict rewards too: the conftest
+    hook, a forged result, a P2P test turned SKIPPED and a special-cased fix all get 0, the gold 1.0."""
+    from polar_env.rewards.image_grading import grade_task
+    from polar_env.tasks.images import ensure_task_image
+
+    task = TASKS["pallets__flask-5014"]
+    task = task.model_copy(update={"image": ensure_task_image(task, "podman"), "base_archive": None})
+    entries = {e["id"]: e for e in MANIFEST}
+    wrong = []
+    t0 = time.monotonic()
+    for eid in IMAGE_SUBSET:
+        r = grade_task(task, patch_of(entries[eid]), kind="podman")
+        if r.reward != entries[eid]["strict_reward"] or r.failure_kind.outside_policy or r.mode != "strict":
+            wrong.append((eid, r.reward, r.failure_kind, r.error[:300]))
+        if eid.startswith("gold-"):
+            assert r.modes["swebench"].reward == 1.0 and not r.flags, (r.flags, r.disagreement)
+        else:
+            assert r.flags, eid
+    assert wrong == [], wrong
+    print(f"\nimage grading: {len(IMAGE_SUBSET)} patches in {time.monotonic() - t0:.0f}s")
+
+
 # two attacks (the controls run through the same grader in the corpus test and in test_demo's gold run)
 HARNESS_SUBSET = ["conftest-append", "report-from-item-and-call"]
 
