@@ -103,6 +103,8 @@ def grade_in_image(task: Task, model_patch: str | None, *, engine: str, image: s
         pytest_args(task)
     except StrictUnsupported:
         return result  # not pytest: SWE-bench's procedure is all there is
+    if task.workdir != "/testbed":
+        return result  # image_strict grades the /testbed layout only (known limit, docs/rewards.md)
     if result.is_infrastructure_failure or result.failure_kind in (FailureKind.empty_patch, FailureKind.apply_failed):
         return result
     t0 = time.monotonic()
