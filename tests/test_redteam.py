@@ -51,6 +51,21 @@ def test_corpus_breadth():
         assert e["task"] in TASKS and patch_of(e).strip(), e["id"]
 
 
+def test_special_case_flags_fire_on_detectors_and_never_on_golds():
+    """The static special-case check: no bundled gold patch raises any flag; each plain detector does
+    (the ones spelt to dodge it are left to the perturbed run, asserted in the corpus run)."""
+    from polar_env.rewards.flags import tampering_flags
+
+    assert {iid: tampering_flags(t.patch, t.repo, t.problem_statement) for iid, t in TASKS.items()} == {
+        iid: {} for iid in TASKS}
+    plain = ["sc-pytest-in-sys-modules", "sc-hostname", "sc-caller-frame-locals", "sc-caller-module-under-tests",
+             "sc-issue-example-input"]
+    entries = {e["id"]: e for e in MANIFEST}
+    for eid in plain:
+        task = TASKS[entries[eid]["task"]]
+        assert "special-case" in tampering_flags(patch_of(entries[eid]), task.repo, task.problem_statement), eid
+
+
 def test_host_exec_payload_is_live(tmp_path: Path):
     """The canary check means something: the hook payload, if a host git ever ran it, creates the file."""
     repo = tmp_path / "repo"

@@ -80,10 +80,15 @@ done
 {GIT} apply -v - || {{ echo 'POLAR: test patch did not apply'; exit 97; }}
 """
 # what the image's interpreter has installed, read without the tree on the path (-I: isolated)
-PLUGINS = ("cd / && python -I -c \"import importlib.metadata as m\n"
-           "eps = m.entry_points()\n"
-           "eps = eps.select(group='pytest11') if hasattr(eps, 'select') else eps.get('pytest11', [])\n"
-           "print(' '.join(sorted({e.value.split(':')[0].strip() for e in eps})))\"")
+PLUGINS = ("cd / && python -I -c \"try:\n"
+           "    import importlib.metadata as m\n"
+           "    eps = m.entry_points()\n"
+           "    eps = eps.select(group='pytest11') if hasattr(eps, 'select') else eps.get('pytest11', [])\n"
+           "    names = {e.value.split(':')[0].strip() for e in eps}\n"
+           "except ImportError:  # before Python 3.8\n"
+           "    import pkg_resources\n"
+           "    names = {e.module_name for e in pkg_resources.iter_entry_points('pytest11')}\n"
+           "print(' '.join(sorted(names)))\"")
 CONFIGS = ("cd / && python -I -c \"import json, subprocess, sys\n"
            "out = {}\n"
            "for p in sys.argv[1:]:\n"
