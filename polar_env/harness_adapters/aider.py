@@ -11,7 +11,7 @@ and ``--analytics-disable`` turn off its other calls out. History files live in 
 ``--no-auto-commits --no-dirty-commits --no-gitignore`` leave the task's git repository alone; its
 repo-map cache is the one thing it writes into the tree.
 
-Its repo map (ranked definitions of the tree's files, ~8k tokens of the first prompt) is off
+Its repo map (ranked definitions of the tree's files, ~9k tokens of the first prompt) is off
 (``map-tokens: 0``): it came out different in rollouts of one task, split its GRPO groups, and
 neither ``PYTHONHASHSEED=0`` (it ranks from sets keyed by names, so the per-process ``hash()`` salt
 reorders ties) nor ``map-refresh: files`` (in ``auto`` it rebuilds or reuses the map depending on how
@@ -53,7 +53,7 @@ class AiderAdapter(HarnessAdapter):
     # the sentence its udiff system prompt always carries
     text_edit = TextEdit("Return edits similar to unified diffs that `diff -U0` would produce.", udiff_reply)
     noise_dirs = (".aider.tags.cache.v4",)  # its repo-map cache, written in the repository root
-    # a long first prompt on the bundled tasks: the files the task names (and its repo map, before it was off)
+    # ~1.5k first-prompt tokens without its repo map (~11-13k with it); later turns carry the files it edits
     prefill_allowance_s = 480.0
 
     def config_path(self, ctx: HarnessContext) -> str:
