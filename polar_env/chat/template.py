@@ -9,21 +9,28 @@ tool-call arguments are given to the template as a JSON object; arguments that a
 object (custom free-text tools such as Codex's ``apply_patch``) are given as ``{"input": TEXT}``,
 and custom tools are offered as functions taking one string parameter ``input``. The parser does
 not know tool kinds, so a custom tool's call comes back as ``{"input": ...}`` JSON;
-``apply_tool_kinds`` unwraps it given the request's tools.
+``apply_tool_kinds`` unwraps it given the request's tools. Messages are normalised first
+(``chat/normalise.py``: system messages after the first, conversations without a user query).
+
+``enable_thinking`` is given to the template as Qwen3/3.5 templates read it: the renderer's own
+setting (the run's), or a request's (``chat_template_kwargs``), None leaving the template's default.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any, Literal
 
 from polar_env.chat.messages import Message, ToolCall, ToolSpec
+from polar_env.chat.normalise import appended_messages, conversation_messages
 from polar_env.chat.parsers import CALL_OPEN, THINK_OPEN, ParsedOutput, ToolFormat, parse_text
 
 TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
 _FORMAT_TEMPLATES: dict[str, str] = {"hermes": "chatml_hermes_tools", "qwen3_coder": "qwen3_coder_tools"}
 _SENTINEL = "\u2063polar-continuation-base\u2063"  # never produced by a harness
+log = logging.getLogger(__name__)
 
 
 def bundled_template(name: str) -> str:
@@ -39,9 +46,10 @@ class ChatRenderer:
     """A tokenizer plus a tools-aware ChatML template, for rendering prompts and parsing outputs."""
 
     def __init__(self, tokenizer: Any, *, chat_template: str | None = None,
-                 tool_format: Literal["hermes", "qwen3_coder"] = "hermes"):
+                 tool_format: Literal["hermes", "qwen3_coder"] = "hermes", enable_thinking: bool | None = None):
         self.tokenizer = tokenizer
         self.tool_format: ToolFormat = tool_format
+        self.enable_thinking = enable_thinking
         self.chat_template: str = chat_template or tokenizer.chat_template or bundled_template(
             _FORMAT_TEMPLATES[tool_format])
         vocab = tokenizer.get_vocab()
@@ -53,8 +61,8 @@ class ChatRenderer:
         self.eos_token_ids: list[int] = list(dict.fromkeys(i for i in ids if i is not None))
         base = [Message(role="user", content="."), Message(role="assistant", content=_SENTINEL)]
         self._base = [self._message_dict(m) for m in base]
-        prompt = self._render(self._base[:1], [], add_generation_prompt=True)
-        self._prompt_opens_think = prompt.rstrip().endswith(THINK_OPEN)
+        self._opens_think = {flag: self._render(self._base[:1], [], add_generation_prompt=True, enable_thinking=flag)
+                             .rstrip().endswith(THINK_OPEN) for flag in (None, True, False)}
         base_text = self._render(self._base, [], add_generation_prompt=False)
         if _SENTINEL + self.end_of_turn not in base_text:
             raise ValueError("chat template does not end an assistant turn with the end-of-turn token")
@@ -62,26 +70,43 @@ class ChatRenderer:
 
     @classmethod
     def from_pretrained(cls, path: str | Path, *, chat_template: str | None = None,
-                        tool_format: Literal["hermes", "qwen3_coder"] | None = None) -> ChatRenderer:
+                        tool_format: Literal["hermes", "qwen3_coder"] | None = None,
+                        enable_thinking: bool | None = None) -> ChatRenderer:
         """Load the tokenizer at ``path``; ``chat_template`` is template text, a file path or a
-        bundled template name (default: the tokenizer's own template)."""
+        bundled template name (default: the tokenizer's own template; a bundled one only where the
+        directory has none, the Qwen3.5 one for a Qwen3.5 checkpoint, with a warning for any Qwen)."""
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(str(path))
         template = _resolve_template(chat_template) if chat_template else tokenizer.chat_template
         if template is None:
-            template = bundled_template(_FORMAT_TEMPLATES[tool_format or "hermes"])
-        return cls(tokenizer, chat_template=template, tool_format=tool_format or infer_tool_format(template))
+            model_type = _model_type(Path(path))
+            fmt = tool_format or ("qwen3_coder" if model_type.startswith("qwen3_5") else "hermes")
+            template = bundled_template(_FORMAT_TEMPLATES[fmt])
+            if model_type.startswith("qwen"):
+                log.warning("%s (model_type %s) has no chat template: using polar_env's bundled %s.jinja "
+                            "(%s format), not the checkpoint's own", path, model_type, _FORMAT_TEMPLATES[fmt],
+                            "Qwen3.5" if fmt == "qwen3_coder" else "Qwen3 Hermes")
+        return cls(tokenizer, chat_template=template, tool_format=tool_format or infer_tool_format(template),
+                   enable_thinking=enable_thinking)
 
     # ---- rendering -------------------------------------------------------------------------
 
-    def render_prompt(self, messages: list[Message], tools: list[ToolSpec]) -> list[int]:
+    def render_prompt(self, messages: list[Message], tools: list[ToolSpec], *,
+                      enable_thinking: bool | None = None) -> list[int]:
         """Token ids of the whole conversation plus the assistant generation prompt."""
-        text = self._render([self._message_dict(m) for m in messages], [self._tool_dict(t) for t in tools],
-                            add_generation_prompt=True)
-        return self._encode(text)
+        return self._encode(self.render_text(messages, tools, add_generation_prompt=True,
+                                             enable_thinking=enable_thinking))
 
-    def render_continuation(self, appended: list[Message], *, previous_ended_with_eos: bool) -> list[int]:
+    def render_text(self, messages: list[Message], tools: list[ToolSpec], *, add_generation_prompt: bool,
+                    enable_thinking: bool | None = None) -> str:
+        """The template's text of the whole (normalised) conversation."""
+        return self._render([self._message_dict(m) for m in conversation_messages(messages)],
+                            [self._tool_dict(t) for t in tools], add_generation_prompt=add_generation_prompt,
+                            enable_thinking=enable_thinking)
+
+    def render_continuation(self, appended: list[Message], *, previous_ended_with_eos: bool,
+                            enable_thinking: bool | None = None) -> list[int]:
         """Ids that follow a sampled assistant turn: end token (only if the turn was cut), the
         template glue, the appended messages and the generation prompt.
 
@@ -91,8 +116,8 @@ class ChatRenderer:
         token: being a special token, it splits tokenization, so these ids are exactly those of a
         full render. No history is rendered or tokenized.
         """
-        full = self._render(self._base + [self._message_dict(m) for m in appended], [],
-                            add_generation_prompt=True)
+        full = self._render(self._base + [self._message_dict(m) for m in appended_messages(appended)], [],
+                            add_generation_prompt=True, enable_thinking=enable_thinking)
         _, marker, suffix = full.partition(_SENTINEL + self.end_of_turn)
         if not marker or _SENTINEL in suffix or not suffix.startswith(self._glue):
             raise ValueError("chat template renders an assistant turn's end differently when messages follow")
@@ -102,14 +127,19 @@ class ChatRenderer:
     def count_tokens(self, messages: list[Message], tools: list[ToolSpec]) -> int:
         return len(self.render_prompt(messages, tools))
 
+    def opens_think(self, enable_thinking: bool | None = None) -> bool:
+        """Whether the generation prompt leaves the model inside a ``<think>`` block."""
+        return self._opens_think[self._thinking(enable_thinking)]
+
     # ---- parsing ---------------------------------------------------------------------------
 
-    def parse_output(self, token_ids: list[int], *, prefix: str = "", text: str | None = None) -> ParsedOutput:
+    def parse_output(self, token_ids: list[int], *, prefix: str = "", text: str | None = None,
+                     enable_thinking: bool | None = None) -> ParsedOutput:
         """Parse sampled ids (a trailing end-of-turn id is dropped) continuing ``prefix`` (text the
         prompt already holds of this turn: a prefill or a forced tool call's start); ``text``: their
         text when it is not their whole decode (a reply cut at a stop string)."""
         text = self.sampled_text(token_ids) if text is None else text
-        return parse_text(prefix + text, self.tool_format, started_in_think=self._prompt_opens_think)
+        return parse_text(prefix + text, self.tool_format, started_in_think=self.opens_think(enable_thinking))
 
     def sampled_text(self, token_ids: list[int]) -> str:
         ids = token_ids[:-1] if token_ids and token_ids[-1] in self.eos_token_ids else token_ids
@@ -147,10 +177,16 @@ class ChatRenderer:
 
     # ---- internals -------------------------------------------------------------------------
 
-    def _render(self, messages: list[dict], tools: list[dict], *, add_generation_prompt: bool) -> str:
+    def _thinking(self, enable_thinking: bool | None) -> bool | None:
+        return self.enable_thinking if enable_thinking is None else enable_thinking
+
+    def _render(self, messages: list[dict], tools: list[dict], *, add_generation_prompt: bool,
+                enable_thinking: bool | None = None) -> str:
+        flag = self._thinking(enable_thinking)
+        extra = {} if flag is None else {"enable_thinking": flag}
         return self.tokenizer.apply_chat_template(
             messages, tools=tools or None, chat_template=self.chat_template, tokenize=False,
-            add_generation_prompt=add_generation_prompt)
+            add_generation_prompt=add_generation_prompt, **extra)
 
     def _encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
@@ -206,6 +242,14 @@ def _arguments_object(arguments: str, kind: str) -> dict[str, Any]:
         if isinstance(value, dict):
             return value
     return {"input": arguments}
+
+
+def _model_type(path: Path) -> str:
+    """``model_type`` of the checkpoint's config.json ("" when there is none)."""
+    try:
+        return str(json.loads((path / "config.json").read_text()).get("model_type", ""))
+    except (OSError, ValueError, AttributeError):
+        return ""
 
 
 def _resolve_template(spec: str) -> str:
