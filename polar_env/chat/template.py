@@ -67,6 +67,8 @@ class ChatRenderer:
         if _SENTINEL + self.end_of_turn not in base_text:
             raise ValueError("chat template does not end an assistant turn with the end-of-turn token")
         self._glue = base_text.rsplit(_SENTINEL + self.end_of_turn, 1)[1]  # e.g. "\n"
+        # Qwen3.5: every assistant turn after the last user query carries a think block, even empty
+        self._always_thinks = THINK_OPEN in base_text
 
     @classmethod
     def from_pretrained(cls, path: str | Path, *, chat_template: str | None = None,
@@ -126,6 +128,22 @@ class ChatRenderer:
 
     def count_tokens(self, messages: list[Message], tools: list[ToolSpec]) -> int:
         return len(self.render_prompt(messages, tools))
+
+    def drops_thinking(self, messages: list[Message], upto: int, enable_thinking: bool | None = None) -> bool:
+        """Whether a full render of ``messages`` differs from the stream that extends the call
+        answering ``messages[:upto]``: a user query among the appended messages makes the template
+        drop the think blocks of the assistant turns since the previous query (docs/proxy.md,
+        "Thinking in the history"). Scans only back to that query, and only when one was appended."""
+        if not any(_is_query(m) for m in messages[upto:]):
+            return False
+        for i in range(upto - 1, -1, -1):
+            m = messages[i]
+            if _is_query(m) and (i or m.role != "system"):
+                return False
+            if m.role == "assistant" and (self._always_thinks or (m.reasoning or "").strip()
+                                          or "</think>" in m.content):
+                return True
+        return False
 
     def opens_think(self, enable_thinking: bool | None = None) -> bool:
         """Whether the generation prompt leaves the model inside a ``<think>`` block."""
@@ -242,6 +260,14 @@ def _arguments_object(arguments: str, kind: str) -> dict[str, Any]:
         if isinstance(value, dict):
             return value
     return {"input": arguments}
+
+
+def _is_query(m: Message) -> bool:
+    """A message Qwen templates count as a user query (a later system message renders as one)."""
+    if m.role == "system":
+        return True
+    text = m.content.strip()
+    return m.role == "user" and not (text.startswith("<tool_response>") and text.endswith("</tool_response>"))
 
 
 def _model_type(path: Path) -> str:

@@ -14,6 +14,7 @@ refuses every further call, so a retry loop ends at once instead of running out 
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
 import threading
@@ -23,7 +24,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from polar_env.backends.base import Backend, BackendError, ContextOverflow, SamplingParams
 from polar_env.backends.logprobs_mode import LogprobsMode
@@ -43,6 +44,8 @@ INLINE_CHARS = 4096
 INLINE_IDS = 512
 
 MAX_IDENTICAL_FAILURES = 2
+HISTORY_THINKING_KEPT = "history_thinking_kept"  # call flag: counted by ``polar check``
+HISTORY_THINKING_DROPPED = "history thinking dropped (new user turn)"  # chain break reason
 
 
 class SessionStopped(Exception):
@@ -59,6 +62,30 @@ class EngineConfig:
     # the start-up logprobs probe's own bound: a backend that hangs must not hang the proxy's start
     # (its generation timeout may be an hour); past it the mode is ``unknown``
     logprobs_probe_timeout_s: float = 30.0
+    # a new user turn after thinking turns: ``keep`` extends the chain (the model keeps its own
+    # thinking; the stream then differs from a full render by design, flagged ``HISTORY_THINKING_KEPT``),
+    # ``drop`` starts a new chain rendered whole, as the template drops that thinking (docs/proxy.md)
+    history_thinking: Literal["keep", "drop"] = "keep"
+
+
+def add_thinking_arguments(parser: argparse.ArgumentParser, enable_thinking: bool | None = None,
+                           history_thinking: str = "keep") -> None:
+    """``--enable-thinking`` and ``--history-thinking``, shared by ``polar proxy`` and ``polar rollout``."""
+    parser.add_argument("--enable-thinking", type=_on_off, default=enable_thinking, metavar="on|off",
+                        help="the chat template's enable_thinking (Qwen3/3.5); a request's chat_template_kwargs "
+                             "override it (default: the template's own default)")
+    parser.add_argument("--history-thinking", choices=["keep", "drop"], default=history_thinking,
+                        help="a new user turn after thinking turns: keep extends the chain with the model's own "
+                             "thinking (flagged, counted by polar check), drop starts a new chain rendered as the "
+                             "template renders it (docs/proxy.md)")
+
+
+def _on_off(value: str) -> bool:
+    if value.lower() in ("on", "true", "1"):
+        return True
+    if value.lower() in ("off", "false", "0"):
+        return False
+    raise argparse.ArgumentTypeError("on or off")
 
 
 @dataclass
@@ -66,6 +93,7 @@ class Extension:
     parent: CallState | None
     prompt_ids: list[int]
     break_reason: str | None
+    flags: list[str] = field(default_factory=list)
 
 
 class TokenEngine:
@@ -145,16 +173,25 @@ class TokenEngine:
         return "history rewritten (compaction or edited history)"
 
     async def build_prompt(self, session: Session, conv: Conversation, refs: list[str | None],
-                           hashes: list[str] | None = None) -> Extension:
+                           hashes: list[str] | None = None, enable_thinking: bool | None = None) -> Extension:
         parent = self.find_parent(session, conv, refs, hashes)  # on the loop: it reads the session
+        flags: list[str] = []
+        reason = None
+        if parent is not None and self.renderer.drops_thinking(conv.messages, parent.n_messages + 1,
+                                                               enable_thinking):
+            if self.config.history_thinking == "drop":
+                parent, reason = None, HISTORY_THINKING_DROPPED
+            else:
+                flags.append(HISTORY_THINKING_KEPT)
         await self.check_size(conv, parent)
         if parent is None:
-            reason = self.classify_break(session, conv)
-            return Extension(None, await self.off_loop(self.renderer.render_prompt, conv.messages, conv.tools),
-                             reason)
+            reason = reason or self.classify_break(session, conv)
+            render = partial(self.renderer.render_prompt, enable_thinking=enable_thinking)
+            return Extension(None, await self.off_loop(render, conv.messages, conv.tools), reason)
         appended = conv.messages[parent.n_messages + 1:]
         small = sum(map(len, _texts(appended))) < INLINE_CHARS
-        return Extension(parent, await self.off_loop(_extend, self.renderer, parent, appended, small=small), None)
+        return Extension(parent, await self.off_loop(_extend, self.renderer, parent, appended, enable_thinking,
+                                                     small=small), None, flags)
 
     async def check_size(self, conv: Conversation, parent: CallState | None) -> None:
         """Refuse a request whose new text cannot fit the context before it is rendered and tokenized
@@ -262,7 +299,8 @@ class TokenEngine:
         call_id = record.call_id
         await session.wait_for_token_room()  # a spent budget refuses the call before it costs anything
         session.admit()
-        ext = await self.build_prompt(session, conv, request.assistant_refs, hashes)
+        ext = await self.build_prompt(session, conv, request.assistant_refs, hashes, request.enable_thinking)
+        record.flags += ext.flags
         prefix = self._prefix(request, record)
         prompt_ids = ext.prompt_ids  # a list of its own: extended in place, never copied whole
         if prefix:
@@ -305,8 +343,8 @@ class TokenEngine:
                 n, stop, text = cut
                 sampled, logprobs, finish = sampled[:n], logprobs[:n], "stop"
             small = len(sampled) <= INLINE_IDS
-            parsed = await self.off_loop(partial(self.renderer.parse_output, sampled, prefix=prefix, text=text),
-                                         small=small)
+            parsed = await self.off_loop(partial(self.renderer.parse_output, sampled, prefix=prefix, text=text,
+                                                 enable_thinking=request.enable_thinking), small=small)
             token_logprobs = (await self.off_loop(self._token_logprobs, sampled, logprobs, small=small)
                               if request.logprobs else None)
             tool_calls = [ToolCall(id=issued_tool_call_id(call_id, i), name=tc.name, arguments=tc.arguments, kind=tc.kind)
@@ -390,10 +428,12 @@ def _count_until(renderer: ChatRenderer, texts: list[str], limit: int) -> tuple[
     return tokens, pieces
 
 
-def _extend(renderer: ChatRenderer, parent: CallState, appended: list[Message]) -> list[int]:
+def _extend(renderer: ChatRenderer, parent: CallState, appended: list[Message],
+            enable_thinking: bool | None = None) -> list[int]:
     """The parent's prompt and sampled ids followed by the rendered ``appended`` messages."""
     ids = parent.token_ids()
-    ids += renderer.render_continuation(appended, previous_ended_with_eos=parent.ended_with_eos)
+    ids += renderer.render_continuation(appended, previous_ended_with_eos=parent.ended_with_eos,
+                                        enable_thinking=enable_thinking)
     return ids
 
 

@@ -108,6 +108,7 @@ class ChatRequest(OpenAIRequestFields):
     n: int | None = None
     logprobs: bool | None = None
     response_format: dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's extension; ``enable_thinking`` is read
 
 
 def decode(body: Any, seen: Seen | None = None) -> DecodedRequest:
@@ -135,9 +136,16 @@ def decode(body: Any, seen: Seen | None = None) -> DecodedRequest:
         requested_sampling=sampling_of(req.temperature, req.top_p, max_tokens),
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
         flags=dedupe(flags), assistant_refs=refs, stop=stops_of(req.stop, limit=4), tool_choice=choice,
-        logprobs=bool(req.logprobs),
+        logprobs=bool(req.logprobs), enable_thinking=_enable_thinking(req.chat_template_kwargs),
     )
     return volatile.apply(decoded, seen=seen)
+
+
+def _enable_thinking(kwargs: dict[str, Any] | None) -> bool | None:
+    value = (kwargs or {}).get("enable_thinking")
+    if value is not None and not isinstance(value, bool):
+        raise WireError(400, "chat_template_kwargs.enable_thinking must be true or false")
+    return value
 
 
 def _message(m: ChatMessage, index: int, flags: list[str]) -> Message:

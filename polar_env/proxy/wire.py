@@ -102,6 +102,7 @@ class DecodedRequest(BaseModel):
     # Anthropic prefill: the text of a final assistant message, which the reply continues
     prefill: str | None = None
     logprobs: bool = False  # answer with the recorded logprob of each sampled token
+    enable_thinking: bool | None = None  # the template's flag (Chat Completions' chat_template_kwargs); None: the run's
     # prefix hashes of the conversation's messages (``proxy/seen.py``), when the decoder computed them
     prefix_hashes: list[str] = Field(default_factory=list, exclude=True, repr=False)
 

@@ -28,6 +28,8 @@ class RolloutConfig(BaseModel):
     policy: str = "model"  # who picks each answer: the backend's model, or a scripted policy (gold, noop)
     score_window: int = 1024  # scripted policies: prompt tokens the model scores each answer with
     tool_format: Literal["hermes", "qwen3_coder"] | None = None
+    enable_thinking: bool | None = None  # the template's flag; None: its own default (docs/proxy.md)
+    history_thinking: Literal["keep", "drop"] = "keep"  # a new user turn after thinking turns (docs/proxy.md)
     samples: int = 1  # GRPO group size
     concurrency: int = 1
     out: Path = Path("runs/rollout")

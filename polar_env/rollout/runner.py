@@ -108,7 +108,8 @@ def proxy_factory(config: RolloutConfig, backend=None, tasks: list[Task] | None 
     from polar_env.proxy.engine import EngineConfig
 
     model_dir = config.model_dir or embedded_model_dir()
-    renderer = ChatRenderer.from_pretrained(model_dir, tool_format=config.tool_format)
+    renderer = ChatRenderer.from_pretrained(model_dir, tool_format=config.tool_format,
+                                            enable_thinking=config.enable_thinking)
     if backend is None and config.policy != "model":
         from polar_env.backends.policies import make_policy
 
@@ -121,7 +122,8 @@ def proxy_factory(config: RolloutConfig, backend=None, tasks: list[Task] | None 
         return ProxyServer.create(renderer=renderer, backend=backend, data_dir=data_dir,
                                   admin_secret=secrets.token_urlsafe(24),
                                   config=EngineConfig(max_context=config.max_context,
-                                                      default_max_tokens=config.max_tokens))
+                                                      default_max_tokens=config.max_tokens,
+                                                      history_thinking=config.history_thinking))
 
     return factory
 

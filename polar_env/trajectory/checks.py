@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal, Protocol
 import numpy as np
 from pydantic import BaseModel, BeforeValidator, Field, StrictBool, StrictFloat, StrictInt, ValidationError
 
+from polar_env.proxy.engine import HISTORY_THINKING_KEPT
 from polar_env.proxy.wire import Loose
 from polar_env.trajectory.export import to_nemo_gym_result
 from polar_env.trajectory.models import Chain, Trajectory
@@ -468,10 +469,22 @@ def _check_trajectories(trajs: list[Trajectory], report: CheckReport, tokenizer:
         report.defects += check_trajectory(t)
     if reasons:
         report.notes.append("chain breaks: " + ", ".join(f"{r} x{n}" for r, n in sorted(reasons.items())))
+    _note_history_thinking(trajs, report)
     _check_groups([(t.group_id, t) for t in trajs], report, tokenizer, samples=samples,
                   reached=lambda t: t.main_chain is not None)
     if scorer is not None:
         _add_rescore([ch for t in trajs for ch in t.chains], scorer, report)
+
+
+def _note_history_thinking(trajs: list[Trajectory], report: CheckReport) -> None:
+    """The declared difference from a full render: calls that kept earlier thinking after a new
+    user turn (``--history-thinking keep``, docs/proxy.md), counted per episode."""
+    per = {t.session_id: n for t in trajs
+           if (n := sum(HISTORY_THINKING_KEPT in c.flags for c in t.calls))}
+    if per:
+        report.notes.append(f"declared render differences (earlier thinking kept after a new user turn, "
+                            f"--history-thinking keep): {sum(per.values())} call(s) in {len(per)} episode(s): "
+                            + ", ".join(f"{s} x{n}" for s, n in per.items()))
 
 
 def _warn_side_chains(report: CheckReport, side: int, total: int, what: str) -> None:
