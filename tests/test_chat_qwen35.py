@@ -273,3 +273,29 @@ def test_qwen_model_dir_without_a_template_warns_and_uses_the_bundled_one(embedd
     caplog.clear()
     assert ChatRenderer.from_pretrained(embedded_dir).chat_template != bundled_template("qwen3_coder_tools")
     assert "no chat template" not in caplog.text
+
+
+def test_enable_thinking_comes_from_chat_template_kwargs():
+    from polar_env.proxy import openai_chat
+    from polar_env.proxy.wire import WireError
+
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    assert openai_chat.decode(body).enable_thinking is None
+    assert openai_chat.decode({**body, "chat_template_kwargs": {"enable_thinking": False}}).enable_thinking is False
+    with pytest.raises(WireError, match="enable_thinking"):
+        openai_chat.decode({**body, "chat_template_kwargs": {"enable_thinking": "no"}})
+
+
+@pytest.mark.parametrize("template", ["qwen3_coder_tools", "chatml_hermes_tools"])
+def test_drops_thinking_only_when_a_query_follows_thinking_turns(embedded_dir, ours, template):
+    r = ChatRenderer(ours.tokenizer, chat_template=bundled_template(template))
+    plain = [USER, Message(role="assistant", content="a1")]
+    thought = [USER, Message(role="assistant", content="a1", reasoning="r1")]
+    tool = Message(role="tool", content="out", tool_call_id="c1")
+    again = Message(role="user", content="Again.")
+    late_system = Message(role="system", content="Mode changed.")
+    assert r.drops_thinking(thought + [again], 2) and r.drops_thinking(thought + [late_system], 2)
+    assert not r.drops_thinking(thought + [tool], 2)  # a tool result is no new query
+    assert not r.drops_thinking([*thought, again, Message(role="assistant", content="a2"), tool], 4)
+    # Qwen3.5 writes (and then drops) an empty think block for every turn after the query
+    assert r.drops_thinking(plain + [again], 2) == (template == "qwen3_coder_tools")

@@ -129,7 +129,7 @@ class ChatRenderer:
     def count_tokens(self, messages: list[Message], tools: list[ToolSpec]) -> int:
         return len(self.render_prompt(messages, tools))
 
-    def drops_thinking(self, messages: list[Message], upto: int, enable_thinking: bool | None = None) -> bool:
+    def drops_thinking(self, messages: list[Message], upto: int) -> bool:
         """Whether a full render of ``messages`` differs from the stream that extends the call
         answering ``messages[:upto]``: a user query among the appended messages makes the template
         drop the think blocks of the assistant turns since the previous query (docs/proxy.md,

@@ -177,8 +177,7 @@ class TokenEngine:
         parent = self.find_parent(session, conv, refs, hashes)  # on the loop: it reads the session
         flags: list[str] = []
         reason = None
-        if parent is not None and self.renderer.drops_thinking(conv.messages, parent.n_messages + 1,
-                                                               enable_thinking):
+        if parent is not None and self.renderer.drops_thinking(conv.messages, parent.n_messages + 1):
             if self.config.history_thinking == "drop":
                 parent, reason = None, HISTORY_THINKING_DROPPED
             else:
