@@ -126,7 +126,8 @@ def _jsonl_rows(path: Path) -> list[dict]:
 
 
 def _hub_rows(dataset: str, split: str, cache_name: str) -> list[dict]:
-    """A hub dataset's rows through ``datasets``, kept as JSONL in the Polar cache (then offline)."""
+    """A hub dataset's rows through ``datasets``, also kept as JSONL in the Polar cache, so once
+    loaded the set works offline (and without ``datasets``)."""
     cached = cache_root() / "tasks" / f"{cache_name}.jsonl"
     if cached.is_file():
         return _jsonl_rows(cached)
@@ -137,10 +138,17 @@ def _hub_rows(dataset: str, split: str, cache_name: str) -> list[dict]:
     try:
         ds = datasets.load_dataset(dataset, split=split)
     except Exception as e:  # noqa: BLE001 - datasets raises many types for "hub unreachable"
+        offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1"
+        hint = (
+            "HF_HUB_OFFLINE is set and the dataset is not in the local cache"
+            if offline
+            else "the Hugging Face hub is unreachable (or the split unknown) and the dataset is not in the local cache"
+        )
         raise TaskLoadError(
-            f"cannot load {dataset} split {split!r}: the Hugging Face hub is unreachable or the split unknown, "
-            f"and it is not in the local cache ({type(e).__name__}: {e}). Export its rows to JSONL on a machine "
-            f"with hub access and pass NAME:FILE.jsonl or FILE.jsonl.") from e
+            f"cannot load {dataset} split {split!r}: {hint} ({type(e).__name__}: {e}). "
+            "Download it once on a machine with hub access (it is cached under $HF_HOME), "
+            "or export its rows to JSONL and pass the file path; '--tasks bundled' works offline."
+        ) from e
     rows = [dict(row) for row in ds]
     cached.parent.mkdir(parents=True, exist_ok=True)
     tmp = cached.with_suffix(".tmp")
@@ -150,34 +158,8 @@ def _hub_rows(dataset: str, split: str, cache_name: str) -> list[dict]:
 
 
 def load_verified(split: str = "test") -> list[Task]:
-    """SWE-bench Verified through `datasets`; the rows are also kept as JSONL in the Polar cache,
-    so once loaded the set works offline (and without `datasets`)."""
+    """SWE-bench Verified through `datasets` (cached as JSONL: then offline)."""
     cached = cache_root() / "tasks" / f"swe-bench-verified-{split}.jsonl"
     if cached.is_file():
         return load_jsonl(cached)
-    try:
-        import datasets
-    except ImportError as e:
-        raise TaskLoadError(
-            "loading SWE-bench Verified needs the `datasets` package: pip install datasets"
-        ) from e
-    try:
-        ds = datasets.load_dataset(VERIFIED_DATASET, split=split)
-    except Exception as e:  # noqa: BLE001 - datasets raises many types for "hub unreachable"
-        offline = os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("HF_DATASETS_OFFLINE") == "1"
-        hint = (
-            "HF_HUB_OFFLINE is set and the dataset is not in the local cache"
-            if offline
-            else "the Hugging Face hub is unreachable and the dataset is not in the local cache"
-        )
-        raise TaskLoadError(
-            f"cannot load {VERIFIED_DATASET}: {hint} ({type(e).__name__}: {e}). "
-            "Download it once on a machine with hub access (it is cached under $HF_HOME), "
-            "or export it to JSONL and pass the file path; '--tasks bundled' works offline."
-        ) from e
-    rows = [dict(row) for row in ds]
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cached.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tmp.rename(cached)
-    return [_from_row(row) for row in rows]
+    return [_from_row(row) for row in _hub_rows(VERIFIED_DATASET, split, f"swe-bench-verified-{split}")]
