@@ -92,3 +92,29 @@ def test_gold_and_noop_rollouts_on_terminal_tasks(harness: str, gold_task: str, 
             assert set(traj["grading"]["rewards"]) == {"reward", "regions_correct"}
         check = _polar("check", str(out / "nemo_results.jsonl"), timeout=300)
         assert check.returncode == 0 and "OK" in check.stdout, check.stdout + check.stderr
+
+
+def test_polar_eval_grades_a_prediction_for_a_harbor_task(tmp_path: Path):
+    """`polar eval` of patches: applied in a fresh container of the task's image, then its verifier."""
+    task = load_task_dir(TERMINAL_DIR / "fix-median-bug")
+    base = (task.harbor.environment_dir / "app" / "stats.py").read_text()
+    fixed = base.replace("    return ordered[len(ordered) // 2]\n",
+                         "    n = len(ordered)\n    return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2\n")
+    fixed = fixed.replace("    return max(counts, key=counts.get)\n",
+                          "    top = max(counts.values())\n    return min(v for v, c in counts.items() if c == top)\n")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "stats.py").write_text(base)
+    (tmp_path / "b" / "stats.py").write_text(fixed)
+    diff = subprocess.run(["git", "diff", "--no-index", "a/stats.py", "b/stats.py"], cwd=tmp_path,
+                          capture_output=True, text=True).stdout
+    patch = diff.replace("a/a/stats.py", "a/stats.py").replace("b/b/stats.py", "b/stats.py")
+    preds = tmp_path / "preds.jsonl"
+    preds.write_text("".join(json.dumps({"instance_id": iid, "model_patch": p, "model_name_or_path": "t"}) + "\n"
+                             for iid, p in (("fix-median-bug", patch), ("top-ips-from-log", ""))))
+    proc = _polar("eval", "--tasks", "terminal", "--predictions", str(preds), "--sandbox", ENGINE,
+                  "--out", str(tmp_path / "report.json"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["resolved_ids"] == ["fix-median-bug"] and report["unresolved_ids"] == ["top-ips-from-log"]
+    assert report["error_instances"] == 0
