@@ -62,7 +62,7 @@ async def test_agent_cannot_read_tests_or_solution_nor_plant_a_reward():
 
 def test_rollout_with_a_verifier_that_writes_no_reward_is_masked(tmp_path: Path):
     out = tmp_path / "out"
-    proc = _polar("rollout", "--tasks", str(NO_REWARD), "--sandbox", ENGINE, "--policy", "gold", "--harness", "pi",
+    proc = _polar("rollout", "--tasks", str(NO_REWARD), "--sandbox", ENGINE, "--policy", "answer", "--harness", "pi",
                   "--out", str(out), "--score-window", "256")
     assert proc.returncode == 0, proc.stderr[-3000:]
     (traj,) = _rows(out / "trajectories.jsonl")
