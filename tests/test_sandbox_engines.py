@@ -80,17 +80,23 @@ def test_git_scripts_snapshot_and_diff_for_real(tmp_path: Path):
     (repo / "a.py").write_text("x = 1\n")
     subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
     subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base"], cwd=repo, check=True)
-    base_file = tmp_path / "base"
-    snap = git_snapshot_script(str(repo)).replace("/tmp/.polar-base-tree", str(base_file))
-    snap = snap.replace("git config --global --add safe.directory '*' && ", "")
+    git_dir = tmp_path / "polar-git"
+    # The agent's own repository config and attributes: none of it may run or break the diff.
+    ran = tmp_path / "ran"
+    for key, value in (("core.fsmonitor", f"touch {ran}; false"), ("filter.x.clean", f"touch {ran}; cat"),
+                       ("filter.x.required", "true"), ("core.hooksPath", str(tmp_path))):
+        subprocess.run(["git", "config", key, value], cwd=repo, check=True)
+    snap = git_snapshot_script(str(repo), str(git_dir))
     subprocess.run(["sh", "-c", snap], check=True, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
     (repo / "a.py").write_text("x = 2\n")
     (repo / ".codex").mkdir()
     (repo / ".codex" / "s").write_text("noise")
-    script = git_diff_script(str(repo), [".codex"]).replace("/tmp/.polar-base-tree", str(base_file))
+    (repo / ".gitattributes").write_text("* filter=x working-tree-encoding=UTF-16\n")
+    script = git_diff_script(str(repo), [".codex"], str(git_dir))
     out = subprocess.run(["sh", "-c", script], check=True, capture_output=True, env={"PATH": "/usr/bin:/bin",
                                                                                       "HOME": str(tmp_path)}).stdout
-    assert b"+x = 2" in out and b".codex" not in out
+    assert b"+x = 2" in out and b".codex" not in out and b".gitattributes" in out
+    assert not ran.exists()  # (the check below is git with the repo's config: it runs the fsmonitor)
     head = subprocess.run(["git", "status", "--porcelain"], cwd=repo, capture_output=True, text=True).stdout
     assert "a.py" in head  # the repo's own index was not touched by the snapshot
 

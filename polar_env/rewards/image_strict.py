@@ -46,7 +46,7 @@ from polar_env.rewards.strict_run import (
     test_file_of,
 )
 from polar_env.rewards.workspace import import_roots
-from polar_env.sandbox.container import BASE_FILE, ContainerSandbox, engine_run
+from polar_env.sandbox.container import BASE_FILE, GIT_DIR_INSIDE, ContainerSandbox, engine_run
 from polar_env.tasks.models import Task
 
 GRADER_INSIDE = "/opt/polar-grader"
@@ -57,6 +57,7 @@ GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_TE
 MAX_STREAM_BYTES = 16 << 20
 CHANGES = f"""set -e
 cd {TREE}
+export GIT_DIR={GIT_DIR_INSIDE} GIT_WORK_TREE={TREE}  # the base snapshot's repository (container.py)
 base=$(cat {BASE_FILE})
 export GIT_INDEX_FILE=$(mktemp)
 {GIT} read-tree "$base"
@@ -66,12 +67,14 @@ printf '\\0\\0'
 {GIT} ls-tree -r --name-only -z "$base"
 """
 SOURCE_DIFF = f"""cd {TREE}
+export GIT_DIR={GIT_DIR_INSIDE} GIT_WORK_TREE={TREE}
 base=$(cat {BASE_FILE})
 export GIT_INDEX_FILE=$(mktemp)
 {GIT} read-tree "$base" && {GIT} add -A -f -- . && {GIT} diff --cached --no-color --no-ext-diff "$base" -- "$@"
 """
 RESTORE = f"""set -e
 cd {TREE}
+export GIT_DIR={GIT_DIR_INSIDE} GIT_WORK_TREE={TREE}  # the base snapshot's repository (container.py)
 base=$(cat {BASE_FILE})
 for p in "$@"; do
   rm -rf -- "$p"

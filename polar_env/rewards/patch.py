@@ -2,18 +2,18 @@
 
 Extraction diffs the working tree (untracked files included) against the tree's root commit,
 the only commit a task tree starts with, so commits the agent made are still counted. A
-throwaway index keeps the agent's own index untouched. Harness state and build noise are
+throwaway repository and index keep the agent's own untouched and its settings unused. Harness state and build noise are
 excluded; `--binary` keeps binary edits applicable.
 """
 
 from __future__ import annotations
 
-import subprocess
 import tempfile
 from enum import StrEnum
 from pathlib import Path
 
 from polar_env.harness_adapters.registry import NOISE_EXCLUDES
+from polar_env.sandbox import safe_git
 from polar_env.sandbox.base import exclude_pathspecs
 from polar_env.tasks.tree import git
 
@@ -33,38 +33,23 @@ def base_commit(tree: Path) -> str:
 
 
 def extract_patch(tree: Path) -> str:
-    """`git diff --binary` of the tree against its base, noise excluded ("" if unchanged)."""
+    """`git diff --binary` of the tree against its base, noise excluded ("" if unchanged).
+
+    git runs on a throwaway repository whose objects borrow the tree's (``alternates``), as
+    `polar_env.sandbox.safe_git` runs it: the tree's own config, hooks, index and attributes play no part.
+    """
     base = base_commit(tree)
     with tempfile.TemporaryDirectory() as tmp:
-        index = str(Path(tmp) / "index")
-        _git_with_index(tree, index, "read-tree", base)
-        _git_with_index(tree, index, "add", "-A", "--", *exclude_pathspecs(NOISE_EXCLUDES))
-        out = _git_with_index(
-            tree, index, "diff", "--cached", "--binary", "--no-color", "--no-ext-diff", base
-        )
+        git_dir = Path(tmp) / "git"
+        safe_git.run_git(git_dir, tree, "init", "-q")
+        (git_dir / "objects" / "info" / "alternates").write_text(f"{(tree / '.git' / 'objects').resolve()}\n")
+        safe_git.neutralise(git_dir)
+        index = Path(tmp) / "index"
+        safe_git.run_git(git_dir, tree, "read-tree", base, index=index)
+        safe_git.run_git(git_dir, tree, "add", "-A", "--", *exclude_pathspecs(NOISE_EXCLUDES), index=index)
+        out = safe_git.run_git(git_dir, tree, "diff", "--cached", "--binary", "--no-color", "--no-ext-diff",
+                               "--no-textconv", base, index=index).stdout
     return out.decode("utf-8", "surrogateescape")
-
-
-def _git_with_index(tree: Path, index: str, *args: str) -> bytes:
-    """git with a throwaway index, so the agent's own index is never touched."""
-    env = {
-        "PATH": "/usr/bin:/bin",
-        "HOME": str(tree),
-        "GIT_CONFIG_NOSYSTEM": "1",
-        "GIT_CONFIG_GLOBAL": "/dev/null",
-        "GIT_INDEX_FILE": index,
-    }
-    proc = subprocess.run(
-        ["git", "-c", "safe.directory=*", "-c", "core.quotepath=false", *args],
-        cwd=tree,
-        env=env,
-        capture_output=True,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError(
-            f"git {' '.join(args[:2])} failed in {tree}: {proc.stderr.decode(errors='replace')}"
-        )
-    return proc.stdout
 
 
 def apply_patch(tree: Path, patch: str) -> tuple[ApplyMethod, str]:

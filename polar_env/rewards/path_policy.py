@@ -5,7 +5,8 @@ patch's headers. A changed path is kept only if it is project source; every othe
 restored to base (or removed when base lacks it) before the tests run. A path is NOT project
 source when any of these holds (``reason`` names the first that does):
 
-- ``test``: a directory component is ``test``/``tests``/``testing``, or the file is
+- ``test``: a component is ``test``/``tests``/``testing`` (the last one too: a ``tests`` replaced
+  by a symlink or a file is not source), or the file is
   ``conftest.py``, ``test_*.py``, ``*_test.py``, ``*_tests.py`` or ``tests.py``;
 - ``runner-config``: ``pytest.ini``, ``.pytest.ini``, ``pytest.toml``, ``.pytest.toml``,
   ``tox.ini``, ``setup.cfg``, ``pyproject.toml``, ``noxfile.py``, ``.coveragerc`` anywhere;
@@ -13,7 +14,7 @@ source when any of these holds (``reason`` names the first that does):
   ``*.dist-info``, ``*.egg-link``, ``*.egg`` (metadata that registers entry points, e.g. pytest
   plugins);
 - ``startup-hook``: ``sitecustomize.py``, ``usercustomize.py``, ``*.pth``;
-- ``bytecode``: ``*.pyc``/``*.pyo``, anything in ``__pycache__``, compiled extensions
+- ``bytecode``: ``*.pyc``/``*.pyo``, ``__pycache__`` and anything in it, compiled extensions
   (``*.so``, ``*.pyd``), which Python imports before, or instead of, a ``.py`` source;
 - ``shadowing``: a new top-level module or package of an import root (the tree root and every
   in-tree ``PYTHONPATH`` entry of the task): a ``.py`` file directly in the root, or a directory
@@ -71,11 +72,10 @@ def non_source_reason(path: str, import_roots: dict[str, set[str]]) -> str | Non
     """Why ``path`` is not project source (see module doc), or None if it is."""
     parts = PurePosixPath(path).parts
     name = parts[-1]
-    dirs = parts[:-1]
     lowered = [p.lower() for p in parts]
     if ".git" in lowered:
         return "vcs"
-    if TEST_DIRS & {d.lower() for d in dirs} or any(fnmatch.fnmatchcase(name, g) for g in TEST_FILE_GLOBS):
+    if TEST_DIRS & set(lowered) or any(fnmatch.fnmatchcase(name, g) for g in TEST_FILE_GLOBS):
         return "test"
     if name in RUNNER_CONFIG:
         return "runner-config"
@@ -83,7 +83,7 @@ def non_source_reason(path: str, import_roots: dict[str, set[str]]) -> str | Non
         return "packaging"
     if name in STARTUP_HOOKS or name.endswith(".pth"):
         return "startup-hook"
-    if "__pycache__" in dirs or name.endswith(BYTECODE_SUFFIXES):
+    if "__pycache__" in parts or name.endswith(BYTECODE_SUFFIXES):
         return "bytecode"
     for root, base_names in import_roots.items():
         prefix = f"{root}/" if root else ""

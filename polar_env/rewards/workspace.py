@@ -2,15 +2,16 @@
 
 The base is materialised once per task and process (`base_tree`) and copied per grading. The copy
 has no ``.git``: its repository lives beside it in a private directory (``git --git-dir``), so no
-path a patch writes can become git configuration, hooks or objects. Every git command the grader
-runs here has hooks, fsmonitor, external diff and filters off and no user/system configuration:
-nothing from the tree is ever executed on the host.
+path a patch writes can become git configuration, hooks or objects, and every git command runs
+with the tree's attributes outranked and no user/system configuration (`polar_env.sandbox.safe_git`):
+nothing from the tree is ever executed on the host. The host never acts on the tree through a
+link: resets walk it with `polar_env.sandbox.beneath` (a symlink in a reset path is replaced,
+never followed) and a symlink is judged by where the whole chain of in-tree links resolves.
 """
 
 from __future__ import annotations
 
 import atexit
-import os
 import shutil
 import subprocess
 import tempfile
@@ -19,13 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from polar_env.rewards import path_policy
+from polar_env.sandbox import beneath, safe_git
 from polar_env.tasks.models import Task
 from polar_env.tasks.tree import GIT_IDENTITY, materialize
 
-SAFE_GIT_CONFIG = (
-    "core.hooksPath=/dev/null", "core.fsmonitor=false", "core.autocrlf=false", "core.symlinks=true",
-    "core.quotepath=false", "diff.external=", "safe.directory=*", "protocol.allow=never",
-)
 SYMLINK_MODE = "120000"
 GITLINK_MODE = "160000"
 
@@ -46,6 +44,7 @@ def base_tree(task: Task) -> Path:
             atexit.register(shutil.rmtree, root, True)
             tree = materialize(task, root / "tree")
             shutil.move(tree / ".git", root / "git")
+            safe_git.neutralise(root / "git")
             _BASES[task.instance_id] = path = root
         return path
 
@@ -67,18 +66,8 @@ class GradingTree:
 
     def git(self, *args: str, input: bytes | None = None, check: bool = True,
             index: Path | None = None) -> subprocess.CompletedProcess:
-        env = {"PATH": "/usr/bin:/bin", "HOME": str(self.git_dir), "GIT_CONFIG_NOSYSTEM": "1",
-               "GIT_CONFIG_GLOBAL": os.devnull, "GIT_TERMINAL_PROMPT": "0", **GIT_IDENTITY,
-               "GIT_DIR": str(self.git_dir), "GIT_WORK_TREE": str(self.tree)}
-        if index is not None:
-            env["GIT_INDEX_FILE"] = str(index)
-        argv = ["git"]
-        for kv in SAFE_GIT_CONFIG:
-            argv += ["-c", kv]
-        proc = subprocess.run([*argv, *args], cwd=self.tree, env=env, input=input, capture_output=True)
-        if check and proc.returncode != 0:
-            raise RuntimeError(f"git {args[0]} failed: {proc.stderr.decode(errors='replace')[-2000:]}")
-        return proc
+        return safe_git.run_git(self.git_dir, self.tree, *args, index=index, input=input, check=check,
+                                extra_env=GIT_IDENTITY)
 
     def apply(self, patch: str, *, allow_binary: bool) -> str:
         """`git apply` (no fuzz, no fallback); raises PatchRefused with git's words if it will not."""
@@ -105,7 +94,8 @@ class GradingTree:
             index = Path(tmp) / "index"
             self.git("read-tree", self.base, index=index)
             self.git("add", "-A", "-f", "--", ".", index=index)
-            raw = self.git("diff", "--cached", "--raw", "-z", "--no-renames", "--no-ext-diff", self.base,
+            raw = self.git("diff", "--cached", "--raw", "-z", "--no-renames", "--no-ext-diff", "--no-textconv",
+                           self.base,
                            index=index).stdout.decode("utf-8", "surrogateescape")
         fields = raw.split("\0")
         out: dict[str, str] = {}
@@ -115,31 +105,35 @@ class GradingTree:
         return out
 
     def check_links(self, changes: dict[str, str]) -> None:
-        """Refuse symlinks that leave the tree and nested repositories."""
-        root = self.tree.resolve()
+        """Refuse nested repositories, and symlinks whose chain of in-tree links resolves outside the tree."""
         for path, mode in changes.items():
             if mode == GITLINK_MODE:
                 raise PatchRefused(f"{path}: a nested repository (gitlink) is not a source change")
-            if mode == SYMLINK_MODE:
-                target = (self.tree / path).parent / os.readlink(self.tree / path)
-                if not os.path.abspath(target).startswith(str(root) + os.sep):
-                    raise PatchRefused(f"{path}: symlink leaves the tree ({os.readlink(self.tree / path)})")
+            if mode == SYMLINK_MODE and not beneath.resolves_inside(self.tree, path):
+                raise PatchRefused(f"{path}: symlink leaves the tree (through its chain of links)")
 
     def base_files(self) -> list[str]:
         return self.git("ls-tree", "-r", "--name-only", "-z", self.base).stdout.decode(
             "utf-8", "surrogateescape").split("\0")
 
     def restore(self, paths: list[str]) -> None:
-        """Put ``paths`` back to base (or remove them where base lacks them), parents first."""
-        tracked = set(self.base_files())
+        """Put ``paths`` back to base (or remove them where base lacks them), parents first.
+
+        Written from the base's blobs through `beneath`: nothing on the way is followed, and a link
+        or file where base has a directory is replaced.
+        """
+        listing = self.git("ls-tree", "-r", "-z", self.base).stdout.decode("utf-8", "surrogateescape")
+        blobs = {}
+        for row in filter(None, listing.split("\0")):
+            meta, rel = row.split("\t", 1)
+            mode, kind, sha = meta.split()
+            if kind == "blob":
+                blobs[rel] = (mode, sha)
         for rel in sorted(paths, key=lambda p: (p.count("/"), p)):
-            target = self.tree / rel
-            if target.is_symlink() or target.is_file():
-                target.unlink()
-            elif target.is_dir():
-                shutil.rmtree(target)
-            if rel in tracked:
-                self.git("checkout", self.base, "--", rel)
+            beneath.remove(self.tree, rel)
+            if rel in blobs:
+                mode, sha = blobs[rel]
+                beneath.write(self.tree, rel, self.git("cat-file", "blob", sha).stdout, mode=mode)
 
     def import_roots(self, task: Task) -> dict[str, set[str]]:
         return import_roots(task, self.base_files())

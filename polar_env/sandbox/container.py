@@ -24,6 +24,7 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
+from polar_env.sandbox import safe_git
 from polar_env.sandbox.base import (
     BUILD_EXCLUDES,
     HARNESS_BIN_DIRS,
@@ -36,7 +37,8 @@ from polar_env.sandbox.base import (
 from polar_env.sandbox.bubblewrap import FORWARDER_INSIDE, FORWARDER_SRC
 
 ENGINES = ("docker", "podman")
-BASE_FILE = "/tmp/.polar-base-tree"
+GIT_DIR_INSIDE = "/var/lib/polar-git"  # the base snapshot's repository: root-only, outside the tree
+BASE_FILE = f"{GIT_DIR_INSIDE}/POLAR_BASE"  # the base tree's id, in that repository (GIT_DIR=GIT_DIR_INSIDE)
 SETUP_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER")  # what the root setup execs need, nothing more
 FALLBACK_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 NODE_DIR_INSIDE = "/opt/polar/bin"  # the host's Node.js binary, for harnesses in images that lack one
@@ -52,29 +54,21 @@ class ContainerError(RuntimeError):
     """An engine command failed (engine missing or down, image absent, container gone)."""
 
 
-SIDE_GIT_DIR = "/tmp/.polar-git"  # the snapshot's repository when the workdir is not one (a Harbor task's /app)
+def git_snapshot_script(workdir: str, git_dir: str = GIT_DIR_INSIDE) -> str:
+    """Shell run inside the container (as root): record the base tree in a root-only repository
+    outside the tree (`safe_git`: the tree's own ``.git`` config, hooks and attributes never apply,
+    and nothing is written into any home's git config)."""
+    git = safe_git.shell_function(git_dir, workdir, f"{git_dir}/base.index")
+    return (f"{git}; mkdir -p -m 0700 {git_dir} && cd {shlex.quote(workdir)} && g init -q && "
+            f"{safe_git.shell_neutralise(git_dir)} && g add -A . && g write-tree > {git_dir}/POLAR_BASE")
 
 
-def _side_git(workdir: str) -> str:
-    return f"export GIT_DIR={SIDE_GIT_DIR} GIT_WORK_TREE={shlex.quote(workdir)}"
-
-
-def git_snapshot_script(workdir: str) -> str:
-    """Shell run inside the container: record the base tree without touching HEAD or the index (a
-    workdir that is no git repository gets a side repository outside it, so the tree stays as it is)."""
-    return (f"cd {shlex.quote(workdir)} && git config --global --add safe.directory '*' && "
-            f"{{ git rev-parse --git-dir >/dev/null 2>&1 || {{ {_side_git(workdir)} && git init -q; }}; }} && "
-            f"GIT_INDEX_FILE=/tmp/.polar-base.index git add -A . && "
-            f"GIT_INDEX_FILE=/tmp/.polar-base.index git write-tree > {BASE_FILE}")
-
-
-def git_diff_script(workdir: str, exclude: Sequence[str]) -> str:
+def git_diff_script(workdir: str, exclude: Sequence[str], git_dir: str = GIT_DIR_INSIDE) -> str:
     specs = " ".join(shlex.quote(s) for s in exclude_pathspecs(exclude))
-    return (f"cd {shlex.quote(workdir)} && rm -f /tmp/.polar-now.index && "
-            f"{{ [ ! -d {SIDE_GIT_DIR} ] || {_side_git(workdir)}; }} && "
-            f"GIT_INDEX_FILE=/tmp/.polar-now.index git add -A . && "
-            f"now=$(GIT_INDEX_FILE=/tmp/.polar-now.index git write-tree) && "
-            f"git diff --binary --no-color --no-ext-diff $(cat {BASE_FILE}) $now -- {specs}")
+    git = safe_git.shell_function(git_dir, workdir, f"{git_dir}/now.index")
+    return (f"{git}; cd {shlex.quote(workdir)} && rm -f {git_dir}/now.index && g add -A . && "
+            f"now=$(g write-tree) && "
+            f"g diff --binary --no-color --no-ext-diff --no-textconv $(cat {git_dir}/POLAR_BASE) $now -- {specs}")
 
 
 def engine_run(argv: Sequence[str], *, timeout_s: float = 600.0) -> bytes:

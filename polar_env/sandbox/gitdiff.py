@@ -1,16 +1,19 @@
 """Snapshot a host-side task tree and diff it later, without touching the tree's own git state.
 
 The snapshot lives in a private git dir outside the tree (the agent cannot see or rewrite it),
-captures untracked files too, and the diff is ``git diff --binary`` so binary edits survive.
+captures untracked files too, and the diff is ``git diff --binary`` so binary edits survive. git
+runs as `polar_env.sandbox.safe_git` does: nothing the tree holds (its ``.git``, ``.gitattributes``)
+configures it, so no hook, fsmonitor or filter of the agent's runs on the host. git records links
+as links and never follows them.
 """
 
 from __future__ import annotations
 
-import os
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
+from polar_env.sandbox import safe_git
 from polar_env.sandbox.base import BUILD_EXCLUDES, exclude_pathspecs
 
 _IDENT = {"GIT_AUTHOR_NAME": "polar", "GIT_AUTHOR_EMAIL": "polar@localhost",
@@ -19,15 +22,8 @@ _IDENT = {"GIT_AUTHOR_NAME": "polar", "GIT_AUTHOR_EMAIL": "polar@localhost",
 
 
 def _git(git_dir: Path, tree: Path, *args: str, index: Path) -> bytes:
-    git_dir, tree, index = git_dir.resolve(), tree.resolve(), index.resolve()
-    env = {**os.environ, **_IDENT, "GIT_INDEX_FILE": str(index), "GIT_CONFIG_NOSYSTEM": "1",
-           "GIT_CONFIG_GLOBAL": os.devnull}
-    proc = subprocess.run(["git", "-c", "safe.directory=*", "-c", "core.autocrlf=false",
-                           "-c", "core.fileMode=true", f"--git-dir={git_dir}", f"--work-tree={tree}", *args],
-                          env=env, cwd=tree, capture_output=True)
-    if proc.returncode != 0:
-        raise RuntimeError(f"git {args[0]} failed: {proc.stderr.decode(errors='replace')[-2000:]}")
-    return proc.stdout
+    return safe_git.run_git(git_dir.resolve(), tree.resolve(), *args,
+                            index=index.resolve(), extra_env=_IDENT).stdout
 
 
 def _tree_id(git_dir: Path, tree: Path, index: Path) -> str:
@@ -37,7 +33,9 @@ def _tree_id(git_dir: Path, tree: Path, index: Path) -> str:
 
 def snapshot(tree: Path, git_dir: Path) -> str:
     """Record the tree as it is now; returns the base tree id (also stored in ``git_dir/POLAR_BASE``)."""
-    subprocess.run(["git", f"--git-dir={git_dir}", "init", "-q"], check=True, capture_output=True)
+    subprocess.run(["git", f"--git-dir={git_dir}", "init", "-q"], check=True, capture_output=True,
+                   env=safe_git.git_env(git_dir, tree))
+    safe_git.neutralise(git_dir)
     base = _tree_id(git_dir, tree, git_dir / "polar-base.index")
     (git_dir / "POLAR_BASE").write_text(base)
     return base
@@ -49,5 +47,5 @@ def diff(tree: Path, git_dir: Path, exclude: Sequence[str] = BUILD_EXCLUDES) -> 
     index = git_dir / "polar-now.index"
     index.unlink(missing_ok=True)
     now = _tree_id(git_dir, tree, index)
-    return _git(git_dir, tree, "diff", "--binary", "--no-color", "--no-ext-diff", base, now, "--",
+    return _git(git_dir, tree, "diff", "--binary", "--no-color", "--no-ext-diff", "--no-textconv", base, now, "--",
                 *exclude_pathspecs(exclude), index=index)

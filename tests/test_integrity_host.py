@@ -1,0 +1,197 @@
+"""The host never acts on a tree the agent controls (issue 25, part A).
+
+A canary directory on the host (files, a subdirectory, names a reset would touch, atimes set
+older than mtimes so a read under ``relatime`` moves them) is the target of a symlink ladder:
+``d/u1 -> ..``, ``d/d/u2 -> ../u1/..``, ... each link lexically inside the tree, the chain
+climbing to ``/``, and ``tests -> d/.../u16/<canary>``. As a patch, and as the agent's tree in a
+real bubblewrap episode sandbox (the links made by commands inside it, the patch taken by the
+episode's diff), grading must leave the canary byte-for-byte, mtime and atime the same. The
+reset itself never follows a link, even one no check refused; and no attribute of the tree
+configures the grader's git.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from polar_env.episodes.workspace import open_workspace
+from polar_env.harness_adapters.registry import NOISE_EXCLUDES
+from polar_env.rewards.grading import FailureKind, grade
+from polar_env.rewards.patch import ApplyMethod, apply_patch, extract_patch
+from polar_env.rewards.workspace import GradingTree
+from polar_env.sandbox import beneath
+from polar_env.sandbox.base import SandboxSpec
+from polar_env.tasks.env import ensure_task_env
+from polar_env.tasks.loader import load_tasks
+from polar_env.tasks.tree import materialize
+
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="grading sandbox needs bubblewrap")
+
+TASK = next(t for t in load_tasks("bundled") if t.instance_id == "pallets__flask-5014")
+RUNGS = 16  # more levels than any temp dir is deep: the chain reaches /
+
+
+def make_canary(root: Path) -> Path:
+    """Files and a directory named as reset paths are; atime < mtime so any read moves the atime."""
+    canary = root / "canary"
+    (canary / "sub").mkdir(parents=True)
+    for rel, text in (("test_blueprints.py", "host file\n"), ("conftest.py", "host conftest\n"),
+                      ("sub/keep.txt", "host data\n"), ("setup.cfg", "[host]\n")):
+        (canary / rel).write_text(text)
+    for path in [*canary.rglob("*"), canary]:
+        os.utime(path, ns=(1_000_000_000, 2_000_000_000), follow_symlinks=False)
+    return canary
+
+
+def canary_state(canary: Path) -> dict[str, tuple]:
+    """lstat of every entry (atime included) before it is listed or read; this check's own atime moves
+    are undone afterwards (which sets ctime past atime: any later read moves the atime again)."""
+    stats: dict[Path, os.stat_result] = {}
+
+    def walk(p: Path) -> None:
+        stats[p] = p.lstat()
+        if p.is_dir() and not p.is_symlink():
+            for name in sorted(os.listdir(p)):
+                walk(p / name)
+
+    walk(canary)
+    state = {}
+    for p, st in stats.items():
+        digest = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() and not p.is_symlink() else ""
+        state[str(p.relative_to(canary))] = (st.st_mode, st.st_size, st.st_mtime_ns, st.st_atime_ns, digest)
+    for p, st in stats.items():
+        os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns), follow_symlinks=False)
+    return state
+
+
+def ladder_commands(canary: Path) -> list[list[str]]:
+    """``ln -s`` commands that build the ladder in a tree's root (run by the agent or by us)."""
+    cmds = [["mkdir", "-p", "/".join(["d"] * RUNGS)], ["ln", "-s", "..", "d/u1"]]
+    for k in range(2, RUNGS + 1):
+        cmds.append(["ln", "-s", f"../u{k - 1}/..", "/".join(["d"] * k) + f"/u{k}"])
+    target = "/".join(["d"] * RUNGS) + f"/u{RUNGS}" + str(canary)
+    return [*cmds, ["rm", "-rf", "tests"], ["ln", "-s", target, "tests"],
+            ["ln", "-s", target + "/sub", "src/flask/sub"]]
+
+
+def build_ladder(tree: Path, canary: Path) -> None:
+    for cmd in ladder_commands(canary):
+        if cmd[0] == "mkdir":
+            (tree / cmd[2]).mkdir(parents=True)
+        elif cmd[0] == "rm":
+            shutil.rmtree(tree / cmd[2])
+        else:
+            os.symlink(cmd[2], tree / cmd[3])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def task_env():
+    ensure_task_env(TASK)
+
+
+def test_the_ladder_is_live(tmp_path: Path):
+    """The canary check means something: the kernel follows the ladder to the canary."""
+    canary = make_canary(tmp_path)
+    tree = materialize(TASK, tmp_path / "agent")
+    build_ladder(tree, canary)
+    assert (tree / "tests" / "sub" / "keep.txt").read_text() == "host data\n"
+    assert os.path.samefile(tree / "tests", canary)
+
+
+def test_ladder_patch_leaves_the_host_canary_untouched(tmp_path: Path):
+    canary = make_canary(tmp_path)
+    before = canary_state(canary)
+    tree = materialize(TASK, tmp_path / "agent")
+    assert apply_patch(tree, TASK.patch)[0] == ApplyMethod.git_apply
+    build_ladder(tree, canary)
+    patch = extract_patch(tree)
+    assert "u16" in patch and str(canary) in patch
+    shutil.rmtree(tree)
+    result = grade(TASK, patch)
+    assert canary_state(canary) == before
+    assert result.failure_kind == FailureKind.apply_failed and result.reward == 0.0
+    assert "symlink leaves the tree" in result.error
+
+
+def test_restore_replaces_links_it_would_otherwise_follow(tmp_path: Path):
+    """Even a link no check refused is replaced, never followed: the reset writes the base's files."""
+    canary = make_canary(tmp_path)
+    before = canary_state(canary)
+    gtree = GradingTree.fresh(TASK, tmp_path / "g")
+    shutil.rmtree(gtree.tree / "tests")
+    (gtree.tree / "tests").symlink_to(canary)
+    (gtree.tree / "src" / "flask" / "sub").symlink_to(canary / "sub")
+    gtree.restore(["tests", "tests/test_blueprints.py", "tests/conftest.py", "src/flask/sub/keep.txt",
+                   "src/flask/sub"])
+    assert canary_state(canary) == before
+    assert not (gtree.tree / "tests").is_symlink() and (gtree.tree / "tests" / "test_blueprints.py").is_file()
+    assert "def test_blueprint" in (gtree.tree / "tests" / "test_blueprints.py").read_text()
+    assert not (gtree.tree / "src" / "flask" / "sub").exists()
+
+
+def test_resolves_inside_follows_the_whole_chain(tmp_path: Path):
+    canary = make_canary(tmp_path)
+    tree = tmp_path / "t"
+    (tree / "src").mkdir(parents=True)
+    build_ladder_min = [("d/u1", ".."), ("d/d/u2", "../u1/..")]
+    for rel, target in build_ladder_min:
+        (tree / rel).parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(target, tree / rel)
+    os.symlink("d/u1/src", tree / "ok")
+    os.symlink("d/d/u2/t/src", tree / "back_in")  # climbs out and back in: the kernel leaves the tree
+    os.symlink("d/d/u2" + str(canary), tree / "out")
+    assert beneath.resolves_inside(tree, "d/u1") and beneath.resolves_inside(tree, "ok")
+    assert not beneath.resolves_inside(tree, "d/d/u2")
+    assert not beneath.resolves_inside(tree, "out")
+    assert not beneath.resolves_inside(tree, "back_in")
+    os.symlink("loop", tree / "loop")
+    assert not beneath.resolves_inside(tree, "loop")
+
+
+@pytest.mark.slow
+def test_ladder_in_the_agents_tree_leaves_the_host_canary_untouched(tmp_path: Path):
+    """The agent builds the ladder in its own bubblewrap sandbox; the episode's diff and the grading
+    of that patch leave the host canary as it was."""
+    canary = make_canary(tmp_path)
+    before = canary_state(canary)
+
+    async def episode() -> bytes:
+        ws = await open_workspace(TASK, SandboxSpec(scratch_root=tmp_path / "scratch"), sandbox="bubblewrap")
+        try:
+            sb = ws.sandbox
+            for cmd in ladder_commands(canary):
+                run = await sb.run(cmd, timeout_s=30)
+                assert run.exit_code == 0, (cmd, run.stderr_tail)
+            # hostile git settings in the agent's own repository and attributes: never applied
+            marker = tmp_path / "ran"
+            await sb.run(["sh", "-c", f"git config core.fsmonitor 'touch {marker}' && "
+                                      f"git config filter.x.clean 'touch {marker}; cat' && "
+                                      "echo '* filter=x working-tree-encoding=UTF-16' > .gitattributes"], timeout_s=30)
+            patch = await sb.diff(NOISE_EXCLUDES)
+            assert not marker.exists()
+            return patch
+        finally:
+            await ws.close()
+
+    patch = asyncio.run(episode()).decode("utf-8", "surrogateescape")
+    assert "u16" in patch and ".gitattributes" in patch
+    assert canary_state(canary) == before
+    result = grade(TASK, patch)
+    assert canary_state(canary) == before
+    assert result.failure_kind == FailureKind.apply_failed and result.reward == 0.0
+
+
+@pytest.mark.slow
+def test_a_one_line_gitattributes_does_not_break_grading(tmp_path: Path):
+    """Gold + a ``.gitattributes`` that names a filter and an encoding: still graded, still 1.0."""
+    tree = materialize(TASK, tmp_path / "agent")
+    apply_patch(tree, TASK.patch)
+    (tree / ".gitattributes").write_text("* filter=x working-tree-encoding=UTF-16 diff=x\n")
+    result = grade(TASK, extract_patch(tree))
+    assert result.failure_kind == FailureKind.none and result.reward == 1.0, result.error
