@@ -4,7 +4,10 @@ Every way an episode can fail is classified once, into a ``FailureKind`` carried
 (``CallRecord``, ``GradeResult``, ``Trajectory``, the NeMo ``/run`` result). What a kind earns is one
 table (``OutcomeTable``): the reward, and whether the sample is masked (kept in its GRPO group,
 given no loss). Failures outside the policy are masked, never scored 0 and never dropped: a
-dropped member shrinks its group, a 0 teaches the policy about our machines. A run may override
+dropped member shrinks its group, a 0 teaches the policy about our machines. Only causes the agent
+cannot produce are outside it, decided by the supervisor (the proxy's ledger, the sandbox's own
+start-up signal), never read from the tested process's output: a harness the agent killed or
+kept past the deadline is graded like any other. A run may override
 rows (``polar rollout --outcome KIND=mask``, the Gym agent's ``outcomes``). docs/outcomes.md is
 the table in prose.
 """
@@ -36,19 +39,21 @@ class FailureKind(StrEnum):
     episode_budget = "episode_budget"  # the proxy refused a call past the episode's calls/sampled-tokens budget
     harness_crashed = "harness_crashed"  # the harness failed after its first model call
     deadline_sampling = "deadline_sampling"  # deadline hit while the policy was still sampling at speed
+    # the agent can end its own harness (kill it, sleep past the deadline): graded, not masked
+    deadline_harness = "deadline_harness"  # deadline hit with no model call in flight
+    harness_killed = "harness_killed"  # the harness died of a signal that was not the deadline (the agent, OOM)
+    patch_broke_sandbox = "patch_broke_sandbox"  # the patched tree stops the grading sandbox starting; the base's starts
     # -- outside the policy: not graded, masked
     harness_start_failed = "harness_start_failed"  # the harness ended before its first model call
     sandbox_failure = "sandbox_failure"  # tree, sandbox or workspace could not be made or read
     backend_failure = "backend_failure"  # a model call failed at the inference server
     proxy_failure = "proxy_failure"  # a model call failed inside Polar's proxy (a bug of ours)
     deadline_backend = "deadline_backend"  # deadline hit while the backend served below its floor rate
-    deadline_harness = "deadline_harness"  # deadline hit with no model call in flight
     infrastructure = "infrastructure"  # grading could not run (test env, grading sandbox, grader bug)
     task_defect = "task_defect"  # the task cannot be graded (no FAIL_TO_PASS, test patch does not apply)
     no_reward = "no_reward"  # a Harbor verifier wrote no reward, an empty or an unparsable one (never a 0)
     input_error = "input_error"  # the request named no task or an unknown one
     lost_session = "lost_session"  # the resources server has no workspace for the episode
-    harness_killed = "harness_killed"  # the harness died of a signal that was not the deadline (OOM, operator)
     cancelled = "cancelled"  # the episode was abandoned: its caller went away or the server shut down
 
     @property
@@ -70,9 +75,8 @@ class FailureKind(StrEnum):
 
 _OUTSIDE_POLICY = frozenset({
     FailureKind.harness_start_failed, FailureKind.sandbox_failure, FailureKind.backend_failure,
-    FailureKind.proxy_failure, FailureKind.deadline_backend, FailureKind.deadline_harness,
-    FailureKind.infrastructure, FailureKind.task_defect, FailureKind.no_reward, FailureKind.input_error, FailureKind.lost_session,
-    FailureKind.harness_killed, FailureKind.cancelled})
+    FailureKind.proxy_failure, FailureKind.deadline_backend, FailureKind.infrastructure, FailureKind.task_defect,
+    FailureKind.no_reward, FailureKind.input_error, FailureKind.lost_session, FailureKind.cancelled})
 
 
 class Outcome(BaseModel):

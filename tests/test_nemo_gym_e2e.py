@@ -231,7 +231,8 @@ def test_a_run_cancelled_mid_episode_settles_masked(gym):
     assert traj["metadata"]["mask_sample"] is True and traj["reward"] == 0.0
 
 
-def test_a_harness_killed_with_a_call_in_flight_is_masked_as_a_kill(gym):
+def test_a_harness_killed_with_a_call_in_flight_is_graded_as_a_kill(gym):
+    """A kill the supervisor cannot tell from the agent's own (it can kill its harness): graded, not masked."""
     answer: list[tuple[int, dict]] = []
     gym.pause_policy()
     try:
@@ -247,7 +248,7 @@ def test_a_harness_killed_with_a_call_in_flight_is_masked_as_a_kill(gym):
     status, result = answer[0]
     assert status == 200, result
     assert check_nemo_result(result) == []
-    assert result["mask_sample"] is True and result["reward"] == 0.0 and result["failure_kind"] == "polar:harness_killed"
+    assert result["mask_sample"] is False and result["reward"] == 0.0 and result["failure_kind"] == "polar:harness_killed"
     failure = result["failure"]
     assert failure["component"] == "harness" and failure["signal"] == "SIGKILL" and failure["in_flight_call"] == 0
     assert failure["cause"] == "harness killed by SIGKILL with model call #0 in flight", failure

@@ -100,6 +100,17 @@ def test_default_table_masks_exactly_the_failures_outside_the_policy():
             assert reward == 0.0, kind
 
 
+def test_what_the_agent_can_do_to_its_harness_is_graded_not_masked():
+    """Killing its harness, sleeping past the deadline, breaking the grading sandbox's start: the agent
+    can do each on purpose, so each is the policy's (graded, a wrong patch trained at 0)."""
+    table = OutcomeTable()
+    for kind in (FailureKind.harness_killed, FailureKind.deadline_harness, FailureKind.patch_broke_sandbox):
+        assert not kind.outside_policy and table.apply(kind) == (0.0, False), kind
+    assert final_kind(FailureKind.harness_killed, FailureKind.none, resolved=True) is FailureKind.none
+    assert final_kind(FailureKind.deadline_harness, FailureKind.none, resolved=False) is FailureKind.deadline_harness
+    assert classify_episode("error", three_turn(), killed_by="SIGKILL") is FailureKind.harness_killed
+
+
 def test_docs_table_lists_every_kind_with_its_default():
     text = DOCS.read_text()
     for kind, row in DEFAULT_OUTCOMES.items():

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -155,12 +154,10 @@ HARNESS_SUBSET = ["conftest-append", "report-from-item-and-call"]
 @pytest.mark.skipif(shutil.which("npm") is None, reason="needs npm for the harness")
 async def test_attacks_made_in_the_agents_tree(embedded_dir: Path, renderer, tmp_path: Path):
     """Pi runs the attack as a shell command in its sandboxed tree; the extracted patch is graded."""
-    from polar_env.backends.local import LocalBackend
+    from reliability_helpers import scripted_proxy
+
     from polar_env.backends.policies import DONE, shell_call
-    from polar_env.backends.scripted import ScriptedBackend
     from polar_env.episodes.lifecycle import EpisodeConfig, run_episode
-    from polar_env.proxy.app import ProxyServer
-    from polar_env.proxy.engine import EngineConfig
 
     entries = {e["id"]: e for e in MANIFEST}
     commands = {e: "cd /testbed && echo " + base64.b64encode(patch_of(entries[e]).encode()).decode()
@@ -170,13 +167,7 @@ async def test_attacks_made_in_the_agents_tree(embedded_dir: Path, renderer, tmp
         attack = next(e for e in HARNESS_SUBSET if session_id and session_id.startswith(e + "."))
         return DONE if "<tool_response>" in prompt_text else shell_call(prompt_text, commands[attack])
 
-    local = LocalBackend.from_pretrained(embedded_dir)
-    proxy = ProxyServer.create(renderer=renderer, backend=ScriptedBackend(local, policy, context_window=256),
-                               data_dir=tmp_path / "ledger", admin_secret="admin",
-                               config=EngineConfig(max_context=131072, default_max_tokens=4096))
-    await proxy.start(unix_socket=tmp_path / "sock" / "proxy.sock", port=None)
-    os.chmod(tmp_path / "sock", 0o755)
-    try:
+    async with scripted_proxy(embedded_dir, renderer, policy, tmp_path) as proxy:
         for attack in HARNESS_SUBSET:
             entry = entries[attack]
             result = await run_episode(proxy, TASKS[entry["task"]], episode_id=f"{attack}.s0",
@@ -187,5 +178,4 @@ async def test_attacks_made_in_the_agents_tree(embedded_dir: Path, renderer, tmp
             assert result.trajectory.grading and result.trajectory.grading["flags"] == result.grade.flags
             if entry["strict_reward"] == 0.0:
                 assert result.grade.flags, attack
-    finally:
-        await proxy.stop()
+

@@ -90,8 +90,9 @@ async def test_harness_hang_is_killed_at_the_deadline(renderer, task, tmp_path: 
     assert result.harness.status == "timeout" and result.harness.exit_code is None
     assert 3.5 < result.harness.duration_s < 20
     assert result.trajectory.status == "timeout" and result.trajectory.stats.calls == 1
-    # no model call in flight at the deadline: the harness held the clock, not the policy
-    assert result.failure_kind is FailureKind.deadline_harness and result.trajectory.masked
+    # no model call in flight at the deadline: the harness (or a command of the agent's) held the clock;
+    # the agent can do that on purpose, so it is trained at 0, not masked
+    assert result.failure_kind is FailureKind.deadline_harness and not result.trajectory.masked
 
 
 async def test_output_flood_is_bounded(renderer, task, tmp_path: Path, monkeypatch):

@@ -42,6 +42,7 @@ from polar_env.janitor import Janitor
 from polar_env.outcomes import FailureKind, OutcomeTable
 from polar_env.rewards.grading import GradeResult
 from polar_env.rewards.image_grading import grade_task
+from polar_env.safe_text import escape
 from polar_env.sandbox.base import Sandbox, SandboxSpec
 from polar_env.tasks.loader import load_tasks
 from polar_env.tasks.models import Task
@@ -203,7 +204,7 @@ class PolarResources:
         return VerifyOutcome(
             reward=reward or 0.0, resolved=result.resolved, mask_sample=mask,
             failure_kind=result.failure_kind.wire,
-            failure_reason=result.error or None, patch=patch,
+            failure_reason=escape(result.error) or None, patch=escape(patch),
             grading=result.model_dump(mode="json", exclude={"log_tail"}))
 
     async def close(self, episode_id: str) -> bool:

@@ -16,6 +16,10 @@ then per mode:
 Resolved iff every FAIL_TO_PASS test passes and no PASS_TO_PASS test breaks (SWE-bench's own
 report functions in both modes). Failures that are not the agent's (sandbox, env, task data) are
 `infrastructure` / `task_defect` (polar_env.outcomes), masked instead of punishing the policy.
+Which it is, is the supervisor's evidence, never the tested process's output: a sandbox that
+never reported its start (`sandbox_exec`) is infrastructure only if the base tree's sandbox does
+not start either; if the base's starts, the patched tree broke it (`patch_broke_sandbox`, 0). A
+sandbox that started ran tested code: whatever it printed, no valid result is the patch's.
 """
 
 from __future__ import annotations
@@ -28,8 +32,9 @@ import threading
 import time
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SerializationInfo, SerializerFunctionWrapHandler, model_serializer
 
 from polar_env.outcomes import FailureKind
 from polar_env.rewards import swebench_compat as sb
@@ -51,6 +56,7 @@ from polar_env.rewards.strict_run import (
     run_strict,
 )
 from polar_env.rewards.workspace import GradingTree, PatchRefused
+from polar_env.safe_text import json_safe
 from polar_env.tasks.env import EnvBuildError, ensure_task_env
 from polar_env.tasks.models import Task
 
@@ -99,6 +105,12 @@ class GradeResult(BaseModel):
     reset_paths: dict[str, str] = Field(default_factory=dict)  # changed non-source path -> rule
     rewards: dict[str, float] = Field(default_factory=dict)  # a Harbor verifier's reward.json, whole
 
+    @model_serializer(mode="wrap")
+    def _json_safe(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> Any:
+        """Paths and messages from the agent's tree may hold undecodable bytes: escaped in JSON (`safe_text`)."""
+        # escaped from the python-mode dump: pydantic's JSON mode mangles dict keys with surrogates first
+        return json_safe(self.model_dump()) if info.mode_is_json() else handler(self)
+
     @property
     def is_infrastructure_failure(self) -> bool:
         """Grading could not say anything about the patch (mask, don't punish)."""
@@ -125,6 +137,7 @@ class TestRun(BaseModel):
     apply_log: str = ""
     infra_error: str = ""
     infra_kind: FailureKind = FailureKind.infrastructure  # task_defect when the task's own data is at fault
+    broke_sandbox: str = ""  # the patched tree's sandbox did not start while the base's does (what bwrap said)
     timed_out: bool = False
     log: str = ""
     valid: bool = False
@@ -202,21 +215,21 @@ def _run_mode(task: Task, tree: Path, venv: Path, mode: GradingMode, timeout_s: 
         out.infra_error = f"sandbox: {e}"
         return out
     out.seconds, out.log, out.output = run.seconds, run.output, run.stats
+    if not run.started and not run.timed_out:
+        said = run.output.strip()[:300]
+        if _base_starts(task, venv, writable=mode != GradingMode.strict):
+            out.broke_sandbox = f"the patched tree's sandbox did not start (exit {run.returncode}), the base's does: {said}"
+        else:
+            out.infra_error = f"sandbox did not start (exit {run.returncode}): {said}"
+        return out
     if run.timed_out:
         out.timed_out = True
         out.log += f"\n{sb.TESTS_TIMEOUT} after {timeout_s:.0f}s\n"
         return out
     if outcome is not None:
-        if not outcome.status_map and run.output.lstrip().startswith(("bwrap:", "setpriv:")):
-            out.infra_error = f"sandbox did not start (exit {run.returncode}): {run.output[:300]}"
-            return out
         out.status_map, out.valid = outcome.status_map, outcome.valid
         out.violations, out.error = outcome.violations, outcome.error or "; ".join(outcome.violations)
         out.untrusted_xfail, out.collected = outcome.untrusted_xfail, outcome.collected
-        return out
-    if sb.START_TEST_OUTPUT not in out.log:
-        # The marker is the first thing the script prints: the sandbox itself never ran.
-        out.infra_error = f"sandbox did not start (exit {run.returncode})"
         return out
     log_path = tmp / "test_output.txt"
     log_path.write_text(out.log)
@@ -229,6 +242,17 @@ def _run_mode(task: Task, tree: Path, venv: Path, mode: GradingMode, timeout_s: 
         pass_to_pass=task.PASS_TO_PASS,
     )
     return out
+
+
+def _base_starts(task: Task, venv: Path, *, writable: bool) -> bool:
+    """Whether the grading sandbox starts on the task's base tree (the control for a patched tree's start)."""
+    with tempfile.TemporaryDirectory(prefix=f"polar-base-start-{task.instance_id}-") as tmp:
+        base = GradingTree.fresh(task, Path(tmp))
+        prepare_tree_owner(base.tree)
+        try:
+            return run_sandboxed(["true"], tree=base.tree, venv=venv, timeout_s=60, tree_writable=writable).started
+        except (SandboxUnavailable, OSError):
+            return False
 
 
 def run_task_tests(
@@ -411,8 +435,10 @@ def _grade(task: Task, model_patch: str, result: GradeResult, *, timeout_s: floa
 
 
 def _mode_result(task: Task, run: TestRun) -> ModeResult:
-    out = ModeResult(output=run.output, tests_s=run.seconds, error=run.error)
-    if run.timed_out:
+    out = ModeResult(output=run.output, tests_s=run.seconds, error=run.error or run.broke_sandbox)
+    if run.broke_sandbox:
+        out.failure_kind = FailureKind.patch_broke_sandbox
+    elif run.timed_out:
         out.failure_kind = FailureKind.test_timeout
     elif not run.valid:
         out.failure_kind = FailureKind.test_crash

@@ -1,9 +1,18 @@
-"""Run the grading command in a network-less bubblewrap sandbox.
+"""Run the grading command in a network-less bubblewrap sandbox, under limits.
 
 Kept behind one function (`run_sandboxed`) so grading can move to `polar_env.sandbox` (or to
 docker/apptainer with the official images) without touching the grader. The isolation is the
 episode sandbox's (`polar_env.sandbox.bwrap_argv`, --no-new-privs included); only the mounts
 differ: the tree at /testbed, the task venv read-only at /opt/venv, fresh tmpfs /tmp and HOME.
+
+Limits (`GradingLimits`, sized by ``POLAR_GRADING_*``): the whole sandbox runs in its own cgroup
+(memory, pids: `polar_env.sandbox.cgroups`), and everything the tests can write is a sized tmpfs,
+whose pages that cgroup pays for too. A writable tree is copied into a sized tmpfs at /testbed
+inside the sandbox (the host copy is only read), so no test writes host disk.
+
+Whether the sandbox started is the supervisor's evidence, not the output's: the first command
+inside, before anything of the task's runs (and after the tree copy), writes one byte into a
+pipe this process holds, then closes its end. A run without that byte never ran tested code.
 """
 
 from __future__ import annotations
@@ -13,6 +22,7 @@ import signal
 import subprocess
 import threading
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,10 +30,31 @@ from pathlib import Path
 from polar_env.rewards.bounded_output import OutputStats, read_bounded
 from polar_env.sandbox.bwrap_argv import BwrapCommand, Mount
 from polar_env.sandbox.bwrap_argv import SandboxUnavailable as SandboxUnavailable  # what run_sandboxed raises
+from polar_env.sandbox.cgroups import CgroupLimits
 
 SANDBOX_UID = 65534  # nobody: tests never run as root, even when the grader does
 TREE_MOUNT = "/testbed"
+TREE_SOURCE_MOUNT = "/opt/polar-tree"  # a writable run's host tree, read-only: copied into /testbed's tmpfs
 VENV_MOUNT = "/opt/venv"
+
+
+@dataclass(frozen=True)
+class GradingLimits:
+    """What one grading run may use; each ``None`` or 0 means unlimited."""
+
+    memory_bytes: int | None = 4 << 30
+    pids_max: int | None = 1024
+    tmpfs_bytes: int = 2 << 30  # each of /tmp, HOME and a writable /testbed
+
+    @classmethod
+    def from_env(cls) -> GradingLimits:
+        """The defaults, each overridable by ``POLAR_GRADING_MEMORY_BYTES``/``_PIDS_MAX``/``_TMPFS_BYTES``."""
+        def get(name: str, default: int | None) -> int | None:
+            value = os.environ.get(f"POLAR_GRADING_{name}")
+            return default if value is None else (int(value) or None)
+        d = cls()
+        return cls(get("MEMORY_BYTES", d.memory_bytes), get("PIDS_MAX", d.pids_max),
+                   get("TMPFS_BYTES", d.tmpfs_bytes) or d.tmpfs_bytes)
 
 
 @dataclass
@@ -33,18 +64,33 @@ class SandboxRun:
     timed_out: bool
     seconds: float
     stats: OutputStats = field(default_factory=OutputStats)
+    started: bool = True  # the sandbox came up and ran its first command (the supervisor's pipe says so)
+    limits: dict[str, str] = field(default_factory=dict)  # controller -> cgroup version, or why not limited
 
 
 def _sandbox(tree: Path, venv: Path, env: dict[str, str], *, tree_writable: bool = True,
              extra_mounts: Sequence[Mount] = (), tree_mount: str = TREE_MOUNT,
-             hostname: str = "sandbox") -> BwrapCommand:
-    """The grading sandbox: the tree at /testbed (read-only for strict runs), the task venv
-    read-only, fresh tmpfs, plus grader-owned mounts (the strict runner's plugin and report dir)."""
-    mounts = [Mount("/tmp", kind="tmpfs", perms="1777"), Mount("/home/agent", kind="tmpfs", perms="0777"),
-              Mount(tree_mount, tree, "bind" if tree_writable else "ro-bind"), Mount(VENV_MOUNT, venv),
-              *extra_mounts]
+             hostname: str = "sandbox", tmpfs_bytes: int | None = None) -> BwrapCommand:
+    """The grading sandbox: the tree at ``tree_mount`` (read-only for strict runs; a sized tmpfs copy
+    when writable), the task venv read-only, sized tmpfs, plus grader-owned mounts (the strict
+    runner's plugin and report dir)."""
+    tree_mounts = ([Mount(TREE_SOURCE_MOUNT, tree), Mount(tree_mount, kind="tmpfs", perms="0777", size=tmpfs_bytes)]
+                   if tree_writable else [Mount(tree_mount, tree)])
+    mounts = [Mount("/tmp", kind="tmpfs", perms="1777", size=tmpfs_bytes),
+              Mount("/home/agent", kind="tmpfs", perms="0777", size=tmpfs_bytes),
+              *tree_mounts, Mount(VENV_MOUNT, venv), *extra_mounts]
     uid, gid = (SANDBOX_UID, SANDBOX_UID) if os.geteuid() == 0 else (os.geteuid(), os.getegid())
     return BwrapCommand(mounts, workdir=tree_mount, env=env, uid=uid, gid=gid, hostname=hostname)
+
+
+def _start_wrapper(cmd: list[str], started_fd: int, *, copy_to: str | None) -> list[str]:
+    """bash that (copies the tree into its tmpfs at ``copy_to``,) reports the start on ``started_fd``,
+    closes it, execs ``cmd``."""
+    # each top-level entry (dotfiles too), never the mount point itself (root's, its times not ours to set)
+    copy = (f"shopt -s dotglob nullglob && src=({TREE_SOURCE_MOUNT}/*) && shopt -u dotglob nullglob && "
+            f'{{ [ ${{#src[@]}} -eq 0 ] || cp -a "${{src[@]}}" {copy_to}/; }} && ' if copy_to else "")
+    return ["/bin/bash", "-c", f'{copy}printf 1 >&{started_fd} && exec {started_fd}>&- && exec "$@"',
+            "polar-sandbox", *cmd]
 
 
 def prepare_tree_owner(tree: Path) -> None:
@@ -69,6 +115,7 @@ def run_sandboxed(
     pass_fds: Sequence[int] = (),
     tree_mount: str = TREE_MOUNT,
     hostname: str = "sandbox",
+    limits: GradingLimits | None = None,
 ) -> SandboxRun:
     """Run `script` (bash source, or an argv run as is) in the sandbox; kill it all at the deadline.
 
@@ -76,6 +123,7 @@ def run_sandboxed(
 
     Output (stdout and stderr together) is read with bounded memory (`read_bounded`).
     """
+    limits = limits or GradingLimits.from_env()
     full_env = {
         "PATH": f"{VENV_MOUNT}/bin:/usr/bin:/bin",
         "HOME": "/home/agent",
@@ -86,11 +134,27 @@ def run_sandboxed(
         **(env or {}),
     }
     cmd = ["/bin/bash", "-c", script] if isinstance(script, str) else list(script)
-    argv = _sandbox(tree, venv, full_env, tree_writable=tree_writable, extra_mounts=extra_mounts,
-                    tree_mount=tree_mount, hostname=hostname).argv(cmd)
+    started_r, started_w = os.pipe()
+    try:
+        argv = _sandbox(tree, venv, full_env, tree_writable=tree_writable, extra_mounts=extra_mounts,
+                        tree_mount=tree_mount, hostname=hostname, tmpfs_bytes=limits.tmpfs_bytes).argv(
+            _start_wrapper(cmd, started_w, copy_to=tree_mount if tree_writable else None))
+    except BaseException:
+        os.close(started_r)
+        os.close(started_w)
+        raise
+    cgroups = CgroupLimits(f"grade-{os.getpid()}-{uuid.uuid4().hex[:8]}", limits.memory_bytes, limits.pids_max)
     start = time.monotonic()
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True, pass_fds=tuple(pass_fds))
+    try:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, pass_fds=(*pass_fds, started_w),
+                                preexec_fn=cgroups.join if cgroups.dirs else None)
+    except BaseException:
+        os.close(started_r)
+        cgroups.remove()
+        raise
+    finally:
+        os.close(started_w)
     result: dict[str, tuple[str, OutputStats]] = {}
     reader = threading.Thread(target=lambda: result.setdefault("out", read_bounded(proc.stdout)), daemon=True)
     reader.start()
@@ -102,7 +166,15 @@ def run_sandboxed(
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         timed_out = True
+    finally:
+        cgroups.kill_all()  # whatever escaped the process group (a daemonised child) ends with the run
+        cgroups.remove()
     reader.join()
     proc.stdout.close()
+    with os.fdopen(started_r, "rb") as f:
+        os.set_blocking(started_r, False)
+        started = bool(f.read(1))
     out, stats = result.get("out", ("", OutputStats()))
-    return SandboxRun(proc.returncode, out, timed_out, time.monotonic() - start, stats)
+    applied = {**cgroups.versions, **cgroups.skipped}
+    return SandboxRun(proc.returncode, out, timed_out, time.monotonic() - start, stats, started=started,
+                      limits=applied)

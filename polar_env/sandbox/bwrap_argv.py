@@ -30,6 +30,7 @@ class Mount:
     src: Path | str | None = None  # None for a tmpfs
     kind: Literal["bind", "ro-bind", "tmpfs"] = "ro-bind"
     perms: str | None = None  # tmpfs mode, e.g. "1777"
+    size: int | None = None  # tmpfs size in bytes (None: the kernel's default, half the RAM)
 
 
 @dataclass(frozen=True)
@@ -67,6 +68,8 @@ class BwrapCommand:
         for mount in self.mounts:
             if mount.perms is not None:
                 argv += ["--perms", mount.perms]
+            if mount.size is not None and mount.kind == "tmpfs":
+                argv += ["--size", str(mount.size)]
             argv += ["--tmpfs", mount.dst] if mount.kind == "tmpfs" else [f"--{mount.kind}", str(mount.src), mount.dst]
         argv += ["--remount-ro", "/", "--chdir", self.workdir, "--clearenv"]
         for key, value in self.env.items():

@@ -10,9 +10,11 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
+from pydantic_core import PydanticSerializationError
 
 from polar_env.chat.messages import AssistantTurn, Message
 from polar_env.outcomes import FailureKind
+from polar_env.safe_text import json_safe
 
 TRAJECTORY_SCHEMA_VERSION = 1
 
@@ -117,3 +119,11 @@ class Trajectory(BaseModel):
     grading: dict[str, Any] | None = None
     failure_kind: FailureKind = FailureKind.none  # what ended the episode (polar_env.outcomes)
     masked: bool = False  # the outcome table's verdict: keep in the GRPO group, train on nothing
+
+    def model_dump_json(self, **kwargs: Any) -> str:
+        """As pydantic's, but never refuses: text that is not valid Unicode (a lone surrogate from a
+        non-UTF-8 file name, anywhere in the record) is written escaped (`polar_env.safe_text`)."""
+        try:
+            return super().model_dump_json(**kwargs)
+        except PydanticSerializationError:
+            return type(self).model_validate(json_safe(self.model_dump())).model_dump_json(**kwargs)
