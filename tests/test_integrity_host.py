@@ -195,3 +195,45 @@ def test_a_one_line_gitattributes_does_not_break_grading(tmp_path: Path):
     (tree / ".gitattributes").write_text("* filter=x working-tree-encoding=UTF-16 diff=x\n")
     result = grade(TASK, extract_patch(tree))
     assert result.failure_kind == FailureKind.none and result.reward == 1.0, result.error
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("podman") is None, reason="needs podman (scripts/setup_podman.sh)")
+def test_ladder_and_git_settings_in_a_podman_agents_tree(tmp_path: Path):
+    """The same in a podman workspace: the agent (uid 1000) builds the ladder and writes hostile git
+    settings into its repository; the root diff inside the container runs none of them, and neither
+    it nor the image grading of the patch touches the host canary."""
+    from polar_env.episodes.workspace import engine_available
+    from polar_env.rewards.image_grading import grade_task
+    from polar_env.tasks.images import ensure_task_image
+
+    if not engine_available("podman"):
+        pytest.skip("podman is not usable here")
+    canary = make_canary(tmp_path)
+    before = canary_state(canary)
+    task = TASK.model_copy(update={"image": ensure_task_image(TASK, "podman"), "base_archive": None})
+
+    async def episode() -> tuple[bytes, str]:
+        ws = await open_workspace(task, SandboxSpec(), sandbox="podman")
+        try:
+            sb = ws.sandbox
+            for cmd in ladder_commands(canary):
+                run = await sb.run(cmd, timeout_s=60)
+                assert run.exit_code == 0, (cmd, run.stderr_tail)
+            await sb.run(["sh", "-c", "git config core.fsmonitor 'touch /tmp/ran; false' && "
+                                      "git config filter.x.clean 'touch /tmp/ran; cat' && "
+                                      "git config filter.x.required true && "
+                                      "echo '* filter=x working-tree-encoding=UTF-16' > .gitattributes"], timeout_s=60)
+            patch = await sb.diff(NOISE_EXCLUDES)
+            ran = await sb.run(["sh", "-c", "ls /tmp/ran 2>&1; id -u"], timeout_s=60)
+            return patch, ran.stdout_tail + ran.stderr_tail
+        finally:
+            await ws.close()
+
+    patch_bytes, ran = asyncio.run(episode())
+    assert "No such file" in ran and ran.split()[-1] != "0", ran  # nothing of the agent's git ran; agent not root
+    patch = patch_bytes.decode("utf-8", "surrogateescape")
+    assert "u16" in patch and ".gitattributes" in patch
+    result = grade_task(task, patch, kind="podman", timeout_s=300)
+    assert canary_state(canary) == before
+    assert result.reward == 0.0 and not result.resolved
