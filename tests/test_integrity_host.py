@@ -236,4 +236,4 @@ def test_ladder_and_git_settings_in_a_podman_agents_tree(tmp_path: Path):
     assert "u16" in patch and ".gitattributes" in patch
     result = grade_task(task, patch, kind="podman", timeout_s=300)
     assert canary_state(canary) == before
-    assert result.reward == 0.0 and not result.resolved
+    assert result.reward == 0.0 and not result.resolved and not result.failure_kind.outside_policy, result.error

@@ -46,6 +46,7 @@ from polar_env.rewards.strict_run import (
     test_file_of,
 )
 from polar_env.rewards.workspace import import_roots
+from polar_env.sandbox import safe_git
 from polar_env.sandbox.container import BASE_FILE, GIT_DIR_INSIDE, ContainerSandbox, engine_run
 from polar_env.tasks.models import Task
 
@@ -57,7 +58,7 @@ GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_TE
 MAX_STREAM_BYTES = 16 << 20
 CHANGES = f"""set -e
 cd {TREE}
-export GIT_DIR={GIT_DIR_INSIDE} GIT_WORK_TREE={TREE}  # the base snapshot's repository (container.py)
+export GIT_ALTERNATE_OBJECT_DIRECTORIES={GIT_DIR_INSIDE}/objects  # the base snapshot's objects (container.py)
 base=$(cat {BASE_FILE})
 export GIT_INDEX_FILE=$(mktemp)
 {GIT} read-tree "$base"
@@ -67,14 +68,14 @@ printf '\\0\\0'
 {GIT} ls-tree -r --name-only -z "$base"
 """
 SOURCE_DIFF = f"""cd {TREE}
-export GIT_DIR={GIT_DIR_INSIDE} GIT_WORK_TREE={TREE}
+export GIT_ALTERNATE_OBJECT_DIRECTORIES={GIT_DIR_INSIDE}/objects
 base=$(cat {BASE_FILE})
 export GIT_INDEX_FILE=$(mktemp)
 {GIT} read-tree "$base" && {GIT} add -A -f -- . && {GIT} diff --cached --no-color --no-ext-diff "$base" -- "$@"
 """
 RESTORE = f"""set -e
 cd {TREE}
-export GIT_DIR={GIT_DIR_INSIDE} GIT_WORK_TREE={TREE}  # the base snapshot's repository (container.py)
+export GIT_ALTERNATE_OBJECT_DIRECTORIES={GIT_DIR_INSIDE}/objects  # the base snapshot's objects (container.py)
 base=$(cat {BASE_FILE})
 for p in "$@"; do
   rm -rf -- "$p"
@@ -177,6 +178,7 @@ async def strict_in_box(task: Task, box: ContainerSandbox, patch: str, timeout_s
     from polar_env.rewards.grading import TestRun
 
     env = GIT_ENV
+    await _root(box, safe_git.shell_neutralise(f"{TREE}/.git"))  # the patch's .gitattributes cannot break git add
     if patch.strip():
         applied = await box.run(["sh", "-c", f"cd {TREE} && {GIT} apply --verbose -"], env=env,
                                 stdin=patch.encode("utf-8", "surrogateescape"), timeout_s=120)

@@ -37,7 +37,7 @@ from polar_env.sandbox.base import (
 from polar_env.sandbox.bubblewrap import FORWARDER_INSIDE, FORWARDER_SRC
 
 ENGINES = ("docker", "podman")
-GIT_DIR_INSIDE = "/var/lib/polar-git"  # the base snapshot's repository: root-only, outside the tree
+GIT_DIR_INSIDE = "/var/lib/polar-git"  # the base snapshot's repository: root's, outside the tree, readable
 BASE_FILE = f"{GIT_DIR_INSIDE}/POLAR_BASE"  # the base tree's id, in that repository (GIT_DIR=GIT_DIR_INSIDE)
 SETUP_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER")  # what the root setup execs need, nothing more
 FALLBACK_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -55,11 +55,11 @@ class ContainerError(RuntimeError):
 
 
 def git_snapshot_script(workdir: str, git_dir: str = GIT_DIR_INSIDE) -> str:
-    """Shell run inside the container (as root): record the base tree in a root-only repository
-    outside the tree (`safe_git`: the tree's own ``.git`` config, hooks and attributes never apply,
+    """Shell run inside the container (as root): record the base tree in a repository only root can
+    write, outside the tree (`safe_git`: the tree's own ``.git`` config, hooks and attributes never apply,
     and nothing is written into any home's git config)."""
     git = safe_git.shell_function(git_dir, workdir, f"{git_dir}/base.index")
-    return (f"{git}; mkdir -p -m 0700 {git_dir} && cd {shlex.quote(workdir)} && g init -q && "
+    return (f"{git}; mkdir -p -m 0755 {git_dir} && cd {shlex.quote(workdir)} && g init -q && "
             f"{safe_git.shell_neutralise(git_dir)} && g add -A . && g write-tree > {git_dir}/POLAR_BASE")
 
 
