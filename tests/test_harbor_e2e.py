@@ -34,8 +34,9 @@ def _rows(path: Path) -> list[dict]:
 
 async def test_agent_cannot_read_tests_or_solution_nor_plant_a_reward():
     """In the episode the agent's uid finds neither tests/ nor solution/ anywhere; a reward it plants
-    (in a /logs the image left writable, and from a process it leaves running) does not survive:
-    the task's test.sh writes none, so the verifier reports no_reward, not the planted 1."""
+    (in a /logs the image left writable, and from a process it leaves running) does not survive, nor
+    does one a process left by test.sh writes later: the task's test.sh writes none, so the verifier
+    reports no_reward, not a planted 1."""
     task = load_task_dir(NO_REWARD)
     check_image(task, ENGINE)
     ws = await open_workspace(task, SandboxSpec(), sandbox=ENGINE)
@@ -54,7 +55,8 @@ async def test_agent_cannot_read_tests_or_solution_nor_plant_a_reward():
         result = await verify(task, box)  # type: ignore[arg-type]
         assert result.failure_kind == "no_reward" and result.reward == 0.0 and not result.resolved, result
         assert "wrote neither" in result.error
-        left = await box.run(["sh", "-c", "ls -A /logs/verifier; stat -c %U /tests/test.sh"], timeout_s=60)
+        # the process test.sh left to write a reward 3 s later was killed before the reward was read
+        left = await box.run(["sh", "-c", "sleep 5; ls -A /logs/verifier; stat -c %U /tests/test.sh"], timeout_s=60)
         assert left.stdout_tail.split() == ["root"]  # nothing planted survived; the tests are root's
     finally:
         await ws.close()

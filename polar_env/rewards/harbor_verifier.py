@@ -13,7 +13,7 @@ once the harness has ended:
    image default), with ``[verifier] env``, under ``[verifier] timeout_sec``, in the container's
    ``--network none`` (only ``lo``: no network at all, not even the proxy's forwarder is running),
    its output bounded;
-4. ``/logs/verifier/reward.json`` is read first (an object of numbers, or one number), else
+4. every process test.sh left behind is killed, then ``/logs/verifier/reward.json`` is read first (an object of numbers, or one number), else
    ``reward.txt`` (one number). Missing, empty, unparsable or non-finite is ``no_reward``: its own
    failure kind, masked by default and never trained as 0 (Harbor: ``RewardFileNotFoundError``,
    ``RewardFileEmptyError``).
@@ -57,9 +57,16 @@ def _clean_script(verifier_user: str) -> str:
             f"chown {shlex.quote(verifier_user)} {VERIFIER_DIR} && chmod 0755 {VERIFIER_DIR}")
 
 
+# Before the reward is read, every process still in the container but its init, its `sleep infinity`
+# and this shell dies: nothing test.sh started (the agent's code it ran, as root) rewrites the reward.
+KILL_LEFTOVERS = ("for d in /proc/[0-9]*; do p=${d#/proc/}; [ \"$p\" = 1 ] || [ \"$p\" = $$ ] || "
+                  "[ \"$(tr '\\0' ' ' < $d/cmdline 2>/dev/null)\" = 'sleep infinity ' ] || kill -KILL $p 2>/dev/null; "
+                  "done; ")
+
+
 def _read_script() -> str:
     """Print which reward file exists (json first) and its first bytes; exit 3 when there is none."""
-    return "; ".join(f"if [ -f {VERIFIER_DIR}/{name} ]; then echo {name}; head -c {MAX_REWARD_BYTES + 1} "
+    return KILL_LEFTOVERS + "; ".join(f"if [ -f {VERIFIER_DIR}/{name} ]; then echo {name}; head -c {MAX_REWARD_BYTES + 1} "
                      f"{VERIFIER_DIR}/{name}; exit 0; fi" for name in REWARD_FILES) + "; exit 3"
 
 
