@@ -23,6 +23,7 @@ from polar_env.harness_adapters import get_adapter
 from polar_env.proxy.engine import MAX_IDENTICAL_FAILURES, EngineConfig
 from polar_env.proxy.sessions import prefix_hashes
 from polar_env.trajectory.chains import build_trajectory
+from polar_env.trajectory.export import grpo_rows
 from polar_env.trajectory.ledger import Ledger
 
 pytestmark = [pytest.mark.slow,
@@ -104,6 +105,11 @@ async def test_harness_reacts_to_the_providers_overflow_error(harness, small_win
         assert compactions and compactions[0].output.content == SUMMARY, detail
         assert traj.chains[1].start_reason == "history rewritten (compaction or edited history)", detail
         assert run.status == "completed" and calls[-1].output.content == FINAL, detail
+        # --train-paths: all trains the compacted history's chain too, main only the first
+        graded = traj.model_copy(update={"reward": 1.0})
+        trained = [ch.index for ch in traj.chains if ch.trainable_tokens]
+        assert len(trained) >= 2 and [r["chain"] for r in grpo_rows([graded], train_paths="all")] == trained, detail
+        assert [r["chain"] for r in grpo_rows([graded], train_paths="main")] == [traj.main_chain], detail
     elif harness == "gemini-cli":
         # Gemini CLI compacts only ahead of its own idea of the window, never on the API's refusal:
         # "The input token count (N) exceeds the maximum number of tokens allowed (M)." ends the turn

@@ -56,6 +56,7 @@ from polar_env.janitor import Janitor
 from polar_env.outcomes import FailureKind, OutcomeTable, final_kind
 from polar_env.proxy.app import ProxyServer
 from polar_env.proxy.engine import EngineConfig
+from polar_env.proxy.policy import Admission
 from polar_env.resources_server.core import SeededEpisode, UnknownTask, VerifyOutcome, attach_sandbox
 from polar_env.trajectory.chains import build_trajectory
 from polar_env.trajectory.export import GroupPrompts, TrajectoryWriter, to_nemo_gym_result
@@ -85,6 +86,12 @@ class PolarAgentConfig(BaseModel):
     backend_options: dict[str, Any] = Field(default_factory=dict)  # e.g. timeout_s, chat_template_kwargs
     outcomes: OutcomeTable = Field(default_factory=OutcomeTable)  # reward/mask per failure kind (docs/outcomes.md)
     budget: EpisodeBudget = Field(default_factory=EpisodeBudget)  # per-episode max_calls / max_sampled_tokens
+    # the serving weights' version at start; the trainer moves it (POST /polar/policy, /polar/pause, /polar/resume)
+    policy_version: int | None = None
+    # an episode starts only while the policy is within K versions of the step it feeds (proxy/policy.py
+    # Admission); a step being episodes_per_step /run calls (NeMo-RL: prompts per step x generations per prompt)
+    max_staleness: int | None = Field(default=None, ge=0)
+    episodes_per_step: int = Field(default=1, ge=1)
 
 
 class InputError(ValueError):
@@ -197,6 +204,7 @@ class PolarAgent:
         self._playing: set[asyncio.Task] = set()  # episodes before settling: stop() cancels these
         self._settling: set[asyncio.Task] = set()  # settles: stop() waits for these, never cancels
         self._stopping = False
+        self._admission: Admission | None = None
 
     async def start(self) -> None:
         """Build the proxy over the policy server and install the harness (once per process)."""
@@ -216,7 +224,10 @@ class PolarAgent:
         self.runtime_dir.mkdir(parents=True, exist_ok=True)
         self.proxy = ProxyServer.create(renderer=renderer, backend=backend, data_dir=self.runtime_dir / "ledger",
                                         admin_secret=secrets.token_urlsafe(32),
-                                        config=EngineConfig(max_context=c.max_context))
+                                        config=EngineConfig(max_context=c.max_context,
+                                                            policy_version=c.policy_version))
+        if c.max_staleness is not None:
+            self._admission = Admission(self.proxy.engine.fence, c.max_staleness, c.episodes_per_step)
         sock_dir = self.runtime_dir / "sock"
         sock_dir.mkdir(exist_ok=True)
         sock_dir.chmod(0o755)  # the sandbox uid traverses it to reach the socket
@@ -278,6 +289,8 @@ class PolarAgent:
         proxy = self.proxy
         assert proxy is not None
         async with self._slots:
+            if self._admission is not None:
+                await self._admission.admit()
             episode_id = f"{_slug(task_id)}-{uuid.uuid4().hex[:12]}"
             session = open_session(proxy, self.adapter, episode_id, task_id=task_id,
                                    sampling=session_sampling(params, self.config.default_sampling),

@@ -19,7 +19,8 @@ from polar_env.trajectory.export import output_items
 from polar_env.trajectory.models import CallSummary, Trajectory
 
 SOURCE = "polar"
-_TOKEN_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
+# what training reads from an item (token ids, and the policy version that sampled them): a verifier needs none
+_TOKEN_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs", "policy_version")
 
 InvocationStatus = Literal["completed", "failed", "incomplete", "unknown"]
 

@@ -18,6 +18,7 @@ from types import ModuleType
 from typing import Any, TypeVar
 
 from aiohttp import web
+from pydantic import BaseModel, ValidationError
 
 from polar_env import fastjson
 from polar_env.backends.base import Backend, BackendError
@@ -26,6 +27,7 @@ from polar_env.chat.template import ChatRenderer
 from polar_env.proxy import anthropic_messages, gemini_generate_content, openai_chat, openai_responses
 from polar_env.proxy.engine import ContextOverflow, EngineConfig, SessionStopped, TokenEngine
 from polar_env.proxy.offload import ParsePool
+from polar_env.proxy.policy import PauseRequest, PolicyVersion, ResumeRequest
 from polar_env.proxy.seen import Seen
 from polar_env.proxy.sessions import AuthError, BudgetExceeded, Session, SessionRegistry
 from polar_env.proxy.wire import DecodedRequest, WireError, openai_error, parse_json_body
@@ -43,6 +45,7 @@ API_MODULES: dict[str, ModuleType] = {
 DEFAULT_MAX_BODY = 64 * 1024 * 1024
 OFF_LOOP_BYTES = 256 * 1024  # bodies from this size are parsed in a worker process (proxy/offload.py)
 T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
 
 
 def _request_key(request: web.Request) -> str | None:
@@ -171,6 +174,10 @@ class ProxyServer:
         r.add_get("/admin/sessions/{sid}", self._admin_get)
         r.add_post("/admin/sessions/{sid}/close", self._admin_close)
         r.add_get("/admin/sessions/{sid}/calls", self._admin_calls)
+        r.add_get("/admin/policy", self._admin_policy)
+        r.add_post("/admin/policy", self._admin_policy)
+        r.add_post("/admin/pause", self._admin_pause)
+        r.add_post("/admin/resume", self._admin_resume)
         return app
 
     async def start(self, host: str = "127.0.0.1", port: int = 0, unix_socket: Path | None = None) -> None:
@@ -421,6 +428,45 @@ class ProxyServer:
             return _error(400, "status must be completed, timeout or error")
         info = self.registry.close(session.id, status)
         return _json(info.model_dump(mode="json", exclude={"key_sha256"}))
+
+    async def _admin_body(self, request: web.Request, model: type[M]) -> M | web.Response:
+        """The admin request's body as ``model`` (an empty body: its defaults), or the 400/401 answer."""
+        if not self._admin_ok(request):
+            return _error(401, "admin API requires the admin secret as Bearer token")
+        try:
+            return model.model_validate(await self._read_json(request, b"{}"))
+        except WireError as exc:
+            return _error(exc.status, exc.message)
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors())
+            return _error(400, f"bad {request.path} body: {problems}")
+
+    async def _admin_policy(self, request: web.Request) -> web.Response:
+        """GET: the version served and the fence's state; POST ``{"version": N}``: set the version."""
+        if request.method == "POST":
+            body = await self._admin_body(request, PolicyVersion)
+            if isinstance(body, web.Response):
+                return body
+            self.engine.fence.set_version(body.version)
+        elif not self._admin_ok(request):
+            return _error(401, "admin API requires the admin secret as Bearer token")
+        return _json(self.engine.fence.state().model_dump(mode="json"))
+
+    async def _admin_pause(self, request: web.Request) -> web.Response:
+        """Close the weight-sync fence; answers once the calls in flight finished (504: they did not)."""
+        body = await self._admin_body(request, PauseRequest)
+        if isinstance(body, web.Response):
+            return body
+        report = await self.engine.fence.pause(body)
+        return _json(report.model_dump(mode="json"), status=200 if report.drained else 504)
+
+    async def _admin_resume(self, request: web.Request) -> web.Response:
+        body = await self._admin_body(request, ResumeRequest)
+        if isinstance(body, web.Response):
+            return body
+        window = self.engine.fence.resume(body.version)
+        return _json({"version": self.engine.fence.version,
+                      "window": window.model_dump(mode="json") if window is not None else None})
 
     async def _admin_calls(self, request: web.Request) -> web.Response:
         session = self._admin_session(request)

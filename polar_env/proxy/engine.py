@@ -31,6 +31,7 @@ from polar_env.backends.logprobs_mode import LogprobsMode
 from polar_env.chat.messages import AssistantTurn, Conversation, Message, TokenLogprob, ToolCall
 from polar_env.chat.template import ChatRenderer, apply_tool_kinds
 from polar_env.outcomes import FailureKind
+from polar_env.proxy.policy import PolicyFence
 from polar_env.proxy.sessions import SAMPLING_KEYS, BudgetExceeded, CallState, Session, prefix_hashes
 from polar_env.proxy.wire import DecodedRequest, issued_tool_call_id
 from polar_env.trajectory.ledger import Ledger
@@ -66,6 +67,7 @@ class EngineConfig:
     # thinking; the stream then differs from a full render by design, flagged ``HISTORY_THINKING_KEPT``),
     # ``drop`` starts a new chain rendered whole, as the template drops that thinking (docs/proxy.md)
     history_thinking: Literal["keep", "drop"] = "keep"
+    policy_version: int | None = None  # the serving weights' version at start (the trainer moves it: proxy/policy.py)
 
 
 def add_thinking_arguments(parser: argparse.ArgumentParser, enable_thinking: bool | None = None,
@@ -111,6 +113,7 @@ class TokenEngine:
         self._tokenizer = threading.Lock()
         self._window: int | None = None
         self._window_known = False
+        self.fence = PolicyFence(self.config.policy_version)  # every generation passes it (weight sync)
 
     async def off_loop(self, fn: Callable[..., T], *args: Any, small: bool = False) -> T:
         """``fn(*args)`` on the engine's worker thread: /health and other sessions stay served.
@@ -330,10 +333,12 @@ class TokenEngine:
         session.reserve_tokens(sampling.max_tokens)
         try:
             try:
-                generation = await self._generate(session, prompt_ids, sampling)
+                record.policy_version, generation, held_ms = await self.fence.generate(
+                    partial(self._generate, session, prompt_ids, sampling),
+                    partial(record.flags.append, "fence_aborted"))
             except ContextOverflow as exc:  # the backend's own refusal: answered as ours would be
                 raise ContextOverflow(len(prompt_ids), exc.window or window, str(exc)) from exc
-            generate_ms = (time.perf_counter() - gen_started) * 1e3
+            generate_ms = (time.perf_counter() - gen_started) * 1e3 - held_ms  # the fence's wait apart
             if generation.prompt_ids is not prompt_ids and generation.prompt_ids != prompt_ids:
                 record.flags.append("backend_prompt_mismatch")
             sampled, logprobs, finish = generation.token_ids, generation.logprobs, generation.finish_reason
@@ -361,6 +366,8 @@ class TokenEngine:
             record.model = generation.model or self.backend.model
             record.timings = {"render_ms": render_ms, "generate_ms": generate_ms,
                               "total_ms": (time.perf_counter() - started) * 1e3}
+            if held_ms:
+                record.timings["fence_ms"] = held_ms
             await self.ledger.append_async(record)
             session.remember(record, self.eos_ids, hashes[-1], ids_digest(sampled, prompt_digest))
             return turn, record

@@ -64,6 +64,10 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
                         help="override a row of the outcome table (docs/outcomes.md), e.g. harness_crashed=mask")
     parser.add_argument("--min-backend-tokens-per-s", type=float, default=d.min_backend_tokens_per_s,
                         help="a deadline hit while the backend sampled slower than this is masked, not the policy's")
+    parser.add_argument("--train-paths", default=d.train_paths, metavar="all|main|final|MODULE:FUNCTION",
+                        help="which chains of an episode become training rows (docs/training.md)")
+    parser.add_argument("--max-staleness", type=int, default=d.max_staleness, metavar="K",
+                        help="start an episode only while the policy lag is within K versions (docs/training.md)")
 
 
 def _outcome_arg(item: str) -> tuple[FailureKind, Outcome]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from polar_env.outcomes import FailureKind, Outcome, OutcomeTable
 from polar_env.trajectory.records import EpisodeBudget
@@ -45,6 +45,17 @@ class RolloutConfig(BaseModel):
     min_backend_tokens_per_s: float = OutcomeTable().min_backend_tokens_per_s
     reward_key: str | None = None  # Harbor tasks: the reward.json key trained on (rewards/harbor_verifier.py)
     ray: str | None = None  # a Ray cluster address ('auto': the one on this machine)
+    train_paths: str = "all"  # which chains become training rows: all | main | final | module:function
+    # an episode starts only while the policy lag is within this many versions (None: no bound)
+    max_staleness: int | None = Field(default=None, ge=0)
+
+    @field_validator("train_paths")
+    @classmethod
+    def _known_paths(cls, value: str) -> str:
+        from polar_env.trajectory.paths import selector
+
+        selector(value)  # a bad value fails here, before any episode runs
+        return value
 
     def sampling(self) -> dict[str, float | int]:
         """The sampling parameters the trainer dictates to every model call."""

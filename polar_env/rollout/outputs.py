@@ -15,6 +15,7 @@ from polar_env.trajectory.export import (
     grpo_rows,
     jsonl_line,
     nemo_results,
+    thin_groups,
     to_nemo_gym_result,
     write_jsonl,
 )
@@ -62,12 +63,12 @@ class RolloutOutputs:
         self.close()
 
 
-def finish_outputs(out: Path, trajectories: list[Trajectory]) -> dict[str, Any]:
-    """NeMo results (rebuilt, so an interrupt between two appends leaves no gap), GRPO batch and
-    summary over every finished episode in ``out``."""
+def finish_outputs(out: Path, trajectories: list[Trajectory], train_paths: str = "all") -> dict[str, Any]:
+    """NeMo results (rebuilt, so an interrupt between two appends leaves no gap), GRPO batch (the
+    chains ``train_paths`` selects) and summary over every finished episode in ``out``."""
     write_jsonl(out / "nemo_results.jsonl", nemo_results(trajectories))
     graded = [t for t in trajectories if t.reward is not None]
-    write_jsonl(out / "grpo_batch.jsonl", grpo_rows(graded))
+    write_jsonl(out / "grpo_batch.jsonl", grpo_rows(graded, train_paths=train_paths))
     summary = summarize(trajectories)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
@@ -88,6 +89,8 @@ def summarize(trajectories: list[Trajectory]) -> dict[str, Any]:
         "failure_kinds": dict(sorted(Counter(t.failure_kind.value for t in trajectories).items())),
         "calls": sum(t.stats.calls for t in trajectories),
         "sampled_tokens": sum(t.stats.sampled_tokens for t in trajectories),
+        # GRPO groups left with fewer than 2 unmasked samples: they train nothing (no advantage)
+        "thin_groups": thin_groups(trajectories),
         "trainable_tokens": sum(t.stats.trainable_tokens for t in trajectories),
         "chains": sum(t.stats.chains for t in trajectories),
         "models": sorted({t.model for t in trajectories if t.model}),

@@ -18,6 +18,8 @@ class RolloutPlan:
     concurrency: int = 1
     out: Path = Path("runs/rollout")
     episode: EpisodeConfig = field(default_factory=EpisodeConfig)
+    max_staleness: int | None = None  # admission bound in policy versions (proxy/policy.py Admission)
+    train_paths: str = "all"  # which chains the GRPO batch trains (trajectory/paths.py)
 
     def episodes(self) -> list[tuple[Task, int]]:
         return [(task, k) for task in self.tasks for k in range(self.samples)]
@@ -38,7 +40,8 @@ def plan_from_config(config: RolloutConfig) -> RolloutPlan:
                                              grading_timeout_s=config.grading_timeout, sampling=config.sampling(),
                                              model_name=config.model_name, sandbox=config.sandbox,
                                              outcomes=config.outcomes(), budget=config.budget(),
-                                             reward_key=config.reward_key))
+                                             reward_key=config.reward_key),
+                       max_staleness=config.max_staleness, train_paths=config.train_paths)
 
 
 def episode_key(task_id: str, sample: int) -> str:

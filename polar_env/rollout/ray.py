@@ -158,5 +158,5 @@ def _drive(plan: RolloutPlan, config: RolloutConfig) -> list[Trajectory]:
         for actor in actors:
             ray.kill(actor)  # its sandboxes die with it (bubblewrap --die-with-parent)
     trajectories = list(read_trajectories(plan.out / "trajectories.jsonl"))
-    finish_outputs(plan.out, trajectories)
+    finish_outputs(plan.out, trajectories, plan.train_paths)
     return trajectories

@@ -14,6 +14,7 @@ from typing import Any
 from polar_env.backends.logprobs_mode import LogprobsMismatch, sampling_mismatch
 from polar_env.episodes import run_episode
 from polar_env.proxy.app import ProxyServer
+from polar_env.proxy.policy import Admission
 from polar_env.rollout.config import RolloutConfig
 from polar_env.rollout.outputs import RolloutOutputs, finish_outputs
 from polar_env.rollout.plan import RolloutPlan, attempt_session_id, episode_key, pending_episodes
@@ -36,6 +37,7 @@ class EpisodeRunner:
         self.ledger = ledger
         self.metadata = metadata or {}  # stamped on every trajectory (e.g. the Ray node)
         self.proxy: ProxyServer | None = None
+        self.admission: Admission | None = None  # --max-staleness: episodes start within K versions
         self._sock_dir: Path | None = None
 
     async def start(self) -> None:
@@ -46,12 +48,16 @@ class EpisodeRunner:
         await self.proxy.start(unix_socket=socket, port=None)
         if why := sampling_mismatch(self.proxy.logprobs_mode, self.plan.episode.sampling):
             raise LogprobsMismatch(why)  # every episode would be refused: say it once, before any runs
+        if self.plan.max_staleness is not None:  # one training step = one pass over the plan's episodes
+            self.admission = Admission(self.proxy.engine.fence, self.plan.max_staleness,
+                                       len(self.plan.tasks) * self.plan.samples)
 
     async def run(self, task: Task, sample: int) -> Trajectory:
         key = episode_key(task.instance_id, sample)
+        admitted = {} if self.admission is None else {"admitted_at_version": await self.admission.admit()}
         result = await run_episode(self.proxy, task, episode_id=attempt_session_id(key, self.ledger),
                                    group_id=task.instance_id, config=self.plan.episode,
-                                   metadata={"episode_key": key, "sample": sample, **self.metadata})
+                                   metadata={"episode_key": key, "sample": sample, **admitted, **self.metadata})
         result.trajectory.metadata.update({"episode_key": key, **self.metadata})
         return result.trajectory
 
@@ -96,7 +102,7 @@ async def run_rollouts(plan: RolloutPlan, proxy_factory: ProxyFactory) -> list[T
         outputs.close()
         await runner.stop()
     trajectories = list(read_trajectories(plan.out / "trajectories.jsonl"))
-    finish_outputs(plan.out, trajectories)
+    finish_outputs(plan.out, trajectories, plan.train_paths)
     return trajectories
 
 

@@ -34,26 +34,35 @@ from polar_env.rollout.runner import EpisodeRunner, prepare, proxy_factory
 from polar_env.tasks.models import Task
 from polar_env.trajectory.export import read_trajectories
 from polar_env.trajectory.models import Trajectory
+from polar_env.trajectory.paths import Selector, one_chain, policy_versions, selector
 
 Policy = Callable[[str | None, int, str], str]
 
 
-def trl_row(traj: Trajectory, eos_token_id: int) -> dict[str, Any]:
-    """One TRL rollout row from a trajectory's main chain, ids and logprobs as recorded.
+def trl_row(traj: Trajectory, eos_token_id: int, train_paths: str | Selector = "all") -> dict[str, Any]:
+    """One TRL rollout row from a trajectory's chain, ids and logprobs as recorded.
 
-    TRL trains one completion per rollout, so side chains (a compaction summary, a sub-agent) are
-    not trained here, as in the NeMo-RL export. A trajectory with nothing trainable (no main chain,
-    or masked by the outcome table) still gives a row, all of it masked, so its reward stays in the
-    group's baseline (NeMo-RL's ``mask_sample``).
+    TRL trains one completion per rollout: the row is the chain ``paths.one_chain`` picks from the
+    ones ``train_paths`` selects (the main chain when selected); the other selected chains' tokens
+    are counted in ``side_tokens``. A trajectory with nothing trainable (no selected chain, or
+    masked by the outcome table) still gives a row, all of it masked, so its reward stays in the
+    group's baseline (NeMo-RL's ``mask_sample``): one failed sample never costs its group.
     """
-    main = traj.chains[traj.main_chain] if traj.main_chain is not None else None
-    if main is None:
-        first = next((ch.first_prompt_ids() for ch in traj.chains), None) or [eos_token_id]
-        return {"prompt_ids": first, "completion_ids": [eos_token_id], "logprobs": [0.0], "env_mask": [0]}
-    start = len(main.first_prompt_ids())
-    mask = [0] * (len(main.input_ids) - start) if traj.masked else main.loss_mask[start:]
-    return {"prompt_ids": main.input_ids[:start], "completion_ids": main.input_ids[start:],
-            "logprobs": main.logprobs[start:], "env_mask": mask}
+    chain, side = one_chain(traj, train_paths)
+    if chain is None:  # masked (or nothing selected): the main chain's ids, without loss
+        chain = traj.chains[traj.main_chain] if traj.main_chain is not None else None
+        if chain is None:
+            first = next((ch.first_prompt_ids() for ch in traj.chains), None) or [eos_token_id]
+            return {"prompt_ids": first, "completion_ids": [eos_token_id], "logprobs": [0.0], "env_mask": [0],
+                    "side_tokens": 0, "policy_versions": []}
+        start = len(chain.first_prompt_ids())
+        mask = [0] * (len(chain.input_ids) - start)
+    else:
+        start = len(chain.first_prompt_ids())
+        mask = chain.loss_mask[start:]
+    return {"prompt_ids": chain.input_ids[:start], "completion_ids": chain.input_ids[start:],
+            "logprobs": chain.logprobs[start:], "env_mask": mask, "side_tokens": side,
+            "policy_versions": policy_versions(traj, chain)}
 
 
 class PolarRollouts:
@@ -72,6 +81,8 @@ class PolarRollouts:
         from polar_env.backends.embedded import embedded_model_dir
 
         self.config = config
+        self.train_paths = selector(config.train_paths)  # a bad --train-paths fails here, before any episode
+        self.side_tokens = 0  # trainable tokens of selected chains TRL's one row per rollout left out
         self.plan: RolloutPlan = plan_from_config(config)
         model_dir = config.model_dir or embedded_model_dir()
         tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(model_dir))
@@ -129,8 +140,11 @@ class PolarRollouts:
             trajectories = self._submit(self._episodes(jobs))
         finally:
             module.train(training)
-        rows = [trl_row(t, self.eos_token_id) for t in trajectories]
-        out: dict[str, list[Any]] = {key: [r[key] for r in rows] for key in rows[0]}
+        rows = [trl_row(t, self.eos_token_id, self.train_paths) for t in trajectories]
+        out: dict[str, list[Any]] = {key: [r[key] for r in rows] for key in ("prompt_ids", "completion_ids",
+                                                                              "logprobs", "env_mask")}
+        out["polar_policy_versions"] = [r["policy_versions"] for r in rows]
+        self.side_tokens += sum(r["side_tokens"] for r in rows)
         out["polar_reward"] = [t.reward for t in trajectories]
         out["polar_session"] = [t.session_id for t in trajectories]
         self.last_trajectories = trajectories
@@ -162,7 +176,7 @@ class PolarRollouts:
             self._outputs.close()
         path = self.plan.out / "trajectories.jsonl"
         if path.exists():
-            finish_outputs(self.plan.out, list(read_trajectories(path)))
+            finish_outputs(self.plan.out, list(read_trajectories(path)), self.config.train_paths)
 
     def __enter__(self) -> PolarRollouts:
         return self

@@ -129,6 +129,7 @@ def build_trajectory(session: SessionInfo, calls: list[CallRecord], *, status: S
         unscored_tokens=sum(s.end - s.start for ch in chains for s in ch.spans if s.kind == "unscored"),
         breaks=[ChainBreak(call_index=ch.call_indices[0], chain=ch.index, reason=ch.start_reason)
                 for ch in chains[1:]],
+        policy_versions=sorted({c.policy_version for c in calls if c.policy_version is not None and not is_failed(c)}),
     )
     meta = dict(session.metadata)
     if status is None:
@@ -208,7 +209,7 @@ def _summary(call: CallRecord, chain: int | None, by_index: dict[int, CallRecord
         chain=chain, parent_call_index=call.parent_call_index, messages_offset=offset,
         new_messages=call.messages[offset:], output=call.output, finish_reason=call.finish_reason,
         prompt_tokens=len(call.prompt_ids), sampled_tokens=len(call.sampled_ids), flags=list(call.flags),
-        error=call.error, timings=dict(call.timings),
+        error=call.error, timings=dict(call.timings), policy_version=call.policy_version,
     )
 
 

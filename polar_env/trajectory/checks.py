@@ -19,7 +19,7 @@ from pydantic import BaseModel, BeforeValidator, Field, StrictBool, StrictFloat,
 
 from polar_env.proxy.engine import HISTORY_THINKING_KEPT
 from polar_env.proxy.wire import Loose
-from polar_env.trajectory.export import to_nemo_gym_result
+from polar_env.trajectory.export import thin_groups, to_nemo_gym_result
 from polar_env.trajectory.models import Chain, Trajectory
 
 FileKind = Literal["polar", "nemo", "grpo", "ledger", "unknown"]
@@ -432,6 +432,7 @@ def check_path(path: Path, *, tokenizer: Decoder | None = None, scorer: Scorer |
             report.defects += [f"line {number}: {d}" for d in check_nemo_result(obj)]
         _check_groups([(_nemo_group(obj), obj) for _, obj in rows], report, tokenizer, samples=samples,
                       reached=lambda o: (o.get("polar") or {}).get("first_prompt") != "none")
+        _note_policy_versions([(obj.get("polar") or {}).get("policy_versions") or [] for _, obj in rows], report)
         # each result carries its episode's trainable tokens in every chain and in the main chain
         numbers = [o for _, o in rows if all(_finite_number(o.get(k)) for k in
                                                ("sampled_tokens", "trainable_tokens", "all_chains_trainable_fraction"))]
@@ -472,6 +473,10 @@ def _check_trajectories(trajs: list[Trajectory], report: CheckReport, tokenizer:
     _note_history_thinking(trajs, report)
     _check_groups([(t.group_id, t) for t in trajs], report, tokenizer, samples=samples,
                   reached=lambda t: t.main_chain is not None)
+    _note_policy_versions([t.stats.policy_versions for t in trajs], report)
+    if thin := thin_groups(t for t in trajs if t.group_id is not None):
+        report.warnings.append(f"{len(thin)} group(s) with fewer than 2 unmasked samples train nothing: "
+                               + ", ".join(f"{key} ({n})" for key, n in thin.items()))
     if scorer is not None:
         _add_rescore([ch for t in trajs for ch in t.chains], scorer, report)
 
@@ -485,6 +490,20 @@ def _note_history_thinking(trajs: list[Trajectory], report: CheckReport) -> None
         report.notes.append(f"declared render differences (earlier thinking kept after a new user turn, "
                             f"--history-thinking keep): {sum(per.values())} call(s) in {len(per)} episode(s): "
                             + ", ".join(f"{s} x{n}" for s, n in per.items()))
+
+
+def _note_policy_versions(per_episode: list[list[int]], report: CheckReport) -> None:
+    """Per run: how many policy versions sampled each episode, and how far its oldest is behind the newest."""
+    known = [v for v in per_episode if v]
+    if not known:
+        return
+    newest = max(v[-1] for v in known)
+    spreads = [v[-1] - v[0] for v in known]
+    lags = [newest - v[0] for v in known]
+    report.notes.append(
+        f"policy versions {min(v[0] for v in known)}..{newest} over {len(known)} episode(s): spread within an "
+        f"episode max {max(spreads)}, {sum(s > 0 for s in spreads)} span an update; lag behind the newest "
+        f"max {max(lags)}, mean {sum(lags) / len(lags):.2f}")
 
 
 def _warn_side_chains(report: CheckReport, side: int, total: int, what: str) -> None:

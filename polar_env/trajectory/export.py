@@ -22,6 +22,7 @@ from polar_env import fastjson
 from polar_env.chat.messages import AssistantTurn, Message
 from polar_env.proxy.openai_responses import message_item, output_items
 from polar_env.trajectory.models import CallSummary, Chain, Trajectory
+from polar_env.trajectory.paths import Selector, policy_versions, train_chains
 
 GRPO_ROW_SCHEMA = "polar.grpo_row.v1"
 _TRAINABLE_TYPES = ("message", "function_call", "reasoning")  # Gym's *ForTraining item types
@@ -114,6 +115,8 @@ def to_nemo_gym_result(traj: Trajectory, *, reward: float | None = None,
             carrier["prompt_token_ids"] = ids[: span.start]
             carrier["generation_token_ids"] = ids[span.start: span.end]
             carrier["generation_log_probs"] = logprobs[span.start: span.end]
+            if call.policy_version is not None:  # a field NeMo-RL does not read: who sampled the turn
+                carrier["policy_version"] = call.policy_version
         output.extend(items)
     first_prompt = "own"
     if main is None:
@@ -162,8 +165,12 @@ def to_nemo_gym_result(traj: Trajectory, *, reward: float | None = None,
             "harness": traj.harness, "status": traj.status, "error": traj.error,
             "failure_kind": traj.failure_kind.value, "first_prompt": first_prompt,
             "main_chain": traj.main_chain, "breaks": [b.model_dump() for b in stats.breaks],
+            "policy_versions": stats.policy_versions,
         },
     }
+    if stats.policy_versions:  # numeric: NeMo-RL logs them per agent
+        result["policy_version_min"] = stats.policy_versions[0]
+        result["policy_version_spread"] = stats.policy_versions[-1] - stats.policy_versions[0]
     if reward_components:
         result["reward_components"] = {str(k): float(v) for k, v in reward_components.items()}
     return result
@@ -277,9 +284,10 @@ def grpo_advantages(rewards: list[float], *, leave_one_out: bool = False, eps: f
 
 
 def grpo_rows(trajectories: Iterable[Trajectory], *, leave_one_out: bool = False,
-              eps: float = 1e-6) -> list[dict[str, Any]]:
-    """One row per chain with a trainable token, with its trajectory's group advantage. A masked
-    trajectory stays in its group's baseline and gives no row (NeMo-RL's ``mask_sample``)."""
+              eps: float = 1e-6, train_paths: str | Selector = "all") -> list[dict[str, Any]]:
+    """One row per chain ``train_paths`` selects (trajectory/paths.py) with a trainable token, with
+    its trajectory's group advantage. A masked trajectory stays in its group's baseline and gives
+    no row (NeMo-RL's ``mask_sample``): one failed sample never costs its siblings their rows."""
     trajs = list(trajectories)
     missing = [t.session_id for t in trajs if t.reward is None]
     if missing:
@@ -293,16 +301,26 @@ def grpo_rows(trajectories: Iterable[Trajectory], *, leave_one_out: bool = False
         advantage.update(zip(members, values, strict=True))
     rows = []
     for i, t in enumerate(trajs):
-        for ch in t.chains:
-            if not ch.trainable_tokens or t.masked:
-                continue
+        for ch in train_chains(t, train_paths):
             rows.append({
                 "schema": GRPO_ROW_SCHEMA, "session_id": t.session_id, "task_id": t.task_id,
                 "group_id": group_key(t), "chain": ch.index, "main": ch.index == t.main_chain,
                 "reward": float(t.reward), "advantage": advantage[i],
                 "input_ids": ch.input_ids, "loss_mask": ch.loss_mask, "logprobs": ch.logprobs,
+                "policy_versions": policy_versions(t, ch),
             })
     return rows
+
+
+def thin_groups(trajectories: Iterable[Trajectory]) -> dict[str, int]:
+    """Groups of several samples left with fewer than 2 unmasked ones -> how many they have: a
+    failed sample is masked alone (its siblings still train), but one usable sample has no advantage."""
+    usable: dict[str, int] = defaultdict(int)
+    size: dict[str, int] = defaultdict(int)
+    for t in trajectories:
+        usable[group_key(t)] += not t.masked
+        size[group_key(t)] += 1
+    return {key: n for key, n in sorted(usable.items()) if n < 2 <= size[key]}
 
 
 def jsonl_line(row: dict[str, Any]) -> bytes:

@@ -1,4 +1,4 @@
-"""``polar export PATH --format trl-sft|nemo-rl-sft [--only-resolved]``: trajectories as an SFT dataset.
+"""``polar export PATH --format trl-sft|nemo-rl-sft [--only-resolved] [--train-paths P]``: trajectories as an SFT dataset.
 
 The rows are JSONL, token-exact (docs/learning.md): TRL loads them with
 ``datasets.load_dataset("json", data_files=FILE)`` and ``SFTTrainer`` trains on them as they are;
@@ -21,6 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", required=True, choices=SFT_FORMATS, dest="fmt")
     parser.add_argument("--only-resolved", action="store_true",
                         help="keep only episodes the SWE-bench grader resolved (rejection-sampling fine-tuning)")
+    parser.add_argument("--train-paths", default="all", metavar="all|main|final|MODULE:FUNCTION",
+                        help="which chains of an episode become rows (default all: docs/training.md)")
     parser.add_argument("--out", type=Path, help="output JSONL (default: FORMAT.jsonl beside the trajectories)")
 
 
@@ -41,7 +43,11 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"polar export: {exc}", file=sys.stderr)
         return 2
-    rows = sft_rows(trajectories, args.fmt, only_resolved=args.only_resolved)
+    try:
+        rows = sft_rows(trajectories, args.fmt, only_resolved=args.only_resolved, train_paths=args.train_paths)
+    except ValueError as exc:
+        print(f"polar export: {exc}", file=sys.stderr)
+        return 2
     if not rows:
         kept = "resolved " if args.only_resolved else ""
         print(f"polar export: no {kept}episode with a trainable token in {source} "

@@ -83,6 +83,7 @@ class CallSummary(BaseModel):
     flags: list[str] = Field(default_factory=list)
     error: str | None = None
     timings: dict[str, float] = Field(default_factory=dict)
+    policy_version: int | None = None  # the weights' version that sampled it (None: the proxy was not told)
 
 
 class TrajectoryStats(BaseModel):
@@ -96,6 +97,8 @@ class TrajectoryStats(BaseModel):
     masked_tokens: int  # chain positions with loss mask 0 (prompts, interstitials, unscored)
     unscored_tokens: int  # sampled tokens masked because their logprobs were missing or not finite
     breaks: list[ChainBreak] = Field(default_factory=list)
+    # distinct policy versions that sampled the episode's calls, ascending (two or more: it spans a weight update)
+    policy_versions: list[int] = Field(default_factory=list)
 
 
 class Trajectory(BaseModel):

@@ -135,6 +135,8 @@ class CallFields(BaseModel):
     prompt_sha256: str = ""
     # leading messages equal to the parent's first ones (the writer's claim, from its prefix match)
     reused_messages: int = 0
+    # the version of the weights that sampled this call (the trainer's, proxy/policy.py); None: not told
+    policy_version: int | None = None
 
 
 class CallRecord(CallFields):

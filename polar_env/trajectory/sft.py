@@ -1,7 +1,8 @@
 """SFT datasets from trajectories (rejection-sampling fine-tuning: keep what resolved, train on it).
 
-One row per chain with a trainable token, every chain of every kept episode, in the shape each
-trainer reads without tokenising anything again:
+One row per chain with a trainable token, the chains ``--train-paths`` selects (all by default,
+trajectory/paths.py) of every kept episode, in the shape each trainer reads without tokenising
+anything again:
 
 - ``trl-sft``: TRL's pre-tokenised rows, ``input_ids`` + ``assistant_masks`` (SFTTrainer builds
   its labels from that mask: -100 wherever it is 0).
@@ -21,6 +22,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from polar_env.trajectory.models import Chain, Trajectory
+from polar_env.trajectory.paths import Selector, policy_versions, train_chains
 
 SFT_FORMATS = ("trl-sft", "nemo-rl-sft")
 NEMO_RL_PROCESSOR_NAME = "polar_token_sft"
@@ -32,19 +34,21 @@ def is_resolved(trajectory: Trajectory) -> bool:
     return bool(trajectory.grading and trajectory.grading.get("resolved"))
 
 
-def sft_chains(trajectories: Iterable[Trajectory], *, only_resolved: bool) -> Iterator[tuple[Trajectory, Chain]]:
-    """Every chain with a trainable token; a masked episode (a failure outside the policy) gives none."""
+def sft_chains(trajectories: Iterable[Trajectory], *, only_resolved: bool,
+               train_paths: str | Selector = "all") -> Iterator[tuple[Trajectory, Chain]]:
+    """The chains ``train_paths`` selects with a trainable token; a masked episode (a failure
+    outside the policy) gives none."""
     for traj in trajectories:
-        if traj.masked or (only_resolved and not is_resolved(traj)):
+        if only_resolved and not is_resolved(traj):
             continue
-        for chain in traj.chains:
-            if chain.trainable_tokens:
-                yield traj, chain
+        for chain in train_chains(traj, train_paths):
+            yield traj, chain
 
 
 def _meta(traj: Trajectory, chain: Chain) -> dict[str, Any]:
     return {"session_id": traj.session_id, "task_id": traj.task_id, "chain": chain.index,
-            "main": chain.index == traj.main_chain, "reward": traj.reward}
+            "main": chain.index == traj.main_chain, "reward": traj.reward,
+            "policy_versions": policy_versions(traj, chain)}
 
 
 def trl_sft_row(traj: Trajectory, chain: Chain) -> dict[str, Any]:
@@ -65,12 +69,14 @@ def nemo_rl_sft_row(traj: Trajectory, chain: Chain) -> dict[str, Any]:
     return {"messages": messages, **_meta(traj, chain)}
 
 
-def sft_rows(trajectories: Iterable[Trajectory], fmt: str, *, only_resolved: bool = True) -> list[dict[str, Any]]:
-    """The rows of ``fmt`` (one of ``SFT_FORMATS``) for the kept trajectories' chains."""
+def sft_rows(trajectories: Iterable[Trajectory], fmt: str, *, only_resolved: bool = True,
+             train_paths: str | Selector = "all") -> list[dict[str, Any]]:
+    """The rows of ``fmt`` (one of ``SFT_FORMATS``) for the kept trajectories' selected chains."""
     if fmt not in SFT_FORMATS:
         raise ValueError(f"unknown SFT format {fmt!r}; expected one of {', '.join(SFT_FORMATS)}")
     row = trl_sft_row if fmt == "trl-sft" else nemo_rl_sft_row
-    return [row(traj, chain) for traj, chain in sft_chains(trajectories, only_resolved=only_resolved)]
+    return [row(traj, chain) for traj, chain in sft_chains(trajectories, only_resolved=only_resolved,
+                                                           train_paths=train_paths)]
 
 
 def nemo_rl_sft_processor(datum_dict: dict[str, Any], task_data_spec: Any, tokenizer: Any,

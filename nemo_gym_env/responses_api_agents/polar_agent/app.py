@@ -31,6 +31,7 @@ from polar_env.agent_server.core import InputError, PolarAgent, PolarAgentConfig
 from polar_env.agent_server.observations import plain_items
 from polar_env.episodes.workspace import WorkspaceMounts
 from polar_env.gym_lifespan import add_lifespan_hooks
+from polar_env.proxy.policy import PauseRequest, PolicyFence, PolicyState, PolicyVersion, ResumeRequest
 from polar_env.resources_server.core import (
     SeededEpisode,
     UnknownTask,
@@ -107,7 +108,34 @@ class PolarAgentServer(SimpleResponsesAPIAgent):
         app = super().setup_webserver()
         # the proxy binds to the serving event loop: start the agent there, and stop it with the server
         add_lifespan_hooks(app, start=self._start_agent, stop=self._stop_agent)
+        # the trainer's weight sync (docs/training.md): the version every call records, and the fence
+        app.get("/polar/policy")(self.policy_state)
+        app.post("/polar/policy")(self.set_policy)
+        app.post("/polar/pause")(self.pause)
+        app.post("/polar/resume")(self.resume)
         return app
+
+    def _fence(self) -> PolicyFence:
+        if self._agent is None:
+            raise HTTPException(status_code=503, detail="the polar agent is not running (starting or stopping)")
+        return self._agent.proxy.engine.fence
+
+    async def policy_state(self) -> PolicyState:
+        return self._fence().state()
+
+    async def set_policy(self, body: PolicyVersion) -> PolicyState:
+        fence = self._fence()
+        fence.set_version(body.version)
+        return fence.state()
+
+    async def pause(self, body: PauseRequest) -> JSONResponse:
+        report = await self._fence().pause(body)
+        return JSONResponse(report.model_dump(mode="json"), status_code=200 if report.drained else 504)
+
+    async def resume(self, body: ResumeRequest) -> PolicyState:
+        fence = self._fence()
+        fence.resume(body.version)
+        return fence.state()
 
     async def _start_agent(self) -> None:
         agent = PolarAgent(self.config)
