@@ -63,6 +63,7 @@ class FenceWindow(BaseModel):
 
     version_before: int | None
     version_after: int | None = None
+    in_flight: int = 0  # generations running when it closed (they finished, or were aborted)
     drain_ms: float
     paused_ms: float = 0.0
     held_calls: int = 0  # new generations that waited at the fence
@@ -185,6 +186,7 @@ class PolicyFence:
         drained = await self._drain(request.drain_timeout_s)
         window = self.windows[-1]
         window.drain_ms = (time.perf_counter() - started) * 1e3
+        window.in_flight = max(window.in_flight, in_flight)
         window.aborted += aborted
         return PauseReport(drained=drained, in_flight=in_flight, aborted=aborted, drain_ms=window.drain_ms)
 

@@ -5,13 +5,15 @@ by construction and says nothing about the sampler. Here the denominator is what
 when the token was sampled (``old_per_token_logps`` := Polar's logprobs on sampled tokens), so the
 ratio is π_θ / π_sampler as the algorithm defines it, and on one machine it is 1 at step 0 only if
 the trainer's forward pass reproduces the sampler's logprobs. Each step also logs
-``polar/logprob_abs_diff/max`` and ``polar/ratio/{min,max}`` over the batch's sampled tokens, and keeps
-them in ``trainer.polar_fidelity``. With ``use_vllm`` TRL's own importance-sampling correction
+``polar/logprob_abs_diff/{max,mean}``, ``polar/ratio/{min,max}`` and ``polar/tis/truncated`` over the
+batch's sampled tokens, and keeps them in ``trainer.polar_fidelity``; a drift over ``max_drift`` stops the
+run before the update. With ``use_vllm`` TRL's own importance-sampling correction
 (against the same recorded logprobs) is left as it is.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -26,10 +28,21 @@ def polar_reward(prompts: list[Any], completions: list[Any], polar_reward: list[
     return [None if r is None else float(r) for r in polar_reward]
 
 
-class PolarGRPOTrainer(GRPOTrainer):
-    """``GRPOTrainer(rollout_func=rollouts, reward_funcs=[polar_reward, ...], train_dataset=rollouts.dataset())``."""
+class LogprobDrift(RuntimeError):
+    """The trainer's logprobs left the recorded ones by more than the run allows: the ratio is not the sampler's."""
 
-    def __init__(self, model: Any, rollouts: PolarRollouts, args: GRPOConfig, **kwargs: Any):
+
+class PolarGRPOTrainer(GRPOTrainer):
+    """``GRPOTrainer(rollout_func=rollouts, reward_funcs=[polar_reward, ...], train_dataset=rollouts.dataset())``.
+
+    ``max_drift``: a step whose max |trainer logprob - recorded logprob| exceeds it raises
+    :class:`LogprobDrift` before the update (None: never). The importance ratio against the recorded
+    logprobs is truncated at TRL's own ``vllm_importance_sampling_clip_max`` (truncated importance
+    sampling: the denominator is ``max(recorded, trainer - log C)``, so the ratio at the step's start
+    is ``min(π_θ / π_sampler, C)``; PPO's clipping applies on top)."""
+
+    def __init__(self, model: Any, rollouts: PolarRollouts, args: GRPOConfig, *, max_drift: float | None = None,
+                 **kwargs: Any):
         if args.bf16 or args.fp16:
             raise ValueError("PolarGRPOTrainer: half-precision autocast moves the trainer's logprobs off the recorded "
                              "ones (|Δ| ~0.17 with bf16), so the ratio would not start at 1: pass "
@@ -41,7 +54,8 @@ class PolarGRPOTrainer(GRPOTrainer):
         kwargs.setdefault("train_dataset", rollouts.dataset())
         reward_funcs = [polar_reward, *kwargs.pop("reward_funcs", [])]
         super().__init__(model=model, reward_funcs=reward_funcs, args=args, rollout_func=rollouts, **kwargs)
-        self.polar_fidelity: list[dict[str, float]] = []
+        self.max_drift = max_drift
+        self.polar_fidelity: list[dict[str, Any]] = []
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         out = super()._generate_and_score_completions(inputs)
@@ -49,21 +63,41 @@ class PolarGRPOTrainer(GRPOTrainer):
             return out
         recorded = out["sampling_per_token_logps"]
         sampled = (out["completion_mask"] * out.get("tool_mask", 1)).bool()
+        # the drift is the trainer's forward against the sampler's on the same weights: rows sampled (in
+        # part) by an earlier version (episodes that ran across an update) are off-policy, not drift
+        version = self.state.global_step
+        current = torch.tensor([inp.get("polar_policy_versions") in (None, [], [version]) for inp in inputs],
+                               device=sampled.device)[:, None]
         ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
         attention = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
         with torch.no_grad():
             logps, _, _ = self._get_per_token_logps_and_entropies(
                 self.model, ids, attention, out["completion_ids"].size(1),
                 batch_size=self.args.per_device_train_batch_size)
-        delta = (logps - recorded)[sampled]
+        delta = (logps - recorded)[sampled & current]
+        cap = self.args.vllm_importance_sampling_clip_max
+        ratio = (logps - recorded)[sampled].exp()
         stats = {"step": float(self.state.global_step), "tokens": float(delta.numel()),
+                 "off_policy_tokens": float((sampled & ~current).sum()),
                  "logprob_abs_diff_max": float(delta.abs().max()) if delta.numel() else 0.0,
-                 "ratio_min": float(delta.exp().min()) if delta.numel() else 1.0,
-                 "ratio_max": float(delta.exp().max()) if delta.numel() else 1.0}
+                 "logprob_abs_diff_mean": float(delta.abs().mean()) if delta.numel() else 0.0,
+                 "ratio_min": float(ratio.min()) if ratio.numel() else 1.0,
+                 "ratio_max": float(ratio.max()) if ratio.numel() else 1.0,
+                 "tis_cap": float(cap) if cap is not None else None,
+                 "tis_truncated": float((ratio > cap).sum()) if cap is not None else 0.0}
         self.polar_fidelity.append(stats)
         metrics = self._metrics["train" if self.model.training else "eval"]
         metrics["polar/logprob_abs_diff/max"].append(stats["logprob_abs_diff_max"])
+        metrics["polar/logprob_abs_diff/mean"].append(stats["logprob_abs_diff_mean"])
         metrics["polar/ratio/min"].append(stats["ratio_min"])
         metrics["polar/ratio/max"].append(stats["ratio_max"])
-        out["old_per_token_logps"] = torch.where(sampled, recorded, logps)
+        metrics["polar/tis/truncated"].append(stats["tis_truncated"])
+        if self.max_drift is not None and stats["logprob_abs_diff_max"] > self.max_drift:
+            raise LogprobDrift(
+                f"GRPO step {self.state.global_step}: the trainer's logprobs differ from the recorded ones by up to "
+                f"{stats['logprob_abs_diff_max']:.3g} (mean {stats['logprob_abs_diff_mean']:.3g} over "
+                f"{int(stats['tokens'])} sampled tokens), over the allowed {self.max_drift:g}: the ratio is not "
+                "π_θ / π_sampler. Stopped before the update (docs/training.md, \"The step-0 drift\")")
+        denominator = recorded if cap is None else torch.maximum(recorded, logps - math.log(cap))
+        out["old_per_token_logps"] = torch.where(sampled, denominator, logps)
         return out

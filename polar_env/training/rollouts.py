@@ -10,8 +10,11 @@ row TRL gets is the trajectory's main chain exactly as the proxy captured it —
 first sampled token, then the rest of the chain, with Polar's loss mask and recorded logprobs.
 
 On one machine the proxy's backend is a ``LocalBackend`` over the trainer's own model object (not a
-copy): every episode of step N samples from the weights step N trains, so the rollouts are always
-on-policy and nothing has to be synced. It records ``processed`` logprobs (the distribution after
+copy): every episode of step N samples from the weights step N trains, so the rollouts are on-policy
+and nothing has to be synced. With ``RolloutConfig.max_staleness`` >= 1 the next step's episodes
+start as soon as a step's rollouts are handed over, and sample during its update: ``weight_sync()``
+closes the proxy's fence around each optimizer step, and each call records the version (updates
+done) that sampled it, so one episode can span two versions (docs/training.md). It records ``processed`` logprobs (the distribution after
 the trainer's temperature), which is what TRL's forward pass computes when top-p is 1. A scripted policy (``RolloutConfig.policy``) picks the text
 instead and the same live model scores it.
 """
@@ -22,11 +25,13 @@ import asyncio
 import threading
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import replace
 from typing import Any
 
 from polar_env.backends.local import LocalBackend
 from polar_env.episodes import episode_prompt
+from polar_env.proxy.policy import PauseRequest, PolicyFence
 from polar_env.rollout.config import RolloutConfig
 from polar_env.rollout.outputs import RolloutOutputs, finish_outputs
 from polar_env.rollout.plan import RolloutPlan, plan_from_config
@@ -101,6 +106,8 @@ class PolarRollouts:
         self.eos_token_id = self.model.eos_token_ids[0]
         self.tasks: dict[str, Task] = {episode_prompt(t): t for t in self.plan.tasks}
         self._samples: Counter[str] = Counter()
+        self._ahead: list[tuple[Task, Future]] = []  # episodes started for the next step (max_staleness)
+        self._slots: asyncio.Semaphore | None = None
         prepare(self.plan)
         self._runner = EpisodeRunner(self.plan, proxy_factory(config, backend=backend, tasks=self.plan.tasks),
                                      self.plan.out / "ledger")
@@ -117,6 +124,16 @@ class PolarRollouts:
         return Dataset.from_list([{"prompt": prompt, "task_id": task.instance_id}
                                   for prompt, task in self.tasks.items()])
 
+    @property
+    def ahead(self) -> list[Task]:
+        """The tasks of the episodes started for the next step (running, or done and waiting)."""
+        return [task for task, _ in self._ahead]
+
+    @property
+    def fence(self) -> PolicyFence:
+        """The proxy's policy version and weight-sync fence (proxy/policy.py)."""
+        return self._runner.proxy.engine.fence
+
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
         module = trainer.accelerator.unwrap_model(trainer.model)
         if module is not self.model.module:
@@ -128,18 +145,21 @@ class PolarRollouts:
                              "(use PolarRollouts.dataset() as the training set)")
         sampling = {"temperature": float(trainer.temperature), "top_p": float(trainer.top_p),
                     "max_tokens": self.config.max_tokens}
-        self._runner.plan = replace(self.plan, episode=replace(self.plan.episode, sampling=sampling))
+        self._runner.plan = replace(self._runner.plan, episode=replace(self.plan.episode, sampling=sampling))
+        self._loop.call_soon_threadsafe(self.fence.set_version, trainer.state.global_step)  # the updates so far
         jobs = []
-        for prompt in prompts:
+        for prompt in prompts:  # an episode started ahead for this task (during the last update) first
             task = self.tasks[prompt]
-            jobs.append((task, self._samples[task.instance_id]))
-            self._samples[task.instance_id] += 1
+            ahead = next((i for i, (t, _) in enumerate(self._ahead) if t is task), None)
+            jobs.append(self._ahead.pop(ahead)[1] if ahead is not None else self._start(task))
         training = module.training
         module.eval()  # sample without dropout; the trainer's own forward passes set their mode
         try:
-            trajectories = self._submit(self._episodes(jobs))
+            trajectories = [job.result() for job in jobs]
         finally:
             module.train(training)
+        if self.plan.max_staleness:  # the next step's episodes start now and sample across this step's update
+            self._ahead += [(self.tasks[p], self._start(self.tasks[p])) for p in prompts]
         rows = [trl_row(t, self.eos_token_id, self.train_paths) for t in trajectories]
         out: dict[str, list[Any]] = {key: [r[key] for r in rows] for key in ("prompt_ids", "completion_ids",
                                                                               "logprobs", "env_mask")}
@@ -150,24 +170,48 @@ class PolarRollouts:
         self.last_trajectories = trajectories
         return out
 
-    async def _episodes(self, jobs: list[tuple[Task, int]]) -> list[Trajectory]:
-        semaphore = asyncio.Semaphore(self.plan.concurrency)
+    def _start(self, task: Task) -> Future:
+        """One episode of ``task`` started on the rollouts' loop (its next sample number)."""
+        sample = self._samples[task.instance_id]
+        self._samples[task.instance_id] += 1
+        return asyncio.run_coroutine_threadsafe(self._episode(task, sample), self._loop)
 
-        async def one(task: Task, sample: int) -> Trajectory:
-            async with semaphore:
-                trajectory = await self._runner.run(task, sample)
-            self._outputs.add(trajectory)
-            return trajectory
+    async def _episode(self, task: Task, sample: int) -> Trajectory:
+        if self._slots is None:  # made on the loop it is used from
+            self._slots = asyncio.Semaphore(self.plan.concurrency)
+        async with self._slots:
+            trajectory = await self._runner.run(task, sample)
+        self._outputs.add(trajectory)
+        return trajectory
 
-        return list(await asyncio.gather(*(one(t, k) for t, k in jobs)))
+    def weight_sync(self) -> Any:
+        """A ``TrainerCallback`` closing the proxy's fence around each optimizer step: episodes in
+        flight (started ahead, ``max_staleness``) finish their generation and wait, the weights
+        change, and their next calls are sampled by the new version."""
+        from transformers import TrainerCallback
+
+        rollouts = self
+
+        class WeightSync(TrainerCallback):
+            def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+                rollouts._submit(rollouts.fence.pause(PauseRequest(in_flight="finish", timeout_s=3600)))
+
+            def on_optimizer_step(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
+                rollouts._loop.call_soon_threadsafe(rollouts.fence.resume, state.global_step + 1)
+
+        return WeightSync()
 
     def _submit(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     def close(self) -> None:
-        """Stop the proxy and the loop; write the run's GRPO batch and summary next to its trajectories."""
+        """Stop the proxy and the loop (episodes started ahead finish first, recorded, never thrown
+        away); write the run's GRPO batch and summary next to its trajectories."""
         if not self._thread.is_alive():
             return
+        for _task, job in self._ahead:
+            job.exception()  # waits; an episode's own failure is in its trajectory
+        self._ahead = []
         try:
             self._submit(self._runner.stop())
         finally:

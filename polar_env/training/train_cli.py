@@ -49,6 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--keep-checkpoints", type=int, default=2,
                         help="keep the SFT checkpoint and the last N GRPO ones (each is the full model)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-logprob-drift", type=float, default=1e-3, metavar="D",
+                        help="stop when a GRPO step's trainer logprobs differ from the recorded (same-version) ones "
+                             "by more than D (docs/training.md, \"The step-0 drift\")")
     parser.set_defaults(out=Path("runs/train"), samples=2, concurrency=2, max_tokens=320, timeout=600.0)
 
 
@@ -145,7 +148,8 @@ def grpo_steps(run_: Run, args: argparse.Namespace, tasks: int, stages: Any) -> 
         lr_scheduler_type="constant", beta=0.0, temperature=run_.config.temperature, top_p=1.0,
         bf16=False, use_cpu=True, gradient_checkpointing=False, logging_steps=1, save_strategy="no",
         report_to="none", seed=args.seed, disable_tqdm=True)
-    trainer = PolarGRPOTrainer(run_.model, rollouts, grpo_args)
+    trainer = PolarGRPOTrainer(run_.model, rollouts, grpo_args, max_drift=args.max_logprob_drift)
+    trainer.add_callback(rollouts.weight_sync())  # the fence around every optimizer step
     trained = [(name, p) for name, p in run_.model.named_parameters() if p.requires_grad]
     before = {name: p.detach().clone() for name, p in trained}
     update: dict[str, Any] = {}
@@ -162,8 +166,13 @@ def grpo_steps(run_: Run, args: argparse.Namespace, tasks: int, stages: Any) -> 
             for name, p in trained:
                 before[name].copy_(p.detach())
             fidelity = trainer.polar_fidelity[-1] if trainer.polar_fidelity else {}
+            fence = rollouts.fence.windows[-1].model_dump() if rollouts.fence.windows else None
+            versions = [t.stats.policy_versions for t in trajectories]
             update.update({"step": step, "phase": "grpo update", "rows": advantage_rows(trajectories),
                            "episodes": len(trajectories), "weights_max_change": changed,
+                           "policy_versions": sorted({v for vs in versions for v in vs}),
+                           "episodes_spanning_update": sum(len(vs) > 1 for vs in versions),
+                           "episodes_started_ahead": len(rollouts.ahead), "fence": fence,
                            **{k: v for k, v in fidelity.items() if k != "step"}})
             run_.checkpoint(f"step-{step}", args.keep_checkpoints)
             stages.update()
@@ -202,6 +211,7 @@ def run(args: argparse.Namespace) -> int:
     from polar_env.rollout.plan import plan_from_config
     from polar_env.rollout.runner import prepare
     from polar_env.tasks.loader import TaskLoadError
+    from polar_env.training.grpo import LogprobDrift
     from polar_env.training.warm_start import sft_warm_start
     from polar_env.trajectory.export import read_trajectories, write_jsonl
     from polar_env.trajectory.sft import sft_rows
@@ -246,7 +256,12 @@ def run(args: argparse.Namespace) -> int:
         run_.record({"phase": "sft", "chains": len(rows), "first_loss": losses[0], "last_loss": losses[-1]})
         run_.checkpoint("sft", args.keep_checkpoints)
         stages.update()
-        grpo_steps(run_, args, len(plan.tasks), stages)
+        try:
+            grpo_steps(run_, args, len(plan.tasks), stages)
+        except LogprobDrift as exc:
+            run_.record({"phase": "stopped: logprob drift", "error": str(exc)})
+            print(f"polar train: {exc}", file=sys.stderr)
+            return 3
         stages.set_postfix_str("rollouts after the last update")
         run_.rollouts(args.grpo_steps + 1, f"GRPO {args.grpo_steps}")
         stages.update()
