@@ -21,7 +21,7 @@ from polar_env.harness_adapters.base import HarnessAdapter
 from polar_env.harness_adapters.registry import NOISE_EXCLUDES, get_adapter
 from polar_env.harness_adapters.runner import HarnessRun, run_episode_in_sandbox
 from polar_env.outcomes import FailureKind, OutcomeTable, classify_episode, final_kind
-from polar_env.proxy.app import ProxyServer
+from polar_env.proxy.app import ORIGIN_TAGGED, ProxyServer
 from polar_env.rewards.grading import GradeResult
 from polar_env.rewards.image_grading import grade_task
 from polar_env.sandbox.base import Sandbox, SandboxSpec
@@ -98,7 +98,7 @@ def open_session(proxy: ProxyServer, adapter: HarnessAdapter, episode_id: str, *
         raise ValueError("the proxy must listen on a Unix socket for sandboxed episodes")
     session_id, key = proxy.create_session(episode_id, sampling=sampling or {}, training=True, budget=budget, metadata={
         "task_id": task_id, "group_id": group_id or task_id, "harness": adapter.name,
-        "harness_version": adapter.version, **(metadata or {})})
+        "harness_version": adapter.version, ORIGIN_TAGGED: True, **(metadata or {})})
     return EpisodeSession(proxy, adapter, session_id, key, time.time())
 
 
@@ -115,7 +115,7 @@ async def run_harness(session: EpisodeSession, sandbox: Sandbox, prompt: str, *,
     return await run_episode_in_sandbox(
         session.adapter, sandbox, proxy_socket_dir=sandbox.spec.proxy_socket_dir, session_id=session.session_id,
         session_key=session.key, model_name=model_name or session.proxy.engine.backend.model, prompt=prompt,
-        timeout_s=timeout_s)
+        timeout_s=timeout_s, origin_key=session.proxy.origin_key)  # the forwarder tags each call's origin
 
 
 async def close_session(session: EpisodeSession, status: str, error: str | None, *,

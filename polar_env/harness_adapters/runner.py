@@ -21,7 +21,7 @@ from typing import Literal
 from polar_env.harness_adapters.base import HarnessAdapter, HarnessContext, HarnessSummary
 from polar_env.sandbox.base import Sandbox
 from polar_env.sandbox.bubblewrap import FORWARDER_INSIDE
-from polar_env.sandbox.forwarder import KILLED, READY
+from polar_env.sandbox.forwarder import KILLED, ORIGIN_ENV, READY
 
 SANDBOX_PYTHON = "/usr/bin/python3"
 
@@ -55,8 +55,10 @@ async def write_config(adapter: HarnessAdapter, sandbox: Sandbox, ctx: HarnessCo
 
 async def run_episode_in_sandbox(adapter: HarnessAdapter, sandbox: Sandbox, *, proxy_socket_dir: Path | None,
                                  session_id: str, session_key: str, model_name: str, prompt: str,
-                                 timeout_s: float, max_output_bytes: int = 4 << 20) -> HarnessRun:
-    """One rollout: write the adapter's config, run forwarder+harness to its end or the deadline."""
+                                 timeout_s: float, max_output_bytes: int = 4 << 20,
+                                 origin_key: str | None = None) -> HarnessRun:
+    """One rollout: write the adapter's config, run forwarder+harness to its end or the deadline
+    (``origin_key``: the proxy's, so the forwarder tags each call with who made it)."""
     spec = sandbox.spec
     if proxy_socket_dir is not None and spec.proxy_socket_dir is not None \
             and Path(proxy_socket_dir).resolve() != Path(spec.proxy_socket_dir).resolve():
@@ -68,7 +70,8 @@ async def run_episode_in_sandbox(adapter: HarnessAdapter, sandbox: Sandbox, *, p
                          as_root=os.geteuid() == 0 and spec.uid == 0)
     await write_config(adapter, sandbox, ctx)
     cmd = episode_command(adapter, ctx, prompt, socket_inside=spec.socket_path_inside)
-    res = await sandbox.run(cmd, env=adapter.env(ctx), timeout_s=timeout_s, stdin=None,
+    env = {**adapter.env(ctx), **({ORIGIN_ENV: origin_key} if origin_key else {})}
+    res = await sandbox.run(cmd, env=env, timeout_s=timeout_s, stdin=None,
                             max_output_bytes=max_output_bytes)
     summary = adapter.summarize(res.stdout_tail)
     if res.timed_out:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import secrets
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -55,6 +56,8 @@ def _request_key(request: web.Request) -> str | None:
     return request.headers.get("x-api-key") or request.headers.get("x-goog-api-key")
 
 
+ORIGIN_HEADER = "x-polar-origin"
+ORIGIN_TAGGED = "origin_tagged"  # session metadata: its calls come through a tagging forwarder
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 DEFAULT_KEEPALIVE_S = 5.0  # well under any harness's stream idle timeout (Codex: 300 s by default)
 
@@ -99,6 +102,8 @@ class ProxyServer:
         self.unix_socket: Path | None = None
         self._inflight: dict[str, set[asyncio.Task]] = {}  # session id -> model calls still running
         self.logprobs_mode: LogprobsMode = "unknown"  # which logprobs the backend returns (probed at start)
+        # the sandboxes' forwarders prove each call's origin with it (sandbox/forwarder.py); never in a ledger
+        self.origin_key = secrets.token_urlsafe(24)
         self._parsers = ParsePool()
 
     @classmethod
@@ -239,6 +244,16 @@ class ProxyServer:
         return _json({"status": "ok", "sessions": len(self.registry.all()),
                                   "backend": self.engine.backend.name, "model": self.engine.backend.model})
 
+    def _origin(self, request: web.Request, session: Session) -> str | None:
+        """Who made the call: the origin the sandbox's forwarder tagged it with, its key checked
+        (sandbox/forwarder.py); in a session that expects tags, an untagged or forged call is
+        ``unknown`` (a process that reached the socket without the forwarder); else None."""
+        tag = request.headers.get(ORIGIN_HEADER, "")
+        origin, _, key = tag.partition(" ")
+        if key and hmac.compare_digest(key.encode(), self.origin_key.encode()) and origin in ("harness", "tool"):
+            return origin
+        return "unknown" if session.info.metadata.get(ORIGIN_TAGGED) else None
+
     def _session(self, request: web.Request, key: str | None = None) -> Session:
         return self.registry.authenticate(request.match_info["sid"], key or _request_key(request))
 
@@ -296,7 +311,7 @@ class ProxyServer:
         try:
             session = self._session(request, key)
             decoded = await self._decode_call(session, await request.read(), decode)
-            task = asyncio.ensure_future(self.engine.complete(session, api, decoded))
+            task = asyncio.ensure_future(self.engine.complete(session, api, decoded, self._origin(request, session)))
             self._track(session.id, task)
             if decoded.stream:  # a quick answer or failure keeps its own status line
                 await asyncio.wait({task}, timeout=self.keepalive_s)

@@ -254,9 +254,11 @@ class TokenEngine:
         return SamplingParams(stop_token_ids=sorted(self.eos_ids), **chosen), overridden
 
     # -- one call ------------------------------------------------------------------------------
-    async def complete(self, session: Session, api: str, request: DecodedRequest) -> tuple[AssistantTurn, CallRecord]:
+    async def complete(self, session: Session, api: str, request: DecodedRequest,
+                       origin: str | None = None) -> tuple[AssistantTurn, CallRecord]:
         """Run one model call; the record is in the ledger before this returns or raises, whatever
-        fails (context overflow, backend, cancellation, a bug) — as a failed call with its reason."""
+        fails (context overflow, backend, cancellation, a bug) — as a failed call with its reason.
+        ``origin``: who made it, as the forwarder proved (proxy/app.py)."""
         started = time.perf_counter()
         conv = request.conversation
         if session.stopped is not None:
@@ -268,7 +270,7 @@ class TokenEngine:
             created_at=time.time(), messages=conv.messages, tools=conv.tools,
             requested_sampling={**request.requested_sampling, **({"stop": request.stop} if request.stop else {})},
             backend=self.backend.name, model=self.backend.model,
-            flags=list(request.flags))
+            flags=list(request.flags), origin=origin)
         try:
             return await self._complete(session, request, record, started, hashes)
         except BaseException as exc:

@@ -4,19 +4,36 @@ The sandbox has no network, only ``lo``; the proxy's socket directory is bind-mo
 speak TCP, so this relays each TCP connection to a blocking Unix-socket connection. It binds
 before it reports ready (a line on stderr) and, given ``-- CMD...``, starts CMD only then and exits
 with CMD's status, so the harness never races the listener. Run with /usr/bin/python3 (docs/architecture.md, "An episode").
+
+**Call origin.** Given the proxy's origin key (``POLAR_ORIGIN_KEY`` in its environment: taken out
+before CMD starts, and the forwarder made non-dumpable so no process of the sandbox's user can read
+it from ``/proc``), it tags every HTTP request with ``x-polar-origin: ORIGIN KEY``, any such header
+the client sent removed. ORIGIN is proven from the connection's peer process (``/proc/net/tcp``,
+then the process holding that socket): ``harness`` when it is the process of CMD's tree that made
+the episode's first call (no tool runs before the model asked for one), ``tool`` for any other
+process of CMD's tree (a command the harness ran), ``unknown`` when it cannot be told (a process
+that hid its descriptors, or is not in CMD's tree). Only ``harness`` calls train by default
+(docs/training.md, "Which chains train").
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
 
 READY = "POLAR_FORWARDER_READY"
 KILLED = "POLAR_HARNESS_KILLED_BY"
+ORIGIN_ENV = "POLAR_ORIGIN_KEY"
+ORIGIN_HEADER = b"x-polar-origin"
+MAX_HEAD = 1 << 20  # a request head larger than this is not HTTP a harness sends
+PR_SET_DUMPABLE = 4
 
 
 def _pipe(src: socket.socket, dst: socket.socket) -> None:
@@ -32,7 +49,167 @@ def _pipe(src: socket.socket, dst: socket.socket) -> None:
             pass
 
 
-def _serve_one(client: socket.socket, socket_path: str) -> None:
+class _Reader:
+    """Buffered reads from a socket: lines, exact counts, what is left."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock, self.buf = sock, b""
+
+    def fill(self) -> bool:
+        data = self.sock.recv(65536)
+        self.buf += data
+        return bool(data)
+
+    def until(self, marker: bytes, limit: int) -> bytes | None:
+        while (end := self.buf.find(marker)) < 0:
+            if len(self.buf) > limit or not self.fill():
+                return None
+        out, self.buf = self.buf[:end + len(marker)], self.buf[end + len(marker):]
+        return out
+
+    def copy(self, n: int, dst: socket.socket) -> bool:
+        while n > 0:
+            if not self.buf and not self.fill():
+                return False
+            part, self.buf = self.buf[:n], self.buf[n:]
+            dst.sendall(part)
+            n -= len(part)
+        return True
+
+
+def _tagged_head(head: bytes, tag: bytes) -> tuple[bytes, int | None, bool]:
+    """The request head with every origin header dropped and ours added; its body length (None:
+    chunked) and whether the connection switches protocol after it."""
+    lines = head[:-4].split(b"\r\n")
+    kept, length, chunked, upgrade = [lines[0]], 0, False, False
+    for line in lines[1:]:
+        name, _, value = line.partition(b":")
+        key = name.strip().lower()
+        if key == ORIGIN_HEADER:
+            continue
+        if key == b"content-length":
+            length = int(value.strip() or b"0")
+        elif key == b"transfer-encoding" and b"chunked" in value.lower():
+            chunked = True
+        elif key == b"upgrade":
+            upgrade = True
+        kept.append(line)
+    kept.append(ORIGIN_HEADER + b": " + tag)
+    return b"\r\n".join(kept) + b"\r\n\r\n", None if chunked else length, upgrade
+
+
+def _relay_requests(client: socket.socket, upstream: socket.socket, tag: bytes) -> None:
+    """Client to proxy, request by request (HTTP/1.1 keep-alive), each head re-tagged."""
+    reader = _Reader(client)
+    try:
+        while (head := reader.until(b"\r\n\r\n", MAX_HEAD)) is not None:
+            head, length, upgrade = _tagged_head(head, tag)
+            upstream.sendall(head)
+            if length is None:  # chunked: size line, data + CRLF, ..., the 0 chunk and its trailers
+                while (line := reader.until(b"\r\n", MAX_HEAD)) is not None:
+                    upstream.sendall(line)
+                    size = int(line.split(b";")[0].strip() or b"0", 16)
+                    if size == 0:  # then trailer lines, up to an empty one
+                        while (trailer := reader.until(b"\r\n", MAX_HEAD)) not in (None, b"\r\n"):
+                            upstream.sendall(trailer)
+                        if trailer is None:
+                            return
+                        upstream.sendall(trailer)
+                        break
+                    if not reader.copy(size + 2, upstream):
+                        return
+            elif not reader.copy(length, upstream):
+                return
+            if upgrade:
+                upstream.sendall(reader.buf)
+                _pipe(client, upstream)
+                return
+    except (OSError, ValueError):
+        pass
+    finally:
+        try:
+            upstream.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+
+def _hex_ip(ip: str) -> str:
+    """An IPv4 address as ``/proc/net/tcp`` writes it (the address's 32 bits in host order)."""
+    return f"{struct.unpack('=I', socket.inet_aton(ip))[0]:08X}"
+
+
+def _socket_inode(peer: tuple[str, int], local: tuple[str, int]) -> int | None:
+    """The inode of the client's end of a loopback TCP connection (from ``/proc/net/tcp``)."""
+    want_local, want_remote = f"{_hex_ip(peer[0])}:{peer[1]:04X}", f"{_hex_ip(local[0])}:{local[1]:04X}"
+    try:
+        with open("/proc/net/tcp") as handle:
+            for line in handle.readlines()[1:]:
+                fields = line.split()
+                if fields[1] == want_local and fields[2] == want_remote:
+                    return int(fields[9])
+    except OSError:
+        return None
+    return None
+
+
+def _holder(inode: int) -> int | None:
+    """The process holding socket ``inode`` (None: none readable does)."""
+    target = f"socket:[{inode}]"
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                if os.readlink(f"/proc/{pid}/fd/{fd}") == target:
+                    return int(pid)
+        except OSError:
+            continue
+    return None
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return int(handle.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def descends(pid: int, root: int) -> bool:
+    """Whether process ``pid`` is ``root`` or one of its descendants."""
+    while pid != root:
+        parent = _parent(pid)
+        if parent is None or pid <= 1:
+            return False
+        pid = parent
+    return True
+
+
+class Origin:
+    """The origin key, the harness's pid (known once CMD started) and the process that made the
+    episode's first call: the harness's caller (no tool can run before the model asked for one)."""
+
+    def __init__(self, key: str | None):
+        self.key = key.encode() if key else None
+        self.harness_pid: int | None = None
+        self.caller_pid: int | None = None
+        self._lock = threading.Lock()
+
+    def classify(self, pid: int | None) -> str:
+        """``harness`` for the harness's caller, ``tool`` for any other process of the harness's
+        tree, ``unknown`` when the peer is not found or not in the tree."""
+        if pid is None or self.harness_pid is None or not descends(pid, self.harness_pid):
+            return "unknown"
+        with self._lock:
+            if self.caller_pid is None:
+                self.caller_pid = pid
+        return "harness" if pid == self.caller_pid else "tool"
+
+    def of(self, client: socket.socket) -> str:
+        """Who opened ``client``'s connection."""
+        inode = _socket_inode(client.getpeername(), client.getsockname())
+        return self.classify(_holder(inode) if inode is not None else None)
+
+
+def _serve_one(client: socket.socket, socket_path: str, origin: Origin | None = None) -> None:
     upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         upstream.connect(socket_path)  # blocking: a busy proxy queues us in its backlog
@@ -43,16 +220,19 @@ def _serve_one(client: socket.socket, socket_path: str) -> None:
         return
     back = threading.Thread(target=_pipe, args=(upstream, client), daemon=True)
     back.start()
-    _pipe(client, upstream)
+    if origin is not None and origin.key is not None:
+        _relay_requests(client, upstream, origin.of(client).encode() + b" " + origin.key)
+    else:
+        _pipe(client, upstream)
     back.join()
     client.close()
     upstream.close()
 
 
-def _accept_loop(server: socket.socket, socket_path: str) -> None:
+def _accept_loop(server: socket.socket, socket_path: str, origin: Origin | None = None) -> None:
     while True:
         client, _ = server.accept()
-        threading.Thread(target=_serve_one, args=(client, socket_path), daemon=True).start()
+        threading.Thread(target=_serve_one, args=(client, socket_path, origin), daemon=True).start()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,6 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS: run after ready")
     args = parser.parse_args(argv)
+    origin = Origin(os.environ.pop(ORIGIN_ENV, None))
+    if origin.key is not None:  # nothing of this process (its environment) is readable by the sandbox's user
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     server.bind((args.host, args.port))
@@ -69,14 +252,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{READY} {args.host}:{args.port}", file=sys.stderr, flush=True)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
-        _accept_loop(server, args.socket)
+        _accept_loop(server, args.socket, origin)
         return 0
-    threading.Thread(target=_accept_loop, args=(server, args.socket), daemon=True).start()
+    threading.Thread(target=_accept_loop, args=(server, args.socket, origin), daemon=True).start()
     try:
-        code = subprocess.call(cmd)
+        child = subprocess.Popen(cmd)
     except FileNotFoundError as exc:
         print(f"polar-forwarder: {exc}", file=sys.stderr, flush=True)
         return 127
+    origin.harness_pid = child.pid
+    code = child.wait()
     if code < 0:
         print(f"{KILLED} {signal.Signals(-code).name}", file=sys.stderr, flush=True)
         return 128 - code

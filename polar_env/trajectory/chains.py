@@ -209,7 +209,7 @@ def _summary(call: CallRecord, chain: int | None, by_index: dict[int, CallRecord
         chain=chain, parent_call_index=call.parent_call_index, messages_offset=offset,
         new_messages=call.messages[offset:], output=call.output, finish_reason=call.finish_reason,
         prompt_tokens=len(call.prompt_ids), sampled_tokens=len(call.sampled_ids), flags=list(call.flags),
-        error=call.error, timings=dict(call.timings), policy_version=call.policy_version,
+        error=call.error, timings=dict(call.timings), policy_version=call.policy_version, origin=call.origin,
     )
 
 

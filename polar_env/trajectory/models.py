@@ -84,6 +84,7 @@ class CallSummary(BaseModel):
     error: str | None = None
     timings: dict[str, float] = Field(default_factory=dict)
     policy_version: int | None = None  # the weights' version that sampled it (None: the proxy was not told)
+    origin: str | None = None  # harness | tool | unknown (the forwarder's proof); None: not tagged
 
 
 class TrajectoryStats(BaseModel):

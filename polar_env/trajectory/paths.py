@@ -12,6 +12,12 @@ sub-agents, side calls. A run chooses which are trained:
 - ``final``: the chain of the episode's last answered call (the one that produced the final answer).
 - ``module:function``: ``function(trajectory) -> iterable of chain indices``, imported once.
 
+Whatever the choice, a chain the harness did not start — its first call made by a tool process
+(a command the agent ran, calling the proxy with the session's key) or of unknown origin (a
+process that reached the proxy's socket around the sandbox's forwarder, or after the harness
+ended), as the forwarder proved it (sandbox/forwarder.py) — is recorded but not trained, unless
+the value ends with ``+foreign`` (``all+foreign``): the policy must not write its own training data.
+
 Trainers that take one sequence per rollout (TRL's ``rollout_func``, NeMo-RL) get the first
 selected chain (the main one when it is selected); the tokens of the other selected chains are
 counted (``side_tokens``) and warned, as ``polar check`` does.
@@ -25,6 +31,7 @@ from collections.abc import Callable, Iterable
 from polar_env.trajectory.models import Chain, Trajectory
 
 TRAIN_PATHS = ("all", "main", "final")
+FOREIGN = "+foreign"  # suffix: chains the harness did not start train too
 Selector = Callable[[Trajectory], Iterable[int]]
 
 
@@ -44,13 +51,28 @@ def _final(traj: Trajectory) -> list[int]:
 _BUILTIN: dict[str, Selector] = {"all": _all, "main": _main, "final": _final}
 
 
+def harness_started(traj: Trajectory, index: int) -> bool:
+    """Whether chain ``index``'s first call was the harness's (or is untagged: no forwarder proved otherwise)."""
+    first = traj.chains[index].call_indices[0]
+    return next((c.origin for c in traj.calls if c.call_index == first), None) not in ("tool", "unknown")
+
+
 def selector(spec: str) -> Selector:
-    """The selector a ``--train-paths`` value names; ``ValueError`` naming the problem otherwise."""
+    """The selector a ``--train-paths`` value names (without ``+foreign``: only chains the harness
+    started); ``ValueError`` naming the problem otherwise."""
+    base = spec.removesuffix(FOREIGN)
+    pick = _named(base)
+    if base != spec:
+        return pick
+    return lambda traj: [i for i in pick(traj) if harness_started(traj, i)]
+
+
+def _named(spec: str) -> Selector:
     if spec in _BUILTIN:
         return _BUILTIN[spec]
     module, sep, name = spec.partition(":")
     if not sep or not module or not name:
-        raise ValueError(f"--train-paths {spec!r}: expected all, main, final or module:function")
+        raise ValueError(f"--train-paths {spec!r}: expected all, main, final or module:function (+foreign)")
     try:
         fn = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as exc:

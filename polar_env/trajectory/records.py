@@ -137,6 +137,9 @@ class CallFields(BaseModel):
     reused_messages: int = 0
     # the version of the weights that sampled this call (the trainer's, proxy/policy.py); None: not told
     policy_version: int | None = None
+    # who made the call, as the sandbox's forwarder proved it (sandbox/forwarder.py): the harness, a tool
+    # process, or unknown (untagged in a session that expects tags); None: the session is not tagged
+    origin: Literal["harness", "tool", "unknown"] | None = None
 
 
 class CallRecord(CallFields):
