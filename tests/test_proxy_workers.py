@@ -99,6 +99,20 @@ async def test_sessions_spread_over_worker_processes(tmp_path: Path):
                     calls = await resp.json()
                 assert [c["call_id"] for c in calls] == ids
                 assert [c["parent_call_index"] for c in calls] == [None, 0, 1]  # one chain
+
+            # the policy version and the weight-sync fence reach every worker through the front
+            async with http.post(f"{front}/admin/policy", json={"version": 5}, headers=ADMIN) as resp:
+                assert resp.status == 200
+            async with http.post(f"{front}/admin/pause", json={}, headers=ADMIN) as resp:
+                assert resp.status == 200 and all(w["answer"]["drained"] for w in (await resp.json())["workers"])
+            for worker in workers:
+                async with http.get(f"{worker}/admin/policy", headers=ADMIN) as resp:
+                    state = await resp.json()
+                assert state["version"] == 5 and state["paused"], worker
+            async with http.post(f"{front}/admin/resume", json={"version": 6}, headers=ADMIN) as resp:
+                answers = (await resp.json())["workers"]
+            assert [w["answer"]["version"] for w in answers] == [6, 6]
+
             async with http.post(f"{front}/admin/sessions/{a}/close", json={"status": "completed"},
                                  headers=ADMIN) as resp:
                 assert resp.status == 200 and (await resp.json())["status"] == "completed"

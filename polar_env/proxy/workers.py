@@ -177,6 +177,9 @@ class Front:
         r.add_get("/admin/sessions/{sid}", self._owned)
         r.add_post("/admin/sessions/{sid}/close", self._owned)
         r.add_get("/admin/sessions/{sid}/calls", self._owned)
+        for path in ("/admin/policy", "/admin/pause", "/admin/resume"):  # every worker's fence at once
+            r.add_post(path, self._everywhere)
+        r.add_get("/admin/policy", self._everywhere)
         r.add_route("*", "/{tail:.*}", self._elsewhere)
         return app
 
@@ -243,6 +246,18 @@ class Front:
         if k is None:
             return _error(404, "unknown session")
         return await self._forward(k, request, await request.read())
+
+    async def _everywhere(self, request: web.Request) -> web.Response:
+        """The policy version and the weight-sync fence are per worker: the request goes to each (at
+        once: a pause drains them in parallel); the answer lists theirs, with the worst status."""
+        if not self._admin_ok(request):
+            return _error(401, "admin API requires the admin secret as Bearer token")
+        body = await request.read()
+        answers = await asyncio.gather(*(self._forward(k, request, body) for k in range(len(self.urls))))
+        status = max(a.status for a in answers)
+        workers = [{"url": url, "status": a.status, **({"answer": fastjson.loads(a.body)} if a.body else {})}
+                   for url, a in zip(self.urls, answers, strict=True)]
+        return web.Response(body=fastjson.dumps({"workers": workers}), status=status, content_type="application/json")
 
     async def _health(self, request: web.Request) -> web.Response:
         assert self.http is not None
