@@ -76,13 +76,14 @@ async def test_calls_carry_the_version_and_the_fence_holds_new_calls(renderer, t
         status, body = await held
         assert status == 200 and b": keep-alive" in body and b"Done." in body, body[:300]
         window = resumed["window"]
-        assert window["held_calls"] == 1 and window["held_ms_max"] > 1400 and window["version_after"] == 1, window
+        assert window["held_calls"] == 1 and window["held_ms_max"] > 1000 and window["version_after"] == 1, window
         async with http.get(f"{proxy.base_url}/admin/policy", headers=ADMIN_H) as r:
             state = await r.json()
         assert state["version"] == 1 and not state["paused"] and len(state["windows"]) == 1
         calls = sorted(proxy.registry.ledger.calls(sid), key=lambda c: c.call_index)
     assert [c.policy_version for c in calls] == [0, 0, 1]
-    assert calls[2].timings["fence_ms"] > 1400 and calls[2].timings["generate_ms"] < 1400
+    # the wait is timed apart: the held call's generation took what the unheld one's did
+    assert calls[2].timings["fence_ms"] > 1000 and calls[2].timings["generate_ms"] < calls[1].timings["generate_ms"] + 500
     traj = build_trajectory(proxy.registry.get(sid).info, calls, reward=1.0)
     assert traj.stats.policy_versions == [0, 1]  # the episode spans the update
     assert [c.policy_version for c in traj.calls] == [0, 0, 1]
