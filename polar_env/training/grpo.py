@@ -28,6 +28,18 @@ def polar_reward(prompts: list[Any], completions: list[Any], polar_reward: list[
     return [None if r is None else float(r) for r in polar_reward]
 
 
+def positions_from_mask(module: Any, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+    """A forward pre-hook: a call with an attention mask and no ``position_ids`` gets them counted
+    from the mask. TRL pads each batch's prompts on the left to the longest, and a model given no
+    positions numbers the pads too: every token of a shorter prompt sits at a shifted RoPE position,
+    which the sampler (unpadded) never saw. Equal in exact arithmetic, not in float32: it was the
+    7.7e-4 step-0 drift of a four-task batch (docs/training.md, "The step-0 drift")."""
+    mask = kwargs.get("attention_mask")
+    if mask is not None and kwargs.get("position_ids") is None and mask.dim() == 2:
+        kwargs["position_ids"] = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    return args, kwargs
+
+
 class LogprobDrift(RuntimeError):
     """The trainer's logprobs left the recorded ones by more than the run allows: the ratio is not the sampler's."""
 
@@ -54,6 +66,8 @@ class PolarGRPOTrainer(GRPOTrainer):
         kwargs.setdefault("train_dataset", rollouts.dataset())
         reward_funcs = [polar_reward, *kwargs.pop("reward_funcs", [])]
         super().__init__(model=model, reward_funcs=reward_funcs, args=args, rollout_func=rollouts, **kwargs)
+        # the trainer's forward passes number positions as the sampler did (the sampler passes no mask)
+        self.accelerator.unwrap_model(self.model).register_forward_pre_hook(positions_from_mask, with_kwargs=True)
         self.max_drift = max_drift
         self.polar_fidelity: list[dict[str, Any]] = []
 
