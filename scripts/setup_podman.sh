@@ -2,9 +2,9 @@
 # Podman for container workspaces and grading in task images (called by setup.sh when
 # POLAR_SETUP_CONTAINERS=1). Installs podman (+ its docker-compatible CLI) and runc, writes the
 # engine config this kind of VM needs (it cannot raise rlimits and mixes cgroup v1/v2, which crun
-# refuses), and builds the Debian base image locally (no image registry is needed): a minbase
-# bookworm rootfs from debootstrap, imported as polar-base:<key>, key = hash of this script.
-# Idempotent: an existing polar-base:<key> is reused.
+# refuses), and builds the Debian base image locally (no image registry is needed): the bubblewrap
+# sandboxes' root (polar_env/sandbox/rootfs.py, a minbase bookworm from debootstrap), imported as
+# polar-base:<key>, key = that root's recipe hash. Idempotent: an existing polar-base:<key> is reused.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

@@ -230,7 +230,7 @@ async def test_memory_and_pids_limits(task_tree: Path, tmp_path: Path, record_pr
     record_property("cgroup_mode", mode)
     print(f"cgroup limits: {mode} {versions}" + (f" (v2 not used: {sb.cgroups.v2_unavailable})" if mode != "v2" else ""))
     try:
-        assert sb.limits_applied == ["memory", "pids"] and mode in ("v1", "v2", "v2+v1")
+        assert sb.limits_applied == ["memory", "pids", "disk"] and mode in ("v1", "v2", "v2+v1")
         assert [int(sb.cgroups.knob(c).read_text()) for c in ("memory", "pids")] == [128 << 20, 32]
         oom = await sb.run([PY, "-c", "b = bytearray(400 << 20); b[::4096] = b'x' * len(b[::4096]); print('survived')"],
                            timeout_s=60)

@@ -40,6 +40,14 @@ def test_container_create_argv_isolates_and_mounts(engine):
     assert _pairs(argv, "--security-opt") == ["no-new-privileges"]
     tmpfs = _pairs(argv, "--tmpfs")
     assert tmpfs[0].startswith("/home/agent:") and not any("uid=" in t for t in tmpfs)  # podman refuses uid=
+    assert all(t.endswith(f",size={SPEC.disk_bytes}") for t in tmpfs)  # the writable paths' quota
+
+
+def test_container_agent_is_never_root():
+    from dataclasses import replace
+
+    with pytest.raises(ValueError, match="must not be 0"):
+        ContainerSandbox(replace(SPEC, uid=0), "img", "polar-x")
 
 
 def test_container_exec_runs_unprivileged_with_fixed_env_and_deadline():

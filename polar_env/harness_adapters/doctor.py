@@ -80,6 +80,16 @@ def _install_hint(adapter: HarnessAdapter, root: Path | None) -> str:
         return str(e)
 
 
+def _rootfs_row() -> DoctorRow:
+    """The sandbox root every bubblewrap sandbox mounts (``polar_env.sandbox.rootfs``)."""
+    from polar_env.sandbox.rootfs import RootfsMissing, rootfs_dir, sandbox_root
+
+    try:
+        return DoctorRow("sandbox root", True, str(sandbox_root()), "")
+    except RootfsMissing:
+        return DoctorRow("sandbox root", False, "", f"run scripts/setup.sh as root (builds {rootfs_dir()})")
+
+
 def doctor_report(root: Path | None = None) -> list[DoctorRow]:
     rows = [
         _tool_row("node", "node", ["--version"], "apt-get install -y nodejs"),
@@ -91,6 +101,7 @@ def doctor_report(root: Path | None = None) -> list[DoctorRow]:
         DoctorRow("python3 (sandbox forwarder)", os.path.exists("/usr/bin/python3"),
                   _version(["/usr/bin/python3", "--version"]), "" if os.path.exists("/usr/bin/python3")
                   else "apt-get install -y python3"),
+        _rootfs_row(),
         _cgroup_row(),
         *_engine_rows(),
     ]

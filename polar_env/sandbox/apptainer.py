@@ -78,7 +78,7 @@ class ApptainerSandbox(HostTreeSandbox):
             if proc.returncode != 0:
                 shutil.rmtree(root, ignore_errors=True)
                 raise RuntimeError(f"apptainer extract failed: {proc.stderr.decode(errors='replace')[-2000:]}")
-        gitdiff.snapshot(sb.testbed, root / "git")
+        gitdiff.snapshot(sb.testbed, sb.git_dir)
         return sb
 
     async def run(self, cmd: Sequence[str], *, env: dict[str, str] | None = None, timeout_s: float = 600.0,

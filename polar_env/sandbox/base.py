@@ -53,6 +53,9 @@ class SandboxSpec:
     memory_bytes: int | None = 8 << 30
     pids_max: int | None = 4096
     cpus: float | None = None  # containers: --cpus (a Harbor task's [environment] cpus)
+    # quota of the writable paths (/testbed, HOME, /tmp together): a sized tmpfs in bubblewrap, sized
+    # tmpfs mounts in containers; a write past it fails with ENOSPC
+    disk_bytes: int | None = 2 << 30
     scratch_root: Path | None = None  # where per-sandbox host dirs go (default: a temp dir)
 
     @property

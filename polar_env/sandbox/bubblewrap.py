@@ -1,10 +1,14 @@
 """The local default sandbox: bubblewrap with no network but the proxy (docs/architecture.md, "An episode").
 
-Layout inside: the read-only host ``/usr`` and ``/etc`` (a generated passwd/group names the
-sandbox user), the task copy at ``/testbed``, HOME and ``/tmp`` bound from per-sandbox host dirs
-(so adapters can write config before and read state after a run), the harness install read-only
-at ``/opt/harness``, the proxy's socket dir at ``/run/proxy``, and the forwarder at
-``/opt/polar/forwarder.py``. ``--unshare-all`` leaves only ``lo``. When the host runs as root the
+Layout inside: the sandbox root's read-only ``/usr`` and ``/etc`` (``polar_env.sandbox.rootfs``, a
+minimal Debian, never the host's; a generated passwd/group names the sandbox user), the task copy
+at ``/testbed``, HOME and ``/tmp`` bound from per-sandbox host dirs (so adapters can write config
+before and read state after a run), the harness install read-only at ``/opt/harness``, the proxy's
+socket dir at ``/run/proxy``, and the forwarder at ``/opt/polar/forwarder.py``. As host root those
+per-sandbox dirs live on one tmpfs of ``spec.disk_bytes`` mounted at the sandbox's root dir: the
+quota of everything the episode can write, and bind sources whose paths (``/testbed``, ``/home``)
+name nothing of the host in the sandbox's mountinfo. The base snapshot is kept beside it, off the
+quota, so a full disk cannot stop the diff. ``--unshare-all`` leaves only ``lo``. When the host runs as root the
 whole bwrap runs under an unprivileged uid (``setpriv``) that owns the task copy; memory/pids
 limits apply through cgroup v2 where we can delegate, else cgroup v1 (``polar_env.sandbox.cgroups``).
 """
@@ -12,6 +16,8 @@ limits apply through cgroup v2 where we can delegate, else cgroup v1 (``polar_en
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,7 +29,7 @@ from polar_env.sandbox.base import (
     copy_path,
     run_process_tree,
 )
-from polar_env.sandbox.bwrap_argv import BwrapCommand, Mount
+from polar_env.sandbox.bwrap_argv import BwrapCommand, Mount, SandboxUnavailable
 from polar_env.sandbox.cgroups import CgroupLimits
 from polar_env.sandbox.host_tree import HostTreeSandbox, copy_tree
 
@@ -38,19 +44,33 @@ def _chown_tree(path: Path, uid: int, gid: int) -> None:
             os.lchown(os.path.join(root, name), uid, gid)
 
 
+def _mount_quota(root: Path, size: int | None) -> None:
+    """A tmpfs of ``size`` bytes at ``root`` (host root only: unprivileged, there is no quota)."""
+    if size is None or os.geteuid() != 0:
+        return
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755,nosuid,nodev", "polar-sandbox",
+                           str(root)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SandboxUnavailable(f"cannot mount the sandbox's disk quota (tmpfs) at {root}: {proc.stderr.strip()}")
+
+
 class BubblewrapSandbox(HostTreeSandbox):
     """One task copy + private HOME/tmp on the host, entered by a fresh bwrap per command."""
 
     def __init__(self, spec: SandboxSpec, root: Path, uid: int, gid: int, cgroups: CgroupLimits):
         self.spec = spec
-        self.root = root  # host dir: testbed/ home/ tmp/ etc/ git/
+        self.root = root  # host dir (the quota tmpfs): testbed/ home/ tmp/ etc/ opt/; the snapshot beside it
         self.uid, self.gid = uid, gid
         self.cgroups = cgroups
         self._destroyed = False
 
     @property
     def limits_applied(self) -> list[str]:
-        return list(self.cgroups.applied)
+        return [*self.cgroups.applied, *(["disk"] if os.path.ismount(self.root) else [])]
+
+    @property
+    def git_dir(self) -> Path:
+        return self.root.with_name(self.root.name + ".git")
 
     @classmethod
     def create(cls, task_tree: Path | None, *, spec: SandboxSpec) -> BubblewrapSandbox:
@@ -58,27 +78,36 @@ class BubblewrapSandbox(HostTreeSandbox):
             spec.scratch_root.mkdir(parents=True, exist_ok=True)
         root = Path(tempfile.mkdtemp(prefix="polar-bwrap-", dir=spec.scratch_root))
         os.chmod(root, 0o755)
-        testbed, home, tmp, etc = root / "testbed", root / "home", root / "tmp", root / "etc"
+        uid, gid = (spec.uid, spec.uid) if os.geteuid() == 0 else (os.geteuid(), os.getegid())
+        sb = cls(spec, root, uid, gid, CgroupLimits(root.name, spec.memory_bytes, spec.pids_max))
+        try:
+            _mount_quota(root, spec.disk_bytes)
+            sb._populate(task_tree)
+        except BaseException:
+            sb.release()
+            shutil.rmtree(root, ignore_errors=True)
+            raise
+        return sb
+
+    def _populate(self, task_tree: Path | None) -> None:
+        root, spec = self.root, self.spec
+        testbed, home, tmp, etc = self.testbed, self.home, root / "tmp", root / "etc"
         if task_tree is not None:
             copy_tree(task_tree, testbed)
         else:
             testbed.mkdir()
-        for d in (home, tmp, etc):
+        for d in (home, tmp, etc, root / "opt"):
             d.mkdir()
         os.chmod(tmp, 0o1777)
-        gitdiff.snapshot(testbed, root / "git")
+        shutil.copyfile(FORWARDER_SRC, root / "opt" / "forwarder.py")  # on the quota fs: no repo path inside
+        gitdiff.snapshot(testbed, self.git_dir)
         if os.geteuid() == 0:
-            uid = gid = spec.uid
-            _chown_tree(testbed, uid, gid)
-            _chown_tree(home, uid, gid)
-        else:
-            uid, gid = os.geteuid(), os.getegid()
+            _chown_tree(testbed, self.uid, self.gid)
+            _chown_tree(home, self.uid, self.gid)
         (etc / "passwd").write_text(f"root:x:0:0:root:/root:/bin/bash\n"
-                                    f"{spec.user}:x:{uid}:{gid}::{spec.home}:/bin/bash\n")
-        (etc / "group").write_text(f"root:x:0:\n{spec.user}:x:{gid}:\n")
+                                    f"{spec.user}:x:{self.uid}:{self.gid}::{spec.home}:/bin/bash\n")
+        (etc / "group").write_text(f"root:x:0:\n{spec.user}:x:{self.gid}:\n")
         (etc / "hostname").write_text(spec.hostname + "\n")
-        cgroups = CgroupLimits(root.name, spec.memory_bytes, spec.pids_max)
-        return cls(spec, root, uid, gid, cgroups)
 
     def bwrap_argv(self, cmd: Sequence[str], env: dict[str, str]) -> list[str]:
         """The full host argv: bwrap, then (as host root) setpriv to the sandbox uid, then ``cmd``.
@@ -94,7 +123,7 @@ class BubblewrapSandbox(HostTreeSandbox):
                   Mount("/tmp", self.root / "tmp", "bind"),
                   Mount(s.home, self.home, "bind"),
                   Mount(s.workdir, self.testbed, "bind"),
-                  Mount(FORWARDER_INSIDE, FORWARDER_SRC)]
+                  Mount(FORWARDER_INSIDE, self.root / "opt" / "forwarder.py")]
         if s.harness_dir is not None:
             mounts.append(Mount("/opt/harness", s.harness_dir))
         if s.proxy_socket_dir is not None:
@@ -131,3 +160,6 @@ class BubblewrapSandbox(HostTreeSandbox):
     def release(self) -> None:
         self.cgroups.kill_all()
         self.cgroups.remove()
+        if os.path.ismount(self.root):  # lazily: a straggler's open file cannot keep the tmpfs alive
+            subprocess.run(["umount", "-l", str(self.root)], capture_output=True)
+        shutil.rmtree(self.git_dir, ignore_errors=True)

@@ -1,7 +1,10 @@
 """The one bubblewrap command line, shared by the episode sandbox and the grading sandbox.
 
-Both need the same isolation: every namespace unshared (only ``lo`` exists), the host ``/usr`` and
-``/etc`` read-only, fresh ``/proc`` and ``/dev``, a cleared environment, and never root inside. As
+Both need the same isolation: every namespace unshared (only ``lo`` exists), the sandbox root's
+``/usr`` and ``/etc`` read-only (a minimal Debian, ``polar_env.sandbox.rootfs``: nothing of the
+host's packages), the host's Node.js as one execute-only file, fresh ``/proc`` and ``/dev``, a
+cleared environment, a seccomp filter that refuses ptrace between its processes
+(``polar_env.sandbox.seccomp``), and never root inside. As
 root, bwrap keeps the host user namespace (a namespaced root could still own the binds) and
 ``setpriv`` drops to the sandbox uid with no capabilities and ``--no-new-privs``; unprivileged,
 bwrap's own user namespace keeps the caller's uid and drops every capability. The callers differ
@@ -16,6 +19,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+
+from polar_env.sandbox.rootfs import NODE_INSIDE, RootfsMissing, host_node_exec_only, sandbox_root
+from polar_env.sandbox.seccomp import program_file
+
+# bwrap reads the filter from a descriptor: a host bash opens it on a free fd (never one a caller
+# passes down, such as the grader's), then becomes bwrap with ``--seccomp <that fd>``
+_WITH_FILTER = ["/bin/bash", "-c", 'exec {fd}<"$1" && exec "$2" --seccomp "$fd" "${@:3}"', "bash"]
 
 
 class SandboxUnavailable(RuntimeError):
@@ -49,20 +59,25 @@ class BwrapCommand:
         if bwrap is None:
             raise SandboxUnavailable("bubblewrap (bwrap) is not installed")
         as_root = os.geteuid() == 0
-        argv = [bwrap]
+        argv = [*_WITH_FILTER, str(program_file()), bwrap]
         if as_root:
             argv += ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
         else:
             argv += ["--unshare-all", "--cap-drop", "ALL", "--uid", str(self.uid), "--gid", str(self.gid)]
-        argv += ["--die-with-parent", "--new-session", "--hostname", self.hostname, "--ro-bind", "/usr", "/usr"]
-        for link in ("lib", "lib64", "bin", "sbin"):
-            if os.path.islink(f"/{link}"):
-                argv += ["--symlink", os.readlink(f"/{link}"), f"/{link}"]
-            elif os.path.isdir(f"/{link}"):
-                argv += ["--ro-bind", f"/{link}", f"/{link}"]
-        argv += ["--ro-bind", "/etc", "/etc", "--proc", "/proc", "--dev", "/dev"]
-        parents = sorted({str(p) for m in self.mounts for p in Path(m.dst).parents if str(p) not in ("/", "/etc")}
-                         - {m.dst for m in self.mounts})
+        try:
+            root = sandbox_root()
+        except RootfsMissing as exc:
+            raise SandboxUnavailable(str(exc)) from None
+        argv += ["--die-with-parent", "--new-session", "--hostname", self.hostname,
+                 "--ro-bind", str(root / "usr"), "/usr", "--ro-bind", str(root / "etc"), "/etc"]
+        for link in ("lib", "lib64", "bin", "sbin"):  # merged /usr: links into it
+            if (root / link).is_symlink():
+                argv += ["--symlink", os.readlink(root / link), f"/{link}"]
+        if (node := host_node_exec_only()) is not None:
+            argv += ["--ro-bind", str(node), NODE_INSIDE]
+        argv += ["--proc", "/proc", "--dev", "/dev"]
+        parents = sorted({str(p) for m in self.mounts for p in Path(m.dst).parents}
+                         - {"/", "/usr", "/etc"} - {m.dst for m in self.mounts})
         for parent in parents:  # bwrap would create them 0700, unreadable to the sandbox uid
             argv += ["--perms", "0755", "--dir", parent]
         for mount in self.mounts:

@@ -6,8 +6,9 @@ harness install read-only at /opt/harness, memory/pids limits, PID 1 an init tha
 run by ``exec`` as the unprivileged sandbox uid; only the setup steps (chown, git snapshot, diff)
 exec as root, which is why the container keeps CHOWN/DAC_OVERRIDE/FOWNER and drops every other
 capability: a non-root uid has no effective capabilities, and ``no-new-privileges`` stops setuid
-binaries from getting any. The image's own PATH is kept (its toolchain lives there); the harness's
-bin dir goes in front. A deadline kills every process of the sandbox uid in the container, and a
+binaries from getting any. The agent's uid is never 0 (a spec asking for it is refused); HOME
+and ``/tmp`` are tmpfs mounts of ``spec.disk_bytes`` each. The image's own PATH is kept (its
+toolchain lives there); the harness's bin dir goes in front. A deadline kills every process of the sandbox uid in the container, and a
 failed ``create`` removes the container. The argv builders are pure, so they are unit tested
 without an engine; the methods only execute them.
 """
@@ -16,9 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shlex
-import shutil
 import subprocess
 import uuid
 from collections.abc import Sequence
@@ -35,6 +34,7 @@ from polar_env.sandbox.base import (
     run_process_tree,
 )
 from polar_env.sandbox.bubblewrap import FORWARDER_INSIDE, FORWARDER_SRC
+from polar_env.sandbox.rootfs import host_node_exec_only
 
 ENGINES = ("docker", "podman")
 GIT_DIR_INSIDE = "/var/lib/polar-git"  # the base snapshot's repository: root's, outside the tree, readable
@@ -42,12 +42,6 @@ BASE_FILE = f"{GIT_DIR_INSIDE}/POLAR_BASE"  # the base tree's id, in that reposi
 SETUP_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER")  # what the root setup execs need, nothing more
 FALLBACK_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 NODE_DIR_INSIDE = "/opt/polar/bin"  # the host's Node.js binary, for harnesses in images that lack one
-
-
-def host_node() -> str | None:
-    """The host's ``node`` (the harness CLIs are Node programs; task images rarely ship Node)."""
-    found = shutil.which("node")
-    return os.path.realpath(found) if found else None
 
 
 class ContainerError(RuntimeError):
@@ -105,6 +99,8 @@ class ContainerSandbox(Sandbox):
                  path: str = FALLBACK_PATH, extra_ro_mounts: Sequence[tuple[str, str]] = ()):
         if engine not in ENGINES:
             raise ValueError(f"unknown container engine {engine!r}; known: {', '.join(ENGINES)}")
+        if spec.uid == 0:
+            raise ValueError("the agent's uid in a container must not be 0")
         self.spec = spec
         self.image = image
         self.name = name
@@ -130,7 +126,7 @@ class ContainerSandbox(Sandbox):
         mounts = [(str(FORWARDER_SRC), FORWARDER_INSIDE)]
         if s.harness_dir is not None:
             mounts.append((str(s.harness_dir), "/opt/harness"))
-            if (node := host_node()) is not None:
+            if (node := host_node_exec_only()) is not None:
                 mounts.append((node, f"{NODE_DIR_INSIDE}/node"))
         if s.proxy_socket_dir is not None:
             mounts.append((str(s.proxy_socket_dir), "/run/proxy"))
@@ -138,7 +134,8 @@ class ContainerSandbox(Sandbox):
         for src, dst in mounts:
             argv += ["-v", f"{src}:{dst}:ro"]
         # no uid= option (podman refuses it): HOME is chowned by the root setup exec instead
-        argv += ["--tmpfs", f"{s.home}:rw,exec,mode=0755", "--tmpfs", "/tmp:rw,exec,mode=1777"]
+        size = f",size={s.disk_bytes}" if s.disk_bytes is not None else ""
+        argv += ["--tmpfs", f"{s.home}:rw,exec,mode=0755{size}", "--tmpfs", f"/tmp:rw,exec,mode=1777{size}"]
         for key, value in s.env.items():
             argv += ["-e", f"{key}={value}"]
         return argv + [self.image, "sleep", "infinity"]
@@ -172,7 +169,7 @@ class ContainerSandbox(Sandbox):
 
     def setup_script(self) -> str:
         s = self.spec
-        return (f"chown {s.uid}:{s.uid} {shlex.quote(s.home)} && chown -R {s.uid}:{s.uid} {shlex.quote(s.workdir)}"
+        return (f"chown {s.uid}:{s.uid} {shlex.quote(s.home)} && chown -hR {s.uid}:{s.uid} {shlex.quote(s.workdir)}"
                 f" && {git_snapshot_script(s.workdir)}")
 
     def cp_in_argv(self, src: Path, dst: str) -> list[str]:
@@ -224,7 +221,7 @@ class ContainerSandbox(Sandbox):
         await asyncio.to_thread(engine_run, self.exec_argv(["mkdir", "-p", parent], {}))
         await asyncio.to_thread(engine_run, self.cp_in_argv(src, dst))
         await asyncio.to_thread(engine_run, self.exec_argv(
-            ["chown", "-R", f"{self.spec.uid}:{self.spec.uid}", dst], {}, user="0"))
+            ["chown", "-hR", f"{self.spec.uid}:{self.spec.uid}", dst], {}, user="0"))
 
     async def copy_out(self, src: str, dst: Path) -> None:
         await asyncio.to_thread(engine_run, self.cp_out_argv(src, dst))

@@ -52,6 +52,11 @@ class HostTreeSandbox(Sandbox):
     def home(self) -> Path:
         return self.root / "home"
 
+    @property
+    def git_dir(self) -> Path:
+        """The base snapshot (``gitdiff``): never under a path the sandbox can write."""
+        return self.root / "git"
+
     def writable_binds(self) -> list[tuple[Path, Path]]:
         """(path inside, host dir) of each writable bind."""
         return [(Path(self.spec.workdir), self.testbed), (Path(self.spec.home), self.home)]
@@ -70,7 +75,7 @@ class HostTreeSandbox(Sandbox):
         copy_path(self.host_path(src), dst)
 
     async def diff(self, exclude: Sequence[str] = BUILD_EXCLUDES) -> bytes:
-        return await asyncio.to_thread(gitdiff.diff, self.testbed, self.root / "git", exclude)
+        return await asyncio.to_thread(gitdiff.diff, self.testbed, self.git_dir, exclude)
 
     def release(self) -> None:
         """Stop whatever still runs before the tree is removed (nothing to stop by default)."""

@@ -10,13 +10,13 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 from polar_env.cache import cache_root
+from polar_env.sandbox.rootfs import READY, rootfs_dir
 from polar_env.tasks.models import Task
 
 STAMP = "polar-env.json"
@@ -31,15 +31,16 @@ def env_dir(task: Task) -> Path:
 
 
 def _interpreter(version: str) -> str:
-    """The documented rule (docs/tasks.md): ``python: "X.Y"`` is the system's ``pythonX.Y`` under /usr,
-    because the venv's python symlink must resolve inside the grading sandbox, which mounts /usr but
-    not pyenv shims, uv's or any other home-directory installs."""
-    for cand in (f"/usr/bin/python{version}", f"/usr/local/bin/python{version}", shutil.which(f"python{version}")):
-        if cand and Path(cand).exists() and os.path.realpath(cand).startswith("/usr/"):
-            return cand
-    raise EnvBuildError(f"python{version} is not installed under /usr (the grading sandbox mounts only /usr): "
-                        f"install it system-wide (e.g. apt-get install python{version}-venv), or run the task "
-                        f"in an image that has it (docs/tasks.md)")
+    """The documented rule (docs/tasks.md): ``python: "X.Y"`` is Debian's ``/usr/bin/pythonX.Y``,
+    because the venv's python symlink must resolve inside the sandboxes, which mount the sandbox
+    root's ``/usr`` (``polar_env.sandbox.rootfs``), never the host's ``/usr/local``, pyenv shims or
+    any home-directory install."""
+    cand = Path(f"/usr/bin/python{version}")
+    if cand.exists() and (not (rootfs_dir() / READY).is_file() or (rootfs_dir() / str(cand)[1:]).exists()):
+        return str(cand)
+    raise EnvBuildError(f"python{version} is not Debian's /usr/bin/python{version} here and in the sandbox root "
+                        f"(the sandboxes mount only that root's /usr): run the task in an image that has it "
+                        f"(docs/tasks.md)")
 
 
 def _stamp(task: Task) -> dict:

@@ -2,8 +2,9 @@
 
 Layout (what SWE-bench's images have and what grading in the image expects): the task's base tree
 at ``/testbed`` (one commit, as ``tasks.tree`` makes it), its pinned test environment in a venv at
-``/opt/venv`` (first on PATH), ``python3`` and ``git`` from Debian. The base image is a minbase
-Debian rootfs made by ``debootstrap`` and imported into the engine; each task image is built from a
+``/opt/venv`` (first on PATH), ``python3`` and ``git`` from Debian. The base image is the
+bubblewrap sandboxes' root (``polar_env.sandbox.rootfs``, a minbase Debian from ``debootstrap``)
+imported into the engine; each task image is built from a
 generated Containerfile with ``--network host`` so pip reaches the package index at build time
 (never at run time: episodes and grading run with ``--network none``).
 
@@ -26,12 +27,10 @@ import tempfile
 from pathlib import Path
 
 from polar_env.sandbox.container import ContainerError, engine_run, image_exists
+from polar_env.sandbox.rootfs import NODE_INSIDE, READY, RootfsMissing, ensure_rootfs, recipe_key
 from polar_env.tasks.models import Task
 from polar_env.tasks.tree import materialize
 
-SUITE = "bookworm"
-# python3 + git + patch for the tests and the grader, libstdc++6 for the harness's Node.js runtime
-BASE_PACKAGES = ("python3", "python3-venv", "git", "patch", "ca-certificates", "libstdc++6", "procps")
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 VENV = "/opt/venv"
 
@@ -45,31 +44,26 @@ def _key(*parts: bytes | str) -> str:
 
 
 def base_image() -> str:
-    """``polar-base:<key>``, the key covering the suite and package list."""
-    return f"localhost/polar-base:{_key(SUITE, 'minbase', *BASE_PACKAGES)}"
+    """``polar-base:<key>``, the sandbox root's recipe key."""
+    return f"localhost/polar-base:{recipe_key()}"
 
 
 def ensure_base_image(engine: str = "podman", *, mirror: str | None = None) -> str:
-    """Build the Debian base image unless the engine has it already (debootstrap needs root)."""
+    """Import the sandbox root (built first if missing: debootstrap needs root) unless the engine has it."""
     name = base_image()
     if image_exists(engine, name):
         return name
-    if shutil.which("debootstrap") is None:
-        raise ContainerError("debootstrap is not installed: apt-get install debootstrap (scripts/setup_podman.sh)")
-    with tempfile.TemporaryDirectory(prefix="polar-rootfs-") as tmp:
-        rootfs = Path(tmp) / "rootfs"
-        argv = ["debootstrap", "--variant=minbase", f"--include={','.join(BASE_PACKAGES)}", SUITE, str(rootfs)]
-        proc = subprocess.run(argv + ([mirror] if mirror else []), capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise ContainerError(f"debootstrap failed: {proc.stderr.strip()[-2000:]}")
-        for cache in ("var/cache/apt/archives", "var/lib/apt/lists"):
-            shutil.rmtree(rootfs / cache, ignore_errors=True)
-        tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
-        imp = subprocess.run([engine, "import", "--change", "CMD [\"/bin/bash\"]", "-", name], stdin=tar.stdout,
-                             capture_output=True, text=True)
-        tar.wait()
-        if imp.returncode != 0 or tar.returncode != 0:
-            raise ContainerError(f"{engine} import failed: {imp.stderr.strip()[-2000:]}")
+    try:
+        root = ensure_rootfs(mirror=mirror)
+    except RootfsMissing as exc:
+        raise ContainerError(str(exc)) from None
+    tar = subprocess.Popen(["tar", "-C", str(root), f"--exclude=./{READY}", f"--exclude=.{NODE_INSIDE}", "-c", "."],
+                           stdout=subprocess.PIPE)
+    imp = subprocess.run([engine, "import", "--change", "CMD [\"/bin/bash\"]", "-", name], stdin=tar.stdout,
+                         capture_output=True, text=True)
+    tar.wait()
+    if imp.returncode != 0 or tar.returncode != 0:
+        raise ContainerError(f"{engine} import failed: {imp.stderr.strip()[-2000:]}")
     return name
 
 

@@ -1,0 +1,146 @@
+"""The sandbox root: a minimal Debian rootfs in Polar's cache, mounted instead of the host's /usr and /etc.
+
+The host's ``/usr`` holds whatever its admin installed (Debian's ``python3-requests`` carries the
+fixes of bundled requests tasks), so no sandbox mounts it. Both bubblewrap sandboxes (episode and
+grading) and the podman base image (``tasks/images.py``) use this one root: a ``debootstrap``
+minbase of the same suite as the host's Debian, with what the harnesses and graders need. Its
+``python3.X`` is Debian's, the interpreter the harness and task venvs are made by on the host, so
+their ``/usr/bin/python3.X`` symlinks resolve inside. The task's own dependencies come from its venv.
+
+The directory is ``<cache>/rootfs/<key>``, the key a hash of the recipe (suite, packages, the
+post-processing below), so a changed recipe builds a new root and never reuses a stale one. It is
+built once by setup (``python -m polar_env.sandbox.rootfs``, root needed for debootstrap) and made
+read-only for everyone else.
+
+Post-processing: every ELF program in the root's bin dirs is made execute-only (``0711``; scripts
+stay readable, their interpreter reads them). The kernel marks a process that executes a file it
+cannot read as not dumpable, so the harness (a Python or Node process), its forwarder and every
+tool started from the root are not dumpable: nothing else in the sandbox can read their
+``/proc/<pid>/mem`` or ``environ`` (ptrace itself is refused by the seccomp filter; there is no
+Yama here to lean on, and its scope would be host-wide). A native binary a harness brings in its
+own install (Codex's, OpenCode's) keeps its mode: Bun-built ones read their own file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from polar_env.cache import cache_root
+
+SUITE = "bookworm"
+# python3 + venv for the tests, the forwarder and the Python harnesses; git + patch for the agent and
+# the grader; libstdc++6 for Node.js (the host's binary is bound in); procps (ps, kill) for tools
+PACKAGES = ("python3", "python3-venv", "git", "patch", "ca-certificates", "libstdc++6", "procps")
+EXEC_ONLY_DIRS = ("usr/bin", "usr/sbin", "usr/lib/git-core")  # see the module docstring: never dumpable
+RECIPE_VERSION = "3"  # bump when the post-processing changes
+READY = ".polar-rootfs-ready"
+NODE_INSIDE = "/usr/local/bin/node"  # on the sandbox PATH, where ``#!/usr/bin/env node`` finds it
+
+
+class RootfsMissing(RuntimeError):
+    """The sandbox root is not built: one line that says how to build it."""
+
+
+def recipe_key() -> str:
+    h = hashlib.sha256("\0".join([RECIPE_VERSION, SUITE, "minbase", *PACKAGES, *EXEC_ONLY_DIRS]).encode())
+    return h.hexdigest()[:16]
+
+
+def rootfs_dir() -> Path:
+    return cache_root() / "rootfs" / recipe_key()
+
+
+def sandbox_root() -> Path:
+    """The built root, or a ``RootfsMissing`` naming the setup step."""
+    root = rootfs_dir()
+    if not (root / READY).is_file():
+        raise RootfsMissing(f"the sandbox root {root} is not built: run scripts/setup.sh "
+                            f"(or, as root, python -m polar_env.sandbox.rootfs)")
+    return root
+
+
+def host_node_exec_only() -> Path | None:
+    """An execute-only copy of the host's ``node`` (the npm harnesses run on it; it is no answer),
+    kept in the cache under a key of its path, size and mtime, so an upgraded Node is copied anew."""
+    found = shutil.which("node")
+    if found is None:
+        return None
+    real = Path(os.path.realpath(found))
+    st = real.stat()
+    key = hashlib.sha256(f"{real}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    dest = cache_root() / "rootfs" / "node" / key / "node"
+    if dest.is_file():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".node.{os.getpid()}")
+    shutil.copyfile(real, tmp)
+    os.chmod(tmp, 0o711)
+    tmp.rename(dest)
+    return dest
+
+
+def debootstrap(dest: Path, *, mirror: str | None = None) -> None:
+    """A minbase rootfs with ``PACKAGES`` at ``dest`` (apt's caches removed)."""
+    if shutil.which("debootstrap") is None:
+        raise RootfsMissing("debootstrap is not installed: apt-get install debootstrap")
+    argv = ["debootstrap", "--variant=minbase", f"--include={','.join(PACKAGES)}", SUITE, str(dest)]
+    proc = subprocess.run(argv + ([mirror] if mirror else []), capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RootfsMissing(f"debootstrap failed: {proc.stderr.strip()[-2000:]}")
+    for cache in ("var/cache/apt/archives", "var/lib/apt/lists"):
+        shutil.rmtree(dest / cache, ignore_errors=True)
+    for rel in EXEC_ONLY_DIRS:
+        for path in (dest / rel).iterdir():
+            if path.is_file() and not path.is_symlink():
+                with open(path, "rb") as f:
+                    elf = f.read(4) == b"\x7fELF"
+                if elf:
+                    os.chmod(path, 0o711)
+    (dest / NODE_INSIDE.lstrip("/")).touch()  # the mount point of the host's node (/usr is read-only inside)
+
+
+def ensure_rootfs(*, mirror: str | None = None) -> Path:
+    """Build the root unless it is there (idempotent; a half-built one is redone)."""
+    root = rootfs_dir()
+    if (root / READY).is_file():
+        return root
+    if os.geteuid() != 0:
+        raise RootfsMissing(f"building the sandbox root {root} needs root (debootstrap): run scripts/setup.sh as root")
+    root.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
+    try:
+        debootstrap(tmp, mirror=mirror)
+        (tmp / READY).write_text(recipe_key() + "\n")
+        os.chmod(tmp, 0o755)
+        shutil.rmtree(root, ignore_errors=True)
+        tmp.rename(root)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    for stale in root.parent.iterdir():  # roots of earlier recipes
+        if stale != root and (stale / READY).is_file():
+            shutil.rmtree(stale, ignore_errors=True)
+    return root
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m polar_env.sandbox.rootfs",
+                                 description="Build (or reuse) the sandbox root in Polar's cache.")
+    ap.add_argument("--mirror", default=None, help="a Debian mirror URL (default: debootstrap's)")
+    args = ap.parse_args(argv)
+    try:
+        print(ensure_rootfs(mirror=args.mirror))
+    except RootfsMissing as exc:
+        print(f"polar rootfs: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

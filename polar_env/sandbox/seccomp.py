@@ -1,0 +1,61 @@
+"""The sandboxes' seccomp filter: no process inside may trace or read the memory of another.
+
+``ptrace``, ``process_vm_readv`` and ``process_vm_writev`` fail with EPERM for everything in the
+sandbox (the agent's tools cannot attach to the harness, the forwarder or each other); every other
+syscall is allowed. Any ABI but the host's native one (x86-64 or aarch64; i386 or x32 entry points)
+is refused outright, so a compat syscall number cannot slip past. ``/proc/<pid>/mem`` of the
+harness is closed by another layer (``rootfs``: execute-only interpreters make it not dumpable).
+The program is classic BPF, the format bwrap's ``--seccomp FD`` loads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import struct
+from pathlib import Path
+
+from polar_env.cache import cache_root
+
+_LD_ABS_W, _JEQ, _JGE, _RET = 0x20, 0x15, 0x35, 0x06
+_ALLOW, _EPERM = 0x7FFF0000, 0x00050000 | 1  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
+_X32_BIT = 0x40000000
+# AUDIT_ARCH_* and (ptrace, process_vm_readv, process_vm_writev) per native ABI
+_ABIS = {"x86_64": (0xC000003E, (101, 310, 311)), "aarch64": (0xC00000B7, (117, 270, 271))}
+
+
+def _insn(code: int, jt: int, jf: int, k: int) -> bytes:
+    return struct.pack("=HBBI", code, jt, jf, k)
+
+
+def program(machine: str | None = None) -> bytes:
+    """The filter for ``machine`` (default: this host's); a ``ValueError`` for an unknown one."""
+    machine = machine or platform.machine()
+    if machine not in _ABIS:
+        raise ValueError(f"no seccomp filter for {machine}: known {', '.join(_ABIS)}")
+    arch, denied = _ABIS[machine]
+    n = len(denied)
+    # layout: 0 load arch; 1 arch ok?; 2 load nr; 3 x32?; 4..4+n-1 denied?; 4+n allow; 5+n eperm
+    eperm = 5 + n
+    insns = [_insn(_LD_ABS_W, 0, 0, 4),
+             _insn(_JEQ, 0, eperm - 2, arch),
+             _insn(_LD_ABS_W, 0, 0, 0),
+             _insn(_JGE, eperm - 4, 0, _X32_BIT)]
+    for i, nr in enumerate(denied):
+        here = 4 + i
+        insns.append(_insn(_JEQ, eperm - here - 1, 0, nr))
+    insns += [_insn(_RET, 0, 0, _ALLOW), _insn(_RET, 0, 0, _EPERM)]
+    return b"".join(insns)
+
+
+def program_file() -> Path:
+    """The filter written once into the cache (content-addressed), for bwrap to read."""
+    data = program()
+    path = cache_root() / "rootfs" / f"seccomp-{hashlib.sha256(data).hexdigest()[:16]}.bpf"
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        tmp.write_bytes(data)
+        tmp.rename(path)
+    return path

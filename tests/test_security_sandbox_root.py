@@ -1,0 +1,259 @@
+"""The sandbox root holds no answers, shows no host path, lets nothing trace the harness, and caps disk.
+
+Run as an agent would, inside the real bubblewrap sandbox (the episode's, on the built sandbox
+root): a search of the whole sandbox filesystem for a distinctive added line of every bundled gold
+patch (with a control proving the search finds the fix in the host's own ``/usr``), the mount table,
+ptrace and ``/proc/<pid>/mem`` against the harness's interpreters, and a disk filler. The last test
+does the same probe from a real Pi episode whose scripted policy runs it as its shell command.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from polar_env.sandbox.base import SandboxSpec
+from polar_env.sandbox.bubblewrap import BubblewrapSandbox
+from polar_env.sandbox.bwrap_argv import BwrapCommand, SandboxUnavailable
+from polar_env.sandbox.rootfs import rootfs_dir, sandbox_root
+from polar_env.sandbox.seccomp import program
+from polar_env.tasks.loader import load_bundled
+from polar_env.tasks.tree import materialize
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None or not (rootfs_dir() / ".polar-rootfs-ready").is_file(),
+                                reason="needs bubblewrap and the sandbox root (scripts/setup.sh)")
+TASKS = {t.instance_id: t for t in load_bundled()}
+
+
+def _text(tree: Path) -> str:
+    return "\n".join(p.read_text(errors="replace") for p in tree.rglob("*") if p.is_file())
+
+
+def _needles(tmp_path: Path, sandbox_task: str) -> dict[str, str]:
+    """Per bundled task, the longest line its gold patch adds that its base tree does not hold, nor
+    the base tree in the sandbox (a later base of the same repo holds an earlier task's fix by history)."""
+    here = _text(materialize(TASKS[sandbox_task], tmp_path / "bases" / "sandbox"))
+    out = {}
+    for iid, task in TASKS.items():
+        base = _text(materialize(task, tmp_path / "bases" / iid))
+        added = [ln[1:].strip() for ln in task.patch.splitlines() if ln.startswith("+") and not ln.startswith("+++")]
+        fresh = [ln for ln in added if len(ln) >= 20 and ln not in base]
+        assert fresh, f"{iid}: no distinctive added line in its gold patch"
+        if unseen := [ln for ln in fresh if ln not in here]:
+            out[iid] = max(unseen, key=len)
+    assert sandbox_task in out and len(out) >= len(TASKS) - 1, out
+    return out
+
+
+# what the agent runs: every file of the sandbox searched for the needles (not /proc, /sys, /dev)
+SEARCH = ("grep -rIlF -f /tmp/polar-needles --exclude=polar-needles "
+          "--exclude-dir=proc --exclude-dir=sys --exclude-dir=dev / 2>/dev/null; echo SEARCHED")
+# ptrace (seccomp) and /proc/<pid>/mem + environ (not dumpable) against a Python and a Node process
+TRACE = r"""
+python3 -c 'import time; time.sleep(60)' & PY=$!
+node -e 'setTimeout(() => {}, 60000)' & NODE=$!
+sleep 1
+python3 - $PY $NODE <<'EOF'
+import ctypes, json, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+out = {"seccomp": open("/proc/self/status").read().split("Seccomp:")[1].split()[0],
+       "self_exe": os.readlink("/proc/self/exe"), "self_fds": len(os.listdir("/proc/self/fd"))}
+for name, pid in zip(("python", "node"), sys.argv[1:]):
+    out[name + "_ptrace"] = os.strerror(ctypes.get_errno()) if libc.ptrace(16, int(pid), 0, 0) else "attached"
+    for f in ("mem", "environ"):
+        try:
+            open(f"/proc/{pid}/{f}", "rb").close()
+            out[f"{name}_{f}"] = "opened"
+        except OSError as exc:
+            out[f"{name}_{f}"] = exc.strerror
+print("TRACE " + json.dumps(out))
+EOF
+kill $PY $NODE
+"""
+
+
+def _check_trace(out: dict) -> None:
+    # filtered, and a process that is not dumpable still sees its own /proc entries
+    assert out["seccomp"] == "2" and out["self_exe"] == "/usr/bin/python3.11" and out["self_fds"] >= 3, out
+    for name in ("python", "node"):
+        assert out[f"{name}_ptrace"] == "Operation not permitted", out
+        assert out[f"{name}_mem"] == out[f"{name}_environ"] == "Permission denied", out
+
+
+def _mount_roots(mountinfo: str) -> dict[str, str]:
+    """mount point -> the root of the mount within its source filesystem (field 4)."""
+    return {line.split()[4]: line.split()[3] for line in mountinfo.splitlines() if line.strip()}
+
+
+@pytest.fixture
+async def sandbox(tmp_path: Path):
+    task = TASKS["psf__requests-6028"]
+    scratch = tmp_path / f"polar-ws-{task.instance_id}-x"  # as episodes/workspace.py names it
+    sb = BubblewrapSandbox.create(materialize(task, tmp_path / "tree"),
+                                  spec=SandboxSpec(scratch_root=scratch, disk_bytes=64 << 20))
+    yield sb
+    await sb.destroy()
+
+
+async def test_no_bundled_fix_is_readable_anywhere_in_the_sandbox(sandbox, tmp_path: Path):
+    needles = _needles(tmp_path, "psf__requests-6028")
+    (tmp_path / "needles").write_text("\n".join(needles.values()) + "\n")
+    # control: the same search finds the requests fixes in the host's own /usr (Debian's python3-requests),
+    # which is why the sandbox must not mount it
+    host_pkg = Path("/usr/lib/python3/dist-packages/requests")
+    if host_pkg.is_dir():
+        hit = subprocess.run(["grep", "-rIlF", "-f", str(tmp_path / "needles"), str(host_pkg)],
+                             capture_output=True, text=True).stdout
+        assert hit.strip(), "control: the needles should find the fix in the host's python3-requests"
+    await sandbox.copy_in(tmp_path / "needles", "/tmp/polar-needles")
+    res = await sandbox.run(["bash", "-c", SEARCH], timeout_s=300)
+    assert res.stdout_tail.strip().splitlines() == ["SEARCHED"], res.stdout_tail
+    res = await sandbox.run(["bash", "-c", "cd / && python3 -c 'import requests'"], timeout_s=60)
+    assert res.exit_code != 0 and "No module named 'requests'" in res.stderr_tail
+    res = await sandbox.run(["bash", "-c", "ls /usr/lib/python3/dist-packages 2>/dev/null | wc -l"], timeout_s=60)
+    assert res.stdout_tail.strip() == "0"  # Debian's own python3 packages: none in the root
+
+
+async def test_mountinfo_names_no_episode_path(sandbox):
+    res = await sandbox.run(["cat", "/proc/self/mountinfo"], timeout_s=60)
+    roots = _mount_roots(res.stdout_tail)
+    # the writable paths and generated files come from the sandbox's own tmpfs: their roots are neutral
+    assert {m: roots[m] for m in ("/testbed", "/home/agent", "/tmp", "/etc/passwd", "/opt/polar/forwarder.py")} == {
+        "/testbed": "/testbed", "/home/agent": "/home", "/tmp": "/tmp", "/etc/passwd": "/etc/passwd",
+        "/opt/polar/forwarder.py": "/opt/forwarder.py"}
+    for bad in (str(sandbox.root), "psf__requests-6028", "polar-ws-", "polar-bwrap-", str(REPO)):
+        assert bad not in res.stdout_tail, bad
+    # the shared read-only inputs come from the cache, under content keys
+    assert roots["/usr"] == str(sandbox_root() / "usr")
+
+
+async def test_nothing_traces_the_harness_interpreters(sandbox):
+    res = await sandbox.run(["bash", "-c", TRACE], timeout_s=120)
+    line = next(ln for ln in res.stdout_tail.splitlines() if ln.startswith("TRACE "))
+    _check_trace(json.loads(line[6:]))
+
+
+async def test_disk_filler_ends_at_the_quota_and_the_diff_still_works(sandbox):
+    res = await sandbox.run(["bash", "-c", "echo fixed >> /testbed/README.md && "
+                             "for d in /tmp /home/agent /testbed; do dd if=/dev/zero of=$d/fill bs=1M count=800; done; "
+                             "du -sc /tmp/fill /home/agent/fill /testbed/fill | tail -1"], timeout_s=120)
+    assert res.stderr_tail.count("No space left on device") == 3, res.stderr_tail
+    total_kib = int(res.stdout_tail.split()[-2])
+    assert total_kib <= 64 * 1024, total_kib  # 3 x 800 MB asked, the quota given
+    assert "disk" in sandbox.limits_applied
+    await sandbox.run(["rm", "-f", "/tmp/fill", "/home/agent/fill", "/testbed/fill"], timeout_s=60)
+    assert "+fixed" in (await sandbox.diff()).decode()  # the snapshot lives off the quota
+
+
+def test_root_python_is_the_hosts_debian_python():
+    """The venvs (harnesses', tasks') are made by the host's /usr/bin/python3.11; the root's must run them."""
+    ver = "import sys; print(sys.version.split()[0])"
+    host = subprocess.run(["/usr/bin/python3.11", "-c", ver], capture_output=True, text=True).stdout
+    cmd = BwrapCommand([], workdir="/", env={"PATH": "/usr/bin:/bin"}, uid=os.getuid() or 65534, gid=os.getgid() or 65534)
+    inside = subprocess.run(cmd.argv(["/usr/bin/python3.11", "-c", ver]), capture_output=True, text=True)
+    assert inside.returncode == 0 and inside.stdout == host, inside.stderr
+
+
+def test_a_missing_root_is_one_clear_message(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("POLAR_CACHE", str(tmp_path / "empty-cache"))
+    with pytest.raises(SandboxUnavailable, match=r"sandbox root .* is not built: run scripts/setup.sh"):
+        BwrapCommand([], workdir="/", env={}, uid=1000, gid=1000).argv(["true"])
+
+
+def test_seccomp_program_is_known_per_abi():
+    assert len(program("x86_64")) % 8 == 0 and program("x86_64") != program("aarch64")
+    with pytest.raises(ValueError, match="no seccomp filter for riscv64"):
+        program("riscv64")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("npm") is None, reason="needs npm for the harness")
+async def test_probe_from_a_real_pi_episode(embedded_dir: Path, renderer, tmp_path: Path):
+    """Pi runs the probe as its shell command; what it saw comes back in the patch (probe.json)."""
+    from polar_env.backends.local import LocalBackend
+    from polar_env.backends.policies import DONE, shell_call
+    from polar_env.backends.scripted import ScriptedBackend
+    from polar_env.episodes.lifecycle import EpisodeConfig, run_episode
+    from polar_env.proxy.app import ProxyServer
+    from polar_env.proxy.engine import EngineConfig
+
+    needles = "\n".join(_needles(tmp_path, "psf__requests-6028").values()) + "\n"
+    # the probe: search, mounts, uid, and ptrace/mem against its own harness (Pi's node) and forwarder
+    probe = (f"echo {base64.b64encode(needles.encode()).decode()} | base64 -d > /tmp/polar-needles; "
+             f"{{ {SEARCH}; }} > /testbed/search.txt; cat /proc/self/mountinfo > /testbed/mountinfo.txt; "
+             f"id -u > /testbed/uid.txt; {{ {TRACE} }} > /testbed/trace.txt 2>&1; "
+             "for p in $(pgrep -f '[/]opt/harness') $(pgrep -f '[f]orwarder.py'); do "
+             "cat /proc/$p/mem >/dev/null 2>&1 && echo OPEN $p || echo DENIED $p; done > /testbed/harness.txt")
+
+    def policy(session_id: str | None, call_number: int, prompt_text: str) -> str:
+        return DONE if "<tool_response>" in prompt_text else shell_call(prompt_text, probe)
+
+    local = LocalBackend.from_pretrained(embedded_dir)
+    proxy = ProxyServer.create(renderer=renderer, backend=ScriptedBackend(local, policy, context_window=256),
+                               data_dir=tmp_path / "ledger", admin_secret="admin",
+                               config=EngineConfig(max_context=131072, default_max_tokens=4096))
+    await proxy.start(unix_socket=tmp_path / "sock" / "proxy.sock", port=None)
+    os.chmod(tmp_path / "sock", 0o755)
+    try:
+        result = await run_episode(proxy, TASKS["psf__requests-6028"], episode_id="probe.s0",
+                                   config=EpisodeConfig(harness="pi", timeout_s=300, grade=False,
+                                                        sampling={"max_tokens": 4096},
+                                                        scratch_root=tmp_path / "scratch"))
+    finally:
+        await proxy.stop()
+    files = dict(re.findall(r"^\+\+\+ b/(\S+)\n@@[^\n]*\n((?:\+[^\n]*\n?)*)", result.patch, re.MULTILINE))
+    text = {name: "".join(ln[1:] + "\n" for ln in body.splitlines()) for name, body in files.items()}
+    assert text["search.txt"].split() == ["SEARCHED"], text["search.txt"]
+    assert text["uid.txt"].strip() != "0"
+    # (the proxy's socket dir, bound read-only, is the one per-run host path left: tmp_path/sock here)
+    assert "psf__requests-6028" not in text["mountinfo.txt"] and str(tmp_path / "scratch") not in text["mountinfo.txt"]
+    _check_trace(json.loads(next(ln[6:] for ln in text["trace.txt"].splitlines() if ln.startswith("TRACE "))))
+    harness = text["harness.txt"].split("\n")
+    assert harness[0] and all(ln.startswith("DENIED") for ln in harness if ln), harness  # Pi's node, the forwarder
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("podman") is None, reason="needs podman (scripts/setup_podman.sh)")
+async def test_container_agent_is_not_root_and_its_git_config_never_runs(tmp_path: Path):
+    """In the base image (the same root, imported): the agent's uid, the setup's git
+    state, a hostile ``core.fsmonitor``/clean filter the agent writes, and the HOME/tmp quota."""
+    from polar_env.sandbox.container import ContainerSandbox
+    from polar_env.tasks.images import ensure_base_image
+
+    base = ensure_base_image("podman")
+    image = "localhost/polar-test-testbed:" + base.rsplit(":", 1)[1]  # a task image's /testbed, nothing else
+    (tmp_path / "ctx").mkdir()
+    (tmp_path / "ctx" / "Containerfile").write_text(f"FROM {base}\nRUN mkdir /testbed\n")
+    subprocess.run(["podman", "build", "-q", "-t", image, str(tmp_path / "ctx")], check=True, capture_output=True)
+    tree = materialize(TASKS["psf__requests-6028"], tmp_path / "tree")
+    sb = ContainerSandbox.create(tree, spec=SandboxSpec(disk_bytes=64 << 20), image=image, engine="podman")
+    try:
+        res = await sb.run(["sh", "-c", "id -u; cat $HOME/.gitconfig 2>&1; touch /var/lib/polar-git/x"], timeout_s=60)
+        uid, *rest = res.stdout_tail.splitlines()
+        assert uid == "1000", res.stdout_tail
+        assert "No such file" in rest[0] and "safe.directory" not in res.stdout_tail  # nothing in the agent's HOME
+        assert "Permission denied" in res.stderr_tail  # the setup's git dir is not the agent's to write
+        hostile = ("git config core.fsmonitor 'touch /tmp/ran-fsmonitor-$(id -u); false' && "
+                   "git config filter.x.clean 'touch /tmp/ran-filter-$(id -u); cat' && "
+                   "echo '* filter=x' > .gitattributes && "
+                   "printf '[core]\\n\\tfsmonitor = touch /tmp/ran-home-$(id -u)\\n' > $HOME/.gitconfig && "
+                   "echo changed >> README.md")
+        res = await sb.run(["sh", "-c", hostile], timeout_s=60)
+        assert res.exit_code == 0, res.stderr_tail
+        patch = (await sb.diff()).decode()
+        assert "+changed" in patch and ".gitattributes" in patch
+        res = await sb.run(["sh", "-c", "ls /tmp/ran-* 2>/dev/null | wc -l"], timeout_s=60)
+        assert res.stdout_tail.strip() == "0"  # neither the tree's config nor the agent's HOME ran as root
+        res = await sb.run(["sh", "-c", "dd if=/dev/zero of=/tmp/fill bs=1M count=800; du -sk /tmp/fill"],
+                           timeout_s=120)
+        assert "No space left on device" in res.stderr_tail and int(res.stdout_tail.split()[0]) <= 64 * 1024
+    finally:
+        await sb.destroy()
