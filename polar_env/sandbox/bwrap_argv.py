@@ -2,7 +2,7 @@
 
 Both need the same isolation: every namespace unshared (only ``lo`` exists), the sandbox root's
 ``/usr`` and ``/etc`` read-only (a minimal Debian, ``polar_env.sandbox.rootfs``: nothing of the
-host's packages), the host's Node.js as one execute-only file, fresh ``/proc`` and ``/dev``, a
+host's packages), the host's Node.js as one file, fresh ``/proc`` and ``/dev``, a
 cleared environment, a seccomp filter that refuses ptrace between its processes
 (``polar_env.sandbox.seccomp``), and never root inside. As
 root, bwrap keeps the host user namespace (a namespaced root could still own the binds) and
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from polar_env.sandbox.rootfs import NODE_INSIDE, RootfsMissing, host_node_exec_only, sandbox_root
+from polar_env.sandbox.rootfs import NODE_INSIDE, RootfsMissing, host_node, sandbox_root
 from polar_env.sandbox.seccomp import program_file
 
 # bwrap reads the filter from a descriptor: a host bash opens it on a free fd (never one a caller
@@ -73,7 +73,7 @@ class BwrapCommand:
         for link in ("lib", "lib64", "bin", "sbin"):  # merged /usr: links into it
             if (root / link).is_symlink():
                 argv += ["--symlink", os.readlink(root / link), f"/{link}"]
-        if (node := host_node_exec_only()) is not None:
+        if (node := host_node()) is not None:
             argv += ["--ro-bind", str(node), NODE_INSIDE]
         argv += ["--proc", "/proc", "--dev", "/dev"]
         parents = sorted({str(p) for m in self.mounts for p in Path(m.dst).parents}

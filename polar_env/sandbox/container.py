@@ -34,7 +34,7 @@ from polar_env.sandbox.base import (
     run_process_tree,
 )
 from polar_env.sandbox.bubblewrap import FORWARDER_INSIDE, FORWARDER_SRC
-from polar_env.sandbox.rootfs import host_node_exec_only
+from polar_env.sandbox.rootfs import host_node
 
 ENGINES = ("docker", "podman")
 GIT_DIR_INSIDE = "/var/lib/polar-git"  # the base snapshot's repository: root's, outside the tree, readable
@@ -126,7 +126,7 @@ class ContainerSandbox(Sandbox):
         mounts = [(str(FORWARDER_SRC), FORWARDER_INSIDE)]
         if s.harness_dir is not None:
             mounts.append((str(s.harness_dir), "/opt/harness"))
-            if (node := host_node_exec_only()) is not None:
+            if (node := host_node()) is not None:
                 mounts.append((node, f"{NODE_DIR_INSIDE}/node"))
         if s.proxy_socket_dir is not None:
             mounts.append((str(s.proxy_socket_dir), "/run/proxy"))

@@ -12,13 +12,9 @@ post-processing below), so a changed recipe builds a new root and never reuses a
 built once by setup (``python -m polar_env.sandbox.rootfs``, root needed for debootstrap) and made
 read-only for everyone else.
 
-Post-processing: every ELF program in the root's bin dirs is made execute-only (``0711``; scripts
-stay readable, their interpreter reads them). The kernel marks a process that executes a file it
-cannot read as not dumpable, so the harness (a Python or Node process), its forwarder and every
-tool started from the root are not dumpable: nothing else in the sandbox can read their
-``/proc/<pid>/mem`` or ``environ`` (ptrace itself is refused by the seccomp filter; there is no
-Yama here to lean on, and its scope would be host-wide). A native binary a harness brings in its
-own install (Codex's, OpenCode's) keeps its mode: Bun-built ones read their own file.
+Nothing of the root is execute-only: the forwarder proves a call's origin by reading the harness's
+``/proc/<pid>/fd`` as the same uid (docs/training.md), which a not-dumpable harness would refuse;
+ptrace between sandbox processes is refused by the seccomp filter instead (``seccomp.py``).
 """
 
 from __future__ import annotations
@@ -38,8 +34,7 @@ SUITE = "bookworm"
 # python3 + venv for the tests, the forwarder and the Python harnesses; git + patch for the agent and
 # the grader; libstdc++6 for Node.js (the host's binary is bound in); procps (ps, kill) for tools
 PACKAGES = ("python3", "python3-venv", "git", "patch", "ca-certificates", "libstdc++6", "procps")
-EXEC_ONLY_DIRS = ("usr/bin", "usr/sbin", "usr/lib/git-core")  # see the module docstring: never dumpable
-RECIPE_VERSION = "3"  # bump when the post-processing changes
+RECIPE_VERSION = "4"  # bump when the post-processing changes
 READY = ".polar-rootfs-ready"
 NODE_INSIDE = "/usr/local/bin/node"  # on the sandbox PATH, where ``#!/usr/bin/env node`` finds it
 
@@ -49,7 +44,7 @@ class RootfsMissing(RuntimeError):
 
 
 def recipe_key() -> str:
-    h = hashlib.sha256("\0".join([RECIPE_VERSION, SUITE, "minbase", *PACKAGES, *EXEC_ONLY_DIRS]).encode())
+    h = hashlib.sha256("\0".join([RECIPE_VERSION, SUITE, "minbase", *PACKAGES]).encode())
     return h.hexdigest()[:16]
 
 
@@ -66,24 +61,10 @@ def sandbox_root() -> Path:
     return root
 
 
-def host_node_exec_only() -> Path | None:
-    """An execute-only copy of the host's ``node`` (the npm harnesses run on it; it is no answer),
-    kept in the cache under a key of its path, size and mtime, so an upgraded Node is copied anew."""
+def host_node() -> Path | None:
+    """The host's ``node`` binary (the npm harnesses run on it; it is no answer)."""
     found = shutil.which("node")
-    if found is None:
-        return None
-    real = Path(os.path.realpath(found))
-    st = real.stat()
-    key = hashlib.sha256(f"{real}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()[:16]
-    dest = cache_root() / "rootfs" / "node" / key / "node"
-    if dest.is_file():
-        return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(f".node.{os.getpid()}")
-    shutil.copyfile(real, tmp)
-    os.chmod(tmp, 0o711)
-    tmp.rename(dest)
-    return dest
+    return Path(os.path.realpath(found)) if found else None
 
 
 def debootstrap(dest: Path, *, mirror: str | None = None) -> None:
@@ -96,13 +77,6 @@ def debootstrap(dest: Path, *, mirror: str | None = None) -> None:
         raise RootfsMissing(f"debootstrap failed: {proc.stderr.strip()[-2000:]}")
     for cache in ("var/cache/apt/archives", "var/lib/apt/lists"):
         shutil.rmtree(dest / cache, ignore_errors=True)
-    for rel in EXEC_ONLY_DIRS:
-        for path in (dest / rel).iterdir():
-            if path.is_file() and not path.is_symlink():
-                with open(path, "rb") as f:
-                    elf = f.read(4) == b"\x7fELF"
-                if elf:
-                    os.chmod(path, 0o711)
     (dest / NODE_INSIDE.lstrip("/")).touch()  # the mount point of the host's node (/usr is read-only inside)
 
 

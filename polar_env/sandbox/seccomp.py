@@ -3,8 +3,8 @@
 ``ptrace``, ``process_vm_readv`` and ``process_vm_writev`` fail with EPERM for everything in the
 sandbox (the agent's tools cannot attach to the harness, the forwarder or each other); every other
 syscall is allowed. Any ABI but the host's native one (x86-64 or aarch64; i386 or x32 entry points)
-is refused outright, so a compat syscall number cannot slip past. ``/proc/<pid>/mem`` of the
-harness is closed by another layer (``rootfs``: execute-only interpreters make it not dumpable).
+is refused outright, so a compat syscall number cannot slip past. (``/proc/<pid>/mem`` of a
+process of the same uid stays open: the forwarder's origin proof needs the harness dumpable.)
 The program is classic BPF, the format bwrap's ``--seccomp FD`` loads.
 """
 
