@@ -1,6 +1,7 @@
-"""Dataset loaders: one row in each dataset's own schema (tests/fixtures/datasets/, written from the
-dataset cards: nothing is fetched) -> a Polar task with the image, workdir, test command and parser
-that dataset's convention gives; a malformed row is one error naming the field."""
+"""Dataset loaders: one row in each dataset's own schema (tests/fixtures/datasets/, hand-written in the shape
+the dataset's card and harness code give, docs/tasks.md names the sources: nothing is fetched) -> a Polar
+task with the image, workdir, test command and parser that dataset's convention gives; a malformed row is
+one error naming the field."""
 
 from __future__ import annotations
 
@@ -15,21 +16,23 @@ from polar_env.tasks.loader import TaskLoadError, load_tasks
 ROWS = Path(__file__).parent / "fixtures" / "datasets"
 
 EXPECTED = {  # name: (instance_id, image, workdir, test command prefix, log parser)
-    "swe-gym": ("getmoto__moto-5752", "xingyaoww/sweb.eval.x86_64.getmoto_s_moto-5752", "/testbed",
-                "python -m pytest -rA", ""),
+    "swe-gym": ("Project-MONAI__MONAI-6969", "xingyaoww/sweb.eval.x86_64.project-monai_s_monai-6969", "/testbed",
+                "pytest -rA  tests/test_utils.py", "parse_log_pytest"),
     "swe-rebench": ("oemof__tespy-653", "swerebench/sweb.eval.x86_64.oemof_1776_tespy-653", "/testbed",
-                    "pytest --no-header -rA", "pytest"),
-    "swe-rebench-v2": ("tokio-rs__bytes-732", "swerebench/sweb.eval.x86_64.tokio-rs_1776_bytes-732", "/bytes",
-                       "cargo test", "parse_log_cargo"),
+                    "LANG=C.UTF-8 LC_ALL=C.UTF-8 pytest --no-header -rA", "parse_log_pytest"),
+    "swe-rebench-v2": ("tokio-rs__bytes-732", "docker.io/swerebenchv2/tokio-rs-bytes:732-291df5a", "/bytes",
+                       "cargo test -- --nocapture", "parse_log_cargo"),
     "swe-smith": ("getmoto__moto.694ce1f4.pr_7331", "jyangballin/swesmith.x86_64.getmoto_1776_moto.694ce1f4",
-                  "/testbed", "pytest --disable-warnings", "pytest"),
+                  "/testbed", "source /opt/miniconda3/bin/activate; conda activate testbed; pytest --disable-warnings",
+                  "swesmith:pytest-verbose"),
     "r2e-gym": ("aiohttp__f0d74880deec", "namanjain12/aiohttp_final:f0d74880deec8fcd982bce639c93c5e130d41198",
-                "/testbed", "bash run_tests.sh", "r2e"),
+                "/testbed", "bash /root/run_tests.sh", "r2e:aiohttp"),
     "swe-bench-pro": (None, "jefzda/sweap-images:qutebrowser.qutebrowser-qutebrowser__qutebrowser-f91ace96223cac8"
                       "161c16dd061907e138fe85111-v059c6fdc75567943479b23ebca7c07b5e9a7f34c", "/app",
-                      "bash /run_scripts/run_script.sh", "swe-bench-pro:python"),
+                      "bash /workspace/run_script.sh tests/unit/utils/test_log.py,tests/unit/utils/test_qtlog.py",
+                      "swe-bench-pro:parser.py"),
     "multi-swe-bench": ("cli__cli-513", "mswebench/cli_m_cli:pr-513", "/home/cli", "bash /home/fix-run.sh",
-                        "multi-swe-bench:go"),
+                        "multi-swe-bench:cli/cli"),
 }
 
 
@@ -51,17 +54,26 @@ def test_row_maps_to_task(name: str):
 
 def test_dataset_specific_fields():
     (pro,) = load_tasks(f"swe-bench-pro:{ROWS / 'swe-bench-pro.jsonl'}")
-    assert "Requirements:\n- Move the filter" in pro.problem_statement and "New interfaces:" in pro.problem_statement
-    assert pro.test_directives == ["tests/unit/utils/test_qtlog.py"]
-    assert pro.FAIL_TO_PASS == ["tests/unit/utils/test_qtlog.py::TestHideQtWarning::test_unfiltered"]
+    assert pro.problem_statement == ("Qt warning filtering is in the wrong module\n\nRequirements:\n- Move the filter "
+                                     "to qutebrowser/utils/qtlog.py\n\nNew interfaces introduced:\n"
+                                     "def hide_qt_warning(pattern, logger='qt')")  # create_problem_statement's form
+    assert pro.test_directives == ["tests/unit/utils/test_log.py,tests/unit/utils/test_qtlog.py"]  # one argument
+    assert pro.FAIL_TO_PASS == ["tests/unit/utils/test_qtlog.py::TestHideQtWarning::test_unfiltered"]  # a literal
     (r2e,) = load_tasks(f"r2e-gym:{ROWS / 'r2e-gym.jsonl'}")
-    assert r2e.FAIL_TO_PASS == ["test_text_charset", "test_text_default"]  # the tests expected to pass
+    assert r2e.FAIL_TO_PASS == ["TestText.test_text_charset", "test_text_default"]  # the tests expected to pass
     (smith,) = load_tasks(f"swe-smith:{ROWS / 'swe-smith.jsonl'}")
     assert smith.base_commit == smith.instance_id and smith.test_patch == ""  # the instance's branch
+    assert smith.test_directives == []  # the whole suite, as SWE-smith's eval runs it
     (msb,) = load_tasks(f"multi-swe-bench:{ROWS / 'multi-swe-bench.jsonl'}")
-    assert msb.FAIL_TO_PASS == ["TestPRView_web"] and msb.PASS_TO_PASS == ["TestPRList"]
+    assert msb.FAIL_TO_PASS == ["TestPRView_web", "TestPRView_webFlag"] and msb.PASS_TO_PASS == ["TestPRList"]
+    assert msb.base_commit == "9e7a1c1f1f06ee7f6ea9e2c9cc4cd3f8c7d64b47"
     assert msb.problem_statement.startswith("gh pr view --web opens nothing")
-    assert not DATASETS["multi-swe-bench"].graded_here and DATASETS["swe-rebench"].graded_here
+    (v2,) = load_tasks(f"swe-rebench-v2:{ROWS / 'swe-rebench-v2.jsonl'}")
+    assert v2.full_test_command().strip() == "cargo test -- --nocapture"  # no test files appended
+    two = _row("swe-rebench-v2")
+    two["install_config"]["test_cmd"] = ["cargo build", "cargo test"]
+    assert DATASETS["swe-rebench-v2"].to_task(two).test_cmd == "cargo build && cargo test"
+    assert [n for n, s in DATASETS.items() if s.graded_here] == ["swe-rebench", "swe-gym"]
 
 
 @pytest.mark.parametrize("name", ["swe-rebench", "swe-rebench-v2", "swe-smith", "r2e-gym", "swe-bench-pro",
@@ -77,11 +89,15 @@ def test_plain_jsonl_rows_are_recognised_by_schema(name: str, tmp_path: Path):
 
 @pytest.mark.parametrize(("name", "drop", "field"), [
     ("swe-rebench", ("install_config", "test_cmd"), "install_config.test_cmd"),
-    ("swe-rebench-v2", ("docker_image",), "docker_image"),
+    ("swe-rebench", ("install_config", "log_parser"), "install_config.log_parser"),
+    ("swe-rebench-v2", ("image_name",), "image_name"),
+    ("swe-rebench-v2", ("install_config", "test_cmd"), "install_config.test_cmd"),
     ("swe-smith", ("image_name",), "image_name"),
     ("r2e-gym", ("commit_hash",), "commit_hash"),
     ("swe-bench-pro", ("dockerhub_tag",), "dockerhub_tag"),
     ("multi-swe-bench", ("fix_patch",), "fix_patch"),
+    ("multi-swe-bench", ("base", "sha"), "base.sha"),
+    ("swe-bench-pro", ("selected_test_files_to_run",), "selected_test_files_to_run"),
     ("swe-gym", ("FAIL_TO_PASS",), "FAIL_TO_PASS"),
 ])
 def test_malformed_row_is_one_error_naming_the_field(name: str, drop: tuple[str, ...], field: str, tmp_path: Path):
@@ -102,6 +118,8 @@ def test_wrong_type_and_unreachable_hub(monkeypatch, tmp_path: Path):
     row = _row("multi-swe-bench") | {"number": "513"}
     with pytest.raises(DatasetRowError, match="field 'number' must be int"):
         DATASETS["multi-swe-bench"].to_task(row)
+    with pytest.raises(DatasetRowError, match="field 'fail_to_pass' is neither JSON nor a Python literal"):
+        DATASETS["swe-bench-pro"].to_task(_row("swe-bench-pro") | {"fail_to_pass": "['unclosed"})
     monkeypatch.setenv("POLAR_CACHE", str(tmp_path))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")

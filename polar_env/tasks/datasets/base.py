@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,7 +28,8 @@ class DatasetSpec:
 
 
 def field(row: dict, name: str, kind: type | tuple[type, ...] = str, *, dataset: str) -> Any:
-    """``row[name]``, required and of ``kind``; a JSON string stands for a list or dict (the hub's way)."""
+    """``row[name]``, required and of ``kind``; a string stands for a list or dict: JSON (the hub's way) or a
+    Python literal (SWE-bench Pro's harness ``eval``s its list columns; read here with ``ast.literal_eval``)."""
     if name not in row or row[name] is None:
         raise DatasetRowError(f"{dataset} row {row.get('instance_id', '?')}: missing field {name!r}")
     value = row[name]
@@ -36,11 +38,24 @@ def field(row: dict, name: str, kind: type | tuple[type, ...] = str, *, dataset:
         try:
             value = json.loads(value)
         except json.JSONDecodeError:
-            raise DatasetRowError(f"{dataset} row {row.get('instance_id', '?')}: field {name!r} is not JSON") from None
+            try:
+                value = ast.literal_eval(value)
+            except (ValueError, SyntaxError, MemoryError, RecursionError):
+                raise DatasetRowError(f"{dataset} row {row.get('instance_id', '?')}: field {name!r} is neither JSON "
+                                      "nor a Python literal") from None
     if not isinstance(value, kind):
         raise DatasetRowError(f"{dataset} row {row.get('instance_id', '?')}: field {name!r} must be "
                               f"{getattr(kind, '__name__', kind)}, not {type(value).__name__}")
     return value
+
+
+def raise_missing(dataset: str, iid: str, name: str) -> None:
+    raise DatasetRowError(f"{dataset} row {iid}: missing field {name!r}")
+
+
+# Task fills empty ``test_directives`` from the test patch (SWE-bench's way); a dataset whose test command
+# takes no file arguments passes this instead, so nothing is appended to its command.
+NO_DIRECTIVES = [""]
 
 
 def make_task(dataset: str, **fields: Any) -> Task:

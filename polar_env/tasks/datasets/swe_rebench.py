@@ -1,23 +1,33 @@
 """SWE-rebench (``nebius/SWE-rebench``, v1) and SWE-rebench V2 (``nebius/SWE-rebench-V2``).
 
-v1 rows are SWE-bench's columns plus ``install_config`` (the environment recipe; its ``test_cmd`` is
-the test command) and, in newer dumps, ``docker_image``. Images: ``swerebench/sweb.eval.x86_64.<id
-with __ as _1776_>`` (SWE-bench's naming under the ``swerebench`` namespace), repository at
-``/testbed``, pytest's log parser. V2 (20 languages) keeps the columns, its ``install_config``
-names ``test_cmd`` and ``log_parser``, the row names its ``docker_image`` and the repository sits at
-``/<repo name>`` in it; only Python rows (``language``) are graded with a parser Polar has.
+v1, checked against github.com/SWE-rebench/SWE-bench-fork@39316f7 (the harness its card points to):
+SWE-bench's columns plus ``install_config``, the row's own environment recipe that replaces SWE-bench's
+per-repository specs; its ``test_cmd`` (a string) is the test command, to which the fork prefixes
+``LANG=C.UTF-8 LC_ALL=C.UTF-8`` and appends SWE-bench's test directives, and its ``log_parser`` names the
+SWE-bench parser (``parse_log_pytest`` …). Images: ``test_spec.instance_image_key`` with the
+``swerebench`` namespace, ``swerebench/sweb.eval.x86_64.<id lower-cased, __ as _1776_>`` (a row's
+``docker_image``, where a dump carries one, wins); the repository at ``/testbed``.
+
+V2, checked against github.com/SWE-rebench/SWE-rebench-V2@c71902a (``scripts/eval.py``, ``sample.json``,
+``lib/agent/log_parsers.py``): the columns plus ``language`` (20 languages), ``interface``,
+``pr_description``, ``meta``; the image is the row's top-level ``image_name``
+(``docker.io/swerebenchv2/<owner>-<repo>:<number>-<sha7>``), the repository at ``/<repo name>``;
+``install_config.test_cmd`` is a string or a list of commands (run in order under ``set -e``, no test
+directives), ``install_config.log_parser`` names a parser of V2's own ``log_parsers.py``; a task
+passes when every FAIL_TO_PASS and PASS_TO_PASS test is PASSED.
 """
 
 from __future__ import annotations
 
-from polar_env.tasks.datasets.base import DatasetRowError, DatasetSpec, field, make_task
+from polar_env.tasks.datasets.base import NO_DIRECTIVES, DatasetSpec, field, make_task, raise_missing
 from polar_env.tasks.models import Task
 
 NAME, NAME_V2 = "swe-rebench", "swe-rebench-v2"
+LOCALE = "LANG=C.UTF-8 LC_ALL=C.UTF-8 "  # the fork's _clean_install_config prefixes it to test_cmd
 
 
 def image(instance_id: str) -> str:
-    return f"swerebench/sweb.eval.x86_64.{instance_id.replace('__', '_1776_')}"
+    return f"swerebench/sweb.eval.x86_64.{instance_id.lower()}".replace("__", "_1776_")
 
 
 def _common(row: dict, dataset: str) -> dict:
@@ -30,36 +40,44 @@ def _common(row: dict, dataset: str) -> dict:
                 PASS_TO_PASS=field(row, "PASS_TO_PASS", list, dataset=dataset))
 
 
+def _text(config: dict, key: str, dataset: str, iid: str) -> str:
+    value = config.get(key)
+    if not isinstance(value, str) or not value.strip():
+        raise_missing(dataset, iid, f"install_config.{key}")
+    return value
+
+
 def to_task(row: dict) -> Task:
     config = field(row, "install_config", dict, dataset=NAME)
     common = _common(row, NAME)
-    test_cmd = config.get("test_cmd")
-    if not isinstance(test_cmd, str) or not test_cmd.strip():
-        raise_field(NAME, common["instance_id"], "install_config.test_cmd")
+    test_cmd = _text(config, "test_cmd", NAME, common["instance_id"])
+    parser = _text(config, "log_parser", NAME, common["instance_id"])
     return make_task(NAME, **common, image=row.get("docker_image") or image(common["instance_id"]),
-                     workdir="/testbed", test_cmd=test_cmd, log_parser="pytest")
+                     workdir="/testbed", test_cmd=LOCALE + test_cmd, log_parser=parser)
 
 
 def to_task_v2(row: dict) -> Task:
     config = field(row, "install_config", dict, dataset=NAME_V2)
     common = _common(row, NAME_V2)
-    for key in ("test_cmd", "log_parser"):
-        if not isinstance(config.get(key), str) or not config[key].strip():
-            raise_field(NAME_V2, common["instance_id"], f"install_config.{key}")
-    test_cmd = config["test_cmd"]
-    return make_task(NAME_V2, **common, image=field(row, "docker_image", dataset=NAME_V2),
-                     workdir="/" + common["repo"].rsplit("/", 1)[-1], test_cmd=test_cmd,
-                     log_parser=config["log_parser"])
-
-
-def raise_field(dataset: str, iid: str, name: str) -> None:
-    raise DatasetRowError(f"{dataset} row {iid}: missing field {name!r}")
+    iid = common["instance_id"]
+    cmds = config.get("test_cmd")
+    cmds = [cmds] if isinstance(cmds, str) else cmds
+    cmds = [c for c in cmds if isinstance(c, str) and c.strip()] if isinstance(cmds, list) else []
+    if not cmds:
+        raise_missing(NAME_V2, iid, "install_config.test_cmd")
+    parser = _text(config, "log_parser", NAME_V2, iid)
+    return make_task(NAME_V2, **common, image=field(row, "image_name", dataset=NAME_V2),
+                     workdir="/" + common["repo"].split("/")[-1], test_cmd=" && ".join(cmds),
+                     test_directives=NO_DIRECTIVES, log_parser=parser)
 
 
 def _is_v2(row: dict) -> bool:
-    return isinstance(row.get("install_config"), dict) and "log_parser" in row["install_config"]
+    return "install_config" in row and "image_name" in row
 
 
 SPEC = DatasetSpec(NAME, "nebius/SWE-rebench", "test", to_task=to_task,
                    matches=lambda row: "install_config" in row and not _is_v2(row))
-SPEC_V2 = DatasetSpec(NAME_V2, "nebius/SWE-rebench-V2", "train", to_task=to_task_v2, matches=_is_v2)
+# graded_here=False: V2's repository is at /<repo>, Polar's image grading runs SWE-bench's procedure in
+# /testbed, and most of its parsers (76, 20 languages) are V2's own, not SWE-bench's.
+SPEC_V2 = DatasetSpec(NAME_V2, "nebius/SWE-rebench-V2", "train", to_task=to_task_v2, matches=_is_v2,
+                      graded_here=False)

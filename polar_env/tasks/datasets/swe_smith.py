@@ -1,12 +1,21 @@
 """SWE-smith (``SWE-bench/SWE-smith``): synthetic bugs in a repository snapshot.
 
-A row names the bug (``instance_id`` like ``<owner>__<repo>.<sha8>.<strategy>``), its ``repo``
-(``swesmith/<owner>__<repo>.<sha8>``), the ``patch`` that *introduces* the bug, ``FAIL_TO_PASS``,
-``PASS_TO_PASS``, ``problem_statement`` and the ``image_name`` of the snapshot's environment
-(``jyangballin/swesmith.x86_64.<owner>_1776_<repo>.<sha8>``), repository at ``/testbed``. SWE-smith's
-harness checks out the instance's branch (named as the instance id) before the agent runs, so that
-is the ``base_commit``; tests are already in the tree (no test patch), run with SWE-smith's pytest
-command and parsed by pytest's parser. The gold fix is the bug patch reversed (not stored here).
+Checked against the ``swesmith`` package 0.0.9 (PyPI; ``profiles/base.py``, ``profiles/python.py``,
+``harness/utils.py``, ``harness/eval.py``) and github.com/SWE-bench/SWE-smith@cf2e649
+(``harness/gather.py``, which writes the rows). A row: ``instance_id``
+(``<owner>__<repo>.<sha8>.<strategy>``), ``repo`` (the mirror, ``swesmith/<owner>__<repo>.<sha8>``),
+``patch`` (the diff that *introduces* the bug), ``FAIL_TO_PASS``, ``PASS_TO_PASS`` (lists),
+``created_at``, ``image_name``, ``base_commit``, ``problem_statement``. ``image_name`` is the
+profile's image, ``<org>/swesmith.x86_64.<owner>_1776_<repo>.<sha8>`` (``jyangballin/`` on the
+published rows, ``swebench/`` for newer builds); the repository is at ``/testbed``.
+
+The harness runs ``git fetch; git checkout <instance_id>``: each instance is a branch of that name (the
+bug commit, then a commit removing the FAIL_TO_PASS test files), so the branch is this task's
+``base_commit``; grading goes to ``HEAD~1`` (the tests back), applies the patch, resets the test files
+and runs the profile's ``test_cmd`` (the whole suite unless ``--f2p_only``), parsed by the profile's
+``log_parser`` (``<test> STATUS`` lines of pytest's ``--verbose`` output, not SWE-bench's ``-rA``
+summary). The gold fix is the bug patch reversed (``git apply --reverse``). Only Python profiles' test
+command is known here (``SWE-bench/SWE-smith`` is the Python set; SWE-smith-go and others are not).
 """
 
 from __future__ import annotations
@@ -15,7 +24,9 @@ from polar_env.tasks.datasets.base import DatasetSpec, field, make_task
 from polar_env.tasks.models import Task
 
 NAME = "swe-smith"
-TEST_CMD = "pytest --disable-warnings --color=no --tb=no --verbose"
+# swesmith/profiles/python.py: PythonProfile.test_cmd (ENV_NAME = "testbed")
+TEST_CMD = ("source /opt/miniconda3/bin/activate; conda activate testbed; "
+            "pytest --disable-warnings --color=no --tb=no --verbose")
 
 
 def to_task(row: dict) -> Task:
@@ -25,8 +36,10 @@ def to_task(row: dict) -> Task:
                      FAIL_TO_PASS=field(row, "FAIL_TO_PASS", list, dataset=NAME),
                      PASS_TO_PASS=field(row, "PASS_TO_PASS", list, dataset=NAME),
                      image=field(row, "image_name", dataset=NAME), workdir="/testbed", test_cmd=TEST_CMD,
-                     test_directives=["."], log_parser="pytest")
+                     log_parser="swesmith:pytest-verbose")
 
 
-SPEC = DatasetSpec(NAME, "SWE-bench/SWE-smith", "train", to_task=to_task,
+# graded_here=False: SWE-smith's tests come back at HEAD~1 of the instance branch (no test patch in the
+# row) and are read from pytest's --verbose lines; Polar's procedure applies a test patch and reads -rA.
+SPEC = DatasetSpec(NAME, "SWE-bench/SWE-smith", "train", to_task=to_task, graded_here=False,
                    matches=lambda row: "image_name" in row and str(row.get("repo", "")).startswith("swesmith/"))
