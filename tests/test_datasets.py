@@ -19,7 +19,7 @@ EXPECTED = {  # name: (instance_id, image, workdir, test command prefix, log par
     "swe-gym": ("Project-MONAI__MONAI-6969", "xingyaoww/sweb.eval.x86_64.project-monai_s_monai-6969", "/testbed",
                 "pytest -rA  tests/test_utils.py", "parse_log_pytest"),
     "swe-rebench": ("oemof__tespy-653", "swerebench/sweb.eval.x86_64.oemof_1776_tespy-653", "/testbed",
-                    "LANG=C.UTF-8 LC_ALL=C.UTF-8 pytest --no-header -rA", "parse_log_pytest"),
+                    "pytest --no-header -rA", "parse_log_pytest"),
     "swe-rebench-v2": ("tokio-rs__bytes-732", "docker.io/swerebenchv2/tokio-rs-bytes:732-291df5a", "/bytes",
                        "cargo test -- --nocapture", "parse_log_cargo"),
     "swe-smith": ("getmoto__moto.694ce1f4.pr_7331", "jyangballin/swesmith.x86_64.getmoto_1776_moto.694ce1f4",
@@ -68,6 +68,8 @@ def test_dataset_specific_fields():
     assert msb.FAIL_TO_PASS == ["TestPRView_web", "TestPRView_webFlag"] and msb.PASS_TO_PASS == ["TestPRList"]
     assert msb.base_commit == "9e7a1c1f1f06ee7f6ea9e2c9cc4cd3f8c7d64b47"
     assert msb.problem_statement.startswith("gh pr view --web opens nothing")
+    (rebench,) = load_tasks(f"swe-rebench:{ROWS / 'swe-rebench.jsonl'}")
+    assert rebench.environment.env == {"LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}  # the fork's locale prefix
     (v2,) = load_tasks(f"swe-rebench-v2:{ROWS / 'swe-rebench-v2.jsonl'}")
     assert v2.full_test_command().strip() == "cargo test -- --nocapture"  # no test files appended
     two = _row("swe-rebench-v2")

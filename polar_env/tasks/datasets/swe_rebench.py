@@ -3,7 +3,8 @@
 v1, checked against github.com/SWE-rebench/SWE-bench-fork@39316f7 (the harness its card points to):
 SWE-bench's columns plus ``install_config``, the row's own environment recipe that replaces SWE-bench's
 per-repository specs; its ``test_cmd`` (a string) is the test command, to which the fork prefixes
-``LANG=C.UTF-8 LC_ALL=C.UTF-8`` and appends SWE-bench's test directives, and its ``log_parser`` names the
+``LANG=C.UTF-8 LC_ALL=C.UTF-8`` (here: the task's test environment) and appends SWE-bench's test
+directives, and its ``log_parser`` names the
 SWE-bench parser (``parse_log_pytest`` …). Images: ``test_spec.instance_image_key`` with the
 ``swerebench`` namespace, ``swerebench/sweb.eval.x86_64.<id lower-cased, __ as _1776_>`` (a row's
 ``docker_image``, where a dump carries one, wins); the repository at ``/testbed``.
@@ -23,7 +24,9 @@ from polar_env.tasks.datasets.base import NO_DIRECTIVES, DatasetSpec, field, mak
 from polar_env.tasks.models import Task
 
 NAME, NAME_V2 = "swe-rebench", "swe-rebench-v2"
-LOCALE = "LANG=C.UTF-8 LC_ALL=C.UTF-8 "  # the fork's _clean_install_config prefixes it to test_cmd
+# The fork's _clean_install_config prefixes "LANG=C.UTF-8 LC_ALL=C.UTF-8 " to test_cmd; here it is the test
+# environment (exported before the tests), so test_cmd stays a pytest command Polar's strict mode can run.
+LOCALE = {"LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 
 
 def image(instance_id: str) -> str:
@@ -53,7 +56,7 @@ def to_task(row: dict) -> Task:
     test_cmd = _text(config, "test_cmd", NAME, common["instance_id"])
     parser = _text(config, "log_parser", NAME, common["instance_id"])
     return make_task(NAME, **common, image=row.get("docker_image") or image(common["instance_id"]),
-                     workdir="/testbed", test_cmd=LOCALE + test_cmd, log_parser=parser)
+                     workdir="/testbed", test_cmd=test_cmd, environment={"env": LOCALE}, log_parser=parser)
 
 
 def to_task_v2(row: dict) -> Task:
