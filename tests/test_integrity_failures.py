@@ -12,15 +12,18 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from polar_env.outcomes import OutcomeTable
+from polar_env.rewards import sandbox_exec
 from polar_env.rewards.grading import FailureKind, GradingMode, grade
 from polar_env.rewards.patch import extract_patch
 from polar_env.rewards.sandbox_exec import GradingLimits, run_sandboxed
+from polar_env.sandbox.cgroups import CgroupLimits
 from polar_env.tasks.env import ensure_task_env
 from polar_env.tasks.loader import load_tasks
 from polar_env.tasks.tree import materialize
@@ -81,22 +84,74 @@ def test_a_tree_that_breaks_sandbox_start_is_patch_broke_sandbox(tmp_path: Path,
     assert "did not start" in result.error
 
 
-def _host_processes() -> int:
-    return sum(1 for p in os.listdir("/proc") if p.isdigit())
+class _RunGroups(CgroupLimits):
+    """Every grading run's cgroups, as sandbox_exec makes them: each group's pids peak and limit-hit
+    count read before it is removed, and whether any process was still in it after the removal."""
+
+    made: list[_RunGroups] = []
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.pids_seen: tuple[int, int] | None = None  # (pids.peak, times a fork hit pids.max)
+        self.left: list[str] = []
+        _RunGroups.made.append(self)
+
+    def remove(self) -> None:
+        group = self.groups.get("pids")
+        if group is not None:
+            events = dict(line.split() for line in (group / "pids.events").read_text().splitlines())
+            peak = group / "pids.peak"
+            self.pids_seen = (int(peak.read_text()) if peak.exists() else -1, int(events.get("max", 0)))
+        dirs = list(self.dirs)
+        super().remove()
+        self.left = [pid for d in dirs if d.exists() for pid in (d / "cgroup.procs").read_text().split()]
+
+
+def _descendants(root: int) -> set[int]:
+    """The live processes under ``root`` (this test's own: the other pytest job's are not counted)."""
+    children: dict[int, list[int]] = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (ValueError, OSError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = set(), [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
 
 
 @pytest.mark.slow
 def test_grading_fork_bomb_ends_at_the_pids_limit(tmp_path: Path, monkeypatch):
+    """Scoped to the grading runs (their cgroups, this process's descendants), not the whole host, which
+    the other pytest job shares: every run was limited by its pids group, the bomb reached that limit
+    and stayed under it, and nothing of it is left running, in its group or under this process."""
+    probe = CgroupLimits(f"probe-{os.getpid()}", None, 64)
+    probe.remove()
+    if "pids" not in probe.versions:
+        pytest.skip(f"no pids cgroup here: {probe.skipped.get('pids')}")
     monkeypatch.setenv("POLAR_GRADING_PIDS_MAX", "64")
+    monkeypatch.setattr(sandbox_exec, "CgroupLimits", _RunGroups)
+    monkeypatch.setattr(_RunGroups, "made", [])
     patch = patch_with(tmp_path, "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n"
                                  "        pass")
-    before = _host_processes()
+    before = _descendants(os.getpid())
     t0 = time.monotonic()
     result = grade(TASK, patch, timeout_s=8)
-    assert time.monotonic() - t0 < 90
+    assert time.monotonic() - t0 < 180  # two loaded cores
     assert_zero_unmasked(result)
     assert result.failure_kind in (FailureKind.test_timeout, FailureKind.test_crash)
-    assert _host_processes() < before + 20  # nothing of it is left running
+    runs = _RunGroups.made
+    assert runs and all(r.versions.get("pids") for r in runs), [(r.versions, r.skipped) for r in runs]
+    assert all(r.left == [] for r in runs), [r.left for r in runs]  # nothing of it is left running
+    seen = [r.pids_seen for r in runs]
+    assert all(s is not None and s[0] <= 64 for s in seen), seen  # never above the limit
+    assert any(s[1] > 0 for s in seen), seen  # the bomb did reach it: forks were refused
+    assert _descendants(os.getpid()) <= before
     assert subprocess.run(["true"]).returncode == 0  # the host can still fork
 
 
@@ -110,6 +165,37 @@ def test_grading_memory_hog_ends_at_the_memory_limit(tmp_path: Path, monkeypatch
     assert_zero_unmasked(result, FailureKind.test_crash)  # killed at 256 MiB, not at 4 GiB
 
 
+def _disk_bytes(path: Path) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
+def _spy_host_writes(monkeypatch) -> list[int]:
+    """Per sandbox run of a grade, how many bytes the host paths it was given (tree, bind mounts) grew
+    by, measured around the run (the host's free disk is shared with the other pytest job)."""
+    grown: list[int] = []
+    real = sandbox_exec.run_sandboxed
+
+    def spy(script, *, tree: Path, extra_mounts=(), **kwargs):
+        paths = [Path(tree), *(Path(m.src) for m in extra_mounts if m.src is not None and Path(m.src).is_dir())]
+        before = sum(_disk_bytes(p) for p in paths)
+        try:
+            return real(script, tree=tree, extra_mounts=extra_mounts, **kwargs)
+        finally:
+            grown.append(sum(_disk_bytes(p) for p in paths) - before)
+
+    for module in list(sys.modules.values()):
+        if getattr(module, "__name__", "").startswith("polar_env.") and getattr(module, "run_sandboxed", None) is real:
+            monkeypatch.setattr(module, "run_sandboxed", spy)
+    return grown
+
+
 @pytest.mark.slow
 def test_grading_disk_filler_ends_at_the_tmpfs_limit(tmp_path: Path, monkeypatch):
     """Fill /tmp, HOME and the tree (1 GiB each asked): each is a 32 MiB tmpfs, the host disk is untouched."""
@@ -120,10 +206,11 @@ def test_grading_disk_filler_ends_at_the_tmpfs_limit(tmp_path: Path, monkeypatch
               "    except OSError as e:\n        print('filler stopped:', d, e)\n"
               "raise SystemExit('filled')")
     patch = patch_with(tmp_path, filler)
-    free = shutil.disk_usage(tmp_path).free
+    grown = _spy_host_writes(monkeypatch)
     result = grade(TASK, patch, timeout_s=60)
     assert_zero_unmasked(result)
-    assert shutil.disk_usage(tmp_path).free > free - (512 << 20)  # 3 GiB asked; others share the disk
+    # 3 GiB asked: the host paths each run was given (its tree, its bound grader dirs) did not take it
+    assert grown and max(grown) < 32 << 20, grown
     assert "No space left on device" in result.log_tail or "Read-only file system" in result.log_tail
 
 
