@@ -46,7 +46,9 @@ fi
 .venv/bin/python -c "from polar_env.backends.embedded import embedded_model_dir; print('setup: embedded model at', embedded_model_dir())"
 # every sandbox mounts this root instead of the host's /usr and /etc; built once, keyed by its recipe
 if [ "$(id -u)" = 0 ]; then
-  echo "setup: sandbox root at $(.venv/bin/python -m polar_env.sandbox.rootfs)"
+  # assigned first: set -e ignores a command substitution that fails inside echo's arguments
+  sandbox_root=$(.venv/bin/python -m polar_env.sandbox.rootfs)
+  echo "setup: sandbox root at $sandbox_root"
 else
   .venv/bin/python -c "from polar_env.sandbox.rootfs import sandbox_root; sandbox_root()" 2>/dev/null \
     || echo "setup: the sandbox root is not built; run scripts/setup.sh once as root (debootstrap)" >&2
