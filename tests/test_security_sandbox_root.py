@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shutil
+import struct
 import subprocess
 from pathlib import Path
 
@@ -66,8 +67,15 @@ import ctypes, json, os, sys
 libc = ctypes.CDLL(None, use_errno=True)
 out = {"seccomp": open("/proc/self/status").read().split("Seccomp:")[1].split()[0],
        "self_exe": os.readlink("/proc/self/exe"), "self_fds": len(os.listdir("/proc/self/fd"))}
+def getfd(pid):  # pidfd_getfd (438 on x86-64 and aarch64) of the process's fd 0, through a pidfd_open (434) pidfd
+    pidfd = libc.syscall(434, pid, 0)
+    if pidfd < 0:
+        return "pidfd_open: " + os.strerror(ctypes.get_errno())
+    return os.strerror(ctypes.get_errno()) if libc.syscall(438, pidfd, 0, 0) < 0 else "copied"
+out["self_pidfd_getfd"] = getfd(os.getpid())  # allowed on oneself but for seccomp
 for name, pid in zip(("python", "node"), sys.argv[1:]):
     out[name + "_ptrace"] = os.strerror(ctypes.get_errno()) if libc.ptrace(16, int(pid), 0, 0) else "attached"
+    out[name + "_pidfd_getfd"] = getfd(int(pid))
     for f in ("mem", "environ"):
         try:
             open(f"/proc/{pid}/{f}", "rb").close()
@@ -82,8 +90,10 @@ kill $PY $NODE
 
 def _check_trace(out: dict) -> None:
     assert out["seccomp"] == "2" and out["self_exe"] == "/usr/bin/python3.11" and out["self_fds"] >= 3, out
-    for name in ("python", "node"):
-        assert out[f"{name}_ptrace"] == "Operation not permitted", out
+    for name in ("python", "node", "self"):
+        if name != "self":
+            assert out[f"{name}_ptrace"] == "Operation not permitted", out
+        assert out[f"{name}_pidfd_getfd"] == "Operation not permitted", out
     # /proc/<pid>/mem of a same-uid process stays open (the forwarder reads the harness's /proc/<pid>/fd
     # to prove a call's origin, which a not-dumpable harness would refuse): recorded, not asserted closed
 
@@ -170,6 +180,10 @@ def test_a_missing_root_is_one_clear_message(tmp_path: Path, monkeypatch):
 
 def test_seccomp_program_is_known_per_abi():
     assert len(program("x86_64")) % 8 == 0 and program("x86_64") != program("aarch64")
+    for machine in ("x86_64", "aarch64"):  # each ABI refuses pidfd_getfd (438 on both)
+        prog = program(machine)
+        insns = [struct.unpack("=HBBI", prog[i:i + 8]) for i in range(0, len(prog), 8)]
+        assert any(code == 0x15 and k == 438 for code, _, _, k in insns), machine  # a JEQ to the EPERM return
     with pytest.raises(ValueError, match="no seccomp filter for riscv64"):
         program("riscv64")
 

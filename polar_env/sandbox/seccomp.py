@@ -1,7 +1,8 @@
 """The sandboxes' seccomp filter: no process inside may trace or read the memory of another.
 
-``ptrace``, ``process_vm_readv`` and ``process_vm_writev`` fail with EPERM for everything in the
-sandbox (the agent's tools cannot attach to the harness, the forwarder or each other); every other
+``ptrace``, ``process_vm_readv``, ``process_vm_writev`` and ``pidfd_getfd`` (which copies another
+process's file descriptor, e.g. the harness's socket to the forwarder) fail with EPERM for everything
+in the sandbox (the agent's tools cannot attach to the harness, the forwarder or each other); every other
 syscall is allowed. Any ABI but the host's native one (x86-64 or aarch64; i386 or x32 entry points)
 is refused outright, so a compat syscall number cannot slip past. (``/proc/<pid>/mem`` of a
 process of the same uid stays open: the forwarder's origin proof needs the harness dumpable.)
@@ -21,8 +22,8 @@ from polar_env.cache import cache_root
 _LD_ABS_W, _JEQ, _JGE, _RET = 0x20, 0x15, 0x35, 0x06
 _ALLOW, _EPERM = 0x7FFF0000, 0x00050000 | 1  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
 _X32_BIT = 0x40000000
-# AUDIT_ARCH_* and (ptrace, process_vm_readv, process_vm_writev) per native ABI
-_ABIS = {"x86_64": (0xC000003E, (101, 310, 311)), "aarch64": (0xC00000B7, (117, 270, 271))}
+# AUDIT_ARCH_* and (ptrace, process_vm_readv, process_vm_writev, pidfd_getfd) per native ABI
+_ABIS = {"x86_64": (0xC000003E, (101, 310, 311, 438)), "aarch64": (0xC00000B7, (117, 270, 271, 438))}
 
 
 def _insn(code: int, jt: int, jf: int, k: int) -> bytes:
