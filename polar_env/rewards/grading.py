@@ -233,14 +233,17 @@ def _run_mode(task: Task, tree: Path, venv: Path, mode: GradingMode, timeout_s: 
         return out
     log_path = tmp / "test_output.txt"
     log_path.write_text(out.log)
-    out.status_map, out.valid = sb.parse_log(
-        str(log_path),
-        instance_id=task.instance_id,
-        repo=task.repo,
-        version=task.version,
-        fail_to_pass=task.FAIL_TO_PASS,
-        pass_to_pass=task.PASS_TO_PASS,
-    )
+    try:
+        out.status_map, out.valid = sb.parse_log(
+            str(log_path),
+            instance_id=task.instance_id,
+            repo=task.repo,
+            version=task.version,
+            fail_to_pass=task.FAIL_TO_PASS,
+            pass_to_pass=task.PASS_TO_PASS,
+        )
+    except Exception as e:  # noqa: BLE001 - the log is the tested code's output: no result, the patch's
+        out.status_map, out.valid, out.error = {}, False, f"log parser: {type(e).__name__}: {e}"[:500]
     return out
 
 
@@ -350,14 +353,27 @@ def grade(
         result.modes = {m: ModeResult(failure_kind=FailureKind.empty_patch) for m in GradingMode}
         _finish(result, task, {}, t0)
         return result
+    ran: list[GradingMode] = []  # modes whose patched tree's sandbox started (tested code ran)
     try:
-        return _grade(task, model_patch, result, timeout_s=timeout_s, workdir=workdir, t0=t0)
-    except Exception as e:  # noqa: BLE001 - a grader bug must be masked as infrastructure, not scored 0
-        return _infra(result, f"grader error: {type(e).__name__}: {e}", t0)
+        return _grade(task, model_patch, result, timeout_s=timeout_s, workdir=workdir, t0=t0, ran=ran)
+    except Exception as e:  # noqa: BLE001
+        if ran:  # the tested code ran and may have shaped what raised: no valid result, the patch's 0
+            return tested_code_crash(result, f"grader error after the tests ran: {type(e).__name__}: {e}", t0)
+        return _infra(result, f"grader error: {type(e).__name__}: {e}", t0)  # a grader bug: masked
+
+
+def tested_code_crash(result: GradeResult, error: str, t0: float) -> GradeResult:
+    """An unexpected exception once the patched tree's tests ran: ``test_crash`` (0), never masked."""
+    result.failure_kind, result.error = FailureKind.test_crash, error[:2000]
+    result.resolved, result.reward = False, 0.0
+    for m in (GradingMode.strict, GradingMode.swebench):
+        result.modes[m] = ModeResult(failure_kind=FailureKind.test_crash, error=result.error)
+    result.timings["total_s"] = time.monotonic() - t0
+    return result
 
 
 def _grade(task: Task, model_patch: str, result: GradeResult, *, timeout_s: float, workdir: Path | None,
-           t0: float) -> GradeResult:
+           t0: float, ran: list[GradingMode]) -> GradeResult:
     with tempfile.TemporaryDirectory(prefix=f"polar-grade-{task.instance_id}-", dir=workdir) as tmp_s:
         tmp = Path(tmp_s)
         try:
@@ -392,6 +408,8 @@ def _grade(task: Task, model_patch: str, result: GradeResult, *, timeout_s: floa
             if defect:
                 return _infra(result, defect, t0, FailureKind.task_defect)
             runs[m] = _run_mode(task, tree.tree, venv, m, timeout_s, tmp)
+            if not runs[m].infra_error and not runs[m].broke_sandbox:
+                ran.append(m)
             result.timings[f"tests_{m.value}_s"] = runs[m].seconds
             if runs[m].infra_error:
                 return _infra(result, runs[m].infra_error, t0, runs[m].infra_kind)

@@ -42,6 +42,7 @@ from polar_env.rewards.grading import (
     _mode_result,
     against_gold,
     eval_script,
+    tested_code_crash,
 )
 from polar_env.rewards.image_strict import StrictImageError, perturbed_in_box, strict_in_box
 from polar_env.rewards.patch import ApplyMethod
@@ -119,6 +120,8 @@ def grade_in_image(task: Task, model_patch: str | None, *, engine: str, image: s
                       else FailureKind.infrastructure)
     except (ContainerError, OSError) as e:
         return _infra(result, f"container: {e}", t0)
+    except Exception as e:  # noqa: BLE001 - the patched tests already ran in this image (swebench above)
+        return tested_code_crash(result, f"strict: grader error after the tests ran: {type(e).__name__}: {e}", t0)
     result.modes = {GradingMode.strict: strict, GradingMode.swebench: swebench}
     result.flags, result.flag_evidence, result.reset_paths = sorted(evidence), evidence, reset
     tamper = [f for f in result.flags if is_tamper(f)]
@@ -238,12 +241,16 @@ async def _grade(task: Task, patch: str, *, engine: str, image: str, timeout_s: 
                               FailureKind.task_defect)
             log_path = Path(tmp) / "test_output.txt"
             log_path.write_text(log)
-            if spec is not None:
-                status_map, valid = sb.parse_log_with_spec(spec, str(log_path))
-            else:
-                status_map, valid = sb.parse_log(str(log_path), instance_id=task.instance_id, repo=task.repo,
-                                                 version=task.version, fail_to_pass=task.FAIL_TO_PASS,
-                                                 pass_to_pass=task.PASS_TO_PASS)
+            try:
+                if spec is not None:
+                    status_map, valid = sb.parse_log_with_spec(spec, str(log_path))
+                else:
+                    status_map, valid = sb.parse_log(str(log_path), instance_id=task.instance_id, repo=task.repo,
+                                                     version=task.version, fail_to_pass=task.FAIL_TO_PASS,
+                                                     pass_to_pass=task.PASS_TO_PASS)
+            except Exception as exc:  # noqa: BLE001 - the log is the tested code's output: the patch's 0
+                status_map, valid = {}, False
+                result.error = f"log parser: {type(exc).__name__}: {exc}"[:500]
     except (ContainerError, OSError) as exc:
         return _infra(result, f"container: {exc}", t0)
     finally:

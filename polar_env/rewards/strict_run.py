@@ -342,7 +342,19 @@ def _status(phases: list[dict]) -> str:
 
 def judge_stream(data: bytes, size: int, config: dict, run: SandboxRun, repo: str,
                  tree_mount: str = TREE_MOUNT) -> StrictOutcome:
-    """Believe the stream only if it is the run's own, complete, in sequence and agrees with the runner."""
+    """Believe the stream only if it is the run's own, complete, in sequence and agrees with the runner.
+
+    Total: the stream is written by (or next to) tested code, so whatever it holds (a line nested past
+    the parser's depth, a field of the wrong type) is a ``stream-forged`` violation, never an exception."""
+    try:
+        return _judge_stream(data, size, config, run, repo, tree_mount)
+    except Exception as e:  # noqa: BLE001 - any value the tested code can forge
+        return StrictOutcome(violations=[f"stream-forged: the stream does not read as the plugin's "
+                                         f"({type(e).__name__}: {str(e)[:200]})"])
+
+
+def _judge_stream(data: bytes, size: int, config: dict, run: SandboxRun, repo: str,
+                  tree_mount: str) -> StrictOutcome:
     out = StrictOutcome()
     if size > MAX_REPORT_BYTES:
         out.error = f"result stream larger than {MAX_REPORT_BYTES} bytes"
@@ -351,7 +363,7 @@ def judge_stream(data: bytes, size: int, config: dict, run: SandboxRun, repo: st
     for i, line in enumerate(data.splitlines()):
         try:
             event = json.loads(line)
-        except ValueError:
+        except Exception:  # noqa: BLE001 - ValueError, RecursionError (a line nested too deep), ...
             out.violations.append(f"stream-forged: line {i} is not the plugin's")
             break
         if not isinstance(event, dict) or event.get("seq") != i or not secrets.compare_digest(
