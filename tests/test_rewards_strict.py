@@ -4,7 +4,10 @@ the config pipe, the grader's argv and the tree never raises past the grader (ma
 from __future__ import annotations
 
 import json
+import os
+import threading
 
+from polar_env.rewards import strict_run
 from polar_env.rewards.sandbox_exec import SandboxRun
 from polar_env.rewards.strict_run import judge_stream
 
@@ -48,3 +51,34 @@ def test_forged_field_types_are_forged_not_exceptions():
     assert not out.valid and any(v.startswith("stream-forged") for v in out.violations), out
     out = _judge(_stream(*_honest(), {"t": "tampered", "keys": 5}))
     assert not out.valid, out
+
+
+def _fake_sandbox(read_config: bool):
+    def run(argv, *, pass_fds, **_):
+        cfg_fd = pass_fds[0]
+        if read_config:
+            data = b""
+            while chunk := os.read(cfg_fd, 65536):
+                data += chunk
+            got["config"] = json.loads(data)
+        return SandboxRun(0, "", False, 0.0)
+    got: dict = {}
+    return run, got
+
+
+def test_config_past_the_pipe_buffer_does_not_deadlock(monkeypatch, tmp_path):
+    """A config larger than a pipe's 64 KiB buffer (many canaries) reaches the plugin whole, and a run
+    that never reads it (a sandbox that did not start) still returns."""
+    config = {"nonce": NONCE, "canaries": {f"tests/test_{i}.py": [["test_x", "pass", "assert 1"]] for i in range(8000)}}
+    assert len(json.dumps(config)) > 4 * 65536
+    for read_config in (True, False):
+        run, got = _fake_sandbox(read_config)
+        monkeypatch.setattr(strict_run, "run_sandboxed", run)
+        done: list = []
+        t = threading.Thread(target=lambda done=done: done.append(strict_run._run_with_stream(
+            ["true"], tree=tmp_path, venv=tmp_path, env={}, timeout_s=5, grader_dir=tmp_path,
+            grader_mount="/opt/g", config=config)), daemon=True)
+        t.start()
+        t.join(20)
+        assert done, f"_run_with_stream blocked on the config pipe (reader: {read_config})"
+        assert not read_config or got["config"] == config

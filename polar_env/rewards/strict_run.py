@@ -162,13 +162,27 @@ def _drain(fd: int, sink: dict[str, object]) -> None:
     sink["data"], sink["size"] = b"".join(chunks), size
 
 
+def _feed(fd: int, data: bytes) -> None:
+    """Write ``data`` to the config pipe and close it; a reader that went away ends it early."""
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    except OSError:  # BrokenPipeError: the run ended (or never started) without reading its config
+        pass
+    finally:
+        os.close(fd)
+
+
 def _run_with_stream(argv: list[str], *, tree: Path, venv: Path, env: dict[str, str], timeout_s: float,
                      grader_dir: Path, grader_mount: str, config: dict, tree_mount: str = TREE_MOUNT,
                      hostname: str = "sandbox") -> tuple[SandboxRun, bytes, int]:
     """Run ``argv`` with the config pipe (filled, closed) and the result pipe (drained here)."""
     cfg_r, cfg_w = os.pipe()
-    os.write(cfg_w, json.dumps(config).encode())  # far below a pipe's buffer
-    os.close(cfg_w)
+    # Written by a thread while the plugin reads: a config past the pipe's buffer (many canaries) would
+    # block a write made before any reader exists. A run that never reads it ends the write (EPIPE).
+    writer = threading.Thread(target=_feed, args=(cfg_w, json.dumps(config).encode()), daemon=True)
+    writer.start()
     res_r, res_w = os.pipe()
     sink: dict[str, object] = {}
     reader = threading.Thread(target=_drain, args=(res_r, sink), daemon=True)
@@ -182,6 +196,7 @@ def _run_with_stream(argv: list[str], *, tree: Path, venv: Path, env: dict[str, 
         os.close(cfg_r)
         os.close(res_w)
         reader.join()
+        writer.join()
     return run, sink.get("data", b""), int(sink.get("size", 0))
 
 
