@@ -289,7 +289,7 @@ def test_grader_memory_stays_bounded_when_tests_print_1gb(tmp_path: Path):
     for mode in ("strict", "swebench"):
         output = result["modes"][mode]["output"]
         assert output["bytes"] >= 1 << 30 and output["dropped_bytes"] > 1 << 29, (mode, output)
-    assert "output-truncated" in result["flags"] and result["reward"] == 0.0
+    assert "note:output-truncated" in result["flags"] and result["reward"] == 0.0
     print(f"\n1 GiB per mode printed; grader peak RSS {out['rss_kb'] / 1024:.0f} MiB")
     assert out["rss_kb"] < 400 * 1024, f"grader peak RSS {out['rss_kb'] / 1024:.0f} MiB"
 

@@ -5,11 +5,24 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import threading
+from pathlib import Path
+
+import pytest
 
 from polar_env.rewards import strict_run
+from polar_env.rewards.flags import is_tamper
+from polar_env.rewards.grading import GradingMode, against_gold, gold_notes, grade
+from polar_env.rewards.grading import TestRun as Run
+from polar_env.rewards.patch import ApplyMethod, apply_patch, extract_patch
 from polar_env.rewards.sandbox_exec import SandboxRun
 from polar_env.rewards.strict_run import judge_stream
+from polar_env.tasks.loader import load_tasks
+from polar_env.tasks.models import Task
+from polar_env.tasks.tree import materialize
+
+needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="grading sandbox needs bubblewrap")
 
 NONCE = "n" * 32
 CONFIG = {"nonce": NONCE, "canaries": {}}
@@ -82,3 +95,47 @@ def test_config_past_the_pipe_buffer_does_not_deadlock(monkeypatch, tmp_path):
         t.join(20)
         assert done, f"_run_with_stream blocked on the config pipe (reader: {read_config})"
         assert not read_config or got["config"] == config
+
+
+def test_notes_are_not_tampering():
+    assert not is_tamper("note:output-truncated") and not is_tamper("note:ghost-id")
+    assert not is_tamper("note:perturbed-skipped") and not is_tamper("reset:test-file")
+    assert is_tamper("ghost-id") and is_tamper("perturbed-run") and is_tamper("stream-forged")
+
+
+def test_ungraded_ghost_ids_are_a_note_graded_ones_a_violation():
+    """An honest patch can change parametrize ids built from source: ids the gold run did not collect
+    that no report reads are a note; a graded id the gold run never collected is still a violation."""
+    task = next(t for t in load_tasks("bundled") if t.instance_id == "pallets__flask-5014")
+    f2p = task.FAIL_TO_PASS[0]
+    gold = Run(valid=True, collected=[f2p, "tests/test_x.py::test_p[a]"], status_map={f2p: "PASSED"})
+    run = Run(valid=True, collected=[f2p, "tests/test_x.py::test_p[b]"], status_map={f2p: "PASSED"})
+    assert against_gold(task, run, gold) == []
+    assert "note:ghost-id" in gold_notes(task, run, gold)
+    forged = task.model_copy(update={"PASS_TO_PASS": [*task.PASS_TO_PASS, "tests/test_x.py::test_p[b]"]})
+    assert any(v.startswith("ghost-id") for v in against_gold(forged, run, gold))
+
+
+def _with_test_patch(task: Task, tmp: Path, edit) -> Task:
+    """``task`` whose test patch also makes ``edit(tree)`` (on the base tree with the test patch applied)."""
+    tree = materialize(task, tmp / "tp")
+    assert apply_patch(tree, task.test_patch)[0] == ApplyMethod.git_apply
+    edit(tree)
+    return task.model_copy(update={"test_patch": extract_patch(tree)})
+
+
+@needs_bwrap
+def test_perturbed_check_is_skipped_where_the_gold_patch_fails_it(tmp_path: Path):
+    """An honest test module that reads its own name (a data file named after it, a test referring to its
+    module) fails the perturbed run for every patch: the gold patch's control shows it, and the check is
+    skipped (a note) instead of scoring the gold patch 0."""
+    base = next(t for t in load_tasks("bundled") if t.instance_id == "pallets__flask-5014")
+
+    def edit(tree: Path) -> None:
+        with open(tree / "tests" / "test_blueprints.py", "a") as f:
+            f.write('\nassert __name__.rpartition(".")[2] == "test_blueprints"  # e.g. a data file named after it\n')
+
+    task = _with_test_patch(base, tmp_path, edit)
+    r = grade(task, task.patch)
+    assert r.reward == 1.0 and r.modes[GradingMode.strict].reward == 1.0, (r.error, r.flags, r.flag_evidence)
+    assert "note:perturbed-skipped" in r.flags and "perturbed-run" not in r.flags, r.flags

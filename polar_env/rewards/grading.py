@@ -148,6 +148,9 @@ class TestRun(BaseModel):
     collected: list[str] = Field(default_factory=list)  # strict: node ids the run collected
     output: OutputStats = Field(default_factory=OutputStats)
     seconds: float = 0.0
+    notes: dict[str, str] = Field(default_factory=dict)  # note:* flags (not tampering, flags.is_tamper)
+    # a gold run's perturbed control: None not run, "" the gold patch passes the perturbed run, else why not
+    perturbed_control: str | None = None
 
 
 class AppliedPatch(BaseModel):
@@ -265,8 +268,11 @@ def run_task_tests(
     mode: GradingMode = GradingMode.swebench,
     timeout_s: float = DEFAULT_GRADING_TIMEOUT_S,
     workdir: Path | None = None,
+    perturb: bool = False,
 ) -> TestRun:
-    """Fresh base copy + `model_patch` (skipped if empty) + test patch, tests run in ``mode``."""
+    """Fresh base copy + `model_patch` (skipped if empty) + test patch, tests run in ``mode``.
+
+    ``perturb`` (strict): also run the perturbed F2P run as a control (`TestRun.perturbed_control`)."""
     with tempfile.TemporaryDirectory(prefix=f"polar-grade-{task.instance_id}-", dir=workdir) as tmp:
         try:
             venv = ensure_task_env(task)
@@ -281,6 +287,9 @@ def run_task_tests(
             return TestRun(infra_error=defect, infra_kind=FailureKind.task_defect)
         run = _run_mode(task, gtree.tree, venv, mode, timeout_s, Path(tmp))
         run.apply_method, run.apply_log = applied.apply_method, applied.apply_log
+        if perturb and run.valid:
+            run.perturbed_control = "; ".join(perturbed_findings(task, gtree.tree, venv, timeout_s)) if (
+                _mode_result(task, run).resolved) else "the gold patch does not resolve"
         return run
 
 
@@ -291,13 +300,14 @@ _GOLD_LOCK = threading.Lock()
 
 def gold_reference(task: Task, timeout_s: float = DEFAULT_GRADING_TIMEOUT_S) -> TestRun:
     """The gold patch's strict run (once per task and process): the ids a run must collect and the
-    statuses it must reproduce. Evidence the graded tree cannot influence."""
+    statuses it must reproduce, and whether the gold patch itself passes the perturbed F2P run (the
+    control: renaming can break honest tests). Evidence the graded tree cannot influence."""
     key = f"{task.instance_id}:{hash((task.patch, task.test_patch))}"
     with _GOLD_LOCK:
         lock = _GOLD_LOCKS.setdefault(key, threading.Lock())
     with lock:
         if key not in _GOLD:
-            run = run_task_tests(task, task.patch, mode=GradingMode.strict, timeout_s=timeout_s)
+            run = run_task_tests(task, task.patch, mode=GradingMode.strict, timeout_s=timeout_s, perturb=True)
             if not run.valid or run.infra_error:
                 return run  # not cached: a sandbox hiccup must not stick
             _GOLD[key] = run
@@ -305,12 +315,15 @@ def gold_reference(task: Task, timeout_s: float = DEFAULT_GRADING_TIMEOUT_S) -> 
 
 
 def against_gold(task: Task, run: TestRun, gold: TestRun) -> list[str]:
-    """Violations of the gold run's evidence: results for ids it never collected, and F2P/P2P tests
-    it passed that did not pass the same way here (a P2P test turned SKIPPED is a regression)."""
+    """Violations of the gold run's evidence: graded (F2P/P2P) results for ids it never collected, and
+    F2P/P2P tests it passed that did not pass the same way here (a P2P test turned SKIPPED is a
+    regression). Ungraded ids the gold run did not collect (parametrize ids built from the source an
+    honest patch changed) carry no result the report reads: `gold_notes`, not a violation."""
     found = []
-    ghosts = sorted(set(run.collected) - set(gold.collected))
+    graded = {*task.FAIL_TO_PASS, *task.PASS_TO_PASS}
+    ghosts = sorted(t for t in set(run.collected) - set(gold.collected) if t in graded)
     if ghosts:
-        found.append(f"ghost-id: collected ids the gold run never collected: {ghosts[:3]}")
+        found.append(f"ghost-id: graded ids the gold run never collected: {ghosts[:3]}")
     # a plain failure (FAILED, ERROR, MISSING) already fails the report; this catches the rest
     regressed = {t: run.status_map[t] for t in [*task.FAIL_TO_PASS, *task.PASS_TO_PASS]
                  if gold.status_map.get(t) in PASSING and run.status_map.get(t, "FAILED") not in
@@ -319,6 +332,22 @@ def against_gold(task: Task, run: TestRun, gold: TestRun) -> list[str]:
         found.append(f"gold-status: {len(regressed)} tests the gold run passed did not, e.g. "
                      + ", ".join(f"{t}={s}" for t, s in list(regressed.items())[:3]))
     return found
+
+
+def gold_notes(task: Task, run: TestRun, gold: TestRun) -> dict[str, str]:
+    """Non-tamper notes against the gold run: collected ids it never collected that no report reads."""
+    graded = {*task.FAIL_TO_PASS, *task.PASS_TO_PASS}
+    ghosts = sorted(t for t in set(run.collected) - set(gold.collected) if t not in graded)
+    return {"note:ghost-id": f"{len(ghosts)} ungraded ids the gold run never collected, e.g. {ghosts[:3]}"} if ghosts else {}
+
+
+def perturbed_check(task: Task, run: TestRun, gold: TestRun) -> bool:
+    """Whether a resolving run gets the perturbed check: only where the gold patch passes it (the
+    control); else the skip is a note on ``run``."""
+    if gold.perturbed_control:
+        run.notes["note:perturbed-skipped"] = f"the gold patch fails the perturbed run: {gold.perturbed_control}"[:400]
+        return False
+    return True
 
 
 def perturbed_findings(task: Task, tree: Path, venv: Path, timeout_s: float) -> list[str]:
@@ -421,7 +450,8 @@ def _grade(task: Task, model_patch: str, result: GradeResult, *, timeout_s: floa
                 return _infra(result, f"the gold patch has no valid strict run: {gold.infra_error or gold.error}"[:600],
                               t0, gold.infra_kind if gold.infra_error else FailureKind.task_defect)
             found = against_gold(task, strict, gold)
-            if not found and _mode_result(task, strict).resolved:
+            strict.notes.update(gold_notes(task, strict, gold))
+            if not found and _mode_result(task, strict).resolved and perturbed_check(task, strict, gold):
                 found = perturbed_findings(task, gtree.tree, venv, timeout_s)
             result.timings["evidence_s"] = time.monotonic() - t_ref
             strict.violations += found
@@ -429,8 +459,11 @@ def _grade(task: Task, model_patch: str, result: GradeResult, *, timeout_s: floa
                 strict.valid, strict.error = False, "; ".join(strict.violations)
         result.modes = {m: _mode_result(task, run) for m, run in runs.items()}
         for m, run in runs.items():
-            if run.output.truncated:
-                evidence.setdefault("output-truncated", f"{run.output.bytes} bytes, {run.output.lines} lines ({m})")
+            if run.output.truncated:  # honest suites can print this much: a note, not tampering
+                evidence.setdefault("note:output-truncated",
+                                    f"{run.output.bytes} bytes, {run.output.lines} lines ({m})")
+            for k, v in run.notes.items():
+                evidence.setdefault(k, v)
             for v in run.violations:
                 evidence.setdefault(v.split(":")[0], v)
             if run.untrusted_xfail:

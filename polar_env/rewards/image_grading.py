@@ -42,6 +42,8 @@ from polar_env.rewards.grading import (
     _mode_result,
     against_gold,
     eval_script,
+    gold_notes,
+    perturbed_check,
     tested_code_crash,
 )
 from polar_env.rewards.image_strict import StrictImageError, perturbed_in_box, strict_in_box
@@ -143,14 +145,19 @@ _GOLD_LOCK = threading.Lock()
 
 async def _strict_run(task: Task, patch: str, *, engine: str, image: str, timeout_s: float,
                       gold: TestRun | None = None) -> dict:
-    """The strict run in a fresh container; with ``gold``, judged against it, and perturbed if it resolves."""
+    """The strict run in a fresh container; with ``gold``, judged against it, and perturbed if it resolves
+    (where the gold patch passes the perturbed run); without, the gold run itself and its perturbed control."""
     box = await asyncio.to_thread(ContainerSandbox.create, None, spec=GRADING_SPEC, image=image, engine=engine)
     try:
         done = await strict_in_box(task, box, patch, timeout_s)
         run = done.get("run")
+        if gold is None and run is not None and run.valid:
+            run.perturbed_control = "; ".join(perturbed_disagreement(await perturbed_in_box(task, box, timeout_s))) \
+                if _mode_result(task, run).resolved else "the gold patch does not resolve"
         if gold is not None and run is not None and not run.timed_out:
             found = against_gold(task, run, gold)
-            if not found and _mode_result(task, run).resolved:
+            run.notes.update(gold_notes(task, run, gold))
+            if not found and _mode_result(task, run).resolved and perturbed_check(task, run, gold):
                 found = perturbed_disagreement(await perturbed_in_box(task, box, timeout_s))
             if found:
                 run.violations += found
@@ -181,6 +188,7 @@ async def _strict(task: Task, patch: str, *, engine: str, image: str,
     evidence.update({f"reset:{r}": p for p, r in done["reset_paths"].items()})
     for v in run.violations:
         evidence.setdefault(v.split(":")[0], v)
+    evidence.update(run.notes)
     if run.untrusted_xfail:
         evidence.setdefault("untrusted-xfail", ", ".join(run.untrusted_xfail[:3]))
     return _mode_result(task, run), evidence, done["reset_paths"]
