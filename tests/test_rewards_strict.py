@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from polar_env.outcomes import FailureKind
 from polar_env.rewards import strict_run
 from polar_env.rewards.flags import is_tamper
 from polar_env.rewards.grading import GradingMode, against_gold, gold_notes, grade
@@ -139,3 +140,19 @@ def test_perturbed_check_is_skipped_where_the_gold_patch_fails_it(tmp_path: Path
     r = grade(task, task.patch)
     assert r.reward == 1.0 and r.modes[GradingMode.strict].reward == 1.0, (r.error, r.flags, r.flag_evidence)
     assert "note:perturbed-skipped" in r.flags and "perturbed-run" not in r.flags, r.flags
+
+
+def _long_path_patch(n: int, root: str = "src/flask") -> str:
+    deep = "/".join(["d" * 200] * 9)
+    return "".join(f"diff --git a/{root}/{deep}/m{i}.py b/{root}/{deep}/m{i}.py\nnew file mode 100644\n"
+                   f"--- /dev/null\n+++ b/{root}/{deep}/m{i}.py\n@@ -0,0 +1 @@\n+x = {i}\n" for i in range(n))
+
+
+@needs_bwrap
+def test_patch_past_the_argument_limit_is_refused_not_masked():
+    """1300 new source files of ~1.8 KB names: past ARG_MAX as the grader's git arguments. Refused
+    (apply_failed, 0), where it was an E2BIG OSError, i.e. infrastructure (masked)."""
+    task = next(t for t in load_tasks("bundled") if t.instance_id == "pallets__flask-5014")
+    r = grade(task, task.patch + _long_path_patch(1300))
+    assert r.failure_kind == FailureKind.apply_failed and r.reward == 0.0, (r.failure_kind, r.error[:300])
+    assert "more than the grader takes" in r.error

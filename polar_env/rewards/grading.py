@@ -55,7 +55,7 @@ from polar_env.rewards.strict_run import (
     run_perturbed,
     run_strict,
 )
-from polar_env.rewards.workspace import GradingTree, PatchRefused
+from polar_env.rewards.workspace import GradingTree, PatchRefused, path_budget_refusal
 from polar_env.safe_text import json_safe
 from polar_env.tasks.env import EnvBuildError, ensure_task_env
 from polar_env.tasks.models import Task
@@ -174,6 +174,8 @@ def apply_agent_patch(task: Task, gtree: GradingTree, model_patch: str) -> Appli
         out.apply_log = gtree.apply(model_patch, allow_binary=allow_binary)
         out.apply_method = ApplyMethod.git_apply
         out.changes = gtree.changes()
+        if too_many := path_budget_refusal(out.changes):
+            raise PatchRefused(too_many)
         gtree.check_links(out.changes)
     except PatchRefused as e:
         out.apply_method, out.refused = ApplyMethod.none, str(e)

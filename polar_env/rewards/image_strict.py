@@ -45,7 +45,7 @@ from polar_env.rewards.strict_run import (
     render_ini,
     test_file_of,
 )
-from polar_env.rewards.workspace import import_roots
+from polar_env.rewards.workspace import import_roots, path_budget_refusal
 from polar_env.sandbox import safe_git
 from polar_env.sandbox.container import BASE_FILE, GIT_DIR_INSIDE, ContainerSandbox, engine_run
 from polar_env.tasks.models import Task
@@ -189,6 +189,8 @@ async def strict_in_box(task: Task, box: ContainerSandbox, patch: str, timeout_s
         raise StrictImageError(f"listing changes failed: {listed.stderr_tail[-500:]}")
     changed_s, _, files_s = listed.stdout_tail.partition("\0\0")
     changed = [p for p in changed_s.split("\0") if p]
+    if too_many := path_budget_refusal(changed):  # they become exec arguments below
+        return {"refused": too_many}
     files = [p for p in files_s.split("\0") if p]
     roots = import_roots(task, files)
     reset = {p: r for p in changed if (r := path_policy.non_source_reason(p, roots))}

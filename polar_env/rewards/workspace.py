@@ -24,6 +24,11 @@ from polar_env.sandbox import beneath, safe_git
 from polar_env.tasks.models import Task
 from polar_env.tasks.tree import GIT_IDENTITY, materialize
 
+# A patch may change at most this many paths, of at most this many bytes of names in all: the grader
+# passes changed paths to git and to container execs as arguments, and past the kernel's argument
+# limit (E2BIG) the grade would fail as infrastructure (masked). No fix needs more; refusing is the 0.
+MAX_CHANGED_PATHS = 10_000
+MAX_PATH_BYTES = 256 << 10
 SYMLINK_MODE = "120000"
 GITLINK_MODE = "160000"
 
@@ -33,6 +38,15 @@ _BASES_LOCK = threading.Lock()
 
 class PatchRefused(Exception):
     """The patch asks for something no grading allows (the agent's failure, reward 0)."""
+
+
+def path_budget_refusal(paths: list[str] | dict[str, str]) -> str:
+    """Why a patch changing ``paths`` is refused (too many paths, or too many bytes of names), or ""."""
+    size = sum(len(p.encode("utf-8", "surrogateescape")) + 1 for p in paths)
+    if len(paths) > MAX_CHANGED_PATHS or size > MAX_PATH_BYTES:
+        return (f"the patch changes {len(paths)} paths ({size} bytes of names): more than the grader takes "
+                f"({MAX_CHANGED_PATHS} paths, {MAX_PATH_BYTES} bytes)")
+    return ""
 
 
 def base_tree(task: Task) -> Path:
