@@ -35,13 +35,15 @@ def _rows(path: Path) -> list[dict]:
 async def test_agent_cannot_read_tests_or_solution_nor_plant_a_reward():
     """In the episode the agent's uid finds neither tests/ nor solution/ anywhere; a reward it plants
     (in a /logs the image left writable, and from a process it leaves running) does not survive, nor
-    does one a process left by test.sh writes later: the task's test.sh writes none, so the verifier
-    reports no_reward, not a planted 1."""
+    does one a process left by test.sh writes later, nor one from a process test.sh left disguised as
+    the container's keep-alive (`sleep infinity`): the task's test.sh writes none, so the verifier
+    reports no_reward, not a planted 1. The real keep-alive (its pid recorded at the start) survives."""
     task = load_task_dir(NO_REWARD)
     check_image(task, ENGINE)
     ws = await open_workspace(task, SandboxSpec(), sandbox=ENGINE)
     try:
         box = ws.sandbox
+        assert box.keepalive_pid is not None  # the --init's child, the container's `sleep infinity`
         look = await box.run(["sh", "-c", "ls /tests /solution 2>&1; find / -xdev \\( -name test.sh -o -name "
                                           "solve.sh \\) 2>/dev/null; id -u"], timeout_s=120)
         assert "No such file or directory" in look.stdout_tail
@@ -56,8 +58,11 @@ async def test_agent_cannot_read_tests_or_solution_nor_plant_a_reward():
         assert result.failure_kind == "no_reward" and result.reward == 0.0 and not result.resolved, result
         assert "wrote neither" in result.error
         # the process test.sh left to write a reward 3 s later was killed before the reward was read
-        left = await box.run(["sh", "-c", "sleep 5; ls -A /logs/verifier; stat -c %U /tests/test.sh"], timeout_s=60)
-        assert left.stdout_tail.split() == ["root"]  # nothing planted survived; the tests are root's
+        left = await box.run(["sh", "-c", "sleep 5; ls -A /logs/verifier; stat -c %U /tests/test.sh; "
+                                          "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done | grep -c '^sleep infinity'; "
+                                          f"tr '\\0' ' ' < /proc/{box.keepalive_pid}/cmdline"], timeout_s=60)
+        # nothing planted survived; the tests are root's; one `sleep infinity` is left: the keep-alive
+        assert left.stdout_tail.split() == ["root", "1", "sleep", "infinity"], left.stdout_tail
     finally:
         await ws.close()
 

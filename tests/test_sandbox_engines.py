@@ -139,3 +139,30 @@ async def test_apptainer_host_side_task_tree_and_diff(tmp_path: Path):
 
 def test_pathspecs():
     assert exclude_pathspecs([".pi"]) == [".", ":(exclude,glob)**/.pi", ":(exclude,glob)**/.pi/**"]
+
+
+def test_container_root_execs_get_the_system_path_not_the_images():
+    """Root's sh, chown, head, kill are /usr/bin's and /bin's, never an image PATH directory's (one the
+    agent may write); a task's own verifier (image_path) runs with the image's PATH, as Harbor runs it."""
+    sb = ContainerSandbox(SPEC, "img", "polar-x", path="/opt/conda/bin:/usr/bin:/bin")
+
+    def path(argv: list[str]) -> str:
+        return next(e for e in _pairs(argv, "-e") if e.startswith("PATH="))
+
+    for user in ("0", "root", "0:0"):
+        assert path(sb.exec_argv(["sh", "-c", "true"], {"PATH": "/evil"}, user=user)) == "PATH=/usr/bin:/bin"
+    assert path(sb.exec_argv(["bash", "t.sh"], {}, user="0", image_path=True)).endswith(":/opt/conda/bin:/usr/bin:/bin")
+    assert path(sb.exec_argv(["x"], {}, user="1000")).endswith(":/opt/conda/bin:/usr/bin:/bin")
+
+
+def test_container_keepalive_is_a_recorded_pid():
+    from polar_env.rewards.harbor_verifier import _kill_leftovers
+    from polar_env.sandbox.container import ContainerError, keepalive_pid
+
+    assert keepalive_pid(b"7\n") == 7 and keepalive_pid(b"") is None  # no init: PID 1 is the keep-alive
+    with pytest.raises(ContainerError, match="2 children"):
+        keepalive_pid(b"7\n9\n")
+    script = _kill_leftovers(7)
+    assert '[ "$p" = 1 ] || [ "$p" = 7 ] || [ "$p" = $$ ] || kill -KILL $p' in script
+    assert "cmdline" not in script and "sleep" not in script  # no process is spared by its name
+    assert '"$p" = 7' not in _kill_leftovers(None)

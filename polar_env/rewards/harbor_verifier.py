@@ -13,7 +13,7 @@ once the harness has ended:
    image default), with ``[verifier] env``, under ``[verifier] timeout_sec``, in the container's
    ``--network none`` (only ``lo``: no network at all, not even the proxy's forwarder is running),
    its output bounded;
-4. every process test.sh left behind is killed, then ``/logs/verifier/reward.json`` is read first (an object of numbers, or one number), else
+4. every process test.sh left behind is killed (all but the init and the keep-alive, by pid), then ``/logs/verifier/reward.json`` is read first (an object of numbers, or one number), else
    ``reward.txt`` (one number). Missing, empty, unparsable or non-finite is ``no_reward``: its own
    failure kind, masked by default and never trained as 0 (Harbor: ``RewardFileNotFoundError``,
    ``RewardFileEmptyError``).
@@ -57,16 +57,17 @@ def _clean_script(verifier_user: str) -> str:
             f"chown {shlex.quote(verifier_user)} {VERIFIER_DIR} && chmod 0755 {VERIFIER_DIR}")
 
 
-# Before the reward is read, every process still in the container but its init, its `sleep infinity`
-# and this shell dies: nothing test.sh started (the agent's code it ran, as root) rewrites the reward.
-KILL_LEFTOVERS = ("for d in /proc/[0-9]*; do p=${d#/proc/}; [ \"$p\" = 1 ] || [ \"$p\" = $$ ] || "
-                  "[ \"$(tr '\\0' ' ' < $d/cmdline 2>/dev/null)\" = 'sleep infinity ' ] || kill -KILL $p 2>/dev/null; "
-                  "done; ")
+def _kill_leftovers(keepalive: int | None) -> str:
+    """Before the reward is read, every process still in the container but its init, its keep-alive
+    (the pid recorded at the start: a process test.sh left can take its name, never its pid) and this
+    shell dies: nothing test.sh started (the agent's code it ran, as root) rewrites the reward."""
+    spare = " ".join(f'[ "$p" = {pid} ] ||' for pid in (1, keepalive) if pid is not None)
+    return f'for d in /proc/[0-9]*; do p=${{d#/proc/}}; {spare} [ "$p" = $$ ] || kill -KILL $p 2>/dev/null; done; '
 
 
-def _read_script() -> str:
+def _read_script(keepalive: int | None = None) -> str:
     """Print which reward file exists (json first) and its first bytes; exit 3 when there is none."""
-    return KILL_LEFTOVERS + "; ".join(f"if [ -f {VERIFIER_DIR}/{name} ]; then echo {name}; head -c {MAX_REWARD_BYTES + 1} "
+    return _kill_leftovers(keepalive) + "; ".join(f"if [ -f {VERIFIER_DIR}/{name} ]; then echo {name}; head -c {MAX_REWARD_BYTES + 1} "
                      f"{VERIFIER_DIR}/{name}; exit 0; fi" for name in REWARD_FILES) + "; exit 3"
 
 
@@ -131,14 +132,15 @@ async def verify(task: Task, box: ContainerSandbox, *, reward_key: str | None = 
         result.timings["setup_s"] = time.monotonic() - t0
         env = {**config.env, **({"HOME": "/root"} if user in ("0", "root") else {})}
         run = await run_process_tree(
-            box.exec_argv(["bash", f"{TESTS_DIR}/test.sh"], env, user=user, timeout_s=config.timeout_sec),
+            box.exec_argv(["bash", f"{TESTS_DIR}/test.sh"], env, user=user, timeout_s=config.timeout_sec,
+                          image_path=True),
             timeout_s=config.timeout_sec, stdin=None, max_output_bytes=MAX_OUTPUT_BYTES, on_timeout=box.kill_all)
         result.timings["tests_s"] = run.duration_s
         result.log_tail = (run.stdout_tail + run.stderr_tail)[-LOG_TAIL_CHARS:]
         if run.timed_out:
             return _fail(result, FailureKind.test_timeout, f"tests/test.sh ran past {config.timeout_sec:g}s", t0)
-        read = await run_process_tree(box.exec_argv(["sh", "-c", _read_script()], {}, user="0"), timeout_s=60,
-                                      stdin=None, max_output_bytes=MAX_REWARD_BYTES + 4096)
+        read = await run_process_tree(box.exec_argv(["sh", "-c", _read_script(box.keepalive_pid)], {}, user="0"),
+                                      timeout_s=60, stdin=None, max_output_bytes=MAX_REWARD_BYTES + 4096)
     except (ContainerError, OSError) as exc:
         return _fail(result, FailureKind.infrastructure, f"container: {exc}", t0)
     if read.exit_code == 3:

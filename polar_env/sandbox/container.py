@@ -8,7 +8,11 @@ exec as root, which is why the container keeps CHOWN/DAC_OVERRIDE/FOWNER and dro
 capability: a non-root uid has no effective capabilities, and ``no-new-privileges`` stops setuid
 binaries from getting any. The agent's uid is never 0 (a spec asking for it is refused); HOME
 and ``/tmp`` are tmpfs mounts of ``spec.disk_bytes`` each. The image's own PATH is kept (its
-toolchain lives there); the harness's bin dir goes in front. A deadline kills every process of the sandbox uid in the container, and a
+toolchain lives there); the harness's bin dir goes in front. Root execs run with ``PATH=/usr/bin:/bin``
+instead (their sh, chown, head, kill are the system's, never found first in an image PATH directory the
+agent may write), but for a task's own verifier, which Harbor runs with the image's environment. The
+pid of the keep-alive ``sleep infinity`` (PID 1's child, the init's) is recorded once the container
+starts, before anything else runs in it, so what is spared later is that process, not a name. A deadline kills every process of the sandbox uid in the container, and a
 failed ``create`` removes the container. The argv builders are pure, so they are unit tested
 without an engine; the methods only execute them.
 """
@@ -41,11 +45,29 @@ GIT_DIR_INSIDE = "/var/lib/polar-git"  # the base snapshot's repository: root's,
 BASE_FILE = f"{GIT_DIR_INSIDE}/POLAR_BASE"  # the base tree's id, in that repository (GIT_DIR=GIT_DIR_INSIDE)
 SETUP_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER")  # what the root setup execs need, nothing more
 FALLBACK_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+ROOT_PATH = "/usr/bin:/bin"  # root execs' PATH: never the image's
+# every child of PID 1 (the init): right after the start, only the keep-alive `sleep infinity`
+KEEPALIVE_SCRIPT = ('for d in /proc/[0-9]*; do s=$(cat "$d/stat" 2>/dev/null) || continue; s=${s##*) }; '
+                    'set -- $s; [ "$2" = 1 ] && echo "${d#/proc/}"; done; true')
 NODE_DIR_INSIDE = "/opt/polar/bin"  # the host's Node.js binary, for harnesses in images that lack one
 
 
 class ContainerError(RuntimeError):
     """An engine command failed (engine missing or down, image absent, container gone)."""
+
+
+def is_root(user: str | None) -> bool:
+    """Whether an exec's ``-u`` names root (``0``, ``root``, ``0:0``)."""
+    return user is not None and user.split(":")[0] in ("0", "root")
+
+
+def keepalive_pid(out: bytes) -> int | None:
+    """The keep-alive's pid from `KEEPALIVE_SCRIPT`'s output; None when PID 1 has no child (no init:
+    PID 1 is the keep-alive itself)."""
+    pids = out.decode().split()
+    if len(pids) > 1:
+        raise ContainerError(f"PID 1 has {len(pids)} children right after the start, not one keep-alive: {pids}")
+    return int(pids[0]) if pids else None
 
 
 def git_snapshot_script(workdir: str, git_dir: str = GIT_DIR_INSIDE) -> str:
@@ -107,6 +129,7 @@ class ContainerSandbox(Sandbox):
         self.engine = engine
         self.path = path  # the image's PATH
         self.extra_ro_mounts = list(extra_ro_mounts)  # e.g. a Node.js install the harness needs
+        self.keepalive_pid: int | None = None  # the container's `sleep infinity`, recorded at its start
         self._destroyed = False
 
     # --- argv builders (pure) ---
@@ -151,11 +174,16 @@ class ContainerSandbox(Sandbox):
         return env
 
     def exec_argv(self, cmd: Sequence[str], env: dict[str, str], *, user: str | None = None,
-                  timeout_s: float | None = None, interactive: bool = False) -> list[str]:
+                  timeout_s: float | None = None, interactive: bool = False, image_path: bool = False) -> list[str]:
+        """``cmd`` as ``user`` (default: the sandbox uid); a root exec gets `ROOT_PATH` unless
+        ``image_path`` (a task's own verifier, run as Harbor runs it)."""
         s = self.spec
         argv = [self.engine, "exec"] + (["-i"] if interactive else [])
         argv += ["-u", user or f"{s.uid}:{s.uid}", "-w", s.workdir]
-        for key, value in self.env(env).items():
+        full_env = self.env(env)
+        if is_root(user) and not image_path:
+            full_env["PATH"] = ROOT_PATH
+        for key, value in full_env.items():
             argv += ["-e", f"{key}={value}"]
         argv.append(self.name)
         if timeout_s is not None:  # kills the in-container tree even if the client is gone
@@ -194,6 +222,7 @@ class ContainerSandbox(Sandbox):
         try:
             engine_run(sb.create_argv())
             engine_run(sb.start_argv())
+            sb.keepalive_pid = keepalive_pid(engine_run(sb.exec_argv(["sh", "-c", KEEPALIVE_SCRIPT], {}, user="0")))
             if task_tree is not None:
                 engine_run(sb.exec_argv(["sh", "-c", f"rm -rf {shlex.quote(spec.workdir)}/* "
                                          f"{shlex.quote(spec.workdir)}/.[!.]*"], {}, user="0"))
