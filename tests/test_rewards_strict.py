@@ -156,3 +156,50 @@ def test_patch_past_the_argument_limit_is_refused_not_masked():
     r = grade(task, task.patch + _long_path_patch(1300))
     assert r.failure_kind == FailureKind.apply_failed and r.reward == 0.0, (r.failure_kind, r.error[:300])
     assert "more than the grader takes" in r.error
+
+
+NEW_TEST = "tests/newdir/test_new.py"
+BLOCKER = ("diff --git a/tests/newdir b/tests/newdir\nnew file mode 100644\n--- /dev/null\n+++ b/tests/newdir\n"
+           "@@ -0,0 +1 @@\n+not a directory\n")
+
+
+def _task_with_new_test_file(tmp: Path) -> Task:
+    base = next(t for t in load_tasks("bundled") if t.instance_id == "pallets__flask-5014")
+
+    def edit(tree: Path) -> None:
+        (tree / "tests" / "newdir").mkdir()
+        (tree / NEW_TEST).write_text("def test_new():\n    assert True\n")
+
+    return _with_test_patch(base, tmp, edit)
+
+
+@needs_bwrap
+def test_new_test_file_whose_parent_the_agent_made_a_file_still_applies(tmp_path: Path):
+    """The test patch adds tests/newdir/test_new.py; the agent's patch made tests/newdir a file. The reset
+    gives every test-patch path real parent directories, so the test patch applies (it was task_defect:
+    masked) and the fix is graded."""
+    task = _task_with_new_test_file(tmp_path)
+    r = grade(task, task.patch + BLOCKER)
+    assert r.failure_kind == FailureKind.none and r.reward == 1.0, (r.failure_kind, r.error[:400])
+    assert r.modes[GradingMode.swebench].reward == 1.0
+
+
+@needs_bwrap
+def test_test_patch_refused_on_the_patched_tree_is_the_patchs_zero(tmp_path: Path, monkeypatch):
+    """Whatever else makes the test patch fail on the patched tree (here: a blocker the reset leaves),
+    the base takes it, so it is the patch's doing: test_crash (0), never task_defect (masked)."""
+    from polar_env.rewards import workspace
+
+    task = _task_with_new_test_file(tmp_path)
+    restore = workspace.GradingTree.restore
+
+    def leaves_the_blocker(self, paths):
+        restore(self, paths)
+        if NEW_TEST in paths:
+            shutil.rmtree(self.tree / "tests" / "newdir", ignore_errors=True)
+            (self.tree / "tests" / "newdir").write_text("blocker\n")
+
+    monkeypatch.setattr(workspace.GradingTree, "restore", leaves_the_blocker)
+    r = grade(task, task.patch + BLOCKER)
+    assert r.failure_kind == FailureKind.test_crash and r.reward == 0.0, (r.failure_kind, r.error[:400])
+    assert "applies to the base" in r.error

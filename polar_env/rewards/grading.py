@@ -395,12 +395,26 @@ def grade(
 
 def tested_code_crash(result: GradeResult, error: str, t0: float) -> GradeResult:
     """An unexpected exception once the patched tree's tests ran: ``test_crash`` (0), never masked."""
-    result.failure_kind, result.error = FailureKind.test_crash, error[:2000]
+    return _patch_zero(result, FailureKind.test_crash, error, t0)
+
+
+def _patch_zero(result: GradeResult, kind: FailureKind, error: str, t0: float) -> GradeResult:
+    """Both modes 0 with ``kind``: a failure the patch caused (graded, not masked)."""
+    result.failure_kind, result.error = kind, error[:2000]
     result.resolved, result.reward = False, 0.0
     for m in (GradingMode.strict, GradingMode.swebench):
-        result.modes[m] = ModeResult(failure_kind=FailureKind.test_crash, error=result.error)
+        result.modes[m] = ModeResult(failure_kind=kind, error=result.error)
     result.timings["total_s"] = time.monotonic() - t0
     return result
+
+
+def _test_patch_applies_to_base(task: Task, dest: Path) -> bool:
+    """Whether the test patch applies to a fresh copy of the base (the control for a patched tree's refusal)."""
+    try:
+        GradingTree.fresh(task, dest).apply(task.test_patch, allow_binary=True)
+    except (PatchRefused, OSError):
+        return False
+    return True
 
 
 def _grade(task: Task, model_patch: str, result: GradeResult, *, timeout_s: float, workdir: Path | None,
@@ -436,6 +450,10 @@ def _grade(task: Task, model_patch: str, result: GradeResult, *, timeout_s: floa
         runs: dict[GradingMode, TestRun] = {}
         for m, tree in ((GradingMode.strict, gtree), (GradingMode.swebench, sb_tree)):
             defect = _prepare_mode(task, tree, applied, m)
+            if defect and _test_patch_applies_to_base(task, tmp / f"base-{m.value}"):
+                # the base takes the test patch (the gold run does too): the patched tree refused it
+                return _patch_zero(result, FailureKind.test_crash, f"{m.value}: the {defect} on the patched "
+                                   "tree, while it applies to the base: the patch's doing", t0)
             if defect:
                 return _infra(result, defect, t0, FailureKind.task_defect)
             runs[m] = _run_mode(task, tree.tree, venv, m, timeout_s, tmp)

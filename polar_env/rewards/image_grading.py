@@ -46,7 +46,7 @@ from polar_env.rewards.grading import (
     perturbed_check,
     tested_code_crash,
 )
-from polar_env.rewards.image_strict import StrictImageError, perturbed_in_box, strict_in_box
+from polar_env.rewards.image_strict import StrictImageError, TestPatchFailed, perturbed_in_box, strict_in_box
 from polar_env.rewards.patch import ApplyMethod
 from polar_env.rewards.strict_run import StrictUnsupported, perturbed_disagreement, pytest_args
 from polar_env.sandbox.base import SandboxSpec
@@ -108,12 +108,19 @@ def grade_in_image(task: Task, model_patch: str | None, *, engine: str, image: s
         return result  # not pytest: SWE-bench's procedure is all there is
     if task.workdir != "/testbed":
         return result  # image_strict grades the /testbed layout only (known limit, docs/rewards.md)
-    if result.is_infrastructure_failure or result.failure_kind in (FailureKind.empty_patch, FailureKind.apply_failed):
+    # the swebench script's test patch refused on the patched tree: the strict stage's gold run says
+    # whether it applies to the image's base (then it is the patch's 0, else the task's defect)
+    refused_tp = result.failure_kind == FailureKind.task_defect and result.error.startswith("test patch did not apply")
+    if (result.is_infrastructure_failure and not refused_tp) or result.failure_kind in (
+            FailureKind.empty_patch, FailureKind.apply_failed):
         return result
     t0 = time.monotonic()
     swebench = ModeResult(resolved=result.resolved, reward=result.reward, failure_kind=result.failure_kind,
                           fail_to_pass=result.fail_to_pass, pass_to_pass=result.pass_to_pass, error=result.error,
                           tests_s=result.timings.get("tests_s", 0.0))
+    if refused_tp:
+        swebench = ModeResult(failure_kind=FailureKind.test_crash, error=f"{result.error[:1500]}\n(on the patched "
+                              "tree; the gold run in this image applied it: the patch's doing)")
     try:
         strict, evidence, reset = asyncio.run(_strict(task, model_patch or "", engine=engine, image=image,
                                                       timeout_s=timeout_s))
@@ -149,7 +156,12 @@ async def _strict_run(task: Task, patch: str, *, engine: str, image: str, timeou
     (where the gold patch passes the perturbed run); without, the gold run itself and its perturbed control."""
     box = await asyncio.to_thread(ContainerSandbox.create, None, spec=GRADING_SPEC, image=image, engine=engine)
     try:
-        done = await strict_in_box(task, box, patch, timeout_s)
+        try:
+            done = await strict_in_box(task, box, patch, timeout_s)
+        except TestPatchFailed as e:
+            if gold is None:
+                raise  # the gold tree: a task defect
+            return {"test_patch_failed": f"the {e} on the patched tree, while the gold run's applied: the patch's doing"}
         run = done.get("run")
         if gold is None and run is not None and run.valid:
             run.perturbed_control = "; ".join(perturbed_disagreement(await perturbed_in_box(task, box, timeout_s))) \
@@ -183,6 +195,8 @@ async def _strict(task: Task, patch: str, *, engine: str, image: str,
     done = await _strict_run(task, patch, engine=engine, image=image, timeout_s=timeout_s, gold=gold)
     if "refused" in done:
         return ModeResult(failure_kind=FailureKind.apply_failed, error=done["refused"]), {"patch-refused": ""}, {}
+    if "test_patch_failed" in done:
+        return ModeResult(failure_kind=FailureKind.test_crash, error=done["test_patch_failed"][:2000]), {}, {}
     run: TestRun = done["run"]
     evidence = dict(done["flags"])
     evidence.update({f"reset:{r}": p for p, r in done["reset_paths"].items()})

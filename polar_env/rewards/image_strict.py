@@ -78,6 +78,14 @@ cd {TREE}
 export GIT_ALTERNATE_OBJECT_DIRECTORIES={GIT_DIR_INSIDE}/objects  # the base snapshot's objects (container.py)
 base=$(cat {BASE_FILE})
 for p in "$@"; do
+  # real parent directories (a link or file the agent put there is replaced): never rm through a link,
+  # and the test patch's new files must be creatable whatever the agent made of their parents
+  pre=; rest=$p
+  while [ "${{rest#*/}}" != "$rest" ]; do
+    pre=${{pre:+$pre/}}${{rest%%/*}}; rest=${{rest#*/}}
+    if [ -L "$pre" ] || {{ [ -e "$pre" ] && [ ! -d "$pre" ]; }}; then rm -f -- "$pre"; fi
+  done
+  mkdir -p -- "$(dirname -- "$p")"
   rm -rf -- "$p"
   if {GIT} cat-file -e "$base:$p" 2>/dev/null; then {GIT} checkout "$base" -- "$p"; fi
 done
@@ -107,6 +115,13 @@ class StrictImageError(Exception):
     def __init__(self, message: str, task_defect: bool = False):
         super().__init__(message)
         self.task_defect = task_defect
+
+
+class TestPatchFailed(StrictImageError):
+    """The test patch did not apply: a task defect on the gold tree, the patch's doing on any other
+    (the gold run shows it applies to the image's base)."""
+
+    __test__ = False
 
 
 def _config_candidates(directives: list[str]) -> list[str]:
@@ -204,7 +219,7 @@ async def strict_in_box(task: Task, box: ContainerSandbox, patch: str, timeout_s
     restored = await box.run(["bash", "-c", RESTORE, "bash", *paths], env=env, timeout_s=300,
                              stdin=task.test_patch.encode("utf-8", "surrogateescape"))
     if restored.exit_code == 97:
-        raise StrictImageError(f"test patch did not apply cleanly:\n{restored.stdout_tail[-2000:]}", task_defect=True)
+        raise TestPatchFailed(f"test patch did not apply cleanly:\n{restored.stdout_tail[-2000:]}", task_defect=True)
     if restored.exit_code != 0:
         raise StrictImageError(f"reset failed: {restored.stderr_tail[-500:]}")
     plugins = await _plugins(box)

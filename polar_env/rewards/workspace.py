@@ -134,7 +134,9 @@ class GradingTree:
         """Put ``paths`` back to base (or remove them where base lacks them), parents first.
 
         Written from the base's blobs through `beneath`: nothing on the way is followed, and a link
-        or file where base has a directory is replaced.
+        or file where base has a directory is replaced. A path base lacks gets real parent
+        directories too (a link or file the agent put there is replaced): the test patch's new files
+        must be creatable whatever the agent made of their parents.
         """
         listing = self.git("ls-tree", "-r", "-z", self.base).stdout.decode("utf-8", "surrogateescape")
         blobs = {}
@@ -148,6 +150,9 @@ class GradingTree:
             if rel in blobs:
                 mode, sha = blobs[rel]
                 beneath.write(self.tree, rel, self.git("cat-file", "blob", sha).stdout, mode=mode)
+            else:
+                with beneath.parent_dir(self.tree, rel, create=True):
+                    pass
 
     def import_roots(self, task: Task) -> dict[str, set[str]]:
         return import_roots(task, self.base_files())
