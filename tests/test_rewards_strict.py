@@ -203,3 +203,20 @@ def test_test_patch_refused_on_the_patched_tree_is_the_patchs_zero(tmp_path: Pat
     r = grade(task, task.patch + BLOCKER)
     assert r.failure_kind == FailureKind.test_crash and r.reward == 0.0, (r.failure_kind, r.error[:400])
     assert "applies to the base" in r.error
+
+
+@needs_bwrap
+def test_unexpected_exception_after_the_tests_ran_is_the_patchs_zero(monkeypatch):
+    """Once the patched tree's sandbox started, the tested code may have shaped whatever raised in the
+    grader (a forged value it coerces): test_crash (0), not "grader error" infrastructure (masked)."""
+    from polar_env.rewards import grading
+
+    task = next(t for t in load_tasks("bundled") if t.instance_id == "pallets__flask-5014")
+
+    def forged(*_a, **_k):
+        raise TypeError("int() argument must be a string, not 'dict'")
+
+    monkeypatch.setattr(grading, "against_gold", forged)
+    r = grade(task, task.patch)
+    assert r.failure_kind == FailureKind.test_crash and r.reward == 0.0, (r.failure_kind, r.error[:300])
+    assert r.modes[GradingMode.strict].failure_kind == FailureKind.test_crash
