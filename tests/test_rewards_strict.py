@@ -220,3 +220,28 @@ def test_unexpected_exception_after_the_tests_ran_is_the_patchs_zero(monkeypatch
     r = grade(task, task.patch)
     assert r.failure_kind == FailureKind.test_crash and r.reward == 0.0, (r.failure_kind, r.error[:300])
     assert r.modes[GradingMode.strict].failure_kind == FailureKind.test_crash
+
+
+def test_image_reset_gives_test_patch_paths_real_parents(tmp_path: Path):
+    """image_strict's RESTORE loop (run here with bash, git left out): a file or a link the agent put where
+    a test-patch path's directory belongs is replaced by a directory, and nothing is removed through the link."""
+    import subprocess
+
+    from polar_env.rewards.image_strict import RESTORE
+
+    lines = RESTORE.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("for p in"))
+    end = next(i for i, line in enumerate(lines) if line.startswith("done"))
+    loop = "set -e\n" + "\n".join(line for line in lines[start:end + 1] if "cat-file" not in line) + "\n"
+    tree, outside = tmp_path / "tree", tmp_path / "outside"
+    (tree / "tests").mkdir(parents=True)
+    outside.mkdir()
+    (outside / "sub").mkdir()
+    (outside / "sub" / "keep").write_text("host\n")
+    (tree / "tests" / "newdir").write_text("agent's file\n")
+    (tree / "tests" / "linkdir").symlink_to(outside)
+    subprocess.run(["bash", "-c", loop, "bash", "tests/newdir/test_x.py", "tests/linkdir/sub/keep", "top.py"],
+                   cwd=tree, check=True)
+    for d in ("tests/newdir", "tests/linkdir", "tests/linkdir/sub"):
+        assert (tree / d).is_dir() and not (tree / d).is_symlink(), d
+    assert (outside / "sub" / "keep").read_text() == "host\n"
