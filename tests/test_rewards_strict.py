@@ -245,3 +245,22 @@ def test_image_reset_gives_test_patch_paths_real_parents(tmp_path: Path):
     for d in ("tests/newdir", "tests/linkdir", "tests/linkdir/sub"):
         assert (tree / d).is_dir() and not (tree / d).is_symlink(), d
     assert (outside / "sub" / "keep").read_text() == "host\n"
+
+
+@needs_bwrap
+def test_gold_control_that_timed_out_is_not_a_reason_to_skip(tmp_path: Path, monkeypatch):
+    """A gold perturbed control that timed out (a loaded machine) says nothing of the gold patch: the gold
+    run is not believed (masked, not cached), rather than skipping every patch's perturbed check."""
+    from polar_env.rewards import grading
+
+    base = next(t for t in load_tasks("bundled") if t.instance_id == "pallets__flask-5014")
+
+    def edit(tree: Path) -> None:
+        with open(tree / "tests" / "test_blueprints.py", "a") as f:
+            f.write("\n# a fresh gold cache key\n")
+
+    task = _with_test_patch(base, tmp_path, edit)
+    monkeypatch.setattr(grading, "perturbed_findings", lambda *a, **k: ["perturbed-run: timed out"])
+    r = grade(task, task.patch)
+    assert r.failure_kind == FailureKind.infrastructure and "perturbed control" in r.error, (r.failure_kind, r.error)
+    assert not any(k.startswith(task.instance_id) for k in grading._GOLD if str(hash((task.patch, task.test_patch))) in k)

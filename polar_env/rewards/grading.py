@@ -290,10 +290,17 @@ def run_task_tests(
         run = _run_mode(task, gtree.tree, venv, mode, timeout_s, Path(tmp))
         run.apply_method, run.apply_log = applied.apply_method, applied.apply_log
         if perturb and run.valid:
-            run.perturbed_control = "; ".join(perturbed_findings(task, gtree.tree, venv, timeout_s)) if (
-                _mode_result(task, run).resolved) else "the gold patch does not resolve"
+            found = perturbed_findings(task, gtree.tree, venv, timeout_s) if _mode_result(task, run).resolved \
+                else ["the gold patch does not resolve"]
+            if any(f.startswith(CONTROL_UNSURE) for f in found):  # says nothing of the gold patch: not cached
+                run.valid, run.infra_error = False, f"the gold patch's perturbed control: {'; '.join(found)}"[:600]
+            run.perturbed_control = "; ".join(found)
         return run
 
+
+# a perturbed control that ended so says nothing of the gold patch (a sandbox fault, a loaded machine):
+# not a reason to skip every patch's check, so the gold run is not believed (masked, not cached)
+CONTROL_UNSURE = ("perturbed-run: sandbox:", "perturbed-run: timed out")
 
 _GOLD: dict[str, TestRun] = {}
 _GOLD_LOCKS: dict[str, threading.Lock] = {}

@@ -32,6 +32,7 @@ from polar_env.outcomes import FailureKind
 from polar_env.rewards import swebench_compat as sb
 from polar_env.rewards.flags import is_tamper
 from polar_env.rewards.grading import (
+    CONTROL_UNSURE,
     LOG_TAIL_CHARS,
     GradeResult,
     GradingMode,
@@ -164,8 +165,11 @@ async def _strict_run(task: Task, patch: str, *, engine: str, image: str, timeou
             return {"test_patch_failed": f"the {e} on the patched tree, while the gold run's applied: the patch's doing"}
         run = done.get("run")
         if gold is None and run is not None and run.valid:
-            run.perturbed_control = "; ".join(perturbed_disagreement(await perturbed_in_box(task, box, timeout_s))) \
-                if _mode_result(task, run).resolved else "the gold patch does not resolve"
+            found = perturbed_disagreement(await perturbed_in_box(task, box, timeout_s)) \
+                if _mode_result(task, run).resolved else ["the gold patch does not resolve"]
+            if any(f.startswith(CONTROL_UNSURE) for f in found):  # says nothing of the gold patch: not cached
+                raise StrictImageError(f"the gold patch's perturbed control: {'; '.join(found)}"[:600])
+            run.perturbed_control = "; ".join(found)
         if gold is not None and run is not None and not run.timed_out:
             found = against_gold(task, run, gold)
             run.notes.update(gold_notes(task, run, gold))
