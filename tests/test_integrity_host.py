@@ -132,7 +132,10 @@ def test_restore_replaces_links_it_would_otherwise_follow(tmp_path: Path):
     assert canary_state(canary) == before
     assert not (gtree.tree / "tests").is_symlink() and (gtree.tree / "tests" / "test_blueprints.py").is_file()
     assert "def test_blueprint" in (gtree.tree / "tests" / "test_blueprints.py").read_text()
-    assert not (gtree.tree / "src" / "flask" / "sub").exists()
+    # base lacks src/flask/sub: the agent's link is removed (not followed) and, since a reset path lies
+    # below it, replaced by a real, empty directory (the test patch's new files must be creatable)
+    sub = gtree.tree / "src" / "flask" / "sub"
+    assert not sub.is_symlink() and sub.is_dir() and not any(sub.iterdir())
 
 
 def test_resolves_inside_follows_the_whole_chain(tmp_path: Path):
