@@ -192,12 +192,10 @@ def test_seccomp_program_is_known_per_abi():
 @pytest.mark.skipif(shutil.which("npm") is None, reason="needs npm for the harness")
 async def test_probe_from_a_real_pi_episode(embedded_dir: Path, renderer, tmp_path: Path):
     """Pi runs the probe as its shell command; what it saw comes back in the patch (probe.json)."""
-    from polar_env.backends.local import LocalBackend
+    from reliability_helpers import scripted_proxy
+
     from polar_env.backends.policies import DONE, shell_call
-    from polar_env.backends.scripted import ScriptedBackend
     from polar_env.episodes.lifecycle import EpisodeConfig, run_episode
-    from polar_env.proxy.app import ProxyServer
-    from polar_env.proxy.engine import EngineConfig
 
     needles = "\n".join(_needles(tmp_path, "psf__requests-6028").values()) + "\n"
     # the probe: search, mounts, uid, ptrace against its own harness (Pi's node) and forwarder
@@ -210,19 +208,11 @@ async def test_probe_from_a_real_pi_episode(embedded_dir: Path, renderer, tmp_pa
     def policy(session_id: str | None, call_number: int, prompt_text: str) -> str:
         return DONE if "<tool_response>" in prompt_text else shell_call(prompt_text, probe)
 
-    local = LocalBackend.from_pretrained(embedded_dir)
-    proxy = ProxyServer.create(renderer=renderer, backend=ScriptedBackend(local, policy, context_window=256),
-                               data_dir=tmp_path / "ledger", admin_secret="admin",
-                               config=EngineConfig(max_context=131072, default_max_tokens=4096))
-    await proxy.start(unix_socket=tmp_path / "sock" / "proxy.sock", port=None)
-    os.chmod(tmp_path / "sock", 0o755)
-    try:
+    async with scripted_proxy(embedded_dir, renderer, policy, tmp_path) as proxy:
         result = await run_episode(proxy, TASKS["psf__requests-6028"], episode_id="probe.s0",
                                    config=EpisodeConfig(harness="pi", timeout_s=300, grade=False,
                                                         sampling={"max_tokens": 4096},
                                                         scratch_root=tmp_path / "scratch"))
-    finally:
-        await proxy.stop()
     files = dict(re.findall(r"^\+\+\+ b/(\S+)\n@@[^\n]*\n((?:\+[^\n]*\n?)*)", result.patch, re.MULTILINE))
     text = {name: "".join(ln[1:] + "\n" for ln in body.splitlines()) for name, body in files.items()}
     assert text["search.txt"].split() == ["SEARCHED"], text["search.txt"]
