@@ -22,7 +22,7 @@ from polar_env.harness_adapters.registry import NOISE_EXCLUDES, get_adapter
 from polar_env.harness_adapters.runner import HarnessRun, run_episode_in_sandbox
 from polar_env.outcomes import FailureKind, OutcomeTable, classify_episode, final_kind
 from polar_env.proxy.app import ORIGIN_TAGGED, ProxyServer
-from polar_env.rewards.grading import GradeResult
+from polar_env.rewards.grading import GradeResult, grading_timeout_s
 from polar_env.rewards.image_grading import grade_task
 from polar_env.sandbox.base import Sandbox, SandboxSpec
 from polar_env.tasks.models import Task
@@ -42,7 +42,7 @@ source code (not the tests). When you are done, stop.
 class EpisodeConfig:
     harness: str = "pi"
     timeout_s: float = 600.0  # the harness's wall-clock deadline
-    grading_timeout_s: float = 900.0  # grading's own budget, which outlives the rollout's
+    grading_timeout_s: float = field(default_factory=grading_timeout_s)  # grading's own budget, outlives the rollout's
     sampling: dict[str, Any] = field(default_factory=dict)  # sampling the trainer dictates
     model_name: str | None = None  # what the harness asks for (default: the backend's model)
     grade: bool = True

@@ -42,6 +42,7 @@ from polar_env.janitor import Janitor
 from polar_env.outcomes import FailureKind, OutcomeTable
 from polar_env.rewards.grading import GradeResult
 from polar_env.rewards.image_grading import grade_task
+from polar_env.rewards.sandbox_exec import grading_timeout_s
 from polar_env.safe_text import escape
 from polar_env.sandbox.base import Sandbox, SandboxSpec
 from polar_env.tasks.loader import load_tasks
@@ -62,7 +63,7 @@ class PolarResourcesConfig(BaseModel):
     tasks: str = "bundled"  # "bundled", "terminal", "verified", a JSONL path or a Harbor folder (polar_env.tasks.loader)
     reward_key: str | None = None  # Harbor tasks: the reward.json key that is the reward
     scratch_root: str | None = None  # where sandbox workspaces live (default: the system temp dir)
-    grading_timeout_s: float = 900.0  # grading's own budget; outlives the rollout deadline
+    grading_timeout_s: float = Field(default_factory=grading_timeout_s)  # grading's own budget; outlives the rollout
     max_concurrent_grades: int = 8  # test runs in flight at once on this host
     sandbox_memory_gb: float | None = 8.0
     sandbox_pids_max: int | None = 4096

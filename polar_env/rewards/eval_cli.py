@@ -27,8 +27,9 @@ from polar_env.episodes.workspace import (
     workspace_kind,
 )
 from polar_env.rewards import swebench_compat as sb
-from polar_env.rewards.grading import DEFAULT_GRADING_TIMEOUT_S, FailureKind, GradeResult, GradingMode
+from polar_env.rewards.grading import FailureKind, GradeResult, GradingMode
 from polar_env.rewards.image_grading import grade_task
+from polar_env.rewards.sandbox_exec import grading_timeout_s
 from polar_env.tasks.env import EnvBuildError, ensure_task_env
 from polar_env.tasks.loader import TaskLoadError, load_tasks
 from polar_env.tasks.models import Task
@@ -117,7 +118,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--predictions", required=True, type=Path, help="predictions .jsonl or .json")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", type=Path, default=None, help="write the JSON report here")
-    ap.add_argument("--timeout", type=float, default=DEFAULT_GRADING_TIMEOUT_S, help="grading deadline (s)")
+    ap.add_argument("--timeout", type=float, default=grading_timeout_s(),
+                    help="grading deadline (s; default: POLAR_GRADING_TIMEOUT_S or the built-in one)")
     ap.add_argument("--instance-ids", nargs="*", default=None, help="grade only these instances")
     ap.add_argument("--sandbox", default="auto", choices=SANDBOX_CHOICES,
                     help="where to grade: auto (bubblewrap for tasks with a base archive, the task's image "

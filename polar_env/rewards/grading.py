@@ -24,7 +24,6 @@ sandbox that started ran tested code: whatever it printed, no valid result is th
 
 from __future__ import annotations
 
-import os
 import shlex
 import shutil
 import tempfile
@@ -45,6 +44,7 @@ from polar_env.rewards.path_policy import non_source_reason
 from polar_env.rewards.sandbox_exec import (
     TREE_MOUNT,
     SandboxUnavailable,
+    grading_timeout_s,
     prepare_tree_owner,
     run_sandboxed,
 )
@@ -60,7 +60,6 @@ from polar_env.safe_text import json_safe
 from polar_env.tasks.env import EnvBuildError, ensure_task_env
 from polar_env.tasks.models import Task
 
-DEFAULT_GRADING_TIMEOUT_S = float(os.environ.get("POLAR_GRADING_TIMEOUT_S", "900"))
 LOG_TAIL_CHARS = 4000
 
 
@@ -268,13 +267,15 @@ def run_task_tests(
     model_patch: str,
     *,
     mode: GradingMode = GradingMode.swebench,
-    timeout_s: float = DEFAULT_GRADING_TIMEOUT_S,
+    timeout_s: float | None = None,
     workdir: Path | None = None,
     perturb: bool = False,
 ) -> TestRun:
     """Fresh base copy + `model_patch` (skipped if empty) + test patch, tests run in ``mode``.
 
-    ``perturb`` (strict): also run the perturbed F2P run as a control (`TestRun.perturbed_control`)."""
+    ``perturb`` (strict): also run the perturbed F2P run as a control (`TestRun.perturbed_control`);
+    ``timeout_s`` None: the configured deadline (`grading_timeout_s`)."""
+    timeout_s = grading_timeout_s(timeout_s)
     with tempfile.TemporaryDirectory(prefix=f"polar-grade-{task.instance_id}-", dir=workdir) as tmp:
         try:
             venv = ensure_task_env(task)
@@ -307,7 +308,7 @@ _GOLD_LOCKS: dict[str, threading.Lock] = {}
 _GOLD_LOCK = threading.Lock()
 
 
-def gold_reference(task: Task, timeout_s: float = DEFAULT_GRADING_TIMEOUT_S) -> TestRun:
+def gold_reference(task: Task, timeout_s: float | None = None) -> TestRun:
     """The gold patch's strict run (once per task and process): the ids a run must collect and the
     statuses it must reproduce, and whether the gold patch itself passes the perturbed F2P run (the
     control: renaming can break honest tests). Evidence the graded tree cannot influence."""
@@ -372,7 +373,7 @@ def grade(
     task: Task,
     model_patch: str | None,
     *,
-    timeout_s: float = DEFAULT_GRADING_TIMEOUT_S,
+    timeout_s: float | None = None,
     workdir: Path | None = None,
     mode: GradingMode = GradingMode.strict,
 ) -> GradeResult:
@@ -393,7 +394,7 @@ def grade(
         return result
     ran: list[GradingMode] = []  # modes whose patched tree's sandbox started (tested code ran)
     try:
-        return _grade(task, model_patch, result, timeout_s=timeout_s, workdir=workdir, t0=t0, ran=ran)
+        return _grade(task, model_patch, result, timeout_s=grading_timeout_s(timeout_s), workdir=workdir, t0=t0, ran=ran)
     except Exception as e:  # noqa: BLE001
         if ran:  # the tested code ran and may have shaped what raised: no valid result, the patch's 0
             return tested_code_crash(result, f"grader error after the tests ran: {type(e).__name__}: {e}", t0)

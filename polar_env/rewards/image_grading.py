@@ -49,6 +49,7 @@ from polar_env.rewards.grading import (
 )
 from polar_env.rewards.image_strict import StrictImageError, TestPatchFailed, perturbed_in_box, strict_in_box
 from polar_env.rewards.patch import ApplyMethod
+from polar_env.rewards.sandbox_exec import grading_timeout_s
 from polar_env.rewards.strict_run import StrictUnsupported, perturbed_disagreement, pytest_args
 from polar_env.sandbox.base import SandboxSpec
 from polar_env.sandbox.container import ContainerError, ContainerSandbox
@@ -99,10 +100,11 @@ def grading_plan(task: Task, image: str) -> tuple[str, str, object | None]:
 
 
 def grade_in_image(task: Task, model_patch: str | None, *, engine: str, image: str,
-                   timeout_s: float = 900.0, mode: GradingMode = GradingMode.strict) -> GradeResult:
+                   timeout_s: float | None = None, mode: GradingMode = GradingMode.strict) -> GradeResult:
     """Grade ``model_patch`` for ``task`` in fresh containers of ``image`` (both modes; the verdict is
     ``mode``'s, strict where the task runs pytest). Never raises for agent faults."""
-    result = asyncio.run(_grade(task, model_patch or "", engine=engine, image=image, timeout_s=timeout_s))
+    result = asyncio.run(_grade(task, model_patch or "", engine=engine, image=image,
+                                timeout_s=grading_timeout_s(timeout_s)))
     try:
         pytest_args(task)
     except StrictUnsupported:
@@ -212,12 +214,12 @@ async def _strict(task: Task, patch: str, *, engine: str, image: str,
     return _mode_result(task, run), evidence, done["reset_paths"]
 
 
-def run_base_in_image(task: Task, *, engine: str, timeout_s: float = 900.0) -> tuple[dict[str, str], str]:
+def run_base_in_image(task: Task, *, engine: str, timeout_s: float | None = None) -> tuple[dict[str, str], str]:
     """(FAIL_TO_PASS/PASS_TO_PASS statuses, infrastructure error) of the tests on the untouched base tree
     (task validation: the empty patch must not pass)."""
     from polar_env.episodes.workspace import task_image
 
-    result = asyncio.run(_grade(task, "", engine=engine, image=task_image(task), timeout_s=timeout_s,
+    result = asyncio.run(_grade(task, "", engine=engine, image=task_image(task), timeout_s=grading_timeout_s(timeout_s),
                                 base_only=True))
     return {**result.fail_to_pass, **result.pass_to_pass}, result.error
 
@@ -292,7 +294,7 @@ async def _grade(task: Task, patch: str, *, engine: str, image: str, timeout_s: 
     return result
 
 
-def grade_task(task: Task, model_patch: str | None, *, kind: str, timeout_s: float = 900.0,
+def grade_task(task: Task, model_patch: str | None, *, kind: str, timeout_s: float | None = None,
                mode: GradingMode = GradingMode.strict) -> GradeResult:
     """Grade where the task's episodes run: its image for docker/podman, the bubblewrap grader (the
     task's base tree and pinned venv) otherwise. Apptainer has no image grader yet: a task without

@@ -5,7 +5,8 @@ docker/apptainer with the official images) without touching the grader. The isol
 episode sandbox's (`polar_env.sandbox.bwrap_argv`, --no-new-privs included); only the mounts
 differ: the tree at /testbed, the task venv read-only at /opt/venv, fresh tmpfs /tmp and HOME.
 
-Limits (`GradingLimits`, sized by ``POLAR_GRADING_*``): the whole sandbox runs in its own cgroup
+Limits (`GradingLimits`, sized by ``POLAR_GRADING_*``; the grading deadline is one of them, the one
+declaration every entry point reads: `grading_timeout_s`): the whole sandbox runs in its own cgroup
 (memory, pids: `polar_env.sandbox.cgroups`), and everything the tests can write is a sized tmpfs,
 whose pages that cgroup pays for too. A writable tree is copied into a sized tmpfs at /testbed
 inside the sandbox (the host copy is only read), so no test writes host disk.
@@ -40,21 +41,31 @@ VENV_MOUNT = "/opt/venv"
 
 @dataclass(frozen=True)
 class GradingLimits:
-    """What one grading run may use; each ``None`` or 0 means unlimited."""
+    """What one grading run may use; each ``None`` or 0 means unlimited (the deadline excepted)."""
 
     memory_bytes: int | None = 4 << 30
     pids_max: int | None = 1024
     tmpfs_bytes: int = 2 << 30  # each of /tmp, HOME and a writable /testbed
+    timeout_s: float = 900.0  # the grading deadline: grading's own budget, which outlives the rollout's
 
     @classmethod
     def from_env(cls) -> GradingLimits:
-        """The defaults, each overridable by ``POLAR_GRADING_MEMORY_BYTES``/``_PIDS_MAX``/``_TMPFS_BYTES``."""
+        """The defaults, each overridable by ``POLAR_GRADING_MEMORY_BYTES``/``_PIDS_MAX``/``_TMPFS_BYTES``
+        /``_TIMEOUT_S`` (the only place these variables are read)."""
         def get(name: str, default: int | None) -> int | None:
             value = os.environ.get(f"POLAR_GRADING_{name}")
             return default if value is None else (int(value) or None)
         d = cls()
+        timeout = os.environ.get("POLAR_GRADING_TIMEOUT_S")
         return cls(get("MEMORY_BYTES", d.memory_bytes), get("PIDS_MAX", d.pids_max),
-                   get("TMPFS_BYTES", d.tmpfs_bytes) or d.tmpfs_bytes)
+                   get("TMPFS_BYTES", d.tmpfs_bytes) or d.tmpfs_bytes,
+                   float(timeout) if timeout else d.timeout_s)
+
+
+def grading_timeout_s(timeout_s: float | None = None) -> float:
+    """``timeout_s``, or the grading deadline this process runs with (``POLAR_GRADING_TIMEOUT_S``, else
+    the default): what every entry point's config defaults to."""
+    return GradingLimits.from_env().timeout_s if timeout_s is None else timeout_s
 
 
 @dataclass

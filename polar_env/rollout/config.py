@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from polar_env.outcomes import FailureKind, Outcome, OutcomeTable
+from polar_env.rewards.sandbox_exec import grading_timeout_s
 from polar_env.trajectory.records import EpisodeBudget
 
 
@@ -34,7 +35,7 @@ class RolloutConfig(BaseModel):
     concurrency: int = 1
     out: Path = Path("runs/rollout")
     timeout: float = 600.0  # harness deadline per episode (s)
-    grading_timeout: float = 900.0
+    grading_timeout: float = Field(default_factory=grading_timeout_s)  # POLAR_GRADING_TIMEOUT_S, else the default
     temperature: float = 1.0
     top_p: float = 1.0
     max_tokens: int = 1024  # per model call

@@ -19,7 +19,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--base", type=Path, required=True,
                         help="the base tree: a directory, a .tar.gz/.tgz/.tar archive or an sdist")
     parser.add_argument("--out", type=Path, required=True, help="the task file (JSONL) to add the task to")
-    parser.add_argument("--timeout", type=float, default=900.0, help="per test run (s)")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="per test run (s; default: the grading deadline, POLAR_GRADING_TIMEOUT_S)")
 
 
 def _row(path: Path) -> dict:

@@ -27,6 +27,7 @@ import shutil
 import sys
 from pathlib import Path
 
+from polar_env.rewards.sandbox_exec import grading_timeout_s
 from polar_env.tasks.models import Task
 
 SCHEMA_VERSION = "1.1"
@@ -36,13 +37,13 @@ def _toml_str(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
-def task_toml(task: Task, *, agent_timeout_s: float = 600.0, verifier_timeout_s: float = 900.0) -> str:
+def task_toml(task: Task, *, agent_timeout_s: float = 600.0, verifier_timeout_s: float | None = None) -> str:
     name = re.sub(r"[^A-Za-z0-9._-]", "-", task.instance_id)
     lines = [f'schema_version = "{SCHEMA_VERSION}"', "", "[task]", f'name = "polar/{name}"',
              f"description = {_toml_str(task.problem_statement.strip().splitlines()[0][:200] if task.problem_statement.strip() else '')}",
              "", "[metadata]", f"repo = {_toml_str(task.repo)}", f"version = {_toml_str(task.version)}",
              'source = "polar"', f"fail_to_pass = {len(task.FAIL_TO_PASS)}",
-             "", "[verifier]", f"timeout_sec = {verifier_timeout_s:.1f}",
+             "", "[verifier]", f"timeout_sec = {grading_timeout_s(verifier_timeout_s):.1f}",
              "", "[agent]", f"timeout_sec = {agent_timeout_s:.1f}",
              "", "[environment]", "build_timeout_sec = 1800.0", 'network_mode = "no-network"',
              f"workdir = {_toml_str(task.workdir)}"]

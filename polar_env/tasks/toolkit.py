@@ -69,7 +69,7 @@ def unpack_base(source: Path, dest: Path) -> Path:
     return dest
 
 
-def derive_tests(task: Task, *, timeout_s: float = 900.0) -> tuple[list[str], list[str]]:
+def derive_tests(task: Task, *, timeout_s: float | None = None) -> tuple[list[str], list[str]]:
     """FAIL_TO_PASS / PASS_TO_PASS from one run on the base tree and one with the gold patch."""
     from polar_env.rewards.grading import run_task_tests
 
@@ -89,7 +89,7 @@ def derive_tests(task: Task, *, timeout_s: float = 900.0) -> tuple[list[str], li
     return f2p, p2p
 
 
-def build_task(row: dict, base: Path, out_file: Path, *, timeout_s: float = 900.0) -> Task:
+def build_task(row: dict, base: Path, out_file: Path, *, timeout_s: float | None = None) -> Task:
     """The Polar task for ``row`` over the base tree ``base``; its archive goes to
     ``<out_file's dir>/<instance_id>/base.tar.gz`` and ``base_archive`` is written relative to ``out_file``."""
     from polar_env.tasks.env import ensure_task_env
@@ -138,7 +138,7 @@ class Validation:
         return f"{self.instance_id}: TASK DEFECT: {bad}"
 
 
-def validate_task(task: Task, *, kind: str, timeout_s: float = 900.0) -> Validation:
+def validate_task(task: Task, *, kind: str, timeout_s: float | None = None) -> Validation:
     """Environment builds, test patch applies, gold resolves, empty patch does not (in ``kind``'s grader)."""
     from polar_env.outcomes import FailureKind
     from polar_env.rewards.image_grading import grade_task
@@ -210,7 +210,7 @@ async def _harbor_episode(task: Task, kind: str, command: str | None):
         await workspace.close()
 
 
-def _base_check(task: Task, kind: str, timeout_s: float) -> str:
+def _base_check(task: Task, kind: str, timeout_s: float | None) -> str:
     """The base tree with the tests applied must not already pass every FAIL_TO_PASS test."""
     from polar_env.rewards.grading import run_task_tests
     from polar_env.rewards.image_grading import run_base_in_image

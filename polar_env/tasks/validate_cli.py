@@ -21,7 +21,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           "the empty patch does not. Exit 1 if any task is defective.")
     parser.add_argument("file", help="a task file (JSONL), a Harbor task folder (or a folder of them), or 'bundled'")
     parser.add_argument("--sandbox", default="auto", choices=SANDBOX_CHOICES, help="where to grade (as polar eval)")
-    parser.add_argument("--timeout", type=float, default=900.0, help="per test run (s)")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="per test run (s; default: the grading deadline, POLAR_GRADING_TIMEOUT_S)")
 
 
 def run(args: argparse.Namespace) -> int:
