@@ -118,3 +118,34 @@ def wait_until(predicate, timeout_s: float, what: str, interval_s: float = 0.5) 
             return
         time.sleep(interval_s)
     pytest.fail(f"timed out after {timeout_s}s waiting for {what}")
+
+
+GYM_ROOT = Path(__file__).resolve().parents[1] / "nemo_gym_env"  # what NEMO_GYM_EXTRA_ROOTS points at
+
+
+def compose(path: Path, *, inner_first: bool = True) -> dict:
+    """A Gym config the way NeMo Gym reads it, before interpolation: the files its ``config_paths`` pull
+    in (relative to ``GYM_ROOT``) merged with it, then every ``_inherit_from`` node replaced by its
+    source merged with the node, the source removed. ``inner_first`` is Gym's order since 0.5.1 (the
+    file overrides what it pulls in); older Gyms merged the other way, which must not matter."""
+    import yaml
+
+    top = yaml.safe_load(path.read_text())
+    inner = [yaml.safe_load((GYM_ROOT / p).read_text()) for p in top.pop("config_paths", [])]
+    merged: dict = {}
+    for part in ([*inner, top] if inner_first else [top, *inner]):
+        merged = _merge(merged, part)
+    frozen = dict(merged)
+    for name, node in list(frozen.items()):
+        if isinstance(node, dict) and "_inherit_from" in node:
+            source = node["_inherit_from"]
+            merged.pop(source, None)
+            merged[name] = _merge(frozen[source], {k: v for k, v in node.items() if k != "_inherit_from"})
+    return merged
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out

@@ -6,14 +6,18 @@ from pathlib import Path
 
 import pytest
 import yaml
+from gym_helpers import GYM_ROOT, compose
 
+from polar_env.agent_server.core import PolarAgentConfig
 from polar_env.harness_adapters.registry import adapter_names
+from polar_env.resources_server.core import PolarResourcesConfig
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "configs" / "grpo_polar_qwen3_5_4b.yaml"
 KEYS = REPO / "configs" / "nemo_rl_grpo_keys.txt"
-# one Gym config per registered harness
+# one Gym config per registered harness: an override of the two servers' own configs
 HARNESS_CONFIGS = {name: f"polar_{name.replace('-', '_')}.yaml" for name in adapter_names()}
+BASES = ["resources_servers/polar/configs/polar.yaml", "responses_api_agents/polar_agent/configs/polar_agent.yaml"]
 
 
 def dotted_keys(node: object, prefix: str = "") -> list[str]:
@@ -68,7 +72,7 @@ def test_recipe_enables_gym_async_rollouts_and_http_vllm():
     assert len(polar) == 1
     config = REPO / polar[0].replace("${oc.env:POLAR_ROOT}/", "")
     assert config.exists()
-    gym = yaml.safe_load(config.read_text())
+    gym = compose(config)
     # the recipe's per-server overrides address instances the Gym config really declares
     for instance, block in r["env"]["nemo_gym"].items():
         if isinstance(block, dict) and any(k in block for k in ("responses_api_agents", "resources_servers")):
@@ -77,9 +81,44 @@ def test_recipe_enables_gym_async_rollouts_and_http_vllm():
                 assert set(servers) <= set(gym[instance][group]), (instance, group)
 
 
+def test_every_harness_has_its_override_and_no_other_copies_exist():
+    assert sorted(p.name for p in (REPO / "configs").glob("polar_*.yaml")) == sorted(HARNESS_CONFIGS.values())
+    for name in HARNESS_CONFIGS.values():
+        raw = yaml.safe_load((REPO / "configs" / name).read_text())
+        assert raw["config_paths"] == BASES  # the servers' settings live in their bases only
+        assert all(set(block) <= {"_inherit_from", "responses_api_agents", "environment_servers"}
+                   for key, block in raw.items() if key != "config_paths")
+
+
+@pytest.mark.parametrize("harness, name", sorted(HARNESS_CONFIGS.items()))
+def test_base_and_override_compose_to_the_pi_config_renamed(harness, name):
+    """What each of the 11 copies was: the Pi config with the harness and the instance names changed;
+    and the same whichever way round a Gym merges a file with what it pulls in."""
+    stem, pi = name[len("polar_"):-len(".yaml")], compose(REPO / "configs" / "polar_pi.yaml")
+    want = {key.replace("polar_pi_", f"polar_{stem}_"): value for key, value in pi.items()}
+    text = yaml.safe_dump(want).replace("name: polar_pi_agent", f"name: polar_{stem}_agent")
+    want = yaml.safe_load(text.replace("harness: pi\n", f"harness: {harness}\n"))
+    got = compose(REPO / "configs" / name)
+    assert got == want == compose(REPO / "configs" / name, inner_first=False)
+    assert set(got) == {"polar_resources_server", f"polar_{stem}_agent", f"polar_{stem}_environment"}
+
+
+@pytest.mark.parametrize("harness, name", sorted(HARNESS_CONFIGS.items()))
+def test_composed_servers_validate_as_polar_configs(harness, name):
+    cfg = compose(REPO / "configs" / name)
+    stem = name[len("polar_"):-len(".yaml")]
+    agent = {k: v for k, v in cfg[f"polar_{stem}_agent"]["responses_api_agents"]["polar_agent"].items()
+             if k in PolarAgentConfig.model_fields and not str(v).startswith("${")}
+    agent["budget"] = {}  # its fields are interpolations of optional globals (null when unset)
+    assert PolarAgentConfig.model_validate(agent).harness == harness
+    resources = cfg["polar_resources_server"]["resources_servers"]["polar"]
+    PolarResourcesConfig.model_validate({k: v for k, v in resources.items() if k in PolarResourcesConfig.model_fields
+                                         and not str(v).startswith("${")})
+
+
 @pytest.mark.parametrize("harness, name", sorted(HARNESS_CONFIGS.items()))
 def test_gym_configs_declare_servers_dataset_and_environment(harness, name):
-    cfg = yaml.safe_load((REPO / "configs" / name).read_text())
+    cfg = compose(REPO / "configs" / name)
     agent_instance = f"polar_{name[len('polar_'):-len('.yaml')]}_agent"
     resources = cfg["polar_resources_server"]["resources_servers"]["polar"]
     assert resources["entrypoint"] == "app.py" and resources["domain"] == "coding"
@@ -93,6 +132,8 @@ def test_gym_configs_declare_servers_dataset_and_environment(harness, name):
         "entrypoint": "app.py", "agent_server": {"type": "responses_api_agents", "name": agent_instance}}}}]
 
 
-def test_server_default_config_is_the_pi_config():
-    server = yaml.safe_load((REPO / "nemo_gym_env/resources_servers/polar/configs/polar.yaml").read_text())
-    assert server == yaml.safe_load((REPO / "configs" / "polar_pi.yaml").read_text())
+def test_each_base_declares_its_own_server_only():
+    resources, agent = (yaml.safe_load((GYM_ROOT / path).read_text()) for path in BASES)
+    assert set(resources) == {"polar_resources_server"}
+    assert set(agent) == {"polar_agent", "polar_environment"}
+    assert agent["polar_environment"]["environment_servers"]["legacy_agent"]["agent_server"]["name"] == "polar_agent"
