@@ -209,6 +209,8 @@ async def run_episode(proxy: ProxyServer, task: Task, *, episode_id: str, group_
     trajectory.metadata.update({"duration_s": time.time() - session.started, "patch_bytes": patch_bytes(patch)})
     if workspace is not None:  # where it ran (and was graded): bubblewrap, or the engine and image
         trajectory.metadata["workspace"] = workspace.ref.kind
+        if workspace.ref.clone:  # how its tree was cloned from the task's warm base (episodes/base_trees.py)
+            trajectory.metadata["workspace_clone"] = workspace.ref.clone
         if workspace.ref.image:
             trajectory.metadata["image"] = workspace.ref.image
     return EpisodeResult(trajectory=trajectory, grade=result, harness=run, patch=patch, failure_kind=kind)

@@ -52,6 +52,7 @@ class WorkspaceRef(BaseModel):
     image: str = ""
     path: str = ""  # docker/podman: the image's PATH
     workdir: str = "/testbed"  # where the task tree is inside (a Harbor task's or dataset's own)
+    clone: str = ""  # bubblewrap: how the task tree was copied from its warm base ("reflink" or "copy")
     uid: int
     gid: int
 
@@ -169,20 +170,19 @@ def _spec_with(spec: SandboxSpec, mounts: WorkspaceMounts | None) -> SandboxSpec
 
 def _open(task: Task, spec: SandboxSpec, kind: WorkspaceKind) -> Workspace:
     if kind == "bubblewrap":
+        from polar_env.episodes.base_trees import base_cache_dir, warm_base
         from polar_env.sandbox.bubblewrap import BubblewrapSandbox
-        from polar_env.tasks.tree import materialize
 
+        base = warm_base(task, base_cache_dir(spec.scratch_root))
         if spec.scratch_root is not None:
             spec.scratch_root.mkdir(parents=True, exist_ok=True)
         scratch = Path(tempfile.mkdtemp(prefix=f"polar-ws-{task.instance_id}-", dir=spec.scratch_root))
-        try:
-            tree = materialize(task, scratch / "tree")
-            bw = BubblewrapSandbox.create(tree, spec=replace(spec, scratch_root=scratch))  # one dir to remove
+        try:  # one dir to remove: the sandbox root and its snapshot live in scratch
+            bw = BubblewrapSandbox.create(base.tree, spec=replace(spec, scratch_root=scratch), snapshot=base.git_dir)
         except BaseException:
             shutil.rmtree(scratch, ignore_errors=True)
             raise
-        shutil.rmtree(scratch / "tree", ignore_errors=True)
-        ref = WorkspaceRef(kind=kind, root=str(bw.root), uid=bw.uid, gid=bw.gid)
+        ref = WorkspaceRef(kind=kind, root=str(bw.root), uid=bw.uid, gid=bw.gid, clone=bw.clone)
         return Workspace(bw, ref, scratch)
     if kind in ("docker", "podman"):
         from polar_env.sandbox.container import ContainerSandbox

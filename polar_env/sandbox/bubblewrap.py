@@ -31,17 +31,10 @@ from polar_env.sandbox.base import (
 )
 from polar_env.sandbox.bwrap_argv import BwrapCommand, Mount, SandboxUnavailable
 from polar_env.sandbox.cgroups import CgroupLimits
-from polar_env.sandbox.host_tree import HostTreeSandbox, copy_tree
+from polar_env.sandbox.host_tree import HostTreeSandbox, chown_tree, copy_tree
 
 FORWARDER_SRC = Path(__file__).with_name("forwarder.py")
 FORWARDER_INSIDE = "/opt/polar/forwarder.py"
-
-
-def _chown_tree(path: Path, uid: int, gid: int) -> None:
-    os.lchown(path, uid, gid)
-    for root, dirs, files in os.walk(path):
-        for name in dirs + files:
-            os.lchown(os.path.join(root, name), uid, gid)
 
 
 def _mount_quota(root: Path, size: int | None) -> None:
@@ -62,6 +55,7 @@ class BubblewrapSandbox(HostTreeSandbox):
         self.root = root  # host dir (the quota tmpfs): testbed/ home/ tmp/ etc/ opt/; the snapshot beside it
         self.uid, self.gid = uid, gid
         self.cgroups = cgroups
+        self.clone = ""  # how the task tree was copied in: "reflink" or "copy" ("" for none)
         self._destroyed = False
 
     @property
@@ -73,7 +67,11 @@ class BubblewrapSandbox(HostTreeSandbox):
         return self.root.with_name(self.root.name + ".git")
 
     @classmethod
-    def create(cls, task_tree: Path | None, *, spec: SandboxSpec) -> BubblewrapSandbox:
+    def create(cls, task_tree: Path | None, *, spec: SandboxSpec, snapshot: Path | None = None) -> BubblewrapSandbox:
+        """A sandbox holding a copy of ``task_tree``. With ``snapshot`` (the git dir
+        ``gitdiff.snapshot`` made of ``task_tree``: a warm base, ``episodes/base_trees.py``) the copy
+        borrows that snapshot instead of taking its own. The copy is a reflink clone where the
+        filesystems allow (``clone`` says which way it was made), never a hard link."""
         if spec.scratch_root is not None:
             spec.scratch_root.mkdir(parents=True, exist_ok=True)
         root = Path(tempfile.mkdtemp(prefix="polar-bwrap-", dir=spec.scratch_root))
@@ -82,28 +80,33 @@ class BubblewrapSandbox(HostTreeSandbox):
         sb = cls(spec, root, uid, gid, CgroupLimits(root.name, spec.memory_bytes, spec.pids_max))
         try:
             _mount_quota(root, spec.disk_bytes)
-            sb._populate(task_tree)
+            sb._populate(task_tree, snapshot)
         except BaseException:
             sb.release()
             shutil.rmtree(root, ignore_errors=True)
             raise
         return sb
 
-    def _populate(self, task_tree: Path | None) -> None:
+    def _populate(self, task_tree: Path | None, snapshot: Path | None) -> None:
         root, spec = self.root, self.spec
         testbed, home, tmp, etc = self.testbed, self.home, root / "tmp", root / "etc"
+        owner = (self.uid, self.gid) if os.geteuid() == 0 else None
         if task_tree is not None:
-            copy_tree(task_tree, testbed)
+            self.clone = copy_tree(task_tree, testbed, owner=owner)
         else:
             testbed.mkdir()
+            if owner is not None:
+                os.lchown(testbed, *owner)
         for d in (home, tmp, etc, root / "opt"):
             d.mkdir()
         os.chmod(tmp, 0o1777)
         shutil.copyfile(FORWARDER_SRC, root / "opt" / "forwarder.py")  # on the quota fs: no repo path inside
-        gitdiff.snapshot(testbed, self.git_dir)
-        if os.geteuid() == 0:
-            _chown_tree(testbed, self.uid, self.gid)
-            _chown_tree(home, self.uid, self.gid)
+        if snapshot is not None and task_tree is not None:
+            gitdiff.borrow_snapshot(snapshot, self.git_dir)
+        else:
+            gitdiff.snapshot(testbed, self.git_dir)
+        if owner is not None:
+            chown_tree(home, *owner)
         (etc / "passwd").write_text(f"root:x:0:0:root:/root:/bin/bash\n"
                                     f"{spec.user}:x:{self.uid}:{self.gid}::{spec.home}:/bin/bash\n")
         (etc / "group").write_text(f"root:x:0:\n{spec.user}:x:{self.gid}:\n")
@@ -149,7 +152,7 @@ class BubblewrapSandbox(HostTreeSandbox):
         copy_path(src, target)
         if os.geteuid() == 0:
             if target.is_dir():
-                _chown_tree(target, self.uid, self.gid)
+                chown_tree(target, self.uid, self.gid)
             else:
                 os.lchown(target, self.uid, self.gid)
             parent = target.parent

@@ -9,6 +9,7 @@ as links and never follows them.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,6 +40,19 @@ def snapshot(tree: Path, git_dir: Path) -> str:
     base = _tree_id(git_dir, tree, git_dir / "polar-base.index")
     (git_dir / "POLAR_BASE").write_text(base)
     return base
+
+
+def borrow_snapshot(base_git: Path, git_dir: Path) -> str:
+    """A private git dir for a copy of the tree ``base_git`` snapshotted: the same base id, with the
+    base's objects read through ``objects/info/alternates`` (git never writes there). The copy's
+    diff stores only its own new objects, and the base is never snapshotted again."""
+    (git_dir / "objects" / "info").mkdir(parents=True)
+    (git_dir / "refs").mkdir()
+    for name in ("HEAD", "config", "POLAR_BASE"):
+        shutil.copyfile(base_git / name, git_dir / name)
+    (git_dir / "objects" / "info" / "alternates").write_text(f"{(base_git / 'objects').resolve()}\n")
+    safe_git.neutralise(git_dir)
+    return (git_dir / "POLAR_BASE").read_text().strip()
 
 
 def diff(tree: Path, git_dir: Path, exclude: Sequence[str] = BUILD_EXCLUDES) -> bytes:
