@@ -67,7 +67,7 @@ async def small_window_proxy(smol, tmp_path: Path):  # noqa: F811
                                                                               context_window=256),
                                    data_dir=tmp_path / "ledger", admin_secret="admin",
                                    config=EngineConfig(default_max_tokens=256))
-    server.engine.backend.policy = make_policy(server.engine, renderer.tokenizer)
+    server.engine.backend.answers.policy = make_policy(server.engine, renderer.tokenizer)
     server.seen, server.bodies = [], []
     await server.start(unix_socket=tmp_path / "sock" / "proxy.sock", port=None)
     yield server

@@ -9,12 +9,13 @@ or its text edit format where edits are reply text (one edit, then a final answe
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from collections.abc import Callable
 
 from polar_env.harness_adapters.base import ShellTool
 from polar_env.harness_adapters.registry import finish_commands, shell_tools, text_edits
-from polar_env.tasks.models import Task
+from polar_env.tasks.models import Task, patch_files
 
 Policy = Callable[[str | None, int, str], str]
 
@@ -87,6 +88,51 @@ def gold_policy(tasks: list[Task]) -> Policy:
     return policy
 
 
+def gold_steps_policy(tasks: list[Task]) -> Policy:
+    """The gold patch reached the way an agent reaches it, in five calls: list the repository, read
+    the code around the patch's first hunk, apply the patch, check the change (a diff stat and a
+    compile of the changed Python files), then a final answer. Each answer opens with a sentence of
+    reasoning, as a model's do, so answers are 50-300 tokens and the harness runs four tools: a
+    realistic run stage for measuring pipelines (bench/pipeline.py). A task without a git patch
+    (Harbor) or a harness without a shell tool gets the gold policy's answers."""
+    gold = gold_policy(tasks)
+
+    def policy(session_id: str | None, call_number: int, prompt_text: str) -> str:
+        task = _task_of(session_id, prompt_text, tasks)
+        if task is None or task.harbor is not None or not task.patch or offered_shell_tool(prompt_text) is None:
+            return gold(session_id, call_number, prompt_text)
+        files = patch_files(task.patch)
+        steps = [
+            ("Let me look at the repository first to see how it is laid out and whether the tree is clean.",
+             "cd /testbed && git status --short && ls"),
+            (f"The issue points at {files[0]}. I will read the code around the place that needs to change.",
+             f"cd /testbed && sed -n '{_hunk_lines(task.patch)}p' {shlex.quote(files[0])}"),
+            (f"I see the problem now. Here is the fix for {files[0]}, as a patch applied with git.", None),
+            ("Now I will check that the change is in place and that the changed modules still compile.",
+             "cd /testbed && git diff --stat" + _compile_check(files)),
+        ]
+        if call_number >= len(steps):
+            return final_answer(prompt_text, f"The fix is in {', '.join(files)}: the change is applied, the diff "
+                                             "touches only those files and the modules compile. Done.")
+        thought, command = steps[call_number]
+        call = patch_edit(prompt_text, task.patch) if command is None else shell_call(prompt_text, command)
+        return f"{thought}\n{call}"
+
+    return policy
+
+
+def _compile_check(files: list[str]) -> str:
+    python = [shlex.quote(f) for f in files if f.endswith(".py")]
+    return f" && python3 -m py_compile {' '.join(python)}" if python else ""
+
+
+def _hunk_lines(patch: str) -> str:
+    """``A,B`` for sed: the old-side lines of the patch's first hunk, with a few lines around them."""
+    match = re.search(r"^@@ -(\d+)(?:,(\d+))? ", patch, re.M)
+    start, length = (int(match.group(1)), int(match.group(2) or 1)) if match else (1, 40)
+    return f"{max(1, start - 5)},{start + length + 5}"
+
+
 def noop_policy(tasks: list[Task]) -> Policy:
     """One harmless tool call, then a final answer: the shortest multi-turn episode."""
     def policy(session_id: str | None, call_number: int, prompt_text: str) -> str:
@@ -100,11 +146,12 @@ def answer_policy(tasks: list[Task]) -> Policy:
     return lambda session_id, call_number, prompt_text: final_answer(prompt_text)
 
 
-POLICIES: dict[str, Callable[[list[Task]], Policy]] = {"gold": gold_policy, "noop": noop_policy,
-                                                        "answer": answer_policy}
+POLICIES: dict[str, Callable[[list[Task]], Policy]] = {"gold": gold_policy, "gold-steps": gold_steps_policy,
+                                                        "noop": noop_policy, "answer": answer_policy}
 
 LABELS = {
     "gold": "scripted gold-patch replay (not a model's choice; the model only scores it)",
+    "gold-steps": "scripted gold-patch replay in five steps (not a model's choice; the model only scores it)",
     "noop": "scripted no-op tool call (not a model's choice; the model only scores it)",
     "answer": "scripted final answer without any edit (not a model's choice; the model only scores it)",
 }

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 from polar_env.backends.base import BackendError, Generation, SamplingParams
 from polar_env.backends.local import LocalBackend
@@ -21,29 +21,42 @@ Policy = Callable[[str | None, int, str], str]
 """``policy(session_id, call_number, prompt_text) -> assistant text``; call_number counts from 0 per session."""
 
 
+class PolicyAnswers:
+    """The token ids of a policy's answer to a prompt: the policy sees the decoded prompt and its
+    call number in the session; its text is encoded, ended by the end-of-turn token, cut to max_tokens."""
+
+    def __init__(self, tokenizer: Any, policy: Policy, end_of_turn_id: int):
+        self.tokenizer = tokenizer
+        self.policy = policy
+        self.end_of_turn_id = end_of_turn_id
+        self.calls: defaultdict[str | None, int] = defaultdict(int)
+
+    def answer(self, prompt_ids: list[int], sampling: SamplingParams, session_id: str | None
+               ) -> tuple[list[int], Literal["stop", "length"]]:
+        if not prompt_ids:
+            raise BackendError("empty prompt", status=400)
+        call_number = self.calls[session_id]
+        self.calls[session_id] += 1
+        prompt_text = self.tokenizer.decode(prompt_ids, skip_special_tokens=False)
+        text = self.policy(session_id, call_number, prompt_text)
+        ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.end_of_turn_id]
+        if len(ids) > sampling.max_tokens:
+            return ids[:sampling.max_tokens], "length"
+        return ids, "stop"
+
+
 class ScriptedBackend:
     def __init__(self, local: LocalBackend, policy: Policy, *, name: str = "scripted",
                  context_window: int = 1024):
         self.name = name
         self.model = local.model
         self.local = local
-        self.policy = policy
+        self.answers = PolicyAnswers(local.tokenizer, policy, local.eos_token_ids[0])
         self.context_window = context_window
-        self.end_of_turn_id = local.eos_token_ids[0]
-        self.calls: defaultdict[str | None, int] = defaultdict(int)
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams, *,
                        session_id: str | None = None) -> Generation:
-        if not prompt_ids:
-            raise BackendError("empty prompt", status=400)
-        call_number = self.calls[session_id]
-        self.calls[session_id] += 1
-        prompt_text = self.local.tokenizer.decode(prompt_ids, skip_special_tokens=False)
-        text = self.policy(session_id, call_number, prompt_text)
-        ids = self.local.tokenizer.encode(text, add_special_tokens=False) + [self.end_of_turn_id]
-        finish: Literal["stop", "length"] = "stop"
-        if len(ids) > sampling.max_tokens:
-            ids, finish = ids[:sampling.max_tokens], "length"
+        ids, finish = self.answers.answer(prompt_ids, sampling, session_id)
         context = prompt_ids[-self.context_window:]
         logprobs = await self.local.ascore(context + ids, len(context))
         if not all(math.isfinite(lp) for lp in logprobs):

@@ -41,7 +41,7 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-name", default=d.model_name)
     parser.add_argument("--policy", default=d.policy,
                         help="model (the backend samples) or a scripted policy scored by the local model: "
-                             "gold (replays the gold patch), noop")
+                             "gold (replays the gold patch), gold-steps (the same in five tool-using calls), noop")
     parser.add_argument("--score-window", type=int, default=d.score_window,
                         help="scripted policies: the model scores each answer given the last N prompt tokens")
     parser.add_argument("--tool-format", choices=["hermes", "qwen3_coder"], default=d.tool_format)

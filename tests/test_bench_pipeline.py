@@ -1,0 +1,84 @@
+"""The pipeline benchmark's pieces: busy fraction from a call trace, the simulated backend's
+latency and trace, the five-step scripted policy (no harness: `polar bench --only pipeline` runs them)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from polar_env.backends.base import SamplingParams
+from polar_env.backends.policies import make_policy
+from polar_env.backends.scripted import PolicyAnswers
+from polar_env.backends.simulated import CallSpan, SimulatedBackend
+from polar_env.bench.pipeline import busy_fraction, in_flight, run_entries, steady_window
+from polar_env.tasks.loader import load_tasks
+
+
+def test_in_flight_is_the_time_weighted_mean_over_the_window() -> None:
+    spans = [CallSpan("a", 0.0, 4.0, 1), CallSpan("b", 2.0, 6.0, 1)]
+    assert in_flight(spans, 0.0, 4.0) == pytest.approx(1.5)  # a throughout, b for half
+    assert in_flight(spans, 4.0, 6.0) == pytest.approx(1.0)
+    assert in_flight(spans, 6.0, 8.0) == 0.0
+    with pytest.raises(ValueError):
+        in_flight(spans, 3.0, 3.0)
+
+
+def test_steady_window_runs_from_the_slots_filling_to_the_last_episodes_entry() -> None:
+    # four sessions, two slots: the 2nd session's first call opens the window, the 4th's closes it
+    spans = [CallSpan("s1", 0.0, 3.0, 1), CallSpan("s1", 3.5, 5.0, 1), CallSpan("s2", 1.0, 4.0, 1),
+             CallSpan("s3", 5.0, 7.0, 1), CallSpan("s4", 6.0, 9.0, 1), CallSpan("s4", 9.0, 20.0, 1)]
+    assert run_entries(spans) == [0.0, 1.0, 5.0, 6.0]
+    assert steady_window(spans, 2) == (1.0, 6.0)
+    # in [1, 6]: s1 2.0 + 1.5, s2 3.0, s3 1.0 -> 7.5 call-seconds over 5 s on 2 slots
+    assert busy_fraction(spans, 2) == pytest.approx(7.5 / 5 / 2)
+    assert steady_window(spans, 4) is None and busy_fraction(spans, 4) is None  # no episode beyond the slots
+
+
+def test_busy_fraction_is_one_when_every_slot_always_has_a_call() -> None:
+    spans = [CallSpan(f"s{i}", float(i // 2) * 2, float(i // 2) * 2 + 2, 1) for i in range(8)]
+    assert busy_fraction(spans, 2) == pytest.approx(1.0)
+
+
+def _answers(renderer, text: str) -> PolicyAnswers:
+    return PolicyAnswers(renderer.tokenizer, lambda session_id, n, prompt: text, renderer.eos_token_ids[0])
+
+
+async def test_simulated_backend_takes_per_token_time_and_traces_concurrent_calls(renderer) -> None:
+    backend = SimulatedBackend(_answers(renderer, "one two three four five six seven eight"), per_token_s=0.02)
+    prompt = renderer.tokenizer.encode("Say something.", add_special_tokens=False)
+    gens = await asyncio.gather(*(backend.generate(prompt, SamplingParams(), session_id=f"s{i}") for i in range(3)))
+    n = len(gens[0].token_ids)
+    assert gens[0].token_ids[-1] == renderer.eos_token_ids[0] and gens[0].logprobs == [-0.5] * n
+    assert [s.session_id for s in backend.trace] == ["s0", "s1", "s2"] and {s.tokens for s in backend.trace} == {n}
+    assert all(s.end - s.start >= n * 0.02 for s in backend.trace)  # asyncio.sleep never wakes early
+    assert max(s.start for s in backend.trace) < min(s.end for s in backend.trace)  # all three in flight at once
+    cut = await backend.generate(prompt, SamplingParams(max_tokens=2), session_id="s0")
+    assert len(cut.token_ids) == 2 and cut.finish_reason == "length" and backend.trace[-1].tokens == 2
+
+
+async def test_a_cancelled_call_is_traced_up_to_its_cancellation(renderer) -> None:
+    backend = SimulatedBackend(_answers(renderer, "a long answer " * 20), per_token_s=1.0)
+    prompt = renderer.tokenizer.encode("Say something.", add_special_tokens=False)
+    call = asyncio.create_task(backend.generate(prompt, SamplingParams(), session_id="s"))
+    await asyncio.sleep(0.05)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    assert len(backend.trace) == 1 and backend.trace[0].end - backend.trace[0].start < 10
+
+
+def test_gold_steps_makes_four_tool_calls_then_answers(renderer) -> None:
+    tasks = load_tasks("bundled")
+    task = tasks[0]
+    policy = make_policy("gold-steps", tasks)
+    prompt = '{"name": "bash", "parameters": {"command": "string"}}\n' + task.problem_statement
+    answers = [policy(f"{task.instance_id}.s0.a0", n, prompt) for n in range(5)]
+    calls = [json.loads(a.split("<tool_call>\n", 1)[1].split("\n</tool_call>")[0]) for a in answers[:4]]
+    assert [c["name"] for c in calls] == ["bash"] * 4 and "<tool_call>" not in answers[4]
+    assert "git apply" in calls[2]["arguments"]["command"] and task.patch in calls[2]["arguments"]["command"]
+    assert "py_compile" in calls[3]["arguments"]["command"]
+    lengths = [len(renderer.tokenizer.encode(a, add_special_tokens=False)) for a in answers]
+    assert all(20 <= n <= 400 for n in lengths), lengths
+
