@@ -56,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from polar_env.harness_adapters.registry import get_adapter
-    from polar_env.rollout.outputs import finish_outputs, summarize, summary_table
+    from polar_env.rollout.outputs import finish_outputs, summarize, summary_table, time_split
     from polar_env.rollout.plan import plan_from_config
     from polar_env.rollout.runner import prepare, proxy_factory, run_rollouts
 
@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     plan = plan_from_config(config)
     print(f"polar demo: {len(plan.tasks)} bundled task(s) x {plan.samples} sample(s), harness {config.harness}, "
-          f"concurrency {plan.concurrency}, out {plan.out}", flush=True)
+          f"run slots {plan.run_slots}, out {plan.out}", flush=True)
     prepare(plan)
     trajectories = asyncio.run(run_rollouts(plan, proxy_factory(config, tasks=plan.tasks)))
     summary = finish_outputs(plan.out, trajectories)
@@ -88,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
           f"error {s['status']['error']}  resolved {s['resolved']}/{s['episodes']} ({s['resolved_rate']:.0%})  "
           f"sampled {s['sampled_tokens']}  trainable {s['trainable_tokens']}  chains {s['chains']}  "
           f"time {time.monotonic() - started:.0f}s")
+    print(time_split(trajectories))
     print(f"model:  {model} via the {', '.join(s['backends'])} backend")
     print(f"policy: {policy_label(config, model)}")
     print(f"outputs: {plan.out}/trajectories.jsonl, nemo_results.jsonl, grpo_batch.jsonl, summary.json"

@@ -14,12 +14,13 @@ import re
 import signal
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from polar_env.harness_adapters.base import HarnessAdapter, HarnessContext, HarnessSummary
-from polar_env.sandbox.base import Sandbox
+from polar_env.sandbox.base import Deadline, Sandbox
 from polar_env.sandbox.bubblewrap import FORWARDER_INSIDE
 from polar_env.sandbox.forwarder import KILLED, ORIGIN_ENV, READY
 
@@ -56,9 +57,11 @@ async def write_config(adapter: HarnessAdapter, sandbox: Sandbox, ctx: HarnessCo
 async def run_episode_in_sandbox(adapter: HarnessAdapter, sandbox: Sandbox, *, proxy_socket_dir: Path | None,
                                  session_id: str, session_key: str, model_name: str, prompt: str,
                                  timeout_s: float, max_output_bytes: int = 4 << 20,
-                                 origin_key: str | None = None) -> HarnessRun:
+                                 origin_key: str | None = None,
+                                 paused_s: Callable[[], float] | None = None) -> HarnessRun:
     """One rollout: write the adapter's config, run forwarder+harness to its end or the deadline
-    (``origin_key``: the proxy's, so the forwarder tags each call with who made it)."""
+    (``origin_key``: the proxy's, so the forwarder tags each call with who made it; ``paused_s``:
+    seconds the deadline's clock stood still so far, the wait for a run slot)."""
     spec = sandbox.spec
     if proxy_socket_dir is not None and spec.proxy_socket_dir is not None \
             and Path(proxy_socket_dir).resolve() != Path(spec.proxy_socket_dir).resolve():
@@ -71,7 +74,8 @@ async def run_episode_in_sandbox(adapter: HarnessAdapter, sandbox: Sandbox, *, p
     await write_config(adapter, sandbox, ctx)
     cmd = episode_command(adapter, ctx, prompt, socket_inside=spec.socket_path_inside)
     env = {**adapter.env(ctx), **({ORIGIN_ENV: origin_key} if origin_key else {})}
-    res = await sandbox.run(cmd, env=env, timeout_s=timeout_s, stdin=None,
+    deadline = Deadline(timeout_s, paused_s) if paused_s is not None else timeout_s
+    res = await sandbox.run(cmd, env=env, timeout_s=deadline, stdin=None,
                             max_output_bytes=max_output_bytes)
     summary = adapter.summarize(res.stdout_tail)
     if res.timed_out:

@@ -32,6 +32,7 @@ from polar_env.chat.messages import AssistantTurn, Conversation, Message, TokenL
 from polar_env.chat.template import ChatRenderer, apply_tool_kinds
 from polar_env.outcomes import FailureKind
 from polar_env.proxy.policy import PolicyFence
+from polar_env.proxy.run_slots import RunEnded, RunSlots
 from polar_env.proxy.sessions import SAMPLING_KEYS, BudgetExceeded, CallState, Session, prefix_hashes
 from polar_env.proxy.wire import DecodedRequest, issued_tool_call_id
 from polar_env.trajectory.ledger import Ledger
@@ -114,6 +115,7 @@ class TokenEngine:
         self._window: int | None = None
         self._window_known = False
         self.fence = PolicyFence(self.config.policy_version)  # every generation passes it (weight sync)
+        self.run_slots: RunSlots | None = None  # run-stage admission (the staged rollout driver sets it)
 
     async def off_loop(self, fn: Callable[..., T], *args: Any, small: bool = False) -> T:
         """``fn(*args)`` on the engine's worker thread: /health and other sessions stay served.
@@ -286,6 +288,8 @@ class TokenEngine:
                     record.error, record.failure_kind = f"backend: {exc}", FailureKind.backend_failure
                 elif isinstance(exc, asyncio.CancelledError):
                     record.error = "cancelled: the call was cancelled before the backend answered"
+                elif isinstance(exc, RunEnded):  # the episode ended (cancelled) while this call waited
+                    record.error = f"cancelled: {exc}"
                 else:
                     record.error = f"proxy: {type(exc).__name__}: {exc}"
                     record.failure_kind = FailureKind.proxy_failure
@@ -330,6 +334,7 @@ class TokenEngine:
         if (room := await session.wait_for_token_room()) is not None and sampling.max_tokens > room:
             sampling = record.sampling = sampling.model_copy(update={"max_tokens": room})
             record.flags.append(f"budget:max_tokens={room}")
+        admission_s = await self.run_slots.enter(session.id) if self.run_slots is not None else 0.0
         gen_started = time.perf_counter()
         # calls in parallel share what is left; held until this call's sampled tokens are counted
         session.reserve_tokens(sampling.max_tokens)
@@ -370,6 +375,8 @@ class TokenEngine:
                               "total_ms": (time.perf_counter() - started) * 1e3}
             if held_ms:
                 record.timings["fence_ms"] = held_ms
+            if admission_s:  # waited for a run slot (proxy/run_slots.py); not part of generate_ms
+                record.timings["admission_ms"] = admission_s * 1e3
             await self.ledger.append_async(record)
             session.remember(record, self.eos_ids, hashes[-1], ids_digest(sampled, prompt_digest))
             return turn, record

@@ -47,7 +47,18 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tool-format", choices=["hermes", "qwen3_coder"], default=d.tool_format)
     add_thinking_arguments(parser, d.enable_thinking, d.history_thinking)
     parser.add_argument("--samples", type=int, default=d.samples, help="rollouts per task (GRPO group size)")
-    parser.add_argument("--concurrency", type=int, default=d.concurrency)
+    parser.add_argument("--concurrency", type=int, default=d.concurrency,
+                        help="episodes talking to the model at once (the same as --run-slots)")
+    parser.add_argument("--run-slots", type=int, default=d.run_slots, metavar="N",
+                        help="run stage: episodes whose harness talks to the model at once (default: --concurrency)")
+    parser.add_argument("--prepare-slots", type=int, default=d.prepare_slots, metavar="N",
+                        help="prepare stage: workspaces opened and harnesses started at once (default: run slots)")
+    parser.add_argument("--grade-slots", type=int, default=d.grade_slots, metavar="N",
+                        help="finish stage: episodes graded at once (default: run slots)")
+    parser.add_argument("--lookahead", type=int, default=d.lookahead, metavar="N",
+                        help="episodes prepared ahead, waiting for a run slot (default: run slots)")
+    parser.add_argument("--collapsed", action="store_true", default=d.collapsed,
+                        help="hold one slot over every stage of an episode (the driver before stages; to compare)")
     parser.add_argument("--out", type=Path, default=d.out)
     parser.add_argument("--timeout", type=float, default=d.timeout, help="harness deadline per episode (s)")
     parser.add_argument("--grading-timeout", type=float, default=d.grading_timeout)
@@ -92,7 +103,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from polar_env.rollout.outputs import summarize, summary_table
+    from polar_env.rollout.outputs import summarize, summary_table, time_split
     from polar_env.rollout.plan import pending_episodes, plan_from_config
     from polar_env.rollout.runner import prepare, proxy_factory, run_rollouts
 
@@ -121,4 +132,5 @@ def run(args: argparse.Namespace) -> int:
         return 130
     print(summary_table(trajectories))
     print(json.dumps(summarize(trajectories), indent=2))
+    print(time_split(trajectories))
     return 0

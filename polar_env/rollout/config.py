@@ -32,7 +32,12 @@ class RolloutConfig(BaseModel):
     enable_thinking: bool | None = None  # the template's flag; None: its own default (docs/proxy.md)
     history_thinking: Literal["keep", "drop"] = "keep"  # a new user turn after thinking turns (docs/proxy.md)
     samples: int = 1  # GRPO group size
-    concurrency: int = 1
+    concurrency: int = Field(default=1, ge=1)  # run slots, by their old name (--run-slots wins)
+    run_slots: int | None = Field(default=None, ge=1)  # episodes talking to the model at once
+    prepare_slots: int | None = Field(default=None, ge=1)  # workspaces opened / harnesses started at once
+    grade_slots: int | None = Field(default=None, ge=1)  # episodes graded at once
+    lookahead: int | None = Field(default=None, ge=1)  # episodes prepared ahead, waiting for a run slot
+    collapsed: bool = False  # one slot over every stage of an episode (the driver before stages)
     out: Path = Path("runs/rollout")
     timeout: float = 600.0  # harness deadline per episode (s)
     grading_timeout: float = Field(default_factory=grading_timeout_s)  # POLAR_GRADING_TIMEOUT_S, else the default

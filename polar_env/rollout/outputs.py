@@ -8,6 +8,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from polar_env.episodes.lifecycle import TIMING_KEYS
 from polar_env.trajectory.export import (
     GroupPrompts,
     TrajectoryWriter,
@@ -98,7 +99,22 @@ def summarize(trajectories: list[Trajectory]) -> dict[str, Any]:
         # grading's tampering signals (docs/rewards.md): episodes per flag
         "grading_flags": dict(sorted(Counter(f for t in trajectories for f in (t.grading or {}).get("flags", [])
                                              ).items())),
+        # where an episode's time went, on average (episodes/lifecycle.py TIMING_KEYS)
+        "timings_mean_s": mean_timings(trajectories),
     }
+
+
+def mean_timings(trajectories: list[Trajectory]) -> dict[str, float]:
+    """The mean of each stage timing over the episodes that have them."""
+    timed = [t.metadata["timings"] for t in trajectories if isinstance(t.metadata.get("timings"), dict)]
+    return {key: round(sum(t.get(key, 0.0) for t in timed) / len(timed), 3) for key in TIMING_KEYS} if timed else {}
+
+
+def time_split(trajectories: list[Trajectory]) -> str:
+    """One line: the mean seconds per stage of an episode."""
+    mean = mean_timings(trajectories)
+    return "time per episode (mean s): " + "  ".join(f"{k.removesuffix('_s')} {v:.2f}" for k, v in mean.items()) \
+        if mean else "time per episode: no timings recorded"
 
 
 def summary_table(trajectories: list[Trajectory]) -> str:

@@ -13,13 +13,39 @@ from polar_env.trajectory.export import read_trajectories
 
 @dataclass
 class RolloutPlan:
+    """A rollout job: which episodes, where they go, and the limit of each stage (docs/rollout.md,
+    "Stages"): ``run_slots`` episodes talk to the model at once (``--concurrency`` is its old name),
+    ``prepare_slots`` open workspaces and start harnesses at once, ``lookahead`` may be prepared and
+    waiting for a run slot, ``grade_slots`` grade at once (None: ``run_slots`` each). ``collapsed``:
+    one slot held over all stages of an episode, ``run_slots`` of them (the driver before stages,
+    kept to compare against)."""
+
     tasks: list[Task]
     samples: int = 1
-    concurrency: int = 1
+    run_slots: int = 1
     out: Path = Path("runs/rollout")
     episode: EpisodeConfig = field(default_factory=EpisodeConfig)
     max_staleness: int | None = None  # admission bound in policy versions (proxy/policy.py Admission)
     train_paths: str = "all"  # which chains the GRPO batch trains (trajectory/paths.py)
+    prepare_slots: int | None = None
+    grade_slots: int | None = None
+    lookahead: int | None = None
+    collapsed: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("run_slots", "prepare_slots", "grade_slots", "lookahead"):
+            if (value := getattr(self, name)) is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1 (got {value})")
+
+    @property
+    def concurrency(self) -> int:
+        """``run_slots`` by the name ``--concurrency`` gives it."""
+        return self.run_slots
+
+    def limits(self) -> tuple[int, int, int]:
+        """(prepare slots, lookahead, grade slots), each defaulting to ``run_slots``."""
+        return (self.prepare_slots or self.run_slots, self.lookahead or self.run_slots,
+                self.grade_slots or self.run_slots)
 
     def episodes(self) -> list[tuple[Task, int]]:
         return [(task, k) for task in self.tasks for k in range(self.samples)]
@@ -35,7 +61,9 @@ def plan_from_config(config: RolloutConfig) -> RolloutPlan:
     tasks = tasks[: config.limit] if config.limit else tasks
     if not tasks:
         raise TaskLoadError(f"no tasks selected from {config.tasks!r} (check --task-ids / --limit)")
-    return RolloutPlan(tasks=tasks, samples=config.samples, concurrency=config.concurrency, out=config.out,
+    return RolloutPlan(tasks=tasks, samples=config.samples, run_slots=config.run_slots or config.concurrency,
+                       prepare_slots=config.prepare_slots, grade_slots=config.grade_slots,
+                       lookahead=config.lookahead, collapsed=config.collapsed, out=config.out,
                        episode=EpisodeConfig(harness=config.harness, timeout_s=config.timeout,
                                              grading_timeout_s=config.grading_timeout, sampling=config.sampling(),
                                              model_name=config.model_name, sandbox=config.sandbox,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections import Counter
 
 from tqdm import tqdm
 
@@ -10,11 +11,14 @@ from polar_env.trajectory.models import Trajectory
 
 
 class Progress:
-    """The progress bar: done, running, failed, resolved so far, sampled tokens/s."""
+    """The progress bar: done, episodes in each stage (prepare, wait for a run slot, run, finish)
+    or running (``running``, where the stages happen elsewhere: Ray nodes), failed, resolved so
+    far, sampled tokens/s."""
 
     def __init__(self, total: int, done: int):
         self.bar = tqdm(total=total, initial=done, desc="rollouts", unit="ep", dynamic_ncols=True)
         self.running = self.failed = self.resolved = self.tokens = 0
+        self.stages: Counter[str] | None = None  # the runner's live counts, when it runs here
         self.started = time.monotonic()
 
     def update(self, trajectory: Trajectory | None = None) -> None:
@@ -25,8 +29,9 @@ class Progress:
             self.tokens += trajectory.stats.sampled_tokens
             self.bar.update(1)
         rate = self.tokens / max(time.monotonic() - self.started, 1e-9)
-        self.bar.set_postfix(running=self.running, failed=self.failed, resolved=self.resolved,
-                             tok_s=f"{rate:.1f}")
+        where = ({k: self.stages[k] for k in ("prepare", "wait", "run", "finish")} if self.stages is not None
+                 else {"running": self.running})
+        self.bar.set_postfix(**where, failed=self.failed, resolved=self.resolved, tok_s=f"{rate:.1f}")
 
     def close(self) -> None:
         self.bar.close()

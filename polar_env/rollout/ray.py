@@ -2,7 +2,9 @@
 
 One actor per alive node that offers CPUs, pinned there: it installs the harness and the task
 environments on its node, loads the backend, starts a proxy on a node-local Unix socket and runs the
-episodes the driver hands it, up to ``--concurrency`` at a time. The driver feeds every node from one
+episodes the driver hands it through the same staged driver as ``polar rollout`` (rollout/runner.py:
+``--run-slots`` sampling, ``--lookahead`` prepared ahead, ``--grade-slots`` grading, per node), fed
+up to the sum of those at a time. The driver feeds every node from one
 queue (a slow node simply takes fewer episodes), appends each trajectory to ``--out`` as it arrives,
 and draws the progress bar; ``--out`` therefore lives on the driver only. Each node keeps its proxy
 ledger under ``OUT/ledger/nodes/<node>`` when it can write there (this machine, or a shared
@@ -99,10 +101,12 @@ def _drive(plan: RolloutPlan, config: RolloutConfig) -> list[Trajectory]:
 
     todo = pending_episodes(plan)
     actors: list[Any] = []
+    _, lookahead, grade_slots = plan.limits()
+    per_node = plan.run_slots + (0 if plan.collapsed else lookahead + grade_slots)  # each node's pipeline full
     if todo:
-        # num_cpus=0: the episodes run in sandboxes outside Ray's accounting; --concurrency bounds them
+        # num_cpus=0: the episodes run in sandboxes outside Ray's accounting; the stage limits bound them
         remote = ray.remote(NodeWorker)
-        candidates = [remote.options(num_cpus=0, max_concurrency=plan.concurrency + 2,
+        candidates = [remote.options(num_cpus=0, max_concurrency=per_node + 2,
                                      scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
                                      ).remote(plan, config) for n in worker_nodes()]
         for actor, ref in [(a, a.setup.remote()) for a in candidates]:
@@ -125,7 +129,7 @@ def _drive(plan: RolloutPlan, config: RolloutConfig) -> list[Trajectory]:
     try:
         while queue or inflight:
             for actor in list(load):
-                while queue and load[actor] < plan.concurrency:
+                while queue and load[actor] < per_node:
                     task, sample = queue.popleft()
                     inflight[actor.run.remote(task.instance_id, sample)] = (actor, task, sample)
                     load[actor] += 1

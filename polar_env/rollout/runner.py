@@ -1,4 +1,4 @@
-"""Episodes of a plan on this host, N at a time, all through one proxy on a Unix socket."""
+"""Episodes of a plan on this host, stage by stage, all through one proxy on a Unix socket."""
 
 from __future__ import annotations
 
@@ -7,14 +7,19 @@ import secrets
 import shutil
 import sys
 import tempfile
-from collections.abc import Callable
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from polar_env.backends.logprobs_mode import LogprobsMismatch, sampling_mismatch
-from polar_env.episodes import run_episode
+from polar_env.episodes import lifecycle
+from polar_env.episodes.lifecycle import EpisodeResult, Grading
 from polar_env.proxy.app import ProxyServer
 from polar_env.proxy.policy import Admission
+from polar_env.proxy.run_slots import RunSlots
 from polar_env.rollout.config import RolloutConfig
 from polar_env.rollout.outputs import RolloutOutputs, finish_outputs
 from polar_env.rollout.plan import RolloutPlan, attempt_session_id, episode_key, pending_episodes
@@ -24,11 +29,16 @@ from polar_env.trajectory.export import read_trajectories
 from polar_env.trajectory.models import Trajectory
 
 ProxyFactory = Callable[[Path, Path], ProxyServer]  # (ledger dir, Unix socket) -> an unstarted proxy
+STAGES = ("prepare", "wait", "run", "finish")  # what the progress bar counts (wait: prepared, no run slot yet)
 
 
 class EpisodeRunner:
     """Episodes of a plan on this host, all through one proxy on a Unix socket (the sandboxes'
-    only way out). ``polar rollout`` runs one; under Ray every node runs its own."""
+    only way out), each stage within its own limit (``RolloutPlan``, docs/rollout.md "Stages"):
+    ``lookahead`` episodes between the start of their prepare and their run slot, ``prepare_slots``
+    of them preparing, ``run_slots`` talking to the model (the proxy's run-slot admission),
+    ``grade_slots`` grading. Collapsed: ``run_slots`` episodes at a time over all stages. ``polar
+    rollout``, ``polar demo`` and ``polar train`` run one; under Ray every node runs its own."""
 
     def __init__(self, plan: RolloutPlan, proxy_factory: ProxyFactory, ledger: Path, *,
                  metadata: dict[str, Any] | None = None):
@@ -38,7 +48,13 @@ class EpisodeRunner:
         self.metadata = metadata or {}  # stamped on every trajectory (e.g. the Ray node)
         self.proxy: ProxyServer | None = None
         self.admission: Admission | None = None  # --max-staleness: episodes start within K versions
+        self.stages: Counter[str] = Counter()  # episodes in each stage now
+        self.on_stage: Callable[[], None] | None = None  # told when an episode changes stage
         self._sock_dir: Path | None = None
+        prepare_slots, lookahead, grade_slots = plan.limits()
+        self.grading = Grading(grade_slots)
+        self._limits = (plan.run_slots,) if plan.collapsed else (lookahead, prepare_slots)
+        self._semaphores: list[asyncio.Semaphore] = []  # made on the loop that uses them (start)
 
     async def start(self) -> None:
         self._sock_dir = Path(tempfile.mkdtemp(prefix="polar-sock-"))  # AF_UNIX paths are <108 bytes
@@ -51,21 +67,78 @@ class EpisodeRunner:
         if self.plan.max_staleness is not None:  # one training step = one pass over the plan's episodes
             self.admission = Admission(self.proxy.engine.fence, self.plan.max_staleness,
                                        len(self.plan.tasks) * self.plan.samples)
+        if not self.plan.collapsed:
+            self.proxy.engine.run_slots = RunSlots(self.plan.run_slots)
+        self._semaphores = [asyncio.Semaphore(n) for n in self._limits]
 
     async def run(self, task: Task, sample: int) -> Trajectory:
+        """One episode through its stages; its trajectory (exported by the caller)."""
+        assert self.proxy is not None, "start() first"
+        queued = time.time()
         key = episode_key(task.instance_id, sample)
-        admitted = {} if self.admission is None else {"admitted_at_version": await self.admission.admit()}
-        result = await run_episode(self.proxy, task, episode_id=attempt_session_id(key, self.ledger),
-                                   group_id=task.instance_id, config=self.plan.episode,
-                                   metadata={"episode_key": key, "sample": sample, **admitted, **self.metadata})
+        if self.plan.collapsed:
+            async with self._semaphores[0]:
+                result = await self._stages(task, sample, key, queued)
+        else:
+            result = await self._stages(task, sample, key, queued)
         result.trajectory.metadata.update({"episode_key": key, **self.metadata})
         return result.trajectory
 
+    async def _stages(self, task: Task, sample: int, key: str, queued: float) -> EpisodeResult:
+        staged = not self.plan.collapsed
+        async with _Held(self._semaphores[0] if staged else None):  # the lookahead: released at the run slot
+            admitted = {} if self.admission is None else {"admitted_at_version": await self.admission.admit()}
+            with self._stage("prepare"):
+                async with _Held(self._semaphores[1] if staged else None):
+                    ep = await lifecycle.prepare(self.proxy, task, episode_id=attempt_session_id(key, self.ledger),
+                                       group_id=task.instance_id, config=self.plan.episode, queued_at=queued,
+                                       metadata={"episode_key": key, "sample": sample, **admitted, **self.metadata})
+            try:
+                with self._stage("wait"):
+                    await lifecycle.admitted(ep)
+            except asyncio.CancelledError:
+                await lifecycle.abort(ep)
+                raise
+        with self._stage("run"):
+            await lifecycle.run(ep)
+        with self._stage("finish"):
+            return await lifecycle.finish(ep, self.grading)
+
+    @contextmanager
+    def _stage(self, name: str) -> Iterator[None]:
+        self.stages[name] += 1
+        self._changed()
+        try:
+            yield
+        finally:
+            self.stages[name] -= 1
+            self._changed()
+
+    def _changed(self) -> None:
+        if self.on_stage is not None:
+            self.on_stage()
+
     async def stop(self) -> None:
+        self.grading.close()
         if self.proxy is not None:
             await self.proxy.stop()
         if self._sock_dir is not None:
             shutil.rmtree(self._sock_dir, ignore_errors=True)
+
+
+class _Held:
+    """``async with`` a semaphore, or with nothing."""
+
+    def __init__(self, semaphore: asyncio.Semaphore | None):
+        self.semaphore = semaphore
+
+    async def __aenter__(self) -> None:
+        if self.semaphore is not None:
+            await self.semaphore.acquire()
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.semaphore is not None:
+            self.semaphore.release()
 
 
 async def run_rollouts(plan: RolloutPlan, proxy_factory: ProxyFactory) -> list[Trajectory]:
@@ -74,18 +147,13 @@ async def run_rollouts(plan: RolloutPlan, proxy_factory: ProxyFactory) -> list[T
     todo = pending_episodes(plan)
     progress = Progress(len(plan.episodes()), len(plan.episodes()) - len(todo))
     runner = EpisodeRunner(plan, proxy_factory, plan.out / "ledger")
-    semaphore = asyncio.Semaphore(plan.concurrency)
+    progress.stages = runner.stages
+    runner.on_stage = progress.update
 
     async def one(task: Task, sample: int) -> None:
-        async with semaphore:
-            progress.running += 1
-            progress.update()
-            try:
-                trajectory = await runner.run(task, sample)
-            finally:
-                progress.running -= 1
-            outputs.add(trajectory)
-            progress.update(trajectory)
+        trajectory = await runner.run(task, sample)
+        await runner.grading.off_loop(outputs.add, trajectory)  # JSON of a long episode: not on the loop
+        progress.update(trajectory)
 
     try:
         if todo:
@@ -99,8 +167,8 @@ async def run_rollouts(plan: RolloutPlan, proxy_factory: ProxyFactory) -> list[T
                           f"{type(result).__name__}: {result}", file=sys.stderr)
     finally:
         progress.close()
-        outputs.close()
         await runner.stop()
+        outputs.close()
     trajectories = list(read_trajectories(plan.out / "trajectories.jsonl"))
     finish_outputs(plan.out, trajectories, plan.train_paths)
     return trajectories

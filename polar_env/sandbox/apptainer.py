@@ -16,6 +16,7 @@ from pathlib import Path
 
 from polar_env.sandbox import gitdiff
 from polar_env.sandbox.base import (
+    Deadline,
     RunResult,
     SandboxSpec,
     copy_path,
@@ -81,7 +82,7 @@ class ApptainerSandbox(HostTreeSandbox):
         gitdiff.snapshot(sb.testbed, sb.git_dir)
         return sb
 
-    async def run(self, cmd: Sequence[str], *, env: dict[str, str] | None = None, timeout_s: float = 600.0,
+    async def run(self, cmd: Sequence[str], *, env: dict[str, str] | None = None, timeout_s: float | Deadline = 600.0,
                   stdin: bytes | None = None, max_output_bytes: int = 1 << 20) -> RunResult:
         return await run_process_tree(self.exec_argv(cmd, env or {}), timeout_s=timeout_s, stdin=stdin,
                                       max_output_bytes=max_output_bytes)

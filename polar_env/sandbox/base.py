@@ -15,7 +15,7 @@ import signal
 import subprocess
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -72,6 +72,29 @@ class SandboxSpec:
 
 
 @dataclass
+class Deadline:
+    """A deadline whose clock stops while ``paused_s()`` grows: a harness started ahead of its run
+    slot is not timed while its first call waits for one (proxy/run_slots.py). ``bound_s`` is the
+    latest it can be, for engines that need a fixed bound (a container's in-container ``timeout``)."""
+
+    timeout_s: float
+    paused_s: Callable[[], float] = lambda: 0.0
+    max_pause_s: float = 86400.0
+
+    @property
+    def bound_s(self) -> float:
+        return self.timeout_s + self.max_pause_s
+
+    def left_s(self, elapsed_s: float) -> float:
+        return self.timeout_s + min(self.paused_s(), self.max_pause_s) - elapsed_s
+
+
+def bound_s(timeout: float | Deadline) -> float:
+    """The latest a command with this deadline may end."""
+    return timeout.bound_s if isinstance(timeout, Deadline) else timeout
+
+
+@dataclass
 class RunResult:
     exit_code: int | None  # None when killed at the deadline
     stdout_tail: str
@@ -92,9 +115,9 @@ class Sandbox(ABC):
     def create(cls, task_tree: Path | None, *, spec: SandboxSpec) -> Sandbox: ...
 
     @abstractmethod
-    async def run(self, cmd: Sequence[str], *, env: dict[str, str] | None = None, timeout_s: float = 600.0,
+    async def run(self, cmd: Sequence[str], *, env: dict[str, str] | None = None, timeout_s: float | Deadline = 600.0,
                   stdin: bytes | None = None, max_output_bytes: int = 1 << 20) -> RunResult:
-        """Run ``cmd`` in the workdir; the whole process tree dies at ``timeout_s``."""
+        """Run ``cmd`` in the workdir; the whole process tree dies at ``timeout_s`` (a number, or a Deadline)."""
 
     @abstractmethod
     async def copy_in(self, src: Path, dst: str) -> None:
@@ -160,7 +183,7 @@ async def _pump(stream: asyncio.StreamReader | None, tail: _Tail) -> None:
         tail.feed(chunk)
 
 
-async def run_process_tree(argv: Sequence[str], *, timeout_s: float, stdin: bytes | None,
+async def run_process_tree(argv: Sequence[str], *, timeout_s: float | Deadline, stdin: bytes | None,
                            max_output_bytes: int, env: dict[str, str] | None = None,
                            preexec_fn=None, on_timeout=None) -> RunResult:
     """Run a host process in its own session; at the deadline SIGKILL its process group.
@@ -185,9 +208,17 @@ async def run_process_tree(argv: Sequence[str], *, timeout_s: float, stdin: byte
                 proc.stdin.close()
 
     work = asyncio.gather(feed_stdin(), _pump(proc.stdout, out), _pump(proc.stderr, err), proc.wait())
+    deadline = timeout_s if isinstance(timeout_s, Deadline) else Deadline(timeout_s)
     timed_out = False
     try:
-        await asyncio.wait_for(asyncio.shield(work), timeout_s)
+        while (left := deadline.left_s(time.monotonic() - start)) > 0:  # a paused clock moves it on
+            try:
+                await asyncio.wait_for(asyncio.shield(work), left)
+                break
+            except TimeoutError:
+                continue
+        else:
+            raise TimeoutError
     except TimeoutError:
         timed_out = True
         if on_timeout is not None:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from polar_env.sandbox import gitdiff
 from polar_env.sandbox.base import (
+    Deadline,
     RunResult,
     SandboxSpec,
     copy_path,
@@ -135,7 +136,7 @@ class BubblewrapSandbox(HostTreeSandbox):
                                hostname=s.hostname)
         return command.argv(cmd)
 
-    async def run(self, cmd: Sequence[str], *, env: dict[str, str] | None = None, timeout_s: float = 600.0,
+    async def run(self, cmd: Sequence[str], *, env: dict[str, str] | None = None, timeout_s: float | Deadline = 600.0,
                   stdin: bytes | None = None, max_output_bytes: int = 1 << 20) -> RunResult:
         if self._destroyed:
             raise RuntimeError("sandbox destroyed")

@@ -31,9 +31,11 @@ from polar_env.sandbox import safe_git
 from polar_env.sandbox.base import (
     BUILD_EXCLUDES,
     HARNESS_BIN_DIRS,
+    Deadline,
     RunResult,
     Sandbox,
     SandboxSpec,
+    bound_s,
     exclude_pathspecs,
     run_process_tree,
 )
@@ -233,11 +235,11 @@ class ContainerSandbox(Sandbox):
             raise
         return sb
 
-    async def run(self, cmd: Sequence[str], *, env: dict[str, str] | None = None, timeout_s: float = 600.0,
+    async def run(self, cmd: Sequence[str], *, env: dict[str, str] | None = None, timeout_s: float | Deadline = 600.0,
                   stdin: bytes | None = None, max_output_bytes: int = 1 << 20) -> RunResult:
         if self._destroyed:
             raise RuntimeError("sandbox destroyed")
-        argv = self.exec_argv(cmd, env or {}, timeout_s=timeout_s, interactive=stdin is not None)
+        argv = self.exec_argv(cmd, env or {}, timeout_s=bound_s(timeout_s), interactive=stdin is not None)
         return await run_process_tree(argv, timeout_s=timeout_s, stdin=stdin, max_output_bytes=max_output_bytes,
                                       on_timeout=self.kill_all)
 

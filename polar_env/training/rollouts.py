@@ -5,7 +5,8 @@ repeated ``num_generations`` times) and the trainer, and takes back ``prompt_ids
 ``completion_ids`` and ``logprobs`` per prompt, plus extra fields: ``env_mask`` (1 on tokens the
 model sampled, 0 on tool output and template glue) and anything the reward functions read. Here a
 prompt is the first user message of a task (``episodes.episode_prompt``); the episode runs through
-the usual lifecycle (``rollout.runner.EpisodeRunner``: sandbox, harness, proxy, grading), and the
+the usual staged driver (``rollout.runner.EpisodeRunner``: sandbox, harness, proxy, grading, each
+stage within the plan's limits: ``run_slots`` / ``concurrency`` episodes sampling at once), and the
 row TRL gets is the trajectory's main chain exactly as the proxy captured it — prompt ids up to the
 first sampled token, then the rest of the chain, with Polar's loss mask and recorded logprobs.
 
@@ -107,7 +108,6 @@ class PolarRollouts:
         self.tasks: dict[str, Task] = {episode_prompt(t): t for t in self.plan.tasks}
         self._samples: Counter[str] = Counter()
         self._ahead: list[tuple[Task, Future]] = []  # episodes started for the next step (max_staleness)
-        self._slots: asyncio.Semaphore | None = None
         prepare(self.plan)
         self._runner = EpisodeRunner(self.plan, proxy_factory(config, backend=backend, tasks=self.plan.tasks),
                                      self.plan.out / "ledger")
@@ -177,11 +177,8 @@ class PolarRollouts:
         return asyncio.run_coroutine_threadsafe(self._episode(task, sample), self._loop)
 
     async def _episode(self, task: Task, sample: int) -> Trajectory:
-        if self._slots is None:  # made on the loop it is used from
-            self._slots = asyncio.Semaphore(self.plan.concurrency)
-        async with self._slots:
-            trajectory = await self._runner.run(task, sample)
-        self._outputs.add(trajectory)
+        trajectory = await self._runner.run(task, sample)  # within the plan's stage limits
+        await self._runner.grading.off_loop(self._outputs.add, trajectory)
         return trajectory
 
     def weight_sync(self) -> Any:
