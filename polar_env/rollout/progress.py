@@ -31,7 +31,7 @@ class Progress:
         rate = self.tokens / max(time.monotonic() - self.started, 1e-9)
         where = ({k: self.stages[k] for k in ("prepare", "wait", "run", "finish")} if self.stages is not None
                  else {"running": self.running})
-        self.bar.set_postfix(**where, failed=self.failed, resolved=self.resolved, tok_s=f"{rate:.1f}")
+        self.bar.set_postfix({**where, "failed": self.failed, "resolved": self.resolved, "tok_s": f"{rate:.1f}"})
 
     def close(self) -> None:
         self.bar.close()

@@ -1,0 +1,240 @@
+"""The staged rollout driver (rollout/runner.py, docs/rollout.md "Stages"): run slots are free while
+another episode grades, cancellation in any stage leaves nothing behind, ``collapsed`` holds one
+slot over everything, and the proxy's run-slot admission itself.
+
+The episodes are real: the fake harness (reliability_helpers.FAKE_HARNESS, a stdlib script, as a
+real CLI cannot be told what to do on cue) in the real bubblewrap sandbox, through the real
+forwarder, proxy and driver. Two doubles, each said where it is made: the backend is the
+project's ``InstantBackend`` with a counter of concurrent calls (and a short barrier that lets
+calls which can overlap overlap), and grading is an ``asyncio``-free, Event-gated function in
+place of ``grade_task``, because a real grade cannot be held open on cue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import threading
+import uuid
+from pathlib import Path
+
+import pytest
+from polar_sandbox_helpers import processes_matching
+from reliability_helpers import FakeHarness, wait_gone
+
+from polar_env.backends.instant import InstantBackend
+from polar_env.episodes import EpisodeConfig, lifecycle
+from polar_env.proxy.app import ProxyServer
+from polar_env.proxy.engine import EngineConfig
+from polar_env.proxy.run_slots import RunEnded, RunSlots
+from polar_env.rewards.grading import GradeResult
+from polar_env.rollout.plan import RolloutPlan
+from polar_env.rollout.runner import EpisodeRunner, run_rollouts
+from polar_env.tasks.loader import load_tasks
+
+bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+
+
+# -- the proxy's admission, alone ---------------------------------------------------------------
+async def test_run_slots_admit_in_arrival_order_and_hand_over_on_release():
+    slots = RunSlots(1)
+    assert await slots.enter("a") == 0.0
+    b = asyncio.ensure_future(slots.enter("b"))
+    c = asyncio.ensure_future(slots.enter("c"))
+    again = asyncio.ensure_future(slots.enter("b"))  # a second call of b waits for b's one slot
+    await asyncio.sleep(0.01)
+    assert slots.holders == {"a"} and slots.waiting == 2 and not b.done()
+    assert await slots.enter("a") == 0.0  # a holder's later calls pass at once
+    slots.release("a")
+    await asyncio.sleep(0.01)
+    assert b.done() and again.done() and not c.done() and slots.holders == {"b"}
+    assert slots.times("b").admitted_at is not None
+    slots.release("c")  # c's episode ended while its call waited: the call fails, b keeps its slot
+    with pytest.raises(RunEnded):
+        await c
+    assert slots.holders == {"b"} and slots.waiting == 0
+    assert slots.release("b") is not None and slots.holders == set()
+    assert slots.release("b") is None  # idempotent
+
+
+async def test_a_cancelled_waiting_call_keeps_its_sessions_place():
+    slots = RunSlots(1)
+    await slots.enter("a")
+    first = asyncio.ensure_future(slots.enter("b"))
+    await asyncio.sleep(0)
+    first.cancel()  # the harness gave up on one call
+    await asyncio.sleep(0.01)
+    assert slots.waiting == 1
+    slots.release("a")
+    assert await slots.enter("b") == 0.0 and slots.holders == {"b"}
+
+
+# -- real episodes through the driver ----------------------------------------------------------
+class CountingBackend(InstantBackend):
+    """The test double for the model server: answers at once, after letting calls that can
+    overlap do so (waiting for a partner up to 3 s while a grade is held, 0.3 s otherwise), and
+    counts concurrent calls."""
+
+    def __init__(self, token_ids: list[int]):
+        super().__init__(token_ids)
+        self.inflight = self.max_inflight = 0
+        self._more = asyncio.Event()
+        self.watch: GatedGrade | None = None
+
+    @property
+    def barrier_s(self) -> float:
+        held = self.watch is not None and self.watch.held.is_set() and not self.watch.release.is_set()
+        return 3.0 if held else 0.3
+
+    async def generate(self, prompt_ids, sampling, *, session_id=None):
+        self.inflight += 1
+        self.max_inflight = max(self.max_inflight, self.inflight)
+        self._more.set()
+        self._more = asyncio.Event()
+        try:
+            if self.inflight < 2:
+                try:
+                    await asyncio.wait_for(self._more.wait(), self.barrier_s)
+                except TimeoutError:
+                    pass
+            if self.watch is not None:
+                self.watch.saw(self.inflight)
+            return await super().generate(prompt_ids, sampling, session_id=session_id)
+        finally:
+            self.inflight -= 1
+
+
+class GatedGrade:
+    """The test double for ``grade_task``: the first grade is held (a threading.Event, as grading
+    runs in its executor's thread) until the backend has answered ``release_after`` calls
+    meanwhile; records the most concurrent backend calls seen while it was held."""
+
+    def __init__(self, release_after: int):
+        self.release_after = release_after
+        self.held = threading.Event()
+        self.release = threading.Event()
+        self.answered_while_held = self.max_while_held = 0
+        self.graded = 0
+        self._lock = threading.Lock()
+
+    def saw(self, inflight: int) -> None:
+        if self.held.is_set() and not self.release.is_set():
+            self.max_while_held = max(self.max_while_held, inflight)
+            self.answered_while_held += 1
+            if self.answered_while_held >= self.release_after:
+                self.release.set()
+
+    def __call__(self, task, patch, *, kind, timeout_s):
+        with self._lock:
+            first, self.graded = self.graded == 0, self.graded + 1
+        if first:
+            self.held.set()
+            self.release.wait(60)
+        return GradeResult(instance_id=task.instance_id, resolved=True, reward=1.0)
+
+
+@pytest.fixture(scope="module")
+def task():
+    return next(t for t in load_tasks("bundled") if t.instance_id == "pallets__flask-5014")
+
+
+def _setup(renderer, task, tmp_path: Path, monkeypatch, mode: str, *, samples: int, collapsed: bool = False,
+           release_after: int = 4):
+    marker = f"polar-stages-{uuid.uuid4().hex[:10]}"
+    harness = FakeHarness(mode, marker, tmp_path / "install")
+    monkeypatch.setattr(lifecycle, "get_adapter", lambda name: harness)
+    grade = GatedGrade(release_after)
+    monkeypatch.setattr(lifecycle, "grade_task", grade)
+    backend = CountingBackend(renderer.tokenizer.encode("Hello there", add_special_tokens=False)
+                              + renderer.eos_token_ids[:1])
+    backend.watch = grade
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+
+    def factory(data_dir: Path, socket: Path) -> ProxyServer:
+        return ProxyServer.create(renderer=renderer, backend=backend, data_dir=data_dir, admin_secret="s",
+                                  config=EngineConfig(max_context=2048, default_max_tokens=16))
+
+    plan = RolloutPlan(tasks=[task], samples=samples, run_slots=2, grade_slots=2, collapsed=collapsed,
+                       out=tmp_path / "out", episode=EpisodeConfig(harness="fake", timeout_s=60, scratch_root=scratch))
+    return plan, factory, backend, grade, marker, scratch
+
+
+async def _no_leftovers(marker: str, scratch: Path) -> None:
+    assert await wait_gone(processes_matching, marker) == []
+    assert list(scratch.iterdir()) == []
+
+
+@bwrap
+@pytest.mark.slow
+async def test_run_slots_are_free_while_an_episode_grades(renderer, task, tmp_path: Path, monkeypatch):
+    """4 episodes, 2 run slots, 2 calls each: the first to finish is held in grading; the two
+    episodes prepared meanwhile take the run slots and the backend sees both at once."""
+    plan, factory, backend, grade, marker, scratch = _setup(renderer, task, tmp_path, monkeypatch, "give_up",
+                                                            samples=4)
+    trajectories = await run_rollouts(plan, factory)
+    assert grade.held.is_set() and grade.release.is_set()
+    assert grade.max_while_held == 2  # the full run concurrency while a grade was held
+    assert backend.max_inflight <= 2  # admission is exact: never more than the run slots
+    assert len(trajectories) == 4 and all(t.status == "completed" and t.reward == 1.0 for t in trajectories)
+    for t in trajectories:
+        timings = t.metadata["timings"]
+        assert set(lifecycle.TIMING_KEYS) <= set(timings)
+        assert timings["prepare_s"] > 0 and timings["model_s"] > 0
+    assert max(t.metadata["timings"]["grade_s"] for t in trajectories) > 0.5  # the held one
+    await _no_leftovers(marker, scratch)
+
+
+@bwrap
+@pytest.mark.slow
+async def test_collapsed_holds_one_slot_over_every_stage(renderer, task, tmp_path: Path, monkeypatch):
+    """The same job collapsed: the episode held in grading keeps its slot, so only one run slot
+    serves the others meanwhile."""
+    plan, factory, backend, grade, marker, scratch = _setup(renderer, task, tmp_path, monkeypatch, "give_up",
+                                                            samples=4, collapsed=True, release_after=2)
+    trajectories = await run_rollouts(plan, factory)
+    assert grade.held.is_set() and grade.release.is_set()  # released: two more calls went through meanwhile
+    assert grade.max_while_held == 1
+    assert len(trajectories) == 4 and all(t.metadata["timings"]["wait_s"] == 0.0 for t in trajectories)
+    await _no_leftovers(marker, scratch)
+
+
+@bwrap
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", ["prepare", "run", "finish"])
+async def test_cancel_in_a_stage_leaves_nothing_behind(renderer, task, tmp_path: Path, monkeypatch, stage: str):
+    """A cancelled episode (what Ctrl-C does to every task) in each stage: no harness process,
+    workspace directory, open session or run slot is left."""
+    plan, factory, backend, grade, marker, scratch = _setup(renderer, task, tmp_path, monkeypatch,
+                                                            "hang" if stage == "run" else "give_up", samples=1)
+    opened = asyncio.Event()
+    real_open = lifecycle.open_workspace
+
+    async def opening(*args, **kwargs):  # the real one; the test learns it started
+        opened.set()
+        return await real_open(*args, **kwargs)
+
+    monkeypatch.setattr(lifecycle, "open_workspace", opening)
+    runner = EpisodeRunner(plan, factory, tmp_path / "ledger")
+    await runner.start()
+    try:
+        episode = asyncio.ensure_future(runner.run(task, 0))
+        if stage == "prepare":
+            await asyncio.wait_for(opened.wait(), 30)
+        else:
+            while not (runner.stages["run"] if stage == "run" else grade.held.is_set()):
+                assert not episode.done(), episode.result()
+                await asyncio.sleep(0.05)
+            if stage == "run":  # the harness is in its call, or past it, holding a run slot
+                while not runner.proxy.registry.ledger.calls(runner.proxy.registry.all()[0].id):
+                    await asyncio.sleep(0.05)
+        episode.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await episode
+        proxy = runner.proxy
+        assert all(s.info.closed_at is not None for s in proxy.registry.all())
+        assert proxy.engine.run_slots.holders == set() and proxy.engine.run_slots.waiting == 0
+        await _no_leftovers(marker, scratch)
+    finally:
+        grade.release.set()
+        await runner.stop()
