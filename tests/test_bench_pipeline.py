@@ -82,3 +82,34 @@ def test_gold_steps_makes_four_tool_calls_then_answers(renderer) -> None:
     lengths = [len(renderer.tokenizer.encode(a, add_special_tokens=False)) for a in answers]
     assert all(20 <= n <= 400 for n in lengths), lengths
 
+
+def _driver(name: str, eph: float) -> dict:
+    return {"driver": name, "run_slots": 4, "episodes": 20, "wall_s": 100.0, "episodes_per_hour": eph,
+            "status": {"completed": 20}, "resolved": 20, "busy_fraction": 0.5, "steady_window_s": 60.0,
+            "mean_calls_in_flight": 2.0, "backend_calls": 100, "tokens_per_call": 90.0, "seconds_per_call": 1.8,
+            "stages_mean_s": {"model_s": 9.0, "grade_s": 3.0}, "episode_s": 17.0, "cpu_s_per_episode": 4.0,
+            "cpu_busy_of_cores": 0.6, "load_avg_before": [1.0, 1.0, 1.0], "load_avg_after": [3.0, 2.0, 1.0]}
+
+
+def test_an_only_run_replaces_its_families_and_keeps_the_others() -> None:
+    from polar_env.bench.bench_cli import KEYS, merge_families
+    from polar_env.bench.report import render
+
+    previous = {"command": "polar bench", "machine": {"cpus": 2}, "families": {"builder": {"calls": 200, "runs": 1, "sizes": {}}},
+                "errors": {"pipeline": "Boom"}, "notes": {"pipeline": "skipped"}, "seconds": {"builder": 3.0},
+                "keys": dict.fromkeys(KEYS)}
+    pipeline = {"harness": "pi", "policy": "gold-steps", "tasks": 5, "samples": 4, "run_slots": 4, "per_token_s": 0.02,
+                "cores": 2, "order": ["staged", "collapsed"], "episodes_per_hour_ratio": 2.0,
+                "drivers": {"staged": _driver("staged", 800.0), "collapsed": _driver("collapsed", 400.0)}}
+    new = {"command": "polar bench --only pipeline", "finished_at": 0.0, "total_seconds": 200.0,
+           "machine": {"load_avg_1_5_15": [1.0, 1.0, 1.0]}, "families": {"pipeline": pipeline},
+           "errors": {}, "notes": {"builder": "not selected (--only)"}, "seconds": {"pipeline": 199.0}}
+    merged = merge_families(previous, new, {"pipeline"})
+    assert set(merged["families"]) == {"builder", "pipeline"} and merged["errors"] == {} and merged["notes"] == {}
+    assert merged["seconds"] == {"builder": 3.0, "pipeline": 199.0} and merged["command"] == "polar bench"
+    assert merged["keys"]["pipeline_episodes_per_hour_ratio"] == 2.0 and merged["keys"]["pipeline_busy_fraction_staged"] == 0.5
+    assert merged["updates"][0]["families"] == ["pipeline"]
+    text = render(merged)
+    assert "| inference busy fraction, staged driver, run slots 4 (`pipeline_busy_fraction_staged`) | 0.50 | > 0.90 " \
+           "| missed by 1.8x" in text
+    assert "| staged | 20 | 100.0 | 800 | 0.50 |" in text and "`pipeline`: replaced by `polar bench --only pipeline`" in text

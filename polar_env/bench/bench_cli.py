@@ -25,8 +25,10 @@ KEYS = ("overhead_p50_ms_16k", "overhead_p99_ms_16k", "overhead_p50_ms_16k_litel
         "ratio_polar_litellm_2k", "ratio_polar_litellm_16k", "ratio_polar_litellm_64k", "ratio_polar_litellm_128k",
         "per_call_ratio_turn200_vs_turn10", "calls_per_s_256_sessions", "calls_per_s_256_sessions_workers_2",
         "ledger_bytes_per_token",
-        "build_export_ms_100k", "export_json_ms_100k", "proxy_rss_mb_1024_sessions")
-FULL_RUN_ONLY = ("proxy_rss_mb_1024_sessions", "ratio_polar_litellm_64k", "ratio_polar_litellm_128k")
+        "build_export_ms_100k", "export_json_ms_100k", "proxy_rss_mb_1024_sessions",
+        "pipeline_busy_fraction_staged", "pipeline_busy_fraction_collapsed", "pipeline_episodes_per_hour_ratio")
+FULL_RUN_ONLY = ("proxy_rss_mb_1024_sessions", "ratio_polar_litellm_64k", "ratio_polar_litellm_128k",
+                 "pipeline_busy_fraction_staged", "pipeline_busy_fraction_collapsed", "pipeline_episodes_per_hour_ratio")
 RATIO_SIZES = {"2k": 2000, "16k": 16000, "64k": 64000, "128k": 128000}
 WORKERS = 2  # the multi-process layout measured beside one process (polar proxy serve --workers 2)
 
@@ -35,12 +37,12 @@ def _settings(quick: bool) -> dict[str, Any]:
     if quick:
         return {"sizes": [2000, 16000], "calls": 6, "runs": 1, "local": None, "growth_runs": 1, "growth_words": 80,
                 "levels": [1, 64, 256], "seconds": 1.5, "conc_runs": 1, "builder_sizes": [25_000, 100_000],
-                "builder_runs": 1, "grading": False, "rollouts": False, "profile": False}
+                "builder_runs": 1, "grading": False, "rollouts": False, "profile": False, "pipeline": False}
     return {"sizes": list(RATIO_SIZES.values()), "calls": 30, "runs": 3,
             "local": {"sizes": [1000], "calls": 3, "runs": 1, "max_tokens": 8}, "growth_runs": 3, "growth_words": 150,
             "levels": [1, 64, 256, 1024], "seconds": 8.0, "conc_runs": 2,
             "builder_sizes": [25_000, 50_000, 100_000], "builder_runs": 5, "grading": True,
-            "rollouts": True, "profile": True}
+            "rollouts": True, "profile": True, "pipeline": True}
 
 
 class Bench:
@@ -109,7 +111,13 @@ class Bench:
             self.run("rollouts", lambda: self._rollouts(grading))
         else:
             self.results["notes"]["rollouts"] = "skipped in --quick (real harness episodes take minutes)"
-        self.results["keys"] = self.keys()
+        if s["pipeline"]:
+            from polar_env.bench import pipeline
+
+            self.run("pipeline", lambda: pipeline.measure(self.workdir / "pipeline"))
+        else:
+            self.results["notes"]["pipeline"] = "skipped in --quick (two drivers x 20 real harness episodes)"
+        self.results["keys"] = figure_keys(self.results["families"])
         self.results["machine"]["load_avg_1_5_15_end"] = list(os.getloadavg())
         return self.results
 
@@ -166,46 +174,69 @@ class Bench:
         return {f"concurrency_{c}": grading.rollouts_per_hour(self.workdir / "rollouts", c, limit=2,
                                                               timeout_s=1500) for c in (1, 2)}
 
-    def keys(self) -> dict[str, float | None]:
-        f = self.results["families"]
-        sizes = f.get("overhead_instant", {}).get("sizes", {})
-        over = sizes.get("16000", {})
-        grow = f.get("growth", {})
-        conc = f.get("concurrency", {}).get("levels", {})
-        build = f.get("builder", {}).get("sizes", {}).get("100000", {})
-        keys = {
-            "overhead_p50_ms_16k": over.get("added_p50_ms_polar"),
-            "overhead_p99_ms_16k": over.get("added_p99_ms_polar"),
-            "overhead_p50_ms_16k_litellm": over.get("added_p50_ms_litellm"),
-            **{f"ratio_polar_litellm_{name}": sizes.get(str(n), {}).get("ratio_p50_polar_vs_litellm")
-               for name, n in RATIO_SIZES.items()},
-            "per_call_ratio_turn200_vs_turn10": grow.get("ratio_cpu_turn200_vs_turn10"),
-            "calls_per_s_256_sessions": conc.get("256", {}).get("calls_per_s"),
-            "calls_per_s_256_sessions_workers_2": f.get("concurrency_workers", {}).get("levels", {}).get(
-                "256", {}).get("calls_per_s"),
-            "ledger_bytes_per_token": build.get("ledger_bytes_per_token"),
-            "build_export_ms_100k": build.get("build_export_ms"),
-            "export_json_ms_100k": build.get("json_ms"),
-            "proxy_rss_mb_1024_sessions": conc.get("1024", {}).get("proxy_rss_mb"),
-        }
-        assert tuple(keys) == KEYS
-        return keys
+
+def figure_keys(f: dict[str, Any]) -> dict[str, float | None]:
+    """The headline figures (KEYS) from the families' results."""
+    sizes = f.get("overhead_instant", {}).get("sizes", {})
+    over = sizes.get("16000", {})
+    grow = f.get("growth", {})
+    conc = f.get("concurrency", {}).get("levels", {})
+    build = f.get("builder", {}).get("sizes", {}).get("100000", {})
+    pipe = f.get("pipeline", {}).get("drivers", {})
+    keys = {
+        "overhead_p50_ms_16k": over.get("added_p50_ms_polar"),
+        "overhead_p99_ms_16k": over.get("added_p99_ms_polar"),
+        "overhead_p50_ms_16k_litellm": over.get("added_p50_ms_litellm"),
+        **{f"ratio_polar_litellm_{name}": sizes.get(str(n), {}).get("ratio_p50_polar_vs_litellm")
+           for name, n in RATIO_SIZES.items()},
+        "per_call_ratio_turn200_vs_turn10": grow.get("ratio_cpu_turn200_vs_turn10"),
+        "calls_per_s_256_sessions": conc.get("256", {}).get("calls_per_s"),
+        "calls_per_s_256_sessions_workers_2": f.get("concurrency_workers", {}).get("levels", {}).get(
+            "256", {}).get("calls_per_s"),
+        "ledger_bytes_per_token": build.get("ledger_bytes_per_token"),
+        "build_export_ms_100k": build.get("build_export_ms"),
+        "export_json_ms_100k": build.get("json_ms"),
+        "proxy_rss_mb_1024_sessions": conc.get("1024", {}).get("proxy_rss_mb"),
+        "pipeline_busy_fraction_staged": pipe.get("staged", {}).get("busy_fraction"),
+        "pipeline_busy_fraction_collapsed": pipe.get("collapsed", {}).get("busy_fraction"),
+        "pipeline_episodes_per_hour_ratio": f.get("pipeline", {}).get("episodes_per_hour_ratio"),
+    }
+    assert tuple(keys) == KEYS
+    return keys
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--quick", action="store_true", help="small CI version (< 3 min); no Markdown by default")
-    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    parser.add_argument("--json", type=Path, default=None,
+                        help="the figures as JSON (default: docs/benchmarks.json for a full run, none with --quick); "
+                             "with --only, the selected families replace theirs in this file's existing figures")
     parser.add_argument("--md", type=Path, default=None,
-                        help="Markdown report (default: docs/benchmarks.md for a full run, none with --quick)")
+                        help="Markdown report (default: docs/benchmarks.md for a full run, none with --quick), "
+                             "rendered from the --json figures")
     parser.add_argument("--only", default=None,
                         help="comma-separated families: overhead_instant, overhead_local, growth, concurrency, "
                              "concurrency_workers, "
-                             "builder, grading, rollouts, profile")
+                             "builder, grading, rollouts, profile, pipeline")
     parser.add_argument("--workdir", type=Path, default=None, help="scratch directory (default: a temp dir)")
     parser.add_argument("--note", default=None,
                         help="what else ran on the machine during the run (said in the report's Machine section)")
+
+
+def merge_families(previous: dict[str, Any], new: dict[str, Any], only: set[str]) -> dict[str, Any]:
+    """``previous`` figures with the ``only`` families (and their errors, notes, seconds) from ``new``,
+    the run that replaced them listed under ``updates``: an ``--only`` run updates the report, the
+    other families' figures stay as their run left them."""
+    merged = {**previous}
+    for part in ("families", "errors", "notes", "seconds"):
+        merged[part] = {k: v for k, v in previous.get(part, {}).items() if k not in only}
+        merged[part].update({k: v for k, v in new[part].items() if k in only})
+    merged["keys"] = figure_keys(merged["families"])
+    merged["updates"] = [*previous.get("updates", []), {
+        "families": sorted(only), "command": new["command"], "finished_at": new["finished_at"],
+        "total_seconds": new["total_seconds"], "machine": new["machine"]}]
+    return merged
 
 
 def run(args: argparse.Namespace) -> int:
@@ -220,9 +251,13 @@ def run(args: argparse.Namespace) -> int:
     results["command"] = "polar " + shlex.join(args.argv)
     if args.note:
         results["machine"]["note"] = args.note
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=2, default=str))
+    errors = results["errors"]  # this run's: an --only run answers for its own families
+    json_path = args.json or (None if args.quick else Path("docs/benchmarks.json"))
+    if only is not None and json_path is not None and json_path.exists():
+        results = merge_families(json.loads(json_path.read_text()), results, only)
+    if json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(results, indent=2, default=str))
     md = args.md or (None if args.quick else Path("docs/benchmarks.md"))
     if md is not None:
         from polar_env.bench.report import render
@@ -230,6 +265,6 @@ def run(args: argparse.Namespace) -> int:
         md.parent.mkdir(parents=True, exist_ok=True)
         md.write_text(render(results))
     print(json.dumps(results["keys"], indent=2))
-    for name, error in results["errors"].items():
+    for name, error in errors.items():
         print(f"benchmark {name} failed:\n{error}", file=sys.stderr)
-    return 1 if results["errors"] else 0
+    return 1 if errors else 0

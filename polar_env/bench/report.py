@@ -16,6 +16,9 @@ TARGETS = (  # key, label, target, "<" (lower is better) or ">" -- issue 14's ta
     ("calls_per_s_256_sessions", "calls/s, one process, 256 sessions (0 errors)", 2000.0, ">"),
     ("build_export_ms_100k", "build + export, 200 calls / 100k tokens (ms)", 50.0, "<"),
     ("export_json_ms_100k", "export JSON serialisation, 100k tokens (ms)", 100.0, "<"),
+    # issue 31's targets
+    ("pipeline_busy_fraction_staged", "inference busy fraction, staged driver, run slots 4", 0.9, ">"),
+    ("pipeline_episodes_per_hour_ratio", "episodes/hour, staged / collapsed driver, run slots 4", 1.5, ">"),
 )
 # figures the issue asks to state, without a numeric target
 STATED = (
@@ -24,6 +27,7 @@ STATED = (
     ("ledger_bytes_per_token", "ledger bytes per token of a 100k-token episode"),
     ("proxy_rss_mb_1024_sessions", "proxy RSS at 1,024 open sessions (MB)"),
     ("calls_per_s_256_sessions_workers_2", "calls/s, `polar proxy serve --workers 2`, 256 sessions (0 errors)"),
+    ("pipeline_busy_fraction_collapsed", "inference busy fraction, collapsed driver, run slots 4"),
 )
 
 
@@ -105,6 +109,7 @@ def render(results: dict[str, Any]) -> str:
            + (f" During this run: {m['note']}" if m.get("note") else ""),
            "- Every figure is the median over the repeated runs listed with it; latencies are measured by "
            "the client around one HTTP call whose body was encoded before the clock started.", "",
+           *_updates(results),
            "## Targets", "", "| figure | value | target | verdict |", "|---|---|---|---|"]
     for key, label, target, direction in TARGETS:
         out.append(f"| {label} (`{key}`) | {_f(keys.get(key))} | {direction} {_f(target)} | "
@@ -198,6 +203,8 @@ def render(results: dict[str, Any]) -> str:
             out.append(f"| {v['concurrency']} | {v['episodes']} | {_f(v['wall_s'])} | "
                        f"{_f(v['rollouts_per_hour'], 0)} | {v['resolved']} |")
         out.append("")
+    if "pipeline" in fam:
+        out += _pipeline(fam["pipeline"])
     if fam.get("profile", {}).get("self"):
         p = fam["profile"]
         out += ["## Profile of Polar's proxy (py-spy, 16k-token conversation, instant backend)", "",
@@ -215,6 +222,61 @@ def render(results: dict[str, Any]) -> str:
         out += [f"- `{k}`: failed: `{v.strip().splitlines()[-1]}`" for k, v in results.get("errors", {}).items()]
         out.append("")
     return "\n".join(out)
+
+
+def _updates(results: dict[str, Any]) -> list[str]:
+    """Which families later ``--only`` runs replaced, when, and the machine's load then."""
+    lines = []
+    for u in results.get("updates", []):
+        when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(u["finished_at"]))
+        load = ", ".join(f"{x:.1f}" for x in u["machine"].get("load_avg_1_5_15", []))
+        end = ", ".join(f"{x:.1f}" for x in u["machine"].get("load_avg_1_5_15_end", []))
+        note = f" During it: {u['machine']['note']}" if u["machine"].get("note") else ""
+        lines.append(f"- {', '.join(f'`{f}`' for f in u['families'])}: replaced by `{u['command']}` on {when} "
+                     f"in {u['total_seconds']} s (load average at start {load}, at end {end}).{note}")
+    return ["## Later runs of some families", "", *lines, ""] if lines else []
+
+
+PIPELINE_STAGES = (("queued_s", "queued"), ("prepare_s", "prepare (workspace, session)"),
+                   ("harness_start_s", "harness start"), ("model_s", "model (backend calls)"),
+                   ("tool_s", "tools and harness between calls"), ("drain_s", "drain"), ("grade_s", "grade"),
+                   ("build_s", "trajectory build and export"))
+
+
+def _pipeline(p: dict[str, Any]) -> list[str]:
+    drivers = p["drivers"]
+    out = ["## Rollout pipeline", "",
+           f"`rollout.runner.run_rollouts` twice in one run on the same episodes ({p['tasks']} bundled tasks x "
+           f"{p['samples']} samples): {p['harness']} in bubblewrap, the `{p['policy']}` scripted policy (five calls: "
+           "list the repository, read the code the patch changes, apply the gold patch, diff stat and compile "
+           "check, final answer; answers of 50-300 tokens), graded by the real grader, at "
+           f"{p['run_slots']} run slots; run in the order {' then '.join(p['order'])}. The backend "
+           f"(`backends/simulated.py`) answers after {p['per_token_s'] * 1000:.0f} ms per answer token, an "
+           "asyncio sleep that costs no CPU, as a GPU server's calls cost the rollout machine none. `collapsed` "
+           "is the same driver with one slot held over prepare, run and grade (the behaviour before issue 31).",
+           "",
+           "**Busy fraction** = the mean number of backend calls in flight / run slots over the steady state: "
+           "from the moment the run-slots-th episode made its first model call (every slot has had an "
+           "episode) to the moment the last episode made its first model call (after it no episode is left "
+           "to fill a slot that frees). It counts the backend's time only: a run slot whose harness is "
+           "running a tool is idle inference.", "",
+           "| driver | episodes | wall s | episodes/hour | busy fraction | calls in flight | steady window s "
+           "| resolved | CPU s / episode | of the cores | load avg 1 min before, after |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, d in drivers.items():
+        out.append(f"| {name} | {d['episodes']} | {_f(d['wall_s'], 1)} | {_f(d['episodes_per_hour'], 0)} | "
+                   f"{_f(d['busy_fraction'])} | {_f(d['mean_calls_in_flight'])} | {_f(d['steady_window_s'], 1)} | "
+                   f"{d['resolved']} | {_f(d['cpu_s_per_episode'], 1)} | {100 * d['cpu_busy_of_cores']:.0f}% of "
+                   f"{p['cores']} | {d['load_avg_before'][0]:.1f}, {d['load_avg_after'][0]:.1f} |")
+    out += ["", f"Episodes/hour, staged / collapsed: {_f(p['episodes_per_hour_ratio'])}. Backend: "
+            + "; ".join(f"{n} {d['backend_calls']} calls of {_f(d['tokens_per_call'], 0)} tokens, "
+                        f"{_f(d['seconds_per_call'])} s each" for n, d in drivers.items()) + ".", "",
+            "Where an episode's time went (mean seconds, the trajectories' `timings`):", "",
+            "| stage | " + " | ".join(drivers) + " |", "|---|" + "---|" * len(drivers)]
+    for key, label in PIPELINE_STAGES:
+        out.append(f"| {label} | " + " | ".join(_f(d["stages_mean_s"].get(key)) for d in drivers.values()) + " |")
+    out.append("| whole episode | " + " | ".join(_f(d["episode_s"]) for d in drivers.values()) + " |")
+    return [*out, ""]
 
 
 def _slope(fam: dict[str, Any]) -> str:
