@@ -1,9 +1,10 @@
 """The `pipeline` family: how busy the rollout driver keeps the inference server.
 
 Two runs of the same episodes in one process, one after the other: the driver with its stage
-limits, then the same driver collapsed into one slot held over prepare, run and grade (today's
-behaviour). Each is `rollout.runner.run_rollouts` itself: Pi in bubblewrap on the bundled tasks,
-the `gold-steps` policy (five calls, four of them tools), graded by the real grader. The backend is
+limits (run, prepare and grade slots and the lookahead at their defaults), then the same driver
+collapsed into one slot held over prepare, run and grade (the driver before the stages). Each is
+`rollout.runner.run_rollouts` itself: Pi in bubblewrap on the bundled tasks, the `gold-steps`
+policy (five calls, four of them tools), graded by the real grader. The backend is
 SimulatedBackend, which sleeps 20 ms per answer token without using the CPU, as calls to a GPU
 server cost the rollout machine none; its trace gives the busy fraction.
 
@@ -99,10 +100,13 @@ async def run_driver(name: str, plan: Any, factory: Any, backend: Any) -> dict[s
     if statuses["error"]:
         errors = [t.error for t in trajectories if t.status == "error"]
         raise RuntimeError(f"{name}: {statuses['error']} episodes failed: {errors[:3]}")
-    return {"driver": name, "run_slots": plan.concurrency, "episodes": len(trajectories), "wall_s": wall,
+    prepare_slots, lookahead, grade_slots = plan.limits()
+    return {"driver": name, "run_slots": plan.run_slots, "collapsed": plan.collapsed,
+            "prepare_slots": prepare_slots, "lookahead": lookahead, "grade_slots": grade_slots,
+            "episodes": len(trajectories), "wall_s": wall,
             "episodes_per_hour": len(trajectories) / wall * 3600, "status": dict(statuses),
             "resolved": sum(bool(t.grading and t.grading.get("resolved")) for t in trajectories),
-            **trace_figures(backend.trace, plan.concurrency),
+            **trace_figures(backend.trace, plan.run_slots),
             "stages_mean_s": stage_split(trajectories),
             "episode_s": _mean([t.metadata.get("duration_s", 0.0) for t in trajectories]),
             "cpu_s_per_episode": cpu / max(1, len(trajectories)),
@@ -131,7 +135,8 @@ async def measure(workdir: Path, *, samples: int = 4, run_slots: int = RUN_SLOTS
                            "run_slots": run_slots, "per_token_s": per_token_s, "cores": os.cpu_count(),
                            "order": list(DRIVERS), "drivers": {}}
     for name in DRIVERS:
-        plan = RolloutPlan(tasks=tasks, samples=samples, concurrency=run_slots, out=workdir / name, episode=episode)
+        plan = RolloutPlan(tasks=tasks, samples=samples, run_slots=run_slots, out=workdir / name, episode=episode,
+                           collapsed=name == "collapsed")
         await asyncio.to_thread(prepare, plan)  # harness install, task test envs: before the clock
         answers = PolicyAnswers(renderer.tokenizer, make_policy(POLICY, tasks), renderer.eos_token_ids[0])
         backend = SimulatedBackend(answers, per_token_s=per_token_s)

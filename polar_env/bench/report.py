@@ -238,7 +238,8 @@ def _updates(results: dict[str, Any]) -> list[str]:
 
 
 PIPELINE_STAGES = (("queued_s", "queued"), ("prepare_s", "prepare (workspace, session)"),
-                   ("harness_start_s", "harness start"), ("model_s", "model (backend calls)"),
+                   ("harness_start_s", "harness start"), ("wait_s", "wait for a run slot"),
+                   ("model_s", "model (backend calls)"),
                    ("tool_s", "tools and harness between calls"), ("drain_s", "drain"), ("grade_s", "grade"),
                    ("build_s", "trajectory build and export"))
 
@@ -253,7 +254,9 @@ def _pipeline(p: dict[str, Any]) -> list[str]:
            f"{p['run_slots']} run slots; run in the order {' then '.join(p['order'])}. The backend "
            f"(`backends/simulated.py`) answers after {p['per_token_s'] * 1000:.0f} ms per answer token, an "
            "asyncio sleep that costs no CPU, as a GPU server's calls cost the rollout machine none. `collapsed` "
-           "is the same driver with one slot held over prepare, run and grade (the behaviour before issue 31).",
+           "is the same driver with one slot held over prepare, run and grade (the driver before the stages); "
+           "`staged` ran with " + ", ".join(f"{k.replace('_', ' ')} {drivers['staged'].get(k)}" for k in
+                                            ("run_slots", "prepare_slots", "lookahead", "grade_slots")) + ".",
            "",
            "**Busy fraction** = the mean number of backend calls in flight / run slots over the steady state: "
            "from the moment the run-slots-th episode made its first model call (every slot has had an "
