@@ -129,15 +129,16 @@ async def test_the_patch_is_the_same_as_from_a_fresh_unpack(tmp_path: Path):
                                     spec=SandboxSpec(scratch_root=tmp_path / "cold"))
     warm = await open_workspace(TASK, SandboxSpec(scratch_root=tmp_path / "warm"), sandbox="bubblewrap")
     try:
+        listing = ["sh", "-c", "ls -lAR --time-style=+%s .; stat -c '%U %a %n' requests/*"]
+        cold_ls, warm_ls = await cold.run(listing, timeout_s=60), await warm.sandbox.run(listing, timeout_s=60)
+        assert "setup.py" in cold_ls.stdout_tail and "agent agent" in cold_ls.stdout_tail
+        assert warm_ls.stdout_tail == cold_ls.stdout_tail  # same entries, modes, owner, mtimes, order
         for sb in (cold, warm.sandbox):
             res = await sb.run(EDIT, timeout_s=60)
             assert res.exit_code == 0, res.stderr_tail
         patch = await cold.diff()
         assert b"NEW.txt" in patch and b"GIT binary patch" in patch and b"deleted file" in patch
         assert await warm.sandbox.diff() == patch
-        listing = ["sh", "-c", "ls -laR --time-style=+%s . | grep -v ' \\.git$'; stat -c '%U %a %n' requests/*"]
-        cold_ls, warm_ls = await cold.run(listing, timeout_s=60), await warm.sandbox.run(listing, timeout_s=60)
-        assert warm_ls.stdout_tail == cold_ls.stdout_tail  # same entries, modes, owner, mtimes, order
     finally:
         await cold.destroy()
         await warm.close()
