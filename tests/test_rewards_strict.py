@@ -26,7 +26,7 @@ from polar_env.tasks.tree import materialize
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="grading sandbox needs bubblewrap")
 
 NONCE = "n" * 32
-CONFIG = {"nonce": NONCE, "canaries": {}}
+CONFIG = {"nonce": NONCE}
 
 
 def _stream(*events: dict) -> bytes:
@@ -81,9 +81,9 @@ def _fake_sandbox(read_config: bool):
 
 
 def test_config_past_the_pipe_buffer_does_not_deadlock(monkeypatch, tmp_path):
-    """A config larger than a pipe's 64 KiB buffer (many canaries) reaches the plugin whole, and a run
+    """A config larger than a pipe's 64 KiB buffer reaches the plugin whole, and a run
     that never reads it (a sandbox that did not start) still returns."""
-    config = {"nonce": NONCE, "canaries": {f"tests/test_{i}.py": [["test_x", "pass", "assert 1"]] for i in range(8000)}}
+    config = {"nonce": NONCE, "padding": {f"tests/test_{i}.py": [["test_x", "pass", "assert 1"]] for i in range(8000)}}
     assert len(json.dumps(config)) > 4 * 65536
     for read_config in (True, False):
         run, got = _fake_sandbox(read_config)

@@ -10,7 +10,7 @@ directory on ``sys.path``, plugin autoload off, the image's installed ``pytest11
 the grader's ini from the reset tree's configuration), with `report_plugin` reading its
 configuration from stdin and writing its result stream to a descriptor that is the exec's stdout,
 while pytest's own output goes to stderr. The stream is judged exactly as in bubblewrap
-(`strict_run.judge_stream`: sequence, nonce, canaries, ids, counts), then against the gold patch's
+(`strict_run.judge_stream`: sequence, nonce, the grader's canaries written into the F2P files, ids, counts), then against the gold patch's
 run in the same image (`grading.against_gold`), and every tampering flag scores 0.
 `perturbed_in_box` is the perturbed second run of the F2P tests (`strict_run.plan_perturbed`: renamed
 files and functions, the tree copied to ``/srv/<random>``, a random ``argv[0]``, no ``PYTEST_*``
@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from polar_env.rewards import path_policy
+from polar_env.rewards.canaries import CanaryPlan, plan_canaries
 from polar_env.rewards.flags import tampering_flags
 from polar_env.rewards.sandbox_exec import SandboxRun
 from polar_env.rewards.strict_run import (
@@ -38,12 +39,13 @@ from polar_env.rewards.strict_run import (
     StrictOutcome,
     base_pytest_options,
     config_dirs,
+    f2p_sources,
     judge_stream,
-    make_canaries,
     plan_perturbed,
     pytest_args,
     render_ini,
     test_file_of,
+    uncovered_canaries,
 )
 from polar_env.rewards.workspace import import_roots, path_budget_refusal
 from polar_env.sandbox import safe_git
@@ -147,8 +149,16 @@ async def _fetch(box: ContainerSandbox, dest: Path, paths: list[str], tree: str 
     return dest
 
 
+async def _copy_texts(box: ContainerSandbox, staging: Path, texts: dict[str, str]) -> None:
+    """Write each ``texts`` file (tree path -> text) over the container tree's."""
+    for rel, text in texts.items():
+        (staging / rel).parent.mkdir(parents=True, exist_ok=True)
+        (staging / rel).write_text(text)
+        await box.copy_in(staging / rel, f"{TREE}/{rel}")
+
+
 async def _run_stream(task: Task, box: ContainerSandbox, tree: str, grader: str, config: dict,
-                      timeout_s: float) -> tuple[SandboxRun, StrictOutcome]:
+                      timeout_s: float, canaries: CanaryPlan) -> tuple[SandboxRun, StrictOutcome]:
     """Run the grader's script in ``grader`` on ``tree`` as the sandbox uid; judge its result stream."""
     exports = {k: v.replace("{testbed}", tree) for k, v in task.environment.env.items()}
     script = (f"cd {tree} && export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTHONNOUSERSITE=1 "
@@ -160,7 +170,8 @@ async def _run_stream(task: Task, box: ContainerSandbox, tree: str, grader: str,
     run = SandboxRun(ran.exit_code if ran.exit_code is not None else -9, ran.stderr_tail, ran.timed_out,
                      time.monotonic() - t0)
     outcome = StrictOutcome(error="timed out") if ran.timed_out else judge_stream(
-        ran.stdout_tail.encode("utf-8", "surrogateescape"), ran.stdout_bytes, config, run, task.repo, tree_mount=tree)
+        ran.stdout_tail.encode("utf-8", "surrogateescape"), ran.stdout_bytes, config, run, task.repo, tree_mount=tree,
+        canaries=canaries)
     return run, outcome
 
 
@@ -180,7 +191,7 @@ async def perturbed_in_box(task: Task, box: ContainerSandbox, timeout_s: float) 
             await box.copy_in(copy / new, f"{plan.mount}/{new}")
         await box.copy_in(Path(tmp) / "grader", plan.grader_mount)
         await _root(box, f"chown -hR 0:0 {plan.mount} {plan.grader_mount} && chmod -R go-w {plan.mount}")
-    run, outcome = await _run_stream(task, box, plan.mount, plan.grader_mount, plan.config, timeout_s)
+    run, outcome = await _run_stream(task, box, plan.mount, plan.grader_mount, plan.config, timeout_s, plan.canaries)
     return Perturbed(outcome, plan.renamed, run)
 
 
@@ -225,6 +236,9 @@ async def strict_in_box(task: Task, box: ContainerSandbox, patch: str, timeout_s
     plugins = await _plugins(box)
     with tempfile.TemporaryDirectory(prefix="polar-image-strict-") as tmp:
         cfg_tree = await _fetch(box, Path(tmp) / "cfg", _config_candidates(task.test_directives))
+        f2p = await _fetch(box, Path(tmp) / "f2p", sorted({test_file_of(t) for t in task.FAIL_TO_PASS if "::" in t}))
+        originals = f2p_sources(task.FAIL_TO_PASS, lambda rel: (f2p / rel).read_bytes() if (f2p / rel).is_file() else None)
+        canaries = plan_canaries(originals, task.FAIL_TO_PASS)
         grader = Path(tmp) / "grader"
         grader.mkdir()
         (grader / f"{PLUGIN_MODULE}.py").write_text(PLUGIN_SRC.read_text())
@@ -232,13 +246,15 @@ async def strict_in_box(task: Task, box: ContainerSandbox, patch: str, timeout_s
         options = ["-c", f"{GRADER_INSIDE}/pytest.ini", f"--rootdir={TREE}", f"--confcutdir={TREE}",
                    "-p", "no:cacheprovider", "-p", PLUGIN_MODULE,
                    *[x for m in plugins for x in ("-p", m)], *pytest_args(task),
-                   *task.test_directives]
+                   *task.test_directives, *uncovered_canaries(canaries, task.test_directives)]
         (grader / "main.py").write_text(f"import pytest\nraise SystemExit(pytest.main({options!r}))\n")
         await box.copy_in(grader, GRADER_INSIDE)
-    await _root(box, f"chown -hR 0:0 {GRADER_INSIDE} {TREE} && chmod -R go-w {TREE} {GRADER_INSIDE}")
-    canaries = make_canaries([test_file_of(t) for t in task.FAIL_TO_PASS if "::" in t])
-    config = {"nonce": secrets.token_hex(16), "canaries": canaries}
-    run, outcome = await _run_stream(task, box, TREE, GRADER_INSIDE, config, timeout_s)
+        await _copy_texts(box, Path(tmp) / "canaries", canaries.files)
+        await _root(box, f"chown -hR 0:0 {GRADER_INSIDE} {TREE} && chmod -R go-w {TREE} {GRADER_INSIDE}")
+        config = {"nonce": secrets.token_hex(16)}
+        run, outcome = await _run_stream(task, box, TREE, GRADER_INSIDE, config, timeout_s, canaries)
+        await _copy_texts(box, Path(tmp) / "originals", {rel: originals[rel] for rel in canaries.files})
+        await _root(box, f"chown -hR 0:0 {TREE} && chmod -R go-w {TREE}")
     out = TestRun(timed_out=run.timed_out, log=run.output, seconds=run.seconds, status_map=outcome.status_map,
                   valid=outcome.valid, collected=outcome.collected, violations=outcome.violations,
                   error=outcome.error or "; ".join(outcome.violations), untrusted_xfail=outcome.untrusted_xfail)

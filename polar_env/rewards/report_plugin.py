@@ -4,27 +4,25 @@ Runs INSIDE the grading sandbox, in the task's interpreter, bound read-only besi
 ini and loaded with ``-p`` (plugin autoload is off). It imports nothing but the standard library
 and pytest, and is imported before any conftest or code under test, so it can:
 
-- take the run's configuration (nonce, canaries, perturbation) from a pipe the grader fills and
+- take the run's configuration (nonce, perturbation) from a pipe the grader fills and
   closes (nothing of it is in the environment or argv), and the write end of the result pipe,
   whose read end only the grader outside the sandbox holds; both fds are made non-inheritable;
 - write every report phase, the collected ids, each plugin's origin and every tampering it sees as
   one numbered line the moment it happens: what is written cannot be unwritten, so an attack
   that edits results later (at exit, in a report file, in this module's state) has nothing to edit,
   and a line injected by the tested code breaks the numbering or duplicates a result;
-- mix the grader's randomly named canary tests (one must pass, one must fail) into the modules it
-  is told, as functions of those modules;
 - snapshot the runner's moving parts and the exit functions and report any replacement;
 - in a perturbed run, hide what pytest would show a test-run detector (``PYTEST_CURRENT_TEST``, the
   autoload switch).
 
-The grader, not this plugin, turns the phases into statuses and judges them (strict_run).
+The grader, not this plugin, turns the phases into statuses and judges them (strict_run). It is
+told nothing of the canaries (`canaries`): they are tests in the files like any other.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import secrets
 import sys
 
 import pytest
@@ -108,7 +106,6 @@ class _State:
     def __init__(self) -> None:
         config = _take_config()
         self.stream = _Stream(_take_fd(_RESULT_FD_ENV), str(config.get("nonce", "")))
-        self.canaries: dict[str, list[list]] = config.get("canaries", {})
         self.perturb = bool(config.get("perturb"))
         if self.perturb:
             _hide_current_test()
@@ -148,27 +145,6 @@ def pytest_plugin_registered(plugin: object, manager: object) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     if _STATE.perturb:  # read by pytest before this hook; a perturbed run does not show it to the tests
         os.environ.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)
-
-
-def _canary_items(session: pytest.Session, items: list[pytest.Item]) -> None:
-    """Define each canary as a function of its module (its own file) and put it among the module's tests."""
-    for relpath, canaries in _STATE.canaries.items():
-        positions = [i for i, it in enumerate(items) if it.nodeid.split("::")[0] == relpath]
-        module_node = items[positions[0]].getparent(pytest.Module) if positions else None
-        if module_node is None:
-            continue
-        for name, _kind, body in canaries:
-            code = compile(f"def {name}():\n    {body}\n", str(module_node.path), "exec")
-            exec(code, module_node.obj.__dict__)
-            item = pytest.Function.from_parent(module_node, name=name)
-            at = positions[0] + secrets.randbelow(len(positions) + 1)
-            items.insert(at, item)
-            positions.append(positions[-1] + 1)
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
-    _canary_items(session, items)
 
 
 @pytest.hookimpl(trylast=True)

@@ -6,10 +6,11 @@
   no cache plugin, the whole tree mounted read-only.
 - The grader's plugin (`report_plugin`) writes every report phase as a numbered line into a pipe
   whose read end the grader holds outside the sandbox (no file the tests could rewrite); its
-  configuration (nonce, canaries) comes through a second pipe, closed before any test code runs.
-- Two randomly named canaries per F2P test file (one must pass, one must fail) are mixed into the
-  run; a run whose canaries come out wrong, whose stream is out of sequence or holds a result for
-  an id it never collected, is not believed. The stream is cross-checked against the process's
+  configuration (nonce) comes through a second pipe, closed before any test code runs.
+- Canaries only the grader knows (`canaries`: mutants of the F2P tests, written into the grader's
+  copy of their files, each of which must fail where its original passes) run with the tests; a run
+  whose canaries come out wrong, whose stream is out of sequence or holds a result for an id it
+  never collected, is not believed. The stream is cross-checked against the process's
   real exit code and the runner's own summary line. Output is never parsed for markers.
 - ``run_perturbed``: the F2P tests again, renamed, in a tree at another path, under another host
   name and argv, without ``-P`` and with no ``PYTEST_*`` variable visible (the grader compares).
@@ -28,11 +29,14 @@ import string
 import tempfile
 import threading
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from polar_env.rewards import swebench_compat as sb
+from polar_env.rewards.canaries import CanaryPlan, plan_canaries
 from polar_env.rewards.sandbox_exec import TREE_MOUNT, VENV_MOUNT, SandboxRun, run_sandboxed
+from polar_env.sandbox import beneath
 from polar_env.sandbox.bwrap_argv import Mount
 from polar_env.tasks.models import Task
 
@@ -137,20 +141,6 @@ def _random_name(prefix: str = "") -> str:
     return prefix + "".join(secrets.choice(string.ascii_lowercase) for _ in range(10))
 
 
-def make_canaries(files: list[str], prefix: str = "test_") -> dict[str, list[list[str]]]:
-    """Per test file, tests with fresh random names and numbers whose outcome is known: a plain assert
-    and a ``pytest.raises`` that must pass, the same two made to fail, and an unexpected exception."""
-    out: dict[str, list[list[str]]] = {}
-    for rel in dict.fromkeys(files):
-        a, b = secrets.randbelow(1000) + 2, secrets.randbelow(1000) + 2
-        bodies = [("pass", f"assert {a} * {b} == {a * b}"), ("fail", f"assert {a} * {b} == {a * b + 1}"),
-                  ("pass", f"with __import__('pytest').raises(ZeroDivisionError):\n        {a} // ({b} - {b})"),
-                  ("fail", f"with __import__('pytest').raises(ZeroDivisionError):\n        {a} // {b}"),
-                  ("fail", f"raise ValueError({a} * {b})")]
-        out[rel] = [[_random_name(prefix), kind, body] for kind, body in bodies]
-    return out
-
-
 def _drain(fd: int, sink: dict[str, object]) -> None:
     """Read the result pipe to its end, keeping at most MAX_REPORT_BYTES."""
     chunks, size = [], 0
@@ -224,13 +214,43 @@ def run_strict(task: Task, tree: Path, venv: Path, env: dict[str, str], timeout_
         grader_dir = _grader_dir(Path(tmp), task, tree, PLUGIN_MODULE)
         argv = ["python", "-P", "-m", "pytest", *_pytest_options(task, venv, GRADER_MOUNT, TREE_MOUNT, PLUGIN_MODULE),
                 *task.test_directives]
-        canaries = make_canaries([test_file_of(t) for t in task.FAIL_TO_PASS if "::" in t])
-        config = {"nonce": secrets.token_hex(16), "canaries": canaries}
+        config = {"nonce": secrets.token_hex(16)}
         pythonpath = ":".join(filter(None, [GRADER_MOUNT, env.get("PYTHONPATH", "")]))
         run_env = {**env, "PYTHONPATH": pythonpath, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONNOUSERSITE": "1"}
-        run, data, size = _run_with_stream(argv, tree=tree, venv=venv, env=run_env, timeout_s=timeout_s,
-                                           grader_dir=grader_dir, grader_mount=GRADER_MOUNT, config=config)
-    return run, judge_stream(data, size, config, run, task.repo)
+        originals = f2p_sources(task.FAIL_TO_PASS, lambda rel: beneath.read(tree, rel))
+        canaries = plan_canaries(originals, task.FAIL_TO_PASS)
+        argv += uncovered_canaries(canaries, task.test_directives)
+        try:
+            for rel, text in canaries.files.items():
+                beneath.write(tree, rel, text.encode(), mode="100644")
+            run, data, size = _run_with_stream(argv, tree=tree, venv=venv, env=run_env, timeout_s=timeout_s,
+                                               grader_dir=grader_dir, grader_mount=GRADER_MOUNT, config=config)
+        finally:
+            for rel in canaries.files:
+                beneath.write(tree, rel, originals[rel].encode(), mode="100644")
+    return run, judge_stream(data, size, config, run, task.repo, canaries=canaries)
+
+
+def f2p_sources(f2p: list[str], read: Callable[[str], bytes | None]) -> dict[str, str]:
+    """The text of each F2P test file that is a plain file (``read``: its bytes, None where it is not)."""
+    out = {}
+    for rel in dict.fromkeys(test_file_of(t) for t in f2p if "::" in t):
+        try:
+            data = read(rel)
+            if data is not None:
+                out[rel] = data.decode()
+        except (OSError, ValueError):  # a link, a directory, undecodable: no canaries in it
+            continue
+    return out
+
+
+def uncovered_canaries(canaries: CanaryPlan, directives: list[str]) -> list[str]:
+    """Canaries in files the task's directives would not collect (they name single tests): named too."""
+    paths = [d.rstrip("/") for d in directives if "::" not in d]
+
+    def covered(rel: str) -> bool:
+        return any(d in ("", ".") or rel == d or rel.startswith(d + "/") for d in paths)
+    return [c for c in canaries.expect if not covered(c.split("::")[0])]
 
 
 @dataclass
@@ -280,6 +300,7 @@ class PerturbedPlan:
     mount: str
     grader_mount: str
     config: dict
+    canaries: CanaryPlan = field(default_factory=CanaryPlan)
 
 
 def plan_perturbed(task: Task, copy: Path, config_tree: Path, grader_dir: Path, *, venv: Path | None = None,
@@ -292,6 +313,11 @@ def plan_perturbed(task: Task, copy: Path, config_tree: Path, grader_dir: Path, 
     before = {test_file_of(t) for t in task.FAIL_TO_PASS if "::" in t}
     renamed = _rename_f2p(copy, task.FAIL_TO_PASS, prefix)
     files = {test_file_of(old): test_file_of(new) for old, new in renamed.items() if test_file_of(old) in before}
+    new_files = sorted({test_file_of(t) for t in renamed.values()})
+    canaries = plan_canaries({rel: (copy / rel).read_text() for rel in new_files}, list(renamed.values()),
+                             prefix=prefix, extra=0)
+    for rel, text in canaries.files.items():
+        (copy / rel).write_text(text)
     module, mount, grader_mount = _random_name(), "/srv/" + _random_name(), "/opt/" + _random_name()
     grader_dir.mkdir(parents=True, exist_ok=True)
     (grader_dir / f"{module}.py").write_text(PLUGIN_SRC.read_text())
@@ -299,13 +325,12 @@ def plan_perturbed(task: Task, copy: Path, config_tree: Path, grader_dir: Path, 
     (grader_dir / "pytest.ini").write_text(render_ini(options))
     plugin_args = [p for m in (plugins if plugins is not None else venv_plugins(venv)) for p in ("-p", m)]
     argv = ["-c", f"{grader_mount}/pytest.ini", f"--rootdir={mount}", f"--confcutdir={mount}", "-p", "no:cacheprovider",
-            "-p", module, *plugin_args, *pytest_args(task), *dict.fromkeys(renamed.values())]
+            "-p", module, *plugin_args, *pytest_args(task), *dict.fromkeys(renamed.values()), *canaries.expect]
     (grader_dir / "main.py").write_text(
         f"import sys\nimport pytest\nsys.argv[:] = [{'/usr/local/bin/' + _random_name()!r}]\n"
         f"raise SystemExit(pytest.main({argv!r}))\n")
-    canaries = make_canaries([test_file_of(t) for t in renamed.values()], prefix)
-    config = {"nonce": secrets.token_hex(16), "canaries": canaries, "perturb": True}
-    return PerturbedPlan(renamed, files, mount, grader_mount, config)
+    config = {"nonce": secrets.token_hex(16), "perturb": True}
+    return PerturbedPlan(renamed, files, mount, grader_mount, config, canaries)
 
 
 def run_perturbed(task: Task, tree: Path, venv: Path, env: dict[str, str], timeout_s: float) -> Perturbed:
@@ -324,7 +349,8 @@ def run_perturbed(task: Task, tree: Path, venv: Path, env: dict[str, str], timeo
                                            env=run_env, timeout_s=timeout_s, grader_dir=Path(tmp) / "grader",
                                            grader_mount=plan.grader_mount, config=plan.config,
                                            tree_mount=plan.mount, hostname=_random_name())
-    return Perturbed(judge_stream(data, size, plan.config, run, task.repo, tree_mount=plan.mount), plan.renamed, run)
+    return Perturbed(judge_stream(data, size, plan.config, run, task.repo, tree_mount=plan.mount,
+                                  canaries=plan.canaries), plan.renamed, run)
 
 
 def perturbed_disagreement(perturbed: Perturbed) -> list[str]:
@@ -356,20 +382,20 @@ def _status(phases: list[dict]) -> str:
 
 
 def judge_stream(data: bytes, size: int, config: dict, run: SandboxRun, repo: str,
-                 tree_mount: str = TREE_MOUNT) -> StrictOutcome:
+                 tree_mount: str = TREE_MOUNT, canaries: CanaryPlan | None = None) -> StrictOutcome:
     """Believe the stream only if it is the run's own, complete, in sequence and agrees with the runner.
 
     Total: the stream is written by (or next to) tested code, so whatever it holds (a line nested past
     the parser's depth, a field of the wrong type) is a ``stream-forged`` violation, never an exception."""
     try:
-        return _judge_stream(data, size, config, run, repo, tree_mount)
+        return _judge_stream(data, size, config, run, repo, tree_mount, canaries or CanaryPlan())
     except Exception as e:  # noqa: BLE001 - any value the tested code can forge
         return StrictOutcome(violations=[f"stream-forged: the stream does not read as the plugin's "
                                          f"({type(e).__name__}: {str(e)[:200]})"])
 
 
 def _judge_stream(data: bytes, size: int, config: dict, run: SandboxRun, repo: str,
-                  tree_mount: str) -> StrictOutcome:
+                  tree_mount: str, canaries: CanaryPlan) -> StrictOutcome:
     out = StrictOutcome()
     if size > MAX_REPORT_BYTES:
         out.error = f"result stream larger than {MAX_REPORT_BYTES} bytes"
@@ -395,8 +421,6 @@ def _judge_stream(data: bytes, size: int, config: dict, run: SandboxRun, repo: s
         if not ends:
             out.error = "the runner did not finish its session"
         return out
-    canary = {f"{rel}::{name}": "PASSED" if kind == "pass" else "FAILED"
-              for rel, items in config.get("canaries", {}).items() for name, kind, _ in items}
     collected = [str(i) for i in collected_events[0].get("ids", [])]
     phases: dict[str, list[dict]] = {}
     for p in kinds.get("phase", []):
@@ -410,11 +434,9 @@ def _judge_stream(data: bytes, size: int, config: dict, run: SandboxRun, repo: s
     ghosts = sorted(set(phases) - set(collected))
     if ghosts:
         out.violations.append(f"ghost-id: results for ids never collected: {ghosts[:3]}")
-    wrong = {c: all_statuses.get(c, "MISSING") for c, want in canary.items() if all_statuses.get(c) != want}
-    if wrong:
-        out.violations.append(f"canary: {wrong}")
-    out.statuses = {k: v for k, v in all_statuses.items() if k not in canary and v}
-    out.collected = [c for c in collected if c not in canary]
+    out.violations += canaries.violations(all_statuses, collected)
+    out.statuses = {k: v for k, v in all_statuses.items() if not canaries.source_of(k)[0] and v}
+    out.collected = [c for c in collected if not canaries.source_of(c)[0]]
     out.status_map = sb.status_map_from_outcomes(out.statuses, repo=repo)
     out.violations += [f"runner-tampered: {k}" for e in kinds.get("tampered", []) for k in e.get("keys", [])]
     out.violations += [f"plugin-registered: {o}" for e in kinds.get("plugin", [])

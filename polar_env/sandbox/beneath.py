@@ -83,6 +83,19 @@ def remove(root: Path, rel: str) -> None:
             _remove_entry(fd, components(rel)[-1])
 
 
+def read(root: Path, rel: str) -> bytes | None:
+    """The bytes of ``rel`` if it is a regular file beneath ``root`` through real directories, else None."""
+    with parent_dir(root, rel, create=False) as fd:
+        if fd is None:
+            return None
+        try:
+            f = os.open(components(rel)[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+        except OSError:  # missing, or a link (ELOOP)
+            return None
+        with os.fdopen(f, "rb") as fh:
+            return fh.read() if stat.S_ISREG(os.fstat(f).st_mode) else None
+
+
 def write(root: Path, rel: str, data: bytes, *, mode: str) -> None:
     """Create ``rel`` afresh with git ``mode`` (100644/100755 file, 120000 link to ``data``)."""
     name = components(rel)[-1]
@@ -96,6 +109,18 @@ def write(root: Path, rel: str, data: bytes, *, mode: str) -> None:
                       0o755 if mode == "100755" else 0o644, dir_fd=fd)
         with os.fdopen(out, "wb") as f:
             f.write(data)
+
+
+def links(root: Path) -> list[str]:
+    """Every symlink under ``root`` (relative paths), found without following any (``os.fwalk``)."""
+    out: list[str] = []
+    for dirpath, dirnames, filenames, dir_fd in os.fwalk(root, follow_symlinks=False):
+        rel = os.path.relpath(dirpath, root)
+        for name in dirnames + filenames:
+            st = _lstat(dir_fd, name)
+            if st is not None and stat.S_ISLNK(st.st_mode):
+                out.append(name if rel == "." else f"{rel}/{name}")
+    return sorted(out)
 
 
 def resolves_inside(root: Path, rel: str, max_hops: int = 40) -> bool:
