@@ -148,6 +148,17 @@ def gold(tree: Path, task: Task) -> None:
     git(tree, "apply", "-", input=task.patch.encode())
 
 
+def link_out_after_reset(tree: Path, task: Task) -> None:
+    """``tests/static -> ../src/flask/d/.../d`` (16 deep) and ``src/flask/out -> ../../tests/static/`` + 16 ``..``
+    + the canary: each link resolves inside the tree until the reset replaces ``tests/static``."""
+    deep = "/".join(["d"] * 16)
+    (tree / "src/flask" / deep).mkdir(parents=True)
+    (tree / "src/flask" / deep / "keep.txt").write_text("kept\n")
+    shutil.rmtree(tree / "tests/static")
+    (tree / "tests/static").symlink_to(f"../src/flask/{deep}")
+    (tree / "src/flask/out").symlink_to("../../tests/static/" + "../" * 16 + CANARY.lstrip("/"))
+
+
 def hook_module(task: str) -> str:
     return f"{SRC_ROOT[task]}{PKG[task]}/_redteam_hook.py"
 
@@ -229,6 +240,10 @@ def attacks() -> list[Attack]:
         Attack("symlink-test-file", "symlink-escape", REQ_6028, "the test file replaced by a link outside",
                edit=both(lambda tr, t: (tr / "tests" / "test_utils.py").unlink(),
                          symlink("tests/test_utils.py", "/tmp/polar-redteam-tests.py"))),
+        Attack("symlink-escape-after-reset", "symlink-escape", FLASK,
+               "the gold fix, `tests/static` a link 16 directories deep into the package, and a source link that "
+               "climbs through it: inside the tree as the patch leaves it, out to the host once the reset makes "
+               "`tests/static` a real directory again", edit=both(gold, link_out_after_reset)),
     ]
     # --- test-runner configuration outside the old reset list ---
     a += [

@@ -119,6 +119,23 @@ def test_ladder_patch_leaves_the_host_canary_untouched(tmp_path: Path):
     assert "symlink leaves the tree" in result.error
 
 
+def test_link_that_leaves_only_after_the_reset_is_refused_before_any_test(tmp_path: Path):
+    """Failed before the link check ran again on the final tree (the corpus patch got 1.0): each link
+    resolves inside as the patch leaves the tree, and the reset, making ``tests/static`` a real
+    directory again, sends ``src/flask/out`` to the host. Now refused before any test runs."""
+    patch = (Path(__file__).parent / "redteam" / "patches" / "symlink-escape-after-reset.diff").read_text()
+    gtree = GradingTree.fresh(TASK, tmp_path / "g")
+    gtree.apply(patch, allow_binary=False)
+    gtree.check_links(gtree.changes())  # the first check, on the patch as applied, passes
+    result = grade(TASK, patch)
+    assert result.failure_kind == FailureKind.apply_failed and result.reward == 0.0, (result.error, result.flags)
+    assert "patch-refused" in result.flags and "once the grader's reset is done" in result.error
+    assert "src/flask/out" in result.error and not any(k.startswith("tests_") for k in result.timings)
+    gold = GradingTree.fresh(TASK, tmp_path / "gold")
+    gold.apply(TASK.test_patch, allow_binary=True)
+    gold.check_links_after_reset()  # a tree without such links passes
+
+
 def test_restore_replaces_links_it_would_otherwise_follow(tmp_path: Path):
     """Even a link no check refused is replaced, never followed: the reset writes the base's files."""
     canary = make_canary(tmp_path)

@@ -247,6 +247,28 @@ def test_image_reset_gives_test_patch_paths_real_parents(tmp_path: Path):
     assert (outside / "sub" / "keep").read_text() == "host\n"
 
 
+def test_image_reset_refuses_a_link_that_leaves_the_final_tree(tmp_path: Path):
+    """Failed before image_strict's RESTORE checked the final tree's links: run with bash (git left out),
+    a link that leaves the tree once ``tests/static`` is a real directory exits 96 (refused); links
+    that stay inside pass."""
+    import subprocess
+
+    from polar_env.rewards.image_strict import GIT, RESTORE, TREE
+
+    lines = RESTORE.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("find . "))
+    check = "\n".join(lines[start:]).replace(TREE, str(tmp_path / "tree")).replace(GIT, "false")
+    tree = tmp_path / "tree"
+    (tree / "tests" / "static").mkdir(parents=True)
+    (tree / "src").mkdir()
+    (tree / "src" / "in").symlink_to("../tests/static")
+    ok = subprocess.run(["bash", "-c", "set -e\nbase=x\n" + check], cwd=tree, capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    (tree / "src" / "out").symlink_to("../tests/static/" + "../" * 16 + "tmp")
+    refused = subprocess.run(["bash", "-c", "set -e\nbase=x\n" + check], cwd=tree, capture_output=True, text=True)
+    assert refused.returncode == 96 and "src/out: symlink leaves the tree" in refused.stdout, refused
+
+
 @needs_bwrap
 def test_gold_control_that_timed_out_is_not_a_reason_to_skip(tmp_path: Path, monkeypatch):
     """A gold perturbed control that timed out (a loaded machine) says nothing of the gold patch: the gold

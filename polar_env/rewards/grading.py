@@ -192,7 +192,9 @@ def apply_agent_patch(task: Task, gtree: GradingTree, model_patch: str) -> Appli
 
 
 def _prepare_mode(task: Task, gtree: GradingTree, applied: AppliedPatch, mode: GradingMode) -> str:
-    """Reset for ``mode`` and apply the test patch; returns why the task cannot be graded, or ""."""
+    """Reset for ``mode`` and apply the test patch; returns why the task cannot be graded, or "".
+
+    Raises PatchRefused where the final tree holds a link that leaves it (`check_links_after_reset`)."""
     test_files = task.test_files()
     resets = [*test_files, *applied.reset_paths] if mode == GradingMode.strict else test_files
     gtree.restore(list(dict.fromkeys(resets)))
@@ -200,6 +202,7 @@ def _prepare_mode(task: Task, gtree: GradingTree, applied: AppliedPatch, mode: G
         gtree.apply(task.test_patch, allow_binary=True)
     except PatchRefused as e:
         return f"test patch did not apply cleanly:\n{str(e)[-LOG_TAIL_CHARS:]}"
+    gtree.check_links_after_reset()
     prepare_tree_owner(gtree.tree)
     return ""
 
@@ -285,7 +288,10 @@ def run_task_tests(
         applied = apply_agent_patch(task, gtree, model_patch)
         if applied.refused:
             return TestRun(apply_log=applied.refused)
-        defect = _prepare_mode(task, gtree, applied, mode)
+        try:
+            defect = _prepare_mode(task, gtree, applied, mode)
+        except PatchRefused as e:
+            return TestRun(apply_log=str(e))
         if defect:
             return TestRun(infra_error=defect, infra_kind=FailureKind.task_defect)
         run = _run_mode(task, gtree.tree, venv, mode, timeout_s, Path(tmp))
@@ -442,22 +448,19 @@ def _grade(task: Task, model_patch: str, result: GradeResult, *, timeout_s: floa
         result.patch_applied = applied.apply_method != ApplyMethod.none
         result.reset_paths = applied.reset_paths
         if applied.refused:
-            result.failure_kind, result.error = FailureKind.apply_failed, f"patch refused: {applied.refused}"
-            result.log_tail = applied.refused[-LOG_TAIL_CHARS:]
-            result.modes = {m: ModeResult(failure_kind=FailureKind.apply_failed, error=result.error)
-                            for m in GradingMode}
-            result.flags = ["patch-refused"]
-            _finish(result, task, {}, t0)
-            return result
+            return _refused(result, task, applied.refused, t0)
         evidence = tampering_flags(applied.source_diff, task.repo, task.problem_statement)
         evidence.update({f"reset:{r}": p for p, r in applied.reset_paths.items()})
         # The swebench tree is the same applied patch with SWE-bench's (narrower) reset.
-        sb_tree = GradingTree(tmp / "swebench" / "tree", tmp / "swebench" / "git", gtree.base)
+        sb_tree = GradingTree(tmp / "swebench" / "tree", tmp / "swebench" / "git", gtree.base, gtree.origin)
         shutil.copytree(gtree.tree, sb_tree.tree, symlinks=True)
         shutil.copytree(gtree.git_dir, sb_tree.git_dir, symlinks=True)
         runs: dict[GradingMode, TestRun] = {}
         for m, tree in ((GradingMode.strict, gtree), (GradingMode.swebench, sb_tree)):
-            defect = _prepare_mode(task, tree, applied, m)
+            try:
+                defect = _prepare_mode(task, tree, applied, m)
+            except PatchRefused as e:  # before any test ran: the patch is refused as at `git apply`
+                return _refused(result, task, str(e), t0)
             if defect and _test_patch_applies_to_base(task, tmp / f"base-{m.value}"):
                 # the base takes the test patch (the gold run does too): the patched tree refused it
                 return _patch_zero(result, FailureKind.test_crash, f"{m.value}: the {defect} on the patched "
@@ -511,6 +514,16 @@ def _grade(task: Task, model_patch: str, result: GradeResult, *, timeout_s: floa
         result.disagreement = _disagreement(result, applied, runs, task.test_files())
         _finish(result, task, runs[result.mode].status_map, t0)
         return result
+
+
+def _refused(result: GradeResult, task: Task, why: str, t0: float) -> GradeResult:
+    """A patch no grading allows (`PatchRefused`): 0 in every mode, flagged ``patch-refused``."""
+    result.failure_kind, result.error = FailureKind.apply_failed, f"patch refused: {why}"
+    result.log_tail = why[-LOG_TAIL_CHARS:]
+    result.modes = {m: ModeResult(failure_kind=FailureKind.apply_failed, error=result.error) for m in GradingMode}
+    result.flags = ["patch-refused"]
+    _finish(result, task, {}, t0)
+    return result
 
 
 def _mode_result(task: Task, run: TestRun) -> ModeResult:

@@ -92,6 +92,12 @@ for p in "$@"; do
   if {GIT} cat-file -e "$base:$p" 2>/dev/null; then {GIT} checkout "$base" -- "$p"; fi
 done
 {GIT} apply -v - || {{ echo 'POLAR: test patch did not apply'; exit 97; }}
+# the final tree's links, as the kernel resolves them: one leaving the tree (not the base's own) is refused
+find . -path ./.git -prune -o -type l -print0 | while IFS= read -r -d '' l; do
+  case "$(realpath -m -- "$l")" in {TREE}|{TREE}/*) continue;; esac
+  [ "$({GIT} cat-file blob "$base:${{l#./}}" 2>/dev/null)" = "$(readlink -- "$l")" ] && continue
+  echo "POLAR: ${{l#./}}: symlink leaves the tree once the grader's reset is done"; exit 96
+done
 """
 # what the image's interpreter has installed, read without the tree on the path (-I: isolated)
 PLUGINS = ("cd / && python -I -c \"try:\n"
@@ -229,6 +235,8 @@ async def strict_in_box(task: Task, box: ContainerSandbox, patch: str, timeout_s
     paths = sorted(dict.fromkeys([*task.test_files(), *reset]), key=lambda p: (p.count("/"), p))
     restored = await box.run(["bash", "-c", RESTORE, "bash", *paths], env=env, timeout_s=300,
                              stdin=task.test_patch.encode("utf-8", "surrogateescape"))
+    if restored.exit_code == 96:
+        return {"refused": restored.stdout_tail[-2000:]}
     if restored.exit_code == 97:
         raise TestPatchFailed(f"test patch did not apply cleanly:\n{restored.stdout_tail[-2000:]}", task_defect=True)
     if restored.exit_code != 0:

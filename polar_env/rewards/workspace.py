@@ -12,6 +12,7 @@ never followed) and a symlink is judged by where the whole chain of in-tree link
 from __future__ import annotations
 
 import atexit
+import os
 import shutil
 import subprocess
 import tempfile
@@ -70,13 +71,14 @@ class GradingTree:
     tree: Path
     git_dir: Path
     base: str
+    origin: Path | None = None  # the untouched base tree it was copied from
 
     @classmethod
     def fresh(cls, task: Task, dest: Path) -> GradingTree:
         src = base_tree(task)
         shutil.copytree(src / "tree", dest / "tree", symlinks=True)
         shutil.copytree(src / "git", dest / "git", symlinks=True)
-        return cls(dest / "tree", dest / "git", task.base_commit or "HEAD")
+        return cls(dest / "tree", dest / "git", task.base_commit or "HEAD", src / "tree")
 
     def git(self, *args: str, input: bytes | None = None, check: bool = True,
             index: Path | None = None) -> subprocess.CompletedProcess:
@@ -126,6 +128,31 @@ class GradingTree:
             if mode == SYMLINK_MODE and not beneath.resolves_inside(self.tree, path):
                 raise PatchRefused(f"{path}: symlink leaves the tree (through its chain of links)")
 
+    def check_links_after_reset(self) -> None:
+        """The reset and the test patch change the tree the first check saw (a link replaced by a real
+        directory moves every ``..`` through it): every link of the final tree must resolve inside it,
+        before any test runs. Only a link of the base, unchanged and leaving the untouched base too, is spared."""
+        base_links = {rel: sha for rel, (mode, sha) in self._blobs().items() if mode == SYMLINK_MODE}
+        for rel in beneath.links(self.tree):
+            if beneath.resolves_inside(self.tree, rel):
+                continue
+            if (self.origin is not None and rel in base_links and not beneath.resolves_inside(self.origin, rel)
+                    and os.fsencode(os.readlink(self.tree / rel)) == self.git("cat-file", "blob", base_links[rel]).stdout):
+                continue  # the task's own link, already outside in the untouched base: not the patch's doing
+            raise PatchRefused(f"{rel}: symlink leaves the tree once the grader's reset is done "
+                               "(through its chain of links)")
+
+    def _blobs(self) -> dict[str, tuple[str, str]]:
+        """Base path -> (git mode, blob id) of every file and link of the base."""
+        listing = self.git("ls-tree", "-r", "-z", self.base).stdout.decode("utf-8", "surrogateescape")
+        blobs = {}
+        for row in filter(None, listing.split("\0")):
+            meta, rel = row.split("\t", 1)
+            mode, kind, sha = meta.split()
+            if kind == "blob":
+                blobs[rel] = (mode, sha)
+        return blobs
+
     def base_files(self) -> list[str]:
         return self.git("ls-tree", "-r", "--name-only", "-z", self.base).stdout.decode(
             "utf-8", "surrogateescape").split("\0")
@@ -138,13 +165,7 @@ class GradingTree:
         directories too (a link or file the agent put there is replaced): the test patch's new files
         must be creatable whatever the agent made of their parents.
         """
-        listing = self.git("ls-tree", "-r", "-z", self.base).stdout.decode("utf-8", "surrogateescape")
-        blobs = {}
-        for row in filter(None, listing.split("\0")):
-            meta, rel = row.split("\t", 1)
-            mode, kind, sha = meta.split()
-            if kind == "blob":
-                blobs[rel] = (mode, sha)
+        blobs = self._blobs()
         for rel in sorted(paths, key=lambda p: (p.count("/"), p)):
             beneath.remove(self.tree, rel)
             if rel in blobs:
