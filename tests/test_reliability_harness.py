@@ -46,8 +46,8 @@ async def _episode(renderer, task, tmp_path: Path, monkeypatch, mode: str, *, ba
     created: list[str] = []  # sandbox names, to find their cgroups (other test runs may share the host)
     real_create = BubblewrapSandbox.create
 
-    def recording_create(tree, *, spec):
-        sandbox = real_create(tree, spec=spec)
+    def recording_create(tree, **kwargs):
+        sandbox = real_create(tree, **kwargs)
         created.append(sandbox.root.name)
         return sandbox
 

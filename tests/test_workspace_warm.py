@@ -31,6 +31,13 @@ EDIT = ["sh", "-c", "printf 'x = 1\\n' >> requests/api.py && printf 'new\\n' > N
         "&& printf '\\000\\001bin' > blob.bin"]
 
 
+@pytest.fixture(autouse=True)
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """This test's own node cache (the default, ``$POLAR_CACHE/bases``, is shared by every run)."""
+    monkeypatch.setenv("POLAR_BASE_CACHE", str(tmp_path / "bases"))
+    return tmp_path / "bases"
+
+
 @pytest.fixture
 def calls(monkeypatch: pytest.MonkeyPatch) -> Counter:
     """How often a task tree is unpacked, committed and snapshotted (each call still runs)."""
@@ -46,11 +53,11 @@ def calls(monkeypatch: pytest.MonkeyPatch) -> Counter:
     return seen
 
 
-def _bases(scratch: Path) -> list[str]:
-    return sorted(p.name for p in (scratch / "polar-bases").iterdir() if p.is_dir())
+def _bases(cache: Path) -> list[str]:
+    return sorted(p.name for p in cache.iterdir() if p.is_dir())
 
 
-async def test_only_the_first_open_of_a_task_unpacks_or_commits(tmp_path: Path, calls: Counter):
+async def test_only_the_first_open_of_a_task_unpacks_or_commits(tmp_path: Path, cache: Path, calls: Counter):
     spec = SandboxSpec(scratch_root=tmp_path)
     for _ in range(3):
         ws = await open_workspace(TASK, spec, sandbox="bubblewrap")
@@ -58,10 +65,10 @@ async def test_only_the_first_open_of_a_task_unpacks_or_commits(tmp_path: Path, 
         assert ws.ref.clone in ("reflink", "copy")
         await ws.close()
     assert calls == {"unpack": 1, "commit": 1, "snapshot": 1}
-    assert len(_bases(tmp_path)) == 1
+    assert len(_bases(cache)) == 1
 
 
-async def test_concurrent_opens_of_a_task_build_its_base_once(tmp_path: Path, calls: Counter,
+async def test_concurrent_opens_of_a_task_build_its_base_once(tmp_path: Path, cache: Path, calls: Counter,
                                                               monkeypatch: pytest.MonkeyPatch):
     both_asked = threading.Barrier(2, timeout=30)  # neither builds before both have asked for the base
     real_key = base_trees.base_key
@@ -75,18 +82,18 @@ async def test_concurrent_opens_of_a_task_build_its_base_once(tmp_path: Path, ca
                                 open_workspace(TASK, spec, sandbox="bubblewrap"))
     try:
         assert calls["commit"] == 1 and calls["unpack"] == 1
-        assert len(_bases(tmp_path)) == 1 and not list((tmp_path / "polar-bases").glob(".build-*"))
+        assert len(_bases(cache)) == 1 and not list(cache.glob(".build-*"))
         assert a.ref.root != b.ref.root
     finally:
         await a.close()
         await b.close()
 
 
-async def test_a_clone_is_independent_of_the_base_and_of_other_episodes(tmp_path: Path):
+async def test_a_clone_is_independent_of_the_base_and_of_other_episodes(tmp_path: Path, cache: Path):
     spec = SandboxSpec(scratch_root=tmp_path)
     a = await open_workspace(TASK, spec, sandbox="bubblewrap")
     b = await open_workspace(TASK, spec, sandbox="bubblewrap")
-    base = base_trees.BaseTree(tmp_path / "polar-bases" / _bases(tmp_path)[0])
+    base = base_trees.BaseTree(cache / _bases(cache)[0])
     try:
         before = (base.tree / "requests" / "api.py").read_bytes()
         res = await a.sandbox.run(EDIT, timeout_s=60)  # the agent, as the sandbox uid, edits its tree
@@ -108,12 +115,11 @@ async def test_a_clone_is_independent_of_the_base_and_of_other_episodes(tmp_path
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox runs as another uid only on a root host")
-async def test_the_sandbox_uid_cannot_write_the_base(tmp_path: Path):
+async def test_the_sandbox_uid_cannot_write_the_base(tmp_path: Path, cache: Path):
     spec = SandboxSpec(scratch_root=tmp_path)
     ws = await open_workspace(TASK, spec, sandbox="bubblewrap")
     await ws.close()
-    cache = tmp_path / "polar-bases"
-    base = cache / _bases(tmp_path)[0]
+    base = cache / _bases(cache)[0]
     assert (cache.stat().st_uid, cache.stat().st_mode & 0o777) == (0, 0o700)
     assert {p.lstat().st_uid for p in base.rglob("*")} == {0}
     target = base / "tree" / "setup.py"

@@ -37,12 +37,14 @@ def _settings(quick: bool) -> dict[str, Any]:
     if quick:
         return {"sizes": [2000, 16000], "calls": 6, "runs": 1, "local": None, "growth_runs": 1, "growth_words": 80,
                 "levels": [1, 64, 256], "seconds": 1.5, "conc_runs": 1, "builder_sizes": [25_000, 100_000],
-                "builder_runs": 1, "grading": False, "rollouts": False, "profile": False, "pipeline": False}
+                "builder_runs": 1, "grading": False, "rollouts": False, "profile": False, "pipeline": False,
+                "workspace_runs": 3}
     return {"sizes": list(RATIO_SIZES.values()), "calls": 30, "runs": 3,
             "local": {"sizes": [1000], "calls": 3, "runs": 1, "max_tokens": 8}, "growth_runs": 3, "growth_words": 150,
             "levels": [1, 64, 256, 1024], "seconds": 8.0, "conc_runs": 2,
             "builder_sizes": [25_000, 50_000, 100_000], "builder_runs": 5, "grading": True,
-            "rollouts": True, "profile": True, "pipeline": True}
+            "rollouts": True, "profile": True, "pipeline": True,
+            "workspace_runs": 10}
 
 
 class Bench:
@@ -87,7 +89,7 @@ class Bench:
         self.results["seconds"][name] = round(time.perf_counter() - started, 1)
 
     def all(self) -> dict[str, Any]:
-        from polar_env.bench import builder, concurrency, grading
+        from polar_env.bench import builder, concurrency, grading, workspace
 
         s = self.s
         self.with_paths("instant", self.instant_args(), self._instant_families)
@@ -107,6 +109,7 @@ class Bench:
             self.run("grading", lambda: grading.grade_bundled(runs=1))
         else:
             self.results["notes"]["grading"] = "skipped in --quick (builds each task's test venv)"
+        self.run("workspace", lambda: workspace.measure("bundled", s["workspace_runs"]))
         if s["rollouts"]:
             self.run("rollouts", lambda: self._rollouts(grading))
         else:
@@ -218,7 +221,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--only", default=None,
                         help="comma-separated families: overhead_instant, overhead_local, growth, concurrency, "
                              "concurrency_workers, "
-                             "builder, grading, rollouts, profile, pipeline")
+                             "builder, grading, workspace, rollouts, profile, pipeline")
     parser.add_argument("--workdir", type=Path, default=None, help="scratch directory (default: a temp dir)")
     parser.add_argument("--note", default=None,
                         help="what else ran on the machine during the run (said in the report's Machine section)")

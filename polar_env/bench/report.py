@@ -92,6 +92,23 @@ def _local_note(section: dict[str, Any]) -> list[str]:
             "The proxy cost is the CPU column: " + "; ".join(notes) + ".", ""]
 
 
+def _workspace(fam: dict[str, Any]) -> list[str]:
+    from polar_env.bench.workspace import BEFORE, BEFORE_COMMIT, BEFORE_LOAD, COMMAND
+
+    start, end = fam["load_avg_1"]
+    out = ["## Workspace creation", "",
+           f"`{COMMAND}` (or `polar bench --only workspace`): `open_workspace` + `close` of a bubblewrap "
+           f"workspace, {fam['runs']} times per bundled task after a first open (which builds the task's warm "
+           f"base on this node, `first s`), at a 1-minute load of {start}-{end}. Before warm bases "
+           f"({BEFORE_COMMIT}: every episode unpacked, committed, copied and snapshotted its tree) the same "
+           f"command gave the `before` column, at a load of {BEFORE_LOAD}.", "",
+           "| bundled task | before median s | median s | p90 s | first s | clone |", "|---|---|---|---|---|---|"]
+    for task, v in fam["tasks"].items():
+        out.append(f"| {task} | {_f(BEFORE.get(task))} | {_f(v['median_s'])} | {_f(v['p90_s'])} | "
+                   f"{_f(v['first_s'])} | {v['clone']} |")
+    return [*out, ""]
+
+
 def render(results: dict[str, Any]) -> str:
     fam, keys, m = results["families"], results.get("keys", {}), results["machine"]
     out = ["# Benchmarks", "",
@@ -203,6 +220,8 @@ def render(results: dict[str, Any]) -> str:
             out.append(f"| {v['concurrency']} | {v['episodes']} | {_f(v['wall_s'])} | "
                        f"{_f(v['rollouts_per_hour'], 0)} | {v['resolved']} |")
         out.append("")
+    if "workspace" in fam:
+        out += _workspace(fam["workspace"])
     if "pipeline" in fam:
         out += _pipeline(fam["pipeline"])
     if fam.get("profile", {}).get("self"):

@@ -1,7 +1,8 @@
 """Workspace creation per episode: ``open_workspace`` + ``close`` in bubblewrap, per task.
 
-``python -m polar_env.bench.workspace --tasks bundled --runs 10`` prints the median and p90 per
-task (the first open of a task, which may build its base tree, is timed apart as ``first_s``).
+``python -m polar_env.bench.workspace --tasks bundled --runs 10`` (or ``polar bench --only workspace``)
+prints the median and p90 per task; the first open of a task, which builds its warm base on this
+node (``episodes/base_trees.py``), is timed apart as ``first_s``.
 """
 
 from __future__ import annotations
@@ -9,34 +10,57 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from polar_env.bench.common import median, percentile
+from polar_env.sandbox.base import SandboxSpec
+from polar_env.tasks.models import Task
+
+COMMAND = "python -m polar_env.bench.workspace --tasks bundled --runs 10"
+BEFORE_COMMIT = "bba778e"
+# median s per episode at BEFORE_COMMIT, same command, this 2-core machine
+BEFORE = {"marshmallow-code__marshmallow-1359": 0.158, "pallets__flask-5014": 0.369, "psf__requests-5414": 0.235,
+          "psf__requests-6028": 0.243, "pytest-dev__pytest-10051": 1.618}
+BEFORE_LOAD = 1.2  # the 1-minute load average then
+
+
+async def _task(task: Task, spec: SandboxSpec, runs: int) -> dict[str, Any]:
+    from polar_env.episodes.workspace import open_workspace
+
+    seconds, clone = [], ""
+    for _ in range(runs + 1):
+        t0 = time.perf_counter()
+        ws = await open_workspace(task, spec, sandbox="bubblewrap")
+        await ws.close()
+        seconds.append(time.perf_counter() - t0)
+        clone = ws.ref.clone
+    rest = seconds[1:]
+    return {"first_s": round(seconds[0], 4), "median_s": round(median(rest), 4),
+            "p90_s": round(percentile(rest, 90), 4), "clone": clone}
 
 
 async def measure(tasks: str = "bundled", runs: int = 10) -> dict[str, Any]:
-    from polar_env.episodes.workspace import open_workspace
-    from polar_env.sandbox.base import SandboxSpec
     from polar_env.tasks.loader import load_tasks
 
     out: dict[str, Any] = {}
+    load = os.getloadavg()[0]
+    previous = os.environ.get("POLAR_BASE_CACHE")
     with tempfile.TemporaryDirectory(prefix="polar-bench-ws-") as tmp:
-        spec = SandboxSpec(scratch_root=Path(tmp))
-        for task in load_tasks(tasks):
-            seconds, clone = [], ""
-            for _ in range(runs + 1):
-                t0 = time.perf_counter()
-                ws = await open_workspace(task, spec, sandbox="bubblewrap")
-                await ws.close()
-                seconds.append(time.perf_counter() - t0)
-                clone = getattr(ws.ref, "clone", "")
-            rest = seconds[1:]
-            out[task.instance_id] = {"first_s": round(seconds[0], 4), "median_s": round(median(rest), 4),
-                                     "p90_s": round(percentile(rest, 90), 4), "runs": runs, "clone": clone}
-    return out
+        os.environ["POLAR_BASE_CACHE"] = str(Path(tmp) / "bases")  # a fresh cache: first_s includes the build
+        try:
+            spec = SandboxSpec(scratch_root=Path(tmp) / "scratch")
+            for task in load_tasks(tasks):
+                out[task.instance_id] = await _task(task, spec, runs)
+        finally:
+            if previous is None:
+                os.environ.pop("POLAR_BASE_CACHE")
+            else:
+                os.environ["POLAR_BASE_CACHE"] = previous
+    return {"tasks": out, "runs": runs, "load_avg_1": [round(load, 1), round(os.getloadavg()[0], 1)]}
 
 
 def main() -> None:

@@ -52,10 +52,10 @@ class BaseTree:
         return self.root / "git"
 
 
-def base_cache_dir(scratch_root: Path | None) -> Path:
-    """Where bases live: beside the workspaces (``<scratch>/polar-bases``, the same filesystem, so
-    reflinks can work) when a scratch root is set, else Polar's cache (``$POLAR_CACHE/bases``)."""
-    return scratch_root / "polar-bases" if scratch_root is not None else cache_root() / "bases"
+def base_cache_dir() -> Path:
+    """Where this node's bases live: ``$POLAR_BASE_CACHE``, else ``$POLAR_CACHE/bases``. Put it on
+    the workspaces' filesystem (the scratch root's) where that filesystem can reflink (btrfs, XFS)."""
+    return Path(os.environ.get("POLAR_BASE_CACHE") or cache_root() / "bases")
 
 
 def base_key(task: Task) -> str:

@@ -173,7 +173,7 @@ def _open(task: Task, spec: SandboxSpec, kind: WorkspaceKind) -> Workspace:
         from polar_env.episodes.base_trees import base_cache_dir, warm_base
         from polar_env.sandbox.bubblewrap import BubblewrapSandbox
 
-        base = warm_base(task, base_cache_dir(spec.scratch_root))
+        base = warm_base(task, base_cache_dir())
         if spec.scratch_root is not None:
             spec.scratch_root.mkdir(parents=True, exist_ok=True)
         scratch = Path(tempfile.mkdtemp(prefix=f"polar-ws-{task.instance_id}-", dir=spec.scratch_root))
