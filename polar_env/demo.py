@@ -34,7 +34,7 @@ def policy_label(config: RolloutConfig, model: str) -> str:
     if config.policy == "model":
         return (f"{model} sampled every turn itself (T={config.temperature}, top_p={config.top_p}); "
                 "an untrained 135M model: expect reward 0, the point is the pipeline")
-    from polar_env.backends.policies import LABELS
+    from polar_env.harness_adapters.policies import LABELS
 
     return f"{LABELS.get(config.policy, config.policy)}; logprobs from {model}"
 

@@ -17,12 +17,9 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from enum import StrEnum
-from typing import TYPE_CHECKING, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-
-if TYPE_CHECKING:
-    from polar_env.trajectory.records import CallRecord
 
 WIRE_PREFIX = "polar:"  # NeMo Gym's shared failure vocabulary has no SWE-bench kinds: ours are namespaced
 
@@ -127,7 +124,24 @@ def parse_outcome(item: str) -> tuple[FailureKind, Outcome]:
 HarnessStatus = Literal["completed", "timeout", "error"]
 
 
-def classify_episode(status: HarnessStatus, calls: Sequence[CallRecord], *, deadline_at: float | None = None,
+class CallView(Protocol):
+    """What the classifiers read of a recorded call (``trajectory.records.CallRecord`` has it): this
+    module is a leaf the records import, so it names the fields instead of importing the record."""
+
+    call_index: int
+    created_at: float
+    failure_kind: FailureKind | None
+    finish_reason: str | None
+    timings: dict[str, float]
+
+    @property
+    def output(self) -> Any: ...  # the AssistantTurn (``.tool_calls``), None if the call failed
+
+    @property
+    def sampled_ids(self) -> Sequence[int]: ...
+
+
+def classify_episode(status: HarnessStatus, calls: Sequence[CallView], *, deadline_at: float | None = None,
                      min_backend_tokens_per_s: float = 5.0, killed_by: str | None = None) -> FailureKind:
     """What ended an episode whose harness ran (``status``) and made ``calls``, before grading.
 
@@ -160,7 +174,7 @@ def classify_episode(status: HarnessStatus, calls: Sequence[CallRecord], *, dead
     return FailureKind.none
 
 
-def deadline_cause(calls: Sequence[CallRecord], deadline_at: float, min_tokens_per_s: float) -> FailureKind:
+def deadline_cause(calls: Sequence[CallView], deadline_at: float, min_tokens_per_s: float) -> FailureKind:
     """Harness stuck (no model call in flight at the deadline), backend slow (the session's calls
     sampled below ``min_tokens_per_s``), or the policy still sampling (anything else)."""
     in_flight = [c for c in calls if c.created_at <= deadline_at

@@ -24,10 +24,10 @@ from pathlib import Path
 import pytest
 from polar_sandbox_helpers import probe_network, processes_matching
 
-from polar_env.backends.policies import make_policy
 from polar_env.backends.scripted import ScriptedBackend
 from polar_env.episodes import EpisodeConfig, run_episode
 from polar_env.episodes.workspace import engine_available, open_workspace
+from polar_env.harness_adapters.policies import make_policy
 from polar_env.proxy.app import ProxyServer
 from polar_env.proxy.engine import EngineConfig
 from polar_env.rewards.image_grading import grade_task

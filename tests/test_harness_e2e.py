@@ -23,10 +23,10 @@ from aiohttp import web
 from polar_sandbox_helpers import processes_matching
 
 from polar_env.backends.local import LocalBackend
-from polar_env.backends.policies import final_answer, offered_shell_tool, patch_edit, tool_call
 from polar_env.backends.scripted import ScriptedBackend
 from polar_env.chat.template import ChatRenderer
 from polar_env.harness_adapters import get_adapter
+from polar_env.harness_adapters.policies import final_answer, offered_shell_tool, patch_edit, tool_call
 from polar_env.harness_adapters.registry import NOISE_EXCLUDES
 from polar_env.harness_adapters.runner import run_episode_in_sandbox
 from polar_env.outcomes import FailureKind, classify_episode

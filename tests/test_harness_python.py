@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 
-from polar_env.backends.policies import DONE, final_answer, patch_edit, shell_call
 from polar_env.harness_adapters import HarnessContext, get_adapter
 from polar_env.harness_adapters.aider import udiff_reply
+from polar_env.harness_adapters.policies import DONE, final_answer, patch_edit, shell_call
 
 CTX = HarnessContext(session_id="sess-1", session_key="sk-polar-secret", model_name="policy", port=18080)
 

@@ -30,10 +30,10 @@ from polar_env.agent_server.core import (
 )
 from polar_env.agent_server.policy_server import PolicyServer, gold_policy
 from polar_env.backends.base import SamplingParams
-from polar_env.backends.policies import DONE as FINAL
 from polar_env.backends.vllm import VllmBackend
 from polar_env.episodes import episode_prompt
 from polar_env.episodes.workspace import WorkspaceMounts
+from polar_env.harness_adapters.policies import DONE as FINAL
 from polar_env.resources_server.core import (
     EpisodeConflict,
     PolarResources,

@@ -156,8 +156,8 @@ async def test_attacks_made_in_the_agents_tree(embedded_dir: Path, renderer, tmp
     """Pi runs the attack as a shell command in its sandboxed tree; the extracted patch is graded."""
     from reliability_helpers import scripted_proxy
 
-    from polar_env.backends.policies import DONE, shell_call
     from polar_env.episodes.lifecycle import EpisodeConfig, run_episode
+    from polar_env.harness_adapters.policies import DONE, shell_call
 
     entries = {e["id"]: e for e in MANIFEST}
     commands = {e: "cd /testbed && echo " + base64.b64encode(patch_of(entries[e]).encode()).decode()

@@ -21,8 +21,9 @@ from wire_helpers import fixture
 
 from polar_env.chat.messages import Message, ToolCall, ToolSpec
 from polar_env.chat.template import ChatRenderer
-from polar_env.proxy.engine import HISTORY_THINKING_DROPPED, HISTORY_THINKING_KEPT, EngineConfig
+from polar_env.proxy.engine import HISTORY_THINKING_DROPPED, EngineConfig
 from polar_env.trajectory.checks import check_path
+from polar_env.trajectory.records import HISTORY_THINKING_KEPT
 
 pytestmark = pytest.mark.slow  # real proxy over HTTP, the real model scoring each answer
 

@@ -9,7 +9,8 @@ import pytest
 from wire_helpers import fixture, parse_sse, text_turn, tool_turn
 
 from polar_env.proxy import anthropic_messages
-from polar_env.proxy.wire import WireError, call_id_from_ref
+from polar_env.proxy.wire import WireError
+from polar_env.wire.ids import call_id_from_ref
 
 
 def test_claude_code_first_request_strips_the_billing_header():

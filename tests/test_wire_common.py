@@ -8,7 +8,8 @@ from wire_helpers import fixture, parse_sse
 
 from polar_env.chat.messages import Conversation, Message
 from polar_env.proxy import anthropic_messages, volatile
-from polar_env.proxy.wire import DecodedRequest, call_id_from_ref, issued_ref, sse_frame
+from polar_env.proxy.wire import DecodedRequest, sse_frame
+from polar_env.wire.ids import call_id_from_ref, issued_ref
 
 
 def test_sse_frame_shapes():

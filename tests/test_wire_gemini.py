@@ -15,7 +15,8 @@ from wire_helpers import fixture, text_turn, tool_turn
 
 from polar_env.proxy import gemini_generate_content as gemini
 from polar_env.proxy.engine import EngineConfig
-from polar_env.proxy.wire import WireError, call_id_from_ref
+from polar_env.proxy.wire import WireError
+from polar_env.wire.ids import call_id_from_ref
 
 STREAM = "/v1beta/models/polar-model:streamGenerateContent?alt=sse"
 

@@ -24,13 +24,13 @@ from pathlib import Path
 from aiohttp import web
 
 from polar_env.backends.base import Backend, BackendError, SamplingParams
-from polar_env.backends.policies import POLICIES, Policy, make_policy
 from polar_env.backends.vllm import completion_choice
+from polar_env.harness_adapters.policies import POLICIES, Policy, make_policy
 from polar_env.stop_signal import wait_for_stop_signal
 
 
 def gold_policy(tasks_spec: str = "bundled") -> Policy:
-    """The shared gold-replay policy over ``tasks_spec`` (polar_env/backends/policies.py)."""
+    """The shared gold-replay policy over ``tasks_spec`` (polar_env/harness_adapters/policies.py)."""
     from polar_env.tasks.loader import load_tasks
 
     return make_policy("gold", load_tasks(tasks_spec))

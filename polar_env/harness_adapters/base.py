@@ -91,7 +91,7 @@ class VolatileRule:
 
 @dataclass(frozen=True)
 class ShellTool:
-    """The harness's own shell tool as the model sees it, so a scripted policy (backends/policies.py)
+    """The harness's own shell tool as the model sees it, so a scripted policy (harness_adapters/policies.py)
     can call it: ``{name: {command_arg: <command>}}`` (``[<command>]`` where the tool takes a list of
     commands). ``extra_args`` are arguments the tool requires on every call (OpenHands:
     ``security_risk``); ``wait_args`` raise the tool's own time limit for a command that runs long

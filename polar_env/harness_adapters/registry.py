@@ -2,7 +2,7 @@
 
 What Polar needs from every harness at once (the proxy and the grader do not know which harness a
 session runs) is the union over this table: noise dirs here, volatile lines in proxy/volatile.py,
-shell tools, text edit formats and finish commands in backends/policies.py.
+shell tools, text edit formats and finish commands in harness_adapters/policies.py.
 """
 
 from __future__ import annotations

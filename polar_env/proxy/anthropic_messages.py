@@ -19,7 +19,6 @@ from polar_env.proxy.seen import Seen
 from polar_env.proxy.wire import (
     PART_JOIN,
     DecodedRequest,
-    Loose,
     WireError,
     choose_tools,
     decode_items,
@@ -28,7 +27,6 @@ from polar_env.proxy.wire import (
     finish_of,
     flag_structured_output,
     flatten_parts,
-    issued_ref,
     merge_split_turns,
     require_object,
     sampling_of,
@@ -39,6 +37,8 @@ from polar_env.proxy.wire import (
     validate,
     validate_items,
 )
+from polar_env.wire.ids import issued_ref
+from polar_env.wire.loose import Loose
 
 API = "messages"
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}

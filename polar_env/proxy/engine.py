@@ -34,9 +34,10 @@ from polar_env.outcomes import FailureKind
 from polar_env.proxy.policy import PolicyFence
 from polar_env.proxy.run_slots import RunEnded, RunSlots
 from polar_env.proxy.sessions import SAMPLING_KEYS, BudgetExceeded, CallState, Session, prefix_hashes
-from polar_env.proxy.wire import DecodedRequest, issued_tool_call_id
+from polar_env.proxy.wire import DecodedRequest
 from polar_env.trajectory.ledger import Ledger
-from polar_env.trajectory.records import CallRecord, ids_digest
+from polar_env.trajectory.records import HISTORY_THINKING_KEPT, CallRecord, ids_digest
+from polar_env.wire.ids import issued_tool_call_id
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -46,7 +47,6 @@ INLINE_CHARS = 4096
 INLINE_IDS = 512
 
 MAX_IDENTICAL_FAILURES = 2
-HISTORY_THINKING_KEPT = "history_thinking_kept"  # call flag: counted by ``polar check``
 HISTORY_THINKING_DROPPED = "history thinking dropped (new user turn)"  # chain break reason
 
 

@@ -28,15 +28,12 @@ from polar_env.proxy import volatile
 from polar_env.proxy.seen import Seen
 from polar_env.proxy.wire import (
     PART_JOIN,
-    REF_PREFIX,
     DecodedRequest,
-    Loose,
     WireError,
     choose_tools,
     dedupe,
     echoed_model,
     flag_structured_output,
-    issued_ref,
     merge_split_turns,
     require_object,
     sampling_of,
@@ -45,6 +42,8 @@ from polar_env.proxy.wire import (
     user_turn,
     validate,
 )
+from polar_env.wire.ids import REF_PREFIX, issued_ref
+from polar_env.wire.loose import Loose
 
 API = "generateContent"
 METHODS = ("generateContent", "streamGenerateContent", "countTokens")

@@ -18,7 +18,6 @@ from polar_env.proxy.seen import Seen
 from polar_env.proxy.wire import (
     SSE_COMMENT_KEEPALIVE,
     DecodedRequest,
-    Loose,
     OpenAIRequestFields,
     WireError,
     choose_tools,
@@ -40,6 +39,7 @@ from polar_env.proxy.wire import (
     stops_of,
     validate_items,
 )
+from polar_env.wire.loose import Loose
 
 API = "chat completions"
 

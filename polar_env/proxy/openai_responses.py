@@ -19,11 +19,8 @@ from polar_env.proxy.seen import Seen
 from polar_env.proxy.wire import (
     PART_JOIN,
     DecodedRequest,
-    Loose,
     OpenAIRequestFields,
-    ToolRoute,
     WireError,
-    call_id_from_ref,
     choose_tools,
     custom_tool_description,
     dedupe,
@@ -31,7 +28,6 @@ from polar_env.proxy.wire import (
     finish_of,
     flag_structured_output,
     flatten_parts,
-    issued_ref,
     merge_split_turns,
     openai_error,
     openai_overflow,
@@ -41,58 +37,27 @@ from polar_env.proxy.wire import (
     sse_frame,
     validate,
 )
+from polar_env.wire.ids import call_id_from_ref
+from polar_env.wire.loose import Loose
+from polar_env.wire.responses import (
+    ContentPart,
+    CustomToolCallItem,
+    FunctionCallItem,
+    MessageItem,
+    ReasoningItem,
+    ToolRoute,
+    output_items,
+)
 
 API = "responses"
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 STATELESS = "this proxy is stateless; send the full input (store=false)"
 
 
-class ContentPart(Loose):
-    type: str = "input_text"
-    text: str | None = None
-
-
-class MessageItem(Loose):
-    type: Literal["message"] = "message"
-    id: str | None = None
-    role: Literal["user", "assistant", "system", "developer"]
-    content: str | list[ContentPart]
-
-
-class FunctionCallItem(Loose):
-    type: Literal["function_call"]
-    id: str | None = None
-    call_id: str
-    name: str
-    namespace: str | None = None
-    arguments: str = ""
-
-
-class CustomToolCallItem(Loose):
-    type: Literal["custom_tool_call"]
-    id: str | None = None
-    call_id: str
-    name: str
-    input: str = ""
-
-
 class ToolOutputItem(Loose):
     type: Literal["function_call_output", "custom_tool_call_output"]
     call_id: str
     output: str | list[ContentPart]
-
-
-class TextPart(Loose):
-    type: str = "summary_text"
-    text: str = ""
-
-
-class ReasoningItem(Loose):
-    type: Literal["reasoning"]
-    id: str | None = None
-    summary: list[TextPart] = []
-    content: list[TextPart] | None = None
-    encrypted_content: str | None = None
 
 
 ITEM_MODELS: dict[str, type[Loose]] = {
@@ -299,49 +264,9 @@ class _Builder:
 
 
 # -- encoding ----------------------------------------------------------------------------------
-def _kind_of(tc: ToolCall, req: DecodedRequest | None) -> str:
-    if tc.kind == "custom" or req is None:
-        return tc.kind
-    spec = next((t for t in req.conversation.tools if t.name == tc.name), None)
-    return spec.kind if spec else "function"
-
-
-def message_item(call_id: str, text: str, status: str = "completed", **part_fields: Any) -> dict[str, Any]:
-    """An assistant output message (also the empty one an export hangs token ids on)."""
-    part = ContentPart(type="output_text", text=text, annotations=[], **part_fields)
-    return MessageItem(id=f"msg_{call_id}", status=status, role="assistant", content=[part]).model_dump(
-        exclude_none=True)
-
-
-def output_items(turn: AssistantTurn, req: DecodedRequest | None = None) -> list[dict[str, Any]]:
-    """The completed output items of a turn: reasoning (carrying the call ref), message, tool calls.
-
-    The same items, with the same ids, go to the harness and into NeMo Gym exports; an export has
-    no request (``req=None``): tool kinds come from the calls and no namespaces are restored.
-    """
-    items: list[Loose] = []
-    if turn.reasoning is not None:
-        summary = [TextPart(text=turn.reasoning)] if turn.reasoning else []
-        items.append(ReasoningItem(type="reasoning", id=f"rs_{turn.call_id}", summary=summary,
-                                   encrypted_content=issued_ref(turn.call_id)))
-    dumped = [item.model_dump(exclude_none=True) for item in items]
-    if turn.content or not turn.tool_calls:
-        dumped.append(message_item(turn.call_id, turn.content, **_logprobs(turn)))
-    for i, tc in enumerate(turn.tool_calls):
-        if _kind_of(tc, req) == "custom":
-            item: Loose = CustomToolCallItem(type="custom_tool_call", id=f"ctc_{turn.call_id}_{i}", call_id=tc.id,
-                                              name=tc.name, input=tc.arguments, status="completed")
-        else:
-            route = req.tool_routes.get(tc.name) if req is not None else None
-            item = FunctionCallItem(type="function_call", id=f"fc_{turn.call_id}_{i}", call_id=tc.id,
-                                    name=route.name if route else tc.name, arguments=tc.arguments,
-                                    namespace=route.namespace if route else None, status="completed")
-        dumped.append(item.model_dump(exclude_none=True))
-    return dumped
-
-
-def _logprobs(turn: AssistantTurn) -> dict[str, Any]:
-    return {} if turn.logprobs is None else {"logprobs": [t.model_dump() for t in turn.logprobs]}
+def _output_items(turn: AssistantTurn, req: DecodedRequest) -> list[dict[str, Any]]:
+    """The turn's items as this request named its tools (kinds, Codex namespaces)."""
+    return output_items(turn, req.conversation.tools, req.tool_routes)
 
 
 def _usage(turn: AssistantTurn) -> dict[str, Any]:
@@ -363,7 +288,7 @@ def _response(turn: AssistantTurn, req: DecodedRequest, created: int, output: li
 
 
 def encode_response(turn: AssistantTurn, req: DecodedRequest) -> dict:
-    return _response(turn, req, int(time.time()), output_items(turn, req))
+    return _response(turn, req, int(time.time()), _output_items(turn, req))
 
 
 def _pending(item: dict[str, Any]) -> dict[str, Any]:
@@ -376,7 +301,7 @@ def _pending(item: dict[str, Any]) -> dict[str, Any]:
 
 def encode_stream(turn: AssistantTurn, req: DecodedRequest) -> list[bytes]:
     created = int(time.time())
-    items = output_items(turn, req)
+    items = _output_items(turn, req)
     frames: list[bytes] = []
 
     def emit(kind: str, **fields: Any) -> None:

@@ -1,10 +1,9 @@
-"""What the four wire-API codecs share: the decoded request, the 4xx error, SSE framing, id formats.
+"""What the four wire-API codecs share: the decoded request, the 4xx error, SSE framing (the ids the
+proxy issues are ``polar_env.wire.ids``, the base model ``polar_env.wire.loose``).
 
 Each API module (``openai_chat``, ``openai_responses``, ``anthropic_messages``,
 ``gemini_generate_content``) turns a harness body into a :class:`DecodedRequest` and an
 :class:`AssistantTurn` back into that API's JSON or SSE frames.
-The proxy issues every id the harness echoes back, so the formats live here, in one place, where
-the engine can read a call id out of them.
 """
 
 from __future__ import annotations
@@ -15,31 +14,24 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from polar_env import fastjson
 from polar_env.chat.messages import AssistantTurn, Conversation, Message, ToolCall, ToolSpec
 from polar_env.proxy.seen import Decoded, Merged, Seen, extends
+from polar_env.wire.ids import call_id_from_ref, turn_of
+from polar_env.wire.loose import Loose
+from polar_env.wire.responses import ToolRoute
 
 # Text parts and blocks of one message are joined with this; every API uses the same join so a
 # conversation decodes to the same canonical text whichever wire it came over.
 PART_JOIN = "\n"
-
-# Opaque refs the proxy hands out (Responses reasoning ``encrypted_content``, Anthropic thinking
-# ``signature``); each contains the call id, which is how the engine matches a turn to its call.
-REF_PREFIX = "polar:v1:"
 
 TEXT_PART_TYPES = frozenset({"text", "input_text", "output_text"})
 IMAGE_PART_TYPES = frozenset({"image", "image_url", "input_image"})
 FILE_PART_TYPES = frozenset({"file", "input_file", "document"})
 
 M = TypeVar("M", bound=BaseModel)
-
-
-class Loose(BaseModel):
-    """A wire model that keeps fields it does not name: APIs grow, and a harness's extra field is no error."""
-
-    model_config = ConfigDict(extra="allow")
 
 
 class OpenAIRequestFields(Loose):
@@ -64,13 +56,6 @@ class WireError(Exception):
 
     def __reduce__(self):  # raised in a parse worker process (proxy/offload.py), re-raised here
         return type(self), (self.status, self.message)
-
-
-class ToolRoute(BaseModel):
-    """How to name a tool call on the way back when the canonical name was flattened (Codex namespaces)."""
-
-    name: str
-    namespace: str | None = None
 
 
 class ToolChoice(BaseModel):
@@ -150,37 +135,6 @@ def sse_frame(data: dict | str, event: str | None = None) -> bytes:
     if not isinstance(data, str):
         return head + b"data: " + fastjson.dumps(data) + b"\n\n"
     return head + "".join(f"data: {line}\n" for line in data.split("\n")).encode() + b"\n"
-
-
-def issued_ref(call_id: str) -> str:
-    return REF_PREFIX + call_id
-
-
-def call_id_from_ref(ref: str | None) -> str | None:
-    """The call id inside a ref the proxy issued (``polar:v1:ID``, ``msg_ID``, ``rs_ID``, ``fc_ID_N``)."""
-    if not ref:
-        return None
-    if ref.startswith(REF_PREFIX):
-        return ref[len(REF_PREFIX):] or None
-    for prefix in ("msg_", "rs_"):
-        if ref.startswith(prefix):
-            return ref[len(prefix):] or None
-    if ref.startswith(("fc_", "ctc_")) and ref.count("_") >= 2:
-        return ref.split("_", 1)[1].rsplit("_", 1)[0] or None
-    return None
-
-
-def issued_tool_call_id(call_id: str, index: int) -> str:
-    """The id of the ``index``-th tool call of model call ``call_id``: it names the sampled turn."""
-    return f"call_{call_id[:12]}_{index}"
-
-
-def turn_of(tool_call_id: str) -> str | None:
-    """Which sampled turn a proxy-issued tool-call id belongs to (the call id's first 12 characters)."""
-    head, _, index = tool_call_id.rpartition("_")
-    if not head.startswith("call_") or not index.isdigit() or len(head) != len("call_") + 12:
-        return None
-    return head[len("call_"):]
 
 
 def _turn_key(message: Message, ref: str | None) -> str | None:

@@ -185,7 +185,7 @@ def proxy_factory(config: RolloutConfig, backend=None, tasks: list[Task] | None 
     renderer = ChatRenderer.from_pretrained(model_dir, tool_format=config.tool_format,
                                             enable_thinking=config.enable_thinking)
     if backend is None and config.policy != "model":
-        from polar_env.backends.policies import make_policy
+        from polar_env.harness_adapters.policies import make_policy
 
         backend = make_backend("scripted", model_dir=model_dir, policy=make_policy(config.policy, tasks or []),
                                context_window=config.score_window)

@@ -97,7 +97,7 @@ class PolarRollouts:
                                   logprobs_mode="processed")
         backend: Any = self.model
         if policy is None and config.policy != "model":
-            from polar_env.backends.policies import make_policy
+            from polar_env.harness_adapters.policies import make_policy
 
             policy = make_policy(config.policy, self.plan.tasks)
         if policy is not None:

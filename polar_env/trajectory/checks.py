@@ -17,10 +17,10 @@ from typing import Annotated, Any, Literal, Protocol
 import numpy as np
 from pydantic import BaseModel, BeforeValidator, Field, StrictBool, StrictFloat, StrictInt, ValidationError
 
-from polar_env.proxy.engine import HISTORY_THINKING_KEPT
-from polar_env.proxy.wire import Loose
 from polar_env.trajectory.export import thin_groups, to_nemo_gym_result
 from polar_env.trajectory.models import Chain, Trajectory
+from polar_env.trajectory.records import HISTORY_THINKING_KEPT
+from polar_env.wire.loose import Loose
 
 FileKind = Literal["polar", "nemo", "grpo", "ledger", "unknown"]
 

@@ -20,9 +20,9 @@ import numpy as np
 
 from polar_env import fastjson
 from polar_env.chat.messages import AssistantTurn, Message
-from polar_env.proxy.openai_responses import message_item, output_items
 from polar_env.trajectory.models import CallSummary, Chain, Trajectory
 from polar_env.trajectory.paths import Selector, policy_versions, train_chains
+from polar_env.wire.responses import message_item, output_items
 
 GRPO_ROW_SCHEMA = "polar.grpo_row.v1"
 _TRAINABLE_TYPES = ("message", "function_call", "reasoning")  # Gym's *ForTraining item types

@@ -102,6 +102,11 @@ class PromptIds(Sequence[int]):
         return repr(self.tolist())
 
 
+# a call flag (``CallFields.flags``): the engine kept the history's thinking past a new user turn
+# (docs/proxy.md); ``polar check`` counts it
+HISTORY_THINKING_KEPT = "history_thinking_kept"
+
+
 class CallFields(BaseModel):
     """What a call's record and its ledger line share: everything but the prompt's ids, messages and tools."""
 
