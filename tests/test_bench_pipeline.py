@@ -9,10 +9,10 @@ import json
 import pytest
 
 from polar_env.backends.base import SamplingParams
-from polar_env.harness_adapters.policies import make_policy
 from polar_env.backends.scripted import PolicyAnswers
 from polar_env.backends.simulated import CallSpan, SimulatedBackend
 from polar_env.bench.pipeline import busy_fraction, in_flight, run_entries, steady_window
+from polar_env.harness_adapters.policies import make_policy
 from polar_env.tasks.loader import load_tasks
 
 

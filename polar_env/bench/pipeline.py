@@ -118,11 +118,11 @@ async def measure(workdir: Path, *, samples: int = 4, run_slots: int = RUN_SLOTS
                   per_token_s: float = PER_TOKEN_S, timeout_s: float = 300.0) -> dict[str, Any]:
     """Both drivers over the bundled tasks x ``samples``, at ``run_slots``; the staged one first."""
     from polar_env.backends.embedded import embedded_model_dir
-    from polar_env.harness_adapters.policies import make_policy
     from polar_env.backends.scripted import PolicyAnswers
     from polar_env.backends.simulated import SimulatedBackend
     from polar_env.chat.template import ChatRenderer
     from polar_env.episodes import EpisodeConfig
+    from polar_env.harness_adapters.policies import make_policy
     from polar_env.rollout.config import RolloutConfig
     from polar_env.rollout.plan import RolloutPlan
     from polar_env.rollout.runner import prepare, proxy_factory
