@@ -30,6 +30,7 @@ from polar_env.proxy.run_slots import RunEnded, RunSlots
 from polar_env.rewards.grading import GradeResult
 from polar_env.rollout.plan import RolloutPlan
 from polar_env.rollout.runner import EpisodeRunner, run_rollouts
+from polar_env.sandbox.base import Deadline, run_process_tree
 from polar_env.tasks.loader import load_tasks
 
 bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
@@ -67,6 +68,16 @@ async def test_a_cancelled_waiting_call_keeps_its_sessions_place():
     assert slots.waiting == 1
     slots.release("a")
     assert await slots.enter("b") == 0.0 and slots.holders == {"b"}
+
+
+async def test_a_deadline_does_not_run_while_its_clock_is_paused():
+    """A harness started ahead of its run slot is not timed while its first call waits (the
+    driver passes the slot wait as ``paused_s``): 0.3 s of deadline, 1 s paused, a 0.8 s command."""
+    waited = Deadline(0.3, paused_s=lambda: 1.0)
+    ran = await run_process_tree(["sleep", "0.8"], timeout_s=waited, stdin=None, max_output_bytes=1024)
+    assert not ran.timed_out and ran.exit_code == 0
+    cut = await run_process_tree(["sleep", "5"], timeout_s=Deadline(0.3), stdin=None, max_output_bytes=1024)
+    assert cut.timed_out and cut.duration_s < 5
 
 
 # -- real episodes through the driver ----------------------------------------------------------

@@ -78,7 +78,7 @@ class PolarAgentConfig(BaseModel):
     tool_format: str | None = None  # hermes | qwen3_coder (default: from the chat template)
     max_context: int | None = None  # the context window to enforce; None: the backend's own (max_model_len)
     timeout_s: float = 1800.0  # the harness's wall-clock deadline per episode
-    max_concurrent_episodes: int = 64
+    max_concurrent_episodes: int = 64  # episodes seeding or running their harness at once; grading is outside it
     default_sampling: dict[str, float | int] = Field(
         default_factory=lambda: {"temperature": 1.0, "top_p": 1.0, "max_tokens": 8192})
     runtime_dir: str | None = None  # proxy socket + ledger (default: a temp dir, removed at stop)
@@ -312,11 +312,13 @@ class PolarAgent:
                 log.exception("polar agent: episode %s failed in the %s stage", episode_id, ep.stage)
                 ep.fail(FailureKind.sandbox_failure, "sandbox" if ep.stage == "agent" else "resources_server",
                         f"{type(exc).__name__}: {exc}")
-            # settling is not interrupted by a second cancel (shutdown after a disconnect)
-            settle = asyncio.ensure_future(self._settle(ep, resources))
-            self._settling.add(settle)
-            settle.add_done_callback(self._settling.discard)
-            return await asyncio.shield(settle)
+        # the slot is the run stage's only: grading (settle) happens outside it, so a slow grade never
+        # holds back the next episode's model calls. Settling is not interrupted by a second cancel
+        # (shutdown after a disconnect)
+        settle = asyncio.ensure_future(self._settle(ep, resources))
+        self._settling.add(settle)
+        settle.add_done_callback(self._settling.discard)
+        return await asyncio.shield(settle)
 
     async def _play(self, ep: _Episode, row: dict[str, Any], resources: ResourcesClient) -> None:
         ep.stage = "seed"
