@@ -136,6 +136,33 @@ def test_link_that_leaves_only_after_the_reset_is_refused_before_any_test(tmp_pa
     gold.check_links_after_reset()  # a tree without such links passes
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="the tree is staged on a tmpfs only as host root")
+def test_grading_mountinfo_names_no_grader_path_or_task(tmp_path: Path):
+    """Failed before the read-only tree and the grader's files were staged on a tmpfs: the sandbox's
+    /proc/self/mountinfo named ``/tmp/polar-grade-<task id>-.../tree`` for /testbed (and the grader's temp
+    dir), a grading-only sign a detector could key on in both graded runs. Now each reads like the
+    episode sandbox's: root field the mount point itself. (The task venv's line still names its path.)"""
+    from polar_env.rewards.sandbox_exec import run_sandboxed
+    from polar_env.sandbox.bwrap_argv import Mount
+
+    tree = tmp_path / f"polar-grade-{TASK.instance_id}-x" / "strict" / "tree"
+    (tree / "tests").mkdir(parents=True)
+    (tree / "tests" / "t.py").write_text("x = 1\n")
+    grader = tmp_path / "polar-perturbed-y" / "grader"
+    grader.mkdir(parents=True)
+    (grader / "main.py").write_text("print(1)\n")
+    run = run_sandboxed(["cat", "/proc/self/mountinfo", "/srv/abc/tests/t.py", "/opt/qq/main.py"], tree=tree,
+                        venv=ensure_task_env(TASK), timeout_s=60, tree_writable=False, tree_mount="/srv/abc",
+                        extra_mounts=[Mount("/opt/qq", grader)])
+    assert run.returncode == 0 and "x = 1" in run.output and "print(1)" in run.output, run.output
+    lines = {f[4]: f for f in (line.split() for line in run.output.splitlines() if line[:1].isdigit())}
+    for point in ("/srv/abc", "/opt/qq"):
+        assert lines[point][3] == point, lines[point]
+    shown = "\n".join(" ".join(f) for point, f in lines.items() if point != "/opt/venv")
+    assert TASK.instance_id not in shown and "polar-grade" not in shown and "polar-perturbed" not in shown
+    assert str(tmp_path) not in shown
+
+
 def test_restore_replaces_links_it_would_otherwise_follow(tmp_path: Path):
     """Even a link no check refused is replaced, never followed: the reset writes the base's files."""
     canary = make_canary(tmp_path)

@@ -9,7 +9,10 @@ Limits (`GradingLimits`, sized by ``POLAR_GRADING_*``; the grading deadline is o
 declaration every entry point reads: `grading_timeout_s`): the whole sandbox runs in its own cgroup
 (memory, pids: `polar_env.sandbox.cgroups`), and everything the tests can write is a sized tmpfs,
 whose pages that cgroup pays for too. A writable tree is copied into a sized tmpfs at /testbed
-inside the sandbox (the host copy is only read), so no test writes host disk.
+inside the sandbox (the host copy is only read), so no test writes host disk. As host root, a
+read-only run's tree and the grader's files are staged on a fresh tmpfs first (`_staged`), so the
+sandbox's mountinfo shows each at its own path, as the episode sandbox's does, never the grader's
+temp dirs (which name the task and the kind of run).
 
 Whether the sandbox started is the supervisor's evidence, not the output's: the first command
 inside, before anything of the task's runs (and after the tree copy), writes one byte into a
@@ -21,14 +24,17 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from polar_env.rewards.bounded_output import OutputStats, read_bounded
+from polar_env.sandbox.bubblewrap import _mount_quota as mount_quota
 from polar_env.sandbox.bwrap_argv import BwrapCommand, Mount
 from polar_env.sandbox.bwrap_argv import SandboxUnavailable as SandboxUnavailable  # what run_sandboxed raises
 from polar_env.sandbox.cgroups import CgroupLimits
@@ -114,6 +120,31 @@ def prepare_tree_owner(tree: Path) -> None:
             os.lchown(os.path.join(root, name), SANDBOX_UID, SANDBOX_UID)
 
 
+@contextmanager
+def _staged(tree: Path, tree_mount: str, extra_mounts: Sequence[Mount], size: int) -> Iterator[tuple[Path, list[Mount]]]:
+    """As host root, a read-only run's tree and grader files copied (``cp -a``) onto a fresh tmpfs, each at
+    its path inside the sandbox: a bind's mountinfo names the source's path within its file system, so
+    ``/testbed`` then reads as the episode sandbox's does (``polar-sandbox``, root ``/testbed``), never the
+    grader's temp dir (``polar-grade-<task id>-...``, ``polar-perturbed-...``). Otherwise nothing is copied."""
+    if os.geteuid() != 0:
+        yield tree, list(extra_mounts)
+        return
+    with tempfile.TemporaryDirectory(prefix="polar-stage-") as tmp:
+        root = Path(tmp)
+        mount_quota(root, size)
+        try:
+            def copy(src: Path, dst: str) -> Path:
+                target = root / dst.lstrip("/")
+                target.mkdir(parents=True)
+                subprocess.run(["cp", "-a", "--", f"{src}/.", str(target)], check=True, capture_output=True)
+                return target
+            staged = [Mount(m.dst, copy(Path(m.src), m.dst), m.kind, m.perms, m.size)
+                      if m.src is not None and Path(m.src).is_dir() else m for m in extra_mounts]
+            yield copy(tree, tree_mount), staged
+        finally:
+            subprocess.run(["umount", "-l", str(root)], capture_output=True)
+
+
 def run_sandboxed(
     script: str | Sequence[str],
     *,
@@ -145,6 +176,20 @@ def run_sandboxed(
         **(env or {}),
     }
     cmd = ["/bin/bash", "-c", script] if isinstance(script, str) else list(script)
+    if tree_writable:  # copied into its tmpfs inside the sandbox already
+        return _run(cmd, tree, venv, full_env, limits, tree_writable, extra_mounts, pass_fds, tree_mount, hostname,
+                    timeout_s)
+    try:
+        with _staged(tree, tree_mount, extra_mounts, limits.tmpfs_bytes) as (staged_tree, staged_mounts):
+            return _run(cmd, staged_tree, venv, full_env, limits, tree_writable, staged_mounts, pass_fds, tree_mount,
+                        hostname, timeout_s)
+    except (subprocess.CalledProcessError, OSError) as e:
+        raise SandboxUnavailable(f"cannot stage the tree for the sandbox: {e}") from e
+
+
+def _run(cmd: list[str], tree: Path, venv: Path, full_env: dict[str, str], limits: GradingLimits,
+         tree_writable: bool, extra_mounts: Sequence[Mount], pass_fds: Sequence[int], tree_mount: str,
+         hostname: str, timeout_s: float) -> SandboxRun:
     started_r, started_w = os.pipe()
     try:
         argv = _sandbox(tree, venv, full_env, tree_writable=tree_writable, extra_mounts=extra_mounts,
