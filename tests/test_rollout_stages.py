@@ -18,6 +18,7 @@ import threading
 import uuid
 from pathlib import Path
 
+import aiohttp
 import pytest
 from polar_sandbox_helpers import processes_matching
 from reliability_helpers import FakeHarness, wait_gone
@@ -68,6 +69,32 @@ async def test_a_cancelled_waiting_call_keeps_its_sessions_place():
     assert slots.waiting == 1
     slots.release("a")
     assert await slots.enter("b") == 0.0 and slots.holders == {"b"}
+
+
+async def test_a_streamed_call_waiting_for_a_run_slot_gets_keepalives_then_its_answer(renderer, tmp_path: Path):
+    """The one run slot is held by another session for 2.5 s: the waiting call's stream opens and
+    sends keep-alives (a client with a 1.5 s read timeout stays connected), then the answer; the
+    wait is recorded as ``admission_ms``, not as generation."""
+    done = renderer.tokenizer.encode("Done.", add_special_tokens=False) + renderer.eos_token_ids[:1]
+    proxy = ProxyServer.create(renderer=renderer, backend=InstantBackend(done), data_dir=tmp_path / "ledger",
+                               admin_secret="admin", keepalive_s=0.5, config=EngineConfig(max_context=4096))
+    await proxy.start(port=0)
+    proxy.engine.run_slots = slots = RunSlots(1)
+    await slots.enter("other")
+    asyncio.get_running_loop().call_later(2.5, slots.release, "other")
+    sid, key = proxy.create_session("s", sampling={"max_tokens": 16})
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(sock_read=1.5)) as http, \
+                http.post(f"{proxy.base_url}/s/{sid}/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
+                          json={"model": "policy", "stream": True,
+                                "messages": [{"role": "user", "content": "hi"}]}) as resp:
+            raw = await resp.read()
+        record = proxy.registry.ledger.calls(sid)[0]
+    finally:
+        await proxy.stop()
+    assert raw.count(b": keep-alive\n\n") >= 3 and b"Done." in raw, raw[:300]
+    assert record.timings["admission_ms"] >= 2000 and record.timings["generate_ms"] < 1000
+    assert slots.holders == {sid}
 
 
 async def test_a_deadline_does_not_run_while_its_clock_is_paused():
