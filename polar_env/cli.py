@@ -40,7 +40,9 @@ COMMANDS = (
                       Command("validate", "check every task of a file: environment, test patch, gold resolves, "
                               "empty patch does not", "polar_env.tasks.validate_cli"),
                       Command("export", "write tasks (bundled, JSONL, Harbor, datasets) as Harbor task folders",
-                              "polar_env.tasks.harbor_export"))),
+                              "polar_env.tasks.harbor_export"),
+                      Command("pull", "pre-pull every image a task file names (bounded, retried on rate limits, "
+                              "pruned to a disk budget)", "polar_env.tasks.pull"))),
     Command("train", "one machine, the embedded model: SFT warm start on gold replays, then GRPO through real "
             "harness episodes; checkpoints and a reward plot", "polar_env.training.train_cli"),
     Command("view", "write (or serve) the HTML page of trajectories: tokens by loss mask, logprobs, grading",

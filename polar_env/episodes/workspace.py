@@ -122,9 +122,13 @@ def check_image(task: Task, kind: WorkspaceKind) -> None:
         except ContainerError as exc:
             raise WorkspaceUnavailable(str(exc)) from exc
     image = task_image(task)
-    if kind in ("docker", "podman") and not image_exists(kind, image):
-        raise WorkspaceUnavailable(f"{task.instance_id}: image {image!r} is not in {kind}: build it "
-                                   f"(docs/tasks.md) or {kind} pull it")
+    if kind in ("docker", "podman"):
+        if not image_exists(kind, image):
+            raise WorkspaceUnavailable(f"{task.instance_id}: image {image!r} is not in {kind}: build it "
+                                       f"(docs/tasks.md), {kind} pull it or polar tasks pull the task file")
+        from polar_env.sandbox.pulled_images import PulledImages
+
+        PulledImages().touch(image)  # most recently used: the last a disk budget prunes
     if kind == "apptainer" and image.endswith(".sif") and not Path(image).is_file():
         raise WorkspaceUnavailable(f"{task.instance_id}: image {image} does not exist")
 
