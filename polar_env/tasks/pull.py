@@ -60,7 +60,8 @@ def image_size(engine: str, image: str) -> int:
 def pull_image(engine: str, image: str, policy: PullPolicy, *, sleep: Callable[[float], None] = time.sleep) -> int:
     """``engine pull image``, retried with exponential backoff while the registry rate-limits;
     returns how many attempts it took. Raises PullFailed on any other failure or when retries run out."""
-    for attempt in range(policy.retries + 1):
+    attempt = 0
+    while True:
         try:
             proc = subprocess.run([engine, "pull", image], capture_output=True, text=True, timeout=policy.timeout_s)
         except subprocess.TimeoutExpired:
@@ -73,7 +74,7 @@ def pull_image(engine: str, image: str, policy: PullPolicy, *, sleep: Callable[[
         if attempt == policy.retries:
             raise PullFailed(f"{image}: still rate-limited after {attempt + 1} attempts: {words}")
         sleep(min(policy.max_backoff_s, policy.backoff_s * 2 ** attempt))
-    raise AssertionError("unreachable")
+        attempt += 1
 
 
 def pull_all(engine: str, images: list[str], policy: PullPolicy, ledger: PulledImages, *,
