@@ -108,7 +108,7 @@ def test_eval_errors_are_one_line_exit_2(tmp_path: Path, bundled):
 
 
 def test_doctor_reports_container_engines_and_their_fix(monkeypatch):
-    from polar_env.harness_adapters.doctor import doctor_report
+    from polar_env.cli.doctor import doctor_report
 
     monkeypatch.setenv("PATH", "/nonexistent")
     rows = {r.component: r for r in doctor_report()}

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from polar_env.cache import cache_root
+from polar_env.cli.doctor import doctor_report, format_table
 from polar_env.harness_adapters import HarnessContext, adapter_names, get_adapter
 from polar_env.harness_adapters.base import json_lines
 from polar_env.harness_adapters.claude_code import MODEL_VARS
-from polar_env.harness_adapters.doctor import doctor_report, format_table
 from polar_env.harness_adapters.registry import ADAPTERS, NOISE_EXCLUDES, shell_tools
 from polar_env.harness_adapters.runner import episode_command
 from polar_env.harness_adapters.sources import INSTALLED_MARKER, LOCKS_DIR, PythonVenv, is_installed

@@ -1,5 +1,7 @@
-"""The `polar` command: one argparse tree. Each command lives with the package it drives, as a module
-with ``add_arguments(parser)`` and ``run(args) -> int``; this file only lists them.
+"""The `polar` command: one argparse tree, the top layer (it may import everything; nothing imports
+it). Each command is a module with ``add_arguments(parser)`` and ``run(args) -> int``: those of
+packages' own jobs live with the package they drive (``rollout.cli``, ``proxy.serve``), those that
+use several packages (``doctor``, ``eval``, ``tasks build|validate|export``) here; this file lists them.
 
 Only the chosen command's module is imported, so ``polar view`` does not pay for the proxy's imports.
 """
@@ -30,17 +32,17 @@ COMMANDS = (
     Command("export", "trajectories as an SFT dataset TRL's SFTTrainer or NeMo-RL's SFT reads as is (token ids, "
             "assistant-only loss masks, every chain)", "polar_env.trajectory.export_cli"),
     Command("doctor", "report installed harnesses and sandboxes and how to fix what is missing",
-            "polar_env.harness_adapters.doctor"),
+            "polar_env.cli.doctor"),
     Command("rollout", "K rollouts per task with a real harness in sandboxes, through the proxy, graded",
             "polar_env.rollout.cli"),
-    Command("eval", "grade SWE-bench predictions on bundled, Verified or custom tasks", "polar_env.rewards.eval_cli"),
+    Command("eval", "grade SWE-bench predictions on bundled, Verified or custom tasks", "polar_env.cli.eval"),
     Command("tasks", "bring your own tasks: build one from a row and its base tree, validate a task file",
             children=(Command("build", "a task from a SWE-bench-schema row and its base tree: derive "
-                              "FAIL_TO_PASS/PASS_TO_PASS", "polar_env.tasks.build_cli"),
+                              "FAIL_TO_PASS/PASS_TO_PASS", "polar_env.cli.tasks_build"),
                       Command("validate", "check every task of a file: environment, test patch, gold resolves, "
-                              "empty patch does not", "polar_env.tasks.validate_cli"),
+                              "empty patch does not", "polar_env.cli.tasks_validate"),
                       Command("export", "write tasks (bundled, JSONL, Harbor, datasets) as Harbor task folders",
-                              "polar_env.tasks.harbor_export"),
+                              "polar_env.cli.tasks_export"),
                       Command("pull", "pre-pull every image a task file names (bounded, retried on rate limits, "
                               "pruned to a disk budget)", "polar_env.tasks.pull"))),
     Command("train", "one machine, the embedded model: SFT warm start on gold replays, then GRPO through real "
@@ -83,6 +85,3 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = argv  # the command line as given (recorded by `polar bench`)
     return args.run(args)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

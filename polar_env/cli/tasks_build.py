@@ -7,9 +7,9 @@ import json
 import sys
 from pathlib import Path
 
+from polar_env.cli.task_toolkit import TaskDefect, build_task, write_rows
 from polar_env.tasks.env import EnvBuildError
 from polar_env.tasks.loader import TaskLoadError, load_jsonl
-from polar_env.tasks.toolkit import TaskDefect, build_task, write_rows
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from polar_env.cli.task_toolkit import validate_task
 from polar_env.episodes.workspace import (
     SANDBOX_CHOICES,
     WorkspaceUnavailable,
@@ -13,7 +14,6 @@ from polar_env.episodes.workspace import (
     workspace_kind,
 )
 from polar_env.tasks.loader import TaskLoadError, load_tasks
-from polar_env.tasks.toolkit import validate_task
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
