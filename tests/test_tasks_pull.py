@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from polar_env.cli.tasks_pull import PullFailed, PullPolicy, pull_all, pull_image
 from polar_env.sandbox.pulled_images import PulledImages
-from polar_env.tasks.pull import PullFailed, PullPolicy, pull_all, pull_image
 
 FAKE_PODMAN = textwrap.dedent('''\
     #!{python}
