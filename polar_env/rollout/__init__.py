@@ -1,8 +1,9 @@
-"""`polar rollout`: K rollouts per task (GRPO groups), N at a time, resumable, on disk as they end.
+"""`polar rollout`: K rollouts per task (GRPO groups), N talking to the model at once, resumable, on disk as they end.
 
 One module per job: ``config`` (the typed settings the CLI, Ray and the demo share), ``plan`` (which
-episodes, which are done), ``outputs`` (what lands in ``--out``), ``progress`` (the bar), ``runner``
-(episodes on this host through one proxy), ``ray`` (the same spread over a Ray cluster) and ``cli``.
+episodes, which are done, each stage's limit), ``outputs`` (what lands in ``--out``), ``progress``
+(the bar), ``runner`` (episodes on this host through one proxy, stage by stage: docs/rollout.md),
+``ray`` (the same spread over a Ray cluster) and ``cli``.
 
 Layout of ``--out``:
   ledger/               the proxy's write-ahead log (every model call of every episode;

@@ -128,8 +128,8 @@ def _drive(plan: RolloutPlan, config: RolloutConfig) -> list[Trajectory]:
     inflight: dict[Any, tuple[Any, Any, int]] = {}
     try:
         while queue or inflight:
-            for actor in list(load):
-                while queue and load[actor] < per_node:
+            while queue and (free := [a for a in load if load[a] < per_node]):
+                for actor in free[:len(queue)]:  # one per node at a time: every node gets work
                     task, sample = queue.popleft()
                     inflight[actor.run.remote(task.instance_id, sample)] = (actor, task, sample)
                     load[actor] += 1
