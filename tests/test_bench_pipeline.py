@@ -87,8 +87,9 @@ def _driver(name: str, eph: float) -> dict:
     return {"driver": name, "run_slots": 4, "episodes": 20, "wall_s": 100.0, "episodes_per_hour": eph,
             "status": {"completed": 20}, "resolved": 20, "busy_fraction": 0.5, "steady_window_s": 60.0,
             "mean_calls_in_flight": 2.0, "backend_calls": 100, "tokens_per_call": 90.0, "seconds_per_call": 1.8,
-            "stages_mean_s": {"model_s": 9.0, "grade_s": 3.0}, "episode_s": 17.0, "cpu_s_per_episode": 4.0,
-            "cpu_busy_of_cores": 0.6, "load_avg_before": [1.0, 1.0, 1.0], "load_avg_after": [3.0, 2.0, 1.0]}
+            "stages_mean_s": {"model_s": 9.0, "grade_s": 3.0}, "episode_s": 17.0, "machine_cpu_busy": 0.6,
+            "before_first_call_s": 2.0, "after_last_call_s": 9.0,
+            "load_avg_before": [1.0, 1.0, 1.0], "load_avg_after": [3.0, 2.0, 1.0]}
 
 
 def test_an_only_run_replaces_its_families_and_keeps_the_others() -> None:

@@ -1,7 +1,7 @@
 """The `pipeline` family: how busy the rollout driver keeps the inference server.
 
 Two runs of the same episodes in one process, one after the other: the driver with its stage
-limits (run, prepare and grade slots and the lookahead at their defaults), then the same driver
+limits (prepare and grade slots at their defaults, a lookahead of two per run slot), then the same driver
 collapsed into one slot held over prepare, run and grade (the driver before the stages). Each is
 `rollout.runner.run_rollouts` itself: Pi in bubblewrap on the bundled tasks, the `gold-steps`
 policy (five calls, four of them tools), graded by the real grader. The backend is
@@ -73,10 +73,12 @@ def stage_split(trajectories: Sequence[Any]) -> dict[str, float | None]:
     return {k: _mean([t[k] for t in timings if t.get(k) is not None]) for k in keys}
 
 
-def _cpu_s() -> float:
-    """CPU seconds of this process and its reaped children (harnesses, sandboxes, graders)."""
-    t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
+def cpu_jiffies() -> tuple[int, int]:
+    """(busy, total) CPU ticks of the whole machine since boot (``/proc/stat``), every job's: the
+    sandboxes' own CPU is not ours to count (bubblewrap's pid namespace hides it from rusage)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
 
 
 def trace_figures(spans: Sequence[CallSpan], run_slots: int) -> dict[str, Any]:
@@ -93,9 +95,9 @@ async def run_driver(name: str, plan: Any, factory: Any, backend: Any) -> dict[s
     """One driver's run of ``plan``: throughput, the backend's busy fraction, the stage split."""
     from polar_env.rollout.runner import run_rollouts
 
-    load0, cpu0, t0 = os.getloadavg(), _cpu_s(), time.monotonic()
+    load0, cpu0, t0 = os.getloadavg(), cpu_jiffies(), time.monotonic()
     trajectories = await run_rollouts(plan, factory)
-    wall, cpu = time.monotonic() - t0, _cpu_s() - cpu0
+    wall, cpu1 = time.monotonic() - t0, cpu_jiffies()
     statuses = Counter(t.status for t in trajectories)
     if statuses["error"]:
         errors = [t.error for t in trajectories if t.status == "error"]
@@ -107,22 +109,27 @@ async def run_driver(name: str, plan: Any, factory: Any, backend: Any) -> dict[s
             "episodes_per_hour": len(trajectories) / wall * 3600, "status": dict(statuses),
             "resolved": sum(bool(t.grading and t.grading.get("resolved")) for t in trajectories),
             **trace_figures(backend.trace, plan.run_slots),
+            # the warm-up before the first model call, and the drain tail (last gradings) after the last
+            "before_first_call_s": min(c.start for c in backend.trace) - t0,
+            "after_last_call_s": t0 + wall - max(c.end for c in backend.trace),
             "stages_mean_s": stage_split(trajectories),
             "episode_s": _mean([t.metadata.get("duration_s", 0.0) for t in trajectories]),
-            "cpu_s_per_episode": cpu / max(1, len(trajectories)),
-            "cpu_busy_of_cores": cpu / (wall * (os.cpu_count() or 1)),
+            "machine_cpu_busy": (cpu1[0] - cpu0[0]) / max(1, cpu1[1] - cpu0[1]),
             "load_avg_before": list(load0), "load_avg_after": list(os.getloadavg())}
 
 
-async def measure(workdir: Path, *, samples: int = 4, run_slots: int = RUN_SLOTS,
+async def measure(workdir: Path, *, samples: int = 4, run_slots: int = RUN_SLOTS, lookahead: int = 2 * RUN_SLOTS,
                   per_token_s: float = PER_TOKEN_S, timeout_s: float = 300.0) -> dict[str, Any]:
-    """Both drivers over the bundled tasks x ``samples``, at ``run_slots``; the staged one first."""
+    """Both drivers over the bundled tasks x ``samples``, at ``run_slots``; the staged one first, with
+    ``lookahead`` episodes preparing or prepared (Pi's start-up alone, under load, takes about as long
+    as a run stage: the default lookahead of one per run slot leaves slots empty while they start)."""
     from polar_env.backends.embedded import embedded_model_dir
     from polar_env.backends.scripted import PolicyAnswers
     from polar_env.backends.simulated import SimulatedBackend
     from polar_env.chat.template import ChatRenderer
     from polar_env.episodes import EpisodeConfig
     from polar_env.harness_adapters.policies import make_policy
+    from polar_env.rewards.grading import gold_reference
     from polar_env.rollout.config import RolloutConfig
     from polar_env.rollout.plan import RolloutPlan
     from polar_env.rollout.runner import prepare, proxy_factory
@@ -134,10 +141,15 @@ async def measure(workdir: Path, *, samples: int = 4, run_slots: int = RUN_SLOTS
     out: dict[str, Any] = {"harness": HARNESS, "policy": POLICY, "tasks": len(tasks), "samples": samples,
                            "run_slots": run_slots, "per_token_s": per_token_s, "cores": os.cpu_count(),
                            "order": list(DRIVERS), "drivers": {}}
-    for name in DRIVERS:
-        plan = RolloutPlan(tasks=tasks, samples=samples, run_slots=run_slots, out=workdir / name, episode=episode,
-                           collapsed=name == "collapsed")
-        await asyncio.to_thread(prepare, plan)  # harness install, task test envs: before the clock
+    plans = {"staged": RolloutPlan(tasks=tasks, samples=samples, run_slots=run_slots, out=workdir / "staged",
+                                   episode=episode, lookahead=lookahead),
+             "collapsed": RolloutPlan(tasks=tasks, samples=samples, run_slots=run_slots, out=workdir / "collapsed",
+                                      episode=episode, collapsed=True)}
+    # before the clock: the harness install and task test envs, and the grader's gold reference (once
+    # per task and process), which would otherwise be the first driver's alone to make
+    await asyncio.to_thread(prepare, plans[DRIVERS[0]])
+    await asyncio.gather(*(asyncio.to_thread(gold_reference, task) for task in tasks))
+    for name, plan in plans.items():
         answers = PolicyAnswers(renderer.tokenizer, make_policy(POLICY, tasks), renderer.eos_token_ids[0])
         backend = SimulatedBackend(answers, per_token_s=per_token_s)
         factory = proxy_factory(RolloutConfig(harness=HARNESS), backend=backend)

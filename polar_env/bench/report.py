@@ -283,13 +283,13 @@ def _pipeline(p: dict[str, Any]) -> list[str]:
            "to fill a slot that frees). It counts the backend's time only: a run slot whose harness is "
            "running a tool is idle inference.", "",
            "| driver | episodes | wall s | episodes/hour | busy fraction | calls in flight | steady window s "
-           "| resolved | CPU s / episode | of the cores | load avg 1 min before, after |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| resolved | machine CPU busy | load avg 1 min before, after |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for name, d in drivers.items():
         out.append(f"| {name} | {d['episodes']} | {_f(d['wall_s'], 1)} | {_f(d['episodes_per_hour'], 0)} | "
                    f"{_f(d['busy_fraction'])} | {_f(d['mean_calls_in_flight'])} | {_f(d['steady_window_s'], 1)} | "
-                   f"{d['resolved']} | {_f(d['cpu_s_per_episode'], 1)} | {100 * d['cpu_busy_of_cores']:.0f}% of "
-                   f"{p['cores']} | {d['load_avg_before'][0]:.1f}, {d['load_avg_after'][0]:.1f} |")
+                   f"{d['resolved']} | {100 * d['machine_cpu_busy']:.0f}% of {p['cores']} cores | "
+                   f"{d['load_avg_before'][0]:.1f}, {d['load_avg_after'][0]:.1f} |")
     out += ["", f"Episodes/hour, staged / collapsed: {_f(p['episodes_per_hour_ratio'])}. Backend: "
             + "; ".join(f"{n} {d['backend_calls']} calls of {_f(d['tokens_per_call'], 0)} tokens, "
                         f"{_f(d['seconds_per_call'])} s each" for n, d in drivers.items()) + ".", "",
@@ -298,7 +298,40 @@ def _pipeline(p: dict[str, Any]) -> list[str]:
     for key, label in PIPELINE_STAGES:
         out.append(f"| {label} | " + " | ".join(_f(d["stages_mean_s"].get(key)) for d in drivers.values()) + " |")
     out.append("| whole episode | " + " | ".join(_f(d["episode_s"]) for d in drivers.values()) + " |")
-    return [*out, ""]
+    return [*out, "", *_pipeline_why(drivers), ""]
+
+
+def _pipeline_why(drivers: dict[str, Any]) -> list[str]:
+    """What bounds each driver's busy fraction, from its own stage split (the profile of a miss)."""
+    lines = []
+    for name, d in drivers.items():
+        st = d["stages_mean_s"]
+        model, tool = st.get("model_s"), st.get("tool_s")
+        if model is None or tool is None or model + tool <= 0:
+            continue
+        held = model + tool if not d.get("collapsed") else d["episode_s"]
+        line = (f"- `{name}`: a run slot is held {held:.1f} s per episode, {model:.1f} s of it in model calls, "
+                f"so the backend is at most {model / held:.2f} busy per slot however the slots are fed")
+        if d.get("collapsed"):
+            line += " (the slot is held over the whole episode: prepare, harness start, drain and grading too)."
+        else:
+            wait = st.get("wait_s") or 0.0
+            line += (f" (the other {tool:.1f} s are the harness's tools and its own work between calls, and "
+                     f"its exit). An episode spent {_f(st.get('prepare_s'))} s preparing and "
+                     f"{_f(st.get('harness_start_s'))} s starting its harness, then waited {wait:.2f} s for a run "
+                     "slot on average: " + ("prepared episodes queued for full slots." if wait >= 1 else
+                                            "the slots waited for prepared episodes instead."))
+        line += (f" Its wall time had {d['before_first_call_s']:.1f} s before the first model call and "
+                 f"{d['after_last_call_s']:.1f} s after the last (the last episodes' grading).")
+        lines.append(line)
+    busy = max(d["machine_cpu_busy"] for d in drivers.values())
+    if busy > 0.9:
+        lines.append(f"- The machine's cores were {100 * busy:.0f}% busy (every job on it, this run's and others'; "
+                     "load averages in the table): the CPU-bound stages (the harness's start-up, grading, the "
+                     "harness's work between calls) stretched, and with them the run stage's non-model time. "
+                     "Episodes/hour is then bound by the CPU share the run got (grading and the harness's start-up "
+                     "are CPU work) more than by how the driver schedules, whichever driver runs.")
+    return lines
 
 
 def _slope(fam: dict[str, Any]) -> str:
