@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -18,6 +21,21 @@ KEYS = REPO / "configs" / "nemo_rl_grpo_keys.txt"
 # one Gym config per registered harness: an override of the two servers' own configs
 HARNESS_CONFIGS = {name: f"polar_{name.replace('-', '_')}.yaml" for name in adapter_names()}
 BASES = ["resources_servers/polar/configs/polar.yaml", "responses_api_agents/polar_agent/configs/polar_agent.yaml"]
+GYM_PYTHON = REPO / ".venv-gym" / "bin" / "python"
+# NeMo Gym's own parser, offline (no ports, no servers): each argument's composed config as JSON
+GYM_PARSE = """
+import json, sys
+from omegaconf import OmegaConf
+from nemo_gym.global_config import GlobalConfigDictParser, GlobalConfigDictParserConfig
+out = {}
+for paths in sys.argv[1:]:
+    cfg = GlobalConfigDictParser().parse(GlobalConfigDictParserConfig(
+        initial_global_config_dict=OmegaConf.create({"config_paths": paths.split(","), "policy_base_url": "u",
+                                                     "policy_model_name": "m"}),
+        skip_load_from_cli=True, skip_load_from_dotenv=True, offline=True))
+    out[paths] = {k: v for k, v in OmegaConf.to_container(cfg, resolve=False).items() if k.startswith("polar")}
+print(json.dumps(out))
+"""
 
 
 def dotted_keys(node: object, prefix: str = "") -> list[str]:
@@ -137,3 +155,22 @@ def test_each_base_declares_its_own_server_only():
     assert set(resources) == {"polar_resources_server"}
     assert set(agent) == {"polar_agent", "polar_environment"}
     assert agent["polar_environment"]["environment_servers"]["legacy_agent"]["agent_server"]["name"] == "polar_agent"
+
+
+@pytest.mark.skipif(not GYM_PYTHON.exists(), reason="needs the NeMo Gym venv: run scripts/setup_nemo_gym.sh")
+def test_nemo_gym_composes_every_harness_config_as_the_test_does():
+    """Gym's own parser agrees with ``compose`` on every harness's config (host and port aside), and two
+    harnesses in one ``config_paths`` share the one resources server."""
+    files = [str(REPO / "configs" / name) for name in sorted(HARNESS_CONFIGS.values())]
+    pair = ",".join(files[:2])
+    proc = subprocess.run([str(GYM_PYTHON), "-c", GYM_PARSE, *files, pair], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "NEMO_GYM_EXTRA_ROOTS": str(GYM_ROOT)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    parsed = json.loads(proc.stdout)
+    for path in files:
+        got = parsed[path]
+        for instance in got.values():
+            for server in next(iter(instance.values())).values():
+                assert server.pop("host") == "127.0.0.1" and server.pop("port") == -1
+        assert got == compose(Path(path)), path
+    assert len(parsed[pair]) == 5 and "polar_resources_server" in parsed[pair]
