@@ -11,7 +11,7 @@ import pytest
 from polar_env.backends.base import SamplingParams
 from polar_env.backends.scripted import PolicyAnswers
 from polar_env.backends.simulated import CallSpan, SimulatedBackend
-from polar_env.bench.pipeline import busy_fraction, in_flight, run_entries, steady_window
+from polar_env.bench.pipeline import busy_fraction, in_flight, run_entries, steady_window, trace_figures
 from polar_env.harness_adapters.policies import make_policy
 from polar_env.tasks.loader import load_tasks
 
@@ -33,6 +33,7 @@ def test_steady_window_runs_from_the_slots_filling_to_the_last_episodes_entry() 
     assert steady_window(spans, 2) == (1.0, 6.0)
     # in [1, 6]: s1 2.0 + 1.5, s2 3.0, s3 1.0 -> 7.5 call-seconds over 5 s on 2 slots
     assert busy_fraction(spans, 2) == pytest.approx(7.5 / 5 / 2)
+    assert trace_figures(spans, 2)["run_entries_per_hour"] == pytest.approx(2 / 5 * 3600)  # s3, s4 in 5 s
     assert steady_window(spans, 4) is None and busy_fraction(spans, 4) is None  # no episode beyond the slots
 
 

@@ -85,6 +85,10 @@ def trace_figures(spans: Sequence[CallSpan], run_slots: int) -> dict[str, Any]:
     window = steady_window(spans, run_slots)
     return {"busy_fraction": busy_fraction(spans, run_slots),
             "steady_window_s": None if window is None else window[1] - window[0],
+            # how fast episodes entered the run stage in the steady state: the inference side's rate,
+            # which episodes/hour follows only where grading keeps up with it
+            "run_entries_per_hour": None if window is None else
+            (len(run_entries(spans)) - run_slots) / (window[1] - window[0]) * 3600,
             "mean_calls_in_flight": None if window is None else in_flight(spans, *window),
             "backend_calls": len(spans),
             "tokens_per_call": _mean([s.tokens for s in spans]),

@@ -281,13 +281,16 @@ def _pipeline(p: dict[str, Any]) -> list[str]:
            "from the moment the run-slots-th episode made its first model call (every slot has had an "
            "episode) to the moment the last episode made its first model call (after it no episode is left "
            "to fill a slot that frees). It counts the backend's time only: a run slot whose harness is "
-           "running a tool is idle inference.", "",
+           "running a tool is idle inference. Run-stage entries/hour: episodes that entered the run stage in "
+           "the steady state per hour, the inference side's rate, which episodes/hour (wall time, warm-up and "
+           "the last gradings included) follows only where grading keeps up.", "",
            "| driver | episodes | wall s | episodes/hour | busy fraction | calls in flight | steady window s "
-           "| resolved | machine CPU busy | load avg 1 min before, after |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           "| run-stage entries/hour (steady) | resolved | machine CPU busy | load avg 1 min before, after |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, d in drivers.items():
         out.append(f"| {name} | {d['episodes']} | {_f(d['wall_s'], 1)} | {_f(d['episodes_per_hour'], 0)} | "
                    f"{_f(d['busy_fraction'])} | {_f(d['mean_calls_in_flight'])} | {_f(d['steady_window_s'], 1)} | "
+                   f"{_f(d.get('run_entries_per_hour'), 0)} | "
                    f"{d['resolved']} | {100 * d['machine_cpu_busy']:.0f}% of {p['cores']} cores | "
                    f"{d['load_avg_before'][0]:.1f}, {d['load_avg_after'][0]:.1f} |")
     out += ["", f"Episodes/hour, staged / collapsed: {_f(p['episodes_per_hour_ratio'])}. Backend: "
