@@ -111,6 +111,8 @@ def test_an_only_run_replaces_its_families_and_keeps_the_others() -> None:
     assert merged["seconds"] == {"builder": 3.0, "pipeline": 199.0} and merged["command"] == "polar bench"
     assert merged["keys"]["pipeline_episodes_per_hour_ratio"] == 2.0 and merged["keys"]["pipeline_busy_fraction_staged"] == 0.5
     assert merged["updates"][0]["families"] == ["pipeline"]
+    again = merge_families(merged, new, {"pipeline"})  # a second run of the family replaces the first's entry
+    assert [u["families"] for u in again["updates"]] == [["pipeline"]]
     text = render(merged)
     assert "| inference busy fraction, staged driver, run slots 4 (`pipeline_busy_fraction_staged`) | 0.50 | > 0.90 " \
            "| missed by 1.8x" in text

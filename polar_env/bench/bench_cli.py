@@ -236,7 +236,8 @@ def merge_families(previous: dict[str, Any], new: dict[str, Any], only: set[str]
         merged[part] = {k: v for k, v in previous.get(part, {}).items() if k not in only}
         merged[part].update({k: v for k, v in new[part].items() if k in only})
     merged["keys"] = figure_keys(merged["families"])
-    merged["updates"] = [*previous.get("updates", []), {
+    kept = [u for u in previous.get("updates", []) if not set(u["families"]) <= only]  # wholly superseded: gone
+    merged["updates"] = [*kept, {
         "families": sorted(only), "command": new["command"], "finished_at": new["finished_at"],
         "total_seconds": new["total_seconds"], "machine": new["machine"]}]
     return merged
