@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from polar_env.episodes import base_trees
 from polar_env.episodes.workspace import open_workspace
+from polar_env.rewards import workspace as grading_workspace
 from polar_env.sandbox import gitdiff
 from polar_env.sandbox.base import SandboxSpec
 from polar_env.sandbox.bubblewrap import BubblewrapSandbox
+from polar_env.tasks import base_trees
 from polar_env.tasks import tree as task_tree
 from polar_env.tasks.loader import load_bundled
 
@@ -57,13 +58,16 @@ def _bases(cache: Path) -> list[str]:
     return sorted(p.name for p in cache.iterdir() if p.is_dir())
 
 
-async def test_only_the_first_open_of_a_task_unpacks_or_commits(tmp_path: Path, cache: Path, calls: Counter):
+async def test_only_the_first_open_of_a_task_unpacks_or_commits(tmp_path: Path, cache: Path, calls: Counter,
+                                                                 monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(grading_workspace, "_BASES", {})  # this process has no grading base of the task yet
     spec = SandboxSpec(scratch_root=tmp_path)
     for _ in range(3):
         ws = await open_workspace(TASK, spec, sandbox="bubblewrap")
         assert (Path(ws.ref.root) / "testbed" / "requests" / "api.py").is_file()
         assert ws.ref.clone in ("reflink", "copy")
         await ws.close()
+    grading_workspace.GradingTree.fresh(TASK, tmp_path / "graded")  # the grader's base comes from the same warm base
     assert calls == {"unpack": 1, "commit": 1, "snapshot": 1}
     assert len(_bases(cache)) == 1
 

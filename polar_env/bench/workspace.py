@@ -2,7 +2,7 @@
 
 ``python -m polar_env.bench.workspace --tasks bundled --runs 10`` (or ``polar bench --only workspace``)
 prints the median and p90 per task; the first open of a task, which builds its warm base on this
-node (``episodes/base_trees.py``), is timed apart as ``first_s``.
+node (``tasks/base_trees.py``), is timed apart as ``first_s``.
 """
 
 from __future__ import annotations

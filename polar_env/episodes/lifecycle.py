@@ -367,7 +367,7 @@ async def _finish(ep: Episode, grading: Grading | None) -> EpisodeResult:
                                 "timings": episode_timings(ep, closed.calls)})
     if workspace is not None:  # where it ran (and was graded): bubblewrap, or the engine and image
         trajectory.metadata["workspace"] = workspace.ref.kind
-        if workspace.ref.clone:  # how its tree was cloned from the task's warm base (episodes/base_trees.py)
+        if workspace.ref.clone:  # how its tree was cloned from the task's warm base (tasks/base_trees.py)
             trajectory.metadata["workspace_clone"] = workspace.ref.clone
         if workspace.ref.image:
             trajectory.metadata["image"] = workspace.ref.image

@@ -174,8 +174,8 @@ def _spec_with(spec: SandboxSpec, mounts: WorkspaceMounts | None) -> SandboxSpec
 
 def _open(task: Task, spec: SandboxSpec, kind: WorkspaceKind) -> Workspace:
     if kind == "bubblewrap":
-        from polar_env.episodes.base_trees import base_cache_dir, warm_base
         from polar_env.sandbox.bubblewrap import BubblewrapSandbox
+        from polar_env.tasks.base_trees import base_cache_dir, warm_base
 
         base = warm_base(task, base_cache_dir())
         if spec.scratch_root is not None:

@@ -1,6 +1,6 @@
 """The tree a grading runs on: a copy of the task base whose git state the patch cannot reach.
 
-The base is materialised once per task and process (`base_tree`) and copied per grading. The copy
+The base is copied once per task and process from the node's warm base (`base_tree`) and copied per grading. The copy
 has no ``.git``: its repository lives beside it in a private directory (``git --git-dir``), so no
 path a patch writes can become git configuration, hooks or objects, and every git command runs
 with the tree's attributes outranked and no user/system configuration (`polar_env.sandbox.safe_git`):
@@ -22,8 +22,9 @@ from pathlib import Path
 
 from polar_env.rewards import path_policy
 from polar_env.sandbox import beneath, safe_git
+from polar_env.tasks.base_trees import base_cache_dir, warm_base
 from polar_env.tasks.models import Task
-from polar_env.tasks.tree import GIT_IDENTITY, materialize
+from polar_env.tasks.tree import GIT_IDENTITY
 
 # A patch may change at most this many paths, of at most this many bytes of names in all: the grader
 # passes changed paths to git and to container execs as arguments, and past the kernel's argument
@@ -51,14 +52,18 @@ def path_budget_refusal(paths: list[str] | dict[str, str]) -> str:
 
 
 def base_tree(task: Task) -> Path:
-    """The task's materialised base tree, built once per process (copies are graded, never this)."""
+    """The task's base tree with its repository beside it, once per process (copies are graded, never
+    this): copied from the node's warm base (`polar_env.tasks.base_trees`), which was unpacked and
+    committed once for the node's episodes and gradings alike."""
     with _BASES_LOCK:
         path = _BASES.get(task.instance_id)
         if path is None or not path.exists():
             root = Path(tempfile.mkdtemp(prefix=f"polar-base-{task.instance_id}-"))
             atexit.register(shutil.rmtree, root, True)
-            tree = materialize(task, root / "tree")
-            shutil.move(tree / ".git", root / "git")
+            warm = warm_base(task, base_cache_dir())
+            shutil.copytree(warm.tree, root / "tree", symlinks=True,
+                            ignore=lambda d, names: [".git"] if d == str(warm.tree) else [])
+            shutil.copytree(warm.tree / ".git", root / "git", symlinks=True)
             safe_git.neutralise(root / "git")
             _BASES[task.instance_id] = path = root
         return path

@@ -70,7 +70,7 @@ class BubblewrapSandbox(HostTreeSandbox):
     @classmethod
     def create(cls, task_tree: Path | None, *, spec: SandboxSpec, snapshot: Path | None = None) -> BubblewrapSandbox:
         """A sandbox holding a copy of ``task_tree``. With ``snapshot`` (the git dir
-        ``gitdiff.snapshot`` made of ``task_tree``: a warm base, ``episodes/base_trees.py``) the copy
+        ``gitdiff.snapshot`` made of ``task_tree``: a warm base, ``tasks/base_trees.py``) the copy
         borrows that snapshot instead of taking its own. The copy is a reflink clone where the
         filesystems allow (``clone`` says which way it was made), never a hard link."""
         if spec.scratch_root is not None:
