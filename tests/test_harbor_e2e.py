@@ -36,8 +36,11 @@ async def test_agent_cannot_read_tests_or_solution_nor_plant_a_reward():
     """In the episode the agent's uid finds neither tests/ nor solution/ anywhere; a reward it plants
     (in a /logs the image left writable, and from a process it leaves running) does not survive, nor
     does one a process left by test.sh writes later, nor one from a process test.sh left disguised as
-    the container's keep-alive (`sleep infinity`): the task's test.sh writes none, so the verifier
-    reports no_reward, not a planted 1. The real keep-alive (its pid recorded at the start) survives."""
+    the container's keep-alive (`sleep infinity`), nor a program, a python module or a user-site .pth it
+    plants where the image's PATH, PYTHONPATH and its HOME lead (test.sh runs `mkdir` and `python3`): the
+    task's test.sh writes none, so the verifier reports no_reward, not a planted 1. test.sh ran as the
+    agent's uid (the task names no verifier user), not root. The real keep-alive (its pid recorded at
+    the start) survives."""
     task = load_task_dir(NO_REWARD)
     check_image(task, ENGINE)
     ws = await open_workspace(task, SandboxSpec(), sandbox=ENGINE)
@@ -54,15 +57,26 @@ async def test_agent_cannot_read_tests_or_solution_nor_plant_a_reward():
                                            "/logs/verifier/reward.txt; done' >/dev/null 2>&1 &) && echo planted"],
                               timeout_s=60)
         assert "planted" in plant.stdout_tail  # the image let the agent write there
+        writer = "open('/logs/verifier/reward.txt', 'w').write('1')"
+        plant = await box.run(["sh", "-c", "mkdir -p /app/bin /app/lib && printf '#!/bin/sh\\necho 1 > "
+                                           "/logs/verifier/reward.txt; exec /bin/mkdir \"$@\"\\n' > /app/bin/mkdir && "
+                                           f"chmod +x /app/bin/mkdir && echo \"{writer}\" > /app/lib/json.py && "
+                                           "site=$(python3 -m site --user-site) && /bin/mkdir -p $site && "
+                                           f"echo \"import os; {writer}\" > $site/polar.pth && "
+                                           "command -v mkdir && python3 -c 'import json; print(json.__file__)'"],
+                              timeout_s=60)
+        # the agent's own commands find what it planted (the image's PATH, PYTHONPATH, its HOME)
+        assert plant.stdout_tail.split()[:2] == ["/app/bin/mkdir", "/app/lib/json.py"], plant
         result = await verify(task, box)  # type: ignore[arg-type]
         assert result.failure_kind == "no_reward" and result.reward == 0.0 and not result.resolved, result
         assert "wrote neither" in result.error
         # the process test.sh left to write a reward 3 s later was killed before the reward was read
-        left = await box.run(["sh", "-c", "sleep 5; ls -A /logs/verifier; stat -c %U /tests/test.sh; "
+        left = await box.run(["sh", "-c", "sleep 5; ls -A /logs/verifier; cat /tmp/verifier/uid; stat -c %U /tests/test.sh; "
                                           "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done | grep -c '^sleep infinity'; "
                                           f"tr '\\0' ' ' < /proc/{box.keepalive_pid}/cmdline"], timeout_s=60)
-        # nothing planted survived; the tests are root's; one `sleep infinity` is left: the keep-alive
-        assert left.stdout_tail.split() == ["root", "1", "sleep", "infinity"], left.stdout_tail
+        # nothing planted survived or ran; test.sh ran as the agent's uid; the tests are root's; one
+        # `sleep infinity` is left: the keep-alive
+        assert left.stdout_tail.split() == ["1000", "root", "1", "sleep", "infinity"], left.stdout_tail
     finally:
         await ws.close()
 

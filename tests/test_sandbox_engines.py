@@ -143,7 +143,8 @@ def test_pathspecs():
 
 def test_container_root_execs_get_the_system_path_not_the_images():
     """Root's sh, chown, head, kill are /usr/bin's and /bin's, never an image PATH directory's (one the
-    agent may write); a task's own verifier (image_path) runs with the image's PATH, as Harbor runs it."""
+    agent may write); an exec given its own PATH (a task's verifier: the image's less what the agent can
+    write) gets that one, without the harness's bin dirs."""
     sb = ContainerSandbox(SPEC, "img", "polar-x", path="/opt/conda/bin:/usr/bin:/bin")
 
     def path(argv: list[str]) -> str:
@@ -151,7 +152,8 @@ def test_container_root_execs_get_the_system_path_not_the_images():
 
     for user in ("0", "root", "0:0"):
         assert path(sb.exec_argv(["sh", "-c", "true"], {"PATH": "/evil"}, user=user)) == "PATH=/usr/bin:/bin"
-    assert path(sb.exec_argv(["bash", "t.sh"], {}, user="0", image_path=True)).endswith(":/opt/conda/bin:/usr/bin:/bin")
+    assert path(sb.exec_argv(["bash", "t.sh"], {}, user="0", path="/opt/conda/bin:/bin")) == "PATH=/opt/conda/bin:/bin"
+    assert path(sb.exec_argv(["bash", "t.sh"], {}, user="1000", path="/bin")) == "PATH=/bin"
     assert path(sb.exec_argv(["x"], {}, user="1000")).endswith(":/opt/conda/bin:/usr/bin:/bin")
 
 

@@ -9,10 +9,15 @@ once the harness has ended:
    after the next step);
 2. ``/logs/verifier`` and ``/tests`` are removed and made again, empty and root-owned, so a reward the
    agent planted is gone; ``tests/`` is copied in, root-owned and read-only;
-3. ``bash /tests/test.sh`` runs in the workdir as ``[verifier] user`` (default: root, as Harbor's
-   image default), with ``[verifier] env``, under ``[verifier] timeout_sec``, in the container's
-   ``--network none`` (only ``lo``: no network at all, not even the proxy's forwarder is running),
-   its output bounded;
+3. ``bash /tests/test.sh`` runs in the workdir as ``[verifier] user``, else as the agent's uid (root
+   only where the task asks for it: the agent's code that test.sh runs then cannot rewrite /tests,
+   which root's DAC_OVERRIDE could), with ``[verifier] env``, under ``[verifier] timeout_sec``, in the
+   container's ``--network none`` (only ``lo``: no network at all, not even the proxy's forwarder is
+   running), its output bounded. Nothing the agent could write is on its search paths: every entry of
+   PATH, PYTHONPATH, LD_LIBRARY_PATH, ... (the image's or the task's) that the agent's uid can write,
+   or whose parents it can, is dropped (checked in the container as that uid), HOME is a fresh
+   directory of the verifier's (root's own /root where it is root and the agent cannot write it), and
+   the harness's bin dirs are not on its PATH;
 4. every process test.sh left behind is killed (all but the init and the keep-alive, by pid), then ``/logs/verifier/reward.json`` is read first (an object of numbers, or one number), else
    ``reward.txt`` (one number). Missing, empty, unparsable or non-finite is ``no_reward``: its own
    failure kind, masked by default and never trained as 0 (Harbor: ``RewardFileNotFoundError``,
@@ -36,11 +41,23 @@ import time
 from polar_env.outcomes import FailureKind
 from polar_env.rewards.grading import LOG_TAIL_CHARS, GradeResult, GradingMode
 from polar_env.sandbox.base import run_process_tree
-from polar_env.sandbox.container import ContainerError, ContainerSandbox, engine_run
+from polar_env.sandbox.container import (
+    FALLBACK_PATH,
+    ROOT_PATH,
+    ContainerError,
+    ContainerSandbox,
+    engine_run,
+    image_env,
+    is_root,
+)
 from polar_env.tasks.models import Task
 
 VERIFIER_DIR = "/logs/verifier"
 TESTS_DIR = "/tests"
+VERIFIER_HOME = "/var/lib/polar-verifier-home"  # root-made, fresh each time: no part of it is the agent's
+# the variables that name where programs, libraries or startup files are looked up (":"-separated)
+SEARCH_VARS = ("PATH", "PYTHONPATH", "PYTHONUSERBASE", "PYTHONSTARTUP", "LD_LIBRARY_PATH", "LD_PRELOAD",
+               "NODE_PATH", "PERL5LIB", "RUBYLIB", "BASH_ENV", "ENV")
 MAX_REWARD_BYTES = 64 << 10
 MAX_OUTPUT_BYTES = 1 << 20
 REWARD_FILES = ("reward.json", "reward.txt")  # in the order they are read
@@ -51,10 +68,24 @@ class RewardError(ValueError):
 
 
 def _clean_script(verifier_user: str) -> str:
-    """Root's reset before the tests: fresh, empty, root-owned /logs/verifier and /tests."""
-    return (f"rm -rf {VERIFIER_DIR} {TESTS_DIR}; if [ -L /logs ] || [ ! -d /logs ]; then rm -rf /logs; fi; "
-            f"mkdir -p {VERIFIER_DIR} {TESTS_DIR} && chown 0:0 /logs && chmod 0755 /logs && "
-            f"chown {shlex.quote(verifier_user)} {VERIFIER_DIR} && chmod 0755 {VERIFIER_DIR}")
+    """Root's reset before the tests: fresh, empty, root-owned /logs/verifier and /tests, and a fresh
+    HOME for the verifier (the agent's HOME may hold a ``.local`` site-packages that python would load)."""
+    user = shlex.quote(verifier_user)
+    return (f"rm -rf {VERIFIER_DIR} {TESTS_DIR} {VERIFIER_HOME}; if [ -L /logs ] || [ ! -d /logs ]; then rm -rf /logs; fi; "
+            f"mkdir -p {VERIFIER_DIR} {TESTS_DIR} {VERIFIER_HOME} && chown 0:0 /logs && chmod 0755 /logs && "
+            f"chown {user} {VERIFIER_DIR} {VERIFIER_HOME} && chmod 0755 {VERIFIER_DIR} && chmod 0700 {VERIFIER_HOME}")
+
+
+# Run as the agent's uid: print each POLAR_V_<NAME> variable's entries that this uid cannot change (an
+# absolute path of which no existing part, followed or not, is writable by it or its own).
+SAFE_PATHS_SCRIPT = r"""PATH=/usr/bin:/bin
+mine() { while :; do if [ -e "$1" ] || [ -L "$1" ]; then { [ -w "$1" ] || [ -O "$1" ]; } && return 0; fi
+  [ "$1" = / ] && return 1; set -- "$(dirname -- "$1")"; done; }
+safe() { case $1 in /*) ;; *) return 1 ;; esac; mine "$1" && return 1
+  r=$(readlink -f -- "$1") && [ -n "$r" ] && mine "$r" && return 1; return 0; }
+for v in $(env | sed -n 's/^POLAR_V_\([A-Z_]*\)=.*/\1/p'); do eval "val=\$POLAR_V_$v"; out=
+  IFS=:; for d in $val; do unset IFS; safe "$d" && out=${out:+$out:}$d; IFS=:; done; unset IFS
+  printf '%s=%s\n' "$v" "$out"; done"""
 
 
 def _kill_leftovers(keepalive: int | None) -> str:
@@ -114,6 +145,36 @@ def scalar_reward(rewards: dict[str, float], reward_key: str | None = None) -> f
                       f"choose the scalar with --reward-key")
 
 
+def verifier_user(task: Task, box: ContainerSandbox) -> str:
+    """``[verifier] user`` as the task names it, else the agent's own uid (Harbor: the image's
+    default user, usually root; here root only where the task asks for it)."""
+    assert task.harbor is not None
+    user = task.harbor.config.verifier.user
+    return str(user) if user is not None else f"{box.spec.uid}:{box.spec.uid}"
+
+
+def safe_search_env(box: ContainerSandbox, user: str, env: dict[str, str]) -> dict[str, str]:
+    """test.sh's search variables (`SEARCH_VARS`: ``env``'s, else the image's) with every entry the
+    agent's uid could change dropped, checked in ``box`` as that uid; HOME is root's /root where the
+    verifier is root and that is safe, else the fresh `VERIFIER_HOME`. An empty PATH is refused (bash
+    would look in the workdir)."""
+    image = image_env(box.engine, box.image)
+    wanted = {v: env.get(v, image.get(v)) for v in SEARCH_VARS}
+    wanted = {v: x for v, x in wanted.items() if x is not None} | {"PATH": wanted["PATH"] or FALLBACK_PATH}
+    if is_root(user):
+        wanted["HOME"] = "/root"
+    checks = {f"POLAR_V_{v}": x for v, x in wanted.items()}
+    agent = f"{box.spec.uid}:{box.spec.uid}"
+    out = engine_run(box.exec_argv(["/bin/sh", "-c", SAFE_PATHS_SCRIPT], checks, user=agent, path=ROOT_PATH))
+    safe = dict(line.partition("=")[::2] for line in out.decode().splitlines() if "=" in line)
+    if set(safe) != set(wanted):
+        raise ContainerError(f"the search-path check answered {sorted(safe)}, not {sorted(wanted)}")
+    if not safe["PATH"]:
+        raise ContainerError(f"every PATH directory of test.sh ({wanted['PATH']}) is writable by the agent")
+    safe["HOME"] = safe.get("HOME") or VERIFIER_HOME
+    return safe
+
+
 async def verify(task: Task, box: ContainerSandbox, *, reward_key: str | None = None) -> GradeResult:
     """Run the task's verifier in ``box`` (the agent's container, its harness ended). Never raises."""
     assert task.harbor is not None
@@ -122,18 +183,18 @@ async def verify(task: Task, box: ContainerSandbox, *, reward_key: str | None = 
     result = GradeResult(instance_id=task.instance_id, mode=GradingMode.harbor)
     if config.environment_mode == "separate":
         return _fail(result, FailureKind.infrastructure, "a separate verifier environment is not supported yet", t0)
-    user = str(config.user if config.user is not None else 0)
+    user = verifier_user(task, box)
     try:
         box.kill_all()
         engine_run(box.exec_argv(["sh", "-c", _clean_script(user)], {}, user="0"))
         engine_run(box.cp_in_argv(task.harbor.tests_dir, TESTS_DIR))
         engine_run(box.exec_argv(["sh", "-c", f"chown -R 0:0 {TESTS_DIR} && chmod -R a-w,a+rX {TESTS_DIR}"], {},
                                  user="0"))
+        env = {**config.env, **safe_search_env(box, user, config.env)}
         result.timings["setup_s"] = time.monotonic() - t0
-        env = {**config.env, **({"HOME": "/root"} if user in ("0", "root") else {})}
         run = await run_process_tree(
             box.exec_argv(["bash", f"{TESTS_DIR}/test.sh"], env, user=user, timeout_s=config.timeout_sec,
-                          image_path=True),
+                          path=env["PATH"]),
             timeout_s=config.timeout_sec, stdin=None, max_output_bytes=MAX_OUTPUT_BYTES, on_timeout=box.kill_all)
         result.timings["tests_s"] = run.duration_s
         result.log_tail = (run.stdout_tail + run.stderr_tail)[-LOG_TAIL_CHARS:]

@@ -10,7 +10,8 @@ binaries from getting any. The agent's uid is never 0 (a spec asking for it is r
 and ``/tmp`` are tmpfs mounts of ``spec.disk_bytes`` each. The image's own PATH is kept (its
 toolchain lives there); the harness's bin dir goes in front. Root execs run with ``PATH=/usr/bin:/bin``
 instead (their sh, chown, head, kill are the system's, never found first in an image PATH directory the
-agent may write), but for a task's own verifier, which Harbor runs with the image's environment. The
+agent may write); an exec given its own ``path`` (a task's verifier: the image's PATH less what the agent
+can write, rewards/harbor_verifier.py) runs with that one. The
 pid of the keep-alive ``sleep infinity`` (PID 1's child, the init's) is recorded once the container
 starts, before anything else runs in it, so what is spared later is that process, not a name. A deadline kills every process of the sandbox uid in the container, and a
 failed ``create`` removes the container. The argv builders are pure, so they are unit tested
@@ -109,13 +110,15 @@ def image_exists(engine: str, image: str) -> bool:
         return False
 
 
+def image_env(engine: str, image: str) -> dict[str, str]:
+    """The environment the image sets (``ENV`` lines), which every exec in its containers inherits."""
+    out = engine_run([engine, "image", "inspect", "--format", "{{json .Config.Env}}", image])
+    return dict(item.partition("=")[::2] for item in json.loads(out or b"null") or [])
+
+
 def image_path(engine: str, image: str) -> str:
     """The PATH the image sets (what its own toolchain needs), or the Debian default."""
-    out = engine_run([engine, "image", "inspect", "--format", "{{json .Config.Env}}", image])
-    for item in json.loads(out or b"null") or []:
-        if item.startswith("PATH="):
-            return item[5:]
-    return FALLBACK_PATH
+    return image_env(engine, image).get("PATH", FALLBACK_PATH)
 
 
 class ContainerSandbox(Sandbox):
@@ -176,14 +179,16 @@ class ContainerSandbox(Sandbox):
         return env
 
     def exec_argv(self, cmd: Sequence[str], env: dict[str, str], *, user: str | None = None,
-                  timeout_s: float | None = None, interactive: bool = False, image_path: bool = False) -> list[str]:
-        """``cmd`` as ``user`` (default: the sandbox uid); a root exec gets `ROOT_PATH` unless
-        ``image_path`` (a task's own verifier, run as Harbor runs it)."""
+                  timeout_s: float | None = None, interactive: bool = False, path: str | None = None) -> list[str]:
+        """``cmd`` as ``user`` (default: the sandbox uid), with ``path`` as its PATH when given, else
+        `ROOT_PATH` for a root exec and the harness's bin dirs plus the image's PATH otherwise."""
         s = self.spec
         argv = [self.engine, "exec"] + (["-i"] if interactive else [])
         argv += ["-u", user or f"{s.uid}:{s.uid}", "-w", s.workdir]
         full_env = self.env(env)
-        if is_root(user) and not image_path:
+        if path is not None:
+            full_env["PATH"] = path
+        elif is_root(user):
             full_env["PATH"] = ROOT_PATH
         for key, value in full_env.items():
             argv += ["-e", f"{key}={value}"]
