@@ -20,7 +20,8 @@ from polar_env.tasks.loader import TERMINAL_DIR
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not engine_available("podman"), reason="needs podman (scripts/setup_podman.sh)")]
 ENGINE = "podman"
-NO_REWARD = Path(__file__).parent / "fixtures" / "harbor" / "no-reward"
+FIXTURES = Path(__file__).parent / "fixtures" / "harbor"
+NO_REWARD = FIXTURES / "no-reward"
 
 
 def _polar(*args: str, timeout: float = 1200) -> subprocess.CompletedProcess:
@@ -77,6 +78,21 @@ async def test_agent_cannot_read_tests_or_solution_nor_plant_a_reward():
         # nothing planted survived or ran; test.sh ran as the agent's uid; the tests are root's; one
         # `sleep infinity` is left: the keep-alive
         assert left.stdout_tail.split() == ["1000", "root", "1", "sleep", "infinity"], left.stdout_tail
+    finally:
+        await ws.close()
+
+
+async def test_the_agent_and_its_verifier_run_as_the_tasks_agent_user():
+    """`[agent] user = "tester"` (uid 1234 in the task's image): the agent's commands run as it, it
+    owns the workdir, and test.sh (no `[verifier] user`) runs as it too, so the task's reward is 1."""
+    task = load_task_dir(FIXTURES / "agent-user")
+    ws = await open_workspace(task, SandboxSpec(), sandbox=ENGINE)
+    try:
+        done = await ws.sandbox.run(["sh", "-c", "id -u; stat -c %u .; echo done > /app/done.txt"], timeout_s=60)
+        assert done.stdout_tail.split() == ["1234", "1234"], done
+        assert ws.ref.uid == 1234  # what another process attaching to the workspace runs as
+        result = await verify(task, ws.sandbox)  # type: ignore[arg-type]
+        assert result.reward == 1.0 and result.failure_kind == "none", result
     finally:
         await ws.close()
 

@@ -15,7 +15,13 @@ from polar_env.outcomes import DEFAULT_OUTCOMES, FailureKind, OutcomeTable
 from polar_env.rewards.harbor_verifier import RewardError, parse_rewards, scalar_reward
 from polar_env.sandbox.base import SandboxSpec
 from polar_env.tasks.harbor import HarborTaskError, gold_command, load_harbor, load_task_dir
-from polar_env.tasks.harbor_image import HarborImageError, ensure_harbor_image, image_map, rewrite_from
+from polar_env.tasks.harbor_image import (
+    HarborImageError,
+    agent_uid,
+    ensure_harbor_image,
+    image_map,
+    rewrite_from,
+)
 from polar_env.tasks.loader import TERMINAL_DIR, TaskLoadError, load_tasks
 from polar_env.tasks.models import Task
 
@@ -158,3 +164,17 @@ def test_no_reward_is_masked_by_default_never_zero():
 def test_fixture_without_reward_loads():
     (task,) = load_harbor(FIXTURES / "no-reward")
     assert task.instance_id == "no-reward" and task.workdir == "/app"
+
+
+@pytest.mark.parametrize("user", ['"root"', "0", '"0:0"', '"root:root"'])
+def test_an_agent_user_of_root_is_refused_before_any_lookup(tmp_path, user):
+    (task,) = load_harbor(_task(tmp_path, f"[agent]\nuser = {user}\n"))
+    with pytest.raises(HarborImageError, match=r"my-task: task.toml \[agent\] user = .* is root, and Polar never"):
+        agent_uid(task, "no-such-engine")  # refused before the engine is asked
+
+
+def test_an_agent_user_by_number_needs_no_lookup(tmp_path):
+    (task,) = load_harbor(_task(tmp_path, "[agent]\nuser = 1234\n"))
+    assert agent_uid(task, "no-such-engine") == 1234
+    (task,) = load_harbor(_task(tmp_path / "b", ""))
+    assert agent_uid(task, "no-such-engine") is None  # Polar's default uid

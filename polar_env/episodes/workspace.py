@@ -133,6 +133,26 @@ def check_image(task: Task, kind: WorkspaceKind) -> None:
         raise WorkspaceUnavailable(f"{task.instance_id}: image {image} does not exist")
 
 
+def container_spec(task: Task, spec: SandboxSpec, kind: WorkspaceKind) -> SandboxSpec:
+    """``spec`` for a container of ``task``: its image checked (a Harbor task's built first), and the
+    uid a Harbor task's ``[agent] user`` names (the default: ``spec``'s unprivileged uid)."""
+    from polar_env.sandbox.container import ContainerError
+
+    check_image(task, kind)
+    if task.harbor is None:
+        return spec
+    from polar_env.tasks.harbor_image import agent_uid
+
+    try:
+        uid = agent_uid(task, kind)
+    except ContainerError as exc:
+        raise WorkspaceUnavailable(str(exc)) from exc
+    if uid is None:
+        return spec
+    name = str(task.harbor.config.agent.user).split(":")[0]
+    return replace(spec, uid=uid, user=spec.user if name.isdigit() else name)
+
+
 def apptainer_image(image: str) -> str:
     """A task's ``image`` as apptainer takes it: a local .sif path, or a registry name as docker://."""
     if image.startswith("docker://") or image.endswith(".sif"):
@@ -191,7 +211,7 @@ def _open(task: Task, spec: SandboxSpec, kind: WorkspaceKind) -> Workspace:
     if kind in ("docker", "podman"):
         from polar_env.sandbox.container import ContainerSandbox
 
-        check_image(task, kind)
+        spec = container_spec(task, spec, kind)
         cs = ContainerSandbox.create(None, spec=spec, image=task_image(task), engine=kind)
         ref = WorkspaceRef(kind=kind, container=cs.name, image=cs.image, path=cs.path, workdir=spec.workdir,
                            uid=spec.uid, gid=spec.uid)

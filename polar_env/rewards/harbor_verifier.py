@@ -228,16 +228,15 @@ async def _grade_patch(task: Task, patch: str, *, engine: str, reward_key: str |
     import tempfile
     from pathlib import Path
 
-    from polar_env.episodes.workspace import WorkspaceUnavailable, check_image, task_spec
+    from polar_env.episodes.workspace import WorkspaceUnavailable, container_spec, task_spec
     from polar_env.sandbox.base import SandboxSpec
 
     t0 = time.monotonic()
     result = GradeResult(instance_id=task.instance_id, mode=GradingMode.harbor)
     box: ContainerSandbox | None = None
     try:
-        check_image(task, engine)  # type: ignore[arg-type]
-        box = await asyncio.to_thread(ContainerSandbox.create, None, spec=task_spec(task, SandboxSpec()),
-                                      image=task.image, engine=engine)
+        spec = container_spec(task, task_spec(task, SandboxSpec()), engine)  # type: ignore[arg-type]
+        box = await asyncio.to_thread(ContainerSandbox.create, None, spec=spec, image=task.image, engine=engine)
         if patch.strip():
             with tempfile.TemporaryDirectory(prefix="polar-harbor-") as tmp:
                 (Path(tmp) / "model.patch").write_text(patch, errors="surrogateescape")

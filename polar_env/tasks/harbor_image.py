@@ -108,3 +108,30 @@ def ensure_harbor_image(task: Task, engine: str = "podman") -> str:
         engine_run([engine, "build", "--network", "host", "-f", str(ctx / "Dockerfile"), "-t", name, str(ctx)],
                    timeout_s=env.build_timeout_sec)
     return name
+
+
+def agent_uid(task: Task, engine: str = "podman") -> int | None:
+    """The uid ``[agent] user`` names (a name is looked up in the task's image), None where it names
+    none (Polar's unprivileged default). Root is refused, by name or number, before any lookup: the
+    agent never runs as root here (its processes would outlive the kill of its uid before the verifier)."""
+    assert task.harbor is not None
+    user = task.harbor.config.agent.user
+    if user is None:
+        return None
+    name = str(user).split(":")[0]
+    if name in ("0", "root"):
+        raise HarborImageError(f"{task.instance_id}: task.toml [agent] user = {user!r} is root, and Polar never "
+                               f"runs the agent as root: name an unprivileged user (docs/tasks.md)")
+    if name.isdigit():
+        return int(name)
+    try:
+        out = engine_run([engine, "run", "--rm", "--network", "none", "--entrypoint", "id", task.image, "-u", name],
+                         timeout_s=120)
+    except ContainerError as exc:
+        raise HarborImageError(f"{task.instance_id}: task.toml [agent] user = {user!r} is not a user of its image "
+                               f"{task.image}: {exc}") from None
+    uid = int(out.decode().strip())
+    if uid == 0:
+        raise HarborImageError(f"{task.instance_id}: task.toml [agent] user = {user!r} is uid 0 in its image, and "
+                               f"Polar never runs the agent as root: name an unprivileged user (docs/tasks.md)")
+    return uid
