@@ -97,6 +97,36 @@ async def test_the_agent_and_its_verifier_run_as_the_tasks_agent_user():
         await ws.close()
 
 
+def _containers() -> set[str]:
+    return set(subprocess.run([ENGINE, "ps", "-a", "-q"], capture_output=True, text=True, check=True).stdout.split())
+
+
+async def test_a_separate_verifier_runs_in_a_fresh_container_with_only_the_artifacts():
+    """`environment_mode = "separate"`: test.sh runs in a fresh container of the environment image
+    that holds only the artifact task.toml lists (/app/out, less its *.tmp files, links dropped), not
+    the rest of the agent's container, with what its `[[verifier.collect]]` hook wrote there first; it is
+    removed afterwards. An artifact the agent did not leave
+    is skipped: its verifier says 0, not an error."""
+    task = load_task_dir(FIXTURES / "separate-verifier")
+    assert task.harbor.config.verifier.separate
+    ws = await open_workspace(task, SandboxSpec(), sandbox=ENGINE)
+    try:
+        before = _containers()
+        result = await verify(task, ws.sandbox)  # type: ignore[arg-type]
+        assert result.reward == 0.0 and result.failure_kind == "none", result  # no /app/out to carry over
+        made = await ws.sandbox.run(["sh", "-c", "mkdir -p /app/out && echo done > /app/out/result.txt && "
+                                                 "echo x > /app/elsewhere.txt && echo t > /app/out/skip.tmp && "
+                                                 "ln -s /etc/passwd /app/out/link && echo made"], timeout_s=60)
+        assert "made" in made.stdout_tail
+        result = await verify(task, ws.sandbox)  # type: ignore[arg-type]
+        assert result.reward == 1.0 and result.failure_kind == "none", result
+        assert _containers() == before  # the verifier's containers are gone, the agent's is still there
+        left = await ws.sandbox.run(["sh", "-c", "ls /app; ls -A /logs 2>&1"], timeout_s=60)
+        assert "elsewhere.txt" in left.stdout_tail and "verifier" not in left.stdout_tail, left
+    finally:
+        await ws.close()
+
+
 def test_rollout_with_a_verifier_that_writes_no_reward_is_masked(tmp_path: Path):
     out = tmp_path / "out"
     proc = _polar("rollout", "--tasks", str(NO_REWARD), "--sandbox", ENGINE, "--policy", "answer", "--harness", "pi",

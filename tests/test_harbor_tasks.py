@@ -178,3 +178,34 @@ def test_an_agent_user_by_number_needs_no_lookup(tmp_path):
     assert agent_uid(task, "no-such-engine") == 1234
     (task,) = load_harbor(_task(tmp_path / "b", ""))
     assert agent_uid(task, "no-such-engine") is None  # Polar's default uid
+
+
+def test_separate_verifier_rule_and_artifacts(tmp_path):
+    from polar_env.rewards.harbor_separate import artifact_sources, sanitise
+    from polar_env.sandbox.container import ContainerError
+
+    (task,) = load_harbor(FIXTURES / "separate-verifier")
+    assert task.harbor.config.verifier.separate
+    assert artifact_sources(task) == [("/logs/artifacts", []), ("/app/out", ["*.tmp"])]
+    # Harbor's rule: a [verifier.environment] table implies separate, unless the mode says otherwise
+    (task,) = load_harbor(_task(tmp_path, '[verifier.environment]\ndocker_image = "img:1"\n'))
+    assert task.harbor.config.verifier.separate
+    (task,) = load_harbor(_task(tmp_path / "b", 'artifacts = ["../x"]\n'))
+    assert not task.harbor.config.verifier.separate
+    with pytest.raises(ContainerError, match="not an absolute path"):
+        artifact_sources(task)
+    with pytest.raises(HarborTaskError, match="incompatible"):
+        load_harbor(_task(tmp_path / "c", '[verifier]\nenvironment_mode = "shared"\n[verifier.environment]\ncpus = 1\n'))
+    # a copied artifact keeps only directories and regular files, none excluded, no setuid bit
+    art = tmp_path / "art"
+    (art / "sub").mkdir(parents=True)
+    (art / "keep.txt").write_text("k")
+    (art / "sub" / "drop.tmp").write_text("d")
+    (art / "tool").write_text("t")
+    (art / "tool").chmod(0o4755)
+    (art / "link").symlink_to("/etc/passwd")
+    import os
+    os.mkfifo(art / "fifo")
+    sanitise(art, ["*.tmp"])
+    assert sorted(str(p.relative_to(art)) for p in art.rglob("*")) == ["keep.txt", "sub", "tool"]
+    assert (art / "tool").stat().st_mode & 0o7777 == 0o755

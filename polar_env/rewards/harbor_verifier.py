@@ -23,6 +23,10 @@ once the harness has ended:
    failure kind, masked by default and never trained as 0 (Harbor: ``RewardFileNotFoundError``,
    ``RewardFileEmptyError``).
 
+Where the task asks for a separate verifier (``[verifier] environment_mode = "separate"``, or a
+``[verifier.environment]`` table), steps 2-4 run in a fresh container instead, holding only the
+agent's artifacts (rewards/harbor_separate.py), after step 1 in the agent's.
+
 The scalar reward of a multi-key ``reward.json`` (the whole object is kept in ``GradeResult.rewards``,
 so on the trajectory's ``grading``): the key ``reward_key`` names (``--reward-key``; absent key:
 ``no_reward``), else the key ``reward``, else the only key; several keys none of them ``reward`` and no
@@ -40,7 +44,8 @@ import time
 
 from polar_env.outcomes import FailureKind
 from polar_env.rewards.grading import LOG_TAIL_CHARS, GradeResult, GradingMode
-from polar_env.sandbox.base import run_process_tree
+from polar_env.rewards.harbor_separate import separate_box
+from polar_env.sandbox.base import RunResult, run_process_tree
 from polar_env.sandbox.container import (
     FALLBACK_PATH,
     ROOT_PATH,
@@ -67,11 +72,13 @@ class RewardError(ValueError):
     """The verifier's reward cannot be read as a number; the message says which file and why."""
 
 
-def _clean_script(verifier_user: str) -> str:
-    """Root's reset before the tests: fresh, empty, root-owned /logs/verifier and /tests, and a fresh
-    HOME for the verifier (the agent's HOME may hold a ``.local`` site-packages that python would load)."""
+def _clean_script(verifier_user: str, *, keep_tests: bool = False) -> str:
+    """Root's reset before the tests: fresh, empty, root-owned /logs/verifier and /tests (kept where
+    the image holds the tests), and a fresh HOME for the verifier (the agent's HOME may hold a
+    ``.local`` site-packages that python would load)."""
     user = shlex.quote(verifier_user)
-    return (f"rm -rf {VERIFIER_DIR} {TESTS_DIR} {VERIFIER_HOME}; if [ -L /logs ] || [ ! -d /logs ]; then rm -rf /logs; fi; "
+    tests = "" if keep_tests else TESTS_DIR
+    return (f"rm -rf {VERIFIER_DIR} {tests} {VERIFIER_HOME}; if [ -L /logs ] || [ ! -d /logs ]; then rm -rf /logs; fi; "
             f"mkdir -p {VERIFIER_DIR} {TESTS_DIR} {VERIFIER_HOME} && chown 0:0 /logs && chmod 0755 /logs && "
             f"chown {user} {VERIFIER_DIR} {VERIFIER_HOME} && chmod 0755 {VERIFIER_DIR} && chmod 0700 {VERIFIER_HOME}")
 
@@ -176,34 +183,24 @@ def safe_search_env(box: ContainerSandbox, user: str, env: dict[str, str]) -> di
 
 
 async def verify(task: Task, box: ContainerSandbox, *, reward_key: str | None = None) -> GradeResult:
-    """Run the task's verifier in ``box`` (the agent's container, its harness ended). Never raises."""
+    """Run the task's verifier for ``box`` (the agent's container, its harness ended): in it, or in a
+    fresh container holding the agent's artifacts where the task asks for a separate verifier
+    (rewards/harbor_separate.py). Never raises."""
     assert task.harbor is not None
     t0 = time.monotonic()
     config = task.harbor.config.verifier
     result = GradeResult(instance_id=task.instance_id, mode=GradingMode.harbor)
-    if config.environment_mode == "separate":
-        return _fail(result, FailureKind.infrastructure, "a separate verifier environment is not supported yet", t0)
-    user = verifier_user(task, box)
     try:
         box.kill_all()
-        engine_run(box.exec_argv(["sh", "-c", _clean_script(user)], {}, user="0"))
-        engine_run(box.cp_in_argv(task.harbor.tests_dir, TESTS_DIR))
-        engine_run(box.exec_argv(["sh", "-c", f"chown -R 0:0 {TESTS_DIR} && chmod -R a-w,a+rX {TESTS_DIR}"], {},
-                                 user="0"))
-        env = {**config.env, **safe_search_env(box, user, config.env)}
-        result.timings["setup_s"] = time.monotonic() - t0
-        run = await run_process_tree(
-            box.exec_argv(["bash", f"{TESTS_DIR}/test.sh"], env, user=user, timeout_s=config.timeout_sec,
-                          path=env["PATH"]),
-            timeout_s=config.timeout_sec, stdin=None, max_output_bytes=MAX_OUTPUT_BYTES, on_timeout=box.kill_all)
-        result.timings["tests_s"] = run.duration_s
-        result.log_tail = (run.stdout_tail + run.stderr_tail)[-LOG_TAIL_CHARS:]
-        if run.timed_out:
-            return _fail(result, FailureKind.test_timeout, f"tests/test.sh ran past {config.timeout_sec:g}s", t0)
-        read = await run_process_tree(box.exec_argv(["sh", "-c", _read_script(box.keepalive_pid)], {}, user="0"),
-                                      timeout_s=60, stdin=None, max_output_bytes=MAX_REWARD_BYTES + 4096)
+        if config.separate:
+            async with separate_box(task, box) as (fresh, bundled):
+                run, read = await _run_tests(task, fresh, result, t0, bundled=bundled)
+        else:
+            run, read = await _run_tests(task, box, result, t0, bundled=False)
     except (ContainerError, OSError) as exc:
         return _fail(result, FailureKind.infrastructure, f"container: {exc}", t0)
+    if run.timed_out:
+        return _fail(result, FailureKind.test_timeout, f"tests/test.sh ran past {config.timeout_sec:g}s", t0)
     if read.exit_code == 3:
         return _fail(result, FailureKind.no_reward, f"tests/test.sh wrote neither {VERIFIER_DIR}/reward.json "
                      f"nor reward.txt (exit code {run.exit_code})", t0)
@@ -216,6 +213,31 @@ async def verify(task: Task, box: ContainerSandbox, *, reward_key: str | None = 
     result.resolved = result.reward >= 1.0
     result.timings["total_s"] = time.monotonic() - t0
     return result
+
+
+async def _run_tests(task: Task, box: ContainerSandbox, result: GradeResult, t0: float, *,
+                     bundled: bool) -> tuple[RunResult, RunResult]:
+    """Steps 2-4 in ``box``: fresh dirs (``/tests`` kept, made root's and read-only, where the image
+    holds the tests), test.sh, its leftovers killed, the reward file read (``read``: exit 3 when none)."""
+    assert task.harbor is not None
+    config = task.harbor.config.verifier
+    user = verifier_user(task, box)
+    engine_run(box.exec_argv(["sh", "-c", _clean_script(user, keep_tests=bundled)], {}, user="0"))
+    if not bundled:
+        engine_run(box.cp_in_argv(task.harbor.tests_dir, TESTS_DIR))
+    engine_run(box.exec_argv(["sh", "-c", f"chown -R 0:0 {TESTS_DIR} && chmod -R a-w,a+rX {TESTS_DIR}"], {},
+                             user="0"))
+    env = {**config.env, **safe_search_env(box, user, config.env)}
+    result.timings["setup_s"] = time.monotonic() - t0
+    run = await run_process_tree(
+        box.exec_argv(["bash", f"{TESTS_DIR}/test.sh"], env, user=user, timeout_s=config.timeout_sec,
+                      path=env["PATH"]),
+        timeout_s=config.timeout_sec, stdin=None, max_output_bytes=MAX_OUTPUT_BYTES, on_timeout=box.kill_all)
+    result.timings["tests_s"] = run.duration_s
+    result.log_tail = (run.stdout_tail + run.stderr_tail)[-LOG_TAIL_CHARS:]
+    read = await run_process_tree(box.exec_argv(["sh", "-c", _read_script(box.keepalive_pid)], {}, user="0"),
+                                  timeout_s=60, stdin=None, max_output_bytes=MAX_REWARD_BYTES + 4096)
+    return run, read
 
 
 def grade_patch(task: Task, patch: str, *, engine: str, reward_key: str | None = None) -> GradeResult:

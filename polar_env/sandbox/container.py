@@ -202,10 +202,11 @@ class ContainerSandbox(Sandbox):
         return [self.engine, "exec", "-u", f"{self.spec.uid}:{self.spec.uid}", self.name,
                 "sh", "-c", "kill -KILL -1 2>/dev/null; true"]
 
-    def setup_script(self) -> str:
+    def setup_script(self, snapshot: bool = True) -> str:
+        """HOME and the workdir made the sandbox uid's, then (``snapshot``) the base tree recorded."""
         s = self.spec
-        return (f"chown {s.uid}:{s.uid} {shlex.quote(s.home)} && chown -hR {s.uid}:{s.uid} {shlex.quote(s.workdir)}"
-                f" && {git_snapshot_script(s.workdir)}")
+        own = f"chown {s.uid}:{s.uid} {shlex.quote(s.home)} && chown -hR {s.uid}:{s.uid} {shlex.quote(s.workdir)}"
+        return f"{own} && {git_snapshot_script(s.workdir)}" if snapshot else own
 
     def cp_in_argv(self, src: Path, dst: str) -> list[str]:
         return [self.engine, "cp", f"{src}/." if src.is_dir() else str(src), f"{self.name}:{dst}"]
@@ -219,8 +220,9 @@ class ContainerSandbox(Sandbox):
     # --- lifecycle ---
     @classmethod
     def create(cls, task_tree: Path | None, *, spec: SandboxSpec, image: str = "", engine: str = "docker",
-               extra_ro_mounts: Sequence[tuple[str, str]] = ()) -> ContainerSandbox:
-        """Start a container of ``image``; ``task_tree`` (if given) replaces the image's /testbed."""
+               extra_ro_mounts: Sequence[tuple[str, str]] = (), snapshot: bool = True) -> ContainerSandbox:
+        """Start a container of ``image``; ``task_tree`` (if given) replaces the image's /testbed; without
+        ``snapshot`` no base tree is recorded (a container nobody diffs: a separate verifier's)."""
         if not image:
             raise ValueError("a container sandbox needs an image (the task's `image`)")
         path = image_path(engine, image)
@@ -234,7 +236,7 @@ class ContainerSandbox(Sandbox):
                 engine_run(sb.exec_argv(["sh", "-c", f"rm -rf {shlex.quote(spec.workdir)}/* "
                                          f"{shlex.quote(spec.workdir)}/.[!.]*"], {}, user="0"))
                 engine_run(sb.cp_in_argv(task_tree, spec.workdir))
-            engine_run(sb.exec_argv(["sh", "-c", sb.setup_script()], {}, user="0"))
+            engine_run(sb.exec_argv(["sh", "-c", sb.setup_script(snapshot)], {}, user="0"))
         except BaseException:
             sb._remove()
             raise

@@ -7,9 +7,9 @@ newer task still loads and an export writes it back unchanged.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class _Section(BaseModel):
@@ -19,13 +19,6 @@ class _Section(BaseModel):
 class AgentSection(_Section):
     timeout_sec: float | None = None
     user: str | int | None = None
-
-
-class VerifierSection(_Section):
-    timeout_sec: float = 600.0
-    env: dict[str, str] = Field(default_factory=dict)
-    user: str | int | None = None  # None: the image's default user (root), as Harbor runs it
-    environment_mode: str | None = None  # "shared" | "separate"
 
 
 class EnvironmentSection(_Section):
@@ -48,6 +41,28 @@ class EnvironmentSection(_Section):
         return bool(self.allow_internet)
 
 
+class VerifierSection(_Section):
+    timeout_sec: float = 600.0
+    env: dict[str, str] = Field(default_factory=dict)
+    user: str | int | None = None  # None: the agent's uid here (Harbor: the image's default user)
+    environment_mode: Literal["shared", "separate"] | None = None
+    environment: EnvironmentSection | None = None  # [verifier.environment]: implies "separate"
+
+    @model_validator(mode="after")
+    def _shared_has_no_environment(self) -> VerifierSection:
+        if self.environment_mode == "shared" and self.environment is not None:
+            raise ValueError("environment_mode = 'shared' is incompatible with [verifier.environment]")
+        return self
+
+    @property
+    def separate(self) -> bool:
+        """Harbor's rule: an explicit ``environment_mode``, else separate exactly when
+        ``[verifier.environment]`` is given."""
+        if self.environment_mode is not None:
+            return self.environment_mode == "separate"
+        return self.environment is not None
+
+
 class SolutionSection(_Section):
     env: dict[str, str] = Field(default_factory=dict)
 
@@ -65,6 +80,8 @@ class HarborConfig(BaseModel):
     environment: EnvironmentSection = Field(default_factory=EnvironmentSection)
     solution: SolutionSection = Field(default_factory=SolutionSection)
     steps: list[dict[str, Any]] | None = None
+    # what a separate verifier gets of the agent's container: paths, or {source, destination, exclude}
+    artifacts: list[str | dict[str, Any]] = Field(default_factory=list)
 
 
 class HarborRef(BaseModel):

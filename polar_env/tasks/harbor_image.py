@@ -83,31 +83,53 @@ def ensure_harbor_image(task: Task, engine: str = "podman") -> str:
     env = task.harbor.config.environment
     if env.docker_image:
         return env.docker_image
-    env_dir = task.harbor.environment_dir
+    return build_image(task.harbor.environment_dir, task.instance_id.lower(), task.workdir, engine=engine,
+                       timeout_s=env.build_timeout_sec, what=task.instance_id)
+
+
+def verifier_image(task: Task, engine: str = "podman") -> tuple[str, bool]:
+    """A separate verifier's image, in Harbor's order, and whether it holds the tests itself:
+    ``[verifier.environment] docker_image`` (tests in it), else one built from ``tests/`` where that
+    has a Dockerfile (tests in it), else a fresh one of the task's own environment (tests copied in)."""
+    assert task.harbor is not None
+    venv = task.harbor.config.verifier.environment
+    tests = task.harbor.tests_dir
+    if venv is not None and venv.docker_image:
+        return venv.docker_image, True
+    if (tests / "Dockerfile").is_file():
+        timeout = (venv or task.harbor.config.environment).build_timeout_sec
+        return build_image(tests, f"{task.instance_id.lower()}-verifier", "/tests", engine=engine,
+                           timeout_s=timeout, what=f"{task.instance_id} (tests/Dockerfile)"), True
+    return ensure_harbor_image(task, engine), False
+
+
+def build_image(env_dir: Path, name: str, workdir: str, *, engine: str, timeout_s: float, what: str) -> str:
+    """``env_dir/Dockerfile`` built as ``localhost/polar-harbor/<name>:<content key>`` unless cached;
+    every ``FROM`` mapped and present locally (else one error naming it, for ``what``)."""
     dockerfile, bases = rewrite_from((env_dir / "Dockerfile").read_text(), image_map())
     # Docker creates a WORKDIR; podman's builder may not keep an empty one, and a container cannot
     # start in a missing workdir. The engine's default user does not matter: Polar execs as a given uid.
-    dockerfile += f"\nUSER root\nRUN mkdir -p {shlex.quote(task.workdir)}\n"
+    dockerfile += f"\nUSER root\nRUN mkdir -p {shlex.quote(workdir)}\n"
     if not bases:
         raise HarborImageError(f"{env_dir / 'Dockerfile'}: no FROM line")
     for base in bases:
         if not image_exists(engine, base):
             raise HarborImageError(
-                f"{task.instance_id}: environment/Dockerfile starts FROM {base}, which is not in {engine} and "
+                f"{what}: {env_dir.name}/Dockerfile starts FROM {base}, which is not in {engine} and "
                 f"cannot be pulled here: map it to a local image with {MAP_ENV}='{base}=LOCAL_IMAGE' "
                 f"(e.g. LOCAL_IMAGE={image_map()[POLAR_BASE_ALIAS]}), or `{engine} tag LOCAL_IMAGE {base}`; "
                 f"docs/tasks.md, 'Harbor task folders'")
     key = _content_key(env_dir, dockerfile, [_image_id(engine, b) for b in bases])
-    name = f"localhost/polar-harbor/{task.instance_id.lower()}:{key}"
-    if image_exists(engine, name):
-        return name
+    tag = f"localhost/polar-harbor/{name}:{key}"
+    if image_exists(engine, tag):
+        return tag
     with tempfile.TemporaryDirectory(prefix="polar-harbor-image-") as tmp:
         ctx = Path(tmp) / "context"
         shutil.copytree(env_dir, ctx, symlinks=True)
         (ctx / "Dockerfile").write_text(dockerfile)
-        engine_run([engine, "build", "--network", "host", "-f", str(ctx / "Dockerfile"), "-t", name, str(ctx)],
-                   timeout_s=env.build_timeout_sec)
-    return name
+        engine_run([engine, "build", "--network", "host", "-f", str(ctx / "Dockerfile"), "-t", tag, str(ctx)],
+                   timeout_s=timeout_s)
+    return tag
 
 
 def agent_uid(task: Task, engine: str = "podman") -> int | None:
