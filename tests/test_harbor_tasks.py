@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 
 from polar_env.episodes import episode_prompt
-from polar_env.episodes.workspace import WorkspaceUnavailable, task_spec, workspace_kind
+from polar_env.episodes.workspace import WorkspaceUnavailable, container_spec, task_spec, workspace_kind
 from polar_env.outcomes import DEFAULT_OUTCOMES, FailureKind, OutcomeTable
 from polar_env.rewards.harbor_verifier import RewardError, parse_rewards, scalar_reward
 from polar_env.sandbox.base import SandboxSpec
+from polar_env.sandbox.engine_caps import gpu_count
 from polar_env.tasks.harbor import HarborTaskError, gold_command, load_harbor, load_task_dir
 from polar_env.tasks.harbor_image import (
     HarborImageError,
@@ -209,3 +210,24 @@ def test_separate_verifier_rule_and_artifacts(tmp_path):
     sanitise(art, ["*.tmp"])
     assert sorted(str(p.relative_to(art)) for p in art.rglob("*")) == ["keep.txt", "sub", "tool"]
     assert (art / "tool").stat().st_mode & 0o7777 == 0o755
+
+
+def test_storage_and_gpus_become_container_flags():
+    from polar_env.sandbox.container import ContainerSandbox
+
+    spec = SandboxSpec(gpus=2, storage_bytes=2 << 30)
+    podman = ContainerSandbox(spec, "img", "polar-x", engine="podman").create_argv()
+    assert " --device nvidia.com/gpu=0 --device nvidia.com/gpu=1 " in f" {' '.join(podman)} "
+    assert " --storage-opt size=2147483648 " in f" {' '.join(podman)} "
+    docker = ContainerSandbox(spec, "img", "polar-x", engine="docker").create_argv()
+    assert " --gpus 2 " in f" {' '.join(docker)} " and "nvidia.com/gpu=0" not in docker
+    plain = ContainerSandbox(SandboxSpec(), "img", "polar-x", engine="podman").create_argv()
+    assert "--storage-opt" not in plain and "--device" not in plain and "--gpus" not in plain
+
+
+@pytest.mark.skipif(gpu_count() > 0, reason="this machine has GPUs: the refusal is for one without")
+def test_a_task_asking_for_gpus_is_refused_where_there_are_none(tmp_path):
+    (task,) = load_harbor(_task(tmp_path, "[environment]\ngpus = 1\n"))
+    with pytest.raises(WorkspaceUnavailable, match=r"my-task: task.toml \[environment\] gpus = 1, but it asks "
+                                                   r"for 1 GPU\(s\) and this machine has 0"):
+        container_spec(task, SandboxSpec(), "podman")  # before any image is built

@@ -134,12 +134,18 @@ def check_image(task: Task, kind: WorkspaceKind) -> None:
 
 
 def container_spec(task: Task, spec: SandboxSpec, kind: WorkspaceKind) -> SandboxSpec:
-    """``spec`` for a container of ``task``: its image checked (a Harbor task's built first), and the
-    uid a Harbor task's ``[agent] user`` names (the default: ``spec``'s unprivileged uid)."""
+    """``spec`` for a container of ``task``: its image checked (a Harbor task's built first), and a
+    Harbor task's ``[agent] user`` (the default: ``spec``'s unprivileged uid) and ``[environment]``
+    ``gpus`` (refused where this machine cannot give them) and ``storage_mb`` (where the engine can
+    enforce it, sandbox/engine_caps.py)."""
+    from polar_env.sandbox import engine_caps
     from polar_env.sandbox.container import ContainerError
 
+    env = task.harbor.config.environment if task.harbor is not None else None
+    if env is not None and env.gpus and (why := engine_caps.gpu_problem(env.gpus, kind)):
+        raise WorkspaceUnavailable(f"{task.instance_id}: task.toml [environment] gpus = {env.gpus}, but {why}")
     check_image(task, kind)
-    if task.harbor is None:
+    if task.harbor is None or env is None:
         return spec
     from polar_env.tasks.harbor_image import agent_uid
 
@@ -147,6 +153,8 @@ def container_spec(task: Task, spec: SandboxSpec, kind: WorkspaceKind) -> Sandbo
         uid = agent_uid(task, kind)
     except ContainerError as exc:
         raise WorkspaceUnavailable(str(exc)) from exc
+    storage = env.storage_mb << 20 if env.storage_mb and engine_caps.storage_limit_supported(kind, task.image) else None
+    spec = replace(spec, gpus=env.gpus or None, storage_bytes=storage)
     if uid is None:
         return spec
     name = str(task.harbor.config.agent.user).split(":")[0]

@@ -53,6 +53,8 @@ class SandboxSpec:
     memory_bytes: int | None = 8 << 30
     pids_max: int | None = 4096
     cpus: float | None = None  # containers: --cpus (a Harbor task's [environment] cpus)
+    storage_bytes: int | None = None  # containers: --storage-opt size= (where the engine's storage supports it)
+    gpus: int | None = None  # containers: that many NVIDIA GPUs (podman: CDI devices nvidia.com/gpu=<i>)
     # quota of the writable paths (/testbed, HOME, /tmp together): a sized tmpfs in bubblewrap, sized
     # tmpfs mounts in containers; a write past it fails with ENOSPC
     disk_bytes: int | None = 2 << 30

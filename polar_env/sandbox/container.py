@@ -151,6 +151,11 @@ class ContainerSandbox(Sandbox):
             argv += ["--pids-limit", str(s.pids_max)]
         if s.cpus is not None:
             argv += ["--cpus", f"{s.cpus:g}"]
+        if s.storage_bytes is not None:
+            argv += ["--storage-opt", f"size={s.storage_bytes}"]
+        if s.gpus:
+            argv += ["--gpus", str(s.gpus)] if self.engine == "docker" else [
+                a for i in range(s.gpus) for a in ("--device", f"nvidia.com/gpu={i}")]
         mounts = [(str(FORWARDER_SRC), FORWARDER_INSIDE)]
         if s.harness_dir is not None:
             mounts.append((str(s.harness_dir), "/opt/harness"))
