@@ -127,6 +127,21 @@ async def test_a_separate_verifier_runs_in_a_fresh_container_with_only_the_artif
         await ws.close()
 
 
+async def test_a_compose_main_service_is_built_and_run_with_its_environment():
+    """environment/docker-compose.yaml with only `main`: its build context and dockerfile are built,
+    and the container runs with its environment and working_dir (test.sh checks all of it: reward 1)."""
+    task = load_task_dir(FIXTURES / "compose-main")
+    ws = await open_workspace(task, SandboxSpec(), sandbox=ENGINE)
+    try:
+        assert task.image.startswith("localhost/polar-harbor/compose-main:"), task.image
+        done = await ws.sandbox.run(["sh", "-c", "echo done > /srv/done.txt && pwd"], timeout_s=60)
+        assert done.stdout_tail.split() == ["/srv"], done
+        result = await verify(task, ws.sandbox)  # type: ignore[arg-type]
+        assert result.reward == 1.0 and result.failure_kind == "none", result
+    finally:
+        await ws.close()
+
+
 def test_rollout_with_a_verifier_that_writes_no_reward_is_masked(tmp_path: Path):
     out = tmp_path / "out"
     proc = _polar("rollout", "--tasks", str(NO_REWARD), "--sandbox", ENGINE, "--policy", "answer", "--harness", "pi",

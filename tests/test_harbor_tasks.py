@@ -231,3 +231,28 @@ def test_a_task_asking_for_gpus_is_refused_where_there_are_none(tmp_path):
     with pytest.raises(WorkspaceUnavailable, match=r"my-task: task.toml \[environment\] gpus = 1, but it asks "
                                                    r"for 1 GPU\(s\) and this machine has 0"):
         container_spec(task, SandboxSpec(), "podman")  # before any image is built
+
+
+def test_a_compose_main_service_loads_and_others_are_refused(tmp_path):
+    (task,) = load_harbor(FIXTURES / "compose-main")
+    assert task.workdir == "/srv" and task.image == ""  # built from the main service's context
+    spec = task_spec(task, SandboxSpec())
+    assert spec.env["GREETING"] == "hello" and spec.env["TEST_DIR"] == "/tests" and spec.env["TZ"] == "UTC"
+
+    def refused(compose: str, match: str) -> None:
+        d = _task(tmp_path / str(len(list(tmp_path.iterdir()))))
+        (d / "environment" / "docker-compose.yaml").write_text(compose)
+        with pytest.raises(HarborTaskError, match=match):
+            load_task_dir(d)
+
+    refused("services:\n  main: {}\n  db:\n    image: postgres:16\n",
+            r"my-task: environment/docker-compose.yaml: services db beside main would have to run too")
+    refused("services:\n  main:\n    volumes: [/data:/data]\n", r"services.main.volumes cannot be honoured")
+    refused("services:\n  main:\n    build: {context: ..}\n", r"must be\s+inside environment/")
+    refused("services:\n  main:\n    image: ${REGISTRY}/x\n", r"\$\{REGISTRY\} is neither Harbor's")
+    refused("services:\n  sidecar: {}\n", r"services sidecar beside main")
+    # an image-only main service, and no Dockerfile: the image, used as is
+    d = _task(tmp_path / "img")
+    (d / "environment" / "Dockerfile").unlink()
+    (d / "environment" / "docker-compose.yaml").write_text("services:\n  main:\n    image: ${IMG:-local/img:1}\n")
+    assert load_task_dir(d).image == "local/img:1"

@@ -184,12 +184,16 @@ class Workspace:
 
 
 def task_spec(task: Task, spec: SandboxSpec) -> SandboxSpec:
-    """``spec`` in the task's workdir, with a Harbor task's ``[environment]`` limits (cpus, memory)."""
+    """``spec`` in the task's workdir, with a Harbor task's ``[environment]`` limits (cpus, memory) and
+    its compose ``main`` service's environment."""
     spec = replace(spec, workdir=task.workdir)
     if task.harbor is None:
         return spec
+    from polar_env.tasks.harbor_compose import task_compose
+
     env = task.harbor.config.environment
-    return replace(spec, cpus=env.cpus or spec.cpus,
+    compose = task_compose(task.harbor, task.instance_id)
+    return replace(spec, cpus=env.cpus or spec.cpus, env={**spec.env, **(compose.env if compose else {})},
                    memory_bytes=env.memory_mb << 20 if env.memory_mb else spec.memory_bytes)
 
 

@@ -165,7 +165,7 @@ def safe_search_env(box: ContainerSandbox, user: str, env: dict[str, str]) -> di
     agent's uid could change dropped, checked in ``box`` as that uid; HOME is root's /root where the
     verifier is root and that is safe, else the fresh `VERIFIER_HOME`. An empty PATH is refused (bash
     would look in the workdir)."""
-    image = image_env(box.engine, box.image)
+    image = {**image_env(box.engine, box.image), **box.spec.env}  # what every exec inherits
     wanted = {v: env.get(v, image.get(v)) for v in SEARCH_VARS}
     wanted = {v: x for v, x in wanted.items() if x is not None} | {"PATH": wanted["PATH"] or FALLBACK_PATH}
     if is_root(user):

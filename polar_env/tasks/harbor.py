@@ -22,6 +22,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from polar_env.tasks.harbor_compose import ComposeError, task_compose
 from polar_env.tasks.harbor_config import HarborConfig, HarborRef
 from polar_env.tasks.models import INSTANCE_ID_RE, Task
 
@@ -64,9 +65,8 @@ def task_name(path: Path, config: HarborConfig) -> str:
     return name
 
 
-def dockerfile_workdir(env_dir: Path) -> str | None:
-    """The last ``WORKDIR`` of ``environment/Dockerfile`` (the directory the agent starts in)."""
-    dockerfile = env_dir / "Dockerfile"
+def dockerfile_workdir(dockerfile: Path) -> str | None:
+    """The last ``WORKDIR`` of the environment's Dockerfile (the directory the agent starts in)."""
     if not dockerfile.is_file():
         return None
     found = WORKDIR_RE.findall(dockerfile.read_text())
@@ -85,15 +85,20 @@ def load_task_dir(path: Path) -> Task:
     if not (path / "tests" / "test.sh").is_file():
         raise HarborTaskError(f"{path}: tests/test.sh is missing (the verifier runs `bash /tests/test.sh`)")
     env = config.environment
-    env_dir = path / "environment"
-    if not env.docker_image and not (env_dir / "Dockerfile").is_file():
-        what = "a compose file" if any(env_dir.glob("*compose*.y*ml")) else "nothing to build"
-        raise HarborTaskError(f"{path}: environment/ has {what}: Polar builds environment/Dockerfile "
-                              f"or runs [environment] docker_image")
-    workdir = env.workdir or dockerfile_workdir(env_dir) or "/app"
-    return Task(instance_id=task_name(path, config), repo=f"harbor/{path.name}", problem_statement=instruction.read_text(),
-                test_patch="", FAIL_TO_PASS=[], image=env.docker_image or "", workdir=workdir,
-                harbor=HarborRef(path=str(path), config=config))
+    ref = HarborRef(path=str(path), config=config)
+    name = task_name(path, config)
+    try:
+        compose = task_compose(ref, name)
+    except ComposeError as exc:
+        raise HarborTaskError(str(exc)) from None
+    dockerfile = compose.context / compose.dockerfile if compose and compose.context else ref.environment_dir / "Dockerfile"
+    image = env.docker_image or (compose.image if compose and not dockerfile.is_file() else None)
+    if not image and not dockerfile.is_file():
+        raise HarborTaskError(f"{path}: environment/ has nothing to build: Polar builds environment/Dockerfile "
+                              f"(or docker-compose.yaml's main service) or runs [environment] docker_image")
+    workdir = env.workdir or (compose.workdir if compose else None) or dockerfile_workdir(dockerfile) or "/app"
+    return Task(instance_id=name, repo=f"harbor/{path.name}", problem_statement=instruction.read_text(),
+                test_patch="", FAIL_TO_PASS=[], image=image or "", workdir=workdir, harbor=ref)
 
 
 def load_harbor(path: Path) -> list[Task]:

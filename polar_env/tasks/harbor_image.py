@@ -23,6 +23,7 @@ import tempfile
 from pathlib import Path
 
 from polar_env.sandbox.container import ContainerError, engine_run, image_exists
+from polar_env.tasks.harbor_compose import task_compose
 from polar_env.tasks.models import Task
 
 POLAR_BASE_ALIAS = "polar-base"
@@ -83,6 +84,10 @@ def ensure_harbor_image(task: Task, engine: str = "podman") -> str:
     env = task.harbor.config.environment
     if env.docker_image:
         return env.docker_image
+    compose = task_compose(task.harbor, task.instance_id)
+    if compose is not None and compose.context is not None:  # docker-compose.yaml's main service's build
+        return build_image(compose.context, task.instance_id.lower(), task.workdir, dockerfile_name=compose.dockerfile,
+                           engine=engine, timeout_s=env.build_timeout_sec, what=task.instance_id)
     return build_image(task.harbor.environment_dir, task.instance_id.lower(), task.workdir, engine=engine,
                        timeout_s=env.build_timeout_sec, what=task.instance_id)
 
@@ -103,19 +108,21 @@ def verifier_image(task: Task, engine: str = "podman") -> tuple[str, bool]:
     return ensure_harbor_image(task, engine), False
 
 
-def build_image(env_dir: Path, name: str, workdir: str, *, engine: str, timeout_s: float, what: str) -> str:
-    """``env_dir/Dockerfile`` built as ``localhost/polar-harbor/<name>:<content key>`` unless cached;
-    every ``FROM`` mapped and present locally (else one error naming it, for ``what``)."""
-    dockerfile, bases = rewrite_from((env_dir / "Dockerfile").read_text(), image_map())
+def build_image(env_dir: Path, name: str, workdir: str, *, engine: str, timeout_s: float, what: str,
+                dockerfile_name: str = "Dockerfile") -> str:
+    """``env_dir/<dockerfile_name>`` built in the context ``env_dir`` as
+    ``localhost/polar-harbor/<name>:<content key>`` unless cached; every ``FROM`` mapped and present
+    locally (else one error naming it, for ``what``)."""
+    dockerfile, bases = rewrite_from((env_dir / dockerfile_name).read_text(), image_map())
     # Docker creates a WORKDIR; podman's builder may not keep an empty one, and a container cannot
     # start in a missing workdir. The engine's default user does not matter: Polar execs as a given uid.
     dockerfile += f"\nUSER root\nRUN mkdir -p {shlex.quote(workdir)}\n"
     if not bases:
-        raise HarborImageError(f"{env_dir / 'Dockerfile'}: no FROM line")
+        raise HarborImageError(f"{env_dir / dockerfile_name}: no FROM line")
     for base in bases:
         if not image_exists(engine, base):
             raise HarborImageError(
-                f"{what}: {env_dir.name}/Dockerfile starts FROM {base}, which is not in {engine} and "
+                f"{what}: {env_dir.name}/{dockerfile_name} starts FROM {base}, which is not in {engine} and "
                 f"cannot be pulled here: map it to a local image with {MAP_ENV}='{base}=LOCAL_IMAGE' "
                 f"(e.g. LOCAL_IMAGE={image_map()[POLAR_BASE_ALIAS]}), or `{engine} tag LOCAL_IMAGE {base}`; "
                 f"docs/tasks.md, 'Harbor task folders'")
@@ -126,8 +133,8 @@ def build_image(env_dir: Path, name: str, workdir: str, *, engine: str, timeout_
     with tempfile.TemporaryDirectory(prefix="polar-harbor-image-") as tmp:
         ctx = Path(tmp) / "context"
         shutil.copytree(env_dir, ctx, symlinks=True)
-        (ctx / "Dockerfile").write_text(dockerfile)
-        engine_run([engine, "build", "--network", "host", "-f", str(ctx / "Dockerfile"), "-t", tag, str(ctx)],
+        (ctx / dockerfile_name).write_text(dockerfile)
+        engine_run([engine, "build", "--network", "host", "-f", str(ctx / dockerfile_name), "-t", tag, str(ctx)],
                    timeout_s=timeout_s)
     return tag
 
