@@ -69,3 +69,34 @@ def test_polar_loads_harbors_template_task():
     assert task.instance_id == "template-task" and task.workdir == "/app"  # the Dockerfile's WORKDIR
     assert task.harbor.config.verifier.timeout_sec == 900.0 and task.harbor.config.agent.timeout_sec == 900.0
     assert task.harbor.config.schema_version == "1.4"
+
+
+FIXTURES = REPO / "tests" / "fixtures" / "harbor"
+READ = """
+import json, sys
+from pathlib import Path
+from harbor.models.task.task import Task
+from harbor.models.task.verifier_mode import resolve_task_verifier_mode
+out = {}
+for d in sys.argv[1:]:
+    c = Task(d).config
+    out[Path(d).name] = {"separate": resolve_task_verifier_mode(c).value == "separate", "agent_user": c.agent.user,
+                         "verifier_user": c.verifier.user, "collect": [h.command for h in c.verifier.collect],
+                         "artifacts": [a if isinstance(a, str) else a.source for a in c.artifacts]}
+print(json.dumps(out))
+"""
+
+
+def test_harbor_reads_the_fixture_tasks_as_polar_does():
+    """The fields Polar acts on for a separate verifier, artifacts, collect hooks and users mean the
+    same to harbor's own model, for every Harbor fixture folder."""
+    folders = sorted(p for p in FIXTURES.iterdir() if (p / "task.toml").is_file())
+    seen = json.loads(_harbor("-c", READ, *map(str, folders)))
+    for folder in folders:
+        cfg = load_task_dir(folder).harbor.config
+        extra = cfg.verifier.model_extra or {}
+        mine = {"separate": cfg.verifier.separate, "agent_user": cfg.agent.user, "verifier_user": cfg.verifier.user,
+                "collect": [h["command"] for h in extra.get("collect", [])],
+                "artifacts": [a if isinstance(a, str) else a["source"] for a in cfg.artifacts]}
+        assert seen[folder.name] == mine, folder.name
+    assert seen["separate-verifier"]["separate"] and seen["agent-user"]["agent_user"] == "tester"
