@@ -98,7 +98,7 @@ for v in $(env | sed -n 's/^POLAR_V_\([A-Z_]*\)=.*/\1/p'); do eval "val=\$POLAR_
 def _kill_leftovers(keepalive: int | None) -> str:
     """Before the reward is read, every process still in the container but its init, its keep-alive
     (the pid recorded at the start: a process test.sh left can take its name, never its pid) and this
-    shell dies: nothing test.sh started (the agent's code it ran, as root) rewrites the reward."""
+    shell dies: nothing test.sh started (the agent's code it ran, as the verifier's user) rewrites the reward."""
     spare = " ".join(f'[ "$p" = {pid} ] ||' for pid in (1, keepalive) if pid is not None)
     return f'for d in /proc/[0-9]*; do p=${{d#/proc/}}; {spare} [ "$p" = $$ ] || kill -KILL $p 2>/dev/null; done; '
 
