@@ -64,7 +64,7 @@ async def test_agent_cannot_read_tests_or_solution_nor_plant_a_reward():
                                            f"chmod +x /app/bin/mkdir && echo \"{writer}\" > /app/lib/json.py && "
                                            "site=$(python3 -m site --user-site) && /bin/mkdir -p $site && "
                                            f"echo \"import os; {writer}\" > $site/polar.pth && "
-                                           "command -v mkdir && python3 -c 'import json; print(json.__file__)'"],
+                                           "sh -c 'command -v mkdir' && python3 -c 'import json; print(json.__file__)'"],
                               timeout_s=60)
         # the agent's own commands find what it planted (the image's PATH, PYTHONPATH, its HOME)
         assert plant.stdout_tail.split()[:2] == ["/app/bin/mkdir", "/app/lib/json.py"], plant

@@ -73,7 +73,10 @@ def test_container_copy_and_rm_argv(tmp_path: Path):
     assert sb.cp_in_argv(f, "/tmp/f") == ["docker", "cp", str(f), "polar-x:/tmp/f"]
     assert sb.cp_out_argv("/testbed/a", tmp_path / "a") == ["docker", "cp", "polar-x:/testbed/a", str(tmp_path / "a")]
     assert sb.rm_argv() == ["docker", "rm", "-f", "-t", "0", "polar-x"]
-    assert sb.kill_user_argv()[:5] == ["docker", "exec", "-u", "1000:1000", "polar-x"]
+    # by the uid itself (root has no CAP_KILL), with the system's sh, not one on the image's PATH
+    assert sb.kill_user_argv()[:8] == ["docker", "exec", "-u", "1000:1000", "-e", "PATH=/usr/bin:/bin", "polar-x",
+                                       "/bin/sh"]
+    assert sb.kill_user_argv("1234:1234")[3] == "1234:1234"
     with pytest.raises(ValueError):
         ContainerSandbox.create(None, spec=SPEC)
     with pytest.raises(ValueError, match="unknown container engine"):

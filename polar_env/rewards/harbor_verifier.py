@@ -18,7 +18,9 @@ once the harness has ended:
    or whose parents it can, is dropped (checked in the container as that uid), HOME is a fresh
    directory of the verifier's (root's own /root where it is root and the agent cannot write it), and
    the harness's bin dirs are not on its PATH;
-4. every process test.sh left behind is killed (all but the init and the keep-alive, by pid), then ``/logs/verifier/reward.json`` is read first (an object of numbers, or one number), else
+4. every process test.sh left behind is killed (those of a non-root verifier by its own uid, since
+   root has no CAP_KILL here; then root's, all but the init and the keep-alive, by pid), then
+   ``/logs/verifier/reward.json`` is read first (an object of numbers, or one number), else
    ``reward.txt`` (one number). Missing, empty, unparsable or non-finite is ``no_reward``: its own
    failure kind, masked by default and never trained as 0 (Harbor: ``RewardFileNotFoundError``,
    ``RewardFileEmptyError``).
@@ -235,6 +237,8 @@ async def _run_tests(task: Task, box: ContainerSandbox, result: GradeResult, t0:
         timeout_s=config.timeout_sec, stdin=None, max_output_bytes=MAX_OUTPUT_BYTES, on_timeout=box.kill_all)
     result.timings["tests_s"] = run.duration_s
     result.log_tail = (run.stdout_tail + run.stderr_tail)[-LOG_TAIL_CHARS:]
+    if not is_root(user):  # root cannot kill another uid's processes here (no CAP_KILL): that uid does
+        await asyncio.to_thread(box.kill_all, user)
     read = await run_process_tree(box.exec_argv(["sh", "-c", _read_script(box.keepalive_pid)], {}, user="0"),
                                   timeout_s=60, stdin=None, max_output_bytes=MAX_REWARD_BYTES + 4096)
     return run, read

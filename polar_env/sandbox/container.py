@@ -141,7 +141,7 @@ class ContainerSandbox(Sandbox):
     def create_argv(self) -> list[str]:
         s = self.spec
         argv = [self.engine, "create", "--name", self.name, "--hostname", s.hostname, "--network", "none",
-                "--workdir", s.workdir, "--init", "--cap-drop", "ALL"]
+                "--workdir", s.workdir, "--init", "--user", "0:0", "--cap-drop", "ALL"]
         for cap in SETUP_CAPS:
             argv += ["--cap-add", cap]
         argv += ["--security-opt", "no-new-privileges"]
@@ -202,10 +202,13 @@ class ContainerSandbox(Sandbox):
             argv += ["timeout", "-s", "KILL", str(int(timeout_s) + 1)]
         return argv + list(cmd)
 
-    def kill_user_argv(self) -> list[str]:
-        """Kill every process of the sandbox uid in the container (``kill -1`` as that uid)."""
-        return [self.engine, "exec", "-u", f"{self.spec.uid}:{self.spec.uid}", self.name,
-                "sh", "-c", "kill -KILL -1 2>/dev/null; true"]
+    def kill_user_argv(self, user: str | None = None) -> list[str]:
+        """Kill every process of ``user`` (default: the sandbox uid) in the container: ``kill -1`` as that
+        user (root here has no CAP_KILL: only a uid can kill its own), again until none is left (one forked
+        while the signal went round dies in the next), by the system's /bin/sh, never one found on the
+        image's PATH (a directory that user may have written)."""
+        return [self.engine, "exec", "-u", user or f"{self.spec.uid}:{self.spec.uid}", "-e", f"PATH={ROOT_PATH}",
+                self.name, "/bin/sh", "-c", "i=0; while kill -KILL -1 2>/dev/null && [ $i -lt 100 ]; do i=$((i+1)); done; true"]
 
     def setup_script(self, snapshot: bool = True) -> str:
         """HOME and the workdir made the sandbox uid's, then (``snapshot``) the base tree recorded."""
@@ -255,9 +258,9 @@ class ContainerSandbox(Sandbox):
         return await run_process_tree(argv, timeout_s=timeout_s, stdin=stdin, max_output_bytes=max_output_bytes,
                                       on_timeout=self.kill_all)
 
-    def kill_all(self) -> None:
-        """What the deadline does: nothing of the sandbox uid survives in the container."""
-        subprocess.run(self.kill_user_argv(), capture_output=True, timeout=60)
+    def kill_all(self, user: str | None = None) -> None:
+        """What the deadline does: nothing of the sandbox uid (or ``user``) survives in the container."""
+        subprocess.run(self.kill_user_argv(user), capture_output=True, timeout=60)
 
     async def copy_in(self, src: Path, dst: str) -> None:
         parent = str(Path(dst).parent)
