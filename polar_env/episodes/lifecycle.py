@@ -211,8 +211,10 @@ class Grading:
         return await asyncio.get_running_loop().run_in_executor(self._builder, partial(fn, *args, **kwargs))
 
     def close(self) -> None:
+        """Drop queued grades (a running one ends on its own deadline); finish the write in flight,
+        so the outputs are closed after it."""
         self._executor.shutdown(wait=False, cancel_futures=True)
-        self._builder.shutdown(wait=False, cancel_futures=True)
+        self._builder.shutdown(wait=True, cancel_futures=True)
 
 
 async def grade_episode(task: Task, patch: str, workspace: Workspace | None, config: EpisodeConfig,
