@@ -29,7 +29,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -125,7 +125,9 @@ def _staged(tree: Path, tree_mount: str, extra_mounts: Sequence[Mount], size: in
     """As host root, a read-only run's tree and grader files copied (``cp -a``) onto a fresh tmpfs, each at
     its path inside the sandbox: a bind's mountinfo names the source's path within its file system, so
     ``/testbed`` then reads as the episode sandbox's does (``polar-sandbox``, root ``/testbed``), never the
-    grader's temp dir (``polar-grade-<task id>-...``, ``polar-perturbed-...``). Otherwise nothing is copied."""
+    grader's temp dir (``polar-grade-<task id>-...``, ``polar-perturbed-...``). Otherwise nothing is copied.
+    The tmpfs is sized as a writable run's: a tree that does not fit did not start (the supervisor then
+    asks the base, `grading._base_starts`), never a masked error."""
     if os.geteuid() != 0:
         yield tree, list(extra_mounts)
         return
@@ -179,12 +181,15 @@ def run_sandboxed(
     if tree_writable:  # copied into its tmpfs inside the sandbox already
         return _run(cmd, tree, venv, full_env, limits, tree_writable, extra_mounts, pass_fds, tree_mount, hostname,
                     timeout_s)
-    try:
-        with _staged(tree, tree_mount, extra_mounts, limits.tmpfs_bytes) as (staged_tree, staged_mounts):
-            return _run(cmd, staged_tree, venv, full_env, limits, tree_writable, staged_mounts, pass_fds, tree_mount,
-                        hostname, timeout_s)
-    except (subprocess.CalledProcessError, OSError) as e:
-        raise SandboxUnavailable(f"cannot stage the tree for the sandbox: {e}") from e
+    with ExitStack() as stack:
+        try:
+            staged_tree, staged_mounts = stack.enter_context(_staged(tree, tree_mount, extra_mounts,
+                                                                     limits.tmpfs_bytes))
+        except subprocess.CalledProcessError as e:  # the tree did not fit the limit, as a writable run's copy
+            said = (e.stderr or b"").decode(errors="replace")[-300:]
+            return SandboxRun(-1, f"the tree could not be staged: {said}", False, 0.0, started=False)
+        return _run(cmd, staged_tree, venv, full_env, limits, tree_writable, staged_mounts, pass_fds, tree_mount,
+                    hostname, timeout_s)
 
 
 def _run(cmd: list[str], tree: Path, venv: Path, full_env: dict[str, str], limits: GradingLimits,
