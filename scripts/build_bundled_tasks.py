@@ -30,9 +30,9 @@ sys.path.insert(0, str(REPO_ROOT))
 
 from polar_env.cache import cache_root  # noqa: E402
 from polar_env.cli.task_toolkit import TaskDefect, derive_tests, deterministic_targz  # noqa: E402
-from polar_env.rewards.swebench_compat import instance_image  # noqa: E402
 from polar_env.tasks.env import ensure_task_env  # noqa: E402
 from polar_env.tasks.models import Task, TaskEnvironment  # noqa: E402
+from polar_env.tasks.runtime import instance_image  # noqa: E402
 from polar_env.tasks.tree import git, init_single_commit  # noqa: E402
 
 PYTEST_PINS = ["pytest==7.3.1", "iniconfig==2.0.0", "packaging==23.1", "pluggy==1.0.0"]

@@ -12,7 +12,6 @@ import pytest
 
 from polar_env.episodes.workspace import (
     WorkspaceRef,
-    WorkspaceUnavailable,
     apptainer_image,
     attach_workspace,
     check_engine,
@@ -22,6 +21,7 @@ from polar_env.episodes.workspace import (
 from polar_env.sandbox.base import SandboxSpec
 from polar_env.sandbox.container import ContainerSandbox
 from polar_env.tasks.loader import load_bundled
+from polar_env.tasks.runtime import WorkspaceUnavailable
 
 REPO = Path(__file__).resolve().parents[1]
 

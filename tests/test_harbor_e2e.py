@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from polar_env.episodes.workspace import check_image, engine_available, open_workspace
+from polar_env.episodes.workspace import engine_available, open_workspace
 from polar_env.rewards.harbor_verifier import verify
 from polar_env.sandbox.base import SandboxSpec
 from polar_env.tasks.harbor import load_task_dir
 from polar_env.tasks.loader import TERMINAL_DIR
+from polar_env.tasks.runtime import check_image
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not engine_available("podman"), reason="needs podman (scripts/setup_podman.sh)")]

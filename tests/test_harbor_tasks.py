@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from polar_env.episodes import episode_prompt
-from polar_env.episodes.workspace import WorkspaceUnavailable, container_spec, task_spec, workspace_kind
+from polar_env.episodes.workspace import workspace_kind
 from polar_env.outcomes import DEFAULT_OUTCOMES, FailureKind, OutcomeTable
 from polar_env.rewards.harbor_verifier import RewardError, parse_rewards, scalar_reward
 from polar_env.sandbox.base import SandboxSpec
@@ -25,6 +25,7 @@ from polar_env.tasks.harbor_image import (
 )
 from polar_env.tasks.loader import TERMINAL_DIR, TaskLoadError, load_tasks
 from polar_env.tasks.models import Task
+from polar_env.tasks.runtime import WorkspaceUnavailable, container_spec, task_spec
 
 FIXTURES = Path(__file__).parent / "fixtures" / "harbor"
 

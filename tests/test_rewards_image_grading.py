@@ -10,9 +10,9 @@ from pathlib import Path
 from swebench.harness.utils import make_test_spec
 from swebench.task.checks import expected_image
 
-from polar_env.episodes.workspace import task_image
 from polar_env.rewards.image_grading import custom_eval_script, grade_task, grading_plan
 from polar_env.tasks.loader import load_bundled, load_jsonl
+from polar_env.tasks.runtime import task_image
 
 ROW = Path(__file__).parent / "fixtures" / "swebench_verified_astropy-12907.json"
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from polar_env.rewards.swebench_compat import instance_image
 from polar_env.tasks.loader import TaskLoadError, load_jsonl, load_tasks
 from polar_env.tasks.models import Task, default_test_directives, patch_files
+from polar_env.tasks.runtime import instance_image
 from polar_env.tasks.tree import git, materialize
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

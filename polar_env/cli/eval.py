@@ -19,13 +19,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from polar_env.episodes.workspace import (
-    SANDBOX_CHOICES,
-    WorkspaceUnavailable,
-    check_engine,
-    check_image,
-    workspace_kind,
-)
+from polar_env.episodes.workspace import SANDBOX_CHOICES, check_engine, workspace_kind
 from polar_env.rewards import swebench_compat as sb
 from polar_env.rewards.grading import FailureKind, GradeResult, GradingMode
 from polar_env.rewards.image_grading import grade_task
@@ -33,6 +27,7 @@ from polar_env.rewards.sandbox_exec import grading_timeout_s
 from polar_env.tasks.env import EnvBuildError, ensure_task_env
 from polar_env.tasks.loader import TaskLoadError, load_tasks
 from polar_env.tasks.models import Task
+from polar_env.tasks.runtime import WorkspaceUnavailable, check_image
 
 
 def load_predictions(path: Path) -> list[dict]:

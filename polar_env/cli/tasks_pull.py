@@ -45,7 +45,7 @@ class PullPolicy:
 def task_images(tasks: list[Task]) -> list[str]:
     """The images ``tasks`` run in, once each: those a task names, and SWE-bench's for a task with
     neither an image nor a base tree (a Harbor task's own image is built here, never pulled)."""
-    from polar_env.episodes.workspace import task_image
+    from polar_env.tasks.runtime import task_image
 
     images = [task_image(t) for t in tasks if t.image or (not t.base_archive and t.harbor is None)]
     return list(dict.fromkeys(images))
@@ -110,8 +110,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from polar_env.episodes.workspace import WorkspaceUnavailable, check_engine, default_engine
+    from polar_env.episodes.workspace import check_engine, default_engine
     from polar_env.tasks.loader import TaskLoadError, load_tasks
+    from polar_env.tasks.runtime import WorkspaceUnavailable
 
     try:
         images = task_images(load_tasks(args.file))

@@ -6,14 +6,9 @@ import argparse
 import sys
 
 from polar_env.cli.task_toolkit import validate_task
-from polar_env.episodes.workspace import (
-    SANDBOX_CHOICES,
-    WorkspaceUnavailable,
-    check_engine,
-    check_image,
-    workspace_kind,
-)
+from polar_env.episodes.workspace import SANDBOX_CHOICES, check_engine, workspace_kind
 from polar_env.tasks.loader import TaskLoadError, load_tasks
+from polar_env.tasks.runtime import WorkspaceUnavailable, check_image
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -58,6 +58,7 @@ from polar_env.sandbox.container import (
     is_root,
 )
 from polar_env.tasks.models import Task
+from polar_env.tasks.runtime import WorkspaceUnavailable, container_spec, task_spec
 
 VERIFIER_DIR = "/logs/verifier"
 TESTS_DIR = "/tests"
@@ -254,7 +255,6 @@ async def _grade_patch(task: Task, patch: str, *, engine: str, reward_key: str |
     import tempfile
     from pathlib import Path
 
-    from polar_env.episodes.workspace import WorkspaceUnavailable, container_spec, task_spec
     from polar_env.sandbox.base import SandboxSpec
 
     t0 = time.monotonic()

@@ -54,6 +54,7 @@ from polar_env.rewards.strict_run import StrictUnsupported, perturbed_disagreeme
 from polar_env.sandbox.base import SandboxSpec
 from polar_env.sandbox.container import ContainerError, ContainerSandbox
 from polar_env.tasks.models import Task
+from polar_env.tasks.runtime import task_image
 
 PATCH_INSIDE = "/tmp/polar-model.patch"
 GRADING_SPEC = SandboxSpec(memory_bytes=8 << 30, pids_max=4096)
@@ -217,8 +218,6 @@ async def _strict(task: Task, patch: str, *, engine: str, image: str,
 def run_base_in_image(task: Task, *, engine: str, timeout_s: float | None = None) -> tuple[dict[str, str], str]:
     """(FAIL_TO_PASS/PASS_TO_PASS statuses, infrastructure error) of the tests on the untouched base tree
     (task validation: the empty patch must not pass)."""
-    from polar_env.episodes.workspace import task_image
-
     result = asyncio.run(_grade(task, "", engine=engine, image=task_image(task), timeout_s=grading_timeout_s(timeout_s),
                                 base_only=True))
     return {**result.fail_to_pass, **result.pass_to_pass}, result.error
@@ -299,7 +298,6 @@ def grade_task(task: Task, model_patch: str | None, *, kind: str, timeout_s: flo
     """Grade where the task's episodes run: its image for docker/podman, the bubblewrap grader (the
     task's base tree and pinned venv) otherwise. Apptainer has no image grader yet: a task without
     a base archive is then an infrastructure failure, never the agent's."""
-    from polar_env.episodes.workspace import task_image
     from polar_env.rewards.grading import grade
 
     if task.harbor is not None and kind in ("docker", "podman"):

@@ -1,7 +1,9 @@
-"""The one place that imports `swebench`: its log parsers and grading functions.
+"""The one place that imports `swebench`'s harness: its log parsers and grading functions.
 
 `swebench.harness` pulls in docker and modal at import time (about 2 s), so the import is
-deferred to first use and nothing else in Polar touches `swebench` directly. Written against
+deferred to first use and nothing else in Polar touches `swebench.harness` directly (the name of
+the image SWE-bench publishes for an instance, from its light `image_builder`, is a fact about the
+task: `polar_env/tasks/runtime.py`). Written against
 swebench 5.0.x (`get_logs_eval`, `get_eval_tests_report`, `get_resolution_status`,
 `MAP_REPO_TO_PARSER_PY`, `PARSER_REGISTRY`, the `>>>>> Start/End Test Output` markers).
 """
@@ -116,13 +118,6 @@ def tests_report(status_map: dict[str, str], fail_to_pass: list[str], pass_to_pa
 def fully_resolved(report: dict) -> bool:
     sb = _sb()
     return sb.grading.get_resolution_status(report) == sb.constants.ResolvedStatus.FULL.value
-
-
-def instance_image(instance_id: str, namespace: str = "swebench") -> str:
-    """The image SWE-bench's harness runs ``instance_id`` in (its own naming, `__` -> `_1776_`)."""
-    from swebench.image_builder.image_spec import ImageSpec
-
-    return ImageSpec(instance_id=instance_id, dockerfile="(published)", namespace=namespace).name
 
 
 def make_test_spec(row: dict):

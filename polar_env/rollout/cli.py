@@ -10,12 +10,13 @@ from pathlib import Path
 
 import polar_env.rollout
 from polar_env.backends.logprobs_mode import LogprobsMismatch
-from polar_env.episodes.workspace import SANDBOX_CHOICES, WorkspaceUnavailable
+from polar_env.episodes.workspace import SANDBOX_CHOICES
 from polar_env.harness_adapters.registry import adapter_names, harness_choices
 from polar_env.outcomes import FailureKind, Outcome, parse_outcome
 from polar_env.proxy.engine import add_thinking_arguments
 from polar_env.rollout.config import RolloutConfig
 from polar_env.tasks.loader import TaskLoadError
+from polar_env.tasks.runtime import WorkspaceUnavailable
 
 
 def add_job_arguments(parser: argparse.ArgumentParser) -> None:

@@ -205,9 +205,10 @@ def proxy_factory(config: RolloutConfig, backend=None, tasks: list[Task] | None 
 def prepare(plan: RolloutPlan) -> None:
     """Host-side setup and checks before the clock starts: each task's workspace can be made here
     (engine, image), the harness is installed, and each bubblewrap task's test env is built."""
-    from polar_env.episodes.workspace import check_engine, check_image, workspace_kind
+    from polar_env.episodes.workspace import check_engine, workspace_kind
     from polar_env.harness_adapters.registry import get_adapter
     from polar_env.tasks.env import ensure_task_env
+    from polar_env.tasks.runtime import check_image
 
     kinds = {t.instance_id: workspace_kind(t, plan.episode.sandbox) for t in plan.tasks}
     for kind in set(kinds.values()):

@@ -207,10 +207,10 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from polar_env.backends.embedded import embedded_model_dir
-    from polar_env.episodes.workspace import WorkspaceUnavailable
     from polar_env.rollout.plan import plan_from_config
     from polar_env.rollout.runner import prepare
     from polar_env.tasks.loader import TaskLoadError
+    from polar_env.tasks.runtime import WorkspaceUnavailable
     from polar_env.training.grpo import LogprobDrift
     from polar_env.training.warm_start import sft_warm_start
     from polar_env.trajectory.export import read_trajectories, write_jsonl

@@ -1,0 +1,99 @@
+"""Where a task can run on this machine: the image it runs in (named, checked here, a Harbor task's
+built first) and the sandbox spec it asks for (its workdir, a Harbor task's limits, user and compose
+environment). Facts about the task, below the workspaces that open it (``episodes/workspace.py``)
+and the graders that run its tests in it (``rewards/``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Literal
+
+from polar_env.sandbox.base import SandboxSpec
+from polar_env.tasks.models import Task
+
+WorkspaceKind = Literal["bubblewrap", "docker", "podman", "apptainer"]
+
+
+class WorkspaceUnavailable(RuntimeError):
+    """No way to run this task here (no engine, no image, no base tree); the message says what to do."""
+
+
+def instance_image(instance_id: str, namespace: str = "swebench") -> str:
+    """The image SWE-bench's harness runs ``instance_id`` in (its own naming, `__` -> `_1776_`)."""
+    from swebench.image_builder.image_spec import ImageSpec
+
+    return ImageSpec(instance_id=instance_id, dockerfile="(published)", namespace=namespace).name
+
+
+def task_image(task: Task) -> str:
+    """The image a task runs in: the one it names, else the one SWE-bench publishes for the instance."""
+    return task.image or instance_image(task.instance_id)
+
+
+def check_image(task: Task, kind: WorkspaceKind) -> None:
+    """Refuse early when a container task's image is not on this machine (no registry to pull from);
+    a Harbor task's image is built here from its ``environment/`` first (cached by content)."""
+    from polar_env.sandbox.container import ContainerError, image_exists
+
+    if task.harbor is not None and not task.image and kind in ("docker", "podman"):
+        from polar_env.tasks.harbor_image import ensure_harbor_image
+
+        try:
+            task.image = ensure_harbor_image(task, kind)
+        except ContainerError as exc:
+            raise WorkspaceUnavailable(str(exc)) from exc
+    image = task_image(task)
+    if kind in ("docker", "podman"):
+        if not image_exists(kind, image):
+            raise WorkspaceUnavailable(f"{task.instance_id}: image {image!r} is not in {kind}: build it "
+                                       f"(docs/tasks.md), {kind} pull it or polar tasks pull the task file")
+        from polar_env.sandbox.pulled_images import PulledImages
+
+        PulledImages().touch(image)  # most recently used: the last a disk budget prunes
+    if kind == "apptainer" and image.endswith(".sif") and not Path(image).is_file():
+        raise WorkspaceUnavailable(f"{task.instance_id}: image {image} does not exist")
+
+
+def container_spec(task: Task, spec: SandboxSpec, kind: WorkspaceKind) -> SandboxSpec:
+    """``spec`` for a container of ``task``: its image checked (a Harbor task's built first), and a
+    Harbor task's ``[agent] user`` (the default: ``spec``'s unprivileged uid) and ``[environment]``
+    ``gpus`` (refused where this machine cannot give them) and ``storage_mb`` (where the engine can
+    enforce it, sandbox/engine_caps.py)."""
+    from polar_env.sandbox import engine_caps
+    from polar_env.sandbox.container import ContainerError
+
+    env = task.harbor.config.environment if task.harbor is not None else None
+    if env is not None and env.gpus and (why := engine_caps.gpu_problem(env.gpus, kind)):
+        raise WorkspaceUnavailable(f"{task.instance_id}: task.toml [environment] gpus = {env.gpus}, but {why}")
+    check_image(task, kind)
+    if task.harbor is None or env is None:
+        return spec
+    from polar_env.tasks.harbor_image import agent_uid
+
+    try:
+        uid = agent_uid(task, kind)
+    except ContainerError as exc:
+        raise WorkspaceUnavailable(str(exc)) from exc
+    storage = env.storage_mb << 20 if env.storage_mb and engine_caps.storage_limit_supported(kind, task.image) else None
+    spec = replace(spec, gpus=env.gpus or None, storage_bytes=storage)
+    if uid is None:
+        return spec
+    name = str(task.harbor.config.agent.user).split(":")[0]
+    return replace(spec, uid=uid, user=spec.user if name.isdigit() else name)
+
+
+
+def task_spec(task: Task, spec: SandboxSpec) -> SandboxSpec:
+    """``spec`` in the task's workdir, with a Harbor task's ``[environment]`` limits (cpus, memory) and
+    its compose ``main`` service's environment."""
+    spec = replace(spec, workdir=task.workdir)
+    if task.harbor is None:
+        return spec
+    from polar_env.tasks.harbor_compose import task_compose
+
+    env = task.harbor.config.environment
+    compose = task_compose(task.harbor, task.instance_id)
+    return replace(spec, cpus=env.cpus or spec.cpus, env={**spec.env, **(compose.env if compose else {})},
+                   memory_bytes=env.memory_mb << 20 if env.memory_mb else spec.memory_bytes)
