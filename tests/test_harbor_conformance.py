@@ -100,3 +100,39 @@ def test_harbor_reads_the_fixture_tasks_as_polar_does():
                 "artifacts": [a if isinstance(a, str) else a["source"] for a in cfg.artifacts]}
         assert seen[folder.name] == mine, folder.name
     assert seen["separate-verifier"]["separate"] and seen["agent-user"]["agent_user"] == "tester"
+
+
+RESOLVE = """
+import json, sys
+from harbor.utils.env import resolve_env_vars
+out = {}
+for name, env in json.loads(sys.argv[1]).items():
+    try:
+        out[name] = resolve_env_vars(env)
+    except ValueError:
+        out[name] = None
+print(json.dumps(out))
+"""
+
+
+def test_task_env_resolves_as_harbors_does(monkeypatch):
+    """``[environment] env`` / ``[verifier] env`` values mean the same to Polar as to harbor's own
+    resolver, run with the same host environment: literals, ``${VAR}``, ``${VAR:-default}`` (set but
+    empty stays empty), an embedded template kept literal, and an unset ``${VAR}`` refused."""
+    from polar_env.tasks.harbor_env import HarborEnvError, resolve
+
+    monkeypatch.setenv("POLAR_CONF_SET", "v1")
+    monkeypatch.setenv("POLAR_CONF_EMPTY", "")
+    monkeypatch.delenv("POLAR_CONF_UNSET", raising=False)
+    cases = {"values": {"LIT": "plain", "SET": "${POLAR_CONF_SET}", "DFLT": "${POLAR_CONF_UNSET:-d}",
+                        "EMPTYSET": "${POLAR_CONF_EMPTY:-d}", "NODFLT": "${POLAR_CONF_UNSET:-}",
+                        "EMBED": "x${POLAR_CONF_SET}y", "DOLLAR": "$POLAR_CONF_SET", "COLON": "${A:B}"},
+             "unset": {"X": "${POLAR_CONF_UNSET}"}}
+    seen = json.loads(_harbor("-c", RESOLVE, json.dumps(cases)))
+    for name, env in cases.items():
+        try:
+            mine: dict[str, str] | None = resolve(env, "t")
+        except HarborEnvError:
+            mine = None
+        assert seen[name] == mine, name
+    assert seen["values"]["SET"] == "v1" and seen["unset"] is None

@@ -257,3 +257,97 @@ def test_a_compose_main_service_loads_and_others_are_refused(tmp_path):
     (d / "environment" / "Dockerfile").unlink()
     (d / "environment" / "docker-compose.yaml").write_text("services:\n  main:\n    image: ${IMG:-local/img:1}\n")
     assert load_task_dir(d).image == "local/img:1"
+
+
+ENV_TOML = ('[environment.env]\nGREETING = "hello"\nTOKEN = "${POLAR_TEST_HOST_VAR}"\nMODE = "${POLAR_TEST_UNSET:-fast}"\n'
+            'EMPTY = "${POLAR_TEST_UNSET:-}"\nLITERAL = "a${POLAR_TEST_HOST_VAR}b"\n')
+
+
+def test_environment_env_reaches_every_command_of_the_container(tmp_path, monkeypatch):
+    """Harbor's persistent env: the container's own, and every exec's (the harness's, root's setup,
+    a shared verifier's), with ``${VAR}`` / ``${VAR:-default}`` read from the host as Harbor reads them."""
+    from polar_env.sandbox.container import ROOT_PATH, ContainerSandbox
+
+    monkeypatch.setenv("POLAR_TEST_HOST_VAR", "from-host")
+    monkeypatch.delenv("POLAR_TEST_UNSET", raising=False)
+    (task,) = load_harbor(_task(tmp_path, ENV_TOML))
+    spec = task_spec(task, SandboxSpec())
+    want = {"GREETING": "hello", "TOKEN": "from-host", "MODE": "fast", "EMPTY": "", "LITERAL": "a${POLAR_TEST_HOST_VAR}b"}
+    assert {k: spec.env[k] for k in want} == want and spec.env["TZ"] == "UTC"
+    box = ContainerSandbox(spec, "img", "polar-x", engine="podman")
+    create = box.create_argv()
+    for argv in (create, box.exec_argv(["true"], {}), box.exec_argv(["true"], {}, user="0")):
+        assert all(f"{k}={v}" in argv for k, v in want.items()), argv
+    assert f"PATH={ROOT_PATH}" in box.exec_argv(["true"], {}, user="0")  # root's PATH still pinned
+    assert "-e" in create and create.index("TOKEN=from-host") < create.index("img")  # before the image
+    # no [environment] env: the spec's environment as it was
+    (plain,) = load_harbor(_task(tmp_path / "plain"))
+    assert task_spec(plain, SandboxSpec()).env == SandboxSpec().env
+
+
+def test_an_unset_host_variable_and_a_key_polar_sets_are_refused_at_load(tmp_path, monkeypatch):
+    monkeypatch.delenv("POLAR_TEST_UNSET", raising=False)
+    cases = [
+        ('[environment.env]\nTOKEN = "${POLAR_TEST_UNSET}"\n',
+         r"my-task: task.toml \[environment\] env: TOKEN = '\$\{POLAR_TEST_UNSET\}', but \$\{POLAR_TEST_UNSET\} "
+         r"is not set in the host's environment"),
+        ('[verifier.env]\nJUDGE = "${POLAR_TEST_UNSET}"\n', r"my-task: task.toml \[verifier\] env: JUDGE"),
+        ('[verifier.environment.env]\nX = "${POLAR_TEST_UNSET}"\n', r"\[verifier.environment\] env: X"),
+        ('[environment.env]\nPATH = "/opt/x/bin:/usr/bin"\nOPENAI_BASE_URL = "http://evil"\nLD_PRELOAD = "/testbed/x.so"'
+         '\npolar_session_key = "k"\nOK = "1"\n',
+         r"my-task: task.toml \[environment\] env: LD_PRELOAD, OPENAI_BASE_URL, PATH, polar_session_key cannot be "
+         r"set by a task: Polar sets them"),
+        ('[verifier.environment.env]\nHTTPS_PROXY = "http://x"\n', r"\[verifier.environment\] env: HTTPS_PROXY"),
+    ]
+    for i, (toml, match) in enumerate(cases):
+        with pytest.raises(HarborTaskError, match=match):
+            load_task_dir(_task(tmp_path / str(i), toml))
+
+
+def test_every_key_polar_sets_in_a_sandbox_is_reserved():
+    """What pins every command (HOME, PATH, ...) and what every harness adapter points at the proxy
+    with (a value holding the session's key or the proxy's address) is refused to a task."""
+    from polar_env.harness_adapters.base import HarnessContext
+    from polar_env.harness_adapters.registry import ADAPTERS
+    from polar_env.sandbox.base import DEFAULT_ENV
+    from polar_env.tasks.harbor_env import reserved
+
+    assert all(reserved(k) for k in set(SandboxSpec().base_env()) - set(DEFAULT_ENV))
+    ctx = HarnessContext(session_id="sess-1", session_key="sk-polar-secret", model_name="policy", port=18080)
+    proxy_keys = {k for adapter in ADAPTERS.values() for k, v in adapter().env(ctx).items()
+                  if ctx.session_key in v or ctx.server_root in v or k.endswith("_KEY")}
+    assert proxy_keys and {k for k in proxy_keys if not reserved(k)} == set()
+    assert not any(reserved(k) for k in ("GREETING", "PYTHONPATH", "TZ", "LANG", "DEBIAN_FRONTEND"))
+
+
+def test_a_compose_task_gets_its_env_through_interpolation_only(tmp_path, monkeypatch):
+    """Harbor passes a compose task's [environment] env to compose (its own variables win), not to the
+    container: only what main's environment names of it arrives."""
+    monkeypatch.setenv("POLAR_TEST_HOST_VAR", "from-host")
+    d = _task(tmp_path, '[environment.env]\nNAME = "${POLAR_TEST_HOST_VAR}"\nTEST_DIR = "/mine"\nUNUSED = "u"\n')
+    (d / "environment" / "docker-compose.yaml").write_text(
+        "services:\n  main:\n    environment:\n      WHO: ${NAME}\n      TESTS: ${TEST_DIR}\n")
+    (task,) = load_harbor(d)
+    env = task_spec(task, SandboxSpec()).env
+    assert env["WHO"] == "from-host" and env["TESTS"] == "/tests" and "UNUSED" not in env and "NAME" not in env
+    (d / "environment" / "docker-compose.yaml").write_text("services:\n  main:\n    environment: [PATH=/x]\n")
+    with pytest.raises(HarborTaskError, match=r"services.main.environment: PATH cannot be set by a task"):
+        load_task_dir(d)
+
+
+def test_a_separate_verifier_gets_its_own_environment_env(tmp_path):
+    """Harbor's separate verifier runs in [verifier.environment] (its env, not [environment]'s), else in
+    a copy of [environment] (its env too)."""
+    from polar_env.rewards.harbor_separate import verifier_spec
+    from polar_env.sandbox.container import ContainerSandbox
+
+    def spec_of(toml: str, where: Path) -> dict[str, str]:
+        (task,) = load_harbor(_task(where, toml))
+        agent = ContainerSandbox(task_spec(task, SandboxSpec()), "img", "polar-x", engine="podman")
+        return verifier_spec(task, agent).env
+
+    own = spec_of('[environment.env]\nA = "1"\nTZ = "Europe/Paris"\n[verifier.environment]\ncpus = 1\n'
+                  '[verifier.environment.env]\nB = "2"\n', tmp_path / "own")
+    assert own["B"] == "2" and "A" not in own and own["TZ"] == "UTC"
+    copy = spec_of('[environment.env]\nA = "1"\n[verifier]\nenvironment_mode = "separate"\n', tmp_path / "copy")
+    assert copy["A"] == "1"

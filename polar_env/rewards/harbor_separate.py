@@ -30,9 +30,10 @@ from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
 
-from polar_env.sandbox.base import SandboxSpec, run_process_tree
+from polar_env.sandbox.base import DEFAULT_ENV, SandboxSpec, run_process_tree
 from polar_env.sandbox.container import ContainerError, ContainerSandbox, engine_run
 from polar_env.tasks.models import Task
+from polar_env.tasks.runtime import harbor_env
 
 log = logging.getLogger(__name__)
 ARTIFACTS_DIR = "/logs/artifacts"  # Harbor's convention directory, always collected
@@ -116,14 +117,18 @@ def _place(box: ContainerSandbox, artifacts: list[tuple[str, Path]]) -> None:
 
 
 def verifier_spec(task: Task, agent: ContainerSandbox) -> SandboxSpec:
-    """The fresh container's spec: the agent's uid and workdir, no proxy and no harness, the limits of
-    ``[verifier.environment]`` where it sets them, else the agent's container's."""
+    """The fresh container's spec: the agent's uid and workdir, no proxy and no harness, the limits and
+    ``env`` of ``[verifier.environment]`` where it is given (in place of ``[environment]``'s), else the
+    agent's container's (Harbor: a copy of ``[environment]``)."""
     assert task.harbor is not None
     venv = task.harbor.config.verifier.environment
     spec = replace(agent.spec, proxy_socket_dir=None, harness_dir=None)
     if venv is None:
         return spec
-    return replace(spec, workdir=venv.workdir or spec.workdir, cpus=venv.cpus or spec.cpus,
+    agent_env = harbor_env(task)
+    env = {**{k: DEFAULT_ENV[k] for k in agent_env if k in DEFAULT_ENV},
+           **{k: v for k, v in spec.env.items() if k not in agent_env}, **harbor_env(task, "verifier.environment")}
+    return replace(spec, workdir=venv.workdir or spec.workdir, cpus=venv.cpus or spec.cpus, env=env,
                    memory_bytes=venv.memory_mb << 20 if venv.memory_mb else spec.memory_bytes)
 
 

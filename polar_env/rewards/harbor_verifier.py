@@ -57,6 +57,7 @@ from polar_env.sandbox.container import (
     image_env,
     is_root,
 )
+from polar_env.tasks.harbor_env import HarborEnvError, resolve
 from polar_env.tasks.models import Task
 from polar_env.tasks.runtime import WorkspaceUnavailable, container_spec, task_spec
 
@@ -202,6 +203,8 @@ async def verify(task: Task, box: ContainerSandbox, *, reward_key: str | None = 
             run, read = await _run_tests(task, box, result, t0, bundled=False)
     except (ContainerError, OSError) as exc:
         return _fail(result, FailureKind.infrastructure, f"container: {exc}", t0)
+    except (HarborEnvError, WorkspaceUnavailable) as exc:  # a host variable unset since the task loaded
+        return _fail(result, FailureKind.infrastructure, str(exc), t0)
     if run.timed_out:
         return _fail(result, FailureKind.test_timeout, f"tests/test.sh ran past {config.timeout_sec:g}s", t0)
     if read.exit_code == 3:
@@ -230,7 +233,8 @@ async def _run_tests(task: Task, box: ContainerSandbox, result: GradeResult, t0:
         engine_run(box.cp_in_argv(task.harbor.tests_dir, TESTS_DIR))
     engine_run(box.exec_argv(["sh", "-c", f"chown -R 0:0 {TESTS_DIR} && chmod -R a-w,a+rX {TESTS_DIR}"], {},
                              user="0"))
-    env = {**config.env, **safe_search_env(box, user, config.env)}
+    asked = resolve(config.env, f"{task.instance_id}: task.toml [verifier] env")  # ${VAR} from the host, as Harbor
+    env = {**asked, **safe_search_env(box, user, asked)}
     result.timings["setup_s"] = time.monotonic() - t0
     run = await run_process_tree(
         box.exec_argv(["bash", f"{TESTS_DIR}/test.sh"], env, user=user, timeout_s=config.timeout_sec,

@@ -24,6 +24,7 @@ from pydantic import ValidationError
 
 from polar_env.tasks.harbor_compose import ComposeError, task_compose
 from polar_env.tasks.harbor_config import HarborConfig, HarborRef
+from polar_env.tasks.harbor_env import HarborEnvError, container_env, resolve
 from polar_env.tasks.models import INSTANCE_ID_RE, Task
 
 CONFIG = "task.toml"
@@ -73,6 +74,16 @@ def dockerfile_workdir(dockerfile: Path) -> str | None:
     return found[-1] if found else None
 
 
+def check_env(config: HarborConfig, name: str, compose: bool) -> None:
+    """Refuse at load, not mid-run, a task whose envs cannot be applied (tasks/harbor_env.py): a host
+    variable that is not set, a key Polar sets itself."""
+    if not compose:  # a compose task's [environment] env was interpolated (and checked) already
+        container_env(config.environment.env, f"{name}: task.toml [environment] env")
+    resolve(config.verifier.env, f"{name}: task.toml [verifier] env")
+    if config.verifier.environment is not None:
+        container_env(config.verifier.environment.env, f"{name}: task.toml [verifier.environment] env")
+
+
 def load_task_dir(path: Path) -> Task:
     """One Harbor folder as a Polar task."""
     path = path.resolve()
@@ -89,7 +100,8 @@ def load_task_dir(path: Path) -> Task:
     name = task_name(path, config)
     try:
         compose = task_compose(ref, name)
-    except ComposeError as exc:
+        check_env(config, name, compose is not None)
+    except (ComposeError, HarborEnvError) as exc:
         raise HarborTaskError(str(exc)) from None
     dockerfile = compose.context / compose.dockerfile if compose and compose.context else ref.environment_dir / "Dockerfile"
     image = env.docker_image or (compose.image if compose and not dockerfile.is_file() else None)

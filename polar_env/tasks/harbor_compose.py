@@ -8,8 +8,11 @@ one container is ``main``, built from its ``build`` (``context``, ``dockerfile``
 database the agent's program talks to cannot run here), a ``main`` key that would change what runs
 (``volumes``, ``depends_on``, network settings, privileges, ...), a build context outside
 ``environment/`` (it could hold ``tests/`` or ``solution/``), and a variable that is neither Harbor's
-(``${CONTEXT_DIR}``, ``${MAIN_IMAGE_NAME}``, ``${TEST_DIR}``, ``${CPUS}``, ``${MEMORY}``, ...) nor has a
-``${VAR:-default}``: no host environment leaks into a task. Keys that only shape how compose runs the
+(``${CONTEXT_DIR}``, ``${MAIN_IMAGE_NAME}``, ``${TEST_DIR}``, ``${CPUS}``, ``${MEMORY}``, ...) nor one of
+task.toml's ``[environment] env`` (resolved as Harbor does, tasks/harbor_env.py; Harbor's own win on a
+clash) nor has a ``${VAR:-default}``: no other host variable leaks into a task. As in Harbor, a compose
+task's ``[environment] env`` reaches the container only through this interpolation, and ``main``'s
+``environment`` may not set what Polar pins (tasks/harbor_env.py ``reserved``). Keys that only shape how compose runs the
 service (``command``, the ``deploy`` limits Harbor fills from task.toml, ``container_name``, ...)
 are ignored: task.toml's ``[environment]`` limits apply as for any task.
 """
@@ -24,6 +27,7 @@ from typing import Any
 import yaml
 
 from polar_env.tasks.harbor_config import HarborRef
+from polar_env.tasks.harbor_env import HarborEnvError, check_keys, resolve
 
 COMPOSE_FILE = "docker-compose.yaml"
 MAIN = "main"
@@ -71,7 +75,8 @@ def _interpolate(value: Any, known: dict[str, str], where: str) -> Any:
             return known[name]
         if m.group(2) is not None:
             return m.group(3)
-        raise ComposeError(f"{where}: ${{{name}}} is neither Harbor's nor given a default (${{{name}:-...}})")
+        raise ComposeError(f"{where}: ${{{name}}} is neither Harbor's nor in task.toml's [environment] env "
+                           f"nor given a default (${{{name}:-...}})")
 
     return VAR_RE.sub(sub, value)
 
@@ -87,7 +92,8 @@ def _env(value: Any, where: str) -> dict[str, str]:
 
 
 def compose_main(env_dir: Path, task_id: str, known: dict[str, str]) -> ComposeMain:
-    """``env_dir/docker-compose.yaml``'s ``main`` service, checked (``known``: `harbor_vars`)."""
+    """``env_dir/docker-compose.yaml``'s ``main`` service, checked (``known``: the task's
+    ``[environment] env`` under `harbor_vars`)."""
     file = env_dir / COMPOSE_FILE
     where = f"{task_id}: environment/{COMPOSE_FILE}"
     try:
@@ -127,8 +133,13 @@ def compose_main(env_dir: Path, task_id: str, known: dict[str, str]) -> ComposeM
     image = main.get("image") or None
     if context is None and image is None and not (env_dir / "Dockerfile").is_file():
         raise ComposeError(f"{where}: services.{MAIN} has neither build nor image, and environment/ has no Dockerfile")
+    env = _env(main.get("environment"), where)
+    try:
+        check_keys(env, f"{where}: services.{MAIN}.environment")
+    except HarborEnvError as exc:
+        raise ComposeError(str(exc)) from None
     return ComposeMain(context=context, dockerfile=dockerfile, image=str(image) if image else None,
-                       env=_env(main.get("environment"), where), workdir=main.get("working_dir") or None)
+                       env=env, workdir=main.get("working_dir") or None)
 
 
 def task_compose(ref: HarborRef, task_id: str) -> ComposeMain | None:
@@ -137,4 +148,9 @@ def task_compose(ref: HarborRef, task_id: str) -> ComposeMain | None:
     if not (env_dir / COMPOSE_FILE).is_file():
         return None
     env = ref.config.environment
-    return compose_main(env_dir, task_id, harbor_vars(env_dir, env.cpus, env.memory_mb, env.docker_image))
+    try:
+        task_env = resolve(env.env, f"{task_id}: task.toml [environment] env")
+    except HarborEnvError as exc:
+        raise ComposeError(str(exc)) from None
+    return compose_main(env_dir, task_id,
+                        {**task_env, **harbor_vars(env_dir, env.cpus, env.memory_mb, env.docker_image)})

@@ -87,13 +87,30 @@ def container_spec(task: Task, spec: SandboxSpec, kind: WorkspaceKind) -> Sandbo
 
 def task_spec(task: Task, spec: SandboxSpec) -> SandboxSpec:
     """``spec`` in the task's workdir, with a Harbor task's ``[environment]`` limits (cpus, memory) and
-    its compose ``main`` service's environment."""
+    environment: its ``env`` resolved from the host (tasks/harbor_env.py), or, as Harbor does for a
+    compose task, its compose ``main`` service's (into which that ``env`` is interpolated)."""
     spec = replace(spec, workdir=task.workdir)
     if task.harbor is None:
         return spec
-    from polar_env.tasks.harbor_compose import task_compose
-
     env = task.harbor.config.environment
-    compose = task_compose(task.harbor, task.instance_id)
-    return replace(spec, cpus=env.cpus or spec.cpus, env={**spec.env, **(compose.env if compose else {})},
+    return replace(spec, cpus=env.cpus or spec.cpus, env={**spec.env, **harbor_env(task)},
                    memory_bytes=env.memory_mb << 20 if env.memory_mb else spec.memory_bytes)
+
+
+def harbor_env(task: Task, section: str = "environment") -> dict[str, str]:
+    """What a Harbor task adds to its container's environment: ``[environment] env`` resolved from the
+    host and checked (tasks/harbor_env.py), or, as Harbor does for a compose task, its compose ``main``
+    service's (into which that ``env`` is interpolated); ``section="verifier.environment"``: that
+    table's ``env``, for a separate verifier's container."""
+    from polar_env.tasks.harbor_compose import ComposeError, task_compose
+    from polar_env.tasks.harbor_env import HarborEnvError, container_env
+
+    assert task.harbor is not None
+    config = task.harbor.config
+    table = config.verifier.environment if section == "verifier.environment" else config.environment
+    try:
+        compose = task_compose(task.harbor, task.instance_id) if section == "environment" else None
+        return compose.env if compose else container_env(table.env if table else {},
+                                                         f"{task.instance_id}: task.toml [{section}] env")
+    except (ComposeError, HarborEnvError) as exc:
+        raise WorkspaceUnavailable(str(exc)) from exc
