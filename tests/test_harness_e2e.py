@@ -93,7 +93,7 @@ class HangingScriptedBackend(ScriptedBackend):
     hanging: set[str | None]  # sessions with a call held here now
 
     async def generate(self, prompt_ids, sampling, *, session_id=None):
-        if self.calls[session_id] >= 1 and "Hang forever" in self.local.tokenizer.decode(prompt_ids):
+        if self.answers.calls[session_id] >= 1 and "Hang forever" in self.local.tokenizer.decode(prompt_ids):
             self.hanging.add(session_id)
             await asyncio.Event().wait()  # cancelled by the proxy's drain after the deadline
         return await super().generate(prompt_ids, sampling, session_id=session_id)

@@ -41,7 +41,7 @@ async def test_each_api_answers_an_overflow_in_its_providers_shape(renderer, scr
             [record] = await ledger_calls(http, proxy, sid)
             assert record["error"].startswith("context overflow") and record["output"] is None
             assert not record["sampled_ids"]
-    assert backend.calls == {}  # refused before the backend
+    assert backend.answers.calls == {}  # refused before the backend
     chat, responses = answers["chat"]["error"], answers["responses"]["error"]
     assert chat["code"] == responses["code"] == "context_length_exceeded"
     assert chat["type"] == responses["type"] == "invalid_request_error"

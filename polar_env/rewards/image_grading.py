@@ -104,8 +104,8 @@ def grade_in_image(task: Task, model_patch: str | None, *, engine: str, image: s
                    timeout_s: float | None = None, mode: GradingMode = GradingMode.strict) -> GradeResult:
     """Grade ``model_patch`` for ``task`` in fresh containers of ``image`` (both modes; the verdict is
     ``mode``'s, strict where the task runs pytest). Never raises for agent faults."""
-    result = asyncio.run(_grade(task, model_patch or "", engine=engine, image=image,
-                                timeout_s=grading_timeout_s(timeout_s)))
+    timeout_s = grading_timeout_s(timeout_s)  # None: the configured deadline, for both stages
+    result = asyncio.run(_grade(task, model_patch or "", engine=engine, image=image, timeout_s=timeout_s))
     try:
         pytest_args(task)
     except StrictUnsupported:
