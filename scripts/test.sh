@@ -15,22 +15,36 @@ for arg in "$@"; do
 done
 # The whole suite runs one pytest process per test file: a file's models, servers and threads are
 # gone before the next file starts (the suite in a single process outgrew this 24 GB machine's
-# memory). POLAR_TEST_JOBS processes (default 2, one per core here) run at once; files that share
-# a machine-wide resource run one after another in one job: those using the vLLM server fixture
-# (they share one server start), and those using NeMo Gym servers or podman (fixed ports, one
-# container engine).
+# memory). POLAR_TEST_JOBS processes (default 2, one per core here) run at once. Files that share a
+# machine-wide resource run one after another in one job: those using the vLLM server fixture (they
+# share one server start, in one process) and those starting NeMo Gym's servers (the docs' commands
+# use Gym's fixed ports). Podman is not such a resource: every container a test process creates
+# carries its own label (tests/own_containers.py) and its checks count only those.
+# Longest job first, by tests/durations.tsv (seconds and run, one line per pytest run, from an
+# earlier full run: this script writes the new figures to $POLAR_TEST_DURATIONS_OUT when set), so
+# that no long file starts last; a file it does not list counts 60 s.
 vllm_files=$(grep -l "vllm_server" tests/test_*.py | tr '\n' ' ')
-engine_files=$(grep -lE "gym_helpers|ng_run|\.venv-gym|podman" tests/test_*.py | tr '\n' ' ')
+gym_files=$(grep -lE "^from gym_helpers|^import gym_helpers" tests/test_*.py | tr '\n' ' ')
 jobs=()
 [ -n "$vllm_files" ] && jobs+=("$vllm_files")
-engine_job=""
-for file in $engine_files; do
-  case " $vllm_files " in *" $file "*) ;; *) engine_job+="$file " ;; esac
+gym_job=""
+for file in $gym_files; do
+  case " $vllm_files " in *" $file "*) ;; *) gym_job+="$file " ;; esac
 done
-[ -n "$engine_job" ] && jobs+=("$engine_job")
+[ -n "$gym_job" ] && jobs+=("$gym_job")
 for file in tests/test_*.py; do
-  case " $vllm_files $engine_job " in *" $file "*) ;; *) jobs+=("$file") ;; esac
+  case " $vllm_files $gym_job " in *" $file "*) ;; *) jobs+=("$file") ;; esac
 done
+expected_s() {  # a job's expected seconds: its runs' figures in tests/durations.tsv
+  local files=$1
+  case " $vllm_files " in
+    " $files ") awk -F'\t' -v run="${files% }" '$2 == run {s = $1} END {print s ? s : 60}' tests/durations.tsv ;;
+    *) awk -F'\t' -v runs="$files" 'BEGIN {n = split(runs, r, " "); for (i = 1; i <= n; i++) want[r[i]] = 60}
+         $2 in want {want[$2] = $1} END {for (f in want) s += want[f]; print s}' tests/durations.tsv ;;
+  esac
+}
+mapfile -t jobs < <(for job in "${jobs[@]}"; do printf '%s\t%s\n' "$(expected_s "$job")" "$job"; done \
+                    | sort -t$'\t' -k1,1nr | cut -f2)
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 run_job() {  # one job's files, one pytest process each; its output and failures land in $logs/$1.*
@@ -43,6 +57,7 @@ run_job() {  # one job's files, one pytest process each; its output and failures
     # shellcheck disable=SC2086  # a run is space-separated file names
     .venv/bin/python -m pytest "${pytest_args[@]}" $run >> "$logs/$idx.out" 2>&1 || rc=$?
     echo "== $run: exit $rc, $((SECONDS - t0)) s" >> "$logs/$idx.out"
+    printf '%s\t%s\n' "$((SECONDS - t0))" "${run% }" >> "$logs/$idx.durations"
     if [ "$rc" != 0 ] && [ "$rc" != 5 ]; then echo "$run (exit $rc)" >> "$logs/$idx.failed"; fi  # 5: nothing selected
   done
   touch "$logs/$idx.done"
@@ -65,6 +80,7 @@ for i in "${!jobs[@]}"; do
 done
 wait
 show_finished
+if [ -n "${POLAR_TEST_DURATIONS_OUT:-}" ]; then sort -t$'\t' -k1,1nr "$logs"/*.durations > "$POLAR_TEST_DURATIONS_OUT"; fi
 failed=$(cat "$logs"/*.failed 2>/dev/null || true)
 if [ -n "$failed" ]; then
   printf 'FAILED: %s\n' "$failed"

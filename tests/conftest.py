@@ -8,6 +8,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import own_containers  # noqa: F401  (labels this process's containers first)
 import pytest
 from outside_reads import OutsideReadGuard, install
 from vllm_server import VllmServer, running_vllm_server

@@ -22,6 +22,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from own_containers import own_containers
 from polar_sandbox_helpers import probe_network, processes_matching
 
 from polar_env.backends.scripted import ScriptedBackend
@@ -44,8 +45,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _containers() -> set[str]:
-    out = subprocess.run([ENGINE, "ps", "-a", "--format", "{{.Names}}"], capture_output=True, text=True, check=True)
-    return {n for n in out.stdout.split() if n.startswith("polar-")}
+    return {n for n in own_containers(ENGINE) if n.startswith("polar-")}
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from own_containers import own_containers
 
 from polar_env.episodes.workspace import engine_available, open_workspace
 from polar_env.rewards.harbor_verifier import verify
@@ -99,7 +100,7 @@ async def test_the_agent_and_its_verifier_run_as_the_tasks_agent_user():
 
 
 def _containers() -> set[str]:
-    return set(subprocess.run([ENGINE, "ps", "-a", "-q"], capture_output=True, text=True, check=True).stdout.split())
+    return own_containers(ENGINE)
 
 
 async def test_a_separate_verifier_runs_in_a_fresh_container_with_only_the_artifacts():

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shlex
 import subprocess
 import uuid
@@ -52,6 +53,7 @@ ROOT_PATH = "/usr/bin:/bin"  # root execs' PATH: never the image's
 # every child of PID 1 (the init): right after the start, only the keep-alive `sleep infinity`
 KEEPALIVE_SCRIPT = ('for d in /proc/[0-9]*; do s=$(cat "$d/stat" 2>/dev/null) || continue; s=${s##*) }; '
                     'set -- $s; [ "$2" = 1 ] && echo "${d#/proc/}"; done; true')
+LABELS_ENV = "POLAR_CONTAINER_LABELS"
 NODE_DIR_INSIDE = "/opt/polar/bin"  # the host's Node.js binary, for harnesses in images that lack one
 
 
@@ -88,6 +90,17 @@ def git_diff_script(workdir: str, exclude: Sequence[str], git_dir: str = GIT_DIR
     return (f"{git}; cd {shlex.quote(workdir)} && rm -f {git_dir}/now.index && g add -A . && "
             f"now=$(g write-tree) && "
             f"g diff --binary --no-color --no-ext-diff --no-textconv $(cat {git_dir}/POLAR_BASE) $now -- {specs}")
+
+
+def label_args() -> list[str]:
+    """``--label`` flags for every container Polar creates: ``polar_env`` (so ``ps --filter
+    label=polar_env`` finds them, a crashed run's leftovers included) and each ``key=value`` of
+    ``$POLAR_CONTAINER_LABELS`` (comma-separated: a run's or a job's own tag)."""
+    extra = [kv.strip() for kv in os.environ.get(LABELS_ENV, "").split(",") if kv.strip()]
+    bad = [kv for kv in extra if "=" not in kv or not kv.split("=", 1)[0]]
+    if bad:
+        raise ValueError(f"${LABELS_ENV} takes comma-separated key=value labels, not {bad[0]!r}")
+    return [a for kv in ("polar_env=1", *extra) for a in ("--label", kv)]
 
 
 def engine_run(argv: Sequence[str], *, timeout_s: float = 600.0) -> bytes:
@@ -141,7 +154,7 @@ class ContainerSandbox(Sandbox):
     def create_argv(self) -> list[str]:
         s = self.spec
         argv = [self.engine, "create", "--name", self.name, "--hostname", s.hostname, "--network", "none",
-                "--workdir", s.workdir, "--init", "--user", "0:0", "--cap-drop", "ALL"]
+                "--workdir", s.workdir, "--init", "--user", "0:0", "--cap-drop", "ALL", *label_args()]
         for cap in SETUP_CAPS:
             argv += ["--cap-add", cap]
         argv += ["--security-opt", "no-new-privileges"]

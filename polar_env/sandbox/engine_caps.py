@@ -16,6 +16,8 @@ import subprocess
 import uuid
 from pathlib import Path
 
+from polar_env.sandbox.container import label_args
+
 log = logging.getLogger(__name__)
 CDI_DIRS = (Path("/etc/cdi"), Path("/var/run/cdi"))
 
@@ -25,7 +27,7 @@ def storage_limit_supported(engine: str, image: str) -> bool:
     """Whether ``engine`` creates a container of ``image`` with ``--storage-opt size=``."""
     name = f"polar-probe-{uuid.uuid4().hex[:8]}"
     try:
-        ok = subprocess.run([engine, "create", "--name", name, "--storage-opt", "size=1g", image, "true"],
+        ok = subprocess.run([engine, "create", "--name", name, *label_args(), "--storage-opt", "size=1g", image, "true"],
                             capture_output=True, timeout=120).returncode == 0
         subprocess.run([engine, "rm", "-f", name], capture_output=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired):

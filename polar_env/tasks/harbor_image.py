@@ -22,7 +22,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from polar_env.sandbox.container import ContainerError, engine_run, image_exists
+from polar_env.sandbox.container import ContainerError, engine_run, image_exists, label_args
 from polar_env.tasks.harbor_compose import task_compose
 from polar_env.tasks.models import Task
 
@@ -154,7 +154,8 @@ def agent_uid(task: Task, engine: str = "podman") -> int | None:
     if name.isdigit():
         return int(name)
     try:
-        out = engine_run([engine, "run", "--rm", "--network", "none", "--entrypoint", "id", task.image, "-u", name],
+        out = engine_run([engine, "run", "--rm", *label_args(), "--network", "none", "--entrypoint", "id", task.image,
+                          "-u", name],
                          timeout_s=120)
     except ContainerError as exc:
         raise HarborImageError(f"{task.instance_id}: task.toml [agent] user = {user!r} is not a user of its image "
