@@ -20,6 +20,15 @@ def _pairs(argv: list[str], flag: str) -> list[str]:
     return [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == flag]
 
 
+def test_every_container_carries_polar_s_label_and_the_run_s_own(monkeypatch):
+    monkeypatch.setenv("POLAR_CONTAINER_LABELS", "job=grpo-7, team=rl")
+    argv = ContainerSandbox(SPEC, "img", "polar-x", engine="podman").create_argv()
+    assert _pairs(argv, "--label") == ["polar_env=1", "job=grpo-7", "team=rl"]
+    monkeypatch.setenv("POLAR_CONTAINER_LABELS", "job=grpo-7,oops")
+    with pytest.raises(ValueError, match="key=value labels, not 'oops'"):
+        ContainerSandbox(SPEC, "img", "polar-x", engine="podman").create_argv()
+
+
 @pytest.mark.parametrize("engine", ["docker", "podman"])
 def test_container_create_argv_isolates_and_mounts(engine):
     sb = ContainerSandbox(SPEC, "swebench/sweb.eval.x86_64.astropy_1776_astropy-12907:latest", "polar-x", engine=engine)
