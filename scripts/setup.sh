@@ -21,11 +21,6 @@ command -v patchelf >/dev/null || need_apt+=(patchelf)
 # the Python harnesses' venvs are made by Debian's python3, the interpreter every sandbox mounts
 /usr/bin/python3 -c "import ensurepip, venv" 2>/dev/null || need_apt+=(python3-venv)
 if [ "${POLAR_SETUP_BROWSER:-0}" = 1 ]; then command -v chromium >/dev/null || need_apt+=(chromium); fi
-# podman's packages in the same apt run (one `apt-get update`; setup_podman.sh then finds them)
-if [ "${POLAR_SETUP_CONTAINERS:-0}" = 1 ] && [ "$(id -u)" = 0 ]; then
-  command -v podman >/dev/null || need_apt+=(podman podman-docker)
-  command -v runc >/dev/null || need_apt+=(runc)
-fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     echo "setup: apt-get install ${need_apt[*]}"
