@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
@@ -11,6 +12,17 @@ from pathlib import Path
 from outside_reads import OutsideReadGuard, install, uninstall
 
 TESTS = Path(__file__).resolve().parent
+
+
+def _local_modules_imported_by(source: Path) -> list[str]:
+    """The tests/ helper files ``source`` imports: read from its imports, so a new helper is never missed."""
+    names = set()
+    for node in ast.walk(ast.parse(source.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module.split(".")[0])
+    return sorted(f"{name}.py" for name in names if (source.parent / f"{name}.py").is_file())
 
 
 def _layout(tmp_path: Path) -> tuple[Path, Path]:
@@ -48,7 +60,7 @@ def test_reads_beside_the_repository_are_recorded_and_nothing_else(tmp_path):
 def test_a_test_reading_beside_the_clone_fails_the_run(tmp_path):
     """The conftest wiring, run as pytest itself: one test reads ``../shared`` and must fail."""
     repo, _ = _layout(tmp_path)
-    for helper in ("conftest.py", "outside_reads.py", "vllm_server.py"):  # what conftest imports
+    for helper in ("conftest.py", *_local_modules_imported_by(TESTS / "conftest.py")):
         shutil.copy(TESTS / helper, repo / "tests" / helper)
     (repo / "tests" / "test_reads.py").write_text(
         "from pathlib import Path\n"
