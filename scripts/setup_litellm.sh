@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create .venv-litellm: LiteLLM's proxy server, the comparison path of the full `polar bench`
-# (polar_env/bench/paths.py looks for it there). A venv of its own because LiteLLM pins its own
+# (bench/paths.py looks for it there). A venv of its own because LiteLLM pins its own
 # web stack and SDK versions. Idempotent: a venv whose litellm is the pinned version is left alone.
 #
 # The pin: 1.107.0 was a compromised release, and the `proxy` extra of later ones needs packages

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from polar_env.bench.bench_cli import FULL_RUN_ONLY, KEYS
-from polar_env.bench.builder import synthetic_records, time_once
-from polar_env.bench.common import build_history, percentile, rendered_tokens
-from polar_env.bench.profiling import summarize_raw
-from polar_env.bench.report import render, verdict
+from bench.bench_cli import FULL_RUN_ONLY, KEYS
+from bench.builder import synthetic_records, time_once
+from bench.common import build_history, percentile, rendered_tokens
+from bench.profiling import summarize_raw
+from bench.report import render, verdict
 
 
 def test_percentile_is_nearest_rank() -> None:

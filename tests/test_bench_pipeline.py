@@ -8,10 +8,10 @@ import json
 
 import pytest
 
+from bench.pipeline import busy_fraction, in_flight, run_entries, steady_window, trace_figures
 from polar_env.backends.base import SamplingParams
 from polar_env.backends.scripted import PolicyAnswers
 from polar_env.backends.simulated import CallSpan, SimulatedBackend
-from polar_env.bench.pipeline import busy_fraction, in_flight, run_entries, steady_window, trace_figures
 from polar_env.harness_adapters.policies import make_policy
 from polar_env.tasks.loader import load_tasks
 
@@ -94,8 +94,8 @@ def _driver(name: str, eph: float) -> dict:
 
 
 def test_an_only_run_replaces_its_families_and_keeps_the_others() -> None:
-    from polar_env.bench.bench_cli import KEYS, merge_families
-    from polar_env.bench.report import render
+    from bench.bench_cli import KEYS, merge_families
+    from bench.report import render
 
     previous = {"command": "polar bench", "machine": {"cpus": 2}, "families": {"builder": {"calls": 200, "runs": 1, "sizes": {}}},
                 "errors": {"pipeline": "Boom"}, "notes": {"pipeline": "skipped"}, "seconds": {"builder": 3.0},

@@ -27,7 +27,7 @@ LAYERS: list[set[str]] = [
     {"proxy", "rewards"},
     {"episodes"},
     {"resources_server", "rollout"},
-    {"agent_server", "bench", "demo", "training"},
+    {"agent_server", "demo", "training"},
 ]
 TOP = "cli"
 # (importer module, imported module) -> why it may cross a layer upward
@@ -75,6 +75,15 @@ def test_every_package_imports_only_downward(graph: grimp.ImportGraph):
                if package(imported) == TOP and (importer, imported) not in UPWARD]
     assert upward == [], "imports that do not point down a layer (move the code, or list it in UPWARD with why)"
     assert set(UPWARD) <= {(a, b) for a in graph.modules for b in graph.find_modules_directly_imported_by(a)}
+
+
+def test_the_benchmarks_stay_outside_the_package():
+    """``bench/`` measures the product and imports it; nothing in ``polar_env`` imports ``bench``."""
+    both = grimp.build_graph("polar_env", "bench", cache_dir=None, exclude_type_checking_imports=True)
+    assert any(m.startswith("bench.") for m in both.modules), "bench/ beside the package"
+    inward = [(a, b) for a in sorted(both.modules) if a.startswith("polar_env")
+              for b in both.find_modules_directly_imported_by(a) if b.split(".")[0] == "bench"]
+    assert inward == []
 
 
 def test_the_architecture_page_draws_these_layers():

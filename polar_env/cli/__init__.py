@@ -50,7 +50,7 @@ COMMANDS = (
     Command("view", "write (or serve) the HTML page of trajectories: tokens by loss mask, logprobs, grading",
             "polar_env.viewer.view_cli"),
     Command("bench", "measure the proxy against direct and LiteLLM; write docs/benchmarks.md",
-            "polar_env.bench.bench_cli"),
+            "polar_env.cli.bench"),
     Command("policy-server", "a local stand-in policy server (vLLM /v1/completions wire) for NeMo Gym runs",
             "polar_env.agent_server.policy_server"),
 )

@@ -1,6 +1,6 @@
 """Workspace creation per episode: ``open_workspace`` + ``close`` in bubblewrap, per task.
 
-``python -m polar_env.bench.workspace --tasks bundled --runs 10`` (or ``polar bench --only workspace``)
+``python -m bench.workspace --tasks bundled --runs 10`` (or ``polar bench --only workspace``)
 prints the median and p90 per task; the first open of a task, which builds its warm base on this
 node (``tasks/base_trees.py``), is timed apart as ``first_s``.
 """
@@ -16,11 +16,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from polar_env.bench.common import median, percentile
+from bench.common import median, percentile
 from polar_env.sandbox.base import SandboxSpec
 from polar_env.tasks.models import Task
 
-COMMAND = "python -m polar_env.bench.workspace --tasks bundled --runs 10"
+COMMAND = "python -m bench.workspace --tasks bundled --runs 10"
 BEFORE_COMMIT = "bba778e"
 # median s per episode at BEFORE_COMMIT, same command, this 2-core machine
 BEFORE = {"marshmallow-code__marshmallow-1359": 0.158, "pallets__flask-5014": 0.369, "psf__requests-5414": 0.235,

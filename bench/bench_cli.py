@@ -18,8 +18,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from polar_env.bench.common import ANSWER_TEXT, machine_info
-from polar_env.bench.overhead import measure as overhead_measure
+from bench.common import ANSWER_TEXT, machine_info
+from bench.overhead import measure as overhead_measure
 
 KEYS = ("overhead_p50_ms_16k", "overhead_p99_ms_16k", "overhead_p50_ms_16k_litellm",
         "ratio_polar_litellm_2k", "ratio_polar_litellm_16k", "ratio_polar_litellm_64k", "ratio_polar_litellm_128k",
@@ -89,7 +89,7 @@ class Bench:
         self.results["seconds"][name] = round(time.perf_counter() - started, 1)
 
     def all(self) -> dict[str, Any]:
-        from polar_env.bench import builder, concurrency, grading, workspace
+        from bench import builder, concurrency, grading, workspace
 
         s = self.s
         self.with_paths("instant", self.instant_args(), self._instant_families)
@@ -115,7 +115,7 @@ class Bench:
         else:
             self.results["notes"]["rollouts"] = "skipped in --quick (real harness episodes take minutes)"
         if s["pipeline"]:
-            from polar_env.bench import pipeline
+            from bench import pipeline
 
             self.run("pipeline", lambda: pipeline.measure(self.workdir / "pipeline"))
         else:
@@ -126,7 +126,7 @@ class Bench:
 
     def with_paths(self, tag: str, backend_args: list[str], body: Any) -> None:
         """Start the backend, Polar and LiteLLM once for the families that share them."""
-        from polar_env.bench.paths import open_paths
+        from bench.paths import open_paths
 
         if self.only is not None and not self.only & {"overhead_instant", "growth", "profile", f"overhead_{tag}"}:
             return
@@ -143,7 +143,7 @@ class Bench:
             paths.close()
 
     def _instant_families(self, paths: Any) -> None:
-        from polar_env.bench import growth, profiling
+        from bench import growth, profiling
 
         s = self.s
         self.run("overhead_instant", lambda: overhead_measure(
@@ -161,7 +161,7 @@ class Bench:
             runs.append(await concurrency.measure(self.workdir / f"concurrency-w{workers}-{i}",
                                                   answer_ids=self.answer_ids(), levels=levels or self.s["levels"],
                                                   seconds=self.s["seconds"], workers=workers))
-        from polar_env.bench.common import median
+        from bench.common import median
 
         merged = runs[-1]
         for level in merged["levels"]:
@@ -264,7 +264,7 @@ def run(args: argparse.Namespace) -> int:
         json_path.write_text(json.dumps(results, indent=2, default=str))
     md = args.md or (None if args.quick else Path("docs/benchmarks.md"))
     if md is not None:
-        from polar_env.bench.report import render
+        from bench.report import render
 
         md.parent.mkdir(parents=True, exist_ok=True)
         md.write_text(render(results))

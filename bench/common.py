@@ -18,6 +18,7 @@ import aiohttp
 
 from polar_env.chat.messages import Message
 
+REPO = Path(__file__).resolve().parents[1]  # bench/ sits beside polar_env/, outside the package
 ADMIN_SECRET = "bench-admin-secret"
 ANSWER_TEXT = "OK, continuing with the next step."
 WORDS = ("the function returns a value when the input list is empty and raises an error otherwise "
@@ -130,9 +131,11 @@ class ServerProc:
 
 
 def spawn_bench_server(args: list[str], log: Path) -> subprocess.Popen:
-    """Start ``python -m polar_env.bench.servers ARGS``; it prints ``READY <port>`` once listening."""
-    return subprocess.Popen([sys.executable, "-m", "polar_env.bench.servers", *args],
-                            stdout=subprocess.PIPE, stderr=open(log, "wb"))
+    """Start ``python -m bench.servers ARGS``; it prints ``READY <port>`` once listening. ``bench`` is
+    not an installed package: the child finds it in the repository, wherever it was started from."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))}
+    return subprocess.Popen([sys.executable, "-m", "bench.servers", *args],
+                            stdout=subprocess.PIPE, stderr=open(log, "wb"), env=env)
 
 
 def wait_bench_server(proc: subprocess.Popen, log: Path, *, timeout_s: float = 180) -> ServerProc:

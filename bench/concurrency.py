@@ -19,7 +19,7 @@ from typing import Any
 
 import aiohttp
 
-from polar_env.bench.common import (
+from bench.common import (
     ANSWER_TEXT,
     cpu_seconds,
     create_polar_session,

@@ -93,7 +93,7 @@ def _local_note(section: dict[str, Any]) -> list[str]:
 
 
 def _workspace(fam: dict[str, Any]) -> list[str]:
-    from polar_env.bench.workspace import BEFORE, BEFORE_COMMIT, BEFORE_LOAD, COMMAND
+    from bench.workspace import BEFORE, BEFORE_COMMIT, BEFORE_LOAD, COMMAND
 
     start, end = fam["load_avg_1"]
     out = ["## Workspace creation", "",

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from polar_env.bench.common import median
+from bench.common import median
 from polar_env.chat.messages import AssistantTurn, Message
 from polar_env.trajectory.ledger import Ledger
 from polar_env.trajectory.records import CallRecord, SessionInfo, ids_digest

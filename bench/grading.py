@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from polar_env.bench.common import median
+from bench.common import median
 
 
 def grade_bundled(runs: int) -> dict[str, Any]:

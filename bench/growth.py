@@ -17,8 +17,8 @@ from typing import Any
 
 import aiohttp
 
-from polar_env.bench.common import cpu_seconds, filler, median
-from polar_env.bench.paths import PathSet, run_conversation
+from bench.common import cpu_seconds, filler, median
+from bench.paths import PathSet, run_conversation
 
 CHECKPOINTS = (10, 50, 200)
 

@@ -21,9 +21,9 @@ from typing import Any
 from aiohttp import web
 from yarl import URL
 
+from bench.common import ADMIN_SECRET, ANSWER_TEXT
 from polar_env import event_loop, fastjson
 from polar_env.backends.vllm import completion_choice
-from polar_env.bench.common import ADMIN_SECRET, ANSWER_TEXT
 from polar_env.stop_signal import wait_for_stop_signal
 
 
@@ -145,7 +145,7 @@ async def _proxy_main(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m polar_env.bench.servers")
+    parser = argparse.ArgumentParser(prog="python -m bench.servers")
     sub = parser.add_subparsers(dest="kind", required=True)
     b = sub.add_parser("backend")
     b.add_argument("--answer-ids", default="")

@@ -18,7 +18,8 @@ from typing import Any
 
 import aiohttp
 
-from polar_env.bench.common import (
+from bench.common import (
+    REPO,
     ServerProc,
     create_polar_session,
     free_port,
@@ -50,7 +51,7 @@ class Path_:
 
 # LiteLLM's proxy pins its own web stack and SDK versions, so it lives in a venv of its own
 # (scripts/setup_litellm.sh), not in Polar's
-LITELLM_VENV = Path(__file__).resolve().parents[2] / ".venv-litellm"
+LITELLM_VENV = REPO / ".venv-litellm"
 
 
 def litellm_executable() -> Path | None:

@@ -12,8 +12,8 @@ from typing import Any
 
 import aiohttp
 
-from polar_env.bench.common import build_history, cpu_seconds, filler, median, percentile, rendered_tokens
-from polar_env.bench.paths import PathSet, run_conversation
+from bench.common import build_history, cpu_seconds, filler, median, percentile, rendered_tokens
+from bench.paths import PathSet, run_conversation
 
 
 def _append(words: int, seed: int):

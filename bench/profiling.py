@@ -17,8 +17,8 @@ from typing import Any
 
 import aiohttp
 
-from polar_env.bench.common import build_history, filler
-from polar_env.bench.paths import PathSet, run_conversation
+from bench.common import build_history, filler
+from bench.paths import PathSet, run_conversation
 
 
 def py_spy() -> str | None:
