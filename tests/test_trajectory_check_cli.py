@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from trajectory_helpers import call, session, three_turn
@@ -40,6 +41,15 @@ def test_check_cli_reports_ok_and_defects(tmp_path: Path, capsys):
     assert "torn last line" in capsys.readouterr().out
 
     assert polar_main(["check", str(tmp_path / "missing.jsonl")]) == 2
+
+    run = tmp_path / "run"  # a run's output folder (`polar rollout --out`) is checked by its trajectories
+    run.mkdir()
+    with TrajectoryWriter(run / "trajectories.jsonl") as writer:
+        writer.write(build_trajectory(session(), three_turn(), reward=1.0))
+    assert polar_main(["check", str(run)]) == 0
+    assert f"{run / 'trajectories.jsonl'}: polar file, 1 item(s)" in capsys.readouterr().out
+    shutil.copy(torn, run / "trajectories.jsonl")
+    assert polar_main(["check", str(run)]) == 1
 
 
 def test_check_cli_on_a_ledger_directory(tmp_path: Path, capsys):

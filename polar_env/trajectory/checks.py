@@ -378,6 +378,9 @@ def rescore(traj_or_chain: Trajectory | Chain, backend: Scorer) -> dict[str, flo
 
 
 # -- files ---------------------------------------------------------------------------------------
+RUN_TRAJECTORIES = "trajectories.jsonl"  # what `polar rollout`/`train` write in a run's folder
+
+
 def detect_kind(path: Path) -> FileKind:
     path = Path(path)
     if path.is_dir():
@@ -407,6 +410,8 @@ def check_path(path: Path, *, tokenizer: Decoder | None = None, scorer: Scorer |
     directory) and run the checks that apply; ``scorer`` adds the fidelity re-score, ``samples``
     (the run's rollouts per task) the group-size check against it."""
     path = Path(path)
+    if path.is_dir() and (path / RUN_TRAJECTORIES).is_file():  # a run's output folder: its trajectories
+        path = path / RUN_TRAJECTORIES
     kind = detect_kind(path)
     report = CheckReport(path=str(path), kind=kind)
     if kind == "unknown":
