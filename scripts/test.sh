@@ -74,6 +74,11 @@ show_finished() {  # print each finished job's output once, whole, so parallel j
 }
 pytest_args=("$@")
 max_jobs=${POLAR_TEST_JOBS:-2}
+# The cores shared out among the jobs as torch's (OpenMP's) threads: two processes each spinning two
+# OpenMP threads on 2 cores slowed each other's model code up to 12 times (CI: test_training_sft.py took
+# 1069 s beside test_training_trl.py, 86 s beside non-torch files). vLLM's server sets its own threads.
+cores=$(nproc)
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( cores / max_jobs > 0 ? cores / max_jobs : 1 ))}
 for i in "${!jobs[@]}"; do
   while [ "$(jobs -rp | wc -l)" -ge "$max_jobs" ]; do wait -n || true; show_finished; done
   run_job "$i" "${jobs[$i]}" &

@@ -34,6 +34,7 @@ from polar_env.backends.vllm import VllmBackend
 from polar_env.episodes import episode_prompt
 from polar_env.episodes.workspace import WorkspaceMounts
 from polar_env.harness_adapters.policies import DONE as FINAL
+from polar_env.resources_server import core as resources_core
 from polar_env.resources_server.core import (
     EpisodeConflict,
     PolarResources,
@@ -202,32 +203,55 @@ async def test_seed_attach_verify_close(tmp_path: Path, tasks):
         await resources.seed("ep", TASK_ID)
 
 
+async def _until(condition) -> None:
+    while not condition():
+        await asyncio.sleep(0.005)
+
+
 @needs_bwrap
-async def test_concurrent_seeds_of_one_episode_make_one_workspace(tmp_path: Path, tasks):
+async def test_concurrent_seeds_of_one_episode_make_one_workspace(tmp_path: Path, tasks, monkeypatch):
     resources = PolarResources(PolarResourcesConfig(scratch_root=str(tmp_path)), tasks=list(tasks.values()))
-    first, second = await asyncio.gather(resources.seed("ep", TASK_ID), resources.seed("ep", TASK_ID))
-    assert first == second and len(list(tmp_path.glob("polar-resources-*/polar-ws-*"))) == 1
-    assert Path(first.sandbox_root).parent.name.startswith("polar-ws-")  # every trace under the workspace dir
+    try:
+        first, second = await asyncio.gather(resources.seed("ep", TASK_ID), resources.seed("ep", TASK_ID))
+        assert first == second and len(list(tmp_path.glob("polar-resources-*/polar-ws-*"))) == 1
+        assert Path(first.sandbox_root).parent.name.startswith("polar-ws-")  # every trace under the workspace dir
 
-    # a caller cancelled mid-seed (client gone) leaves the seed to finish; close removes what it made
-    caller = asyncio.ensure_future(resources.seed("ep2", TASK_ID))
-    await asyncio.sleep(0.05)
-    caller.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await caller
-    assert resources.open_episodes == 2
-    await resources.close("ep2")
-    assert resources.open_episodes == 1 and len(list(tmp_path.glob("polar-resources-*/polar-ws-*"))) == 1
+        # The seeds below are held at the workspace's opening until the test lets them go, so a cancel or a
+        # close lands mid-seed for certain (a warm base opens in well under the 50 ms a sleep used to give).
+        gate, real_open = asyncio.Event(), resources_core.open_workspace
 
-    # a close that arrives while the seed is still running: the seed is refused, nothing stays
-    racing = asyncio.ensure_future(resources.seed("ep3", TASK_ID))
-    await asyncio.sleep(0.05)
-    await resources.close("ep3")
-    with pytest.raises(EpisodeConflict, match="closed"):
-        await racing
-    with pytest.raises(UnknownTask, match="unknown task_id"):
-        await resources.seed("ep4", "nobody__nothing-1")
-    await resources.aclose()
+        async def held_open(*args, **kwargs):
+            await gate.wait()
+            return await real_open(*args, **kwargs)
+
+        monkeypatch.setattr(resources_core, "open_workspace", held_open)
+
+        # a caller cancelled mid-seed (client gone) leaves the seed to finish; close removes what it made
+        caller = asyncio.ensure_future(resources.seed("ep2", TASK_ID))
+        await _until(lambda: "ep2" in resources._seeding)
+        caller.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await caller
+        gate.set()
+        await _until(lambda: "ep2" in resources.episodes)
+        assert resources.open_episodes == 2
+        await resources.close("ep2")
+        assert resources.open_episodes == 1 and len(list(tmp_path.glob("polar-resources-*/polar-ws-*"))) == 1
+
+        # a close that arrives while the seed is still running: the seed is refused, nothing stays
+        gate.clear()
+        racing = asyncio.ensure_future(resources.seed("ep3", TASK_ID))
+        await _until(lambda: "ep3" in resources._seeding)
+        closing = asyncio.ensure_future(resources.close("ep3"))
+        await _until(lambda: "ep3" in resources.closed)
+        gate.set()
+        assert await closing is False  # the seed removed what it made itself
+        with pytest.raises(EpisodeConflict, match="closed"):
+            await racing
+        with pytest.raises(UnknownTask, match="unknown task_id"):
+            await resources.seed("ep4", "nobody__nothing-1")
+    finally:  # a failed check must not leave workspaces mounted
+        await resources.aclose()
     assert resources.open_episodes == 0 and not any(tmp_path.iterdir())
 
 

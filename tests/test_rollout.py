@@ -197,7 +197,7 @@ def start_ray_node(args: list[str], log: Path) -> subprocess.Popen:
     ray = Path(sys.executable).parent / "ray"
     proc = subprocess.Popen([str(ray), "start", *args, *ports, "--num-cpus=1", "--object-store-memory=100000000",
                              "--disable-usage-stats", "--block"], env=ENV, stdout=log.open("w"),
-                            stderr=subprocess.STDOUT)
+                            stderr=subprocess.STDOUT, start_new_session=True)  # a group: the node's processes
     deadline = time.monotonic() + 120
     while "block forever" not in log.read_text():
         assert proc.poll() is None, log.read_text()[-3000:]
@@ -227,6 +227,17 @@ def ray_cluster(tmp_path: Path):
             except subprocess.TimeoutExpired:
                 node.kill()
         shutil.rmtree(temp, ignore_errors=True)
+
+
+def worker_node_id(address: str) -> str:
+    """The Ray node id of the cluster's one node that is not the head (asked in a process of its own)."""
+    script = (f"import ray; ray.init(address={address!r}, logging_level='ERROR', log_to_driver=False); "
+              "print(*[n['NodeID'] for n in ray.nodes() if n['Alive'] and "
+              "'node:__internal_head__' not in n['Resources']]); ray.shutdown()")
+    run = subprocess.run([sys.executable, "-c", script], env=ENV, capture_output=True, text=True, timeout=120)
+    ids = run.stdout.split()
+    assert run.returncode == 0 and len(ids) == 1, run.stdout + run.stderr[-2000:]
+    return ids[0]
 
 
 def ready_nodes(stderr: str) -> list[str]:
@@ -260,16 +271,20 @@ def test_ray_episodes_of_a_lost_node_move_to_the_others(ray_cluster, tmp_path: P
     out = tmp_path / "out"
     args = [*ARGS[:ARGS.index("--task-ids") + 1], TASKS[0], *ARGS[ARGS.index("--samples"):]]
     args[args.index("--concurrency") + 1] = "1"  # one episode per node
+    # the gold in five calls, then graded on its node: an episode that lasts long enough to be cut short
+    args[args.index("--policy") + 1] = "gold-steps"
     proc = subprocess.Popen(polar("rollout", *args, "--out", str(out), "--ray", address), env=ENV,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 300
-        nodes = out / "ledger" / "nodes"
-        while not (nodes.is_dir() and len([d for d in nodes.iterdir() if any((d / "sessions").glob("*"))]) == 2):
+        # killed the moment its episode has a session: a warm episode is over ~1.5 s later, and waiting for
+        # the head's episode too let the worker's finish first
+        sessions = out / "ledger" / "nodes" / worker_node_id(address)[:12] / "sessions"
+        while not (sessions.is_dir() and any(sessions.iterdir())):
             assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline, "episodes did not start on both nodes"
-            time.sleep(0.2)
-        worker.kill()
+            assert time.monotonic() < deadline, "no episode started on the worker node"
+            time.sleep(0.02)
+        os.killpg(worker.pid, signal.SIGKILL)  # the node and every process it started, at once
         stdout, stderr = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
