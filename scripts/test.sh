@@ -74,9 +74,9 @@ show_finished() {  # print each finished job's output once, whole, so parallel j
 }
 pytest_args=("$@")
 max_jobs=${POLAR_TEST_JOBS:-2}
-# The cores shared out among the jobs as torch's (OpenMP's) threads: two processes each spinning two
-# OpenMP threads on 2 cores slowed each other's model code up to 12 times (CI: test_training_sft.py took
-# 1069 s beside test_training_trl.py, 86 s beside non-torch files). vLLM's server sets its own threads.
+# The cores shared out among the jobs as torch's (OpenMP's) threads, so that parallel jobs never ask
+# for more threads than there are cores (CI once took 1069 s for test_training_sft.py, 86 s here; on this
+# 2-core machine the two training files side by side took the same either way). vLLM sets its own.
 cores=$(nproc)
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( cores / max_jobs > 0 ? cores / max_jobs : 1 ))}
 for i in "${!jobs[@]}"; do
