@@ -204,8 +204,9 @@ async def test_seed_attach_verify_close(tmp_path: Path, tasks):
 
 
 async def _until(condition) -> None:
-    while not condition():
-        await asyncio.sleep(0.005)
+    async with asyncio.timeout(60):  # a state that never comes fails the test instead of hanging it
+        while not condition():
+            await asyncio.sleep(0.005)
 
 
 @needs_bwrap

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal, Protocol
 import numpy as np
 from pydantic import BaseModel, BeforeValidator, Field, StrictBool, StrictFloat, StrictInt, ValidationError
 
-from polar_env.trajectory.export import thin_groups, to_nemo_gym_result
+from polar_env.trajectory.export import thin_groups, to_nemo_gym_result, trajectory_file
 from polar_env.trajectory.models import Chain, Trajectory
 from polar_env.trajectory.records import HISTORY_THINKING_KEPT
 from polar_env.wire.loose import Loose
@@ -378,9 +378,6 @@ def rescore(traj_or_chain: Trajectory | Chain, backend: Scorer) -> dict[str, flo
 
 
 # -- files ---------------------------------------------------------------------------------------
-RUN_TRAJECTORIES = "trajectories.jsonl"  # what `polar rollout`/`train` write in a run's folder
-
-
 def detect_kind(path: Path) -> FileKind:
     path = Path(path)
     if path.is_dir():
@@ -410,8 +407,8 @@ def check_path(path: Path, *, tokenizer: Decoder | None = None, scorer: Scorer |
     directory) and run the checks that apply; ``scorer`` adds the fidelity re-score, ``samples``
     (the run's rollouts per task) the group-size check against it."""
     path = Path(path)
-    if path.is_dir() and (path / RUN_TRAJECTORIES).is_file():  # a run's output folder: its trajectories
-        path = path / RUN_TRAJECTORIES
+    if path.is_dir() and trajectory_file(path).is_file():  # a run's folder; a ledger directory stays itself
+        path = trajectory_file(path)
     kind = detect_kind(path)
     report = CheckReport(path=str(path), kind=kind)
     if kind == "unknown":

@@ -54,6 +54,14 @@ class TrajectoryWriter:
         self.close()
 
 
+RUN_TRAJECTORIES = "trajectories.jsonl"  # what `polar rollout` and `polar train` write in a run's folder
+
+
+def trajectory_file(path: Path) -> Path:
+    """A run's folder stands for the trajectories file in it; a file for itself."""
+    return path / RUN_TRAJECTORIES if path.is_dir() else path
+
+
 def read_trajectories(path: Path) -> Iterator[Trajectory]:
     """Yield the trajectories of a Polar JSONL file; an unterminated last line (a write in
     flight) is skipped, any other bad line raises ``ValueError`` naming its line number."""

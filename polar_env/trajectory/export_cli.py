@@ -26,12 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, help="output JSONL (default: FORMAT.jsonl beside the trajectories)")
 
 
-def trajectory_file(path: Path) -> Path:
-    return path / "trajectories.jsonl" if path.is_dir() else path
-
-
 def run(args: argparse.Namespace) -> int:
-    from polar_env.trajectory.export import read_trajectories, write_jsonl
+    from polar_env.trajectory.export import read_trajectories, trajectory_file, write_jsonl
     from polar_env.trajectory.sft import sft_rows
 
     source = trajectory_file(args.path)
