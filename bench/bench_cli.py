@@ -26,7 +26,8 @@ KEYS = ("overhead_p50_ms_16k", "overhead_p99_ms_16k", "overhead_p50_ms_16k_litel
         "per_call_ratio_turn200_vs_turn10", "calls_per_s_256_sessions", "calls_per_s_256_sessions_workers_2",
         "ledger_bytes_per_token",
         "build_export_ms_100k", "export_json_ms_100k", "proxy_rss_mb_1024_sessions",
-        "pipeline_busy_fraction_staged", "pipeline_busy_fraction_collapsed", "pipeline_episodes_per_hour_ratio")
+        "pipeline_busy_fraction_staged", "pipeline_busy_fraction_collapsed", "pipeline_episodes_per_hour_ratio",
+        "shapes_typed_vs_dicts", "shapes_pydantic_vs_dicts")
 FULL_RUN_ONLY = ("proxy_rss_mb_1024_sessions", "ratio_polar_litellm_64k", "ratio_polar_litellm_128k",
                  "pipeline_busy_fraction_staged", "pipeline_busy_fraction_collapsed", "pipeline_episodes_per_hour_ratio")
 RATIO_SIZES = {"2k": 2000, "16k": 16000, "64k": 64000, "128k": 128000}
@@ -38,13 +39,13 @@ def _settings(quick: bool) -> dict[str, Any]:
         return {"sizes": [2000, 16000], "calls": 6, "runs": 1, "local": None, "growth_runs": 1, "growth_words": 80,
                 "levels": [1, 64, 256], "seconds": 1.5, "conc_runs": 1, "builder_sizes": [25_000, 100_000],
                 "builder_runs": 1, "grading": False, "rollouts": False, "profile": False, "pipeline": False,
-                "workspace_runs": 3}
+                "workspace_runs": 3, "shape_answers": 200}
     return {"sizes": list(RATIO_SIZES.values()), "calls": 30, "runs": 3,
             "local": {"sizes": [1000], "calls": 3, "runs": 1, "max_tokens": 8}, "growth_runs": 3, "growth_words": 150,
             "levels": [1, 64, 256, 1024], "seconds": 8.0, "conc_runs": 2,
             "builder_sizes": [25_000, 50_000, 100_000], "builder_runs": 5, "grading": True,
             "rollouts": True, "profile": True, "pipeline": True,
-            "workspace_runs": 10}
+            "workspace_runs": 10, "shape_answers": 2000}
 
 
 class Bench:
@@ -89,7 +90,7 @@ class Bench:
         self.results["seconds"][name] = round(time.perf_counter() - started, 1)
 
     def all(self) -> dict[str, Any]:
-        from bench import builder, concurrency, grading, workspace
+        from bench import builder, concurrency, grading, shapes, workspace
 
         s = self.s
         self.with_paths("instant", self.instant_args(), self._instant_families)
@@ -105,6 +106,7 @@ class Bench:
         if 1024 not in s["levels"]:
             self.results["notes"]["concurrency_1024"] = "1024 sessions skipped in --quick"
         self.run("builder", lambda: builder.measure(s["builder_sizes"], s["builder_runs"]))
+        self.run("shapes", lambda: shapes.measure(answers=s["shape_answers"]))
         if s["grading"]:
             self.run("grading", lambda: grading.grade_bundled(runs=1))
         else:
@@ -203,6 +205,8 @@ def figure_keys(f: dict[str, Any]) -> dict[str, float | None]:
         "pipeline_busy_fraction_staged": pipe.get("staged", {}).get("busy_fraction"),
         "pipeline_busy_fraction_collapsed": pipe.get("collapsed", {}).get("busy_fraction"),
         "pipeline_episodes_per_hour_ratio": f.get("pipeline", {}).get("episodes_per_hour_ratio"),
+        "shapes_typed_vs_dicts": f.get("shapes", {}).get("typed_shapes_vs_dicts"),
+        "shapes_pydantic_vs_dicts": f.get("shapes", {}).get("pydantic_models_vs_dicts"),
     }
     assert tuple(keys) == KEYS
     return keys

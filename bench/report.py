@@ -204,6 +204,8 @@ def render(results: dict[str, Any]) -> str:
                        f"{_f(v.get('ledger_read_ms'))} | {_f(v['build_ms'])} | {_f(v['export_ms'])} | "
                        f"{_f(v['build_export_ms'])} | {_f(v['json_ms'])} | {_f(v['json_mb'])} |")
         out.append("")
+    if "shapes" in fam:
+        out += _shapes(fam["shapes"])
     if "grading" in fam or "rollouts" in fam:
         out += ["## Grading and rollouts", ""]
     if "grading" in fam:
@@ -261,6 +263,19 @@ PIPELINE_STAGES = (("queued_s", "queued"), ("prepare_s", "prepare (workspace, se
                    ("model_s", "model (backend calls)"),
                    ("tool_s", "tools and harness between calls"), ("drain_s", "drain"), ("grade_s", "grade"),
                    ("build_s", "trajectory build and export"))
+
+
+def _shapes(s: dict[str, Any]) -> list[str]:
+    return ["## Outgoing wire shapes", "",
+            "One Chat Completions answer (reasoning, text, two tool calls, 60 tokens' logprobs) built and "
+            "encoded as its body and its SSE chunks, three ways in one run (`bench/shapes.py`, median of "
+            f"{s['runs']} runs of {s['answers_per_run']:,} answers): the proxy's msgspec shapes, the dict "
+            "literals they replaced, and pydantic v2 models (the `openai` SDK's own types).", "",
+            "| way | µs per answer | vs dict literals |", "|---|---|---|",
+            f"| msgspec shapes (shipped) | {_f(s['typed_shapes_us_per_answer'], 1)} | {_f(s['typed_shapes_vs_dicts'])} |",
+            f"| dict literals (before) | {_f(s['dict_literals_us_per_answer'], 1)} | 1.00 |",
+            f"| pydantic v2 models | {_f(s['pydantic_models_us_per_answer'], 1)} | {_f(s['pydantic_models_vs_dicts'])} |",
+            ""]
 
 
 def _pipeline(p: dict[str, Any]) -> list[str]:

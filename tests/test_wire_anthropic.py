@@ -6,7 +6,7 @@ import copy
 import json
 
 import pytest
-from wire_helpers import fixture, parse_sse, text_turn, tool_turn
+from wire_helpers import fixture, on_wire, parse_sse, text_turn, tool_turn
 
 from polar_env.proxy import anthropic_messages
 from polar_env.proxy.wire import WireError
@@ -116,19 +116,23 @@ def test_count_tokens_body_decodes_without_stream():
     body = {k: v for k, v in fixture("claude-bare.req2")["body"].items() if k not in ("max_tokens", "stream")}
     req = anthropic_messages.decode_count_tokens({**body, "stream": True})
     assert not req.stream and len(req.conversation.messages) == 2 and len(req.conversation.tools) == 3
+    assert on_wire(anthropic_messages.encode_count(42)) == {"input_tokens": 42}
 
 
 def test_encode_response_shapes_and_stop_reasons():
     req = anthropic_messages.decode(fixture("claude-bare.req2")["body"])
-    body = anthropic_messages.encode_response(tool_turn(), req)
+    body = on_wire(anthropic_messages.encode_response(tool_turn(), req))
     assert body["id"] == "msg_c0ffee0002" and body["type"] == "message" and body["role"] == "assistant"
     assert body["model"] == "my-policy-model" and body["stop_reason"] == "tool_use"
     assert [b["type"] for b in body["content"]] == ["thinking", "text", "tool_use", "tool_use"]
     assert body["content"][0]["signature"] == "polar:v1:c0ffee0002"
     assert body["content"][2]["input"] == {"command": "ls -la"}
     assert body["usage"]["input_tokens"] == 30 and body["usage"]["output_tokens"] == 20
-    assert anthropic_messages.encode_response(text_turn(), req)["stop_reason"] == "end_turn"
-    assert anthropic_messages.encode_response(text_turn(finish_reason="length"), req)["stop_reason"] == "max_tokens"
+    assert body["usage"]["cache_creation_input_tokens"] == body["usage"]["cache_read_input_tokens"] == 0
+    assert body["stop_sequence"] is None
+    assert on_wire(anthropic_messages.encode_response(text_turn(), req))["stop_reason"] == "end_turn"
+    long = on_wire(anthropic_messages.encode_response(text_turn(finish_reason="length"), req))
+    assert long["stop_reason"] == "max_tokens"
 
 
 def test_stream_text_turn_event_sequence():
@@ -185,8 +189,8 @@ def test_round_trip_tool_turn_then_follow_up(stream):
     if stream:
         blocks = _reassemble(parse_sse(anthropic_messages.encode_stream(turn, req)))
     else:
-        blocks = anthropic_messages.encode_response(turn, req)["content"]
-    assert blocks == anthropic_messages.encode_response(turn, req)["content"]
+        blocks = on_wire(anthropic_messages.encode_response(turn, req))["content"]
+    assert blocks == on_wire(anthropic_messages.encode_response(turn, req))["content"]
     follow = copy.deepcopy(first)
     follow["messages"] += [{"role": "assistant", "content": blocks},
                            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": b["id"], "content": "ok"}
@@ -211,8 +215,10 @@ def test_custom_tool_text_is_wrapped_as_an_input_object():
 
 
 def test_error_body_shape():
-    assert anthropic_messages.encode_error(400, "bad") == {
-        "type": "error", "error": {"type": "invalid_request_error", "message": "bad"}}
-    assert anthropic_messages.encode_error(529, "busy")["error"]["type"] == "overloaded_error"
-    assert anthropic_messages.encode_error(502, "down")["error"]["type"] == "api_error"
-    assert anthropic_messages.encode_error(401, "who")["error"]["type"] == "authentication_error"
+    body = {"type": "error", "error": {"type": "invalid_request_error", "message": "bad"}}
+    assert on_wire(anthropic_messages.encode_error(400, "bad")) == body
+    assert on_wire(anthropic_messages.encode_error(529, "busy"))["error"]["type"] == "overloaded_error"
+    assert on_wire(anthropic_messages.encode_error(502, "down"))["error"]["type"] == "api_error"
+    assert on_wire(anthropic_messages.encode_error(401, "who"))["error"]["type"] == "authentication_error"
+    assert parse_sse([anthropic_messages.encode_stream_error(anthropic_messages.encode_error(400, "bad"))]) == [
+        ("error", body)]

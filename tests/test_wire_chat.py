@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from wire_helpers import fixture, parse_sse, text_turn, tool_turn
+from wire_helpers import fixture, on_wire, parse_sse, text_turn, tool_turn
 
 from polar_env.proxy import openai_chat
 from polar_env.proxy.wire import WireError
@@ -73,7 +73,7 @@ def test_developer_role_parts_and_reasoning_map_to_canonical():
 
 def test_encode_response_tool_turn():
     req = openai_chat.decode(fixture("pi-chat.req1")["body"])
-    body = openai_chat.encode_response(tool_turn(), req)
+    body = on_wire(openai_chat.encode_response(tool_turn(), req))
     assert body["id"] == "chatcmpl-c0ffee0002" and body["object"] == "chat.completion"
     assert body["model"] == "fake-model"
     [choice] = body["choices"]
@@ -87,10 +87,10 @@ def test_encode_response_tool_turn():
 
 def test_finish_reasons():
     req = openai_chat.decode(_base())
-    assert openai_chat.encode_response(text_turn(), req)["choices"][0]["finish_reason"] == "stop"
-    assert openai_chat.encode_response(text_turn(finish_reason="length"), req)["choices"][0]["finish_reason"] == "length"
+    assert on_wire(openai_chat.encode_response(text_turn(), req))["choices"][0]["finish_reason"] == "stop"
+    assert on_wire(openai_chat.encode_response(text_turn(finish_reason="length"), req))["choices"][0]["finish_reason"] == "length"
     # a turn marked tool_calls whose calls failed to parse is answered as text
-    assert openai_chat.encode_response(text_turn(finish_reason="tool_calls"), req)["choices"][0][
+    assert on_wire(openai_chat.encode_response(text_turn(finish_reason="tool_calls"), req))["choices"][0][
         "finish_reason"] == "stop"
 
 
@@ -140,7 +140,7 @@ def test_round_trip_tool_turn_then_follow_up():
     first = fixture("pi-chat.req1")["body"]
     req = openai_chat.decode(first)
     turn = tool_turn()
-    answer = openai_chat.encode_response(turn, req)["choices"][0]["message"]
+    answer = on_wire(openai_chat.encode_response(turn, req))["choices"][0]["message"]
     follow = {**first, "messages": first["messages"] + [answer] + [
         {"role": "tool", "tool_call_id": c["id"], "content": f"out {i}"} for i, c in enumerate(answer["tool_calls"])]}
     again = openai_chat.decode(follow)
@@ -151,10 +151,10 @@ def test_round_trip_tool_turn_then_follow_up():
 
 
 def test_error_body_shape():
-    body = openai_chat.encode_error(400, "messages: Field required")
+    body = on_wire(openai_chat.encode_error(400, "messages: Field required"))
     assert body["error"]["message"] == "messages: Field required"
     assert body["error"]["type"] == "invalid_request_error"
-    assert openai_chat.encode_error(503, "down")["error"]["type"] == "server_error"
+    assert on_wire(openai_chat.encode_error(503, "down"))["error"]["type"] == "server_error"
 
 
 def test_custom_tools_and_calls():
@@ -171,5 +171,5 @@ def test_custom_tools_and_calls():
     [call] = req.conversation.messages[1].tool_calls
     assert (call.kind, call.arguments) == ("custom", "*** x")
     turn = tool_turn().model_copy(update={"tool_calls": [call]})
-    wire = openai_chat.encode_response(turn, req)["choices"][0]["message"]["tool_calls"][0]
+    wire = on_wire(openai_chat.encode_response(turn, req))["choices"][0]["message"]["tool_calls"][0]
     assert wire == {"id": "c1", "type": "custom", "custom": {"name": "apply_patch", "input": "*** x"}}

@@ -11,8 +11,9 @@ import json
 import aiohttp
 import pytest
 from proxy_client import ledger_calls, running_proxy
-from wire_helpers import fixture, text_turn, tool_turn
+from wire_helpers import fixture, on_wire, text_turn, tool_turn
 
+from polar_env.chat.messages import TokenLogprob
 from polar_env.proxy import gemini_generate_content as gemini
 from polar_env.proxy.engine import EngineConfig
 from polar_env.proxy.wire import WireError
@@ -140,7 +141,7 @@ def test_unknown_method_is_a_404():
 
 def test_encode_response_shapes_and_finish_reasons():
     req = gemini.decode(fixture("gemini.req1")["body"], "polar-model")
-    body = gemini.encode_response(tool_turn(), req)
+    body = on_wire(gemini.encode_response(tool_turn(), req))
     [candidate] = body["candidates"]
     parts = candidate["content"]["parts"]
     assert candidate["content"]["role"] == "model" and candidate["finishReason"] == "STOP"
@@ -149,8 +150,8 @@ def test_encode_response_shapes_and_finish_reasons():
     assert parts[2]["functionCall"] == {"id": "call_c0ffee_0", "name": "bash", "args": {"command": "ls -la"}}
     assert body["usageMetadata"] == {"promptTokenCount": 30, "candidatesTokenCount": 20, "totalTokenCount": 50}
     assert body["modelVersion"] == "polar-model" and body["responseId"] == "c0ffee0002"
-    assert gemini.encode_response(text_turn(finish_reason="length"), req)["candidates"][0]["finishReason"] == \
-        "MAX_TOKENS"
+    assert on_wire(gemini.encode_response(text_turn(finish_reason="length"), req))["candidates"][0][
+        "finishReason"] == "MAX_TOKENS"
 
 
 def test_stream_sends_reasoning_then_the_answer_with_finish_and_usage():
@@ -174,7 +175,7 @@ def test_round_trip_tool_turn_then_follow_up(stream):
         parts = [p for frame in gemini.encode_stream(turn, req) for c in sse_chunks(frame)
                  for p in c["candidates"][0]["content"]["parts"]]
     else:
-        parts = gemini.encode_response(turn, req)["candidates"][0]["content"]["parts"]
+        parts = on_wire(gemini.encode_response(turn, req))["candidates"][0]["content"]["parts"]
     follow = copy.deepcopy(first)
     results = [{"functionResponse": {"id": p["functionCall"]["id"], "name": p["functionCall"]["name"],
                                      "response": {"output": "ok"}}} for p in parts if "functionCall" in p]
@@ -188,12 +189,33 @@ def test_round_trip_tool_turn_then_follow_up(stream):
 
 
 def test_error_bodies_are_googles_shape():
-    assert gemini.encode_error(400, "bad") == {"error": {"code": 400, "message": "bad", "status": "INVALID_ARGUMENT"}}
-    assert gemini.encode_error(401, "who")["error"]["status"] == "UNAUTHENTICATED"
-    assert gemini.encode_error(429, "slow")["error"]["status"] == "RESOURCE_EXHAUSTED"
-    assert gemini.encode_error(503, "down")["error"]["status"] == "UNAVAILABLE"
-    assert gemini.encode_overflow(5000, 4096)["error"]["message"] == (
+    assert on_wire(gemini.encode_error(400, "bad")) == {
+        "error": {"code": 400, "message": "bad", "status": "INVALID_ARGUMENT"}}
+    assert on_wire(gemini.encode_error(401, "who"))["error"]["status"] == "UNAUTHENTICATED"
+    assert on_wire(gemini.encode_error(429, "slow"))["error"]["status"] == "RESOURCE_EXHAUSTED"
+    assert on_wire(gemini.encode_error(503, "down"))["error"]["status"] == "UNAVAILABLE"
+    assert on_wire(gemini.encode_overflow(5000, 4096))["error"]["message"] == (
         "The input token count (5000) exceeds the maximum number of tokens allowed (4095).")
+    # after the stream started: the bare error object on one line, not a data: event
+    line = gemini.encode_stream_error(gemini.encode_error(500, "boom"))
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    assert json.loads(line) == {"error": {"code": 500, "message": "boom", "status": "INTERNAL"}}
+
+
+def test_json_array_stream_and_count_tokens_bodies():
+    """Without ``alt=sse`` the chunks come as one array; logprobs ride on the last chunk's candidate."""
+    req = gemini.decode(fixture("gemini.req1")["body"], "polar-model", stream=True, sse=False)
+    turn = tool_turn(logprobs=[TokenLogprob(token="a", logprob=-0.5, bytes=[97]),
+                               TokenLogprob(token="b", logprob=-1.5, bytes=[98])])
+    first, last = on_wire(gemini.encode_response(turn, req))
+    assert first["candidates"][0] == {"content": {"role": "model", "parts": [
+        {"text": "I should list files.", "thought": True}]}, "index": 0}
+    assert "usageMetadata" not in first and last["usageMetadata"]["totalTokenCount"] == 50
+    candidate = last["candidates"][0]
+    assert candidate["avgLogprobs"] == -1.0 and candidate["logprobsResult"] == {
+        "chosenCandidates": [{"token": "a", "logProbability": -0.5}, {"token": "b", "logProbability": -1.5}],
+        "topCandidates": []}
+    assert on_wire(gemini.encode_count(42)) == {"totalTokens": 42}
 
 
 async def test_gemini_cli_requests_through_the_proxy(renderer, scripted_backend_factory, tmp_path):

@@ -6,9 +6,9 @@ import copy
 import json
 
 import pytest
-from wire_helpers import fixture, parse_sse, text_turn, tool_turn
+from wire_helpers import fixture, on_wire, parse_sse, text_turn, tool_turn
 
-from polar_env.chat.messages import AssistantTurn, ToolCall
+from polar_env.chat.messages import AssistantTurn, TokenLogprob, ToolCall
 from polar_env.proxy import openai_responses
 from polar_env.proxy.wire import WireError
 from polar_env.wire.ids import call_id_from_ref
@@ -198,7 +198,7 @@ def test_namespaced_and_custom_calls_go_back_the_way_codex_routes_them():
     gpt55 = openai_responses.decode(fixture("codex-gpt55.req1")["body"])
     turn = AssistantTurn(call_id="abc", finish_reason="tool_calls", tool_calls=[
         ToolCall(id="call_1", name="multi_agent_v1__spawn_agent", arguments='{"message": "hi"}')])
-    [item] = openai_responses.encode_response(turn, req)["output"]
+    [item] = on_wire(openai_responses.encode_response(turn, req))["output"]
     assert (item["type"], item["name"], item["namespace"]) == ("function_call", "spawn_agent", "multi_agent_v1")
     # the parser may not know the tool is free-form: the request's tool list decides
     patch = AssistantTurn(call_id="def", finish_reason="tool_calls", tool_calls=[
@@ -208,16 +208,16 @@ def test_namespaced_and_custom_calls_go_back_the_way_codex_routes_them():
     item = events[-1][1]["response"]["output"][0]
     assert (item["type"], item["call_id"], item["input"]) == ("custom_tool_call", "call_2",
                                                               "*** Begin Patch\n*** End Patch\n")
-    assert "namespace" not in openai_responses.encode_response(tool_turn(), req)["output"][2]
+    assert "namespace" not in on_wire(openai_responses.encode_response(tool_turn(), req))["output"][2]
 
 
 def test_length_is_incomplete_but_still_completed_event():
     req = openai_responses.decode({"model": "m", "input": "hi", "stream": True})
-    body = openai_responses.encode_response(text_turn(finish_reason="length"), req)
+    body = on_wire(openai_responses.encode_response(text_turn(finish_reason="length"), req))
     assert body["status"] == "incomplete" and body["incomplete_details"] == {"reason": "max_output_tokens"}
     names, events = _names(openai_responses.encode_stream(text_turn(finish_reason="length"), req))
     assert names[-1] == "response.completed" and events[-1][1]["response"]["status"] == "incomplete"
-    assert openai_responses.encode_response(text_turn(), req)["incomplete_details"] is None
+    assert on_wire(openai_responses.encode_response(text_turn(), req))["incomplete_details"] is None
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -229,7 +229,7 @@ def test_round_trip_tool_turn_then_follow_up(stream):
         items = [d["item"] for n, d in parse_sse(openai_responses.encode_stream(turn, req))
                  if n == "response.output_item.done"]
     else:
-        items = openai_responses.encode_response(turn, req)["output"]
+        items = on_wire(openai_responses.encode_response(turn, req))["output"]
     follow = copy.deepcopy(first)
     follow["input"] += items + [{"type": "function_call_output", "call_id": i["call_id"], "output": "ok"}
                                 for i in items if i["type"] == "function_call"]
@@ -247,12 +247,50 @@ def test_round_trip_tool_turn_then_follow_up(stream):
 def test_round_trip_text_turn_ref_is_the_message_id():
     first = fixture("pi-responses.req1")["body"]
     req = openai_responses.decode(first)
-    items = openai_responses.encode_response(text_turn(), req)["output"]
+    items = on_wire(openai_responses.encode_response(text_turn(), req))["output"]
     again = openai_responses.decode({**first, "input": first["input"] + items + [{"role": "user", "content": "more"}]})
     assert again.conversation.messages[-2] == text_turn().as_message()
     assert again.assistant_refs[-2] == "msg_c0ffee0001"
 
 
 def test_error_body_shape():
-    body = openai_responses.encode_error(400, "bad input")
+    body = on_wire(openai_responses.encode_error(400, "bad input"))
     assert body == {"error": {"message": "bad input", "type": "invalid_request_error", "param": None, "code": None}}
+
+
+def test_keys_sent_as_null_and_keys_left_out():
+    """The SDKs' types need ``error``, ``incomplete_details`` and (in progress) ``usage`` present as null;
+    a part without logprobs has no ``logprobs`` key, and the in-progress items have no text yet."""
+    req = openai_responses.decode(fixture("codex.req2")["body"])
+    body = on_wire(openai_responses.encode_response(text_turn(), req))
+    assert list(body) == ["id", "object", "created_at", "status", "error", "incomplete_details", "model", "output",
+                          "parallel_tool_calls", "tool_choice", "tools", "usage"]
+    assert body["error"] is None and body["usage"]["output_tokens_details"] == {"reasoning_tokens": 0}
+    assert body["output"][0]["content"] == [{"type": "output_text", "text": "All done.", "annotations": []}]
+    events = [data for _, data in parse_sse(openai_responses.encode_stream(tool_turn(), req))]
+    assert events[0]["response"]["usage"] is None and events[0]["response"]["output"] == []
+    added = [e["item"] for e in events if e["type"] == "response.output_item.added"]
+    assert [a.get("summary", a.get("content", a.get("arguments"))) for a in added] == [[], [], "", ""]
+    assert [a.get("status") for a in added] == [None, "in_progress", "in_progress", "in_progress"]
+
+
+def test_logprobs_ride_on_the_text_part_and_its_events():
+    req = openai_responses.decode(fixture("codex.req2")["body"])
+    logprobs = [TokenLogprob(token="All", logprob=-0.25, bytes=[65, 108, 108])]
+    events = {name: data for name, data in parse_sse(openai_responses.encode_stream(text_turn(logprobs=logprobs),
+                                                                                    req))}
+    wire = [{"token": "All", "logprob": -0.25, "bytes": [65, 108, 108], "top_logprobs": []}]
+    assert events["response.output_text.delta"]["logprobs"] == wire == events["response.output_text.done"]["logprobs"]
+    assert events["response.content_part.done"]["part"]["logprobs"] == wire
+    assert events["response.completed"]["response"]["output"][0]["content"][0]["logprobs"] == wire
+    plain = {name: data for name, data in parse_sse(openai_responses.encode_stream(text_turn(), req))}
+    assert plain["response.output_text.done"]["logprobs"] == []
+
+
+def test_keepalive_and_the_stream_error_event():
+    assert openai_responses.KEEPALIVE == b'event: keepalive\ndata: {"type":"keepalive"}\n\n'
+    [(name, event)] = parse_sse([openai_responses.encode_stream_error(openai_responses.encode_error(500, "gone"))])
+    assert name == event["type"] == "error"  # OpenAI's ResponseErrorEvent; the kind goes in code
+    assert (event["message"], event["param"], event["code"], event["sequence_number"]) == ("gone", None, "server_error", 0)
+    [(_, event)] = parse_sse([openai_responses.encode_stream_error(openai_responses.encode_overflow(9, 8))])
+    assert (event["param"], event["code"]) == ("input", "context_length_exceeded")

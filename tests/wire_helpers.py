@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from polar_env.chat.messages import AssistantTurn, ToolCall
+from polar_env.wire.shape import encode
 
 # request bodies and SSE replies captured from the real harness CLIs (redacted credentials)
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "harness_requests"
@@ -46,3 +47,8 @@ def tool_turn(**kw: Any) -> AssistantTurn:
     return AssistantTurn(call_id="c0ffee0002", content="Let me look.", reasoning="I should list files.",
                          tool_calls=calls, finish_reason="tool_calls", prompt_tokens=30, completion_tokens=20,
                          model="served", **kw)
+
+
+def on_wire(shape: Any) -> Any:
+    """A body exactly as the proxy sends it: the shape encoded, then parsed back as JSON."""
+    return json.loads(encode(shape))

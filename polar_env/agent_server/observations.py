@@ -15,8 +15,9 @@ from __future__ import annotations
 import statistics
 from typing import Any, Literal
 
-from polar_env.trajectory.export import output_items
 from polar_env.trajectory.models import CallSummary, Trajectory
+from polar_env.wire.responses import output_items
+from polar_env.wire.shape import to_builtins
 
 SOURCE = "polar"
 # what training reads from an item (token ids, and the policy version that sampled them): a verifier needs none
@@ -62,7 +63,7 @@ def producer_trajectory(traj: Trajectory, *, task_id: str, rollout_id: str, invo
         calls.append(_model_call(call, traj.model))
         if call.output is None:
             continue
-        answer = output_items(call.output)
+        answer = to_builtins(output_items(call.output))
         turns.append({"invocation_id": invocation_id, "task_id": task_id, "rollout_id": rollout_id,
                       "turn_no": len(turns) + 1, "timestamp": call.created_at,
                       "question": [m.model_dump(mode="json", exclude_none=True) for m in call.new_messages],

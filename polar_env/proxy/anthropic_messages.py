@@ -37,6 +37,31 @@ from polar_env.proxy.wire import (
     validate,
     validate_items,
 )
+from polar_env.wire.anthropic_messages import (
+    BlockDelta,
+    ContentBlock,
+    ContentBlockDelta,
+    ContentBlockStart,
+    ContentBlockStop,
+    ErrorBody,
+    InputJsonDelta,
+    MessageDelta,
+    MessageOut,
+    MessageStart,
+    MessageStop,
+    Ping,
+    SignatureDelta,
+    StopDelta,
+    StreamEvent,
+    TextDelta,
+    TextOut,
+    ThinkingDelta,
+    ThinkingOut,
+    TokenCount,
+    ToolUseOut,
+    Usage,
+    anthropic_error,
+)
 from polar_env.wire.ids import issued_ref
 from polar_env.wire.loose import Loose
 
@@ -171,8 +196,9 @@ def decode_count_tokens(body: Any) -> DecodedRequest:
     return decode(body).model_copy(update={"stream": False})
 
 
-def encode_count(tokens: int) -> dict[str, int]:
-    return {"input_tokens": tokens}
+def encode_count(tokens: int) -> TokenCount:
+    """count_tokens' answer: the prompt's length in the served model's tokens."""
+    return TokenCount(input_tokens=tokens)
 
 
 def _block(message_index: int, block_index: int, raw: Any, flags: list[str]) -> Loose | str | None:
@@ -251,87 +277,86 @@ def _assistant(index: int, blocks: list[Any], flags: list[str]) -> tuple[Message
 
 
 # -- encoding ----------------------------------------------------------------------------------
-def content_blocks(turn: AssistantTurn) -> list[dict[str, Any]]:
-    blocks: list[dict[str, Any]] = []
+def content_blocks(turn: AssistantTurn) -> list[ContentBlock]:
+    """The answer's blocks in Anthropic's order: thinking (signed with the turn's ref), text, tool calls."""
+    blocks: list[ContentBlock] = []
     if turn.reasoning is not None:
-        blocks.append({"type": "thinking", "thinking": turn.reasoning, "signature": issued_ref(turn.call_id)})
+        blocks.append(ThinkingOut(thinking=turn.reasoning, signature=issued_ref(turn.call_id)))
     text = turn.content.removeprefix(turn.prefill)  # a prefilled reply carries only its continuation
     if text or not turn.tool_calls:
-        blocks.append({"type": "text", "text": text})
-    blocks += [{"type": "tool_use", "id": tc.id, "name": tc.name, "input": tool_input(tc)} for tc in turn.tool_calls]
+        blocks.append(TextOut(text=text))
+    blocks += [ToolUseOut(id=tc.id, name=tc.name, input=tool_input(tc)) for tc in turn.tool_calls]
     return blocks
 
 
 def stop_reason(turn: AssistantTurn) -> str:
+    """Anthropic's name for why the turn ended; a matched stop sequence is its own reason."""
     return "stop_sequence" if turn.stop_sequence is not None else STOP_REASONS[finish_of(turn)]
 
 
-def _usage(turn: AssistantTurn) -> dict[str, int]:
-    return {"input_tokens": turn.prompt_tokens, "output_tokens": turn.completion_tokens,
-            "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+def _usage(turn: AssistantTurn, done: bool = True) -> Usage:
+    """Not ``done`` (message_start, before any output is streamed) no output tokens are counted yet."""
+    return Usage(input_tokens=turn.prompt_tokens, output_tokens=turn.completion_tokens if done else 0)
 
 
-def _message(turn: AssistantTurn, req: DecodedRequest, content: list[dict[str, Any]], done: bool) -> dict:
-    return {"id": f"msg_{turn.call_id}", "type": "message", "role": "assistant", "model": echoed_model(turn, req),
-            "content": content, "stop_reason": stop_reason(turn) if done else None,
-            "stop_sequence": turn.stop_sequence if done else None,
-            "usage": _usage(turn) if done else {**_usage(turn), "output_tokens": 0}}
+def _message(turn: AssistantTurn, req: DecodedRequest, content: list[ContentBlock], done: bool) -> MessageOut:
+    """The message body; not ``done`` (message_start) it has no stop yet and no output counted."""
+    return MessageOut(id=f"msg_{turn.call_id}", model=echoed_model(turn, req), content=content,
+                      stop_reason=stop_reason(turn) if done else None,
+                      stop_sequence=turn.stop_sequence if done else None,
+                      usage=_usage(turn, done))
 
 
-def encode_response(turn: AssistantTurn, req: DecodedRequest) -> dict:
+def encode_response(turn: AssistantTurn, req: DecodedRequest) -> MessageOut:
+    """The non-streamed answer: the whole message at once."""
     return _message(turn, req, content_blocks(turn), done=True)
 
 
+def _streamed(block: ContentBlock) -> tuple[ContentBlock, list[BlockDelta]]:
+    """A block as the stream tells it: opened empty (content_block_start), then filled by deltas."""
+    if isinstance(block, ThinkingOut):
+        deltas: list[BlockDelta] = [ThinkingDelta(thinking=block.thinking)] if block.thinking else []
+        return ThinkingOut(thinking="", signature=""), [*deltas, SignatureDelta(signature=block.signature)]
+    if isinstance(block, TextOut):
+        return TextOut(text=""), [TextDelta(text=block.text)] if block.text else []
+    return (ToolUseOut(id=block.id, name=block.name, input={}),
+            [InputJsonDelta(partial_json=json.dumps(block.input, ensure_ascii=False))])
+
+
+def _frame(event: StreamEvent) -> bytes:
+    """An SSE frame named, as Anthropic names its events, by the event's ``type``."""
+    return sse_frame(event, event=event.__struct_config__.tag)
+
+
 def encode_stream(turn: AssistantTurn, req: DecodedRequest) -> list[bytes]:
-    frames: list[bytes] = []
-
-    def emit(kind: str, **fields: Any) -> None:
-        frames.append(sse_frame({"type": kind, **fields}, event=kind))
-
-    emit("message_start", message=_message(turn, req, [], done=False))
-    emit("ping")
+    """The streamed answer in the event order Claude Code rebuilds the message from."""
+    frames = [_frame(MessageStart(message=_message(turn, req, [], done=False))), _frame(Ping())]
     for index, block in enumerate(content_blocks(turn)):
-        if block["type"] == "thinking":
-            emit("content_block_start", index=index, content_block={"type": "thinking", "thinking": "",
-                                                                    "signature": ""})
-            if block["thinking"]:
-                emit("content_block_delta", index=index, delta={"type": "thinking_delta", "thinking": block["thinking"]})
-            emit("content_block_delta", index=index, delta={"type": "signature_delta", "signature": block["signature"]})
-        elif block["type"] == "text":
-            emit("content_block_start", index=index, content_block={"type": "text", "text": ""})
-            if block["text"]:
-                emit("content_block_delta", index=index, delta={"type": "text_delta", "text": block["text"]})
-        else:
-            emit("content_block_start", index=index, content_block={**block, "input": {}})
-            emit("content_block_delta", index=index,
-                 delta={"type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)})
-        emit("content_block_stop", index=index)
-    emit("message_delta", delta={"stop_reason": stop_reason(turn), "stop_sequence": turn.stop_sequence},
-         usage=_usage(turn))
-    emit("message_stop")
+        start, deltas = _streamed(block)
+        frames.append(_frame(ContentBlockStart(index=index, content_block=start)))
+        frames += [_frame(ContentBlockDelta(index=index, delta=delta)) for delta in deltas]
+        frames.append(_frame(ContentBlockStop(index=index)))
+    stop = StopDelta(stop_reason=stop_reason(turn), stop_sequence=turn.stop_sequence)
+    frames.append(_frame(MessageDelta(delta=stop, usage=_usage(turn))))
+    frames.append(_frame(MessageStop()))
     return frames
 
 
-_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 529: "overloaded_error"}
-
-
 # Anthropic's own keep-alive event; sent while a slow generation runs so no client idle timeout trips
-KEEPALIVE = sse_frame({"type": "ping"}, event="ping")
+KEEPALIVE = _frame(Ping())
 
 
-def encode_stream_error(body: dict) -> bytes:
+def encode_stream_error(body: ErrorBody) -> bytes:
     """A failure after the stream started (the status line is sent): Anthropic's ``error`` event."""
-    return sse_frame(body, event="error")
+    return _frame(body)
 
 
-def encode_error(status: int, message: str) -> dict:
+def encode_error(status: int, message: str) -> ErrorBody:
     """Anthropic's error body; Claude Code retries 429/5xx (``overloaded_error``, ``api_error``)."""
-    kind = _ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
-    return {"type": "error", "error": {"type": kind, "message": message}}
+    return anthropic_error(status, message)
 
 
-def encode_overflow(prompt_tokens: int, window: int | None) -> dict:
+def encode_overflow(prompt_tokens: int, window: int | None) -> ErrorBody:
     """Anthropic's wording, which Claude Code parses (``N tokens > M maximum``) to compact reactively.
 
     ``M`` is the longest prompt that still leaves one token to generate."""

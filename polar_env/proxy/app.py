@@ -12,32 +12,46 @@ import asyncio
 import hmac
 import logging
 import secrets
+import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from types import ModuleType
 from typing import Any, TypeVar
 
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
-from polar_env import fastjson
 from polar_env.backends.base import Backend, BackendError
 from polar_env.backends.logprobs_mode import LogprobsMismatch, LogprobsMode, sampling_mismatch
 from polar_env.chat.template import ChatRenderer
 from polar_env.proxy import anthropic_messages, gemini_generate_content, openai_chat, openai_responses
+from polar_env.proxy.admin_api import (
+    CloseSession,
+    CreateSession,
+    Health,
+    ModelEntry,
+    ModelList,
+    Resumed,
+    SessionCreated,
+    SessionDetail,
+    SessionUrls,
+    SessionView,
+)
+from polar_env.proxy.codec import Codec
 from polar_env.proxy.engine import ContextOverflow, EngineConfig, SessionStopped, TokenEngine
 from polar_env.proxy.offload import ParsePool
 from polar_env.proxy.policy import PauseRequest, PolicyVersion, ResumeRequest
 from polar_env.proxy.seen import Seen
 from polar_env.proxy.sessions import AuthError, BudgetExceeded, Session, SessionRegistry
-from polar_env.proxy.wire import DecodedRequest, WireError, openai_error, parse_json_body
+from polar_env.proxy.wire import DecodedRequest, WireError, json_response, parse_json_body
 from polar_env.trajectory.ledger import Ledger
 from polar_env.trajectory.records import EpisodeBudget
+from polar_env.wire.openai_errors import openai_error
+from polar_env.wire.shape import Shape
 
 log = logging.getLogger("polar.proxy")
 
-API_MODULES: dict[str, ModuleType] = {
+API_MODULES: dict[str, Codec] = {
     "chat": openai_chat,
     "responses": openai_responses,
     "messages": anthropic_messages,
@@ -62,7 +76,7 @@ SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 DEFAULT_KEEPALIVE_S = 5.0  # well under any harness's stream idle timeout (Codex: 300 s by default)
 
 
-def _failure(module: ModuleType, exc: BaseException) -> tuple[int, dict]:
+def _failure(module: Codec, exc: BaseException) -> tuple[int, Shape]:
     """The HTTP status and the body, in the called API's shape, a failed model call is answered with."""
     if isinstance(exc, ContextOverflow):  # the provider's own shape, so the harness compacts or stops
         return 400, module.encode_overflow(exc.prompt_tokens, exc.window)
@@ -105,6 +119,7 @@ class ProxyServer:
         # the sandboxes' forwarders prove each call's origin with it (sandbox/forwarder.py); never in a ledger
         self.origin_key = secrets.token_urlsafe(24)
         self._parsers = ParsePool()
+        self.started_at = time.time()  # what the model list gives as the served model's creation time
 
     @classmethod
     def create(cls, *, renderer: ChatRenderer, backend: Backend, data_dir: Path, admin_secret: str,
@@ -133,9 +148,9 @@ class ProxyServer:
                                             logprobs_mode=self.logprobs_mode, budget=budget)
         return session.id, key
 
-    def session_urls(self, session_id: str, base: str | None = None) -> dict[str, str]:
+    def session_urls(self, session_id: str, base: str | None = None) -> SessionUrls:
         base = base or self.base_url
-        return {"openai": f"{base}/s/{session_id}/v1", "anthropic": f"{base}/s/{session_id}"}
+        return SessionUrls(openai=f"{base}/s/{session_id}/v1", anthropic=f"{base}/s/{session_id}")
 
     def _track(self, session_id: str, task: asyncio.Task) -> None:
         tasks = self._inflight.setdefault(session_id, set())
@@ -241,8 +256,8 @@ class ProxyServer:
         return web.Response(status=200)
 
     async def _health(self, request: web.Request) -> web.Response:
-        return _json({"status": "ok", "sessions": len(self.registry.all()),
-                                  "backend": self.engine.backend.name, "model": self.engine.backend.model})
+        return json_response(Health(sessions=len(self.registry.all()), backend=self.engine.backend.name,
+                            model=self.engine.backend.model))
 
     def _origin(self, request: web.Request, session: Session) -> str | None:
         """Who made the call: the origin the sandbox's forwarder tagged it with, its key checked
@@ -296,7 +311,7 @@ class ProxyServer:
         try:
             model, method = gemini.parse_target(request.match_info["target"])
         except WireError as exc:
-            return _json(gemini.encode_error(exc.status, exc.message), status=exc.status)
+            return json_response(gemini.encode_error(exc.status, exc.message), status=exc.status)
         key = request.query.get("key")
         if method == "countTokens":
             return await self._count_tokens(request, gemini, partial(gemini.decode_count_tokens, model=model), key)
@@ -323,9 +338,9 @@ class ProxyServer:
             raise
         except Exception as exc:  # noqa: BLE001 - recorded by the engine; answered in the API's shape
             status, body = _failure(module, exc)
-            return _json(body, status=status)
+            return json_response(body, status=status)
         if not decoded.stream:
-            return _json(module.encode_response(turn, decoded))
+            return json_response(module.encode_response(turn, decoded))
         response = web.StreamResponse(headers=SSE_HEADERS)
         try:
             await response.prepare(request)
@@ -337,7 +352,7 @@ class ProxyServer:
                      session.id, turn.call_id)
         return response
 
-    async def _stream_while_generating(self, request: web.Request, module: ModuleType, decoded: DecodedRequest,
+    async def _stream_while_generating(self, request: web.Request, module: Codec, decoded: DecodedRequest,
                                        session: Session, task: asyncio.Task) -> web.StreamResponse:
         """Open the stream before the answer exists and send the API's keep-alive every
         ``keepalive_s`` until it does, so a slow generation never trips a harness's idle timeout; a
@@ -361,7 +376,7 @@ class ProxyServer:
             log.info("session %s: client disconnected while its call was generating", session.id)
         return response
 
-    async def _count_tokens(self, request: web.Request, module: ModuleType = anthropic_messages,
+    async def _count_tokens(self, request: web.Request, module: Codec = anthropic_messages,
                             decode: Callable[[Any], DecodedRequest] = anthropic_messages.decode_count_tokens,
                             key: str | None = None) -> web.Response:
         """The prompt's token count from the real chat template (Anthropic's and Gemini's count routes)."""
@@ -370,15 +385,15 @@ class ProxyServer:
             decoded = await self._off_loop(await request.read(), partial(_decode, decode))
             count = await self.engine.count_tokens(decoded)
         except AuthError as exc:
-            return _json(module.encode_error(401, str(exc)), status=401)
+            return json_response(module.encode_error(401, str(exc)), status=401)
         except WireError as exc:
-            return _json(module.encode_error(exc.status, exc.message), status=exc.status)
+            return json_response(module.encode_error(exc.status, exc.message), status=exc.status)
         except web.HTTPException:
             raise
         except Exception as exc:  # noqa: BLE001 - answered in the API's shape, never aiohttp's plain text
             log.exception("count_tokens failed in the proxy")
-            return _json(module.encode_error(500, f"proxy error: {type(exc).__name__}"), status=500)
-        return _json(module.encode_count(count))
+            return json_response(module.encode_error(500, f"proxy error: {type(exc).__name__}"), status=500)
+        return json_response(module.encode_count(count))
 
     async def _models(self, request: web.Request) -> web.Response:
         try:
@@ -386,36 +401,30 @@ class ProxyServer:
         except AuthError as exc:
             return _error(401, str(exc))
         model = self.engine.backend.model
-        return _json({"object": "list", "data": [
-            {"id": model, "object": "model", "type": "model", "display_name": model, "owned_by": "polar"}]})
+        return json_response(ModelList(data=[ModelEntry.served_since(model, self.started_at)]))
 
     # -- admin ---------------------------------------------------------------------------------
     def _admin_ok(self, request: web.Request) -> bool:
         return hmac.compare_digest((_request_key(request) or "").encode(), self.admin_secret.encode())
 
     async def _admin_create(self, request: web.Request) -> web.Response:
-        if not self._admin_ok(request):
-            return _error(401, "admin API requires the admin secret as Bearer token")
+        body = await self._admin_body(request, CreateSession)
+        if isinstance(body, web.Response):
+            return body
         try:
-            body = await self._read_json(request, b"{}")
-            if not isinstance(body, dict):
-                raise ValueError("body must be a JSON object")
-            sid, key = self.create_session(body.get("session_id"), sampling=_sampling_field(body),
-                                           metadata=body.get("metadata"), training=bool(body.get("training")),
-                                           budget=body.get("budget"))
+            sid, key = self.create_session(body.session_id, sampling=body.sampling, metadata=body.metadata,
+                                           training=body.training, budget=body.budget)
         except WireError as exc:
             return _error(exc.status, exc.message)
         except (ValueError, TypeError) as exc:
             return _error(400, str(exc))
         base = f"{request.scheme}://{request.host}"
-        return _json({"session_id": sid, "api_key": key, "urls": self.session_urls(sid, base)},
-                                 status=201)
+        return json_response(SessionCreated(session_id=sid, api_key=key, urls=self.session_urls(sid, base)), status=201)
 
     async def _admin_list(self, request: web.Request) -> web.Response:
         if not self._admin_ok(request):
             return _error(401, "admin API requires the admin secret as Bearer token")
-        return _json([s.info.model_dump(mode="json", exclude={"key_sha256"})
-                                  for s in self.registry.all()])
+        return json_response([SessionView.of(s.info) for s in self.registry.all()])
 
     def _admin_session(self, request: web.Request) -> Session | web.Response:
         if not self._admin_ok(request):
@@ -427,22 +436,16 @@ class ProxyServer:
         session = self._admin_session(request)
         if isinstance(session, web.Response):
             return session
-        return _json({**session.info.model_dump(mode="json", exclude={"key_sha256"}),
-                                  "calls": len(session.calls)})
+        return json_response(SessionDetail.of(session.info, calls=len(session.calls)))
 
     async def _admin_close(self, request: web.Request) -> web.Response:
         session = self._admin_session(request)
         if isinstance(session, web.Response):
             return session
-        try:
-            body = await self._read_json(request, b"{}")
-        except WireError as exc:
-            return _error(exc.status, exc.message)
-        status = body.get("status", "completed") if isinstance(body, dict) else "completed"
-        if not isinstance(status, str) or status not in ("completed", "timeout", "error"):
-            return _error(400, "status must be completed, timeout or error")
-        info = self.registry.close(session.id, status)
-        return _json(info.model_dump(mode="json", exclude={"key_sha256"}))
+        body = await self._admin_body(request, CloseSession)
+        if isinstance(body, web.Response):
+            return body
+        return json_response(SessionView.of(self.registry.close(session.id, body.status)))
 
     async def _admin_body(self, request: web.Request, model: type[M]) -> M | web.Response:
         """The admin request's body as ``model`` (an empty body: its defaults), or the 400/401 answer."""
@@ -465,7 +468,7 @@ class ProxyServer:
             self.engine.fence.set_version(body.version)
         elif not self._admin_ok(request):
             return _error(401, "admin API requires the admin secret as Bearer token")
-        return _json(self.engine.fence.state().model_dump(mode="json"))
+        return json_response(self.engine.fence.state())
 
     async def _admin_pause(self, request: web.Request) -> web.Response:
         """Close the weight-sync fence; answers once the calls in flight finished (504: they did not)."""
@@ -473,22 +476,21 @@ class ProxyServer:
         if isinstance(body, web.Response):
             return body
         report = await self.engine.fence.pause(body)
-        return _json(report.model_dump(mode="json"), status=200 if report.drained else 504)
+        return json_response(report, status=200 if report.drained else 504)
 
     async def _admin_resume(self, request: web.Request) -> web.Response:
         body = await self._admin_body(request, ResumeRequest)
         if isinstance(body, web.Response):
             return body
         window = self.engine.fence.resume(body.version)
-        return _json({"version": self.engine.fence.version,
-                      "window": window.model_dump(mode="json") if window is not None else None})
+        return json_response(Resumed(version=self.engine.fence.version, window=window))
 
     async def _admin_calls(self, request: web.Request) -> web.Response:
         session = self._admin_session(request)
         if isinstance(session, web.Response):
             return session
         records = self.registry.ledger.calls(session.id)
-        return _json([r.model_dump(mode="json") for r in records])
+        return json_response(records)
 
 
 def _decode(decode: Callable[..., DecodedRequest], raw: bytes, seen: Seen | None = None) -> DecodedRequest:
@@ -512,18 +514,6 @@ def _decode_fresh(decode: Callable[..., DecodedRequest], raw: bytes) -> tuple[De
     return decoded, seen
 
 
-def _json(data: Any, status: int = 200) -> web.Response:
-    """A JSON response encoded by orjson (aiohttp's own ``json_response`` uses the stdlib codec)."""
-    return web.Response(body=fastjson.dumps(data), status=status, content_type="application/json")
-
-
-def _sampling_field(body: dict[str, Any]) -> Any:
-    """The admin body's forced sampling: ``sampling``, or ``policy``, its name before the rename."""
-    if "sampling" in body and "policy" in body:
-        raise ValueError("give sampling only (policy is its old name)")
-    return body.get("sampling", body.get("policy"))
-
-
 def _error(status: int, message: str, request: web.Request | None = None) -> web.Response:
     """An error outside any model call, in the shape of the API the path belongs to (OpenAI's otherwise)."""
     path = request.path if request is not None else ""
@@ -533,4 +523,4 @@ def _error(status: int, message: str, request: web.Request | None = None) -> web
         encode = gemini_generate_content.encode_error
     else:
         encode = openai_error
-    return _json(encode(status, message), status=status)
+    return json_response(encode(status, message), status=status)

@@ -42,8 +42,22 @@ from polar_env.proxy.wire import (
     user_turn,
     validate,
 )
+from polar_env.wire.gemini_generate_content import (
+    Candidate,
+    ContentOut,
+    CountTokensResponse,
+    ErrorBody,
+    FunctionCallOut,
+    GenerateContentResponse,
+    LogprobCandidate,
+    LogprobsResult,
+    PartOut,
+    UsageMetadata,
+    google_error,
+)
 from polar_env.wire.ids import REF_PREFIX, issued_ref
 from polar_env.wire.loose import Loose
+from polar_env.wire.shape import UNSET, encode
 
 API = "generateContent"
 METHODS = ("generateContent", "streamGenerateContent", "countTokens")
@@ -201,8 +215,9 @@ def decode(body: Any, model: str = "", stream: bool = False, sse: bool = True, s
     return volatile.apply(decoded, seen=seen)
 
 
-def encode_count(tokens: int) -> dict[str, int]:
-    return {"totalTokens": tokens}
+def encode_count(tokens: int) -> CountTokensResponse:
+    """``:countTokens``' answer (the prompt's tokens by the real chat template)."""
+    return CountTokensResponse(total_tokens=tokens)
 
 
 def decode_count_tokens(body: Any, model: str = "") -> GeminiRequest:
@@ -319,47 +334,44 @@ def signed_ref(signature: str | None) -> str | None:
 
 # -- encoding ----------------------------------------------------------------------------------
 def signature(call_id: str) -> str:
+    """The turn's ref as a ``thoughtSignature``: base64, as the API's signatures are bytes."""
     return base64.b64encode(issued_ref(call_id).encode()).decode()
 
 
-def answer_parts(turn: AssistantTurn) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def answer_parts(turn: AssistantTurn) -> tuple[list[PartOut], list[PartOut]]:
     """(thought parts, answer parts); the first answer part carries the turn's ref as its signature."""
-    thoughts = [] if turn.reasoning is None else [{"text": turn.reasoning, "thought": True}]
-    answer: list[dict[str, Any]] = []
-    if turn.content or not turn.tool_calls:
-        answer.append({"text": turn.content})
-    answer += [{"functionCall": {"id": tc.id, "name": tc.name, "args": tool_input(tc)}} for tc in turn.tool_calls]
-    answer[0] = {**answer[0], "thoughtSignature": signature(turn.call_id)}
+    thoughts = [] if turn.reasoning is None else [PartOut(text=turn.reasoning, thought=True)]
+    answer = [PartOut(text=turn.content)] if turn.content or not turn.tool_calls else []
+    answer += [PartOut(function_call=FunctionCallOut(id=tc.id, name=tc.name, args=tool_input(tc)))
+               for tc in turn.tool_calls]
+    answer[0].thought_signature = signature(turn.call_id)
     return thoughts, answer
 
 
 def finish_reason(turn: AssistantTurn) -> str:
+    """STOP or MAX_TOKENS: Gemini has no finish reason of its own for tool calls."""
     return FINISH_REASONS["length" if turn.finish_reason == "length" else "stop"]
 
 
-def _usage(turn: AssistantTurn) -> dict[str, int]:
-    return {"promptTokenCount": turn.prompt_tokens, "candidatesTokenCount": turn.completion_tokens,
-            "totalTokenCount": turn.prompt_tokens + turn.completion_tokens}
+def _usage(turn: AssistantTurn) -> UsageMetadata:
+    return UsageMetadata(prompt_token_count=turn.prompt_tokens, candidates_token_count=turn.completion_tokens,
+                         total_token_count=turn.prompt_tokens + turn.completion_tokens)
 
 
-def _logprobs(turn: AssistantTurn) -> dict[str, Any]:
-    if not turn.logprobs:
-        return {}
-    chosen = [{"token": t.token, "logProbability": t.logprob} for t in turn.logprobs]
-    return {"avgLogprobs": sum(t.logprob for t in turn.logprobs) / len(turn.logprobs),
-            "logprobsResult": {"chosenCandidates": chosen, "topCandidates": []}}
-
-
-def _chunk(turn: AssistantTurn, req: DecodedRequest, parts: list[dict[str, Any]], done: bool) -> dict[str, Any]:
-    candidate: dict[str, Any] = {"content": {"role": "model", "parts": parts}, "index": 0}
-    body: dict[str, Any] = {"candidates": [candidate]}
+def _chunk(turn: AssistantTurn, req: DecodedRequest, parts: list[PartOut], done: bool) -> GenerateContentResponse:
+    """One response chunk; the last (``done``) tells the finish reason, the logprobs and the usage."""
+    candidate = Candidate(content=ContentOut(parts=parts))
     if done:
-        candidate.update({"finishReason": finish_reason(turn), **_logprobs(turn)})
-        body["usageMetadata"] = _usage(turn)
-    return {**body, "modelVersion": echoed_model(turn, req), "responseId": turn.call_id}
+        candidate.finish_reason = finish_reason(turn)
+        if turn.logprobs:
+            candidate.avg_logprobs = sum(t.logprob for t in turn.logprobs) / len(turn.logprobs)
+            candidate.logprobs_result = LogprobsResult(chosen_candidates=[
+                LogprobCandidate(token=t.token, log_probability=t.logprob) for t in turn.logprobs])
+    return GenerateContentResponse(candidates=[candidate], usage_metadata=_usage(turn) if done else UNSET,
+                                   model_version=echoed_model(turn, req), response_id=turn.call_id)
 
 
-def encode_response(turn: AssistantTurn, req: DecodedRequest) -> dict | list:
+def encode_response(turn: AssistantTurn, req: DecodedRequest) -> GenerateContentResponse | list[GenerateContentResponse]:
     """The ``generateContent`` body; for a stream without ``alt=sse``, the chunks as one JSON array."""
     if getattr(req, "json_array", False):
         return stream_chunks(turn, req)
@@ -367,18 +379,19 @@ def encode_response(turn: AssistantTurn, req: DecodedRequest) -> dict | list:
     return _chunk(turn, req, thoughts + answer, done=True)
 
 
-def stream_chunks(turn: AssistantTurn, req: DecodedRequest) -> list[dict[str, Any]]:
+def stream_chunks(turn: AssistantTurn, req: DecodedRequest) -> list[GenerateContentResponse]:
     """Reasoning first, then the answer with ``finishReason`` and ``usageMetadata`` (the last chunk)."""
     thoughts, answer = answer_parts(turn)
     return ([_chunk(turn, req, thoughts, done=False)] if thoughts else []) + [_chunk(turn, req, answer, done=True)]
 
 
-def sse_event(data: dict[str, Any]) -> bytes:
+def sse_event(data: GenerateContentResponse) -> bytes:
     """One ``data:`` event, ``\\r\\n``-framed as the API's own streams are."""
-    return b"data: " + json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode() + b"\r\n\r\n"
+    return b"data: " + encode(data) + b"\r\n\r\n"
 
 
 def encode_stream(turn: AssistantTurn, req: DecodedRequest) -> list[bytes]:
+    """The ``alt=sse`` stream: one ``data:`` event per chunk; the API sends no end marker."""
     return [sse_event(chunk) for chunk in stream_chunks(turn, req)]
 
 
@@ -387,25 +400,18 @@ def encode_stream(turn: AssistantTurn, req: DecodedRequest) -> list[bytes]:
 KEEPALIVE = b"\n"
 
 
-def encode_stream_error(body: dict) -> bytes:
+def encode_stream_error(body: ErrorBody) -> bytes:
     """A failure after the stream started: the bare error object, which the genai SDKs raise as an
     ``ApiError`` with its code (an error inside a ``data:`` event would read as an empty answer)."""
-    return json.dumps(body, ensure_ascii=False).encode() + b"\n"
+    return encode(body) + b"\n"
 
 
-_STATUSES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
-             405: "INVALID_ARGUMENT", 409: "ABORTED", 413: "INVALID_ARGUMENT", 429: "RESOURCE_EXHAUSTED",
-             499: "CANCELLED", 500: "INTERNAL", 501: "UNIMPLEMENTED", 502: "UNAVAILABLE", 503: "UNAVAILABLE",
-             504: "DEADLINE_EXCEEDED"}
-
-
-def encode_error(status: int, message: str) -> dict:
+def encode_error(status: int, message: str) -> ErrorBody:
     """Google's error body; the genai SDKs raise it as ``ApiError`` and Gemini CLI retries 429 and 5xx."""
-    kind = _STATUSES.get(status, "FAILED_PRECONDITION" if status < 500 else "INTERNAL")
-    return {"error": {"code": status, "message": message, "status": kind}}
+    return google_error(status, message)
 
 
-def encode_overflow(prompt_tokens: int, window: int | None) -> dict:
+def encode_overflow(prompt_tokens: int, window: int | None) -> ErrorBody:
     """The API's own wording for a prompt over the window (M: the longest prompt that leaves one token)."""
     limit = window - 1 if window else prompt_tokens - 1
     return encode_error(400, f"The input token count ({prompt_tokens}) exceeds the maximum number of tokens "

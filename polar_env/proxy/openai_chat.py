@@ -29,8 +29,6 @@ from polar_env.proxy.wire import (
     flag_structured_output,
     flatten_parts,
     merge_split_turns,
-    openai_error,
-    openai_overflow,
     openai_tool_choice,
     refuse_n,
     require_object,
@@ -40,6 +38,22 @@ from polar_env.proxy.wire import (
     validate_items,
 )
 from polar_env.wire.loose import Loose
+from polar_env.wire.openai_chat import (
+    AssistantMessageOut,
+    ChatCompletion,
+    ChatCompletionChunk,
+    Choice,
+    ChoiceLogprobs,
+    ChunkChoice,
+    CustomCallOut,
+    Delta,
+    FunctionCallOut,
+    TokenLogprobOut,
+    ToolCallOut,
+    Usage,
+)
+from polar_env.wire.openai_errors import ErrorBody, openai_error, openai_overflow
+from polar_env.wire.shape import UNSET, UnsetType
 
 API = "chat completions"
 
@@ -187,55 +201,51 @@ def _tool(t: ChatTool, flags: list[str]) -> ToolSpec | None:
 
 
 # -- encoding ----------------------------------------------------------------------------------
-def _wire_call(tc: ToolCall, index: int | None = None) -> dict[str, Any]:
-    head: dict[str, Any] = {} if index is None else {"index": index}
+def _wire_call(tc: ToolCall, index: int | UnsetType = UNSET) -> ToolCallOut:
     if tc.kind == "custom":
-        return {**head, "id": tc.id, "type": "custom", "custom": {"name": tc.name, "input": tc.arguments}}
-    return {**head, "id": tc.id, "type": "function", "function": {"name": tc.name, "arguments": tc.arguments}}
+        return ToolCallOut(index=index, id=tc.id, type="custom", custom=CustomCallOut(name=tc.name, input=tc.arguments))
+    return ToolCallOut(index=index, id=tc.id, type="function",
+                       function=FunctionCallOut(name=tc.name, arguments=tc.arguments))
 
 
-def _usage(turn: AssistantTurn) -> dict[str, int]:
-    return {"prompt_tokens": turn.prompt_tokens, "completion_tokens": turn.completion_tokens,
-            "total_tokens": turn.prompt_tokens + turn.completion_tokens}
+def _usage(turn: AssistantTurn) -> Usage:
+    return Usage(prompt_tokens=turn.prompt_tokens, completion_tokens=turn.completion_tokens,
+                 total_tokens=turn.prompt_tokens + turn.completion_tokens)
 
 
-def _logprobs(turn: AssistantTurn) -> dict[str, Any] | None:
+def _logprobs(turn: AssistantTurn) -> ChoiceLogprobs | None:
     if turn.logprobs is None:
         return None
-    return {"content": [t.model_dump() for t in turn.logprobs], "refusal": None}
+    return ChoiceLogprobs(content=[TokenLogprobOut(token=t.token, logprob=t.logprob, bytes=t.bytes,
+                                                   top_logprobs=t.top_logprobs) for t in turn.logprobs])
 
 
-def encode_response(turn: AssistantTurn, req: DecodedRequest) -> dict:
-    message: dict[str, Any] = {"role": "assistant", "content": turn.content if turn.content or not turn.tool_calls
-                               else None}
-    if turn.reasoning is not None:
-        message["reasoning_content"] = turn.reasoning
-    if turn.tool_calls:
-        message["tool_calls"] = [_wire_call(tc) for tc in turn.tool_calls]
-    return {"id": f"chatcmpl-{turn.call_id}", "object": "chat.completion", "created": int(time.time()),
-            "model": echoed_model(turn, req),
-            "choices": [{"index": 0, "message": message, "logprobs": _logprobs(turn),
-                         "finish_reason": finish_of(turn)}],
-            "usage": _usage(turn)}
+def encode_response(turn: AssistantTurn, req: DecodedRequest) -> ChatCompletion:
+    message = AssistantMessageOut(
+        content=turn.content if turn.content or not turn.tool_calls else None,
+        reasoning_content=UNSET if turn.reasoning is None else turn.reasoning,
+        tool_calls=[_wire_call(tc) for tc in turn.tool_calls] if turn.tool_calls else UNSET)
+    return ChatCompletion(id=f"chatcmpl-{turn.call_id}", created=int(time.time()), model=echoed_model(turn, req),
+                          choices=[Choice(message=message, logprobs=_logprobs(turn), finish_reason=finish_of(turn))],
+                          usage=_usage(turn))
 
 
 def encode_stream(turn: AssistantTurn, req: DecodedRequest) -> list[bytes]:
-    head = {"id": f"chatcmpl-{turn.call_id}", "object": "chat.completion.chunk", "created": int(time.time()),
-            "model": echoed_model(turn, req)}
+    head = {"id": f"chatcmpl-{turn.call_id}", "created": int(time.time()), "model": echoed_model(turn, req)}
 
-    def chunk(delta: dict[str, Any], finish: str | None = None, logprobs: dict | None = None) -> bytes:
-        return sse_frame({**head, "choices": [{"index": 0, "delta": delta, "logprobs": logprobs,
-                                               "finish_reason": finish}]})
+    def chunk(delta: Delta, finish: str | None = None, logprobs: ChoiceLogprobs | None = None) -> bytes:
+        return sse_frame(ChatCompletionChunk(**head, choices=[ChunkChoice(delta=delta, logprobs=logprobs,
+                                                                          finish_reason=finish)]))
 
-    frames = [chunk({"role": "assistant", "content": ""})]
+    frames = [chunk(Delta(role="assistant", content=""))]
     if turn.reasoning:
-        frames.append(chunk({"reasoning_content": turn.reasoning}))
+        frames.append(chunk(Delta(reasoning_content=turn.reasoning)))
     if turn.content or turn.logprobs is not None:
-        frames.append(chunk({"content": turn.content}, logprobs=_logprobs(turn)))
-    frames += [chunk({"tool_calls": [_wire_call(tc, i)]}) for i, tc in enumerate(turn.tool_calls)]
-    frames.append(chunk({}, finish_of(turn)))
+        frames.append(chunk(Delta(content=turn.content), logprobs=_logprobs(turn)))
+    frames += [chunk(Delta(tool_calls=[_wire_call(tc, i)])) for i, tc in enumerate(turn.tool_calls)]
+    frames.append(chunk(Delta(), finish_of(turn)))
     if req.include_usage:
-        frames.append(sse_frame({**head, "choices": [], "usage": _usage(turn)}))
+        frames.append(sse_frame(ChatCompletionChunk(**head, choices=[], usage=_usage(turn))))
     frames.append(sse_frame("[DONE]"))
     return frames
 
@@ -243,16 +253,16 @@ def encode_stream(turn: AssistantTurn, req: DecodedRequest) -> list[bytes]:
 KEEPALIVE = SSE_COMMENT_KEEPALIVE
 
 
-def encode_stream_error(body: dict) -> bytes:
+def encode_stream_error(body: ErrorBody) -> bytes:
     """A failure after the stream started: the error body as a chunk, then the end of the stream."""
     return sse_frame(body) + sse_frame("[DONE]")
 
 
-def encode_error(status: int, message: str) -> dict:
+def encode_error(status: int, message: str) -> ErrorBody:
     return openai_error(status, message)
 
 
-def encode_overflow(prompt_tokens: int, window: int | None) -> dict:
+def encode_overflow(prompt_tokens: int, window: int | None) -> ErrorBody:
     """Chat Completions' wording, numbers included (as vLLM's OpenAI server words it too)."""
     return openai_overflow(f"This model's maximum context length is {window or prompt_tokens - 1} tokens. However, your messages "
                            f"resulted in {prompt_tokens} tokens. Please reduce the length of the messages.",

@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from msgspec.structs import replace
+
 from polar_env.chat.messages import AssistantTurn, Conversation, Message, ToolCall, ToolSpec
 from polar_env.proxy import volatile
 from polar_env.proxy.seen import Seen
@@ -29,8 +31,6 @@ from polar_env.proxy.wire import (
     flag_structured_output,
     flatten_parts,
     merge_split_turns,
-    openai_error,
-    openai_overflow,
     openai_tool_choice,
     require_object,
     sampling_of,
@@ -39,6 +39,32 @@ from polar_env.proxy.wire import (
 )
 from polar_env.wire.ids import call_id_from_ref
 from polar_env.wire.loose import Loose
+from polar_env.wire.openai_errors import ErrorBody, openai_error, openai_overflow
+from polar_env.wire.openai_responses import (
+    ContentPartEvent,
+    CustomToolCallInputDelta,
+    CustomToolCallInputDone,
+    ErrorEvent,
+    FunctionCallArgumentsDelta,
+    FunctionCallArgumentsDone,
+    FunctionCallOut,
+    IncompleteDetails,
+    Keepalive,
+    MessageOut,
+    OutputItem,
+    OutputItemEvent,
+    OutputTextDelta,
+    OutputTextDone,
+    ReasoningOut,
+    Response,
+    ResponseEvent,
+    StreamEvent,
+    SummaryPartEvent,
+    SummaryText,
+    SummaryTextDelta,
+    SummaryTextDone,
+    Usage,
+)
 from polar_env.wire.responses import (
     ContentPart,
     CustomToolCallItem,
@@ -48,6 +74,7 @@ from polar_env.wire.responses import (
     ToolRoute,
     output_items,
 )
+from polar_env.wire.shape import UNSET
 
 API = "responses"
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
@@ -264,96 +291,102 @@ class _Builder:
 
 
 # -- encoding ----------------------------------------------------------------------------------
-def _output_items(turn: AssistantTurn, req: DecodedRequest) -> list[dict[str, Any]]:
+def _output_items(turn: AssistantTurn, req: DecodedRequest) -> list[OutputItem]:
     """The turn's items as this request named its tools (kinds, Codex namespaces)."""
     return output_items(turn, req.conversation.tools, req.tool_routes)
 
 
-def _usage(turn: AssistantTurn) -> dict[str, Any]:
-    return {"input_tokens": turn.prompt_tokens, "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens": turn.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": turn.prompt_tokens + turn.completion_tokens}
+def _usage(turn: AssistantTurn) -> Usage:
+    return Usage(input_tokens=turn.prompt_tokens, output_tokens=turn.completion_tokens,
+                 total_tokens=turn.prompt_tokens + turn.completion_tokens)
 
 
-def _response(turn: AssistantTurn, req: DecodedRequest, created: int, output: list[dict[str, Any]] | None
-              ) -> dict[str, Any]:
+def _response(turn: AssistantTurn, req: DecodedRequest, created: int, output: list[OutputItem] | None) -> Response:
     """The response object; ``output=None`` is the in-progress shape sent before any item."""
-    done = output is not None
-    truncated = done and finish_of(turn) == "length"
-    return {"id": f"resp_{turn.call_id}", "object": "response", "created_at": created,
-            "status": ("incomplete" if truncated else "completed") if done else "in_progress",
-            "error": None, "incomplete_details": {"reason": "max_output_tokens"} if truncated else None,
-            "model": echoed_model(turn, req), "output": output or [], "parallel_tool_calls": True,
-            "tool_choice": "auto", "tools": [], "usage": _usage(turn) if done else None}
+    head = {"id": f"resp_{turn.call_id}", "created_at": created, "model": echoed_model(turn, req)}
+    if output is None:
+        return Response(**head, status="in_progress", output=[])
+    if finish_of(turn) == "length":
+        return Response(**head, status="incomplete", incomplete_details=IncompleteDetails(), output=output,
+                        usage=_usage(turn))
+    return Response(**head, status="completed", output=output, usage=_usage(turn))
 
 
-def encode_response(turn: AssistantTurn, req: DecodedRequest) -> dict:
+def encode_response(turn: AssistantTurn, req: DecodedRequest) -> Response:
     return _response(turn, req, int(time.time()), _output_items(turn, req))
 
 
-def _pending(item: dict[str, Any]) -> dict[str, Any]:
+def _pending(item: OutputItem) -> OutputItem:
     """How an item looks in ``response.output_item.added``: before any of its text."""
-    empty = {"reasoning": {"summary": []}, "message": {"content": [], "status": "in_progress"},
-             "function_call": {"arguments": "", "status": "in_progress"},
-             "custom_tool_call": {"input": "", "status": "in_progress"}}
-    return {**item, **empty[item["type"]]}
+    if isinstance(item, ReasoningOut):
+        return replace(item, summary=[])
+    if isinstance(item, MessageOut):
+        return replace(item, content=[], status="in_progress")
+    if isinstance(item, FunctionCallOut):
+        return replace(item, arguments="", status="in_progress")
+    return replace(item, input="", status="in_progress")
+
+
+def _item_events(item: OutputItem, index: int) -> list[StreamEvent]:
+    """The events that stream one item's text, between its ``added`` and ``done``."""
+    at = {"item_id": item.id, "output_index": index}
+    if isinstance(item, ReasoningOut):
+        return [event for s, part in enumerate(item.summary) for event in (
+            SummaryPartEvent(type="response.reasoning_summary_part.added", **at, summary_index=s,
+                             part=SummaryText(text="")),
+            SummaryTextDelta(**at, summary_index=s, delta=part.text),
+            SummaryTextDone(**at, summary_index=s, text=part.text),
+            SummaryPartEvent(type="response.reasoning_summary_part.done", **at, summary_index=s, part=part))]
+    if isinstance(item, MessageOut):
+        events: list[StreamEvent] = []
+        for c, part in enumerate(item.content):
+            logprobs = [] if part.logprobs is UNSET else part.logprobs
+            events.append(ContentPartEvent(type="response.content_part.added", **at, content_index=c,
+                                           part=replace(part, text="")))
+            if part.text:
+                events.append(OutputTextDelta(**at, content_index=c, delta=part.text, logprobs=logprobs))
+            events += [OutputTextDone(**at, content_index=c, text=part.text, logprobs=logprobs),
+                       ContentPartEvent(type="response.content_part.done", **at, content_index=c, part=part)]
+        return events
+    if isinstance(item, FunctionCallOut):
+        return [FunctionCallArgumentsDelta(**at, delta=item.arguments),
+                FunctionCallArgumentsDone(**at, name=item.name, arguments=item.arguments)]
+    return [CustomToolCallInputDelta(**at, delta=item.input), CustomToolCallInputDone(**at, input=item.input)]
 
 
 def encode_stream(turn: AssistantTurn, req: DecodedRequest) -> list[bytes]:
     created = int(time.time())
     items = _output_items(turn, req)
-    frames: list[bytes] = []
-
-    def emit(kind: str, **fields: Any) -> None:
-        frames.append(sse_frame({"type": kind, "sequence_number": len(frames), **fields}, event=kind))
-
-    emit("response.created", response=_response(turn, req, created, None))
-    emit("response.in_progress", response=_response(turn, req, created, None))
+    events: list[StreamEvent] = [ResponseEvent(type="response.created", response=_response(turn, req, created, None)),
+                                 ResponseEvent(type="response.in_progress",
+                                               response=_response(turn, req, created, None))]
     for index, item in enumerate(items):
-        emit("response.output_item.added", output_index=index, item=_pending(item))
-        at = {"item_id": item["id"], "output_index": index}
-        if item["type"] == "reasoning":
-            for s, part in enumerate(item["summary"]):
-                emit("response.reasoning_summary_part.added", **at, summary_index=s,
-                     part={"type": "summary_text", "text": ""})
-                emit("response.reasoning_summary_text.delta", **at, summary_index=s, delta=part["text"])
-                emit("response.reasoning_summary_text.done", **at, summary_index=s, text=part["text"])
-                emit("response.reasoning_summary_part.done", **at, summary_index=s, part=part)
-        elif item["type"] == "message":
-            for c, part in enumerate(item["content"]):
-                emit("response.content_part.added", **at, content_index=c,
-                     part={**part, "text": ""})
-                logprobs = part.get("logprobs", [])
-                if part["text"]:
-                    emit("response.output_text.delta", **at, content_index=c, delta=part["text"], logprobs=logprobs)
-                emit("response.output_text.done", **at, content_index=c, text=part["text"], logprobs=logprobs)
-                emit("response.content_part.done", **at, content_index=c, part=part)
-        elif item["type"] == "function_call":
-            emit("response.function_call_arguments.delta", **at, delta=item["arguments"])
-            emit("response.function_call_arguments.done", **at, name=item["name"], arguments=item["arguments"])
-        else:
-            emit("response.custom_tool_call_input.delta", **at, delta=item["input"])
-            emit("response.custom_tool_call_input.done", **at, input=item["input"])
-        emit("response.output_item.done", output_index=index, item=item)
-    emit("response.completed", response=_response(turn, req, created, items))
-    return frames
+        events.append(OutputItemEvent(type="response.output_item.added", output_index=index, item=_pending(item)))
+        events += _item_events(item, index)
+        events.append(OutputItemEvent(type="response.output_item.done", output_index=index, item=item))
+    events.append(ResponseEvent(type="response.completed", response=_response(turn, req, created, items)))
+    for number, event in enumerate(events):
+        event.sequence_number = number
+    return [sse_frame(event, event=event.type) for event in events]
 
 
-# The Responses API's own heartbeat (``{"type": "keepalive"}``, which OpenAI sends on long requests
-# and the SDKs skip). Not an SSE comment: Codex's stream idle timer counts parsed events only.
-KEEPALIVE = sse_frame({"type": "keepalive"}, event="keepalive")
+# The Responses API's own heartbeat (``{"type": "keepalive"}``, which OpenAI sends on long requests).
+# Not an SSE comment: Codex's stream idle timer counts parsed events only.
+KEEPALIVE = sse_frame(Keepalive(), event="keepalive")
 
 
-def encode_stream_error(body: dict) -> bytes:
+def encode_stream_error(body: ErrorBody) -> bytes:
     """A failure after the stream started: the Responses API's ``error`` stream event."""
-    return sse_frame({"type": "error", **body["error"], "sequence_number": 0}, event="error")
+    error = body.error
+    return sse_frame(ErrorEvent(message=error.message, param=error.param, code=error.code or error.type),
+                     event="error")
 
 
-def encode_error(status: int, message: str) -> dict:
+def encode_error(status: int, message: str) -> ErrorBody:
     return openai_error(status, message)
 
 
-def encode_overflow(prompt_tokens: int, window: int | None) -> dict:
+def encode_overflow(prompt_tokens: int, window: int | None) -> ErrorBody:
     """The Responses API's wording; it names no numbers (Codex reads only ``code``)."""
     return openai_overflow("Your input exceeds the context window of this model. Please adjust your input "
                            "and try again.", "input")

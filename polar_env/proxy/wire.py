@@ -14,6 +14,7 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any, Literal, TypeVar
 
+from aiohttp import web
 from pydantic import BaseModel, Field, ValidationError
 
 from polar_env import fastjson
@@ -22,6 +23,7 @@ from polar_env.proxy.seen import Decoded, Merged, Seen, extends
 from polar_env.wire.ids import call_id_from_ref, turn_of
 from polar_env.wire.loose import Loose
 from polar_env.wire.responses import ToolRoute
+from polar_env.wire.shape import Shape, encode
 
 # Text parts and blocks of one message are joined with this; every API uses the same join so a
 # conversation decodes to the same canonical text whichever wire it came over.
@@ -128,12 +130,17 @@ def parse_json_body(raw: bytes) -> Any:
 SSE_COMMENT_KEEPALIVE = b": keep-alive\n\n"
 
 
-def sse_frame(data: dict | str, event: str | None = None) -> bytes:
-    """One server-sent event; dicts are sent as compact JSON (one line: JSON escapes newlines),
-    strings (``[DONE]``) as they are."""
+def json_response(body: Shape | BaseModel | list[Any], status: int = 200) -> web.Response:
+    """A JSON answer, encoded by ``wire.shape`` (aiohttp's own ``json_response`` uses the stdlib codec)."""
+    return web.Response(body=encode(body), status=status, content_type="application/json")
+
+
+def sse_frame(data: Shape | str, event: str | None = None) -> bytes:
+    """One server-sent event; a shape is sent as compact JSON (one line: JSON escapes newlines),
+    a string (``[DONE]``) as it is."""
     head = f"event: {event}\n".encode() if event else b""
     if not isinstance(data, str):
-        return head + b"data: " + fastjson.dumps(data) + b"\n\n"
+        return head + b"data: " + encode(data) + b"\n\n"
     return head + "".join(f"data: {line}\n" for line in data.split("\n")).encode() + b"\n"
 
 
@@ -379,19 +386,3 @@ def echoed_model(turn: AssistantTurn, req: DecodedRequest) -> str:
 
 def dedupe(flags: list[str]) -> list[str]:
     return list(dict.fromkeys(flags))
-
-
-_OPENAI_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                       404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error"}
-
-
-def openai_error(status: int, message: str) -> dict:
-    """OpenAI's error body (Chat Completions and Responses share it); SDK retry logic reads the status."""
-    kind = _OPENAI_ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
-    return {"error": {"message": message, "type": kind, "param": None, "code": None}}
-
-
-def openai_overflow(message: str, param: str) -> dict:
-    """OpenAI's context-length error; Codex and the OpenAI SDKs key on ``code``, Pi on the message."""
-    return {"error": {"message": message, "type": "invalid_request_error", "param": param,
-                      "code": "context_length_exceeded"}}

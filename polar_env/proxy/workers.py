@@ -35,11 +35,14 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from pydantic import ValidationError
 from yarl import URL
 
 from polar_env import event_loop, fastjson
-from polar_env.proxy.wire import openai_error
+from polar_env.proxy.admin_api import Health, WorkerAnswer, WorkersAnswer, WorkersHealth
+from polar_env.proxy.wire import json_response
 from polar_env.stop_signal import wait_for_stop_signal
+from polar_env.wire.openai_errors import openai_error
 
 log = logging.getLogger("polar.proxy.workers")
 START_TIMEOUT_S = 300.0  # loading the tokenizer on a loaded machine takes a while
@@ -255,24 +258,26 @@ class Front:
         body = await request.read()
         answers = await asyncio.gather(*(self._forward(k, request, body) for k in range(len(self.urls))))
         status = max(a.status for a in answers)
-        workers = [{"url": url, "status": a.status, **({"answer": fastjson.loads(a.body)} if a.body else {})}
+        workers = [WorkerAnswer(url=url, status=a.status, answer=fastjson.loads(a.body) if a.body else None)
                    for url, a in zip(self.urls, answers, strict=True)]
-        return web.Response(body=fastjson.dumps({"workers": workers}), status=status, content_type="application/json")
+        return json_response(WorkersAnswer(workers=workers), status)
 
     async def _health(self, request: web.Request) -> web.Response:
         assert self.http is not None
-        workers, ok = [], True
+        workers: list[WorkerAnswer] = []
+        sessions, ok = 0, True
         for url in self.urls:
             try:
                 async with self.http.get(f"{url}/health", timeout=aiohttp.ClientTimeout(total=10)) as resp:
-                    workers.append({"url": url, **fastjson.loads(await resp.read())})
+                    health = Health.model_validate_json(await resp.read())
+                    workers.append(WorkerAnswer(url=url, status=resp.status, answer=health.model_dump()))
+                    sessions += health.sessions
                     ok = ok and resp.status == 200
-            except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-                workers.append({"url": url, "status": f"unreachable: {type(exc).__name__}"})
+            except (aiohttp.ClientError, TimeoutError, ValidationError) as exc:
+                workers.append(WorkerAnswer(url=url, status=f"unreachable: {type(exc).__name__}"))
                 ok = False
-        body = {"status": "ok" if ok else "degraded", "sessions": sum(w.get("sessions", 0) for w in workers),
-                "workers": workers}
-        return web.Response(body=fastjson.dumps(body), status=200 if ok else 503, content_type="application/json")
+        return json_response(WorkersHealth(status="ok" if ok else "degraded", sessions=sessions, workers=workers),
+                     200 if ok else 503)
 
     async def _elsewhere(self, request: web.Request) -> web.Response:
         if request.path.startswith("/s/"):
@@ -282,8 +287,8 @@ class Front:
 
 
 def _error(status: int, message: str) -> web.Response:
-    return web.Response(body=fastjson.dumps(openai_error(status, message)), status=status,
-                        content_type="application/json")
+    return json_response(openai_error(status, message), status)
+
 
 
 async def serve(builds: list[Callable[[], Any]], *, host: str, port: int, admin_secret: str,

@@ -23,6 +23,7 @@ from polar_env.chat.messages import AssistantTurn, Message
 from polar_env.trajectory.models import CallSummary, Chain, Trajectory
 from polar_env.trajectory.paths import Selector, policy_versions, train_chains
 from polar_env.wire.responses import message_item, output_items
+from polar_env.wire.shape import to_builtins
 
 GRPO_ROW_SCHEMA = "polar.grpo_row.v1"
 _TRAINABLE_TYPES = ("message", "function_call", "reasoning")  # Gym's *ForTraining item types
@@ -116,7 +117,7 @@ def to_nemo_gym_result(traj: Trajectory, *, reward: float | None = None,
             continue
         if call.call_index not in first_in_chain:
             output.extend(_input_items(call.new_messages))
-        items = output_items(call.output)  # the items the harness got, with the same ids
+        items = to_builtins(output_items(call.output))  # the items the harness got, with the same ids
         span = spans.get(call.call_index)
         if main is not None and call.chain == main.index and span is not None and span.kind == "sampled":
             carrier = _token_carrier(items, call.output.call_id)
@@ -131,7 +132,7 @@ def to_nemo_gym_result(traj: Trajectory, *, reward: float | None = None,
         first = next((ch.first_prompt_ids() for ch in traj.chains), None)
         first_prompt = "own" if first else "sibling" if group_prompt else "none"
         first = first or group_prompt or [placeholder_token_id]
-        output.append({**message_item(f"{traj.session_id}_placeholder", "", status="incomplete"),
+        output.append({**to_builtins(message_item(f"{traj.session_id}_placeholder", "", status="incomplete")),
                        "prompt_token_ids": first, "generation_token_ids": [placeholder_token_id],
                        "generation_log_probs": [0.0]})
         mask_sample = True
@@ -208,7 +209,7 @@ def _token_carrier(items: list[dict[str, Any]], call_id: str) -> dict[str, Any]:
     for item in reversed(items):
         if item["type"] in _TRAINABLE_TYPES:
             return item
-    items.append(message_item(call_id, ""))
+    items.append(to_builtins(message_item(call_id, "")))
     return items[-1]
 
 
@@ -219,7 +220,7 @@ def _input_items(messages: list[Message]) -> list[dict[str, Any]]:
             items.append({"type": "function_call_output", "call_id": m.tool_call_id or "", "output": m.content})
         elif m.role == "assistant":
             turn = AssistantTurn(call_id="hist", content=m.content, reasoning=m.reasoning, tool_calls=m.tool_calls)
-            items.extend(output_items(turn))
+            items.extend(to_builtins(output_items(turn)))
         else:
             items.append({"type": "message", "role": m.role, "content": m.content})
     return items

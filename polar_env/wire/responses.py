@@ -1,17 +1,30 @@
-"""The OpenAI Responses API's output items, built from a canonical turn: what the proxy answers Codex
-with (``proxy/openai_responses.py``) and what a NeMo Gym result or observation records of the same
-turn, with the same ids (``trajectory/export.py``)."""
+"""The OpenAI Responses API's items: the request side's as pydantic models (what
+``proxy/openai_responses.py`` decodes), and the output items of a canonical turn as shapes
+(``wire/openai_responses.py``): what the proxy answers Codex with and what a NeMo Gym result or
+observation records of the same turn, with the same ids (``trajectory/export.py``)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel
 
 from polar_env.chat.messages import AssistantTurn, ToolCall, ToolSpec
 from polar_env.wire.ids import issued_ref
 from polar_env.wire.loose import Loose
+from polar_env.wire.openai_responses import (
+    CustomToolCallOut,
+    FunctionCallOut,
+    ItemStatus,
+    LogprobOut,
+    MessageOut,
+    OutputItem,
+    OutputText,
+    ReasoningOut,
+    SummaryText,
+)
+from polar_env.wire.shape import UNSET, UnsetType
 
 
 class ContentPart(Loose):
@@ -63,11 +76,10 @@ class ToolRoute(BaseModel):
     namespace: str | None = None
 
 
-def message_item(call_id: str, text: str, status: str = "completed", **part_fields: Any) -> dict[str, Any]:
+def message_item(call_id: str, text: str, status: ItemStatus = "completed",
+                 logprobs: list[LogprobOut] | UnsetType = UNSET) -> MessageOut:
     """An assistant output message (also the empty one an export hangs token ids on)."""
-    part = ContentPart(type="output_text", text=text, annotations=[], **part_fields)
-    return MessageItem(id=f"msg_{call_id}", status=status, role="assistant", content=[part]).model_dump(
-        exclude_none=True)
+    return MessageOut(id=f"msg_{call_id}", content=[OutputText(text=text, logprobs=logprobs)], status=status)
 
 
 def _kind_of(tc: ToolCall, tools: Sequence[ToolSpec] | None) -> str:
@@ -78,32 +90,33 @@ def _kind_of(tc: ToolCall, tools: Sequence[ToolSpec] | None) -> str:
 
 
 def output_items(turn: AssistantTurn, tools: Sequence[ToolSpec] | None = None,
-                 routes: Mapping[str, ToolRoute] | None = None) -> list[dict[str, Any]]:
+                 routes: Mapping[str, ToolRoute] | None = None) -> list[OutputItem]:
     """The completed output items of a turn: reasoning (carrying the call ref), message, tool calls.
 
     The same items, with the same ids, go to the harness and into NeMo Gym exports; an export knows
     no request (``tools``, ``routes`` None): tool kinds come from the calls and no namespaces are restored.
     """
-    items: list[Loose] = []
+    items: list[OutputItem] = []
     if turn.reasoning is not None:
-        summary = [TextPart(text=turn.reasoning)] if turn.reasoning else []
-        items.append(ReasoningItem(type="reasoning", id=f"rs_{turn.call_id}", summary=summary,
-                                   encrypted_content=issued_ref(turn.call_id)))
-    dumped = [item.model_dump(exclude_none=True) for item in items]
+        summary = [SummaryText(text=turn.reasoning)] if turn.reasoning else []
+        items.append(ReasoningOut(id=f"rs_{turn.call_id}", summary=summary, encrypted_content=issued_ref(turn.call_id)))
     if turn.content or not turn.tool_calls:
-        dumped.append(message_item(turn.call_id, turn.content, **_logprobs(turn)))
+        items.append(message_item(turn.call_id, turn.content, logprobs=_logprobs(turn)))
     for i, tc in enumerate(turn.tool_calls):
         if _kind_of(tc, tools) == "custom":
-            item: Loose = CustomToolCallItem(type="custom_tool_call", id=f"ctc_{turn.call_id}_{i}", call_id=tc.id,
-                                              name=tc.name, input=tc.arguments, status="completed")
+            items.append(CustomToolCallOut(id=f"ctc_{turn.call_id}_{i}", call_id=tc.id, name=tc.name,
+                                           input=tc.arguments, status="completed"))
         else:
             route = routes.get(tc.name) if routes is not None else None
-            item = FunctionCallItem(type="function_call", id=f"fc_{turn.call_id}_{i}", call_id=tc.id,
-                                    name=route.name if route else tc.name, arguments=tc.arguments,
-                                    namespace=route.namespace if route else None, status="completed")
-        dumped.append(item.model_dump(exclude_none=True))
-    return dumped
+            items.append(FunctionCallOut(id=f"fc_{turn.call_id}_{i}", call_id=tc.id,
+                                         name=route.name if route else tc.name,
+                                         namespace=route.namespace if route and route.namespace else UNSET,
+                                         arguments=tc.arguments, status="completed"))
+    return items
 
 
-def _logprobs(turn: AssistantTurn) -> dict[str, Any]:
-    return {} if turn.logprobs is None else {"logprobs": [t.model_dump() for t in turn.logprobs]}
+def _logprobs(turn: AssistantTurn) -> list[LogprobOut] | UnsetType:
+    if turn.logprobs is None:
+        return UNSET
+    return [LogprobOut(token=t.token, logprob=t.logprob, bytes=t.bytes, top_logprobs=t.top_logprobs)
+            for t in turn.logprobs]

@@ -1,0 +1,34 @@
+"""What a wire-API codec provides: the proxy's HTTP front (``proxy/app.py``) calls only these, so a
+new API is one module that satisfies :class:`Codec` and one line in ``app.API_MODULES``
+(``tests/test_wire_codec_protocol.py`` checks every registered module against it)."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from polar_env.chat.messages import AssistantTurn
+from polar_env.proxy.wire import DecodedRequest
+from polar_env.wire.shape import Shape
+
+
+class Codec(Protocol):
+    API: str  # the API's name in 400 messages
+    KEEPALIVE: bytes  # sent while a streamed answer is generating; the API's own heartbeat where it has one
+
+    def decode(self, body: Any, *args: Any, **kwargs: Any) -> DecodedRequest:
+        """A parsed request body as the canonical request; a :class:`WireError` (4xx) names its defect."""
+
+    def encode_response(self, turn: AssistantTurn, req: DecodedRequest) -> Shape | list[Shape]:
+        """The non-streamed answer body."""
+
+    def encode_stream(self, turn: AssistantTurn, req: DecodedRequest) -> list[bytes]:
+        """The streamed answer: its frames, in order, ending as the API ends a stream."""
+
+    def encode_error(self, status: int, message: str) -> Shape:
+        """The API's error body for an HTTP status."""
+
+    def encode_stream_error(self, body: Shape) -> bytes:
+        """An error body (from :meth:`encode_error`) told after the stream's status line was sent."""
+
+    def encode_overflow(self, prompt_tokens: int, window: int | None) -> Shape:
+        """The API's own context-length error, worded so the harness compacts or stops."""
