@@ -6,6 +6,7 @@ import asyncio
 import os
 import shutil
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from aiohttp import web
 from polar_sandbox_helpers import UnixHTTPServer, processes_matching
 
 from polar_env.harness_adapters.registry import NOISE_EXCLUDES
+from polar_env.sandbox import gitdiff
 from polar_env.sandbox.base import SandboxSpec
 from polar_env.sandbox.bubblewrap import FORWARDER_INSIDE, BubblewrapSandbox
 from polar_env.sandbox.cgroups import CgroupLimits
@@ -156,6 +158,32 @@ async def test_diff_is_binary_safe_and_drops_noise(sandbox: BubblewrapSandbox):
     for noise in (".codex", ".claude", ".pi/", "__pycache__", "stray.pyc", "build/out.o"):
         assert noise not in patch, noise
     assert not (sandbox.testbed / ".git").exists()  # the base snapshot lives outside the tree
+
+
+async def test_the_host_runs_no_git_on_the_agents_tree(sandbox: BubblewrapSandbox, monkeypatch):
+    """The patch is made by git inside a bubblewrap of its own (the tree read-only, as the sandbox
+    uid): during ``diff`` the host starts no git, only bwrap, and the patch is byte for byte what
+    host git makes of the same tree. The agent's tree carries its own git config and hooks, which
+    neither run."""
+    script = ("printf 'def f():\\n    return 2\\n' > pkg/mod.py && printf '\\000\\001' > blob.bin && ln -s /etc/shadow leak "
+              "&& mkdir -p .git/hooks && printf '[core]\\n\\tfsmonitor = touch /tmp/ran\\n' > .git/config "
+              "&& printf '* filter=evil\\n' > .gitattributes && rm README")
+    assert (await sandbox.run(["sh", "-c", script], timeout_s=30)).exit_code == 0
+    started: list[list[str]] = []
+    real_run = subprocess.run
+
+    def spy(argv, *args, **kwargs):
+        started.append([str(a) for a in argv])
+        return real_run(argv, *args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "run", spy)
+    patch = await sandbox.diff()
+    monkeypatch.undo()
+    assert started and all("bwrap" in " ".join(argv) for argv in started), started
+    assert not any(os.path.basename(argv[0]) == "git" for argv in started)
+    assert patch == gitdiff.diff(sandbox.testbed, sandbox.git_dir)  # what host git made before
+    assert b"+    return 2" in patch and b"GIT binary patch" in patch and b"+/etc/shadow" in patch
+    assert not (sandbox.root / "tmp" / "ran").exists()
 
 
 async def test_diff_applies_to_a_fresh_copy(sandbox: BubblewrapSandbox, task_tree: Path, tmp_path: Path):

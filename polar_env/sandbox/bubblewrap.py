@@ -15,6 +15,7 @@ limits apply through cgroup v2 where we can delegate, else cgroup v1 (``polar_en
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import subprocess
@@ -22,8 +23,9 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from polar_env.sandbox import gitdiff
+from polar_env.sandbox import gitdiff, safe_git
 from polar_env.sandbox.base import (
+    BUILD_EXCLUDES,
     Deadline,
     RunResult,
     SandboxSpec,
@@ -36,6 +38,9 @@ from polar_env.sandbox.host_tree import HostTreeSandbox, chown_tree, copy_tree
 
 FORWARDER_SRC = Path(__file__).with_name("forwarder.py")
 FORWARDER_INSIDE = "/opt/polar/forwarder.py"
+# the diff's own sandbox (``BubblewrapSandbox.diff``)
+DIFF_TREE, DIFF_GIT, DIFF_SCRATCH = "/testbed", "/polar/git", "/polar/scratch"
+DIFF_TIMEOUT_S = 600.0
 
 
 def _mount_quota(root: Path, size: int | None) -> None:
@@ -160,6 +165,27 @@ class BubblewrapSandbox(HostTreeSandbox):
             while parent != self.root and self.root in parent.parents:
                 os.lchown(parent, self.uid, self.gid)
                 parent = parent.parent
+
+    async def diff(self, exclude: Sequence[str] = BUILD_EXCLUDES) -> bytes:
+        """The episode's patch, made by git in a bubblewrap of its own, never by host git on the
+        tree the agent wrote: the tree and the snapshot read-only, new objects and the index on a
+        scratch tmpfs of the episode's disk quota, as the sandbox uid, in the episode's cgroup."""
+        base = gitdiff.base_of(self.git_dir)
+        alternates = gitdiff.alternates_of(self.git_dir)
+        mounts = [Mount(DIFF_TREE, self.testbed), Mount(DIFF_GIT, self.git_dir),
+                  *(Mount(str(path), path) for path in alternates),
+                  Mount(DIFF_SCRATCH, kind="tmpfs", perms="0777", size=self.spec.disk_bytes)]
+        env = safe_git.git_env(Path(DIFF_GIT), Path(DIFF_TREE), index=Path(f"{DIFF_SCRATCH}/now.index"), extra={
+            "HOME": DIFF_SCRATCH, "GIT_OBJECT_DIRECTORY": f"{DIFF_SCRATCH}/objects",
+            "GIT_ALTERNATE_OBJECT_DIRECTORIES": f"{DIFF_GIT}/objects"})
+        argv = BwrapCommand(mounts, workdir=DIFF_TREE, env=env, uid=self.uid, gid=self.gid).argv(
+            ["/bin/sh", "-c", gitdiff.diff_script(base, exclude)])
+        proc = await asyncio.to_thread(subprocess.run, argv, capture_output=True, timeout=DIFF_TIMEOUT_S,
+                                       preexec_fn=self.cgroups.join if self.cgroups.dirs else None)
+        if proc.returncode != 0:
+            raise RuntimeError(f"git diff in the sandbox failed ({proc.returncode}): "
+                               f"{proc.stderr.decode(errors='replace')[-2000:]}")
+        return proc.stdout
 
     def release(self) -> None:
         self.cgroups.kill_all()

@@ -9,6 +9,7 @@ as links and never follows them.
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import subprocess
 from collections.abc import Sequence
@@ -55,9 +56,30 @@ def borrow_snapshot(base_git: Path, git_dir: Path) -> str:
     return (git_dir / "POLAR_BASE").read_text().strip()
 
 
+def base_of(git_dir: Path) -> str:
+    """The snapshot's base tree id."""
+    return (git_dir / "POLAR_BASE").read_text().strip()
+
+
+def alternates_of(git_dir: Path) -> list[Path]:
+    """The object directories a borrowed snapshot reads through (``borrow_snapshot``)."""
+    listed = git_dir / "objects" / "info" / "alternates"
+    return [Path(line) for line in listed.read_text().splitlines() if line] if listed.is_file() else []
+
+
+def diff_script(base: str, exclude: Sequence[str] = BUILD_EXCLUDES) -> str:
+    """:func:`diff` as a shell script for a sandbox that sees the tree at ``$GIT_WORK_TREE``, the
+    snapshot read-only at ``$GIT_DIR`` (with its objects as ``$GIT_ALTERNATE_OBJECT_DIRECTORIES``),
+    and writes only under ``$GIT_OBJECT_DIRECTORY`` and the index (a scratch tmpfs): the patch on stdout."""
+    git = shlex.join(safe_git.git_argv())
+    specs = shlex.join(exclude_pathspecs(exclude))
+    return (f'set -e; mkdir -p "$GIT_OBJECT_DIRECTORY"; {git} add -A -- .; now=$({git} write-tree); '
+            f'exec {git} diff --binary --no-color --no-ext-diff --no-textconv {shlex.quote(base)} "$now" -- {specs}')
+
+
 def diff(tree: Path, git_dir: Path, exclude: Sequence[str] = BUILD_EXCLUDES) -> bytes:
     """Binary-safe patch from the snapshot to the tree's current state, noise excluded."""
-    base = (git_dir / "POLAR_BASE").read_text().strip()
+    base = base_of(git_dir)
     index = git_dir / "polar-now.index"
     index.unlink(missing_ok=True)
     now = _tree_id(git_dir, tree, index)
