@@ -83,7 +83,7 @@ def time_once(info: SessionInfo, records: list[CallRecord]) -> dict[str, float]:
     result = to_nemo_gym_result(traj, arrays=True)  # as the agent server and `polar rollout` export it
     rows = grpo_rows([traj])
     t2 = time.perf_counter()
-    lines = [jsonl_line(result), *map(jsonl_line, rows)]  # what the exports write, a line at a time
+    lines = [jsonl_line(result.row()), *map(jsonl_line, rows)]  # what the exports write, a line at a time
     t3 = time.perf_counter()
     if not rows or not traj.chains or len(traj.chains) != 1:
         raise RuntimeError(f"builder produced {len(traj.chains)} chains and {len(rows)} rows; expected 1 and 1")

@@ -137,7 +137,7 @@ async def test_first_prompt_is_one_group_across_machines_dates_and_workspace_cop
         calls, date = await first_call(proxy, adapter, copy, f"{harness}-r{n}", machine, tmp_path / f"scratch{n}")
         dates.append(date)
         traj = build_trajectory(proxy.registry.ledger.session(f"{harness}-r{n}"), calls, status="completed")
-        results.append(to_nemo_gym_result(traj, reward=0.0))
+        results.append(to_nemo_gym_result(traj, reward=0.0).row())
     assert dates[1] != dates[2], dates  # the sandboxes' clocks were on different days
     prompts = [first_prompt_ids(r) for r in results]
     groups = nemo_rl_groups(prompts)

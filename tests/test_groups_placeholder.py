@@ -15,10 +15,10 @@ def test_placeholder_takes_a_siblings_first_prompt_and_joins_its_group():
     failed = build_trajectory(session("s2"), [], status="error", error="killed before its first call")
     alone = build_trajectory(session("s3", group_id="g2", task_id="t2"), [], status="error")
     assert failed.main_chain is None
-    without = to_nemo_gym_result(failed, placeholder_token_id=7)
+    without = to_nemo_gym_result(failed, placeholder_token_id=7).row()
     assert first_prompt_ids(without) == [7] and without["polar"]["first_prompt"] == "none"
 
-    results = list(nemo_results([failed, reached, alone]))  # the sibling may come later in the file
+    results = [r.row() for r in nemo_results([failed, reached, alone])]  # the sibling may come later in the file
     assert [r["polar"]["first_prompt"] for r in results] == ["sibling", "own", "none"]
     assert first_prompt_ids(results[0]) == first_prompt_ids(results[1]) == reached.chains[0].first_prompt_ids()
     assert results[0]["instance_config"]["mask_sample"] is True

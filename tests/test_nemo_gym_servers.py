@@ -49,6 +49,7 @@ from polar_env.resources_server.core import (
 from polar_env.sandbox.base import SandboxSpec
 from polar_env.tasks.loader import load_tasks
 from polar_env.trajectory.checks import check_nemo_result
+from polar_env.wire.nemo_gym import RunResult
 
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
 TASK_ID = "psf__requests-5414"
@@ -267,8 +268,8 @@ class DirectResources:
     async def seed(self, episode_id: str, task_id: str, *, mounts: WorkspaceMounts | None = None) -> SeededEpisode:
         return await self.core.seed(episode_id, task_id, mounts=mounts)
 
-    async def verify(self, episode_id: str, task_id: str, *, result: dict[str, Any]) -> VerifyOutcome:
-        assert result["responses_create_params"]["input"]
+    async def verify(self, episode_id: str, task_id: str, *, result: RunResult) -> VerifyOutcome:
+        assert result.responses_create_params["input"]
         return await self.core.verify(episode_id)
 
     async def close(self, episode_id: str) -> None:
@@ -310,8 +311,9 @@ async def test_failures_before_the_harness_are_masked_with_their_cause(tmp_path:
     assert runtime_dir is not None and runtime_dir.name.startswith("polar-agent-")
     core = PolarResources(PolarResourcesConfig(scratch_root=str(tmp_path)), tasks=list(tasks.values()))
     try:
-        broken = await agent.run(_row(tasks[TASK_ID]), SeedFails(core))
-        unknown = await agent.run({**_row(tasks[TASK_ID]), "task_id": "nobody__nothing-1"}, DirectResources(core))
+        broken = (await agent.run(_row(tasks[TASK_ID]), SeedFails(core))).row()
+        unknown = (await agent.run({**_row(tasks[TASK_ID]), "task_id": "nobody__nothing-1"},
+                                   DirectResources(core))).row()
         with pytest.raises(InputError, match="temperature"):
             await agent.run({**_row(tasks[TASK_ID]), "responses_create_params": {"temperature": -1}},
                             DirectResources(core))
@@ -345,7 +347,7 @@ async def test_agent_runs_a_harness_through_the_proxy_and_grades(harness, tool, 
     core = PolarResources(PolarResourcesConfig(scratch_root=str(tmp_path / "ws")), tasks=list(tasks.values()))
     resources = DirectResources(core)
     try:
-        result = await agent.run(_row(tasks[TASK_ID]), resources)
+        result = (await agent.run(_row(tasks[TASK_ID]), resources)).row()
     finally:
         await agent.stop()
     assert check_nemo_result(result) == [], check_nemo_result(result)

@@ -87,7 +87,7 @@ async def test_calls_carry_the_version_and_the_fence_holds_new_calls(renderer, t
     traj = build_trajectory(proxy.registry.get(sid).info, calls, reward=1.0)
     assert traj.stats.policy_versions == [0, 1]  # the episode spans the update
     assert [c.policy_version for c in traj.calls] == [0, 0, 1]
-    result = to_nemo_gym_result(traj)
+    result = to_nemo_gym_result(traj).row()
     assert result["policy_version_spread"] == 1 and result["polar"]["policy_versions"] == [0, 1]
     carriers = [item for item in result["response"]["output"] if "generation_token_ids" in item]
     assert [item["policy_version"] for item in carriers] == [0]  # the main chain: the first call's

@@ -59,7 +59,7 @@ def test_one_masked_sample_leaves_its_siblings_finite_advantages():
     assert sorted(r["session_id"] for r in rows) == ["a", "b", "c"]  # the masked one alone gives no row
     assert all(math.isfinite(r["advantage"]) and r["advantage"] != 0 for r in rows)
     results = [to_nemo_gym_result(t) for t in group]
-    assert [r["instance_config"]["mask_sample"] for r in results] == [False, False, False, True]
+    assert [r.instance_config.mask_sample for r in results] == [False, False, False, True]
     assert thin_groups(group) == {}
     pair = [compacted("e", 1.0), compacted("f", 0.0, masked=True)]
     for t in pair:

@@ -143,4 +143,4 @@ def test_chain_invariants_hold_for_any_session(calls):
                 assert ch.input_ids[:span.start] == c.prompt_ids
     assert traj.stats.trainable_tokens == traj.stats.sampled_tokens
     if traj.main_chain is not None:
-        assert check_nemo_result(to_nemo_gym_result(traj, responses_create_params={"input": []})) == []
+        assert check_nemo_result(to_nemo_gym_result(traj, responses_create_params={"input": []}).row()) == []

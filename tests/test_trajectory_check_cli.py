@@ -17,7 +17,7 @@ from polar_env.trajectory.ledger import Ledger
 def test_check_cli_reports_ok_and_defects(tmp_path: Path, capsys):
     good = tmp_path / "results.jsonl"
     results = [to_nemo_gym_result(build_trajectory(session(f"s{i}"), three_turn()), reward=float(i),
-                                  responses_create_params={"input": []}) for i in range(2)]
+                                  responses_create_params={"input": []}).row() for i in range(2)]
     write_jsonl(good, results)
     assert polar_main(["check", str(good)]) == 0
     out = capsys.readouterr().out
@@ -76,7 +76,7 @@ def test_check_warns_with_the_fraction_nemo_rl_will_not_train(tmp_path: Path, ca
             for t in trajs:
                 writer.write(t)
         write_jsonl(tmp_path / f"{name}.nemo.jsonl",
-                    [to_nemo_gym_result(t, responses_create_params={"input": []}) for t in trajs])
+                    [to_nemo_gym_result(t, responses_create_params={"input": []}).row() for t in trajs])
     assert polar_main(["check", str(tmp_path / "side.jsonl")]) == 0
     assert "WARNING: 1 of 19 sampled tokens (5.3%) sit in chains NeMo-RL will not train" in capsys.readouterr().out
     assert polar_main(["check", str(tmp_path / "side.nemo.jsonl")]) == 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,10 @@ from polar_env.trajectory.export import (
     to_nemo_gym_result,
     write_jsonl,
 )
+from polar_env.wire.shape import encode, to_builtins
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "trajectories.md"
+ANY = "<any value>"
 
 
 def _fragmented():
@@ -35,7 +40,7 @@ def _fragmented():
 
 def test_nemo_export_of_one_chain_passes_the_contract():
     traj = build_trajectory(session(), three_turn(), reward=1.0)
-    result = to_nemo_gym_result(traj, reward=1.0, responses_create_params={"input": [], "temperature": 1.0})
+    result = to_nemo_gym_result(traj, reward=1.0, responses_create_params={"input": [], "temperature": 1.0}).row()
     assert check_nemo_result(result) == []
     trainable = [it for it in result["response"]["output"] if it.get("generation_token_ids")]
     assert len(trainable) == 3
@@ -52,7 +57,7 @@ def test_nemo_export_of_one_chain_passes_the_contract():
 
 def test_nemo_export_trains_only_the_main_chain():
     traj = _fragmented()
-    result = to_nemo_gym_result(traj, reward=1.0, responses_create_params={})
+    result = to_nemo_gym_result(traj, reward=1.0, responses_create_params={}).row()
     assert check_nemo_result(result) == []
     output = result["response"]["output"]
     with_ids = [it for it in output if "generation_token_ids" in it]
@@ -68,13 +73,13 @@ def test_infra_failure_is_masked_and_empty_episode_is_a_masked_placeholder():
     traj = build_trajectory(session(), [call(0, [1, 2, 3], [], error="backend: connection refused")],
                             status="error")
     result = to_nemo_gym_result(traj, reward=0.0, responses_create_params={"input": []})
-    assert result["instance_config"]["mask_sample"] is True  # never dropped, never trained on
-    assert check_nemo_result(result) == []
+    assert result.instance_config.mask_sample is True  # never dropped, never trained on
+    assert check_nemo_result(result.row()) == []
     eos = to_nemo_gym_result(traj, reward=0.0, responses_create_params={"input": []}, placeholder_token_id=2)
-    assert eos["response"]["output"][-1]["generation_token_ids"] == [2]
+    assert eos.response.output[-1]["generation_token_ids"] == [2]
     ok = to_nemo_gym_result(build_trajectory(session(), three_turn()), reward=0.0,
                             responses_create_params={"input": []}, mask_sample=True)
-    assert ok["instance_config"]["mask_sample"] is True
+    assert ok.instance_config.mask_sample is True
 
 
 def test_array_export_writes_the_same_bytes_without_a_copy_per_call():
@@ -84,13 +89,13 @@ def test_array_export_writes_the_same_bytes_without_a_copy_per_call():
     for traj in (build_trajectory(session(), three_turn(), reward=1.0), _fragmented(),
                  build_trajectory(session(), three_turn()[:2] + [unscored], reward=0.0),
                  build_trajectory(session(), [call(0, [1, 2], [], error="backend down")], status="error")):
-        lists = to_nemo_gym_result(traj, responses_create_params={"input": []})
-        arrays = to_nemo_gym_result(traj, responses_create_params={"input": []}, arrays=True)
+        lists = to_nemo_gym_result(traj, responses_create_params={"input": []}).row()
+        arrays = to_nemo_gym_result(traj, responses_create_params={"input": []}, arrays=True).row()
         assert jsonl_line(arrays) == jsonl_line(lists) and fastjson.dumps(arrays) + b"\n" == jsonl_line(lists)
         assert json.loads(jsonl_line(arrays)) == lists
         assert check_nemo_result(arrays) == check_nemo_result(lists) == []
     traj = build_trajectory(session(), long_chain(30), reward=1.0)
-    carriers = [it for it in to_nemo_gym_result(traj, arrays=True)["response"]["output"] if "prompt_token_ids" in it]
+    carriers = [it for it in to_nemo_gym_result(traj, arrays=True).response.output if "prompt_token_ids" in it]
     assert len(carriers) == 30
     last = carriers[-1]["prompt_token_ids"]
     assert all(np.shares_memory(it["prompt_token_ids"], last) for it in carriers)
@@ -98,9 +103,49 @@ def test_array_export_writes_the_same_bytes_without_a_copy_per_call():
         last[0] = 7  # a shared buffer: one item's edit would change every prompt
 
 
+def _documented_result() -> dict:
+    """The ``/run`` example of docs/trajectories.md (section 4) as JSON: a ``...`` value stands for any value."""
+    block = DOCS.read_text().split("## 4. NeMo Gym `/run` result")[1].split("```json\n")[1].split("```")[0]
+    block = re.sub(r",\s*\.\.\.\s*}", "}", block).replace("[...]", "[]").replace("{...}", "{}")
+    return json.loads(re.sub(r'(?<!")\.\.\.(?!")', f'"{ANY}"', block))
+
+
+def _assert_documented(doc: object, value: object, where: str = "result") -> None:
+    """Every key of the example is there, each value of the example's JSON type (null where it shows null)."""
+    if isinstance(doc, dict):
+        assert isinstance(value, dict), f"{where} is not an object"
+        for key, sub in doc.items():
+            assert key in value, f"{where} has no {key!r}"
+            _assert_documented(sub, value[key], f"{where}.{key}")
+    elif doc != ANY:
+        assert type(value) is type(doc), f"{where} is {value!r}, documented as {doc!r}"
+
+
+def test_result_row_is_the_json_of_its_shape_with_every_documented_key():
+    """The writers serialise ``row()`` (its token ids maybe numpy views): the bytes msgspec writes for the
+    shape, which holds every key the docs promise NeMo-RL, and the optional ones only when they are set."""
+    params = {"input": [], "temperature": 1.0}
+    plain = build_trajectory(session(), three_turn(), status="completed", reward=1.0)
+    versioned = build_trajectory(session("s2"), [c.model_copy(update={"session_id": "s2", "policy_version": v})
+                                                 for c, v in zip(three_turn(), (0, 0, 1), strict=True)], reward=1.0)
+    rows = []
+    for traj, extra in ((plain, {}), (versioned, {"reward_components": {"tests": 1.0}})):
+        lists = to_nemo_gym_result(traj, responses_create_params=params, **extra)
+        arrays = to_nemo_gym_result(traj, responses_create_params=params, arrays=True, **extra)
+        written = fastjson.dumps(to_builtins(lists))
+        assert fastjson.dumps(lists.row()) == encode(lists) == written
+        assert jsonl_line(arrays.row()) == written + b"\n" and fastjson.dumps(arrays.row()) == written
+        rows.append(json.loads(written))
+        _assert_documented(_documented_result(), rows[-1])
+        assert check_nemo_result(rows[-1]) == check_nemo_result(arrays.row()) == []
+    assert not {"policy_version_min", "policy_version_spread", "reward_components"} & set(rows[0])
+    assert (rows[1]["policy_version_min"], rows[1]["policy_version_spread"], rows[1]["reward_components"]) == \
+        (0, 1, {"tests": 1.0})
+
+
 def _good_result() -> dict:
     return to_nemo_gym_result(build_trajectory(session(), three_turn()), reward=1.0,
-                              responses_create_params={"input": []})
+                              responses_create_params={"input": []}).row()
 
 
 def _trainable(result: dict) -> list[dict]:
@@ -154,7 +199,7 @@ def test_group_with_differing_first_prompts_names_the_token_and_text():
         ids = [ord(ch) for ch in prompt]
         calls = [call(0, ids, [1, 2])]
         results.append(to_nemo_gym_result(build_trajectory(session(), calls), reward=0.0,
-                                          responses_create_params={"input": []}))
+                                          responses_create_params={"input": []}).row())
     assert check_group(results[:2]) == []
     [msg] = check_group(results, CharTokenizer())
     pos = text.index("29")
@@ -176,7 +221,7 @@ def test_polar_file_round_trip_and_check_path(tmp_path: Path):
     assert any("compaction x1" in n for n in report.notes)
 
     nemo = tmp_path / "results.jsonl"
-    write_jsonl(nemo, [to_nemo_gym_result(t, responses_create_params={"input": []}) for t in trajs])
+    write_jsonl(nemo, [to_nemo_gym_result(t, responses_create_params={"input": []}).row() for t in trajs])
     report = check_path(nemo)
     assert report.kind == "nemo" and report.ok, report.render()
 
@@ -228,7 +273,7 @@ def test_custom_tool_call_tokens_ride_on_an_item_type_gym_can_train():
     calls = three_turn()
     patch = ToolCall(id="call_p", name="apply_patch", arguments="*** Begin Patch", kind="custom")
     calls[0] = calls[0].model_copy(update={"output": calls[0].output.model_copy(update={"tool_calls": [patch]})})
-    result = to_nemo_gym_result(build_trajectory(session(), calls), responses_create_params={"input": []})
+    result = to_nemo_gym_result(build_trajectory(session(), calls), responses_create_params={"input": []}).row()
     assert check_nemo_result(result) == []
     first = result["response"]["output"][:2]
     assert [it["type"] for it in first] == ["custom_tool_call", "message"]

@@ -102,7 +102,7 @@ async def test_three_turn_tool_session_is_one_chain(smol, tmp_path):
             assert check_trajectory(traj) == []
             # the recorded logprobs are the model's: one forward pass over the chain agrees
             assert rescore(traj, local)["max_abs_diff"] < 1e-3
-            result = to_nemo_gym_result(traj, responses_create_params={"input": [], "temperature": 1.0})
+            result = to_nemo_gym_result(traj, responses_create_params={"input": [], "temperature": 1.0}).row()
             assert check_nemo_result(result) == []
             results.append(result)
     assert check_group(results, renderer.tokenizer) == []
@@ -127,7 +127,7 @@ async def test_compaction_and_side_call_make_three_named_chains(smol, tmp_path):
     assert "side call" in reasons[0] and "compaction" in reasons[1], reasons
     assert traj.stats.trainable_tokens == traj.stats.sampled_tokens
     assert check_trajectory(traj) == []
-    result = to_nemo_gym_result(traj, responses_create_params={"input": []})
+    result = to_nemo_gym_result(traj, responses_create_params={"input": []}).row()
     assert check_nemo_result(result) == [] and result["num_chains"] == 3
 
 

@@ -385,7 +385,7 @@ def test_gemini_keepalive_is_an_empty_line_the_sdk_stream_reader_skips():
 
 
 def _nemo_result() -> dict:
-    return to_nemo_gym_result(build_trajectory(session("s1"), three_turn(), status="completed", reward=1.0))
+    return to_nemo_gym_result(build_trajectory(session("s1"), three_turn(), status="completed", reward=1.0)).row()
 
 
 @pytest.mark.skipif(not GYM_PYTHON.exists(), reason="needs the NeMo Gym venv (.venv-gym): scripts/setup_nemo_gym.sh")

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from msgspec import structs
 from pydantic import BaseModel, Field
 
 from polar_env.agent_server.failures import COMPONENT, Component, EpisodeFailure, Stage
@@ -62,6 +63,7 @@ from polar_env.trajectory.chains import build_trajectory
 from polar_env.trajectory.export import GroupPrompts, TrajectoryWriter, to_nemo_gym_result
 from polar_env.trajectory.models import Trajectory
 from polar_env.trajectory.records import CallRecord, EpisodeBudget
+from polar_env.wire.nemo_gym import AgentRunResult, RunResult
 
 log = logging.getLogger(__name__)
 SHUTDOWN_GRACE_S = 120.0  # how long stop() waits for in-flight episodes to settle
@@ -106,7 +108,7 @@ class ResourcesClient(Protocol):
     async def seed(self, episode_id: str, task_id: str, *, mounts: WorkspaceMounts | None = None
                    ) -> SeededEpisode: ...
 
-    async def verify(self, episode_id: str, task_id: str, *, result: dict[str, Any]) -> VerifyOutcome: ...
+    async def verify(self, episode_id: str, task_id: str, *, result: RunResult) -> VerifyOutcome: ...
 
     async def close(self, episode_id: str) -> None: ...
 
@@ -266,11 +268,11 @@ class PolarAgent:
         return sum(1 for s in self.proxy.registry.all() if s.info.closed_at is None) if self.proxy else 0
 
     async def run(self, row: dict[str, Any], resources: ResourcesClient, *,
-                  rollout_id: str | None = None) -> dict[str, Any]:
+                  rollout_id: str | None = None) -> AgentRunResult:
         """One rollout of the row's task; returns a result NeMo-RL accepts, or raises ``InputError``.
 
-        Its token ids are read-only numpy views (``to_nemo_gym_result(arrays=True)``): serialise it
-        with ``polar_env.fastjson.dumps``, as the Gym server does."""
+        Its token ids are read-only numpy views (``to_nemo_gym_result(arrays=True)``): serialise its
+        ``row()`` with ``polar_env.fastjson.dumps``, as the Gym server does."""
         if self.proxy is None or self._stopping:
             raise RuntimeError("the agent is not running (start() not awaited, or stopping)")
         task_id = row_task_id(row)
@@ -285,7 +287,7 @@ class PolarAgent:
             raise
 
     async def _episode(self, row: dict[str, Any], task_id: str, params: dict[str, Any],
-                       resources: ResourcesClient, rollout_id: str | None) -> dict[str, Any]:
+                       resources: ResourcesClient, rollout_id: str | None) -> AgentRunResult:
         proxy = self.proxy
         assert proxy is not None
         async with self._slots:
@@ -339,7 +341,7 @@ class PolarAgent:
             ep.timed("harness_s", since)
         ep.run = run  # how it ended is classified with the session's calls (close_session)
 
-    async def _settle(self, ep: _Episode, resources: ResourcesClient) -> dict[str, Any]:
+    async def _settle(self, ep: _Episode, resources: ResourcesClient) -> AgentRunResult:
         """Drain and close the session (classified), grade unless the kind is outside the policy, close the
         workspace, apply the outcome table, build the result."""
         proxy = self.proxy
@@ -412,14 +414,14 @@ class PolarAgent:
         ep.fail(kind, COMPONENT.get(kind, "policy"), cause[:2000], exit_code=run.exit_code if run else None,
                 signal=run.signal if run else None)
 
-    def _result(self, ep: _Episode, traj: Trajectory, outcome: VerifyOutcome, placeholder: int) -> dict[str, Any]:
+    def _result(self, ep: _Episode, traj: Trajectory, outcome: VerifyOutcome, placeholder: int) -> AgentRunResult:
         proxy = self.proxy
         assert proxy is not None
         # arrays: the result is only serialised (fastjson), and its per-call prompts are views, not copies
         self._first_prompts.note(traj)
         result = to_nemo_gym_result(traj, responses_create_params=ep.params, placeholder_token_id=placeholder,
                                     group_prompt=self._first_prompts.get(traj), arrays=True)
-        mask = result["instance_config"]["mask_sample"]
+        mask = result.instance_config.mask_sample
         traj.metadata.update({"duration_s": ep.timings["total_s"], "timings": dict(ep.timings), "mask_sample": mask,
                               "failure": ep.failure.model_dump() if ep.failure else None,
                               "patch_bytes": patch_bytes(outcome.patch)})
@@ -430,25 +432,25 @@ class PolarAgent:
         invocation_status = ("completed" if ep.run is not None and ep.run.status == "completed" and ep.failure is None
                              else "incomplete" if ep.failure is not None and ep.failure.kind in _INCOMPLETE
                              else "failed")
-        result.update({
-            "mask_sample": mask, "resolved": outcome.resolved, "task_id": ep.task_id,
-            "failure_reason": ep.failure.cause if ep.failure else None,
-            "failure": ep.failure.model_dump() if ep.failure else None,
-            "harness_exit_code": ep.run.exit_code if ep.run is not None else None,
+        result.polar.timings, result.polar.model_call_latency_ms = dict(ep.timings), latency
+        return AgentRunResult(
+            **structs.asdict(result),
+            mask_sample=mask, resolved=outcome.resolved, task_id=ep.task_id,
+            failure_reason=ep.failure.cause if ep.failure else None,
+            failure=ep.failure.model_dump() if ep.failure else None,
+            harness_exit_code=ep.run.exit_code if ep.run is not None else None,
             # numeric top-level keys: Gym and NeMo-RL average each into a metric
-            "duration_s": ep.timings["total_s"], "seed_s": ep.timings.get("seed_s", 0.0),
-            "harness_s": ep.timings.get("harness_s", 0.0), "grading_s": ep.timings.get("grading_s", 0.0),
-            "model_call_p50_ms": latency.get("p50", 0.0), "model_call_p95_ms": latency.get("p95", 0.0),
-            "ng_agent_observations": agent_observations(
-                traj, result["response"]["output"], invocation_id=ep.episode_id, status=invocation_status,
+            duration_s=ep.timings["total_s"], seed_s=ep.timings.get("seed_s", 0.0),
+            harness_s=ep.timings.get("harness_s", 0.0), grading_s=ep.timings.get("grading_s", 0.0),
+            model_call_p50_ms=latency.get("p50", 0.0), model_call_p95_ms=latency.get("p95", 0.0),
+            ng_agent_observations=agent_observations(
+                traj, result.response.output, invocation_id=ep.episode_id, status=invocation_status,
                 duration_ms=ep.timings["harness_s"] * 1e3 if "harness_s" in ep.timings else None,
                 error_type=ep.failure.kind.value if ep.failure else None),
-            "ng_trajectory": producer_trajectory(traj, task_id=ep.task_id, rollout_id=ep.rollout_id,
-                                                 invocation_id=ep.episode_id,
-                                                 resolved=None if mask else outcome.resolved),
-        })
-        result["polar"].update({"timings": dict(ep.timings), "model_call_latency_ms": latency})
-        return result
+            ng_trajectory=producer_trajectory(traj, task_id=ep.task_id, rollout_id=ep.rollout_id,
+                                              invocation_id=ep.episode_id,
+                                              resolved=None if mask else outcome.resolved),
+        )
 
 
 _INCOMPLETE = frozenset({FailureKind.cancelled, FailureKind.deadline_sampling, FailureKind.deadline_backend,

@@ -50,7 +50,7 @@ class RolloutOutputs:
         self._prompts.note(trajectory)
         # masked ones too: never dropped (a placeholder whose siblings end later gets their prompt in finish_outputs)
         self._nemo.write(jsonl_line(to_nemo_gym_result(trajectory, group_prompt=self._prompts.get(trajectory),
-                                                       arrays=True)))
+                                                       arrays=True).row()))
         self._nemo.flush()
 
     def close(self) -> None:
@@ -67,7 +67,7 @@ class RolloutOutputs:
 def finish_outputs(out: Path, trajectories: list[Trajectory], train_paths: str = "all") -> dict[str, Any]:
     """NeMo results (rebuilt, so an interrupt between two appends leaves no gap), GRPO batch (the
     chains ``train_paths`` selects) and summary over every finished episode in ``out``."""
-    write_jsonl(out / "nemo_results.jsonl", nemo_results(trajectories))
+    write_jsonl(out / "nemo_results.jsonl", (result.row() for result in nemo_results(trajectories)))
     graded = [t for t in trajectories if t.reward is not None]
     write_jsonl(out / "grpo_batch.jsonl", grpo_rows(graded, train_paths=train_paths))
     summary = summarize(trajectories)

@@ -326,7 +326,7 @@ def check_trajectory(traj: Trajectory) -> list[str]:
     if sum(ch.trainable_tokens for ch in traj.chains) != traj.stats.trainable_tokens:
         defects.append(f"session {traj.session_id}: stats.trainable_tokens disagrees with the chains")
     if traj.main_chain is not None:
-        result = to_nemo_gym_result(traj, reward=traj.reward or 0.0)
+        result = to_nemo_gym_result(traj, reward=traj.reward or 0.0).row()
         defects += [f"session {traj.session_id} NeMo export: {d}" for d in check_nemo_result(result)]
     return defects
 

@@ -22,8 +22,9 @@ from polar_env import fastjson
 from polar_env.chat.messages import AssistantTurn, Message
 from polar_env.trajectory.models import CallSummary, Chain, Trajectory
 from polar_env.trajectory.paths import Selector, policy_versions, train_chains
+from polar_env.wire.nemo_gym import InstanceConfig, PolarInfo, RunResponse, RunResult, RunUsage
 from polar_env.wire.responses import message_item, output_items
-from polar_env.wire.shape import to_builtins
+from polar_env.wire.shape import UNSET, to_builtins
 
 GRPO_ROW_SCHEMA = "polar.grpo_row.v1"
 _TRAINABLE_TYPES = ("message", "function_call", "reasoning")  # Gym's *ForTraining item types
@@ -81,8 +82,8 @@ def to_nemo_gym_result(traj: Trajectory, *, reward: float | None = None,
                        responses_create_params: dict[str, Any] | None = None, mask_sample: bool | None = None,
                        reward_components: dict[str, float] | None = None,
                        placeholder_token_id: int = 0, group_prompt: list[int] | None = None,
-                       arrays: bool = False) -> dict[str, Any]:
-    """The ``/run`` result NeMo-RL's Gym actor consumes (docs/trajectories.md).
+                       arrays: bool = False) -> RunResult:
+    """The ``/run`` result NeMo-RL's Gym actor consumes (docs/trajectories.md); written as its ``row()``.
 
     Output items follow the calls in order. A call of the main chain carries
     ``prompt_token_ids`` (the chain up to its sampled span), ``generation_token_ids`` and
@@ -100,8 +101,8 @@ def to_nemo_gym_result(traj: Trajectory, *, reward: float | None = None,
     Each call's ``prompt_token_ids`` repeats the whole chain before it (NeMo-RL checks every item's
     prompt against all earlier ids), so a 200-call, 100k-token episode holds ~10M ids. As lists
     that is ~60 ms of copying; ``arrays=True`` gives read-only numpy views of one array of the chain
-    instead (no copy per call), for results that are only serialised (``jsonl_line``,
-    ``fastjson.dumps``: the same JSON bytes).
+    instead (no copy per call), for results that are only serialised (``jsonl_line`` or
+    ``fastjson.dumps`` of ``row()``: the same JSON bytes).
     """
     if reward is None:
         reward = traj.reward if traj.reward is not None else 0.0
@@ -140,49 +141,36 @@ def to_nemo_gym_result(traj: Trajectory, *, reward: float | None = None,
     if "input" not in params:
         params["input"] = _initial_input(traj)
     stats = traj.stats
-    result: dict[str, Any] = {
-        "responses_create_params": params,
-        "response": {
-            "id": f"resp_polar_{traj.session_id}",
-            "object": "response",
-            "created_at": traj.created_at,
-            "model": traj.model,
-            "status": "completed" if traj.status == "completed" else "incomplete",
-            "output": output,
-            "parallel_tool_calls": True,
-            "tool_choice": "auto",
-            "tools": [],
-            "usage": _usage(traj),
-        },
-        "reward": float(reward),
-        "instance_config": {"mask_sample": bool(mask_sample)},
-        # numeric top-level keys: NeMo-RL logs each as a per-agent metric
-        "num_turns": len(main.call_indices) if main is not None else 0,
-        "num_calls": stats.calls,
-        "num_failed_calls": stats.failed_calls,
-        "num_chains": stats.chains,
-        "sampled_tokens": stats.sampled_tokens,
-        "trainable_tokens": stats.main_chain_tokens,
-        "trainable_fraction": stats.main_chain_tokens / stats.sampled_tokens if stats.sampled_tokens else 0.0,
-        "all_chains_trainable_fraction": stats.trainable_fraction,
-        "unscored_tokens": stats.unscored_tokens,
-        "timed_out": traj.status == "timeout",
-        "errored": traj.status == "error",
-        "failure_kind": traj.failure_kind.wire,
-        "polar": {
-            "session_id": traj.session_id, "task_id": traj.task_id, "group_id": traj.group_id,
-            "harness": traj.harness, "status": traj.status, "error": traj.error,
-            "failure_kind": traj.failure_kind.value, "first_prompt": first_prompt,
-            "main_chain": traj.main_chain, "breaks": [b.model_dump() for b in stats.breaks],
-            "policy_versions": stats.policy_versions,
-        },
-    }
-    if stats.policy_versions:  # numeric: NeMo-RL logs them per agent
-        result["policy_version_min"] = stats.policy_versions[0]
-        result["policy_version_spread"] = stats.policy_versions[-1] - stats.policy_versions[0]
-    if reward_components:
-        result["reward_components"] = {str(k): float(v) for k, v in reward_components.items()}
-    return result
+    versions = stats.policy_versions
+    return RunResult(
+        responses_create_params=params,
+        response=RunResponse(id=f"resp_polar_{traj.session_id}", created_at=traj.created_at, model=traj.model,
+                             status="completed" if traj.status == "completed" else "incomplete",
+                             output=output, usage=_usage(traj)),
+        reward=float(reward),
+        instance_config=InstanceConfig(mask_sample=bool(mask_sample)),
+        num_turns=len(main.call_indices) if main is not None else 0,
+        num_calls=stats.calls,
+        num_failed_calls=stats.failed_calls,
+        num_chains=stats.chains,
+        sampled_tokens=stats.sampled_tokens,
+        trainable_tokens=stats.main_chain_tokens,
+        trainable_fraction=stats.main_chain_tokens / stats.sampled_tokens if stats.sampled_tokens else 0.0,
+        all_chains_trainable_fraction=stats.trainable_fraction,
+        unscored_tokens=stats.unscored_tokens,
+        timed_out=traj.status == "timeout",
+        errored=traj.status == "error",
+        failure_kind=traj.failure_kind.wire,
+        polar=PolarInfo(session_id=traj.session_id, task_id=traj.task_id, group_id=traj.group_id,
+                        harness=traj.harness, status=traj.status, error=traj.error,
+                        failure_kind=traj.failure_kind.value, first_prompt=first_prompt,
+                        main_chain=traj.main_chain, breaks=[b.model_dump() for b in stats.breaks],
+                        policy_versions=versions),
+        # numeric: NeMo-RL logs them per agent
+        policy_version_min=versions[0] if versions else UNSET,
+        policy_version_spread=versions[-1] - versions[0] if versions else UNSET,
+        reward_components={str(k): float(v) for k, v in reward_components.items()} if reward_components else UNSET,
+    )
 
 
 def _token_sources(main: Chain, arrays: bool) -> tuple[Any, Any]:
@@ -195,12 +183,11 @@ def _token_sources(main: Chain, arrays: bool) -> tuple[Any, Any]:
     return ids, logprobs
 
 
-def _usage(traj: Trajectory) -> dict[str, Any]:
+def _usage(traj: Trajectory) -> RunUsage:
     """Summed over every model call of the episode, as an API bills them: total = input + output."""
     prompt = sum(c.prompt_tokens for c in traj.calls)
     sampled = sum(c.sampled_tokens for c in traj.calls)
-    return {"input_tokens": prompt, "output_tokens": sampled, "total_tokens": prompt + sampled,
-            "input_tokens_details": {"cached_tokens": 0}, "output_tokens_details": {"reasoning_tokens": 0}}
+    return RunUsage(input_tokens=prompt, output_tokens=sampled, total_tokens=prompt + sampled)
 
 
 def _token_carrier(items: list[dict[str, Any]], call_id: str) -> dict[str, Any]:
@@ -263,7 +250,7 @@ class GroupPrompts:
         return ids.tolist() if ids is not None else None
 
 
-def nemo_results(trajectories: list[Trajectory]) -> Iterator[dict[str, Any]]:
+def nemo_results(trajectories: list[Trajectory]) -> Iterator[RunResult]:
     """Every trajectory as its ``/run`` result, placeholders carrying their group's first prompt."""
     prompts = GroupPrompts(trajectories)
     for traj in trajectories:
@@ -335,13 +322,13 @@ def thin_groups(trajectories: Iterable[Trajectory]) -> dict[str, int]:
 def jsonl_line(row: dict[str, Any]) -> bytes:
     """One export row as a JSONL line, through the hot-path codec: rows hold long id lists (a
     100k-token NeMo result is tens of MB of ints), and a row orjson refuses (a lone surrogate in a
-    message) still gets written. numpy arrays (the views of ``to_nemo_gym_result(arrays=True)``)
+    message) still gets written. numpy arrays (the views in ``to_nemo_gym_result(arrays=True).row()``)
     are written as lists."""
     return fastjson.dumps(row, newline=True)
 
 
 def write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> int:
-    """Write dict rows as JSONL (NeMo results, GRPO rows); returns the number written."""
+    """Write dict rows as JSONL (NeMo results' ``row()``, GRPO rows); returns the number written."""
     n = 0
     with open(path, "wb") as handle:
         for row in rows:

@@ -39,6 +39,7 @@ from polar_env.resources_server.core import (
     aggregate,
     masked_metrics,
 )
+from polar_env.wire.nemo_gym import RunResult
 
 
 class PolarAgentServerConfig(PolarAgentConfig, BaseResponsesAPIAgentConfig):
@@ -77,9 +78,9 @@ class GymResources:
                 raise UnknownTask(_detail(exc)) from None
             raise
 
-    async def verify(self, episode_id: str, task_id: str, *, result: dict[str, Any]) -> VerifyOutcome:
-        body = {"responses_create_params": result["responses_create_params"],
-                "response": {**result["response"], "output": plain_items(result["response"]["output"])},
+    async def verify(self, episode_id: str, task_id: str, *, result: RunResult) -> VerifyOutcome:
+        body = {"responses_create_params": result.responses_create_params,
+                "response": {**result.response.row(), "output": plain_items(result.response.output)},
                 "task_id": task_id, "episode_id": episode_id}
         out = await self._post("/verify", body)
         return VerifyOutcome(reward=out["reward"], resolved=out.get("resolved", False),
@@ -182,7 +183,7 @@ class PolarAgentServer(SimpleResponsesAPIAgent):
             raise HTTPException(status_code=422, detail=str(exc)) from None
         # orjson: a 100k-token episode's result is ~60 MB of JSON (every call repeats its prompt, as NeMo-RL
         # requires), seconds for the stdlib codec; its token ids are numpy views the stdlib cannot write
-        return Response(fastjson.dumps(result), media_type="application/json")
+        return Response(fastjson.dumps(result.row()), media_type="application/json")
 
 
 if __name__ == "__main__":

@@ -95,7 +95,7 @@ def _trajectory() -> Trajectory:
 
 def test_observability_records_validate_against_gyms_models() -> None:
     traj = _trajectory()
-    result = to_nemo_gym_result(traj, placeholder_token_id=0)
+    result = to_nemo_gym_result(traj, placeholder_token_id=0).row()
     usage = result["response"]["usage"]
     assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"] == 50 + 12 + 70 + 3
     bundle = AgentObservationBundle.model_validate(agent_observations(
