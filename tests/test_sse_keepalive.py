@@ -121,8 +121,9 @@ async def test_harness_timeouts_never_trip_on_a_slow_generation(adapter, rendere
 @pytest.mark.parametrize("fail", [False, True])
 async def test_each_api_streams_its_own_keepalive_then_the_answer(api, path, body, keepalive, fail, renderer,
                                                                   tmp_path: Path):
-    """A real HTTP client with a 1.5 s read timeout against a 3 s generation: keep-alives arrive every
-    0.5 s, then the answer (or, when the backend fails after the stream opened, the API's error event)."""
+    """A real HTTP client with a 1.5 s read timeout against a 3 s generation: the Responses API's
+    opening events at once, keep-alives every 0.5 s, then the answer (or, when the backend fails after
+    the stream opened, the API's error event)."""
     proxy = _proxy(renderer, tmp_path, keepalive_s=0.5, delay_s=3.0, fail=fail)
     await proxy.start(port=0)
     sid, key = proxy.create_session("s", sampling={"max_tokens": 16})
@@ -135,11 +136,14 @@ async def test_each_api_streams_its_own_keepalive_then_the_answer(api, path, bod
             raw = await resp.read()
     finally:
         await proxy.stop()
-    start = 0
-    while raw.startswith(keepalive, start):  # keep-alives only, until the answer is there
-        start += len(keepalive)
-    assert start // len(keepalive) >= 4, raw[:300]
-    rest = raw[start:]
+    frames = [frame + b"\n\n" for frame in raw.split(b"\n\n") if frame]
+    opened = ("event: response.created", "event: response.in_progress") if api == "responses" else ()
+    assert [f.split(b"\n")[0].decode() for f in frames[:len(opened)]] == list(opened)  # the API's own opening
+    start = len(opened)
+    while frames[start] == keepalive:  # then keep-alives only, until the answer is there
+        start += 1
+    assert start - len(opened) >= 4, raw[:300]
+    rest = b"".join(frames[start:])
     events = [json.loads(line[6:]) for line in rest.decode().splitlines()
               if line.startswith("data: {")]
     if fail:

@@ -7,10 +7,13 @@ from __future__ import annotations
 import inspect
 
 import pytest
+from wire_helpers import fixture, tool_turn
 
 from polar_env.proxy.app import API_MODULES
 from polar_env.proxy.codec import Codec
 
+REQUESTS = {"chat": "pi-chat.req2", "responses": "codex.req2", "messages": "claude-bare.req2",
+            "gemini": "gemini.req1"}
 METHODS = sorted(name for name, value in vars(Codec).items()
                  if inspect.isfunction(value) and not name.startswith("__"))
 ATTRIBUTES = sorted(Codec.__annotations__)
@@ -34,3 +37,16 @@ def test_each_codec_satisfies_the_protocol(api):
         assert [p.name for p in got[:len(wanted)]] == [p.name for p in wanted], (api, name)
         assert all(p.default is not p.empty for p in got[len(wanted):]
                    if p.kind is p.POSITIONAL_OR_KEYWORD), (api, name, "extra parameters need defaults")
+
+
+@pytest.mark.parametrize("api", sorted(API_MODULES))
+def test_a_streams_head_is_the_start_of_its_stream(api):
+    """The front sends a slow answer's head before the answer exists and later drops that many
+    frames of ``encode_stream``: the two must agree frame for frame."""
+    module = API_MODULES[api]
+    request = fixture(REQUESTS[api])["body"]
+    req = module.decode(request, "served", stream=True) if api == "gemini" else module.decode(request)
+    turn = tool_turn()
+    head = module.encode_stream_head(req, turn.call_id, turn.model, turn.created_at)
+    assert head == module.encode_stream(turn, req)[:len(head)]
+    assert (len(head) > 0) is (api == "responses")  # the API that opens with events of its own

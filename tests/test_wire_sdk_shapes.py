@@ -338,16 +338,19 @@ def test_responses_keepalive_is_a_keepalive_event_the_sdk_stream_passes_through(
     assert (plain[0].type, plain[-1].type) == ("response.created", "response.completed")
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError,
-                   reason="openai-python's responses.stream() helper raises 'Expected to have received "
-                          "`response.created` before `keepalive`'; the proxy's keep-alives precede response.created")
-def test_responses_keepalive_reads_with_the_sdk_stream_helper():
-    frames = b"".join(_frames(openai_responses))
-    with _openai(openai_responses.KEEPALIVE + frames).responses.stream(model="m", input="hi") as stream:
+def test_a_slow_responses_stream_reads_with_the_sdk_stream_helper():
+    """A slow answer's stream as the proxy sends it (``ProxyServer._stream_while_generating``): its
+    head (``response.created``, ``response.in_progress``) at once, keep-alives while it generates,
+    then the rest. openai-python's ``responses.stream()`` refuses any event before
+    ``response.created``, so keep-alives first would break it."""
+    turn, req = tool_turn(), _request(openai_responses)
+    frames = openai_responses.encode_stream(turn, req)
+    head = openai_responses.encode_stream_head(req, turn.call_id, turn.model, turn.created_at)
+    wire = b"".join(head) + openai_responses.KEEPALIVE * 2 + b"".join(frames[len(head):])
+    with _openai(wire).responses.stream(model="m", input="hi") as stream:
         final = stream.get_final_response()
     assert [item.type for item in final.output] == [
-        item["type"] for item in on_wire(openai_responses.encode_response(tool_turn(), _request(openai_responses)))[
-            "output"]]
+        item["type"] for item in on_wire(openai_responses.encode_response(turn, req))["output"]]
 
 
 def test_anthropic_keepalive_is_a_ping_event_the_sdk_skips():

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -82,6 +83,8 @@ class AssistantTurn(BaseModel):
     prefill: str = ""  # Anthropic prefill: ``content`` starts with it, the answer carries only the rest
     # only when the harness asked for logprobs; the record keeps them once, as ``CallRecord.logprobs``
     logprobs: list[TokenLogprob] | None = Field(default=None, exclude=True)
+    # when the call was made (seconds): the answer's ``created``; the record keeps it as ``created_at``
+    created_at: int = Field(default_factory=lambda: int(time.time()), exclude=True)
 
     def as_message(self) -> Message:
         return Message(role="assistant", content=self.content, reasoning=self.reasoning,

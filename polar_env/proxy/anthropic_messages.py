@@ -28,6 +28,7 @@ from polar_env.proxy.wire import (
     flag_structured_output,
     flatten_parts,
     merge_split_turns,
+    no_stream_head,
     require_object,
     sampling_of,
     sse_frame,
@@ -344,6 +345,7 @@ def encode_stream(turn: AssistantTurn, req: DecodedRequest) -> list[bytes]:
 
 # Anthropic's own keep-alive event; sent while a slow generation runs so no client idle timeout trips
 KEEPALIVE = _frame(Ping())
+encode_stream_head = no_stream_head
 
 
 def encode_stream_error(body: ErrorBody) -> bytes:

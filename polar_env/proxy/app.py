@@ -38,7 +38,7 @@ from polar_env.proxy.admin_api import (
     SessionView,
 )
 from polar_env.proxy.codec import Codec
-from polar_env.proxy.engine import ContextOverflow, EngineConfig, SessionStopped, TokenEngine
+from polar_env.proxy.engine import CallTicket, ContextOverflow, EngineConfig, SessionStopped, TokenEngine
 from polar_env.proxy.offload import ParsePool
 from polar_env.proxy.policy import PauseRequest, PolicyVersion, ResumeRequest
 from polar_env.proxy.seen import Seen
@@ -326,12 +326,14 @@ class ProxyServer:
         try:
             session = self._session(request, key)
             decoded = await self._decode_call(session, await request.read(), decode)
-            task = asyncio.ensure_future(self.engine.complete(session, api, decoded, self._origin(request, session)))
+            ticket = CallTicket.new()
+            task = asyncio.ensure_future(self.engine.complete(session, api, decoded, self._origin(request, session),
+                                                              ticket))
             self._track(session.id, task)
             if decoded.stream:  # a quick answer or failure keeps its own status line
                 await asyncio.wait({task}, timeout=self.keepalive_s)
                 if not task.done():
-                    return await self._stream_while_generating(request, module, decoded, session, task)
+                    return await self._stream_while_generating(request, module, decoded, session, task, ticket)
             # shielded: a harness that disconnects does not cancel a call that is being recorded
             turn, _record = await asyncio.shield(task)
         except web.HTTPException:  # 413 and friends: the middleware answers them
@@ -353,20 +355,26 @@ class ProxyServer:
         return response
 
     async def _stream_while_generating(self, request: web.Request, module: Codec, decoded: DecodedRequest,
-                                       session: Session, task: asyncio.Task) -> web.StreamResponse:
-        """Open the stream before the answer exists and send the API's keep-alive every
-        ``keepalive_s`` until it does, so a slow generation never trips a harness's idle timeout; a
-        failure from then on is the API's in-stream error event (the status line is already sent)."""
+                                       session: Session, task: asyncio.Task, ticket: CallTicket
+                                       ) -> web.StreamResponse:
+        """Open the stream before the answer exists, with the API's opening events where it has
+        them, and send its keep-alive every ``keepalive_s`` until the answer exists, so a slow
+        generation never trips a harness's idle timeout; a failure from then on is the API's
+        in-stream error event (the status line is already sent)."""
         response = web.StreamResponse(headers=SSE_HEADERS)
+        head = module.encode_stream_head(decoded, ticket.call_id, decoded.model or self.engine.backend.model,
+                                         int(ticket.created_at))
         try:
             await response.prepare(request)
+            for frame in head:
+                await response.write(frame)
             while not task.done():
                 await asyncio.wait({task}, timeout=self.keepalive_s)
                 if not task.done():
                     await response.write(module.KEEPALIVE)
             try:
                 turn, _record = task.result()
-                frames = module.encode_stream(turn, decoded)
+                frames = module.encode_stream(turn, decoded)[len(head):]  # its head is sent already
             except Exception as exc:  # noqa: BLE001 - recorded by the engine; told in the API's shape
                 frames = [module.encode_stream_error(_failure(module, exc)[1])]
             for frame in frames:

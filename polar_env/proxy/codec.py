@@ -24,6 +24,10 @@ class Codec(Protocol):
     def encode_stream(self, turn: AssistantTurn, req: DecodedRequest) -> list[bytes]:
         """The streamed answer: its frames, in order, ending as the API ends a stream."""
 
+    def encode_stream_head(self, req: DecodedRequest, call_id: str, model: str, created: int) -> list[bytes]:
+        """The frames a slow answer's stream opens with before the answer exists: exactly the
+        first frames :meth:`encode_stream` gives for the call (``[]`` where the API has none)."""
+
     def encode_error(self, status: int, message: str) -> Shape:
         """The API's error body for an HTTP status."""
 

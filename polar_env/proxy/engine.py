@@ -50,6 +50,19 @@ MAX_IDENTICAL_FAILURES = 2
 HISTORY_THINKING_DROPPED = "history thinking dropped (new user turn)"  # chain break reason
 
 
+
+@dataclass(frozen=True)
+class CallTicket:
+    """A model call's id and start time, issued before it runs: a streamed answer can open with
+    events that name the call (the Responses API's ``response.created``) while it generates."""
+
+    call_id: str
+    created_at: float
+
+    @classmethod
+    def new(cls) -> CallTicket:
+        return cls(uuid.uuid4().hex[:24], time.time())
+
 class SessionStopped(Exception):
     """The session refuses further calls (the harness repeated a failing request); says why."""
 
@@ -257,10 +270,12 @@ class TokenEngine:
 
     # -- one call ------------------------------------------------------------------------------
     async def complete(self, session: Session, api: str, request: DecodedRequest,
-                       origin: str | None = None) -> tuple[AssistantTurn, CallRecord]:
+                       origin: str | None = None, ticket: CallTicket | None = None) -> tuple[AssistantTurn, CallRecord]:
         """Run one model call; the record is in the ledger before this returns or raises, whatever
         fails (context overflow, backend, cancellation, a bug) — as a failed call with its reason.
-        ``origin``: who made it, as the forwarder proved (proxy/app.py)."""
+        ``origin``: who made it, as the forwarder proved (proxy/app.py); ``ticket``: its id and
+        time, when the caller named them before the answer exists (a stream's opening events)."""
+        ticket = ticket or CallTicket.new()
         started = time.perf_counter()
         conv = request.conversation
         if session.stopped is not None:
@@ -268,8 +283,8 @@ class TokenEngine:
         # once: matching, indexing, retry counting (the decoder's, reused from the session's last request)
         hashes = request.prefix_hashes or await self.off_loop(prefix_hashes, conv.messages)
         record = CallRecord(
-            session_id=session.id, call_index=session.reserve_index(), call_id=uuid.uuid4().hex[:24], api=api,
-            created_at=time.time(), messages=conv.messages, tools=conv.tools,
+            session_id=session.id, call_index=session.reserve_index(), call_id=ticket.call_id, api=api,
+            created_at=ticket.created_at, messages=conv.messages, tools=conv.tools,
             requested_sampling={**request.requested_sampling, **({"stop": request.stop} if request.stop else {})},
             backend=self.backend.name, model=self.backend.model,
             flags=list(request.flags), origin=origin)
@@ -365,7 +380,7 @@ class TokenEngine:
                                  prompt_tokens=len(prompt_ids), completion_tokens=len(sampled),
                                  malformed_tool_call=parsed.malformed, model=request.model or self.backend.model,
                                  stop_sequence=stop, prefill=request.prefill or "",
-                                 logprobs=token_logprobs)
+                                 logprobs=token_logprobs, created_at=int(record.created_at))
             if parsed.malformed:
                 record.flags.append("malformed_tool_call")
             record.sampled_ids, record.logprobs = sampled, logprobs

@@ -35,6 +35,7 @@ from polar_env.proxy.wire import (
     echoed_model,
     flag_structured_output,
     merge_split_turns,
+    no_stream_head,
     require_object,
     sampling_of,
     stops_of,
@@ -398,6 +399,7 @@ def encode_stream(turn: AssistantTurn, req: DecodedRequest) -> list[bytes]:
 # An empty line: not an event to an SSE reader, and Gemini CLI's stream reader skips whitespace
 # before ``data:``; a comment line would stall that reader (it expects every event to start ``data:``).
 KEEPALIVE = b"\n"
+encode_stream_head = no_stream_head
 
 
 def encode_stream_error(body: ErrorBody) -> bytes:

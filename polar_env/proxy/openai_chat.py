@@ -7,7 +7,6 @@ Decodes the request into the canonical conversation and encodes an :class:`Assis
 from __future__ import annotations
 
 import json
-import time
 from typing import Any, Literal
 
 from pydantic import Field
@@ -29,6 +28,7 @@ from polar_env.proxy.wire import (
     flag_structured_output,
     flatten_parts,
     merge_split_turns,
+    no_stream_head,
     openai_tool_choice,
     refuse_n,
     require_object,
@@ -225,13 +225,13 @@ def encode_response(turn: AssistantTurn, req: DecodedRequest) -> ChatCompletion:
         content=turn.content if turn.content or not turn.tool_calls else None,
         reasoning_content=UNSET if turn.reasoning is None else turn.reasoning,
         tool_calls=[_wire_call(tc) for tc in turn.tool_calls] if turn.tool_calls else UNSET)
-    return ChatCompletion(id=f"chatcmpl-{turn.call_id}", created=int(time.time()), model=echoed_model(turn, req),
+    return ChatCompletion(id=f"chatcmpl-{turn.call_id}", created=turn.created_at, model=echoed_model(turn, req),
                           choices=[Choice(message=message, logprobs=_logprobs(turn), finish_reason=finish_of(turn))],
                           usage=_usage(turn))
 
 
 def encode_stream(turn: AssistantTurn, req: DecodedRequest) -> list[bytes]:
-    head = {"id": f"chatcmpl-{turn.call_id}", "created": int(time.time()), "model": echoed_model(turn, req)}
+    head = {"id": f"chatcmpl-{turn.call_id}", "created": turn.created_at, "model": echoed_model(turn, req)}
 
     def chunk(delta: Delta, finish: str | None = None, logprobs: ChoiceLogprobs | None = None) -> bytes:
         return sse_frame(ChatCompletionChunk(**head, choices=[ChunkChoice(delta=delta, logprobs=logprobs,
@@ -251,6 +251,7 @@ def encode_stream(turn: AssistantTurn, req: DecodedRequest) -> list[bytes]:
 
 
 KEEPALIVE = SSE_COMMENT_KEEPALIVE
+encode_stream_head = no_stream_head
 
 
 def encode_stream_error(body: ErrorBody) -> bytes:

@@ -9,7 +9,6 @@ Codex treats ``response.incomplete`` as a failure and retries the same call.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -301,11 +300,13 @@ def _usage(turn: AssistantTurn) -> Usage:
                  total_tokens=turn.prompt_tokens + turn.completion_tokens)
 
 
-def _response(turn: AssistantTurn, req: DecodedRequest, created: int, output: list[OutputItem] | None) -> Response:
-    """The response object; ``output=None`` is the in-progress shape sent before any item."""
-    head = {"id": f"resp_{turn.call_id}", "created_at": created, "model": echoed_model(turn, req)}
-    if output is None:
-        return Response(**head, status="in_progress", output=[])
+def _pending_response(call_id: str, model: str, created: int) -> Response:
+    """The in-progress response object, sent before any item (its id and time are the call's)."""
+    return Response(id=f"resp_{call_id}", created_at=created, model=model, status="in_progress", output=[])
+
+
+def _response(turn: AssistantTurn, req: DecodedRequest, output: list[OutputItem]) -> Response:
+    head = {"id": f"resp_{turn.call_id}", "created_at": turn.created_at, "model": echoed_model(turn, req)}
     if finish_of(turn) == "length":
         return Response(**head, status="incomplete", incomplete_details=IncompleteDetails(), output=output,
                         usage=_usage(turn))
@@ -313,7 +314,7 @@ def _response(turn: AssistantTurn, req: DecodedRequest, created: int, output: li
 
 
 def encode_response(turn: AssistantTurn, req: DecodedRequest) -> Response:
-    return _response(turn, req, int(time.time()), _output_items(turn, req))
+    return _response(turn, req, _output_items(turn, req))
 
 
 def _pending(item: OutputItem) -> OutputItem:
@@ -354,20 +355,34 @@ def _item_events(item: OutputItem, index: int) -> list[StreamEvent]:
     return [CustomToolCallInputDelta(**at, delta=item.input), CustomToolCallInputDone(**at, input=item.input)]
 
 
+def _head_events(call_id: str, model: str, created: int) -> list[StreamEvent]:
+    pending = _pending_response(call_id, model, created)
+    return [ResponseEvent(type="response.created", response=pending),
+            ResponseEvent(type="response.in_progress", response=pending)]
+
+
+def encode_stream_head(req: DecodedRequest, call_id: str, model: str, created: int) -> list[bytes]:
+    """``response.created`` and ``response.in_progress``, sent as a slow answer's stream opens: the
+    API sends them first, and openai-python's stream helper refuses any event (a keep-alive
+    included) before ``response.created``. They are the first frames of :func:`encode_stream`."""
+    return _frames(_head_events(call_id, req.raw_model or model, created))
+
+
+def _frames(events: list[StreamEvent]) -> list[bytes]:
+    for number, event in enumerate(events):
+        event.sequence_number = number
+    return [sse_frame(event, event=event.type) for event in events]
+
+
 def encode_stream(turn: AssistantTurn, req: DecodedRequest) -> list[bytes]:
-    created = int(time.time())
     items = _output_items(turn, req)
-    events: list[StreamEvent] = [ResponseEvent(type="response.created", response=_response(turn, req, created, None)),
-                                 ResponseEvent(type="response.in_progress",
-                                               response=_response(turn, req, created, None))]
+    events = _head_events(turn.call_id, echoed_model(turn, req), turn.created_at)
     for index, item in enumerate(items):
         events.append(OutputItemEvent(type="response.output_item.added", output_index=index, item=_pending(item)))
         events += _item_events(item, index)
         events.append(OutputItemEvent(type="response.output_item.done", output_index=index, item=item))
-    events.append(ResponseEvent(type="response.completed", response=_response(turn, req, created, items)))
-    for number, event in enumerate(events):
-        event.sequence_number = number
-    return [sse_frame(event, event=event.type) for event in events]
+    events.append(ResponseEvent(type="response.completed", response=_response(turn, req, items)))
+    return _frames(events)
 
 
 # The Responses API's own heartbeat (``{"type": "keepalive"}``, which OpenAI sends on long requests).

@@ -379,6 +379,11 @@ def finish_of(turn: AssistantTurn) -> str:
     return "tool_calls" if turn.tool_calls else "stop"
 
 
+def no_stream_head(req: DecodedRequest, call_id: str, model: str, created: int) -> list[bytes]:
+    """A stream that opens with nothing before its answer exists (only keep-alives meanwhile)."""
+    return []
+
+
 def echoed_model(turn: AssistantTurn, req: DecodedRequest) -> str:
     """Answer under the model name the harness asked for; some harnesses check it."""
     return req.raw_model or turn.model
