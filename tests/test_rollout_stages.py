@@ -242,6 +242,39 @@ async def test_collapsed_holds_one_slot_over_every_stage(renderer, task, tmp_pat
     await _no_leftovers(marker, scratch)
 
 
+class CrashingGrade:
+    """The test double for ``grade_task`` that fails as a grader bug would (a grader cannot be made
+    to crash on cue)."""
+
+    def __call__(self, task, patch, *, kind, timeout_s):
+        raise RuntimeError("grader bug: index out of range")
+
+
+@bwrap
+@pytest.mark.slow
+async def test_a_grader_crash_is_an_infrastructure_episode_and_leaves_nothing_behind(renderer, task, tmp_path: Path,
+                                                                                    monkeypatch):
+    """Both episodes of a group whose grader raises still end as trajectories (kept in the group,
+    masked, their kind ``infrastructure`` naming the crash), with no process, workspace, open
+    session or run slot left."""
+    plan, factory, backend, grade, marker, scratch = _setup(renderer, task, tmp_path, monkeypatch, "give_up",
+                                                            samples=2)
+    monkeypatch.setattr(lifecycle, "grade_task", CrashingGrade())
+    runner = EpisodeRunner(plan, factory, tmp_path / "ledger")
+    await runner.start()
+    try:
+        trajectories = await asyncio.gather(runner.run(task, 0), runner.run(task, 1))
+        proxy = runner.proxy
+        assert all(s.info.closed_at is not None for s in proxy.registry.all())
+        assert proxy.engine.run_slots.holders == set() and proxy.engine.run_slots.waiting == 0
+    finally:
+        await runner.stop()
+    assert [t.failure_kind.value for t in trajectories] == ["infrastructure", "infrastructure"]
+    assert all(t.masked and "grader bug: index out of range" in (t.error or "") for t in trajectories)
+    assert all(t.calls for t in trajectories)  # the episode's calls are kept, only the grade is missing
+    await _no_leftovers(marker, scratch)
+
+
 @bwrap
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", ["prepare", "run", "finish"])

@@ -21,6 +21,7 @@ cancelled episode (any stage) leaves no harness process, workspace, open session
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -44,6 +45,7 @@ from polar_env.trajectory.models import Trajectory
 from polar_env.trajectory.records import CallRecord, EpisodeBudget
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 # metadata["timings"] of every trajectory, in seconds: waiting for a prepare slot, preparing, the
 # harness's start-up (start to its first model call), waiting for a run slot, the model's time
 # (backend calls, overlaps counted once), the rest of the run (tools, the harness's own work),
@@ -323,7 +325,9 @@ def _end_run(ep: Episode) -> None:
 
 
 async def finish(ep: Episode, grading: Grading | None = None) -> EpisodeResult:
-    """Stage 3: patch, drain, classification, grade (unless the kind is outside the policy), trajectory."""
+    """Stage 3: patch, drain, classification, grade (unless the kind is outside the policy), trajectory.
+    A grader that crashes makes the episode `infrastructure` (its outcome-table verdict: masked), never
+    a lost trajectory: a group keeps its size."""
     try:
         return await _finish(ep, grading)
     except asyncio.CancelledError:
@@ -345,22 +349,27 @@ async def _finish(ep: Episode, grading: Grading | None) -> EpisodeResult:
         if workspace is not None and task.harbor is None:  # a Harbor task is verified in its workspace
             ep.workspace = None
             await workspace.close()
-    result = None
+    result, graded_error = None, None
     try:
         closed = await close_session(ep.session, status, error, failure=ep.failure, harness=harness,
                                      outcomes=config.outcomes)
         kind = closed.failure_kind
         ep.marks["grade"] = time.time()
         if config.grade and not kind.outside_policy:  # grading would say nothing about the policy
-            result = await grade_episode(task, patch, workspace, config, grading)
-            kind = final_kind(kind, result.failure_kind, result.resolved)
+            try:
+                result = await grade_episode(task, patch, workspace, config, grading)
+            except Exception as exc:  # noqa: BLE001 - a grader that crashed says nothing of the policy either
+                log.exception("episode %s: grading failed", ep.session.session_id)
+                kind, graded_error = FailureKind.infrastructure, f"grading failed: {type(exc).__name__}: {exc}"
+            else:
+                kind = final_kind(kind, result.failure_kind, result.resolved)
     finally:
         if workspace is not None and task.harbor is not None:
             ep.workspace = None
             await workspace.close()
     ep.marks["build"] = time.time()
     reward, masked = config.outcomes.apply(kind, result.reward if result else None)
-    build = partial(build_trajectory, closed.info, closed.calls, status=closed.status, error=closed.error,
+    build = partial(build_trajectory, closed.info, closed.calls, status=closed.status, error=graded_error or closed.error,
                     reward=reward, grading=result.model_dump(mode="json") if result else None)
     trajectory = await (grading.off_loop(build) if grading is not None else asyncio.to_thread(build))
     trajectory.failure_kind, trajectory.masked = kind, masked
