@@ -22,7 +22,15 @@ from polar_env import fastjson
 from polar_env.chat.messages import AssistantTurn, Message
 from polar_env.trajectory.models import CallSummary, Chain, Trajectory
 from polar_env.trajectory.paths import Selector, policy_versions, train_chains
-from polar_env.wire.nemo_gym import InstanceConfig, PolarInfo, RunResponse, RunResult, RunUsage
+from polar_env.wire.nemo_gym import (
+    InstanceConfig,
+    PolarInfo,
+    RunResponse,
+    RunResult,
+    RunUsage,
+    TrainingTokens,
+)
+from polar_env.wire.openai_responses import FunctionCallOutput, InputMessage
 from polar_env.wire.responses import message_item, output_items
 from polar_env.wire.shape import UNSET, to_builtins
 
@@ -122,11 +130,10 @@ def to_nemo_gym_result(traj: Trajectory, *, reward: float | None = None,
         span = spans.get(call.call_index)
         if main is not None and call.chain == main.index and span is not None and span.kind == "sampled":
             carrier = _token_carrier(items, call.output.call_id)
-            carrier["prompt_token_ids"] = ids[: span.start]
-            carrier["generation_token_ids"] = ids[span.start: span.end]
-            carrier["generation_log_probs"] = logprobs[span.start: span.end]
-            if call.policy_version is not None:  # a field NeMo-RL does not read: who sampled the turn
-                carrier["policy_version"] = call.policy_version
+            carrier.update(TrainingTokens(
+                prompt_token_ids=ids[: span.start], generation_token_ids=ids[span.start: span.end],
+                generation_log_probs=logprobs[span.start: span.end],
+                policy_version=UNSET if call.policy_version is None else call.policy_version).row())
         output.extend(items)
     first_prompt = "own"
     if main is None:
@@ -134,8 +141,8 @@ def to_nemo_gym_result(traj: Trajectory, *, reward: float | None = None,
         first_prompt = "own" if first else "sibling" if group_prompt else "none"
         first = first or group_prompt or [placeholder_token_id]
         output.append({**to_builtins(message_item(f"{traj.session_id}_placeholder", "", status="incomplete")),
-                       "prompt_token_ids": first, "generation_token_ids": [placeholder_token_id],
-                       "generation_log_probs": [0.0]})
+                       **TrainingTokens(prompt_token_ids=first, generation_token_ids=[placeholder_token_id],
+                                        generation_log_probs=[0.0]).row()})
         mask_sample = True
     params = dict(responses_create_params or {})
     if "input" not in params:
@@ -204,12 +211,12 @@ def _input_items(messages: list[Message]) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
     for m in messages:
         if m.role == "tool":
-            items.append({"type": "function_call_output", "call_id": m.tool_call_id or "", "output": m.content})
+            items.append(to_builtins(FunctionCallOutput(call_id=m.tool_call_id or "", output=m.content)))
         elif m.role == "assistant":
             turn = AssistantTurn(call_id="hist", content=m.content, reasoning=m.reasoning, tool_calls=m.tool_calls)
             items.extend(to_builtins(output_items(turn)))
         else:
-            items.append({"type": "message", "role": m.role, "content": m.content})
+            items.append(to_builtins(InputMessage(role=m.role, content=m.content)))
     return items
 
 

@@ -35,6 +35,16 @@ class Row(Shape):
         return _builtins(self)
 
 
+class TrainingTokens(Row):
+    """What NeMo Gym's training variant of an output item adds to it: the call's prompt (the chain
+    up to its sampled span), its sampled ids and their logprobs; lists or numpy views."""
+
+    prompt_token_ids: Any
+    generation_token_ids: Any
+    generation_log_probs: Any
+    policy_version: int | UnsetType = UNSET  # a field NeMo-RL does not read: who sampled the turn
+
+
 class RunUsage(Row):
     """Summed over every model call of the episode; in the order the exports have always written
     (``openai_responses.Usage`` orders its keys as OpenAI's answer does)."""

@@ -69,6 +69,22 @@ class CustomToolCallOut(Shape):
 OutputItem = ReasoningOut | MessageOut | FunctionCallOut | CustomToolCallOut
 
 
+class InputMessage(Shape):
+    """A user, system or developer message as a Responses ``input`` item (an export's history)."""
+
+    type: Literal["message"] = "message"
+    role: str
+    content: str
+
+
+class FunctionCallOutput(Shape):
+    """A tool result as a Responses ``input`` item (an export's history)."""
+
+    type: Literal["function_call_output"] = "function_call_output"
+    call_id: str
+    output: str
+
+
 # -- the response object ------------------------------------------------------------------------
 class InputTokensDetails(Shape, frozen=True):
     cached_tokens: int = 0
