@@ -141,14 +141,16 @@ def assert_acceptance(out: Path) -> list[Trajectory]:
 @needs_sandbox
 def test_rollout_resumes_after_ctrl_c_without_redoing_finished_episodes(tmp_path: Path):
     out = tmp_path / "out"
-    command = polar("rollout", *ARGS, "--out", str(out))
+    # one episode at a time (the last --concurrency wins): with warm workspaces an episode takes ~3 s,
+    # and two run side by side finished within the same poll, so the Ctrl-C came after the whole run
+    command = polar("rollout", *ARGS, "--concurrency", "1", "--out", str(out))
     proc = subprocess.Popen(command, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 300
         while not finished_keys(out):
             assert proc.poll() is None, proc.communicate()[0][-3000:]
             assert time.monotonic() < deadline, "no episode finished in 300 s"
-            time.sleep(0.5)
+            time.sleep(0.1)
         proc.send_signal(signal.SIGINT)
         printed = proc.communicate(timeout=180)[0]
     finally:
