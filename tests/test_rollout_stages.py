@@ -112,11 +112,14 @@ async def test_a_deadline_does_not_run_while_its_clock_is_paused():
 class CountingBackend(InstantBackend):
     """The test double for the model server: answers at once, after letting calls that can
     overlap do so (waiting for a partner up to 3 s while a grade is held, 0.3 s otherwise), and
-    counts concurrent calls."""
+    counts concurrent calls. With a ``watch``, only the first session is answered before that
+    grade is held: the others' calls all fall inside the hold, however fast the first episode's
+    finish stage was on a loaded machine."""
 
     def __init__(self, token_ids: list[int]):
         super().__init__(token_ids)
         self.inflight = self.max_inflight = 0
+        self.first_session: str | None = None
         self._more = asyncio.Event()
         self.watch: GatedGrade | None = None
 
@@ -126,6 +129,12 @@ class CountingBackend(InstantBackend):
         return 3.0 if held else 0.3
 
     async def generate(self, prompt_ids, sampling, *, session_id=None):
+        self.first_session = self.first_session or session_id
+        if self.watch is not None and session_id != self.first_session:
+            for _ in range(1200):  # the hold begins once the first episode grades (at most 60 s)
+                if self.watch.held.is_set():
+                    break
+                await asyncio.sleep(0.05)
         self.inflight += 1
         self.max_inflight = max(self.max_inflight, self.inflight)
         self._more.set()
@@ -260,6 +269,7 @@ async def test_a_grader_crash_is_an_infrastructure_episode_and_leaves_nothing_be
     plan, factory, backend, grade, marker, scratch = _setup(renderer, task, tmp_path, monkeypatch, "give_up",
                                                             samples=2)
     monkeypatch.setattr(lifecycle, "grade_task", CrashingGrade())
+    backend.watch = None  # no grade is ever held
     runner = EpisodeRunner(plan, factory, tmp_path / "ledger")
     await runner.start()
     try:
