@@ -141,10 +141,11 @@ def assert_acceptance(out: Path) -> list[Trajectory]:
 @needs_sandbox
 def test_rollout_resumes_after_ctrl_c_without_redoing_finished_episodes(tmp_path: Path):
     out = tmp_path / "out"
-    # one episode at a time (the last --concurrency wins): with warm workspaces an episode takes ~3 s,
-    # and two run side by side finished within the same poll, so the Ctrl-C came after the whole run
-    command = polar("rollout", *ARGS, "--concurrency", "1", "--out", str(out))
-    proc = subprocess.Popen(command, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    command = polar("rollout", *ARGS, "--out", str(out))
+    # SIGINT as a terminal's Ctrl-C finds it: a launcher that ran the suite in the background (nohup
+    # ... &) leaves it ignored, which the child inherits, and Python then never raises KeyboardInterrupt
+    proc = subprocess.Popen(command, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 300
         while not finished_keys(out):
