@@ -39,7 +39,9 @@ fi
 # What Polar's servers import besides nemo-gym: polar_env from this checkout, installed from a
 # server's requirements.txt the way Gym does it (from the server's directory), and what
 # `gym env test` runs their tests with. (-I: the check must not find polar_env through the cwd.)
+# (the servers' own modules are imported too, so a dependency polar_env added since this venv was made is installed)
 .venv-gym/bin/python -I -c "import polar_env, pytest, pytest_asyncio, httpx, sys
+import polar_env.agent_server.core, polar_env.resources_server.core
 sys.exit(polar_env.__file__ != '$PWD/polar_env/__init__.py')" 2>/dev/null \
   || (cd nemo_gym_env/resources_servers/polar \
       && ../../../.venv-gym/bin/pip install -q -r requirements.txt pytest pytest-asyncio httpx)
