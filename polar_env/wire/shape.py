@@ -2,9 +2,9 @@
 
 Every answer, stream event and error the proxy sends is a :class:`Shape` (a ``msgspec.Struct``)
 declared beside its API's other shapes in ``polar_env/wire/``; the codecs in ``polar_env/proxy/``
-only fill them. msgspec rather than pydantic because building and encoding a struct costs about
-what the dict literal it replaced did, and a pydantic model about ten times more (measured side by
-side: ``polar bench --only shapes``; figures in docs/architecture.md). Incoming bodies stay pydantic
+only fill them. msgspec rather than pydantic because building and encoding a struct costs half
+what the dict literals it replaced did, and a pydantic model six times what a struct does (measured
+side by side: ``polar bench --only shapes``; figures in docs/architecture.md). Incoming bodies stay pydantic
 models: there validation, and its 400 naming the field, is the point.
 """
 
