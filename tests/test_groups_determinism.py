@@ -35,7 +35,7 @@ from polar_env.backends.instant import InstantBackend
 from polar_env.chat.template import ChatRenderer
 from polar_env.episodes.lifecycle import episode_prompt
 from polar_env.episodes.workspace import open_workspace
-from polar_env.harness_adapters import get_adapter
+from polar_env.harness_adapters import adapter_names, get_adapter
 from polar_env.harness_adapters.runner import run_episode_in_sandbox
 from polar_env.proxy.app import ProxyServer
 from polar_env.proxy.engine import EngineConfig
@@ -49,8 +49,7 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(shutil.which("bwrap") is None or shutil.which("npm") is None,
                                  reason="needs bubblewrap and npm")]
 
-HARNESSES = ["codex", "claude-code", "pi", "gemini-cli", "mini-swe-agent", "aider", "qwen-code", "opencode", "cline",
-             "hermes-agent", "openhands"]
+HARNESSES = adapter_names()
 TASK = "pallets__flask-5014"  # a real tree in nested directories (three rollouts of it gave aider three repo maps)
 DAY = 86400
 # (sandbox spec changes, host environment) per rollout

@@ -25,7 +25,7 @@ from polar_sandbox_helpers import processes_matching
 from polar_env.backends.local import LocalBackend
 from polar_env.backends.scripted import ScriptedBackend
 from polar_env.chat.template import ChatRenderer
-from polar_env.harness_adapters import get_adapter
+from polar_env.harness_adapters import adapter_names, get_adapter
 from polar_env.harness_adapters.policies import final_answer, offered_shell_tool, patch_edit, tool_call
 from polar_env.harness_adapters.registry import NOISE_EXCLUDES
 from polar_env.harness_adapters.runner import run_episode_in_sandbox
@@ -60,16 +60,15 @@ MISS_PATCH = EDIT_PATCH.replace("-print('original')", "-print('polar-e2e-absent'
 
 
 PARALLEL = ["echo one > one.txt", "echo two > two.txt"]
-HARNESSES = ["codex", "claude-code", "pi", "gemini-cli", "mini-swe-agent", "aider", "qwen-code", "opencode", "cline",
-             "hermes-agent", "openhands"]
-# the deadline must pass while the tool hangs, after the first call: Gemini CLI's first call (its
-# ~11.7k-token prompt rendered, the answer scored) can take 20 s alone on a busy 2-core machine; the
-# PyPI harnesses import LiteLLM first (seconds of CPU); mini-SWE-agent's own command timeout (60 s)
-# starts after its first call, so any deadline under it still finds the tool hanging.
-# Qwen Code's first prompt is ~18k tokens, Hermes Agent's ~15k, OpenCode's and Cline's ~6-7k, and Cline runs on Bun;
-# OpenHands imports LiteLLM and its SDK (~10 s of CPU) before its ~6k-token first call
-HANG_DEADLINE_S = {"gemini-cli": 60, "mini-swe-agent": 55, "aider": 60, "qwen-code": 45, "opencode": 30, "cline": 40,
-                   "hermes-agent": 45, "openhands": 60}
+HARNESSES = adapter_names()
+# the deadline must pass while the tool hangs, after the first call: 20 s plus what the harness declares
+# its first call takes on a busy 2-core machine (`first_call_s`: imports, a long first prompt rendered
+# and scored); mini-SWE-agent's own command timeout (60 s) starts after its first call, so any deadline
+# under it still finds the tool hanging.
+
+
+def hang_deadline_s(adapter) -> float:
+    return 20 + adapter.first_call_s
 
 
 def policy(session_id: str | None, call_number: int, prompt_text: str) -> str:
@@ -248,7 +247,7 @@ async def test_hung_tool_is_killed_and_partial_trajectory_kept(harness, proxy: R
     adapter = get_adapter(harness)
     adapter.install()
     sid, run, edited, _ = await rollout(adapter, proxy, tmp_path, f"{harness}-hang", prompt="Hang forever.",
-                                        timeout_s=HANG_DEADLINE_S.get(harness, 20))
+                                        timeout_s=hang_deadline_s(adapter))
     # a call still being answered at the deadline is recorded once answered (as the episode lifecycle
     # drains it); a call the stalled model holds is never answered and is cancelled
     await proxy.drain(sid, timeout_s=1 if sid in proxy.model.hanging else 300)

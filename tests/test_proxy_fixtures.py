@@ -9,35 +9,37 @@ from itertools import groupby
 import aiohttp
 import pytest
 from proxy_client import parse_sse, running_proxy
-from wire_helpers import FIXTURES
+from wire_helpers import FIXTURES, fixture_adapter, fixture_stems, wire_api_of
 
+from polar_env.harness_adapters import adapter_names, get_adapter
 from polar_env.proxy.engine import EngineConfig
 
-# (first tool the scripted model calls, its arguments) per harness capture
-FIRST_CALL = {
-    "codex": ("exec_command", {"cmd": "ls"}),
-    "codex-gpt55": ("exec_command", {"cmd": "ls"}),
-    "pi-anthropic": ("bash", {"command": "ls"}),
-    "pi-chat": ("bash", {"command": "ls"}),
-    "pi-responses": ("bash", {"command": "ls"}),
-    "claude-bare": ("Bash", {"command": "ls"}),
-    "claude": (None, None),
-    "mini-swe-agent": ("bash", {"command": "ls"}),
-    "aider": (None, None),  # no tools: it edits from a diff in the text
-    "qwen-code": ("run_shell_command", {"command": "ls"}),
-    "opencode": ("bash", {"command": "ls"}),
-    "cline": ("run_commands", {"commands": ["ls"]}),
-    "hermes-agent": ("terminal", {"command": "ls"}),
-    "openhands": ("terminal", {"command": "ls", "security_risk": "LOW"}),
-}
+
+def _first_call(harness: str, requests: list[dict]) -> tuple[str | None, dict | None]:
+    """The first tool the scripted model calls and its arguments: the adapter's shell tool running
+    ``ls``, where the capture's first model call offers it (aider has none; a full Claude Code run's
+    first model call is a tool-less side call)."""
+    tool = fixture_adapter(harness).shell_tool
+    first = next(r["body"] for r in requests if r["method"] != "HEAD")
+    if tool is None or f'"{tool.name}"' not in json.dumps(first.get("tools") or []):
+        return None, None
+    return tool.name, tool.arguments("ls")
+
+
+def test_every_harness_in_the_registry_has_captured_requests_of_its_wire_api():
+    captured = {name: set() for name in adapter_names()}
+    for stem in fixture_stems():
+        captured[fixture_adapter(stem).name] |= {wire_api_of(r["path"]) for r in _load(stem) if r["method"] == "POST"}
+    assert {name: get_adapter(name).wire_api in apis for name, apis in captured.items()} \
+        == dict.fromkeys(captured, True), captured
 
 
 def _names(events):
     """Event names with repeats collapsed; pings dropped (optional in both directions)."""
     out = []
     for event in events:
-        if isinstance(event, dict):
-            out.append(event.get("type"))
+        if isinstance(event, dict):  # a Gemini chunk has no type
+            out.append(event.get("type", "chunk"))
         elif isinstance(event, str):
             out.append(event)
     return [k for k, _ in groupby(n for n in out if n != "ping")]
@@ -60,11 +62,9 @@ def _load(harness):
     return [json.loads(f.read_text()) for f in files]
 
 
-@pytest.mark.parametrize("harness", sorted(FIRST_CALL))
+@pytest.mark.parametrize("harness", fixture_stems())
 async def test_fixture_requests_are_answered_with_the_sse_the_harness_needs(harness, renderer,
                                                                            scripted_backend_factory, tmp_path):
-    tool, args = FIRST_CALL[harness]
-
     def policy(session_id, call_number, prompt_text):
         if tool and call_number == 0:
             assert tool in prompt_text, "the harness's tools must be rendered into the prompt"
@@ -72,7 +72,7 @@ async def test_fixture_requests_are_answered_with_the_sse_the_harness_needs(harn
         return "All done."
 
     requests = _load(harness)
-    assert requests, f"no fixtures for {harness} in {FIXTURES}"
+    tool, args = _first_call(harness, requests)
     # harness prompts are long (Codex ~9k tokens); the scripted policy scores a bounded window
     config = EngineConfig(max_context=65536, default_max_tokens=64)
     async with running_proxy(renderer, scripted_backend_factory(policy), tmp_path, config=config) as proxy, \
@@ -87,7 +87,7 @@ async def test_fixture_requests_are_answered_with_the_sse_the_harness_needs(harn
                 assert resp.status == 200, raw[:500]
             if captured["method"] == "HEAD":
                 continue
-            if not captured["body"].get("stream"):  # mini-SWE-agent: LiteLLM asks for one JSON answer
+            if not (captured["body"].get("stream") or "alt=sse" in captured["path"]):  # mini-SWE-agent: LiteLLM asks for one JSON answer
                 message = json.loads(raw)["choices"][0]["message"]
                 called = [c["function"]["name"] for c in message.get("tool_calls") or []]
                 assert called == ([tool] if tool and captured is requests[0] else []), message

@@ -6,14 +6,10 @@ import json
 import re
 
 import pytest
-from wire_helpers import FIXTURES
+from wire_helpers import FIXTURES, wire_api_of
 
-from polar_env.proxy import anthropic_messages, gemini_generate_content, openai_chat, openai_responses
+from polar_env.proxy.app import API_MODULES
 
-DECODERS = {"codex": openai_responses, "claude": anthropic_messages, "pi-chat": openai_chat,
-            "pi-anthropic": anthropic_messages, "pi-responses": openai_responses, "qwen-code": openai_chat,
-            "opencode": openai_chat, "cline": openai_chat, "gemini": gemini_generate_content,
-            "hermes-agent": openai_chat, "openhands": openai_chat}
 # each way a harness writes today's date (ISO; Cline's 11/30/2026; Qwen Code's and Gemini CLI's Monday,
 # November 30, 2026; OpenCode's Mon Nov 30 2026), and another day written the same way
 # (an ISO date followed by a time is a fixed example: Hermes Agent's cronjob tool shows '2026-06-01T09:00:00')
@@ -21,10 +17,6 @@ DATES = [(re.compile(r"\d{4}-\d{2}-\d{2}(?!T)"), "2031-02-03"),
          (re.compile(r"\b\d{2}/\d{2}/\d{4}\b"), "02/03/2031"),
          (re.compile(r"\b[A-Z][a-z]+day, [A-Z][a-z]+ \d{1,2}, \d{4}"), "Monday, February 3, 2031"),
          (re.compile(r"\b(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) [A-Z][a-z]{2} \d{2} \d{4}"), "Mon Feb 03 2031")]
-
-
-def _decoder(name: str):
-    return DECODERS.get(name) or DECODERS[name.split("-")[0]]
 
 
 def _first_dated_model_calls() -> list[str]:
@@ -40,7 +32,7 @@ def _first_dated_model_calls() -> list[str]:
 @pytest.mark.parametrize("path", _first_dated_model_calls())
 def test_a_different_date_decodes_to_the_same_conversation(path):
     captured = json.loads((FIXTURES / path).read_text())
-    decode = _decoder(path.split(".")[0]).decode
+    decode = API_MODULES[wire_api_of(captured["path"])].decode
     text = json.dumps(captured["body"])
     for date, other_day in DATES:
         text = date.sub(other_day, text)

@@ -7,10 +7,40 @@ from pathlib import Path
 from typing import Any
 
 from polar_env.chat.messages import AssistantTurn, ToolCall
+from polar_env.harness_adapters import get_adapter
+from polar_env.harness_adapters.base import HarnessAdapter
 from polar_env.wire.shape import encode
 
 # request bodies and SSE replies captured from the real harness CLIs (redacted credentials)
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "harness_requests"
+
+
+def fixture_adapter(stem: str) -> HarnessAdapter:
+    """The adapter whose harness a fixture's stem names: the harness or an alias of it, then a
+    variant after a dash (``pi-chat``, ``claude-bare``, ``codex-gpt55``)."""
+    try:
+        return get_adapter(stem)
+    except KeyError:
+        return get_adapter(stem.rsplit("-", 1)[0])
+
+
+def fixture_stems() -> list[str]:
+    """Every captured capture's stem (``pi-chat`` for ``pi-chat.req1.json``)."""
+    return sorted({f.name.split(".req")[0] for f in FIXTURES.glob("*.req*.json")})
+
+
+def wire_api_of(path: str) -> str:
+    """The ``proxy.app.API_MODULES`` key a captured request's path is routed to."""
+    path = path.split("?")[0]
+    if path.endswith("/chat/completions"):
+        return "chat"
+    if path.endswith("/responses"):
+        return "responses"
+    if path.endswith("/messages"):
+        return "messages"
+    if "GenerateContent" in path:
+        return "gemini"
+    raise ValueError(f"no model-call route for {path}")
 
 
 def fixture(name: str) -> dict[str, Any]:

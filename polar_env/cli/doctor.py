@@ -109,7 +109,8 @@ def doctor_report(root: Path | None = None) -> list[DoctorRow]:
         adapter = cls()
         ok = adapter.is_installed(root)
         rows.append(DoctorRow(f"harness {name}", ok, adapter.version if ok else "", "" if ok else _install_hint(adapter, root),
-                              str(adapter.install_dir(root)) if ok else f"pinned {adapter.package} ({adapter.source.kind})"))
+                              f"{adapter.install_dir(root) if ok else f'pinned {adapter.package} ({adapter.source.kind})'}; "
+                              f"speaks {adapter.wire_api}"))
     return rows
 
 

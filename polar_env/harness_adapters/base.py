@@ -123,6 +123,9 @@ class HarnessAdapter(ABC):
 
     name: ClassVar[str]
     source: ClassVar[InstallSource]  # npm package or Python venv, pinned
+    # The API its configuration speaks to the proxy: a key of ``proxy.app.API_MODULES`` (chat,
+    # responses, messages, gemini), shown by ``polar doctor``; tests pick the decoder by it.
+    wire_api: ClassVar[str]
     shell_tool: ClassVar[ShellTool | None] = None  # for scripted policies (None: it has none)
     text_edit: ClassVar[TextEdit | None] = None  # its edit format, when edits are reply text
     # The command that ends a run for harnesses that stop only when the model runs it (its prompt
@@ -132,6 +135,9 @@ class HarnessAdapter(ABC):
     volatile_rules: ClassVar[tuple[VolatileRule, ...]] = ()  # per-day / per-machine prompt lines
     # Extra deadline `polar demo` grants: the embedded CPU model prefills a long first prompt for minutes.
     prefill_allowance_s: ClassVar[float] = 0.0
+    # Seconds a busy 2-core machine may take before its first model call is made and answered by a
+    # scripted model (imports, its first prompt rendered): a deadline meant to pass after that call adds it.
+    first_call_s: ClassVar[float] = 0.0
 
     @property
     def version(self) -> str:

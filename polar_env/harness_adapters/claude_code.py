@@ -26,6 +26,7 @@ MODEL_VARS = ("ANTHROPIC_MODEL", "ANTHROPIC_SMALL_FAST_MODEL", "ANTHROPIC_DEFAUL
 class ClaudeCodeAdapter(HarnessAdapter):
     name = "claude-code"
     source = NpmPackage("@anthropic-ai/claude-code", "2.1.332", "claude")
+    wire_api = "messages"
     shell_tool = ShellTool("Bash", "command", wait_args={"timeout": 600000})
     noise_dirs = (".claude",)
     prefill_allowance_s = 480.0  # ~12.8k first-prompt tokens

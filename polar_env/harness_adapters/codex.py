@@ -31,6 +31,7 @@ def _toml_str(value: str) -> str:
 class CodexAdapter(HarnessAdapter):
     name = "codex"
     source = NpmPackage("@openai/codex", "0.171.0", "codex")
+    wire_api = "responses"
     shell_tool = ShellTool("exec_command", "cmd", wait_args={"yield_time_ms": 30000})
     noise_dirs = (".codex",)
     prefill_allowance_s = 480.0  # ~9.5k first-prompt tokens

@@ -31,6 +31,7 @@ def _text(message: dict) -> str | None:
 class PiAdapter(HarnessAdapter):
     name = "pi"
     source = NpmPackage("@mariozechner/pi-coding-agent", "0.73.1", "pi")
+    wire_api = "chat"
     shell_tool = ShellTool("bash", "command")
     noise_dirs = (".pi",)
     volatile_rules = (VolatileRule("pi-current-date", frozenset({"system"}),
