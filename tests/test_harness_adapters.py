@@ -15,7 +15,13 @@ from polar_env.harness_adapters.base import json_lines
 from polar_env.harness_adapters.claude_code import MODEL_VARS
 from polar_env.harness_adapters.registry import ADAPTERS, NOISE_EXCLUDES, shell_tools
 from polar_env.harness_adapters.runner import episode_command
-from polar_env.harness_adapters.sources import INSTALLED_MARKER, LOCKS_DIR, PythonVenv, is_installed
+from polar_env.harness_adapters.sources import (
+    INSTALLED_MARKER,
+    LOCKS_DIR,
+    NpmPackage,
+    PythonVenv,
+    is_installed,
+)
 
 CTX = HarnessContext(session_id="sess-1", session_key="sk-polar-secret", model_name="policy", port=18080)
 
@@ -41,6 +47,21 @@ def test_cache_dir_honours_polar_cache(monkeypatch, tmp_path: Path):
     assert npm[-1] == f"@openai/codex@{codex.version}"
     monkeypatch.delenv("POLAR_CACHE")
     assert cache_root() == Path.home() / ".cache" / "polar"
+
+
+def test_an_npm_harness_that_needs_a_newer_node_gets_its_own_first_and_installs_under_it(tmp_path: Path):
+    src = NpmPackage("some-cli", "1.2.3", "some", node="24.22.3")
+    node, cli = src.install_commands(tmp_path)
+    assert node[:4] == ["npm", "install", "--prefix", str(tmp_path)] and node[-1].startswith("node-linux-")
+    assert node[-1].endswith("@24.22.3") and cli[-1] == "some-cli@1.2.3"
+    assert cli[0] == "env" and cli[1].startswith(f"PATH={tmp_path}/node_modules/.bin:")  # its install scripts see it
+    assert src.identity != NpmPackage("some-cli", "1.2.3", "some").identity  # a host-node install is redone
+
+
+def test_every_adapter_declares_a_wire_api_the_proxy_serves():
+    from polar_env.proxy.app import API_MODULES
+
+    assert {name: cls.wire_api in API_MODULES for name, cls in ADAPTERS.items()} == dict.fromkeys(ADAPTERS, True)
 
 
 def test_install_is_a_noop_once_installed(tmp_path: Path):

