@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 
 from wire_helpers import fixture, parse_sse
 
 from polar_env.chat.messages import Conversation, Message
+from polar_env.harness_adapters.base import VolatileRule
 from polar_env.proxy import anthropic_messages, volatile
 from polar_env.proxy.wire import DecodedRequest, sse_frame
 from polar_env.wire.ids import call_id_from_ref, issued_ref
@@ -54,6 +56,21 @@ def test_system_message_left_empty_is_dropped_and_refs_stay_aligned():
     out = volatile.apply(req)
     assert [m.role for m in out.conversation.messages] == ["user", "assistant"]
     assert out.assistant_refs == [None, "polar:v1:abc"]
+
+
+def test_a_user_message_that_is_all_per_call_context_is_dropped_so_the_next_call_extends_this_one():
+    """A harness that moves a context message to the end of every request (OpenClaw): with the message
+    gone, call 2's conversation starts with call 1's, as the chain builder needs."""
+    rule = VolatileRule("tail", frozenset({"user"}), re.compile(r"<ctx>.*?</ctx>\s*", re.DOTALL))
+    first = volatile.apply(_req(Message(role="user", content="fix it"), Message(role="user", content="<ctx>a\n</ctx>")),
+                           (rule,))
+    second = volatile.apply(_req(Message(role="user", content="fix it"), Message(role="assistant", content="ok"),
+                                 Message(role="user", content="<ctx>b</ctx>\nand the test"),
+                                 Message(role="user", content="<ctx>c</ctx>"), refs=[None, "polar:v1:x", None, None]),
+                            (rule,))
+    assert [m.content for m in first.conversation.messages] == ["fix it"] and first.flags == ["stripped:tail"]
+    assert [m.content for m in second.conversation.messages] == ["fix it", "ok", "and the test"]  # text left: kept
+    assert second.assistant_refs == [None, "polar:v1:x", None]
 
 
 def test_nothing_volatile_means_no_flag_and_same_messages():

@@ -17,6 +17,7 @@ from polar_env.proxy.wire import DecodedRequest, dedupe
 
 # Each adapter declares its harness's own lines (harness_adapters/<harness>.py); the proxy does not
 # know which harness a session runs, so it applies all of them.
+DROPPABLE = frozenset({"system", "user"})  # roles whose message goes when nothing of it is left
 RULES: tuple[VolatileRule, ...] = tuple(rule for adapter in ADAPTERS.values() for rule in adapter.volatile_rules)
 
 
@@ -33,7 +34,9 @@ def strip_message(message: Message, rules: tuple[VolatileRule, ...] = RULES) -> 
 
 
 def apply(req: DecodedRequest, rules: tuple[VolatileRule, ...] = RULES, seen: Seen | None = None) -> DecodedRequest:
-    """Strip every message; a system message left empty is dropped (with its ref, keeping alignment).
+    """Strip every message; a system or user message the rules left empty is dropped (with its ref,
+    keeping alignment): a message that is all per-call context (OpenClaw's runtime-context tail, moved
+    to the end of every request) would otherwise keep each call from extending the one before.
 
     With ``seen`` (the session's last request), the leading messages equal to that request's keep
     their stripped form: the rules run on the messages new since; and a request that extends the
@@ -47,7 +50,7 @@ def apply(req: DecodedRequest, rules: tuple[VolatileRule, ...] = RULES, seen: Se
     fired_all: list[tuple[str, ...]] = last.fired[:k] if last is not None else []
     for message in before[k:]:
         stripped, fired = strip_message(message, rules)
-        dropped = fired and stripped.role == "system" and not stripped.content.strip()
+        dropped = fired and stripped.role in DROPPABLE and not stripped.content.strip()
         after.append(None if dropped else stripped)
         fired_all.append(tuple(fired))
     if last is not None and k == len(last.before) and extends(refs_in, last.refs):
