@@ -179,7 +179,7 @@ def assert_clean_edit(adapter, proxy: RecordingProxy, ledger_dir: Path, sid: str
     traj = build_trajectory(ledger.session(sid), calls, status=run.status)
     assert check_trajectory(traj) == []
     assert len(traj.chains) == 1 and traj.chains[0].call_indices == list(range(len(calls))), \
-        [(ch.call_indices, ch.break_reason) for ch in traj.chains]
+        [(ch.call_indices, ch.start_reason) for ch in traj.chains]
     chain = traj.chains[0]
     sampled = set()
     for c in calls:

@@ -152,3 +152,23 @@ async def test_two_turn_tool_conversation_is_token_exact(api, stream, renderer, 
     for call in calls:
         assert len(call["logprobs"]) == len(call["sampled_ids"]) > 0
         assert all(lp <= 0.0 for lp in call["logprobs"])
+
+
+async def test_a_tool_call_id_sent_back_in_another_charset_still_names_its_call(renderer, scripted_backend_factory,
+                                                                                tmp_path):
+    """OpenClaw sends the issued ``call_<id>_0`` back as ``call<id>0`` (its providers' charset); the
+    call it answers is still found, so the episode stays one chain."""
+    async with running_proxy(renderer, scripted_backend_factory(weather_policy), tmp_path) as proxy, \
+            aiohttp.ClientSession() as http:
+        sid, key = proxy.create_session("s1")
+        url = proxy.base_url + f"/s/{sid}/v1/chat/completions"
+        body1 = chat_first(True)
+        status, reply1 = await post(http, url, body1, key, "bearer")
+        answer = chat_answer(reply1, True)
+        issued = answer["tool_calls"][0]["id"]
+        answer["tool_calls"][0]["id"] = "".join(ch for ch in issued if ch.isalnum())
+        status, reply2 = await post(http, url, chat_next(body1, answer), key, "bearer")
+        assert status == 200, reply2
+        calls = await ledger_calls(http, proxy, sid)
+    assert "_" in issued and answer["tool_calls"][0]["id"] != issued
+    assert calls[1]["parent_call_index"] == 0 and calls[1]["break_reason"] is None

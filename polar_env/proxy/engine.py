@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import re
 import threading
 import time
 import uuid
@@ -467,15 +468,24 @@ def _extend(renderer: ChatRenderer, parent: CallState, appended: list[Message],
     return ids
 
 
+_NON_ALPHANUMERIC = re.compile(r"[^A-Za-z0-9]")
+
+
 def _answers(message: Message, ref: str | None, state: CallState) -> bool:
     """Whether ``message`` (an assistant turn the harness sent back) is the answer of ``state``."""
     if message.role != "assistant":
         return False
-    issued = [tc.id for tc in state.output.tool_calls]
-    sent = [tc.id for tc in message.tool_calls]
+    issued = [_id_key(tc.id) for tc in state.output.tool_calls]
+    sent = [_id_key(tc.id) for tc in message.tool_calls]
     if ref is not None and state.call_id in ref:
         return sent == issued  # a ref on part of a turn (one of its calls) is not the turn
     if issued:
         return sent == issued
     return not message.tool_calls and message.content.strip() == state.output.content.strip()
 
+
+def _id_key(tool_call_id: str | None) -> str:
+    """A tool-call id as compared with the one issued: its letters and digits. Some harnesses rewrite
+    ids to the charset their strictest provider takes (OpenClaw sends ``call_ab12_0`` back as
+    ``callab120``); an issued id is unique per call, so the letters alone still name one call."""
+    return _NON_ALPHANUMERIC.sub("", tool_call_id or "")
