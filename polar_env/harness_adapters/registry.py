@@ -15,6 +15,7 @@ from polar_env.harness_adapters.codex import CodexAdapter
 from polar_env.harness_adapters.gemini_cli import GeminiCliAdapter
 from polar_env.harness_adapters.hermes_agent import HermesAgentAdapter
 from polar_env.harness_adapters.mini_swe_agent import MiniSweAgentAdapter
+from polar_env.harness_adapters.openclaw import OpenClawAdapter
 from polar_env.harness_adapters.opencode import OpenCodeAdapter
 from polar_env.harness_adapters.openhands import OpenHandsAdapter
 from polar_env.harness_adapters.pi import PiAdapter
@@ -33,6 +34,7 @@ ADAPTERS: dict[str, type[HarnessAdapter]] = {
     "cline": ClineAdapter,
     "hermes-agent": HermesAgentAdapter,
     "openhands": OpenHandsAdapter,
+    "openclaw": OpenClawAdapter,
 }
 ALIASES = {"claude_code": "claude-code", "claude": "claude-code", "gemini_cli": "gemini-cli", "gemini": "gemini-cli",
            "mini_swe_agent": "mini-swe-agent",
