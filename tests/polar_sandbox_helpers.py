@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -50,6 +51,22 @@ async def reply_json(status: int, body: str) -> Handler:
         await request.read()
         return web.Response(status=status, text=body, content_type="application/json")
     return handler
+
+
+def clock_stopped_until(happened: Callable[[], bool], *, at_most_s: float = 300.0) -> Callable[[], float]:
+    """A deadline's ``paused_s`` (``sandbox.base.Deadline``, the staged driver's run-slot pause) that
+    holds the clock still until ``happened()`` (polled whenever the deadline is checked), and for at
+    most ``at_most_s``: a hang test's deadline then counts from the hang itself, not from a harness
+    start-up whose length the machine's load decides (no margin to wait out on a quiet machine)."""
+    start = time.monotonic()
+    seen: list[float] = []
+
+    def paused_s() -> float:
+        if not seen and happened():
+            seen.append(time.monotonic())
+        return min((seen[0] if seen else time.monotonic()) - start, at_most_s)
+
+    return paused_s
 
 
 async def hang(request: web.Request) -> web.Response:

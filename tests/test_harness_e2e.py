@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from aiohttp import web
-from polar_sandbox_helpers import processes_matching
+from polar_sandbox_helpers import clock_stopped_until, processes_matching
 
 from polar_env.backends.local import LocalBackend
 from polar_env.backends.scripted import ScriptedBackend
@@ -61,14 +61,11 @@ MISS_PATCH = EDIT_PATCH.replace("-print('original')", "-print('polar-e2e-absent'
 
 PARALLEL = ["echo one > one.txt", "echo two > two.txt"]
 HARNESSES = adapter_names()
-# the deadline must pass while the tool hangs, after the first call: 20 s plus what the harness declares
-# its first call takes on a busy 2-core machine (`first_call_s`: imports, a long first prompt rendered
-# and scored); mini-SWE-agent's own command timeout (60 s) starts after its first call, so any deadline
-# under it still finds the tool hanging.
-
-
-def hang_deadline_s(adapter) -> float:
-    return 20 + adapter.first_call_s
+# the deadline must pass while the tool hangs, after the first call: its clock stands still until the
+# hang has begun (the tool's process runs, or the stalled model holds the harness's call), however long
+# the harness's start-up took on a loaded machine, then runs this long; under every harness's own
+# command timeout (Cline's 30 s, mini-SWE-agent's 60 s), so the deadline still finds the tool hanging
+HANG_DEADLINE_S = 4.0
 
 
 def policy(session_id: str | None, call_number: int, prompt_text: str) -> str:
@@ -140,7 +137,7 @@ async def proxy(smol, tmp_path: Path):
 
 async def rollout(adapter, proxy: RecordingProxy, tmp_path: Path, name: str, *,
                   prompt: str = "Change original to edited in hello.py.", timeout_s: float = 240,
-                  machine: dict | None = None, budget: dict | None = None):
+                  machine: dict | None = None, budget: dict | None = None, paused_s=None):
     task = tmp_path / "task"
     if not task.exists():
         task.mkdir(parents=True)
@@ -154,7 +151,8 @@ async def rollout(adapter, proxy: RecordingProxy, tmp_path: Path, name: str, *,
     sb = BubblewrapSandbox.create(task, spec=replace(spec, **(machine or {})))
     try:
         run = await run_episode_in_sandbox(adapter, sb, proxy_socket_dir=sock, session_id=sid, session_key=key,
-                                           model_name="policy", prompt=prompt, timeout_s=timeout_s)
+                                           model_name="policy", prompt=prompt, timeout_s=timeout_s,
+                                           paused_s=paused_s)
         edited = (sb.testbed / "hello.py").read_text()
         patch = (await sb.diff(NOISE_EXCLUDES)).decode()
     finally:
@@ -246,8 +244,11 @@ async def test_real_harness_edits_through_proxy_and_two_machines_share_first_pro
 async def test_hung_tool_is_killed_and_partial_trajectory_kept(harness, proxy: RecordingProxy, tmp_path: Path):
     adapter = get_adapter(harness)
     adapter.install()
-    sid, run, edited, _ = await rollout(adapter, proxy, tmp_path, f"{harness}-hang", prompt="Hang forever.",
-                                        timeout_s=hang_deadline_s(adapter))
+    name = f"{harness}-hang"  # its session id
+    hung = clock_stopped_until(lambda: bool(processes_matching("polar-e2e-hang")) or name in proxy.model.hanging)
+    sid, run, edited, _ = await rollout(adapter, proxy, tmp_path, name, prompt="Hang forever.",
+                                        timeout_s=HANG_DEADLINE_S, paused_s=hung)
+    assert hung() < 300, "the hang began"
     # a call still being answered at the deadline is recorded once answered (as the episode lifecycle
     # drains it); a call the stalled model holds is never answered and is cancelled
     await proxy.drain(sid, timeout_s=1 if sid in proxy.model.hanging else 300)

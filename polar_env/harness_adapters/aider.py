@@ -51,7 +51,6 @@ class AiderAdapter(HarnessAdapter):
     name = "aider"
     source = PythonVenv("aider-chat", "0.86.2", "aider", lock="aider.txt")
     wire_api = "chat"
-    first_call_s = 40.0
     # the sentence its udiff system prompt always carries
     text_edit = TextEdit("Return edits similar to unified diffs that `diff -U0` would produce.", udiff_reply)
     noise_dirs = (".aider.tags.cache.v4",)  # its repo-map cache, written in the repository root

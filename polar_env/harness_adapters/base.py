@@ -135,9 +135,6 @@ class HarnessAdapter(ABC):
     volatile_rules: ClassVar[tuple[VolatileRule, ...]] = ()  # per-day / per-machine prompt lines
     # Extra deadline `polar demo` grants: the embedded CPU model prefills a long first prompt for minutes.
     prefill_allowance_s: ClassVar[float] = 0.0
-    # Seconds a busy 2-core machine may take before its first model call is made and answered by a
-    # scripted model (imports, its first prompt rendered): a deadline meant to pass after that call adds it.
-    first_call_s: ClassVar[float] = 0.0
 
     @property
     def version(self) -> str:

@@ -29,7 +29,6 @@ class ClineAdapter(HarnessAdapter):
     name = "cline"
     source = NpmPackage("cline", "3.0.65", "cline")
     wire_api = "chat"
-    first_call_s = 20.0
     shell_tool = ShellTool("run_commands", "commands", command_is_list=True)
     noise_dirs = (".cline", ".clinerules")
     prefill_allowance_s = 480.0  # ~5.7k first-prompt tokens and 25 tools

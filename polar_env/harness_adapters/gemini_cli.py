@@ -39,7 +39,6 @@ class GeminiCliAdapter(HarnessAdapter):
     name = "gemini-cli"
     source = NpmPackage("@google/gemini-cli", "0.61.0", "gemini")
     wire_api = "gemini"
-    first_call_s = 40.0
     shell_tool = ShellTool("run_shell_command", "command")
     noise_dirs = (".gemini",)
     prefill_allowance_s = 480.0  # ~11.7k first-prompt tokens

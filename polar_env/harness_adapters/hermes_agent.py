@@ -43,7 +43,6 @@ class HermesAgentAdapter(HarnessAdapter):
     name = "hermes-agent"
     source = PythonVenv("hermes-agent", "0.19.0", "hermes", lock="hermes-agent.txt")
     wire_api = "chat"
-    first_call_s = 25.0
     shell_tool = ShellTool("terminal", "command", wait_args={"timeout": 600})  # ``timeout`` in s, at most 600
     prefill_allowance_s = 900.0  # ~15k first-prompt tokens (its default toolset: 25 tools for a text model)
     volatile_rules = (

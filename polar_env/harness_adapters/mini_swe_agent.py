@@ -29,7 +29,6 @@ class MiniSweAgentAdapter(HarnessAdapter):
     name = "mini-swe-agent"
     source = PythonVenv("mini-swe-agent", "2.4.6", "mini", lock="mini-swe-agent.txt")
     wire_api = "chat"
-    first_call_s = 35.0
     shell_tool = ShellTool("bash", "command")  # a command may run 60 s (environment.timeout)
     finish_command = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
     # two calls of ~1.7k prompt tokens after seconds of LiteLLM import: at load 11 on the 2-core

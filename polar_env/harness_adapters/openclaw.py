@@ -40,7 +40,6 @@ class OpenClawAdapter(HarnessAdapter):
     name = "openclaw"
     source = NpmPackage("openclaw", "2026.9.6", "openclaw", node="24.22.3")
     wire_api = "chat"
-    first_call_s = 40.0  # ~22 s from a cold start to its first call on a busy 2-core machine, ~6k tokens
     prefill_allowance_s = 480.0  # ~6k first-prompt tokens (11 tools, a 25.6k-character system prompt)
     # ``exec`` moves a command to the background after ``yieldMs`` (10 s) and kills it after
     # ``timeoutSeconds`` (1800 s): a long command waits in the foreground instead

@@ -34,7 +34,6 @@ class OpenCodeAdapter(HarnessAdapter):
     name = "opencode"
     source = NpmPackage("opencode-ai", "1.18.33", "opencode")
     wire_api = "chat"
-    first_call_s = 10.0
     shell_tool = ShellTool("bash", "command", wait_args={"timeout": 600000})  # ``timeout`` in ms
     noise_dirs = (".opencode",)
     prefill_allowance_s = 480.0  # ~7.4k first-prompt tokens

@@ -30,7 +30,6 @@ class OpenHandsAdapter(HarnessAdapter):
     name = "openhands"
     source = PortablePython("openhands", "1.16.0", "openhands", python="3.12", lock="openhands.txt")
     wire_api = "chat"
-    first_call_s = 40.0
     # ``timeout`` in s: without it a command silent for 10 s returns as "still running"
     shell_tool = ShellTool("terminal", "command", extra_args={"security_risk": "LOW"}, wait_args={"timeout": 600})
     volatile_rules = (

@@ -27,7 +27,6 @@ class QwenCodeAdapter(HarnessAdapter):
     name = "qwen-code"
     source = NpmPackage("@qwen-code/qwen-code", "0.24.4", "qwen")
     wire_api = "chat"
-    first_call_s = 25.0
     shell_tool = ShellTool("run_shell_command", "command", wait_args={"timeout": 600000})  # ``timeout`` in ms
     noise_dirs = (".qwen",)
     prefill_allowance_s = 900.0  # ~18k first-prompt tokens
