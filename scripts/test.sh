@@ -13,16 +13,18 @@ POLAR_SETUP_HARNESSES=${POLAR_SETUP_HARNESSES:-1} POLAR_SETUP_VLLM=${POLAR_SETUP
 for arg in "$@"; do
   case "$arg" in -*) ;; *) exec .venv/bin/python -m pytest "$@" ;; esac
 done
-# The whole suite runs one pytest process per test file: a file's models, servers and threads are
-# gone before the next file starts (the suite in a single process outgrew this 24 GB machine's
-# memory). POLAR_TEST_JOBS processes (default 2, one per core here) run at once. Files that share a
-# machine-wide resource run one after another in one job: those using the vLLM server fixture (they
-# share one server start, in one process) and those starting NeMo Gym's servers (the docs' commands
-# use Gym's fixed ports). Podman is not such a resource: every container a test process creates
-# carries its own label (tests/own_containers.py) and its checks count only those.
+# The whole suite: the fast files (no `pytest.mark.slow` test: models, servers and sandboxes
+# small and short-lived) share one pytest process, sparing each its interpreter start and
+# imports; every slow file runs in its own process, so that its models, servers and threads are gone
+# before the next one starts (the suite in a single process outgrew this 24 GB machine's memory; the
+# fast files together peak near 2 GB). POLAR_TEST_JOBS processes (default 2, one per core here) run
+# at once. Files that share a machine-wide resource run one after another in one job: those using the
+# vLLM server fixture (they share one server start, in one process) and those starting NeMo Gym's
+# servers (the docs' commands use Gym's fixed ports). Podman is not such a resource: every container a
+# test process creates carries its own label (tests/own_containers.py) and its checks count only those.
 # Longest job first, by tests/durations.tsv (seconds and run, one line per pytest run, from an
 # earlier full run: this script writes the new figures to $POLAR_TEST_DURATIONS_OUT when set), so
-# that no long file starts last; a file it does not list counts 60 s.
+# that no long file starts last; a run it does not list counts 60 s a file.
 vllm_files=$(grep -l "vllm_server" tests/test_*.py | tr '\n' ' ')
 gym_files=$(grep -lE "^from gym_helpers|^import gym_helpers" tests/test_*.py | tr '\n' ' ')
 jobs=()
@@ -32,26 +34,35 @@ for file in $gym_files; do
   case " $vllm_files " in *" $file "*) ;; *) gym_job+="$file " ;; esac
 done
 [ -n "$gym_job" ] && jobs+=("$gym_job")
+unit_job=""
 for file in tests/test_*.py; do
-  case " $vllm_files $gym_job " in *" $file "*) ;; *) jobs+=("$file") ;; esac
+  case " $vllm_files $gym_job " in
+    *" $file "*) ;;
+    *) if grep -q "pytest.mark.slow" "$file"; then jobs+=("$file"); else unit_job+="$file "; fi ;;
+  esac
 done
+[ -n "$unit_job" ] && jobs+=("$unit_job")
+one_process() {  # whether a job's files run as one pytest process (the vLLM files, the fast files)
+  case " $1 " in " $vllm_files "|" $unit_job ") return 0 ;; *) return 1 ;; esac
+}
 expected_s() {  # a job's expected seconds: its runs' figures in tests/durations.tsv
   local files=$1
-  case " $vllm_files " in
-    " $files ") awk -F'\t' -v run="${files% }" '$2 == run {s = $1} END {print s ? s : 60}' tests/durations.tsv ;;
-    *) awk -F'\t' -v runs="$files" 'BEGIN {n = split(runs, r, " "); for (i = 1; i <= n; i++) want[r[i]] = 60}
-         $2 in want {want[$2] = $1} END {for (f in want) s += want[f]; print s}' tests/durations.tsv ;;
-  esac
+  if one_process "$files"; then
+    awk -F'\t' -v run="${files% }" -v n="$(wc -w <<< "$files")" '$2 == run {s = $1} END {print s ? s : 60 * n}' \
+      tests/durations.tsv
+  else
+    awk -F'\t' -v runs="$files" 'BEGIN {n = split(runs, r, " "); for (i = 1; i <= n; i++) want[r[i]] = 60}
+         $2 in want {want[$2] = $1} END {for (f in want) s += want[f]; print s}' tests/durations.tsv
+  fi
 }
 mapfile -t jobs < <(for job in "${jobs[@]}"; do printf '%s\t%s\n' "$(expected_s "$job")" "$job"; done \
                     | sort -t$'\t' -k1,1nr | cut -f2)
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
-run_job() {  # one job's files, one pytest process each; its output and failures land in $logs/$1.*
+run_job() {  # one job's runs (its files in one pytest process, or one process per file); its output and failures land in $logs/$1.*
   local idx=$1 files=$2 rc t0
-  # the vLLM files share one process (one server start); the others one process per file
   local runs=("$files")
-  case " $vllm_files " in " $files ") ;; *) read -ra runs <<< "$files" ;; esac
+  one_process "$files" || read -ra runs <<< "$files"
   for run in "${runs[@]}"; do
     rc=0 t0=$SECONDS
     # shellcheck disable=SC2086  # a run is space-separated file names
