@@ -281,6 +281,45 @@ async def test_append_async_writes_on_the_ledger_thread_and_returns_once_written
     assert threading.current_thread().name not in writers
 
 
+async def test_a_small_append_is_written_on_the_loop_unless_the_writer_has_lines_queued(tmp_path: Path):
+    """A turn-sized line skips the hop to the writer thread, but never overtakes a queued line
+    (the queued write is held by a test double: a slow disk cannot be provoked here), and never
+    with fsync (a disk wait would stall the loop)."""
+    ledger = Ledger(tmp_path)
+    ledger.create_session(session("s1"))
+    first, second, third = three_turn()
+    release = threading.Event()
+    write = ledger.append
+    writers: list[tuple[str, str]] = []
+
+    def observed(record: CallRecord) -> None:
+        writers.append((record.call_id, threading.current_thread().name))
+        if record is first:
+            release.wait(10)
+        write(record)
+
+    ledger.append = observed
+    queued = asyncio.create_task(ledger.append_async(first))  # a large line: the writer thread
+    await asyncio.sleep(0.05)
+    behind = asyncio.create_task(ledger.append_async(second, small=True))  # the writer is busy: queued too
+    await asyncio.sleep(0.05)
+    release.set()
+    await asyncio.gather(queued, behind)
+    await ledger.append_async(third, small=True)  # nothing queued now: on the loop
+    assert Ledger(tmp_path).calls("s1")[-1].call_id == third.call_id  # on disk when the await returns
+    here = threading.current_thread().name
+    assert [(c, n == here) for c, n in writers] == [(first.call_id, False), (second.call_id, False),
+                                                     (third.call_id, True)]
+    assert [c.call_id for c in Ledger(tmp_path).calls("s1")] == [first.call_id, second.call_id, third.call_id]
+    ledger.close()
+    synced = Ledger(tmp_path / "fsync", fsync=True)
+    synced.create_session(session("s1"))
+    synced.append = observed
+    await synced.append_async(first, small=True)
+    assert writers[-1][1] != here
+    synced.close()
+
+
 async def test_a_cancelled_append_still_writes_its_line_before_the_cancel_returns(tmp_path: Path):
     """A call cancelled while its line waits behind another session's write (drain cancels calls
     after its timeout) must not lose the line: the record already counts as written. The slow

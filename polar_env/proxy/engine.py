@@ -46,6 +46,7 @@ GUARD_PIECE = 16 * 1024  # characters tokenized at a time when sizing a huge req
 # appended text and sampled ids this small are rendered / parsed on the loop when the tokenizer is free
 INLINE_CHARS = 4096
 INLINE_IDS = 512
+LEDGER_INLINE_IDS = 4 * INLINE_IDS  # a ledger line this small is written on the loop (Ledger.append_async)
 
 MAX_IDENTICAL_FAILURES = 2
 HISTORY_THINKING_DROPPED = "history thinking dropped (new user turn)"  # chain break reason
@@ -393,7 +394,8 @@ class TokenEngine:
                 record.timings["fence_ms"] = held_ms
             if admission_s:  # waited for a run slot (proxy/run_slots.py); not part of generate_ms
                 record.timings["admission_ms"] = admission_s * 1e3
-            await self.ledger.append_async(record)
+            line_ids = len(prompt_ids) - record.reused_prefix_len + len(sampled)  # what its line holds
+            await self.ledger.append_async(record, small=ext.parent is not None and line_ids <= LEDGER_INLINE_IDS)
             session.remember(record, self.eos_ids, hashes[-1], ids_digest(sampled, prompt_digest))
             return turn, record
         finally:

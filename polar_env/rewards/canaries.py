@@ -207,13 +207,21 @@ def _functions(tree: ast.Module, prefix: str) -> dict[str, tuple[list[ast.stmt],
 
 
 def _new_name(words: list[str], taken: set[str], prefix: str) -> str:
-    while True:
-        picked = [secrets.choice(words) for _ in range(2 + secrets.randbelow(3))] if words else []
-        name = prefix + "_".join(dict.fromkeys(picked)) if picked else prefix + secrets.token_hex(4)
-        if name not in taken and not name.endswith("_"):
+    """A name of 2-4 of the file's own test-name words; where those run out, one of them numbered
+    (``test_parse_2``), as hand-written suites name variants. Never a word the file does not use: a
+    made-up word would tell a forger which test is the copy."""
+    pool = words or ["case"]
+    for _ in range(256):
+        picked = dict.fromkeys(secrets.choice(pool) for _ in range(2 + secrets.randbelow(3)))
+        name = prefix + "_".join(picked)
+        if name not in taken:
             taken.add(name)
             return name
-        words = [*words, secrets.choice("abcdefghijklmnopqrstuvwxyz") * 3]
+    stem, n = prefix + "_".join(pool[:2]), 2
+    while f"{stem}_{n}" in taken:
+        n += 1
+    taken.add(f"{stem}_{n}")
+    return f"{stem}_{n}"
 
 
 def plan_canaries(sources: dict[str, str], f2p: list[str], *, prefix: str = "test_",
@@ -261,7 +269,8 @@ def plan_canaries(sources: dict[str, str], f2p: list[str], *, prefix: str = "tes
     if not made_any and wanted:
         rel = next(iter(wanted))
         if rel in sources:
-            name = _new_name([w for f in wanted[rel] for w in f.rpartition("::")[2].split("_")[1:] if w], set(), prefix)
+            taken = set(re.findall(r"^\s*(?:async\s+def|def|class)\s+(\w+)", sources[rel], re.M))
+            name = _new_name([w for f in wanted[rel] for w in f.rpartition("::")[2].split("_")[1:] if w], taken, prefix)
             a, b = secrets.randbelow(90) + 10, secrets.randbelow(90) + 10
             plan.files[rel] = sources[rel].rstrip("\n") + f"\n\n\ndef {name}():\n    value = {a} * {b}\n" \
                 f"    assert value == {a * b + 1}\n"
