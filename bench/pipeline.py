@@ -1,7 +1,7 @@
 """The `pipeline` family: how busy the rollout driver keeps the inference server.
 
 Two runs of the same episodes in one process, one after the other: the driver with its stage
-limits (prepare and grade slots at their defaults, a lookahead of two per run slot), then the same driver
+limits (prepare and grade slots at their defaults, two live harnesses beyond each run slot), then the same driver
 collapsed into one slot held over prepare, run and grade (the driver before the stages). Each is
 `rollout.runner.run_rollouts` itself: Pi in bubblewrap on the bundled tasks, the `gold-steps`
 policy (five calls, four of them tools), graded by the real grader. The backend is
@@ -125,8 +125,8 @@ async def run_driver(name: str, plan: Any, factory: Any, backend: Any) -> dict[s
 async def measure(workdir: Path, *, samples: int = 4, run_slots: int = RUN_SLOTS, lookahead: int = 2 * RUN_SLOTS,
                   per_token_s: float = PER_TOKEN_S, timeout_s: float = 300.0) -> dict[str, Any]:
     """Both drivers over the bundled tasks x ``samples``, at ``run_slots``; the staged one first, with
-    ``lookahead`` episodes preparing or prepared (Pi's start-up alone, under load, takes about as long
-    as a run stage: the default lookahead of one per run slot leaves slots empty while they start)."""
+    ``lookahead`` live harnesses beyond the run slots (Pi's start-up alone, under load, takes about
+    as long as a run stage: with the default of one per run slot, slots wait on start-ups)."""
     from polar_env.backends.embedded import embedded_model_dir
     from polar_env.backends.scripted import PolicyAnswers
     from polar_env.backends.simulated import SimulatedBackend

@@ -30,6 +30,7 @@ from polar_env.proxy.app import ProxyServer
 from polar_env.proxy.engine import EngineConfig
 from polar_env.proxy.run_slots import RunEnded, RunSlots
 from polar_env.rewards.grading import GradeResult
+from polar_env.rollout import runner
 from polar_env.rollout.plan import RolloutPlan
 from polar_env.rollout.runner import EpisodeRunner, run_rollouts
 from polar_env.sandbox.base import Deadline, run_process_tree
@@ -39,37 +40,47 @@ bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewr
 
 
 # -- the proxy's admission, alone ---------------------------------------------------------------
-async def test_run_slots_admit_in_arrival_order_and_hand_over_on_release():
+async def test_run_slots_admit_calls_sessions_in_their_run_first_and_hand_over_on_leave():
     slots = RunSlots(1)
     assert await slots.enter("a") == 0.0
-    b = asyncio.ensure_future(slots.enter("b"))
+    b = asyncio.ensure_future(slots.enter("b"))  # first calls, in arrival order
     c = asyncio.ensure_future(slots.enter("c"))
-    again = asyncio.ensure_future(slots.enter("b"))  # a second call of b waits for b's one slot
     await asyncio.sleep(0.01)
     assert slots.holders == {"a"} and slots.waiting == 2 and not b.done()
-    assert await slots.enter("a") == 0.0  # a holder's later calls pass at once
-    slots.release("a")
+    a_again = asyncio.ensure_future(slots.enter("a"))  # a's next call: a holder's call waits too (one slot)...
     await asyncio.sleep(0.01)
-    assert b.done() and again.done() and not c.done() and slots.holders == {"b"}
-    assert slots.times("b").admitted_at is not None
+    slots.leave("a")  # ...but a is in its run stage: it goes ahead of b and c's first calls
+    await asyncio.sleep(0.01)
+    assert a_again.done() and not b.done() and slots.holders == {"a"}
+    slots.leave("a")
+    await asyncio.sleep(0.01)
+    assert b.done() and not c.done() and slots.holders == {"b"} and slots.times("b").admitted_at is not None
+    assert slots.times("b").waited_s() > 0 and slots.times("a").waited_s() > 0  # both calls' waits counted
     slots.release("c")  # c's episode ended while its call waited: the call fails, b keeps its slot
     with pytest.raises(RunEnded):
         await c
     assert slots.holders == {"b"} and slots.waiting == 0
-    assert slots.release("b") is not None and slots.holders == set()
+    assert slots.release("b") is not None and slots.holders == {"b"}  # a call in flight keeps its slot...
+    slots.leave("b")  # ...until the backend has answered it
+    assert slots.holders == set() and slots.busy == 0
     assert slots.release("b") is None  # idempotent
 
 
-async def test_a_cancelled_waiting_call_keeps_its_sessions_place():
+async def test_a_cancelled_waiting_call_gives_its_place_up_and_never_leaks_a_slot():
     slots = RunSlots(1)
     await slots.enter("a")
     first = asyncio.ensure_future(slots.enter("b"))
     await asyncio.sleep(0)
     first.cancel()  # the harness gave up on one call
     await asyncio.sleep(0.01)
-    assert slots.waiting == 1
-    slots.release("a")
-    assert await slots.enter("b") == 0.0 and slots.holders == {"b"}
+    assert slots.waiting == 0
+    later = asyncio.ensure_future(slots.enter("c"))
+    await asyncio.sleep(0)
+    slots.leave("a")  # granted to c...
+    later.cancel()  # ...as c's call is cancelled: the slot is given back, not held by nobody
+    with pytest.raises(asyncio.CancelledError):
+        await later
+    assert slots.busy == 0 and await slots.enter("b") == 0.0 and slots.holders == {"b"}
 
 
 async def test_a_streamed_call_waiting_for_a_run_slot_gets_keepalives_then_its_answer(renderer, tmp_path: Path):
@@ -82,7 +93,7 @@ async def test_a_streamed_call_waiting_for_a_run_slot_gets_keepalives_then_its_a
     await proxy.start(port=0)
     proxy.engine.run_slots = slots = RunSlots(1)
     await slots.enter("other")
-    asyncio.get_running_loop().call_later(2.5, slots.release, "other")
+    asyncio.get_running_loop().call_later(2.5, slots.leave, "other")
     sid, key = proxy.create_session("s", sampling={"max_tokens": 16})
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(sock_read=1.5)) as http, \
@@ -95,7 +106,7 @@ async def test_a_streamed_call_waiting_for_a_run_slot_gets_keepalives_then_its_a
         await proxy.stop()
     assert raw.count(b": keep-alive\n\n") >= 3 and b"Done." in raw, raw[:300]
     assert record.timings["admission_ms"] >= 2000 and record.timings["generate_ms"] < 1000
-    assert slots.holders == {sid}
+    assert slots.holders == set() and slots.times(sid).admitted_at is not None  # answered: the slot went back
 
 
 async def test_a_deadline_does_not_run_while_its_clock_is_paused():
@@ -112,16 +123,15 @@ async def test_a_deadline_does_not_run_while_its_clock_is_paused():
 class CountingBackend(InstantBackend):
     """The test double for the model server: answers at once, after letting calls that can
     overlap do so (waiting for a partner up to 3 s while a grade is held, 0.3 s otherwise), and
-    counts concurrent calls. With a ``watch``, only the first session is answered before that
-    grade is held: the others' calls all fall inside the hold, however fast the first episode's
-    finish stage was on a loaded machine."""
+    counts concurrent calls. With a ``gate`` (the collapsed driver, which has no run slots), the
+    calls of all but the first session wait here until that session's grade is held."""
 
     def __init__(self, token_ids: list[int]):
         super().__init__(token_ids)
         self.inflight = self.max_inflight = 0
-        self.first_session: str | None = None
         self._more = asyncio.Event()
         self.watch: GatedGrade | None = None
+        self.gate = False
 
     @property
     def barrier_s(self) -> float:
@@ -129,12 +139,8 @@ class CountingBackend(InstantBackend):
         return 3.0 if held else 0.3
 
     async def generate(self, prompt_ids, sampling, *, session_id=None):
-        self.first_session = self.first_session or session_id
-        if self.watch is not None and session_id != self.first_session:
-            for _ in range(1200):  # the hold begins once the first episode grades (at most 60 s)
-                if self.watch.held.is_set():
-                    break
-                await asyncio.sleep(0.05)
+        if self.watch is not None and self.gate:
+            await self.watch.first_grades(session_id)
         self.inflight += 1
         self.max_inflight = max(self.max_inflight, self.inflight)
         self._more.set()
@@ -152,6 +158,21 @@ class CountingBackend(InstantBackend):
             self.inflight -= 1
 
 
+class GatedSlots(RunSlots):
+    """The proxy's run slots, with the staged driver's test gate in front: the calls of all but
+    the first session arrive once that session's grade is held, so they all fall inside the hold
+    however fast the first episode's finish stage was on a loaded machine (waiting before the
+    slot, where a real harness's later call would be, not in it)."""
+
+    def __init__(self, n: int, watch: GatedGrade):
+        super().__init__(n)
+        self.watch = watch
+
+    async def enter(self, session_id: str) -> float:
+        await self.watch.first_grades(session_id)
+        return await super().enter(session_id)
+
+
 class GatedGrade:
     """The test double for ``grade_task``: the first grade is held (a threading.Event, as grading
     runs in its executor's thread) until the backend has answered ``release_after`` calls
@@ -164,7 +185,17 @@ class GatedGrade:
         self.answered_while_held = self.max_while_held = 0
         self.graded = 0
         self.held_s = 0.0
+        self.first_session: str | None = None
         self._lock = threading.Lock()
+
+    async def first_grades(self, session_id: str | None) -> None:
+        """Return at once for the first session that asks; for the others once the grade is held."""
+        self.first_session = self.first_session or session_id
+        if session_id != self.first_session:
+            for _ in range(1200):  # the hold begins once the first episode grades (at most 60 s)
+                if self.held.is_set():
+                    return
+                await asyncio.sleep(0.05)
 
     def saw(self, inflight: int) -> None:
         if self.held.is_set() and not self.release.is_set():
@@ -198,7 +229,8 @@ def _setup(renderer, task, tmp_path: Path, monkeypatch, mode: str, *, samples: i
     monkeypatch.setattr(lifecycle, "grade_task", grade)
     backend = CountingBackend(renderer.tokenizer.encode("Hello there", add_special_tokens=False)
                               + renderer.eos_token_ids[:1])
-    backend.watch = grade
+    backend.watch, backend.gate = grade, collapsed
+    monkeypatch.setattr(runner, "RunSlots", lambda n: GatedSlots(n, grade))
     scratch = tmp_path / "scratch"
     scratch.mkdir()
 

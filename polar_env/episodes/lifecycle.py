@@ -2,10 +2,10 @@
 
 - :func:`prepare`: the harness install checked, the proxy session opened, the workspace opened and
   the harness started in it;
-- :func:`run`: the harness talks to the model until it ends. Only this stage holds an inference
-  slot: where the proxy has run slots (``TokenEngine.run_slots``, proxy/run_slots.py), the
-  session's first model call waits there for one, so the harness's start-up overlaps other
-  episodes' runs, and the deadline's clock stands still while it waits;
+- :func:`run`: the harness talks to the model until it ends. Only this stage's model calls hold
+  inference slots: where the proxy has run slots (``TokenEngine.run_slots``, proxy/run_slots.py),
+  each call waits there for one and gives it back once answered, so the harness's start-up and
+  tools overlap other episodes' calls, and the deadline's clock stands still while a call waits;
 - :func:`finish`: patch extraction, the drain of calls in flight, classification, grading (in the
   ``Grading`` executor, never the default thread pool) and the trajectory build (off the loop).
 
@@ -419,10 +419,12 @@ def episode_timings(ep: Episode, calls: list[CallRecord]) -> dict[str, float]:
             model += end - begin
             covered = end
     run_s = ended - admitted_at if admitted_at is not None else 0.0
+    first_wait = admitted_at - first_call if first_call is not None and admitted_at is not None else 0.0
+    waited = max(ep.slot.waited_s(ended), first_wait) if ep.slot is not None else first_wait  # every call's wait
     out = {"queued_s": m["prepare"] - m["queued"], "prepare_s": started - m["prepare"],
            "harness_start_s": (first_call if first_call is not None else ended) - started,
-           "wait_s": admitted_at - first_call if first_call is not None and admitted_at is not None else 0.0,
-           "model_s": model, "tool_s": run_s - model, "drain_s": m.get("grade", ended) - ended,
+           "wait_s": waited, "model_s": model, "tool_s": run_s - model - (waited - first_wait),
+           "drain_s": m.get("grade", ended) - ended,
            "grade_s": m.get("build", ended) - m.get("grade", ended), "build_s": m.get("done", ended) - m.get("build", ended)}
     return {k: round(max(v, 0.0), 4) for k, v in out.items()}
 

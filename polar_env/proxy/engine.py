@@ -351,7 +351,8 @@ class TokenEngine:
         if (room := await session.wait_for_token_room()) is not None and sampling.max_tokens > room:
             sampling = record.sampling = sampling.model_copy(update={"max_tokens": room})
             record.flags.append(f"budget:max_tokens={room}")
-        admission_s = await self.run_slots.enter(session.id) if self.run_slots is not None else 0.0
+        slots = self.run_slots
+        admission_s = await slots.enter(session.id) if slots is not None else 0.0
         gen_started = time.perf_counter()
         # calls in parallel share what is left; held until this call's sampled tokens are counted
         session.reserve_tokens(sampling.max_tokens)
@@ -362,6 +363,9 @@ class TokenEngine:
                     partial(record.flags.append, "fence_aborted"))
             except ContextOverflow as exc:  # the backend's own refusal: answered as ours would be
                 raise ContextOverflow(len(prompt_ids), exc.window or window, str(exc)) from exc
+            finally:
+                if slots is not None:  # the backend has answered (or failed): the slot is the next call's
+                    slots.leave(session.id)
             generate_ms = (time.perf_counter() - gen_started) * 1e3 - held_ms  # the fence's wait apart
             if generation.prompt_ids is not prompt_ids and generation.prompt_ids != prompt_ids:
                 record.flags.append("backend_prompt_mismatch")

@@ -1,19 +1,20 @@
-"""Run-stage admission: at most N sessions talk to the model at once (docs/rollout.md, "Stages").
+"""Run-stage admission: at most N model calls at once (docs/rollout.md, "Stages").
 
-The staged rollout driver starts an episode's harness while it prepares, so the harness's own
-start-up overlaps the episodes that are running. Its session takes a run slot at its first model
-call: the call waits here, inside the engine (a streamed answer keeps sending the API's keep-alives
-meanwhile, proxy/app.py), until a slot is free, and the session keeps it until the driver releases
-it (its harness ended, or the episode was cancelled). A session that never calls the model never
-takes one. Slots are granted in the order the first calls arrived. The driver tells a harness's
-deadline to stop its clock while the session waits (``waited_s``), so waiting is never the policy's.
+The staged rollout driver starts more harnesses than there are run slots (the lookahead), so that
+while one harness runs a tool, starts up or exits, another's call keeps the model busy. A call
+takes its slot here, inside the engine, just before the backend, and gives it back as soon as the
+backend has answered (a streamed answer keeps sending the API's keep-alives while it waits,
+proxy/app.py). A session already in its run stage (it had a slot before) goes ahead of first calls,
+so episodes that started finish first and a new episode never starves one mid-way; within each
+class calls are granted in arrival order. The driver stops a harness's deadline clock while any of
+its calls waits (``waited_s``), so waiting is never the policy's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict
+from collections import Counter, deque
 from dataclasses import dataclass
 
 
@@ -23,58 +24,106 @@ class RunEnded(Exception):
 
 @dataclass
 class SlotTimes:
-    """When a session first called the model and when it got its slot (``time.time()``)."""
+    """A session's waits for slots (``time.time()``): its first call, its first grant, the seconds
+    its calls have waited so far (a wait is counted once, however many of its calls wait at once)."""
 
     first_call_at: float
     admitted_at: float | None = None
+    waited: float = 0.0
+    waiting: int = 0  # its calls waiting now
+    waiting_since: float = 0.0
 
     def waited_s(self, now: float | None = None) -> float:
-        end = self.admitted_at if self.admitted_at is not None else (now or time.time())
-        return max(end - self.first_call_at, 0.0)
+        ongoing = (now or time.time()) - self.waiting_since if self.waiting else 0.0
+        return self.waited + max(ongoing, 0.0)
+
+    def start_wait(self) -> None:
+        if not self.waiting:
+            self.waiting_since = time.time()
+        self.waiting += 1
+
+    def end_wait(self) -> None:
+        self.waiting -= 1
+        if not self.waiting:
+            self.waited += max(time.time() - self.waiting_since, 0.0)
 
 
 class RunSlots:
-    """``n`` run slots shared by the sessions of one proxy (``TokenEngine.run_slots``)."""
+    """``n`` model calls at once over the sessions of one proxy (``TokenEngine.run_slots``)."""
 
     def __init__(self, n: int):
         if n < 1:
             raise ValueError(f"run slots must be >= 1 (got {n})")
         self.n = n
-        self.holders: set[str] = set()
-        self._queue: OrderedDict[str, asyncio.Future[None]] = OrderedDict()
+        self.calls: Counter[str] = Counter()  # session -> its calls holding a slot now
+        self._later: deque[tuple[str, asyncio.Future[None]]] = deque()  # calls of sessions in their run stage
+        self._first: deque[tuple[str, asyncio.Future[None]]] = deque()  # first calls
         self._times: dict[str, SlotTimes] = {}
         self._admitted: dict[str, asyncio.Event] = {}
 
     @property
+    def busy(self) -> int:
+        return sum(self.calls.values())
+
+    @property
+    def holders(self) -> set[str]:
+        """Sessions with a call holding a slot now."""
+        return {s for s, n in self.calls.items() if n}
+
+    @property
     def waiting(self) -> int:
-        return len(self._queue)
+        return sum(not f.done() for _, f in (*self._later, *self._first))
 
     async def enter(self, session_id: str) -> float:
-        """Return once ``session_id`` holds a slot (at once when it already does); the seconds waited."""
-        if session_id in self.holders:
+        """Return once this call holds a slot (``leave`` gives it back); the seconds it waited."""
+        times = self._times.setdefault(session_id, SlotTimes(time.time()))
+        queue = self._later if times.admitted_at is not None else self._first
+        if self.busy < self.n and not self.waiting:
+            self._grant(session_id)
             return 0.0
-        self._times.setdefault(session_id, SlotTimes(time.time()))
-        if session_id not in self._queue:
-            if len(self.holders) < self.n and not self._queue:
-                self._grant(session_id)
-                return 0.0
-            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            future.add_done_callback(_retrieve)
-            self._queue[session_id] = future
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        queue.append((session_id, future))
+        times.start_wait()
         started = time.perf_counter()
-        # shielded: one cancelled call (a harness that gave up on it) does not give the session's place away
-        await asyncio.shield(self._queue[session_id])
+        try:
+            await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled() and future.exception() is None:
+                self.leave(session_id)  # granted as the call was cancelled: the slot goes on
+            future.cancel()
+            raise
+        finally:
+            times.end_wait()
         return time.perf_counter() - started
 
+    def leave(self, session_id: str) -> None:
+        """The call's backend answer is in: its slot goes to the next waiting call."""
+        if self.calls[session_id] > 0:
+            self.calls[session_id] -= 1
+        if not self.calls[session_id]:
+            del self.calls[session_id]
+        self._hand_over()
+
     def _grant(self, session_id: str) -> None:
-        self.holders.add(session_id)
-        self._times[session_id].admitted_at = time.time()
+        self.calls[session_id] += 1
+        times = self._times.setdefault(session_id, SlotTimes(time.time()))
+        if times.admitted_at is None:
+            times.admitted_at = time.time()
         if (event := self._admitted.get(session_id)) is not None:
             event.set()
 
+    def _hand_over(self) -> None:
+        for queue in (self._later, self._first):
+            while queue and self.busy < self.n:
+                session_id, future = queue.popleft()
+                if not future.done():  # a cancelled call's place is gone with it
+                    self._grant(session_id)
+                    future.set_result(None)
+
     async def admitted(self, session_id: str) -> None:
-        """Return once ``session_id`` holds its slot."""
-        if session_id in self.holders:
+        """Return once ``session_id`` has had a slot (its first call reached the backend)."""
+        times = self._times.get(session_id)
+        if times is not None and times.admitted_at is not None:
             return
         await self._admitted.setdefault(session_id, asyncio.Event()).wait()
 
@@ -82,27 +131,18 @@ class RunSlots:
         return self._times.get(session_id)
 
     def waited_s(self, session_id: str) -> float:
-        """Seconds the session's first call has waited for its slot so far (0 before any call)."""
+        """Seconds the session's calls have waited for slots so far (0 before any call)."""
         times = self._times.get(session_id)
         return times.waited_s() if times is not None else 0.0
 
     def release(self, session_id: str) -> SlotTimes | None:
-        """The session's run stage is over: its slot goes to the next waiting session (a call of
-        its own still waiting fails with ``RunEnded``); idempotent. Returns its times."""
+        """The session's run stage is over: a call of its own still waiting fails with ``RunEnded``
+        (one in flight keeps its slot until the backend answers); idempotent. Returns its times."""
         self._admitted.pop(session_id, None)
         times = self._times.pop(session_id, None)
-        if (future := self._queue.pop(session_id, None)) is not None and not future.done():
-            future.set_exception(RunEnded(f"session {session_id}: the run stage ended while it waited for a slot"))
-        if session_id in self.holders:
-            self.holders.discard(session_id)
-            while self._queue and len(self.holders) < self.n:
-                waiting, future = self._queue.popitem(last=False)
-                self._grant(waiting)
-                future.set_result(None)
+        for waiting, future in (*self._later, *self._first):
+            if waiting == session_id and not future.done():  # its waiter is awaiting it: it sees the error
+                future.set_exception(RunEnded(f"session {session_id}: the run stage ended while its call "
+                                              "waited for a slot"))
         return times
 
-
-def _retrieve(future: asyncio.Future[None]) -> None:
-    """Mark a waiter's exception as seen: its calls may all have been cancelled already."""
-    if not future.cancelled():
-        future.exception()

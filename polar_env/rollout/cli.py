@@ -49,15 +49,16 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     add_thinking_arguments(parser, d.enable_thinking, d.history_thinking)
     parser.add_argument("--samples", type=int, default=d.samples, help="rollouts per task (GRPO group size)")
     parser.add_argument("--concurrency", type=int, default=d.concurrency,
-                        help="episodes talking to the model at once (the same as --run-slots)")
+                        help="model calls at once (the same as --run-slots)")
     parser.add_argument("--run-slots", type=int, default=d.run_slots, metavar="N",
-                        help="run stage: episodes whose harness talks to the model at once (default: --concurrency)")
+                        help="run stage: model calls at once, the inference concurrency (default: --concurrency)")
     parser.add_argument("--prepare-slots", type=int, default=d.prepare_slots, metavar="N",
                         help="prepare stage: workspaces opened and harnesses started at once (default: run slots)")
     parser.add_argument("--grade-slots", type=int, default=d.grade_slots, metavar="N",
                         help="finish stage: episodes graded at once (default: run slots)")
     parser.add_argument("--lookahead", type=int, default=d.lookahead, metavar="N",
-                        help="episodes prepared ahead, waiting for a run slot (default: run slots)")
+                        help="live harnesses beyond the run slots: prepared ahead, or in a tool while others' calls "
+                             "use the slots (default: run slots)")
     parser.add_argument("--collapsed", action="store_true", default=d.collapsed,
                         help="hold one slot over every stage of an episode (the driver before stages; to compare)")
     parser.add_argument("--out", type=Path, default=d.out)

@@ -33,10 +33,10 @@ class RolloutConfig(BaseModel):
     history_thinking: Literal["keep", "drop"] = "keep"  # a new user turn after thinking turns (docs/proxy.md)
     samples: int = 1  # GRPO group size
     concurrency: int = Field(default=1, ge=1)  # run slots, by their old name (--run-slots wins)
-    run_slots: int | None = Field(default=None, ge=1)  # episodes talking to the model at once
+    run_slots: int | None = Field(default=None, ge=1)  # model calls at once (the inference concurrency)
     prepare_slots: int | None = Field(default=None, ge=1)  # workspaces opened / harnesses started at once
     grade_slots: int | None = Field(default=None, ge=1)  # episodes graded at once
-    lookahead: int | None = Field(default=None, ge=1)  # episodes prepared ahead, waiting for a run slot
+    lookahead: int | None = Field(default=None, ge=1)  # live harnesses beyond the run slots
     collapsed: bool = False  # one slot over every stage of an episode (the driver before stages)
     out: Path = Path("runs/rollout")
     timeout: float = 600.0  # harness deadline per episode (s)

@@ -14,9 +14,10 @@ from polar_env.trajectory.export import read_trajectories
 @dataclass
 class RolloutPlan:
     """A rollout job: which episodes, where they go, and the limit of each stage (docs/rollout.md,
-    "Stages"): ``run_slots`` episodes talk to the model at once (``--concurrency`` is its old name),
-    ``prepare_slots`` open workspaces and start harnesses at once, ``lookahead`` may be prepared and
-    waiting for a run slot, ``grade_slots`` grade at once (None: ``run_slots`` each). ``collapsed``:
+    "Stages"): ``run_slots`` model calls at once (the inference concurrency; ``--concurrency`` is its
+    old name), ``prepare_slots`` open workspaces and start harnesses at once, ``lookahead`` live
+    harnesses beyond the run slots (prepared ahead, or running a tool while others' calls use the
+    slots), ``grade_slots`` grade at once (None: ``run_slots`` each). ``collapsed``:
     one slot held over all stages of an episode, ``run_slots`` of them (the driver before stages,
     kept to compare against)."""
 

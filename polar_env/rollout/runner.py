@@ -35,8 +35,9 @@ STAGES = ("prepare", "wait", "run", "finish")  # what the progress bar counts (w
 class EpisodeRunner:
     """Episodes of a plan on this host, all through one proxy on a Unix socket (the sandboxes'
     only way out), each stage within its own limit (``RolloutPlan``, docs/rollout.md "Stages"):
-    ``lookahead`` episodes between the start of their prepare and their run slot, ``prepare_slots``
-    of them preparing, ``run_slots`` talking to the model (the proxy's run-slot admission),
+    ``run_slots + lookahead`` episodes between the start of their prepare and the end of their run
+    (live harnesses), ``prepare_slots`` of them preparing, ``run_slots`` model calls at once (the
+    proxy's per-call admission: a harness in a tool leaves its slot to another's call),
     ``grade_slots`` grading. Collapsed: ``run_slots`` episodes at a time over all stages. ``polar
     rollout``, ``polar demo`` and ``polar train`` run one; under Ray every node runs its own."""
 
@@ -53,7 +54,7 @@ class EpisodeRunner:
         self._sock_dir: Path | None = None
         prepare_slots, lookahead, grade_slots = plan.limits()
         self.grading = Grading(grade_slots)
-        self._limits = (plan.run_slots,) if plan.collapsed else (lookahead, prepare_slots)
+        self._limits = (plan.run_slots,) if plan.collapsed else (plan.run_slots + lookahead, prepare_slots)
         self._semaphores: list[asyncio.Semaphore] = []  # made on the loop that uses them (start)
 
     async def start(self) -> None:
@@ -86,7 +87,7 @@ class EpisodeRunner:
 
     async def _stages(self, task: Task, sample: int, key: str, queued: float) -> EpisodeResult:
         staged = not self.plan.collapsed
-        async with _Held(self._semaphores[0] if staged else None):  # the lookahead: released at the run slot
+        async with _Held(self._semaphores[0] if staged else None):  # live harnesses: released when the run ends
             admitted = {} if self.admission is None else {"admitted_at_version": await self.admission.admit()}
             with self._stage("prepare"):
                 async with _Held(self._semaphores[1] if staged else None):
@@ -99,8 +100,8 @@ class EpisodeRunner:
             except asyncio.CancelledError:
                 await lifecycle.abort(ep)
                 raise
-        with self._stage("run"):
-            await lifecycle.run(ep)
+            with self._stage("run"):
+                await lifecycle.run(ep)
         with self._stage("finish"):
             return await lifecycle.finish(ep, self.grading)
 

@@ -75,8 +75,8 @@ class SandboxSpec:
 
 @dataclass
 class Deadline:
-    """A deadline whose clock stops while ``paused_s()`` grows: a harness started ahead of its run
-    slot is not timed while its first call waits for one (proxy/run_slots.py). ``bound_s`` is the
+    """A deadline whose clock stops while ``paused_s()`` grows: a harness is not timed while one of
+    its calls waits for a run slot (proxy/run_slots.py). ``bound_s`` is the
     latest it can be, for engines that need a fixed bound (a container's in-container ``timeout``)."""
 
     timeout_s: float

@@ -6,7 +6,7 @@ repeated ``num_generations`` times) and the trainer, and takes back ``prompt_ids
 model sampled, 0 on tool output and template glue) and anything the reward functions read. Here a
 prompt is the first user message of a task (``episodes.episode_prompt``); the episode runs through
 the usual staged driver (``rollout.runner.EpisodeRunner``: sandbox, harness, proxy, grading, each
-stage within the plan's limits: ``run_slots`` / ``concurrency`` episodes sampling at once), and the
+stage within the plan's limits: ``run_slots`` / ``concurrency`` model calls at once), and the
 row TRL gets is the trajectory's main chain exactly as the proxy captured it — prompt ids up to the
 first sampled token, then the rest of the chain, with Polar's loss mask and recorded logprobs.
 
