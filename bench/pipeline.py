@@ -122,7 +122,7 @@ async def run_driver(name: str, plan: Any, factory: Any, backend: Any) -> dict[s
             "load_avg_before": list(load0), "load_avg_after": list(os.getloadavg())}
 
 
-async def measure(workdir: Path, *, samples: int = 4, run_slots: int = RUN_SLOTS, lookahead: int = 2 * RUN_SLOTS,
+async def measure(workdir: Path, *, samples: int = 4, run_slots: int = RUN_SLOTS, lookahead: int = RUN_SLOTS,
                   per_token_s: float = PER_TOKEN_S, timeout_s: float = 300.0) -> dict[str, Any]:
     """Both drivers over the bundled tasks x ``samples``, at ``run_slots``; the staged one first, with
     ``lookahead`` live harnesses beyond the run slots (Pi's start-up alone, under load, takes about

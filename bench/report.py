@@ -327,18 +327,20 @@ def _pipeline_why(drivers: dict[str, Any]) -> list[str]:
         model, tool = st.get("model_s"), st.get("tool_s")
         if model is None or tool is None or model + tool <= 0:
             continue
-        held = model + tool if not d.get("collapsed") else d["episode_s"]
-        line = (f"- `{name}`: a run slot is held {held:.1f} s per episode, {model:.1f} s of it in model calls, "
-                f"so the backend is at most {model / held:.2f} busy per slot however the slots are fed")
         if d.get("collapsed"):
-            line += " (the slot is held over the whole episode: prepare, harness start, drain and grading too)."
+            held = d["episode_s"]
+            line = (f"- `{name}`: a slot is held {held:.1f} s per episode, {model:.1f} s of it in model calls, so the "
+                    f"backend is at most {model / held:.2f} busy per slot however the slots are fed (the slot is "
+                    "held over the whole episode: prepare, harness start, drain and grading too).")
         else:
             wait = st.get("wait_s") or 0.0
-            line += (f" (the other {tool:.1f} s are the harness's tools and its own work between calls, and "
-                     f"its exit). An episode spent {_f(st.get('prepare_s'))} s preparing and "
-                     f"{_f(st.get('harness_start_s'))} s starting its harness, then waited {wait:.2f} s for a run "
-                     "slot on average: " + ("prepared episodes queued for full slots." if wait >= 1 else
-                                            "the slots waited for prepared episodes instead."))
+            line = (f"- `{name}`: a run slot is held per model call, {model:.1f} s of an episode's run stage; its "
+                    f"other {tool:.1f} s (the harness's tools and its own work between calls, and its exit) leave "
+                    "the slot to another live harness's call. An episode spent "
+                    f"{_f(st.get('prepare_s'))} s preparing and {_f(st.get('harness_start_s'))} s booting its "
+                    f"harness, then its calls waited {wait:.2f} s for run slots in all: " + (
+                        "live harnesses queued for full slots, as they should." if wait >= 1 else
+                        "the slots waited for live harnesses instead (a larger --lookahead would feed them)."))
         line += (f" Its wall time had {d['before_first_call_s']:.1f} s before the first model call and "
                  f"{d['after_last_call_s']:.1f} s after the last (the last episodes' grading).")
         lines.append(line)

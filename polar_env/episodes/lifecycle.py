@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -36,6 +36,7 @@ from polar_env.harness_adapters.registry import NOISE_EXCLUDES, get_adapter
 from polar_env.harness_adapters.runner import HarnessRun, run_episode_in_sandbox
 from polar_env.outcomes import FailureKind, OutcomeTable, classify_episode, final_kind
 from polar_env.proxy.app import ORIGIN_TAGGED, ProxyServer
+from polar_env.proxy.run_slots import RunSlots
 from polar_env.rewards.grading import GradeResult, grading_timeout_s
 from polar_env.rewards.image_grading import grade_task
 from polar_env.sandbox.base import Sandbox, SandboxSpec
@@ -291,12 +292,22 @@ async def prepare(proxy: ProxyServer, task: Task, *, episode_id: str, group_id: 
     return ep
 
 
+async def booted(ep: Episode) -> None:
+    """Return once the episode's harness has made its first model call, or ended without one (or
+    there are no run slots to tell)."""
+    await _slot_or_end(ep, RunSlots.called)
+
+
 async def admitted(ep: Episode) -> None:
-    """Return once the episode holds its run slot, or its harness ended without one (or there are no slots)."""
+    """Return once the episode has had a run slot, or its harness ended without one (or there are no slots)."""
+    await _slot_or_end(ep, RunSlots.admitted)
+
+
+async def _slot_or_end(ep: Episode, wait: Callable[[RunSlots, str], Awaitable[None]]) -> None:
     slots = ep.session.proxy.engine.run_slots
     if ep.harness is None or slots is None:
         return
-    waiter = asyncio.ensure_future(slots.admitted(ep.session.session_id))
+    waiter = asyncio.ensure_future(wait(slots, ep.session.session_id))
     try:
         await asyncio.wait({waiter, ep.harness}, return_when=asyncio.FIRST_COMPLETED)
     finally:

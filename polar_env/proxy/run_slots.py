@@ -60,6 +60,7 @@ class RunSlots:
         self._first: deque[tuple[str, asyncio.Future[None]]] = deque()  # first calls
         self._times: dict[str, SlotTimes] = {}
         self._admitted: dict[str, asyncio.Event] = {}
+        self._called: dict[str, asyncio.Event] = {}
 
     @property
     def busy(self) -> int:
@@ -77,6 +78,8 @@ class RunSlots:
     async def enter(self, session_id: str) -> float:
         """Return once this call holds a slot (``leave`` gives it back); the seconds it waited."""
         times = self._times.setdefault(session_id, SlotTimes(time.time()))
+        if (event := self._called.get(session_id)) is not None:
+            event.set()
         queue = self._later if times.admitted_at is not None else self._first
         if self.busy < self.n and not self.waiting:
             self._grant(session_id)
@@ -127,6 +130,12 @@ class RunSlots:
             return
         await self._admitted.setdefault(session_id, asyncio.Event()).wait()
 
+    async def called(self, session_id: str) -> None:
+        """Return once ``session_id`` has made a model call (its harness has booted)."""
+        if session_id in self._times:
+            return
+        await self._called.setdefault(session_id, asyncio.Event()).wait()
+
     def times(self, session_id: str) -> SlotTimes | None:
         return self._times.get(session_id)
 
@@ -139,6 +148,7 @@ class RunSlots:
         """The session's run stage is over: a call of its own still waiting fails with ``RunEnded``
         (one in flight keeps its slot until the backend answers); idempotent. Returns its times."""
         self._admitted.pop(session_id, None)
+        self._called.pop(session_id, None)
         times = self._times.pop(session_id, None)
         for waiting, future in (*self._later, *self._first):
             if waiting == session_id and not future.done():  # its waiter is awaiting it: it sees the error

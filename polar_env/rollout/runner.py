@@ -36,7 +36,8 @@ class EpisodeRunner:
     """Episodes of a plan on this host, all through one proxy on a Unix socket (the sandboxes'
     only way out), each stage within its own limit (``RolloutPlan``, docs/rollout.md "Stages"):
     ``run_slots + lookahead`` episodes between the start of their prepare and the end of their run
-    (live harnesses), ``prepare_slots`` of them preparing, ``run_slots`` model calls at once (the
+    (live harnesses), ``prepare_slots`` of them preparing (up to their harness's first model call),
+    ``run_slots`` model calls at once (the
     proxy's per-call admission: a harness in a tool leaves its slot to another's call),
     ``grade_slots`` grading. Collapsed: ``run_slots`` episodes at a time over all stages. ``polar
     rollout``, ``polar demo`` and ``polar train`` run one; under Ray every node runs its own."""
@@ -94,12 +95,11 @@ class EpisodeRunner:
                     ep = await lifecycle.prepare(self.proxy, task, episode_id=attempt_session_id(key, self.ledger),
                                        group_id=task.instance_id, config=self.plan.episode, queued_at=queued,
                                        metadata={"episode_key": key, "sample": sample, **admitted, **self.metadata})
-            try:
-                with self._stage("wait"):
-                    await lifecycle.admitted(ep)
-            except asyncio.CancelledError:
-                await lifecycle.abort(ep)
-                raise
+                    # its slot is held through the harness's boot too: a dozen harnesses booting at
+                    # once on a few cores would each take several times as long to make a first call
+                    await _or_abort(ep, lifecycle.booted(ep))
+            with self._stage("wait"):
+                await _or_abort(ep, lifecycle.admitted(ep))
             with self._stage("run"):
                 await lifecycle.run(ep)
         with self._stage("finish"):
@@ -125,6 +125,15 @@ class EpisodeRunner:
             await self.proxy.stop()
         if self._sock_dir is not None:
             shutil.rmtree(self._sock_dir, ignore_errors=True)
+
+
+async def _or_abort(ep: lifecycle.Episode, waiting: Any) -> None:
+    """Await ``waiting``; a cancel meanwhile aborts the prepared episode (its harness, workspace, session)."""
+    try:
+        await waiting
+    except asyncio.CancelledError:
+        await lifecycle.abort(ep)
+        raise
 
 
 class _Held:
