@@ -359,3 +359,44 @@ async def test_agent_runs_a_harness_through_the_proxy_and_grades(harness, tool, 
     assert resources.closed and not core.episodes  # the workspace was released
     saved = [json.loads(line) for line in traj_file.read_text().splitlines()]
     assert len(saved) == 1 and saved[0]["reward"] == 1.0 and saved[0]["grading"]["resolved"] is True
+
+
+@pytest.mark.slow
+@needs_bwrap
+@pytest.mark.skipif(shutil.which("npm") is None, reason="needs npm for the Pi harness")
+async def test_run_slots_hold_the_policy_server_at_its_concurrency_per_call(tmp_path: Path, policy_url, embedded_dir,
+                                                                           tasks):
+    """Two Pi episodes live at once, one run slot: the policy server never has two calls at once,
+    calls wait at the proxy for the slot (not in the harness's deadline), and both still resolve.
+    The backend and the slots are wrapped only to count: the real ones answer."""
+    agent = PolarAgent(PolarAgentConfig(harness="pi", policy_base_url=policy_url, policy_model_name="polar-policy",
+                                        tokenizer=str(embedded_dir), runtime_dir=str(tmp_path / "rt"), timeout_s=300,
+                                        max_concurrent_episodes=2, run_slots=1))
+    await agent.start()
+    engine = agent.proxy.engine
+    assert engine.run_slots is not None and engine.run_slots.n == 1
+    generate, enter = engine.backend.generate, engine.run_slots.enter
+    inflight, most, waits = [0], [0], []
+
+    async def counted(*args, **kwargs):
+        inflight[0] += 1
+        most[0] = max(most[0], inflight[0])
+        try:
+            return await generate(*args, **kwargs)
+        finally:
+            inflight[0] -= 1
+
+    async def timed(session_id: str) -> float:
+        waits.append(await enter(session_id))
+        return waits[-1]
+
+    engine.backend.generate, engine.run_slots.enter = counted, timed
+    core = PolarResources(PolarResourcesConfig(scratch_root=str(tmp_path / "ws")), tasks=list(tasks.values()))
+    try:
+        results = await asyncio.gather(*(agent.run(_row(tasks[TASK_ID]), DirectResources(core)) for _ in range(2)))
+    finally:
+        await agent.stop()
+    rows = [r.row() for r in results]
+    assert all(r["reward"] == 1.0 and not r["mask_sample"] for r in rows), [r["polar"] for r in rows]
+    assert most[0] == 1 and len(waits) >= 4 and max(waits) > 0  # one call at a time, and some waited for it
+    assert not core.episodes

@@ -58,6 +58,7 @@ from polar_env.outcomes import FailureKind, OutcomeTable, final_kind
 from polar_env.proxy.app import ProxyServer
 from polar_env.proxy.engine import EngineConfig
 from polar_env.proxy.policy import Admission
+from polar_env.proxy.run_slots import RunSlots
 from polar_env.resources_server.core import SeededEpisode, UnknownTask, VerifyOutcome, attach_sandbox
 from polar_env.trajectory.chains import build_trajectory
 from polar_env.trajectory.export import GroupPrompts, TrajectoryWriter, to_nemo_gym_result
@@ -81,6 +82,9 @@ class PolarAgentConfig(BaseModel):
     max_context: int | None = None  # the context window to enforce; None: the backend's own (max_model_len)
     timeout_s: float = 1800.0  # the harness's wall-clock deadline per episode
     max_concurrent_episodes: int = 64  # episodes seeding or running their harness at once; grading is outside it
+    # model calls at once through the proxy (per-call admission, proxy/run_slots.py): the live harnesses
+    # (max_concurrent_episodes) share them, so one in a tool leaves its slot to another's call; None: no cap
+    run_slots: int | None = Field(default=None, ge=1)
     default_sampling: dict[str, float | int] = Field(
         default_factory=lambda: {"temperature": 1.0, "top_p": 1.0, "max_tokens": 8192})
     runtime_dir: str | None = None  # proxy socket + ledger (default: a temp dir, removed at stop)
@@ -230,6 +234,8 @@ class PolarAgent:
                                                             policy_version=c.policy_version))
         if c.max_staleness is not None:
             self._admission = Admission(self.proxy.engine.fence, c.max_staleness, c.episodes_per_step)
+        if c.run_slots is not None:
+            self.proxy.engine.run_slots = RunSlots(c.run_slots)
         sock_dir = self.runtime_dir / "sock"
         sock_dir.mkdir(exist_ok=True)
         sock_dir.chmod(0o755)  # the sandbox uid traverses it to reach the socket
