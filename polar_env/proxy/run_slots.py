@@ -55,16 +55,13 @@ class RunSlots:
         if n < 1:
             raise ValueError(f"run slots must be >= 1 (got {n})")
         self.n = n
+        self.busy = 0  # calls holding a slot now; below n no call waits (every leave hands its slot on)
         self.calls: Counter[str] = Counter()  # session -> its calls holding a slot now
         self._later: deque[tuple[str, asyncio.Future[None]]] = deque()  # calls of sessions in their run stage
         self._first: deque[tuple[str, asyncio.Future[None]]] = deque()  # first calls
         self._times: dict[str, SlotTimes] = {}
         self._admitted: dict[str, asyncio.Event] = {}
         self._called: dict[str, asyncio.Event] = {}
-
-    @property
-    def busy(self) -> int:
-        return sum(self.calls.values())
 
     @property
     def holders(self) -> set[str]:
@@ -81,7 +78,7 @@ class RunSlots:
         if (event := self._called.get(session_id)) is not None:
             event.set()
         queue = self._later if times.admitted_at is not None else self._first
-        if self.busy < self.n and not self.waiting:
+        if self.busy < self.n:
             self._grant(session_id)
             return 0.0
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -101,13 +98,14 @@ class RunSlots:
 
     def leave(self, session_id: str) -> None:
         """The call's backend answer is in: its slot goes to the next waiting call."""
-        if self.calls[session_id] > 0:
-            self.calls[session_id] -= 1
-        if not self.calls[session_id]:
+        self.busy -= 1
+        self.calls[session_id] -= 1
+        if self.calls[session_id] <= 0:
             del self.calls[session_id]
         self._hand_over()
 
     def _grant(self, session_id: str) -> None:
+        self.busy += 1
         self.calls[session_id] += 1
         times = self._times.setdefault(session_id, SlotTimes(time.time()))
         if times.admitted_at is None:

@@ -9,7 +9,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -37,8 +37,8 @@ class EpisodeRunner:
     only way out), each stage within its own limit (``RolloutPlan``, docs/rollout.md "Stages"):
     ``run_slots + lookahead`` episodes between the start of their prepare and the end of their run
     (live harnesses), ``prepare_slots`` of them preparing (up to their harness's first model call),
-    ``run_slots`` model calls at once (the
-    proxy's per-call admission: a harness in a tool leaves its slot to another's call),
+    ``run_slots`` model calls at once (the proxy's per-call admission: a harness in a tool leaves
+    its slot to another's call),
     ``grade_slots`` grading. Collapsed: ``run_slots`` episodes at a time over all stages. ``polar
     rollout``, ``polar demo`` and ``polar train`` run one; under Ray every node runs its own."""
 
@@ -127,7 +127,7 @@ class EpisodeRunner:
             shutil.rmtree(self._sock_dir, ignore_errors=True)
 
 
-async def _or_abort(ep: lifecycle.Episode, waiting: Any) -> None:
+async def _or_abort(ep: lifecycle.Episode, waiting: Awaitable[None]) -> None:
     """Await ``waiting``; a cancel meanwhile aborts the prepared episode (its harness, workspace, session)."""
     try:
         await waiting
