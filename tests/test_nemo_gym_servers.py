@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from polar_sandbox_helpers import processes_matching
+from reliability_helpers import wait_gone
 
 from polar_env.agent_server.core import (
     InputError,
@@ -400,3 +402,115 @@ async def test_run_slots_hold_the_policy_server_at_its_concurrency_per_call(tmp_
     assert all(r["reward"] == 1.0 and not r["mask_sample"] for r in rows), [r["polar"] for r in rows]
     assert most[0] == 1 and len(waits) >= 4 and max(waits) > 0  # one call at a time, and some waited for it
     assert not core.episodes
+
+
+class HeldResources(DirectResources):
+    """The resources core in process, with ``/seed_session`` or ``/verify`` held at a gate (so the test
+    can cancel the caller in that stage), or ``/verify`` failing as a grader bug would (a crash cannot
+    be made to happen on cue)."""
+
+    def __init__(self, core: PolarResources, hold: str | None = None, crash: bool = False):
+        super().__init__(core)
+        self.hold, self.crash = hold, crash
+        self.reached, self.gate = asyncio.Event(), asyncio.Event()
+
+    async def _held(self, stage: str) -> None:
+        if self.hold == stage:
+            self.reached.set()
+            await self.gate.wait()
+
+    async def seed(self, episode_id: str, task_id: str, *, mounts: WorkspaceMounts | None = None) -> SeededEpisode:
+        await self._held("seed")
+        return await super().seed(episode_id, task_id, mounts=mounts)
+
+    async def verify(self, episode_id: str, task_id: str, *, result: RunResult) -> VerifyOutcome:
+        await self._held("verification")
+        if self.crash:
+            raise RuntimeError("grader bug: index out of range")
+        return await super().verify(episode_id, task_id, result=result)
+
+
+@pytest.mark.slow
+@needs_bwrap
+@pytest.mark.skipif(shutil.which("npm") is None, reason="needs npm for the Pi harness")
+@pytest.mark.parametrize("fault", ["cancel-seed", "cancel-agent", "stop-agent", "cancel-verification", "grader-crash"])
+async def test_a_fault_in_each_stage_settles_and_leaves_nothing_behind(fault: str, tmp_path: Path, policy_url,
+                                                                     embedded_dir, tasks):
+    """The Gym agent's episode through the lifecycle's stages, with a fault in each: the /run caller
+    gone while the workspace is seeded, while the harness waits on a model call (held in the policy
+    server's backend, which the wrapper only delays) and while the resources server grades; the agent
+    server shut down mid-run; a grader that raises. Each ends as a recorded trajectory with its cause
+    and stage (a grade in flight finishes: settling is never interrupted), and leaves no open
+    session, workspace or sandbox process."""
+    kind_of_fault, stage = fault.split("-", 1)
+    traj_file, scratch = tmp_path / "trajectories.jsonl", tmp_path / "ws"
+    agent = PolarAgent(PolarAgentConfig(harness="pi", policy_base_url=policy_url, policy_model_name="polar-policy",
+                                        tokenizer=str(embedded_dir), runtime_dir=str(tmp_path / "rt"), timeout_s=300,
+                                        trajectories_path=str(traj_file), run_slots=1))
+    await agent.start()
+    core = PolarResources(PolarResourcesConfig(scratch_root=str(scratch)), tasks=list(tasks.values()))
+    resources = HeldResources(core, hold=stage if stage in ("seed", "verification") else None,
+                              crash=kind_of_fault == "grader")
+    generate, call_held, release_call = agent.proxy.engine.backend.generate, asyncio.Event(), asyncio.Event()
+
+    async def held_call(*args, **kwargs):
+        if stage == "agent":
+            call_held.set()
+            await release_call.wait()
+        return await generate(*args, **kwargs)
+
+    agent.proxy.engine.backend.generate = held_call
+    stopped = False
+    try:
+        caller = asyncio.ensure_future(agent.run(_row(tasks[TASK_ID]), resources))
+        if kind_of_fault == "grader":
+            row = (await caller).row()
+        else:
+            async with asyncio.timeout(120):
+                await (call_held if stage == "agent" else resources.reached).wait()
+            if stage == "agent":
+                await asyncio.sleep(0.5)  # the episode sees its harness's first call (booted) and starts its run stage
+            if kind_of_fault == "stop":
+                stopping = asyncio.ensure_future(agent.stop())
+                stopped = True
+            else:
+                caller.cancel()
+            release_call.set()
+            resources.gate.set()
+            if kind_of_fault == "stop":
+                await stopping
+                row = (await caller).row()  # the episode settles, masked, before the server goes
+            else:
+                with pytest.raises(asyncio.CancelledError):
+                    await caller
+                await _until(lambda: not agent._settling and not agent._playing)
+    finally:
+        release_call.set()
+        resources.gate.set()
+        if not stopped:
+            await agent.stop()
+    recorded = [json.loads(line) for line in traj_file.read_text().splitlines()]
+    assert len(recorded) == 1
+    traj = recorded[0]
+    failure = traj["metadata"]["failure"]
+    if stage == "verification" and kind_of_fault == "cancel":  # the grade in flight finished: a real result
+        assert failure is None and traj["reward"] == 1.0 and traj["metadata"]["mask_sample"] is False
+    else:
+        expected = {"cancel-seed": ("cancelled", "seed", "client"), "cancel-agent": ("cancelled", "agent", "client"),
+                    "stop-agent": ("cancelled", "agent", "agent_server"),
+                    "grader-crash": ("infrastructure", "verification", "grader")}[fault]
+        assert (failure["kind"], failure["stage"], failure["component"]) == expected, failure
+        assert traj["metadata"]["mask_sample"] is True and traj["reward"] == 0.0
+        if fault == "cancel-agent":
+            assert failure["in_flight_call"] == 0 and "model call #0 in flight" in failure["cause"]
+        if kind_of_fault == "grader":
+            assert "grader bug: index out of range" in failure["cause"] and row["mask_sample"] is True
+    if kind_of_fault == "stop":
+        assert row["failure"]["component"] == "agent_server" and row["mask_sample"] is True
+    assert traj["calls"] or stage == "seed"  # what the proxy captured is kept
+    assert resources.closed and not core.episodes and not core._seeding
+    assert not list(scratch.glob("polar-resources-*/polar-ws-*"))
+    await core.aclose()  # its janitor (a process naming the scratch dir) goes too
+    assert await wait_gone(processes_matching, str(scratch)) == []  # no sandbox process binds a workspace
+    assert not (tmp_path / "rt" / "ledger" / "sessions").exists() or not list(
+        (tmp_path / "rt" / "ledger" / "sessions").iterdir())

@@ -2,20 +2,16 @@
 
 One process holds one proxy, listening on a Unix socket (the sandboxes' only way out), whose
 backend is the policy server NeMo Gym / NeMo-RL names in ``policy_base_url`` (several URLs spread
-sessions over the servers). For each data row ``run``:
-
-1. checks the row (a malformed one is an ``InputError``: the server answers 4xx, nothing is made);
-2. opens a proxy session whose forced sampling is the row's ``responses_create_params`` sampling
-   (``temperature``, ``top_p``, ``max_output_tokens``: what NeMo-RL stamps, enforced over
-   whatever the harness asks for);
-3. asks the resources server to seed the episode's workspace (a bubblewrap tree or a container of the
-   task's image, with this process's proxy socket and harness install mounted) and attaches to it;
-4. runs the configured harness in the sandbox against the proxy until it ends or the deadline;
-5. settles (the pieces of ``polar_env.episodes.lifecycle``): drains the session's calls, closes the
-   session and classifies the episode into a ``FailureKind``, grades it unless the kind is outside
-   the policy, closes the workspace, applies the run's outcome table (``polar_env.outcomes``:
-   reward, mask), and returns the NeMo-RL ``/run`` result with the failure's structured fields
-   (``failures.EpisodeFailure``) and Gym's observability records.
+sessions over the servers). For each data row ``run`` checks the row (a malformed one is an
+``InputError``: the server answers 4xx, nothing is made), then runs the episode through the stages
+every Polar episode goes through (``polar_env.episodes.lifecycle``: begin, prepare, run, finish),
+at a :class:`ResourcesSite`: the resources server seeds the workspace (a bubblewrap tree or a
+container of the task's image, with this process's proxy socket and harness install mounted),
+grades it at ``/verify`` and removes it. The session's forced sampling is the row's
+``responses_create_params`` sampling (``temperature``, ``top_p``, ``max_output_tokens``: what
+NeMo-RL stamps, enforced over whatever the harness asks for). The answer is the NeMo-RL ``/run``
+result, the run's outcome table applied (``polar_env.outcomes``: reward, mask), with the
+failure's structured fields (``failures.EpisodeFailure``) and Gym's observability records.
 
 Cancellation safety: each episode runs as its own task. A caller that goes away (client timeout,
 disconnect: Gym cancels the handler) cancels the episode, which still settles — ``cancelled``,
@@ -32,7 +28,9 @@ import secrets
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -41,26 +39,19 @@ from pydantic import BaseModel, Field
 
 from polar_env.agent_server.failures import COMPONENT, Component, EpisodeFailure, Stage
 from polar_env.agent_server.observations import agent_observations, latency_summary, producer_trajectory
-from polar_env.episodes.lifecycle import (
-    EpisodeSession,
-    close_session,
-    episode_prompt,
-    harness_spec,
-    open_session,
-    patch_bytes,
-    run_harness,
-)
-from polar_env.episodes.workspace import WorkspaceMounts
+from polar_env.episodes import lifecycle
+from polar_env.episodes.lifecycle import EpisodeConfig, EpisodeResult, patch_bytes
+from polar_env.episodes.workspace import Workspace, WorkspaceMounts
 from polar_env.harness_adapters.registry import get_adapter
-from polar_env.harness_adapters.runner import HarnessRun
 from polar_env.janitor import Janitor
-from polar_env.outcomes import FailureKind, OutcomeTable, final_kind
+from polar_env.outcomes import FailureKind, OutcomeTable
 from polar_env.proxy.app import ProxyServer
 from polar_env.proxy.engine import EngineConfig
 from polar_env.proxy.policy import Admission
 from polar_env.proxy.run_slots import RunSlots
-from polar_env.resources_server.core import SeededEpisode, UnknownTask, VerifyOutcome, attach_sandbox
-from polar_env.trajectory.chains import build_trajectory
+from polar_env.resources_server.core import SeededEpisode, VerifyOutcome, attach_sandbox
+from polar_env.rewards.grading import GradeResult
+from polar_env.sandbox.base import SandboxSpec
 from polar_env.trajectory.export import GroupPrompts, TrajectoryWriter, to_nemo_gym_result
 from polar_env.trajectory.models import Trajectory
 from polar_env.trajectory.records import CallRecord, EpisodeBudget
@@ -82,6 +73,9 @@ class PolarAgentConfig(BaseModel):
     max_context: int | None = None  # the context window to enforce; None: the backend's own (max_model_len)
     timeout_s: float = 1800.0  # the harness's wall-clock deadline per episode
     max_concurrent_episodes: int = 64  # episodes seeding or running their harness at once; grading is outside it
+    # of those, how many seed and boot at once (up to their harness's first model call: a dozen harnesses
+    # starting together on a few cores each take several times as long); None: run_slots, else no cap
+    prepare_slots: int | None = Field(default=None, ge=1)
     # model calls at once through the proxy (per-call admission, proxy/run_slots.py): the live harnesses
     # (max_concurrent_episodes) share them, so one in a tool leaves its slot to another's call; None: no cap
     run_slots: int | None = Field(default=None, ge=1)
@@ -170,29 +164,55 @@ def row_sampling(row: dict[str, Any]) -> dict[str, Any]:
 
 
 @dataclass
-class _Episode:
-    """One rollout's state as it moves through its stages; ``settle`` turns it into the result."""
+class SeededWorkspace(Workspace):
+    """A workspace the resources server made and removes: ``close`` asks it to (once)."""
 
-    task_id: str
-    episode_id: str
-    session: EpisodeSession
-    params: dict[str, Any]
-    rollout_id: str
-    started: float = field(default_factory=time.time)
-    stage: Stage = "admission"
-    timings: dict[str, float] = field(default_factory=dict)
-    harness_ended: float | None = None
-    run: HarnessRun | None = None
-    failure: EpisodeFailure | None = None
+    release: Callable[[], Awaitable[None]] | None = None
 
-    def fail(self, kind: FailureKind, component: Component, cause: str, **fields: Any) -> None:
-        """Record the first failure (later ones are consequences of it)."""
-        if self.failure is None:
-            self.failure = EpisodeFailure(kind=kind, stage=self.stage, component=component, cause=cause,
-                                          at_s=round(time.time() - self.started, 3), **fields)
+    async def close(self) -> None:
+        release, self.release = self.release, None
+        if release is not None:
+            await release()
 
-    def timed(self, name: str, since: float) -> None:
-        self.timings[name] = round(time.time() - since, 3)
+
+class ResourcesSite:
+    """The Gym agent's :class:`~polar_env.episodes.lifecycle.Site`: the resources server seeds the
+    workspace (attached here to run the harness in), extracts and grades the patch at ``/verify``
+    from its own side, and removes the workspace at ``/close_session``."""
+
+    def __init__(self, resources: ResourcesClient, params: dict[str, Any], placeholder_token_id: int):
+        self.resources, self.params, self.placeholder = resources, params, placeholder_token_id
+
+    async def open(self, ep: lifecycle.Episode, spec: SandboxSpec) -> Workspace:
+        episode_id = ep.session.session_id
+        mounts = WorkspaceMounts(proxy_socket_dir=str(spec.proxy_socket_dir), harness_dir=str(spec.harness_dir))
+        try:
+            seeded = await self.resources.seed(episode_id, ep.task.instance_id, mounts=mounts)
+            sandbox = attach_sandbox(seeded, spec)
+        except BaseException:  # also when the seed reply was lost: the server may have made the workspace
+            await self._release(episode_id)
+            raise
+        return SeededWorkspace(sandbox, seeded.ref(), release=partial(self._release, episode_id))
+
+    async def collect(self, ep: lifecycle.Episode) -> str:
+        return ""  # the resources server reads the patch from its own side of the workspace, at /verify
+
+    async def grade(self, ep: lifecycle.Episode, trajectory: Trajectory, grading: Any) -> GradeResult:
+        draft = to_nemo_gym_result(trajectory, responses_create_params=self.params,
+                                   placeholder_token_id=self.placeholder, arrays=True)
+        outcome = await self.resources.verify(ep.session.session_id, ep.task.instance_id, result=draft)
+        ep.patch = outcome.patch
+        return outcome.as_grade(ep.task.instance_id)
+
+    async def _release(self, episode_id: str) -> None:
+        try:  # close is idempotent at the resources server
+            await self.resources.close(episode_id)
+        except Exception:  # noqa: BLE001 - a leaked workspace must not lose the sample
+            log.exception("polar agent: close of episode %s failed", episode_id)
+
+
+# the lifecycle's stages by NeMo Gym's FailureStage names
+GYM_STAGE: dict[lifecycle.Stage, Stage] = {"prepare": "seed", "run": "agent", "finish": "verification"}
 
 
 class PolarAgent:
@@ -201,7 +221,8 @@ class PolarAgent:
         self.proxy: ProxyServer | None = None
         self.runtime_dir: Path | None = None
         self.adapter = get_adapter(config.harness)
-        self._slots = asyncio.Semaphore(config.max_concurrent_episodes)
+        self._slots = asyncio.Semaphore(config.max_concurrent_episodes)  # live harnesses
+        self._prepare = asyncio.Semaphore(config.prepare_slots or config.run_slots or config.max_concurrent_episodes)
         self._writer: TrajectoryWriter | None = None
         # each task's first prompt as its rollouts reached the model (one per task: docs/harnesses.md), for the
         # placeholder of a rollout that fails before its first call, so it stays in its NeMo-RL group
@@ -296,166 +317,137 @@ class PolarAgent:
                        resources: ResourcesClient, rollout_id: str | None) -> AgentRunResult:
         proxy = self.proxy
         assert proxy is not None
+        cancelled: tuple[Component, str] | None = None
         async with self._slots:
             if self._admission is not None:
                 await self._admission.admit()
-            episode_id = f"{_slug(task_id)}-{uuid.uuid4().hex[:12]}"
-            session = open_session(proxy, self.adapter, episode_id, task_id=task_id,
-                                   sampling=session_sampling(params, self.config.default_sampling),
-                                   budget=self.config.budget)
-            ep = _Episode(task_id=task_id, episode_id=episode_id, session=session, params=params,
-                          rollout_id=rollout_id or episode_id, started=session.started)
+            c = self.config
+            config = EpisodeConfig(harness=c.harness, timeout_s=c.timeout_s, model_name=c.policy_model_name or None,
+                                   sampling=session_sampling(params, c.default_sampling), outcomes=c.outcomes,
+                                   budget=c.budget)
+            ep = lifecycle.begin(proxy, _TaskView(task_id, row), episode_id=f"{_slug(task_id)}-{uuid.uuid4().hex[:12]}",
+                                 config=config, site=ResourcesSite(resources, params, min(proxy.engine.eos_ids)),
+                                 prompt=_row_prompt(params))
             try:
-                await self._play(ep, row, resources)
+                async with self._prepare:
+                    await lifecycle.prepare(ep)
+                    await lifecycle.booted(ep)
+                await lifecycle.run(ep)
             except asyncio.CancelledError:
                 asyncio.current_task().uncancel()  # type: ignore[union-attr]
-                if self._stopping:
-                    ep.fail(FailureKind.cancelled, "agent_server",
-                            f"the agent server shut down during the {ep.stage} stage")
-                else:
-                    ep.fail(FailureKind.cancelled, "client", f"the /run caller went away during the {ep.stage} stage")
-            except UnknownTask as exc:
-                ep.fail(FailureKind.input_error, "request", str(exc))
-            except Exception as exc:  # noqa: BLE001 - a workspace failure still yields a result
-                log.exception("polar agent: episode %s failed in the %s stage", episode_id, ep.stage)
-                ep.fail(FailureKind.sandbox_failure, "sandbox" if ep.stage == "agent" else "resources_server",
-                        f"{type(exc).__name__}: {exc}")
+                stage = GYM_STAGE[ep.stage]
+                cancelled = (("agent_server", f"the agent server shut down during the {stage} stage") if self._stopping
+                             else ("client", f"the /run caller went away during the {stage} stage"))
         # the slot is the run stage's only: grading (settle) happens outside it, so a slow grade never
         # holds back the next episode's model calls. Settling is not interrupted by a second cancel
         # (shutdown after a disconnect)
-        settle = asyncio.ensure_future(self._settle(ep, resources))
+        settle = asyncio.ensure_future(self._settle(ep, params, rollout_id or ep.session.session_id, cancelled))
         self._settling.add(settle)
         settle.add_done_callback(self._settling.discard)
         return await asyncio.shield(settle)
 
-    async def _play(self, ep: _Episode, row: dict[str, Any], resources: ResourcesClient) -> None:
-        ep.stage = "seed"
-        since = time.time()
-        spec = harness_spec(ep.session)
-        mounts = WorkspaceMounts(proxy_socket_dir=str(spec.proxy_socket_dir), harness_dir=str(spec.harness_dir))
-        seed = await resources.seed(ep.episode_id, ep.task_id, mounts=mounts)
-        sandbox = attach_sandbox(seed, spec)
-        ep.timed("seed_s", since)
-        ep.stage = "agent"
-        since = time.time()
-        prompt = _row_prompt(ep.params) or episode_prompt(_TaskView(ep.task_id, row))
-        try:
-            run = await run_harness(ep.session, sandbox, prompt, model_name=self.config.policy_model_name or None,
-                                    timeout_s=self.config.timeout_s)
-        finally:
-            ep.harness_ended = time.time()
-            ep.timed("harness_s", since)
-        ep.run = run  # how it ended is classified with the session's calls (close_session)
+    async def _settle(self, ep: lifecycle.Episode, params: dict[str, Any], rollout_id: str,
+                      cancelled: tuple[Component, str] | None) -> AgentRunResult:
+        """The harness stopped if the episode was cancelled, then its finish stage (drain, classify,
+        grade at the resources server unless the kind is outside the policy, close the workspace),
+        and the NeMo-RL result."""
+        if cancelled is not None:
+            await lifecycle.halt(ep, cancelled=cancelled[1])
+        settling = time.time()
+        result = await lifecycle.finish(ep)
+        failure = self._failure(ep, result, cancelled[0] if cancelled else "client")
+        m = ep.marks
+        timings = {**result.trajectory.metadata["timings"],
+                   "seed_s": round(m.get("started", settling) - m.get("prepare", settling), 3),
+                   "harness_s": round(m.get("ended", settling) - m.get("started", m.get("ended", settling)), 3),
+                   "grading_s": round(m.get("closing", m["done"]) - m.get("grade", m["done"]), 3),
+                   "close_s": round(m["done"] - m.get("closing", m["done"]), 3),
+                   "settle_s": round(time.time() - settling, 3), "total_s": round(time.time() - ep.session.started, 3)}
+        return self._result(ep, result, failure, params, rollout_id, timings)
 
-    async def _settle(self, ep: _Episode, resources: ResourcesClient) -> AgentRunResult:
-        """Drain and close the session (classified), grade unless the kind is outside the policy, close the
-        workspace, apply the outcome table, build the result."""
-        proxy = self.proxy
-        assert proxy is not None
-        table = self.config.outcomes
-        since = time.time()
-        run = ep.run
-        status = run.status if run is not None and ep.failure is None else "error"
-        closed = await close_session(ep.session, status, ep.failure.cause if ep.failure else run.error if run else None,
-                                     failure=ep.failure.kind if ep.failure else None, harness=run, outcomes=table)
-        kind = closed.failure_kind
-        if ep.failure is None and kind is not FailureKind.none:
-            self._note_classified(ep, kind, closed.calls)
-        _note_in_flight(ep, closed.calls)
-        traj = build_trajectory(closed.info, closed.calls, status=closed.status,
-                                error=ep.failure.cause if ep.failure else None)
-        placeholder = min(proxy.engine.eos_ids)
-        outcome: VerifyOutcome | None = None
-        try:
-            if not kind.outside_policy:  # grading would say nothing about the policy otherwise
-                ep.stage = "verification"
-                graded = time.time()
-                draft = to_nemo_gym_result(traj, responses_create_params=ep.params, placeholder_token_id=placeholder,
-                                           arrays=True)
-                try:
-                    outcome = await resources.verify(ep.episode_id, ep.task_id, result=draft)
-                    kind = final_kind(kind, FailureKind.from_wire(outcome.failure_kind), outcome.resolved)
-                    if kind is FailureKind.none:  # resolved: the patch earns its reward whatever ended the harness
-                        ep.failure = None
-                    elif ep.failure is None or ep.failure.kind is not kind:
-                        ep.failure = None
-                        ep.fail(kind, COMPONENT.get(kind, "policy"), outcome.failure_reason or kind.value)
-                except Exception as exc:  # noqa: BLE001 - grading that could not run is not the policy's
-                    kind, outcome, ep.failure = FailureKind.infrastructure, None, None
-                    ep.fail(kind, "grader", f"verify failed: {type(exc).__name__}: {exc}")
-                ep.timed("grading_s", graded)
-        finally:
-            ep.stage = "cleanup"
-            closing = time.time()
-            try:  # also when the seed reply was lost: the server may have made the workspace (close is idempotent)
-                await resources.close(ep.episode_id)
-            except Exception:  # noqa: BLE001 - a leaked workspace must not lose the sample
-                log.exception("polar agent: close of episode %s failed", ep.episode_id)
-            ep.timed("close_s", closing)
-        if outcome is None:
-            assert ep.failure is not None
-            outcome = VerifyOutcome.failed(kind, ep.failure.cause)
-        reward, mask = table.apply(kind, outcome.reward)
-        traj = traj.model_copy(update={"reward": reward or 0.0, "grading": outcome.grading or None,
-                                       "failure_kind": kind, "masked": mask,
-                                       "error": ep.failure.cause if ep.failure else None})
-        ep.timings["total_s"] = round(time.time() - ep.started, 3)
-        ep.timings["settle_s"] = round(time.time() - since, 3)
-        return self._result(ep, traj, outcome, placeholder)
+    def _failure(self, ep: lifecycle.Episode, result: EpisodeResult, cancelled_by: Component) -> EpisodeFailure | None:
+        """The structured record of what ended the episode: where it failed before the harness could end,
+        what the grade said, or what the ledger shows (a failed call, the deadline, the harness's end)."""
+        kind, started = result.failure_kind, ep.session.started
+        if kind is FailureKind.none:
+            return None
+        at_s = {mark: round(at - started, 3) for mark, at in ep.marks.items()}
+        if ep.failure is kind and ep.failed_in is not None:
+            component: Component = (cancelled_by if kind is FailureKind.cancelled else "request"
+                                    if kind is FailureKind.input_error else "resources_server"
+                                    if ep.failed_in == "prepare" else "sandbox")
+            failure = EpisodeFailure(kind=kind, stage=GYM_STAGE[ep.failed_in], component=component,
+                                     cause=(ep.error or kind.value)[:2000], at_s=at_s.get("failed"))
+        elif ep.graded_error is not None:
+            failure = EpisodeFailure(kind=kind, stage="verification", component="grader", cause=ep.graded_error[:2000],
+                                     at_s=at_s.get("done"))
+        elif kind is not ep.classified:  # the grade decided it
+            cause = (result.grade.error if result.grade is not None else "") or kind.value
+            failure = EpisodeFailure(kind=kind, stage="verification", component=COMPONENT.get(kind, "policy"),
+                                     cause=cause[:2000], at_s=at_s.get("done"))
+        else:
+            failure = self._classified(ep, kind, result.calls, at_s.get("ended"))
+        _note_in_flight(failure, ep.marks.get("ended"), result.calls)
+        return failure
 
-    def _note_classified(self, ep: _Episode, kind: FailureKind, calls: list[CallRecord]) -> None:
-        """The structured record of a kind the ledger decided (a failed call, the deadline, the harness's end)."""
+    def _classified(self, ep: lifecycle.Episode, kind: FailureKind, calls: list[CallRecord],
+                    at_s: float | None) -> EpisodeFailure:
+        """The record of a kind the ledger decided (a failed call, the deadline, the harness's end)."""
         run = ep.run
         failed = [c for c in calls if c.failure_kind is not None]
         if kind in (FailureKind.backend_failure, FailureKind.proxy_failure) and failed:
             where = "at the policy server" if kind is FailureKind.backend_failure else "inside Polar's proxy"
-            ep.fail(kind, COMPONENT[kind], f"{len(failed)} model call(s) failed {where}, the last: "
-                    f"{failed[-1].error}"[:2000], in_flight_call=failed[-1].call_index)
-            return
+            return EpisodeFailure(kind=kind, stage="agent", component=COMPONENT[kind], at_s=at_s,
+                                  cause=f"{len(failed)} model call(s) failed {where}, the last: "
+                                        f"{failed[-1].error}"[:2000], in_flight_call=failed[-1].call_index)
         cause = _CAUSES.get(kind, kind.value).format(timeout=f"{self.config.timeout_s:g}")
         if run is not None and kind is FailureKind.harness_killed:
             cause = f"harness killed by {run.signal}"
         elif run is not None and run.error and kind in (FailureKind.harness_crashed, FailureKind.harness_start_failed):
             cause = f"{cause}: {run.error}"
-        ep.fail(kind, COMPONENT.get(kind, "policy"), cause[:2000], exit_code=run.exit_code if run else None,
-                signal=run.signal if run else None)
+        return EpisodeFailure(kind=kind, stage="agent", component=COMPONENT.get(kind, "policy"), cause=cause[:2000],
+                              at_s=at_s, exit_code=run.exit_code if run else None, signal=run.signal if run else None)
 
-    def _result(self, ep: _Episode, traj: Trajectory, outcome: VerifyOutcome, placeholder: int) -> AgentRunResult:
+    def _result(self, ep: lifecycle.Episode, result: EpisodeResult, failure: EpisodeFailure | None,
+                params: dict[str, Any], rollout_id: str, timings: dict[str, float]) -> AgentRunResult:
         proxy = self.proxy
         assert proxy is not None
+        traj = result.trajectory
+        traj.reward, traj.error = traj.reward or 0.0, failure.cause if failure else None
+        resolved = result.grade is not None and result.grade.resolved
         # arrays: the result is only serialised (fastjson), and its per-call prompts are views, not copies
         self._first_prompts.note(traj)
-        result = to_nemo_gym_result(traj, responses_create_params=ep.params, placeholder_token_id=placeholder,
-                                    group_prompt=self._first_prompts.get(traj), arrays=True)
-        mask = result.instance_config.mask_sample
-        traj.metadata.update({"duration_s": ep.timings["total_s"], "timings": dict(ep.timings), "mask_sample": mask,
-                              "failure": ep.failure.model_dump() if ep.failure else None,
-                              "patch_bytes": patch_bytes(outcome.patch)})
+        out = to_nemo_gym_result(traj, responses_create_params=params, placeholder_token_id=min(proxy.engine.eos_ids),
+                                 group_prompt=self._first_prompts.get(traj), arrays=True)
+        mask = out.instance_config.mask_sample
+        traj.metadata.update({"duration_s": timings["total_s"], "timings": timings, "mask_sample": mask,
+                              "failure": failure.model_dump() if failure else None,
+                              "patch_bytes": patch_bytes(result.patch or ep.patch)})
         if self._writer is not None:
             self._writer.write(traj)
-        proxy.registry.discard(ep.session.session_id)  # the trajectory carries it on: the proxy keeps only open sessions
+        session_id = ep.session.session_id
+        proxy.registry.discard(session_id)  # the trajectory carries it on: the proxy keeps only open sessions
         latency = latency_summary(traj)
-        invocation_status = ("completed" if ep.run is not None and ep.run.status == "completed" and ep.failure is None
-                             else "incomplete" if ep.failure is not None and ep.failure.kind in _INCOMPLETE
+        run = ep.run
+        invocation_status = ("completed" if run is not None and run.status == "completed" and failure is None
+                             else "incomplete" if failure is not None and failure.kind in _INCOMPLETE
                              else "failed")
-        result.polar.timings, result.polar.model_call_latency_ms = dict(ep.timings), latency
+        out.polar.timings, out.polar.model_call_latency_ms = dict(timings), latency
         return AgentRunResult(
-            **structs.asdict(result),
-            mask_sample=mask, resolved=outcome.resolved, task_id=ep.task_id,
-            failure_reason=ep.failure.cause if ep.failure else None,
-            failure=ep.failure.model_dump() if ep.failure else None,
-            harness_exit_code=ep.run.exit_code if ep.run is not None else None,
+            **structs.asdict(out),
+            mask_sample=mask, resolved=resolved, task_id=ep.task.instance_id,
+            failure_reason=failure.cause if failure else None,
+            failure=failure.model_dump() if failure else None,
+            harness_exit_code=run.exit_code if run is not None else None,
             # numeric top-level keys: Gym and NeMo-RL average each into a metric
-            duration_s=ep.timings["total_s"], seed_s=ep.timings.get("seed_s", 0.0),
-            harness_s=ep.timings.get("harness_s", 0.0), grading_s=ep.timings.get("grading_s", 0.0),
+            duration_s=timings["total_s"], seed_s=timings["seed_s"], harness_s=timings["harness_s"],
+            grading_s=timings["grading_s"],
             model_call_p50_ms=latency.get("p50", 0.0), model_call_p95_ms=latency.get("p95", 0.0),
             ng_agent_observations=agent_observations(
-                traj, result.response.output, invocation_id=ep.episode_id, status=invocation_status,
-                duration_ms=ep.timings["harness_s"] * 1e3 if "harness_s" in ep.timings else None,
-                error_type=ep.failure.kind.value if ep.failure else None),
-            ng_trajectory=producer_trajectory(traj, task_id=ep.task_id, rollout_id=ep.rollout_id,
-                                              invocation_id=ep.episode_id,
-                                              resolved=None if mask else outcome.resolved),
+                traj, out.response.output, invocation_id=session_id, status=invocation_status,
+                duration_ms=timings["harness_s"] * 1e3, error_type=failure.kind.value if failure else None),
+            ng_trajectory=producer_trajectory(traj, task_id=ep.task.instance_id, rollout_id=rollout_id,
+                                              invocation_id=session_id, resolved=None if mask else resolved),
         )
 
 
@@ -472,10 +464,9 @@ _CAUSES = {
 }
 
 
-def _note_in_flight(ep: _Episode, calls: list[CallRecord]) -> None:
+def _note_in_flight(failure: EpisodeFailure, ended: float | None, calls: list[CallRecord]) -> None:
     """Name the model call the harness was waiting on when it was killed, cancelled or out of time."""
-    failure, ended = ep.failure, ep.harness_ended
-    if failure is None or ended is None or failure.in_flight_call is not None or (
+    if ended is None or failure.in_flight_call is not None or (
             failure.kind is not FailureKind.harness_killed and failure.kind not in _INCOMPLETE):
         return
     for call in calls:

@@ -1,21 +1,26 @@
-"""One episode's lifecycle in three stages (docs/rollout.md, "Stages").
+"""One episode's lifecycle in three stages (docs/rollout.md, "Stages"), the same wherever it runs.
 
-- :func:`prepare`: the harness install checked, the proxy session opened, the workspace opened and
-  the harness started in it;
+- :func:`begin`: the proxy session opened (the episode exists from here: whatever follows, it is
+  either finished or aborted);
+- :func:`prepare`: the harness install checked, the workspace opened at the episode's
+  :class:`Site` and the harness started in it;
 - :func:`run`: the harness talks to the model until it ends. Only this stage's model calls hold
   inference slots: where the proxy has run slots (``TokenEngine.run_slots``, proxy/run_slots.py),
   each call waits there for one and gives it back once answered, so the harness's start-up and
   tools overlap other episodes' calls, and the deadline's clock stands still while a call waits;
-- :func:`finish`: patch extraction, the drain of calls in flight, classification, grading (in the
-  ``Grading`` executor, never the default thread pool) and the trajectory build (off the loop).
+- :func:`finish`: patch collection, the drain of calls in flight, classification, the trajectory
+  build (off the loop), grading (in the ``Grading`` executor, never the default thread pool).
 
-``run_episode`` is the three in a row (``polar rollout``'s driver, rollout/runner.py, runs them
-with a limit per stage). The NeMo Gym servers split an episode across two processes and call the
-pieces: :func:`open_session`, :func:`run_harness`, :func:`close_session`, :func:`extract_patch`.
-Whatever happens (harness crash, timeout, backend failure), an episode ends in a trajectory with its
-status, whatever the proxy captured, its failure kind and reward/mask from the run's outcome table
-(polar_env.outcomes), and where its time went (``metadata["timings"]``, :data:`TIMING_KEYS`). A
-cancelled episode (any stage) leaves no harness process, workspace, open session or run slot.
+A :class:`Site` is where the workspace is made and the patch graded: this process
+(:class:`LocalSite`: ``polar rollout``'s driver in rollout/runner.py, demo, train, every Ray node),
+or the NeMo Gym resources server, which the agent server reaches over HTTP
+(agent_server/core.py ``ResourcesSite``). ``run_episode`` is the stages in a row.
+Whatever happens (harness crash, timeout, backend failure), a finished episode is a trajectory with
+its status, whatever the proxy captured, its failure kind and reward/mask from the run's outcome
+table (polar_env.outcomes), and where its time went (``metadata["timings"]``, :data:`TIMING_KEYS`).
+A cancelled stage raises and leaves the episode to its caller: :func:`abort` drops it (no harness
+process, workspace, open session or run slot left; a rerun runs it again), or :func:`halt` with
+``cancelled`` then :func:`finish` records it (masked, as the Gym agent does for a caller gone).
 """
 
 from __future__ import annotations
@@ -28,9 +33,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
-from polar_env.episodes.workspace import Workspace, open_workspace
+from polar_env.episodes.workspace import Workspace, WorkspaceRef, open_workspace
 from polar_env.harness_adapters.base import HarnessAdapter
 from polar_env.harness_adapters.registry import NOISE_EXCLUDES, get_adapter
 from polar_env.harness_adapters.runner import HarnessRun, run_episode_in_sandbox
@@ -46,13 +51,14 @@ from polar_env.trajectory.models import Trajectory
 from polar_env.trajectory.records import CallRecord, EpisodeBudget
 
 T = TypeVar("T")
+Stage = Literal["prepare", "run", "finish"]
 log = logging.getLogger(__name__)
 # metadata["timings"] of every trajectory, in seconds: waiting for a prepare slot, preparing, the
 # harness's start-up (start to its first model call), waiting for a run slot, the model's time
 # (backend calls, overlaps counted once), the rest of the run (tools, the harness's own work),
-# then patch + drain + classification, grading, and the trajectory build
-TIMING_KEYS = ("queued_s", "prepare_s", "harness_start_s", "wait_s", "model_s", "tool_s", "drain_s", "grade_s",
-               "build_s")
+# then patch + drain + classification, the trajectory build, and grading (with the workspace's close)
+TIMING_KEYS = ("queued_s", "prepare_s", "harness_start_s", "wait_s", "model_s", "tool_s", "drain_s", "build_s",
+               "grade_s")
 
 PROMPT = """You are working in the repository at /testbed. Resolve the following issue by editing the \
 source code (not the tests). When you are done, stop.
@@ -84,6 +90,7 @@ class EpisodeResult:
     harness: HarnessRun | None
     patch: str
     failure_kind: FailureKind = FailureKind.none
+    calls: list[CallRecord] = field(default_factory=list)  # the ledger's records the trajectory was built from
 
 
 @dataclass
@@ -152,7 +159,6 @@ async def close_session(session: EpisodeSession, status: str, error: str | None,
     classify the episode (``failure``: what already failed before the harness could end, e.g. the
     workspace), close the session."""
     proxy = session.proxy
-    release_slot(session)  # also where the run stage was never told it ended (the Gym agent server)
     await proxy.drain(session.session_id)
     calls = proxy.registry.ledger.calls(session.session_id)
     stopped = proxy.registry.get(session.session_id).stopped
@@ -165,12 +171,6 @@ async def close_session(session: EpisodeSession, status: str, error: str | None,
         status, error = "error", error or f"{kind.value}: the episode failed outside the policy"
     info = proxy.registry.close(session.session_id, status)
     return ClosedSession(info, calls, status, error, kind)
-
-
-def release_slot(session: EpisodeSession) -> None:
-    """The session's run slot (if it took one) goes to the next waiting session."""
-    if (slots := session.proxy.engine.run_slots) is not None:
-        slots.release(session.session_id)
 
 
 async def extract_patch(sandbox: Sandbox) -> str:
@@ -237,59 +237,106 @@ async def grade_episode(task: Task, patch: str, workspace: Workspace | None, con
     return await grading.grade(grade_task, task, patch, kind=kind, timeout_s=config.grading_timeout_s)
 
 
+class Site(Protocol):
+    """Where an episode's workspace is made, its patch collected and graded."""
+
+    async def open(self, ep: Episode, spec: SandboxSpec) -> Workspace:
+        """The episode's workspace, with ``spec``'s mounts (proxy socket dir, harness install)."""
+
+    async def collect(self, ep: Episode) -> str:
+        """The agent's patch, once the harness has ended (may close a workspace grading does not need)."""
+
+    async def grade(self, ep: Episode, trajectory: Trajectory, grading: Grading | None) -> GradeResult:
+        """The grade of ``ep.patch`` (``trajectory``: the episode as built, before its reward)."""
+
+
+class LocalSite:
+    """This process opens the workspace (a bubblewrap tree cloned from the task's warm base, or a
+    container of its image) and grades the patch in a fresh one (a Harbor task: in its own)."""
+
+    async def open(self, ep: Episode, spec: SandboxSpec) -> Workspace:
+        return await open_workspace(ep.task, spec, sandbox=ep.config.sandbox)
+
+    async def collect(self, ep: Episode) -> str:
+        assert ep.workspace is not None
+        patch = await extract_patch(ep.workspace.sandbox)
+        if ep.task.harbor is None:  # graded in a fresh tree: this one can go now
+            await close_workspace(ep)
+        return patch
+
+    async def grade(self, ep: Episode, trajectory: Trajectory, grading: Grading | None) -> GradeResult:
+        return await grade_episode(ep.task, ep.patch, ep.workspace, ep.config, grading)
+
+
 @dataclass
 class Episode:
-    """One episode between its stages: what :func:`prepare` made, what :func:`run` and
-    :func:`finish` use, and when each stage began and ended (``time.time()``)."""
+    """One episode between its stages: what :func:`begin` and :func:`prepare` made, what
+    :func:`run` and :func:`finish` use, the stage it is in, and when each stage began and ended
+    (``time.time()``)."""
 
     task: Task
     config: EpisodeConfig
     session: EpisodeSession
+    site: Site
+    prompt: str
     marks: dict[str, float]
-    workspace: Workspace | None = None
+    stage: Stage = "prepare"
+    workspace: Workspace | None = None  # open from prepare until finish (or abort) closes it
+    ref: WorkspaceRef | None = None  # where it was, kept past its close
     harness: asyncio.Future[HarnessRun] | None = None  # started in prepare, awaited in run
     run: HarnessRun | None = None
-    failure: FailureKind | None = None  # a failure outside the harness (the workspace)
+    failure: FailureKind | None = None  # what failed outside the policy before the harness could end
+    failed_in: Stage | None = None  # the stage it failed in
     error: str | None = None
+    patch: str = ""
+    classified: FailureKind | None = None  # the ledger's verdict, before grading (finish)
+    graded_error: str | None = None  # grading that raised (finish)
     slot: Any = None  # the session's run_slots.SlotTimes, once its run stage ended
 
-    def fail(self, exc: BaseException) -> None:
-        self.failure, self.error = FailureKind.sandbox_failure, f"{type(exc).__name__}: {exc}"
+    def fail(self, exc: BaseException, kind: FailureKind | None = None) -> None:
+        """The first failure outside the policy: ``kind``, or the exception's own ``failure_kind``
+        (an unknown task is the request's), or the workspace's."""
+        if self.failure is None:
+            self.failure = kind or getattr(exc, "failure_kind", FailureKind.sandbox_failure)
+            self.failed_in, self.error = self.stage, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            self.marks["failed"] = time.time()
 
 
-async def prepare(proxy: ProxyServer, task: Task, *, episode_id: str, group_id: str | None = None,
-                  config: EpisodeConfig | None = None, metadata: dict[str, Any] | None = None,
-                  queued_at: float | None = None) -> Episode:
-    """Stage 1: session, workspace, harness started (its first model call then waits for a run
-    slot where the proxy has them). A workspace that cannot be made is the episode's failure, not
-    an exception: it still ends in a trajectory."""
+def begin(proxy: ProxyServer, task: Task, *, episode_id: str, group_id: str | None = None,
+          config: EpisodeConfig | None = None, metadata: dict[str, Any] | None = None,
+          queued_at: float | None = None, site: Site | None = None, prompt: str | None = None) -> Episode:
+    """The episode's proxy session, opened; ``prompt`` defaults to :func:`episode_prompt`."""
     config = config or EpisodeConfig()
-    began = time.time()
     adapter = get_adapter(config.harness)
-    await asyncio.to_thread(adapter.install)
     session = open_session(proxy, adapter, episode_id, task_id=task.instance_id, group_id=group_id,
                            sampling=config.sampling, metadata=metadata, budget=config.budget)
-    ep = Episode(task, config, session, marks={"queued": queued_at or began, "prepare": began})
+    return Episode(task, config, session, site or LocalSite(), prompt or episode_prompt(task),
+                   marks={"queued": queued_at or session.started})
+
+
+async def prepare(ep: Episode) -> None:
+    """Stage 1: workspace, harness started (its first model call then waits for a run slot where
+    the proxy has them). A workspace that cannot be made is the episode's failure, not an
+    exception: it still ends in a trajectory. Cancelled, the workspace (made or being made) stays
+    on ``ep`` for the caller's :func:`abort` or :func:`finish`."""
+    ep.stage, ep.marks["prepare"] = "prepare", time.time()
+    await asyncio.to_thread(ep.session.adapter.install)
     try:
-        spec = harness_spec(session, SandboxSpec(scratch_root=config.scratch_root))
-        opening = asyncio.ensure_future(open_workspace(task, spec, sandbox=config.sandbox))
+        spec = harness_spec(ep.session, SandboxSpec(scratch_root=ep.config.scratch_root))
+        opening = asyncio.ensure_future(ep.site.open(ep, spec))
         try:
             ep.workspace = await asyncio.shield(opening)  # a cancel must not orphan a tree being made
         except asyncio.CancelledError:
-            ep.workspace = (await asyncio.gather(opening, return_exceptions=True))[0]
-            if not isinstance(ep.workspace, Workspace):
-                ep.workspace = None
+            made = (await asyncio.gather(opening, return_exceptions=True))[0]
+            ep.workspace = made if isinstance(made, Workspace) else None
             raise
+        ep.ref = ep.workspace.ref
         ep.harness = asyncio.ensure_future(run_harness(
-            session, ep.workspace.sandbox, episode_prompt(task), model_name=config.model_name,
-            timeout_s=agent_timeout(task, config.timeout_s)))
-    except asyncio.CancelledError:
-        await abort(ep)
-        raise
+            ep.session, ep.workspace.sandbox, ep.prompt, model_name=ep.config.model_name,
+            timeout_s=agent_timeout(ep.task, ep.config.timeout_s)))
     except Exception as exc:  # noqa: BLE001 - a workspace failure still yields a trajectory
         ep.fail(exc)
     ep.marks["started"] = time.time()
-    return ep
 
 
 async def booted(ep: Episode) -> None:
@@ -316,97 +363,100 @@ async def _slot_or_end(ep: Episode, wait: Callable[[RunSlots, str], Awaitable[No
 
 async def run(ep: Episode) -> None:
     """Stage 2: the harness to its end (or deadline); then its run slot is free."""
+    ep.stage = "run"
     try:
         if ep.harness is not None:
             ep.run = await ep.harness
     except asyncio.CancelledError:
-        await abort(ep)
         raise
     except Exception as exc:  # noqa: BLE001 - the harness could not be run in the workspace
         ep.fail(exc)
     finally:
-        ep.marks["ended"] = time.time()
         _end_run(ep)
 
 
 def _end_run(ep: Episode) -> None:
+    ep.marks.setdefault("ended", time.time())
     slots = ep.session.proxy.engine.run_slots
     if slots is not None and ep.slot is None:
         ep.slot = slots.release(ep.session.session_id)
 
 
-async def finish(ep: Episode, grading: Grading | None = None) -> EpisodeResult:
-    """Stage 3: patch, drain, classification, grade (unless the kind is outside the policy), trajectory.
-    A grader that crashes makes the episode `infrastructure` (its outcome-table verdict: masked), never
-    a lost trajectory: a group keeps its size."""
-    try:
-        return await _finish(ep, grading)
-    except asyncio.CancelledError:
-        await abort(ep)
-        raise
-
-
-async def _finish(ep: Episode, grading: Grading | None) -> EpisodeResult:
-    task, config, workspace, harness = ep.task, ep.config, ep.workspace, ep.run
-    status, error = (harness.status, harness.error) if harness is not None else ("error", ep.error)
-    patch = ""
-    try:
-        if workspace is not None and ep.failure is None:
-            patch = await extract_patch(workspace.sandbox)
-    except Exception as exc:  # noqa: BLE001 - a workspace failure still yields a trajectory
-        ep.fail(exc)
-        status, error = "error", ep.error
-    finally:
-        if workspace is not None and task.harbor is None:  # a Harbor task is verified in its workspace
-            ep.workspace = None
-            await workspace.close()
-    result, graded_error = None, None
-    try:
-        closed = await close_session(ep.session, status, error, failure=ep.failure, harness=harness,
-                                     outcomes=config.outcomes)
-        kind = closed.failure_kind
-        ep.marks["grade"] = time.time()
-        if config.grade and not kind.outside_policy:  # grading would say nothing about the policy
-            try:
-                result = await grade_episode(task, patch, workspace, config, grading)
-            except Exception as exc:  # noqa: BLE001 - a grader that crashed says nothing of the policy either
-                log.exception("episode %s: grading failed", ep.session.session_id)
-                kind, graded_error = FailureKind.infrastructure, f"grading failed: {type(exc).__name__}: {exc}"
-            else:
-                kind = final_kind(kind, result.failure_kind, result.resolved)
-    finally:
-        if workspace is not None and task.harbor is not None:
-            ep.workspace = None
-            await workspace.close()
-    ep.marks["build"] = time.time()
-    reward, masked = config.outcomes.apply(kind, result.reward if result else None)
-    build = partial(build_trajectory, closed.info, closed.calls, status=closed.status, error=graded_error or closed.error,
-                    reward=reward, grading=result.model_dump(mode="json") if result else None)
-    trajectory = await (grading.off_loop(build) if grading is not None else asyncio.to_thread(build))
-    trajectory.failure_kind, trajectory.masked = kind, masked
-    ep.marks["done"] = time.time()
-    trajectory.metadata.update({"duration_s": time.time() - ep.session.started, "patch_bytes": patch_bytes(patch),
-                                "timings": episode_timings(ep, closed.calls)})
-    if workspace is not None:  # where it ran (and was graded): bubblewrap, or the engine and image
-        trajectory.metadata["workspace"] = workspace.ref.kind
-        if workspace.ref.clone:  # how its tree was cloned from the task's warm base (tasks/base_trees.py)
-            trajectory.metadata["workspace_clone"] = workspace.ref.clone
-        if workspace.ref.image:
-            trajectory.metadata["image"] = workspace.ref.image
-    return EpisodeResult(trajectory=trajectory, grade=result, harness=harness, patch=patch, failure_kind=kind)
-
-
-async def abort(ep: Episode) -> None:
-    """A cancelled episode, in any stage: the harness's process tree killed, its run slot freed,
-    the workspace removed, the session closed (``error``); no trajectory (a rerun runs it again)."""
+async def halt(ep: Episode, cancelled: str | None = None) -> None:
+    """The harness's process tree killed (and waited for), its run slot freed; ``cancelled``: why,
+    recorded as the episode's ``cancelled`` failure (then :func:`finish` records it, masked)."""
     if ep.harness is not None and not ep.harness.done():
         ep.harness.cancel()
     if ep.harness is not None:
         await asyncio.gather(ep.harness, return_exceptions=True)
     _end_run(ep)
+    if cancelled is not None:
+        ep.fail(asyncio.CancelledError(cancelled), FailureKind.cancelled)
+        ep.error = cancelled
+
+
+async def finish(ep: Episode, grading: Grading | None = None) -> EpisodeResult:
+    """Stage 3: patch, drain, classification, trajectory, grade (unless the kind is outside the
+    policy), the workspace closed. A grader that crashes makes the episode `infrastructure` (its
+    outcome-table verdict: masked), never a lost trajectory: a group keeps its size."""
+    config, harness = ep.config, ep.run
+    ep.stage = "finish"
+    status, error = (harness.status, harness.error) if harness is not None and ep.failure is None \
+        else ("error", ep.error)
+    try:
+        if ep.workspace is not None and ep.failure is None:
+            ep.patch = await ep.site.collect(ep)
+    except Exception as exc:  # noqa: BLE001 - a workspace failure still yields a trajectory
+        ep.fail(exc)
+        status, error = "error", ep.error
+    result = None
+    try:
+        closed = await close_session(ep.session, status, error, failure=ep.failure, harness=harness,
+                                     outcomes=config.outcomes)
+        kind = ep.classified = closed.failure_kind
+        ep.marks["build"] = time.time()
+        build = partial(build_trajectory, closed.info, closed.calls, status=closed.status, error=closed.error)
+        trajectory = await (grading.off_loop(build) if grading is not None else asyncio.to_thread(build))
+        ep.marks["grade"] = time.time()
+        if config.grade and not kind.outside_policy:  # grading would say nothing about the policy
+            try:
+                result = await ep.site.grade(ep, trajectory, grading)
+            except Exception as exc:  # noqa: BLE001 - a grader that crashed says nothing of the policy either
+                log.exception("episode %s: grading failed", ep.session.session_id)
+                kind, ep.graded_error = FailureKind.infrastructure, f"grading failed: {type(exc).__name__}: {exc}"
+            else:
+                kind = final_kind(kind, result.failure_kind, result.resolved)
+    finally:
+        await close_workspace(ep)
+    ep.marks["done"] = time.time()
+    reward, masked = config.outcomes.apply(kind, result.reward if result else None)
+    trajectory.reward, trajectory.failure_kind, trajectory.masked = reward, kind, masked
+    trajectory.grading = result.model_dump(mode="json") if result else None
+    trajectory.error = ep.graded_error or trajectory.error
+    trajectory.metadata.update({"duration_s": ep.marks["done"] - ep.session.started, "patch_bytes": patch_bytes(ep.patch),
+                                "timings": episode_timings(ep, closed.calls)})
+    if (workspace := ep.ref) is not None:  # where it ran (and was graded): bubblewrap, or the engine and image
+        trajectory.metadata["workspace"] = workspace.kind
+        if workspace.clone:  # how its tree was cloned from the task's warm base (tasks/base_trees.py)
+            trajectory.metadata["workspace_clone"] = workspace.clone
+        if workspace.image:
+            trajectory.metadata["image"] = workspace.image
+    return EpisodeResult(trajectory=trajectory, grade=result, harness=harness, patch=ep.patch, failure_kind=kind,
+                         calls=closed.calls)
+
+
+async def close_workspace(ep: Episode) -> None:
+    """The episode's workspace removed (once)."""
     workspace, ep.workspace = ep.workspace, None
     if workspace is not None:
         await workspace.close()
+
+
+async def abort(ep: Episode) -> None:
+    """A cancelled episode, in any stage: the harness's process tree killed, its run slot freed,
+    the workspace removed, the session closed (``error``); no trajectory (a rerun runs it again)."""
+    await halt(ep)
+    await close_workspace(ep)
     proxy, sid = ep.session.proxy, ep.session.session_id
     if (session := proxy.registry.get(sid)) is not None and session.info.closed_at is None:
         await proxy.drain(sid, timeout_s=1.0)
@@ -417,33 +467,39 @@ def episode_timings(ep: Episode, calls: list[CallRecord]) -> dict[str, float]:
     """Where the episode's time went (:data:`TIMING_KEYS`), from its stage marks, its slot's times
     and its calls' own timings."""
     m = ep.marks
-    started = m.get("started", m["prepare"])
+    prepared = m.get("prepare", m["queued"])
+    started = m.get("started", prepared)
     ended = m.get("ended", started)
     first_call = ep.slot.first_call_at if ep.slot is not None else min((c.created_at for c in calls), default=None)
     admitted_at = ep.slot.admitted_at if ep.slot is not None and ep.slot.admitted_at is not None else first_call
     spans = sorted((c.created_at + c.timings.get("admission_ms", 0.0) / 1e3, c.created_at + c.timings["total_ms"] / 1e3)
                    for c in calls if "total_ms" in c.timings)
     model = covered = 0.0
-    for begin, end in spans:  # the union: side calls in parallel count once
-        begin = max(begin, covered)
-        if end > begin:
-            model += end - begin
+    for begin_at, end in spans:  # the union: side calls in parallel count once
+        begin_at = max(begin_at, covered)
+        if end > begin_at:
+            model += end - begin_at
             covered = end
     run_s = ended - admitted_at if admitted_at is not None else 0.0
     first_wait = admitted_at - first_call if first_call is not None and admitted_at is not None else 0.0
     waited = max(ep.slot.waited_s(ended), first_wait) if ep.slot is not None else first_wait  # every call's wait
-    out = {"queued_s": m["prepare"] - m["queued"], "prepare_s": started - m["prepare"],
+    out = {"queued_s": prepared - m["queued"], "prepare_s": started - prepared,
            "harness_start_s": (first_call if first_call is not None else ended) - started,
            "wait_s": waited, "model_s": model, "tool_s": run_s - model - (waited - first_wait),
-           "drain_s": m.get("grade", ended) - ended,
-           "grade_s": m.get("build", ended) - m.get("grade", ended), "build_s": m.get("done", ended) - m.get("build", ended)}
+           "drain_s": m.get("build", ended) - ended, "build_s": m.get("grade", ended) - m.get("build", ended),
+           "grade_s": m.get("done", ended) - m.get("grade", ended)}
     return {k: round(max(v, 0.0), 4) for k, v in out.items()}
 
 
 async def run_episode(proxy: ProxyServer, task: Task, *, episode_id: str, group_id: str | None = None,
                       config: EpisodeConfig | None = None, metadata: dict[str, Any] | None = None,
                       grading: Grading | None = None) -> EpisodeResult:
-    """Run one rollout of ``task`` in a workspace this process owns: the three stages in a row."""
-    ep = await prepare(proxy, task, episode_id=episode_id, group_id=group_id, config=config, metadata=metadata)
-    await run(ep)
-    return await finish(ep, grading)
+    """Run one rollout of ``task`` in a workspace this process owns: the stages in a row."""
+    ep = begin(proxy, task, episode_id=episode_id, group_id=group_id, config=config, metadata=metadata)
+    try:
+        await prepare(ep)
+        await run(ep)
+        return await finish(ep, grading)
+    except BaseException:
+        await abort(ep)
+        raise

@@ -52,6 +52,8 @@ from polar_env.tasks.models import Task
 class UnknownTask(LookupError):
     """The request names a task the server's task set does not have (a 404, not an infrastructure failure)."""
 
+    failure_kind = FailureKind.input_error  # the episode's failure kind (lifecycle.Episode.fail): the request's
+
 
 class EpisodeConflict(ValueError):
     """The episode id is already closed, or bound to another task (a 409)."""
@@ -93,6 +95,13 @@ class VerifyOutcome(BaseModel):
     patch: str = ""
     grading: dict[str, Any] = Field(default_factory=dict)
 
+
+    def as_grade(self, task_id: str) -> GradeResult:
+        """The grade record the outcome carries (or one naming its failure, where nothing was graded)."""
+        grade = (GradeResult.model_validate(self.grading) if self.grading else
+                 GradeResult(instance_id=task_id, failure_kind=FailureKind.from_wire(self.failure_kind),
+                             error=self.failure_reason or ""))
+        return grade.model_copy(update={"reward": self.reward, "resolved": self.resolved})
 
     @classmethod
     def failed(cls, kind: FailureKind, reason: str) -> VerifyOutcome:

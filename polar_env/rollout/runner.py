@@ -9,7 +9,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -88,22 +88,30 @@ class EpisodeRunner:
 
     async def _stages(self, task: Task, sample: int, key: str, queued: float) -> EpisodeResult:
         staged = not self.plan.collapsed
-        async with _Held(self._semaphores[0] if staged else None):  # live harnesses: released when the run ends
-            admitted = {} if self.admission is None else {"admitted_at_version": await self.admission.admit()}
-            with self._stage("prepare"):
-                async with _Held(self._semaphores[1] if staged else None):
-                    ep = await lifecycle.prepare(self.proxy, task, episode_id=attempt_session_id(key, self.ledger),
-                                       group_id=task.instance_id, config=self.plan.episode, queued_at=queued,
-                                       metadata={"episode_key": key, "sample": sample, **admitted, **self.metadata})
-                    # its slot is held through the harness's boot too: a dozen harnesses booting at
-                    # once on a few cores would each take several times as long to make a first call
-                    await _or_abort(ep, lifecycle.booted(ep))
-            with self._stage("wait"):
-                await _or_abort(ep, lifecycle.admitted(ep))
-            with self._stage("run"):
-                await lifecycle.run(ep)
-        with self._stage("finish"):
-            return await lifecycle.finish(ep, self.grading)
+        ep: lifecycle.Episode | None = None
+        try:
+            async with _Held(self._semaphores[0] if staged else None):  # live harnesses: released when the run ends
+                admitted = {} if self.admission is None else {"admitted_at_version": await self.admission.admit()}
+                with self._stage("prepare"):
+                    async with _Held(self._semaphores[1] if staged else None):
+                        ep = lifecycle.begin(self.proxy, task, episode_id=attempt_session_id(key, self.ledger),
+                                             group_id=task.instance_id, config=self.plan.episode, queued_at=queued,
+                                             metadata={"episode_key": key, "sample": sample, **admitted,
+                                                       **self.metadata})
+                        await lifecycle.prepare(ep)
+                        # its slot is held through the harness's boot too: a dozen harnesses booting at
+                        # once on a few cores would each take several times as long to make a first call
+                        await lifecycle.booted(ep)
+                with self._stage("wait"):
+                    await lifecycle.admitted(ep)
+                with self._stage("run"):
+                    await lifecycle.run(ep)
+            with self._stage("finish"):
+                return await lifecycle.finish(ep, self.grading)
+        except BaseException:  # Ctrl-C (a cancel) or a bug: nothing of the episode is left; a rerun runs it
+            if ep is not None:
+                await lifecycle.abort(ep)
+            raise
 
     @contextmanager
     def _stage(self, name: str) -> Iterator[None]:
@@ -125,15 +133,6 @@ class EpisodeRunner:
             await self.proxy.stop()
         if self._sock_dir is not None:
             shutil.rmtree(self._sock_dir, ignore_errors=True)
-
-
-async def _or_abort(ep: lifecycle.Episode, waiting: Awaitable[None]) -> None:
-    """Await ``waiting``; a cancel meanwhile aborts the prepared episode (its harness, workspace, session)."""
-    try:
-        await waiting
-    except asyncio.CancelledError:
-        await lifecycle.abort(ep)
-        raise
 
 
 class _Held:
