@@ -115,3 +115,51 @@ def test_doctor_reports_container_engines_and_their_fix(monkeypatch):
     assert {"podman (optional)", "docker (optional)", "apptainer (optional)"} <= set(rows)
     assert not rows["podman (optional)"].installed
     assert "scripts/setup.sh" in rows["podman (optional)"].fix_command
+
+
+FAKE_APPTAINER = """#!/usr/bin/env python3
+# Stand-in for apptainer (it cannot be installed here): `exec ... --bind DEST:/polar-out IMAGE cp -a
+# /testbed/. /polar-out/` copies the tree whose path the .sif file holds; every call is logged.
+import os, shutil, sys
+argv = sys.argv[1:]
+with open(os.environ["FAKE_APPTAINER_LOG"], "a") as log:
+    log.write(" ".join(argv) + "\\n")
+bind = argv.index("--bind")
+dest, image = argv[bind + 1].split(":")[0], argv[bind + 2]
+assert argv[bind + 3:] == ["cp", "-a", "/testbed/.", "/polar-out/"], argv
+shutil.copytree(open(image).read().strip(), dest, dirs_exist_ok=True)
+"""
+
+
+async def test_apptainer_workspaces_clone_the_images_tree_copied_out_once(tmp_path: Path, bundled, monkeypatch):
+    """An apptainer task's workspaces clone one warm base per node and image (tasks/base_trees.py):
+    the image's tree is copied out of it once, not per episode, and each workspace's diff shows only
+    its own edit. ``apptainer`` itself is a stand-in on PATH (see FAKE_APPTAINER)."""
+    from polar_env.episodes.workspace import open_workspace
+
+    tree = tmp_path / "image-tree"
+    tree.mkdir()
+    (tree / "app.py").write_text("x = 1\n")
+    sif = tmp_path / "task.sif"
+    sif.write_text(str(tree))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "apptainer").write_text(FAKE_APPTAINER)
+    (bin_dir / "apptainer").chmod(0o755)
+    log = tmp_path / "apptainer.log"
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_APPTAINER_LOG", str(log))
+    monkeypatch.setenv("POLAR_BASE_CACHE", str(tmp_path / "bases"))
+    task = bundled.model_copy(update={"base_archive": None, "image": str(sif)})
+    spaces = [await open_workspace(task, SandboxSpec(scratch_root=tmp_path / "ws"), sandbox="apptainer")
+              for _ in range(2)]
+    try:
+        assert len(log.read_text().splitlines()) == 1  # copied out of the image once, for both
+        assert all(ws.ref.kind == "apptainer" and ws.ref.clone in ("reflink", "copy") for ws in spaces)
+        spaces[0].sandbox.host_path("/testbed/app.py").write_text("x = 2\n")
+        first, second = [await ws.sandbox.diff() for ws in spaces]
+        assert b"+x = 2" in first and second == b""  # clones share nothing: one's edit is its own
+    finally:
+        for ws in spaces:
+            await ws.close()
+    assert not list((tmp_path / "ws").iterdir()) and (tree / "app.py").read_text() == "x = 1\n"

@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -155,11 +156,15 @@ def _open(task: Task, spec: SandboxSpec, kind: WorkspaceKind) -> Workspace:
         ref = WorkspaceRef(kind=kind, container=cs.name, image=cs.image, path=cs.path, workdir=spec.workdir,
                            uid=spec.uid, gid=spec.uid)
         return Workspace(cs, ref)
-    from polar_env.sandbox.apptainer import ApptainerSandbox
+    from polar_env.sandbox.apptainer import ApptainerSandbox, extract_image_tree
+    from polar_env.tasks.base_trees import base_cache_dir, warm_image_base
 
     check_image(task, kind)
-    ap = ApptainerSandbox.create(None, spec=spec, image=apptainer_image(task_image(task)))
-    return Workspace(ap, WorkspaceRef(kind=kind, root=str(ap.root), image=ap.image, uid=spec.uid, gid=spec.uid))
+    image = apptainer_image(task_image(task))
+    base = warm_image_base(image, spec.workdir, base_cache_dir(), partial(extract_image_tree, image, spec))
+    ap = ApptainerSandbox.create(base.tree, spec=spec, image=image, snapshot=base.git_dir)
+    return Workspace(ap, WorkspaceRef(kind=kind, root=str(ap.root), image=ap.image, uid=spec.uid, gid=spec.uid,
+                                      clone=ap.clone))
 
 
 async def open_workspace(task: Task, spec: SandboxSpec, *, sandbox: str = "auto",

@@ -36,6 +36,7 @@ class ApptainerSandbox(HostTreeSandbox):
         self.root = root  # host dir: testbed/ home/ git/
         self.extra_ro_mounts = list(extra_ro_mounts)
         self.isolate_network = isolate_network  # --network none needs root or --fakeroot on most sites
+        self.clone = ""  # how the tree was copied from its warm base ("reflink" or "copy")
         self._destroyed = False
 
     def exec_argv(self, cmd: Sequence[str], env: dict[str, str]) -> list[str]:
@@ -63,7 +64,10 @@ class ApptainerSandbox(HostTreeSandbox):
 
     @classmethod
     def create(cls, task_tree: Path | None, *, spec: SandboxSpec, image: str = "",
-               extra_ro_mounts: Sequence[tuple[str, str]] = (), isolate_network: bool = True) -> ApptainerSandbox:
+               extra_ro_mounts: Sequence[tuple[str, str]] = (), isolate_network: bool = True,
+               snapshot: Path | None = None) -> ApptainerSandbox:
+        """A sandbox of ``image`` with a copy of ``task_tree`` (with ``snapshot``: the warm base's git
+        dir, borrowed, tasks/base_trees.py), or the image's own tree copied out now."""
         if not image:
             raise ValueError("ApptainerSandbox needs an image (a .sif or docker://...)")
         if spec.scratch_root is not None:
@@ -72,15 +76,20 @@ class ApptainerSandbox(HostTreeSandbox):
         sb = cls(spec, image, root, extra_ro_mounts, isolate_network)
         (root / "home").mkdir()
         if task_tree is not None:
-            copy_tree(task_tree, sb.testbed)
+            sb.clone = copy_tree(task_tree, sb.testbed)
         else:
             sb.testbed.mkdir()
-            proc = subprocess.run(sb.extract_argv(sb.testbed), capture_output=True)
-            if proc.returncode != 0:
+            try:
+                extract_image_tree(image, spec, sb.testbed)
+            except RuntimeError:
                 shutil.rmtree(root, ignore_errors=True)
-                raise RuntimeError(f"apptainer extract failed: {proc.stderr.decode(errors='replace')[-2000:]}")
-        gitdiff.snapshot(sb.testbed, sb.git_dir)
+                raise
+        if snapshot is not None and task_tree is not None:
+            gitdiff.borrow_snapshot(snapshot, sb.git_dir)
+        else:
+            gitdiff.snapshot(sb.testbed, sb.git_dir)
         return sb
+
 
     async def run(self, cmd: Sequence[str], *, env: dict[str, str] | None = None, timeout_s: float | Deadline = 600.0,
                   stdin: bytes | None = None, max_output_bytes: int = 1 << 20) -> RunResult:
@@ -90,3 +99,11 @@ class ApptainerSandbox(HostTreeSandbox):
     async def copy_in(self, src: Path, dst: str) -> None:
         copy_path(src, self.host_path(dst))
 
+
+
+def extract_image_tree(image: str, spec: SandboxSpec, dest: Path) -> None:
+    """``image``'s own tree (``spec.workdir``: the SWE-bench base checkout) copied out to ``dest``, an
+    existing empty dir (once per node and image: tasks/base_trees.py ``warm_image_base``)."""
+    proc = subprocess.run(ApptainerSandbox(spec, image, dest).extract_argv(dest), capture_output=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"apptainer extract failed: {proc.stderr.decode(errors='replace')[-2000:]}")

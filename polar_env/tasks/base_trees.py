@@ -13,7 +13,8 @@ the sandbox uid can neither reach nor write it; unprivileged, the sandbox has no
 clone shares no inode with it (a copy or a reflink, never a hard link), so nothing an agent writes
 reaches the base.
 The key covers the archive's path, size and mtime and the expected commit, so a rebuilt archive
-gets a fresh base.
+gets a fresh base. An apptainer task's base is its image's tree (``warm_image_base``), copied out of
+the image once per node instead of per episode.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ import re
 import shutil
 import stat
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from polar_env.cache import cache_root
@@ -85,21 +88,48 @@ def build_base(task: Task, dest: Path) -> None:
 
 def warm_base(task: Task, cache: Path) -> BaseTree:
     """``task``'s base in ``cache``, built now if this node has none yet (once, whoever asks at once)."""
-    base = BaseTree(cache / base_key(task))
+    return _warm(cache, base_key(task), partial(build_base, task))
+
+
+def image_base_key(image: str, workdir: str) -> str:
+    """A local .sif by its path, size and mtime; a registry name by the name itself (pin a digest,
+    ``name@sha256:...``, for a base that follows a retagged image)."""
+    local = Path(image)
+    stamp = f"{local.stat().st_size}\0{local.stat().st_mtime_ns}" if local.is_file() else ""
+    digest = hashlib.sha256(f"{LAYOUT}\0{image}\0{workdir}\0{stamp}".encode())
+    return f"image-{re.sub(r'[^A-Za-z0-9_.-]', '_', image)[-60:]}-{digest.hexdigest()[:16]}"
+
+
+def warm_image_base(image: str, workdir: str, cache: Path, extract: Callable[[Path], None]) -> BaseTree:
+    """An image's task tree (its ``workdir``) copied out by ``extract(dest)`` and snapshotted once per
+    node: the apptainer workspaces of its tasks clone it, as bubblewrap ones clone a task's base."""
+
+    def build(dest: Path) -> None:
+        (dest / "tree").mkdir()
+        extract(dest / "tree")
+        gitdiff.snapshot(dest / "tree", dest / "git")
+
+    return _warm(cache, image_base_key(image, workdir), build)
+
+
+def _warm(cache: Path, name: str, build: Callable[[Path], None]) -> BaseTree:
+    """The base ``name`` in ``cache``; ``build(dir)`` makes it in a temp dir renamed into place under
+    a lock file, so concurrent callers (threads or processes) build it once and none sees half."""
+    base = BaseTree(cache / name)
     if base.root.is_dir():
         return base
     _private_dir(cache)
-    with open(cache / f"{base.root.name}.lock", "a") as lock:
+    with open(cache / f"{name}.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
         if base.root.is_dir():  # built while we waited
             return base
-        for stale in cache.glob(f".build-{base.root.name}-*"):  # a build whose process died
+        for stale in cache.glob(f".build-{name}-*"):  # a build whose process died
             shutil.rmtree(stale, ignore_errors=True)
-        build = Path(tempfile.mkdtemp(prefix=f".build-{base.root.name}-", dir=cache))
+        building = Path(tempfile.mkdtemp(prefix=f".build-{name}-", dir=cache))
         try:
-            build_base(task, build)
-            build.rename(base.root)
+            build(building)
+            building.rename(base.root)
         except BaseException:
-            shutil.rmtree(build, ignore_errors=True)
+            shutil.rmtree(building, ignore_errors=True)
             raise
     return base
