@@ -106,6 +106,25 @@ def _workspace(fam: dict[str, Any]) -> list[str]:
     for task, v in fam["tasks"].items():
         out.append(f"| {task} | {_f(BEFORE.get(task))} | {_f(v['median_s'])} | {_f(v['p90_s'])} | "
                    f"{_f(v['first_s'])} | {v['clone']} |")
+    return [*out, "", *_container_workspaces(fam.get("containers") or {})]
+
+
+def _container_workspaces(fam: dict[str, Any]) -> list[str]:
+    from bench.workspace import CONTAINER_BEFORE, CONTAINER_BEFORE_COMMIT, CONTAINER_BEFORE_LOAD
+
+    if not fam.get("tasks"):
+        return [f"Container workspaces: {fam.get('skipped', 'not measured')}.", ""]
+    start, end = fam["load_avg_1"]
+    out = [f"The same in {fam['engine']}, the bundled tasks with an image recipe as image rows: a container of "
+           "the task's warm image (`sandbox/warm_images.py`: its tree handed to the sandbox uid and snapshotted "
+           "once per node and image, committed; `first s` includes the commit), at a 1-minute load of "
+           f"{start}-{end}. Before warm images ({CONTAINER_BEFORE_COMMIT}: every episode's container re-owned "
+           "its whole tree and snapshotted it with git, as root) the same command gave the `before` column, "
+           f"at a load of {CONTAINER_BEFORE_LOAD}.", "",
+           "| image row | before median s | median s | p90 s | first s | clone |", "|---|---|---|---|---|---|"]
+    for task, v in fam["tasks"].items():
+        out.append(f"| {task} | {_f(CONTAINER_BEFORE.get(task))} | {_f(v['median_s'])} | {_f(v['p90_s'])} | "
+                   f"{_f(v['first_s'])} | {v['clone']} |")
     return [*out, ""]
 
 

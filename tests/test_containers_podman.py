@@ -221,3 +221,43 @@ async def test_gym_resources_server_seeds_a_container_the_agent_attaches_to(imag
     outcome = await core.verify("ep")
     assert outcome.reward == 1.0 and outcome.resolved and not outcome.mask_sample
     assert await core.close("ep") and _containers() == before
+
+
+async def test_container_workspaces_start_from_a_warm_image_committed_once(imaged, monkeypatch):
+    """The tree is handed to the sandbox uid and its base recorded once per node and image (a
+    committed warm image, sandbox/warm_images.py); each workspace is a container of it whose setup
+    neither re-owns nor re-snapshots the tree, and whose diff is its own. The engine's commands are
+    only recorded (the real ones run)."""
+    from polar_env.sandbox import container, warm_images
+
+    ran: list[str] = []
+    real = container.engine_run
+
+    def recorded(argv, **kwargs):
+        ran.append(" ".join(argv))
+        return real(argv, **kwargs)
+
+    monkeypatch.setattr(container, "engine_run", recorded)
+    monkeypatch.setattr(warm_images, "engine_run", recorded)
+    task = imaged["psf__requests-5414"]
+    warm_images.warm_image(ENGINE, task.image, container_spec_of(task))  # the first episode's, if none yet
+    ran.clear()
+    spaces = [await open_workspace(task, SandboxSpec(), sandbox=ENGINE) for _ in range(2)]
+    try:
+        assert not any(" commit " in c or "write-tree" in c or "chown -hR" in c for c in ran), ran
+        assert all(ws.ref.clone == "overlay" and ws.ref.image == task.image for ws in spaces)
+        edit = await spaces[0].sandbox.run(["sh", "-c", "echo '# mine' >> requests/models.py"], timeout_s=30)
+        assert edit.exit_code == 0, edit.stderr_tail
+        first, second = [await ws.sandbox.diff() for ws in spaces]
+        assert b"+# mine" in first and second == b""
+        owner = await spaces[1].sandbox.run(["stat", "-c", "%u", "requests/models.py"], timeout_s=30)
+        assert owner.stdout_tail.strip() == "1000"  # the tree is the agent's, as before
+    finally:
+        for ws in spaces:
+            await ws.close()
+
+
+def container_spec_of(task):
+    from polar_env.tasks.runtime import container_spec, task_spec
+
+    return container_spec(task, task_spec(task, SandboxSpec()), ENGINE)

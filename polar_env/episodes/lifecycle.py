@@ -220,21 +220,21 @@ class Grading:
         self._builder.shutdown(wait=True, cancel_futures=True)
 
 
-async def grade_episode(task: Task, patch: str, workspace: Workspace | None, config: EpisodeConfig,
-                        grading: Grading | None = None) -> GradeResult:
+async def grade_episode(ep: Episode, grading: Grading | None = None) -> GradeResult:
     """A Harbor task's own verifier in the agent's (still open) container; SWE-bench grading of the
-    patch in a fresh tree or container otherwise."""
+    patch in a fresh tree or container of the kind the episode ran in otherwise."""
+    task, config = ep.task, ep.config
     if task.harbor is not None:
         from polar_env.rewards.harbor_verifier import verify
         from polar_env.sandbox.container import ContainerSandbox
 
-        assert workspace is not None and isinstance(workspace.sandbox, ContainerSandbox)
-        verifying = partial(verify, task, workspace.sandbox, reward_key=config.reward_key)
+        assert ep.workspace is not None and isinstance(ep.workspace.sandbox, ContainerSandbox)
+        verifying = partial(verify, task, ep.workspace.sandbox, reward_key=config.reward_key)
         return await (grading.call(verifying) if grading is not None else verifying())
-    kind = workspace.ref.kind if workspace else "bubblewrap"
+    kind = ep.ref.kind if ep.ref is not None else "bubblewrap"
     if grading is None:
-        return await asyncio.to_thread(grade_task, task, patch, kind=kind, timeout_s=config.grading_timeout_s)
-    return await grading.grade(grade_task, task, patch, kind=kind, timeout_s=config.grading_timeout_s)
+        return await asyncio.to_thread(grade_task, task, ep.patch, kind=kind, timeout_s=config.grading_timeout_s)
+    return await grading.grade(grade_task, task, ep.patch, kind=kind, timeout_s=config.grading_timeout_s)
 
 
 class Site(Protocol):
@@ -265,7 +265,7 @@ class LocalSite:
         return patch
 
     async def grade(self, ep: Episode, trajectory: Trajectory, grading: Grading | None) -> GradeResult:
-        return await grade_episode(ep.task, ep.patch, ep.workspace, ep.config, grading)
+        return await grade_episode(ep, grading)
 
 
 @dataclass

@@ -150,11 +150,12 @@ def _open(task: Task, spec: SandboxSpec, kind: WorkspaceKind) -> Workspace:
         return Workspace(bw, ref, scratch)
     if kind in ("docker", "podman"):
         from polar_env.sandbox.container import ContainerSandbox
+        from polar_env.sandbox.warm_images import warm_image
 
-        spec = container_spec(task, spec, kind)
-        cs = ContainerSandbox.create(None, spec=spec, image=task_image(task), engine=kind)
-        ref = WorkspaceRef(kind=kind, container=cs.name, image=cs.image, path=cs.path, workdir=spec.workdir,
-                           uid=spec.uid, gid=spec.uid)
+        spec, image = container_spec(task, spec, kind), task_image(task)
+        cs = ContainerSandbox.create(None, spec=spec, image=warm_image(kind, image, spec), engine=kind, warm=True)
+        ref = WorkspaceRef(kind=kind, container=cs.name, image=image, path=cs.path, workdir=spec.workdir,
+                           uid=spec.uid, gid=spec.uid, clone="overlay")
         return Workspace(cs, ref)
     from polar_env.sandbox.apptainer import ApptainerSandbox, extract_image_tree
     from polar_env.tasks.base_trees import base_cache_dir, warm_image_base
@@ -169,9 +170,10 @@ def _open(task: Task, spec: SandboxSpec, kind: WorkspaceKind) -> Workspace:
 
 async def open_workspace(task: Task, spec: SandboxSpec, *, sandbox: str = "auto",
                          mounts: WorkspaceMounts | None = None) -> Workspace:
-    """A fresh workspace holding ``task``'s base tree at ``spec.workdir``."""
-    kind = workspace_kind(task, sandbox)
-    return await asyncio.to_thread(_open, task, task_spec(task, _spec_with(spec, mounts)), kind)
+    """A fresh workspace holding ``task``'s base tree at ``spec.workdir`` (made off the event loop, the
+    engine probe ``auto`` may run included)."""
+    spec = task_spec(task, _spec_with(spec, mounts))
+    return await asyncio.to_thread(lambda: _open(task, spec, workspace_kind(task, sandbox)))
 
 
 def attach_workspace(ref: WorkspaceRef, spec: SandboxSpec) -> Sandbox:

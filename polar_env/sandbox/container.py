@@ -223,10 +223,14 @@ class ContainerSandbox(Sandbox):
         return [self.engine, "exec", "-u", user or f"{self.spec.uid}:{self.spec.uid}", "-e", f"PATH={ROOT_PATH}",
                 self.name, "/bin/sh", "-c", "i=0; while kill -KILL -1 2>/dev/null && [ $i -lt 100 ]; do i=$((i+1)); done; true"]
 
-    def setup_script(self, snapshot: bool = True) -> str:
-        """HOME and the workdir made the sandbox uid's, then (``snapshot``) the base tree recorded."""
+    def setup_script(self, snapshot: bool = True, warm: bool = False) -> str:
+        """HOME and the workdir made the sandbox uid's, then (``snapshot``) the base tree recorded;
+        ``warm``: the image already has both (sandbox/warm_images.py), HOME is all there is to do."""
         s = self.spec
-        own = f"chown {s.uid}:{s.uid} {shlex.quote(s.home)} && chown -hR {s.uid}:{s.uid} {shlex.quote(s.workdir)}"
+        home = f"chown {s.uid}:{s.uid} {shlex.quote(s.home)}"
+        if warm:
+            return home
+        own = f"{home} && chown -hR {s.uid}:{s.uid} {shlex.quote(s.workdir)}"
         return f"{own} && {git_snapshot_script(s.workdir)}" if snapshot else own
 
     def cp_in_argv(self, src: Path, dst: str) -> list[str]:
@@ -241,9 +245,11 @@ class ContainerSandbox(Sandbox):
     # --- lifecycle ---
     @classmethod
     def create(cls, task_tree: Path | None, *, spec: SandboxSpec, image: str = "", engine: str = "docker",
-               extra_ro_mounts: Sequence[tuple[str, str]] = (), snapshot: bool = True) -> ContainerSandbox:
+               extra_ro_mounts: Sequence[tuple[str, str]] = (), snapshot: bool = True,
+               warm: bool = False) -> ContainerSandbox:
         """Start a container of ``image``; ``task_tree`` (if given) replaces the image's /testbed; without
-        ``snapshot`` no base tree is recorded (a container nobody diffs: a separate verifier's)."""
+        ``snapshot`` no base tree is recorded (a container nobody diffs: a separate verifier's);
+        ``warm``: ``image`` is a warm image, its tree already the uid's and recorded."""
         if not image:
             raise ValueError("a container sandbox needs an image (the task's `image`)")
         path = image_path(engine, image)
@@ -252,14 +258,17 @@ class ContainerSandbox(Sandbox):
         try:
             engine_run(sb.create_argv())
             engine_run(sb.start_argv())
-            sb.keepalive_pid = keepalive_pid(engine_run(sb.exec_argv(["sh", "-c", KEEPALIVE_SCRIPT], {}, user="0")))
+            warm = warm and task_tree is None
+            first = f"{sb.setup_script(warm=True)} && {KEEPALIVE_SCRIPT}" if warm else KEEPALIVE_SCRIPT  # one exec
+            sb.keepalive_pid = keepalive_pid(engine_run(sb.exec_argv(["sh", "-c", first], {}, user="0")))
             if task_tree is not None:
                 engine_run(sb.exec_argv(["sh", "-c", f"rm -rf {shlex.quote(spec.workdir)}/* "
                                          f"{shlex.quote(spec.workdir)}/.[!.]*"], {}, user="0"))
                 engine_run(sb.cp_in_argv(task_tree, spec.workdir))
-            engine_run(sb.exec_argv(["sh", "-c", sb.setup_script(snapshot)], {}, user="0"))
+            if not warm:
+                engine_run(sb.exec_argv(["sh", "-c", sb.setup_script(snapshot)], {}, user="0"))
         except BaseException:
-            sb._remove()
+            sb.remove()
             raise
         return sb
 
@@ -289,7 +298,7 @@ class ContainerSandbox(Sandbox):
         return await asyncio.to_thread(engine_run, self.exec_argv(
             ["sh", "-c", git_diff_script(self.spec.workdir, exclude)], {}, user="0"))
 
-    def _remove(self) -> None:
+    def remove(self) -> None:
         try:
             subprocess.run(self.rm_argv(), capture_output=True, timeout=120)
         except (OSError, subprocess.TimeoutExpired):
@@ -298,4 +307,4 @@ class ContainerSandbox(Sandbox):
     async def destroy(self) -> None:
         if not self._destroyed:
             self._destroyed = True
-            await asyncio.to_thread(self._remove)
+            await asyncio.to_thread(self.remove)
