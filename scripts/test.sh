@@ -15,9 +15,10 @@ for arg in "$@"; do
 done
 # The whole suite: the fast files (no `pytest.mark.slow` test: models, servers and sandboxes
 # small and short-lived) share one pytest process, sparing each its interpreter start and
-# imports; every slow file runs in its own process, so that its models, servers and threads are gone
-# before the next one starts (the suite in a single process outgrew this 24 GB machine's memory; the
-# fast files together peak near 2 GB). POLAR_TEST_JOBS processes (default 2, one per core here) run
+# imports; every slow file runs in its own process, so that a file's fixtures, servers and harness
+# processes never meet another's (the suite once outgrew this 24 GB machine's memory in one process:
+# aiohttp's middleware-chain cache kept every stopped proxy and its backend alive, fixed in
+# proxy/app.py; eight slow files in one process now end at 1.6 GB, not 3.9). POLAR_TEST_JOBS processes (default 2, one per core here) run
 # at once. Files that share a machine-wide resource run one after another in one job: those using the
 # vLLM server fixture (they share one server start, in one process) and those starting NeMo Gym's
 # servers (the docs' commands use Gym's fixed ports). Podman is not such a resource: every container a

@@ -237,7 +237,7 @@ async def test_concurrent_seeds_of_one_episode_make_one_workspace(tmp_path: Path
         with pytest.raises(asyncio.CancelledError):
             await caller
         gate.set()
-        await _until(lambda: "ep2" in resources.episodes)
+        await _until(lambda: "ep2" in resources.episodes and "ep2" not in resources._seeding)  # its done callback ran
         assert resources.open_episodes == 2
         await resources.close("ep2")
         assert resources.open_episodes == 1 and len(list(tmp_path.glob("polar-resources-*/polar-ws-*"))) == 1

@@ -46,3 +46,28 @@ async def test_stop_leaves_no_worker_thread_or_process(renderer, embedded_dir, t
     await proxy.stop()
     assert _ours(before) == []
     assert multiprocessing.active_children() == []
+
+
+async def test_a_stopped_proxy_and_its_backend_are_freed(renderer, embedded_dir, tmp_path):
+    """Nothing keeps a stopped proxy alive: not aiohttp's module-level cache of middleware chains
+    (keyed by the proxy's bound handlers), which used to hold every proxy a process ever served, with
+    its engine, ledger and a local model's weights (the test suite in one process outgrew 24 GB)."""
+    import gc
+    import weakref
+
+    backend = LocalBackend.from_pretrained(embedded_dir)
+    proxy = ProxyServer.create(renderer=renderer, backend=backend, data_dir=tmp_path, admin_secret=ADMIN,
+                               config=EngineConfig(max_context=2048, default_max_tokens=4), owns_backend=True)
+    await proxy.start("127.0.0.1", 0)
+    sid, key = proxy.create_session()
+    async with aiohttp.ClientSession() as http:
+        status, reply = await post(http, f"{proxy.base_url}/s/{sid}/v1/chat/completions",
+                                   {"model": "m", "messages": [{"role": "user", "content": "Hi."}]}, key)
+        assert status == 200, reply
+        async with http.get(f"{proxy.base_url}/no/such/route") as missing:  # the error middleware's chain too
+            assert missing.status == 404
+    await proxy.stop()
+    gone_proxy, gone_model = weakref.ref(proxy), weakref.ref(backend.module)
+    del proxy, backend
+    gc.collect()
+    assert gone_proxy() is None and gone_model() is None

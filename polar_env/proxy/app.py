@@ -229,6 +229,7 @@ class ProxyServer:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+            _forget_middleware_chains()
         self._parsers.close()
         self.engine.close()
         self.registry.ledger.close()
@@ -532,3 +533,17 @@ def _error(status: int, message: str, request: web.Request | None = None) -> web
     else:
         encode = openai_error
     return json_response(encode(status, message), status=status)
+
+
+def _forget_middleware_chains() -> None:
+    """aiohttp caches each route's middleware chain in a module-level LRU cache (1,024 entries) keyed
+    by the handler and the app: a stopped proxy's bound handlers keep it, its engine, ledger and
+    backend (a local model's weights) alive for the process's life. Every proxy a process starts and
+    stops (a ``polar train`` round, each test) then stays in memory, which is what made the test
+    suite outgrow 24 GB in one process. Emptied at stop; a running app's chains are rebuilt on
+    their next request."""
+    from aiohttp import web_app
+
+    cache = getattr(web_app, "_cached_build_middleware", None)
+    if cache is not None and hasattr(cache, "cache_clear"):
+        cache.cache_clear()
