@@ -48,6 +48,15 @@ def pytest_runtest_call(item: pytest.Item):
     return result
 
 
+@pytest.fixture(scope="session", autouse=True)
+def own_gold_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """This test process's gold runs (rewards/gold_runs.py) apart from the node's and every other test
+    process's: a test that bends the grader on purpose never stores the gold a later run believes."""
+    os.environ["POLAR_GOLD_CACHE"] = str(tmp_path_factory.mktemp("gold"))
+    yield
+    os.environ.pop("POLAR_GOLD_CACHE", None)
+
+
 @pytest.fixture(scope="session")
 def embedded_dir() -> Path:
     """The embedded SmolLM2 model as a float32 HF directory (converted from the GGUF on first use)."""

@@ -273,7 +273,8 @@ def test_image_reset_refuses_a_link_that_leaves_the_final_tree(tmp_path: Path):
 def test_gold_control_that_timed_out_is_not_a_reason_to_skip(tmp_path: Path, monkeypatch):
     """A gold perturbed control that timed out (a loaded machine) says nothing of the gold patch: the gold
     run is not believed (masked, not cached), rather than skipping every patch's perturbed check."""
-    from polar_env.rewards import grading
+    from polar_env.rewards import gold_runs, grading
+    from polar_env.tasks.base_trees import base_key
 
     base = next(t for t in load_tasks("bundled") if t.instance_id == "pallets__flask-5014")
 
@@ -285,4 +286,4 @@ def test_gold_control_that_timed_out_is_not_a_reason_to_skip(tmp_path: Path, mon
     monkeypatch.setattr(grading, "perturbed_findings", lambda *a, **k: ["perturbed-run: timed out"])
     r = grade(task, task.patch)
     assert r.failure_kind == FailureKind.infrastructure and "perturbed control" in r.error, (r.failure_kind, r.error)
-    assert not any(k.startswith(task.instance_id) for k in grading._GOLD if str(hash((task.patch, task.test_patch))) in k)
+    assert gold_runs.cached(gold_runs.gold_key(task, f"tree:{base_key(task)}"), grading.TestRun) is None

@@ -7,13 +7,16 @@ real CLI cannot be told what to do on cue) in the real bubblewrap sandbox, throu
 forwarder, proxy and driver. Two doubles, each said where it is made: the backend is the
 project's ``InstantBackend`` with a counter of concurrent calls (and a short barrier that lets
 calls which can overlap overlap), and grading is an ``asyncio``-free, Event-gated function in
-place of ``grade_task``, because a real grade cannot be held open on cue.
+place of ``grade_task``, because a real grade cannot be held open on cue (graded on threads, as it
+shares state with the backend; tests/test_grading_workers.py runs real grades in worker processes).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
+import signal
 import threading
 import time
 import uuid
@@ -243,7 +246,8 @@ def _setup(renderer, task, tmp_path: Path, monkeypatch, mode: str, *, samples: i
         return ProxyServer.create(renderer=renderer, backend=backend, data_dir=data_dir, admin_secret="s",
                                   config=EngineConfig(max_context=2048, default_max_tokens=16))
 
-    plan = RolloutPlan(tasks=[task], samples=samples, run_slots=2, grade_slots=2, collapsed=collapsed,
+    # the grade doubles share state with the backend: graded on threads of this process, not in workers
+    plan = RolloutPlan(tasks=[task], samples=samples, run_slots=2, grade_slots=2, collapsed=collapsed, grade_in_processes=False,
                        out=tmp_path / "out", episode=EpisodeConfig(harness="fake", timeout_s=60, scratch_root=scratch))
     return plan, factory, backend, grade, marker, scratch
 
@@ -296,16 +300,27 @@ class CrashingGrade:
         raise RuntimeError("grader bug: index out of range")
 
 
+def grade_in_a_dying_worker(task, patch, *, kind, timeout_s):
+    """In place of ``grade_task`` in a real grading worker process, which it ends as the kernel's
+    out-of-memory killer would (a real grade cannot be made to be killed on cue)."""
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 @bwrap
 @pytest.mark.slow
+@pytest.mark.parametrize("crash", ["grader-raises", "worker-dies"])
 async def test_a_grader_crash_is_an_infrastructure_episode_and_leaves_nothing_behind(renderer, task, tmp_path: Path,
-                                                                                    monkeypatch):
-    """Both episodes of a group whose grader raises still end as trajectories (kept in the group,
-    masked, their kind ``infrastructure`` naming the crash), with no process, workspace, open
-    session or run slot left."""
+                                                                                    monkeypatch, crash: str):
+    """Both episodes of a group whose grader raises (or whose grading worker is killed) still end as
+    trajectories (kept in the group, masked, their kind ``infrastructure`` naming the crash), with no
+    process, workspace, open session or run slot left."""
     plan, factory, backend, grade, marker, scratch = _setup(renderer, task, tmp_path, monkeypatch, "give_up",
                                                             samples=2)
-    monkeypatch.setattr(lifecycle, "grade_task", CrashingGrade())
+    if crash == "worker-dies":  # real worker processes, as polar rollout grades
+        plan.grade_in_processes = True
+        monkeypatch.setattr(lifecycle, "grade_task", grade_in_a_dying_worker)
+    else:
+        monkeypatch.setattr(lifecycle, "grade_task", CrashingGrade())
     backend.watch = None  # no grade is ever held
     runner = EpisodeRunner(plan, factory, tmp_path / "ledger")
     await runner.start()
@@ -316,8 +331,9 @@ async def test_a_grader_crash_is_an_infrastructure_episode_and_leaves_nothing_be
         assert proxy.engine.run_slots.holders == set() and proxy.engine.run_slots.waiting == 0
     finally:
         await runner.stop()
+    said = "grader bug: index out of range" if crash == "grader-raises" else "GraderCrashed: the grading worker died"
     assert [t.failure_kind.value for t in trajectories] == ["infrastructure", "infrastructure"]
-    assert all(t.masked and "grader bug: index out of range" in (t.error or "") for t in trajectories)
+    assert all(t.masked and said in (t.error or "") for t in trajectories), [t.error for t in trajectories]
     assert all(t.calls for t in trajectories)  # the episode's calls are kept, only the grade is missing
     await _no_leftovers(marker, scratch)
 

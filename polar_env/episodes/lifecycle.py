@@ -44,6 +44,7 @@ from polar_env.proxy.app import ORIGIN_TAGGED, ProxyServer
 from polar_env.proxy.run_slots import RunSlots
 from polar_env.rewards.grading import GradeResult, grading_timeout_s
 from polar_env.rewards.image_grading import grade_task
+from polar_env.rewards.workers import GradingWorkers
 from polar_env.sandbox.base import Sandbox, SandboxSpec
 from polar_env.tasks.models import Task
 from polar_env.trajectory.chains import build_trajectory
@@ -189,17 +190,19 @@ def agent_timeout(task: Task, default_s: float) -> float:
 
 
 class Grading:
-    """Where grading runs: its own threads, ``slots`` at a time, so workspace set-up (the default
-    thread pool) never queues behind a grade; also the one thread the trajectory builds run on."""
+    """Where grading runs: ``slots`` grades at once in worker processes (`rewards.workers`: never on the
+    loop's interpreter lock, and workspace set-up, on the default thread pool, never queues behind a
+    grade); also the one thread the trajectory builds run on."""
 
-    def __init__(self, slots: int = 1):
+    def __init__(self, slots: int = 1, *, processes: bool = True):
         self.slots = slots
-        self._executor = ThreadPoolExecutor(max_workers=slots, thread_name_prefix="polar-grade")
+        self._workers = GradingWorkers(slots, processes=processes)
         self._builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="polar-build")
         self._limit: asyncio.Semaphore | None = None  # made on the loop that uses it
 
     async def grade(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        return await self.call(asyncio.get_running_loop().run_in_executor, self._executor, partial(fn, *args, **kwargs))
+        """``fn(*args, **kwargs)`` in a grading worker, within the grading limit."""
+        return await self.call(partial(self._workers.run, fn, *args, **kwargs))
 
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``await fn(*args)`` within the grading limit (a Harbor verifier runs in its container)."""
@@ -216,7 +219,7 @@ class Grading:
     def close(self) -> None:
         """Drop queued grades (a running one ends on its own deadline); finish the write in flight,
         so the outputs are closed after it."""
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._workers.close()
         self._builder.shutdown(wait=True, cancel_futures=True)
 
 

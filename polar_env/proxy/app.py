@@ -230,7 +230,7 @@ class ProxyServer:
             await self._runner.cleanup()
             self._runner = None
             _forget_middleware_chains()
-        self._parsers.close()
+        self._parsers.close(wait=True)
         self.engine.close()
         self.registry.ledger.close()
         if self.owns_backend:

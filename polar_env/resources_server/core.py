@@ -24,12 +24,13 @@ from __future__ import annotations
 import asyncio
 import tempfile
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, Field
 
-from polar_env.episodes.lifecycle import extract_patch
+from polar_env.episodes.lifecycle import Grading, extract_patch
 from polar_env.episodes.workspace import (
     Workspace,
     WorkspaceMounts,
@@ -126,7 +127,7 @@ class PolarResources:
         self.episodes: dict[str, _Episode] = {}
         self.closed: set[str] = set()
         self._seeding: dict[str, asyncio.Future[_Episode]] = {}
-        self._grades = asyncio.Semaphore(self.config.max_concurrent_grades)
+        self.grading = Grading(self.config.max_concurrent_grades)  # in worker processes
         self._scratch: Path | None = None
         self._janitor: Janitor | None = None
 
@@ -195,17 +196,16 @@ class PolarResources:
         if ep.task.harbor is not None:  # its own verifier, in the container the agent left
             from polar_env.rewards.harbor_verifier import verify
 
-            async with self._grades:
-                result = await verify(ep.task, ep.workspace.sandbox, reward_key=self.config.reward_key)  # type: ignore[arg-type]
+            result = await self.grading.call(partial(verify, ep.task, ep.workspace.sandbox,  # type: ignore[arg-type]
+                                                     reward_key=self.config.reward_key))
             return self._outcome(result, patch)
         return await self.grade_patch(ep.task, patch, ep.workspace.ref.kind)
 
     async def grade_patch(self, task: Task, patch: str, kind: str | None = None) -> VerifyOutcome:
         """Grade a patch for a task where its episodes run (also the stateless path the verifier fixture uses)."""
         kind = kind or await asyncio.to_thread(workspace_kind, task, self.config.sandbox)
-        async with self._grades:
-            result: GradeResult = await asyncio.to_thread(grade_task, task, patch, kind=kind,
-                                                          timeout_s=self.config.grading_timeout_s)
+        result: GradeResult = await self.grading.grade(grade_task, task, patch, kind=kind,
+                                                       timeout_s=self.config.grading_timeout_s)
         return self._outcome(result, patch)
 
     @staticmethod
@@ -235,6 +235,7 @@ class PolarResources:
         """Server shutdown: close every episode, also those still being seeded."""
         for episode_id in set(self.episodes) | set(self._seeding):
             await self.close(episode_id)
+        await asyncio.to_thread(self.grading.close)
         if self._janitor is not None:
             await asyncio.to_thread(self._janitor.release)
             self._scratch = self._janitor = None

@@ -27,9 +27,9 @@ from __future__ import annotations
 import shlex
 import shutil
 import tempfile
-import threading
 import time
 from enum import StrEnum
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from polar_env.outcomes import FailureKind
 from polar_env.rewards import swebench_compat as sb
 from polar_env.rewards.bounded_output import OutputStats
 from polar_env.rewards.flags import is_tamper, tampering_flags
+from polar_env.rewards.gold_runs import gold_key, gold_run
 from polar_env.rewards.patch import ApplyMethod
 from polar_env.rewards.path_policy import non_source_reason
 from polar_env.rewards.sandbox_exec import (
@@ -57,6 +58,7 @@ from polar_env.rewards.strict_run import (
 )
 from polar_env.rewards.workspace import GradingTree, PatchRefused, path_budget_refusal
 from polar_env.safe_text import json_safe
+from polar_env.tasks.base_trees import base_key
 from polar_env.tasks.env import EnvBuildError, ensure_task_env
 from polar_env.tasks.models import Task
 
@@ -309,25 +311,14 @@ def run_task_tests(
 # not a reason to skip every patch's check, so the gold run is not believed (masked, not cached)
 CONTROL_UNSURE = ("perturbed-run: sandbox:", "perturbed-run: timed out")
 
-_GOLD: dict[str, TestRun] = {}
-_GOLD_LOCKS: dict[str, threading.Lock] = {}
-_GOLD_LOCK = threading.Lock()
-
-
 def gold_reference(task: Task, timeout_s: float | None = None) -> TestRun:
-    """The gold patch's strict run (once per task and process): the ids a run must collect and the
-    statuses it must reproduce, and whether the gold patch itself passes the perturbed F2P run (the
+    """The gold patch's strict run (once per task and node: `gold_runs`): the ids a run must collect and
+    the statuses it must reproduce, and whether the gold patch itself passes the perturbed F2P run (the
     control: renaming can break honest tests). Evidence the graded tree cannot influence."""
-    key = f"{task.instance_id}:{hash((task.patch, task.test_patch))}"
-    with _GOLD_LOCK:
-        lock = _GOLD_LOCKS.setdefault(key, threading.Lock())
-    with lock:
-        if key not in _GOLD:
-            run = run_task_tests(task, task.patch, mode=GradingMode.strict, timeout_s=timeout_s, perturb=True)
-            if not run.valid or run.infra_error:
-                return run  # not cached: a sandbox hiccup must not stick
-            _GOLD[key] = run
-        return _GOLD[key]
+    return gold_run(gold_key(task, f"tree:{base_key(task)}"), TestRun,
+                    partial(run_task_tests, task, task.patch, mode=GradingMode.strict, timeout_s=timeout_s,
+                            perturb=True),
+                    keep=lambda run: run.valid and not run.infra_error)  # a sandbox hiccup must not stick
 
 
 def against_gold(task: Task, run: TestRun, gold: TestRun) -> list[str]:

@@ -24,13 +24,13 @@ from __future__ import annotations
 import asyncio
 import shlex
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 from polar_env.outcomes import FailureKind
 from polar_env.rewards import swebench_compat as sb
 from polar_env.rewards.flags import is_tamper
+from polar_env.rewards.gold_runs import gold_key, gold_run
 from polar_env.rewards.grading import (
     CONTROL_UNSURE,
     LOG_TAIL_CHARS,
@@ -150,10 +150,6 @@ def grade_in_image(task: Task, model_patch: str | None, *, engine: str, image: s
     return result
 
 
-_GOLD: dict[str, TestRun] = {}
-_GOLD_LOCK = threading.Lock()
-
-
 async def _strict_run(task: Task, patch: str, *, engine: str, image: str, timeout_s: float,
                       gold: TestRun | None = None) -> dict:
     """The strict run in a fresh container; with ``gold``, judged against it, and perturbed if it resolves
@@ -189,16 +185,14 @@ async def _strict_run(task: Task, patch: str, *, engine: str, image: str, timeou
 async def _strict(task: Task, patch: str, *, engine: str, image: str,
                   timeout_s: float) -> tuple[ModeResult, dict[str, str], dict[str, str]]:
     """The strict mode in the image, judged against the gold patch's strict run in the same image."""
-    key = f"{task.instance_id}:{image}:{hash((task.patch, task.test_patch))}"
-    with _GOLD_LOCK:
-        gold = _GOLD.get(key)
-    if gold is None:
-        gold = (await _strict_run(task, task.patch, engine=engine, image=image, timeout_s=timeout_s))["run"]
-        if not gold.valid:
-            raise StrictImageError(f"the gold patch has no valid strict run in the image: {gold.error}"[:600],
-                                   task_defect=True)
-        with _GOLD_LOCK:
-            _GOLD[key] = gold
+    def run_gold() -> TestRun:  # on a thread of its own, its own loop: the key's lock may be held meanwhile
+        return asyncio.run(_strict_run(task, task.patch, engine=engine, image=image, timeout_s=timeout_s))["run"]
+
+    gold = await asyncio.to_thread(gold_run, gold_key(task, f"image:{image}"), TestRun, run_gold,
+                                   keep=lambda run: run.valid)
+    if not gold.valid:
+        raise StrictImageError(f"the gold patch has no valid strict run in the image: {gold.error}"[:600],
+                               task_defect=True)
     done = await _strict_run(task, patch, engine=engine, image=image, timeout_s=timeout_s, gold=gold)
     if "refused" in done:
         return ModeResult(failure_kind=FailureKind.apply_failed, error=done["refused"]), {"patch-refused": ""}, {}

@@ -17,7 +17,8 @@ class RolloutPlan:
     "Stages"): ``run_slots`` model calls at once (the inference concurrency; ``--concurrency`` is its
     old name), ``prepare_slots`` open workspaces and start harnesses at once, ``lookahead`` live
     harnesses beyond the run slots (prepared ahead, or running a tool while others' calls use the
-    slots), ``grade_slots`` grade at once (None: ``run_slots`` each). ``collapsed``:
+    slots), ``grade_slots`` grade at once (None: ``run_slots`` each), in worker processes
+    (``grade_in_processes``; threads of this process for a test double). ``collapsed``:
     one slot held over all stages of an episode, ``run_slots`` of them (the driver before stages,
     kept to compare against)."""
 
@@ -32,6 +33,7 @@ class RolloutPlan:
     grade_slots: int | None = None
     lookahead: int | None = None
     collapsed: bool = False
+    grade_in_processes: bool = True
 
     def __post_init__(self) -> None:
         for name in ("run_slots", "prepare_slots", "grade_slots", "lookahead"):

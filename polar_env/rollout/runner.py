@@ -54,7 +54,7 @@ class EpisodeRunner:
         self.on_stage: Callable[[], None] | None = None  # told when an episode changes stage
         self._sock_dir: Path | None = None
         prepare_slots, lookahead, grade_slots = plan.limits()
-        self.grading = Grading(grade_slots)
+        self.grading = Grading(grade_slots, processes=plan.grade_in_processes)
         self._limits = (plan.run_slots,) if plan.collapsed else (plan.run_slots + lookahead, prepare_slots)
         self._semaphores: list[asyncio.Semaphore] = []  # made on the loop that uses them (start)
 
