@@ -27,7 +27,7 @@ KEYS = ("overhead_p50_ms_16k", "overhead_p99_ms_16k", "overhead_p50_ms_16k_litel
         "ledger_bytes_per_token",
         "build_export_ms_100k", "export_json_ms_100k", "proxy_rss_mb_1024_sessions",
         "pipeline_busy_fraction_staged", "pipeline_busy_fraction_collapsed", "pipeline_episodes_per_hour_ratio",
-        "shapes_typed_vs_dicts", "shapes_pydantic_vs_dicts")
+        "shapes_typed_vs_dicts", "shapes_pydantic_vs_dicts", "proxy_cpu_ms_per_call_2k", "proxy_cpu_ms_per_call_16k")
 FULL_RUN_ONLY = ("proxy_rss_mb_1024_sessions", "ratio_polar_litellm_64k", "ratio_polar_litellm_128k",
                  "pipeline_busy_fraction_staged", "pipeline_busy_fraction_collapsed", "pipeline_episodes_per_hour_ratio")
 RATIO_SIZES = {"2k": 2000, "16k": 16000, "64k": 64000, "128k": 128000}
@@ -109,6 +109,7 @@ class Bench:
         self.run("shapes", lambda: shapes.measure(answers=s["shape_answers"]))
         if s["grading"]:
             self.run("grading", lambda: grading.grade_bundled(runs=1))
+            self.run("grading_loop", grading.loop_lag_while_grading)
         else:
             self.results["notes"]["grading"] = "skipped in --quick (builds each task's test venv)"
         self.run("workspace", lambda: workspace.measure("bundled", s["workspace_runs"]))
@@ -207,6 +208,8 @@ def figure_keys(f: dict[str, Any]) -> dict[str, float | None]:
         "pipeline_episodes_per_hour_ratio": f.get("pipeline", {}).get("episodes_per_hour_ratio"),
         "shapes_typed_vs_dicts": f.get("shapes", {}).get("typed_shapes_vs_dicts"),
         "shapes_pydantic_vs_dicts": f.get("shapes", {}).get("pydantic_models_vs_dicts"),
+        **{f"proxy_cpu_ms_per_call_{name}": sizes.get(str(RATIO_SIZES[name]), {}).get("paths", {}).get(
+            "polar", {}).get("cpu_ms_per_call") for name in ("2k", "16k")},
     }
     assert tuple(keys) == KEYS
     return keys
@@ -225,7 +228,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--only", default=None,
                         help="comma-separated families: overhead_instant, overhead_local, growth, concurrency, "
                              "concurrency_workers, "
-                             "builder, grading, workspace, rollouts, profile, pipeline")
+                             "builder, grading, grading_loop, workspace, rollouts, profile, pipeline")
     parser.add_argument("--workdir", type=Path, default=None, help="scratch directory (default: a temp dir)")
     parser.add_argument("--note", default=None,
                         help="what else ran on the machine during the run (said in the report's Machine section)")

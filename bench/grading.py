@@ -2,12 +2,15 @@
 
 Grading runs each task's tests in its prepared venv, exactly as the reward module does in an
 episode; the first grade of a task may also build that venv, which is timed apart (setup_s).
+`loop_lag_while_grading` measures what grading costs the event loop that answers model calls: the
+same grades on threads of the loop's process and in worker processes (rewards/workers.py).
 Rollouts run the real `polar rollout` command (Pi in bubblewrap, the `gold` scripted policy
 scored by the embedded model, grading included) as a subprocess, so the figure is end to end.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -15,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.common import median
+from bench.common import median, percentile
 
 
 def grade_bundled(runs: int) -> dict[str, Any]:
@@ -57,3 +60,50 @@ def rollouts_per_hour(workdir: Path, concurrency: int, *, limit: int | None, tim
     episodes = summary["episodes"]
     return {"episodes": episodes, "wall_s": elapsed, "rollouts_per_hour": episodes / elapsed * 3600,
             "resolved": summary["resolved"], "status": summary["status"], "concurrency": concurrency}
+
+
+async def _lag_while(work: Any, tick_s: float = 0.001) -> tuple[Any, list[float]]:
+    """``await work`` while a ticker sleeps ``tick_s`` over and over; each tick's lateness in ms."""
+    loop = asyncio.get_running_loop()
+    lags: list[float] = []
+    done = asyncio.Event()
+
+    async def ticker() -> None:
+        while not done.is_set():
+            t0 = loop.time()
+            await asyncio.sleep(tick_s)
+            lags.append((loop.time() - t0 - tick_s) * 1000)
+
+    tick = asyncio.ensure_future(ticker())
+    try:
+        return await work, lags
+    finally:
+        done.set()
+        await tick
+
+
+async def loop_lag_while_grading(slots: int = 2) -> dict[str, Any]:
+    """Each bundled task's gold patch graded ``slots`` at a time through the rollout's `Grading`, on
+    threads and then in worker processes, while the loop runs a 1 ms ticker (what a model call's
+    answer waits for). A warm-up pass first, so both see warm bases and the node's gold runs."""
+    from polar_env.episodes.lifecycle import Grading
+    from polar_env.rewards.image_grading import grade_task
+    from polar_env.tasks.loader import load_tasks
+
+    tasks = load_tasks("bundled")
+    out: dict[str, Any] = {"slots": slots, "tasks": len(tasks)}
+    for mode in ("warm-up", "threads", "processes"):
+        grading = Grading(slots, processes=mode != "threads")
+        t0 = time.perf_counter()
+        try:
+            results, lags = await _lag_while(asyncio.gather(
+                *(grading.grade(grade_task, t, t.patch, kind="bubblewrap") for t in tasks)))
+        finally:
+            grading.close()
+        if not all(r.resolved for r in results):
+            raise RuntimeError(f"{mode}: a gold patch did not resolve: {[r.error for r in results if not r.resolved]}")
+        if mode != "warm-up":
+            out[mode] = {"wall_s": time.perf_counter() - t0, "ticks": len(lags),
+                         "lag_p50_ms": median(lags), "lag_p99_ms": percentile(lags, 99), "lag_max_ms": max(lags),
+                         "late_10ms_fraction": sum(lag > 10 for lag in lags) / len(lags)}
+    return out

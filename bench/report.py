@@ -6,7 +6,7 @@ import math
 import time
 from typing import Any
 
-TARGETS = (  # key, label, target, "<" (lower is better) or ">" -- issue 14's targets
+TARGETS = (  # key, label, target, "<" (lower is better) or ">" -- issue 14's targets first
     ("overhead_p50_ms_16k", "added latency p50, 16k tokens, instant backend (ms)", 2.0, "<"),
     ("ratio_polar_litellm_2k", "added p50, Polar / LiteLLM, 2k tokens", 0.3, "<"),
     ("ratio_polar_litellm_16k", "added p50, Polar / LiteLLM, 16k tokens", 0.3, "<"),
@@ -16,6 +16,10 @@ TARGETS = (  # key, label, target, "<" (lower is better) or ">" -- issue 14's ta
     ("calls_per_s_256_sessions", "calls/s, one process, 256 sessions (0 errors)", 2000.0, ">"),
     ("build_export_ms_100k", "build + export, 200 calls / 100k tokens (ms)", 50.0, "<"),
     ("export_json_ms_100k", "export JSON serialisation, 100k tokens (ms)", 100.0, "<"),
+    # issue 29's targets
+    ("proxy_cpu_ms_per_call_2k", "proxy CPU per call, 2k tokens, instant backend (ms)", 1.5, "<="),
+    ("proxy_cpu_ms_per_call_16k", "proxy CPU per call, 16k tokens, instant backend (ms)", 2.0, "<="),
+    ("calls_per_s_256_sessions", "calls/s, one process, 256 sessions (0 errors), issue 29's bar", 1000.0, ">"),
     # issue 31's targets
     ("pipeline_busy_fraction_staged", "inference busy fraction, staged driver, run slots 4", 0.9, ">"),
     ("pipeline_episodes_per_hour_ratio", "episodes/hour, staged / collapsed driver, run slots 4", 1.5, ">"),
@@ -232,6 +236,8 @@ def render(results: dict[str, Any]) -> str:
         for task, v in fam["grading"].items():
             out.append(f"| {task} | {_f(v['grade_s'])} | {_f(v['setup_s'])} |")
         out.append("")
+    if "grading_loop" in fam:
+        out += _grading_loop(fam["grading_loop"])
     if "rollouts" in fam:
         out += ["`polar rollout --policy gold --harness pi --tasks bundled --limit 2` (Pi in bubblewrap, "
                 "scripted gold policy scored by the embedded model, graded); wall time includes the "
@@ -295,6 +301,19 @@ def _shapes(s: dict[str, Any]) -> list[str]:
             f"| dict literals (before) | {_f(s['dict_literals_us_per_answer'], 1)} | 1.00 |",
             f"| pydantic v2 models | {_f(s['pydantic_models_us_per_answer'], 1)} | {_f(s['pydantic_models_vs_dicts'])} |",
             ""]
+
+
+def _grading_loop(g: dict[str, Any]) -> list[str]:
+    out = [f"What grading costs the event loop that answers model calls: the {g['tasks']} bundled gold patches "
+           f"graded {g['slots']} at a time through the rollout's `Grading` while the loop runs a 1 ms ticker "
+           "(lateness of each tick; after a warm-up pass, so both see warm bases and the node's gold runs):", "",
+           "| grades on | wall s | ticks | lag p50 ms | lag p99 ms | lag max ms | ticks late > 10 ms |",
+           "|---|---|---|---|---|---|---|"]
+    for mode in ("threads", "processes"):
+        v = g[mode]
+        out.append(f"| {mode} | {_f(v['wall_s'])} | {v['ticks']:,} | {_f(v['lag_p50_ms'])} | {_f(v['lag_p99_ms'])} | "
+                   f"{_f(v['lag_max_ms'])} | {_f(100 * v['late_10ms_fraction'])}% |")
+    return [*out, ""]
 
 
 def _pipeline(p: dict[str, Any]) -> list[str]:
