@@ -131,7 +131,8 @@ class Bench:
         """Start the backend, Polar and LiteLLM once for the families that share them."""
         from bench.paths import open_paths
 
-        if self.only is not None and not self.only & {"overhead_instant", "growth", "profile", f"overhead_{tag}"}:
+        if self.only is not None and not self.only & {"overhead_instant", "growth", "profile", "profile_2k",
+                                                       f"overhead_{tag}"}:
             return
         started = time.perf_counter()
         try:
@@ -156,6 +157,8 @@ class Bench:
         if s["profile"]:
             self.run("profile", lambda: profiling.profile_polar(
                 self.renderer, paths, self.workdir / "polar-profile.txt", size=16000, calls=60))
+            self.run("profile_2k", lambda: profiling.profile_polar(
+                self.renderer, paths, self.workdir / "polar-profile-2k.txt", size=2000, calls=400))
 
     async def _concurrency(self, concurrency: Any, workers: int = 1, levels: list[int] | None = None
                            ) -> dict[str, Any]:
@@ -228,7 +231,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--only", default=None,
                         help="comma-separated families: overhead_instant, overhead_local, growth, concurrency, "
                              "concurrency_workers, "
-                             "builder, grading, grading_loop, workspace, rollouts, profile, pipeline")
+                             "builder, grading, grading_loop, workspace, rollouts, profile, profile_2k, pipeline")
     parser.add_argument("--workdir", type=Path, default=None, help="scratch directory (default: a temp dir)")
     parser.add_argument("--note", default=None,
                         help="what else ran on the machine during the run (said in the report's Machine section)")

@@ -1,7 +1,8 @@
 """Where Polar's proxy spends a call: py-spy samples of the proxy process over a conversation.
 
-Used by the full run to explain a missed latency target in docs/benchmarks.md. py-spy (PyPI) is
-optional; without it the profile is skipped with the reason.
+Used by the full run to explain a missed latency target in docs/benchmarks.md. Only the thread
+holding the interpreter lock is sampled (``--gil``): the proxy's CPU in Python, not its idle worker
+threads. py-spy (PyPI) is optional; without it the profile is skipped with the reason.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ async def profile_polar(renderer: Any, paths: PathSet, raw: Path, *, size: int, 
     polar = paths.paths[1]
     history = build_history(renderer, size, seed=size)
     async with aiohttp.ClientSession() as http:
-        spy = subprocess.Popen([exe, "record", "--rate", "500", "--format", "raw", "--output", str(raw),
+        spy = subprocess.Popen([exe, "record", "--gil", "--rate", "500", "--format", "raw", "--output", str(raw),
                                 "--pid", str(paths.procs[1].proc.pid)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         time.sleep(1.0)  # py-spy attaches

@@ -251,15 +251,9 @@ def render(results: dict[str, Any]) -> str:
         out += _workspace(fam["workspace"])
     if "pipeline" in fam:
         out += _pipeline(fam["pipeline"])
-    if fam.get("profile", {}).get("self"):
-        p = fam["profile"]
-        out += ["## Profile of Polar's proxy (py-spy, 16k-token conversation, instant backend)", "",
-                f"{p['samples']} samples over {p['calls']} calls (the first of them cold).", "",
-                "| self % | frame |", "|---|---|"]
-        out += [f"| {r['percent']} | `{r['frame']}` |" for r in p["self"]]
-        out += ["", "| inclusive % | Polar frame |", "|---|---|"]
-        out += [f"| {r['percent']} | `{r['frame']}` |" for r in p["polar_inclusive"]]
-        out.append("")
+    for name in ("profile", "profile_2k"):
+        if fam.get(name, {}).get("self"):
+            out += _profile(fam[name])
     out.append(analysis(results))
     skipped = {**results.get("notes", {})}
     if skipped or results.get("errors"):
@@ -268,6 +262,17 @@ def render(results: dict[str, Any]) -> str:
         out += [f"- `{k}`: failed: `{v.strip().splitlines()[-1]}`" for k, v in results.get("errors", {}).items()]
         out.append("")
     return "\n".join(out)
+
+
+def _profile(p: dict[str, Any]) -> list[str]:
+    out = [f"## Profile of Polar's proxy (py-spy, {p['size'] // 1000}k-token conversation, instant backend)", "",
+           f"{p['samples']} samples of the thread holding the interpreter lock (`py-spy --gil`) over {p['calls']} calls "
+           "(the first of them cold).", "",
+           "| self % | frame |", "|---|---|"]
+    out += [f"| {r['percent']} | `{r['frame']}` |" for r in p["self"]]
+    out += ["", "| inclusive % | Polar frame |", "|---|---|"]
+    out += [f"| {r['percent']} | `{r['frame']}` |" for r in p["polar_inclusive"]]
+    return [*out, ""]
 
 
 def _updates(results: dict[str, Any]) -> list[str]:
@@ -382,6 +387,20 @@ def _pipeline_why(drivers: dict[str, Any]) -> list[str]:
         line += (f" Its wall time had {d['before_first_call_s']:.1f} s before the first model call and "
                  f"{d['after_last_call_s']:.1f} s after the last (the last episodes' grading).")
         lines.append(line)
+    staged, collapsed = drivers.get("staged"), drivers.get("collapsed")
+    if staged and collapsed and collapsed["episodes_per_hour"] and collapsed["run_entries_per_hour"]:
+        ideal = staged["backend_calls"] * staged["seconds_per_call"] / staged["run_slots"]
+        lines.append(
+            f"- Episodes/hour, staged / collapsed: {staged['episodes_per_hour'] / collapsed['episodes_per_hour']:.2f} "
+            "over the whole job, warm-up and tail included. The staged driver's backend work alone takes "
+            f"{ideal:.1f} s at full run slots ({staged['backend_calls']} calls x {staged['seconds_per_call']:.2f} s / "
+            f"{staged['run_slots']}); its wall time was {staged['wall_s']:.1f} s: {staged['wall_s'] - ideal:.1f} s of a "
+            f"{staged['episodes']}-episode job is its start (first call at {staged['before_first_call_s']:.1f} s), its "
+            "tail (once fewer live episodes than run slots have calls left, slots idle) and the last gradings, a "
+            "share that shrinks as a job grows. In the steady state the ratio is the run-stage entries/hour, "
+            f"{staged['run_entries_per_hour'] / collapsed['run_entries_per_hour']:.2f}, bound by the busy fractions' "
+            f"ratio ({staged['busy_fraction'] / collapsed['busy_fraction']:.2f}): the less of a collapsed slot's "
+            "episode is not model time (grading, harness start), the less there is to win.")
     busy = max(d["machine_cpu_busy"] for d in drivers.values())
     if busy > 0.9:
         lines.append(f"- The machine's cores were {100 * busy:.0f}% busy (every job on it, this run's and others'; "
