@@ -388,7 +388,9 @@ def _pipeline_why(drivers: dict[str, Any]) -> list[str]:
                  f"{d['after_last_call_s']:.1f} s after the last (the last episodes' grading).")
         lines.append(line)
     staged, collapsed = drivers.get("staged"), drivers.get("collapsed")
-    if staged and collapsed and collapsed["episodes_per_hour"] and collapsed["run_entries_per_hour"]:
+    needs = ("episodes_per_hour", "run_entries_per_hour", "busy_fraction", "wall_s", "backend_calls",
+             "seconds_per_call", "run_slots", "episodes", "before_first_call_s")
+    if staged and collapsed and all(d.get(k) for d in (staged, collapsed) for k in needs):
         ideal = staged["backend_calls"] * staged["seconds_per_call"] / staged["run_slots"]
         lines.append(
             f"- Episodes/hour, staged / collapsed: {staged['episodes_per_hour'] / collapsed['episodes_per_hour']:.2f} "
@@ -409,6 +411,18 @@ def _pipeline_why(drivers: dict[str, Any]) -> list[str]:
                      "Episodes/hour is then bound by the CPU share the run got (grading and the harness's start-up "
                      "are CPU work) more than by how the driver schedules, whichever driver runs.")
     return lines
+
+
+def _fixed_cost(fam: dict[str, Any], keys: dict[str, Any]) -> str:
+    """What the short conversation's CPU per call is made of, from its own profile."""
+    cpu, prof = keys.get("proxy_cpu_ms_per_call_2k"), fam.get("profile_2k", {})
+    if cpu is None or not prof.get("self"):
+        return ""
+    top = prof["self"][0]
+    return (f" At 2k tokens the {cpu:.2f} ms (target <= 1.5) is a call's fixed work, not its history: the 2k "
+            f"profile spreads it over aiohttp's server and client (the two HTTP exchanges), orjson both ways, "
+            f"decoding the request and the backend call, no frame above {top['percent']}% of the samples "
+            f"(`{top['frame']}`); what is left to take is Python frames per exchange, not a hot spot.")
 
 
 def _slope(fam: dict[str, Any]) -> str:
@@ -520,7 +534,7 @@ as a read-only numpy view of its chain's ids (no copy per call) and `orjson` wri
 - **Proxy CPU per call** (the figure a loaded machine distorts least), instant backend:
   {_per_size(fam, "cpu")}. What still grows with the history is unavoidable byte handling:
   receiving and parsing the resent JSON body, comparing it with the previous one, and sending the
-  prompt ids to the backend (a list of all of them, as every token-in backend takes).
+  prompt ids to the backend (a list of all of them, as every token-in backend takes).{_fixed_cost(fam, keys)}
 - **Growth** (`per_call_ratio_turn200_vs_turn10` = {_f(keys.get("per_call_ratio_turn200_vs_turn10"))},
   target <= 1.5).{_slope(fam)}{_retokenize(fam)} The slope left is the byte handling above.
 - **Added latency at 16k** (`overhead_p50_ms_16k` = {_f(keys.get("overhead_p50_ms_16k"))} ms,

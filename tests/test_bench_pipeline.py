@@ -87,6 +87,7 @@ def test_gold_steps_makes_four_tool_calls_then_answers(renderer) -> None:
 def _driver(name: str, eph: float) -> dict:
     return {"driver": name, "run_slots": 4, "episodes": 20, "wall_s": 100.0, "episodes_per_hour": eph,
             "status": {"completed": 20}, "resolved": 20, "busy_fraction": 0.5, "steady_window_s": 60.0,
+            "run_entries_per_hour": eph * 1.25,
             "mean_calls_in_flight": 2.0, "backend_calls": 100, "tokens_per_call": 90.0, "seconds_per_call": 1.8,
             "stages_mean_s": {"model_s": 9.0, "grade_s": 3.0}, "episode_s": 17.0, "machine_cpu_busy": 0.6,
             "before_first_call_s": 2.0, "after_last_call_s": 9.0,
@@ -117,3 +118,6 @@ def test_an_only_run_replaces_its_families_and_keeps_the_others() -> None:
     assert "| inference busy fraction, staged driver, run slots 4 (`pipeline_busy_fraction_staged`) | 0.50 | > 0.90 " \
            "| missed by 1.8x" in text
     assert "| staged | 20 | 100.0 | 800 | 0.50 |" in text and "`pipeline`: replaced by `polar bench --only pipeline`" in text
+    # the whole job's ratio against the steady state's: 100 calls x 1.8 s / 4 slots = 45 s of a 100 s wall
+    assert "staged / collapsed: 2.00 over the whole job" in text and "takes 45.0 s at full run slots" in text
+    assert "55.0 s of a 20-episode job" in text and "run-stage entries/hour, 2.00" in text
