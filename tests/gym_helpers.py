@@ -4,6 +4,7 @@ and looking at the host the way an operator would (sandbox processes, model call
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -12,11 +13,28 @@ from pathlib import Path
 
 import pytest
 
+_HANDED: set[int] = set()
+
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port that stays free until the server given it binds it (seconds later, after a start-up):
+    below the kernel's ephemeral range, so no bind to port 0 anywhere on the machine (another test job's
+    servers) is handed it meanwhile, and never one this process handed out before. A port from the
+    ephemeral range once went to another process in that window (Gym's head server: address in use)."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    rng = random.Random()
+    for _ in range(1000):
+        port = rng.randrange(20000, low)
+        if port in _HANDED:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED.add(port)
+        return port
+    raise RuntimeError(f"no free port in 20000-{low}")
 
 
 def interruptible() -> None:
