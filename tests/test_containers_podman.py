@@ -31,6 +31,7 @@ from polar_env.episodes.workspace import engine_available, open_workspace
 from polar_env.harness_adapters.policies import make_policy
 from polar_env.proxy.app import ProxyServer
 from polar_env.proxy.engine import EngineConfig
+from polar_env.rewards.flags import is_tamper
 from polar_env.rewards.image_grading import grade_task
 from polar_env.sandbox.base import SandboxSpec
 from polar_env.sandbox.container import ContainerError, ContainerSandbox
@@ -129,6 +130,52 @@ async def test_empty_patch_earns_nothing_in_the_image(imaged):
     unresolved = await asyncio.to_thread(grade_task, task, test_edit, kind=ENGINE)
     assert unresolved.reward == 0.0 and not unresolved.resolved
     assert unresolved.fail_to_pass and set(unresolved.fail_to_pass.values()) != {"PASSED"}
+
+
+APPTAINER_STANDIN = Path(__file__).with_name("apptainer_standin.py")
+PASS_EVERYTHING = ("import pytest\n\n\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n"
+                   "    report = (yield).get_result()\n    report.outcome = 'passed'\n")
+
+
+def _new_file_patch(path: str, text: str) -> str:
+    lines = text.splitlines(keepends=True)
+    return (f"diff --git a/{path} b/{path}\nnew file mode 100644\n--- /dev/null\n+++ b/{path}\n"
+            f"@@ -0,0 +1,{len(lines)} @@\n" + "".join(f"+{line}" for line in lines))
+
+
+async def test_apptainer_tasks_are_graded_strictly_in_their_image(imaged, tmp_path: Path, monkeypatch):
+    """A task with no base archive, on apptainer, is graded in its image the strict way a container grades
+    it (`ApptainerBox`: the tree and the grader's files bound in, locked before the tests run): the gold
+    patch 1.0 in strict mode with no flag, the test patch alone and a conftest hook that passes every test
+    0. apptainer cannot be installed here: ``apptainer`` on PATH is a stand-in that runs each exec as a
+    ``podman run`` of the same image with the same binds, user, env and network (tests/apptainer_standin.py):
+    this tests how Polar drives apptainer, not apptainer. The image's tree is copied out once for all grades,
+    and nothing is left behind."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "apptainer").write_text(APPTAINER_STANDIN.read_text())
+    (bin_dir / "apptainer").chmod(0o755)
+    log = tmp_path / "apptainer.log"
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_APPTAINER_LOG", str(log))
+    monkeypatch.setenv("POLAR_BASE_CACHE", str(tmp_path / "bases"))
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    task = imaged["pallets__flask-5014"]
+    before = _containers()
+    gold = await asyncio.to_thread(grade_task, task, task.patch, kind="apptainer")
+    assert gold.resolved and gold.reward == 1.0 and gold.mode == "strict", (gold.failure_kind, gold.error)
+    assert gold.modes["swebench"].reward == 1.0 and not [f for f in gold.flags if is_tamper(f)], gold.flags
+    tests_only = await asyncio.to_thread(grade_task, task, task.test_patch, kind="apptainer")
+    assert tests_only.reward == 0.0 and not tests_only.is_infrastructure_failure, tests_only.error
+    forged = await asyncio.to_thread(grade_task, task, _new_file_patch("conftest.py", PASS_EVERYTHING),
+                                     kind="apptainer")
+    assert forged.reward == 0.0 and not forged.is_infrastructure_failure, forged.error
+    assert "conftest.py" in forged.reset_paths  # the strict reset took the hook out before the tests ran
+    calls = log.read_text().splitlines()
+    assert sum("/polar-out" in c for c in calls) == 1  # the image's tree copied out once, for every grade
+    assert any("--security uid:1000,gid:1000" in c for c in calls)  # the tests never run as root
+    assert _containers() == before and not list((tmp_path / "tmp").glob("polar-apptainer-grade-*"))
 
 
 def _polar(*args: str) -> subprocess.CompletedProcess:

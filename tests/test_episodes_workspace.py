@@ -12,12 +12,12 @@ import pytest
 
 from polar_env.episodes.workspace import (
     WorkspaceRef,
-    apptainer_image,
     attach_workspace,
     check_engine,
     engine_available,
     workspace_kind,
 )
+from polar_env.sandbox.apptainer import apptainer_image
 from polar_env.sandbox.base import SandboxSpec
 from polar_env.sandbox.container import ContainerSandbox
 from polar_env.tasks.loader import load_bundled

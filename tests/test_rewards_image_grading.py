@@ -58,7 +58,12 @@ def test_custom_rows_reset_apply_and_run_between_the_markers():
     assert lines[start + 1] == task.full_test_command()
 
 
-def test_apptainer_without_a_base_archive_is_masked_not_scored():
-    task = load_bundled()[0].model_copy(update={"base_archive": None})
+def test_apptainer_without_a_base_archive_is_graded_in_its_image_and_masked_where_apptainer_is_missing(
+        tmp_path: Path, monkeypatch):
+    """No apptainer on PATH: the image grader cannot start, an infrastructure failure naming apptainer, never
+    the agent's 0 (tests/test_containers_podman.py grades through a stand-in)."""
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("POLAR_BASE_CACHE", str(tmp_path / "bases"))
+    task = load_bundled()[0].model_copy(update={"base_archive": None, "image": "example/task:1"})
     result = grade_task(task, task.patch, kind="apptainer")
-    assert result.failure_kind == "infrastructure" and result.reward == 0.0 and "podman" in result.error
+    assert result.failure_kind == "infrastructure" and result.reward == 0.0 and "apptainer" in result.error

@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+import csv
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from polar_env.sandbox.apptainer import ApptainerSandbox
+from polar_env.sandbox.apptainer import ApptainerBox, ApptainerSandbox
 from polar_env.sandbox.base import SandboxSpec, exclude_pathspecs
 from polar_env.sandbox.container import ContainerSandbox, git_diff_script, git_snapshot_script
 
@@ -147,6 +148,53 @@ async def test_apptainer_host_side_task_tree_and_diff(tmp_path: Path):
     assert b"+b" in await sb.diff()
     await sb.destroy()
     assert not sb.root.exists()
+
+
+def _box(tmp_path: Path) -> ApptainerBox:
+    base_git = tmp_path / "base.git"
+    base_git.mkdir()
+    (tmp_path / "tree").mkdir()
+    (tmp_path / "tree" / "m.py").write_text("a\n")
+    return ApptainerBox.create("docker://x/task:1", spec=SandboxSpec(scratch_root=tmp_path / "s"),
+                               base_tree=tmp_path / "tree", base_git=base_git)
+
+
+async def test_apptainer_grading_box_argv_binds_and_locks(tmp_path: Path, monkeypatch):
+    """The grader's apptainer box (rewards/image_grading.py): no network, the tree and the base snapshot
+    (read-only) bound, a path `provide`d outlives each exec, a copy lands in its host dir; as host root the
+    tests run as the spec's uid and a root step as root with the system PATH; unprivileged, `lock` binds
+    the paths read-only instead (the tested code cannot write them either way); an --env value with a
+    comma stays one variable (apptainer reads the flag as CSV)."""
+    box = _box(tmp_path)
+    try:
+        monkeypatch.setattr("os.geteuid", lambda: 0)
+        argv = box.exec_argv(["python", "-V"], {"A": "x,y", "B": 'say "hi"'})
+        assert argv[:3] == ["apptainer", "exec", "--containall"] and argv[-3:] == ["docker://x/task:1", "python", "-V"]
+        assert "--cleanenv" in argv and "--net" in argv and _pairs(argv, "--network") == ["none"]
+        assert _pairs(argv, "--security") == ["uid:1000,gid:1000"]
+        assert _pairs(argv, "--bind") == [f"{box.root / 'testbed'}:/testbed", f"{tmp_path / 'base.git'}:/var/lib/polar-git:ro"]
+        envs = _pairs(argv, "--env")
+        assert next(csv.reader([envs[-2]])) == ["A=x,y"] and next(csv.reader([envs[-1]])) == ['B=say "hi"']
+        assert not any(e.startswith("PATH=") for e in envs)  # the image's own PATH (its toolchain)
+        root_step = box.exec_argv(["chown", "x"], {}, user="0")
+        assert "--security" not in root_step and "PATH=/usr/bin:/bin" in _pairs(root_step, "--env")
+        await box.provide("/srv/abc")
+        await box.copy_in(tmp_path / "tree" / "m.py", "/srv/abc/sub/m.py")
+        assert (box.binds["/srv/abc"] / "sub" / "m.py").read_text() == "a\n"
+        with pytest.raises(ValueError, match="not under a path the box binds"):
+            await box.copy_in(tmp_path / "tree" / "m.py", "/opt/elsewhere/m.py")
+        with pytest.raises(ValueError):
+            await box.copy_in(tmp_path / "tree" / "m.py", "/srv/abc/../../etc/passwd")
+        monkeypatch.setattr("os.geteuid", lambda: 1234)
+        await box.lock(["/testbed", "/srv/abc/sub"])
+        unprivileged = box.exec_argv(["pytest"], {})
+        assert "--security" not in unprivileged
+        assert set(_pairs(unprivileged, "--bind")) == {f"{box.root / 'testbed'}:/testbed:ro",
+                                                       f"{box.binds['/srv/abc']}:/srv/abc:ro",
+                                                       f"{tmp_path / 'base.git'}:/var/lib/polar-git:ro"}
+    finally:
+        await box.destroy()
+    assert not box.root.exists() and (tmp_path / "tree" / "m.py").exists()
 
 
 def test_pathspecs():

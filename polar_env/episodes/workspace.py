@@ -19,7 +19,6 @@ import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass, replace
-from functools import partial
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -103,13 +102,6 @@ def check_engine(kind: WorkspaceKind) -> None:
                                    f"for podman; polar doctor shows what is missing) or pick another --sandbox")
 
 
-def apptainer_image(image: str) -> str:
-    """A task's ``image`` as apptainer takes it: a local .sif path, or a registry name as docker://."""
-    if image.startswith("docker://") or image.endswith(".sif"):
-        return image
-    return f"docker://{image}"
-
-
 @dataclass
 class Workspace:
     """An opened workspace; ``close`` removes everything it made (idempotent)."""
@@ -157,12 +149,12 @@ def _open(task: Task, spec: SandboxSpec, kind: WorkspaceKind) -> Workspace:
         ref = WorkspaceRef(kind=kind, container=cs.name, image=image, path=cs.path, workdir=spec.workdir,
                            uid=spec.uid, gid=spec.uid, clone="overlay")
         return Workspace(cs, ref)
-    from polar_env.sandbox.apptainer import ApptainerSandbox, extract_image_tree
-    from polar_env.tasks.base_trees import base_cache_dir, warm_image_base
+    from polar_env.sandbox.apptainer import ApptainerSandbox, apptainer_image
+    from polar_env.tasks.base_trees import apptainer_base
 
     check_image(task, kind)
     image = apptainer_image(task_image(task))
-    base = warm_image_base(image, spec.workdir, base_cache_dir(), partial(extract_image_tree, image, spec))
+    base = apptainer_base(image, spec)
     ap = ApptainerSandbox.create(base.tree, spec=spec, image=image, snapshot=base.git_dir)
     return Workspace(ap, WorkspaceRef(kind=kind, root=str(ap.root), image=ap.image, uid=spec.uid, gid=spec.uid,
                                       clone=ap.clone))

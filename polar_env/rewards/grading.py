@@ -37,7 +37,6 @@ from pydantic import BaseModel, Field, SerializationInfo, SerializerFunctionWrap
 
 from polar_env.outcomes import FailureKind
 from polar_env.rewards import swebench_compat as sb
-from polar_env.rewards.bounded_output import OutputStats
 from polar_env.rewards.flags import is_tamper, tampering_flags
 from polar_env.rewards.gold_runs import gold_key, gold_run
 from polar_env.rewards.patch import ApplyMethod
@@ -58,6 +57,7 @@ from polar_env.rewards.strict_run import (
 )
 from polar_env.rewards.workspace import GradingTree, PatchRefused, path_budget_refusal
 from polar_env.safe_text import json_safe
+from polar_env.sandbox.output import OutputStats
 from polar_env.tasks.base_trees import base_key
 from polar_env.tasks.env import EnvBuildError, ensure_task_env
 from polar_env.tasks.models import Task

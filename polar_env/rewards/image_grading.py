@@ -47,16 +47,27 @@ from polar_env.rewards.grading import (
     perturbed_check,
     tested_code_crash,
 )
-from polar_env.rewards.image_strict import StrictImageError, TestPatchFailed, perturbed_in_box, strict_in_box
+from polar_env.rewards.image_strict import (
+    ImageBox,
+    StrictImageError,
+    TestPatchFailed,
+    perturbed_in_box,
+    strict_in_box,
+)
 from polar_env.rewards.patch import ApplyMethod
 from polar_env.rewards.sandbox_exec import grading_timeout_s
 from polar_env.rewards.strict_run import StrictUnsupported, perturbed_disagreement, pytest_args
+from polar_env.sandbox.apptainer import ENGINE as APPTAINER
+from polar_env.sandbox.apptainer import ApptainerBox, apptainer_image
 from polar_env.sandbox.base import SandboxSpec
 from polar_env.sandbox.container import ContainerError, ContainerSandbox
+from polar_env.tasks.base_trees import apptainer_base
 from polar_env.tasks.models import Task
 from polar_env.tasks.runtime import task_image
 
-PATCH_INSIDE = "/tmp/polar-model.patch"
+INPUT_INSIDE = "/tmp/polar-input"  # the grader's inputs (a dir a box keeps between execs: `provide`)
+PATCH_INSIDE = f"{INPUT_INSIDE}/model.patch"
+EVAL_INSIDE = f"{INPUT_INSIDE}/eval.sh"
 GRADING_SPEC = SandboxSpec(memory_bytes=8 << 30, pids_max=4096)
 
 
@@ -96,8 +107,17 @@ def grading_plan(task: Task, image: str) -> tuple[str, str, object | None]:
     """(image, eval script, swebench TestSpec or None) for grading ``task``."""
     if uses_swebench_spec(task):
         spec = sb.make_test_spec(swebench_row(task, image))
-        return spec.image, spec.eval_script, spec
+        return image if image.startswith("docker://") or image.endswith(".sif") else spec.image, spec.eval_script, spec
     return image, custom_eval_script(task), None
+
+
+def image_box(engine: str, image: str) -> ImageBox:
+    """A fresh box of ``image`` to grade in: a container, or on apptainer a box over a copy of the image's
+    own tree (copied out once per node: `tasks.base_trees.apptainer_base`)."""
+    if engine == APPTAINER:
+        base = apptainer_base(image, GRADING_SPEC)
+        return ApptainerBox.create(image, spec=GRADING_SPEC, base_tree=base.tree, base_git=base.git_dir)
+    return ContainerSandbox.create(None, spec=GRADING_SPEC, image=image, engine=engine)
 
 
 def grade_in_image(task: Task, model_patch: str | None, *, engine: str, image: str,
@@ -154,7 +174,7 @@ async def _strict_run(task: Task, patch: str, *, engine: str, image: str, timeou
                       gold: TestRun | None = None) -> dict:
     """The strict run in a fresh container; with ``gold``, judged against it, and perturbed if it resolves
     (where the gold patch passes the perturbed run); without, the gold run itself and its perturbed control."""
-    box = await asyncio.to_thread(ContainerSandbox.create, None, spec=GRADING_SPEC, image=image, engine=engine)
+    box = await asyncio.to_thread(image_box, engine, image)
     try:
         try:
             done = await strict_in_box(task, box, patch, timeout_s)
@@ -231,15 +251,16 @@ async def _grade(task: Task, patch: str, *, engine: str, image: str, timeout_s: 
         image, script, spec = grading_plan(task, image)
     except Exception as exc:  # noqa: BLE001 - a row swebench cannot read is a task defect
         return _infra(result, f"swebench test spec: {type(exc).__name__}: {exc}", t0, FailureKind.task_defect)
-    box: ContainerSandbox | None = None
+    box: ImageBox | None = None
     try:
-        box = await asyncio.to_thread(ContainerSandbox.create, None, spec=GRADING_SPEC, image=image, engine=engine)
+        box = await asyncio.to_thread(image_box, engine, image)
         result.timings["setup_s"] = time.monotonic() - t0
         with tempfile.TemporaryDirectory(prefix="polar-grade-") as tmp:
             for name, text in (("model.patch", patch), ("eval.sh", script)):
                 (Path(tmp) / name).write_text(text, errors="surrogateescape")
+            await box.provide(INPUT_INSIDE)
             await box.copy_in(Path(tmp) / "model.patch", PATCH_INSIDE)
-            await box.copy_in(Path(tmp) / "eval.sh", "/tmp/polar-eval.sh")
+            await box.copy_in(Path(tmp) / "eval.sh", EVAL_INSIDE)
             if not base_only:
                 applied = await box.run(["git", "apply", "--verbose", PATCH_INSIDE], timeout_s=120)
                 result.log_tail = (applied.stdout_tail + applied.stderr_tail)[-LOG_TAIL_CHARS:]
@@ -249,7 +270,7 @@ async def _grade(task: Task, patch: str, *, engine: str, image: str, timeout_s: 
                     return result
                 result.patch_applied, result.apply_method = True, ApplyMethod.git_apply
             t_tests = time.monotonic()
-            run = await box.run(["/bin/bash", "/tmp/polar-eval.sh"], timeout_s=timeout_s, max_output_bytes=8 << 20)
+            run = await box.run(["/bin/bash", EVAL_INSIDE], timeout_s=timeout_s, max_output_bytes=8 << 20)
             result.timings["tests_s"] = time.monotonic() - t_tests
             log = run.stdout_tail + run.stderr_tail
             result.log_tail = log[-LOG_TAIL_CHARS:]
@@ -290,8 +311,8 @@ async def _grade(task: Task, patch: str, *, engine: str, image: str, timeout_s: 
 def grade_task(task: Task, model_patch: str | None, *, kind: str, timeout_s: float | None = None,
                mode: GradingMode = GradingMode.strict) -> GradeResult:
     """Grade where the task's episodes run: its image for docker/podman, the bubblewrap grader (the
-    task's base tree and pinned venv) otherwise. Apptainer has no image grader yet: a task without
-    a base archive is then an infrastructure failure, never the agent's."""
+    task's base tree and pinned venv) where the task has a base archive, else, on apptainer, its image
+    (an `ApptainerBox`: the same strict grading as a container's)."""
     from polar_env.rewards.grading import grade
 
     if task.harbor is not None and kind in ("docker", "podman"):
@@ -300,8 +321,11 @@ def grade_task(task: Task, model_patch: str | None, *, kind: str, timeout_s: flo
         return grade_patch(task, model_patch or "", engine=kind)
     if kind in ("docker", "podman"):
         return grade_in_image(task, model_patch, engine=kind, image=task_image(task), timeout_s=timeout_s, mode=mode)
+    if not task.base_archive and kind == APPTAINER:
+        return grade_in_image(task, model_patch, engine=kind, image=apptainer_image(task_image(task)),
+                              timeout_s=timeout_s, mode=mode)
     if not task.base_archive:
         return _infra(GradeResult(instance_id=task.instance_id),
-                      f"no grader for {kind} without a base archive: grade with --sandbox podman|docker",
+                      f"no grader for {kind} without a base archive: grade with --sandbox podman|docker|apptainer",
                       time.monotonic())
     return grade(task, model_patch, timeout_s=timeout_s, mode=mode)

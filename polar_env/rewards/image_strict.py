@@ -1,11 +1,12 @@
-"""`strict` grading inside the task's own image: the bubblewrap grader's layers, run in a container.
+"""`strict` grading inside the task's own image: the bubblewrap grader's layers, run in a box of it.
 
-A fresh container of the image, then, as the unprivileged sandbox uid, with git reading no user or
+A fresh box of the image (a container on podman and docker, an `ApptainerBox` on apptainer), then, as the unprivileged sandbox uid, with git reading no user or
 system configuration and running no hooks or fsmonitor: `git apply` the agent's patch, list every
 changed path against the tree recorded at creation, restore each that is not project source
 (`path_policy`, the same rule as bubblewrap grading) and the test files, apply the test patch.
-Root then hands the tree and the grader's files to root (the tests cannot write either, as the
-read-only bind does in bubblewrap). The tests run through the grader's runner script (no current
+The box then locks the tree and the grader's files (`lock`: handed to root, or bound read-only
+where apptainer runs unprivileged), so the tests cannot write either, as the read-only bind does in
+bubblewrap. The tests run through the grader's runner script (no current
 directory on ``sys.path``, plugin autoload off, the image's installed ``pytest11`` plugins named,
 the grader's ini from the reset tree's configuration), with `report_plugin` reading its
 configuration from stdin and writing its result stream to a descriptor that is the exec's stdout,
@@ -14,12 +15,11 @@ while pytest's own output goes to stderr. The stream is judged exactly as in bub
 run in the same image (`grading.against_gold`), and every tampering flag scores 0.
 `perturbed_in_box` is the perturbed second run of the F2P tests (`strict_run.plan_perturbed`: renamed
 files and functions, the tree copied to ``/srv/<random>``, a random ``argv[0]``, no ``PYTEST_*``
-visible); the container's host name stays the one it was created with.
+visible); the box's host name stays the one it was created with.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import secrets
 import shlex
@@ -49,7 +49,8 @@ from polar_env.rewards.strict_run import (
 )
 from polar_env.rewards.workspace import import_roots, path_budget_refusal
 from polar_env.sandbox import safe_git
-from polar_env.sandbox.container import BASE_FILE, GIT_DIR_INSIDE, ContainerSandbox, engine_run
+from polar_env.sandbox.apptainer import ApptainerBox
+from polar_env.sandbox.container import BASE_FILE, GIT_DIR_INSIDE, ContainerSandbox
 from polar_env.tasks.models import Task
 
 GRADER_INSIDE = "/opt/polar-grader"
@@ -58,6 +59,7 @@ GIT = ("git -c core.hooksPath=/dev/null -c core.fsmonitor=false -c diff.external
        "-c safe.directory='*'")
 GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_TERMINAL_PROMPT": "0"}
 MAX_STREAM_BYTES = 16 << 20
+ROOT_STEP_S = 600.0  # the deadline of a grader step as root (a chown, a tree copy)
 CHANGES = f"""set -e
 cd {TREE}
 export GIT_ALTERNATE_OBJECT_DIRECTORIES={GIT_DIR_INSIDE}/objects  # the base snapshot's objects (container.py)
@@ -117,6 +119,10 @@ CONFIGS = ("cd / && python -I -c \"import json, subprocess, sys\n"
            "print(json.dumps(out))\" \"$@\"")
 
 
+# a fresh box of the task's image: a container (podman, docker) or an apptainer box
+ImageBox = ContainerSandbox | ApptainerBox
+
+
 class StrictImageError(Exception):
     """The strict run could not be set up (an infrastructure or task fault, never the agent's)."""
 
@@ -136,15 +142,19 @@ def _config_candidates(directives: list[str]) -> list[str]:
     return [str(here / name) for here in config_dirs(directives) for name, _ in CONFIG_FILES]
 
 
-async def _root(box: ContainerSandbox, script: str) -> None:
-    await asyncio.to_thread(engine_run, box.exec_argv(["sh", "-c", script], {}, user="0"))
+async def _root(box: ImageBox, script: str) -> None:
+    """A grader's step as root in the box (the tree and grader files handed to root, a copy made)."""
+    ran = await box.run(["sh", "-c", script], user="0", timeout_s=ROOT_STEP_S)
+    if ran.exit_code != 0:
+        raise StrictImageError(f"a grader step as root failed ({'timed out' if ran.timed_out else ran.exit_code}): "
+                               f"{ran.stderr_tail[-500:]}")
 
 
-async def _plugins(box: ContainerSandbox) -> list[str]:
+async def _plugins(box: ImageBox) -> list[str]:
     return (await box.run(["sh", "-c", PLUGINS], timeout_s=60)).stdout_tail.split()
 
 
-async def _fetch(box: ContainerSandbox, dest: Path, paths: list[str], tree: str = TREE) -> Path:
+async def _fetch(box: ImageBox, dest: Path, paths: list[str], tree: str = TREE) -> Path:
     """Copy the text of those of ``paths`` that exist in the container's ``tree`` to ``dest`` (host)."""
     got = await box.run(["sh", "-c", CONFIGS.replace("/testbed/", tree + "/"), "sh", *paths], timeout_s=60,
                         max_output_bytes=32 << 20)
@@ -155,7 +165,7 @@ async def _fetch(box: ContainerSandbox, dest: Path, paths: list[str], tree: str 
     return dest
 
 
-async def _copy_texts(box: ContainerSandbox, staging: Path, texts: dict[str, str]) -> None:
+async def _copy_texts(box: ImageBox, staging: Path, texts: dict[str, str]) -> None:
     """Write each ``texts`` file (tree path -> text) over the container tree's."""
     for rel, text in texts.items():
         (staging / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -163,7 +173,7 @@ async def _copy_texts(box: ContainerSandbox, staging: Path, texts: dict[str, str
         await box.copy_in(staging / rel, f"{TREE}/{rel}")
 
 
-async def _run_stream(task: Task, box: ContainerSandbox, tree: str, grader: str, config: dict,
+async def _run_stream(task: Task, box: ImageBox, tree: str, grader: str, config: dict,
                       timeout_s: float, canaries: CanaryPlan) -> tuple[SandboxRun, StrictOutcome]:
     """Run the grader's script in ``grader`` on ``tree`` as the sandbox uid; judge its result stream."""
     exports = {k: v.replace("{testbed}", tree) for k, v in task.environment.env.items()}
@@ -181,7 +191,7 @@ async def _run_stream(task: Task, box: ContainerSandbox, tree: str, grader: str,
     return run, outcome
 
 
-async def perturbed_in_box(task: Task, box: ContainerSandbox, timeout_s: float) -> Perturbed:
+async def perturbed_in_box(task: Task, box: ImageBox, timeout_s: float) -> Perturbed:
     """The perturbed F2P run in ``box``, after `strict_in_box` (the reset, test-patched tree is root's)."""
     with tempfile.TemporaryDirectory(prefix="polar-image-perturbed-") as tmp:
         f2p_files = sorted({test_file_of(t) for t in task.FAIL_TO_PASS if "::" in t})
@@ -191,17 +201,19 @@ async def perturbed_in_box(task: Task, box: ContainerSandbox, timeout_s: float) 
             plan = plan_perturbed(task, copy, cfg_tree, Path(tmp) / "grader", plugins=await _plugins(box))
         except (ValueError, OSError, UnicodeDecodeError) as e:
             return Perturbed(StrictOutcome(violations=[f"perturbed-run: {e}"]), {})
-        await _root(box, f"cp -a {TREE} {plan.mount} && rm -f -- "
+        await box.provide(plan.mount)
+        await box.provide(plan.grader_mount)
+        await _root(box, f"mkdir -p {plan.mount} && cp -a {TREE}/. {plan.mount}/ && rm -f -- "
                          + " ".join(f"{plan.mount}/{shlex.quote(old)}" for old in plan.files))
         for new in plan.files.values():
             await box.copy_in(copy / new, f"{plan.mount}/{new}")
         await box.copy_in(Path(tmp) / "grader", plan.grader_mount)
-        await _root(box, f"chown -hR 0:0 {plan.mount} {plan.grader_mount} && chmod -R go-w {plan.mount}")
+        await box.lock([plan.mount, plan.grader_mount])
     run, outcome = await _run_stream(task, box, plan.mount, plan.grader_mount, plan.config, timeout_s, plan.canaries)
     return Perturbed(outcome, plan.renamed, run)
 
 
-async def strict_in_box(task: Task, box: ContainerSandbox, patch: str, timeout_s: float) -> dict:
+async def strict_in_box(task: Task, box: ImageBox, patch: str, timeout_s: float) -> dict:
     """Apply ``patch`` and run the tests the strict way in ``box`` (a fresh container of the image).
 
     Returns ``{"refused": git's words}``, or ``{"run": TestRun, "flags": {category: evidence},
@@ -256,13 +268,14 @@ async def strict_in_box(task: Task, box: ContainerSandbox, patch: str, timeout_s
                    *[x for m in plugins for x in ("-p", m)], *pytest_args(task),
                    *task.test_directives, *uncovered_canaries(canaries, task.test_directives)]
         (grader / "main.py").write_text(f"import pytest\nraise SystemExit(pytest.main({options!r}))\n")
+        await box.provide(GRADER_INSIDE)
         await box.copy_in(grader, GRADER_INSIDE)
         await _copy_texts(box, Path(tmp) / "canaries", canaries.files)
-        await _root(box, f"chown -hR 0:0 {GRADER_INSIDE} {TREE} && chmod -R go-w {TREE} {GRADER_INSIDE}")
+        await box.lock([GRADER_INSIDE, TREE])
         config = {"nonce": secrets.token_hex(16)}
         run, outcome = await _run_stream(task, box, TREE, GRADER_INSIDE, config, timeout_s, canaries)
         await _copy_texts(box, Path(tmp) / "originals", {rel: originals[rel] for rel in canaries.files})
-        await _root(box, f"chown -hR 0:0 {TREE} && chmod -R go-w {TREE}")
+        await box.lock([TREE])
     out = TestRun(timed_out=run.timed_out, log=run.output, seconds=run.seconds, status_map=outcome.status_map,
                   valid=outcome.valid, collected=outcome.collected, violations=outcome.violations,
                   error=outcome.error or "; ".join(outcome.violations), untrusted_xfail=outcome.untrusted_xfail)

@@ -21,23 +21,22 @@ pipe this process holds, then closes its end. A run without that byte never ran 
 
 from __future__ import annotations
 
+import asyncio
 import os
-import signal
 import subprocess
 import tempfile
-import threading
-import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from polar_env.rewards.bounded_output import OutputStats, read_bounded
+from polar_env.sandbox.base import run_process_tree
 from polar_env.sandbox.bubblewrap import _mount_quota as mount_quota
 from polar_env.sandbox.bwrap_argv import BwrapCommand, Mount
 from polar_env.sandbox.bwrap_argv import SandboxUnavailable as SandboxUnavailable  # what run_sandboxed raises
 from polar_env.sandbox.cgroups import CgroupLimits
+from polar_env.sandbox.output import HEAD_BYTES, TAIL_BYTES, OutputStats
 
 SANDBOX_UID = 65534  # nobody: tests never run as root, even when the grader does
 TREE_MOUNT = "/testbed"
@@ -165,7 +164,7 @@ def run_sandboxed(
 
     ``tree_mount`` and ``hostname`` differ only in strict grading's perturbed second run.
 
-    Output (stdout and stderr together) is read with bounded memory (`read_bounded`).
+    Output (stdout and stderr together) is kept with bounded memory (`sandbox.output`: head and tail).
     """
     limits = limits or GradingLimits.from_env()
     full_env = {
@@ -205,37 +204,23 @@ def _run(cmd: list[str], tree: Path, venv: Path, full_env: dict[str, str], limit
         os.close(started_w)
         raise
     cgroups = CgroupLimits(f"grade-{os.getpid()}-{uuid.uuid4().hex[:8]}", limits.memory_bytes, limits.pids_max)
-    start = time.monotonic()
     try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, pass_fds=(*pass_fds, started_w),
-                                preexec_fn=cgroups.join if cgroups.dirs else None)
+        # the one runner of commands in a sandbox (`sandbox.base.run_process_tree`): killing bwrap's process
+        # group at the deadline tears down its PID namespace and everything in it
+        ran = asyncio.run(run_process_tree(
+            argv, timeout_s=timeout_s, stdin=None, max_output_bytes=TAIL_BYTES, head_bytes=HEAD_BYTES,
+            merge_output=True, pass_fds=(*pass_fds, started_w), preexec_fn=cgroups.join if cgroups.dirs else None,
+            on_timeout=cgroups.kill_all))
     except BaseException:
         os.close(started_r)
-        cgroups.remove()
         raise
     finally:
         os.close(started_w)
-    result: dict[str, tuple[str, OutputStats]] = {}
-    reader = threading.Thread(target=lambda: result.setdefault("out", read_bounded(proc.stdout)), daemon=True)
-    reader.start()
-    try:
-        proc.wait(timeout=timeout_s)
-        timed_out = False
-    except subprocess.TimeoutExpired:
-        # Killing bwrap's process group tears down its PID namespace and everything in it.
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        timed_out = True
-    finally:
         cgroups.kill_all()  # whatever escaped the process group (a daemonised child) ends with the run
         cgroups.remove()
-    reader.join()
-    proc.stdout.close()
     with os.fdopen(started_r, "rb") as f:
         os.set_blocking(started_r, False)
         started = bool(f.read(1))
-    out, stats = result.get("out", ("", OutputStats()))
     applied = {**cgroups.versions, **cgroups.skipped}
-    return SandboxRun(proc.returncode, out, timed_out, time.monotonic() - start, stats, started=started,
-                      limits=applied)
+    return SandboxRun(-9 if ran.exit_code is None else ran.exit_code, ran.stdout_tail, ran.timed_out, ran.duration_s,
+                      ran.output_stats, started=started, limits=applied)

@@ -4,18 +4,27 @@ Apptainer keeps no container alive between commands, so each ``run`` is one ``ap
 with ``--containall`` (own PID/IPC namespaces, clean env) and ``--net --network none``. The task
 tree lives on the host (extracted from the image's /testbed at create, or copied from
 ``task_tree``) and is bound at /testbed, so copy and diff are host-side, as in bubblewrap.
+`ApptainerBox` is the grader's box of the same image (rewards/image_grading.py), the role a fresh
+container plays on podman and docker.
 """
 
 from __future__ import annotations
 
+import asyncio
+import csv
+import io
+import os
+import shlex
 import shutil
 import subprocess
 import tempfile
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
 from polar_env.sandbox import gitdiff
 from polar_env.sandbox.base import (
+    DEFAULT_ENV,
     Deadline,
     RunResult,
     SandboxSpec,
@@ -23,7 +32,26 @@ from polar_env.sandbox.base import (
     run_process_tree,
 )
 from polar_env.sandbox.bubblewrap import FORWARDER_INSIDE, FORWARDER_SRC
-from polar_env.sandbox.host_tree import HostTreeSandbox, copy_tree
+from polar_env.sandbox.cgroups import CgroupLimits
+from polar_env.sandbox.container import GIT_DIR_INSIDE, ROOT_PATH, ContainerError, is_root
+from polar_env.sandbox.host_tree import HostTreeSandbox, chown_tree, copy_tree
+
+ENGINE = "apptainer"
+
+
+def apptainer_image(image: str) -> str:
+    """A task's ``image`` as apptainer takes it: a local .sif path, or a registry name as docker://."""
+    if image.startswith("docker://") or image.endswith(".sif"):
+        return image
+    return f"docker://{image}"
+
+
+def env_flag(key: str, value: str) -> str:
+    """One ``--env`` value: apptainer reads the flag as CSV pairs, so a value holding a comma or a quote
+    is quoted as one CSV field (it would otherwise become two variables)."""
+    out = io.StringIO()
+    csv.writer(out, lineterminator="").writerow([f"{key}={value}"])
+    return out.getvalue()
 
 
 class ApptainerSandbox(HostTreeSandbox):
@@ -104,6 +132,116 @@ class ApptainerSandbox(HostTreeSandbox):
 def extract_image_tree(image: str, spec: SandboxSpec, dest: Path) -> None:
     """``image``'s own tree (``spec.workdir``: the SWE-bench base checkout) copied out to ``dest``, an
     existing empty dir (once per node and image: tasks/base_trees.py ``warm_image_base``)."""
-    proc = subprocess.run(ApptainerSandbox(spec, image, dest).extract_argv(dest), capture_output=True)
+    try:
+        proc = subprocess.run(ApptainerSandbox(spec, image, dest).extract_argv(dest), capture_output=True)
+    except FileNotFoundError:
+        raise ContainerError(f"{ENGINE} is not installed (polar doctor says how to install it)") from None
     if proc.returncode != 0:
-        raise RuntimeError(f"apptainer extract failed: {proc.stderr.decode(errors='replace')[-2000:]}")
+        raise ContainerError(f"apptainer extract failed: {proc.stderr.decode(errors='replace')[-2000:]}")
+
+
+class ApptainerBox:
+    """A fresh, network-less box of an apptainer image for a grader. Apptainer keeps nothing between
+    execs, so every path a grader writes and reads back is a host dir bound in: the task tree at the
+    workdir (a copy of the image's own tree, made warm once per node), its base snapshot read-only at
+    ``GIT_DIR_INSIDE`` (what the image graders' scripts diff against, as in a container), and each path
+    `provide`d. As host root a command runs as the spec's uid (``--security uid:N,gid:N``) and a root
+    step as root; unprivileged, both run as the caller, and `lock` binds the paths read-only instead of
+    handing them to root: either way the tested code cannot write them. The box's commands share one
+    cgroup (memory, pids), killed whole at a deadline."""
+
+    engine = ENGINE
+
+    def __init__(self, spec: SandboxSpec, image: str, root: Path, binds: dict[str, Path],
+                 read_only: set[str] | None = None, cgroups: CgroupLimits | None = None):
+        self.spec = spec
+        self.image = image
+        self.root = root  # host dir holding the box's bound dirs
+        self.binds = binds  # path inside -> host dir
+        self.read_only = read_only if read_only is not None else set()  # binds made read-only
+        self.cgroups = cgroups
+        self._destroyed = False
+
+    @classmethod
+    def create(cls, image: str, *, spec: SandboxSpec, base_tree: Path, base_git: Path) -> ApptainerBox:
+        """A box whose tree is a copy of ``base_tree`` (the image's tree, snapshotted in ``base_git``)."""
+        if spec.scratch_root is not None:
+            spec.scratch_root.mkdir(parents=True, exist_ok=True)
+        root = Path(tempfile.mkdtemp(prefix="polar-apptainer-grade-", dir=spec.scratch_root))
+        try:
+            copy_tree(base_tree, root / "testbed", owner=(spec.uid, spec.uid) if os.geteuid() == 0 else None)
+        except BaseException:
+            shutil.rmtree(root, ignore_errors=True)
+            raise
+        return cls(spec, image, root, {spec.workdir: root / "testbed", GIT_DIR_INSIDE: base_git}, {GIT_DIR_INSIDE},
+                   CgroupLimits(f"grade-{root.name}", spec.memory_bytes, spec.pids_max))
+
+    def exec_argv(self, cmd: Sequence[str], env: dict[str, str], *, user: str | None = None) -> list[str]:
+        """``cmd`` as the spec's uid (host root) or the caller; ``user`` root: a grader's root step, with
+        `ROOT_PATH`. Other commands keep the image's own PATH (its toolchain)."""
+        s = self.spec
+        argv = [self.engine, "exec", "--containall", "--cleanenv", "--writable-tmpfs", "--no-mount", "cwd",
+                "--net", "--network", "none", "--hostname", s.hostname, "--pwd", s.workdir]
+        if os.geteuid() == 0 and not is_root(user):
+            argv += ["--security", f"uid:{s.uid},gid:{s.uid}"]
+        for inside, host in sorted(self.binds.items()):
+            argv += ["--bind", f"{host}:{inside}" + (":ro" if inside in self.read_only else "")]
+        full_env = {**DEFAULT_ENV, **env}
+        if is_root(user):
+            full_env["PATH"] = ROOT_PATH
+        for key, value in full_env.items():
+            argv += ["--env", env_flag(key, value)]
+        return argv + [self.image, *cmd]
+
+    async def run(self, cmd: Sequence[str], *, env: dict[str, str] | None = None, timeout_s: float | Deadline = 600.0,
+                  stdin: bytes | None = None, max_output_bytes: int = 1 << 20, user: str | None = None) -> RunResult:
+        if self._destroyed:
+            raise RuntimeError("sandbox destroyed")
+        groups = self.cgroups if self.cgroups is not None and self.cgroups.dirs else None
+        try:
+            return await run_process_tree(self.exec_argv(cmd, env or {}, user=user), timeout_s=timeout_s, stdin=stdin,
+                                          max_output_bytes=max_output_bytes, preexec_fn=groups and groups.join,
+                                          on_timeout=groups and groups.kill_all)
+        except FileNotFoundError:
+            raise ContainerError(f"{self.engine} is not installed (polar doctor says how to install it)") from None
+
+    def _bind_of(self, inside: str) -> tuple[str, Path]:
+        """(the bind holding ``inside``, ``inside`` as a host path); ``..`` resolved first."""
+        p = Path(os.path.normpath(inside))
+        for mount, host in sorted(self.binds.items(), key=lambda kv: -len(kv[0])):
+            if p == Path(mount) or Path(mount) in p.parents:
+                return mount, host / p.relative_to(mount)
+        raise ValueError(f"{inside} is not under a path the box binds ({', '.join(sorted(self.binds))})")
+
+    async def provide(self, inside: str) -> None:
+        """``inside`` an empty directory that outlives each exec (a host dir bound there from now on)."""
+        host = self.root / f"bind-{uuid.uuid4().hex[:12]}"
+        host.mkdir()
+        if os.geteuid() == 0:
+            os.chown(host, self.spec.uid, self.spec.uid)
+        self.binds[inside] = host
+
+    async def copy_in(self, src: Path, dst: str) -> None:
+        """As a container's ``copy_in``: the copy is the spec uid's."""
+        target = self._bind_of(dst)[1]
+        await asyncio.to_thread(copy_path, src, target)
+        if os.geteuid() == 0:
+            await asyncio.to_thread(chown_tree, target, self.spec.uid, self.spec.uid)
+
+    async def lock(self, paths: Sequence[str]) -> None:
+        """The tested code cannot write ``paths`` from now on: handed to root (host root), else bound read-only."""
+        if os.geteuid() != 0:
+            self.read_only.update(self._bind_of(p)[0] for p in paths)
+            return
+        quoted = " ".join(shlex.quote(p) for p in paths)
+        ran = await self.run(["sh", "-c", f"chown -hR 0:0 {quoted} && chmod -R go-w {quoted}"], user="0")
+        if ran.exit_code != 0:
+            raise ContainerError(f"locking {quoted} failed: {ran.stderr_tail[-500:]}")
+
+    async def destroy(self) -> None:
+        if not self._destroyed:
+            self._destroyed = True
+            if self.cgroups is not None:
+                self.cgroups.kill_all()
+                self.cgroups.remove()
+            await asyncio.to_thread(shutil.rmtree, self.root, True)

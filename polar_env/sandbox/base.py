@@ -19,6 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from polar_env.sandbox.output import BoundedOutput, OutputStats
+
 # Build artefacts and caches that are never part of the agent's patch (docs/rewards.md); each
 # harness adds its own state dirs (harness_adapters.registry.NOISE_EXCLUDES).
 BUILD_EXCLUDES: tuple[str, ...] = (
@@ -105,6 +107,7 @@ class RunResult:
     duration_s: float
     stdout_bytes: int = 0  # total bytes written, of which only the tail is kept
     stderr_bytes: int = 0
+    output_stats: OutputStats = field(default_factory=OutputStats)  # stdout's (both streams', merged)
 
 
 class Sandbox(ABC):
@@ -160,44 +163,31 @@ def exclude_pathspecs(exclude: Sequence[str]) -> list[str]:
     return specs
 
 
-class _Tail:
-    """Keeps only the last ``limit`` bytes of a stream, so an output flood costs bounded memory."""
-
-    def __init__(self, limit: int):
-        self.limit = limit
-        self.buf = bytearray()
-        self.total = 0
-
-    def feed(self, chunk: bytes) -> None:
-        self.total += len(chunk)
-        self.buf += chunk
-        if len(self.buf) > self.limit:
-            del self.buf[: len(self.buf) - self.limit]
-
-    def text(self) -> str:
-        return bytes(self.buf).decode("utf-8", errors="replace")
-
-
-async def _pump(stream: asyncio.StreamReader | None, tail: _Tail) -> None:
+async def _pump(stream: asyncio.StreamReader | None, kept: BoundedOutput) -> None:
     if stream is None:
         return
     while chunk := await stream.read(65536):
-        tail.feed(chunk)
+        kept.feed(chunk)
 
 
 async def run_process_tree(argv: Sequence[str], *, timeout_s: float | Deadline, stdin: bytes | None,
                            max_output_bytes: int, env: dict[str, str] | None = None,
-                           preexec_fn=None, on_timeout=None) -> RunResult:
-    """Run a host process in its own session; at the deadline SIGKILL its process group.
+                           preexec_fn=None, on_timeout=None, pass_fds: Sequence[int] = (),
+                           merge_output: bool = False, head_bytes: int = 0) -> RunResult:
+    """Run a host process in its own session; at the deadline SIGKILL its process group. The one way a
+    command runs in a sandbox with a deadline: every engine's ``Sandbox.run`` and the graders' runs.
 
     ``on_timeout`` (sync) may kill more (a container, a cgroup) before the group is reaped.
+    ``pass_fds`` stay open in the child (a supervisor's pipes); ``merge_output`` sends stderr into
+    stdout, one stream; ``head_bytes`` keeps that much of its start too (a grader's log:
+    `BoundedOutput`), else only the last ``max_output_bytes``.
     """
     start = time.monotonic()
     proc = await asyncio.create_subprocess_exec(
         *argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True,
-        preexec_fn=preexec_fn)
-    out, err = _Tail(max_output_bytes), _Tail(max_output_bytes)
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT if merge_output else subprocess.PIPE, env=env,
+        start_new_session=True, preexec_fn=preexec_fn, pass_fds=tuple(pass_fds))
+    out, err = BoundedOutput(max_output_bytes, head_bytes), BoundedOutput(max_output_bytes)
 
     async def feed_stdin() -> None:
         if stdin is not None and proc.stdin is not None:
@@ -240,6 +230,7 @@ async def run_process_tree(argv: Sequence[str], *, timeout_s: float | Deadline, 
         except ProcessLookupError:
             pass
         raise
-    return RunResult(exit_code=None if timed_out else proc.returncode, stdout_tail=out.text(),
+    text, stats = out.text_and_stats()
+    return RunResult(exit_code=None if timed_out else proc.returncode, stdout_tail=text,
                      stderr_tail=err.text(), timed_out=timed_out, duration_s=time.monotonic() - start,
-                     stdout_bytes=out.total, stderr_bytes=err.total)
+                     stdout_bytes=out.total, stderr_bytes=err.total, output_stats=stats)

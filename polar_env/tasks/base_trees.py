@@ -33,6 +33,8 @@ from pathlib import Path
 
 from polar_env.cache import cache_root
 from polar_env.sandbox import gitdiff
+from polar_env.sandbox.apptainer import extract_image_tree
+from polar_env.sandbox.base import SandboxSpec
 from polar_env.sandbox.host_tree import chown_tree
 from polar_env.tasks.models import Task
 from polar_env.tasks.tree import materialize
@@ -110,6 +112,12 @@ def warm_image_base(image: str, workdir: str, cache: Path, extract: Callable[[Pa
         gitdiff.snapshot(dest / "tree", dest / "git")
 
     return _warm(cache, image_base_key(image, workdir), build)
+
+
+def apptainer_base(image: str, spec: SandboxSpec) -> BaseTree:
+    """An apptainer image's own tree (``spec.workdir``), warm on this node: its workspaces and its
+    grader's boxes clone it."""
+    return warm_image_base(image, spec.workdir, base_cache_dir(), partial(extract_image_tree, image, spec))
 
 
 def _warm(cache: Path, name: str, build: Callable[[Path], None]) -> BaseTree:
