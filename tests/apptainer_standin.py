@@ -27,7 +27,7 @@ while argv[i].startswith("--"):
     if flag == "--security":
         ids = dict(part.split(":") for part in value.split(","))
         user = f"{ids['uid']}:{ids['gid']}"
-    elif flag == "--bind":
+    elif flag in ("--bind", "--home"):
         out += ["-v", value]
     elif flag == "--env":
         out += [a for pair in next(csv.reader([value])) for a in ("-e", pair)]

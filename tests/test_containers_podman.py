@@ -143,14 +143,12 @@ def _new_file_patch(path: str, text: str) -> str:
             f"@@ -0,0 +1,{len(lines)} @@\n" + "".join(f"+{line}" for line in lines))
 
 
-async def test_apptainer_tasks_are_graded_strictly_in_their_image(imaged, tmp_path: Path, monkeypatch):
-    """A task with no base archive, on apptainer, is graded in its image the strict way a container grades
-    it (`ApptainerBox`: the tree and the grader's files bound in, locked before the tests run): the gold
-    patch 1.0 in strict mode with no flag, the test patch alone and a conftest hook that passes every test
-    0. apptainer cannot be installed here: ``apptainer`` on PATH is a stand-in that runs each exec as a
-    ``podman run`` of the same image with the same binds, user, env and network (tests/apptainer_standin.py):
-    this tests how Polar drives apptainer, not apptainer. The image's tree is copied out once for all grades,
-    and nothing is left behind."""
+@pytest.fixture
+def apptainer_log(tmp_path: Path, monkeypatch) -> Path:
+    """apptainer cannot be installed here: ``apptainer`` on PATH is a stand-in that runs each exec as a
+    ``podman run`` of the same image with the same binds, user, env and network
+    (tests/apptainer_standin.py), so what is tested is how Polar drives apptainer, not apptainer. Its
+    calls are logged to the returned file; the image's tree is copied out into this test's base cache."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "apptainer").write_text(APPTAINER_STANDIN.read_text())
@@ -159,6 +157,35 @@ async def test_apptainer_tasks_are_graded_strictly_in_their_image(imaged, tmp_pa
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_APPTAINER_LOG", str(log))
     monkeypatch.setenv("POLAR_BASE_CACHE", str(tmp_path / "bases"))
+    return log
+
+
+async def test_apptainer_episodes_run_as_the_agent_and_are_diffed_in_the_image(imaged, apptainer_log: Path,
+                                                                              tmp_path: Path):
+    """Run by root, an apptainer episode's commands run as uid 1000 (never root) on a tree that uid owns,
+    and its patch is made by git inside the image as that uid, the tree bound read-only (never host git
+    on the agent's tree)."""
+    task = imaged["pallets__flask-5014"]
+    ws = await open_workspace(task, SandboxSpec(scratch_root=tmp_path / "ws"), sandbox="apptainer")
+    try:
+        edit = await ws.sandbox.run(["sh", "-c", "id -u && echo '# mine' >> CHANGES.rst"], timeout_s=60)
+        assert edit.exit_code == 0 and edit.stdout_tail.split() == ["1000"], edit.stderr_tail
+        patch = await ws.sandbox.diff()
+        assert b"+# mine" in patch and patch.count(b"diff --git") == 1
+    finally:
+        await ws.close()
+    diff_call = apptainer_log.read_text().splitlines()[-1]
+    assert "--security uid:1000,gid:1000" in diff_call and ":/testbed:ro" in diff_call and "write-tree" in diff_call
+    assert not list((tmp_path / "ws").iterdir())
+
+
+async def test_apptainer_tasks_are_graded_strictly_in_their_image(imaged, apptainer_log: Path, tmp_path: Path,
+                                                                  monkeypatch):
+    """A task with no base archive, on apptainer, is graded in its image the strict way a container grades
+    it (`ApptainerBox`: the tree and the grader's files bound in, locked before the tests run): the gold
+    patch 1.0 in strict mode with no flag, the test patch alone and a conftest hook that passes every test
+    0. The image's tree is copied out once for all grades, and nothing is left behind."""
+    log = apptainer_log
     monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
     task = imaged["pallets__flask-5014"]
@@ -302,6 +329,29 @@ async def test_container_workspaces_start_from_a_warm_image_committed_once(image
     finally:
         for ws in spaces:
             await ws.close()
+
+
+async def test_a_container_workspaces_tree_has_a_disk_quota(imaged):
+    """On podman as root a warm container's /testbed is an overlay of the image's tree whose writes land
+    on a tmpfs of the spec's ``disk_bytes`` (`WorkdirQuota`): a 200 MB write stops at 32 MiB with ENOSPC
+    (the host's disk never sees it), the tree stays the agent's and its diff its own, and closing the
+    workspace unmounts the quota and gives the image's mount back."""
+    task = imaged["psf__requests-5414"]
+    ws = await open_workspace(task, SandboxSpec(disk_bytes=32 << 20), sandbox=ENGINE)
+    quota = ws.sandbox.workdir_quota
+    try:
+        assert quota is not None and os.path.ismount(quota.root)
+        fill = await ws.sandbox.run(["sh", "-c", "dd if=/dev/zero of=big bs=1M count=200"], timeout_s=60)
+        assert fill.exit_code != 0 and "No space left" in fill.stderr_tail, fill.stderr_tail
+        assert (quota.root / "upper" / "big").stat().st_size <= 32 << 20
+        edit = await ws.sandbox.run(["sh", "-c", "rm big && echo '# mine' >> requests/models.py && stat -c %u setup.py"],
+                                    timeout_s=30)
+        assert edit.exit_code == 0 and edit.stdout_tail.strip() == "1000", edit.stderr_tail
+        patch = await ws.sandbox.diff()
+        assert b"+# mine" in patch and b"big" not in patch
+    finally:
+        await ws.close()
+    assert not quota.root.exists()
 
 
 def container_spec_of(task):

@@ -133,8 +133,8 @@ shutil.copytree(open(image).read().strip(), dest, dirs_exist_ok=True)
 
 async def test_apptainer_workspaces_clone_the_images_tree_copied_out_once(tmp_path: Path, bundled, monkeypatch):
     """An apptainer task's workspaces clone one warm base per node and image (tasks/base_trees.py):
-    the image's tree is copied out of it once, not per episode, and each workspace's diff shows only
-    its own edit. ``apptainer`` itself is a stand-in on PATH (see FAKE_APPTAINER)."""
+    the image's tree is copied out of it once, not per episode, and each workspace's tree is its own.
+    ``apptainer`` itself is a stand-in on PATH (see FAKE_APPTAINER)."""
     from polar_env.episodes.workspace import open_workspace
 
     tree = tmp_path / "image-tree"
@@ -157,8 +157,8 @@ async def test_apptainer_workspaces_clone_the_images_tree_copied_out_once(tmp_pa
         assert len(log.read_text().splitlines()) == 1  # copied out of the image once, for both
         assert all(ws.ref.kind == "apptainer" and ws.ref.clone in ("reflink", "copy") for ws in spaces)
         spaces[0].sandbox.host_path("/testbed/app.py").write_text("x = 2\n")
-        first, second = [await ws.sandbox.diff() for ws in spaces]
-        assert b"+x = 2" in first and second == b""  # clones share nothing: one's edit is its own
+        # clones share nothing: one's edit is its own (their diffs: tests/test_containers_podman.py)
+        assert spaces[1].sandbox.host_path("/testbed/app.py").read_text() == "x = 1\n"
     finally:
         for ws in spaces:
             await ws.close()

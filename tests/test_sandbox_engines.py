@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 import csv
+import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from polar_env.sandbox.apptainer import ApptainerBox, ApptainerSandbox
-from polar_env.sandbox.base import SandboxSpec, exclude_pathspecs
+from polar_env.sandbox.base import SandboxSpec, exclude_pathspecs, run_process_tree
 from polar_env.sandbox.container import ContainerSandbox, git_diff_script, git_snapshot_script
 
 SPEC = SandboxSpec(proxy_socket_dir=Path("/run/polar/sock"), harness_dir=Path("/cache/harnesses/codex-1"),
@@ -139,15 +140,50 @@ def test_apptainer_exec_argv(tmp_path: Path):
     assert extract[-4:] == ["cp", "-a", "/testbed/.", "/polar-out/"]
 
 
-async def test_apptainer_host_side_task_tree_and_diff(tmp_path: Path):
+async def test_apptainer_host_side_task_tree_and_its_diff_in_the_image(tmp_path: Path, monkeypatch):
+    """The tree is a host copy, the agent's uid's where the host is root (commands run as that uid, never
+    root); the diff is git inside the image as that uid, the tree and the snapshot read-only, writing only
+    a scratch dir (tests/test_containers_podman.py runs it through a podman-backed stand-in)."""
     tree = tmp_path / "task"
     tree.mkdir()
     (tree / "m.py").write_text("a\n")
     sb = ApptainerSandbox.create(tree, spec=SandboxSpec(scratch_root=tmp_path / "s"), image="x.sif")
-    (sb.host_path("/testbed/m.py")).write_text("b\n")
-    assert b"+b" in await sb.diff()
-    await sb.destroy()
+    try:
+        assert sb.host_path("/testbed/m.py").read_text() == "a\n"
+        assert sb.testbed.stat().st_uid == (1000 if os.geteuid() == 0 else os.geteuid())
+        monkeypatch.setattr("os.geteuid", lambda: 0)
+        assert _pairs(sb.exec_argv(["id"], {}), "--security") == ["uid:1000,gid:1000"]
+        diff = sb.diff_argv(tmp_path / "scratch")
+        assert _pairs(diff, "--security") == ["uid:1000,gid:1000"] and _pairs(diff, "--network") == ["none"]
+        assert _pairs(diff, "--bind") == [f"{sb.testbed}:/testbed:ro", f"{sb.git_dir}:/polar/git:ro",
+                                          f"{tmp_path / 'scratch'}:/polar/scratch"]
+        envs = dict(e.split("=", 1) for e in _pairs(diff, "--env"))
+        assert envs["GIT_DIR"] == "/polar/git" and envs["GIT_OBJECT_DIRECTORY"] == "/polar/scratch/objects"
+        assert diff[-4:-1] == ["x.sif", "/bin/sh", "-c"] and "write-tree" in diff[-1]
+    finally:
+        await sb.destroy()
     assert not sb.root.exists()
+
+
+async def test_the_one_runner_merges_keeps_head_and_tail_and_passes_the_supervisors_pipe():
+    """`run_process_tree` as the graders use it: stderr in the one stream, its head and tail kept and the
+    middle counted (a marker says what was dropped), a pipe the supervisor holds written by the child."""
+    r, w = os.pipe()
+    try:
+        script = (f"echo first; echo err >&2; head -c 300000 /dev/zero | tr '\\0' x; echo; echo last; "
+                  f"printf 1 >&{w}")
+        ran = await run_process_tree(["bash", "-c", script], timeout_s=30, stdin=None, max_output_bytes=1000,
+                                     head_bytes=100, merge_output=True, pass_fds=(w,))
+    finally:
+        os.close(w)
+    with os.fdopen(r, "rb") as f:
+        assert f.read() == b"1"
+    assert ran.exit_code == 0 and ran.stderr_tail == "" and ran.stdout_tail.startswith("first\nerr\n")
+    assert ran.stdout_tail.endswith("x\nlast\n") and "[polar grader: output truncated" in ran.stdout_tail
+    stats = ran.output_stats
+    assert stats.bytes == ran.stdout_bytes > 300000 and stats.dropped_bytes == stats.bytes - 1100
+    late = await run_process_tree(["sleep", "30"], timeout_s=0.5, stdin=None, max_output_bytes=100)
+    assert late.timed_out and late.exit_code is None and late.duration_s < 10
 
 
 def _box(tmp_path: Path) -> ApptainerBox:

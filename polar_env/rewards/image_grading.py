@@ -61,6 +61,7 @@ from polar_env.sandbox.apptainer import ENGINE as APPTAINER
 from polar_env.sandbox.apptainer import ApptainerBox, apptainer_image
 from polar_env.sandbox.base import SandboxSpec
 from polar_env.sandbox.container import ContainerError, ContainerSandbox
+from polar_env.sandbox.warm_images import warm_image
 from polar_env.tasks.base_trees import apptainer_base
 from polar_env.tasks.models import Task
 from polar_env.tasks.runtime import task_image
@@ -112,12 +113,15 @@ def grading_plan(task: Task, image: str) -> tuple[str, str, object | None]:
 
 
 def image_box(engine: str, image: str) -> ImageBox:
-    """A fresh box of ``image`` to grade in: a container, or on apptainer a box over a copy of the image's
-    own tree (copied out once per node: `tasks.base_trees.apptainer_base`)."""
+    """A fresh box of ``image`` to grade in: a container of its warm image (the tree the sandbox uid's and
+    its base recorded once per node, as for episodes; on podman as root the tree on a disk quota), or on
+    apptainer a box over a copy of the image's own tree (copied out once per node:
+    `tasks.base_trees.apptainer_base`)."""
     if engine == APPTAINER:
         base = apptainer_base(image, GRADING_SPEC)
         return ApptainerBox.create(image, spec=GRADING_SPEC, base_tree=base.tree, base_git=base.git_dir)
-    return ContainerSandbox.create(None, spec=GRADING_SPEC, image=image, engine=engine)
+    return ContainerSandbox.create(None, spec=GRADING_SPEC, image=warm_image(engine, image, GRADING_SPEC),
+                                   engine=engine, warm=True)
 
 
 def grade_in_image(task: Task, model_patch: str | None, *, engine: str, image: str,

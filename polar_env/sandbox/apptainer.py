@@ -5,7 +5,10 @@ with ``--containall`` (own PID/IPC namespaces, clean env) and ``--net --network 
 tree lives on the host (extracted from the image's /testbed at create, or copied from
 ``task_tree``) and is bound at /testbed, so copy and diff are host-side, as in bubblewrap.
 `ApptainerBox` is the grader's box of the same image (rewards/image_grading.py), the role a fresh
-container plays on podman and docker.
+container plays on podman and docker. Run by host root, every command of the agent (and the grader's
+tests) runs as the spec's unprivileged uid (``--security uid:N,gid:N``), never as root, and the tree
+and HOME are that uid's; the episode's diff is made by git inside the image, as that uid, with the
+tree and the snapshot bound read-only, never by host git on the tree the agent wrote.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pathlib import Path
 
 from polar_env.sandbox import gitdiff
 from polar_env.sandbox.base import (
+    BUILD_EXCLUDES,
     DEFAULT_ENV,
     Deadline,
     RunResult,
@@ -31,7 +35,14 @@ from polar_env.sandbox.base import (
     copy_path,
     run_process_tree,
 )
-from polar_env.sandbox.bubblewrap import FORWARDER_INSIDE, FORWARDER_SRC
+from polar_env.sandbox.bubblewrap import (
+    DIFF_GIT,
+    DIFF_SCRATCH,
+    DIFF_TIMEOUT_S,
+    DIFF_TREE,
+    FORWARDER_INSIDE,
+    FORWARDER_SRC,
+)
 from polar_env.sandbox.cgroups import CgroupLimits
 from polar_env.sandbox.container import GIT_DIR_INSIDE, ROOT_PATH, ContainerError, is_root
 from polar_env.sandbox.host_tree import HostTreeSandbox, chown_tree, copy_tree
@@ -44,6 +55,19 @@ def apptainer_image(image: str) -> str:
     if image.startswith("docker://") or image.endswith(".sif"):
         return image
     return f"docker://{image}"
+
+
+def user_flags(spec: SandboxSpec, user: str | None = None) -> list[str]:
+    """Run by host root, a command runs as the spec's uid (``user`` root: a grader's root step); run
+    unprivileged, apptainer runs it as the caller, who is no root."""
+    if os.geteuid() != 0 or is_root(user):
+        return []
+    return ["--security", f"uid:{spec.uid},gid:{spec.uid}"]
+
+
+def _owner(spec: SandboxSpec) -> tuple[int, int] | None:
+    """Who owns what the agent writes: the spec's uid where the host is root."""
+    return (spec.uid, spec.uid) if os.geteuid() == 0 else None
 
 
 def env_flag(key: str, value: str) -> str:
@@ -70,7 +94,8 @@ class ApptainerSandbox(HostTreeSandbox):
     def exec_argv(self, cmd: Sequence[str], env: dict[str, str]) -> list[str]:
         s = self.spec
         argv = [self.engine, "exec", "--containall", "--cleanenv", "--writable-tmpfs", "--no-mount", "cwd",
-                "--hostname", s.hostname, "--home", f"{self.root / 'home'}:{s.home}", "--pwd", s.workdir]
+                "--hostname", s.hostname, "--home", f"{self.root / 'home'}:{s.home}", "--pwd", s.workdir,
+                *user_flags(s)]
         if self.isolate_network:
             argv += ["--net", "--network", "none"]
         binds = [f"{self.testbed}:{s.workdir}", f"{FORWARDER_SRC}:{FORWARDER_INSIDE}:ro"]
@@ -82,8 +107,23 @@ class ApptainerSandbox(HostTreeSandbox):
         for bind in binds:
             argv += ["--bind", bind]
         for key, value in {**s.base_env(), **env}.items():
-            argv += ["--env", f"{key}={value}"]
+            argv += ["--env", env_flag(key, value)]
         return argv + [self.image, *cmd]
+
+    def diff_argv(self, scratch: Path, exclude: Sequence[str] = BUILD_EXCLUDES) -> list[str]:
+        """git in the image, as the agent's uid, on the tree and the snapshot bound read-only (and the base's
+        objects a borrowed snapshot reads, where they are on the host), writing only ``scratch``."""
+        argv = [self.engine, "exec", "--containall", "--cleanenv", "--no-mount", "cwd", "--pwd", DIFF_TREE,
+                *user_flags(self.spec)]
+        if self.isolate_network:
+            argv += ["--net", "--network", "none"]
+        binds = [f"{self.testbed}:{DIFF_TREE}:ro", f"{self.git_dir}:{DIFF_GIT}:ro", f"{scratch}:{DIFF_SCRATCH}",
+                 *(f"{path}:{path}:ro" for path in gitdiff.alternates_of(self.git_dir))]
+        for bind in binds:
+            argv += ["--bind", bind]
+        for key, value in gitdiff.sandboxed_diff_env(DIFF_TREE, DIFF_GIT, DIFF_SCRATCH).items():
+            argv += ["--env", env_flag(key, value)]
+        return argv + [self.image, "/bin/sh", "-c", gitdiff.diff_script(gitdiff.base_of(self.git_dir), exclude)]
 
     def extract_argv(self, dest: Path) -> list[str]:
         """Copy the image's own /testbed out to the host (the SWE-bench base checkout)."""
@@ -103,12 +143,16 @@ class ApptainerSandbox(HostTreeSandbox):
         root = Path(tempfile.mkdtemp(prefix="polar-apptainer-", dir=spec.scratch_root))
         sb = cls(spec, image, root, extra_ro_mounts, isolate_network)
         (root / "home").mkdir()
+        if (owner := _owner(spec)) is not None:
+            os.chown(root / "home", *owner)
         if task_tree is not None:
-            sb.clone = copy_tree(task_tree, sb.testbed)
+            sb.clone = copy_tree(task_tree, sb.testbed, owner=owner)
         else:
             sb.testbed.mkdir()
             try:
                 extract_image_tree(image, spec, sb.testbed)
+                if owner is not None:
+                    chown_tree(sb.testbed, *owner)
             except RuntimeError:
                 shutil.rmtree(root, ignore_errors=True)
                 raise
@@ -125,7 +169,26 @@ class ApptainerSandbox(HostTreeSandbox):
                                       max_output_bytes=max_output_bytes)
 
     async def copy_in(self, src: Path, dst: str) -> None:
-        copy_path(src, self.host_path(dst))
+        target = self.host_path(dst)
+        copy_path(src, target)
+        if (owner := _owner(self.spec)) is not None:
+            chown_tree(target, *owner)
+
+    async def diff(self, exclude: Sequence[str] = BUILD_EXCLUDES) -> bytes:
+        """The episode's patch, made by git inside the image (`diff_argv`), never by host git on the tree
+        the agent wrote."""
+        scratch = Path(tempfile.mkdtemp(prefix="diff-", dir=self.root))
+        try:
+            if (owner := _owner(self.spec)) is not None:
+                os.chown(scratch, *owner)
+            proc = await asyncio.to_thread(subprocess.run, self.diff_argv(scratch, exclude), capture_output=True,
+                                           timeout=DIFF_TIMEOUT_S)
+        finally:
+            await asyncio.to_thread(shutil.rmtree, scratch, True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"git diff in the image failed ({proc.returncode}): "
+                               f"{proc.stderr.decode(errors='replace')[-2000:]}")
+        return proc.stdout
 
 
 
@@ -169,7 +232,7 @@ class ApptainerBox:
             spec.scratch_root.mkdir(parents=True, exist_ok=True)
         root = Path(tempfile.mkdtemp(prefix="polar-apptainer-grade-", dir=spec.scratch_root))
         try:
-            copy_tree(base_tree, root / "testbed", owner=(spec.uid, spec.uid) if os.geteuid() == 0 else None)
+            copy_tree(base_tree, root / "testbed", owner=_owner(spec))
         except BaseException:
             shutil.rmtree(root, ignore_errors=True)
             raise
@@ -182,8 +245,7 @@ class ApptainerBox:
         s = self.spec
         argv = [self.engine, "exec", "--containall", "--cleanenv", "--writable-tmpfs", "--no-mount", "cwd",
                 "--net", "--network", "none", "--hostname", s.hostname, "--pwd", s.workdir]
-        if os.geteuid() == 0 and not is_root(user):
-            argv += ["--security", f"uid:{s.uid},gid:{s.uid}"]
+        argv += user_flags(s, user)
         for inside, host in sorted(self.binds.items()):
             argv += ["--bind", f"{host}:{inside}" + (":ro" if inside in self.read_only else "")]
         full_env = {**DEFAULT_ENV, **env}
@@ -217,16 +279,16 @@ class ApptainerBox:
         """``inside`` an empty directory that outlives each exec (a host dir bound there from now on)."""
         host = self.root / f"bind-{uuid.uuid4().hex[:12]}"
         host.mkdir()
-        if os.geteuid() == 0:
-            os.chown(host, self.spec.uid, self.spec.uid)
+        if (owner := _owner(self.spec)) is not None:
+            os.chown(host, *owner)
         self.binds[inside] = host
 
     async def copy_in(self, src: Path, dst: str) -> None:
         """As a container's ``copy_in``: the copy is the spec uid's."""
         target = self._bind_of(dst)[1]
         await asyncio.to_thread(copy_path, src, target)
-        if os.geteuid() == 0:
-            await asyncio.to_thread(chown_tree, target, self.spec.uid, self.spec.uid)
+        if (owner := _owner(self.spec)) is not None:
+            await asyncio.to_thread(chown_tree, target, *owner)
 
     async def lock(self, paths: Sequence[str]) -> None:
         """The tested code cannot write ``paths`` from now on: handed to root (host root), else bound read-only."""

@@ -23,7 +23,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from polar_env.sandbox import gitdiff, safe_git
+from polar_env.sandbox import gitdiff
 from polar_env.sandbox.base import (
     BUILD_EXCLUDES,
     Deadline,
@@ -175,9 +175,7 @@ class BubblewrapSandbox(HostTreeSandbox):
         mounts = [Mount(DIFF_TREE, self.testbed), Mount(DIFF_GIT, self.git_dir),
                   *(Mount(str(path), path) for path in alternates),
                   Mount(DIFF_SCRATCH, kind="tmpfs", perms="0777", size=self.spec.disk_bytes)]
-        env = safe_git.git_env(Path(DIFF_GIT), Path(DIFF_TREE), index=Path(f"{DIFF_SCRATCH}/now.index"), extra={
-            "HOME": DIFF_SCRATCH, "GIT_OBJECT_DIRECTORY": f"{DIFF_SCRATCH}/objects",
-            "GIT_ALTERNATE_OBJECT_DIRECTORIES": f"{DIFF_GIT}/objects"})
+        env = gitdiff.sandboxed_diff_env(DIFF_TREE, DIFF_GIT, DIFF_SCRATCH)
         argv = BwrapCommand(mounts, workdir=DIFF_TREE, env=env, uid=self.uid, gid=self.gid).argv(
             ["/bin/sh", "-c", gitdiff.diff_script(base, exclude)])
         proc = await asyncio.to_thread(subprocess.run, argv, capture_output=True, timeout=DIFF_TIMEOUT_S,

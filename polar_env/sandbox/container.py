@@ -7,7 +7,8 @@ run by ``exec`` as the unprivileged sandbox uid; only the setup steps (chown, gi
 exec as root, which is why the container keeps CHOWN/DAC_OVERRIDE/FOWNER and drops every other
 capability: a non-root uid has no effective capabilities, and ``no-new-privileges`` stops setuid
 binaries from getting any. The agent's uid is never 0 (a spec asking for it is refused); HOME
-and ``/tmp`` are tmpfs mounts of ``spec.disk_bytes`` each. The image's own PATH is kept (its
+and ``/tmp`` are tmpfs mounts of ``spec.disk_bytes`` each, and so, on podman as host root, is the
+workdir of a warm container (`WorkdirQuota`). The image's own PATH is kept (its
 toolchain lives there); the harness's bin dir goes in front. Root execs run with ``PATH=/usr/bin:/bin``
 instead (their sh, chown, head, kill are the system's, never found first in an image PATH directory the
 agent may write); an exec given its own ``path`` (a task's verifier: the image's PATH less what the agent
@@ -24,9 +25,12 @@ import asyncio
 import json
 import os
 import shlex
+import shutil
 import subprocess
+import tempfile
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from polar_env.sandbox import safe_git
@@ -42,6 +46,8 @@ from polar_env.sandbox.base import (
     run_process_tree,
 )
 from polar_env.sandbox.bubblewrap import FORWARDER_INSIDE, FORWARDER_SRC
+from polar_env.sandbox.bubblewrap import _mount_quota as mount_quota
+from polar_env.sandbox.bwrap_argv import SandboxUnavailable
 from polar_env.sandbox.rootfs import host_node
 
 ENGINES = ("docker", "podman")
@@ -134,9 +140,56 @@ def image_path(engine: str, image: str) -> str:
     return image_env(engine, image).get("PATH", FALLBACK_PATH)
 
 
+@dataclass
+class WorkdirQuota:
+    """A container's workdir on a disk quota. The engine cannot size a container's own overlay on most
+    filesystems (``--storage-opt size=`` needs XFS project quotas), so an agent could fill the host's
+    disk through its tree. On podman as host root the image is mounted on the host (``podman image
+    mount``: read-only, counted, shared by its containers) and the workdir is an overlay volume of the
+    image's own tree whose upper and work dirs sit on a tmpfs of ``spec.disk_bytes``: whatever the
+    container writes there lands on that tmpfs, and a write past it fails with ENOSPC. Only for a warm
+    image (sandbox/warm_images.py), whose tree is already the sandbox uid's: a ``chown -R`` would copy
+    every file up."""
+
+    engine: str
+    image: str
+    lower: Path  # the image's workdir, on the host
+    root: Path  # the quota's tmpfs: upper/ and work/
+
+    def volume(self, workdir: str) -> str:
+        return f"{self.lower}:{workdir}:O,upperdir={self.root / 'upper'},workdir={self.root / 'work'}"
+
+    @classmethod
+    def make(cls, engine: str, image: str, spec: SandboxSpec) -> WorkdirQuota | None:
+        """The quota for a container of ``image``, or None where it cannot be had (docker, not root, no
+        quota asked, an image without the workdir)."""
+        if engine != "podman" or os.geteuid() != 0 or spec.disk_bytes is None:
+            return None
+        lower = Path(engine_run([engine, "image", "mount", image]).decode().strip()) / spec.workdir.lstrip("/")
+        quota = cls(engine, image, lower, Path(tempfile.mkdtemp(prefix="polar-workdir-", dir=spec.scratch_root)))
+        try:
+            if not lower.is_dir():
+                raise ContainerError(f"{image} has no {spec.workdir}")
+            mount_quota(quota.root, spec.disk_bytes)
+            (quota.root / "upper").mkdir()
+            (quota.root / "work").mkdir()
+        except (ContainerError, SandboxUnavailable, OSError):
+            quota.release()
+            return None
+        return quota
+
+    def release(self) -> None:
+        """After the container is gone: the tmpfs unmounted and removed, one mount of the image given back."""
+        if os.path.ismount(self.root):
+            subprocess.run(["umount", "-l", str(self.root)], capture_output=True)
+        shutil.rmtree(self.root, ignore_errors=True)
+        subprocess.run([self.engine, "image", "unmount", self.image], capture_output=True, timeout=120)
+
+
 class ContainerSandbox(Sandbox):
     def __init__(self, spec: SandboxSpec, image: str, name: str, *, engine: str = "docker",
-                 path: str = FALLBACK_PATH, extra_ro_mounts: Sequence[tuple[str, str]] = ()):
+                 path: str = FALLBACK_PATH, extra_ro_mounts: Sequence[tuple[str, str]] = (),
+                 workdir_quota: WorkdirQuota | None = None):
         if engine not in ENGINES:
             raise ValueError(f"unknown container engine {engine!r}; known: {', '.join(ENGINES)}")
         if spec.uid == 0:
@@ -148,6 +201,7 @@ class ContainerSandbox(Sandbox):
         self.path = path  # the image's PATH
         self.extra_ro_mounts = list(extra_ro_mounts)  # e.g. a Node.js install the harness needs
         self.keepalive_pid: int | None = None  # the container's `sleep infinity`, recorded at its start
+        self.workdir_quota = workdir_quota
         self._destroyed = False
 
     # --- argv builders (pure) ---
@@ -182,6 +236,8 @@ class ContainerSandbox(Sandbox):
         # no uid= option (podman refuses it): HOME is chowned by the root setup exec instead
         size = f",size={s.disk_bytes}" if s.disk_bytes is not None else ""
         argv += ["--tmpfs", f"{s.home}:rw,exec,mode=0755{size}", "--tmpfs", f"/tmp:rw,exec,mode=1777{size}"]
+        if self.workdir_quota is not None:
+            argv += ["-v", self.workdir_quota.volume(s.workdir)]
         for key, value in s.env.items():
             argv += ["-e", f"{key}={value}"]
         return argv + [self.image, "sleep", "infinity"]
@@ -253,12 +309,12 @@ class ContainerSandbox(Sandbox):
         if not image:
             raise ValueError("a container sandbox needs an image (the task's `image`)")
         path = image_path(engine, image)
+        warm = warm and task_tree is None
         sb = cls(spec, image, f"polar-{uuid.uuid4().hex[:12]}", engine=engine, path=path,
-                 extra_ro_mounts=extra_ro_mounts)
+                 extra_ro_mounts=extra_ro_mounts, workdir_quota=WorkdirQuota.make(engine, image, spec) if warm else None)
         try:
             engine_run(sb.create_argv())
             engine_run(sb.start_argv())
-            warm = warm and task_tree is None
             first = f"{sb.setup_script(warm=True)} && {KEEPALIVE_SCRIPT}" if warm else KEEPALIVE_SCRIPT  # one exec
             sb.keepalive_pid = keepalive_pid(engine_run(sb.exec_argv(["sh", "-c", first], {}, user="0")))
             if task_tree is not None:
@@ -314,6 +370,9 @@ class ContainerSandbox(Sandbox):
             subprocess.run(self.rm_argv(), capture_output=True, timeout=120)
         except (OSError, subprocess.TimeoutExpired):
             pass
+        if self.workdir_quota is not None:
+            self.workdir_quota.release()
+            self.workdir_quota = None
 
     async def destroy(self) -> None:
         if not self._destroyed:

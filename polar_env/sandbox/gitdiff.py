@@ -77,6 +77,14 @@ def diff_script(base: str, exclude: Sequence[str] = BUILD_EXCLUDES) -> str:
             f'exec {git} diff --binary --no-color --no-ext-diff --no-textconv {shlex.quote(base)} "$now" -- {specs}')
 
 
+def sandboxed_diff_env(tree: str, git_dir: str, scratch: str) -> dict[str, str]:
+    """`diff_script`'s environment in a sandbox that sees the tree at ``tree`` and the snapshot at
+    ``git_dir`` (both read-only) and may write only ``scratch``: the index and new objects go there."""
+    return safe_git.git_env(Path(git_dir), Path(tree), index=Path(f"{scratch}/now.index"), extra={
+        "HOME": scratch, "GIT_OBJECT_DIRECTORY": f"{scratch}/objects",
+        "GIT_ALTERNATE_OBJECT_DIRECTORIES": f"{git_dir}/objects"})
+
+
 def diff(tree: Path, git_dir: Path, exclude: Sequence[str] = BUILD_EXCLUDES) -> bytes:
     """Binary-safe patch from the snapshot to the tree's current state, noise excluded."""
     base = base_of(git_dir)

@@ -13,11 +13,9 @@ import fcntl
 import os
 import shutil
 import stat
-from collections.abc import Sequence
 from pathlib import Path
 
-from polar_env.sandbox import gitdiff
-from polar_env.sandbox.base import BUILD_EXCLUDES, Sandbox, copy_path
+from polar_env.sandbox.base import Sandbox, copy_path
 
 TREE_MTIME = 946684800  # 2000-01-01T00:00:00Z, the date of a task's one base commit (tasks/tree.py)
 FICLONE = 0x40049409  # linux/fs.h: share the source's extents, copy-on-write (btrfs, XFS, bcachefs)
@@ -143,9 +141,6 @@ class HostTreeSandbox(Sandbox):
 
     async def copy_out(self, src: str, dst: Path) -> None:
         copy_path(self.host_path(src), dst)
-
-    async def diff(self, exclude: Sequence[str] = BUILD_EXCLUDES) -> bytes:
-        return await asyncio.to_thread(gitdiff.diff, self.testbed, self.git_dir, exclude)
 
     def release(self) -> None:
         """Stop whatever still runs before the tree is removed (nothing to stop by default)."""
