@@ -17,7 +17,6 @@ import asyncio
 import csv
 import io
 import os
-import shlex
 import shutil
 import subprocess
 import tempfile
@@ -44,7 +43,7 @@ from polar_env.sandbox.bubblewrap import (
     FORWARDER_SRC,
 )
 from polar_env.sandbox.cgroups import CgroupLimits
-from polar_env.sandbox.container import GIT_DIR_INSIDE, ROOT_PATH, ContainerError, is_root
+from polar_env.sandbox.container import GIT_DIR_INSIDE, ROOT_PATH, ContainerError, is_root, lock_as_root
 from polar_env.sandbox.host_tree import HostTreeSandbox, chown_tree, copy_tree
 
 ENGINE = "apptainer"
@@ -295,10 +294,7 @@ class ApptainerBox:
         if os.geteuid() != 0:
             self.read_only.update(self._bind_of(p)[0] for p in paths)
             return
-        quoted = " ".join(shlex.quote(p) for p in paths)
-        ran = await self.run(["sh", "-c", f"chown -hR 0:0 {quoted} && chmod -R go-w {quoted}"], user="0")
-        if ran.exit_code != 0:
-            raise ContainerError(f"locking {quoted} failed: {ran.stderr_tail[-500:]}")
+        await lock_as_root(self, paths)
 
     async def destroy(self) -> None:
         if not self._destroyed:
