@@ -117,14 +117,19 @@ def test_corpus_through_polar_eval(tmp_path: Path):
 
 # flask's image (the grading of container tasks): a control and one attack per layer of strict
 IMAGE_SUBSET = ["gold-pallets__flask-5014", "conftest-append", "code-swapped-in-place", "stream-rewritten-at-exit",
-                "p2p-turned-skipped", "sc-cwd-hidden", "sc-pytest-in-sys-modules"]
+                "p2p-turned-skipped", "sc-cwd-hidden", "sc-pytest-in-sys-modules", "symlink-escape-after-reset",
+                "symlink-relative-escape", "symlink-absolute"]
+# refused by the image's `git apply` before any mode runs (a path under .git, a write beyond a link)
+IMAGE_REFUSED_AT_APPLY = ["git-config-fsmonitor", "git-hook-post-checkout", "git-via-symlink"]
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("podman") is None, reason="image grading needs podman (scripts/setup_podman.sh)")
 def test_container_classes_in_podman_image_grading():
     """Image grading (`grade_task` with kind podman) gives the corpus's strict rewards too: the conftest
-    hook, a forged result, a P2P test turned SKIPPED and a special-cased fix all get 0, the gold 1.0."""
+    hook, a forged result, a P2P test turned SKIPPED, a special-cased fix and links that leave the tree
+    once the reset is done (the image's final link check) all get 0, the gold 1.0; a patch writing
+    under ``.git`` or through a link is refused by ``git apply`` itself (``apply_failed``)."""
     from polar_env.rewards.image_grading import grade_task
     from polar_env.tasks.images import ensure_task_image
 
@@ -141,8 +146,12 @@ def test_container_classes_in_podman_image_grading():
             assert r.modes["swebench"].reward == 1.0 and not r.flags, (r.flags, r.disagreement)
         else:
             assert r.flags, eid
+    for eid in IMAGE_REFUSED_AT_APPLY:
+        r = grade_task(task, patch_of(entries[eid]), kind="podman")
+        if r.reward != 0.0 or r.failure_kind != "apply_failed":
+            wrong.append((eid, r.reward, r.failure_kind, r.error[:300]))
     assert wrong == [], wrong
-    print(f"\nimage grading: {len(IMAGE_SUBSET)} patches in {time.monotonic() - t0:.0f}s")
+    print(f"\nimage grading: {len(IMAGE_SUBSET) + len(IMAGE_REFUSED_AT_APPLY)} patches in {time.monotonic() - t0:.0f}s")
 
 
 # two attacks (the controls run through the same grader in the corpus test and in test_demo's gold run)
