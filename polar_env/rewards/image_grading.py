@@ -58,7 +58,7 @@ from polar_env.rewards.patch import ApplyMethod
 from polar_env.rewards.sandbox_exec import grading_timeout_s
 from polar_env.rewards.strict_run import StrictUnsupported, perturbed_disagreement, pytest_args
 from polar_env.sandbox.apptainer import ENGINE as APPTAINER
-from polar_env.sandbox.apptainer import ApptainerBox, apptainer_image
+from polar_env.sandbox.apptainer import ApptainerBox, apptainer_image, is_apptainer_image
 from polar_env.sandbox.base import SandboxSpec
 from polar_env.sandbox.container import ContainerError, ContainerSandbox
 from polar_env.sandbox.warm_images import warm_image
@@ -108,7 +108,7 @@ def grading_plan(task: Task, image: str) -> tuple[str, str, object | None]:
     """(image, eval script, swebench TestSpec or None) for grading ``task``."""
     if uses_swebench_spec(task):
         spec = sb.make_test_spec(swebench_row(task, image))
-        return image if image.startswith("docker://") or image.endswith(".sif") else spec.image, spec.eval_script, spec
+        return image if is_apptainer_image(image) else spec.image, spec.eval_script, spec
     return image, custom_eval_script(task), None
 
 

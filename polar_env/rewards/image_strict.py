@@ -1,13 +1,13 @@
 """`strict` grading inside the task's own image: the bubblewrap grader's layers, run in a box of it.
 
-A fresh box of the image (a container on podman and docker, an `ApptainerBox` on apptainer), then, as the unprivileged sandbox uid, with git reading no user or
-system configuration and running no hooks or fsmonitor: `git apply` the agent's patch, list every
+A fresh box of the image (a container on podman and docker, an `ApptainerBox` on apptainer), then,
+as the unprivileged sandbox uid, with git reading no user or system configuration and running no
+hooks or fsmonitor: `git apply` the agent's patch, list every
 changed path against the tree recorded at creation, restore each that is not project source
 (`path_policy`, the same rule as bubblewrap grading) and the test files, apply the test patch.
 The box then locks the tree and the grader's files (`lock`: handed to root, or bound read-only
 where apptainer runs unprivileged), so the tests cannot write either, as the read-only bind does in
-bubblewrap. The tests run through the grader's runner script (no current
-directory on ``sys.path``, plugin autoload off, the image's installed ``pytest11`` plugins named,
+bubblewrap. The tests run through the grader's runner script (no current directory on ``sys.path``, plugin autoload off, the image's installed ``pytest11`` plugins named,
 the grader's ini from the reset tree's configuration), with `report_plugin` reading its
 configuration from stdin and writing its result stream to a descriptor that is the exec's stdout,
 while pytest's own output goes to stderr. The stream is judged exactly as in bubblewrap

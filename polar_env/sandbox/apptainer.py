@@ -49,11 +49,14 @@ from polar_env.sandbox.host_tree import HostTreeSandbox, chown_tree, copy_tree
 ENGINE = "apptainer"
 
 
+def is_apptainer_image(image: str) -> bool:
+    """Whether ``image`` is already a reference apptainer takes (a local .sif or a docker:// URI)."""
+    return image.startswith("docker://") or image.endswith(".sif")
+
+
 def apptainer_image(image: str) -> str:
     """A task's ``image`` as apptainer takes it: a local .sif path, or a registry name as docker://."""
-    if image.startswith("docker://") or image.endswith(".sif"):
-        return image
-    return f"docker://{image}"
+    return image if is_apptainer_image(image) else f"docker://{image}"
 
 
 def user_flags(spec: SandboxSpec, user: str | None = None) -> list[str]:
