@@ -8,6 +8,7 @@ import json
 from polar_env.harness_adapters import HarnessContext, get_adapter
 from polar_env.harness_adapters.aider import udiff_reply
 from polar_env.harness_adapters.policies import DONE, final_answer, patch_edit, shell_call
+from polar_env.harness_adapters.sources import RPATH
 
 CTX = HarnessContext(session_id="sess-1", session_key="sk-polar-secret", model_name="policy", port=18080)
 
@@ -245,7 +246,7 @@ def test_openhands_runs_headless_on_its_portable_python_pointed_at_the_proxy(tmp
                                          "--json", "--override-with-envs", "-t", "fix it"]
     # a copy of the host interpreter, its library path made relative, so it runs from /opt/harness
     cmds = oh.source.install_commands(tmp_path)
-    assert ["patchelf", "--set-rpath", "$ORIGIN/../lib", str(tmp_path / "bin" / "python3.12")] in cmds
+    assert ["patchelf", "--set-rpath", RPATH, str(tmp_path / "bin" / "python3.12")] in cmds
     assert cmds[-1][-1] == "openhands==1.16.0" and cmds[-1][0] == str(tmp_path / "bin" / "python3.12")
 
 

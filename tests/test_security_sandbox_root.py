@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from polar_env.harness_adapters.runner import SANDBOX_PYTHON
 from polar_env.sandbox.base import SandboxSpec
-from polar_env.sandbox.bubblewrap import BubblewrapSandbox
+from polar_env.sandbox.bubblewrap import FORWARDER_INSIDE, BubblewrapSandbox
 from polar_env.sandbox.bwrap_argv import BwrapCommand, SandboxUnavailable
 from polar_env.sandbox.rootfs import rootfs_dir, sandbox_root
 from polar_env.sandbox.seccomp import program
@@ -94,8 +95,24 @@ def _check_trace(out: dict) -> None:
         if name != "self":
             assert out[f"{name}_ptrace"] == "Operation not permitted", out
         assert out[f"{name}_pidfd_getfd"] == "Operation not permitted", out
-    # /proc/<pid>/mem of a same-uid process stays open (the forwarder reads the harness's /proc/<pid>/fd
-    # to prove a call's origin, which a not-dumpable harness would refuse): recorded, not asserted closed
+    # /proc/<pid>/mem of the agent's own processes (these two, started by its shell) stays open to it:
+    # they are its own; the harness's is not (test_the_forwarder_seals_the_harness_from_its_tools)
+
+
+# a stand-in harness started by the forwarder: a tool command through bash (as every harness runs
+# the agent's commands) and a program it runs directly, each opening the harness's /proc entries
+SEALED_HARNESS = r"""
+import ctypes, json, os, subprocess
+me = os.getpid()
+tool = ("for f in mem environ; do (exec 3</proc/%d/$f) 2>/dev/null && echo $f=opened || echo $f=denied; done; "
+        "ls /proc/%d/fd >/dev/null 2>&1 && echo fd=listed || echo fd=denied; id -gn | sed s/^/group=/; "
+        "grep -E '^Cap(Prm|Eff|Amb)' /proc/self/status | tr -d ':\t' | sed 's/0*$/=0/'") % (me, me)
+direct = "import sys\ntry:\n open('/proc/%d/environ','rb')\n print('opened')\nexcept OSError as e:\n print(e.strerror)" % me
+print("SEALED " + json.dumps({
+    "dumpable": ctypes.CDLL(None).prctl(3, 0, 0, 0, 0),
+    "bash_tool": dict(ln.split("=", 1) for ln in subprocess.run(["bash", "-c", tool], capture_output=True, text=True).stdout.split()),
+    "direct_child": subprocess.run(["python3", "-c", direct], capture_output=True, text=True).stdout.strip()}))
+"""
 
 
 def _mount_roots(mountinfo: str) -> dict[str, str]:
@@ -151,6 +168,20 @@ async def test_nothing_traces_the_harness_interpreters(sandbox):
     _check_trace(json.loads(line[6:]))
 
 
+async def test_the_forwarder_seals_the_harness_from_its_tools(sandbox):
+    """As host root: the harness is not dumpable, so neither a shell command it runs nor a program
+    it starts directly opens its memory, environment or descriptors; the tools hold no capability."""
+    res = await sandbox.run([SANDBOX_PYTHON, FORWARDER_INSIDE, "--socket", "/run/proxy/none", "--port", "18080",
+                             "--", "python3", "-c", SEALED_HARNESS], timeout_s=60)
+    out = json.loads(next(ln[7:] for ln in res.stdout_tail.splitlines() if ln.startswith("SEALED ")))
+    if os.geteuid() != 0:  # unprivileged bwrap grants the forwarder nothing: the harness stays dumpable
+        assert out["dumpable"] == 1, out
+        return
+    assert out == {"dumpable": 0, "direct_child": "Permission denied",
+                   "bash_tool": {"mem": "denied", "environ": "denied", "fd": "denied", "group": "harness",
+                                 "CapPrm": "0", "CapEff": "0", "CapAmb": "0"}}, out
+
+
 async def test_disk_filler_ends_at_the_quota_and_the_diff_still_works(sandbox):
     res = await sandbox.run(["bash", "-c", "echo fixed >> /testbed/README.md && "
                              "for d in /tmp /home/agent /testbed; do dd if=/dev/zero of=$d/fill bs=1M count=800; done; "
@@ -202,8 +233,8 @@ async def test_probe_from_a_real_pi_episode(embedded_dir: Path, renderer, tmp_pa
     probe = (f"echo {base64.b64encode(needles.encode()).decode()} | base64 -d > /tmp/polar-needles; "
              f"{{ {SEARCH}; }} > /testbed/search.txt; cat /proc/self/mountinfo > /testbed/mountinfo.txt; "
              f"id -u > /testbed/uid.txt; {{ {TRACE} }} > /testbed/trace.txt 2>&1; "
-             "for p in $(pgrep -f '[/]opt/harness') $(pgrep -f '[f]orwarder.py'); do "
-             "cat /proc/$p/mem >/dev/null 2>&1 && echo OPEN $p || echo DENIED $p; done > /testbed/harness.txt")
+             "for p in $(pgrep -f '[/]opt/harness') $(pgrep -f '[f]orwarder.py'); do for f in mem environ; do "
+             "(exec 3</proc/$p/$f) 2>/dev/null && echo OPEN $p $f || echo DENIED $p $f; done; done > /testbed/harness.txt")
 
     def policy(session_id: str | None, call_number: int, prompt_text: str) -> str:
         return DONE if "<tool_response>" in prompt_text else shell_call(prompt_text, probe)
@@ -220,7 +251,10 @@ async def test_probe_from_a_real_pi_episode(embedded_dir: Path, renderer, tmp_pa
     # (the proxy's socket dir, bound read-only, is the one per-run host path left: tmp_path/sock here)
     assert "psf__requests-6028" not in text["mountinfo.txt"] and str(tmp_path / "scratch") not in text["mountinfo.txt"]
     _check_trace(json.loads(next(ln[6:] for ln in text["trace.txt"].splitlines() if ln.startswith("TRACE "))))
-    assert text["harness.txt"].strip(), "the probe found Pi's node and the forwarder"
+    tried = text["harness.txt"].splitlines()
+    assert len(tried) >= 4, "the probe found Pi's node and the forwarder"
+    if os.geteuid() == 0:  # sealed (unprivileged bwrap grants the forwarder nothing to seal it with)
+        assert all(line.startswith("DENIED") for line in tried), text["harness.txt"]
 
 
 @pytest.mark.slow

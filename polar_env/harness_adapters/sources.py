@@ -22,6 +22,7 @@ from typing import Protocol
 
 HARNESS_MOUNT = "/opt/harness"
 INSTALLED_MARKER = ".polar-installed"
+RPATH = f"$ORIGIN/../lib:{HARNESS_MOUNT}/lib"  # a portable interpreter's, wherever it is mounted or sealed
 LOCKS_DIR = Path(__file__).parent / "locks"
 
 
@@ -150,7 +151,8 @@ class PortablePython(_LockedPyPI):
     The interpreter, its ``libpython`` and its standard library (no tests, no site-packages) are
     copied, and the interpreter's library path becomes ``$ORIGIN/../lib`` (patchelf), so the install
     runs from wherever it is mounted and needs nothing of the host's: CPython finds its prefix from
-    its own path. pip comes from the interpreter's bundled ``ensurepip`` (offline). The host
+    its own path. ``/opt/harness/lib`` follows it: a sealed harness runs in the loader's secure mode,
+    which ignores ``$ORIGIN`` (sandbox/forwarder.py, "Sealed harness"). pip comes from the interpreter's bundled ``ensurepip`` (offline). The host
     interpreter is ``$POLAR_PYTHON<major>_<minor>``, else ``python<ver>`` on PATH, else a pyenv build.
     """
 
@@ -161,6 +163,10 @@ class PortablePython(_LockedPyPI):
     lock: str | None = None  # as PythonVenv's
     kind: str = "portable-python"
 
+
+    @property
+    def identity(self) -> str:
+        return f"{super().identity} rpath:{RPATH}"
 
     @property
     def interpreter(self) -> str:
@@ -190,7 +196,7 @@ class PortablePython(_LockedPyPI):
                  str(src), str(dest)],
                 ["cp", "-a", str(src / stdlib), str(dest / "lib")],
                 ["rm", "-rf", str(dest / stdlib / "test"), str(dest / stdlib / "site-packages")],
-                ["patchelf", "--set-rpath", "$ORIGIN/../lib", python],
+                ["patchelf", "--set-rpath", RPATH, python],
                 [python, "-m", "ensurepip", "--default-pip"],
                 [*_pip_install(python, self.lock), self.spec]]
 

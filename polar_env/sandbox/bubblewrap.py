@@ -34,10 +34,12 @@ from polar_env.sandbox.base import (
 )
 from polar_env.sandbox.bwrap_argv import BwrapCommand, Mount, SandboxUnavailable
 from polar_env.sandbox.cgroups import CgroupLimits
+from polar_env.sandbox.forwarder import harness_gid
 from polar_env.sandbox.host_tree import HostTreeSandbox, chown_tree, copy_tree
 
 FORWARDER_SRC = Path(__file__).with_name("forwarder.py")
 FORWARDER_INSIDE = "/opt/polar/forwarder.py"
+HARNESS_GROUP = "harness"  # the name of the real gid the forwarder gives the harness, in /etc/group
 # the diff's own sandbox (``BubblewrapSandbox.diff``)
 DIFF_TREE, DIFF_GIT, DIFF_SCRATCH = "/testbed", "/polar/git", "/polar/scratch"
 DIFF_TIMEOUT_S = 600.0
@@ -115,7 +117,7 @@ class BubblewrapSandbox(HostTreeSandbox):
             chown_tree(home, *owner)
         (etc / "passwd").write_text(f"root:x:0:0:root:/root:/bin/bash\n"
                                     f"{spec.user}:x:{self.uid}:{self.gid}::{spec.home}:/bin/bash\n")
-        (etc / "group").write_text(f"root:x:0:\n{spec.user}:x:{self.gid}:\n")
+        (etc / "group").write_text(f"root:x:0:\n{spec.user}:x:{self.gid}:\n{HARNESS_GROUP}:x:{harness_gid(self.gid)}:\n")
         (etc / "hostname").write_text(spec.hostname + "\n")
 
     def bwrap_argv(self, cmd: Sequence[str], env: dict[str, str]) -> list[str]:
@@ -123,7 +125,8 @@ class BubblewrapSandbox(HostTreeSandbox):
 
         As root, bwrap mounts with root's rights (so root-only host dirs can be bound) and no
         user namespace; setpriv then drops to the unprivileged uid with no capabilities at all.
-        Unprivileged, bwrap uses a user namespace and the uid stays the caller's.
+        Unprivileged, bwrap uses a user namespace and the uid stays the caller's. The forwarder
+        (``cmd`` running ``FORWARDER_INSIDE``) is the one command started as a ``supervisor``.
         """
         s = self.spec
         mounts = [Mount("/etc/passwd", self.root / "etc" / "passwd"),
@@ -138,7 +141,7 @@ class BubblewrapSandbox(HostTreeSandbox):
         if s.proxy_socket_dir is not None:
             mounts.append(Mount("/run/proxy", s.proxy_socket_dir))
         command = BwrapCommand(mounts, workdir=s.workdir, env={**s.base_env(), **env}, uid=self.uid, gid=self.gid,
-                               hostname=s.hostname)
+                               hostname=s.hostname, supervisor=list(cmd[1:2]) == [FORWARDER_INSIDE])
         return command.argv(cmd)
 
     async def run(self, cmd: Sequence[str], *, env: dict[str, str] | None = None, timeout_s: float | Deadline = 600.0,

@@ -9,6 +9,10 @@ root, bwrap keeps the host user namespace (a namespaced root could still own the
 ``setpriv`` drops to the sandbox uid with no capabilities and ``--no-new-privs``; unprivileged,
 bwrap's own user namespace keeps the caller's uid and drops every capability. The callers differ
 only in their mounts and environment, which they pass as data.
+
+One exception, as root: a ``supervisor`` command (the episode's forwarder) starts with
+``SUPERVISOR_CAPS`` as ambient capabilities. It clears them before it starts the harness, so no
+other process of the sandbox ever holds one (``polar_env.sandbox.forwarder``, "Sealed harness").
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ from polar_env.sandbox.seccomp import program_file
 # bwrap reads the filter from a descriptor: a host bash opens it on a free fd (never one a caller
 # passes down, such as the grader's), then becomes bwrap with ``--seccomp <that fd>``
 _WITH_FILTER = ["/bin/bash", "-c", 'exec {fd}<"$1" && exec "$2" --seccomp "$fd" "${@:3}"', "bash"]
+# what the forwarder needs to seal the harness and still prove a call's origin: read the /proc
+# entries of processes that are not dumpable, and start the harness under a real gid of its own
+SUPERVISOR_CAPS = ("sys_ptrace", "dac_read_search", "setgid")
 
 
 class SandboxUnavailable(RuntimeError):
@@ -53,6 +60,7 @@ class BwrapCommand:
     uid: int  # the sandbox user (used as root; unprivileged, the caller's own uid is kept)
     gid: int
     hostname: str = "sandbox"
+    supervisor: bool = False  # the first process keeps SUPERVISOR_CAPS (host root only)
 
     def argv(self, cmd: Sequence[str]) -> list[str]:
         bwrap = shutil.which("bwrap")
@@ -94,6 +102,8 @@ class BwrapCommand:
             setpriv = shutil.which("setpriv")
             if setpriv is None:
                 raise SandboxUnavailable("setpriv (util-linux) is needed to drop root inside the sandbox")
+            kept = "".join(f",+{cap}" for cap in SUPERVISOR_CAPS) if self.supervisor else ""
             argv += [setpriv, f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups",
-                     "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
+                     f"--inh-caps=-all{kept}", *([f"--ambient-caps={kept[1:]}"] if kept else []),
+                     f"--bounding-set=-all{kept}", "--no-new-privs", "--"]
         return argv + list(cmd)

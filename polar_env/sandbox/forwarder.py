@@ -14,6 +14,18 @@ the episode's first call (no tool runs before the model asked for one), ``tool``
 process of CMD's tree (a command the harness ran), ``unknown`` when it cannot be told (a process
 that hid its descriptors, or is not in CMD's tree). Only ``harness`` calls train by default
 (docs/training.md, "Which chains train").
+**Sealed harness.** The agent's tools run as the harness's uid, so by default they could read (and
+write) the harness's memory, environment and descriptors through ``/proc``, and make a call look
+like the harness's. Given ``SUPERVISOR_CAPS`` (the bubblewrap sandbox grants them to this process
+alone, as host root), the forwarder clears them from the ambient set, so CMD inherits none, and
+starts CMD with its real gid one above its effective gid: the kernel marks a process that execs
+with real and effective ids apart not dumpable, at every exec of CMD's tree that keeps them apart,
+so its ``/proc/<pid>`` entries are root's and no process without ``CAP_SYS_PTRACE`` opens them. A
+shell drops the difference (its commands run with the real gid), so the agent's commands are
+ordinary processes that the forwarder, holding ``CAP_SYS_PTRACE`` and ``CAP_DAC_READ_SEARCH``,
+can still read to prove each call's origin. Such an exec also runs in the loader's secure mode:
+the harness's dynamic loader drops ``LD_*`` and ``TMPDIR`` and ignores ``$ORIGIN`` (Node.js ignores
+``NODE_OPTIONS``), which no adapter relies on.
 """
 
 from __future__ import annotations
@@ -34,6 +46,9 @@ ORIGIN_ENV = "POLAR_ORIGIN_KEY"
 ORIGIN_HEADER = b"x-polar-origin"
 MAX_HEAD = 1 << 20  # a request head larger than this is not HTTP a harness sends
 PR_SET_DUMPABLE = 4
+PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
+CAP_DAC_READ_SEARCH, CAP_SETGID, CAP_SYS_PTRACE = 2, 6, 19
+SUPERVISING = (1 << CAP_DAC_READ_SEARCH) | (1 << CAP_SETGID) | (1 << CAP_SYS_PTRACE)
 
 
 def _pipe(src: socket.socket, dst: socket.socket) -> None:
@@ -235,6 +250,24 @@ def _accept_loop(server: socket.socket, socket_path: str, origin: Origin | None 
         threading.Thread(target=_serve_one, args=(client, socket_path, origin), daemon=True).start()
 
 
+def effective_caps() -> int:
+    """This process's effective capability bits (``CapEff`` in ``/proc/self/status``)."""
+    with open("/proc/self/status") as handle:
+        return next(int(line.split()[1], 16) for line in handle if line.startswith("CapEff:"))
+
+
+def harness_gid(gid: int) -> int:
+    """The real gid a sealed harness runs with, beside its effective ``gid``."""
+    return gid + 1
+
+
+def _seal() -> None:
+    """In CMD's child before its exec (no other thread exists yet): a real gid apart from the
+    effective one, so the exec leaves it not dumpable."""
+    gid = os.getegid()
+    os.setresgid(harness_gid(gid), gid, gid)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--socket", required=True, help="the proxy's Unix socket path")
@@ -243,8 +276,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS: run after ready")
     args = parser.parse_args(argv)
     origin = Origin(os.environ.pop(ORIGIN_ENV, None))
+    libc = ctypes.CDLL(None, use_errno=True)
     if origin.key is not None:  # nothing of this process (its environment) is readable by the sandbox's user
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+        libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    supervising = effective_caps() & SUPERVISING == SUPERVISING
+    if supervising:  # CMD inherits none of them
+        libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
     server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     server.bind((args.host, args.port))
@@ -254,13 +291,13 @@ def main(argv: list[str] | None = None) -> int:
     if not cmd:
         _accept_loop(server, args.socket, origin)
         return 0
-    threading.Thread(target=_accept_loop, args=(server, args.socket, origin), daemon=True).start()
-    try:
-        child = subprocess.Popen(cmd)
+    try:  # before the accept thread: calls queue in the backlog, and _seal runs in a one-thread fork
+        child = subprocess.Popen(cmd, preexec_fn=_seal if supervising else None)
     except FileNotFoundError as exc:
         print(f"polar-forwarder: {exc}", file=sys.stderr, flush=True)
         return 127
     origin.harness_pid = child.pid
+    threading.Thread(target=_accept_loop, args=(server, args.socket, origin), daemon=True).start()
     code = child.wait()
     if code < 0:
         print(f"{KILLED} {signal.Signals(-code).name}", file=sys.stderr, flush=True)
