@@ -182,6 +182,19 @@ async def test_the_forwarder_seals_the_harness_from_its_tools(sandbox):
                                  "CapPrm": "0", "CapEff": "0", "CapAmb": "0"}}, out
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="only host root keeps capabilities for the forwarder")
+def test_a_root_without_the_capabilities_starts_the_forwarder_with_none(monkeypatch):
+    """Root in a container may lack CAP_SYS_PTRACE: setpriv would refuse to keep it, so nothing is
+    kept (the harness then runs unsealed) rather than no episode starting."""
+    from polar_env.sandbox import bwrap_argv
+
+    command = BwrapCommand([], workdir="/", env={}, uid=1000, gid=1000, supervisor=True)
+    assert "--ambient-caps=+sys_ptrace,+dac_read_search,+setgid" in command.argv(["true"])
+    monkeypatch.setattr(bwrap_argv, "effective_caps", lambda: bwrap_argv.SUPERVISING & ~(1 << 19))
+    argv = command.argv(["true"])
+    assert not any(a.startswith("--ambient-caps") for a in argv) and "--inh-caps=-all" in argv
+
+
 async def test_disk_filler_ends_at_the_quota_and_the_diff_still_works(sandbox):
     res = await sandbox.run(["bash", "-c", "echo fixed >> /testbed/README.md && "
                              "for d in /tmp /home/agent /testbed; do dd if=/dev/zero of=$d/fill bs=1M count=800; done; "

@@ -11,8 +11,10 @@ bwrap's own user namespace keeps the caller's uid and drops every capability. Th
 only in their mounts and environment, which they pass as data.
 
 One exception, as root: a ``supervisor`` command (the episode's forwarder) starts with
-``SUPERVISOR_CAPS`` as ambient capabilities. It clears them before it starts the harness, so no
-other process of the sandbox ever holds one (``polar_env.sandbox.forwarder``, "Sealed harness").
+``SUPERVISOR_CAPS`` as ambient capabilities, where the host's root holds them all (root in a
+container may not: then nothing is kept and the harness is not sealed). It clears them before it
+starts the harness, so no other process of the sandbox ever holds one
+(``polar_env.sandbox.forwarder``, "Sealed harness").
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from polar_env.sandbox.forwarder import SUPERVISING, effective_caps
 from polar_env.sandbox.rootfs import NODE_INSIDE, RootfsMissing, host_node, sandbox_root
 from polar_env.sandbox.seccomp import program_file
 
@@ -32,6 +35,7 @@ from polar_env.sandbox.seccomp import program_file
 _WITH_FILTER = ["/bin/bash", "-c", 'exec {fd}<"$1" && exec "$2" --seccomp "$fd" "${@:3}"', "bash"]
 # what the forwarder needs to seal the harness and still prove a call's origin: read the /proc
 # entries of processes that are not dumpable, and start the harness under a real gid of its own
+# (the names of forwarder.SUPERVISING's bits)
 SUPERVISOR_CAPS = ("sys_ptrace", "dac_read_search", "setgid")
 
 
@@ -102,7 +106,8 @@ class BwrapCommand:
             setpriv = shutil.which("setpriv")
             if setpriv is None:
                 raise SandboxUnavailable("setpriv (util-linux) is needed to drop root inside the sandbox")
-            kept = "".join(f",+{cap}" for cap in SUPERVISOR_CAPS) if self.supervisor else ""
+            sealing = self.supervisor and effective_caps() & SUPERVISING == SUPERVISING
+            kept = "".join(f",+{cap}" for cap in SUPERVISOR_CAPS) if sealing else ""
             argv += [setpriv, f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups",
                      f"--inh-caps=-all{kept}", *([f"--ambient-caps={kept[1:]}"] if kept else []),
                      f"--bounding-set=-all{kept}", "--no-new-privs", "--"]
