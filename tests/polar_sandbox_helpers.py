@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import socket
 import time
@@ -138,3 +139,34 @@ async def probe_network(sandbox, sock_dir: Path) -> dict[str, str]:
         listener.close()
     assert res.exit_code == 0, res.stderr_tail
     return dict(line.split(" ", 1) for line in res.stdout_tail.splitlines())
+
+
+# a stand-in harness started by the forwarder: a tool command through bash (as every harness runs
+# the agent's commands) and a program it runs directly, each opening the harness's /proc entries
+SEALED_HARNESS = r"""
+import ctypes, json, os, subprocess
+me = os.getpid()
+tool = ("for f in mem environ; do (exec 3</proc/%d/$f) 2>/dev/null && echo $f=opened || echo $f=denied; done; "
+        "ls /proc/%d/fd >/dev/null 2>&1 && echo fd=listed || echo fd=denied; id -g | sed s/^/gid=/; "
+        "grep -E '^Cap(Prm|Eff|Amb)' /proc/self/status | tr -d ':\t' | sed 's/0*$/=0/'") % (me, me)
+direct = "import sys\ntry:\n open('/proc/%d/environ','rb')\n print('opened')\nexcept OSError as e:\n print(e.strerror)" % me
+print("SEALED " + json.dumps({
+    "dumpable": ctypes.CDLL(None).prctl(3, 0, 0, 0, 0),
+    "bash_tool": dict(ln.split("=", 1) for ln in subprocess.run(["bash", "-c", tool], capture_output=True, text=True).stdout.split()),
+    "direct_child": subprocess.run(["python3", "-c", direct], capture_output=True, text=True).stdout.strip()}))
+"""
+# what a sealed harness's probe sees (the sandbox gid 1000, the harness's real gid beside it)
+SEALED = {"dumpable": 0, "direct_child": "Permission denied",
+          "bash_tool": {"mem": "denied", "environ": "denied", "fd": "denied", "gid": "1001",
+                        "CapPrm": "0", "CapEff": "0", "CapAmb": "0"}}
+
+
+async def sealed_harness_probe(sandbox) -> dict:
+    """SEALED_HARNESS run as the harness: by the forwarder, as an episode starts it."""
+    from polar_env.harness_adapters.runner import SANDBOX_PYTHON
+
+    res = await sandbox.run([SANDBOX_PYTHON, FORWARDER_INSIDE, "--socket", "/run/proxy/none", "--port", "18080",
+                             "--", "python3", "-c", SEALED_HARNESS], timeout_s=60)
+    line = next((ln for ln in res.stdout_tail.splitlines() if ln.startswith("SEALED ")), None)
+    assert line is not None, (res.stdout_tail[-2000:], res.stderr_tail[-2000:])
+    return json.loads(line[7:])

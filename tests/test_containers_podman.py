@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 from own_containers import own_containers
-from polar_sandbox_helpers import probe_network, processes_matching
+from polar_sandbox_helpers import SEALED, probe_network, processes_matching, sealed_harness_probe
 
 from polar_env.backends.scripted import ScriptedBackend
 from polar_env.episodes import EpisodeConfig, run_episode
@@ -111,6 +111,8 @@ async def test_episode_in_the_container_graded_in_the_image(harness, scripted_pr
     assert traj.status == "completed", (traj.error, result.harness and result.harness.stderr_tail[-2000:])
     assert traj.metadata["workspace"] == ENGINE and traj.metadata["image"] == task.image
     assert traj.stats.calls >= 2
+    # the harness, sealed by a root forwarder, is still told apart from its tools
+    assert {call.origin for call in traj.calls} == {"harness"}, [call.origin for call in traj.calls]
     if harness == "pi":
         assert result.patch == "" and traj.reward == 0.0 and result.grade.failure_kind == "empty_patch"
     else:
@@ -247,6 +249,12 @@ async def test_only_the_proxy_is_reachable_from_the_container(box, tmp_path: Pat
     who = await box.run(["sh", "-c", "id -u; cat /proc/self/status | grep CapEff"], timeout_s=30)
     uid, caps = who.stdout_tail.splitlines()
     assert uid == "1000" and caps.split()[1] == "0000000000000000"  # unprivileged, no capabilities
+
+
+async def test_the_forwarder_seals_the_harness_from_its_tools(box):
+    """The forwarder runs as the container's root and starts the harness as the sandbox uid, not
+    dumpable: its tools, shell-run or started directly, open none of its /proc entries."""
+    assert await sealed_harness_probe(box) == SEALED
 
 
 async def test_the_deadline_leaves_nothing_running(box):

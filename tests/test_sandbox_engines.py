@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import os
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -46,8 +47,12 @@ def test_container_create_argv_isolates_and_mounts(engine):
     assert "TZ=UTC" in _pairs(argv, "-e")
     assert argv[-3:] == ["swebench/sweb.eval.x86_64.astropy_1776_astropy-12907:latest", "sleep", "infinity"]
     assert "--privileged" not in argv and _pairs(argv, "--cap-drop") == ["ALL"]
-    # only what the root setup execs need (chown, git as root in a uid-1000 tree): the uid has none
-    assert _pairs(argv, "--cap-add") == ["CHOWN", "DAC_OVERRIDE", "FOWNER"]
+    # what the root setup execs need (chown, git as root in a uid-1000 tree), and an episode's container
+    # (it has a proxy socket) what its root forwarder needs to seal the harness: the uid has none
+    assert _pairs(argv, "--cap-add") == ["CHOWN", "DAC_OVERRIDE", "FOWNER", "SYS_PTRACE", "DAC_READ_SEARCH",
+                                         "SETGID", "SETUID"]
+    grading = ContainerSandbox(replace(SPEC, proxy_socket_dir=None), "img", "polar-g", engine=engine).create_argv()
+    assert _pairs(grading, "--cap-add") == ["CHOWN", "DAC_OVERRIDE", "FOWNER"]
     assert _pairs(argv, "--security-opt") == ["no-new-privileges"]
     tmpfs = _pairs(argv, "--tmpfs")
     assert tmpfs[0].startswith("/home/agent:") and not any("uid=" in t for t in tmpfs)  # podman refuses uid=
@@ -55,8 +60,6 @@ def test_container_create_argv_isolates_and_mounts(engine):
 
 
 def test_container_agent_is_never_root():
-    from dataclasses import replace
-
     with pytest.raises(ValueError, match="must not be 0"):
         ContainerSandbox(replace(SPEC, uid=0), "img", "polar-x")
 

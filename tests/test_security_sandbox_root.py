@@ -19,10 +19,10 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from polar_sandbox_helpers import SEALED, sealed_harness_probe
 
-from polar_env.harness_adapters.runner import SANDBOX_PYTHON
 from polar_env.sandbox.base import SandboxSpec
-from polar_env.sandbox.bubblewrap import FORWARDER_INSIDE, BubblewrapSandbox
+from polar_env.sandbox.bubblewrap import BubblewrapSandbox
 from polar_env.sandbox.bwrap_argv import BwrapCommand, SandboxUnavailable
 from polar_env.sandbox.rootfs import rootfs_dir, sandbox_root
 from polar_env.sandbox.seccomp import program
@@ -99,22 +99,6 @@ def _check_trace(out: dict) -> None:
     # they are its own; the harness's is not (test_the_forwarder_seals_the_harness_from_its_tools)
 
 
-# a stand-in harness started by the forwarder: a tool command through bash (as every harness runs
-# the agent's commands) and a program it runs directly, each opening the harness's /proc entries
-SEALED_HARNESS = r"""
-import ctypes, json, os, subprocess
-me = os.getpid()
-tool = ("for f in mem environ; do (exec 3</proc/%d/$f) 2>/dev/null && echo $f=opened || echo $f=denied; done; "
-        "ls /proc/%d/fd >/dev/null 2>&1 && echo fd=listed || echo fd=denied; id -gn | sed s/^/group=/; "
-        "grep -E '^Cap(Prm|Eff|Amb)' /proc/self/status | tr -d ':\t' | sed 's/0*$/=0/'") % (me, me)
-direct = "import sys\ntry:\n open('/proc/%d/environ','rb')\n print('opened')\nexcept OSError as e:\n print(e.strerror)" % me
-print("SEALED " + json.dumps({
-    "dumpable": ctypes.CDLL(None).prctl(3, 0, 0, 0, 0),
-    "bash_tool": dict(ln.split("=", 1) for ln in subprocess.run(["bash", "-c", tool], capture_output=True, text=True).stdout.split()),
-    "direct_child": subprocess.run(["python3", "-c", direct], capture_output=True, text=True).stdout.strip()}))
-"""
-
-
 def _mount_roots(mountinfo: str) -> dict[str, str]:
     """mount point -> the root of the mount within its source filesystem (field 4)."""
     return {line.split()[4]: line.split()[3] for line in mountinfo.splitlines() if line.strip()}
@@ -171,15 +155,11 @@ async def test_nothing_traces_the_harness_interpreters(sandbox):
 async def test_the_forwarder_seals_the_harness_from_its_tools(sandbox):
     """As host root: the harness is not dumpable, so neither a shell command it runs nor a program
     it starts directly opens its memory, environment or descriptors; the tools hold no capability."""
-    res = await sandbox.run([SANDBOX_PYTHON, FORWARDER_INSIDE, "--socket", "/run/proxy/none", "--port", "18080",
-                             "--", "python3", "-c", SEALED_HARNESS], timeout_s=60)
-    out = json.loads(next(ln[7:] for ln in res.stdout_tail.splitlines() if ln.startswith("SEALED ")))
+    out = await sealed_harness_probe(sandbox)
     if os.geteuid() != 0:  # unprivileged bwrap grants the forwarder nothing: the harness stays dumpable
         assert out["dumpable"] == 1, out
         return
-    assert out == {"dumpable": 0, "direct_child": "Permission denied",
-                   "bash_tool": {"mem": "denied", "environ": "denied", "fd": "denied", "group": "harness",
-                                 "CapPrm": "0", "CapEff": "0", "CapAmb": "0"}}, out
+    assert out == SEALED, out
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only host root keeps capabilities for the forwarder")

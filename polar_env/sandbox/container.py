@@ -6,8 +6,9 @@ harness install read-only at /opt/harness, memory/pids limits, PID 1 an init tha
 run by ``exec`` as the unprivileged sandbox uid; only the setup steps (chown, git snapshot, diff)
 exec as root, which is why the container keeps CHOWN/DAC_OVERRIDE/FOWNER and drops every other
 capability: a non-root uid has no effective capabilities, and ``no-new-privileges`` stops setuid
-binaries from getting any. The agent's uid is never 0 (a spec asking for it is refused); HOME
-and ``/tmp`` are tmpfs mounts of ``spec.disk_bytes`` each, and so, on podman as host root, is the
+binaries from getting any. An episode's container also keeps what its forwarder needs: it runs as
+root and starts the harness as the sandbox uid, sealed (``FORWARDER_CAPS``). The agent's uid is
+never 0 (a spec asking for it is refused); HOME and ``/tmp`` are tmpfs mounts of ``spec.disk_bytes`` each, and so, on podman as host root, is the
 workdir of a warm container (`WorkdirQuota`). The image's own PATH is kept (its
 toolchain lives there); the harness's bin dir goes in front. Root execs run with ``PATH=/usr/bin:/bin``
 instead (their sh, chown, head, kill are the system's, never found first in an image PATH directory the
@@ -48,7 +49,7 @@ from polar_env.sandbox.base import (
 )
 from polar_env.sandbox.bubblewrap import FORWARDER_INSIDE, FORWARDER_SRC
 from polar_env.sandbox.bubblewrap import _mount_quota as mount_quota
-from polar_env.sandbox.bwrap_argv import SandboxUnavailable
+from polar_env.sandbox.bwrap_argv import SUPERVISOR_CAPS, SandboxUnavailable
 from polar_env.sandbox.rootfs import host_node
 
 if TYPE_CHECKING:
@@ -58,6 +59,9 @@ ENGINES = ("docker", "podman")
 GIT_DIR_INSIDE = "/var/lib/polar-git"  # the base snapshot's repository: root's, outside the tree, readable
 BASE_FILE = f"{GIT_DIR_INSIDE}/POLAR_BASE"  # the base tree's id, in that repository (GIT_DIR=GIT_DIR_INSIDE)
 SETUP_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER")  # what the root setup execs need, nothing more
+# what an episode's forwarder, run as the container's root, needs to seal the harness it starts as the
+# sandbox uid (forwarder.py, "Sealed harness"); a uid's exec gets no capability of the container's
+FORWARDER_CAPS = (*(cap.upper() for cap in SUPERVISOR_CAPS), "SETUID")
 FALLBACK_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 ROOT_PATH = "/usr/bin:/bin"  # root execs' PATH: never the image's
 # every child of PID 1 (the init): right after the start, only the keep-alive `sleep infinity`
@@ -222,7 +226,7 @@ class ContainerSandbox(Sandbox):
         s = self.spec
         argv = [self.engine, "create", "--name", self.name, "--hostname", s.hostname, "--network", "none",
                 "--workdir", s.workdir, "--init", "--user", "0:0", "--cap-drop", "ALL", *label_args()]
-        for cap in SETUP_CAPS:
+        for cap in (*SETUP_CAPS, *(FORWARDER_CAPS if s.proxy_socket_dir is not None else ())):
             argv += ["--cap-add", cap]
         argv += ["--security-opt", "no-new-privileges"]
         if s.memory_bytes is not None:
@@ -346,9 +350,15 @@ class ContainerSandbox(Sandbox):
         """``cmd`` as the sandbox uid, or as ``user`` (a grader's root step: `exec_argv`'s root PATH)."""
         if self._destroyed:
             raise RuntimeError("sandbox destroyed")
-        argv = self.exec_argv(cmd, env or {}, user=user, timeout_s=bound_s(timeout_s), interactive=stdin is not None)
+        path, killed = None, user
+        if list(cmd[1:2]) == [FORWARDER_INSIDE] and user is None and self.spec.proxy_socket_dir is not None:
+            # the forwarder as root, with FORWARDER_CAPS, starts the harness as the sandbox uid (sealed)
+            cmd = [*cmd[:2], "--user", f"{self.spec.uid}:{self.spec.uid}", *cmd[2:]]
+            user, path = "0", self.env(env or {})["PATH"]
+        argv = self.exec_argv(cmd, env or {}, user=user, timeout_s=bound_s(timeout_s), interactive=stdin is not None,
+                              path=path)
         return await run_process_tree(argv, timeout_s=timeout_s, stdin=stdin, max_output_bytes=max_output_bytes,
-                                      on_timeout=lambda: self.kill_all(user))
+                                      on_timeout=lambda: self.kill_all(killed))
 
     async def provide(self, inside: str) -> None:
         """A container keeps its files between execs: nothing to do (`ApptainerBox.provide` binds a dir)."""

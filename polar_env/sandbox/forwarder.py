@@ -16,9 +16,10 @@ that hid its descriptors, or is not in CMD's tree). Only ``harness`` calls train
 (docs/training.md, "Which chains train").
 **Sealed harness.** The agent's tools run as the harness's uid, so by default they could read (and
 write) the harness's memory, environment and descriptors through ``/proc``, and make a call look
-like the harness's. Given ``SUPERVISOR_CAPS`` (the bubblewrap sandbox grants them to this process
-alone, as host root), the forwarder clears them from the ambient set, so CMD inherits none, and
-starts CMD with its real gid one above its effective gid: the kernel marks a process that execs
+like the harness's. Given ``SUPERVISING`` (the bubblewrap sandbox grants it to this process alone,
+as host root; a container runs this process as its root, and ``--user`` names the uid CMD runs as),
+the forwarder clears it from the ambient set, so CMD inherits none, and starts CMD with its real
+gid one above its effective gid: the kernel marks a process that execs
 with real and effective ids apart not dumpable, at every exec of CMD's tree that keeps them apart,
 so its ``/proc/<pid>`` entries are root's and no process without ``CAP_SYS_PTRACE`` opens them. A
 shell drops the difference (its commands run with the real gid), so the agent's commands are
@@ -39,6 +40,7 @@ import struct
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 
 READY = "POLAR_FORWARDER_READY"
 KILLED = "POLAR_HARNESS_KILLED_BY"
@@ -261,11 +263,21 @@ def harness_gid(gid: int) -> int:
     return gid + 1
 
 
-def _seal() -> None:
-    """In CMD's child before its exec (no other thread exists yet): a real gid apart from the
-    effective one, so the exec leaves it not dumpable."""
-    gid = os.getegid()
-    os.setresgid(harness_gid(gid), gid, gid)
+def _starter(user: tuple[int, int] | None, seal: bool) -> Callable[[], None] | None:
+    """What CMD's child does before its exec (no other thread exists yet): drop from root to
+    ``user`` (uid, gid), and when sealing take a real gid apart from the effective one, which leaves
+    the exec not dumpable."""
+    if user is None and not seal:
+        return None
+
+    def start() -> None:
+        uid, gid = user or (os.geteuid(), os.getegid())
+        if user is not None:
+            os.setgroups([])
+        os.setresgid(harness_gid(gid) if seal else gid, gid, gid)
+        if user is not None:
+            os.setresuid(uid, uid, uid)  # from root: every capability goes with it
+    return start
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -273,12 +285,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--socket", required=True, help="the proxy's Unix socket path")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--user", help="UID:GID to start CMD as (this process runs as root: containers)")
     parser.add_argument("cmd", nargs=argparse.REMAINDER, help="-- CMD ARGS: run after ready")
     args = parser.parse_args(argv)
     origin = Origin(os.environ.pop(ORIGIN_ENV, None))
     libc = ctypes.CDLL(None, use_errno=True)
     if origin.key is not None:  # nothing of this process (its environment) is readable by the sandbox's user
         libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    uid, _, gid = (args.user or "").partition(":")
+    user = (int(uid), int(gid)) if args.user else None
     supervising = effective_caps() & SUPERVISING == SUPERVISING
     if supervising:  # CMD inherits none of them
         libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
@@ -292,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         _accept_loop(server, args.socket, origin)
         return 0
     try:  # before the accept thread: calls queue in the backlog, and _seal runs in a one-thread fork
-        child = subprocess.Popen(cmd, preexec_fn=_seal if supervising else None)
+        child = subprocess.Popen(cmd, preexec_fn=_starter(user, supervising))
     except FileNotFoundError as exc:
         print(f"polar-forwarder: {exc}", file=sys.stderr, flush=True)
         return 127
