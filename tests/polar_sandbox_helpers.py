@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -170,3 +171,24 @@ async def sealed_harness_probe(sandbox) -> dict:
     line = next((ln for ln in res.stdout_tail.splitlines() if ln.startswith("SEALED ")), None)
     assert line is not None, (res.stdout_tail[-2000:], res.stderr_tail[-2000:])
     return json.loads(line[7:])
+
+
+# file systems whose mounts may show a sub-path as their root: the sandbox's own tmpfs (its files at
+# their paths inside), bwrap's new root, and the kernel's proc and devices
+_OWN_ROOTS = {("tmpfs", "polar-sandbox"), ("tmpfs", "tmpfs"), ("proc", "proc"), ("devtmpfs", "devtmpfs")}
+
+
+def host_path_lines(mountinfo: str) -> list[str]:
+    """The mountinfo lines that name something of the host: a bind from a host file system (its root
+    field is the source's path there), or an overlay whose layers are spelt as paths, not descriptors."""
+    bad = []
+    for line in mountinfo.splitlines():
+        if " - " not in line:
+            continue
+        fields, (fstype, source, options) = line.split(" - ")[0].split(), line.split(" - ")[1].split()[:3]
+        own_root = fields[3] == "/" or (fstype, source) in _OWN_ROOTS
+        layers = [opt.split("=", 1)[1] for opt in options.split(",") if opt.startswith(("lowerdir=", "upperdir="))]
+        named = any(not re.fullmatch(r"/proc/self/fd/\d+", layer) for spec in layers for layer in spec.split(":"))
+        if not own_root or named:
+            bad.append(line)
+    return bad

@@ -19,7 +19,9 @@ import shutil
 from pathlib import Path
 
 import pytest
+from polar_sandbox_helpers import host_path_lines
 
+from polar_env.cache import cache_root
 from polar_env.episodes.workspace import open_workspace
 from polar_env.harness_adapters.registry import NOISE_EXCLUDES
 from polar_env.rewards.grading import FailureKind, grade
@@ -136,12 +138,13 @@ def test_link_that_leaves_only_after_the_reset_is_refused_before_any_test(tmp_pa
     gold.check_links_after_reset()  # a tree without such links passes
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="the tree is staged on a tmpfs only as host root")
-def test_grading_mountinfo_names_no_grader_path_or_task(tmp_path: Path):
-    """Failed before the read-only tree and the grader's files were staged on a tmpfs: the sandbox's
-    /proc/self/mountinfo named ``/tmp/polar-grade-<task id>-.../tree`` for /testbed (and the grader's temp
-    dir), a grading-only sign a detector could key on in both graded runs. Now each reads like the
-    episode sandbox's: root field the mount point itself. (The task venv's line still names its path.)"""
+@pytest.mark.skipif(os.geteuid() != 0, reason="the inputs are shown through overlays only as host root")
+@pytest.mark.parametrize("writable", [False, True])
+def test_grading_mountinfo_names_no_grader_path_or_task(tmp_path: Path, writable: bool):
+    """Failed while the grading sandbox bound its inputs: its /proc/self/mountinfo named
+    ``/tmp/polar-grade-<task id>-.../tree`` (a writable run's source, a read-only run's /testbed), the
+    grader's temp dir, the task venv's ``envs/<task id>`` and the cache's root: the task, and signs
+    of grading a detector could key on. Now each input is an overlay named by descriptors."""
     from polar_env.rewards.sandbox_exec import run_sandboxed
     from polar_env.sandbox.bwrap_argv import Mount
 
@@ -151,16 +154,15 @@ def test_grading_mountinfo_names_no_grader_path_or_task(tmp_path: Path):
     grader = tmp_path / "polar-perturbed-y" / "grader"
     grader.mkdir(parents=True)
     (grader / "main.py").write_text("print(1)\n")
-    run = run_sandboxed(["cat", "/proc/self/mountinfo", "/srv/abc/tests/t.py", "/opt/qq/main.py"], tree=tree,
-                        venv=ensure_task_env(TASK), timeout_s=60, tree_writable=False, tree_mount="/srv/abc",
-                        extra_mounts=[Mount("/opt/qq", grader)])
+    venv = ensure_task_env(TASK)
+    run = run_sandboxed(["bash", "-c", "cat /proc/self/mountinfo /srv/abc/tests/t.py /opt/qq/main.py && "
+                         "python -c 'import werkzeug; print(werkzeug.__name__)'"], tree=tree, venv=venv, timeout_s=60,
+                        tree_writable=writable, tree_mount="/srv/abc", extra_mounts=[Mount("/opt/qq", grader)])
     assert run.returncode == 0 and "x = 1" in run.output and "print(1)" in run.output, run.output
-    lines = {f[4]: f for f in (line.split() for line in run.output.splitlines() if line[:1].isdigit())}
-    for point in ("/srv/abc", "/opt/qq"):
-        assert lines[point][3] == point, lines[point]
-    shown = "\n".join(" ".join(f) for point, f in lines.items() if point != "/opt/venv")
-    assert TASK.instance_id not in shown and "polar-grade" not in shown and "polar-perturbed" not in shown
-    assert str(tmp_path) not in shown
+    assert run.output.splitlines()[-1] == "werkzeug", run.output  # the venv works through its view
+    assert host_path_lines(run.output) == [], run.output
+    for named in (TASK.instance_id, "polar-grade", "polar-perturbed", str(tmp_path), str(venv), str(cache_root())):
+        assert named not in run.output, named
 
 
 def test_restore_replaces_links_it_would_otherwise_follow(tmp_path: Path):

@@ -19,13 +19,14 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from polar_sandbox_helpers import SEALED, sealed_harness_probe
+from polar_sandbox_helpers import SEALED, host_path_lines, sealed_harness_probe
 
 from polar_env.sandbox.base import SandboxSpec
 from polar_env.sandbox.bubblewrap import BubblewrapSandbox
 from polar_env.sandbox.bwrap_argv import BwrapCommand, SandboxUnavailable
 from polar_env.sandbox.rootfs import rootfs_dir, sandbox_root
 from polar_env.sandbox.seccomp import program
+from polar_env.sandbox.views import socket_dir, unmount
 from polar_env.tasks.loader import load_bundled
 from polar_env.tasks.tree import materialize
 
@@ -101,7 +102,7 @@ def _check_trace(out: dict) -> None:
 
 def _mount_roots(mountinfo: str) -> dict[str, str]:
     """mount point -> the root of the mount within its source filesystem (field 4)."""
-    return {line.split()[4]: line.split()[3] for line in mountinfo.splitlines() if line.strip()}
+    return {line.split()[4]: line.split()[3] for line in mountinfo.splitlines() if " - " in line}
 
 
 @pytest.fixture
@@ -133,17 +134,39 @@ async def test_no_bundled_fix_is_readable_anywhere_in_the_sandbox(sandbox, tmp_p
     assert res.stdout_tail.strip() == "0"  # Debian's own python3 packages: none in the root
 
 
-async def test_mountinfo_names_no_episode_path(sandbox):
-    res = await sandbox.run(["cat", "/proc/self/mountinfo"], timeout_s=60)
+async def test_mountinfo_names_no_episode_path(tmp_path: Path):
+    """Failed while the read-only inputs were binds: their lines named the cache's
+    ``rootfs/<key>/usr``, the host's ``/usr/bin/node``, the harness install and the proxy's socket dir.
+    Now they are overlays named by descriptors and a tmpfs of the proxy's own."""
+    task = TASKS["psf__requests-6028"]
+    harness = tmp_path / "harness-install"
+    (harness / "bin").mkdir(parents=True)
+    (harness / "bin" / "tool").write_text("shown\n")
+    sock = tmp_path / "sock"
+    assert socket_dir(sock)  # as the proxy makes it
+    sb = BubblewrapSandbox.create(materialize(task, tmp_path / "tree"),
+                                  spec=SandboxSpec(scratch_root=tmp_path / f"polar-ws-{task.instance_id}-x",
+                                                   disk_bytes=64 << 20, harness_dir=harness, proxy_socket_dir=sock))
+    try:
+        res = await sb.run(["bash", "-c", "cat /proc/self/mountinfo /opt/harness/bin/tool; node -e 'console.log(6*7)'"],
+                           timeout_s=60)
+        sb.system, sb.harness = None, harness  # control: the inputs bound as they are name their paths
+        control = subprocess.run(sb.bwrap_argv(["cat", "/proc/self/mountinfo"], {}), capture_output=True, text=True)
+    finally:
+        await sb.destroy()
+        unmount(sock)
+    assert res.exit_code == 0 and res.stdout_tail.splitlines()[-2:] == ["shown", "42"], res.stdout_tail
     roots = _mount_roots(res.stdout_tail)
     # the writable paths and generated files come from the sandbox's own tmpfs: their roots are neutral
     assert {m: roots[m] for m in ("/testbed", "/home/agent", "/tmp", "/etc/passwd", "/opt/polar/forwarder.py")} == {
         "/testbed": "/testbed", "/home/agent": "/home", "/tmp": "/tmp", "/etc/passwd": "/etc/passwd",
         "/opt/polar/forwarder.py": "/opt/forwarder.py"}
-    for bad in (str(sandbox.root), "psf__requests-6028", "polar-ws-", "polar-bwrap-", str(REPO)):
+    assert {roots[m] for m in ("/usr", "/etc", "/opt/harness", "/run/proxy")} == {"/"}
+    assert host_path_lines(res.stdout_tail) == [], res.stdout_tail
+    for bad in (str(sb.root), "psf__requests-6028", "polar-ws-", "polar-bwrap-", str(REPO), str(tmp_path),
+                str(sandbox_root()), "/usr/bin/node"):
         assert bad not in res.stdout_tail, bad
-    # the shared read-only inputs come from the cache, under content keys
-    assert roots["/usr"] == str(sandbox_root() / "usr")
+    assert len(host_path_lines(control.stdout)) >= 4, control.stdout  # usr, etc, harness, node
 
 
 async def test_nothing_traces_the_harness_interpreters(sandbox):

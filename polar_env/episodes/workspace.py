@@ -178,8 +178,10 @@ def attach_workspace(ref: WorkspaceRef, spec: SandboxSpec) -> Sandbox:
         root = Path(ref.root)
         if not (root / "testbed").is_dir():
             raise FileNotFoundError(f"no sandbox workspace at {root} (is the resources server on this host?)")
-        return BubblewrapSandbox(replace(spec), root, ref.uid, ref.gid,
-                                 CgroupLimits(root.name, spec.memory_bytes, spec.pids_max))
+        attached = BubblewrapSandbox(replace(spec), root, ref.uid, ref.gid,
+                                     CgroupLimits(root.name, spec.memory_bytes, spec.pids_max))
+        attached.show_inputs()
+        return attached
     if ref.kind in ("docker", "podman"):
         from polar_env.sandbox.container import ContainerSandbox
 

@@ -44,6 +44,7 @@ from polar_env.proxy.policy import PauseRequest, PolicyVersion, ResumeRequest
 from polar_env.proxy.seen import Seen
 from polar_env.proxy.sessions import AuthError, BudgetExceeded, Session, SessionRegistry
 from polar_env.proxy.wire import DecodedRequest, WireError, json_response, parse_json_body
+from polar_env.sandbox.views import socket_dir, unmount
 from polar_env.trajectory.ledger import Ledger
 from polar_env.trajectory.records import EpisodeBudget
 from polar_env.wire.openai_errors import openai_error
@@ -114,6 +115,7 @@ class ProxyServer:
         self.port: int | None = None
         self.host = "127.0.0.1"
         self.unix_socket: Path | None = None
+        self._socket_mount = False  # its dir is a tmpfs this proxy mounted (`views.socket_dir`)
         self._inflight: dict[str, set[asyncio.Task]] = {}  # session id -> model calls still running
         self.logprobs_mode: LogprobsMode = "unknown"  # which logprobs the backend returns (probed at start)
         # the sandboxes' forwarders prove each call's origin with it (sandbox/forwarder.py); never in a ledger
@@ -208,7 +210,7 @@ class ProxyServer:
         self.host = host
         if unix_socket is not None:
             unix_socket = Path(unix_socket)
-            unix_socket.parent.mkdir(parents=True, exist_ok=True)
+            self._socket_mount = socket_dir(unix_socket.parent)  # sandboxes bind it: as root a tmpfs
             unix_socket.unlink(missing_ok=True)
             site = web.UnixSite(self._runner, str(unix_socket), backlog=4096)
             await site.start()
@@ -235,6 +237,9 @@ class ProxyServer:
         self.registry.ledger.close()
         if self.owns_backend:
             await self.engine.backend.aclose()
+        if self._socket_mount and self.unix_socket is not None:
+            unmount(self.unix_socket.parent)
+            self._socket_mount = False
 
     # -- handlers ------------------------------------------------------------------------------
     @web.middleware

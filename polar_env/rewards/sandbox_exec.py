@@ -9,10 +9,10 @@ Limits (`GradingLimits`, sized by ``POLAR_GRADING_*``; the grading deadline is o
 declaration every entry point reads: `grading_timeout_s`): the whole sandbox runs in its own cgroup
 (memory, pids: `polar_env.sandbox.cgroups`), and everything the tests can write is a sized tmpfs,
 whose pages that cgroup pays for too. A writable tree is copied into a sized tmpfs at /testbed
-inside the sandbox (the host copy is only read), so no test writes host disk. As host root, a
-read-only run's tree and the grader's files are staged on a fresh tmpfs first (`_staged`), so the
-sandbox's mountinfo shows each at its own path, as the episode sandbox's does, never the grader's
-temp dirs (which name the task and the kind of run).
+inside the sandbox (the host copy is only read), so no test writes host disk. As host root, the
+tree, the venv, the grader's files and the sandbox root are shown through read-only overlays
+(`_shown`), so the sandbox's mountinfo names none of the grader's temp dirs or the venv's path
+(which name the task and the kind of run).
 
 Whether the sandbox started is the supervisor's evidence, not the output's: the first command
 inside, before anything of the task's runs (and after the tree copy), writes one byte into a
@@ -23,11 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
 import tempfile
 import uuid
 from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,9 +36,11 @@ from polar_env.sandbox.bwrap_argv import BwrapCommand, Mount
 from polar_env.sandbox.bwrap_argv import SandboxUnavailable as SandboxUnavailable  # what run_sandboxed raises
 from polar_env.sandbox.cgroups import CgroupLimits
 from polar_env.sandbox.output import HEAD_BYTES, TAIL_BYTES, OutputStats
+from polar_env.sandbox.views import mount_view, system_view, unmount
 
 SANDBOX_UID = 65534  # nobody: tests never run as root, even when the grader does
 TREE_MOUNT = "/testbed"
+VIEWS_TMPFS_BYTES = 1 << 20  # a run's views' tmpfs: their mount points only
 TREE_SOURCE_MOUNT = "/opt/polar-tree"  # a writable run's host tree, read-only: copied into /testbed's tmpfs
 VENV_MOUNT = "/opt/venv"
 
@@ -84,19 +85,20 @@ class SandboxRun:
     limits: dict[str, str] = field(default_factory=dict)  # controller -> cgroup version, or why not limited
 
 
-def _sandbox(tree: Path, venv: Path, env: dict[str, str], *, tree_writable: bool = True,
-             extra_mounts: Sequence[Mount] = (), tree_mount: str = TREE_MOUNT,
+def _sandbox(shown: _Shown, env: dict[str, str], *, tree_writable: bool = True, tree_mount: str = TREE_MOUNT,
              hostname: str = "sandbox", tmpfs_bytes: int | None = None) -> BwrapCommand:
     """The grading sandbox: the tree at ``tree_mount`` (read-only for strict runs; a sized tmpfs copy
     when writable), the task venv read-only, sized tmpfs, plus grader-owned mounts (the strict
     runner's plugin and report dir)."""
-    tree_mounts = ([Mount(TREE_SOURCE_MOUNT, tree), Mount(tree_mount, kind="tmpfs", perms="0777", size=tmpfs_bytes)]
-                   if tree_writable else [Mount(tree_mount, tree)])
+    tree_mounts = ([Mount(TREE_SOURCE_MOUNT, shown.tree),
+                    Mount(tree_mount, kind="tmpfs", perms="0777", size=tmpfs_bytes)]
+                   if tree_writable else [Mount(tree_mount, shown.tree)])
     mounts = [Mount("/tmp", kind="tmpfs", perms="1777", size=tmpfs_bytes),
               Mount("/home/agent", kind="tmpfs", perms="0777", size=tmpfs_bytes),
-              *tree_mounts, Mount(VENV_MOUNT, venv), *extra_mounts]
+              *tree_mounts, Mount(VENV_MOUNT, shown.venv), *shown.mounts]
     uid, gid = (SANDBOX_UID, SANDBOX_UID) if os.geteuid() == 0 else (os.geteuid(), os.getegid())
-    return BwrapCommand(mounts, workdir=tree_mount, env=env, uid=uid, gid=gid, hostname=hostname)
+    return BwrapCommand(mounts, workdir=tree_mount, env=env, uid=uid, gid=gid, hostname=hostname,
+                        system=shown.system)
 
 
 def _start_wrapper(cmd: list[str], started_fd: int, *, copy_to: str | None) -> list[str]:
@@ -119,31 +121,38 @@ def prepare_tree_owner(tree: Path) -> None:
             os.lchown(os.path.join(root, name), SANDBOX_UID, SANDBOX_UID)
 
 
+@dataclass(frozen=True)
+class _Shown:
+    """What a run binds: the tree, the venv, the grader's mounts and (as host root) the system views."""
+
+    tree: Path
+    venv: Path
+    mounts: list[Mount]
+    system: Path | None = None
+
+
 @contextmanager
-def _staged(tree: Path, tree_mount: str, extra_mounts: Sequence[Mount], size: int) -> Iterator[tuple[Path, list[Mount]]]:
-    """As host root, a read-only run's tree and grader files copied (``cp -a``) onto a fresh tmpfs, each at
-    its path inside the sandbox: a bind's mountinfo names the source's path within its file system, so
-    ``/testbed`` then reads as the episode sandbox's does (``polar-sandbox``, root ``/testbed``), never the
-    grader's temp dir (``polar-grade-<task id>-...``, ``polar-perturbed-...``). Otherwise nothing is copied.
-    The tmpfs is sized as a writable run's: a tree that does not fit did not start (the supervisor then
-    asks the base, `grading._base_starts`), never a masked error."""
+def _shown(tree: Path, venv: Path, extra_mounts: Sequence[Mount]) -> Iterator[_Shown]:
+    """As host root, the tree, the task venv, the grader's dirs and the sandbox root each shown by a
+    read-only overlay (`polar_env.sandbox.views`) on a small tmpfs of the run's own: a bind's
+    mountinfo names the source's path within its file system, so the tested code would read the
+    grader's temp dir (``polar-grade-<task id>-...``, ``polar-perturbed-...``: the task and which
+    graded run it is) or the venv's ``envs/<task id>``; an overlay's names only descriptors.
+    Unprivileged, the sources are bound as they are."""
     if os.geteuid() != 0:
-        yield tree, list(extra_mounts)
+        yield _Shown(tree, venv, list(extra_mounts))
         return
-    with tempfile.TemporaryDirectory(prefix="polar-stage-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="polar-views-") as tmp:
         root = Path(tmp)
-        mount_quota(root, size)
+        mount_quota(root, VIEWS_TMPFS_BYTES)
         try:
-            def copy(src: Path, dst: str) -> Path:
-                target = root / dst.lstrip("/")
-                target.mkdir(parents=True)
-                subprocess.run(["cp", "-a", "--", f"{src}/.", str(target)], check=True, capture_output=True)
-                return target
-            staged = [Mount(m.dst, copy(Path(m.src), m.dst), m.kind, m.perms, m.size)
-                      if m.src is not None and Path(m.src).is_dir() else m for m in extra_mounts]
-            yield copy(tree, tree_mount), staged
+            def view(src: Path, name: str) -> Path:
+                return mount_view([src], root / name) if src.is_dir() else src  # no dir: bwrap names it
+            mounts = [Mount(m.dst, view(Path(m.src), f"mount{i}"), m.kind, m.perms, m.size) if m.src is not None
+                      else m for i, m in enumerate(extra_mounts)]
+            yield _Shown(view(tree, "tree"), view(venv, "venv"), mounts, system_view(root / "system"))
         finally:
-            subprocess.run(["umount", "-l", str(root)], capture_output=True)
+            unmount(root)
 
 
 def run_sandboxed(
@@ -177,27 +186,16 @@ def run_sandboxed(
         **(env or {}),
     }
     cmd = ["/bin/bash", "-c", script] if isinstance(script, str) else list(script)
-    if tree_writable:  # copied into its tmpfs inside the sandbox already
-        return _run(cmd, tree, venv, full_env, limits, tree_writable, extra_mounts, pass_fds, tree_mount, hostname,
-                    timeout_s)
-    with ExitStack() as stack:
-        try:
-            staged_tree, staged_mounts = stack.enter_context(_staged(tree, tree_mount, extra_mounts,
-                                                                     limits.tmpfs_bytes))
-        except subprocess.CalledProcessError as e:  # the tree did not fit the limit, as a writable run's copy
-            said = (e.stderr or b"").decode(errors="replace")[-300:]
-            return SandboxRun(-1, f"the tree could not be staged: {said}", False, 0.0, started=False)
-        return _run(cmd, staged_tree, venv, full_env, limits, tree_writable, staged_mounts, pass_fds, tree_mount,
-                    hostname, timeout_s)
+    with _shown(tree, venv, extra_mounts) as shown:
+        return _run(cmd, shown, full_env, limits, tree_writable, pass_fds, tree_mount, hostname, timeout_s)
 
 
-def _run(cmd: list[str], tree: Path, venv: Path, full_env: dict[str, str], limits: GradingLimits,
-         tree_writable: bool, extra_mounts: Sequence[Mount], pass_fds: Sequence[int], tree_mount: str,
-         hostname: str, timeout_s: float) -> SandboxRun:
+def _run(cmd: list[str], shown: _Shown, full_env: dict[str, str], limits: GradingLimits, tree_writable: bool,
+         pass_fds: Sequence[int], tree_mount: str, hostname: str, timeout_s: float) -> SandboxRun:
     started_r, started_w = os.pipe()
     try:
-        argv = _sandbox(tree, venv, full_env, tree_writable=tree_writable, extra_mounts=extra_mounts,
-                        tree_mount=tree_mount, hostname=hostname, tmpfs_bytes=limits.tmpfs_bytes).argv(
+        argv = _sandbox(shown, full_env, tree_writable=tree_writable, tree_mount=tree_mount, hostname=hostname,
+                        tmpfs_bytes=limits.tmpfs_bytes).argv(
             _start_wrapper(cmd, started_w, copy_to=tree_mount if tree_writable else None))
     except BaseException:
         os.close(started_r)

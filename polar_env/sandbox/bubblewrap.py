@@ -3,7 +3,8 @@
 Layout inside: the sandbox root's read-only ``/usr`` and ``/etc`` (``polar_env.sandbox.rootfs``, a
 minimal Debian, never the host's; a generated passwd/group names the sandbox user), the task copy
 at ``/testbed``, HOME and ``/tmp`` bound from per-sandbox host dirs (so adapters can write config
-before and read state after a run), the harness install read-only at ``/opt/harness``, the proxy's
+before and read state after a run), the harness install read-only at ``/opt/harness`` (the root and the install, as host root, through
+overlays on the sandbox's tmpfs that name no host path: ``polar_env.sandbox.views``), the proxy's
 socket dir at ``/run/proxy``, and the forwarder at ``/opt/polar/forwarder.py``. As host root those
 per-sandbox dirs live on one tmpfs of ``spec.disk_bytes`` mounted at the sandbox's root dir: the
 quota of everything the episode can write, and bind sources whose paths (``/testbed``, ``/home``)
@@ -16,6 +17,7 @@ limits apply through cgroup v2 where we can delegate, else cgroup v1 (``polar_en
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import shutil
 import subprocess
@@ -32,10 +34,11 @@ from polar_env.sandbox.base import (
     copy_path,
     run_process_tree,
 )
-from polar_env.sandbox.bwrap_argv import BwrapCommand, Mount, SandboxUnavailable
+from polar_env.sandbox.bwrap_argv import BwrapCommand, Mount
 from polar_env.sandbox.cgroups import CgroupLimits
 from polar_env.sandbox.forwarder import harness_gid
 from polar_env.sandbox.host_tree import HostTreeSandbox, chown_tree, copy_tree
+from polar_env.sandbox.views import mount_tmpfs, mount_view, system_view, unmount
 
 FORWARDER_SRC = Path(__file__).with_name("forwarder.py")
 FORWARDER_INSIDE = "/opt/polar/forwarder.py"
@@ -49,10 +52,7 @@ def _mount_quota(root: Path, size: int | None) -> None:
     """A tmpfs of ``size`` bytes at ``root`` (host root only: unprivileged, there is no quota)."""
     if size is None or os.geteuid() != 0:
         return
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755,nosuid,nodev", "polar-sandbox",
-                           str(root)], capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SandboxUnavailable(f"cannot mount the sandbox's disk quota (tmpfs) at {root}: {proc.stderr.strip()}")
+    mount_tmpfs(root, size, "polar-sandbox")
 
 
 class BubblewrapSandbox(HostTreeSandbox):
@@ -64,6 +64,8 @@ class BubblewrapSandbox(HostTreeSandbox):
         self.uid, self.gid = uid, gid
         self.cgroups = cgroups
         self.clone = ""  # how the task tree was copied in: "reflink" or "copy" ("" for none)
+        self.system: Path | None = None  # as host root, the /usr and /etc views (`views.system_view`)
+        self.harness: Path | None = spec.harness_dir  # as host root, its view
         self._destroyed = False
 
     @property
@@ -119,6 +121,19 @@ class BubblewrapSandbox(HostTreeSandbox):
                                     f"{spec.user}:x:{self.uid}:{self.gid}::{spec.home}:/bin/bash\n")
         (etc / "group").write_text(f"root:x:0:\n{spec.user}:x:{self.gid}:\n{HARNESS_GROUP}:x:{harness_gid(self.gid)}:\n")
         (etc / "hostname").write_text(spec.hostname + "\n")
+        self.show_inputs()
+
+    def show_inputs(self) -> None:
+        """As host root (the sandbox's tmpfs mounted), the read-only inputs as views on that tmpfs,
+        unmounted with it; a sandbox attached by another process reuses its opener's and adds its own
+        harness's (``polar_env.sandbox.views``)."""
+        if not os.path.ismount(self.root):
+            return
+        views = self.root / "views"
+        self.system = views if os.path.ismount(views / "usr") else system_view(views)
+        if self.spec.harness_dir is not None:
+            at = views / f"harness-{hashlib.sha256(str(self.spec.harness_dir).encode()).hexdigest()[:16]}"
+            self.harness = at if os.path.ismount(at) else mount_view([self.spec.harness_dir], at)
 
     def bwrap_argv(self, cmd: Sequence[str], env: dict[str, str]) -> list[str]:
         """The full host argv: bwrap, then (as host root) setpriv to the sandbox uid, then ``cmd``.
@@ -136,12 +151,13 @@ class BubblewrapSandbox(HostTreeSandbox):
                   Mount(s.home, self.home, "bind"),
                   Mount(s.workdir, self.testbed, "bind"),
                   Mount(FORWARDER_INSIDE, self.root / "opt" / "forwarder.py")]
-        if s.harness_dir is not None:
-            mounts.append(Mount("/opt/harness", s.harness_dir))
+        if self.harness is not None:
+            mounts.append(Mount("/opt/harness", self.harness))
         if s.proxy_socket_dir is not None:
             mounts.append(Mount("/run/proxy", s.proxy_socket_dir))
         command = BwrapCommand(mounts, workdir=s.workdir, env={**s.base_env(), **env}, uid=self.uid, gid=self.gid,
-                               hostname=s.hostname, supervisor=list(cmd[1:2]) == [FORWARDER_INSIDE])
+                               hostname=s.hostname, supervisor=list(cmd[1:2]) == [FORWARDER_INSIDE],
+                               system=self.system)
         return command.argv(cmd)
 
     async def run(self, cmd: Sequence[str], *, env: dict[str, str] | None = None, timeout_s: float | Deadline = 600.0,
@@ -191,6 +207,6 @@ class BubblewrapSandbox(HostTreeSandbox):
     def release(self) -> None:
         self.cgroups.kill_all()
         self.cgroups.remove()
-        if os.path.ismount(self.root):  # lazily: a straggler's open file cannot keep the tmpfs alive
-            subprocess.run(["umount", "-l", str(self.root)], capture_output=True)
+        if os.path.ismount(self.root):  # with the views on it
+            unmount(self.root)
         shutil.rmtree(self.git_dir, ignore_errors=True)

@@ -2,7 +2,8 @@
 
 Both need the same isolation: every namespace unshared (only ``lo`` exists), the sandbox root's
 ``/usr`` and ``/etc`` read-only (a minimal Debian, ``polar_env.sandbox.rootfs``: nothing of the
-host's packages), the host's Node.js as one file, fresh ``/proc`` and ``/dev``, a
+host's packages; as host root shown through overlays that name no host path, ``views.py``), the
+host's Node.js as one file, fresh ``/proc`` and ``/dev``, a
 cleared environment, a seccomp filter that refuses ptrace between its processes
 (``polar_env.sandbox.seccomp``), and never root inside. As
 root, bwrap keeps the host user namespace (a namespaced root could still own the binds) and
@@ -65,6 +66,7 @@ class BwrapCommand:
     gid: int
     hostname: str = "sandbox"
     supervisor: bool = False  # the first process keeps SUPERVISOR_CAPS (host root only)
+    system: Path | None = None  # as host root, a `views.system_view`: /usr (node inside) and /etc shown neutrally
 
     def argv(self, cmd: Sequence[str]) -> list[str]:
         bwrap = shutil.which("bwrap")
@@ -80,12 +82,13 @@ class BwrapCommand:
             root = sandbox_root()
         except RootfsMissing as exc:
             raise SandboxUnavailable(str(exc)) from None
+        system = self.system or root
         argv += ["--die-with-parent", "--new-session", "--hostname", self.hostname,
-                 "--ro-bind", str(root / "usr"), "/usr", "--ro-bind", str(root / "etc"), "/etc"]
+                 "--ro-bind", str(system / "usr"), "/usr", "--ro-bind", str(system / "etc"), "/etc"]
         for link in ("lib", "lib64", "bin", "sbin"):  # merged /usr: links into it
             if (root / link).is_symlink():
                 argv += ["--symlink", os.readlink(root / link), f"/{link}"]
-        if (node := host_node()) is not None:
+        if self.system is None and (node := host_node()) is not None:  # a system view holds it already
             argv += ["--ro-bind", str(node), NODE_INSIDE]
         argv += ["--proc", "/proc", "--dev", "/dev"]
         parents = sorted({str(p) for m in self.mounts for p in Path(m.dst).parents}

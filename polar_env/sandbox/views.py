@@ -1,0 +1,110 @@
+"""Read-only inputs shown in a sandbox without their host paths (as host root).
+
+A bind mount's line in ``/proc/self/mountinfo`` names its source's path within its file system: the
+cache's ``rootfs/<key>/usr``, the harness install, a task venv's ``envs/<task id>`` (the task, to
+code that would special-case it). An overlay is a file system of its own: its root reads ``/`` and
+its options name its layers as the mounter spelt them, here ``/proc/self/fd/N`` (each layer passed
+as a descriptor). So, as host root, each read-only input is an overlay of its source, mounted inside
+the sandbox's own tmpfs (unmounted with it) and bound from there. Unprivileged nothing can be
+mounted: the sources are bound as they are (their paths show). A Unix socket cannot be reached
+through an overlay (its inode is the overlay's, not the listener's): the proxy's socket dir is a
+tmpfs of its own instead (`socket_dir`), whose root reads ``/`` as well.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+from polar_env.cache import cache_root
+from polar_env.sandbox.bwrap_argv import SandboxUnavailable
+from polar_env.sandbox.rootfs import NODE_INSIDE, RootfsMissing, host_node, sandbox_root
+
+EMPTY = ".empty"  # an overlay with no upper layer needs two lower ones: the second is this empty dir
+
+
+class ViewUnavailable(SandboxUnavailable):
+    """The overlay could not be mounted: an infrastructure fault."""
+
+
+def mount_tmpfs(at: Path, size: int, name: str) -> None:
+    """A tmpfs of ``size`` bytes at ``at`` named ``name`` (host root only)."""
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755,nosuid,nodev", name, str(at)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise ViewUnavailable(f"cannot mount a tmpfs at {at}: {proc.stderr.strip()}")
+
+
+def socket_dir(path: Path) -> bool:
+    """``path`` made; as host root, and when empty (nothing is hidden), a tmpfs of its own, so the
+    sandboxes that bind it see no host path. True when mounted: the caller unmounts it (`unmount`)."""
+    path.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0 or os.path.ismount(path) or any(path.iterdir()):
+        return False
+    mount_tmpfs(path, 1 << 20, "polar-proxy")
+    return True
+
+
+def unmount(path: Path) -> None:
+    """Lazily: a straggler's open file cannot keep it mounted."""
+    subprocess.run(["umount", "-l", str(path)], capture_output=True)
+
+
+def mount_view(layers: Sequence[Path], at: Path) -> Path:
+    """``layers`` (the first on top) as one read-only overlay at ``at``, its options naming only
+    descriptors. ``at``'s parent must be in the caller's tmpfs: the empty layer is made there."""
+    at.mkdir(parents=True, exist_ok=True)
+    empty = at.parent / EMPTY
+    empty.mkdir(exist_ok=True)
+    fds = [os.open(layer, os.O_RDONLY | os.O_DIRECTORY) for layer in (*layers, empty)]
+    try:
+        lower = ":".join(f"/proc/self/fd/{fd}" for fd in fds)
+        proc = subprocess.run(["mount", "-t", "overlay", "polar-ro", "-o", f"ro,lowerdir={lower}", str(at)],
+                              pass_fds=fds, capture_output=True, text=True)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    if proc.returncode != 0:
+        raise ViewUnavailable(f"cannot mount a read-only view of {', '.join(map(str, layers))}: {proc.stderr.strip()}")
+    return at
+
+
+def node_layer() -> Path | None:
+    """A directory holding the host's node at ``NODE_INSIDE`` under ``/usr`` (``local/bin/node``), in
+    the cache: a hard link where the file systems allow, else a copy; keyed by the binary's identity."""
+    node = host_node()
+    if node is None:
+        return None
+    st = node.stat()
+    key = hashlib.sha256(f"{node}\0{st.st_size}\0{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    layer = cache_root() / "node" / key
+    inside = layer / Path(NODE_INSIDE).relative_to("/usr")
+    if inside.is_file():
+        return layer
+    tmp = layer.with_name(f".{key}.{os.getpid()}")
+    (tmp / inside.relative_to(layer)).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(node, tmp / inside.relative_to(layer))
+    except OSError:
+        shutil.copy2(node, tmp / inside.relative_to(layer))
+    try:
+        tmp.rename(layer)
+    except OSError:  # another sandbox made it first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return layer
+
+
+def system_view(at: Path) -> Path:
+    """``at``/usr (the sandbox root's, the host's node inside) and ``at``/etc, as overlays."""
+    try:
+        root = sandbox_root()
+    except RootfsMissing as exc:
+        raise ViewUnavailable(str(exc)) from None
+    node = node_layer()
+    mount_view([*([node] if node else []), root / "usr"], at / "usr")
+    mount_view([root / "etc"], at / "etc")
+    return at
