@@ -49,7 +49,7 @@ from polar_env.sandbox.base import (
 )
 from polar_env.sandbox.bubblewrap import FORWARDER_INSIDE, FORWARDER_SRC
 from polar_env.sandbox.bubblewrap import _mount_quota as mount_quota
-from polar_env.sandbox.bwrap_argv import SUPERVISOR_CAPS, SandboxUnavailable
+from polar_env.sandbox.bwrap_argv import SandboxUnavailable
 from polar_env.sandbox.rootfs import host_node
 
 if TYPE_CHECKING:
@@ -61,7 +61,9 @@ BASE_FILE = f"{GIT_DIR_INSIDE}/POLAR_BASE"  # the base tree's id, in that reposi
 SETUP_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER")  # what the root setup execs need, nothing more
 # what an episode's forwarder, run as the container's root, needs to seal the harness it starts as the
 # sandbox uid (forwarder.py, "Sealed harness"); a uid's exec gets no capability of the container's
-FORWARDER_CAPS = (*(cap.upper() for cap in SUPERVISOR_CAPS), "SETUID")
+# (forwarder.SUPERVISING_IN_CONTAINER: DAC_OVERRIDE, kept for setup, reads in place of DAC_READ_SEARCH,
+# which no container may hold: open_by_handle_at would open the host's files behind its binds)
+FORWARDER_CAPS = ("SYS_PTRACE", "SETGID", "SETUID")
 FALLBACK_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 ROOT_PATH = "/usr/bin:/bin"  # root execs' PATH: never the image's
 # every child of PID 1 (the init): right after the start, only the keep-alive `sleep infinity`

@@ -49,8 +49,11 @@ ORIGIN_HEADER = b"x-polar-origin"
 MAX_HEAD = 1 << 20  # a request head larger than this is not HTTP a harness sends
 PR_SET_DUMPABLE = 4
 PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
-CAP_DAC_READ_SEARCH, CAP_SETGID, CAP_SYS_PTRACE = 2, 6, 19
+CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_SETGID, CAP_SYS_PTRACE = 1, 2, 6, 19
 SUPERVISING = (1 << CAP_DAC_READ_SEARCH) | (1 << CAP_SETGID) | (1 << CAP_SYS_PTRACE)
+# a container's root forwarder reads with DAC_OVERRIDE (the container keeps it for its setup) instead of
+# DAC_READ_SEARCH, which a container must never hold (open_by_handle_at reaches the host's files)
+SUPERVISING_IN_CONTAINER = (1 << CAP_DAC_OVERRIDE) | (1 << CAP_SETGID) | (1 << CAP_SYS_PTRACE)
 
 
 def _pipe(src: socket.socket, dst: socket.socket) -> None:
@@ -294,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
         libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     uid, _, gid = (args.user or "").partition(":")
     user = (int(uid), int(gid)) if args.user else None
-    supervising = effective_caps() & SUPERVISING == SUPERVISING
+    caps = effective_caps()
+    supervising = any(caps & needed == needed for needed in (SUPERVISING, SUPERVISING_IN_CONTAINER))
     if supervising:  # CMD inherits none of them
         libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
     server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

@@ -17,6 +17,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -60,8 +61,13 @@ def mount_view(layers: Sequence[Path], at: Path) -> Path:
     at.mkdir(parents=True, exist_ok=True)
     empty = at.parent / EMPTY
     empty.mkdir(exist_ok=True)
-    fds = [os.open(layer, os.O_RDONLY | os.O_DIRECTORY) for layer in (*layers, empty)]
+    fds: list[int] = []
     try:
+        try:
+            for layer in (*layers, empty):
+                fds.append(os.open(layer, os.O_RDONLY | os.O_DIRECTORY))
+        except OSError as exc:
+            raise ViewUnavailable(f"cannot show {exc.filename}: {exc.strerror}") from None
         lower = ":".join(f"/proc/self/fd/{fd}" for fd in fds)
         proc = subprocess.run(["mount", "-t", "overlay", "polar-ro", "-o", f"ro,lowerdir={lower}", str(at)],
                               pass_fds=fds, capture_output=True, text=True)
@@ -85,12 +91,14 @@ def node_layer() -> Path | None:
     inside = layer / Path(NODE_INSIDE).relative_to("/usr")
     if inside.is_file():
         return layer
-    tmp = layer.with_name(f".{key}.{os.getpid()}")
-    (tmp / inside.relative_to(layer)).parent.mkdir(parents=True, exist_ok=True)
+    layer.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=layer.parent))  # one per maker: threads too
+    made = tmp / inside.relative_to(layer)
+    made.parent.mkdir(parents=True)
     try:
-        os.link(node, tmp / inside.relative_to(layer))
+        os.link(node, made)
     except OSError:
-        shutil.copy2(node, tmp / inside.relative_to(layer))
+        shutil.copy2(node, made)
     try:
         tmp.rename(layer)
     except OSError:  # another sandbox made it first
