@@ -211,11 +211,11 @@ class ProxyServer:
         if unix_socket is not None:
             unix_socket = Path(unix_socket)
             self._socket_mount = socket_dir(unix_socket.parent)  # sandboxes bind it: as root a tmpfs
+            self.unix_socket = unix_socket  # stop() unmounts its dir even if the listener never starts
             unix_socket.unlink(missing_ok=True)
             site = web.UnixSite(self._runner, str(unix_socket), backlog=4096)
             await site.start()
             unix_socket.chmod(0o666)  # sandbox uids connect through the bind-mounted directory
-            self.unix_socket = unix_socket
         if port is not None and (unix_socket is None or port):
             tcp = web.TCPSite(self._runner, host, port, backlog=4096)
             await tcp.start()
