@@ -26,7 +26,7 @@ from polar_env.sandbox.bubblewrap import BubblewrapSandbox
 from polar_env.sandbox.bwrap_argv import BwrapCommand, SandboxUnavailable
 from polar_env.sandbox.rootfs import rootfs_dir, sandbox_root
 from polar_env.sandbox.seccomp import program
-from polar_env.sandbox.views import socket_dir, unmount
+from polar_env.sandbox.views import node_layer, socket_dir, unmount
 from polar_env.tasks.loader import load_bundled
 from polar_env.tasks.tree import materialize
 
@@ -150,6 +150,7 @@ async def test_mountinfo_names_no_episode_path(tmp_path: Path):
     try:
         res = await sb.run(["bash", "-c", "cat /proc/self/mountinfo /opt/harness/bin/tool; node -e 'console.log(6*7)'"],
                            timeout_s=60)
+        devs = await sb.run(["stat", "-c", "%d", "/usr", "/usr/bin/env", "/usr/local/bin/node"], timeout_s=60)
         sb.system, sb.harness = None, harness  # control: the inputs bound as they are name their paths
         control = subprocess.run(sb.bwrap_argv(["cat", "/proc/self/mountinfo"], {}), capture_output=True, text=True)
     finally:
@@ -167,6 +168,31 @@ async def test_mountinfo_names_no_episode_path(tmp_path: Path):
                 str(sandbox_root()), "/usr/bin/node"):
         assert bad not in res.stdout_tail, bad
     assert len(host_path_lines(control.stdout)) >= 4, control.stdout  # usr, etc, harness, node
+    # /usr's layers (the cache's root and node) and its empty layer share one file system: its files
+    # show the overlay's st_dev as its directories do (an empty layer on the tmpfs gave files another)
+    assert devs.exit_code == 0 and len(set(devs.stdout_tail.split())) == 1, devs.stdout_tail
+
+
+@pytest.mark.parametrize("left_by_earlier_version", [False, True], ids=["fresh", "0700"])
+async def test_usr_is_the_agents_to_read_with_the_node_layer_made_anew(tmp_path: Path, monkeypatch,
+                                                                      left_by_earlier_version: bool):
+    """Failed on a fresh cache: the node layer's root, made by mkdtemp (0700), is the top layer of
+    ``/usr``, whose view takes its mode, so the agent's uid could load no library (a warm cache's
+    older 0755 layer hid it). An earlier version's 0700 layer is repaired."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "rootfs").symlink_to(rootfs_dir().parent)  # the built root, a node layer of its own
+    monkeypatch.setenv("POLAR_CACHE", str(cache))
+    if left_by_earlier_version:
+        node_layer().chmod(0o700)
+    sb = BubblewrapSandbox.create(materialize(TASKS["psf__requests-6028"], tmp_path / "tree"),
+                                  spec=SandboxSpec(scratch_root=tmp_path / "scratch", disk_bytes=64 << 20))
+    try:
+        res = await sb.run(["bash", "-c", "id -u; stat -c %a /usr; node -e 'console.log(6*7)'"], timeout_s=60)
+    finally:
+        await sb.destroy()
+    assert res.exit_code == 0 and res.stdout_tail.split() == ["1000", "755", "42"], res
+    assert node_layer().parent == cache / "node"
 
 
 async def test_nothing_traces_the_harness_interpreters(sandbox):

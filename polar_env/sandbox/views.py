@@ -25,7 +25,7 @@ from polar_env.cache import cache_root
 from polar_env.sandbox.bwrap_argv import SandboxUnavailable
 from polar_env.sandbox.rootfs import NODE_INSIDE, RootfsMissing, host_node, sandbox_root
 
-EMPTY = ".empty"  # an overlay with no upper layer needs two lower ones: the second is this empty dir
+EMPTY = ".empty"  # an overlay with no upper layer needs two lower ones: the second is an empty dir
 
 
 class ViewUnavailable(SandboxUnavailable):
@@ -55,12 +55,28 @@ def unmount(path: Path) -> None:
     subprocess.run(["umount", "-l", str(path)], capture_output=True)
 
 
+def empty_layer(layers: Sequence[Path], fallback: Path) -> Path:
+    """An empty directory for an overlay of ``layers``: the cache's where all of them share its file
+    system (such an overlay shows its files with one st_dev and their own inode numbers, as a plain
+    tree does), else ``fallback``."""
+    shared = cache_root() / EMPTY
+    try:
+        shared.mkdir(parents=True, exist_ok=True)
+        dev = shared.stat().st_dev
+        if all(layer.stat().st_dev == dev for layer in layers) and not any(shared.iterdir()):
+            return shared
+    except OSError:
+        pass  # a missing layer is mount_view's to report
+    fallback.mkdir(exist_ok=True)
+    return fallback
+
+
 def mount_view(layers: Sequence[Path], at: Path) -> Path:
     """``layers`` (the first on top) as one read-only overlay at ``at``, its options naming only
-    descriptors. ``at``'s parent must be in the caller's tmpfs: the empty layer is made there."""
+    descriptors. ``at``'s parent must be in the caller's tmpfs: the empty layer is made there unless
+    the cache shares the layers' file system."""
     at.mkdir(parents=True, exist_ok=True)
-    empty = at.parent / EMPTY
-    empty.mkdir(exist_ok=True)
+    empty = empty_layer(layers, at.parent / EMPTY)
     fds: list[int] = []
     try:
         try:
@@ -90,9 +106,12 @@ def node_layer() -> Path | None:
     layer = cache_root() / "node" / key
     inside = layer / Path(NODE_INSIDE).relative_to("/usr")
     if inside.is_file():
+        if layer.stat().st_mode & 0o777 != 0o755:  # made 0700 by an earlier version: /usr unreadable
+            layer.chmod(0o755)
         return layer
     layer.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{key}.", dir=layer.parent))  # one per maker: threads too
+    tmp.chmod(0o755)  # the top layer's root is the view's: /usr, which every uid must read
     made = tmp / inside.relative_to(layer)
     made.parent.mkdir(parents=True)
     try:
