@@ -173,6 +173,36 @@ async def sealed_harness_probe(sandbox) -> dict:
     return json.loads(line[7:])
 
 
+
+# what the agent could leave for a privileged Python to import: a .pth in its user site (HOME) and a
+# module shadowing the stdlib on a PYTHONPATH it can write; each records the capabilities it ran with
+PLANT = """
+set -e
+site=$(PY -c 'import site; print(site.getusersitepackages())')
+mkdir -p "$site" /tmp/polar-pp
+echo 'import os; os.system("grep CapEff /proc/self/status > /tmp/polar-ran-pth")' > "$site/polar-plant.pth"
+echo 'import os; os.system("grep CapEff /proc/self/status > /tmp/polar-ran-pythonpath")' > /tmp/polar-pp/argparse.py
+"""
+PLANTED_ENV = {"PYTHONPATH": "/tmp/polar-pp"}
+
+
+async def forwarder_plant_probe(sandbox) -> dict[str, object]:
+    """Which plants ran: ``control`` (the agent's own python3, importing argparse) and ``forwarder``
+    (the forwarder started as an episode starts it, its harness ``true``), and the forwarder's exit
+    code (a planted argparse breaks it)."""
+    from polar_env.harness_adapters.runner import SANDBOX_PYTHON
+
+    ran = "cd /tmp && for f in polar-ran-*; do [ -e \"$f\" ] && echo \"$f\"; done; rm -f polar-ran-*"
+    assert (await sandbox.run(["sh", "-c", PLANT.replace("PY", SANDBOX_PYTHON)], timeout_s=60)).exit_code == 0
+    await sandbox.run([SANDBOX_PYTHON, "-c", "import argparse"], env=PLANTED_ENV, timeout_s=60)
+    out: dict[str, object] = {"control": (await sandbox.run(["sh", "-c", ran], timeout_s=60)).stdout_tail.split()}
+    started = await sandbox.run([SANDBOX_PYTHON, FORWARDER_INSIDE, "--socket", "/run/proxy/none", "--port", "18080",
+                                 "--", "true"], env=PLANTED_ENV, timeout_s=60)
+    out["forwarder"] = (await sandbox.run(["sh", "-c", ran], timeout_s=60)).stdout_tail.split()
+    out["forwarder_exit"] = started.exit_code
+    return out
+
+
 # file systems whose mounts may show a sub-path as their root: the sandbox's own tmpfs (its files at
 # their paths inside), bwrap's new root, and the kernel's proc and devices
 _OWN_ROOTS = {("tmpfs", "polar-sandbox"), ("tmpfs", "tmpfs"), ("proc", "proc"), ("devtmpfs", "devtmpfs")}

@@ -23,7 +23,13 @@ from pathlib import Path
 
 import pytest
 from own_containers import own_containers
-from polar_sandbox_helpers import SEALED, probe_network, processes_matching, sealed_harness_probe
+from polar_sandbox_helpers import (
+    SEALED,
+    forwarder_plant_probe,
+    probe_network,
+    processes_matching,
+    sealed_harness_probe,
+)
 
 from polar_env.backends.scripted import ScriptedBackend
 from polar_env.episodes import EpisodeConfig, run_episode
@@ -255,6 +261,14 @@ async def test_the_forwarder_seals_the_harness_from_its_tools(box):
     """The forwarder runs as the container's root and starts the harness as the sandbox uid, not
     dumpable: its tools, shell-run or started directly, open none of its /proc entries."""
     assert await sealed_harness_probe(box) == SEALED
+
+
+async def test_the_forwarder_imports_nothing_the_agent_wrote(box):
+    """The forwarder holds privileges: a ``.pth`` in the agent's user site or a module shadowing the
+    stdlib on PYTHONPATH would run with them. Its interpreter is isolated (``-I``); the agent's own
+    python3 runs both (the control)."""
+    assert await forwarder_plant_probe(box) == {
+        "control": ["polar-ran-pth", "polar-ran-pythonpath"], "forwarder": [], "forwarder_exit": 0}
 
 
 async def test_the_deadline_leaves_nothing_running(box):

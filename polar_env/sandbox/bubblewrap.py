@@ -55,6 +55,19 @@ def _mount_quota(root: Path, size: int | None) -> None:
     mount_tmpfs(root, size, "polar-sandbox")
 
 
+
+def runs_forwarder(cmd: Sequence[str]) -> bool:
+    """Whether ``cmd`` is ``PYTHON FORWARDER_INSIDE ...``: the one command a sandbox starts privileged."""
+    return list(cmd[1:2]) == [FORWARDER_INSIDE]
+
+
+def isolated_forwarder(cmd: Sequence[str]) -> list[str]:
+    """``cmd`` (`runs_forwarder`) with its interpreter isolated (``-I``): no ``PYTHON*`` variable, no
+    user site, no script dir, so nothing the agent could write (its HOME's site-packages and ``.pth``
+    files, a tree on the task's PYTHONPATH) is imported while the forwarder holds its privileges.
+    The harness it starts inherits the environment as given."""
+    return [cmd[0], "-I", *cmd[1:]]
+
 class BubblewrapSandbox(HostTreeSandbox):
     """One task copy + private HOME/tmp on the host, entered by a fresh bwrap per command."""
 
@@ -155,10 +168,10 @@ class BubblewrapSandbox(HostTreeSandbox):
             mounts.append(Mount("/opt/harness", self.harness))
         if s.proxy_socket_dir is not None:
             mounts.append(Mount("/run/proxy", s.proxy_socket_dir))
+        supervisor = runs_forwarder(cmd)
         command = BwrapCommand(mounts, workdir=s.workdir, env={**s.base_env(), **env}, uid=self.uid, gid=self.gid,
-                               hostname=s.hostname, supervisor=list(cmd[1:2]) == [FORWARDER_INSIDE],
-                               system=self.system)
-        return command.argv(cmd)
+                               hostname=s.hostname, supervisor=supervisor, system=self.system)
+        return command.argv(isolated_forwarder(cmd) if supervisor else cmd)
 
     async def run(self, cmd: Sequence[str], *, env: dict[str, str] | None = None, timeout_s: float | Deadline = 600.0,
                   stdin: bytes | None = None, max_output_bytes: int = 1 << 20) -> RunResult:

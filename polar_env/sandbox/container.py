@@ -47,7 +47,7 @@ from polar_env.sandbox.base import (
     exclude_pathspecs,
     run_process_tree,
 )
-from polar_env.sandbox.bubblewrap import FORWARDER_INSIDE, FORWARDER_SRC
+from polar_env.sandbox.bubblewrap import FORWARDER_INSIDE, FORWARDER_SRC, isolated_forwarder, runs_forwarder
 from polar_env.sandbox.bubblewrap import _mount_quota as mount_quota
 from polar_env.sandbox.bwrap_argv import SandboxUnavailable
 from polar_env.sandbox.rootfs import host_node
@@ -353,9 +353,9 @@ class ContainerSandbox(Sandbox):
         if self._destroyed:
             raise RuntimeError("sandbox destroyed")
         path, killed = None, user
-        if list(cmd[1:2]) == [FORWARDER_INSIDE] and user is None and self.spec.proxy_socket_dir is not None:
+        if runs_forwarder(cmd) and user is None and self.spec.proxy_socket_dir is not None:
             # the forwarder as root, with FORWARDER_CAPS, starts the harness as the sandbox uid (sealed)
-            cmd = [*cmd[:2], "--user", f"{self.spec.uid}:{self.spec.uid}", *cmd[2:]]
+            cmd = isolated_forwarder([*cmd[:2], "--user", f"{self.spec.uid}:{self.spec.uid}", *cmd[2:]])
             user, path = "0", self.env(env or {})["PATH"]
         argv = self.exec_argv(cmd, env or {}, user=user, timeout_s=bound_s(timeout_s), interactive=stdin is not None,
                               path=path)
