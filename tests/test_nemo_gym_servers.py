@@ -126,21 +126,38 @@ def test_a_harness_killed_by_a_signal_is_named_not_an_exit_code(tmp_path: Path):
 
 
 def test_the_janitor_removes_a_killed_servers_temp_state(tmp_path: Path):
-    """Gym SIGKILLs a server that is not gone a second after SIGINT: its temp dir must go anyway."""
+    """Gym SIGKILLs a server that is not gone a second after SIGINT: its temp dir must go anyway, and
+    as host root the mounts beneath it (a sandbox's tmpfs with a view inside, the proxy's socket
+    tmpfs: they were left mounted, the removal stopping at each mount point)."""
+    import os
     import subprocess
     import sys
     import time
 
+    from polar_env.sandbox.views import mount_tmpfs, socket_dir, unmount
+
     state = tmp_path / "polar-agent-x"
     (state / "ledger").mkdir(parents=True)
+    if os.geteuid() == 0:
+        (state / "sandbox").mkdir()
+        mount_tmpfs(state / "sandbox", 1 << 20, "polar-sandbox")
+        (state / "sandbox" / "views").mkdir()
+        mount_tmpfs(state / "sandbox" / "views", 1 << 20, "polar-sandbox")
+        assert socket_dir(state / "sock")
     code = ("import os, signal, sys; from pathlib import Path; from polar_env.janitor import Janitor; "
             "j = Janitor(Path(sys.argv[1])); print('ready', flush=True); os.kill(os.getpid(), signal.SIGKILL)")
-    proc = subprocess.run([sys.executable, "-c", code, str(state)], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == -9 and "ready" in proc.stdout
-    deadline = time.time() + 30
-    while state.exists() and time.time() < deadline:
-        time.sleep(0.1)
-    assert not state.exists()
+    try:
+        proc = subprocess.run([sys.executable, "-c", code, str(state)], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == -9 and "ready" in proc.stdout
+        deadline = time.time() + 30
+        while state.exists() and time.time() < deadline:
+            time.sleep(0.1)
+        assert not state.exists()
+        assert str(state) not in Path("/proc/self/mountinfo").read_text()
+    finally:  # what a failing janitor left
+        for point in (state / "sandbox", state / "sock"):
+            if os.path.ismount(point):
+                unmount(point)
 
 
 # -- the stand-in policy server over real HTTP -------------------------------------------------
