@@ -173,7 +173,6 @@ async def sealed_harness_probe(sandbox) -> dict:
     return json.loads(line[7:])
 
 
-
 # what the agent could leave for a privileged Python to import: a .pth in its user site (HOME) and a
 # module shadowing the stdlib on a PYTHONPATH it can write; each records the capabilities it ran with
 PLANT = """
@@ -184,6 +183,8 @@ echo 'import os; os.system("grep CapEff /proc/self/status > /tmp/polar-ran-pth")
 echo 'import os; os.system("grep CapEff /proc/self/status > /tmp/polar-ran-pythonpath")' > /tmp/polar-pp/argparse.py
 """
 PLANTED_ENV = {"PYTHONPATH": "/tmp/polar-pp"}
+# what an isolated forwarder gives: the agent's own python3 runs both plants, the forwarder neither
+PLANTS_IGNORED = {"control": ["polar-ran-pth", "polar-ran-pythonpath"], "forwarder": [], "forwarder_exit": 0}
 
 
 async def forwarder_plant_probe(sandbox) -> dict[str, object]:

@@ -55,7 +55,6 @@ def _mount_quota(root: Path, size: int | None) -> None:
     mount_tmpfs(root, size, "polar-sandbox")
 
 
-
 def runs_forwarder(cmd: Sequence[str]) -> bool:
     """Whether ``cmd`` is ``PYTHON FORWARDER_INSIDE ...``: the one command a sandbox starts privileged."""
     return list(cmd[1:2]) == [FORWARDER_INSIDE]
@@ -67,6 +66,7 @@ def isolated_forwarder(cmd: Sequence[str]) -> list[str]:
     files, a tree on the task's PYTHONPATH) is imported while the forwarder holds its privileges.
     The harness it starts inherits the environment as given."""
     return [cmd[0], "-I", *cmd[1:]]
+
 
 class BubblewrapSandbox(HostTreeSandbox):
     """One task copy + private HOME/tmp on the host, entered by a fresh bwrap per command."""
