@@ -96,10 +96,12 @@ def _drop_warm_image(task: Task) -> None:
         from polar_env.sandbox.warm_images import warm_image_name
     except ImportError:  # the code before warm images (the `before` figures): nothing to drop
         return
-    from polar_env.tasks.runtime import container_spec, task_spec
+    from polar_env.tasks import runtime
 
-    spec = container_spec(task, task_spec(task, SandboxSpec()), CONTAINER_ENGINE)
-    subprocess.run([CONTAINER_ENGINE, "rmi", warm_image_name(CONTAINER_ENGINE, task.image or "", spec)],
+    spec = runtime.container_spec(task, runtime.task_spec(task, SandboxSpec()), CONTAINER_ENGINE)
+    # the base its history is reduced to is part of the name (code before that has no `history_base`)
+    base = (runtime.history_base(task),) if hasattr(runtime, "history_base") else ()
+    subprocess.run([CONTAINER_ENGINE, "rmi", warm_image_name(CONTAINER_ENGINE, task.image or "", spec, *base)],
                    capture_output=True, timeout=300)
 
 

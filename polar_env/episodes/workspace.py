@@ -30,6 +30,7 @@ from polar_env.tasks.runtime import (
     WorkspaceUnavailable,
     check_image,
     container_spec,
+    history_base,
     task_image,
     task_spec,
 )
@@ -145,7 +146,8 @@ def _open(task: Task, spec: SandboxSpec, kind: WorkspaceKind) -> Workspace:
         from polar_env.sandbox.warm_images import warm_image
 
         spec, image = container_spec(task, spec, kind), task_image(task)
-        cs = ContainerSandbox.create(None, spec=spec, image=warm_image(kind, image, spec), engine=kind, warm=True)
+        warm = warm_image(kind, image, spec, history_base(task))
+        cs = ContainerSandbox.create(None, spec=spec, image=warm, engine=kind, warm=True)
         ref = WorkspaceRef(kind=kind, container=cs.name, image=image, path=cs.path, workdir=spec.workdir,
                            uid=spec.uid, gid=spec.uid, clone="overlay")
         return Workspace(cs, ref)
@@ -154,7 +156,7 @@ def _open(task: Task, spec: SandboxSpec, kind: WorkspaceKind) -> Workspace:
 
     check_image(task, kind)
     image = apptainer_image(task_image(task))
-    base = apptainer_base(image, spec)
+    base = apptainer_base(image, spec, history_base(task))
     ap = ApptainerSandbox.create(base.tree, spec=spec, image=image, snapshot=base.git_dir)
     return Workspace(ap, WorkspaceRef(kind=kind, root=str(ap.root), image=ap.image, uid=spec.uid, gid=spec.uid,
                                       clone=ap.clone))

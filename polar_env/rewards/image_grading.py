@@ -64,7 +64,7 @@ from polar_env.sandbox.container import ContainerError, ContainerSandbox
 from polar_env.sandbox.warm_images import warm_image
 from polar_env.tasks.base_trees import apptainer_base
 from polar_env.tasks.models import Task
-from polar_env.tasks.runtime import task_image
+from polar_env.tasks.runtime import history_base, task_image
 
 INPUT_INSIDE = "/tmp/polar-input"  # the grader's inputs (a dir a box keeps between execs: `provide`)
 PATCH_INSIDE = f"{INPUT_INSIDE}/model.patch"
@@ -112,15 +112,16 @@ def grading_plan(task: Task, image: str) -> tuple[str, str, object | None]:
     return image, custom_eval_script(task), None
 
 
-def image_box(engine: str, image: str) -> ImageBox:
-    """A fresh box of ``image`` to grade in: a container of its warm image (the tree the sandbox uid's and
-    its base recorded once per node, as for episodes; on podman as root the tree on a disk quota), or on
-    apptainer a box over a copy of the image's own tree (copied out once per node:
+def image_box(engine: str, image: str, base: str = "HEAD") -> ImageBox:
+    """A fresh box of ``image`` to grade in: a container of its warm image (its git history reduced to
+    ``base``, the tree the sandbox uid's and its base recorded once per node, as for episodes: the tested
+    code reads no more history than the agent did; on podman as root the tree on a disk quota), or on
+    apptainer a box over a copy of the image's own tree (copied out and reduced once per node:
     `tasks.base_trees.apptainer_base`)."""
     if engine == APPTAINER:
-        base = apptainer_base(image, GRADING_SPEC)
-        return ApptainerBox.create(image, spec=GRADING_SPEC, base_tree=base.tree, base_git=base.git_dir)
-    return ContainerSandbox.create(None, spec=GRADING_SPEC, image=warm_image(engine, image, GRADING_SPEC),
+        tree = apptainer_base(image, GRADING_SPEC, base)
+        return ApptainerBox.create(image, spec=GRADING_SPEC, base_tree=tree.tree, base_git=tree.git_dir)
+    return ContainerSandbox.create(None, spec=GRADING_SPEC, image=warm_image(engine, image, GRADING_SPEC, base),
                                    engine=engine, warm=True)
 
 
@@ -178,7 +179,7 @@ async def _strict_run(task: Task, patch: str, *, engine: str, image: str, timeou
                       gold: TestRun | None = None) -> dict:
     """The strict run in a fresh container; with ``gold``, judged against it, and perturbed if it resolves
     (where the gold patch passes the perturbed run); without, the gold run itself and its perturbed control."""
-    box = await asyncio.to_thread(image_box, engine, image)
+    box = await asyncio.to_thread(image_box, engine, image, history_base(task))
     try:
         try:
             done = await strict_in_box(task, box, patch, timeout_s)
@@ -257,7 +258,7 @@ async def _grade(task: Task, patch: str, *, engine: str, image: str, timeout_s: 
         return _infra(result, f"swebench test spec: {type(exc).__name__}: {exc}", t0, FailureKind.task_defect)
     box: ImageBox | None = None
     try:
-        box = await asyncio.to_thread(image_box, engine, image)
+        box = await asyncio.to_thread(image_box, engine, image, history_base(task))
         result.timings["setup_s"] = time.monotonic() - t0
         with tempfile.TemporaryDirectory(prefix="polar-grade-") as tmp:
             for name, text in (("model.patch", patch), ("eval.sh", script)):

@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
-from polar_env.sandbox import gitdiff
+from polar_env.sandbox import gitdiff, history
 from polar_env.sandbox.base import (
     BUILD_EXCLUDES,
     DEFAULT_ENV,
@@ -43,7 +43,14 @@ from polar_env.sandbox.bubblewrap import (
     FORWARDER_SRC,
 )
 from polar_env.sandbox.cgroups import CgroupLimits
-from polar_env.sandbox.container import GIT_DIR_INSIDE, ROOT_PATH, ContainerError, is_root, lock_as_root
+from polar_env.sandbox.container import (
+    GIT_DIR_INSIDE,
+    ROOT_PATH,
+    ContainerError,
+    HistoryNotReduced,
+    is_root,
+    lock_as_root,
+)
 from polar_env.sandbox.host_tree import HostTreeSandbox, chown_tree, copy_tree
 
 ENGINE = "apptainer"
@@ -132,6 +139,13 @@ class ApptainerSandbox(HostTreeSandbox):
         return [self.engine, "exec", "--containall", "--bind", f"{dest}:/polar-out", self.image,
                 "cp", "-a", f"{self.spec.workdir}/.", "/polar-out/"]
 
+    def reduce_argv(self, tree: Path, base: str) -> list[str]:
+        """The copied-out ``tree``'s git history reduced to ``base`` by the image's git, the tree bound at the
+        workdir and nothing else (sandbox/history.py): never the host's git on a tree an image brought."""
+        return [self.engine, "exec", "--containall", "--cleanenv", "--no-mount", "cwd", "--net", "--network", "none",
+                "--bind", f"{tree}:{self.spec.workdir}", "--pwd", "/", self.image,
+                "/bin/sh", "-c", history.reduce_script(self.spec.workdir, base)]
+
     @classmethod
     def create(cls, task_tree: Path | None, *, spec: SandboxSpec, image: str = "",
                extra_ro_mounts: Sequence[tuple[str, str]] = (), isolate_network: bool = True,
@@ -153,6 +167,7 @@ class ApptainerSandbox(HostTreeSandbox):
             sb.testbed.mkdir()
             try:
                 extract_image_tree(image, spec, sb.testbed)
+                reduce_image_tree(image, spec, sb.testbed)
                 if owner is not None:
                     chown_tree(sb.testbed, *owner)
             except RuntimeError:
@@ -203,6 +218,19 @@ def extract_image_tree(image: str, spec: SandboxSpec, dest: Path) -> None:
         raise ContainerError(f"{ENGINE} is not installed (polar doctor says how to install it)") from None
     if proc.returncode != 0:
         raise ContainerError(f"apptainer extract failed: {proc.stderr.decode(errors='replace')[-2000:]}")
+
+
+def reduce_image_tree(image: str, spec: SandboxSpec, tree: Path, base: str = "HEAD") -> str:
+    """The git history of ``tree`` (copied out of ``image`` by `extract_image_tree`) reduced to ``base``
+    inside the image (`ApptainerSandbox.reduce_argv`); what it did (one line), or `HistoryNotReduced`."""
+    try:
+        proc = subprocess.run(ApptainerSandbox(spec, image, tree).reduce_argv(tree, base), capture_output=True,
+                              timeout=1800)
+    except FileNotFoundError:
+        raise ContainerError(f"{ENGINE} is not installed (polar doctor says how to install it)") from None
+    if proc.returncode != 0:
+        raise HistoryNotReduced(history.refusal(proc.stderr.decode(errors="replace"), f"{image} {spec.workdir}"))
+    return history.reduced_line(proc.stdout.decode(errors="replace"))
 
 
 class ApptainerBox:

@@ -35,7 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from polar_env.sandbox import safe_git
+from polar_env.outcomes import FailureKind
+from polar_env.sandbox import history, safe_git
 from polar_env.sandbox.base import (
     BUILD_EXCLUDES,
     HARNESS_BIN_DIRS,
@@ -75,6 +76,13 @@ NODE_DIR_INSIDE = "/opt/polar/bin"  # the host's Node.js binary, for harnesses i
 
 class ContainerError(RuntimeError):
     """An engine command failed (engine missing or down, image absent, container gone)."""
+
+
+class HistoryNotReduced(ContainerError):
+    """A task's git repository could not be reduced to its base (sandbox/history.py): the task is refused,
+    with a one-line message, as a task defect (masked, never scored)."""
+
+    failure_kind = FailureKind.task_defect
 
 
 def is_root(user: str | None) -> bool:
@@ -221,6 +229,7 @@ class ContainerSandbox(Sandbox):
         self.extra_ro_mounts = list(extra_ro_mounts)  # e.g. a Node.js install the harness needs
         self.keepalive_pid: int | None = None  # the container's `sleep infinity`, recorded at its start
         self.workdir_quota = workdir_quota
+        self.history = ""  # what reducing the workdir's git history did (`reduce_history`), where this container did it
         self._destroyed = False
 
     # --- argv builders (pure) ---
@@ -318,13 +327,24 @@ class ContainerSandbox(Sandbox):
         return [self.engine, "rm", "-f", "-t", "0", self.name]
 
     # --- lifecycle ---
+    def reduce_history(self, base: str = "HEAD") -> str:
+        """The repository at the workdir reduced to ``base`` (`sandbox/history.py`), by the image's git as
+        root in this container; what it did (one line), or `HistoryNotReduced`."""
+        try:
+            out = engine_run(self.exec_argv(["sh", "-c", history.reduce_script(self.spec.workdir, base)], {},
+                                            user="0"), timeout_s=1800)
+        except ContainerError as exc:
+            raise HistoryNotReduced(history.refusal(str(exc), f"{self.image} {self.spec.workdir}")) from None
+        return history.reduced_line(out.decode(errors="replace"))
+
     @classmethod
     def create(cls, task_tree: Path | None, *, spec: SandboxSpec, image: str = "", engine: str = "docker",
                extra_ro_mounts: Sequence[tuple[str, str]] = (), snapshot: bool = True,
-               warm: bool = False) -> ContainerSandbox:
+               warm: bool = False, history_base: str = "HEAD") -> ContainerSandbox:
         """Start a container of ``image``; ``task_tree`` (if given) replaces the image's /testbed; without
         ``snapshot`` no base tree is recorded (a container nobody diffs: a separate verifier's);
-        ``warm``: ``image`` is a warm image, its tree already the uid's and recorded."""
+        ``warm``: ``image`` is a warm image, its tree already the uid's, reduced and recorded; otherwise
+        the workdir's git history is reduced to ``history_base`` first (`reduce_history`)."""
         if not image:
             raise ValueError("a container sandbox needs an image (the task's `image`)")
         path = image_path(engine, image)
@@ -341,6 +361,7 @@ class ContainerSandbox(Sandbox):
                                          f"{shlex.quote(spec.workdir)}/.[!.]*"], {}, user="0"))
                 engine_run(sb.cp_in_argv(task_tree, spec.workdir))
             if not warm:
+                sb.history = sb.reduce_history(history_base)
                 engine_run(sb.exec_argv(["sh", "-c", sb.setup_script(snapshot)], {}, user="0"))
         except BaseException:
             sb.remove()

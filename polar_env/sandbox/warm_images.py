@@ -1,5 +1,6 @@
-"""Warm task images: a task image with its tree handed to the sandbox uid and its base recorded,
-committed once per node; every episode's container starts from it.
+"""Warm task images: a task image with its git history reduced to the base (`sandbox/history.py`),
+its tree handed to the sandbox uid and its base recorded, committed once per node; every episode's
+container, and every grading container, starts from it.
 
 An episode's container used to start from the task's image and then, as root, ``chown -R`` the
 whole workdir to the sandbox uid (on an overlay filesystem, a copy-up of every file) and snapshot it
@@ -7,7 +8,8 @@ with git (hashing every file): per episode, for the same bytes. Now the first ep
 on a node does both once, in a container it commits as ``localhost/polar-warm:<key>``; each
 episode's container starts from that image (the engine's overlay is the per-episode clone) and has
 only its HOME, a fresh tmpfs, to hand over. The key covers the image's id (not its name: a retagged
-image gets a fresh warm image), the uid and the workdir; a lock file per key makes concurrent
+image gets a fresh warm image), the uid, the workdir and the base the history is reduced to (one image
+may serve several bases: SWE-smith's instances are branches of one image); a lock file per key makes concurrent
 episodes (threads or processes) build it once. A warm image is listed in the pulled-image ledger
 (``sandbox/pulled_images.py``) with its own size, so ``polar tasks pull``'s disk budget prunes it too.
 """
@@ -16,41 +18,45 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import logging
 from dataclasses import replace
 
 from polar_env.cache import cache_root
 from polar_env.sandbox.base import SandboxSpec
 from polar_env.sandbox.container import ContainerSandbox, engine_run, image_exists
 
+log = logging.getLogger(__name__)
 WARM_REPO = "localhost/polar-warm"
-LAYOUT = "1"  # bump when what a warm image holds changes (the setup script, the snapshot's layout)
+LAYOUT = "2"  # bump when what a warm image holds changes (the setup script, the snapshot's layout)
 
 
-def warm_image_name(engine: str, image: str, spec: SandboxSpec) -> str:
+def warm_image_name(engine: str, image: str, spec: SandboxSpec, base: str = "HEAD") -> str:
     image_id = engine_run([engine, "image", "inspect", "--format", "{{.Id}}", image]).decode().strip()
-    key = hashlib.sha256(f"{LAYOUT}\0{image_id}\0{spec.uid}\0{spec.workdir}".encode()).hexdigest()[:24]
+    key = hashlib.sha256(f"{LAYOUT}\0{image_id}\0{spec.uid}\0{spec.workdir}\0{base}".encode()).hexdigest()[:24]
     return f"{WARM_REPO}:{key}"
 
 
-_known: dict[tuple[str, str, int, str], str] = {}  # this process's warm images: no engine call per episode
+_known: dict[tuple[str, str, int, str, str], str] = {}  # this process's warm images: no engine call per episode
 
 
-def warm_image(engine: str, image: str, spec: SandboxSpec) -> str:
-    """``image``'s warm image on this node, committed now if there is none yet (once, whoever asks at
-    once); remembered for the process (an image retagged meanwhile is seen by the next process)."""
+def warm_image(engine: str, image: str, spec: SandboxSpec, base: str = "HEAD") -> str:
+    """``image``'s warm image on this node for a task whose base is ``base`` (its ``base_commit``, else
+    ``HEAD``), committed now if there is none yet (once, whoever asks at once); remembered for the
+    process (an image retagged meanwhile is seen by the next process). A repository that cannot be
+    reduced to ``base`` raises `container.HistoryNotReduced` (the task is refused) and commits nothing."""
     from polar_env.sandbox.pulled_images import PulledImages
 
-    known = (engine, image, spec.uid, spec.workdir)
+    known = (engine, image, spec.uid, spec.workdir, base)
     if (warm := _known.get(known)) is not None and image_exists(engine, warm):
         return warm
-    warm = warm_image_name(engine, image, spec)
+    warm = warm_image_name(engine, image, spec, base)
     if not image_exists(engine, warm):
         locks = cache_root() / "warm-images"
         locks.mkdir(parents=True, exist_ok=True)
         with open(locks / f"{warm.rsplit(':', 1)[1]}.lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
             if not image_exists(engine, warm):  # not committed while we waited
-                _commit(engine, image, spec, warm)
+                _commit(engine, image, spec, warm, base)
                 size = engine_run([engine, "image", "inspect", "--format", "{{.Size}}", warm]).decode().strip()
                 PulledImages().record(warm, int(size or 0))
     PulledImages().touch(warm)
@@ -58,12 +64,13 @@ def warm_image(engine: str, image: str, spec: SandboxSpec) -> str:
     return warm
 
 
-def _commit(engine: str, image: str, spec: SandboxSpec, warm: str) -> None:
-    """The setup every episode's container did (ContainerSandbox.setup_script), in one container
-    without the episode's mounts, committed (its tmpfs HOME and /tmp are not part of an image)."""
+def _commit(engine: str, image: str, spec: SandboxSpec, warm: str, base: str) -> None:
+    """The setup every episode's container did (the history reduced, ContainerSandbox.setup_script), in
+    one container without the episode's mounts, committed (its tmpfs HOME and /tmp are not part of an image)."""
     box = ContainerSandbox.create(None, spec=replace(spec, proxy_socket_dir=None, harness_dir=None), image=image,
-                                  engine=engine)
+                                  engine=engine, history_base=base)
     try:
+        log.info("warm image %s of %s: %s", warm, image, box.history or "no git history to reduce")
         engine_run([engine, "commit", box.name, warm])
     finally:
         box.remove()

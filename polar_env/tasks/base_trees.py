@@ -14,7 +14,8 @@ clone shares no inode with it (a copy or a reflink, never a hard link), so nothi
 reaches the base.
 The key covers the archive's path, size and mtime and the expected commit, so a rebuilt archive
 gets a fresh base. An apptainer task's base is its image's tree (``warm_image_base``), copied out of
-the image once per node instead of per episode.
+the image once per node instead of per episode, its git history reduced to the task's base inside
+the image (sandbox/history.py).
 """
 
 from __future__ import annotations
@@ -33,13 +34,13 @@ from pathlib import Path
 
 from polar_env.cache import cache_root
 from polar_env.sandbox import gitdiff
-from polar_env.sandbox.apptainer import extract_image_tree
+from polar_env.sandbox.apptainer import extract_image_tree, reduce_image_tree
 from polar_env.sandbox.base import SandboxSpec
 from polar_env.sandbox.host_tree import chown_tree
 from polar_env.tasks.models import Task
 from polar_env.tasks.tree import materialize
 
-LAYOUT = "1"  # bump when what a base dir holds changes
+LAYOUT = "2"  # bump when what a base dir holds changes
 
 
 @dataclass(frozen=True)
@@ -93,31 +94,39 @@ def warm_base(task: Task, cache: Path) -> BaseTree:
     return _warm(cache, base_key(task), partial(build_base, task))
 
 
-def image_base_key(image: str, workdir: str) -> str:
+def image_base_key(image: str, workdir: str, history_base: str = "HEAD") -> str:
     """A local .sif by its path, size and mtime; a registry name by the name itself (pin a digest,
-    ``name@sha256:...``, for a base that follows a retagged image)."""
+    ``name@sha256:...``, for a base that follows a retagged image); and the base its history is reduced to."""
     local = Path(image)
     stamp = f"{local.stat().st_size}\0{local.stat().st_mtime_ns}" if local.is_file() else ""
-    digest = hashlib.sha256(f"{LAYOUT}\0{image}\0{workdir}\0{stamp}".encode())
+    digest = hashlib.sha256(f"{LAYOUT}\0{image}\0{workdir}\0{stamp}\0{history_base}".encode())
     return f"image-{re.sub(r'[^A-Za-z0-9_.-]', '_', image)[-60:]}-{digest.hexdigest()[:16]}"
 
 
-def warm_image_base(image: str, workdir: str, cache: Path, extract: Callable[[Path], None]) -> BaseTree:
-    """An image's task tree (its ``workdir``) copied out by ``extract(dest)`` and snapshotted once per
-    node: the apptainer workspaces of its tasks clone it, as bubblewrap ones clone a task's base."""
+def warm_image_base(image: str, workdir: str, cache: Path, extract: Callable[[Path], None],
+                    history_base: str = "HEAD") -> BaseTree:
+    """An image's task tree (its ``workdir``) copied out by ``extract(dest)`` (its git history reduced to
+    ``history_base`` there) and snapshotted once per node: the apptainer workspaces of its tasks clone
+    it, as bubblewrap ones clone a task's base."""
 
     def build(dest: Path) -> None:
         (dest / "tree").mkdir()
         extract(dest / "tree")
         gitdiff.snapshot(dest / "tree", dest / "git")
 
-    return _warm(cache, image_base_key(image, workdir), build)
+    return _warm(cache, image_base_key(image, workdir, history_base), build)
 
 
-def apptainer_base(image: str, spec: SandboxSpec) -> BaseTree:
-    """An apptainer image's own tree (``spec.workdir``), warm on this node: its workspaces and its
-    grader's boxes clone it."""
-    return warm_image_base(image, spec.workdir, base_cache_dir(), partial(extract_image_tree, image, spec))
+def apptainer_base(image: str, spec: SandboxSpec, history_base: str = "HEAD") -> BaseTree:
+    """An apptainer image's own tree (``spec.workdir``), its git history reduced to ``history_base`` in the
+    image (`sandbox/history.py`), warm on this node: its workspaces and its grader's boxes clone it. A
+    history that cannot be reduced refuses the task (`HistoryNotReduced`) and leaves no base."""
+
+    def extract(dest: Path) -> None:
+        extract_image_tree(image, spec, dest)
+        reduce_image_tree(image, spec, dest, history_base)
+
+    return warm_image_base(image, spec.workdir, base_cache_dir(), extract, history_base)
 
 
 def _warm(cache: Path, name: str, build: Callable[[Path], None]) -> BaseTree:

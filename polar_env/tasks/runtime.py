@@ -27,6 +27,12 @@ def instance_image(instance_id: str, namespace: str = "swebench") -> str:
     return ImageSpec(instance_id=instance_id, dockerfile="(published)", namespace=namespace).name
 
 
+def history_base(task: Task) -> str:
+    """What the git history of the task's image is reduced to (sandbox/history.py): its ``base_commit``
+    (a commit id, or the branch a SWE-smith instance is), else the commit the image has checked out."""
+    return task.base_commit or "HEAD"
+
+
 def task_image(task: Task) -> str:
     """The image a task runs in: the one it names, else the one SWE-bench publishes for the instance."""
     return task.image or instance_image(task.instance_id)

@@ -2,11 +2,15 @@
 
 One commit with a fixed author and date: the agent sees no future history (the fix cannot be
 read from `git log`), `git diff` against it is the agent's patch, and the commit id is the same
-on every machine, so `Task.base_commit` can be checked.
+on every machine, so `Task.base_commit` can be checked. A repository the archive carries (a ``.git``
+anywhere in it, with whatever history it holds) is removed before that commit, as `polar tasks build`
+leaves it out of the archives it writes.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import tarfile
 from pathlib import Path
@@ -73,6 +77,18 @@ def strip_single_top(dest: Path) -> None:
     top.rmdir()
 
 
+def drop_repositories(tree: Path) -> None:
+    """Every ``.git`` (a repository, a worktree's or submodule's ``.git`` file, a link) under ``tree`` removed."""
+    for root, dirs, files in os.walk(tree):
+        for name in [n for n in (*dirs, *files) if n == ".git"]:
+            path = Path(root) / name
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+        dirs[:] = [d for d in dirs if d != ".git"]
+
+
 def materialize(task: Task, dest: Path) -> Path:
     """Unpack a task's base tree archive into `dest` (must not exist) and commit it once."""
     if not task.base_archive:
@@ -81,6 +97,7 @@ def materialize(task: Task, dest: Path) -> Path:
     with tarfile.open(task.base_archive) as tar:
         tar.extractall(dest, filter="data")
     strip_single_top(dest)
+    drop_repositories(dest)
     commit = init_single_commit(dest)
     if task.base_commit and commit != task.base_commit:
         raise RuntimeError(f"{task.instance_id}: base_commit {task.base_commit} is not the commit of the base tree "
