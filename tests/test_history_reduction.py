@@ -1,0 +1,177 @@
+"""The reduction of a task repository's git history to its base (sandbox/history.py), on repositories
+this test builds: later commits, a branch, tags, a remote, notes, a stash, reflogs, unreachable loose and
+packed objects, FETCH_HEAD/ORIG_HEAD, alternates. The script runs here with the host's git because these
+repositories are the test's own; Polar runs it only inside the task's container or image."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from polar_env.sandbox.history import REDUCED, REFUSED, reduce_script, reduced_line, refusal
+
+FIX = "FIXED"  # every later object holds it: no object of the reduced repository may
+DATES = {"base": "2000-01-02T00:00:00Z", "later": "2001-01-01T00:00:00Z"}
+
+
+def git(repo: Path, *args: str, date: str = "base", input: str | None = None) -> str:
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(repo), "GIT_CONFIG_NOSYSTEM": "1", "GIT_AUTHOR_NAME": "a",
+           "GIT_AUTHOR_EMAIL": "a@x", "GIT_COMMITTER_NAME": "a", "GIT_COMMITTER_EMAIL": "a@x",
+           "GIT_AUTHOR_DATE": DATES[date], "GIT_COMMITTER_DATE": DATES[date]}
+    return subprocess.run(["git", "-c", "safe.directory=*", *args], cwd=repo, env=env, input=input, text=True,
+                          capture_output=True, check=True).stdout
+
+
+def objects(repo: Path) -> bytes:
+    """Every object the repository stores, loose or packed, reachable or not, as ``cat-file`` prints them."""
+    return subprocess.run(["git", "-c", "safe.directory=*", "cat-file", "--batch-all-objects", "--batch"], cwd=repo,
+                          capture_output=True, check=True).stdout
+
+
+def reduce(repo: Path, base: str = "HEAD") -> subprocess.CompletedProcess:
+    return subprocess.run(["sh", "-c", reduce_script(str(repo), base)], capture_output=True, text=True, cwd="/")
+
+
+def with_history(repo: Path) -> str:
+    """A repository on ``main`` at its base (two commits, tagged v0.1 and annotated v1.0) holding the fix
+    in every other way history can hold it; returns the base commit."""
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    (repo / "m.py").write_text("def f():\n    return 0\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "one")
+    git(repo, "tag", "v0.1")
+    (repo / "m.py").write_text("def f():\n    return 1\n")
+    git(repo, "commit", "-qam", "base")
+    git(repo, "tag", "-a", "v1.0", "-m", "release 1.0")
+    base = git(repo, "rev-parse", "HEAD").strip()
+    git(repo, "checkout", "-qb", "fix")
+    (repo / "m.py").write_text(f"def f():\n    return '{FIX}'\n")
+    git(repo, "commit", "-qam", f"the fix {FIX}", date="later")
+    git(repo, "tag", "v-fixed")
+    git(repo, "tag", "-a", "v2.0", "-m", f"release with {FIX}", date="later")
+    git(repo, "checkout", "-q", "main")
+    git(repo, "remote", "add", "origin", "https://github.com/example/project")
+    git(repo, "update-ref", "refs/remotes/origin/main", "fix")
+    git(repo, "notes", "add", "-m", f"note {FIX}", "HEAD", date="later")
+    (repo / "m.py").write_text(f"def f():\n    return '{FIX} stashed'\n")
+    git(repo, "stash", "-q", date="later")
+    git(repo, "hash-object", "-w", "--stdin", input=f"{FIX} packed dangling\n")
+    git(repo, "repack", "-adq")
+    git(repo, "hash-object", "-w", "--stdin", input=f"{FIX} loose dangling\n")
+    (repo / ".git" / "ORIG_HEAD").write_text(git(repo, "rev-parse", "fix"))
+    (repo / ".git" / "FETCH_HEAD").write_text(git(repo, "rev-parse", "fix").strip() + "\tbranch 'fix' of x\n")
+    (repo / "build.txt").write_text("an untracked build artefact\n")
+    return base
+
+
+def test_every_kind_of_later_history_is_gone_and_the_base_stays(tmp_path: Path):
+    repo = tmp_path / "repo"
+    base = with_history(repo)
+    assert FIX in git(repo, "log", "--all", "-p") and git(repo, "stash", "list") and git(repo, "reflog")  # the control
+    done = reduce(repo)
+    assert done.returncode == 0, done.stderr
+    assert reduced_line(done.stdout) == f"{REDUCED} reduced {base} objects=6 tags=2 branch=main"  # 2 commits, 2 trees, 2 blobs
+    assert git(repo, "log", "--all", "--format=%H %s").split("\n")[0] == f"{base} base"
+    assert git(repo, "log", "--all", "--format=%s").split() == ["base", "one"]
+    assert git(repo, "reflog") == "" and git(repo, "stash", "list") == "" and git(repo, "remote") == ""
+    assert git(repo, "fsck", "--lost-found", "--no-reflogs") == ""
+    stored = objects(repo)
+    assert FIX.encode() not in stored and stored.count(b" commit ") == 2
+    assert git(repo, "for-each-ref", "--format=%(refname) %(objecttype)").split("\n") == [
+        "refs/heads/main commit", "refs/tags/v0.1 commit", "refs/tags/v1.0 commit", ""]  # lightweight now
+    assert git(repo, "describe", "--tags").strip() == "v1.0"  # what setuptools_scm and versioneer read
+    assert git(repo, "status", "--porcelain") == "?? build.txt\n"  # the tree is the base, its artefacts kept
+    assert sorted(p.name for p in (repo / ".git").iterdir()) == ["HEAD", "config", "index", "objects", "refs"]
+    again = reduce(repo)  # idempotent: a reduced repository passes its own check
+    assert again.returncode == 0 and reduced_line(again.stdout) == reduced_line(done.stdout)
+
+
+def test_a_branch_base_is_checked_out_as_a_swe_smith_instance_is(tmp_path: Path):
+    """SWE-smith: one image per repository, the instance a branch; the branch becomes the base, its tree
+    checked out, the image's own HEAD (later, here) gone."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    (repo / "a.py").write_text("x = 1\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "root")
+    git(repo, "branch", "owner__repo.abc123.func_pm_1")
+    (repo / "a.py").write_text(f"x = '{FIX}'\n")
+    (repo / "later.py").write_text("y = 2\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "later on main", date="later")
+    done = reduce(repo, "owner__repo.abc123.func_pm_1")
+    assert done.returncode == 0, done.stderr
+    assert git(repo, "symbolic-ref", "HEAD").strip() == "refs/heads/owner__repo.abc123.func_pm_1"
+    assert git(repo, "branch", "-a").strip() == "* owner__repo.abc123.func_pm_1"
+    assert (repo / "a.py").read_text() == "x = 1\n" and not (repo / "later.py").exists()
+    assert git(repo, "status", "--porcelain") == ""
+
+
+def test_a_detached_head_stays_detached_and_a_shallow_boundary_below_the_base_is_kept(tmp_path: Path):
+    source = tmp_path / "source"
+    base = with_history(source)
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "-c", "safe.directory=*", "clone", "-q", "--depth", "1", "--no-local", "-b", "fix",
+                    f"file://{source}", str(clone)], check=True, capture_output=True)
+    git(clone, "fetch", "-q", "--depth", "1", "origin", base)
+    git(clone, "checkout", "-q", "--detach", base)
+    done = reduce(clone, base)
+    assert done.returncode == 0, done.stderr
+    assert git(clone, "rev-parse", "HEAD").strip() == base and git(clone, "for-each-ref") == ""
+    assert (clone / ".git" / "shallow").read_text().split() == [base]  # the base is its own boundary
+    assert git(clone, "log", "--all", "--format=%s").split() == ["base"]
+    assert FIX.encode() not in objects(clone)
+
+
+def test_the_old_repositorys_settings_run_nothing(tmp_path: Path):
+    """Hooks, an fsmonitor, a smudge filter and replace objects of the image's repository neither run nor
+    change what is kept, even where the base has to be checked out."""
+    repo = tmp_path / "repo"
+    base = with_history(repo)
+    ran = tmp_path / "ran"
+    git(repo, "checkout", "-q", "fix")
+    hook = repo / ".git" / "hooks" / "post-checkout"
+    hook.write_text(f"#!/bin/sh\ntouch {ran}-hook\n")
+    hook.chmod(0o755)
+    git(repo, "config", "core.fsmonitor", f"touch {ran}-fsmonitor; false")
+    git(repo, "config", "filter.evil.smudge", f"touch {ran}-filter; cat")
+    (repo / ".gitattributes").write_text("* filter=evil\n")
+    git(repo, "replace", git(repo, "rev-parse", "v0.1^{commit}").strip(), "fix")
+    done = reduce(repo, base)
+    assert done.returncode == 0, done.stderr
+    assert not list(tmp_path.glob("ran-*"))
+    assert git(repo, "log", "--all", "--format=%s").split() == ["base", "one"]
+
+
+@pytest.mark.parametrize("case", ["no base", "gitfile", "objects missing"])
+def test_a_history_that_cannot_be_reduced_is_refused_with_one_line(tmp_path: Path, case: str):
+    repo = tmp_path / "repo"
+    with_history(repo)
+    base = "HEAD"
+    if case == "no base":
+        base = "0" * 40
+    elif case == "gitfile":
+        (repo / ".git").rename(tmp_path / "elsewhere.git")
+        (repo / ".git").write_text(f"gitdir: {tmp_path / 'elsewhere.git'}\n")
+    else:  # a blob of the base lost (a partial clone, a corrupt store): the base cannot be packed
+        (repo / "m.py").write_text("def f():\n    return 'new'\n")
+        git(repo, "commit", "-qam", "a loose base")
+        blob = git(repo, "rev-parse", "HEAD:m.py").strip()
+        (repo / ".git" / "objects" / blob[:2] / blob[2:]).unlink()
+    done = reduce(repo, base)
+    assert done.returncode == 3 and REDUCED not in done.stdout
+    (line,) = [x for x in done.stderr.splitlines() if x.startswith(REFUSED)]
+    message = refusal(done.stderr, "img /testbed")
+    assert "\n" not in message and message.startswith("img /testbed: its git history cannot be reduced")
+    assert {"no base": "is not a commit", "gitfile": "is not a directory",
+            "objects missing": "packing the objects of the base failed"}[case] in line
+
+
+def test_a_tree_without_a_repository_has_nothing_to_reduce(tmp_path: Path):
+    (tmp_path / "f.txt").write_text("x\n")
+    done = reduce(tmp_path)
+    assert done.returncode == 0 and reduced_line(done.stdout) == f"{REDUCED} none"
