@@ -44,6 +44,7 @@ from polar_env.sandbox.base import SandboxSpec
 from polar_env.sandbox.container import ContainerError, ContainerSandbox
 from polar_env.tasks.images import base_image, ensure_task_image, task_image_name
 from polar_env.tasks.loader import load_bundled
+from polar_env.tasks.runtime import history_base
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not engine_available("podman"), reason="needs podman (scripts/setup_podman.sh)")]
@@ -336,7 +337,7 @@ async def test_container_workspaces_start_from_a_warm_image_committed_once(image
     monkeypatch.setattr(container, "engine_run", recorded)
     monkeypatch.setattr(warm_images, "engine_run", recorded)
     task = imaged["psf__requests-5414"]
-    warm_images.warm_image(ENGINE, task.image, container_spec_of(task))  # the first episode's, if none yet
+    warm_images.warm_image(ENGINE, task.image, container_spec_of(task), history_base(task))  # the first episode's
     ran.clear()
     spaces = [await open_workspace(task, SandboxSpec(), sandbox=ENGINE) for _ in range(2)]
     try:
