@@ -46,7 +46,8 @@ from polar_env.rewards.grading import GradeResult, grading_timeout_s
 from polar_env.rewards.image_grading import grade_task
 from polar_env.rewards.workers import GradingWorkers
 from polar_env.sandbox.base import Sandbox, SandboxSpec
-from polar_env.tasks.models import Task
+from polar_env.tasks.models import Task, patch_files
+from polar_env.trajectory import exploits
 from polar_env.trajectory.chains import build_trajectory
 from polar_env.trajectory.models import Trajectory
 from polar_env.trajectory.records import CallRecord, EpisodeBudget
@@ -438,6 +439,8 @@ async def finish(ep: Episode, grading: Grading | None = None) -> EpisodeResult:
     trajectory.error = ep.graded_error or trajectory.error
     trajectory.metadata.update({"duration_s": ep.marks["done"] - ep.session.started, "patch_bytes": patch_bytes(ep.patch),
                                 "timings": episode_timings(ep, closed.calls)})
+    if attempts := exploits.exploit_attempts(trajectory, exploit_context(ep.task)):  # an instrument, not a reward rule
+        trajectory.metadata[exploits.METADATA_KEY] = attempts
     if (workspace := ep.ref) is not None:  # where it ran (and was graded): bubblewrap, or the engine and image
         trajectory.metadata["workspace"] = workspace.kind
         if workspace.clone:  # how its tree was cloned from the task's warm base (tasks/base_trees.py)
@@ -446,6 +449,12 @@ async def finish(ep: Episode, grading: Grading | None = None) -> EpisodeResult:
             trajectory.metadata["image"] = workspace.image
     return EpisodeResult(trajectory=trajectory, grade=result, harness=harness, patch=ep.patch, failure_kind=kind,
                          calls=closed.calls)
+
+
+def exploit_context(task: Task) -> exploits.ExploitContext:
+    """What `trajectory.exploits` needs of ``task`` (a Gym agent's view of a row may carry none of it)."""
+    return exploits.context(getattr(task, "repo", ""), patch_files(getattr(task, "patch", "")),
+                            patch_files(getattr(task, "test_patch", "")))
 
 
 async def close_workspace(ep: Episode) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from polar_env.episodes.lifecycle import TIMING_KEYS
+from polar_env.trajectory.exploits import run_summary as exploit_summary
 from polar_env.trajectory.export import (
     GroupPrompts,
     TrajectoryWriter,
@@ -99,6 +100,8 @@ def summarize(trajectories: list[Trajectory]) -> dict[str, Any]:
         # grading's tampering signals (docs/rewards.md): episodes per flag
         "grading_flags": dict(sorted(Counter(f for t in trajectories for f in (t.grading or {}).get("flags", [])
                                              ).items())),
+        # what the tool calls tried (history mining, fetching upstream, ...): an instrument (trajectory/exploits.py)
+        "exploit_attempts": exploit_summary(trajectories),
         # where an episode's time went, on average (episodes/lifecycle.py TIMING_KEYS)
         "timings_mean_s": mean_timings(trajectories),
     }

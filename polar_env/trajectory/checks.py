@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal, Protocol
 import numpy as np
 from pydantic import BaseModel, BeforeValidator, Field, StrictBool, StrictFloat, StrictInt, ValidationError
 
+from polar_env.trajectory import exploits
 from polar_env.trajectory.export import thin_groups, to_nemo_gym_result, trajectory_file
 from polar_env.trajectory.models import Chain, Trajectory
 from polar_env.trajectory.records import HISTORY_THINKING_KEPT
@@ -42,6 +43,7 @@ class CheckReport(BaseModel):
     defects: list[str] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
     warnings: list[str] = Field(default_factory=list)  # not defects: the file is valid, but loses something
+    exploits: list[str] = Field(default_factory=list)  # attempts the episodes' tool calls made (trajectory/exploits.py)
     rescore: dict[str, float] | None = None
 
     @property
@@ -53,6 +55,9 @@ class CheckReport(BaseModel):
         lines = [f"{self.path}: {what}, {self.items} item(s)"]
         lines += [f"  note: {n}" for n in self.notes]
         lines += [f"  WARNING: {w}" for w in self.warnings]
+        if self.exploits:
+            lines.append("  EXPLOIT ATTEMPTS (an instrument, not a reward rule: docs/trajectories.md):")
+            lines += [f"    {e}" for e in self.exploits]
         if self.rescore is not None:
             r = self.rescore
             lines.append(f"  rescore: {int(r['tokens'])} tokens, max |diff| {r['max_abs_diff']:.3g}, "
@@ -473,6 +478,7 @@ def _check_trajectories(trajs: list[Trajectory], report: CheckReport, tokenizer:
     if reasons:
         report.notes.append("chain breaks: " + ", ".join(f"{r} x{n}" for r, n in sorted(reasons.items())))
     _note_history_thinking(trajs, report)
+    report.exploits = exploits.report_lines(trajs)
     _check_groups([(t.group_id, t) for t in trajs], report, tokenizer, samples=samples,
                   reached=lambda t: t.main_chain is not None)
     _note_policy_versions([t.stats.policy_versions for t in trajs], report)

@@ -15,6 +15,7 @@ from typing import Any
 
 from polar_env.chat.messages import Message
 from polar_env.trajectory.checks import detect_kind
+from polar_env.trajectory.exploits import attempts_of
 from polar_env.trajectory.export import read_trajectories
 from polar_env.trajectory.models import Trajectory
 from polar_env.viewer.tokens import TokenText
@@ -109,7 +110,7 @@ def summary(traj: Trajectory, source: str) -> dict[str, Any]:
         "harness": traj.harness, "model": traj.model, "backend": traj.backend, "status": traj.status,
         "error": _cut(traj.error, 300), "reward": traj.reward, "resolved": grading.get("resolved"),
         "failure_kind": grading.get("failure_kind") if traj.failure_kind == "none" else traj.failure_kind.value,
-        "flags": grading.get("flags", []), "masked": traj.masked, "chains": stats.chains, "calls": stats.calls,
+        "flags": grading.get("flags", []), "exploits": list(attempts_of(traj)), "masked": traj.masked, "chains": stats.chains, "calls": stats.calls,
         "failed_calls": stats.failed_calls, "sampled": stats.sampled_tokens, "trainable": stats.trainable_tokens,
         "main_tokens": stats.main_chain_tokens, "tokens": sum(len(ch.input_ids) for ch in traj.chains),
         "created_at": traj.created_at, "duration": (traj.ended_at - traj.created_at) if traj.ended_at else None,
@@ -161,7 +162,7 @@ def episode(traj: Trajectory, source: str, text: TokenText) -> dict[str, Any]:
     return {
         **summary(traj, source),
         "ended_at": traj.ended_at, "metadata": traj.metadata, "main_chain": traj.main_chain,
-        "stats": traj.stats.model_dump(), "grading": grading,
+        "stats": traj.stats.model_dump(), "grading": grading, "exploit_attempts": attempts_of(traj),
         "vocab": {str(k): v for k, v in table.items()}, "chains": chains, "call_list": calls,
     }
 
