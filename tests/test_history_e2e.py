@@ -8,7 +8,6 @@ show the base only, the gold patch still earns 1.0, and the episode is reported 
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import os
 import re
@@ -25,12 +24,10 @@ import pytest
 
 from polar_env.backends.scripted import ScriptedBackend
 from polar_env.episodes import EpisodeConfig, run_episode
-from polar_env.episodes.workspace import engine_available, open_workspace
+from polar_env.episodes.workspace import engine_available
 from polar_env.harness_adapters.policies import final_answer, patch_edit, shell_call
 from polar_env.proxy.app import ProxyServer
 from polar_env.proxy.engine import EngineConfig
-from polar_env.rewards.image_grading import grade_task
-from polar_env.sandbox.base import SandboxSpec
 from polar_env.sandbox.container import engine_run, image_exists
 from polar_env.tasks.harbor import gold_command, load_task_dir
 from polar_env.tasks.harbor_image import ensure_harbor_image
@@ -188,27 +185,31 @@ def assert_base_only(found: dict[str, list[str]], base: str, branch: str) -> Non
     assert found["refs"] == [f"refs/heads/{branch}"], found["refs"]
 
 
+async def mine_then_fix(task: Task, needle: str, proxy_for, sandbox: str, tmp_path: Path) -> Trajectory:
+    """A real Pi episode in ``sandbox`` that mines the history, then applies the gold fix: what it saw is
+    the base only, and the fix earns 1.0."""
+    proxy = await proxy_for(probe_then_gold(task, needle))
+    result = await run_episode(proxy, task, episode_id=f"{task.instance_id}.s0.a0", config=EpisodeConfig(
+        harness="pi", sandbox=sandbox, timeout_s=300, scratch_root=tmp_path))
+    traj = result.trajectory
+    assert traj.status == "completed", (traj.error, result.harness and result.harness.stderr_tail[-2000:])
+    base = subprocess.run([ENGINE, "run", "--rm", "--network", "none", "-w", task.workdir, task.image or "",
+                           "git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    assert_base_only(sections(tool_output(traj)), base, "main")
+    assert traj.reward == 1.0 and traj.failure_kind == "none", traj.grading
+    assert "history_mining" in traj.metadata["exploit_attempts"], traj.metadata
+    return traj
+
+
 async def test_a_history_mining_pi_episode_sees_the_base_only_and_gold_still_earns_one(
         swe_task: Task, harbor_task: Task, proxy_for, tmp_path: Path):
-    harbor_image = ensure_harbor_image(harbor_task, ENGINE)
-    for image, workdir in ((swe_task.image, "/testbed"), (harbor_image, "/app")):
-        commits, stashes, reflog, tags = control(image, workdir)
-        assert commits >= 4 and stashes == 1 and reflog >= 5 and tags == 2, (image, commits, stashes, reflog, tags)
-    episodes = []
-    for task, needle in ((swe_task, added_line(swe_task.patch)),
-                         (harbor_task, "return (ordered[n // 2 - 1] + ordered[n // 2]) / 2")):
-        proxy = await proxy_for(probe_then_gold(task, needle))
-        result = await run_episode(proxy, task, episode_id=f"{task.instance_id}.s0.a0", config=EpisodeConfig(
-            harness="pi", sandbox=ENGINE, timeout_s=300, scratch_root=tmp_path))
-        traj = result.trajectory
-        assert traj.status == "completed", (traj.error, result.harness and result.harness.stderr_tail[-2000:])
-        base = subprocess.run([ENGINE, "run", "--rm", "--network", "none", "-w", task.workdir, task.image or harbor_image,
-                               "git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-        assert_base_only(sections(tool_output(traj)), base, "main")
-        assert traj.reward == 1.0 and traj.failure_kind == "none", traj.grading
-        assert "history_mining" in traj.metadata["exploit_attempts"], traj.metadata
-        episodes.append(traj)
-
+    harbor_task.image = ensure_harbor_image(harbor_task, ENGINE)
+    for task in (swe_task, harbor_task):
+        commits, stashes, reflog, tags = control(task.image or "", task.workdir)
+        assert commits >= 4 and stashes == 1 and reflog >= 5 and tags == 2, (task.image, commits, stashes, reflog, tags)
+    episodes = [await mine_then_fix(swe_task, added_line(swe_task.patch), proxy_for, ENGINE, tmp_path),
+                await mine_then_fix(harbor_task, "return (ordered[n // 2 - 1] + ordered[n // 2]) / 2", proxy_for,
+                                    ENGINE, tmp_path)]
     run = tmp_path / "run"
     run.mkdir()
     with TrajectoryWriter(run / "trajectories.jsonl") as writer:
@@ -225,24 +226,20 @@ async def test_a_history_mining_pi_episode_sees_the_base_only_and_gold_still_ear
     assert '"exploits":["history_mining"]' in page and "Exploit attempts" in page
 
 
-async def test_the_same_through_the_apptainer_standin(swe_task: Task, tmp_path: Path, monkeypatch):
+async def test_the_same_through_the_apptainer_standin(swe_task: Task, proxy_for, tmp_path: Path, monkeypatch):
     """apptainer cannot be installed here: ``apptainer`` on PATH is a stand-in that runs each exec as a
     ``podman run`` of the same image (tests/apptainer_standin.py). The image's tree, copied out to the
-    host, is reduced inside the image; the agent's uid sees the base only, and gold earns 1.0."""
+    host, is reduced inside the image (the stand-in's log shows it), and the same Pi episode sees the base
+    only; its gold patch, graded in the image's apptainer box, earns 1.0."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "apptainer").write_text(APPTAINER_STANDIN.read_text())
     (bin_dir / "apptainer").chmod(0o755)
+    log = tmp_path / "apptainer.log"
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    monkeypatch.setenv("FAKE_APPTAINER_LOG", str(tmp_path / "apptainer.log"))
+    monkeypatch.setenv("FAKE_APPTAINER_LOG", str(log))
     monkeypatch.setenv("POLAR_BASE_CACHE", str(tmp_path / "bases"))
-    ws = await open_workspace(swe_task, SandboxSpec(scratch_root=tmp_path / "ws"), sandbox="apptainer")
-    try:
-        ran = await ws.sandbox.run(["sh", "-c", "id -u && " + probe("/testbed", added_line(swe_task.patch))],
-                                   timeout_s=120)
-        assert ran.exit_code == 0 and ran.stdout_tail.startswith("1000\n"), ran.stderr_tail
-        assert_base_only(sections(ran.stdout_tail), swe_task.base_commit, "main")
-    finally:
-        await ws.close()
-    gold = await asyncio.to_thread(grade_task, swe_task, swe_task.patch, kind="apptainer")
-    assert gold.resolved and gold.reward == 1.0, (gold.failure_kind, gold.error)
+    traj = await mine_then_fix(swe_task, added_line(swe_task.patch), proxy_for, "apptainer", tmp_path)
+    assert traj.metadata["workspace"] == "apptainer"
+    calls = [line for line in log.read_text().splitlines() if line.startswith("exec ")]
+    assert sum(c.endswith("/bin/sh -c set -u") for c in calls) == 1  # reduced once, for the episode and its grading

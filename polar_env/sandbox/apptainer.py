@@ -45,6 +45,7 @@ from polar_env.sandbox.bubblewrap import (
 from polar_env.sandbox.cgroups import CgroupLimits
 from polar_env.sandbox.container import (
     GIT_DIR_INSIDE,
+    NODE_DIR_INSIDE,
     ROOT_PATH,
     ContainerError,
     HistoryNotReduced,
@@ -52,6 +53,7 @@ from polar_env.sandbox.container import (
     lock_as_root,
 )
 from polar_env.sandbox.host_tree import HostTreeSandbox, chown_tree, copy_tree
+from polar_env.sandbox.rootfs import host_node
 
 ENGINE = "apptainer"
 
@@ -108,14 +110,18 @@ class ApptainerSandbox(HostTreeSandbox):
         if self.isolate_network:
             argv += ["--net", "--network", "none"]
         binds = [f"{self.testbed}:{s.workdir}", f"{FORWARDER_SRC}:{FORWARDER_INSIDE}:ro"]
+        full_env = {**s.base_env(), **env}
         if s.harness_dir is not None:
             binds.append(f"{s.harness_dir}:/opt/harness:ro")
+            if (node := host_node()) is not None:  # an npm harness in an image without Node.js, as in a container
+                binds.append(f"{node}:{NODE_DIR_INSIDE}/node:ro")
+                full_env["PATH"] = f"{NODE_DIR_INSIDE}:{full_env['PATH']}"
         if s.proxy_socket_dir is not None:
             binds.append(f"{s.proxy_socket_dir}:/run/proxy:ro")
         binds += [f"{src}:{dst}:ro" for src, dst in self.extra_ro_mounts]
         for bind in binds:
             argv += ["--bind", bind]
-        for key, value in {**s.base_env(), **env}.items():
+        for key, value in full_env.items():
             argv += ["--env", env_flag(key, value)]
         return argv + [self.image, *cmd]
 
