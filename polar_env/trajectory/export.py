@@ -20,6 +20,7 @@ import numpy as np
 
 from polar_env import fastjson
 from polar_env.chat.messages import AssistantTurn, Message
+from polar_env.trajectory.exploits import attempts_of
 from polar_env.trajectory.models import CallSummary, Chain, Trajectory
 from polar_env.trajectory.paths import Selector, policy_versions, train_chains
 from polar_env.wire.nemo_gym import (
@@ -149,6 +150,7 @@ def to_nemo_gym_result(traj: Trajectory, *, reward: float | None = None,
         params["input"] = _initial_input(traj)
     stats = traj.stats
     versions = stats.policy_versions
+    attempted = list(attempts_of(traj))
     return RunResult(
         responses_create_params=params,
         response=RunResponse(id=f"resp_polar_{traj.session_id}", created_at=traj.created_at, model=traj.model,
@@ -172,8 +174,9 @@ def to_nemo_gym_result(traj: Trajectory, *, reward: float | None = None,
                         harness=traj.harness, status=traj.status, error=traj.error,
                         failure_kind=traj.failure_kind.value, first_prompt=first_prompt,
                         main_chain=traj.main_chain, breaks=[b.model_dump() for b in stats.breaks],
-                        policy_versions=versions),
+                        policy_versions=versions, exploit_attempts=attempted),
         # numeric: NeMo-RL logs them per agent
+        exploit_attempt=float(bool(attempted)),
         policy_version_min=versions[0] if versions else UNSET,
         policy_version_spread=versions[-1] - versions[0] if versions else UNSET,
         reward_components={str(k): float(v) for k, v in reward_components.items()} if reward_components else UNSET,
