@@ -3,8 +3,8 @@
 One long-lived container per episode: ``--network none`` (only ``lo``), the proxy's socket dir
 bind-mounted read-only at /run/proxy and reached through the forwarder (as in bubblewrap), the
 harness install read-only at /opt/harness, memory/pids limits, PID 1 an init that reaps. Commands
-run by ``exec`` as the unprivileged sandbox uid; only the setup steps (chown, git snapshot, diff)
-exec as root, which is why the container keeps CHOWN/DAC_OVERRIDE/FOWNER and drops every other
+run by ``exec`` as the unprivileged sandbox uid; only the setup steps (the workdir's git history
+reduced to the base, sandbox/history.py; chown, git snapshot, diff) exec as root, which is why the container keeps CHOWN/DAC_OVERRIDE/FOWNER and drops every other
 capability: a non-root uid has no effective capabilities, and ``no-new-privileges`` stops setuid
 binaries from getting any. An episode's container also keeps what its forwarder needs: it runs as
 root and starts the harness as the sandbox uid, sealed (``FORWARDER_CAPS``). The agent's uid is
