@@ -39,7 +39,7 @@ from polar_env.harness_adapters.policies import make_policy
 from polar_env.proxy.app import ProxyServer
 from polar_env.proxy.engine import EngineConfig
 from polar_env.rewards.flags import is_tamper
-from polar_env.rewards.image_grading import grade_task
+from polar_env.rewards.grader import grade_task
 from polar_env.sandbox.base import SandboxSpec
 from polar_env.sandbox.container import ContainerError, ContainerSandbox
 from polar_env.tasks.images import base_image, ensure_task_image, task_image_name

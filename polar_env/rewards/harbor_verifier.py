@@ -44,8 +44,9 @@ import math
 import shlex
 import time
 
+from polar_env.grades import GradeResult, GradingMode
 from polar_env.outcomes import FailureKind
-from polar_env.rewards.grading import LOG_TAIL_CHARS, GradeResult, GradingMode
+from polar_env.rewards.grading import LOG_TAIL_CHARS
 from polar_env.rewards.harbor_separate import separate_box
 from polar_env.sandbox.base import RunResult, run_process_tree
 from polar_env.sandbox.container import (
@@ -249,13 +250,10 @@ async def _run_tests(task: Task, box: ContainerSandbox, result: GradeResult, t0:
     return run, read
 
 
-def grade_patch(task: Task, patch: str, *, engine: str, reward_key: str | None = None) -> GradeResult:
-    """``polar eval`` of a prediction for a Harbor task: a fresh container of its image, the patch
-    ``git apply``-ed in the workdir as the agent's uid (a refusal is ``apply_failed``), then the verifier."""
-    return asyncio.run(_grade_patch(task, patch, engine=engine, reward_key=reward_key))
-
-
-async def _grade_patch(task: Task, patch: str, *, engine: str, reward_key: str | None) -> GradeResult:
+async def grade_patch(task: Task, patch: str, *, engine: str, reward_key: str | None = None) -> GradeResult:
+    """A patch for a Harbor task (``polar eval``; the grader's control: none): a fresh container of its
+    image, the patch ``git apply``-ed in the workdir as the agent's user (a refusal is ``apply_failed``),
+    then the verifier."""
     import tempfile
     from pathlib import Path
 
