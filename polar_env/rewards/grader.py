@@ -76,6 +76,7 @@ class Grader(ABC):
 
     name: ClassVar[str]
     channel: ClassVar[str]  # where the result is read, out of the tested code's reach (docs/reliability.md)
+    control_name: ClassVar[str] = "the task's solution"  # what `control_submission` is, in words
 
     def __init__(self, task: Task, kind: WorkspaceKind, limits: GradingLimits, *,
                  mode: GradingMode = GradingMode.strict, reward_key: str | None = None):
@@ -131,9 +132,9 @@ class Grader(ABC):
             return
         control = await self.control()
         if control.failure_kind.outside_policy:
-            result.control = f"the control ({self.name}, the task's solution) fails too: {control.error[:300]}"
+            result.control = f"the control ({self.name}, {self.control_name}) fails too: {control.error[:300]}"
             return
-        result.control = f"the control ({self.name}, the task's solution) passes this grading: the submission's doing"
+        result.control = f"the control ({self.name}, {self.control_name}) passes this grading: the submission's doing"
         zeroed(result, FailureKind.broke_grading, f"{result.error} ({result.control})")
 
 
@@ -174,8 +175,13 @@ class HarborGrader(Grader):
     """The task's own ``tests/test.sh`` (rewards/harbor_verifier.py)."""
 
     name = "harbor"
+    control_name = "the task's untouched image"
     channel = ("host directories the engine binds at /logs/verifier and /tests, read by the host; every writer "
                "of a reward file named by the kernel (rewards/reward_channel.py)")
+
+    def __init__(self, task: Task, kind: WorkspaceKind, limits: GradingLimits, *,
+                 mode: GradingMode = GradingMode.harbor, reward_key: str | None = None):
+        super().__init__(task, kind, limits, mode=GradingMode.harbor, reward_key=reward_key)  # its one mode
 
     async def run(self, work: Submission) -> GradeResult:
         from polar_env.rewards.harbor_verifier import grade_patch, verify

@@ -60,9 +60,10 @@ def warm_image(engine: str, image: str, spec: SandboxSpec) -> str:
 
 def _commit(engine: str, image: str, spec: SandboxSpec, warm: str) -> None:
     """The setup every episode's container did (ContainerSandbox.setup_script), in one container
-    without the episode's mounts, committed (its tmpfs HOME and /tmp are not part of an image)."""
-    box = ContainerSandbox.create(None, spec=replace(spec, proxy_socket_dir=None, harness_dir=None), image=image,
-                                  engine=engine)
+    without the episode's mounts, committed (its tmpfs HOME and /tmp are not part of an image); never in
+    a user namespace (its shifted owners would be committed), as nothing but that setup runs in it."""
+    box = ContainerSandbox.create(None, spec=replace(spec, proxy_socket_dir=None, harness_dir=None, userns=False,
+                                                     host_dirs=()), image=image, engine=engine, setup_only=True)
     try:
         engine_run([engine, "commit", box.name, warm])
     finally:
