@@ -118,3 +118,22 @@ def test_the_control_of_the_control_is_itself(swe_task):
     g = BubblewrapGrader(swe_task, "bubblewrap", LIMITS)
     assert g.control_submission() == Submission(patch=swe_task.patch)
     assert contract.Submission() == HarborGrader(swe_task, "podman", LIMITS).control_submission()
+
+
+def test_rollout_warns_about_or_refuses_tasks_an_audit_found_controllable(swe_task, tmp_path, monkeypatch, caplog):
+    """What `polar tasks audit` stored for a task on this node decides: a warning, or with
+    --refuse-controllable a refusal naming the task."""
+    from polar_env.rewards import audit
+    from polar_env.rewards.audit import CheckResult, TaskAudit
+    from polar_env.rollout.config import RolloutConfig
+    from polar_env.rollout.plan import plan_from_config
+    from polar_env.tasks.loader import TaskLoadError
+
+    monkeypatch.setenv("POLAR_GOLD_CACHE", str(tmp_path))
+    config = RolloutConfig(tasks="bundled", task_ids=[swe_task.instance_id], out=tmp_path / "out")
+    assert plan_from_config(config).tasks  # never audited: nothing said
+    audit.save(swe_task, TaskAudit.of(swe_task.instance_id, {"early-exit": CheckResult(verdict="controls")}))
+    assert audit.load(swe_task).verdict == "controllable"
+    assert plan_from_config(config).tasks and "can control" in caplog.text
+    with pytest.raises(TaskLoadError, match=f"{swe_task.instance_id}: CONTROLLABLE"):
+        plan_from_config(config.model_copy(update={"refuse_controllable": True}))

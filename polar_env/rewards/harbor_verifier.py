@@ -53,7 +53,6 @@ import os
 import shutil
 import stat
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from polar_env.grades import GradeResult, GradingMode
@@ -246,7 +245,9 @@ async def verify(task: Task, box: ContainerSandbox, *, reward_key: str | None = 
     if run.timed_out:
         return _fail(result, FailureKind.test_timeout, f"tests/test.sh ran past {config.timeout_sec:g}s", t0)
     try:
-        read = found()
+        if isinstance(found, RewardError):
+            raise found
+        read = found
         if read is None:
             return _fail(result, FailureKind.no_reward, f"tests/test.sh wrote neither {VERIFIER_DIR}/reward.json "
                          f"nor reward.txt (exit code {run.exit_code})", t0)
@@ -324,10 +325,11 @@ async def _name_the_shell(box: ContainerSandbox, named: dict[str, int]) -> None:
 
 
 async def _run_tests(task: Task, box: ContainerSandbox, result: GradeResult, t0: float, *,
-                     bundled: bool) -> tuple[RunResult, Callable[[], tuple[str, str] | None]]:
+                     bundled: bool) -> tuple[RunResult, tuple[str, str] | None | RewardError]:
     """Steps 2-4 in ``box``: the verifier's host directories handed over, test.sh run (its shell's pid
-    named first), everything left killed, the directory taken back; returns the run and the reward read
-    (a callable: it raises `RewardError` for what it finds, the channel's flags on ``result``)."""
+    named first), everything left killed, the directory taken back and read (before ``box`` may go: a
+    separate verifier's); returns the run and the reward file read (or why it cannot be), the channel's
+    flags on ``result``."""
     assert task.harbor is not None
     config = task.harbor.config.verifier
     user = verifier_user(task, box)
@@ -355,7 +357,10 @@ async def _run_tests(task: Task, box: ContainerSandbox, result: GradeResult, t0:
         raise ContainerError(f"test.sh's shell was never seen in the container ({SHELL_SEEN_S:g}s)")
     result.flag_evidence.update(writer_flags(events, named.get("shell")))
     result.flags = sorted(result.flag_evidence)
-    return run, lambda: read_reward_file(logs)
+    try:
+        return run, read_reward_file(logs)
+    except RewardError as exc:
+        return run, exc
 
 
 async def grade_patch(task: Task, patch: str, *, engine: str, reward_key: str | None = None) -> GradeResult:

@@ -296,9 +296,9 @@ class ContainerSandbox(Sandbox):
             argv += ["-v", f"{src}:{dst}:ro"]
         # no uid= option (podman refuses it): HOME is chowned by the root setup exec instead
         size = f",size={s.disk_bytes}" if s.disk_bytes is not None else ""
-        if s.uid != 0:  # a root agent's HOME is the image's own /root, as Harbor runs it
-            argv += ["--tmpfs", f"{s.home}:rw,exec,mode=0755{size}"]
-        argv += ["--tmpfs", f"/tmp:rw,exec,mode=1777{size}"]
+        if self.userns_base is None:  # (in a user namespace the engine cannot copy into a tmpfs: HOME and /tmp
+            argv += ["--tmpfs", f"{s.home}:rw,exec,mode=0755{size}",  # are the image's; docs/reliability.md)
+                     "--tmpfs", f"/tmp:rw,exec,mode=1777{size}"]
         if self.workdir_quota is not None:
             argv += ["-v", self.workdir_quota.volume(s.workdir)]
         for inside in s.host_dirs:

@@ -2,8 +2,9 @@
 with the local engine and cached by content hash.
 
 No registry is reachable on Polar's machines, so every ``FROM`` must name an image the engine
-already has. Two names are mapped before that check: ``polar-base`` (the project's Debian base,
-tasks/images.py; the bundled terminal tasks use it) and whatever ``POLAR_IMAGE_MAP`` maps
+already has. These names are mapped before that check: ``debian:bookworm-slim`` (the public image
+Polar's base is made from: the shipped terminal tasks and every export start FROM it) and
+``polar-base`` (its old local name) to the project's Debian base (tasks/images.py), and whatever ``POLAR_IMAGE_MAP`` maps
 (``NAME=LOCAL[,NAME=LOCAL...]``, e.g. ``ubuntu:24.04=localhost/polar-base:<key>``). A ``FROM`` still
 missing is one error naming it and both ways to map it (that variable, or ``podman tag``).
 
@@ -37,10 +38,11 @@ class HarborImageError(ContainerError):
 
 
 def image_map() -> dict[str, str]:
-    """``polar-base`` -> the project's base image, plus ``POLAR_IMAGE_MAP``'s pairs (which win)."""
-    from polar_env.tasks.images import base_image
+    """``polar-base`` and ``debian:bookworm-slim`` (the public image it is made from) -> the project's base
+    image, plus ``POLAR_IMAGE_MAP``'s pairs (which win)."""
+    from polar_env.tasks.images import PUBLIC_BASE, base_image
 
-    pairs = {POLAR_BASE_ALIAS: base_image()}
+    pairs = {POLAR_BASE_ALIAS: base_image(), PUBLIC_BASE: base_image()}
     for item in filter(None, (s.strip() for s in os.environ.get(MAP_ENV, "").split(","))):
         name, sep, local = item.partition("=")
         if not sep or not name.strip() or not local.strip():
