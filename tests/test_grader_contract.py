@@ -11,6 +11,8 @@ tests/test_rewards_grading.py and tests/test_harbor_channel.py.
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from polar_env.grades import GradeResult, GradingMode, ModeResult
@@ -24,6 +26,7 @@ from polar_env.rewards.grader import (
     NoGrader,
     Submission,
     grade_submission,
+    grade_task,
     grader_for,
 )
 from polar_env.tasks.harbor import load_task_dir
@@ -137,3 +140,16 @@ def test_rollout_warns_about_or_refuses_tasks_an_audit_found_controllable(swe_ta
     assert plan_from_config(config).tasks and "can control" in caplog.text
     with pytest.raises(TaskLoadError, match=f"{swe_task.instance_id}: CONTROLLABLE"):
         plan_from_config(config.model_copy(update={"refuse_controllable": True}))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+def test_a_tree_past_path_max_is_the_agents_zero_in_the_bubblewrap_grader(swe_task):
+    """A real provocation: a new file whose path (4,056 bytes) fits git but not the grader's host-side
+    copy of the tree (ENAMETOOLONG). It used to be a masked `infrastructure`; the solution passes the
+    same grading (the control), so it is the agent's 0, trained."""
+    path = "/".join(f"{i:0250d}" for i in range(16)) + "/" + "x" * 40
+    patch = f"diff --git a/{path} b/{path}\nnew file mode 100644\n--- /dev/null\n+++ b/{path}\n@@ -0,0 +1 @@\n+x\n"
+    result = grade_task(swe_task, patch, kind="bubblewrap")
+    assert result.failure_kind == FailureKind.broke_grading and result.reward == 0.0, result
+    assert not DEFAULT_OUTCOMES[result.failure_kind].mask and "passes this grading" in result.control
