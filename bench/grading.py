@@ -15,6 +15,7 @@ import json
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -87,7 +88,7 @@ async def loop_lag_while_grading(slots: int = 2) -> dict[str, Any]:
     threads and then in worker processes, while the loop runs a 1 ms ticker (what a model call's
     answer waits for). A warm-up pass first, so both see warm bases and the node's gold runs."""
     from polar_env.episodes.lifecycle import Grading
-    from polar_env.rewards.image_grading import grade_task
+    from polar_env.rewards.grader import grade_task
     from polar_env.tasks.loader import load_tasks
 
     tasks = load_tasks("bundled")
@@ -97,7 +98,7 @@ async def loop_lag_while_grading(slots: int = 2) -> dict[str, Any]:
         t0 = time.perf_counter()
         try:
             results, lags = await _lag_while(asyncio.gather(
-                *(grading.grade(grade_task, t, t.patch, kind="bubblewrap") for t in tasks)))
+                *(grading.call(partial(grading.in_worker, grade_task, t, t.patch, kind="bubblewrap")) for t in tasks)))
         finally:
             grading.close()
         if not all(r.resolved for r in results):

@@ -111,7 +111,7 @@ async def run_driver(name: str, plan: Any, factory: Any, backend: Any) -> dict[s
             "prepare_slots": prepare_slots, "lookahead": lookahead, "grade_slots": grade_slots,
             "episodes": len(trajectories), "wall_s": wall,
             "episodes_per_hour": len(trajectories) / wall * 3600, "status": dict(statuses),
-            "resolved": sum(bool(t.grading and t.grading.get("resolved")) for t in trajectories),
+            "resolved": sum(bool(t.grading and t.grading.resolved) for t in trajectories),
             **trace_figures(backend.trace, plan.run_slots),
             # the warm-up before the first model call, and the drain tail (last gradings) after the last
             "before_first_call_s": min(c.start for c in backend.trace) - t0,

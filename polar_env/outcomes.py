@@ -40,6 +40,9 @@ class FailureKind(StrEnum):
     deadline_harness = "deadline_harness"  # deadline hit with no model call in flight
     harness_killed = "harness_killed"  # the harness died of a signal that was not the deadline (the agent, OOM)
     patch_broke_sandbox = "patch_broke_sandbox"  # the patched tree stops the grading sandbox starting; the base's starts
+    # a grading step failed on the submission that passes on the task's control (its solution or base):
+    # a tree the grader cannot copy, a verifier output it broke (rewards/grader.py, "masks only by control")
+    broke_grading = "broke_grading"
     # -- outside the policy: not graded, masked
     harness_start_failed = "harness_start_failed"  # the harness ended before its first model call
     sandbox_failure = "sandbox_failure"  # tree, sandbox or workspace could not be made or read

@@ -39,11 +39,12 @@ from polar_env.harness_adapters.policies import make_policy
 from polar_env.proxy.app import ProxyServer
 from polar_env.proxy.engine import EngineConfig
 from polar_env.rewards.flags import is_tamper
-from polar_env.rewards.image_grading import grade_task
+from polar_env.rewards.grader import grade_task
 from polar_env.sandbox.base import SandboxSpec
 from polar_env.sandbox.container import ContainerError, ContainerSandbox
+from polar_env.tasks.harbor import load_task_dir
 from polar_env.tasks.images import base_image, ensure_task_image, task_image_name
-from polar_env.tasks.loader import load_bundled
+from polar_env.tasks.loader import TERMINAL_DIR, load_bundled
 from polar_env.tasks.runtime import history_base
 
 pytestmark = [pytest.mark.slow,
@@ -241,13 +242,20 @@ def test_polar_rollout_and_eval_on_image_rows(task_file: Path, imaged, tmp_path:
     assert report["resolved_ids"] == [iid] and report["error_instances"] == 0
 
 
-@pytest.fixture
-async def box(imaged, tmp_path: Path):
+@pytest.fixture(params=["uid-1000", "root"])
+async def box(request, imaged, tmp_path: Path):
+    """An SWE task's container (the agent: uid 1000), and a Harbor task's whose image's user is root (the
+    agent: root, in a user namespace of the container's own): every hardening test holds in both."""
     (tmp_path / "sock").mkdir(mode=0o755)
     spec = SandboxSpec(proxy_socket_dir=tmp_path / "sock", memory_bytes=512 << 20, pids_max=128)
-    ws = await open_workspace(imaged["pallets__flask-5014"], spec, sandbox=ENGINE)
+    task = imaged["pallets__flask-5014"] if request.param == "uid-1000" else load_task_dir(TERMINAL_DIR / "fix-median-bug")
+    ws = await open_workspace(task, spec, sandbox=ENGINE)
+    assert ws.sandbox.spec.uid == (0 if request.param == "root" else 1000)
     yield ws.sandbox
     await ws.close()
+
+
+NET_CAPS = (1 << 12) | (1 << 13) | (1 << 21)  # NET_ADMIN, NET_RAW, SYS_ADMIN: none, root or not
 
 
 async def test_only_the_proxy_is_reachable_from_the_container(box, tmp_path: Path):
@@ -256,13 +264,27 @@ async def test_only_the_proxy_is_reachable_from_the_container(box, tmp_path: Pat
     assert set(out.values()) == {"FAILED"}, out  # outside v4/v6, host loopback, metadata, DNS, UDP, PyPI
     who = await box.run(["sh", "-c", "id -u; cat /proc/self/status | grep CapEff"], timeout_s=30)
     uid, caps = who.stdout_tail.splitlines()
-    assert uid == "1000" and caps.split()[1] == "0000000000000000"  # unprivileged, no capabilities
+    if box.spec.uid:
+        assert uid == "1000" and caps.split()[1] == "0000000000000000"  # unprivileged, no capabilities
+    else:  # root in its own user namespace: no capability reaches the network or a mount
+        assert uid == "0" and not int(caps.split()[1], 16) & NET_CAPS, caps
+        host_uid = subprocess.run(["ps", "-o", "uid=", "-p", str(box.init_pid())], capture_output=True, text=True)
+        assert int(host_uid.stdout) == box.userns_base >= 1 << 20  # the container's root is no host uid of note
 
 
 async def test_the_forwarder_seals_the_harness_from_its_tools(box):
     """The forwarder runs as the container's root and starts the harness as the sandbox uid, not
-    dumpable: its tools, shell-run or started directly, open none of its /proc entries."""
-    assert await sealed_harness_probe(box) == SEALED
+    dumpable: its tools, shell-run or started directly, open none of its /proc entries. A root harness
+    (and every tool it runs) has no CAP_SYS_PTRACE: it traces nothing either."""
+    seen = await sealed_harness_probe(box)
+    if box.spec.uid:
+        assert seen == SEALED
+        return
+    tool = seen["bash_tool"]
+    assert seen["dumpable"] == 0 and seen["direct_child"] == "Permission denied", seen
+    assert (tool["mem"], tool["environ"], tool["fd"], tool["gid"]) == ("denied", "denied", "denied", "1"), seen
+    caps = {k[6:]: k[:6] for k in tool if k.startswith("Cap")}  # "CapEff<hex>" (the probe's sed keeps them so)
+    assert caps and all(not int(h or "0", 16) & (1 << 19) for h in caps), seen  # no CAP_SYS_PTRACE
 
 
 async def test_the_forwarder_imports_nothing_the_agent_wrote(box):

@@ -55,10 +55,10 @@ def test_quick_demo_outputs_pass_polar_check(policy, tmp_path, capsys):
     for name in ("trajectories.jsonl", "nemo_results.jsonl", *(["grpo_batch.jsonl"] if trained else [])):
         assert polar_main(["check", str(out / name)]) == 0, name
     # strict (the reward) and swebench grading agree on every patch the demo's policy produced
-    modes = [t.grading["modes"] for t in trained]
-    assert all(m["strict"]["reward"] == m["swebench"]["reward"] for m in modes), modes
-    assert not any(t.grading["disagreement"] for t in trained)
+    modes = [t.grading.modes for t in trained]
+    assert all(m["strict"].reward == m["swebench"].reward for m in modes), modes
+    assert not any(t.grading.disagreement for t in trained)
     summary = json.loads((out / "summary.json").read_text())
     if policy == "gold":
-        assert summary["resolved"] == 2, [(t.failure_kind, t.grading and t.grading["failure_kind"]) for t in trajectories]
+        assert summary["resolved"] == 2, [(t.failure_kind, t.grading and t.grading.failure_kind) for t in trajectories]
         assert all(t.stats.calls >= 2 and t.stats.chains == 1 for t in trajectories)

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from polar_env.rewards import gold_runs
+from polar_env.rewards.grader import grade_task
 from polar_env.rewards.grading import TestRun as GoldRun  # (not a test class)
-from polar_env.rewards.image_grading import grade_task
 from polar_env.rewards.workers import GraderCrashed, GradingWorkers
 from polar_env.tasks.base_trees import base_key
 from polar_env.tasks.loader import load_tasks

@@ -54,6 +54,17 @@ def test_harbor_accepts_every_exported_folder(tmp_path: Path):
         assert got["valid"], task.instance_id
         assert got["network"] == "no-network" and got["workdir"] in (None, task.workdir)
         assert got["instruction"].strip() and got["verifier_timeout"] > 0
+    # harbor lint with every rule: only the two findings docs/tasks.md explains, on the SWE exports only
+    bin_harbor = HARBOR_PY.parent / "harbor"
+    lint = subprocess.run([str(bin_harbor), "lint", "--select", "ALL", "--json", *map(str, folders)],
+                          capture_output=True, text=True, timeout=300)
+    findings = json.loads(lint.stdout)
+    by_rule = {(Path(f["path"]).relative_to(out).parts[0], f["rule"]) for f in findings}
+    swe = {t.instance_id for t in tasks if t.harbor is None}
+    expected = {(tid, rule) for tid in swe for rule in ("shared-verifier", "unpinned-image")}
+    assert {(t, r) for t, r in by_rule if t in swe} == expected, findings
+    # every folder builds anywhere: FROM the public image Polar's base is made from (mapped here)
+    assert all((f / "environment" / "Dockerfile").read_text().count("FROM debian:bookworm-slim\n") == 1 for f in folders)
     # and they load back in Polar with the same prompt
     for task in tasks:
         back = load_task_dir(out / task.instance_id)

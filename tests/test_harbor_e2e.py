@@ -52,18 +52,20 @@ async def test_agent_cannot_read_tests_or_solution_nor_plant_a_reward():
         assert box.keepalive_pid is not None  # the --init's child, the container's `sleep infinity`
         look = await box.run(["sh", "-c", "ls /tests /solution 2>&1; find / -xdev \\( -name test.sh -o -name "
                                           "solve.sh \\) 2>/dev/null; id -u"], timeout_s=120)
-        assert "No such file or directory" in look.stdout_tail
+        assert "No such file or directory" in look.stdout_tail  # /solution; /tests is the host's, unreadable
+        assert "cannot open directory '/tests': Permission denied" in look.stdout_tail
         assert "test.sh" not in look.stdout_tail.replace("/tests", "") and "solve.sh" not in look.stdout_tail
         assert look.stdout_tail.split()[-1] == "1000"
-        plant = await box.run(["sh", "-c", "echo 1 > /logs/verifier/reward.txt && echo '{\"reward\": 1}' > "
-                                           "/logs/verifier/reward.json && (nohup sh -c 'while :; do echo 1 > "
-                                           "/logs/verifier/reward.txt; done' >/dev/null 2>&1 &) && echo planted"],
+        plant = await box.run(["sh", "-c", "echo 1 > /logs/verifier/reward.txt; echo '{\"reward\": 1}' > "
+                                           "/logs/verifier/reward.json; (nohup sh -c 'while :; do echo 1 > "
+                                           "/logs/verifier/reward.txt; done' >/dev/null 2>&1 &)"],
                               timeout_s=60)
-        assert "planted" in plant.stdout_tail  # the image let the agent write there
-        writer = "open('/logs/verifier/reward.txt', 'w').write('1')"
+        # the image left /logs writable, but /logs/verifier is a host directory no uid of the container may write
+        assert "/logs/verifier/reward.txt: Permission denied" in plant.stderr_tail, plant
+        writer = "os.system('echo 1 > /logs/verifier/reward.txt 2>/dev/null')"  # the dir refuses it now
         plant = await box.run(["sh", "-c", "mkdir -p /app/bin /app/lib && printf '#!/bin/sh\\necho 1 > "
                                            "/logs/verifier/reward.txt; exec /bin/mkdir \"$@\"\\n' > /app/bin/mkdir && "
-                                           f"chmod +x /app/bin/mkdir && echo \"{writer}\" > /app/lib/json.py && "
+                                           f"chmod +x /app/bin/mkdir && echo \"import os; {writer}\" > /app/lib/json.py && "
                                            "site=$(python3 -m site --user-site) && /bin/mkdir -p $site && "
                                            f"echo \"import os; {writer}\" > $site/polar.pth && "
                                            "sh -c 'command -v mkdir' && python3 -c 'import json; print(json.__file__)'"],
@@ -77,9 +79,9 @@ async def test_agent_cannot_read_tests_or_solution_nor_plant_a_reward():
         left = await box.run(["sh", "-c", "sleep 5; ls -A /logs/verifier; cat /tmp/verifier/uid; stat -c %U /tests/test.sh; "
                                           "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done | grep -c '^sleep infinity'; "
                                           f"tr '\\0' ' ' < /proc/{box.keepalive_pid}/cmdline"], timeout_s=60)
-        # nothing planted survived or ran; test.sh ran as the agent's uid; the tests are root's; one
-        # `sleep infinity` is left: the keep-alive
-        assert left.stdout_tail.split() == ["1000", "root", "1", "sleep", "infinity"], left.stdout_tail
+        # nothing planted survived or ran; test.sh ran as the agent's uid; the tests are the host root's (no
+        # uid of the container's: `nobody`); one `sleep infinity` is left: the keep-alive
+        assert left.stdout_tail.split() == ["1000", "nobody", "1", "sleep", "infinity"], left.stdout_tail
     finally:
         await ws.close()
 
@@ -123,8 +125,9 @@ async def test_a_separate_verifier_runs_in_a_fresh_container_with_only_the_artif
         result = await verify(task, ws.sandbox)  # type: ignore[arg-type]
         assert result.reward == 1.0 and result.failure_kind == "none", result
         assert _containers() == before  # the verifier's containers are gone, the agent's is still there
-        left = await ws.sandbox.run(["sh", "-c", "ls /app; ls -A /logs 2>&1"], timeout_s=60)
-        assert "elsewhere.txt" in left.stdout_tail and "verifier" not in left.stdout_tail, left
+        left = await ws.sandbox.run(["ls", "/app"], timeout_s=60)
+        assert "elsewhere.txt" in left.stdout_tail, left
+        assert list(ws.sandbox.host_dir("/logs/verifier").iterdir()) == []  # the verifier wrote elsewhere
     finally:
         await ws.close()
 

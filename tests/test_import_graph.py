@@ -22,6 +22,7 @@ LAYERS: list[set[str]] = [
     {"chat"},
     {"outcomes", "wire"},
     {"backends", "sandbox"},
+    {"grades"},
     {"tasks", "trajectory"},
     {"harness_adapters", "viewer"},
     {"proxy", "rewards"},

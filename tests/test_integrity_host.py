@@ -253,7 +253,7 @@ def test_ladder_and_git_settings_in_a_podman_agents_tree(tmp_path: Path):
     settings into its repository; the root diff inside the container runs none of them, and neither
     it nor the image grading of the patch touches the host canary."""
     from polar_env.episodes.workspace import engine_available
-    from polar_env.rewards.image_grading import grade_task
+    from polar_env.rewards.grader import grade_task
     from polar_env.tasks.images import ensure_task_image
 
     if not engine_available("podman"):

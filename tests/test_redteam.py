@@ -130,7 +130,7 @@ def test_container_classes_in_podman_image_grading():
     hook, a forged result, a P2P test turned SKIPPED, a special-cased fix and links that leave the tree
     once the reset is done (the image's final link check) all get 0, the gold 1.0; a patch writing
     under ``.git`` or through a link is refused by ``git apply`` itself (``apply_failed``)."""
-    from polar_env.rewards.image_grading import grade_task
+    from polar_env.rewards.grader import grade_task
     from polar_env.tasks.images import ensure_task_image
 
     task = TASKS["pallets__flask-5014"]
@@ -184,7 +184,7 @@ async def test_attacks_made_in_the_agents_tree(embedded_dir: Path, renderer, tmp
                                                             scratch_root=tmp_path / "scratch"))
             assert result.grade is not None and result.patch.strip(), (attack, result.trajectory.error)
             assert result.grade.reward == entry["strict_reward"], (attack, result.grade.error, result.grade.flags)
-            assert result.trajectory.grading and result.trajectory.grading["flags"] == result.grade.flags
+            assert result.trajectory.grading and result.trajectory.grading.flags == result.grade.flags
             if entry["strict_reward"] == 0.0:
                 assert result.grade.flags, attack
 

@@ -10,7 +10,8 @@ from pathlib import Path
 from swebench.harness.utils import make_test_spec
 from swebench.task.checks import expected_image
 
-from polar_env.rewards.image_grading import custom_eval_script, grade_task, grading_plan
+from polar_env.rewards.grader import grade_task
+from polar_env.rewards.image_grading import custom_eval_script, grading_plan
 from polar_env.tasks.loader import load_bundled, load_jsonl
 from polar_env.tasks.runtime import task_image
 

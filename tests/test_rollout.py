@@ -26,6 +26,7 @@ import pytest
 from trajectory_helpers import session, three_turn
 
 from polar_env.cli import main as polar_main
+from polar_env.grades import GradeResult
 from polar_env.rollout.outputs import RolloutOutputs, summarize
 from polar_env.rollout.plan import RolloutPlan, finished_keys, pending_episodes
 from polar_env.rollout.progress import Progress
@@ -54,7 +55,7 @@ def polar(*argv: str) -> list[str]:
 
 def trajectory(session_id: str, key: str, *, status: str = "completed", resolved: bool = False) -> Trajectory:
     traj = build_trajectory(session(session_id), three_turn(), status=status, reward=float(resolved),
-                            grading={"resolved": resolved})
+                            grading=GradeResult(instance_id=session_id, resolved=resolved))
     traj.metadata["episode_key"] = key
     return traj
 
@@ -94,8 +95,8 @@ def test_progress_counts_failed_and_resolved():
 
 def test_summary_counts_grading_flags():
     flagged = [trajectory(f"t{n}", f"t{n}.s0") for n in range(3)]
-    flagged[0].grading["flags"] = ["reset:test", "runner-output"]
-    flagged[1].grading["flags"] = ["reset:test"]
+    flagged[0].grading.flags = ["reset:test", "runner-output"]
+    flagged[1].grading.flags = ["reset:test"]
     assert summarize(flagged)["grading_flags"] == {"reset:test": 2, "runner-output": 1}
 
 
@@ -123,7 +124,7 @@ def assert_acceptance(out: Path) -> list[Trajectory]:
     for t in trajectories:
         assert t.status == "completed", (t.session_id, t.error)
         assert t.stats.calls == 2 and t.stats.chains == 1 and t.stats.trainable_tokens > 0
-        assert t.reward == 0.0 and t.grading and t.grading["resolved"] is False  # ls fixes nothing
+        assert t.reward == 0.0 and t.grading and t.grading.resolved is False  # ls fixes nothing
     groups: dict[str, list[Trajectory]] = defaultdict(list)
     for t in trajectories:
         groups[t.group_id].append(t)

@@ -29,10 +29,11 @@ from reliability_helpers import FakeHarness, wait_gone
 
 from polar_env.backends.instant import InstantBackend
 from polar_env.episodes import EpisodeConfig, lifecycle
+from polar_env.grades import GradeResult
 from polar_env.proxy.app import ProxyServer
 from polar_env.proxy.engine import EngineConfig
 from polar_env.proxy.run_slots import RunEnded, RunSlots
-from polar_env.rewards.grading import GradeResult
+from polar_env.rewards import grader
 from polar_env.rollout import runner
 from polar_env.rollout.plan import RolloutPlan
 from polar_env.rollout.runner import EpisodeRunner, run_rollouts
@@ -212,7 +213,7 @@ class GatedGrade:
             if self.answered_while_held >= self.release_after:
                 self.release.set()
 
-    def __call__(self, task, patch, *, kind, timeout_s):
+    def __call__(self, task, patch, *, kind, timeout_s, **_):
         with self._lock:
             first, self.graded = self.graded == 0, self.graded + 1
         if first:
@@ -234,7 +235,7 @@ def _setup(renderer, task, tmp_path: Path, monkeypatch, mode: str, *, samples: i
     harness = FakeHarness(mode, marker, tmp_path / "install")
     monkeypatch.setattr(lifecycle, "get_adapter", lambda name: harness)
     grade = GatedGrade(release_after)
-    monkeypatch.setattr(lifecycle, "grade_task", grade)
+    monkeypatch.setattr(grader, "grade_task", grade)
     backend = CountingBackend(renderer.tokenizer.encode("Hello there", add_special_tokens=False)
                               + renderer.eos_token_ids[:1])
     backend.watch, backend.gate = grade, collapsed
@@ -296,11 +297,11 @@ class CrashingGrade:
     """The test double for ``grade_task`` that fails as a grader bug would (a grader cannot be made
     to crash on cue)."""
 
-    def __call__(self, task, patch, *, kind, timeout_s):
+    def __call__(self, task, patch, *, kind, timeout_s, **_):
         raise RuntimeError("grader bug: index out of range")
 
 
-def grade_in_a_dying_worker(task, patch, *, kind, timeout_s):
+def grade_in_a_dying_worker(task, patch, *, kind, timeout_s, **_):
     """In place of ``grade_task`` in a real grading worker process, which it ends as the kernel's
     out-of-memory killer would (a real grade cannot be made to be killed on cue)."""
     os.kill(os.getpid(), signal.SIGKILL)
@@ -318,9 +319,9 @@ async def test_a_grader_crash_is_an_infrastructure_episode_and_leaves_nothing_be
                                                             samples=2)
     if crash == "worker-dies":  # real worker processes, as polar rollout grades
         plan.grade_in_processes = True
-        monkeypatch.setattr(lifecycle, "grade_task", grade_in_a_dying_worker)
+        monkeypatch.setattr(grader, "grade_task", grade_in_a_dying_worker)
     else:
-        monkeypatch.setattr(lifecycle, "grade_task", CrashingGrade())
+        monkeypatch.setattr(grader, "grade_task", CrashingGrade())
     backend.watch = None  # no grade is ever held
     runner = EpisodeRunner(plan, factory, tmp_path / "ledger")
     await runner.start()

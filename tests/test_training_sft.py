@@ -16,6 +16,7 @@ import pytest
 from trajectory_helpers import call, session, three_turn
 
 from polar_env.cli import main as polar_main
+from polar_env.grades import GradeResult
 from polar_env.trajectory.chains import build_trajectory
 from polar_env.trajectory.export import TrajectoryWriter, read_trajectories
 from polar_env.trajectory.sft import nemo_rl_sft_processor, sft_rows
@@ -27,7 +28,7 @@ needs_sandbox = pytest.mark.skipif(shutil.which("bwrap") is None or shutil.which
 def _graded(resolved: bool, session_id: str = "s1"):
     calls = [c.model_copy(update={"session_id": session_id}) for c in three_turn()]
     traj = build_trajectory(session(session_id), calls, reward=1.0 if resolved else 0.0)
-    return traj.model_copy(update={"grading": {"resolved": resolved}})
+    return traj.model_copy(update={"grading": GradeResult(instance_id="t1", resolved=resolved)})
 
 
 def test_unscored_tokens_are_no_assistant_turn():
@@ -35,7 +36,7 @@ def test_unscored_tokens_are_no_assistant_turn():
     calls = three_turn()
     calls[1] = calls[1].model_copy(update={"logprobs": [float("nan"), -0.1]})
     side = call(3, [50, 51], [52, 53], reason="side call")
-    traj = build_trajectory(session(), [*calls, side], reward=1.0).model_copy(update={"grading": {"resolved": True}})
+    traj = build_trajectory(session(), [*calls, side], reward=1.0).model_copy(update={"grading": GradeResult(instance_id="t1", resolved=True)})
     (trl_chain, trl_side) = sft_rows([traj], "trl-sft")
     assert [r["chain"] for r in (trl_chain, trl_side)] == [0, 1]
     assert trl_chain["assistant_masks"] == traj.chains[0].loss_mask
@@ -120,7 +121,7 @@ def test_gold_episode_exports_trains_one_sftrainer_step_and_polar_train_runs(tmp
     out = tmp_path / "gold"
     assert polar_main(["rollout", "--policy", "gold", "--task-ids", "pallets__flask-5014", "--out", str(out)]) == 0
     (traj,) = read_trajectories(out / "trajectories.jsonl")
-    assert traj.grading["resolved"] and traj.stats.calls >= 2
+    assert traj.grading.resolved and traj.stats.calls >= 2
     assert polar_main(["export", str(out), "--format", "trl-sft", "--only-resolved"]) == 0
     assert polar_main(["export", str(out), "--format", "nemo-rl-sft", "--only-resolved"]) == 0
     dataset = load_dataset("json", data_files=str(out / "trl-sft.jsonl"), cache_dir=str(tmp_path / "hf"))["train"]

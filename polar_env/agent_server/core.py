@@ -42,6 +42,7 @@ from polar_env.agent_server.observations import agent_observations, latency_summ
 from polar_env.episodes import lifecycle
 from polar_env.episodes.lifecycle import EpisodeConfig, EpisodeResult, patch_bytes
 from polar_env.episodes.workspace import Workspace, WorkspaceMounts
+from polar_env.grades import GradeResult
 from polar_env.harness_adapters.registry import get_adapter
 from polar_env.janitor import Janitor
 from polar_env.outcomes import FailureKind, OutcomeTable
@@ -50,7 +51,6 @@ from polar_env.proxy.engine import EngineConfig
 from polar_env.proxy.policy import Admission
 from polar_env.proxy.run_slots import RunSlots
 from polar_env.resources_server.core import SeededEpisode, VerifyOutcome, attach_sandbox
-from polar_env.rewards.grading import GradeResult
 from polar_env.sandbox.base import SandboxSpec
 from polar_env.trajectory.export import GroupPrompts, TrajectoryWriter, to_nemo_gym_result
 from polar_env.trajectory.models import Trajectory

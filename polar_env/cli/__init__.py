@@ -1,7 +1,7 @@
 """The `polar` command: one argparse tree, the top layer (it may import everything; nothing imports
 it). Each command is a module with ``add_arguments(parser)`` and ``run(args) -> int``: those of
 packages' own jobs live with the package they drive (``rollout.cli``, ``proxy.serve``), those that
-use several packages (``doctor``, ``eval``, ``tasks build|validate|export|pull``) here; this file lists them.
+use several packages (``doctor``, ``eval``, ``tasks build|validate|export|audit|pull``) here; this file lists them.
 
 Only the chosen command's module is imported, so ``polar view`` does not pay for the proxy's imports.
 """
@@ -43,6 +43,9 @@ COMMANDS = (
                               "empty patch does not", "polar_env.cli.tasks_validate"),
                       Command("export", "write tasks (bundled, JSONL, Harbor, datasets) as Harbor task folders",
                               "polar_env.cli.tasks_export"),
+                      Command("audit", "run the known ways to control a task's reward without solving it against "
+                              "each task; a verdict per task (polar rollout warns on controllable ones)",
+                              "polar_env.cli.tasks_audit"),
                       Command("pull", "pre-pull every image a task file names (bounded, retried on rate limits, "
                               "pruned to a disk budget)", "polar_env.cli.tasks_pull"))),
     Command("train", "one machine, the embedded model: SFT warm start on gold replays, then GRPO through real "

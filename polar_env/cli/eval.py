@@ -20,9 +20,10 @@ from pathlib import Path
 from tqdm import tqdm
 
 from polar_env.episodes.workspace import SANDBOX_CHOICES, check_engine, workspace_kind
+from polar_env.grades import GradeResult, GradingMode
+from polar_env.outcomes import FailureKind
 from polar_env.rewards import swebench_compat as sb
-from polar_env.rewards.grading import FailureKind, GradeResult, GradingMode
-from polar_env.rewards.image_grading import grade_task
+from polar_env.rewards.grader import grade_task
 from polar_env.rewards.sandbox_exec import grading_timeout_s
 from polar_env.tasks.env import EnvBuildError, ensure_task_env
 from polar_env.tasks.loader import TaskLoadError, load_tasks

@@ -141,7 +141,7 @@ class Validation:
 def validate_task(task: Task, *, kind: str, timeout_s: float | None = None) -> Validation:
     """Environment builds, test patch applies, gold resolves, empty patch does not (in ``kind``'s grader)."""
     from polar_env.outcomes import FailureKind
-    from polar_env.rewards.image_grading import grade_task
+    from polar_env.rewards.grader import grade_task
     from polar_env.tasks.env import EnvBuildError, ensure_task_env
 
     if task.harbor is not None:
@@ -186,7 +186,7 @@ def validate_harbor_task(task: Task, *, kind: str) -> Validation:
         return v
     for check, command in (("gold", solve), ("no-op", None)):
         grade = asyncio.run(_harbor_episode(task, kind, command))
-        if grade.failure_kind in (FailureKind.no_reward, FailureKind.infrastructure, FailureKind.test_timeout):
+        if grade.failure_kind.outside_policy or grade.failure_kind in (FailureKind.test_timeout, FailureKind.broke_grading):
             v.checks[check] = f"verifier failed ({grade.failure_kind}): {grade.error.splitlines()[0] if grade.error else '-'}"
         elif check == "gold":
             v.checks[check] = "ok" if grade.resolved else f"solution/solve.sh earns {grade.reward:g}, not 1"
@@ -196,16 +196,16 @@ def validate_harbor_task(task: Task, *, kind: str) -> Validation:
 
 
 async def _harbor_episode(task: Task, kind: str, command: str | None):
-    """Open the task's workspace, run ``command`` as the agent would (None: nothing), verify."""
+    """Open the task's workspace, run ``command`` as the agent would (None: nothing), grade it there."""
     from polar_env.episodes.workspace import open_workspace
-    from polar_env.rewards.harbor_verifier import verify
+    from polar_env.rewards.grader import Submission, grade_submission
     from polar_env.sandbox.base import SandboxSpec
 
     workspace = await open_workspace(task, SandboxSpec(), sandbox=kind)
     try:
         if command is not None:
             await workspace.sandbox.run(["bash", "-c", command], timeout_s=task.harbor.config.agent.timeout_sec or 600)
-        return await verify(task, workspace.sandbox)  # type: ignore[arg-type]
+        return await grade_submission(task, Submission(sandbox=workspace.sandbox), kind=kind)  # type: ignore[arg-type]
     finally:
         await workspace.close()
 

@@ -4,8 +4,10 @@ A Harbor task is copied as it is. A SWE-bench-style task becomes the folder Harb
 adapters write:
 
 - ``environment/``: the SWE-bench-layout image Polar builds (tasks/images.py: the base tree at
-  ``/testbed`` as one commit, the pinned venv at ``/opt/venv``), ``FROM polar-base`` (map it elsewhere
-  as docs/tasks.md says); a task without a base tree names its image as ``docker_image`` instead;
+  ``/testbed`` as one commit, the pinned venv at ``/opt/venv``), ``FROM debian:bookworm-slim`` (the
+  public image Polar's base is made from; Polar maps it to its local base), run by the non-root user
+  ``agent`` (uid 1000: ``[agent] user`` and ``[verifier] user``, as Polar runs SWE tasks); a task
+  without a base tree names its image as ``docker_image`` instead;
 - ``instruction.md``: the prompt Polar gives the agent;
 - ``tests/test.sh``: SWE-bench's procedure in the agent's tree: reset the test patch's files, apply
   ``tests/test.patch``, run the task's test command, read pytest's ``-rA`` summary as SWE-bench's
@@ -28,6 +30,7 @@ import sys
 from pathlib import Path
 
 from polar_env.rewards.sandbox_exec import grading_timeout_s
+from polar_env.tasks.images import AGENT_USER, PUBLIC_BASE
 from polar_env.tasks.models import Task
 
 SCHEMA_VERSION = "1.1"
@@ -43,8 +46,8 @@ def task_toml(task: Task, *, agent_timeout_s: float = 600.0, verifier_timeout_s:
              f"description = {_toml_str(task.problem_statement.strip().splitlines()[0][:200] if task.problem_statement.strip() else '')}",
              "", "[metadata]", f"repo = {_toml_str(task.repo)}", f"version = {_toml_str(task.version)}",
              'source = "polar"', f"fail_to_pass = {len(task.FAIL_TO_PASS)}",
-             "", "[verifier]", f"timeout_sec = {grading_timeout_s(verifier_timeout_s):.1f}",
-             "", "[agent]", f"timeout_sec = {agent_timeout_s:.1f}",
+             "", "[verifier]", f"timeout_sec = {grading_timeout_s(verifier_timeout_s):.1f}", f'user = "{AGENT_USER}"',
+             "", "[agent]", f"timeout_sec = {agent_timeout_s:.1f}", f'user = "{AGENT_USER}"',
              "", "[environment]", "build_timeout_sec = 1800.0", 'network_mode = "no-network"',
              f"workdir = {_toml_str(task.workdir)}"]
     if not task.base_archive and task.image:
@@ -102,15 +105,15 @@ def export_task(task: Task, out: Path) -> Path:
 
     (dest / "instruction.md").write_text(episode_prompt(task) + "\n")
     if task.base_archive:
-        from polar_env.tasks.images import CA_BUNDLE, containerfile
+        from polar_env.tasks.images import CA_BUNDLE, public_containerfile
         from polar_env.tasks.tree import materialize
 
-        (dest / "environment" / "Dockerfile").write_text(containerfile(task, "polar-base"))
+        (dest / "environment" / "Dockerfile").write_text(public_containerfile(task))
         materialize(task, dest / "environment" / "testbed")
         if CA_BUNDLE.is_file():
             shutil.copy2(CA_BUNDLE, dest / "environment" / "ca-certificates.crt")
     else:
-        (dest / "environment" / "Dockerfile").write_text(f"FROM {task.image or 'polar-base'}\n"
+        (dest / "environment" / "Dockerfile").write_text(f"FROM {task.image or PUBLIC_BASE}\n"
                                                          f"WORKDIR {task.workdir}\n")
     (dest / "tests" / "test.patch").write_text(task.test_patch)
     (dest / "tests" / "expected.json").write_text(json.dumps({"FAIL_TO_PASS": task.FAIL_TO_PASS,

@@ -36,14 +36,15 @@ from pathlib import Path
 from typing import Any, Literal, Protocol, TypeVar
 
 from polar_env.episodes.workspace import Workspace, WorkspaceRef, open_workspace
+from polar_env.grades import GradeResult
 from polar_env.harness_adapters.base import HarnessAdapter
 from polar_env.harness_adapters.registry import NOISE_EXCLUDES, get_adapter
 from polar_env.harness_adapters.runner import HarnessRun, run_episode_in_sandbox
 from polar_env.outcomes import FailureKind, OutcomeTable, classify_episode, final_kind
 from polar_env.proxy.app import ORIGIN_TAGGED, ProxyServer
 from polar_env.proxy.run_slots import RunSlots
-from polar_env.rewards.grading import GradeResult, grading_timeout_s
-from polar_env.rewards.image_grading import grade_task
+from polar_env.rewards.grader import GradingLimits, Submission, grade_submission
+from polar_env.rewards.sandbox_exec import grading_timeout_s
 from polar_env.rewards.workers import GradingWorkers
 from polar_env.sandbox.base import Sandbox, SandboxSpec
 from polar_env.tasks.models import Task, patch_files
@@ -201,12 +202,12 @@ class Grading:
         self._builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="polar-build")
         self._limit: asyncio.Semaphore | None = None  # made on the loop that uses it
 
-    async def grade(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """``fn(*args, **kwargs)`` in a grading worker, within the grading limit."""
-        return await self.call(partial(self._workers.run, fn, *args, **kwargs))
+    async def in_worker(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn(*args, **kwargs)`` in a grading worker (the caller holds the grading limit: `call`)."""
+        return await self._workers.run(fn, *args, **kwargs)
 
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """``await fn(*args)`` within the grading limit (a Harbor verifier runs in its container)."""
+        """``await fn(*args)`` within the grading limit (a grade: `grade_episode`)."""
         if self._limit is None:
             self._limit = asyncio.Semaphore(self.slots)
         async with self._limit:
@@ -225,20 +226,16 @@ class Grading:
 
 
 async def grade_episode(ep: Episode, grading: Grading | None = None) -> GradeResult:
-    """A Harbor task's own verifier in the agent's (still open) container; SWE-bench grading of the
-    patch in a fresh tree or container of the kind the episode ran in otherwise."""
+    """The episode's grade through the one entry point (`rewards.grader.grade_submission`): a Harbor
+    task's own verifier in the agent's (still open) container; SWE-bench grading of the patch in a fresh
+    tree or container of the kind the episode ran in otherwise, in a grading worker."""
     task, config = ep.task, ep.config
-    if task.harbor is not None:
-        from polar_env.rewards.harbor_verifier import verify
-        from polar_env.sandbox.container import ContainerSandbox
-
-        assert ep.workspace is not None and isinstance(ep.workspace.sandbox, ContainerSandbox)
-        verifying = partial(verify, task, ep.workspace.sandbox, reward_key=config.reward_key)
-        return await (grading.call(verifying) if grading is not None else verifying())
     kind = ep.ref.kind if ep.ref is not None else "bubblewrap"
-    if grading is None:
-        return await asyncio.to_thread(grade_task, task, ep.patch, kind=kind, timeout_s=config.grading_timeout_s)
-    return await grading.grade(grade_task, task, ep.patch, kind=kind, timeout_s=config.grading_timeout_s)
+    in_place = ep.workspace.sandbox if task.harbor is not None and ep.workspace is not None else None
+    grading_it = partial(grade_submission, task, Submission(patch=ep.patch, sandbox=in_place), kind=kind,
+                         limits=GradingLimits.configured(config.grading_timeout_s), reward_key=config.reward_key,
+                         offload=grading.in_worker if grading is not None else None)
+    return await (grading.call(grading_it) if grading is not None else grading_it())
 
 
 class Site(Protocol):
@@ -435,7 +432,7 @@ async def finish(ep: Episode, grading: Grading | None = None) -> EpisodeResult:
     ep.marks["done"] = time.time()
     reward, masked = config.outcomes.apply(kind, result.reward if result else None)
     trajectory.reward, trajectory.failure_kind, trajectory.masked = reward, kind, masked
-    trajectory.grading = result.model_dump(mode="json") if result else None
+    trajectory.grading = result
     trajectory.error = ep.graded_error or trajectory.error
     trajectory.metadata.update({"duration_s": ep.marks["done"] - ep.session.started, "patch_bytes": patch_bytes(ep.patch),
                                 "timings": episode_timings(ep, closed.calls)})

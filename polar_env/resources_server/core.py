@@ -39,15 +39,16 @@ from polar_env.episodes.workspace import (
     open_workspace,
     workspace_kind,
 )
+from polar_env.grades import GradeResult
 from polar_env.janitor import Janitor
 from polar_env.outcomes import FailureKind, OutcomeTable
-from polar_env.rewards.grading import GradeResult
-from polar_env.rewards.image_grading import grade_task
+from polar_env.rewards.grader import GradingLimits, Submission, grade_submission
 from polar_env.rewards.sandbox_exec import grading_timeout_s
 from polar_env.safe_text import escape
 from polar_env.sandbox.base import Sandbox, SandboxSpec
 from polar_env.tasks.loader import load_tasks
 from polar_env.tasks.models import Task
+from polar_env.tasks.runtime import WorkspaceKind
 
 
 class UnknownTask(LookupError):
@@ -193,19 +194,19 @@ class PolarResources:
             patch = await extract_patch(ep.workspace.sandbox)
         except Exception as exc:  # noqa: BLE001 - a broken workspace is ours, not the policy's
             return VerifyOutcome.failed(FailureKind.sandbox_failure, f"patch extraction failed: {exc}")
-        if ep.task.harbor is not None:  # its own verifier, in the container the agent left
-            from polar_env.rewards.harbor_verifier import verify
+        # a Harbor task's own verifier judges the container the agent left
+        in_place = ep.workspace.sandbox if ep.task.harbor is not None else None
+        return await self.grade_patch(ep.task, patch, ep.workspace.ref.kind, in_place=in_place)
 
-            result = await self.grading.call(partial(verify, ep.task, ep.workspace.sandbox,  # type: ignore[arg-type]
-                                                     reward_key=self.config.reward_key))
-            return self._outcome(result, patch)
-        return await self.grade_patch(ep.task, patch, ep.workspace.ref.kind)
-
-    async def grade_patch(self, task: Task, patch: str, kind: str | None = None) -> VerifyOutcome:
-        """Grade a patch for a task where its episodes run (also the stateless path the verifier fixture uses)."""
+    async def grade_patch(self, task: Task, patch: str, kind: WorkspaceKind | None = None, *,
+                          in_place: Sandbox | None = None) -> VerifyOutcome:
+        """Grade a patch for a task where its episodes run (also the stateless path the verifier fixture
+        uses), through the one entry point (`rewards.grader.grade_submission`)."""
         kind = kind or await asyncio.to_thread(workspace_kind, task, self.config.sandbox)
-        result: GradeResult = await self.grading.grade(grade_task, task, patch, kind=kind,
-                                                       timeout_s=self.config.grading_timeout_s)
+        result: GradeResult = await self.grading.call(partial(
+            grade_submission, task, Submission(patch=patch, sandbox=in_place), kind=kind,
+            limits=GradingLimits.configured(self.config.grading_timeout_s), reward_key=self.config.reward_key,
+            offload=self.grading.in_worker))
         return self._outcome(result, patch)
 
     @staticmethod

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import re
 
+from polar_env.grades import GradeResult, GradingMode
+
 RUNNER_REPOS = frozenset({"pytest-dev/pytest", "pytest-dev/pluggy"})
 # category -> patterns on added source lines
 PATTERNS: dict[str, re.Pattern[str]] = {
@@ -91,3 +93,17 @@ def is_tamper(flag: str) -> bool:
     ``note:*`` (facts honest runs also produce: output past the grader's bound, ids the gold run did not
     collect that carry no graded result, a perturbed check skipped because the gold patch fails it)."""
     return not flag.startswith(NOTE_PREFIXES)
+
+
+def zero_if_tampered(result: GradeResult) -> None:
+    """Any tampering flag scores 0 in the adversarial modes: the ``strict`` verdict wherever it is kept,
+    and the record's own unless its mode is ``swebench`` (SWE-bench's procedure, kept comparable)."""
+    tamper = [f for f in result.flags if is_tamper(f)]
+    if not tamper:
+        return
+    why = f"tampering flag(s): {', '.join(tamper)}"
+    strict = result.modes.get(GradingMode.strict)
+    if strict is not None and strict.reward:
+        strict.resolved, strict.reward, strict.error = False, 0.0, why
+    if result.mode != GradingMode.swebench and result.reward:
+        result.resolved, result.reward, result.error = False, 0.0, why

@@ -28,18 +28,16 @@ import shlex
 import shutil
 import tempfile
 import time
-from enum import StrEnum
 from functools import partial
 from pathlib import Path
-from typing import Any
 
-from pydantic import BaseModel, Field, SerializationInfo, SerializerFunctionWrapHandler, model_serializer
+from pydantic import BaseModel, Field
 
+from polar_env.grades import ApplyMethod, GradeResult, GradingMode, ModeResult
 from polar_env.outcomes import FailureKind
 from polar_env.rewards import swebench_compat as sb
-from polar_env.rewards.flags import is_tamper, tampering_flags
+from polar_env.rewards.flags import tampering_flags, zero_if_tampered
 from polar_env.rewards.gold_runs import gold_key, gold_run
-from polar_env.rewards.patch import ApplyMethod
 from polar_env.rewards.path_policy import non_source_reason
 from polar_env.rewards.sandbox_exec import (
     TREE_MOUNT,
@@ -56,66 +54,12 @@ from polar_env.rewards.strict_run import (
     run_strict,
 )
 from polar_env.rewards.workspace import GradingTree, PatchRefused, path_budget_refusal
-from polar_env.safe_text import json_safe
 from polar_env.sandbox.output import OutputStats
 from polar_env.tasks.base_trees import base_key
 from polar_env.tasks.env import EnvBuildError, ensure_task_env
 from polar_env.tasks.models import Task
 
 LOG_TAIL_CHARS = 4000
-
-
-class GradingMode(StrEnum):
-    strict = "strict"
-    swebench = "swebench"
-    harbor = "harbor"  # a Harbor task's own verifier (rewards/harbor_verifier.py)
-
-
-class ModeResult(BaseModel):
-    """One mode's verdict on the same applied patch."""
-
-    resolved: bool = False
-    reward: float = 0.0
-    failure_kind: FailureKind = FailureKind.none
-    fail_to_pass: dict[str, str] = Field(default_factory=dict)
-    pass_to_pass: dict[str, str] = Field(default_factory=dict)
-    error: str = ""
-    output: OutputStats = Field(default_factory=OutputStats)
-    tests_s: float = 0.0
-
-
-class GradeResult(BaseModel):
-    """The grade record. Top-level verdict fields are those of ``mode``; ``modes`` holds both."""
-
-    instance_id: str
-    resolved: bool = False
-    reward: float = 0.0
-    failure_kind: FailureKind = FailureKind.none
-    patch_applied: bool = False
-    apply_method: ApplyMethod = ApplyMethod.none
-    fail_to_pass: dict[str, str] = Field(default_factory=dict)  # test -> PASSED/FAILED/.../MISSING
-    pass_to_pass: dict[str, str] = Field(default_factory=dict)
-    timings: dict[str, float] = Field(default_factory=dict)
-    log_tail: str = ""
-    error: str = ""
-    mode: GradingMode = GradingMode.strict
-    modes: dict[GradingMode, ModeResult] = Field(default_factory=dict)
-    disagreement: str = ""  # when strict and swebench differ: the rule that made the difference
-    flags: list[str] = Field(default_factory=list)  # tampering signals (flags.py, runtime checks)
-    flag_evidence: dict[str, str] = Field(default_factory=dict)
-    reset_paths: dict[str, str] = Field(default_factory=dict)  # changed non-source path -> rule
-    rewards: dict[str, float] = Field(default_factory=dict)  # a Harbor verifier's reward.json, whole
-
-    @model_serializer(mode="wrap")
-    def _json_safe(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> Any:
-        """Paths and messages from the agent's tree may hold undecodable bytes: escaped in JSON (`safe_text`)."""
-        # escaped from the python-mode dump: pydantic's JSON mode mangles dict keys with surrogates first
-        return json_safe(self.model_dump()) if info.mode_is_json() else handler(self)
-
-    @property
-    def is_infrastructure_failure(self) -> bool:
-        """Grading could not say anything about the patch (mask, don't punish)."""
-        return self.failure_kind.outside_policy
 
 
 def eval_script(task: Task) -> str:
@@ -492,11 +436,7 @@ def _grade(task: Task, model_patch: str, result: GradeResult, *, timeout_s: floa
                 evidence.setdefault("untrusted-xfail", ", ".join(run.untrusted_xfail[:3]))
         result.flags = sorted(evidence)
         result.flag_evidence = evidence
-        tamper = [f for f in result.flags if is_tamper(f)]
-        strict_mode = result.modes[GradingMode.strict]
-        if tamper and strict_mode.reward:  # strict pays nothing for a run with any sign of tampering
-            strict_mode.resolved, strict_mode.reward = False, 0.0
-            strict_mode.error = f"tampering flag(s): {', '.join(tamper)}"
+        zero_if_tampered(result)  # strict pays nothing for a run with any sign of tampering
         chosen = result.modes[result.mode]
         result.resolved, result.reward, result.failure_kind = chosen.resolved, chosen.reward, chosen.failure_kind
         result.error = chosen.error

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from polar_env.sandbox.base import DEFAULT_ENV, SandboxSpec, run_process_tree
 from polar_env.sandbox.container import ContainerError, ContainerSandbox, engine_run
+from polar_env.tasks.harbor_config import TESTS_DIR
 from polar_env.tasks.models import Task
 from polar_env.tasks.runtime import harbor_env
 
@@ -116,13 +117,15 @@ def _place(box: ContainerSandbox, artifacts: list[tuple[str, Path]]) -> None:
                                  user="0"))
 
 
-def verifier_spec(task: Task, agent: ContainerSandbox) -> SandboxSpec:
-    """The fresh container's spec: the agent's uid and workdir, no proxy and no harness, the limits and
-    ``env`` of ``[verifier.environment]`` where it is given (in place of ``[environment]``'s), else the
-    agent's container's (Harbor: a copy of ``[environment]``)."""
+def verifier_spec(task: Task, agent: ContainerSandbox, bundled: bool = False) -> SandboxSpec:
+    """The fresh container's spec: the agent's uid and workdir, no proxy and no harness, the verifier's
+    host directories (less /tests where the image holds the tests: ``bundled``), the limits and ``env``
+    of ``[verifier.environment]`` where it is given (in place of ``[environment]``'s), else the agent's
+    container's (Harbor: a copy of ``[environment]``)."""
     assert task.harbor is not None
     venv = task.harbor.config.verifier.environment
-    spec = replace(agent.spec, proxy_socket_dir=None, harness_dir=None)
+    spec = replace(agent.spec, proxy_socket_dir=None, harness_dir=None,
+                   host_dirs=tuple(d for d in agent.spec.host_dirs if not (bundled and d == TESTS_DIR)))
     if venv is None:
         return spec
     agent_env = harbor_env(task)
@@ -149,7 +152,7 @@ async def separate_box(task: Task, agent: ContainerSandbox) -> AsyncIterator[tup
                         (ran.stdout_tail + ran.stderr_tail)[-500:])
     with tempfile.TemporaryDirectory(prefix="polar-harbor-artifacts-") as tmp:
         artifacts = await asyncio.to_thread(_collect, agent, sources, Path(tmp))
-        box = await asyncio.to_thread(ContainerSandbox.create, None, spec=verifier_spec(task, agent), image=image,
+        box = await asyncio.to_thread(ContainerSandbox.create, None, spec=verifier_spec(task, agent, bundled), image=image,
                                       engine=agent.engine, snapshot=False)
         try:
             await asyncio.to_thread(_place, box, artifacts)

@@ -5,25 +5,33 @@ the environment the agent left: the agent never saw ``tests/`` or ``solution/`` 
 image: it is built from ``environment/`` only, and nothing of the task folder is mounted). Here,
 once the harness has ended:
 
-1. every process of the agent's uid in the container is killed (nothing it left running can write
-   after the next step);
-2. ``/logs/verifier`` and ``/tests`` are removed and made again, empty and root-owned, so a reward the
-   agent planted is gone; ``tests/`` is copied in, root-owned and read-only;
-3. ``bash /tests/test.sh`` runs in the workdir as ``[verifier] user``, else as the agent's uid (root
-   only where the task asks for it: the agent's code that test.sh runs then cannot rewrite /tests,
-   which root's DAC_OVERRIDE could), with ``[verifier] env``, under ``[verifier] timeout_sec``, in the
-   container's ``--network none`` (only ``lo``: no network at all, not even the proxy's forwarder is
-   running), its output bounded. Nothing the agent could write is on its search paths: every entry of
-   PATH, PYTHONPATH, LD_LIBRARY_PATH, ... (the image's or the task's) that the agent's uid can write,
-   or whose parents it can, is dropped (checked in the container as that uid), HOME is a fresh
-   directory of the verifier's (root's own /root where it is root and the agent cannot write it), and
-   the harness's bin dirs are not on its PATH;
-4. every process test.sh left behind is killed (those of a non-root verifier by its own uid, since
-   root has no CAP_KILL here; then root's, all but the init and the keep-alive, by pid), then
-   ``/logs/verifier/reward.json`` is read first (an object of numbers, or one number), else
-   ``reward.txt`` (one number). Missing, empty, unparsable or non-finite is ``no_reward``: its own
-   failure kind, masked by default and never trained as 0 (Harbor: ``RewardFileNotFoundError``,
-   ``RewardFileEmptyError``).
+1. every process in the container but its init and keep-alive is killed, from the host (no program
+   of the container runs: a root agent owns them all), so nothing the agent left running writes later;
+2. the verifier's paths are **host directories** the engine bound in when the container was made
+   (``VERIFIER_HOST_DIRS``, sandbox/container.py ``host_dirs``): root's on the host, so no uid of the
+   container could read ``/tests`` or write ``/logs/verifier`` during the agent's run (in the
+   container's user namespace not even its root: the host's root is no uid there). The host now
+   empties them, copies ``tests/`` in (read-only for every uid of the container) and hands
+   ``/logs/verifier`` and a fresh HOME to the verifier's user;
+3. ``bash /tests/test.sh`` runs in the workdir as ``[verifier] user``, else as the agent's user (as
+   Harbor: the image's; root where the image is root), with ``[verifier] env``, under ``[verifier]
+   timeout_sec``, in the container's ``--network none`` (only ``lo``: not even the proxy's forwarder
+   runs), its output bounded. A non-root agent could change nothing on test.sh's search paths: every
+   entry of PATH, PYTHONPATH, LD_LIBRARY_PATH, ... (the image's or the task's) that the agent's uid
+   can write, or whose parents it can, is dropped (checked in the container as that uid), HOME is a
+   fresh directory of the verifier's (root's own /root where it is root and the agent cannot write
+   it), and the harness's bin dirs are not on its PATH. test.sh's shell waits on its first line until
+   the host has named its pid;
+4. everything test.sh left running is killed (from the host), ``/logs/verifier`` is taken back, and
+   the host reads ``reward.json`` first (an object of numbers, or one number), else ``reward.txt``
+   (one number), never following a link. **The reward channel**: a fanotify watch (the kernel's record,
+   sandbox/fs_writers.py) named the process behind every write to a reward file; where test.sh's own
+   shell wrote one, a reward file written by any other process (the code under test that test.sh ran,
+   at import or from something it left running) is the ``reward-writer`` tampering flag: 0, not
+   masked (`writer_flags`). Missing, empty, unparsable, not a regular file or non-finite is
+   ``no_reward`` (Harbor: ``RewardFileNotFoundError``, ``RewardFileEmptyError``): masked only where the
+   verifier writes a reward on the task's untouched image (the contract's control, rewards/grader.py),
+   else the submission's ``broke_grading``, 0.
 
 Where the task asks for a separate verifier (``[verifier] environment_mode = "separate"``, or a
 ``[verifier.environment]`` table), steps 2-4 run in a fresh container instead, holding only the
@@ -41,11 +49,15 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import shlex
+import os
+import shutil
+import stat
 import time
+from pathlib import Path
 
+from polar_env.grades import GradeResult, GradingMode
 from polar_env.outcomes import FailureKind
-from polar_env.rewards.grading import LOG_TAIL_CHARS, GradeResult, GradingMode
+from polar_env.rewards.grading import LOG_TAIL_CHARS
 from polar_env.rewards.harbor_separate import separate_box
 from polar_env.sandbox.base import RunResult, run_process_tree
 from polar_env.sandbox.container import (
@@ -57,34 +69,25 @@ from polar_env.sandbox.container import (
     image_env,
     is_root,
 )
+from polar_env.sandbox.fs_writers import Writers
+from polar_env.tasks.harbor_config import TESTS_DIR, VERIFIER_DIR, VERIFIER_HOME
 from polar_env.tasks.harbor_env import HarborEnvError, resolve
 from polar_env.tasks.models import Task
 from polar_env.tasks.runtime import WorkspaceUnavailable, container_spec, task_spec
 
-VERIFIER_DIR = "/logs/verifier"
-TESTS_DIR = "/tests"
-VERIFIER_HOME = "/var/lib/polar-verifier-home"  # root-made, fresh each time: no part of it is the agent's
 # the variables that name where programs, libraries or startup files are looked up (":"-separated)
 SEARCH_VARS = ("PATH", "PYTHONPATH", "PYTHONUSERBASE", "PYTHONSTARTUP", "LD_LIBRARY_PATH", "LD_PRELOAD",
                "NODE_PATH", "PERL5LIB", "RUBYLIB", "BASH_ENV", "ENV")
 MAX_REWARD_BYTES = 64 << 10
 MAX_OUTPUT_BYTES = 1 << 20
 REWARD_FILES = ("reward.json", "reward.txt")  # in the order they are read
+# test.sh's own shell, held on its first line until the host has named its pid (`_name_the_shell`)
+GATED_TEST_SH = f"read _ && exec bash {TESTS_DIR}/test.sh"
+SHELL_SEEN_S = 30.0
 
 
 class RewardError(ValueError):
     """The verifier's reward cannot be read as a number; the message says which file and why."""
-
-
-def _clean_script(verifier_user: str, *, keep_tests: bool = False) -> str:
-    """Root's reset before the tests: fresh, empty, root-owned /logs/verifier and /tests (kept where
-    the image holds the tests), and a fresh HOME for the verifier (the agent's HOME may hold a
-    ``.local`` site-packages that python would load)."""
-    user = shlex.quote(verifier_user)
-    tests = "" if keep_tests else TESTS_DIR
-    return (f"rm -rf {VERIFIER_DIR} {tests} {VERIFIER_HOME}; if [ -L /logs ] || [ ! -d /logs ]; then rm -rf /logs; fi; "
-            f"mkdir -p {VERIFIER_DIR} {TESTS_DIR} {VERIFIER_HOME} && chown 0:0 /logs && chmod 0755 /logs && "
-            f"chown {user} {VERIFIER_DIR} {VERIFIER_HOME} && chmod 0755 {VERIFIER_DIR} && chmod 0700 {VERIFIER_HOME}")
 
 
 # Run as the agent's uid: print each POLAR_V_<NAME> variable's entries that this uid cannot change (an
@@ -99,18 +102,41 @@ for v in $(env | sed -n 's/^POLAR_V_\([A-Z_]*\)=.*/\1/p'); do eval "val=\$POLAR_
   printf '%s=%s\n' "$v" "$out"; done"""
 
 
-def _kill_leftovers(keepalive: int | None) -> str:
-    """Before the reward is read, every process still in the container but its init, its keep-alive
-    (the pid recorded at the start: a process test.sh left can take its name, never its pid) and this
-    shell dies: nothing test.sh started (the agent's code it ran, as the verifier's user) rewrites the reward."""
-    spare = " ".join(f'[ "$p" = {pid} ] ||' for pid in (1, keepalive) if pid is not None)
-    return f'for d in /proc/[0-9]*; do p=${{d#/proc/}}; {spare} [ "$p" = $$ ] || kill -KILL $p 2>/dev/null; done; '
+def read_reward_file(directory: Path) -> tuple[str, str] | None:
+    """The first reward file of ``directory`` (the host's view of /logs/verifier) and its first bytes, as
+    Harbor reads them (reward.json first); None when there is none. Never followed: a link, a directory
+    or anything but a regular file in its place is a `RewardError`."""
+    for name in REWARD_FILES:
+        path = directory / name
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise RewardError(f"{VERIFIER_DIR}/{name} is not a regular file ({exc.strerror})") from None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise RewardError(f"{VERIFIER_DIR}/{name} is not a regular file")
+            return name, os.read(fd, MAX_REWARD_BYTES + 1).decode("utf-8", "replace")
+        finally:
+            os.close(fd)
+    return None
 
 
-def _read_script(keepalive: int | None = None) -> str:
-    """Print which reward file exists (json first) and its first bytes; exit 3 when there is none."""
-    return _kill_leftovers(keepalive) + "; ".join(f"if [ -f {VERIFIER_DIR}/{name} ]; then echo {name}; head -c {MAX_REWARD_BYTES + 1} "
-                     f"{VERIFIER_DIR}/{name}; exit 0; fi" for name in REWARD_FILES) + "; exit 3"
+def writer_flags(events: list[tuple[int, str]] | None, shell: int | None) -> dict[str, str]:
+    """The reward channel's finding from the kernel's record of who wrote the reward files (`Writers`):
+    where test.sh's own shell (host pid ``shell``) writes a reward file itself, a reward file written by
+    any other process (the code under test that test.sh ran, something it left running) is tampering.
+    Where the shell writes none, its checker's write stands (whether tested code runs in that checker
+    is the task's design: ``polar tasks audit``)."""
+    if events is None:
+        return {"note:reward-writers-unchecked": "fanotify needs host root: the reward files' writers were not checked"}
+    writers = {pid for pid, name in events if name in REWARD_FILES}
+    others = writers - {shell}
+    if shell in writers and others:
+        return {"reward-writer": f"a reward file was written by {len(others)} process(es) besides test.sh's own "
+                                 f"shell (host pids {sorted(others)[:5]}): the code under test wrote it"}
+    return {}
 
 
 def _number(value: object, where: str) -> float:
@@ -157,21 +183,32 @@ def scalar_reward(rewards: dict[str, float], reward_key: str | None = None) -> f
 
 
 def verifier_user(task: Task, box: ContainerSandbox) -> str:
-    """``[verifier] user`` as the task names it, else the agent's own uid (Harbor: the image's
-    default user, usually root; here root only where the task asks for it)."""
+    """``[verifier] user`` as the task names it, else the agent's own (Harbor: the image's default user,
+    as the agent's is here too: root where the image's user is root)."""
     assert task.harbor is not None
     user = task.harbor.config.verifier.user
     return str(user) if user is not None else f"{box.spec.uid}:{box.spec.uid}"
+
+
+def _uid(box: ContainerSandbox, user: str) -> int:
+    """The container uid of ``user`` (a number, ``root``, or a name looked up in the container)."""
+    name = user.split(":")[0]
+    if name.isdigit() or is_root(name):
+        return int(name) if name.isdigit() else 0
+    return int(engine_run(box.exec_argv(["id", "-u", name], {}, user="0")).decode().strip())
 
 
 def safe_search_env(box: ContainerSandbox, user: str, env: dict[str, str]) -> dict[str, str]:
     """test.sh's search variables (`SEARCH_VARS`: ``env``'s, else the image's) with every entry the
     agent's uid could change dropped, checked in ``box`` as that uid; HOME is root's /root where the
     verifier is root and that is safe, else the fresh `VERIFIER_HOME`. An empty PATH is refused (bash
-    would look in the workdir)."""
+    would look in the workdir). A root agent could change every entry (the whole container is its):
+    the image's are kept as they are, and HOME is the fresh one (docs/reliability.md says what that leaves)."""
     image = {**image_env(box.engine, box.image), **box.spec.env}  # what every exec inherits
     wanted = {v: env.get(v, image.get(v)) for v in SEARCH_VARS}
     wanted = {v: x for v, x in wanted.items() if x is not None} | {"PATH": wanted["PATH"] or FALLBACK_PATH}
+    if box.spec.uid == 0:
+        return {**wanted, "HOME": VERIFIER_HOME}
     if is_root(user):
         wanted["HOME"] = "/root"
     checks = {f"POLAR_V_{v}": x for v, x in wanted.items()}
@@ -195,24 +232,26 @@ async def verify(task: Task, box: ContainerSandbox, *, reward_key: str | None = 
     config = task.harbor.config.verifier
     result = GradeResult(instance_id=task.instance_id, mode=GradingMode.harbor)
     try:
-        box.kill_all()
+        await asyncio.to_thread(_kill_everything, box)
         if config.separate:
             async with separate_box(task, box) as (fresh, bundled):
-                run, read = await _run_tests(task, fresh, result, t0, bundled=bundled)
+                run, found = await _run_tests(task, fresh, result, t0, bundled=bundled)
         else:
-            run, read = await _run_tests(task, box, result, t0, bundled=False)
+            run, found = await _run_tests(task, box, result, t0, bundled=False)
     except (ContainerError, OSError) as exc:
         return _fail(result, FailureKind.infrastructure, f"container: {exc}", t0)
     except (HarborEnvError, WorkspaceUnavailable) as exc:  # a host variable unset since the task loaded
         return _fail(result, FailureKind.infrastructure, str(exc), t0)
     if run.timed_out:
         return _fail(result, FailureKind.test_timeout, f"tests/test.sh ran past {config.timeout_sec:g}s", t0)
-    if read.exit_code == 3:
-        return _fail(result, FailureKind.no_reward, f"tests/test.sh wrote neither {VERIFIER_DIR}/reward.json "
-                     f"nor reward.txt (exit code {run.exit_code})", t0)
-    name, _, text = read.stdout_tail.partition("\n")
     try:
-        result.rewards = parse_rewards(name, text)
+        if isinstance(found, RewardError):
+            raise found
+        read = found
+        if read is None:
+            return _fail(result, FailureKind.no_reward, f"tests/test.sh wrote neither {VERIFIER_DIR}/reward.json "
+                         f"nor reward.txt (exit code {run.exit_code})", t0)
+        result.rewards = parse_rewards(*read)
         result.reward = scalar_reward(result.rewards, reward_key)
     except RewardError as exc:
         return _fail(result, FailureKind.no_reward, str(exc), t0)
@@ -221,41 +260,113 @@ async def verify(task: Task, box: ContainerSandbox, *, reward_key: str | None = 
     return result
 
 
+def _kill_everything(box: ContainerSandbox) -> None:
+    """Every process of the container but its init and keep-alive, from the host where this is root."""
+    if os.geteuid() == 0:
+        box.kill_inside()
+    else:
+        box.kill_all()
+
+
+def _hand_over(box: ContainerSandbox, task: Task, uid: int, *, bundled: bool) -> None:
+    """The verifier's host directories made fresh (host side: no program of the container runs): an
+    empty /logs/verifier and HOME, the verifier's (``uid``'s) to write; /tests the task's, root's
+    and read-only (kept as the image holds them where ``bundled``)."""
+    assert task.harbor is not None
+    owner = box.host_uid(uid) if os.geteuid() == 0 else None
+    for inside in (VERIFIER_DIR, VERIFIER_HOME):
+        path = box.host_dir(inside)
+        _empty(path)
+        if owner is not None:
+            os.chown(path, owner, owner)
+        path.chmod(0o755 if inside == VERIFIER_DIR else 0o700)
+        if owner is None:  # no host root: no uid but ours to hand it to (rootless engines map ours to root)
+            path.chmod(0o777)
+    if not bundled:
+        tests = box.host_dir(TESTS_DIR)
+        _empty(tests)
+        shutil.copytree(task.harbor.tests_dir, tests, symlinks=False, dirs_exist_ok=True)
+        for path in [tests, *tests.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() or os.access(path, os.X_OK) else 0o644)
+
+
+def _take_back(box: ContainerSandbox) -> None:
+    """/logs/verifier no longer writable by any uid of the container (its files are read by the host)."""
+    path = box.host_dir(VERIFIER_DIR)
+    if os.geteuid() == 0:
+        os.chown(path, 0, 0)
+    path.chmod(0o700)
+
+
+def _empty(path: Path) -> None:
+    """Everything in ``path`` removed (links unfollowed, any depth: the directory is ours)."""
+    for entry in os.scandir(path):
+        if entry.is_dir(follow_symlinks=False):
+            shutil.rmtree(entry.path)
+        else:
+            os.unlink(entry.path)
+
+
+async def _name_the_shell(box: ContainerSandbox, named: dict[str, int]) -> None:
+    """The host pid of test.sh's shell (`GATED_TEST_SH`, waiting on its first line): the one process of
+    the container whose parent is outside it (an exec's first; everything else was killed), not the
+    keep-alive. Never raises: a shell not seen is said by its absence in ``named``."""
+    deadline = time.monotonic() + SHELL_SEEN_S
+    while time.monotonic() < deadline:
+        try:
+            tops = [p for p in await asyncio.to_thread(box.host_processes)
+                    if not p.parent_inside and p.inner != box.keepalive_pid]
+        except (ContainerError, OSError):
+            tops = []
+        if len(tops) == 1:
+            named["shell"] = tops[0].pid
+            return
+        await asyncio.sleep(0.02)
+
+
 async def _run_tests(task: Task, box: ContainerSandbox, result: GradeResult, t0: float, *,
-                     bundled: bool) -> tuple[RunResult, RunResult]:
-    """Steps 2-4 in ``box``: fresh dirs (``/tests`` kept, made root's and read-only, where the image
-    holds the tests), test.sh, its leftovers killed, the reward file read (``read``: exit 3 when none)."""
+                     bundled: bool) -> tuple[RunResult, tuple[str, str] | None | RewardError]:
+    """Steps 2-4 in ``box``: the verifier's host directories handed over, test.sh run (its shell's pid
+    named first), everything left killed, the directory taken back and read (before ``box`` may go: a
+    separate verifier's); returns the run and the reward file read (or why it cannot be), the channel's
+    flags on ``result``."""
     assert task.harbor is not None
     config = task.harbor.config.verifier
     user = verifier_user(task, box)
-    engine_run(box.exec_argv(["sh", "-c", _clean_script(user, keep_tests=bundled)], {}, user="0"))
-    if not bundled:
-        engine_run(box.cp_in_argv(task.harbor.tests_dir, TESTS_DIR))
-    engine_run(box.exec_argv(["sh", "-c", f"chown -R 0:0 {TESTS_DIR} && chmod -R a-w,a+rX {TESTS_DIR}"], {},
-                             user="0"))
+    uid = await asyncio.to_thread(_uid, box, user)
+    await asyncio.to_thread(_hand_over, box, task, uid, bundled=bundled)
     asked = resolve(config.env, f"{task.instance_id}: task.toml [verifier] env")  # ${VAR} from the host, as Harbor
     env = {**asked, **safe_search_env(box, user, asked)}
     result.timings["setup_s"] = time.monotonic() - t0
-    run = await run_process_tree(
-        box.exec_argv(["bash", f"{TESTS_DIR}/test.sh"], env, user=user, timeout_s=config.timeout_sec,
-                      path=env["PATH"]),
-        timeout_s=config.timeout_sec, stdin=None, max_output_bytes=MAX_OUTPUT_BYTES, on_timeout=box.kill_all)
+    logs = box.host_dir(VERIFIER_DIR)
+    watch = Writers.start(logs) if os.geteuid() == 0 else None
+    named: dict[str, int] = {}
+    try:
+        run = await run_process_tree(
+            # no in-container `timeout` wrapper: the exec's first process is test.sh's shell (the host kills at the deadline)
+            box.exec_argv(["sh", "-c", GATED_TEST_SH], env, user=user, path=env["PATH"], interactive=True),
+            timeout_s=config.timeout_sec, stdin=b"\n", max_output_bytes=MAX_OUTPUT_BYTES, on_timeout=box.kill_all,
+            before_stdin=(lambda: _name_the_shell(box, named)) if watch is not None else None)
+        await asyncio.to_thread(_kill_everything, box)  # nothing test.sh started writes after this
+    finally:
+        events = watch.stop() if watch is not None else None
+        await asyncio.to_thread(_take_back, box)
     result.timings["tests_s"] = run.duration_s
     result.log_tail = (run.stdout_tail + run.stderr_tail)[-LOG_TAIL_CHARS:]
-    if not is_root(user):  # root cannot kill another uid's processes here (no CAP_KILL): that uid does
-        await asyncio.to_thread(box.kill_all, user)
-    read = await run_process_tree(box.exec_argv(["sh", "-c", _read_script(box.keepalive_pid)], {}, user="0"),
-                                  timeout_s=60, stdin=None, max_output_bytes=MAX_REWARD_BYTES + 4096)
-    return run, read
+    if watch is not None and "shell" not in named and not run.timed_out:
+        raise ContainerError(f"test.sh's shell was never seen in the container ({SHELL_SEEN_S:g}s)")
+    result.flag_evidence.update(writer_flags(events, named.get("shell")))
+    result.flags = sorted(result.flag_evidence)
+    try:
+        return run, read_reward_file(logs)
+    except RewardError as exc:
+        return run, exc
 
 
-def grade_patch(task: Task, patch: str, *, engine: str, reward_key: str | None = None) -> GradeResult:
-    """``polar eval`` of a prediction for a Harbor task: a fresh container of its image, the patch
-    ``git apply``-ed in the workdir as the agent's uid (a refusal is ``apply_failed``), then the verifier."""
-    return asyncio.run(_grade_patch(task, patch, engine=engine, reward_key=reward_key))
-
-
-async def _grade_patch(task: Task, patch: str, *, engine: str, reward_key: str | None) -> GradeResult:
+async def grade_patch(task: Task, patch: str, *, engine: str, reward_key: str | None = None) -> GradeResult:
+    """A patch for a Harbor task (``polar eval``; the grader's control: none): a fresh container of its
+    image, the patch ``git apply``-ed in the workdir as the agent's user (a refusal is ``apply_failed``),
+    then the verifier."""
     import tempfile
     from pathlib import Path
 

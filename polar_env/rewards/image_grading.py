@@ -29,7 +29,7 @@ from pathlib import Path
 
 from polar_env.outcomes import FailureKind
 from polar_env.rewards import swebench_compat as sb
-from polar_env.rewards.flags import is_tamper
+from polar_env.rewards.flags import zero_if_tampered
 from polar_env.rewards.gold_runs import gold_key, gold_run
 from polar_env.rewards.grading import (
     CONTROL_UNSURE,
@@ -58,7 +58,7 @@ from polar_env.rewards.patch import ApplyMethod
 from polar_env.rewards.sandbox_exec import grading_timeout_s
 from polar_env.rewards.strict_run import StrictUnsupported, perturbed_disagreement, pytest_args
 from polar_env.sandbox.apptainer import ENGINE as APPTAINER
-from polar_env.sandbox.apptainer import ApptainerBox, apptainer_image, is_apptainer_image
+from polar_env.sandbox.apptainer import ApptainerBox, is_apptainer_image
 from polar_env.sandbox.base import SandboxSpec
 from polar_env.sandbox.container import ContainerError, ContainerSandbox
 from polar_env.sandbox.warm_images import warm_image
@@ -162,10 +162,8 @@ def grade_in_image(task: Task, model_patch: str | None, *, engine: str, image: s
         return tested_code_crash(result, f"strict: grader error after the tests ran: {type(e).__name__}: {e}", t0)
     result.modes = {GradingMode.strict: strict, GradingMode.swebench: swebench}
     result.flags, result.flag_evidence, result.reset_paths = sorted(evidence), evidence, reset
-    tamper = [f for f in result.flags if is_tamper(f)]
-    if tamper and strict.reward:
-        strict.resolved, strict.reward, strict.error = False, 0.0, f"tampering flag(s): {', '.join(tamper)}"
     result.mode = mode
+    zero_if_tampered(result)
     chosen = result.modes[mode]
     result.resolved, result.reward, result.failure_kind = chosen.resolved, chosen.reward, chosen.failure_kind
     result.error, result.fail_to_pass, result.pass_to_pass = chosen.error, chosen.fail_to_pass, chosen.pass_to_pass
@@ -311,26 +309,3 @@ async def _grade(task: Task, patch: str, *, engine: str, image: str, timeout_s: 
         result.reward = 1.0 if result.resolved else 0.0
     _finish(result, task, status_map, t0)
     return result
-
-
-def grade_task(task: Task, model_patch: str | None, *, kind: str, timeout_s: float | None = None,
-               mode: GradingMode = GradingMode.strict) -> GradeResult:
-    """Grade where the task's episodes run: its image for docker/podman, the bubblewrap grader (the
-    task's base tree and pinned venv) where the task has a base archive, else, on apptainer, its image
-    (an `ApptainerBox`: the same strict grading as a container's)."""
-    from polar_env.rewards.grading import grade
-
-    if task.harbor is not None and kind in ("docker", "podman"):
-        from polar_env.rewards.harbor_verifier import grade_patch
-
-        return grade_patch(task, model_patch or "", engine=kind)
-    if kind in ("docker", "podman"):
-        return grade_in_image(task, model_patch, engine=kind, image=task_image(task), timeout_s=timeout_s, mode=mode)
-    if not task.base_archive and kind == APPTAINER:
-        return grade_in_image(task, model_patch, engine=kind, image=apptainer_image(task_image(task)),
-                              timeout_s=timeout_s, mode=mode)
-    if not task.base_archive:
-        return _infra(GradeResult(instance_id=task.instance_id),
-                      f"no grader for {kind} without a base archive: grade with --sandbox podman|docker|apptainer",
-                      time.monotonic())
-    return grade(task, model_patch, timeout_s=timeout_s, mode=mode)

@@ -9,19 +9,13 @@ excluded; `--binary` keeps binary edits applicable.
 from __future__ import annotations
 
 import tempfile
-from enum import StrEnum
 from pathlib import Path
 
+from polar_env.grades import ApplyMethod
 from polar_env.harness_adapters.registry import NOISE_EXCLUDES
 from polar_env.sandbox import safe_git
 from polar_env.sandbox.base import exclude_pathspecs
 from polar_env.tasks.tree import git
-
-
-class ApplyMethod(StrEnum):
-    # No `patch --fuzz` fallback: it writes paths `git apply` refuses (inside .git/, through symlinks).
-    git_apply = "git_apply"
-    none = "none"
 
 
 def base_commit(tree: Path) -> str:

@@ -33,6 +33,9 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reward-key", default=d.reward_key,
                         help="Harbor tasks: the reward.json key that is the reward (default: 'reward', else "
                              "the only key; docs/tasks.md)")
+    parser.add_argument("--refuse-controllable", action="store_true", default=d.refuse_controllable,
+                        help="refuse tasks whose reward `polar tasks audit` found the tested code can control "
+                             "(default: a warning)")
     parser.add_argument("--task-ids", nargs="*", default=d.task_ids, help="only these instance ids")
     parser.add_argument("--limit", type=int, default=d.limit, help="only the first N tasks")
     parser.add_argument("--backend", default=d.backend, help="local | vllm | nemo-rl | sglang")

@@ -50,6 +50,7 @@ class RolloutConfig(BaseModel):
     outcome: list[tuple[FailureKind, Outcome]] = []  # rows overriding the outcome table (docs/outcomes.md)
     min_backend_tokens_per_s: float = OutcomeTable().min_backend_tokens_per_s
     reward_key: str | None = None  # Harbor tasks: the reward.json key trained on (rewards/harbor_verifier.py)
+    refuse_controllable: bool = False  # refuse tasks `polar tasks audit` found controllable (else a warning)
     ray: str | None = None  # a Ray cluster address ('auto': the one on this machine)
     train_paths: str = "all"  # which chains become training rows: all | main | final | module:function
     # an episode starts only while the policy lag is within this many versions (None: no bound)

@@ -78,7 +78,7 @@ def finish_outputs(out: Path, trajectories: list[Trajectory], train_paths: str =
 
 def summarize(trajectories: list[Trajectory]) -> dict[str, Any]:
     n = len(trajectories)
-    resolved = sum(bool(t.grading and t.grading.get("resolved")) for t in trajectories)
+    resolved = sum(bool(t.grading and t.grading.resolved) for t in trajectories)
     return {
         "episodes": n,
         "status": {s: sum(t.status == s for t in trajectories) for s in ("completed", "timeout", "error")},
@@ -98,7 +98,7 @@ def summarize(trajectories: list[Trajectory]) -> dict[str, Any]:
         "models": sorted({t.model for t in trajectories if t.model}),
         "backends": sorted({t.backend for t in trajectories if t.backend}),
         # grading's tampering signals (docs/rewards.md): episodes per flag
-        "grading_flags": dict(sorted(Counter(f for t in trajectories for f in (t.grading or {}).get("flags", [])
+        "grading_flags": dict(sorted(Counter(f for t in trajectories for f in (t.grading.flags if t.grading else [])
                                              ).items())),
         # what the tool calls tried (history mining, fetching upstream, ...): an instrument (trajectory/exploits.py)
         "exploit_attempts": exploit_summary(trajectories),

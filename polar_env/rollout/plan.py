@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from polar_env.episodes import EpisodeConfig
 from polar_env.rollout.config import RolloutConfig
 from polar_env.tasks.models import Task
 from polar_env.trajectory.export import read_trajectories
+
+if TYPE_CHECKING:
+    from polar_env.rewards.audit import TaskAudit
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -54,6 +61,13 @@ class RolloutPlan:
         return [(task, k) for task in self.tasks for k in range(self.samples)]
 
 
+def controllable(tasks: list[Task]) -> list[TaskAudit]:
+    """The audits that found a task's reward controllable by the tested code (unaudited tasks: none)."""
+    from polar_env.rewards import audit
+
+    return [found for t in tasks if (found := audit.load(t)) is not None and found.verdict == "controllable"]
+
+
 def plan_from_config(config: RolloutConfig) -> RolloutPlan:
     """The tasks the config selects, each ``samples`` times."""
     from polar_env.tasks.loader import TaskLoadError, load_tasks
@@ -64,6 +78,12 @@ def plan_from_config(config: RolloutConfig) -> RolloutPlan:
     tasks = tasks[: config.limit] if config.limit else tasks
     if not tasks:
         raise TaskLoadError(f"no tasks selected from {config.tasks!r} (check --task-ids / --limit)")
+    if flagged := controllable(tasks):  # what `polar tasks audit` found on this node
+        said = (f"{len(flagged)} task(s) whose reward the tested code can control (polar tasks audit): "
+                + "; ".join(a.line() for a in flagged[:5]))
+        if config.refuse_controllable:
+            raise TaskLoadError(f"{said} (--refuse-controllable)")
+        log.warning("%s: their rewards teach the policy to control them, not to solve them", said)
     return RolloutPlan(tasks=tasks, samples=config.samples, run_slots=config.run_slots or config.concurrency,
                        prepare_slots=config.prepare_slots, grade_slots=config.grade_slots,
                        lookahead=config.lookahead, collapsed=config.collapsed, out=config.out,

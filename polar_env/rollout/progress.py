@@ -25,7 +25,7 @@ class Progress:
         """Refresh the bar; with a finished episode's trajectory, count it first."""
         if trajectory is not None:
             self.failed += trajectory.status != "completed"
-            self.resolved += bool(trajectory.grading and trajectory.grading.get("resolved"))
+            self.resolved += bool(trajectory.grading and trajectory.grading.resolved)
             self.tokens += trajectory.stats.sampled_tokens
             self.bar.update(1)
         rate = self.tokens / max(time.monotonic() - self.started, 1e-9)

@@ -15,7 +15,7 @@ import signal
 import subprocess
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,6 +61,12 @@ class SandboxSpec:
     # tmpfs mounts in containers; a write past it fails with ENOSPC
     disk_bytes: int | None = 2 << 30
     scratch_root: Path | None = None  # where per-sandbox host dirs go (default: a temp dir)
+    # containers: run in a user namespace of their own (container root is an unprivileged host uid); a
+    # Harbor task's container always is, and only such a container may run the agent as root (``uid`` 0)
+    userns: bool = False
+    # containers: paths backed by fresh host directories (root's, unreadable inside until the host hands
+    # them over: a Harbor verifier's /logs/verifier, /tests and HOME; rewards/harbor_verifier.py)
+    host_dirs: tuple[str, ...] = ()
 
     @property
     def socket_path_inside(self) -> str:
@@ -173,14 +179,16 @@ async def _pump(stream: asyncio.StreamReader | None, kept: BoundedOutput) -> Non
 async def run_process_tree(argv: Sequence[str], *, timeout_s: float | Deadline, stdin: bytes | None,
                            max_output_bytes: int, env: dict[str, str] | None = None,
                            preexec_fn=None, on_timeout=None, pass_fds: Sequence[int] = (),
-                           merge_output: bool = False, head_bytes: int = 0) -> RunResult:
+                           merge_output: bool = False, head_bytes: int = 0,
+                           before_stdin: Callable[[], Awaitable[None]] | None = None) -> RunResult:
     """Run a host process in its own session; at the deadline SIGKILL its process group. The one way a
     command runs in a sandbox with a deadline: every engine's ``Sandbox.run`` and the graders' runs.
 
     ``on_timeout`` (sync) may kill more (a container, a cgroup) before the group is reaped.
     ``pass_fds`` stay open in the child (a supervisor's pipes); ``merge_output`` sends stderr into
     stdout, one stream; ``head_bytes`` keeps that much of its start too (a grader's log:
-    `BoundedOutput`), else only the last ``max_output_bytes``.
+    `BoundedOutput`), else only the last ``max_output_bytes``; ``before_stdin`` is awaited once the
+    process runs and before ``stdin`` is written (a gate: the child waits on its first line).
     """
     start = time.monotonic()
     proc = await asyncio.create_subprocess_exec(
@@ -190,6 +198,8 @@ async def run_process_tree(argv: Sequence[str], *, timeout_s: float | Deadline, 
     out, err = BoundedOutput(max_output_bytes, head_bytes), BoundedOutput(max_output_bytes)
 
     async def feed_stdin() -> None:
+        if before_stdin is not None:
+            await before_stdin()
         if stdin is not None and proc.stdin is not None:
             try:
                 proc.stdin.write(stdin)

@@ -7,8 +7,15 @@ run by ``exec`` as the unprivileged sandbox uid; only the setup steps (the workd
 reduced to the base, sandbox/history.py; chown, git snapshot, diff) exec as root, which is why the container keeps CHOWN/DAC_OVERRIDE/FOWNER and drops every other
 capability: a non-root uid has no effective capabilities, and ``no-new-privileges`` stops setuid
 binaries from getting any. An episode's container also keeps what its forwarder needs: it runs as
-root and starts the harness as the sandbox uid, sealed (``FORWARDER_CAPS``). The agent's uid is
-never 0 (a spec asking for it is refused); HOME and ``/tmp`` are tmpfs mounts of ``spec.disk_bytes`` each, and so, on podman as host root, is the
+root and starts the harness as the sandbox uid, sealed (``FORWARDER_CAPS``). A container of
+``spec.userns`` runs in a user namespace of its own (``--uidmap``: its root is an unprivileged host uid,
+a fresh range per container), and only there may the agent be root (``spec.uid`` 0: a Harbor task whose
+image's user is root, as Harbor runs it); the forwarder then starts the harness as root without
+``CAP_SYS_PTRACE`` or ``CAP_SETPCAP`` in its bounding set (``ROOT_AGENT_CAPS``: the container keeps
+SETPCAP for that drop), so neither the harness nor any tool it runs can trace another process. A
+``spec.host_dirs`` path is a fresh host directory on a tmpfs of its own, bind-mounted in, root's (in
+a user namespace: no uid of the container's owns it, not even its root), which only the host hands
+over (`host_dir`). HOME and ``/tmp`` are tmpfs mounts of ``spec.disk_bytes`` each, and so, on podman as host root, is the
 workdir of a warm container (`WorkdirQuota`). The image's own PATH is kept (its
 toolchain lives there); the harness's bin dir goes in front. Root execs run with ``PATH=/usr/bin:/bin``
 instead (their sh, chown, head, kill are the system's, never found first in an image PATH directory the
@@ -25,8 +32,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import shlex
 import shutil
+import signal
 import subprocess
 import tempfile
 import uuid
@@ -65,6 +74,12 @@ SETUP_CAPS = ("CHOWN", "DAC_OVERRIDE", "FOWNER")  # what the root setup execs ne
 # (forwarder.SUPERVISING_IN_CONTAINER: DAC_OVERRIDE, kept for setup, reads in place of DAC_READ_SEARCH,
 # which no container may hold: open_by_handle_at would open the host's files behind its binds)
 FORWARDER_CAPS = ("SYS_PTRACE", "SETGID", "SETUID")
+ROOT_AGENT_CAPS = ("SETPCAP",)
+# in a user namespace of its own, root may change uid (a verifier runs the code under test as another user,
+# as under Docker's defaults): SETUID and SETGID there reach no host uid of note
+USERNS_CAPS = ("SETUID", "SETGID")  # the forwarder's drop of PTRACE and SETPCAP from a root harness's bounding set
+USERNS_SIZE = 65536  # uids and gids mapped into a container's user namespace
+HOST_DIRS_BYTES = 256 << 20  # the tmpfs holding a container's host dirs (a verifier's logs, tests, HOME)
 FALLBACK_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 ROOT_PATH = "/usr/bin:/bin"  # root execs' PATH: never the image's
 # every child of PID 1 (the init): right after the start, only the keep-alive `sleep infinity`
@@ -189,9 +204,9 @@ class WorkdirQuota:
     @classmethod
     def make(cls, engine: str, image: str, spec: SandboxSpec) -> WorkdirQuota | None:
         """The quota for a container of ``image``, or None where it cannot be had (docker, not root, no
-        quota asked, an image without the workdir)."""
-        if engine != "podman" or os.geteuid() != 0 or spec.disk_bytes is None:
-            return None
+        quota asked, an image without the workdir, a container in a user namespace of its own)."""
+        if engine != "podman" or os.geteuid() != 0 or spec.disk_bytes is None or spec.userns:
+            return None  # (in a user namespace runc may not mount the overlay: docs/reliability.md, known limits)
         lower = Path(engine_run([engine, "image", "mount", image]).decode().strip()) / spec.workdir.lstrip("/")
         quota = cls(engine, image, lower, Path(tempfile.mkdtemp(prefix="polar-workdir-", dir=spec.scratch_root)))
         try:
@@ -213,14 +228,34 @@ class WorkdirQuota:
         subprocess.run([self.engine, "image", "unmount", self.image], capture_output=True, timeout=120)
 
 
+@dataclass(frozen=True)
+class HostProcess:
+    """A container's process as the host's /proc shows it."""
+
+    pid: int  # the host's
+    inner: int  # the container's
+    uid: int  # the host's (real)
+    parent_inside: bool  # its parent is in the container too (only an exec's first process has one outside)
+
+    @classmethod
+    def read(cls, pid: int, ns: int) -> HostProcess:
+        status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+        ppid = int(status["PPid"])
+        try:
+            parent_inside = ppid > 0 and os.stat(f"/proc/{ppid}/ns/pid").st_ino == ns
+        except OSError:
+            parent_inside = False
+        return cls(pid, int(status["NSpid"].split()[-1]), int(status["Uid"].split()[0]), parent_inside)
+
+
 class ContainerSandbox(Sandbox):
     def __init__(self, spec: SandboxSpec, image: str, name: str, *, engine: str = "docker",
                  path: str = FALLBACK_PATH, extra_ro_mounts: Sequence[tuple[str, str]] = (),
-                 workdir_quota: WorkdirQuota | None = None):
+                 workdir_quota: WorkdirQuota | None = None, userns_base: int | None = None, setup_only: bool = False):
         if engine not in ENGINES:
             raise ValueError(f"unknown container engine {engine!r}; known: {', '.join(ENGINES)}")
-        if spec.uid == 0:
-            raise ValueError("the agent's uid in a container must not be 0")
+        if spec.uid == 0 and not spec.userns and not setup_only:
+            raise ValueError("the agent's uid in a container must not be 0 outside a user namespace of its own")
         self.spec = spec
         self.image = image
         self.name = name
@@ -230,6 +265,9 @@ class ContainerSandbox(Sandbox):
         self.keepalive_pid: int | None = None  # the container's `sleep infinity`, recorded at its start
         self.workdir_quota = workdir_quota
         self.history = ""  # what reducing the workdir's git history did (`reduce_history`), where this container did it
+        # the host uid the container's root is (a user namespace's), chosen at random per container
+        self.userns_base = userns_base if userns_base is not None or not spec.userns else \
+            (1 << 20) + secrets.randbelow(30000) * USERNS_SIZE
         self._destroyed = False
 
     # --- argv builders (pure) ---
@@ -237,8 +275,12 @@ class ContainerSandbox(Sandbox):
         s = self.spec
         argv = [self.engine, "create", "--name", self.name, "--hostname", s.hostname, "--network", "none",
                 "--workdir", s.workdir, "--init", "--user", "0:0", "--cap-drop", "ALL", *label_args()]
-        for cap in (*SETUP_CAPS, *(FORWARDER_CAPS if s.proxy_socket_dir is not None else ())):
+        forwarder = (*FORWARDER_CAPS, *(ROOT_AGENT_CAPS if s.uid == 0 else ())) if s.proxy_socket_dir is not None else ()
+        own_ns = USERNS_CAPS if self.userns_base is not None else ()
+        for cap in dict.fromkeys((*SETUP_CAPS, *forwarder, *own_ns)):
             argv += ["--cap-add", cap]
+        if self.userns_base is not None:
+            argv += ["--uidmap", f"0:{self.userns_base}:{USERNS_SIZE}", "--gidmap", f"0:{self.userns_base}:{USERNS_SIZE}"]
         argv += ["--security-opt", "no-new-privileges"]
         if s.memory_bytes is not None:
             argv += ["--memory", str(s.memory_bytes), "--memory-swap", str(s.memory_bytes)]
@@ -263,9 +305,13 @@ class ContainerSandbox(Sandbox):
             argv += ["-v", f"{src}:{dst}:ro"]
         # no uid= option (podman refuses it): HOME is chowned by the root setup exec instead
         size = f",size={s.disk_bytes}" if s.disk_bytes is not None else ""
-        argv += ["--tmpfs", f"{s.home}:rw,exec,mode=0755{size}", "--tmpfs", f"/tmp:rw,exec,mode=1777{size}"]
+        if self.userns_base is None:  # (in a user namespace the engine cannot copy into a tmpfs: HOME and /tmp
+            argv += ["--tmpfs", f"{s.home}:rw,exec,mode=0755{size}",  # are the image's; docs/reliability.md)
+                     "--tmpfs", f"/tmp:rw,exec,mode=1777{size}"]
         if self.workdir_quota is not None:
             argv += ["-v", self.workdir_quota.volume(s.workdir)]
+        for inside in s.host_dirs:
+            argv += ["-v", f"{self.host_dir(inside)}:{inside}"]
         for key, value in s.env.items():
             argv += ["-e", f"{key}={value}"]
         return argv + [self.image, "sleep", "infinity"]
@@ -311,7 +357,7 @@ class ContainerSandbox(Sandbox):
         """HOME and the workdir made the sandbox uid's, then (``snapshot``) the base tree recorded;
         ``warm``: the image already has both (sandbox/warm_images.py), HOME is all there is to do."""
         s = self.spec
-        home = f"chown {s.uid}:{s.uid} {shlex.quote(s.home)}"
+        home = f"mkdir -p {shlex.quote(s.home)} && chown {s.uid}:{s.uid} {shlex.quote(s.home)}"
         if warm:
             return home
         own = f"{home} && chown -hR {s.uid}:{s.uid} {shlex.quote(s.workdir)}"
@@ -325,6 +371,69 @@ class ContainerSandbox(Sandbox):
 
     def rm_argv(self) -> list[str]:
         return [self.engine, "rm", "-f", "-t", "0", self.name]
+
+    # --- host-side views (host root: the container's processes and host dirs, no program of the container run) ---
+    def host_dirs_root(self) -> Path:
+        return Path(tempfile.gettempdir()) / "polar-host-dirs" / self.name
+
+    def host_dir(self, inside: str) -> Path:
+        """The host directory bound at ``inside`` (one of ``spec.host_dirs``)."""
+        return self.host_dirs_root() / str(self.spec.host_dirs.index(inside))
+
+    def host_uid(self, uid: int) -> int:
+        """The host uid of the container's ``uid``."""
+        return uid if self.userns_base is None else self.userns_base + uid
+
+    def _make_host_dirs(self) -> None:
+        root = self.host_dirs_root()
+        root.mkdir(parents=True, mode=0o700)
+        mount_quota(root, HOST_DIRS_BYTES)
+        root.chmod(0o755)
+        for inside in self.spec.host_dirs:
+            self.host_dir(inside).mkdir(mode=0o700)
+
+    def _remove_host_dirs(self) -> None:
+        root = self.host_dirs_root()
+        if os.path.ismount(root):
+            subprocess.run(["umount", "-l", str(root)], capture_output=True)
+        shutil.rmtree(root, ignore_errors=True)
+
+    def init_pid(self) -> int:
+        """The host pid of the container's PID 1."""
+        return int(engine_run([self.engine, "inspect", "--format", "{{.State.Pid}}", self.name]).decode().strip())
+
+    def host_processes(self) -> list[HostProcess]:
+        """Every process in the container's pid namespace but its PID 1, read from the host's /proc."""
+        init = self.init_pid()
+        ns = os.stat(f"/proc/{init}/ns/pid").st_ino
+        found = []
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit() or entry.name == str(init):
+                continue
+            try:
+                if os.stat(f"/proc/{entry.name}/ns/pid").st_ino != ns:
+                    continue
+                found.append(HostProcess.read(int(entry.name), ns))
+            except (OSError, ValueError):
+                continue  # gone meanwhile
+        return found
+
+    def kill_inside(self, uid: int | None = None) -> None:
+        """From the host: SIGKILL every process of the container (of its ``uid`` only, where given) but
+        PID 1 and the keep-alive, again until none is left (one forked meanwhile dies in a later round).
+        No program of the container runs (its root may be the agent's)."""
+        host_uid = None if uid is None else self.host_uid(uid)
+        for _ in range(100):
+            left = [p for p in self.host_processes() if p.inner != self.keepalive_pid
+                    and (host_uid is None or p.uid == host_uid)]
+            if not left:
+                return
+            for p in left:
+                try:
+                    os.kill(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        raise ContainerError(f"{self.name}: processes kept appearing through 100 rounds of kills")
 
     # --- lifecycle ---
     def reduce_history(self, base: str = "HEAD") -> str:
@@ -340,18 +449,23 @@ class ContainerSandbox(Sandbox):
     @classmethod
     def create(cls, task_tree: Path | None, *, spec: SandboxSpec, image: str = "", engine: str = "docker",
                extra_ro_mounts: Sequence[tuple[str, str]] = (), snapshot: bool = True,
-               warm: bool = False, history_base: str = "HEAD") -> ContainerSandbox:
+               warm: bool = False, history_base: str = "HEAD", setup_only: bool = False) -> ContainerSandbox:
         """Start a container of ``image``; ``task_tree`` (if given) replaces the image's /testbed; without
         ``snapshot`` no base tree is recorded (a container nobody diffs: a separate verifier's);
         ``warm``: ``image`` is a warm image, its tree already the uid's, reduced and recorded; otherwise
-        the workdir's git history is reduced to ``history_base`` first (`reduce_history`)."""
+        the workdir's git history is reduced to ``history_base`` first (`reduce_history`); ``setup_only``: a
+        container nothing but the setup runs in (a warm image's, committed), which may hand the tree to
+        root outside a user namespace (a user namespace's shifted owners would be committed)."""
         if not image:
             raise ValueError("a container sandbox needs an image (the task's `image`)")
         path = image_path(engine, image)
         warm = warm and task_tree is None
         sb = cls(spec, image, f"polar-{uuid.uuid4().hex[:12]}", engine=engine, path=path,
-                 extra_ro_mounts=extra_ro_mounts, workdir_quota=WorkdirQuota.make(engine, image, spec) if warm else None)
+                 extra_ro_mounts=extra_ro_mounts, setup_only=setup_only)
         try:
+            sb.workdir_quota = WorkdirQuota.make(engine, image, spec) if warm else None
+            if spec.host_dirs:
+                sb._make_host_dirs()
             engine_run(sb.create_argv())
             engine_run(sb.start_argv())
             first = f"{sb.setup_script(warm=True)} && {KEEPALIVE_SCRIPT}" if warm else KEEPALIVE_SCRIPT  # one exec
@@ -391,7 +505,13 @@ class ContainerSandbox(Sandbox):
         await lock_as_root(self, paths)
 
     def kill_all(self, user: str | None = None) -> None:
-        """What the deadline does: nothing of the sandbox uid (or ``user``) survives in the container."""
+        """What the deadline does: nothing of the sandbox uid (or ``user``) survives in the container;
+        as host root from the host (`kill_inside`: a root agent's uid is every process's, the keep-alive's
+        too, and its programs are its own), else by ``kill -1`` as that user."""
+        if os.geteuid() == 0:
+            name = (user or str(self.spec.uid)).split(":")[0]
+            self.kill_inside(int(name) if name.isdigit() else None)  # a user by name: all of them
+            return
         subprocess.run(self.kill_user_argv(user), capture_output=True, timeout=60)
 
     async def copy_in(self, src: Path, dst: str) -> None:
@@ -413,6 +533,8 @@ class ContainerSandbox(Sandbox):
             subprocess.run(self.rm_argv(), capture_output=True, timeout=120)
         except (OSError, subprocess.TimeoutExpired):
             pass
+        if self.spec.host_dirs:
+            self._remove_host_dirs()
         if self.workdir_quota is not None:
             self.workdir_quota.release()
             self.workdir_quota = None

@@ -14,6 +14,10 @@ the episode's first call (no tool runs before the model asked for one), ``tool``
 process of CMD's tree (a command the harness ran), ``unknown`` when it cannot be told (a process
 that hid its descriptors, or is not in CMD's tree). Only ``harness`` calls train by default
 (docs/training.md, "Which chains train").
+A root harness (``--user 0:GID``: a container whose image's user is root, in a user namespace of its
+own) keeps root's capabilities but never ``CAP_SYS_PTRACE`` or ``CAP_SETPCAP``: both leave its bounding
+set before the exec, so neither it nor a tool it runs traces another process or reads a sealed one's
+``/proc``.
 **Sealed harness.** The agent's tools run as the harness's uid, so by default they could read (and
 write) the harness's memory, environment and descriptors through ``/proc``, and make a call look
 like the harness's. Given ``SUPERVISING`` (the bubblewrap sandbox grants it to this process alone,
@@ -49,7 +53,8 @@ ORIGIN_HEADER = b"x-polar-origin"
 MAX_HEAD = 1 << 20  # a request head larger than this is not HTTP a harness sends
 PR_SET_DUMPABLE = 4
 PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
-CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_SETGID, CAP_SYS_PTRACE = 1, 2, 6, 19
+CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_SETGID, CAP_SETPCAP, CAP_SYS_PTRACE = 1, 2, 6, 8, 19
+PR_CAPBSET_DROP = 24
 SUPERVISING = (1 << CAP_DAC_READ_SEARCH) | (1 << CAP_SETGID) | (1 << CAP_SYS_PTRACE)
 # a container's root forwarder reads with DAC_OVERRIDE (the container keeps it for its setup) instead of
 # DAC_READ_SEARCH, which a container must never hold (open_by_handle_at reaches the host's files)
@@ -278,8 +283,13 @@ def _starter(user: tuple[int, int] | None, seal: bool) -> Callable[[], None] | N
         if user is not None:
             os.setgroups([])
         os.setresgid(harness_gid(gid) if seal else gid, gid, gid)
+        if user is not None and uid == 0:  # a root harness (a container's own root): it, and every tool it
+            libc = ctypes.CDLL(None, use_errno=True)  # runs, can never trace another process or regain that
+            for cap in (CAP_SYS_PTRACE, CAP_SETPCAP):
+                if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+                    raise OSError(ctypes.get_errno(), "cannot drop a capability from a root harness's bounding set")
         if user is not None:
-            os.setresuid(uid, uid, uid)  # from root: every capability goes with it
+            os.setresuid(uid, uid, uid)  # from root to another uid: every capability goes with it
     return start
 
 

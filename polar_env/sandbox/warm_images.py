@@ -66,9 +66,12 @@ def warm_image(engine: str, image: str, spec: SandboxSpec, base: str = "HEAD") -
 
 def _commit(engine: str, image: str, spec: SandboxSpec, warm: str, base: str) -> None:
     """The setup every episode's container did (the history reduced, ContainerSandbox.setup_script), in
-    one container without the episode's mounts, committed (its tmpfs HOME and /tmp are not part of an image)."""
-    box = ContainerSandbox.create(None, spec=replace(spec, proxy_socket_dir=None, harness_dir=None), image=image,
-                                  engine=engine, history_base=base)
+    one container without the episode's mounts, committed (its tmpfs HOME and /tmp are not part of an
+    image); never in a user namespace (its shifted owners would be committed), as nothing but that setup
+    runs in it."""
+    box = ContainerSandbox.create(None, spec=replace(spec, proxy_socket_dir=None, harness_dir=None, userns=False,
+                                                     host_dirs=()), image=image, engine=engine, history_base=base,
+                                  setup_only=True)
     try:
         log.info("warm image %s of %s: %s", warm, image, box.history or "no git history to reduce")
         engine_run([engine, "commit", box.name, warm])

@@ -11,6 +11,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+# Harbor's verifier paths: the reward test.sh writes, the tests copied in after the agent, and the fresh
+# HOME Polar gives test.sh; in a Harbor task's containers each is a host directory (rewards/harbor_verifier.py)
+VERIFIER_DIR = "/logs/verifier"
+TESTS_DIR = "/tests"
+VERIFIER_HOME = "/var/lib/polar-verifier-home"
+VERIFIER_HOST_DIRS = (VERIFIER_DIR, TESTS_DIR, VERIFIER_HOME)
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="allow")

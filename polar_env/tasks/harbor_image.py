@@ -2,8 +2,9 @@
 with the local engine and cached by content hash.
 
 No registry is reachable on Polar's machines, so every ``FROM`` must name an image the engine
-already has. Two names are mapped before that check: ``polar-base`` (the project's Debian base,
-tasks/images.py; the bundled terminal tasks use it) and whatever ``POLAR_IMAGE_MAP`` maps
+already has. These names are mapped before that check: ``debian:bookworm-slim`` (the public image
+Polar's base is made from: the shipped terminal tasks and every export start FROM it) and
+``polar-base`` (its old local name) to the project's Debian base (tasks/images.py), and whatever ``POLAR_IMAGE_MAP`` maps
 (``NAME=LOCAL[,NAME=LOCAL...]``, e.g. ``ubuntu:24.04=localhost/polar-base:<key>``). A ``FROM`` still
 missing is one error naming it and both ways to map it (that variable, or ``podman tag``).
 
@@ -28,6 +29,7 @@ from polar_env.tasks.models import Task
 
 POLAR_BASE_ALIAS = "polar-base"
 MAP_ENV = "POLAR_IMAGE_MAP"
+USER_RE = re.compile(r"^\s*USER\s+(\S+)\s*$", re.I | re.M)
 FROM_RE = re.compile(r"^(\s*FROM\s+)((?:--\S+\s+)*)(\S+)(.*)$", re.I | re.M)
 
 
@@ -36,10 +38,11 @@ class HarborImageError(ContainerError):
 
 
 def image_map() -> dict[str, str]:
-    """``polar-base`` -> the project's base image, plus ``POLAR_IMAGE_MAP``'s pairs (which win)."""
-    from polar_env.tasks.images import base_image
+    """``polar-base`` and ``debian:bookworm-slim`` (the public image it is made from) -> the project's base
+    image, plus ``POLAR_IMAGE_MAP``'s pairs (which win)."""
+    from polar_env.tasks.images import PUBLIC_BASE, base_image
 
-    pairs = {POLAR_BASE_ALIAS: base_image()}
+    pairs = {POLAR_BASE_ALIAS: base_image(), PUBLIC_BASE: base_image()}
     for item in filter(None, (s.strip() for s in os.environ.get(MAP_ENV, "").split(","))):
         name, sep, local = item.partition("=")
         if not sep or not name.strip() or not local.strip():
@@ -115,8 +118,9 @@ def build_image(env_dir: Path, name: str, workdir: str, *, engine: str, timeout_
     locally (else one error naming it, for ``what``)."""
     dockerfile, bases = rewrite_from((env_dir / dockerfile_name).read_text(), image_map())
     # Docker creates a WORKDIR; podman's builder may not keep an empty one, and a container cannot
-    # start in a missing workdir. The engine's default user does not matter: Polar execs as a given uid.
-    dockerfile += f"\nUSER root\nRUN mkdir -p {shlex.quote(workdir)}\n"
+    # start in a missing workdir. The image's own USER is kept: it is the agent's (tasks/runtime.py).
+    users = USER_RE.findall(dockerfile)
+    dockerfile += f"\nUSER root\nRUN mkdir -p {shlex.quote(workdir)}\n" + (f"USER {users[-1]}\n" if users else "")
     if not bases:
         raise HarborImageError(f"{env_dir / dockerfile_name}: no FROM line")
     for base in bases:
@@ -139,29 +143,23 @@ def build_image(env_dir: Path, name: str, workdir: str, *, engine: str, timeout_
     return tag
 
 
-def agent_uid(task: Task, engine: str = "podman") -> int | None:
-    """The uid ``[agent] user`` names (a name is looked up in the task's image), None where it names
-    none (Polar's unprivileged default). Root is refused, by name or number, before any lookup: the
-    agent never runs as root here (its processes would outlive the kill of its uid before the verifier)."""
+def agent_user(task: Task, engine: str = "podman") -> tuple[int, str]:
+    """The agent's (uid, name), as Harbor runs it: ``[agent] user`` where the task names one, else the
+    image's own user (``USER``; none or ``root`` is root). A name is looked up in the task's image. Root
+    is allowed: the task's containers run in a user namespace of their own (tasks/runtime.py)."""
     assert task.harbor is not None
     user = task.harbor.config.agent.user
     if user is None:
-        return None
-    name = str(user).split(":")[0]
+        user = engine_run([engine, "image", "inspect", "--format", "{{.Config.User}}", task.image]).decode().strip()
+    name = str(user).split(":")[0] or "root"
     if name in ("0", "root"):
-        raise HarborImageError(f"{task.instance_id}: task.toml [agent] user = {user!r} is root, and Polar never "
-                               f"runs the agent as root: name an unprivileged user (docs/tasks.md)")
+        return 0, "root"
     if name.isdigit():
-        return int(name)
+        return int(name), ""
     try:
         out = engine_run([engine, "run", "--rm", *label_args(), "--network", "none", "--entrypoint", "id", task.image,
-                          "-u", name],
-                         timeout_s=120)
+                          "-u", name], timeout_s=120)
     except ContainerError as exc:
-        raise HarborImageError(f"{task.instance_id}: task.toml [agent] user = {user!r} is not a user of its image "
-                               f"{task.image}: {exc}") from None
-    uid = int(out.decode().strip())
-    if uid == 0:
-        raise HarborImageError(f"{task.instance_id}: task.toml [agent] user = {user!r} is uid 0 in its image, and "
-                               f"Polar never runs the agent as root: name an unprivileged user (docs/tasks.md)")
-    return uid
+        raise HarborImageError(f"{task.instance_id}: user {user!r} (task.toml [agent] user, else the image's USER) "
+                               f"is not a user of its image {task.image}: {exc}") from None
+    return int(out.decode().strip()), name

@@ -84,6 +84,28 @@ def containerfile(task: Task, base: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+# The public image Polar's base is made from (sandbox/rootfs.py: a Debian bookworm minbase with
+# `PACKAGES`): what exported task folders start FROM, mapped back to the local base where no registry
+# is reachable (tasks/harbor_image.py `image_map`).
+PUBLIC_BASE = "debian:bookworm-slim"
+AGENT_USER = "agent"  # the exported image's non-root user, uid 1000 as Polar's sandbox uid
+
+
+def public_containerfile(task: Task) -> str:
+    """The task image as a Dockerfile that builds anywhere: FROM `PUBLIC_BASE`, the base's packages
+    installed where they are missing (the local base has them: nothing is fetched), a non-root
+    `AGENT_USER` (uid 1000) owning the tree, then the same layers as `containerfile`."""
+    from polar_env.sandbox.rootfs import PACKAGES
+
+    packages = " ".join(PACKAGES)
+    body = containerfile(task, PUBLIC_BASE).split("\n", 1)[1].replace("WORKDIR /testbed\n", "")
+    return (f"FROM {PUBLIC_BASE}\n"
+            f"RUN command -v python3 git patch >/dev/null && python3 -c 'import venv' 2>/dev/null || "
+            f"(apt-get update && apt-get install -y --no-install-recommends {packages} && rm -rf /var/lib/apt/lists/*)\n"
+            f"RUN id -u {AGENT_USER} >/dev/null 2>&1 || useradd -m -u 1000 -s /bin/bash {AGENT_USER}\n"
+            f"{body}RUN chown -R {AGENT_USER}: /testbed\nWORKDIR /testbed\n")
+
+
 def task_image_name(task: Task, base: str) -> str:
     """``polar-task/<id>:<key>``; the key hashes the Containerfile and the base tree archive."""
     if not task.base_archive:

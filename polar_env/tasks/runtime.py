@@ -63,10 +63,12 @@ def check_image(task: Task, kind: WorkspaceKind) -> None:
 
 
 def container_spec(task: Task, spec: SandboxSpec, kind: WorkspaceKind) -> SandboxSpec:
-    """``spec`` for a container of ``task``: its image checked (a Harbor task's built first), and a
-    Harbor task's ``[agent] user`` (the default: ``spec``'s unprivileged uid) and ``[environment]``
-    ``gpus`` (refused where this machine cannot give them) and ``storage_mb`` (where the engine can
-    enforce it, sandbox/engine_caps.py)."""
+    """``spec`` for a container of ``task``: its image checked (a Harbor task's built first), and for a
+    Harbor task, as Harbor runs it: the agent's user is ``[agent] user``, else the image's own (root
+    where the image's user is root: then HOME is root's, the image's ``/root``), always in a user
+    namespace of the container's own (its root is no host uid of note), with the verifier's paths as
+    host directories (`VERIFIER_HOST_DIRS`); ``[environment]`` ``gpus`` (refused where this machine
+    cannot give them) and ``storage_mb`` (where the engine can enforce it, sandbox/engine_caps.py)."""
     from polar_env.sandbox import engine_caps
     from polar_env.sandbox.container import ContainerError
 
@@ -76,19 +78,17 @@ def container_spec(task: Task, spec: SandboxSpec, kind: WorkspaceKind) -> Sandbo
     check_image(task, kind)
     if task.harbor is None or env is None:
         return spec
-    from polar_env.tasks.harbor_image import agent_uid
+    from polar_env.tasks.harbor_config import VERIFIER_HOST_DIRS
+    from polar_env.tasks.harbor_image import agent_user
 
     try:
-        uid = agent_uid(task, kind)
+        uid, name = agent_user(task, kind)
     except ContainerError as exc:
         raise WorkspaceUnavailable(str(exc)) from exc
     storage = env.storage_mb << 20 if env.storage_mb and engine_caps.storage_limit_supported(kind, task.image) else None
-    spec = replace(spec, gpus=env.gpus or None, storage_bytes=storage)
-    if uid is None:
-        return spec
-    name = str(task.harbor.config.agent.user).split(":")[0]
-    return replace(spec, uid=uid, user=spec.user if name.isdigit() else name)
-
+    spec = replace(spec, gpus=env.gpus or None, storage_bytes=storage, userns=True, host_dirs=VERIFIER_HOST_DIRS,
+                   uid=uid, user=name or spec.user)
+    return replace(spec, home="/root") if uid == 0 else spec
 
 
 def task_spec(task: Task, spec: SandboxSpec) -> SandboxSpec:

@@ -88,7 +88,7 @@ class Run:
     def record_round(self, step: int, phase: str, trajectories: list) -> None:
         rewards = [float(t.reward or 0.0) for t in trajectories]
         self.record({"step": step, "phase": phase, "episodes": len(trajectories),
-                     "resolved": sum(bool(t.grading and t.grading.get("resolved")) for t in trajectories),
+                     "resolved": sum(bool(t.grading and t.grading.resolved) for t in trajectories),
                      "mean_reward": sum(rewards) / len(rewards) if rewards else 0.0})
 
     @property

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from polar_env.grades import GradeResult
 from polar_env.trajectory.models import (
     CallSummary,
     Chain,
@@ -103,7 +104,7 @@ def main_chain_index(chains: list[Chain]) -> int | None:
 
 def build_trajectory(session: SessionInfo, calls: list[CallRecord], *, status: Status | None = None,
                      error: str | None = None, reward: float | None = None,
-                     grading: dict[str, Any] | None = None, ended_at: float | None = None) -> Trajectory:
+                     grading: GradeResult | None = None, ended_at: float | None = None) -> Trajectory:
     """Rebuild one episode from its ledger records.
 
     ``status`` defaults to the session's own (an episode still ``open`` counts as completed);

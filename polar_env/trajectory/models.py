@@ -13,6 +13,7 @@ from pydantic import BaseModel, Field
 from pydantic_core import PydanticSerializationError
 
 from polar_env.chat.messages import AssistantTurn, Message
+from polar_env.grades import GradeResult
 from polar_env.outcomes import FailureKind
 from polar_env.safe_text import json_safe
 
@@ -120,7 +121,7 @@ class Trajectory(BaseModel):
     calls: list[CallSummary] = Field(default_factory=list)
     stats: TrajectoryStats
     reward: float | None = None
-    grading: dict[str, Any] | None = None
+    grading: GradeResult | None = None  # the grader's record (polar_env.grades), whoever graded
     failure_kind: FailureKind = FailureKind.none  # what ended the episode (polar_env.outcomes)
     masked: bool = False  # the outcome table's verdict: keep in the GRPO group, train on nothing
 

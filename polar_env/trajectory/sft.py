@@ -31,7 +31,7 @@ _ROLE = {"sampled": "assistant", "prompt": "user"}  # interstitial and unscored 
 
 def is_resolved(trajectory: Trajectory) -> bool:
     """The grader said the task is resolved (not just a positive reward from a shaped reward)."""
-    return bool(trajectory.grading and trajectory.grading.get("resolved"))
+    return bool(trajectory.grading and trajectory.grading.resolved)
 
 
 def sft_chains(trajectories: Iterable[Trajectory], *, only_resolved: bool,

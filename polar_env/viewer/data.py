@@ -103,14 +103,15 @@ def _finite(x: float) -> float | None:
 
 def summary(traj: Trajectory, source: str) -> dict[str, Any]:
     """One row of the episode list."""
-    grading = traj.grading or {}
-    stats = traj.stats
+    stats, grading = traj.stats, traj.grading
     return {
         "session_id": traj.session_id, "task_id": traj.task_id, "group_id": traj.group_id,
         "harness": traj.harness, "model": traj.model, "backend": traj.backend, "status": traj.status,
-        "error": _cut(traj.error, 300), "reward": traj.reward, "resolved": grading.get("resolved"),
-        "failure_kind": grading.get("failure_kind") if traj.failure_kind == "none" else traj.failure_kind.value,
-        "flags": grading.get("flags", []), "exploits": list(attempts_of(traj)), "masked": traj.masked, "chains": stats.chains, "calls": stats.calls,
+        "error": _cut(traj.error, 300), "reward": traj.reward, "resolved": grading.resolved if grading else None,
+        "failure_kind": (grading.failure_kind.value if grading else None) if traj.failure_kind == "none"
+        else traj.failure_kind.value,
+        "flags": grading.flags if grading else [], "exploits": list(attempts_of(traj)), "masked": traj.masked,
+        "chains": stats.chains, "calls": stats.calls,
         "failed_calls": stats.failed_calls, "sampled": stats.sampled_tokens, "trainable": stats.trainable_tokens,
         "main_tokens": stats.main_chain_tokens, "tokens": sum(len(ch.input_ids) for ch in traj.chains),
         "created_at": traj.created_at, "duration": (traj.ended_at - traj.created_at) if traj.ended_at else None,
@@ -156,8 +157,8 @@ def episode(traj: Trajectory, source: str, text: TokenText) -> dict[str, Any]:
                 "tool_calls": [{"id": t.id, "name": t.name, "kind": t.kind, "arguments": _cut(t.arguments)}
                                for t in out.tool_calls]},
         })
-    grading = dict(traj.grading) if traj.grading else None
-    if grading and isinstance(grading.get("log_tail"), str):
+    grading = traj.grading.model_dump(mode="json") if traj.grading else None
+    if grading:
         grading["log_tail"] = _cut(grading["log_tail"], LOG_LIMIT)
     return {
         **summary(traj, source),
