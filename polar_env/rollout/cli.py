@@ -81,6 +81,13 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
                         help="which chains of an episode become training rows (docs/training.md)")
     parser.add_argument("--max-staleness", type=int, default=d.max_staleness, metavar="K",
                         help="start an episode only while the policy lag is within K versions (docs/training.md)")
+    parser.add_argument("--admin", default=d.admin, metavar="HOST:PORT",
+                        help="serve the proxy's admin API there too (pause, resume, the policy version: "
+                             "docs/training.md); printed at start")
+    parser.add_argument("--admin-secret", default=d.admin_secret, metavar="SECRET",
+                        help="the admin API's Bearer secret (default: $POLAR_ADMIN_SECRET, else generated and printed)")
+    parser.add_argument("--mask-single-call", action="store_true", default=d.mask_single_call,
+                        help="mask rollouts whose harness made one model call (degenerate; polar check counts them)")
 
 
 def _outcome_arg(item: str) -> tuple[FailureKind, Outcome]:
