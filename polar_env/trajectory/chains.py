@@ -148,6 +148,7 @@ def build_trajectory(session: SessionInfo, calls: list[CallRecord], *, status: S
         single_call=sum(1 for c in answered if c.origin not in ("tool", "unknown")) == 1,
     )
     meta = dict(session.metadata)
+    meta.setdefault("logprobs_mode", session.logprobs_mode)  # the proxy's start-up probe of its backend
     if status is None:
         status = "completed" if session.status == "open" else session.status
     if error is None and status == "error":
@@ -226,6 +227,8 @@ def _summary(call: CallRecord, chain: int | None, by_index: dict[int, CallRecord
         new_messages=call.messages[offset:], output=call.output, finish_reason=call.finish_reason,
         prompt_tokens=len(call.prompt_ids), sampled_tokens=len(call.sampled_ids), flags=list(call.flags),
         error=call.error, timings=dict(call.timings), policy_version=call.policy_version,
+        requested_sampling=dict(call.requested_sampling),
+        sampling=call.sampling.model_dump(exclude={"stop_token_ids"}) if call.output is not None else {},
         version_source=call.version_source, origin=call.origin,
     )
 

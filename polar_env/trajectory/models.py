@@ -83,6 +83,10 @@ class CallSummary(BaseModel):
     flags: list[str] = Field(default_factory=list)
     error: str | None = None
     timings: dict[str, float] = Field(default_factory=dict)
+    # what the harness asked for (temperature, top_p, top_k, max_tokens, stop): its narrowing knobs are
+    # never applied (flag ``neutralised:...``); ``sampling`` is what the backend was sent
+    requested_sampling: dict[str, Any] = Field(default_factory=dict)
+    sampling: dict[str, Any] = Field(default_factory=dict)
     policy_version: int | None = None  # the weights' version that sampled it (None: unversioned)
     version_source: str | None = None  # server (its weight label) | trainer (set at the proxy) | None
     origin: str | None = None  # harness | tool | unknown (the forwarder's proof); None: not tagged
