@@ -12,6 +12,14 @@ from polar_env.rewards.sandbox_exec import grading_timeout_s
 from polar_env.trajectory.records import EpisodeBudget
 
 
+def host_port(value: str) -> str:
+    """``HOST:PORT`` as given, or a ValueError that says what is expected."""
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"expected HOST:PORT (e.g. 127.0.0.1:8787), got {value!r}")
+    return value
+
+
 class RolloutConfig(BaseModel):
     """What `polar rollout` / `polar demo` were asked to do (one field per flag, same names)."""
 
@@ -62,11 +70,7 @@ class RolloutConfig(BaseModel):
     @field_validator("admin")
     @classmethod
     def _host_port(cls, value: str | None) -> str | None:
-        if value is not None:
-            host, _, port = value.rpartition(":")
-            if not host or not port.isdigit() or not 0 < int(port) < 65536:
-                raise ValueError(f"--admin must be HOST:PORT (e.g. 127.0.0.1:8787), got {value!r}")
-        return value
+        return None if value is None else host_port(value)
 
     @field_validator("train_paths")
     @classmethod
