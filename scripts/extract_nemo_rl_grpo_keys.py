@@ -3,6 +3,8 @@
 Sources, read from a NeMo-RL git checkout at one revision (noted in the output's header):
 - examples/configs/grpo_math_1B.yaml (the base every GRPO recipe inherits from),
 - examples/nemo_gym/grpo_workplace_assistant_nemotron_nano_v2_9b.yaml (the NeMo Gym recipe: env, data),
+- examples/configs/recipes/llm/grpo-qwen3.5-9b-1n8g-megatron{,-fp8}.yaml (the validated dense Qwen3.5
+  recipes, whose Megatron keys Polar's Qwen3.5 recipes follow: freeze_config),
 - the pydantic fields of GRPOConfig (nemo_rl/algorithms/grpo.py) and ClippedPGLossConfig
   (nemo_rl/algorithms/loss/loss_functions.py), which the YAMLs may not spell out.
 Keys are dotted paths; a line ending in ``.*`` is a free-form subtree (kwargs NeMo-RL passes on, or
@@ -20,7 +22,9 @@ import sys
 import yaml
 
 YAMLS = ("examples/configs/grpo_math_1B.yaml",
-         "examples/nemo_gym/grpo_workplace_assistant_nemotron_nano_v2_9b.yaml")
+         "examples/nemo_gym/grpo_workplace_assistant_nemotron_nano_v2_9b.yaml",
+         "examples/configs/recipes/llm/grpo-qwen3.5-9b-1n8g-megatron.yaml",
+         "examples/configs/recipes/llm/grpo-qwen3.5-9b-1n8g-megatron-fp8.yaml")
 MODELS = {"nemo_rl/algorithms/grpo.py": {"GRPOConfig": "grpo"},
           "nemo_rl/algorithms/loss/loss_functions.py": {"ClippedPGLossConfig": "loss_fn"}}
 OPEN = ("env.nemo_gym", "policy.tokenizer.chat_template_kwargs", "policy.generation.vllm_kwargs",

@@ -123,7 +123,6 @@ async def test_http_status(status, retryable):
     ("{not json", True),                      # garbled / truncated reply
     ("[1, 2]", False),                        # JSON but not an object
     ('{"choices": []}', False),               # object without what the contract promises
-    ('{"choices": [{"token_ids": [5], "finish_reason": "stop", "logprobs": {"token_logprobs": []}}]}', False),
     ('{"choices": [{"token_ids": [5], "finish_reason": "abort", "logprobs": {"token_logprobs": [-1]}}]}', True),
     ('{"choices": [{"token_ids": [5], "finish_reason": "stop", "stop_reason": 9,'
      ' "logprobs": {"token_logprobs": [-1]}}]}', False),  # stopped on 9 but 9 is not in the ids
@@ -136,6 +135,19 @@ async def test_bad_payloads(body, retryable):
         with pytest.raises(BackendError) as err:
             await _generate(url)
     assert err.value.retryable is retryable
+
+
+@pytest.mark.parametrize("logprobs", ['{"token_logprobs": []}', '{"token_logprobs": [-1, -2]}', "null"])
+async def test_ids_without_aligned_logprobs_are_an_answer_without_logprobs(logprobs):
+    """The sampled ids still answer the harness; no logprobs means the turn is context (OpenEnv RFC 006),
+    which the chain builder masks: a backend defect costs a training target, not the episode."""
+    async def handler(request):
+        return web.Response(text='{"choices": [{"token_ids": [5], "finish_reason": "stop", "logprobs": '
+                                 + logprobs + "}]}", content_type="application/json")
+
+    async with serve(_app(handler)) as url:
+        gen = await _generate(url)
+    assert gen.token_ids == [5] and gen.logprobs == []
 
 
 async def test_changed_prompt_is_refused():

@@ -137,3 +137,22 @@ async def test_logprobs_mode_is_probed_and_a_mismatched_training_session_refused
         proxy.create_session("eval-hot", sampling={"temperature": 0.7})  # not trained on: allowed
     finally:
         await proxy.stop()
+
+
+async def test_the_weights_label_comes_from_the_server(backend, tokenizer, vllm_server):
+    """vLLM labels the weights it serves (its RL API, on with VLLM_SERVER_DEV_MODE=1, which its weight
+    sync needs too): ``default`` until a trainer sets one, then that label on every generation after."""
+    import aiohttp
+
+    prompt = chat_prompt(tokenizer, "Say something.")
+    sampling = SamplingParams(max_tokens=2, seed=1)
+    assert (await backend.generate(prompt, sampling)).weight_versions == ["default"]
+    async with aiohttp.ClientSession() as http:
+        async def label(version: str) -> None:
+            async with http.post(f"{vllm_server.url}/update_weight_version", json={"new_version": version}) as r:
+                assert r.status == 200, await r.text()
+        await label("12")
+        try:
+            assert (await backend.generate(prompt, sampling)).weight_versions == ["12"]
+        finally:
+            await label("default")  # the shared server's other tests see no version

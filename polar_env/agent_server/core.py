@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import secrets
 import tempfile
 import time
@@ -92,6 +93,10 @@ class PolarAgentConfig(BaseModel):
     # Admission); a step being episodes_per_step /run calls (NeMo-RL: prompts per step x generations per prompt)
     max_staleness: int | None = Field(default=None, ge=0)
     episodes_per_step: int = Field(default=1, ge=1)
+    # the Bearer secret of the /polar/* routes (pause, resume, policy); None: $POLAR_ADMIN_SECRET, else
+    # generated into the runtime dir's admin_secret file (its path printed at start)
+    admin_secret: str | None = Field(default=None, repr=False)
+    mask_single_call: bool = False  # mask rollouts whose harness made one model call (OpenEnv RFC 006)
 
 
 class InputError(ValueError):
@@ -232,6 +237,8 @@ class PolarAgent:
         self._settling: set[asyncio.Task] = set()  # settles: stop() waits for these, never cancels
         self._stopping = False
         self._admission: Admission | None = None
+        self.admin_secret = ""  # what the /polar/* routes require (start() decides it)
+        self.admin_secret_file: Path | None = None  # where a generated one was written
 
     async def start(self) -> None:
         """Build the proxy over the policy server and install the harness (once per process)."""
@@ -249,8 +256,14 @@ class PolarAgent:
         if not c.runtime_dir:  # ours: removed at stop, or by the janitor if the process is killed first
             self._janitor = Janitor(self.runtime_dir)
         self.runtime_dir.mkdir(parents=True, exist_ok=True)
+        self.admin_secret = c.admin_secret or os.environ.get("POLAR_ADMIN_SECRET") or ""
+        if not self.admin_secret:
+            self.admin_secret = secrets.token_urlsafe(32)
+            self.admin_secret_file = self.runtime_dir / "admin_secret"
+            self.admin_secret_file.write_text(self.admin_secret)
+            self.admin_secret_file.chmod(0o600)
         self.proxy = ProxyServer.create(renderer=renderer, backend=backend, data_dir=self.runtime_dir / "ledger",
-                                        admin_secret=secrets.token_urlsafe(32),
+                                        admin_secret=self.admin_secret,
                                         config=EngineConfig(max_context=c.max_context,
                                                             policy_version=c.policy_version))
         if c.max_staleness is not None:
@@ -324,7 +337,7 @@ class PolarAgent:
             c = self.config
             config = EpisodeConfig(harness=c.harness, timeout_s=c.timeout_s, model_name=c.policy_model_name or None,
                                    sampling=session_sampling(params, c.default_sampling), outcomes=c.outcomes,
-                                   budget=c.budget)
+                                   budget=c.budget, mask_single_call=c.mask_single_call)
             ep = lifecycle.begin(proxy, _TaskView(task_id, row), episode_id=f"{_slug(task_id)}-{uuid.uuid4().hex[:12]}",
                                  config=config, site=ResourcesSite(resources, params, min(proxy.engine.eos_ids)),
                                  prompt=_row_prompt(params))

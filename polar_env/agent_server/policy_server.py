@@ -10,6 +10,11 @@ whose text the real model scores. The ``gold`` policy makes CI deterministic and
 everything: on its first call it answers with a bash tool call that applies the task's gold patch
 (found by the problem statement in the prompt), then a final message once a tool result is in.
 
+The weights' version is served as vLLM serves it to a trainer that syncs weights (its RL API):
+``GET /weight_info`` reports the label (``default`` until one is set), ``POST /update_weight_version``
+``{"new_version": "7"}`` sets it, so the proxy's version reading is tested against this server's wire
+as against vLLM's own.
+
     polar policy-server --backend scripted --policy gold --port 8011
 """
 
@@ -37,11 +42,13 @@ def gold_policy(tasks_spec: str = "bundled") -> Policy:
 
 
 class PolicyServer:
-    """aiohttp app: ``POST /v1/completions``, ``GET /v1/models``, ``GET /health``."""
+    """aiohttp app: ``POST /v1/completions``, ``GET /v1/models``, ``GET /health``, and vLLM's
+    ``GET /weight_info`` / ``POST /update_weight_version``."""
 
     def __init__(self, backend: Backend, *, model_name: str):
         self.backend = backend
         self.model_name = model_name
+        self.weight_version = "default"  # vLLM's label before a trainer sets one
         self.requests = 0
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
@@ -51,6 +58,8 @@ class PolicyServer:
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
+        app.router.add_get("/weight_info", self._weight_info)
+        app.router.add_post("/update_weight_version", self._update_weight_version)
         return app
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
@@ -67,6 +76,20 @@ class PolicyServer:
 
     async def _health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
+
+    async def _weight_info(self, request: web.Request) -> web.Response:
+        return web.json_response({"weight_version": self.weight_version})
+
+    async def _update_weight_version(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+        except ValueError:
+            return _error(400, "body must be JSON")
+        version = body.get("new_version") if isinstance(body, dict) else None
+        if not isinstance(version, str) or not version:
+            return _error(422, "new_version must be a non-empty string")
+        self.weight_version = version
+        return web.json_response({"success": True, "new_version": version})
 
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": self.model_name, "object": "model"}]})

@@ -30,6 +30,9 @@ class Generation(BaseModel):
     finish_reason: Literal["stop", "length"]
     backend: str
     model: str = ""
+    # the labels the server gave the weights that sampled it (vLLM's /weight_info, SGLang's
+    # meta_info.weight_version): one, or two when they changed during the call; [] where it reports none
+    weight_versions: list[str] = Field(default_factory=list)
 
 
 class BackendError(RuntimeError):

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from polar_env.backends.base import BackendError, Generation, SamplingParams
-from polar_env.backends.remote import RemoteBackend, as_logprobs, as_token_ids, malformed
+from polar_env.backends.remote import RemoteBackend, aligned_logprobs, as_logprobs, as_token_ids, malformed
 
 PROBE_MESSAGES: list[dict[str, str]] = [{"role": "user", "content": "."}]
 
@@ -116,9 +116,9 @@ class NemoRLBackend(RemoteBackend):
         choice = choices[0]
         message = choice.get("message") or {}
         token_ids = as_token_ids(message.get("generation_token_ids"))
-        logprobs = as_logprobs(message.get("generation_log_probs"))
-        if token_ids is None or logprobs is None or len(token_ids) != len(logprobs):
-            raise malformed(self.name, "message.generation_token_ids / generation_log_probs", payload)
+        if token_ids is None:
+            raise malformed(self.name, "message.generation_token_ids", payload)
+        logprobs = aligned_logprobs(as_logprobs(message.get("generation_log_probs")), token_ids)
         if message.get("prompt_token_ids") != list(prompt_ids):
             raise BackendError(
                 f"{self.name}: the server built a different prompt than the one sent "

@@ -8,6 +8,12 @@ Retrying is the caller's choice, with one exception made here: a pooled keep-ali
 server closed just as it was reused is retried once at once (seen with vLLM's uvicorn, which drops
 idle connections after 5 s).
 
+Where a server reports which weights it serves (``version_path``: vLLM's ``GET /weight_info``, there
+when it runs with ``VLLM_SERVER_DEV_MODE=1``, which its weight-sync API needs too), the label is read
+before and after each generation: a trainer that swaps weights need not tell the proxy anything. A
+server without the route (404) is not asked again; a label it cannot give this once leaves the call
+unversioned, never failed.
+
 A server's refusal of a prompt as too long (vLLM's 400 "maximum context length is N tokens",
 SGLang's "longer than the model's context length") is a ``ContextOverflow``, not a failure: the
 harness must see its API's own overflow error. The context window itself is what the server's
@@ -19,6 +25,7 @@ from __future__ import annotations
 import errno
 import itertools
 import json
+import logging
 import re
 import zlib
 from collections.abc import Sequence
@@ -29,6 +36,7 @@ import aiohttp
 from polar_env import fastjson
 from polar_env.backends.base import BackendError, ContextOverflow
 
+log = logging.getLogger(__name__)
 _ERROR_EXCERPT = 500
 JSON_HEADERS = {"Content-Type": "application/json"}
 KEEPALIVE_S = 3.0
@@ -64,6 +72,7 @@ class RemoteBackend:
     """Base of the HTTP backends; subclasses set ``name`` and implement ``generate``."""
 
     name: str = "remote"
+    version_path: str | None = None  # GET -> {"weight_version": label}: the weights the server serves now
 
     def __init__(self, url: str | Sequence[str], *, model: str = "", timeout_s: float = 600.0,
                  api_key: str | None = None):
@@ -78,6 +87,7 @@ class RemoteBackend:
         self._session: aiohttp.ClientSession | None = None
         self._window: int | None = None
         self._window_asked = False
+        self._unversioned: set[str] = set()  # servers that answered version_path with 404/405
 
     def pick_url(self, session_id: str | None = None) -> str:
         """The same server for every call of a session; round-robin for calls without one."""
@@ -132,6 +142,24 @@ class RemoteBackend:
             raise BackendError(f"{where}: reply is not a JSON object: {excerpt!r}", status=status)
         return reply
 
+    async def served_version(self, base_url: str) -> str | None:
+        """The label of the weights ``base_url`` serves now (``version_path``), or None where it gives none."""
+        if self.version_path is None or base_url in self._unversioned:
+            return None
+        try:
+            async with self._client().get(base_url + self.version_path) as response:
+                if response.status in (404, 405):
+                    self._unversioned.add(base_url)
+                    log.info("%s %s reports no weight version (%s %d): calls are unversioned unless a trainer "
+                             "sets the version", self.name, base_url, self.version_path, response.status)
+                    return None
+                payload = await response.json(content_type=None) if response.status == 200 else None
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            log.warning("%s %s: could not read the weight version: %s", self.name, base_url, exc)
+            return None
+        label = payload.get("weight_version") if isinstance(payload, dict) else None
+        return str(label) if isinstance(label, str | int) and not isinstance(label, bool) else None
+
     async def max_model_len(self) -> int | None:
         """``max_model_len`` from the first server's ``/v1/models``, asked once; None if it says none."""
         if not self._window_asked:
@@ -162,6 +190,13 @@ def as_token_ids(value: Any) -> list[int] | None:
     if not isinstance(value, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
         return None
     return value
+
+
+def aligned_logprobs(logprobs: list[float] | None, token_ids: list[int]) -> list[float]:
+    """The logprobs when there is one per sampled token, else ``[]``: the sampled ids are still the
+    answer (the harness gets it), but the turn is context, never a target (loss mask 0; OpenEnv RFC 006),
+    and the engine flags the call ``logprobs_unaligned``."""
+    return logprobs if logprobs is not None and len(logprobs) == len(token_ids) else []
 
 
 def as_logprobs(value: Any) -> list[float] | None:

@@ -7,7 +7,8 @@ is ``{"type": "stop", "matched": id}``, ``{"type": "length", "length": n}`` or
 ``{"type": "abort", "message": ...}``. Knobs left unset may take the model's generation-config
 defaults (``--sampling-defaults model``), so top_k, min_p and the repetition penalty are sent.
 Which logprobs SGLang reports (temperature-scaled or raw) is its server's choice; at temperature 1
-they agree.
+they agree. ``meta_info.weight_version`` labels the weights that served the request (``--weight-version``,
+``/update_weight_version``, ``update_weights_*(weight_version=...)``): ``Generation.weight_versions``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from polar_env.backends.base import BackendError, Generation, SamplingParams
-from polar_env.backends.remote import RemoteBackend, as_logprobs, as_token_ids, malformed
+from polar_env.backends.remote import RemoteBackend, aligned_logprobs, as_logprobs, as_token_ids, malformed
 
 
 class SGLangBackend(RemoteBackend):
@@ -58,12 +59,14 @@ class SGLangBackend(RemoteBackend):
             raise malformed(self.name, "meta_info.output_token_logprobs (was return_logprob honoured?)",
                             payload)
         token_ids = as_token_ids([e[1] for e in entries])
-        logprobs = as_logprobs([e[0] for e in entries])
-        if token_ids is None or logprobs is None:
+        if token_ids is None:
             raise malformed(self.name, "output_token_logprobs entries", payload)
+        logprobs = aligned_logprobs(as_logprobs([e[0] for e in entries]), token_ids)
         matched = finish.get("matched")
         if kind == "stop" and isinstance(matched, int) and token_ids[-1:] != [matched]:
             raise malformed(self.name, f"stopped on token {matched} but it is not the last sampled id",
                             payload)
+        label = meta.get("weight_version")
         return Generation(prompt_ids=prompt_ids, token_ids=token_ids, logprobs=logprobs,
-                          finish_reason=kind, backend=self.name, model=self.model)
+                          finish_reason=kind, backend=self.name, model=self.model,
+                          weight_versions=[str(label)] if isinstance(label, str | int) else [])

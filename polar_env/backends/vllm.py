@@ -18,6 +18,11 @@ Logprobs are what the server is started with: vLLM's default ``--logprobs-mode r
 the model's own distribution (temperature 1, no top-p), ``processed_logprobs`` the distribution
 actually sampled from. At temperature 1 and top_p 1 the two agree; ``probe_logprobs_mode`` tells
 which one a server returns (backends/logprobs_mode.py).
+
+The weights' version: vLLM labels the weights it serves (``finish_weight_update`` / ``POST
+/update_weight_version`` set it, ``GET /weight_info`` reports it; its RL API, served with
+``VLLM_SERVER_DEV_MODE=1``). Each call reads it before and after generating (``RemoteBackend.
+served_version``): ``Generation.weight_versions``.
 """
 
 from __future__ import annotations
@@ -27,13 +32,14 @@ from typing import Any
 
 from polar_env.backends.base import BackendError, Generation, SamplingParams
 from polar_env.backends.logprobs_mode import PROBE_TEMPERATURE, LogprobsMode, classify
-from polar_env.backends.remote import RemoteBackend, as_logprobs, as_token_ids, malformed
+from polar_env.backends.remote import RemoteBackend, aligned_logprobs, as_logprobs, as_token_ids, malformed
 
 TOKEN_ID_PREFIX = "token_id:"
 
 
 class VllmBackend(RemoteBackend):
     name = "vllm"
+    version_path = "/weight_info"  # vLLM's RL API (VLLM_SERVER_DEV_MODE=1): {"weight_version": "..."}
 
     def __init__(self, url: str | Sequence[str], *, verify_prompt_echo: bool = False, **kw: Any):
         super().__init__(url, **kw)
@@ -86,8 +92,10 @@ class VllmBackend(RemoteBackend):
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams, *,
                        session_id: str | None = None) -> Generation:
-        payload = await self.post_json(self.pick_url(session_id), "/v1/completions",
-                                       self.request_body(prompt_ids, sampling))
+        url = self.pick_url(session_id)
+        before = await self.served_version(url)
+        payload = await self.post_json(url, "/v1/completions", self.request_body(prompt_ids, sampling))
+        after = await self.served_version(url) if before is not None else None
         choices = payload.get("choices")
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
             raise malformed(self.name, "no choices", payload)
@@ -96,9 +104,7 @@ class VllmBackend(RemoteBackend):
         if token_ids is None:
             raise malformed(self.name, "no sampled ids (choices[0].logprobs.tokens as token_id:N, or "
                                        "choices[0].token_ids)", payload)
-        logprobs = as_logprobs((choice.get("logprobs") or {}).get("token_logprobs"))
-        if logprobs is None or len(logprobs) != len(token_ids):
-            raise malformed(self.name, "one logprob per sampled token expected", payload)
+        logprobs = aligned_logprobs(as_logprobs((choice.get("logprobs") or {}).get("token_logprobs")), token_ids)
         echoed = choice.get("prompt_token_ids")
         used = (payload.get("usage") or {}).get("prompt_tokens") if isinstance(payload.get("usage"), dict) else None
         if echoed is not None and echoed != prompt_ids:
@@ -120,7 +126,8 @@ class VllmBackend(RemoteBackend):
                             payload)
         return Generation(prompt_ids=prompt_ids, token_ids=token_ids, logprobs=logprobs,
                           finish_reason=finish, backend=self.name,
-                          model=self.model or str(payload.get("model") or ""))
+                          model=self.model or str(payload.get("model") or ""),
+                          weight_versions=[v for v in dict.fromkeys((before, after)) if v is not None])
 
 
 def _sampled_ids(choice: dict[str, Any]) -> list[int] | None:

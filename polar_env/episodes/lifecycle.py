@@ -84,6 +84,7 @@ class EpisodeConfig:
     outcomes: OutcomeTable = field(default_factory=OutcomeTable)  # reward/mask per failure kind
     budget: EpisodeBudget = field(default_factory=EpisodeBudget)  # per-episode limits the proxy enforces
     reward_key: str | None = None  # a Harbor task's reward.json key that is the reward (rewards/harbor_verifier.py)
+    mask_single_call: bool = False  # mask a rollout whose harness made one model call (OpenEnv RFC 006)
 
 
 @dataclass
@@ -431,6 +432,9 @@ async def finish(ep: Episode, grading: Grading | None = None) -> EpisodeResult:
         await close_workspace(ep)
     ep.marks["done"] = time.time()
     reward, masked = config.outcomes.apply(kind, result.reward if result else None)
+    if config.mask_single_call and trajectory.stats.single_call and not masked:
+        masked = True  # a degenerate agentic rollout: kept in its group's baseline, no loss
+        trajectory.metadata["masked_because"] = "single_call"
     trajectory.reward, trajectory.failure_kind, trajectory.masked = reward, kind, masked
     trajectory.grading = result
     trajectory.error = ep.graded_error or trajectory.error

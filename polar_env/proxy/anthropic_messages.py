@@ -122,6 +122,7 @@ class MessagesRequest(Loose):
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
+    top_k: float | None = None  # recorded, never sent (a narrowing knob, neutralised)
     stream: bool | None = False
     stop_sequences: list[str] | None = None
     tool_choice: dict[str, Any] | None = None  # {"type": "auto" | "any" | "tool" | "none", "name": ...}
@@ -159,7 +160,7 @@ def decode(body: Any, seen: Seen | None = None) -> DecodedRequest:
     decoded = DecodedRequest(
         conversation=Conversation(messages=messages, tools=tools), stream=bool(req.stream),
         model=req.model.strip(), raw_model=req.model,
-        requested_sampling=sampling_of(req.temperature, req.top_p, req.max_tokens),
+        requested_sampling=sampling_of(req.temperature, req.top_p, req.max_tokens, req.top_k),
         flags=dedupe(flags), assistant_refs=refs, stop=stops_of(req.stop_sequences), tool_choice=choice,
         prefill=prefill,
     )

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import re
 import threading
 import time
@@ -37,7 +38,14 @@ from polar_env.proxy.run_slots import RunEnded, RunSlots
 from polar_env.proxy.sessions import SAMPLING_KEYS, BudgetExceeded, CallState, Session, prefix_hashes
 from polar_env.proxy.wire import DecodedRequest
 from polar_env.trajectory.ledger import Ledger
-from polar_env.trajectory.records import HISTORY_THINKING_KEPT, CallRecord, ids_digest
+from polar_env.trajectory.records import (
+    HISTORY_THINKING_KEPT,
+    LOGPROBS_UNALIGNED,
+    VERSION_LABEL,
+    WEIGHTS_CHANGED,
+    CallRecord,
+    ids_digest,
+)
 from polar_env.wire.ids import issued_tool_call_id
 
 log = logging.getLogger(__name__)
@@ -50,6 +58,8 @@ LEDGER_INLINE_IDS = 4 * INLINE_IDS  # a ledger line this small is written on the
 
 MAX_IDENTICAL_FAILURES = 2
 HISTORY_THINKING_DROPPED = "history thinking dropped (new user turn)"  # chain break reason
+NARROWING = ("top_p",)  # forced sampling keys a harness may not set (top_k is never sent at all)
+NEUTRALISED = "neutralised:"  # call flag prefix: the harness's narrowing knobs this call did not apply
 
 
 
@@ -251,7 +261,10 @@ class TokenEngine:
     # -- sampling ----------------------------------------------------------------------------
     def sampling_for(self, session: Session, requested: dict[str, Any], prompt_len: int,
                      window: int | None = None) -> tuple[SamplingParams, list[str]]:
-        """The session's forced sampling (the trainer's) wins over the harness; record what it overrode."""
+        """The session's forced sampling (the trainer's) wins over the harness; record what it overrode.
+        A harness's narrowing knobs (top-p below 1, top-k) are never applied (OpenEnv RFC 006: processed
+        logprobs over a truncated distribution are "plausible, aligned and wrong" next to a trainer's over the
+        whole one); the call records what was asked (``requested_sampling``) and flags ``neutralised:...``."""
         chosen: dict[str, Any] = {"max_tokens": self.config.default_max_tokens, **self.config.defaults}
         overridden = []
         for key in SAMPLING_KEYS:
@@ -261,7 +274,7 @@ class TokenEngine:
                 chosen[key] = forced
                 if asked is not None and asked != forced:
                     overridden.append(key)
-            elif asked is not None:
+            elif asked is not None and key not in NARROWING:
                 chosen[key] = asked
         if window is not None:
             if prompt_len >= window:  # not even one token of room
@@ -269,6 +282,16 @@ class TokenEngine:
             chosen["max_tokens"] = min(int(chosen["max_tokens"]), window - prompt_len)
         chosen["max_tokens"] = max(1, int(chosen["max_tokens"]))
         return SamplingParams(stop_token_ids=sorted(self.eos_ids), **chosen), overridden
+
+    @staticmethod
+    def neutralised(session: Session, requested: dict[str, Any]) -> list[str]:
+        """The harness's narrowing knobs this call did not apply (a trainer's forced top_p is not the harness's)."""
+        out = []
+        if (top_p := requested.get("top_p")) is not None and top_p < 1 and session.info.sampling.get("top_p") is None:
+            out.append("top_p")
+        if (top_k := requested.get("top_k")) is not None and top_k > 0:
+            out.append("top_k")
+        return out
 
     # -- one call ------------------------------------------------------------------------------
     async def complete(self, session: Session, api: str, request: DecodedRequest,
@@ -348,6 +371,8 @@ class TokenEngine:
         record.sampling, record.overridden = sampling, overridden
         if overridden:
             record.flags.append("overridden:" + ",".join(overridden))
+        if neutralised := self.neutralised(session, request.requested_sampling):
+            record.flags.append(NEUTRALISED + ",".join(neutralised))
         if (room := await session.wait_for_token_room()) is not None and sampling.max_tokens > room:
             sampling = record.sampling = sampling.model_copy(update={"max_tokens": room})
             record.flags.append(f"budget:max_tokens={room}")
@@ -367,9 +392,12 @@ class TokenEngine:
                 if slots is not None:  # the backend has answered (or failed): the slot is the next call's
                     slots.leave(session.id)
             generate_ms = (time.perf_counter() - gen_started) * 1e3 - held_ms  # the fence's wait apart
+            self._note_version(record, generation.weight_versions)
             if generation.prompt_ids is not prompt_ids and generation.prompt_ids != prompt_ids:
                 record.flags.append("backend_prompt_mismatch")
             sampled, logprobs, finish = generation.token_ids, generation.logprobs, generation.finish_reason
+            if len(logprobs) != len(sampled) or not all(map(math.isfinite, logprobs)):
+                record.flags.append(LOGPROBS_UNALIGNED)  # a context-only turn (the chain builder masks it)
             text = stop = None
             if request.stop and (cut := await self.off_loop(self.renderer.cut_at_stop, sampled, request.stop)):
                 n, stop, text = cut
@@ -404,6 +432,20 @@ class TokenEngine:
             return turn, record
         finally:
             session.release_tokens(sampling.max_tokens)
+
+    def _note_version(self, record: CallRecord, labels: list[str]) -> None:
+        """Which weights sampled the call: the server's numeric label where it gives one (the fence then
+        follows it, so admission needs no trainer call), else the version the trainer set, if any."""
+        record.weight_versions = labels
+        numeric = [int(label) for label in labels if VERSION_LABEL.fullmatch(label)]
+        if numeric:
+            record.policy_version, record.version_source = numeric[0], "server"
+            if numeric[-1] != numeric[0]:
+                record.flags.append(WEIGHTS_CHANGED)
+            if self.fence.version != numeric[-1]:
+                self.fence.set_version(numeric[-1])
+        elif record.policy_version is not None:
+            record.version_source = "trainer"
 
     def _prefix(self, request: DecodedRequest, record: CallRecord) -> str:
         """Text of the reply the prompt already holds: the harness's prefill, else the start of the

@@ -209,7 +209,7 @@ def decode(body: Any, model: str = "", stream: bool = False, sse: bool = True, s
         conversation=Conversation(messages=messages, tools=tools), stream=stream and sse,
         json_array=stream and not sse,
         model=model.strip(), raw_model=model,
-        requested_sampling=sampling_of(config.temperature, config.top_p, config.max_output_tokens),
+        requested_sampling=sampling_of(config.temperature, config.top_p, config.max_output_tokens, config.top_k),
         flags=dedupe(flags), assistant_refs=refs, stop=stops_of(config.stop_sequences, limit=5),
         tool_choice=choice, logprobs=bool(config.response_logprobs),
     )

@@ -147,7 +147,7 @@ def decode(body: Any, seen: Seen | None = None) -> DecodedRequest:
     decoded = DecodedRequest(
         conversation=Conversation(messages=messages, tools=tools), stream=bool(req.stream),
         model=req.model.strip(), raw_model=req.model,
-        requested_sampling=sampling_of(req.temperature, req.top_p, max_tokens),
+        requested_sampling=sampling_of(req.temperature, req.top_p, max_tokens, req.top_k),
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
         flags=dedupe(flags), assistant_refs=refs, stop=stops_of(req.stop, limit=4), tool_choice=choice,
         logprobs=bool(req.logprobs), enable_thinking=_enable_thinking(req.chat_template_kwargs),

@@ -8,6 +8,11 @@ the ones in flight finish (or, when asked, are aborted, recorded and started aga
 swap), then ``POST /admin/resume`` opens it with the new version. A pause that is never resumed
 opens by itself after its ``timeout_s``: a trainer that died must not hang every episode.
 
+Where the inference server labels the weights it serves (vLLM's ``/weight_info``, SGLang's
+``meta_info.weight_version``), a numeric label is the version (the engine reads it per call and moves
+the fence's version to it): nothing has to call ``/admin/policy``. Other labels (vLLM's ``default``
+before any sync) are recorded as they are and leave the call to the trainer's version, if any.
+
 The open fence costs an attribute test, a counter and a set entry per call: no task, no lock.
 """
 

@@ -43,6 +43,7 @@ class OpenAIRequestFields(Loose):
     stream: bool | None = False
     temperature: float | None = None
     top_p: float | None = None
+    top_k: float | None = None  # vLLM's extension: recorded, never sent (a narrowing knob, neutralised)
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     top_logprobs: int | None = None
@@ -287,15 +288,18 @@ def flatten_parts(content: str | list | None, flags: list[str]) -> str:
     return PART_JOIN.join(texts)
 
 
-def sampling_of(temperature: float | None, top_p: float | None, max_tokens: int | None) -> dict[str, Any]:
-    """The sampling a harness asked for; values no backend accepts are a 400 here, not a 502 later."""
+def sampling_of(temperature: float | None, top_p: float | None, max_tokens: int | None,
+                top_k: float | None = None) -> dict[str, Any]:
+    """The sampling a harness asked for (each call records it); values no backend accepts are a 400 here,
+    not a 502 later. ``top_k`` is only recorded: no backend is sent a harness's top-k."""
     if temperature is not None and not (math.isfinite(temperature) and temperature >= 0):
         raise WireError(400, f"temperature must be a finite number >= 0, got {temperature}")
     if top_p is not None and not (math.isfinite(top_p) and 0 < top_p <= 1):
         raise WireError(400, f"top_p must be in (0, 1], got {top_p}")
     if max_tokens is not None and max_tokens < 1:
         raise WireError(400, f"max_tokens must be at least 1, got {max_tokens}")
-    asked = {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens}
+    asked = {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens,
+             "top_k": top_k if top_k is not None and math.isfinite(top_k) else None}
     return {k: v for k, v in asked.items() if v is not None}
 
 

@@ -14,7 +14,7 @@ from polar_env.episodes.workspace import SANDBOX_CHOICES
 from polar_env.harness_adapters.registry import adapter_names, harness_choices
 from polar_env.outcomes import FailureKind, Outcome, parse_outcome
 from polar_env.proxy.engine import add_thinking_arguments
-from polar_env.rollout.config import RolloutConfig
+from polar_env.rollout.config import RolloutConfig, host_port
 from polar_env.tasks.loader import TaskLoadError
 from polar_env.tasks.runtime import WorkspaceUnavailable
 
@@ -84,6 +84,20 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
                         help="which chains of an episode become training rows (docs/training.md)")
     parser.add_argument("--max-staleness", type=int, default=d.max_staleness, metavar="K",
                         help="start an episode only while the policy lag is within K versions (docs/training.md)")
+    parser.add_argument("--admin", default=d.admin, metavar="HOST:PORT", type=_admin_arg,
+                        help="serve the proxy's admin API there too (pause, resume, the policy version: "
+                             "docs/training.md); printed at start")
+    parser.add_argument("--admin-secret", default=d.admin_secret, metavar="SECRET",
+                        help="the admin API's Bearer secret (default: $POLAR_ADMIN_SECRET, else generated and printed)")
+    parser.add_argument("--mask-single-call", action="store_true", default=d.mask_single_call,
+                        help="mask rollouts whose harness made one model call (degenerate; polar check counts them)")
+
+
+def _admin_arg(value: str) -> str:
+    try:
+        return host_port(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _outcome_arg(item: str) -> tuple[FailureKind, Outcome]:

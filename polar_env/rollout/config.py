@@ -12,6 +12,14 @@ from polar_env.rewards.sandbox_exec import grading_timeout_s
 from polar_env.trajectory.records import EpisodeBudget
 
 
+def host_port(value: str) -> str:
+    """``HOST:PORT`` as given, or a ValueError that says what is expected."""
+    host, _, port = value.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"expected HOST:PORT (e.g. 127.0.0.1:8787), got {value!r}")
+    return value
+
+
 class RolloutConfig(BaseModel):
     """What `polar rollout` / `polar demo` were asked to do (one field per flag, same names)."""
 
@@ -55,6 +63,15 @@ class RolloutConfig(BaseModel):
     train_paths: str = "all"  # which chains become training rows: all | main | final | module:function
     # an episode starts only while the policy lag is within this many versions (None: no bound)
     max_staleness: int | None = Field(default=None, ge=0)
+    # HOST:PORT where the proxy also listens on TCP, for its admin API (the weight-sync fence, the version)
+    admin: str | None = None
+    admin_secret: str | None = Field(default=None, repr=False)  # None: $POLAR_ADMIN_SECRET, else generated
+    mask_single_call: bool = False  # mask rollouts of one model call (degenerate: OpenEnv RFC 006)
+
+    @field_validator("admin")
+    @classmethod
+    def _host_port(cls, value: str | None) -> str | None:
+        return None if value is None else host_port(value)
 
     @field_validator("train_paths")
     @classmethod

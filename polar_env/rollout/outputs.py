@@ -97,6 +97,15 @@ def summarize(trajectories: list[Trajectory]) -> dict[str, Any]:
         "chains": sum(t.stats.chains for t in trajectories),
         "models": sorted({t.model for t in trajectories if t.model}),
         "backends": sorted({t.backend for t in trajectories if t.backend}),
+        # which logprobs the backend returned, per the proxy's start-up probe (backends/logprobs_mode.py): the
+        # trainer's ratio needs "processed" unless sampling is at temperature 1, top-p 1
+        "logprobs_mode": sorted({str(t.metadata["logprobs_mode"]) for t in trajectories
+                                 if t.metadata.get("logprobs_mode")}),
+        # the capture rules (OpenEnv RFC 006): single-call rollouts, context-only turns, unversioned calls
+        "single_call_rollouts": sum(t.stats.single_call for t in trajectories),
+        "context_only_turns": sum(t.stats.context_only_turns for t in trajectories),
+        "unversioned_calls": sum(t.stats.unversioned_calls for t in trajectories),
+        "policy_versions": sorted({v for t in trajectories for v in t.stats.policy_versions}),
         # grading's tampering signals (docs/rewards.md): episodes per flag
         "grading_flags": dict(sorted(Counter(f for t in trajectories for f in (t.grading.flags if t.grading else [])
                                              ).items())),

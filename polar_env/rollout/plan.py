@@ -41,6 +41,7 @@ class RolloutPlan:
     lookahead: int | None = None
     collapsed: bool = False
     grade_in_processes: bool = True
+    admin: str | None = None  # HOST:PORT of the proxy's admin API (also on TCP), None: its Unix socket only
 
     def __post_init__(self) -> None:
         for name in ("run_slots", "prepare_slots", "grade_slots", "lookahead"):
@@ -91,8 +92,8 @@ def plan_from_config(config: RolloutConfig) -> RolloutPlan:
                                              grading_timeout_s=config.grading_timeout, sampling=config.sampling(),
                                              model_name=config.model_name, sandbox=config.sandbox,
                                              outcomes=config.outcomes(), budget=config.budget(),
-                                             reward_key=config.reward_key),
-                       max_staleness=config.max_staleness, train_paths=config.train_paths)
+                                             reward_key=config.reward_key, mask_single_call=config.mask_single_call),
+                       max_staleness=config.max_staleness, train_paths=config.train_paths, admin=config.admin)
 
 
 def episode_key(task_id: str, sample: int) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
 import shutil
 import sys
@@ -63,7 +64,13 @@ class EpisodeRunner:
         self._sock_dir.chmod(0o755)
         socket = self._sock_dir / "proxy.sock"
         self.proxy = self.proxy_factory(self.ledger, socket)
-        await self.proxy.start(unix_socket=socket, port=None)
+        host, port = self.plan.admin.rpartition(":")[::2] if self.plan.admin else ("127.0.0.1", None)
+        await self.proxy.start(host, int(port) if port else None, unix_socket=socket)
+        if self.plan.admin:
+            secret = self.proxy.admin_secret
+            shown = "$POLAR_ADMIN_SECRET" if secret == os.environ.get("POLAR_ADMIN_SECRET") else secret
+            print(f"polar: admin API on http://{self.plan.admin}/admin (pause, resume, policy: docs/training.md), "
+                  f'-H "Authorization: Bearer {shown}"', flush=True)
         if why := sampling_mismatch(self.proxy.logprobs_mode, self.plan.episode.sampling):
             raise LogprobsMismatch(why)  # every episode would be refused: say it once, before any runs
         if self.plan.max_staleness is not None:  # one training step = one pass over the plan's episodes
@@ -201,14 +208,28 @@ def proxy_factory(config: RolloutConfig, backend=None, tasks: list[Task] | None 
     backend = backend or make_backend(config.backend, url=config.url or None,
                                       model=config.model_name or model_dir.name, model_dir=model_dir)
 
+    secret = admin_secret(config)
+
     def factory(data_dir: Path, socket: Path) -> ProxyServer:
-        return ProxyServer.create(renderer=renderer, backend=backend, data_dir=data_dir,
-                                  admin_secret=secrets.token_urlsafe(24),
+        return ProxyServer.create(renderer=renderer, backend=backend, data_dir=data_dir, admin_secret=secret,
                                   config=EngineConfig(max_context=config.max_context,
                                                       default_max_tokens=config.max_tokens,
                                                       history_thinking=config.history_thinking))
 
     return factory
+
+
+_GENERATED_SECRET: list[str] = []  # one per process: `polar train`'s rounds keep the secret they printed
+
+
+def admin_secret(config: RolloutConfig) -> str:
+    """The admin API's secret: ``--admin-secret``, else ``$POLAR_ADMIN_SECRET``, else one generated for
+    this process (printed with the address at start when ``--admin`` makes it reachable)."""
+    if secret := config.admin_secret or os.environ.get("POLAR_ADMIN_SECRET"):
+        return secret
+    if not _GENERATED_SECRET:
+        _GENERATED_SECRET.append(secrets.token_urlsafe(24))
+    return _GENERATED_SECRET[0]
 
 
 def prepare(plan: RolloutPlan) -> None:

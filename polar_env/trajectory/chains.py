@@ -24,7 +24,7 @@ from polar_env.trajectory.models import (
     Trajectory,
     TrajectoryStats,
 )
-from polar_env.trajectory.records import CallRecord, SessionInfo, ids_digest
+from polar_env.trajectory.records import VERSION_LABEL, CallRecord, SessionInfo, ids_digest
 
 REASON_START = "start"
 REASON_NOT_TOKEN_EXACT = "not token-exact"
@@ -36,6 +36,18 @@ REASON_PARENT_FAILED = "parent has no tokens"
 def is_failed(call: CallRecord) -> bool:
     """A failed call (backend error, or nothing sampled) is kept in the record but adds no tokens."""
     return call.error is not None or not call.sampled_ids
+
+
+def scored(call: CallRecord) -> bool:
+    """Its logprobs are one finite number per sampled token: the turn can be trained on; else it is context."""
+    return len(call.logprobs) == len(call.sampled_ids) and all(map(math.isfinite, call.logprobs))
+
+
+def sampled_by(call: CallRecord) -> list[int]:
+    """The policy versions that sampled ``call``: its own, and the server's later label when the weights
+    changed while it generated."""
+    numbers = [int(v) for v in call.weight_versions if VERSION_LABEL.fullmatch(v)]
+    return sorted({*numbers, *([call.policy_version] if call.policy_version is not None else [])})
 
 
 def build_chains(calls: list[CallRecord]) -> tuple[list[Chain], dict[int, int]]:
@@ -116,6 +128,7 @@ def build_trajectory(session: SessionInfo, calls: list[CallRecord], *, status: S
     by_index = {c.call_index: c for c in calls}
     summaries = [_summary(c, chain_of.get(c.call_index), by_index) for c in calls]
     sampled = sum(len(c.sampled_ids) for c in calls)
+    answered = [c for c in calls if not is_failed(c)]
     per_chain = [ch.trainable_tokens for ch in chains]  # each a pass over the chain's mask: once
     trainable = sum(per_chain)
     stats = TrajectoryStats(
@@ -130,9 +143,13 @@ def build_trajectory(session: SessionInfo, calls: list[CallRecord], *, status: S
         unscored_tokens=sum(s.end - s.start for ch in chains for s in ch.spans if s.kind == "unscored"),
         breaks=[ChainBreak(call_index=ch.call_indices[0], chain=ch.index, reason=ch.start_reason)
                 for ch in chains[1:]],
-        policy_versions=sorted({c.policy_version for c in calls if c.policy_version is not None and not is_failed(c)}),
+        policy_versions=sorted({v for c in answered for v in sampled_by(c)}),
+        context_only_turns=sum(1 for c in answered if not scored(c)),
+        unversioned_calls=sum(1 for c in answered if c.policy_version is None),
+        single_call=sum(1 for c in answered if c.origin not in ("tool", "unknown")) == 1,
     )
     meta = dict(session.metadata)
+    meta.setdefault("logprobs_mode", session.logprobs_mode)  # the proxy's start-up probe of its backend
     if status is None:
         status = "completed" if session.status == "open" else session.status
     if error is None and status == "error":
@@ -184,11 +201,11 @@ def _extend(chain: Chain, call: CallRecord) -> None:
 def _add_sampled(chain: Chain, call: CallRecord) -> None:
     start = len(chain.input_ids)
     n = len(call.sampled_ids)
-    scored = len(call.logprobs) == n and all(map(math.isfinite, call.logprobs))
+    ok = scored(call)
     chain.input_ids.extend(call.sampled_ids)
-    chain.loss_mask.extend([1 if scored else 0] * n)
-    chain.logprobs.extend(call.logprobs if scored else [0.0] * n)
-    chain.spans.append(_span(start, start + n, "sampled" if scored else "unscored", call.call_index))
+    chain.loss_mask.extend([1 if ok else 0] * n)
+    chain.logprobs.extend(call.logprobs if ok else [0.0] * n)
+    chain.spans.append(_span(start, start + n, "sampled" if ok else "unscored", call.call_index))
 
 
 def _span(start: int, end: int, kind: SpanKind, call_index: int) -> Span:
@@ -210,7 +227,10 @@ def _summary(call: CallRecord, chain: int | None, by_index: dict[int, CallRecord
         chain=chain, parent_call_index=call.parent_call_index, messages_offset=offset,
         new_messages=call.messages[offset:], output=call.output, finish_reason=call.finish_reason,
         prompt_tokens=len(call.prompt_ids), sampled_tokens=len(call.sampled_ids), flags=list(call.flags),
-        error=call.error, timings=dict(call.timings), policy_version=call.policy_version, origin=call.origin,
+        error=call.error, timings=dict(call.timings), policy_version=call.policy_version,
+        requested_sampling=dict(call.requested_sampling),
+        sampling=call.sampling.model_dump(exclude={"stop_token_ids"}) if call.output is not None else {},
+        version_source=call.version_source, origin=call.origin,
     )
 
 

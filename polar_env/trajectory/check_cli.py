@@ -24,6 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "as the run's other tasks)")
     parser.add_argument("--max-diff", type=float, default=1e-3,
                         help="re-score max |diff| above this is a defect (default 1e-3)")
+    parser.add_argument("--device", default="cpu", help="where --rescore runs the model (cpu, cuda)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     if args.rescore:
         from polar_env.backends.local import LocalBackend
 
-        scorer = LocalBackend.from_pretrained(args.rescore)  # float32, the same code that sampled
+        scorer = LocalBackend.from_pretrained(args.rescore, device=args.device)  # float32, the code that samples locally
         tokenizer = scorer.tokenizer
     if args.tokenizer:
         from transformers import AutoTokenizer

@@ -439,7 +439,10 @@ def check_path(path: Path, *, tokenizer: Decoder | None = None, scorer: Scorer |
             report.defects += [f"line {number}: {d}" for d in check_nemo_result(obj)]
         _check_groups([(_nemo_group(obj), obj) for _, obj in rows], report, tokenizer, samples=samples,
                       reached=lambda o: (o.get("polar") or {}).get("first_prompt") != "none")
-        _note_policy_versions([(obj.get("polar") or {}).get("policy_versions") or [] for _, obj in rows], report)
+        _note_policy_versions([((obj.get("polar") or {}).get("policy_versions") or [],
+                                int(obj.get("unversioned_calls") or 0)) for _, obj in rows], report)
+        _note_capture_rules([(int(o.get("single_call") or 0), int(o.get("context_only_turns") or 0),
+                              bool((o.get("instance_config") or {}).get("mask_sample"))) for _, o in rows], report)
         # each result carries its episode's trainable tokens in every chain and in the main chain
         numbers = [o for _, o in rows if all(_finite_number(o.get(k)) for k in
                                                ("sampled_tokens", "trainable_tokens", "all_chains_trainable_fraction"))]
@@ -481,7 +484,8 @@ def _check_trajectories(trajs: list[Trajectory], report: CheckReport, tokenizer:
     report.exploits = exploits.report_lines(trajs)
     _check_groups([(t.group_id, t) for t in trajs], report, tokenizer, samples=samples,
                   reached=lambda t: t.main_chain is not None)
-    _note_policy_versions([t.stats.policy_versions for t in trajs], report)
+    _note_policy_versions([(t.stats.policy_versions, t.stats.unversioned_calls) for t in trajs], report)
+    _note_capture_rules([(int(t.stats.single_call), t.stats.context_only_turns, t.masked) for t in trajs], report)
     if thin := thin_groups(t for t in trajs if t.group_id is not None):
         report.warnings.append(f"{len(thin)} group(s) with fewer than 2 unmasked samples train nothing: "
                                + ", ".join(f"{key} ({n})" for key, n in thin.items()))
@@ -500,10 +504,17 @@ def _note_history_thinking(trajs: list[Trajectory], report: CheckReport) -> None
                             + ", ".join(f"{s} x{n}" for s, n in per.items()))
 
 
-def _note_policy_versions(per_episode: list[list[int]], report: CheckReport) -> None:
-    """Per run: how many policy versions sampled each episode, and how far its oldest is behind the newest."""
-    known = [v for v in per_episode if v]
+def _note_policy_versions(per_episode: list[tuple[list[int], int]], report: CheckReport) -> None:
+    """Per run: how many policy versions sampled each episode, and how far its oldest is behind the newest;
+    calls no version is known for are counted, so "no versions" never reads as "no spread"."""
+    known = [v for v, _ in per_episode if v]
+    unversioned = sum(n for _, n in per_episode)
+    episodes = sum(1 for _, n in per_episode if n)
     if not known:
+        if unversioned:
+            report.notes.append(f"policy versions: none recorded ({unversioned} answered call(s) in {episodes} "
+                                "episode(s) unversioned: the inference server reports no weight version and no "
+                                "trainer set one), so whether an episode spans an update is unknown (docs/nemo.md)")
         return
     newest = max(v[-1] for v in known)
     spreads = [v[-1] - v[0] for v in known]
@@ -511,7 +522,24 @@ def _note_policy_versions(per_episode: list[list[int]], report: CheckReport) -> 
     report.notes.append(
         f"policy versions {min(v[0] for v in known)}..{newest} over {len(known)} episode(s): spread within an "
         f"episode max {max(spreads)}, {sum(s > 0 for s in spreads)} span an update; lag behind the newest "
-        f"max {max(lags)}, mean {sum(lags) / len(lags):.2f}")
+        f"max {max(lags)}, mean {sum(lags) / len(lags):.2f}"
+        + (f"; {unversioned} answered call(s) in {episodes} episode(s) unversioned" if unversioned else ""))
+
+
+def _note_capture_rules(per_episode: list[tuple[int, int, bool]], report: CheckReport) -> None:
+    """OpenEnv RFC 006's capture rules, counted: agentic rollouts of one model call (degenerate; masked
+    only where the run asked, ``--mask-single-call``) and turns kept as context for want of aligned logprobs."""
+    single = [masked for one, _, masked in per_episode if one]
+    if single:
+        unmasked = sum(not m for m in single)
+        report.warnings.append(
+            f"{len(single)} rollout(s) made a single model call (a degenerate agentic rollout, OpenEnv RFC 006): "
+            + (f"{unmasked} of them trained on (mask them with --mask-single-call / mask_single_call)" if unmasked
+               else "all masked"))
+    turns = sum(n for _, n, _ in per_episode)
+    if turns:
+        report.notes.append(f"{turns} turn(s) in {sum(1 for _, n, _ in per_episode if n)} episode(s) had no aligned "
+                            "logprobs: kept as context (loss mask 0), never trained on")
 
 
 def _warn_side_chains(report: CheckReport, side: int, total: int, what: str) -> None:

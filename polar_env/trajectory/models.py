@@ -84,7 +84,12 @@ class CallSummary(BaseModel):
     flags: list[str] = Field(default_factory=list)
     error: str | None = None
     timings: dict[str, float] = Field(default_factory=dict)
-    policy_version: int | None = None  # the weights' version that sampled it (None: the proxy was not told)
+    # what the harness asked for (temperature, top_p, top_k, max_tokens, stop): its narrowing knobs are
+    # never applied (flag ``neutralised:...``); ``sampling`` is what the backend was sent
+    requested_sampling: dict[str, Any] = Field(default_factory=dict)
+    sampling: dict[str, Any] = Field(default_factory=dict)
+    policy_version: int | None = None  # the weights' version that sampled it (None: unversioned)
+    version_source: str | None = None  # server (its weight label) | trainer (set at the proxy) | None
     origin: str | None = None  # harness | tool | unknown (the forwarder's proof); None: not tagged
 
 
@@ -98,6 +103,13 @@ class TrajectoryStats(BaseModel):
     main_chain_tokens: int  # trainable tokens of the main chain (what the NeMo-RL export trains)
     masked_tokens: int  # chain positions with loss mask 0 (prompts, interstitials, unscored)
     unscored_tokens: int  # sampled tokens masked because their logprobs were missing or not finite
+    # answered calls whose logprobs were missing, misaligned or not finite: their turns are context (mask 0)
+    context_only_turns: int = 0
+    # answered calls no version is known for (the server reports none and no trainer set one)
+    unversioned_calls: int = 0
+    # the harness made one answered model call: a degenerate agentic rollout (OpenEnv RFC 006), flagged
+    # by polar check and masked where the run asks (--mask-single-call)
+    single_call: bool = False
     breaks: list[ChainBreak] = Field(default_factory=list)
     # distinct policy versions that sampled the episode's calls, ascending (two or more: it spans a weight update)
     policy_versions: list[int] = Field(default_factory=list)

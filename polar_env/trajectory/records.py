@@ -7,6 +7,7 @@ builder, exporters). Session keys never appear here.
 from __future__ import annotations
 
 import hashlib
+import re
 import sys
 from array import array
 from collections.abc import Sequence
@@ -105,6 +106,12 @@ class PromptIds(Sequence[int]):
 # a call flag (``CallFields.flags``): the engine kept the history's thinking past a new user turn
 # (docs/proxy.md); ``polar check`` counts it
 HISTORY_THINKING_KEPT = "history_thinking_kept"
+# a call flag: the inference server's weight label moved while the call generated (proxy/policy.py)
+WEIGHTS_CHANGED = "weights_changed_during_call"
+# a call flag: the backend's logprobs were missing, not one per sampled token, or not finite: the turn is
+# context (loss mask 0), counted as stats.context_only_turns (OpenEnv RFC 006)
+LOGPROBS_UNALIGNED = "logprobs_unaligned"
+VERSION_LABEL = re.compile(r"[0-9]{1,18}")  # a server's weight label that is a version number
 
 
 class CallFields(BaseModel):
@@ -140,8 +147,12 @@ class CallFields(BaseModel):
     prompt_sha256: str = ""
     # leading messages equal to the parent's first ones (the writer's claim, from its prefix match)
     reused_messages: int = 0
-    # the version of the weights that sampled this call (the trainer's, proxy/policy.py); None: not told
+    # the version of the weights that sampled this call: the inference server's numeric label when it
+    # gives one, else the trainer's (proxy/policy.py); None: unversioned (docs/nemo.md says where no source exists)
     policy_version: int | None = None
+    version_source: Literal["server", "trainer"] | None = None
+    # the labels the server gave the weights that sampled it (two when they changed during the call)
+    weight_versions: list[str] = Field(default_factory=list)
     # who made the call, as the sandbox's forwarder proved it (sandbox/forwarder.py): the harness, a tool
     # process, or unknown (untagged in a session that expects tags); None: the session is not tagged
     origin: Literal["harness", "tool", "unknown"] | None = None

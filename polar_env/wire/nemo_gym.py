@@ -108,6 +108,9 @@ class RunResult(Row):
     trainable_fraction: float  # the main chain's share of all sampled tokens
     all_chains_trainable_fraction: float
     unscored_tokens: int
+    context_only_turns: int  # answered calls without aligned logprobs: kept as context, mask 0
+    unversioned_calls: int  # answered calls no weight version is known for (docs/nemo.md)
+    single_call: int  # 1 when the harness made one answered call (a degenerate agentic rollout)
     timed_out: bool
     errored: bool
     failure_kind: str | None  # ``polar:<kind>``; null for a clean run

@@ -12,11 +12,12 @@ The logic lives in ``polar_env.agent_server.core``.
 
 from __future__ import annotations
 
+import hmac
 import json
 from typing import Any
 
 from aiohttp import ClientResponseError
-from fastapi import Body, FastAPI, HTTPException, Response
+from fastapi import Body, Depends, FastAPI, Header, HTTPException, Response
 from fastapi.responses import JSONResponse
 from nemo_gym.base_resources_server import BaseRunRequest
 from nemo_gym.base_responses_api_agent import BaseResponsesAPIAgentConfig, SimpleResponsesAPIAgent
@@ -109,12 +110,20 @@ class PolarAgentServer(SimpleResponsesAPIAgent):
         app = super().setup_webserver()
         # the proxy binds to the serving event loop: start the agent there, and stop it with the server
         add_lifespan_hooks(app, start=self._start_agent, stop=self._stop_agent)
-        # the trainer's weight sync (docs/training.md): the version every call records, and the fence
-        app.get("/polar/policy")(self.policy_state)
-        app.post("/polar/policy")(self.set_policy)
-        app.post("/polar/pause")(self.pause)
-        app.post("/polar/resume")(self.resume)
+        # the trainer's weight sync (docs/training.md): the version every call records, and the fence;
+        # only with the admin secret (the agent's config, $POLAR_ADMIN_SECRET, or the file printed at start)
+        admin = [Depends(self._require_admin)]
+        app.get("/polar/policy", dependencies=admin)(self.policy_state)
+        app.post("/polar/policy", dependencies=admin)(self.set_policy)
+        app.post("/polar/pause", dependencies=admin)(self.pause)
+        app.post("/polar/resume", dependencies=admin)(self.resume)
         return app
+
+    async def _require_admin(self, authorization: str = Header(default="")) -> None:  # noqa: B008
+        secret = self._agent.admin_secret if self._agent is not None else ""
+        given = authorization[7:].strip() if authorization.lower().startswith("bearer ") else ""
+        if not secret or not hmac.compare_digest(given.encode(), secret.encode()):
+            raise HTTPException(status_code=401, detail="the /polar routes require the admin secret as Bearer token")
 
     def _fence(self) -> PolicyFence:
         if self._agent is None:
@@ -142,8 +151,11 @@ class PolarAgentServer(SimpleResponsesAPIAgent):
         agent = PolarAgent(self.config)
         await agent.start()
         self._agent = agent
+        where = (f"in {agent.admin_secret_file}" if agent.admin_secret_file is not None
+                 else "from the config or $POLAR_ADMIN_SECRET")
         print(f"polar agent ready: harness {agent.adapter.name}, proxy on {agent.proxy.unix_socket}, "
-              f"policy {self.config.policy_base_url} ({self.config.backend})", flush=True)
+              f"policy {self.config.policy_base_url} ({self.config.backend}); /polar/* admin secret {where}",
+              flush=True)
 
     async def _stop_agent(self) -> None:
         if self._agent is not None:
