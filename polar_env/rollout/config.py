@@ -31,7 +31,7 @@ class RolloutConfig(BaseModel):
     tool_format: Literal["hermes", "qwen3_coder"] | None = None
     enable_thinking: bool | None = None  # the template's flag; None: its own default (docs/proxy.md)
     history_thinking: Literal["keep", "drop"] = "keep"  # a new user turn after thinking turns (docs/proxy.md)
-    samples: int = 1  # GRPO group size
+    samples: int = Field(default=1, ge=1)  # GRPO group size
     concurrency: int = Field(default=1, ge=1)  # run slots, by their old name (--run-slots wins)
     run_slots: int | None = Field(default=None, ge=1)  # model calls at once (the inference concurrency)
     prepare_slots: int | None = Field(default=None, ge=1)  # workspaces opened / harnesses started at once
@@ -54,6 +54,10 @@ class RolloutConfig(BaseModel):
     train_paths: str = "all"  # which chains become training rows: all | main | final | module:function
     # an episode starts only while the policy lag is within this many versions (None: no bound)
     max_staleness: int | None = Field(default=None, ge=0)
+    # watching the run (docs/rollout.md "Watching a run"): where /metrics is served, where per-round figures go
+    metrics_port: str | None = None  # PORT or HOST:PORT
+    report_to: list[Literal["tensorboard", "wandb"]] = []
+    gpus: int | None = Field(default=None, ge=1)  # the backend's GPUs: the accepted work per GPU-hour
 
     @field_validator("train_paths")
     @classmethod

@@ -34,6 +34,7 @@ class RolloutPlan:
     lookahead: int | None = None
     collapsed: bool = False
     grade_in_processes: bool = True
+    gpus: int | None = None  # the GPUs the backend holds, when known: the accepted work per GPU-hour
 
     def __post_init__(self) -> None:
         for name in ("run_slots", "prepare_slots", "grade_slots", "lookahead"):
@@ -72,7 +73,7 @@ def plan_from_config(config: RolloutConfig) -> RolloutPlan:
                                              model_name=config.model_name, sandbox=config.sandbox,
                                              outcomes=config.outcomes(), budget=config.budget(),
                                              reward_key=config.reward_key),
-                       max_staleness=config.max_staleness, train_paths=config.train_paths)
+                       max_staleness=config.max_staleness, train_paths=config.train_paths, gpus=config.gpus)
 
 
 def episode_key(task_id: str, sample: int) -> str:
