@@ -26,7 +26,7 @@ from nemo_gym.rollout_correlation import maybe_rollout_id_from_run_body
 from nemo_gym.server_utils import raise_for_status
 from pydantic import ConfigDict, PrivateAttr
 
-from polar_env import fastjson
+from polar_env import fastjson, metrics
 from polar_env.agent_server.core import InputError, PolarAgent, PolarAgentConfig
 from polar_env.agent_server.observations import plain_items
 from polar_env.episodes.workspace import WorkspaceMounts
@@ -114,7 +114,11 @@ class PolarAgentServer(SimpleResponsesAPIAgent):
         app.post("/polar/policy")(self.set_policy)
         app.post("/polar/pause")(self.pause)
         app.post("/polar/resume")(self.resume)
+        app.get("/metrics")(self.metrics)  # Prometheus scrapes the agent (polar_env/metrics.py)
         return app
+
+    async def metrics(self) -> Response:
+        return Response(metrics.exposition(), media_type=metrics.CONTENT_TYPE)
 
     def _fence(self) -> PolicyFence:
         if self._agent is None:
