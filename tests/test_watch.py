@@ -184,8 +184,8 @@ def test_a_live_rollout_is_scraped_twice_and_reports_to_tensorboard(tmp_path):
     out, log = tmp_path / "run", tmp_path / "rollout.log"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with log.open("w") as sink:
-        proc = subprocess.Popen([sys.executable, "-m", "polar_env.cli", "rollout", "--policy", "gold-steps",
-                                 "--task-ids", "pallets__flask-5014", "--samples", "2", "--concurrency", "1",
+        proc = subprocess.Popen([sys.executable, "-m", "polar_env.cli", "rollout", "--policy", "gold",
+                                 "--task-ids", "pallets__flask-5014", "--samples", "2", "--concurrency", "2",
                                  "--metrics-port", "0", "--report-to", "tensorboard", "--out", str(out)],
                                 cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT)
     try:
@@ -208,12 +208,13 @@ def test_a_live_rollout_is_scraped_twice_and_reports_to_tensorboard(tmp_path):
                  "polar_model_call_duration_seconds_count"):
         assert value(second, name, api="chat") > value(first, name, api="chat") > 0, name
     assert value(second, "polar_model_call_duration_seconds_bucket", api="chat", le="+Inf") >= 2
+    assert value(second, "polar_run_slot_wait_seconds_count") >= 2  # every call passed the run slots
     assert 0.0 < value(second, "polar_inference_busy_fraction") <= 1.0
-    assert value(second, "polar_inference_slots") == 1
+    assert value(second, "polar_inference_slots") == 2
     assert sum(value(second, "polar_episodes_in_stage", stage=s) for s in ("prepare", "wait", "run", "finish")) >= 1
     summary = json.loads((out / "summary.json").read_text())
     work = summary["accepted_work"]
-    assert summary["resolved"] == 2 and work["accepted_episodes"] == 2 and work["run_slots"] == 1
+    assert summary["resolved"] == 2 and work["accepted_episodes"] == 2 and work["run_slots"] == 2
     assert work["accepted_trainable_tokens"] == summary["trainable_tokens"] > 0
     assert work["accepted_tokens_per_hour"] > 0 and work["drop_fraction"] == 0.0
     # the run's figures in TensorBoard, under summary.json's keys, read by TensorBoard's own reader
