@@ -27,9 +27,12 @@ KEYS = ("overhead_p50_ms_16k", "overhead_p99_ms_16k", "overhead_p50_ms_16k_litel
         "ledger_bytes_per_token",
         "build_export_ms_100k", "export_json_ms_100k", "proxy_rss_mb_1024_sessions",
         "pipeline_busy_fraction_staged", "pipeline_busy_fraction_collapsed", "pipeline_episodes_per_hour_ratio",
-        "shapes_typed_vs_dicts", "shapes_pydantic_vs_dicts", "proxy_cpu_ms_per_call_2k", "proxy_cpu_ms_per_call_16k")
+        "shapes_typed_vs_dicts", "shapes_pydantic_vs_dicts", "proxy_cpu_ms_per_call_2k", "proxy_cpu_ms_per_call_16k",
+        "pipeline_accepted_tokens_per_run_slot_hour_staged", "pipeline_accepted_tokens_per_run_slot_hour_collapsed")
 FULL_RUN_ONLY = ("proxy_rss_mb_1024_sessions", "ratio_polar_litellm_64k", "ratio_polar_litellm_128k",
-                 "pipeline_busy_fraction_staged", "pipeline_busy_fraction_collapsed", "pipeline_episodes_per_hour_ratio")
+                 "pipeline_busy_fraction_staged", "pipeline_busy_fraction_collapsed", "pipeline_episodes_per_hour_ratio",
+                 "pipeline_accepted_tokens_per_run_slot_hour_staged",
+                 "pipeline_accepted_tokens_per_run_slot_hour_collapsed")
 RATIO_SIZES = {"2k": 2000, "16k": 16000, "64k": 64000, "128k": 128000}
 WORKERS = 2  # the multi-process layout measured beside one process (polar proxy serve --workers 2)
 
@@ -213,6 +216,8 @@ def figure_keys(f: dict[str, Any]) -> dict[str, float | None]:
         "shapes_pydantic_vs_dicts": f.get("shapes", {}).get("pydantic_models_vs_dicts"),
         **{f"proxy_cpu_ms_per_call_{name}": sizes.get(str(RATIO_SIZES[name]), {}).get("paths", {}).get(
             "polar", {}).get("cpu_ms_per_call") for name in ("2k", "16k")},
+        **{f"pipeline_accepted_tokens_per_run_slot_hour_{driver}": pipe.get(driver, {}).get("accepted_work", {}).get(
+            "accepted_tokens_per_run_slot_hour") for driver in ("staged", "collapsed")},
     }
     assert tuple(keys) == KEYS
     return keys

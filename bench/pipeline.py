@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from polar_env.backends.simulated import CallSpan
+from polar_env.trajectory.accepted import accepted_work
 
 RUN_SLOTS = 4
 PER_TOKEN_S = 0.02  # a 100-token answer takes 2 s
@@ -117,6 +118,8 @@ async def run_driver(name: str, plan: Any, factory: Any, backend: Any) -> dict[s
             "before_first_call_s": min(c.start for c in backend.trace) - t0,
             "after_last_call_s": t0 + wall - max(c.end for c in backend.trace),
             "stages_mean_s": stage_split(trajectories),
+            # what the trainer keeps, per hour and run slot (summary.json's accepted_work: trajectory/accepted.py)
+            "accepted_work": accepted_work(trajectories),
             "episode_s": _mean([t.metadata.get("duration_s", 0.0) for t in trajectories]),
             "machine_cpu_busy": (cpu1[0] - cpu0[0]) / max(1, cpu1[1] - cpu0[1]),
             "load_avg_before": list(load0), "load_avg_after": list(os.getloadavg())}

@@ -32,6 +32,10 @@ STATED = (
     ("proxy_rss_mb_1024_sessions", "proxy RSS at 1,024 open sessions (MB)"),
     ("calls_per_s_256_sessions_workers_2", "calls/s, `polar proxy serve --workers 2`, 256 sessions (0 errors)"),
     ("pipeline_busy_fraction_collapsed", "inference busy fraction, collapsed driver, run slots 4"),
+    ("pipeline_accepted_tokens_per_run_slot_hour_staged",
+     "accepted trainable tokens per run-slot hour, staged driver, run slots 4"),
+    ("pipeline_accepted_tokens_per_run_slot_hour_collapsed",
+     "accepted trainable tokens per run-slot hour, collapsed driver, run slots 4"),
 )
 
 
@@ -359,6 +363,19 @@ def _pipeline(p: dict[str, Any]) -> list[str]:
     for key, label in PIPELINE_STAGES:
         out.append(f"| {label} | " + " | ".join(_f(d["stages_mean_s"].get(key)) for d in drivers.values()) + " |")
     out.append("| whole episode | " + " | ".join(_f(d["episode_s"]) for d in drivers.values()) + " |")
+    if all("accepted_work" in d for d in drivers.values()):
+        out += ["", "**Accepted work** (summary.json's `accepted_work`, trajectory/accepted.py): trainable tokens of "
+                "the episodes the trainer keeps (unmasked, in a group with two or more unmasked samples), per hour "
+                "of the episodes' spans and per run slot; the dropped (masked or thin-group) and stale (sampled "
+                "by an older policy than the newest) fractions beside it. The backend's GPUs are not known here "
+                "(a simulated server), so there is no per-GPU-hour figure.", "",
+                "| driver | accepted episodes | accepted tokens | accepted tokens/hour | per run-slot hour "
+                "| drop fraction | stale fraction |", "|---|---|---|---|---|---|---|"]
+        for name, d in drivers.items():
+            w = d["accepted_work"]
+            out.append(f"| {name} | {w['accepted_episodes']} of {w['episodes']} | {w['accepted_trainable_tokens']:,} | "
+                       f"{_f(w['accepted_tokens_per_hour'], 0)} | {_f(w['accepted_tokens_per_run_slot_hour'], 0)} | "
+                       f"{_f(w['drop_fraction'])} | {_f(w['stale_fraction'])} |")
     return [*out, "", *_pipeline_why(drivers), ""]
 
 

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -46,6 +49,28 @@ def write_viewer(out: Path) -> Path | None:
     return page if write_view(out / "trajectories.jsonl", page) else None
 
 
+def polar_command() -> str:
+    """How to run ``polar`` again from this shell: ``polar`` where that is this program on PATH, else
+    the path it was started by (``.venv/bin/polar`` from scripts/demo.sh), or ``python -m``."""
+    me = Path(sys.argv[0])
+    if me.name != "polar":
+        return f"{os.path.relpath(sys.executable)} -m polar_env.cli"
+    on_path = shutil.which("polar")
+    return "polar" if on_path is not None and Path(on_path).resolve() == me.resolve() else str(me)
+
+
+def deadline_hint(config: RolloutConfig, trajectories: list) -> str:
+    """Why a masked deadline can happen in a demo, with the numbers that caused it (empty otherwise)."""
+    from polar_env.outcomes import FailureKind
+
+    if not any(t.failure_kind is FailureKind.deadline_backend for t in trajectories):
+        return ""
+    return (f"deadline_backend: each episode had {config.timeout:g} s (--timeout) with the model answering at most "
+            f"{config.max_tokens} tokens a call (--max-tokens), and the embedded model on this machine's CPU was "
+            "slower than that allows (other jobs share the cores?). Such an episode is masked, not scored 0; "
+            "run again with a larger --timeout to let it finish.")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -56,9 +81,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from polar_env.harness_adapters.registry import get_adapter
-    from polar_env.rollout.outputs import finish_outputs, summarize, summary_table, time_split
+    from polar_env.rollout.outputs import finish_outputs, masked_lines, summarize, summary_table, time_split
     from polar_env.rollout.plan import plan_from_config
     from polar_env.rollout.runner import prepare, proxy_factory, run_rollouts
+    from polar_env.rollout.watch import Watch, WatchUnavailable
 
     preset = QUICK if args.quick else FULL  # explicit flags win over either preset
     if args.timeout is None:
@@ -76,8 +102,20 @@ def run(args: argparse.Namespace) -> int:
     print(f"polar demo: {len(plan.tasks)} bundled task(s) x {plan.samples} sample(s), harness {config.harness}, "
           f"run slots {plan.run_slots}, out {plan.out}", flush=True)
     prepare(plan)
-    trajectories = asyncio.run(run_rollouts(plan, proxy_factory(config, tasks=plan.tasks)))
-    summary = finish_outputs(plan.out, trajectories)
+    try:
+        watch = Watch(config, plan.out, "polar demo")
+    except WatchUnavailable as exc:
+        print(f"polar demo: {exc}", file=sys.stderr)
+        return 2
+    with watch:
+        try:
+            trajectories = asyncio.run(run_rollouts(plan, proxy_factory(config, tasks=plan.tasks)))
+        except KeyboardInterrupt:
+            print(f"\ninterrupted: the finished episodes are in {plan.out}; run the same command again to do the "
+                  "others", file=sys.stderr)
+            return 130
+        summary = finish_outputs(plan.out, trajectories)
+        watch.report(summary, step=len(trajectories))
     page = write_viewer(plan.out)
     model = ", ".join(summary["models"]) or EMBEDDED_MODEL_NAME
     print()
@@ -89,9 +127,12 @@ def run(args: argparse.Namespace) -> int:
           f"sampled {s['sampled_tokens']}  trainable {s['trainable_tokens']}  chains {s['chains']}  "
           f"time {time.monotonic() - started:.0f}s")
     print(time_split(trajectories))
+    for extra in (masked_lines(trajectories), deadline_hint(config, trajectories)):
+        if extra:
+            print(extra)
     print(f"model:  {model} via the {', '.join(s['backends'])} backend")
     print(f"policy: {policy_label(config, model)}")
     print(f"outputs: {plan.out}/trajectories.jsonl, nemo_results.jsonl, grpo_batch.jsonl, summary.json"
           + (f", {page}" if page else ""))
-    print(f"check them: polar check {plan.out}/nemo_results.jsonl --samples {plan.samples}")
+    print(f"check them: {polar_command()} check {plan.out}/nemo_results.jsonl --samples {plan.samples}")
     return 0

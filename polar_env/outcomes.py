@@ -177,20 +177,49 @@ def classify_episode(status: HarnessStatus, calls: Sequence[CallView], *, deadli
     return FailureKind.none
 
 
+def _in_flight(calls: Sequence[CallView], deadline_at: float) -> list[CallView]:
+    """The calls still running at the deadline."""
+    return [c for c in calls if c.created_at <= deadline_at
+            and (c.output is None and c.failure_kind is None
+                 or c.created_at + c.timings.get("total_ms", 0.0) / 1e3 >= deadline_at)]
+
+
+def _sampling_rate(calls: Sequence[CallView]) -> tuple[int, float]:
+    """(tokens, seconds) the backend sampled over the answered calls."""
+    answered = [c for c in calls if c.output is not None]
+    return sum(len(c.sampled_ids) for c in answered), sum(c.timings.get("generate_ms", 0.0) for c in answered) / 1e3
+
+
 def deadline_cause(calls: Sequence[CallView], deadline_at: float, min_tokens_per_s: float) -> FailureKind:
     """Harness stuck (no model call in flight at the deadline), backend slow (the session's calls
     sampled below ``min_tokens_per_s``), or the policy still sampling (anything else)."""
-    in_flight = [c for c in calls if c.created_at <= deadline_at
-                 and (c.output is None and c.failure_kind is None
-                      or c.created_at + c.timings.get("total_ms", 0.0) / 1e3 >= deadline_at)]
-    if not in_flight:
+    if not _in_flight(calls, deadline_at):
         return FailureKind.deadline_harness
-    answered = [c for c in calls if c.output is not None]
-    seconds = sum(c.timings.get("generate_ms", 0.0) for c in answered) / 1e3
-    tokens = sum(len(c.sampled_ids) for c in answered)
-    if not answered or seconds <= 0 or tokens / seconds < min_tokens_per_s:
+    tokens, seconds = _sampling_rate(calls)
+    if seconds <= 0 or tokens / seconds < min_tokens_per_s:
         return FailureKind.deadline_backend
     return FailureKind.deadline_sampling
+
+
+DEADLINE_KINDS = frozenset({FailureKind.deadline_harness, FailureKind.deadline_backend, FailureKind.deadline_sampling})
+
+
+def explain_deadline(kind: FailureKind, calls: Sequence[CallView], deadline_at: float,
+                     min_tokens_per_s: float) -> str:
+    """One sentence on why a deadline was classified ``kind``: the call in flight and the backend's rate."""
+    in_flight = _in_flight(calls, deadline_at)
+    call = f"model call #{in_flight[0].call_index} was in flight" if in_flight else "no model call was in flight"
+    if kind is FailureKind.deadline_harness:
+        return f"{kind.value}: {call} at the deadline (the harness or its tools held the clock); graded"
+    tokens, seconds = _sampling_rate(calls)
+    rate = (f"the backend sampled {tokens} tokens in {seconds:.1f} s of generation ({tokens / seconds:.1f} "
+            f"tokens/s)" if seconds > 0 else "the backend had answered no call yet (e.g. still prefilling the "
+            "first prompt)")
+    if kind is FailureKind.deadline_backend:
+        return (f"{kind.value}: {call} at the deadline and {rate}, under the {min_tokens_per_s:g} tokens/s floor "
+                "(--min-backend-tokens-per-s): a backend too slow for the deadline, not the policy's doing, so "
+                "the sample is masked; on a slow machine raise --timeout (or lower --max-tokens)")
+    return f"{kind.value}: {call} at the deadline and {rate}: the policy was still sampling; graded"
 
 
 def final_kind(episode: FailureKind, graded: FailureKind | None, resolved: bool) -> FailureKind:

@@ -91,7 +91,10 @@ def _driver(name: str, eph: float) -> dict:
             "mean_calls_in_flight": 2.0, "backend_calls": 100, "tokens_per_call": 90.0, "seconds_per_call": 1.8,
             "stages_mean_s": {"model_s": 9.0, "grade_s": 3.0}, "episode_s": 17.0, "machine_cpu_busy": 0.6,
             "before_first_call_s": 2.0, "after_last_call_s": 9.0,
-            "load_avg_before": [1.0, 1.0, 1.0], "load_avg_after": [3.0, 2.0, 1.0]}
+            "load_avg_before": [1.0, 1.0, 1.0], "load_avg_after": [3.0, 2.0, 1.0],
+            "accepted_work": {"episodes": 20, "accepted_episodes": 18, "accepted_trainable_tokens": 9000,
+                              "accepted_tokens_per_hour": eph * 450, "accepted_tokens_per_run_slot_hour": eph * 112.5,
+                              "drop_fraction": 0.1, "stale_fraction": None}}
 
 
 def test_an_only_run_replaces_its_families_and_keeps_the_others() -> None:
@@ -121,3 +124,6 @@ def test_an_only_run_replaces_its_families_and_keeps_the_others() -> None:
     # the whole job's ratio against the steady state's: 100 calls x 1.8 s / 4 slots = 45 s of a 100 s wall
     assert "staged / collapsed: 2.00 over the whole job" in text and "takes 45.0 s at full run slots" in text
     assert "55.0 s of a 20-episode job" in text and "run-stage entries/hour, 2.00" in text
+    # the accepted-work figure: a table row per driver, and its headline key per driver
+    assert "| staged | 18 of 20 | 9,000 | 360,000 | 90,000 | 0.10 | null |" in text
+    assert merged["keys"]["pipeline_accepted_tokens_per_run_slot_hour_collapsed"] == 45000.0

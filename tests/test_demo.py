@@ -4,7 +4,10 @@ with the gold-replay policy the same pipeline earns reward 1.0 from real grading
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +18,7 @@ from polar_env.harness_adapters.registry import shell_tools
 from polar_env.tasks.loader import load_tasks
 from polar_env.trajectory.export import read_trajectories
 
+REPO = Path(__file__).resolve().parents[1]
 needs_sandbox = pytest.mark.skipif(shutil.which("bwrap") is None or shutil.which("npm") is None,
                                    reason="needs bubblewrap and npm")
 
@@ -37,17 +41,32 @@ def test_gold_default_budget_holds_every_bundled_gold_call(quick, renderer):
 @pytest.mark.slow
 @needs_sandbox
 @pytest.mark.parametrize("policy", ["model", "gold"])
-def test_quick_demo_outputs_pass_polar_check(policy, tmp_path, capsys):
+def test_quick_demo_outputs_pass_polar_check(policy, tmp_path):
     out = tmp_path / "demo"
-    assert polar_main(["demo", "--quick", "--out", str(out), "--policy", policy]) == 0  # as the README writes it
-    printed = capsys.readouterr().out.lower()
+    # as scripts/demo.sh runs it once set up (from a script file, in the clone), with no `polar` on PATH (a fresh
+    # user's shell): its last line must be a command that user can paste as is
+    script = tmp_path / "demo.sh"
+    script.write_text(f".venv/bin/polar demo --quick --out {out} --policy {policy}\n")
+    path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if not (Path(p) / "polar").exists())
+    env = {**os.environ, "PATH": path}
+    run = subprocess.run(["bash", str(script)], cwd=REPO, env=env, capture_output=True, text=True, timeout=3000)
+    assert run.returncode == 0, run.stderr[-3000:]
+    printed = run.stdout.lower()
     assert "model:  smollm2-135m-instruct" in printed and "policy: " in printed
+    last = run.stdout.strip().splitlines()[-1]
+    assert last.startswith("check them: "), last
+    check = subprocess.run(["bash", "-c", last.removeprefix("check them: ")], cwd=REPO, env=env,
+                           capture_output=True, text=True, timeout=600)
+    assert check.returncode == 0, (last, check.stdout[-2000:], check.stderr[-2000:])
     trajectories = list(read_trajectories(out / "trajectories.jsonl"))
     # an episode that failed outside the policy (on a loaded CPU: a deadline the embedded model's speed
     # decided) is a masked, ungraded placeholder (docs/outcomes.md); everything else is graded and trained
     trained = [t for t in trajectories if not t.masked]
     assert len(trajectories) == 2 and all(t.grading and t.stats.trainable_tokens > 0 for t in trained)
     assert all(t.failure_kind.outside_policy and t.grading is None for t in trajectories if t.masked)
+    for t in (t for t in trajectories if t.masked):  # the summary says which episode was masked, and why
+        line = next(x for x in run.stdout.splitlines() if x.strip().startswith(f"{t.session_id}: "))
+        assert t.failure_kind.value in line and "no cause recorded" not in line, line
     for name in ("trajectories.jsonl", "nemo_results.jsonl", "summary.json", "viewer.html",
                  *(["grpo_batch.jsonl"] if trained else [])):
         assert (out / name).stat().st_size > 0, name

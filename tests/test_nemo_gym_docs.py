@@ -1,11 +1,13 @@
 """docs/nemo.md's CPU path, run exactly as written: the block marked ``polar:cpu-run``.
 
-The setup block before it is what CI's scripts/test.sh already ran. The block is run by bash with job control on (``set -m``, as in an interactive shell, where
-``kill -INT %N`` reaches a background job) in a scratch copy of the clone: every top-level entry is a symlink to
-the repository, so the files the commands write (logs, results, .gym-venvs) land in the copy.
-TMPDIR points into the copy too, so whatever the servers leave behind would be found. Then: the
-rollouts pass ``polar check`` and resolve, every log line the page promises appears, Gym's rollout
-health observed its checks, the metrics say what the page says, and nothing is left running.
+The setup block before it is what CI's scripts/test.sh already ran. The block is saved to a file
+and run by bash as a user runs a pasted block from a script (not an interactive shell: nothing
+added, job control only as the block itself turns it on), in a scratch copy of the clone: every
+top-level entry is a symlink to the repository, so the files the commands write (logs, results,
+.gym-venvs) land in the copy. TMPDIR points into the copy too, so whatever the servers leave behind
+would be found. Then: the rollouts pass ``polar check`` and resolve, every log line the page
+promises appears, Gym's rollout health observed its checks, the metrics say what the page says,
+and nothing is left running: no process of the block's session (Ray's included), no sandbox.
 """
 
 from __future__ import annotations
@@ -67,13 +69,15 @@ def test_the_documented_cpu_commands_collect_checked_rollouts(tmp_path: Path):
     env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
     # Ray's own sockets stay under /tmp: AF_UNIX paths under a pytest tmp dir would be too long
     env.update(TMPDIR=str(tmp), RAY_TMPDIR="/tmp", RAY_USAGE_STATS_ENABLED="0")
-    script = documented_block()
+    script = tmp_path / "cpu-run.sh"
+    script.write_text(documented_block())
     output = tmp_path / "out.log"
     with output.open("w") as sink:
-        proc = subprocess.Popen(["bash", "-c", "set -m\n" + script], cwd=clone, env=env, stdout=sink,
+        proc = subprocess.Popen(["bash", str(script)], cwd=clone, env=env, stdout=sink,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True,
                                 preexec_fn=interruptible)
         _wait_or_fail(proc, clone / "gym.log", output)
+    assert proc.returncode == 0, _tail(output)
     out = output.read_text(errors="replace")
     gym_log = (clone / "gym.log").read_text(errors="replace")
     context = f"{out[-4000:]}\n--- gym.log\n{gym_log[-4000:]}"
@@ -105,10 +109,30 @@ def test_the_documented_cpu_commands_collect_checked_rollouts(tmp_path: Path):
     assert re.search(r"polar resources: closed \d+ open episode\(s\) at shutdown", gym_log), context
     assert "policy server ready on http://127.0.0.1:8011" in (clone / "policy.log").read_text()
 
-    # nothing left behind: no sandbox, no temp dir, every server stopped
+    # nothing left behind: no process of the block (Ray's workers have process groups of their own, not
+    # sessions), no sandbox, no temp dir, every server stopped
+    assert _session_left(proc.pid) == []
     assert not [p.name for p in tmp.iterdir() if p.name.startswith("polar-")], list(tmp.iterdir())
     assert sandbox_processes(tmp) == []
     assert all(_port_free(p) for p in PORTS)
+
+
+def _session_left(sid: int, grace_s: float = 30.0) -> list[str]:
+    """The processes still in session ``sid`` after ``grace_s`` (those winding down get that long)."""
+    deadline = time.time() + grace_s
+    while True:
+        left = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[3]) == sid:  # after the command: state, ppid, pgrp, session
+                left.append(f"{pid}: {cmd[:160]}")
+        if not left or time.time() > deadline:
+            return left
+        time.sleep(1)
 
 
 def _wait_or_fail(proc: subprocess.Popen, gym_log: Path, output: Path, timeout_s: float = 1500) -> None:

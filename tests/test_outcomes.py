@@ -21,11 +21,12 @@ from polar_env.outcomes import (
     Outcome,
     OutcomeTable,
     classify_episode,
+    explain_deadline,
     final_kind,
 )
-from polar_env.rollout.outputs import RolloutOutputs, finish_outputs
+from polar_env.rollout.outputs import RolloutOutputs, finish_outputs, masked_lines
 from polar_env.trajectory.chains import build_trajectory
-from polar_env.trajectory.checks import check_nemo_result
+from polar_env.trajectory.checks import check_nemo_result, check_path
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "outcomes.md"
 
@@ -78,6 +79,12 @@ def test_a_deadline_is_classified_by_cause():
     # the floor is the run's to set
     assert classify_episode("timeout", busy, deadline_at=1100.0,
                             min_backend_tokens_per_s=50.0) is FailureKind.deadline_backend
+    # each verdict comes with its evidence, in words
+    assert explain_deadline(FailureKind.deadline_backend, slow, 1100.0, 5.0).startswith(
+        "deadline_backend: model call #2 was in flight at the deadline and the backend sampled 170 tokens in 180.0 s")
+    assert "no model call was in flight" in explain_deadline(FailureKind.deadline_harness, calls, 1100.0, 5.0)
+    assert "had answered no call yet" in explain_deadline(FailureKind.deadline_backend,
+                                                          [timed(cancelled, at=1000.0, total_s=130.0)], 1100.0, 5.0)
 
 
 def test_grading_decides_only_what_the_policy_did():
@@ -203,3 +210,11 @@ async def test_timed_out_episodes_are_masked_not_dropped(tmp_path: Path, embedde
     rows = [json.loads(line) for line in (tmp_path / "out" / "nemo_results.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and all(r["instance_config"]["mask_sample"] for r in rows)
     assert all(check_nemo_result(r) == [] for r in rows)
+    # the quick demo's first hour: the mask says why (the call in flight, the backend's rate, the flag to raise),
+    # and `polar check` does not claim no rollout reached the model when each had a call generating
+    for t in trajectories:
+        assert "deadline_backend: model call #0 was in flight" in t.error and "--timeout" in t.error, t.error
+    assert all(t.session_id in masked_lines(trajectories) for t in trajectories)
+    for name in ("nemo_results.jsonl", "trajectories.jsonl"):
+        (warning,) = [w for w in check_path(tmp_path / "out" / name).warnings if "unusable" in w]
+        assert "2 made a model call that ended unanswered" in warning and "no rollout reached" not in warning

@@ -152,7 +152,7 @@ def test_gold_episode_exports_trains_one_sftrainer_step_and_polar_train_runs(tmp
     run = tmp_path / "train"
     assert polar_main(["train", "--task-ids", "pallets__flask-5014", "--gold", str(out), "--samples", "2",
                        "--grpo-steps", "1", "--sft-epochs", "1", "--max-tokens", "8", "--keep-checkpoints", "1",
-                       "--out", str(run)]) == 0
+                       "--report-to", "tensorboard", "--out", str(run)]) == 0
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     rounds = [m for m in metrics if "mean_reward" in m]
     assert [m["step"] for m in rounds] == [0, 1, 2] and all(m["episodes"] == 2 for m in rounds)
@@ -162,6 +162,16 @@ def test_gold_episode_exports_trains_one_sftrainer_step_and_polar_train_runs(tmp
     assert math.isfinite(update["loss"]) and update["logprob_abs_diff_max"] < 1e-4
     # 8 tokens per call: both episodes unresolved, a uniform group: no advantage, so no update
     assert update["rows"] == 0 and update["frac_reward_zero_std"] == 1.0 and update["weights_max_change"] == 0.0
+    # `--report-to tensorboard`: every metrics.jsonl figure at its step, read by TensorBoard's own reader
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    assert {"mean_reward", "loss", "last_loss", "accepted_work/accepted_tokens_per_hour"} <= set(events.Tags()["scalars"])
+    logged = events.Scalars("mean_reward")
+    assert [e.step for e in logged] == [m["step"] for m in rounds]
+    assert [e.value for e in logged] == pytest.approx([m["mean_reward"] for m in rounds])
+    assert events.Scalars("loss")[0].value == pytest.approx(update["loss"])
     assert (run / "reward.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (run / "checkpoints" / "sft" / "config.json").is_file()
     assert (run / "checkpoints" / "step-1" / "config.json").is_file()

@@ -35,6 +35,7 @@ from polar_env.chat.template import ChatRenderer
 from polar_env.cli import main as polar_main
 from polar_env.rewards.grading import FailureKind, GradeResult
 from polar_env.rewards.patch import ApplyMethod
+from polar_env.rollout.outputs import summarize
 from polar_env.trajectory.chains import build_trajectory
 from polar_env.trajectory.export import TrajectoryWriter, grpo_rows, write_jsonl
 from polar_env.trajectory.ledger import Ledger
@@ -233,6 +234,11 @@ def check_page(page: str, episodes: list[Trajectory], embedded_dir: Path) -> dic
     assert [e["session_id"] for e in index["episodes"]] == [t.session_id for t in episodes]
     assert index["skipped"] and "grpo_batch.jsonl" in index["skipped"][0]
     assert index["models"] == [episodes[0].model] and index["tokenizer"] == embedded_dir.name
+    # the header counts as `polar rollout`/`demo` print (a masked episode is not graded, and is still an episode)
+    cli = summarize(episodes)
+    assert f"{cli['episodes']} episodes · resolved {cli['resolved']}/{cli['episodes']}" in index["headline"]
+    if ungraded := sum(t.grading is None for t in episodes):
+        assert f"({ungraded} not graded" in index["headline"]
     tok = ChatRenderer.from_pretrained(embedded_dir).tokenizer
     for k, traj in enumerate(episodes):
         ep = blocks[f"polar-ep-{k}"]
@@ -429,6 +435,8 @@ async def test_page_in_headless_chromium(proxy_episodes, embedded_dir, tmp_path)
     proc, tools, http = await open_in_chromium(page, tmp_path)
     try:
         assert await tools.eval("document.querySelectorAll('#episodes tbody tr').length") == len(episodes)
+        assert await tools.eval("document.getElementById('summary').textContent") == \
+            json_blocks(page.read_text())["polar-index"]["headline"]
         # the first episode is selected on load: its main chain with one trained span per call
         main = episodes[0].chains[0]
         assert await tools.eval("document.querySelectorAll('#chain-view .seg.sampled').length") == len(main.call_indices)

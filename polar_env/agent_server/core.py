@@ -22,6 +22,7 @@ what is in flight the same way and waits for every settle to finish.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import math
 import os
@@ -38,6 +39,7 @@ from typing import Any, Protocol
 from msgspec import structs
 from pydantic import BaseModel, Field
 
+from polar_env import metrics
 from polar_env.agent_server.failures import COMPONENT, Component, EpisodeFailure, Stage
 from polar_env.agent_server.observations import agent_observations, latency_summary, producer_trajectory
 from polar_env.episodes import lifecycle
@@ -53,6 +55,7 @@ from polar_env.proxy.policy import Admission
 from polar_env.proxy.run_slots import RunSlots
 from polar_env.resources_server.core import SeededEpisode, VerifyOutcome, attach_sandbox
 from polar_env.sandbox.base import SandboxSpec
+from polar_env.trajectory.accepted import Sample, accepted_work
 from polar_env.trajectory.export import GroupPrompts, TrajectoryWriter, to_nemo_gym_result
 from polar_env.trajectory.models import Trajectory
 from polar_env.trajectory.records import CallRecord, EpisodeBudget
@@ -60,6 +63,7 @@ from polar_env.wire.nemo_gym import AgentRunResult, RunResult
 
 log = logging.getLogger(__name__)
 SHUTDOWN_GRACE_S = 120.0  # how long stop() waits for in-flight episodes to settle
+ACCEPTED_WINDOW = 4096  # the last episodes /metrics' accepted-work figures are computed over
 
 
 class PolarAgentConfig(BaseModel):
@@ -239,6 +243,7 @@ class PolarAgent:
         self._admission: Admission | None = None
         self.admin_secret = ""  # what the /polar/* routes require (start() decides it)
         self.admin_secret_file: Path | None = None  # where a generated one was written
+        self._finished: collections.deque[Sample] = collections.deque(maxlen=ACCEPTED_WINDOW)  # /metrics' figures
 
     async def start(self) -> None:
         """Build the proxy over the policy server and install the harness (once per process)."""
@@ -270,6 +275,8 @@ class PolarAgent:
             self._admission = Admission(self.proxy.engine.fence, c.max_staleness, c.episodes_per_step)
         if c.run_slots is not None:
             self.proxy.engine.run_slots = RunSlots(c.run_slots)
+        metrics.BUSY.start(c.run_slots or c.max_concurrent_episodes)
+        metrics.publish_figures("run", lambda: accepted_work(self._finished))
         sock_dir = self.runtime_dir / "sock"
         sock_dir.mkdir(exist_ok=True)
         sock_dir.chmod(0o755)  # the sandbox uid traverses it to reach the socket
@@ -343,9 +350,11 @@ class PolarAgent:
                                  prompt=_row_prompt(params))
             try:
                 async with self._prepare:
-                    await lifecycle.prepare(ep)
-                    await lifecycle.booted(ep)
-                await lifecycle.run(ep)
+                    with metrics.stage("prepare"):
+                        await lifecycle.prepare(ep)
+                        await lifecycle.booted(ep)
+                with metrics.stage("run"):
+                    await lifecycle.run(ep)
             except asyncio.CancelledError:
                 asyncio.current_task().uncancel()  # type: ignore[union-attr]
                 stage = GYM_STAGE[ep.stage]
@@ -367,7 +376,8 @@ class PolarAgent:
         if cancelled is not None:
             await lifecycle.halt(ep, cancelled=cancelled[1])
         settling = time.time()
-        result = await lifecycle.finish(ep)
+        with metrics.stage("finish"):
+            result = await lifecycle.finish(ep)
         failure = self._failure(ep, result, cancelled[0] if cancelled else "client")
         m = ep.marks
         timings = {**result.trajectory.metadata["timings"],
@@ -435,9 +445,11 @@ class PolarAgent:
         mask = out.instance_config.mask_sample
         traj.metadata.update({"duration_s": timings["total_s"], "timings": timings, "mask_sample": mask,
                               "failure": failure.model_dump() if failure else None,
-                              "patch_bytes": patch_bytes(result.patch or ep.patch)})
+                              "patch_bytes": patch_bytes(result.patch or ep.patch),
+                              **({"run_slots": self.config.run_slots} if self.config.run_slots else {})})
         if self._writer is not None:
             self._writer.write(traj)
+        self._finished.append(Sample.of(traj))
         session_id = ep.session.session_id
         proxy.registry.discard(session_id)  # the trajectory carries it on: the proxy keeps only open sessions
         latency = latency_summary(traj)

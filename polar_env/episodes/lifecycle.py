@@ -35,12 +35,20 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Literal, Protocol, TypeVar
 
+from polar_env import metrics
 from polar_env.episodes.workspace import Workspace, WorkspaceRef, open_workspace
 from polar_env.grades import GradeResult
 from polar_env.harness_adapters.base import HarnessAdapter
 from polar_env.harness_adapters.registry import NOISE_EXCLUDES, get_adapter
 from polar_env.harness_adapters.runner import HarnessRun, run_episode_in_sandbox
-from polar_env.outcomes import FailureKind, OutcomeTable, classify_episode, final_kind
+from polar_env.outcomes import (
+    DEADLINE_KINDS,
+    FailureKind,
+    OutcomeTable,
+    classify_episode,
+    explain_deadline,
+    final_kind,
+)
 from polar_env.proxy.app import ORIGIN_TAGGED, ProxyServer
 from polar_env.proxy.run_slots import RunSlots
 from polar_env.rewards.grader import GradingLimits, Submission, grade_submission
@@ -171,6 +179,9 @@ async def close_session(session: EpisodeSession, status: str, error: str | None,
     floor = (outcomes or OutcomeTable()).min_backend_tokens_per_s
     kind = failure or classify_episode(status, calls, deadline_at=harness.ended_at if harness else None,
                                        min_backend_tokens_per_s=floor, killed_by=harness.signal if harness else None)
+    if kind in DEADLINE_KINDS and harness is not None:  # say which deadline kind it is, and why
+        error = f"{error}; {explain_deadline(kind, calls, harness.ended_at, floor)}" if error else \
+            explain_deadline(kind, calls, harness.ended_at, floor)
     if kind.outside_policy and status == "completed":
         status, error = "error", error or f"{kind.value}: the episode failed outside the policy"
     info = proxy.registry.close(session.session_id, status)
@@ -448,6 +459,11 @@ async def finish(ep: Episode, grading: Grading | None = None) -> EpisodeResult:
             trajectory.metadata["workspace_clone"] = workspace.clone
         if workspace.image:
             trajectory.metadata["image"] = workspace.image
+    served, versions = ep.session.proxy.engine.fence.version, trajectory.stats.policy_versions
+    metrics.episode_finished(failure_kind=kind.value, masked=masked, resolved=bool(result and result.resolved),
+                             trainable_tokens=trajectory.stats.trainable_tokens,
+                             timings=trajectory.metadata["timings"],
+                             policy_lag=served - versions[0] if served is not None and versions else None)
     return EpisodeResult(trajectory=trajectory, grade=result, harness=harness, patch=ep.patch, failure_kind=kind,
                          calls=closed.calls)
 

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from polar_env import metrics
 from polar_env.backends.base import Backend, BackendError
 from polar_env.backends.logprobs_mode import LogprobsMismatch, LogprobsMode, sampling_mismatch
 from polar_env.chat.template import ChatRenderer
@@ -41,6 +42,7 @@ from polar_env.proxy.codec import Codec
 from polar_env.proxy.engine import CallTicket, ContextOverflow, EngineConfig, SessionStopped, TokenEngine
 from polar_env.proxy.offload import ParsePool
 from polar_env.proxy.policy import PauseRequest, PolicyVersion, ResumeRequest
+from polar_env.proxy.run_slots import RunEnded
 from polar_env.proxy.seen import Seen
 from polar_env.proxy.sessions import AuthError, BudgetExceeded, Session, SessionRegistry
 from polar_env.proxy.wire import DecodedRequest, WireError, json_response, parse_json_body
@@ -85,7 +87,7 @@ def _failure(module: Codec, exc: BaseException) -> tuple[int, Shape]:
         status, message = 401, str(exc)
     elif isinstance(exc, WireError):
         status, message = exc.status, exc.message
-    elif isinstance(exc, SessionStopped):  # a 400: no harness retries it
+    elif isinstance(exc, SessionStopped | RunEnded):  # a 400: no harness retries it (RunEnded: the episode is over)
         status, message = 400, f"episode stopped: {exc}"
     elif isinstance(exc, BudgetExceeded):  # a 400 too: the harness ends instead of retrying
         status, message = 400, f"episode budget exhausted: {exc}"
@@ -180,6 +182,7 @@ class ProxyServer:
         r = app.router
         r.add_get("/", self._ok)  # add_get answers HEAD too
         r.add_get("/health", self._health)
+        r.add_get("/metrics", self._metrics)
         r.add_route("HEAD", "/s/{sid}", self._ok)
         r.add_route("HEAD", "/s/{sid}/", self._ok)
         r.add_route("HEAD", "/s/{sid}/v1", self._ok)
@@ -264,6 +267,13 @@ class ProxyServer:
     async def _health(self, request: web.Request) -> web.Response:
         return json_response(Health(sessions=len(self.registry.all()), backend=self.engine.backend.name,
                             model=self.engine.backend.model))
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        """Prometheus's text format (polar_env/metrics.py), on the TCP listener only: the Unix
+        socket is the sandboxes' way in, and an agent has no business reading the run's figures."""
+        if not isinstance(request.transport.get_extra_info("sockname") if request.transport else None, tuple):
+            return _error(404, f"unknown route {request.method} {request.path}", request)
+        return web.Response(body=metrics.exposition(), headers={"Content-Type": metrics.CONTENT_TYPE})
 
     def _origin(self, request: web.Request, session: Session) -> str | None:
         """Who made the call: the origin the sandbox's forwarder tagged it with, its key checked

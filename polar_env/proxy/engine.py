@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal, TypeVar
 
+from polar_env import metrics
 from polar_env.backends.base import Backend, BackendError, ContextOverflow, SamplingParams
 from polar_env.backends.logprobs_mode import LogprobsMode
 from polar_env.chat.messages import AssistantTurn, Conversation, Message, TokenLogprob, ToolCall
@@ -334,6 +335,8 @@ class TokenEngine:
                     record.error = f"proxy: {type(exc).__name__}: {exc}"
                     record.failure_kind = FailureKind.proxy_failure
                 record.timings = {**record.timings, "total_ms": (time.perf_counter() - started) * 1e3}
+                metrics.call_failed(api, record.failure_kind.value if record.failure_kind is not None
+                                    else "cancelled", record.timings["total_ms"] / 1e3)
                 if isinstance(exc, Exception):  # a large request's JSON is written off the loop
                     await self.ledger.append_async(record)
                     session.remember(record, self.eos_ids)
@@ -377,7 +380,11 @@ class TokenEngine:
             sampling = record.sampling = sampling.model_copy(update={"max_tokens": room})
             record.flags.append(f"budget:max_tokens={room}")
         slots = self.run_slots
-        admission_s = await slots.enter(session.id) if slots is not None else 0.0
+        if slots is not None:
+            admission_s = await slots.enter(session.id)
+            metrics.RUN_SLOT_WAIT.observe(admission_s)
+        else:
+            admission_s = 0.0
         gen_started = time.perf_counter()
         # calls in parallel share what is left; held until this call's sampled tokens are counted
         session.reserve_tokens(sampling.max_tokens)
@@ -420,8 +427,8 @@ class TokenEngine:
             record.sampled_ids, record.logprobs = sampled, logprobs
             record.output, record.finish_reason, record.stop_sequence = turn, finish, stop
             record.model = generation.model or self.backend.model
-            record.timings = {"render_ms": render_ms, "generate_ms": generate_ms,
-                              "total_ms": (time.perf_counter() - started) * 1e3}
+            total_s = time.perf_counter() - started
+            record.timings = {"render_ms": render_ms, "generate_ms": generate_ms, "total_ms": total_s * 1e3}
             if held_ms:
                 record.timings["fence_ms"] = held_ms
             if admission_s:  # waited for a run slot (proxy/run_slots.py); not part of generate_ms
@@ -429,6 +436,7 @@ class TokenEngine:
             line_ids = len(prompt_ids) - record.reused_prefix_len + len(sampled)  # what its line holds
             await self.ledger.append_async(record, small=ext.parent is not None and line_ids <= LEDGER_INLINE_IDS)
             session.remember(record, self.eos_ids, hashes[-1], ids_digest(sampled, prompt_digest))
+            metrics.call_answered(record.api, len(prompt_ids), len(sampled), total_s)
             return turn, record
         finally:
             session.release_tokens(sampling.max_tokens)
@@ -476,11 +484,14 @@ class TokenEngine:
     async def _generate(self, session: Session, prompt_ids: list[int], sampling: SamplingParams):
         attempt = 0
         while True:
+            metrics.BUSY.enter()  # the backend's busy time: the inference busy fraction
             try:
                 return await self.backend.generate(prompt_ids, sampling, session_id=session.id)
             except BackendError as exc:
                 if not exc.retryable or attempt >= self.config.backend_retries:
                     raise
+            finally:
+                metrics.BUSY.leave()
             attempt += 1
             await asyncio.sleep(self.config.retry_backoff_s * attempt)
 

@@ -26,6 +26,8 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from polar_env import metrics
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
@@ -92,6 +94,8 @@ class PolicyFence:
 
     def __init__(self, version: int | None = None):
         self.version = version
+        if version is not None:
+            metrics.POLICY_VERSION.set(version)
         self.windows: list[FenceWindow] = []
         self._gate: asyncio.Event | None = None  # None: open
         self._generating = 0
@@ -114,6 +118,7 @@ class PolicyFence:
 
     def set_version(self, version: int) -> None:
         self.version = version
+        metrics.POLICY_VERSION.set(version)
         if self._changed is not None:
             changed, self._changed = self._changed, None
             changed.set()

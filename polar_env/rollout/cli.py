@@ -50,7 +50,7 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
                         help="scripted policies: the model scores each answer given the last N prompt tokens")
     parser.add_argument("--tool-format", choices=["hermes", "qwen3_coder"], default=d.tool_format)
     add_thinking_arguments(parser, d.enable_thinking, d.history_thinking)
-    parser.add_argument("--samples", type=int, default=d.samples, help="rollouts per task (GRPO group size)")
+    parser.add_argument("--samples", type=positive_int, default=d.samples, help="rollouts per task (GRPO group size)")
     parser.add_argument("--concurrency", type=int, default=d.concurrency,
                         help="model calls at once (the same as --run-slots)")
     parser.add_argument("--run-slots", type=int, default=d.run_slots, metavar="N",
@@ -64,7 +64,7 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
                              "use the slots (default: run slots)")
     parser.add_argument("--collapsed", action="store_true", default=d.collapsed,
                         help="hold one slot over every stage of an episode (the driver before stages; to compare)")
-    parser.add_argument("--out", type=Path, default=d.out)
+    parser.add_argument("--out", type=out_dir, default=d.out, help="the job's directory (made if missing)")
     parser.add_argument("--timeout", type=float, default=d.timeout, help="harness deadline per episode (s)")
     parser.add_argument("--grading-timeout", type=float, default=d.grading_timeout)
     parser.add_argument("--temperature", type=float, default=d.temperature)
@@ -91,6 +91,7 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the admin API's Bearer secret (default: $POLAR_ADMIN_SECRET, else generated and printed)")
     parser.add_argument("--mask-single-call", action="store_true", default=d.mask_single_call,
                         help="mask rollouts whose harness made one model call (degenerate; polar check counts them)")
+    add_watch_arguments(parser)
 
 
 def _admin_arg(value: str) -> str:
@@ -98,6 +99,33 @@ def _admin_arg(value: str) -> str:
         return host_port(value)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_watch_arguments(parser: argparse.ArgumentParser) -> None:
+    """How to watch the job while it runs (rollout/watch.py, docs/rollout.md "Watching a run")."""
+    parser.add_argument("--metrics-port", default=None, metavar="[HOST:]PORT",
+                        help="serve Prometheus metrics at http://HOST:PORT/metrics while the job runs (HOST "
+                             "default 127.0.0.1; PORT 0: any free port, printed)")
+    parser.add_argument("--report-to", action="append", default=[], choices=["tensorboard", "wandb"],
+                        help="log the figures (summary.json / metrics.jsonl keys) to TensorBoard (OUT/tensorboard) "
+                             "or Weights & Biases (repeatable; needs the package)")
+    parser.add_argument("--gpus", type=positive_int, default=None, metavar="N",
+                        help="GPUs the inference backend holds: summary.json's accepted work per GPU-hour")
+
+
+def positive_int(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more (got {number})")
+    return number
+
+
+def out_dir(value: str) -> Path:
+    """``--out``: a directory (made if missing), never an existing file."""
+    path = Path(value)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{value} is a file; --out names the job's directory (e.g. runs/demo)")
+    return path
 
 
 def _outcome_arg(item: str) -> tuple[FailureKind, Outcome]:
@@ -122,34 +150,41 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from polar_env.rollout.outputs import summarize, summary_table, time_split
+    from polar_env.rollout.outputs import masked_lines, summarize, summary_table, time_split
     from polar_env.rollout.plan import pending_episodes, plan_from_config
     from polar_env.rollout.runner import prepare, proxy_factory, run_rollouts
+    from polar_env.rollout.watch import Watch, WatchUnavailable
 
     config = config_from_args(args)
     try:
         plan = plan_from_config(config)
         if not config.ray:
             prepare(plan)
-    except (TaskLoadError, WorkspaceUnavailable) as exc:
+        watch = Watch(config, plan.out, "polar rollout")
+    except (TaskLoadError, WorkspaceUnavailable, WatchUnavailable) as exc:
         print(f"polar rollout: {exc}", file=sys.stderr)
         return 2
-    try:
-        if config.ray:
-            from polar_env.rollout.ray import run_on_ray
+    with watch:
+        try:
+            if config.ray:
+                from polar_env.rollout.ray import run_on_ray
 
-            trajectories = run_on_ray(plan, config)
-        else:
-            trajectories = asyncio.run(run_rollouts(plan, proxy_factory(config, tasks=plan.tasks)))
-    except LogprobsMismatch as exc:
-        print(f"polar rollout: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        left = len(pending_episodes(plan))
-        print(f"\ninterrupted: {len(plan.episodes()) - left} of {len(plan.episodes())} episodes are in "
-              f"{plan.out}; run the same command again to do the other {left}", file=sys.stderr)
-        return 130
+                trajectories = run_on_ray(plan, config)
+            else:
+                trajectories = asyncio.run(run_rollouts(plan, proxy_factory(config, tasks=plan.tasks)))
+        except LogprobsMismatch as exc:
+            print(f"polar rollout: {exc}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            left = len(pending_episodes(plan))
+            print(f"\ninterrupted: {len(plan.episodes()) - left} of {len(plan.episodes())} episodes are in "
+                  f"{plan.out}; run the same command again to do the other {left}", file=sys.stderr)
+            return 130
+        summary = summarize(trajectories)
+        watch.report(summary, step=len(trajectories))
     print(summary_table(trajectories))
-    print(json.dumps(summarize(trajectories), indent=2))
+    print(json.dumps(summary, indent=2))
     print(time_split(trajectories))
+    if masked := masked_lines(trajectories):
+        print(masked)
     return 0

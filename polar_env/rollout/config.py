@@ -39,7 +39,7 @@ class RolloutConfig(BaseModel):
     tool_format: Literal["hermes", "qwen3_coder"] | None = None
     enable_thinking: bool | None = None  # the template's flag; None: its own default (docs/proxy.md)
     history_thinking: Literal["keep", "drop"] = "keep"  # a new user turn after thinking turns (docs/proxy.md)
-    samples: int = 1  # GRPO group size
+    samples: int = Field(default=1, ge=1)  # GRPO group size
     concurrency: int = Field(default=1, ge=1)  # run slots, by their old name (--run-slots wins)
     run_slots: int | None = Field(default=None, ge=1)  # model calls at once (the inference concurrency)
     prepare_slots: int | None = Field(default=None, ge=1)  # workspaces opened / harnesses started at once
@@ -67,6 +67,10 @@ class RolloutConfig(BaseModel):
     admin: str | None = None
     admin_secret: str | None = Field(default=None, repr=False)  # None: $POLAR_ADMIN_SECRET, else generated
     mask_single_call: bool = False  # mask rollouts of one model call (degenerate: OpenEnv RFC 006)
+    # watching the run (docs/rollout.md "Watching a run"): where /metrics is served, where per-round figures go
+    metrics_port: str | None = None  # PORT or HOST:PORT
+    report_to: list[Literal["tensorboard", "wandb"]] = []
+    gpus: int | None = Field(default=None, ge=1)  # the backend's GPUs: the accepted work per GPU-hour
 
     @field_validator("admin")
     @classmethod

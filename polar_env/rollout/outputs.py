@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from polar_env.episodes.lifecycle import TIMING_KEYS
+from polar_env.trajectory.accepted import accepted_work
 from polar_env.trajectory.exploits import run_summary as exploit_summary
 from polar_env.trajectory.export import (
     GroupPrompts,
@@ -113,6 +114,8 @@ def summarize(trajectories: list[Trajectory]) -> dict[str, Any]:
         "exploit_attempts": exploit_summary(trajectories),
         # where an episode's time went, on average (episodes/lifecycle.py TIMING_KEYS)
         "timings_mean_s": mean_timings(trajectories),
+        # accepted trainable work per hour, run slot and GPU-hour; dropped and stale fractions (trajectory/accepted.py)
+        "accepted_work": accepted_work(trajectories),
     }
 
 
@@ -127,6 +130,16 @@ def time_split(trajectories: list[Trajectory]) -> str:
     mean = mean_timings(trajectories)
     return "time per episode (mean s): " + "  ".join(f"{k.removesuffix('_s')} {v:.2f}" for k, v in mean.items()) \
         if mean else "time per episode: no timings recorded"
+
+
+def masked_lines(trajectories: list[Trajectory]) -> str:
+    """A line per masked episode (no loss, kept in its group): its kind and why; empty when none is."""
+    masked = [t for t in trajectories if t.masked]
+    if not masked:
+        return ""
+    lines = [f"masked (kept in their GRPO group, no loss; docs/outcomes.md): {len(masked)} of {len(trajectories)}"]
+    lines += [f"  {t.session_id}: {t.failure_kind.value}: {t.error or 'no cause recorded'}" for t in masked]
+    return "\n".join(lines)
 
 
 def summary_table(trajectories: list[Trajectory]) -> str:

@@ -42,6 +42,7 @@ class RolloutPlan:
     collapsed: bool = False
     grade_in_processes: bool = True
     admin: str | None = None  # HOST:PORT of the proxy's admin API (also on TCP), None: its Unix socket only
+    gpus: int | None = None  # the GPUs the backend holds, when known: the accepted work per GPU-hour
 
     def __post_init__(self) -> None:
         for name in ("run_slots", "prepare_slots", "grade_slots", "lookahead"):
@@ -93,7 +94,8 @@ def plan_from_config(config: RolloutConfig) -> RolloutPlan:
                                              model_name=config.model_name, sandbox=config.sandbox,
                                              outcomes=config.outcomes(), budget=config.budget(),
                                              reward_key=config.reward_key, mask_single_call=config.mask_single_call),
-                       max_staleness=config.max_staleness, train_paths=config.train_paths, admin=config.admin)
+                       max_staleness=config.max_staleness, train_paths=config.train_paths, admin=config.admin,
+                       gpus=config.gpus)
 
 
 def episode_key(task_id: str, sample: int) -> str:

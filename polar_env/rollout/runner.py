@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from polar_env import metrics
 from polar_env.backends.logprobs_mode import LogprobsMismatch, sampling_mismatch
 from polar_env.episodes import lifecycle
 from polar_env.episodes.lifecycle import EpisodeResult, Grading
@@ -26,6 +27,7 @@ from polar_env.rollout.outputs import RolloutOutputs, finish_outputs
 from polar_env.rollout.plan import RolloutPlan, attempt_session_id, episode_key, pending_episodes
 from polar_env.rollout.progress import Progress
 from polar_env.tasks.models import Task
+from polar_env.trajectory.accepted import Sample, accepted_work
 from polar_env.trajectory.export import read_trajectories
 from polar_env.trajectory.models import Trajectory
 
@@ -48,7 +50,8 @@ class EpisodeRunner:
         self.plan = plan
         self.proxy_factory = proxy_factory
         self.ledger = ledger
-        self.metadata = metadata or {}  # stamped on every trajectory (e.g. the Ray node)
+        # stamped on every trajectory (e.g. the Ray node); the run slots and GPUs: its accepted work's denominators
+        self.metadata = {"run_slots": plan.run_slots, **({"gpus": plan.gpus} if plan.gpus else {}), **(metadata or {})}
         self.proxy: ProxyServer | None = None
         self.admission: Admission | None = None  # --max-staleness: episodes start within K versions
         self.stages: Counter[str] = Counter()  # episodes in each stage now
@@ -78,6 +81,7 @@ class EpisodeRunner:
                                        len(self.plan.tasks) * self.plan.samples)
         if not self.plan.collapsed:
             self.proxy.engine.run_slots = RunSlots(self.plan.run_slots)
+        metrics.BUSY.start(self.plan.run_slots)
         self._semaphores = [asyncio.Semaphore(n) for n in self._limits]
 
     async def run(self, task: Task, sample: int) -> Trajectory:
@@ -125,7 +129,8 @@ class EpisodeRunner:
         self.stages[name] += 1
         self._changed()
         try:
-            yield
+            with metrics.stage(name):
+                yield
         finally:
             self.stages[name] -= 1
             self._changed()
@@ -165,10 +170,13 @@ async def run_rollouts(plan: RolloutPlan, proxy_factory: ProxyFactory) -> list[T
     runner = EpisodeRunner(plan, proxy_factory, plan.out / "ledger")
     progress.stages = runner.stages
     runner.on_stage = progress.update
+    finished: list[Sample] = []
+    metrics.publish_figures("run", lambda: accepted_work(finished))
 
     async def one(task: Task, sample: int) -> None:
         trajectory = await runner.run(task, sample)
         await runner.grading.off_loop(outputs.add, trajectory)  # JSON of a long episode: not on the loop
+        finished.append(Sample.of(trajectory))
         progress.update(trajectory)
 
     try:

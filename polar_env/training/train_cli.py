@@ -31,6 +31,7 @@ from typing import Any
 
 from polar_env.rollout.cli import add_job_arguments, config_from_args
 from polar_env.rollout.config import RolloutConfig
+from polar_env.rollout.watch import Watch, WatchUnavailable
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,11 +59,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 class Run:
     """The state of one `polar train` run: the live model, its metrics, its output folder."""
 
-    def __init__(self, config: RolloutConfig, model_dir: Path):
+    def __init__(self, config: RolloutConfig, model_dir: Path, watch: Watch | None = None):
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.config = config
+        self.watch = watch  # --report-to: every metrics.jsonl line, under its own keys
+        self.step = 0
         self.model_dir = model_dir
         self.out = config.out
         self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
@@ -86,10 +89,13 @@ class Run:
         return trajectories
 
     def record_round(self, step: int, phase: str, trajectories: list) -> None:
+        from polar_env.trajectory.accepted import accepted_work
+
         rewards = [float(t.reward or 0.0) for t in trajectories]
         self.record({"step": step, "phase": phase, "episodes": len(trajectories),
                      "resolved": sum(bool(t.grading and t.grading.resolved) for t in trajectories),
-                     "mean_reward": sum(rewards) / len(rewards) if rewards else 0.0})
+                     "mean_reward": sum(rewards) / len(rewards) if rewards else 0.0,
+                     "accepted_work": accepted_work(trajectories)})
 
     @property
     def model_name(self) -> str:
@@ -102,6 +108,9 @@ class Run:
         entry["wall_s"] = round(time.monotonic() - self.started, 1)
         with open(self.out / "metrics.jsonl", "a") as handle:
             handle.write(json.dumps(entry) + "\n")
+        self.step = entry.get("step", self.step)  # the SFT warm start is logged at the step before the first update
+        if self.watch is not None:
+            self.watch.report(entry, step=self.step)
         if "mean_reward" in entry:
             self.metrics.append(entry)
             plot_rewards(self.metrics, self.out / "reward.png",
@@ -203,6 +212,28 @@ def gold_replays(config: RolloutConfig, out: Path) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
+    config = config_from_args(args)
+    if config.policy != "model" or config.backend != "local":
+        print("polar train: trains the in-process model: --policy model --backend local only", file=sys.stderr)
+        return 2
+    if config.top_p != 1.0:
+        print("polar train: the GRPO ratio is computed at top_p 1.0 only", file=sys.stderr)
+        return 2
+    if config.samples < 2:
+        print("polar train: GRPO needs --samples 2 or more (a group of one has no advantage)", file=sys.stderr)
+        return 2
+    config.out.mkdir(parents=True, exist_ok=True)
+    try:
+        watch = Watch(config, config.out, "polar train")  # /metrics from the gold replays on
+    except WatchUnavailable as exc:
+        print(f"polar train: {exc}", file=sys.stderr)
+        return 2
+    with watch:
+        return _train(args, config, watch)
+
+
+def _train(args: argparse.Namespace, config: RolloutConfig, watch: Watch) -> int:
+    """The stages (module docstring), each round's and update's figures to metrics.jsonl and ``watch``."""
     import torch
     from tqdm import tqdm
 
@@ -216,17 +247,6 @@ def run(args: argparse.Namespace) -> int:
     from polar_env.trajectory.export import read_trajectories, write_jsonl
     from polar_env.trajectory.sft import sft_rows
 
-    config = config_from_args(args)
-    if config.policy != "model" or config.backend != "local":
-        print("polar train: trains the in-process model: --policy model --backend local only", file=sys.stderr)
-        return 2
-    if config.top_p != 1.0:
-        print("polar train: the GRPO ratio is computed at top_p 1.0 only", file=sys.stderr)
-        return 2
-    if config.samples < 2:
-        print("polar train: GRPO needs --samples 2 or more (a group of one has no advantage)", file=sys.stderr)
-        return 2
-    config.out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(args.seed)
     try:
         plan = plan_from_config(config)
@@ -243,7 +263,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"polar train: no resolved gold episode in {gold_dir}", file=sys.stderr)
         return 2
     write_jsonl(config.out / "trl-sft.jsonl", rows)
-    run_ = Run(config, config.model_dir or embedded_model_dir())
+    run_ = Run(config, config.model_dir or embedded_model_dir(), watch)
     stages = tqdm(total=args.grpo_steps + 3, desc="polar train", unit="stage", position=1)
     try:
         stages.set_postfix_str("step 0: the untrained model")

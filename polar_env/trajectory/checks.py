@@ -438,7 +438,8 @@ def check_path(path: Path, *, tokenizer: Decoder | None = None, scorer: Scorer |
         for number, obj in rows:
             report.defects += [f"line {number}: {d}" for d in check_nemo_result(obj)]
         _check_groups([(_nemo_group(obj), obj) for _, obj in rows], report, tokenizer, samples=samples,
-                      reached=lambda o: (o.get("polar") or {}).get("first_prompt") != "none")
+                      reached=lambda o: (o.get("polar") or {}).get("first_prompt") != "none",
+                      called=lambda o: _finite_number(o.get("num_calls")) and o["num_calls"] > 0)
         _note_policy_versions([((obj.get("polar") or {}).get("policy_versions") or [],
                                 int(obj.get("unversioned_calls") or 0)) for _, obj in rows], report)
         _note_capture_rules([(int(o.get("single_call") or 0), int(o.get("context_only_turns") or 0),
@@ -483,7 +484,7 @@ def _check_trajectories(trajs: list[Trajectory], report: CheckReport, tokenizer:
     _note_history_thinking(trajs, report)
     report.exploits = exploits.report_lines(trajs)
     _check_groups([(t.group_id, t) for t in trajs], report, tokenizer, samples=samples,
-                  reached=lambda t: t.main_chain is not None)
+                  reached=lambda t: t.main_chain is not None, called=lambda t: t.stats.calls > 0)
     _note_policy_versions([(t.stats.policy_versions, t.stats.unversioned_calls) for t in trajs], report)
     _note_capture_rules([(int(t.stats.single_call), t.stats.context_only_turns, t.masked) for t in trajs], report)
     if thin := thin_groups(t for t in trajs if t.group_id is not None):
@@ -562,10 +563,12 @@ def _add_rescore(chains: list[Chain], scorer: Scorer, report: CheckReport) -> No
 
 
 def _check_groups(keyed: list[tuple[str | None, Any]], report: CheckReport, tokenizer: Decoder | None, *,
-                  samples: int | None = None, reached: Callable[[Any], bool] | None = None) -> None:
+                  samples: int | None = None, reached: Callable[[Any], bool] | None = None,
+                  called: Callable[[Any], bool] | None = None) -> None:
     """Per task: one first prompt (else NeMo-RL splits the group), the run's group size (``reached``:
-    whether a member got to the model; a group none of whose members did is unusable). Without a
-    tokenizer, the one of the model the file names is tried for the text at a difference."""
+    whether a member got an answer from the model; a group none of whose members did is unusable;
+    ``called``: whether it made a call at all, cut off or failed). Without a tokenizer, the one of
+    the model the file names is tried for the text at a difference."""
     groups: dict[str, list[Any]] = defaultdict(list)
     for key, obj in keyed:
         if key is not None:
@@ -579,8 +582,11 @@ def _check_groups(keyed: list[tuple[str | None, Any]], report: CheckReport, toke
         report.defects += check_group_sizes({key: len(members) for key, members in groups.items()}, samples)
         unusable = [key for key, members in groups.items() if not any(map(reached, members))]
         if unusable:
-            report.warnings.append(f"{len(unusable)} group(s) unusable, no rollout reached the model (their masked "
-                                   f"placeholders train nothing): {', '.join(unusable[:10])}")
+            cut = sum(map(called, (m for key in unusable for m in groups[key]))) if called is not None else 0
+            why = (f"no rollout got an answer from the model ({cut} made a model call that ended unanswered, cut "
+                   "off in flight or failed: see their failure_kind)" if cut else "no rollout reached the model")
+            report.warnings.append(f"{len(unusable)} group(s) unusable, {why} (their masked placeholders train "
+                                   f"nothing): {', '.join(unusable[:10])}")
     if groups:
         report.notes.append(f"{len(groups)} group(s) checked for identical first prompts"
                             + (" and equal sizes" if reached is not None else ""))

@@ -168,11 +168,31 @@ def episode(traj: Trajectory, source: str, text: TokenText) -> dict[str, Any]:
     }
 
 
+def headline(trajectories: list[Trajectory]) -> str:
+    """The header's counts, over every episode as ``polar rollout``/``demo`` count them (resolved of
+    all episodes, not of the graded ones: a masked episode is not graded, and still one of them)."""
+    n = len(trajectories)
+    parts = [f"{n:,} episodes"]
+    if n:
+        resolved = sum(bool(t.grading and t.grading.resolved) for t in trajectories)
+        masked = sum(t.masked for t in trajectories)
+        ungraded = sum(t.grading is None for t in trajectories)
+        notes = [f"{ungraded} not graded"] * bool(ungraded) + [f"{masked} masked"] * bool(masked)
+        parts.append(f"resolved {resolved}/{n}" + (f" ({', '.join(notes)})" if notes else ""))
+    rewards = [t.reward for t in trajectories if t.reward is not None]
+    if rewards:
+        parts.append(f"mean reward {sum(rewards) / len(rewards):.3f}")
+    parts.append(f"sampled {sum(t.stats.sampled_tokens for t in trajectories):,}")
+    parts.append(f"trained {sum(t.stats.trainable_tokens for t in trajectories):,} tokens")
+    return " · ".join(parts)
+
+
 def index(loaded: Loaded, text: TokenText, *, title: str, generated_at: float) -> dict[str, Any]:
     """The page's header data and episode list."""
     models = sorted({t.model for t, _ in loaded.episodes if t.model})
     return {"title": title, "generated_at": generated_at, "tokenizer": text.name, "models": models,
             "sources": loaded.sources, "skipped": loaded.skipped,
+            "headline": headline([t for t, _ in loaded.episodes]),
             "episodes": [summary(t, s) for t, s in loaded.episodes]}
 
 

@@ -27,7 +27,7 @@ from nemo_gym.rollout_correlation import maybe_rollout_id_from_run_body
 from nemo_gym.server_utils import raise_for_status
 from pydantic import ConfigDict, PrivateAttr
 
-from polar_env import fastjson
+from polar_env import fastjson, metrics
 from polar_env.agent_server.core import InputError, PolarAgent, PolarAgentConfig
 from polar_env.agent_server.observations import plain_items
 from polar_env.episodes.workspace import WorkspaceMounts
@@ -117,7 +117,11 @@ class PolarAgentServer(SimpleResponsesAPIAgent):
         app.post("/polar/policy", dependencies=admin)(self.set_policy)
         app.post("/polar/pause", dependencies=admin)(self.pause)
         app.post("/polar/resume", dependencies=admin)(self.resume)
+        app.get("/metrics")(self.metrics)  # Prometheus scrapes the agent (polar_env/metrics.py)
         return app
+
+    async def metrics(self) -> Response:
+        return Response(metrics.exposition(), media_type=metrics.CONTENT_TYPE)
 
     async def _require_admin(self, authorization: str = Header(default="")) -> None:  # noqa: B008
         secret = self._agent.admin_secret if self._agent is not None else ""
