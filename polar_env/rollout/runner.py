@@ -206,7 +206,8 @@ def proxy_factory(config: RolloutConfig, backend=None, tasks: list[Task] | None 
                                   admin_secret=secrets.token_urlsafe(24),
                                   config=EngineConfig(max_context=config.max_context,
                                                       default_max_tokens=config.max_tokens,
-                                                      history_thinking=config.history_thinking))
+                                                      history_thinking=config.history_thinking,
+                                                      agent_calls=config.agent_calls))
 
     return factory
 
