@@ -133,6 +133,7 @@ class CallView(Protocol):
 
     call_index: int
     created_at: float
+    origin: str | None
     failure_kind: FailureKind | None
     finish_reason: str | None
     timings: dict[str, float]
@@ -177,22 +178,32 @@ def classify_episode(status: HarnessStatus, calls: Sequence[CallView], *, deadli
     return FailureKind.none
 
 
+def is_harness(origin: str | None) -> bool:
+    """Whether a call is provably the harness's: tagged ``harness`` by the sandbox's forwarder, or made in a
+    session that expects no tags (None). ``tool``/``unknown`` are the agent's own calls (a process it ran
+    with the session's key): they never pause the deadline, take run slots ahead of the harness's calls
+    (proxy/run_slots.py) or count as evidence about the backend."""
+    return origin not in ("tool", "unknown")
+
+
 def _in_flight(calls: Sequence[CallView], deadline_at: float) -> list[CallView]:
-    """The calls still running at the deadline."""
-    return [c for c in calls if c.created_at <= deadline_at
+    """The harness's calls still running at the deadline."""
+    return [c for c in calls if is_harness(c.origin) and c.created_at <= deadline_at
             and (c.output is None and c.failure_kind is None
                  or c.created_at + c.timings.get("total_ms", 0.0) / 1e3 >= deadline_at)]
 
 
 def _sampling_rate(calls: Sequence[CallView]) -> tuple[int, float]:
-    """(tokens, seconds) the backend sampled over the answered calls."""
-    answered = [c for c in calls if c.output is not None]
+    """(tokens, seconds) the backend sampled over the harness's answered calls."""
+    answered = [c for c in calls if c.output is not None and is_harness(c.origin)]
     return sum(len(c.sampled_ids) for c in answered), sum(c.timings.get("generate_ms", 0.0) for c in answered) / 1e3
 
 
 def deadline_cause(calls: Sequence[CallView], deadline_at: float, min_tokens_per_s: float) -> FailureKind:
-    """Harness stuck (no model call in flight at the deadline), backend slow (the session's calls
-    sampled below ``min_tokens_per_s``), or the policy still sampling (anything else)."""
+    """Harness stuck (no harness call in flight at the deadline), backend slow (the harness's calls
+    sampled below ``min_tokens_per_s``), or the policy still sampling (anything else). Only the harness's
+    calls are evidence (`is_harness`): the agent's own calls (long prompts, ``max_tokens`` 1, kept in
+    flight) would otherwise make a slow tool look like a slow backend, and a masked 0."""
     if not _in_flight(calls, deadline_at):
         return FailureKind.deadline_harness
     tokens, seconds = _sampling_rate(calls)

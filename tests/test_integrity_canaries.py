@@ -29,7 +29,7 @@ SOURCE = '''import pytest
 
 @pytest.mark.parametrize("n", [1, 2])
 def test_double_value(n):
-    value = n * 2
+    value = sum([n, n])
     assert value == n + n
 
 
@@ -43,33 +43,54 @@ class TestParser:
 '''
 
 
-def test_mutants_sit_in_the_file_among_the_tests_and_only_the_grader_knows_them():
+def test_every_test_renamed_and_canonical_and_only_the_grader_knows_the_mutants():
     f2p = ["tests/test_x.py::test_double_value[1]", "tests/test_x.py::TestParser::test_parse_empty"]
     plan = plan_canaries({"tests/test_x.py": SOURCE}, f2p, extra=1)
     text = plan.files["tests/test_x.py"]
     tree = ast.parse(text)
     defs = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
-    assert len(plan.expect) == 3 and defs >= {"test_double_value", "test_parse_empty", "test_parse_number"}
+    assert len(plan.expect) == 3 and not defs & {"test_double_value", "test_parse_empty", "test_parse_number"}
+    assert {plan.task_id(w) for w in plan.renamed} == {"tests/test_x.py::test_double_value",
+                                                       "tests/test_x.py::TestParser::test_parse_empty",
+                                                       "tests/test_x.py::TestParser::test_parse_number"}
     words = {"double", "value", "parse", "empty", "number"}
     for canary, source in plan.expect.items():
         name = canary.rpartition("::")[2]
         parts = name.removeprefix("test_").split("_")
         assert name in defs and {w for w in parts if not w.isdigit()} <= words, name  # the file's own words
         assert canary.rpartition("::")[0] == source.rpartition("::")[0]  # same module or class as its original
-    # the parametrize decorator came along; the raises block is unwrapped (it must raise)
-    by_source = {s: c.rpartition("::")[2] for c, s in plan.expect.items()}
-    assert text.count('@pytest.mark.parametrize("n", [1, 2])') == 2
-    mutant = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
-                  and n.name == by_source["tests/test_x.py::TestParser::test_parse_empty"])
-    assert not any(isinstance(n, ast.With) for n in ast.walk(mutant))
+        assert source in plan.renamed  # the original runs under a fresh name too
+    assert text.count("@pytest.mark.parametrize('n', [1, 2])") == 2  # the decorator came along, canonical
+    assert "    assert value == n + n" in text and '"' not in text.split("import pytest", 1)[1].split("class")[0]
+    # the ids the run reports map back to the task's; a directive naming a test names its written twin
+    assert plan.task_id(plan.written("tests/test_x.py::test_double_value[1]")) == "tests/test_x.py::test_double_value[1]"
     # what a run must show: each canary FAILED wherever its original PASSED, collected at all
-    ids = [c + "[1]" if "double" in s else c for c, s in plan.expect.items()]
-    src_ids = [s + "[1]" if "double" in s else s for s in plan.expect.values()]
+    ids = [c + "[1]" if "double" in plan.task_id(s) else c for c, s in plan.expect.items()]
+    src_ids = [s + "[1]" if "double" in plan.task_id(s) else s for s in plan.expect.values()]
     honest = {**{s: "PASSED" for s in src_ids}, **{c: "FAILED" for c in ids}}
     assert plan.violations(honest, [*src_ids, *ids]) == []
     assert plan.violations({**honest, ids[0]: "PASSED"}, [*src_ids, *ids])  # forged: a mutant passed
     assert plan.violations(honest, src_ids)  # a canary deselected
     assert plan.violations({**honest, src_ids[0]: "FAILED", ids[0]: "PASSED"}, [*src_ids, *ids]) == []
+
+
+def test_mutations_are_literals_or_a_raises_toggle_never_a_flip():
+    """Over many plans: every mutant differs from its original by a same-typed literal or a raises block
+    added or removed, never by ``==``/``!=``, ``in``/``not in`` or a negation."""
+    kinds = set()
+    for i in range(60):
+        f2p = ["tests/test_x.py::TestParser::" + ("test_parse_number", "test_parse_empty")[i % 2]]
+        plan = plan_canaries({"tests/test_x.py": SOURCE}, f2p, extra=0)
+        tree = ast.parse(plan.files["tests/test_x.py"])
+        funcs = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+        (canary, source), = plan.expect.items()
+        mutant, original = funcs[canary.rpartition("::")[2]], funcs[source.rpartition("::")[2]]
+        ops = [type(n).__name__ for f in (mutant, original) for n in ast.walk(f) if isinstance(n, ast.cmpop)]
+        assert set(ops) <= {"Eq"}, ops
+        withs = [sum(isinstance(n, ast.With) for n in ast.walk(f)) for f in (mutant, original)]
+        consts = [[n.value for n in ast.walk(f) if isinstance(n, ast.Constant)] for f in (mutant, original)]
+        kinds.add("raises" if withs[0] != withs[1] else "literal" if consts[0] != consts[1] else "?")
+    assert kinds == {"raises", "literal"}, kinds
 
 
 def test_file_with_nothing_to_invert_still_gets_a_failing_canary():
@@ -80,7 +101,7 @@ def test_file_with_nothing_to_invert_still_gets_a_failing_canary():
 
 
 def test_the_bundled_f2p_tests_all_get_mutants():
-    """Every bundled task's F2P tests yield real mutants (not the fallback), and the files still parse."""
+    """Every bundled task's F2P files yield real mutants (not the fallback), and the files still parse."""
     from polar_env.tasks.tree import git, materialize
 
     for task in TASKS.values():
@@ -91,7 +112,10 @@ def test_the_bundled_f2p_tests_all_get_mutants():
             files = {t.split("::")[0] for t in task.FAIL_TO_PASS}
             plan = plan_canaries({f: (tree / f).read_text() for f in files}, task.FAIL_TO_PASS)
         f2p_funcs = {t.partition("[")[0] for t in task.FAIL_TO_PASS}
-        assert f2p_funcs <= set(plan.expect.values()), task.instance_id
+        twinned = {plan.task_id(v) for v in plan.expect.values() if v}
+        # an F2P test with no site to mutate for certain (requests-6028's one plain comparison) has no twin
+        assert f2p_funcs <= twinned or task.instance_id == "psf__requests-6028", task.instance_id
+        assert twinned, task.instance_id
         for text in plan.files.values():
             ast.parse(text)
 

@@ -34,7 +34,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from msgspec import structs
 from pydantic import BaseModel, Field
@@ -76,6 +76,7 @@ class PolarAgentConfig(BaseModel):
     tokenizer: str = "embedded"  # HF model/tokenizer dir of the policy, or "embedded" (the CI SmolLM2)
     tool_format: str | None = None  # hermes | qwen3_coder (default: from the chat template)
     max_context: int | None = None  # the context window to enforce; None: the backend's own (max_model_len)
+    agent_calls: Literal["serve", "refuse"] = "serve"  # calls an episode's tools make with its key (docs/training.md)
     timeout_s: float = 1800.0  # the harness's wall-clock deadline per episode
     max_concurrent_episodes: int = 64  # episodes seeding or running their harness at once; grading is outside it
     # of those, how many seed and boot at once (up to their harness's first model call: a dozen harnesses
@@ -269,7 +270,7 @@ class PolarAgent:
             self.admin_secret_file.chmod(0o600)
         self.proxy = ProxyServer.create(renderer=renderer, backend=backend, data_dir=self.runtime_dir / "ledger",
                                         admin_secret=self.admin_secret,
-                                        config=EngineConfig(max_context=c.max_context,
+                                        config=EngineConfig(max_context=c.max_context, agent_calls=c.agent_calls,
                                                             policy_version=c.policy_version))
         if c.max_staleness is not None:
             self._admission = Admission(self.proxy.engine.fence, c.max_staleness, c.episodes_per_step)

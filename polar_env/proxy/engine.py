@@ -33,11 +33,11 @@ from polar_env.backends.base import Backend, BackendError, ContextOverflow, Samp
 from polar_env.backends.logprobs_mode import LogprobsMode
 from polar_env.chat.messages import AssistantTurn, Conversation, Message, TokenLogprob, ToolCall
 from polar_env.chat.template import ChatRenderer, apply_tool_kinds
-from polar_env.outcomes import FailureKind
+from polar_env.outcomes import FailureKind, is_harness
 from polar_env.proxy.policy import PolicyFence
 from polar_env.proxy.run_slots import RunEnded, RunSlots
 from polar_env.proxy.sessions import SAMPLING_KEYS, BudgetExceeded, CallState, Session, prefix_hashes
-from polar_env.proxy.wire import DecodedRequest
+from polar_env.proxy.wire import DecodedRequest, WireError
 from polar_env.trajectory.ledger import Ledger
 from polar_env.trajectory.records import (
     HISTORY_THINKING_KEPT,
@@ -95,6 +95,9 @@ class EngineConfig:
     # ``drop`` starts a new chain rendered whole, as the template drops that thinking (docs/proxy.md)
     history_thinking: Literal["keep", "drop"] = "keep"
     policy_version: int | None = None  # the serving weights' version at start (the trainer moves it: proxy/policy.py)
+    # a call not provably the harness's (origin ``tool``/``unknown``: a process the agent ran with the session's
+    # key): ``serve`` answers it behind the harness's calls (proxy/run_slots.py), ``refuse`` answers 403
+    agent_calls: Literal["serve", "refuse"] = "serve"
 
 
 def add_thinking_arguments(parser: argparse.ArgumentParser, enable_thinking: bool | None = None,
@@ -107,6 +110,14 @@ def add_thinking_arguments(parser: argparse.ArgumentParser, enable_thinking: boo
                         help="a new user turn after thinking turns: keep extends the chain with the model's own "
                              "thinking (flagged, counted by polar check), drop starts a new chain rendered as the "
                              "template renders it (docs/proxy.md)")
+
+
+def add_agent_calls_argument(parser: argparse.ArgumentParser, default: str = "serve") -> None:
+    """``--agent-calls``, shared by ``polar proxy serve`` and ``polar rollout``."""
+    parser.add_argument("--agent-calls", choices=["serve", "refuse"], default=default,
+                        help="model calls an episode's tools make with its key (origin tool/unknown): serve them "
+                             "behind the harness's calls (never pausing its deadline nor counted as backend "
+                             "evidence), or refuse them with 403 (docs/training.md)")
 
 
 def _on_off(value: str) -> bool:
@@ -306,6 +317,9 @@ class TokenEngine:
         conv = request.conversation
         if session.stopped is not None:
             raise SessionStopped(session.stopped)
+        if not is_harness(origin) and self.config.agent_calls == "refuse":
+            raise WireError(403, f"this proxy serves only the harness's own model calls (origin {origin}); "
+                                 "see --agent-calls")
         # once: matching, indexing, retry counting (the decoder's, reused from the session's last request)
         hashes = request.prefix_hashes or await self.off_loop(prefix_hashes, conv.messages)
         record = CallRecord(
@@ -379,9 +393,9 @@ class TokenEngine:
         if (room := await session.wait_for_token_room()) is not None and sampling.max_tokens > room:
             sampling = record.sampling = sampling.model_copy(update={"max_tokens": room})
             record.flags.append(f"budget:max_tokens={room}")
-        slots = self.run_slots
+        slots, harness = self.run_slots, is_harness(record.origin)
         if slots is not None:
-            admission_s = await slots.enter(session.id)
+            admission_s = await slots.enter(session.id, harness=harness)
             metrics.RUN_SLOT_WAIT.observe(admission_s)
         else:
             admission_s = 0.0
@@ -397,7 +411,7 @@ class TokenEngine:
                 raise ContextOverflow(len(prompt_ids), exc.window or window, str(exc)) from exc
             finally:
                 if slots is not None:  # the backend has answered (or failed): the slot is the next call's
-                    slots.leave(session.id)
+                    slots.leave(session.id, harness=harness)
             generate_ms = (time.perf_counter() - gen_started) * 1e3 - held_ms  # the fence's wait apart
             self._note_version(record, generation.weight_versions)
             if generation.prompt_ids is not prompt_ids and generation.prompt_ids != prompt_ids:

@@ -6,8 +6,13 @@ takes its slot here, inside the engine, just before the backend, and gives it ba
 backend has answered (a streamed answer keeps sending the API's keep-alives while it waits,
 proxy/app.py). A session already in its run stage (it had a slot before) goes ahead of first calls,
 so episodes that started finish first and a new episode never starves one mid-way; within each
-class calls are granted in arrival order. The driver stops a harness's deadline clock while any of
-its calls waits (``waited_s``), so waiting is never the policy's.
+class calls are granted in arrival order. The driver stops a harness's deadline clock while one of
+its harness's calls waits (``waited_s``), so waiting is never the policy's.
+
+A call that is not provably the harness's (``harness=False``: origin ``tool`` or ``unknown``, a process
+the agent ran with the session's key) is the agent's own: it waits behind every harness call, holds
+at most one slot per session at a time, and its waits never stop the clock: a tool process that keeps
+calls queued can neither extend its episode nor hold the slots its siblings' harnesses need.
 """
 
 from __future__ import annotations
@@ -59,6 +64,8 @@ class RunSlots:
         self.calls: Counter[str] = Counter()  # session -> its calls holding a slot now
         self._later: deque[tuple[str, asyncio.Future[None]]] = deque()  # calls of sessions in their run stage
         self._first: deque[tuple[str, asyncio.Future[None]]] = deque()  # first calls
+        self._agent: deque[tuple[str, asyncio.Future[None]]] = deque()  # calls not the harness's: last
+        self.agent_calls: Counter[str] = Counter()  # session -> its non-harness calls holding a slot (at most 1)
         self._times: dict[str, SlotTimes] = {}
         self._admitted: dict[str, asyncio.Event] = {}
         self._called: dict[str, asyncio.Event] = {}
@@ -70,10 +77,13 @@ class RunSlots:
 
     @property
     def waiting(self) -> int:
-        return sum(not f.done() for _, f in (*self._later, *self._first))
+        return sum(not f.done() for _, f in (*self._later, *self._first, *self._agent))
 
-    async def enter(self, session_id: str) -> float:
-        """Return once this call holds a slot (``leave`` gives it back); the seconds it waited."""
+    async def enter(self, session_id: str, *, harness: bool = True) -> float:
+        """Return once this call holds a slot (``leave`` gives it back); the seconds it waited.
+        ``harness=False``: a call not provably the harness's (module docstring)."""
+        if not harness:
+            return await self._enter_agent(session_id)
         times = self._times.setdefault(session_id, SlotTimes(time.time()))
         if (event := self._called.get(session_id)) is not None:
             event.set()
@@ -84,28 +94,48 @@ class RunSlots:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         queue.append((session_id, future))
         times.start_wait()
+        try:
+            return await self._wait(session_id, future, harness=True)
+        finally:
+            times.end_wait()
+
+    async def _enter_agent(self, session_id: str) -> float:
+        """An agent's own call: granted only when no harness call waits and its session holds no other."""
+        if self.busy < self.n and not self._harness_waiting() and not self.agent_calls[session_id]:
+            self._grant(session_id, harness=False)
+            return 0.0
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._agent.append((session_id, future))
+        return await self._wait(session_id, future, harness=False)
+
+    async def _wait(self, session_id: str, future: asyncio.Future[None], *, harness: bool) -> float:
         started = time.perf_counter()
         try:
             await future
         except asyncio.CancelledError:
             if future.done() and not future.cancelled() and future.exception() is None:
-                self.leave(session_id)  # granted as the call was cancelled: the slot goes on
+                self.leave(session_id, harness=harness)  # granted as the call was cancelled: the slot goes on
             future.cancel()
             raise
-        finally:
-            times.end_wait()
         return time.perf_counter() - started
 
-    def leave(self, session_id: str) -> None:
+    def _harness_waiting(self) -> bool:
+        return any(not f.done() for _, f in (*self._later, *self._first))
+
+    def leave(self, session_id: str, *, harness: bool = True) -> None:
         """The call's backend answer is in: its slot goes to the next waiting call."""
         self.busy -= 1
-        self.calls[session_id] -= 1
-        if self.calls[session_id] <= 0:
-            del self.calls[session_id]
+        held = self.calls if harness else self.agent_calls
+        held[session_id] -= 1
+        if held[session_id] <= 0:
+            del held[session_id]
         self._hand_over()
 
-    def _grant(self, session_id: str) -> None:
+    def _grant(self, session_id: str, *, harness: bool = True) -> None:
         self.busy += 1
+        if not harness:  # the agent's own call: no admission of the run stage, no wait on the clock
+            self.agent_calls[session_id] += 1
+            return
         self.calls[session_id] += 1
         times = self._times.setdefault(session_id, SlotTimes(time.time()))
         if times.admitted_at is None:
@@ -120,6 +150,19 @@ class RunSlots:
                 if not future.done():  # a cancelled call's place is gone with it
                     self._grant(session_id)
                     future.set_result(None)
+        if self._harness_waiting():
+            return
+        skipped: deque[tuple[str, asyncio.Future[None]]] = deque()
+        while self._agent and self.busy < self.n:
+            session_id, future = self._agent.popleft()
+            if future.done():
+                continue
+            if self.agent_calls[session_id]:  # one at a time per session: its turn comes when that one leaves
+                skipped.append((session_id, future))
+                continue
+            self._grant(session_id, harness=False)
+            future.set_result(None)
+        self._agent.extendleft(reversed(skipped))
 
     async def admitted(self, session_id: str) -> None:
         """Return once ``session_id`` has had a slot (its first call reached the backend)."""
@@ -148,7 +191,7 @@ class RunSlots:
         self._admitted.pop(session_id, None)
         self._called.pop(session_id, None)
         times = self._times.pop(session_id, None)
-        for waiting, future in (*self._later, *self._first):
+        for waiting, future in (*self._later, *self._first, *self._agent):
             if waiting == session_id and not future.done():  # its waiter is awaiting it: it sees the error
                 future.set_exception(RunEnded(f"session {session_id}: the run stage ended while its call "
                                               "waited for a slot"))

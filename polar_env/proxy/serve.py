@@ -11,7 +11,7 @@ from pathlib import Path
 
 from polar_env import event_loop
 from polar_env.proxy.app import DEFAULT_MAX_BODY, ProxyServer
-from polar_env.proxy.engine import EngineConfig, add_thinking_arguments
+from polar_env.proxy.engine import EngineConfig, add_agent_calls_argument, add_thinking_arguments
 from polar_env.proxy.workers import LayoutError, WorkerStartError, check_data_dir, serve, worker_dir
 from polar_env.stop_signal import wait_for_stop_signal
 
@@ -32,6 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tool-format", choices=["hermes", "qwen3_coder"], default=None,
                         help="tool-call format of the model's output (default: from the template)")
     add_thinking_arguments(parser)
+    add_agent_calls_argument(parser)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8787)
     parser.add_argument("--workers", type=int, default=1,
@@ -70,7 +71,8 @@ def build_proxy(args: argparse.Namespace) -> ProxyServer:
                            model_dir=model_dir, **opts)
     return ProxyServer.create(renderer=renderer, backend=backend, data_dir=args.data_dir,
                               admin_secret=_admin_secret(args), config=EngineConfig(max_context=args.max_context,
-                                                                                   history_thinking=args.history_thinking),
+                                                                                   history_thinking=args.history_thinking,
+                                                                                   agent_calls=args.agent_calls),
                               fsync=args.fsync, max_body_bytes=int(args.max_body_mb * 2**20))
 
 

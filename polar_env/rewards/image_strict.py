@@ -45,7 +45,7 @@ from polar_env.rewards.strict_run import (
     pytest_args,
     render_ini,
     test_file_of,
-    uncovered_canaries,
+    written_directives,
 )
 from polar_env.rewards.workspace import import_roots, path_budget_refusal
 from polar_env.sandbox import safe_git
@@ -266,7 +266,7 @@ async def strict_in_box(task: Task, box: ImageBox, patch: str, timeout_s: float)
         options = ["-c", f"{GRADER_INSIDE}/pytest.ini", f"--rootdir={TREE}", f"--confcutdir={TREE}",
                    "-p", "no:cacheprovider", "-p", PLUGIN_MODULE,
                    *[x for m in plugins for x in ("-p", m)], *pytest_args(task),
-                   *task.test_directives, *uncovered_canaries(canaries, task.test_directives)]
+                   *written_directives(canaries, task.test_directives)]
         (grader / "main.py").write_text(f"import pytest\nraise SystemExit(pytest.main({options!r}))\n")
         await box.provide(GRADER_INSIDE)
         await box.copy_in(grader, GRADER_INSIDE)

@@ -11,7 +11,9 @@ and pytest, and is imported before any conftest or code under test, so it can:
   one numbered line the moment it happens: what is written cannot be unwritten, so an attack
   that edits results later (at exit, in a report file, in this module's state) has nothing to edit,
   and a line injected by the tested code breaks the numbering or duplicates a result;
-- snapshot the runner's moving parts and the exit functions and report any replacement;
+- snapshot the runner's moving parts and the exit functions and report any replacement, by identity
+  and by content: what a function runs (its code's bytes, constants and names, its defaults and the
+  functions in its closure), so a ``__code__`` swapped in place on the same function object is seen;
 - in a perturbed run, hide what pytest would show a test-run detector (``PYTEST_CURRENT_TEST``, the
   autoload switch).
 
@@ -21,9 +23,11 @@ told nothing of the canaries (`canaries`): they are tests in the files like any 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import sys
+import types
 
 import pytest
 
@@ -40,7 +44,9 @@ _WATCHED_ATTRS = {"os": ("_exit", "exit", "kill", "abort", "write"), "sys": ("ex
                   "builtins": ("AssertionError", "print", "__import__", "exit", "open", "compile", "exec")}
 _PLAIN = (int, float, str, bytes, bool, type(None), dict, list, set, tuple)
 _LOADER_MODULES = ("_pytest.assertion.rewrite", "importlib._bootstrap_external", "_frozen_importlib_external")
+_SCALARS = (int, float, str, bytes, bool, type(None))
 _os_write, _dumps = os.write, json.dumps  # bound now: later replacements of either do not reach the stream
+_sha256 = hashlib.sha256  # bound now, as the stream's writer is
 
 
 def _take_fd(env: str) -> int:
@@ -64,9 +70,56 @@ def _take_config() -> dict:
         os.close(fd)
 
 
-def _snapshot() -> dict[str, int]:
-    """id() of every callable/class the run's outcome depends on, and of their class members."""
-    snap: dict[str, int] = {}
+def _code_digest(code: types.CodeType) -> str:
+    digest = _sha256()
+    _code(code, digest)
+    return digest.hexdigest()
+
+
+def _code(code: types.CodeType, digest: object) -> None:
+    """A code object's content: instructions, names, flags and constants, nested code included (not
+    marshal's bytes: those depend on reference counts)."""
+    digest.update(code.co_code)
+    digest.update(repr((code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars, code.co_flags,
+                        code.co_argcount, code.co_kwonlyargcount)).encode())
+    for const in code.co_consts:
+        if type(const) is types.CodeType:
+            _code(const, digest)
+        else:  # a constant is a scalar or a tuple/frozenset of them
+            digest.update(b"\0" + repr(const).encode())
+
+
+def _content(obj: object, deep: bool, depth: int = 0) -> str:
+    """What a function runs: its code (``deep``: by content, `_code`; else the code object's identity,
+    which an in-place ``__code__`` swap changes too), its defaults and the functions in its closure
+    cells. Exact types only: reading an attribute of an arbitrary object could run its ``__getattr__``."""
+    kind = type(obj)
+    if kind in (classmethod, staticmethod, types.MethodType):
+        return _content(obj.__func__, deep, depth)
+    if kind is property:
+        return "|".join(_content(f, deep, depth) for f in (obj.fget, obj.fset, obj.fdel))
+    if kind is not types.FunctionType:
+        return "" if obj is None or isinstance(obj, _SCALARS) else kind.__qualname__
+    if depth > 3:
+        return str(id(obj))
+    parts = [_code_digest(obj.__code__) if deep else str(id(obj.__code__))]
+    for value in (*(obj.__defaults__ or ()), *(obj.__kwdefaults__ or {}).values()):
+        parts.append(repr(value) if type(value) in _SCALARS else _content(value, deep, depth + 1))
+    for cell in obj.__closure__ or ():
+        try:
+            parts.append(_content(cell.cell_contents, deep, depth + 1))
+        except ValueError:  # an empty cell
+            parts.append("")
+    return "(" + ",".join(parts) + ")"
+
+
+def _snapshot(deep: bool = False) -> dict[str, str]:
+    """id() and content (`_content`) of every callable/class the run's outcome depends on, and of their
+    class members."""
+    snap: dict[str, str] = {}
+
+    def take(key: str, obj: object) -> None:
+        snap[key] = f"{id(obj)}:{_content(obj, deep)}"
     for name in (*_WATCHED_MODULES, __name__):
         mod = sys.modules.get(name)
         if mod is None:
@@ -74,16 +127,16 @@ def _snapshot() -> dict[str, int]:
         for attr, obj in list(vars(mod).items()):
             if isinstance(obj, _PLAIN) or type(obj).__name__ == "module":
                 continue
-            snap[f"{name}.{attr}"] = id(obj)
+            take(f"{name}.{attr}", obj)
             if isinstance(obj, type) and getattr(obj, "__module__", "") == name:
                 for member, value in list(vars(obj).items()):
                     if not isinstance(value, _PLAIN):
-                        snap[f"{name}.{attr}.{member}"] = id(value)
+                        take(f"{name}.{attr}.{member}", value)
     for name, attrs in _WATCHED_ATTRS.items():
         mod = sys.modules[name]
         for attr in attrs:
             if hasattr(mod, attr):
-                snap[f"{name}.{attr}"] = id(getattr(mod, attr))
+                take(f"{name}.{attr}", getattr(mod, attr))
     return snap
 
 
@@ -110,13 +163,18 @@ class _State:
         if self.perturb:
             _hide_current_test()
         # Taken on import: `-p` loads this module before any conftest or code under test runs.
-        self.snapshot = _snapshot()
+        self.snapshot, self.deep = _snapshot(), _snapshot(deep=True)
         self.tampered: set[str] = set()
         self.untrusted_xfail: set[str] = set()
 
-    def check(self) -> None:
+    def check(self, deep: bool = False) -> None:
+        """Identities (code objects, defaults, closures included) after every test; ``deep``: content
+        too (at collection's end and the session's: an edit of a code object's bytes keeps its identity)."""
         now = _snapshot()
-        found = {key for key, ident in self.snapshot.items() if now.get(key) != ident}
+        found = {key for key, seen in self.snapshot.items() if now.get(key) != seen}
+        if deep:
+            now = _snapshot(deep=True)
+            found |= {key for key, seen in self.deep.items() if now.get(key) != seen}
         if sys.gettrace() is not None or sys.getprofile() is not None:
             found.add("sys.settrace/setprofile")
         if found - self.tampered:
@@ -150,7 +208,7 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.hookimpl(trylast=True)
 def pytest_collection_finish(session: pytest.Session) -> None:
     _STATE.stream.emit("collected", ids=[item.nodeid for item in session.items])
-    _STATE.check()
+    _STATE.check(deep=True)
 
 
 def _raised_from(excinfo: pytest.ExceptionInfo[BaseException]) -> str:
@@ -201,7 +259,7 @@ def _foreign_test_modules(session: pytest.Session) -> list[str]:
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    _STATE.check()
+    _STATE.check(deep=True)
     foreign = _foreign_test_modules(session)
     if foreign:
         _STATE.stream.emit("tampered", keys=foreign)

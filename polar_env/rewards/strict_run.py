@@ -13,7 +13,8 @@
   never collected, is not believed. The stream is cross-checked against the process's
   real exit code and the runner's own summary line. Output is never parsed for markers.
 - ``run_perturbed``: the F2P tests again, renamed, in a tree at another path, under another host
-  name and argv, without ``-P`` and with no ``PYTEST_*`` variable visible (the grader compares).
+  name and argv, without ``-P``, with no ``PYTEST_*`` variable visible, real stdio (no capture) and
+  no fault handler installed (the grader compares).
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ CONFIG_FILES = (("pytest.ini", "pytest"), (".pytest.ini", "pytest"), ("pyproject
 SUMMARY_RE = re.compile(r"^=+ (?P<body>(?:\d+ \w+(?:, )?)+)(?: in [\d.]+s.*)? =+$", re.M)
 COUNT_RE = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed)")
 RUNNER_DIRS = ("/_pytest/", "/pytest/", "/pluggy/")
+# the perturbed run leaves the process's stdio real (no capture: ``sys.stdin.fileno()`` works, as in use)
+PERTURBED_STDIO = ("--capture=no",)
 
 
 class StrictUnsupported(Exception):
@@ -212,14 +215,13 @@ def run_strict(task: Task, tree: Path, venv: Path, env: dict[str, str], timeout_
     """Run the task's tests the strict way on the (already reset and test-patched) ``tree``."""
     with tempfile.TemporaryDirectory(prefix="polar-strict-") as tmp:
         grader_dir = _grader_dir(Path(tmp), task, tree, PLUGIN_MODULE)
-        argv = ["python", "-P", "-m", "pytest", *_pytest_options(task, venv, GRADER_MOUNT, TREE_MOUNT, PLUGIN_MODULE),
-                *task.test_directives]
         config = {"nonce": secrets.token_hex(16)}
         pythonpath = ":".join(filter(None, [GRADER_MOUNT, env.get("PYTHONPATH", "")]))
         run_env = {**env, "PYTHONPATH": pythonpath, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONNOUSERSITE": "1"}
         originals = f2p_sources(task.FAIL_TO_PASS, lambda rel: beneath.read(tree, rel))
         canaries = plan_canaries(originals, task.FAIL_TO_PASS)
-        argv += uncovered_canaries(canaries, task.test_directives)
+        argv = ["python", "-P", "-m", "pytest", *_pytest_options(task, venv, GRADER_MOUNT, TREE_MOUNT, PLUGIN_MODULE),
+                *written_directives(canaries, task.test_directives)]
         try:
             for rel, text in canaries.files.items():
                 beneath.write(tree, rel, text.encode(), mode="100644")
@@ -244,13 +246,15 @@ def f2p_sources(f2p: list[str], read: Callable[[str], bytes | None]) -> dict[str
     return out
 
 
-def uncovered_canaries(canaries: CanaryPlan, directives: list[str]) -> list[str]:
-    """Canaries in files the task's directives would not collect (they name single tests): named too."""
+def written_directives(canaries: CanaryPlan, directives: list[str]) -> list[str]:
+    """The task's directives as they name the planned files' tests (every test there is renamed), then the
+    canaries in files those would not collect (the directives name single tests)."""
     paths = [d.rstrip("/") for d in directives if "::" not in d]
 
     def covered(rel: str) -> bool:
         return any(d in ("", ".") or rel == d or rel.startswith(d + "/") for d in paths)
-    return [c for c in canaries.expect if not covered(c.split("::")[0])]
+    return [*dict.fromkeys(canaries.written(d) for d in directives),
+            *[c for c in canaries.expect if not covered(c.split("::")[0])]]
 
 
 @dataclass
@@ -315,7 +319,7 @@ def plan_perturbed(task: Task, copy: Path, config_tree: Path, grader_dir: Path, 
     files = {test_file_of(old): test_file_of(new) for old, new in renamed.items() if test_file_of(old) in before}
     new_files = sorted({test_file_of(t) for t in renamed.values()})
     canaries = plan_canaries({rel: (copy / rel).read_text() for rel in new_files}, list(renamed.values()),
-                             prefix=prefix, extra=0)
+                             prefix=prefix, extra=0)  # (their ids map back to ``renamed``'s values)
     for rel, text in canaries.files.items():
         (copy / rel).write_text(text)
     module, mount, grader_mount = _random_name(), "/srv/" + _random_name(), "/opt/" + _random_name()
@@ -325,7 +329,8 @@ def plan_perturbed(task: Task, copy: Path, config_tree: Path, grader_dir: Path, 
     (grader_dir / "pytest.ini").write_text(render_ini(options))
     plugin_args = [p for m in (plugins if plugins is not None else venv_plugins(venv)) for p in ("-p", m)]
     argv = ["-c", f"{grader_mount}/pytest.ini", f"--rootdir={mount}", f"--confcutdir={mount}", "-p", "no:cacheprovider",
-            "-p", module, *plugin_args, *pytest_args(task), *dict.fromkeys(renamed.values()), *canaries.expect]
+            "-p", module, "-p", "no:faulthandler", *plugin_args, *pytest_args(task), *PERTURBED_STDIO,
+            *written_directives(canaries, list(renamed.values()))]
     (grader_dir / "main.py").write_text(
         f"import sys\nimport pytest\nsys.argv[:] = [{'/usr/local/bin/' + _random_name()!r}]\n"
         f"raise SystemExit(pytest.main({argv!r}))\n")
@@ -435,13 +440,13 @@ def _judge_stream(data: bytes, size: int, config: dict, run: SandboxRun, repo: s
     if ghosts:
         out.violations.append(f"ghost-id: results for ids never collected: {ghosts[:3]}")
     out.violations += canaries.violations(all_statuses, collected)
-    out.statuses = {k: v for k, v in all_statuses.items() if not canaries.source_of(k)[0] and v}
-    out.collected = [c for c in collected if not canaries.source_of(c)[0]]
+    out.statuses = {canaries.task_id(k): v for k, v in all_statuses.items() if not canaries.source_of(k)[0] and v}
+    out.collected = [canaries.task_id(c) for c in collected if not canaries.source_of(c)[0]]
     out.status_map = sb.status_map_from_outcomes(out.statuses, repo=repo)
     out.violations += [f"runner-tampered: {k}" for e in kinds.get("tampered", []) for k in e.get("keys", [])]
     out.violations += [f"plugin-registered: {o}" for e in kinds.get("plugin", [])
                        if not _trusted_plugin(o := str(e.get("origin")), tree_mount)]
-    out.untrusted_xfail = sorted({str(p.get("id")) for p in kinds.get("phase", []) if p.get("untrusted")})
+    out.untrusted_xfail = sorted({canaries.task_id(str(p.get("id"))) for p in kinds.get("phase", []) if p.get("untrusted")})
     end = ends[0]
     exitstatus, failed = int(end.get("exitstatus", -1)), int(end.get("testsfailed", -1))
     if exitstatus != run.returncode:

@@ -13,7 +13,7 @@ from polar_env.backends.logprobs_mode import LogprobsMismatch
 from polar_env.episodes.workspace import SANDBOX_CHOICES
 from polar_env.harness_adapters.registry import adapter_names, harness_choices
 from polar_env.outcomes import FailureKind, Outcome, parse_outcome
-from polar_env.proxy.engine import add_thinking_arguments
+from polar_env.proxy.engine import add_agent_calls_argument, add_thinking_arguments
 from polar_env.rollout.config import RolloutConfig, host_port
 from polar_env.tasks.loader import TaskLoadError
 from polar_env.tasks.runtime import WorkspaceUnavailable
@@ -50,6 +50,7 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
                         help="scripted policies: the model scores each answer given the last N prompt tokens")
     parser.add_argument("--tool-format", choices=["hermes", "qwen3_coder"], default=d.tool_format)
     add_thinking_arguments(parser, d.enable_thinking, d.history_thinking)
+    add_agent_calls_argument(parser, d.agent_calls)
     parser.add_argument("--samples", type=positive_int, default=d.samples, help="rollouts per task (GRPO group size)")
     parser.add_argument("--concurrency", type=int, default=d.concurrency,
                         help="model calls at once (the same as --run-slots)")

@@ -39,6 +39,7 @@ class RolloutConfig(BaseModel):
     tool_format: Literal["hermes", "qwen3_coder"] | None = None
     enable_thinking: bool | None = None  # the template's flag; None: its own default (docs/proxy.md)
     history_thinking: Literal["keep", "drop"] = "keep"  # a new user turn after thinking turns (docs/proxy.md)
+    agent_calls: Literal["serve", "refuse"] = "serve"  # calls an episode's tools make with its key (docs/training.md)
     samples: int = Field(default=1, ge=1)  # GRPO group size
     concurrency: int = Field(default=1, ge=1)  # run slots, by their old name (--run-slots wins)
     run_slots: int | None = Field(default=None, ge=1)  # model calls at once (the inference concurrency)

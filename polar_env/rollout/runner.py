@@ -222,7 +222,8 @@ def proxy_factory(config: RolloutConfig, backend=None, tasks: list[Task] | None 
         return ProxyServer.create(renderer=renderer, backend=backend, data_dir=data_dir, admin_secret=secret,
                                   config=EngineConfig(max_context=config.max_context,
                                                       default_max_tokens=config.max_tokens,
-                                                      history_thinking=config.history_thinking))
+                                                      history_thinking=config.history_thinking,
+                                                      agent_calls=config.agent_calls))
 
     return factory
 
