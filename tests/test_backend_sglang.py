@@ -108,3 +108,13 @@ async def test_sessions_spread_over_servers_and_stick():
     per_server = [Counter(r["input_ids"][0] for r in seen) for seen in (a_seen, b_seen)]
     assert not set(per_server[0]) & set(per_server[1])  # no session was split over servers
     assert all(n == 2 for c in per_server for n in c.values())
+
+
+async def test_the_weights_label_and_entries_without_logprobs():
+    """SGLang's ``meta_info.weight_version`` labels the weights that served the request (its own test,
+    test/srt/test_weight_version.py, asserts the field); entries whose logprob is null leave the turn as context."""
+    reply = {"meta_info": {"finish_reason": {"type": "stop", "matched": 2}, "weight_version": "5",
+                           "output_token_logprobs": [[None, 10, None], [None, 2, None]]}}
+    async with serve(sglang_double([], reply=reply)) as url:
+        gen = await _run(url, SamplingParams(max_tokens=4))
+    assert gen.weight_versions == ["5"] and gen.token_ids == [10, 2] and gen.logprobs == []
