@@ -59,6 +59,10 @@ class ChatRenderer:
         self.end_of_turn: str = "<|im_end|>" if "<|im_end|>" in vocab else tokenizer.eos_token
         ids = [vocab[self.end_of_turn], tokenizer.eos_token_id]
         self.eos_token_ids: list[int] = list(dict.fromkeys(i for i in ids if i is not None))
+        # the Rust tokenizer's batch encode without offsets (the same ids): a quarter less CPU a call than
+        # transformers' ``encode``, which every model call pays on the text it appends
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._fast_encode = getattr(backend, "encode_batch_fast", None)
         base = [Message(role="user", content="."), Message(role="assistant", content=_SENTINEL)]
         self._base = [self._message_dict(m) for m in base]
         self._opens_think = {flag: self._render(self._base[:1], [], add_generation_prompt=True, enable_thinking=flag)
@@ -207,6 +211,8 @@ class ChatRenderer:
             add_generation_prompt=add_generation_prompt, **extra)
 
     def _encode(self, text: str) -> list[int]:
+        if self._fast_encode is not None:
+            return self._fast_encode([text], add_special_tokens=False)[0].ids
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     @staticmethod
