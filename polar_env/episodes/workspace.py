@@ -58,6 +58,10 @@ class WorkspaceRef(BaseModel):
     clone: str = ""  # bubblewrap: how the task tree was copied from its warm base ("reflink" or "copy")
     uid: int
     gid: int
+    # docker/podman: the host uid of a container's root where it runs in a user namespace of its own (a
+    # Harbor task's: its agent may be root there), and the agent's HOME in it; the attaching side needs both
+    userns_base: int | None = None
+    home: str = ""
 
 
 def engine_available(engine: str) -> bool:
@@ -149,7 +153,7 @@ def _open(task: Task, spec: SandboxSpec, kind: WorkspaceKind) -> Workspace:
         warm = warm_image(kind, image, spec, history_base(task))
         cs = ContainerSandbox.create(None, spec=spec, image=warm, engine=kind, warm=True)
         ref = WorkspaceRef(kind=kind, container=cs.name, image=image, path=cs.path, workdir=spec.workdir,
-                           uid=spec.uid, gid=spec.uid, clone="overlay")
+                           uid=spec.uid, gid=spec.uid, clone="overlay", userns_base=cs.userns_base, home=spec.home)
         return Workspace(cs, ref)
     from polar_env.sandbox.apptainer import ApptainerSandbox, apptainer_image
     from polar_env.tasks.base_trees import apptainer_base
@@ -187,8 +191,10 @@ def attach_workspace(ref: WorkspaceRef, spec: SandboxSpec) -> Sandbox:
     if ref.kind in ("docker", "podman"):
         from polar_env.sandbox.container import ContainerSandbox
 
-        return ContainerSandbox(replace(spec, uid=ref.uid, workdir=ref.workdir), ref.image, ref.container, engine=ref.kind,
-                                path=ref.path)
+        attached = replace(spec, uid=ref.uid, workdir=ref.workdir, userns=ref.userns_base is not None,
+                           home=ref.home or spec.home)
+        return ContainerSandbox(attached, ref.image, ref.container, engine=ref.kind, path=ref.path,
+                                userns_base=ref.userns_base)
     from polar_env.sandbox.apptainer import ApptainerSandbox
 
     return ApptainerSandbox(replace(spec), ref.image, Path(ref.root))
