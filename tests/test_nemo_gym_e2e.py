@@ -27,6 +27,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -268,13 +269,14 @@ def test_the_agent_is_scraped_twice_during_a_run(gym):
     worker.start()
     during = before
     while worker.is_alive() and value(during, "polar_episodes_in_stage", stage="run") < 1:
+        time.sleep(0.1)
         during = scrape(url)
     worker.join(600)
     after = scrape(url)
     assert answer[0][0] == 200 and answer[0][1]["reward"] == 1.0, answer
     assert value(during, "polar_episodes_in_stage", stage="run") == 1, "no scrape caught the episode running"
     assert ("polar_backend_calls_in_flight", ()) in during
-    assert 0.0 <= value(during, "polar_inference_busy_fraction") <= value(during, "polar_inference_slots")
+    assert ("polar_inference_busy_fraction", ()) in during and value(during, "polar_inference_busy_fraction") <= 1.0
     assert 0.0 < value(after, "polar_inference_busy_fraction") <= 1.0
     for name in ("polar_generation_tokens_total", "polar_prompt_tokens_total",
                  "polar_model_call_duration_seconds_count"):
