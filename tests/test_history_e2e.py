@@ -4,7 +4,8 @@ tags, a remote, notes, a stash, reflog entries, an unreachable commit, FETCH_HEA
 checked first, straight from the image: the control). In a real Pi episode, the agent's own `git log
 --all`, `git reflog`, `git stash list`, `git fsck --lost-found` and `git cat-file --batch-all-objects`
 show the base only, the gold patch still earns 1.0, and the episode is reported as history mining by
-`polar check` and the viewer. The same through the apptainer stand-in (tests/apptainer_standin.py)."""
+`polar check` and the viewer. The same through the apptainer stand-in (tests/apptainer_standin.py). A
+task whose history cannot be reduced is refused in one line."""
 
 from __future__ import annotations
 
@@ -24,16 +25,20 @@ import pytest
 
 from polar_env.backends.scripted import ScriptedBackend
 from polar_env.episodes import EpisodeConfig, run_episode
-from polar_env.episodes.workspace import engine_available
+from polar_env.episodes.workspace import engine_available, open_workspace
 from polar_env.harness_adapters.policies import final_answer, patch_edit, shell_call
+from polar_env.outcomes import FailureKind
 from polar_env.proxy.app import ProxyServer
 from polar_env.proxy.engine import EngineConfig
-from polar_env.sandbox.container import engine_run, image_exists
+from polar_env.sandbox.base import SandboxSpec
+from polar_env.sandbox.container import HistoryNotReduced, engine_run, image_exists
+from polar_env.sandbox.warm_images import warm_image_name
 from polar_env.tasks.harbor import gold_command, load_task_dir
 from polar_env.tasks.harbor_image import ensure_harbor_image
 from polar_env.tasks.images import ensure_task_image
 from polar_env.tasks.loader import TERMINAL_DIR, load_bundled
 from polar_env.tasks.models import Task
+from polar_env.tasks.runtime import container_spec, task_spec
 from polar_env.trajectory.export import TrajectoryWriter
 from polar_env.trajectory.models import Trajectory
 
@@ -243,3 +248,17 @@ async def test_the_same_through_the_apptainer_standin(swe_task: Task, proxy_for,
     assert traj.metadata["workspace"] == "apptainer"
     calls = [line for line in log.read_text().splitlines() if line.startswith("exec ")]
     assert sum(c.endswith("/bin/sh -c set -u") for c in calls) == 1  # reduced once, for the episode and its grading
+
+
+async def test_a_task_whose_history_cannot_be_reduced_is_refused_in_one_line(swe_task: Task, tmp_path: Path):
+    """A base that is not a commit of the image's repository: the workspace is refused (a task defect, one
+    line naming the image and why) and no warm image is committed."""
+    task = swe_task.model_copy(update={"base_commit": "0" * 40})
+    with pytest.raises(HistoryNotReduced) as refused:
+        await open_workspace(task, SandboxSpec(scratch_root=tmp_path), sandbox=ENGINE)
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith(f"{task.image} /testbed: its git history cannot be reduced")
+    assert message.endswith(f"the base {'0' * 40} is not a commit of the repository at /testbed")
+    assert refused.value.failure_kind == FailureKind.task_defect
+    spec = container_spec(task, task_spec(task, SandboxSpec()), ENGINE)
+    assert not image_exists(ENGINE, warm_image_name(ENGINE, task.image or "", spec, "0" * 40))
