@@ -14,6 +14,7 @@ from polar_env.harness_adapters.cline import ClineAdapter
 from polar_env.harness_adapters.codex import CodexAdapter
 from polar_env.harness_adapters.gemini_cli import GeminiCliAdapter
 from polar_env.harness_adapters.hermes_agent import HermesAgentAdapter
+from polar_env.harness_adapters.kilo import KiloAdapter
 from polar_env.harness_adapters.mini_swe_agent import MiniSweAgentAdapter
 from polar_env.harness_adapters.openclaw import OpenClawAdapter
 from polar_env.harness_adapters.opencode import OpenCodeAdapter
@@ -35,6 +36,7 @@ ADAPTERS: dict[str, type[HarnessAdapter]] = {
     "hermes-agent": HermesAgentAdapter,
     "openhands": OpenHandsAdapter,
     "openclaw": OpenClawAdapter,
+    "kilo": KiloAdapter,
 }
 ALIASES = {"claude_code": "claude-code", "claude": "claude-code", "gemini_cli": "gemini-cli", "gemini": "gemini-cli",
            "mini_swe_agent": "mini-swe-agent",
