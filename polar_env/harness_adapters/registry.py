@@ -16,6 +16,7 @@ from polar_env.harness_adapters.gemini_cli import GeminiCliAdapter
 from polar_env.harness_adapters.hermes_agent import HermesAgentAdapter
 from polar_env.harness_adapters.kilo import KiloAdapter
 from polar_env.harness_adapters.mini_swe_agent import MiniSweAgentAdapter
+from polar_env.harness_adapters.mistral_vibe import MistralVibeAdapter
 from polar_env.harness_adapters.openclaw import OpenClawAdapter
 from polar_env.harness_adapters.opencode import OpenCodeAdapter
 from polar_env.harness_adapters.openhands import OpenHandsAdapter
@@ -37,6 +38,7 @@ ADAPTERS: dict[str, type[HarnessAdapter]] = {
     "openhands": OpenHandsAdapter,
     "openclaw": OpenClawAdapter,
     "kilo": KiloAdapter,
+    "mistral-vibe": MistralVibeAdapter,
 }
 ALIASES = {"claude_code": "claude-code", "claude": "claude-code", "gemini_cli": "gemini-cli", "gemini": "gemini-cli",
            "mini_swe_agent": "mini-swe-agent",
