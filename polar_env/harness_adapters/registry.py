@@ -15,6 +15,7 @@ from polar_env.harness_adapters.codex import CodexAdapter
 from polar_env.harness_adapters.gemini_cli import GeminiCliAdapter
 from polar_env.harness_adapters.hermes_agent import HermesAgentAdapter
 from polar_env.harness_adapters.kilo import KiloAdapter
+from polar_env.harness_adapters.kimi_cli import KimiCliAdapter
 from polar_env.harness_adapters.mini_swe_agent import MiniSweAgentAdapter
 from polar_env.harness_adapters.mistral_vibe import MistralVibeAdapter
 from polar_env.harness_adapters.openclaw import OpenClawAdapter
@@ -39,6 +40,7 @@ ADAPTERS: dict[str, type[HarnessAdapter]] = {
     "openclaw": OpenClawAdapter,
     "kilo": KiloAdapter,
     "mistral-vibe": MistralVibeAdapter,
+    "kimi-cli": KimiCliAdapter,
 }
 ALIASES = {"claude_code": "claude-code", "claude": "claude-code", "gemini_cli": "gemini-cli", "gemini": "gemini-cli",
            "mini_swe_agent": "mini-swe-agent",
