@@ -22,6 +22,7 @@ class KiloAdapter(OpenCodeAdapter):
     # 7.7.7: the newest release whose per-platform binary (@kilocode/cli-linux-x64) npm carries
     source = NpmPackage("@kilocode/cli", "7.7.7", "kilo")
     noise_dirs = (".kilo",)
+    prefill_allowance_s = 480.0  # ~12.3k first-prompt tokens (15 tools, a 13.6k-character system prompt)
     config_name = "kilo"
     env_prefix = "KILO"
     offline_switches = (*OFFLINE_SWITCHES, "DISABLE_SESSION_INGEST", "DISABLE_PRESENCE", "NO_DAEMON")

@@ -22,7 +22,7 @@ from polar_env.harness_adapters.base import (
     HarnessSummary,
     ShellTool,
     VolatileRule,
-    json_lines,
+    chat_messages_summary,
 )
 from polar_env.harness_adapters.sources import PortablePython
 
@@ -36,6 +36,7 @@ class KimiCliAdapter(HarnessAdapter):
     wire_api = "chat"
     # ``timeout`` in s: 60 by default, at most 300 for a command in the foreground
     shell_tool = ShellTool("Shell", "command", wait_args={"timeout": 300})
+    prefill_allowance_s = 480.0  # ~12.3k first-prompt tokens (15 tools, a 14.8k-character system prompt)
     volatile_rules = (
         # "The current date and time in ISO format is `2026-12-06T21:28:45.458865+00:00`. This is only a
         # reference ...": its clock in the sandbox's time zone, in the "## Date and Time" section
@@ -64,21 +65,6 @@ class KimiCliAdapter(HarnessAdapter):
                 "--output-format", "stream-json", "--yolo", "-p", prompt]
 
     def summarize(self, stdout: str) -> HarnessSummary:
-        """Its messages, one a line: each assistant message is a model turn (its ``tool_calls`` the tool
-        calls), the last one's text the final message. A failure ends the run with a non-zero exit
-        (75 when the API could not be reached) and a plain text line, no event."""
-        events, bad = json_lines(stdout)
-        s = HarnessSummary(events=len(events), unparsed_lines=bad)
-        for ev in events:
-            if ev.get("role") != "assistant":
-                continue
-            s.turns += 1
-            for call in ev.get("tool_calls") or []:
-                s.tool_calls += 1
-                s.tool_names.append(str((call.get("function") or {}).get("name")))
-            content = ev.get("content")
-            text = content if isinstance(content, str) else "".join(
-                p.get("text", "") for p in content or [] if isinstance(p, dict) and p.get("type") == "text")
-            s.final_message = text or s.final_message
-        s.finished = s.turns > 0
-        return s
+        """Its messages, one a line. A failure prints a plain text line, no message, and exits non-zero
+        (75 when the server cannot be reached)."""
+        return chat_messages_summary(stdout)

@@ -44,6 +44,7 @@ class MistralVibeAdapter(HarnessAdapter):
     wire_api = "chat"
     shell_tool = ShellTool("bash", "command")
     noise_dirs = (".vibe",)
+    prefill_allowance_s = 480.0  # ~8.5k first-prompt tokens (10 tools, an 18.4k-character system prompt)
     volatile_rules = (
         # "Today's date is 2026-12-06 (Sunday)." after its persona line in the system prompt
         VolatileRule("vibe-todays-date", frozenset({"system"}),

@@ -18,6 +18,7 @@ from polar_env.harness_adapters.kilo import KiloAdapter
 from polar_env.harness_adapters.kimi_cli import KimiCliAdapter
 from polar_env.harness_adapters.mini_swe_agent import MiniSweAgentAdapter
 from polar_env.harness_adapters.mistral_vibe import MistralVibeAdapter
+from polar_env.harness_adapters.nanocoder import NanocoderAdapter
 from polar_env.harness_adapters.openclaw import OpenClawAdapter
 from polar_env.harness_adapters.opencode import OpenCodeAdapter
 from polar_env.harness_adapters.openhands import OpenHandsAdapter
@@ -41,6 +42,7 @@ ADAPTERS: dict[str, type[HarnessAdapter]] = {
     "kilo": KiloAdapter,
     "mistral-vibe": MistralVibeAdapter,
     "kimi-cli": KimiCliAdapter,
+    "nanocoder": NanocoderAdapter,
 }
 ALIASES = {"claude_code": "claude-code", "claude": "claude-code", "gemini_cli": "gemini-cli", "gemini": "gemini-cli",
            "mini_swe_agent": "mini-swe-agent",
