@@ -42,7 +42,7 @@ class MistralVibeAdapter(HarnessAdapter):
     name = "mistral-vibe"
     source = PortablePython("mistral-vibe", "3.0.2", "vibe", python="3.12", lock="mistral-vibe.txt")
     wire_api = "chat"
-    shell_tool = ShellTool("bash", "command")
+    shell_tool = ShellTool("bash", "command", wait_args={"timeout_seconds": 300})  # 120 s by default, at most 300
     noise_dirs = (".vibe",)
     prefill_allowance_s = 480.0  # ~8.5k first-prompt tokens (10 tools, an 18.4k-character system prompt)
     volatile_rules = (

@@ -32,7 +32,7 @@ class NanocoderAdapter(HarnessAdapter):
     # it declares Node >= 22 (on the host's 20 it dies at start-up): the Node.js OpenClaw pins, from npm
     source = NpmPackage("@nanocollective/nanocoder", "1.30.0", "nanocoder", node="24.22.3")
     wire_api = "chat"
-    shell_tool = ShellTool("execute_bash", "command")
+    shell_tool = ShellTool("execute_bash", "command")  # no time argument: a command runs at most 2 minutes
     noise_dirs = (".nanocoder",)  # its task list (.nanocoder/tasks.json) and project state
     prefill_allowance_s = 480.0  # ~6.7k first-prompt tokens (20 tools)
     volatile_rules = (

@@ -46,7 +46,8 @@ ADAPTERS: dict[str, type[HarnessAdapter]] = {
 }
 ALIASES = {"claude_code": "claude-code", "claude": "claude-code", "gemini_cli": "gemini-cli", "gemini": "gemini-cli",
            "mini_swe_agent": "mini-swe-agent",
-           "hermes_agent": "hermes-agent", "hermes": "hermes-agent"}
+           "hermes_agent": "hermes-agent", "hermes": "hermes-agent", "kilocode": "kilo",
+           "mistral_vibe": "mistral-vibe", "vibe": "mistral-vibe", "kimi_cli": "kimi-cli", "kimi": "kimi-cli"}
 
 # Every harness's state dirs and the build artefacts: never part of an agent's patch (docs/rewards.md).
 NOISE_EXCLUDES: tuple[str, ...] = tuple(dict.fromkeys(
