@@ -1,7 +1,7 @@
 """Every harness's first prompt is a function of the task alone, under what production varies.
 
 GRPO groups rollouts by the exact token ids of their first prompt (NeMo-RL's rule, reproduced by
-``nemo_rl_groups``), so each of the 11 real harnesses runs 3 rollouts of one bundled task that differ
+``nemo_rl_groups``), so each real harness in the registry runs 3 rollouts of one bundled task that differ
 in everything a cluster varies, and the first prompts must form one group of 3:
 
 - the sandbox's hostname, user and time zone, and the time zones Etc/GMT-14 and Etc/GMT+12 put the

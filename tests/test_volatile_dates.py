@@ -33,10 +33,12 @@ def _first_dated_model_calls() -> list[str]:
 def test_a_different_date_decodes_to_the_same_conversation(path):
     captured = json.loads((FIXTURES / path).read_text())
     decode = API_MODULES[wire_api_of(captured["path"])].decode
-    text = json.dumps(captured["body"])
+    # another day in everything but the tool declarations, which are fixed per version (examples in them
+    # look like dates: Nanocoder's git_log takes since="2024-01-01")
+    text = json.dumps({k: v for k, v in captured["body"].items() if k != "tools"})
     for date, other_day in DATES:
         text = date.sub(other_day, text)
-    shifted = json.loads(text)
+    shifted = {**captured["body"], **json.loads(text)}
     a, b = decode(captured["body"]), decode(shifted)
     assert any(f.startswith("stripped:") for f in a.flags)
     assert a.conversation == b.conversation

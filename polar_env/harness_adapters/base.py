@@ -77,6 +77,27 @@ def json_lines(stdout: str) -> tuple[list[dict], int]:
     return events, bad
 
 
+def chat_messages_summary(stdout: str) -> HarnessSummary:
+    """A conversation printed as OpenAI-style messages, one JSON line each (Kimi CLI, Grok CLI): each
+    assistant message is a model turn, its ``tool_calls`` the tool calls, the last one's text (a string
+    or text parts) the final message."""
+    events, bad = json_lines(stdout)
+    s = HarnessSummary(events=len(events), unparsed_lines=bad)
+    for ev in events:
+        if ev.get("role") != "assistant":
+            continue
+        s.turns += 1
+        for call in ev.get("tool_calls") or []:
+            s.tool_calls += 1
+            s.tool_names.append(str((call.get("function") or {}).get("name")))
+        content = ev.get("content")
+        text = content if isinstance(content, str) else "".join(
+            p.get("text", "") for p in content or [] if isinstance(p, dict) and p.get("type") == "text")
+        s.final_message = text or s.final_message
+    s.finished = s.turns > 0
+    return s
+
+
 @dataclass(frozen=True)
 class VolatileRule:
     """A line the harness writes into its prompt that differs between rollouts of one task (the date,

@@ -25,9 +25,9 @@ from polar_env.harness_adapters.sources import NpmPackage
 
 PROVIDER = "polar"
 KEY_ENV = "POLAR_SESSION_KEY"
-OFFLINE_ENV = ("OPENCODE_DISABLE_MODELS_FETCH", "OPENCODE_DISABLE_AUTOUPDATE", "OPENCODE_DISABLE_LSP_DOWNLOAD",
-               "OPENCODE_DISABLE_DEFAULT_PLUGINS", "OPENCODE_DISABLE_SHARE", "OPENCODE_DISABLE_CLAUDE_CODE",
-               "OPENCODE_DISABLE_EXTERNAL_SKILLS", "OPENCODE_DISABLE_TERMINAL_TITLE")
+# its switches, each ``<PREFIX>_<name>=1`` (a fork renames the prefix: Kilo's KILO_)
+OFFLINE_SWITCHES = ("DISABLE_MODELS_FETCH", "DISABLE_AUTOUPDATE", "DISABLE_LSP_DOWNLOAD", "DISABLE_DEFAULT_PLUGINS",
+                    "DISABLE_SHARE", "DISABLE_CLAUDE_CODE", "DISABLE_EXTERNAL_SKILLS", "DISABLE_TERMINAL_TITLE")
 
 
 class OpenCodeAdapter(HarnessAdapter):
@@ -36,6 +36,9 @@ class OpenCodeAdapter(HarnessAdapter):
     wire_api = "chat"
     shell_tool = ShellTool("bash", "command", wait_args={"timeout": 600000})  # ``timeout`` in ms
     noise_dirs = (".opencode",)
+    config_name = "opencode"  # ~/.config/<config_name>/<config_name>.json
+    env_prefix = "OPENCODE"
+    offline_switches: tuple[str, ...] = OFFLINE_SWITCHES
     prefill_allowance_s = 480.0  # ~7.4k first-prompt tokens
     volatile_rules = (
         # "  Today's date: Mon Nov 30 2026" in the <env> block of its system prompt
@@ -61,10 +64,12 @@ class OpenCodeAdapter(HarnessAdapter):
         }
 
     def config_files(self, ctx: HarnessContext) -> dict[str, str]:
-        return {f"{ctx.home}/.config/opencode/opencode.json": json.dumps(self.config(ctx), indent=2) + "\n"}
+        path = f"{ctx.home}/.config/{self.config_name}/{self.config_name}.json"
+        return {path: json.dumps(self.config(ctx), indent=2) + "\n"}
 
     def env(self, ctx: HarnessContext) -> dict[str, str]:
-        return {KEY_ENV: ctx.session_key, "XDG_CONFIG_HOME": f"{ctx.home}/.config", **dict.fromkeys(OFFLINE_ENV, "1")}
+        return {KEY_ENV: ctx.session_key, "XDG_CONFIG_HOME": f"{ctx.home}/.config",
+                **{f"{self.env_prefix}_{switch}": "1" for switch in self.offline_switches}}
 
     def command(self, ctx: HarnessContext, prompt: str) -> list[str]:
         return [*self.launcher, "run", "--format", "json", "--model", f"{PROVIDER}/{ctx.model_name}",

@@ -14,7 +14,11 @@ from polar_env.harness_adapters.cline import ClineAdapter
 from polar_env.harness_adapters.codex import CodexAdapter
 from polar_env.harness_adapters.gemini_cli import GeminiCliAdapter
 from polar_env.harness_adapters.hermes_agent import HermesAgentAdapter
+from polar_env.harness_adapters.kilo import KiloAdapter
+from polar_env.harness_adapters.kimi_cli import KimiCliAdapter
 from polar_env.harness_adapters.mini_swe_agent import MiniSweAgentAdapter
+from polar_env.harness_adapters.mistral_vibe import MistralVibeAdapter
+from polar_env.harness_adapters.nanocoder import NanocoderAdapter
 from polar_env.harness_adapters.openclaw import OpenClawAdapter
 from polar_env.harness_adapters.opencode import OpenCodeAdapter
 from polar_env.harness_adapters.openhands import OpenHandsAdapter
@@ -35,10 +39,15 @@ ADAPTERS: dict[str, type[HarnessAdapter]] = {
     "hermes-agent": HermesAgentAdapter,
     "openhands": OpenHandsAdapter,
     "openclaw": OpenClawAdapter,
+    "kilo": KiloAdapter,
+    "mistral-vibe": MistralVibeAdapter,
+    "kimi-cli": KimiCliAdapter,
+    "nanocoder": NanocoderAdapter,
 }
 ALIASES = {"claude_code": "claude-code", "claude": "claude-code", "gemini_cli": "gemini-cli", "gemini": "gemini-cli",
            "mini_swe_agent": "mini-swe-agent",
-           "hermes_agent": "hermes-agent", "hermes": "hermes-agent"}
+           "hermes_agent": "hermes-agent", "hermes": "hermes-agent", "kilocode": "kilo",
+           "mistral_vibe": "mistral-vibe", "vibe": "mistral-vibe", "kimi_cli": "kimi-cli", "kimi": "kimi-cli"}
 
 # Every harness's state dirs and the build artefacts: never part of an agent's patch (docs/rewards.md).
 NOISE_EXCLUDES: tuple[str, ...] = tuple(dict.fromkeys(

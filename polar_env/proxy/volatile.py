@@ -16,9 +16,10 @@ from polar_env.proxy.seen import Seen, Stripped, common_prefix, extends
 from polar_env.proxy.wire import DecodedRequest, dedupe
 
 # Each adapter declares its harness's own lines (harness_adapters/<harness>.py); the proxy does not
-# know which harness a session runs, so it applies all of them.
+# know which harness a session runs, so it applies all of them (a fork's inherited rules once).
 DROPPABLE = frozenset({"system", "user"})  # roles whose message goes when nothing of it is left
-RULES: tuple[VolatileRule, ...] = tuple(rule for adapter in ADAPTERS.values() for rule in adapter.volatile_rules)
+RULES: tuple[VolatileRule, ...] = tuple(dict.fromkeys(
+    rule for adapter in ADAPTERS.values() for rule in adapter.volatile_rules))
 
 
 def strip_message(message: Message, rules: tuple[VolatileRule, ...] = RULES) -> tuple[Message, list[str]]:
