@@ -405,8 +405,8 @@ async def test_run_slots_hold_the_policy_server_at_its_concurrency_per_call(tmp_
         finally:
             inflight[0] -= 1
 
-    async def timed(session_id: str) -> float:
-        waits.append(await enter(session_id))
+    async def timed(session_id: str, *, harness: bool = True) -> float:
+        waits.append(await enter(session_id, harness=harness))
         return waits[-1]
 
     engine.backend.generate, engine.run_slots.enter = counted, timed

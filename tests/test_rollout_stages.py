@@ -176,10 +176,10 @@ class GatedSlots(RunSlots):
         super().__init__(n)
         self.backend = backend
 
-    async def enter(self, session_id: str) -> float:
+    async def enter(self, session_id: str, *, harness: bool = True) -> float:
         if self.backend.watch is not None:  # a test that holds no grade sets it to None
             await self.backend.watch.first_grades(session_id)
-        return await super().enter(session_id)
+        return await super().enter(session_id, harness=harness)
 
 
 class GatedGrade:
