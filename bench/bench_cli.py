@@ -135,6 +135,7 @@ class Bench:
         from bench.paths import open_paths
 
         if self.only is not None and not self.only & {"overhead_instant", "growth", "profile", "profile_2k",
+                                                       "profile_growth",
                                                        f"overhead_{tag}"}:
             return
         started = time.perf_counter()
@@ -162,6 +163,7 @@ class Bench:
                 self.renderer, paths, self.workdir / "polar-profile.txt", size=16000, calls=60))
             self.run("profile_2k", lambda: profiling.profile_polar(
                 self.renderer, paths, self.workdir / "polar-profile-2k.txt", size=2000, calls=400))
+            self.run("profile_growth", lambda: profiling.profile_growth(paths, self.workdir))
 
     async def _concurrency(self, concurrency: Any, workers: int = 1, levels: list[int] | None = None
                            ) -> dict[str, Any]:
@@ -236,7 +238,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--only", default=None,
                         help="comma-separated families: overhead_instant, overhead_local, growth, concurrency, "
                              "concurrency_workers, "
-                             "builder, grading, grading_loop, workspace, rollouts, profile, profile_2k, pipeline")
+                             "builder, grading, grading_loop, workspace, rollouts, profile, profile_2k, profile_growth, pipeline")
     parser.add_argument("--workdir", type=Path, default=None, help="scratch directory (default: a temp dir)")
     parser.add_argument("--note", default=None,
                         help="what else ran on the machine during the run (said in the report's Machine section)")

@@ -258,6 +258,8 @@ def render(results: dict[str, Any]) -> str:
     for name in ("profile", "profile_2k"):
         if fam.get(name, {}).get("self"):
             out += _profile(fam[name])
+    if fam.get("profile_growth", {}).get("growth"):
+        out += _profile_growth(fam["profile_growth"])
     out.append(analysis(results))
     skipped = {**results.get("notes", {})}
     if skipped or results.get("errors"):
@@ -276,6 +278,19 @@ def _profile(p: dict[str, Any]) -> list[str]:
     out += [f"| {r['percent']} | `{r['frame']}` |" for r in p["self"]]
     out += ["", "| inclusive % | Polar frame |", "|---|---|"]
     out += [f"| {r['percent']} | `{r['frame']}` |" for r in p["polar_inclusive"]]
+    return [*out, ""]
+
+
+def _profile_growth(p: dict[str, Any]) -> list[str]:
+    (a, b), (c, d) = p["windows"]["early"], p["windows"]["late"]
+    out = [f"## Profile of the growth (py-spy, one {p['turns']}-turn session, instant backend)", "",
+           f"The proxy's CPU per call over calls {a}-{b} and {c}-{d} of one session built as the growth family's "
+           f"(schedstat, with py-spy attached: {p['cpu_ms_early']:.2f} and {p['cpu_ms_late']:.2f} ms), split by "
+           f"py-spy's samples of the interpreter-holding thread (`--gil`, {p['rate']} Hz, the loop's idle wait left "
+           "out) into each frame's ms per call; the frames whose cost grew most with the history:", "",
+           "| frame | early ms/call | late ms/call | grew by |", "|---|---|---|---|"]
+    out += [f"| `{r['frame']}` | {r['early_ms']:.3f} | {r['late_ms']:.3f} | {r['late_ms'] - r['early_ms']:.3f} |"
+            for r in p["growth"]]
     return [*out, ""]
 
 
