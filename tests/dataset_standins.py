@@ -3,7 +3,8 @@ image (tasks/images.py) rearranged into one dataset's published layout, tagged w
 dataset's loader gives the task, so a row in the dataset's own schema runs as a user's would after
 ``podman pull``. Built once per machine (tagged by their inputs), shared by the tests that use them.
 
-SWE-Gym (its images are SWE-bench's, built by the SWE-Bench-Fork): the task environment is a conda
+SWE-Gym and SWE-rebench (their images are SWE-bench's, built by their forks of SWE-bench's harness):
+the task environment is a conda
 environment ``testbed`` that only ``source /opt/miniconda3/bin/activate; conda activate testbed`` puts
 on PATH (nothing of it is on the image's own PATH: a grader that skips the activation has no pytest),
 the repository installed into it in place (a ``.pth`` of /testbed, what ``pip install -e .`` leaves),
@@ -36,7 +37,7 @@ if [ -n "${1:-}" ]; then conda activate "$1"; fi
 """
 # run as root in /testbed of the bundled task's image: its venv becomes the conda env, the tree an install
 # in it, the fix a later commit
-SWE_GYM_SETUP = f"""set -eu
+CONDA_SETUP = f"""set -eu
 for f in {VENV}/bin/*; do [ -L "$f" ] || sed -i '1s|^#!{VENV}/bin/python|#!{TESTBED_ENV}/bin/python|' "$f"; done
 mkdir -p {CONDA}/bin {CONDA}/envs && mv {VENV} {TESTBED_ENV}
 cp /tmp/layer/activate {CONDA}/bin/activate
@@ -59,6 +60,19 @@ def swe_gym_row(task: Task) -> dict:
             "FAIL_TO_PASS": task.FAIL_TO_PASS, "PASS_TO_PASS": task.PASS_TO_PASS}
 
 
+def swe_rebench_row(task: Task) -> dict:
+    """``task`` as a row of SWE-rebench's (v1) schema: SWE-bench's columns and the row's ``install_config``
+    (the environment recipe its fork builds the image from; here its test command and parser)."""
+    return {**swe_gym_row(task), "environment_setup_commit": task.base_commit,
+            "install_config": {"python": task.environment.python, "install": "pip install -e .",
+                               "test_cmd": "pytest --no-header -rA --tb=no",
+                               "log_parser": "parse_log_pytest"}}
+
+
+# the datasets whose images have SWE-bench's layout (conda `testbed`, /testbed): one stand-in serves them
+ROWS = {"swe-gym": swe_gym_row, "swe-rebench": swe_rebench_row}
+
+
 def build_layer(engine: str, base_image: str, name: str, files: dict[str, str], run: str, tail: str = "") -> str:
     """``base_image`` with ``files`` in /tmp/layer and ``run`` (shell, as root) run there, no network; built
     once, tagged ``localhost/<name>:<a hash of its inputs, the base's image id among them>``."""
@@ -77,13 +91,14 @@ def build_layer(engine: str, base_image: str, name: str, files: dict[str, str], 
     return tag
 
 
-def swe_gym_standin(task: Task, name: str, engine: str = "podman") -> str:
-    """The stand-in of SWE-Gym's image for the bundled ``task``, tagged ``name`` (the loader's image name)."""
+def conda_standin(task: Task, name: str, engine: str = "podman") -> str:
+    """The stand-in of a SWE-bench-layout dataset image (SWE-Gym's, SWE-rebench's) for the bundled ``task``,
+    tagged ``name`` (the loader's image name)."""
     pth = "".join(p.replace("{testbed}", "/testbed") + "\n"
                   for p in task.environment.env.get("PYTHONPATH", "{testbed}").split(":"))
-    files = {"setup.sh": SWE_GYM_SETUP, "activate": ACTIVATE, "testbed.pth": pth,
+    files = {"setup.sh": CONDA_SETUP, "activate": ACTIVATE, "testbed.pth": pth,
              "fix.patch": task.patch + task.test_patch}
-    tag = build_layer(engine, ensure_task_image(task, engine), f"polar-standin/swe-gym-{task.instance_id.lower()}",
+    tag = build_layer(engine, ensure_task_image(task, engine), f"polar-standin/conda-{task.instance_id.lower()}",
                       files, "cd /testbed && sh /tmp/layer/setup.sh",
                       tail=f"ENV PATH={PLAIN_PATH}\nENV VIRTUAL_ENV=\"\"\nWORKDIR /testbed\n")
     engine_run([engine, "tag", tag, name])

@@ -87,7 +87,10 @@ def _is_v2(row: dict) -> bool:
 
 
 # the fork's eval script: SWE-bench's, conda ``testbed`` first (it also re-runs ``install_config.install``: not here)
-SPEC = DatasetSpec(NAME, "nebius/SWE-rebench", "test", to_task=to_task, procedure=Procedure(activate=CONDA_TESTBED),
+PROCEDURE = Procedure(activate=CONDA_TESTBED, verified="a stand-in image in SWE-bench's layout (conda `testbed`, "
+                      "/testbed with a later fix commit), gold 1.0 and no-op 0 by `polar rollout`, strict mode "
+                      "(tests/test_dataset_standins.py)")
+SPEC = DatasetSpec(NAME, "nebius/SWE-rebench", "test", to_task=to_task, procedure=PROCEDURE,
                    matches=lambda row: "install_config" in row and not _is_v2(row))
 # not reproduced: V2's repository is at /<repo>, Polar's image grading runs SWE-bench's procedure in
 # /testbed, and most of its parsers (76, 20 languages) are V2's own, not SWE-bench's.
