@@ -46,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
             check_image(task, kinds[task.instance_id])
         except WorkspaceUnavailable as exc:
             unchecked += 1
-            print(f"{task.instance_id}: NOT CHECKED: {str(exc).splitlines()[0]}", flush=True)
+            why = str(exc).splitlines()[0].removeprefix(f"{task.instance_id}: ")
+            print(f"{task.instance_id}: NOT CHECKED: {why}", flush=True)
             continue
         result = validate_task(task, kind=kinds[task.instance_id], timeout_s=args.timeout)
         defects += not result.ok
