@@ -3,8 +3,8 @@
 `podman run` of the same image, with its binds (read-only ones too), user (`--security uid:N,gid:N`,
 else root, as apptainer run by root), environment (`--env`, read as the CSV apptainer reads), host
 name, network and working directory. A test through it checks how Polar drives apptainer (the argv,
-the binds a box keeps, its locks), not apptainer itself. Every call is logged to
-$FAKE_APPTAINER_LOG."""
+the binds a box keeps, its locks), not apptainer itself; `apptainer version` answers as installed.
+Every call is logged to $FAKE_APPTAINER_LOG."""
 import csv
 import os
 import sys
@@ -12,6 +12,9 @@ import sys
 argv = sys.argv[1:]
 with open(os.environ["FAKE_APPTAINER_LOG"], "a") as log:
     log.write(" ".join(argv) + "\n")
+if argv == ["version"]:  # what `polar` asks to see that apptainer is installed (episodes/workspace.py)
+    print("apptainer version 1.3.4 (Polar's test stand-in)")
+    sys.exit(0)
 assert argv[0] == "exec", argv
 out = ["podman", "run", "--rm", "-i", "--label", "polar_env=1", "-e", "HOME=/tmp"]
 labels = os.environ.get("POLAR_CONTAINER_LABELS", "")

@@ -6,11 +6,15 @@ one error naming the field."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from polar_env.tasks.datasets import DATASETS, DatasetRowError, detect
+from polar_env.rewards.image_grading import custom_eval_script
+from polar_env.tasks import datasets
+from polar_env.tasks.datasets import DATASETS, DatasetRowError, detect, procedure_of
 from polar_env.tasks.loader import TaskLoadError, load_tasks
 
 ROWS = Path(__file__).parent / "fixtures" / "datasets"
@@ -75,18 +79,71 @@ def test_dataset_specific_fields():
     two = _row("swe-rebench-v2")
     two["install_config"]["test_cmd"] = ["cargo build", "cargo test"]
     assert DATASETS["swe-rebench-v2"].to_task(two).test_cmd == "cargo build && cargo test"
-    assert [n for n, s in DATASETS.items() if s.graded_here] == ["swe-rebench", "swe-gym"]
+    assert [n for n, s in DATASETS.items() if s.procedure.reproduced] == ["swe-rebench", "swe-gym"]
 
 
-@pytest.mark.parametrize("name", ["swe-rebench", "swe-rebench-v2", "swe-smith", "r2e-gym", "swe-bench-pro",
-                                  "multi-swe-bench"])
+@pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_plain_jsonl_rows_are_recognised_by_schema(name: str, tmp_path: Path):
     assert detect(_row(name)) is DATASETS[name]
     f = tmp_path / "rows.jsonl"
     f.write_text(json.dumps(_row(name)) + "\n")
     (task,) = load_tasks(str(f))
-    assert task.image == EXPECTED[name][1]
-    assert detect(_row("swe-gym")) is None  # SWE-bench's own schema keeps its path
+    assert (task.image, task.dataset) == (EXPECTED[name][1], name)
+    written = tmp_path / "written.jsonl"  # a row Polar wrote keeps its image and dataset
+    written.write_text(task.model_dump_json() + "\n")
+    assert load_tasks(str(written)) == [task]
+
+
+def test_swe_bench_rows_keep_their_path():
+    verified = json.loads((ROWS.parent / "swebench_verified_astropy-12907.json").read_text())
+    assert detect(verified) is None  # SWE-bench's own schema: not SWE-Gym's, though the columns are the same
+    assert detect({**_row("swe-gym"), "repo": "astropy/astropy"}) is None  # the repository tells them apart
+
+
+def test_each_dataset_grades_by_its_procedure():
+    """SWE-Gym's eval script activates its conda env before anything else (SWE-bench's eval script does);
+    a Polar-built image's row has no activation."""
+    (gym,) = load_tasks(f"swe-gym:{ROWS / 'swe-gym.jsonl'}")
+    lines = custom_eval_script(gym).splitlines()
+    assert lines[2:5] == ["source /opt/miniconda3/bin/activate", "conda activate testbed", "cd /testbed"]
+    bundled = load_tasks("bundled")[0]
+    assert "activate" not in custom_eval_script(bundled) and procedure_of(bundled).activate == ""
+    wrapped = procedure_of(gym).in_environment('printf "%s," "$@"')
+    run = subprocess.run(["bash", "-c", wrapped.replace("source /opt/miniconda3/bin/activate", "echo activated")
+                          .replace("conda activate testbed", "echo \"args:$#\""), "bash", "a b", "c"],
+                         capture_output=True, text=True)
+    # the activation sees no arguments and writes to stderr; the script gets its own back, stdout its own
+    assert (run.stdout, run.stderr.split()) == ("a b,c,", ["activated", "args:0"]), run
+
+
+def test_unreproduced_procedures_are_named_once(caplog, tmp_path: Path):
+    datasets._noticed.clear()
+    f = tmp_path / "rows.jsonl"
+    f.write_text("".join(json.dumps(_row(n)) + "\n" for n in ("swe-smith", "swe-gym", "swe-smith")))
+    with caplog.at_level("WARNING"):
+        load_tasks(str(f))
+        load_tasks(f"swe-smith:{ROWS / 'swe-smith.jsonl'}")
+    said = [r.getMessage() for r in caplog.records if "does not reproduce" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("swe-smith:") and "HEAD~1" in said[0], said
+
+
+def test_validate_names_each_rows_dataset_and_what_is_verified(tmp_path: Path):
+    """``polar tasks validate`` on a mixed file: every row's dataset and what is verified for it first; rows
+    whose image is not here are named, not checked (exit 2)."""
+    f = tmp_path / "mixed.jsonl"
+    names = ["swe-gym", "swe-smith", "multi-swe-bench"]
+    f.write_text("".join(json.dumps(_row(n)) + "\n" for n in names))
+    proc = subprocess.run([sys.executable, "-m", "polar_env.cli", "tasks", "validate", str(f), "--sandbox", "podman"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    gym, smith, msb = (DATASETS[n].to_task(_row(n)).instance_id for n in names)
+    assert f"{gym}: dataset swe-gym: procedure reproduced; verified: a stand-in image" in lines[0]
+    assert lines[1].startswith(f"{smith}: dataset swe-smith: procedure not reproduced (SWE-bench's procedure")
+    assert lines[2].startswith(f"{msb}: dataset multi-swe-bench: procedure not reproduced"), lines
+    if "podman is not installed" not in proc.stderr:  # where podman runs, each row is then named unchecked
+        assert f"{gym}: NOT CHECKED: image 'xingyaoww/sweb.eval.x86_64.project-monai_s_monai-6969' is not in podman" \
+            in proc.stdout and proc.stdout.endswith("0/3 tasks valid, 3 not checked (no image here)\n"), proc.stdout
 
 
 @pytest.mark.parametrize(("name", "drop", "field"), [

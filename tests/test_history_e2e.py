@@ -9,7 +9,6 @@ task whose history cannot be reduced is refused in one line."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import secrets
@@ -17,11 +16,11 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tempfile
 import uuid
 from pathlib import Path
 
 import pytest
+from dataset_standins import build_layer
 
 from polar_env.backends.scripted import ScriptedBackend
 from polar_env.episodes import EpisodeConfig, run_episode
@@ -31,7 +30,7 @@ from polar_env.outcomes import FailureKind
 from polar_env.proxy.app import ProxyServer
 from polar_env.proxy.engine import EngineConfig
 from polar_env.sandbox.base import SandboxSpec
-from polar_env.sandbox.container import HistoryNotReduced, engine_run, image_exists
+from polar_env.sandbox.container import HistoryNotReduced, image_exists
 from polar_env.sandbox.warm_images import warm_image_name
 from polar_env.tasks.harbor import gold_command, load_task_dir
 from polar_env.tasks.harbor_image import ensure_harbor_image
@@ -56,13 +55,13 @@ if [ ! -d .git ]; then
 fi
 export GIT_AUTHOR_DATE=2030-01-01T00:00:00Z GIT_COMMITTER_DATE=2030-01-01T00:00:00Z
 base=$(git rev-parse HEAD); branch=$(git symbolic-ref --short HEAD)
-g checkout -qb fix && bash /tmp/history/apply && g add -A && g commit -qm "the fix"
+g checkout -qb fix && bash /tmp/layer/apply && g add -A && g commit -qm "the fix"
 g tag v-fixed && g tag -a v9.9 -m "the release with the fix" && g notes add -m "fixed here" fix
 g checkout -q "$branch"
 g remote add origin https://github.com/example/upstream && g update-ref refs/remotes/origin/fix fix
 printf '%s\tbranch fix of https://github.com/example/upstream\n' "$(git rev-parse fix)" > .git/FETCH_HEAD
-bash /tmp/history/apply && g stash -q
-bash /tmp/history/apply && g commit -qam "unreachable, in the reflog only" && g reset -q --hard "$base"
+bash /tmp/layer/apply && g stash -q
+bash /tmp/layer/apply && g commit -qam "unreachable, in the reflog only" && g reset -q --hard "$base"
 g pack-refs --all
 [ "$(git rev-parse HEAD)" = "$base" ] && [ -z "$(git status --porcelain --untracked-files=no)" ]
 """
@@ -107,21 +106,8 @@ def added_line(patch: str) -> str:
 
 def with_history(base_image: str, name: str, workdir: str, apply: str) -> str:
     """``base_image`` with `MAKE_HISTORY` run in ``workdir``, built once (tagged by its inputs)."""
-    files = {"make.sh": MAKE_HISTORY, "apply": apply}
-    containerfile = (f"FROM {base_image}\nCOPY history /tmp/history\n"
-                     f"RUN cd {shlex.quote(workdir)} && sh /tmp/history/make.sh && rm -rf /tmp/history\n")
-    base_id = engine_run([ENGINE, "image", "inspect", "--format", "{{.Id}}", base_image]).decode().strip()
-    key = hashlib.sha256("\0".join([containerfile, base_id, *files.values()]).encode()).hexdigest()[:16]
-    tag = f"localhost/polar-test-history/{name}:{key}"
-    if not image_exists(ENGINE, tag):
-        with tempfile.TemporaryDirectory(prefix="polar-history-image-") as tmp:
-            (Path(tmp) / "history").mkdir()
-            for file, text in files.items():
-                (Path(tmp) / "history" / file).write_text(text)
-            (Path(tmp) / "Containerfile").write_text(containerfile)
-            engine_run([ENGINE, "build", "--network", "none", "-t", tag, "-f", f"{tmp}/Containerfile", tmp],
-                       timeout_s=900)
-    return tag
+    return build_layer(ENGINE, base_image, f"polar-test-history/{name}", {"make.sh": MAKE_HISTORY, "apply": apply},
+                       f"cd {shlex.quote(workdir)} && sh /tmp/layer/make.sh")
 
 
 def control(image: str, workdir: str) -> list[int]:
@@ -153,7 +139,7 @@ def harbor_task(tmp_path_factory) -> Task:
     (env / "history" / "make.sh").write_text(MAKE_HISTORY)
     shutil.copy(folder / "solution" / "solve.sh", env / "history" / "apply")
     with open(env / "Dockerfile", "a") as dockerfile:
-        dockerfile.write("COPY history /tmp/history\nRUN cd /app && sh /tmp/history/make.sh && rm -rf /tmp/history\n")
+        dockerfile.write("COPY history /tmp/layer\nRUN cd /app && sh /tmp/layer/make.sh && rm -rf /tmp/layer\n")
     return load_task_dir(folder)
 
 

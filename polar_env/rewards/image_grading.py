@@ -63,6 +63,7 @@ from polar_env.sandbox.base import SandboxSpec
 from polar_env.sandbox.container import ContainerError, ContainerSandbox
 from polar_env.sandbox.warm_images import warm_image
 from polar_env.tasks.base_trees import apptainer_base
+from polar_env.tasks.datasets import procedure_of
 from polar_env.tasks.models import Task
 from polar_env.tasks.runtime import history_base, task_image
 
@@ -84,14 +85,17 @@ def swebench_row(task: Task, image: str) -> dict:
 
 
 def custom_eval_script(task: Task) -> str:
-    """SWE-bench's eval-script shape for a row without one: reset the test files to base, apply the
-    test patch, run the task's tests between the markers, reset the test files again."""
+    """SWE-bench's eval-script shape for a row without one: the task environment activated the way its
+    dataset's harness does it (`Procedure.activate`), reset the test files to base, apply the test patch,
+    run the task's tests between the markers, reset the test files again."""
     base = task.base_commit or "HEAD"
     files = " ".join(shlex.quote(f) for f in task.test_files())
     env = " ".join(f"export {k}={shlex.quote(v.replace('{testbed}', '/testbed'))};"
                    for k, v in task.environment.env.items())
     delim = "EOF_POLAR_TEST_PATCH"
-    lines = ["#!/bin/bash", "set -uxo pipefail", "cd /testbed", "git config --global --add safe.directory /testbed"]
+    activate = procedure_of(task).activate
+    lines = ["#!/bin/bash", "set -uxo pipefail", *([activate] if activate else []), "cd /testbed",
+             "git config --global --add safe.directory /testbed"]
     if files:
         lines.append(f"git checkout {shlex.quote(base)} -- {files}")
     lines += [f"git apply -v - <<'{delim}'", task.test_patch.rstrip("\n"), delim,
@@ -292,7 +296,7 @@ async def _grade(task: Task, patch: str, *, engine: str, image: str, timeout_s: 
                 else:
                     status_map, valid = sb.parse_log(str(log_path), instance_id=task.instance_id, repo=task.repo,
                                                      version=task.version, fail_to_pass=task.FAIL_TO_PASS,
-                                                     pass_to_pass=task.PASS_TO_PASS)
+                                                     pass_to_pass=task.PASS_TO_PASS, log_parser=task.log_parser)
             except Exception as exc:  # noqa: BLE001 - the log is the tested code's output: the patch's 0
                 status_map, valid = {}, False
                 result.error = f"log parser: {type(exc).__name__}: {exc}"[:500]

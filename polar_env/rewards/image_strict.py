@@ -15,7 +15,9 @@ while pytest's own output goes to stderr. The stream is judged exactly as in bub
 run in the same image (`grading.against_gold`), and every tampering flag scores 0.
 `perturbed_in_box` is the perturbed second run of the F2P tests (`strict_run.plan_perturbed`: renamed
 files and functions, the tree copied to ``/srv/<random>``, a random ``argv[0]``, no ``PYTEST_*``
-visible); the box's host name stays the one it was created with.
+visible); the box's host name stays the one it was created with. Everything of the image's Python
+(the plugin listing, the runner) runs with the task environment activated the way its dataset's
+harness does it (`tasks.datasets.Procedure.activate`: SWE-bench's images keep it in conda).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from polar_env.rewards.workspace import import_roots, path_budget_refusal
 from polar_env.sandbox import safe_git
 from polar_env.sandbox.apptainer import ApptainerBox
 from polar_env.sandbox.container import BASE_FILE, GIT_DIR_INSIDE, ContainerSandbox
+from polar_env.tasks.datasets import procedure_of
 from polar_env.tasks.models import Task
 
 GRADER_INSIDE = "/opt/polar-grader"
@@ -150,13 +153,18 @@ async def _root(box: ImageBox, script: str) -> None:
                                f"{ran.stderr_tail[-500:]}")
 
 
-async def _plugins(box: ImageBox) -> list[str]:
-    return (await box.run(["sh", "-c", PLUGINS], timeout_s=60)).stdout_tail.split()
+def _in_env(task: Task, script: str) -> list[str]:
+    """``script`` as bash with the image's task environment active (its dataset's `Procedure.activate`)."""
+    return ["bash", "-c", procedure_of(task).in_environment(script)]
 
 
-async def _fetch(box: ImageBox, dest: Path, paths: list[str], tree: str = TREE) -> Path:
+async def _plugins(task: Task, box: ImageBox) -> list[str]:
+    return (await box.run(_in_env(task, PLUGINS), timeout_s=60)).stdout_tail.split()
+
+
+async def _fetch(task: Task, box: ImageBox, dest: Path, paths: list[str], tree: str = TREE) -> Path:
     """Copy the text of those of ``paths`` that exist in the container's ``tree`` to ``dest`` (host)."""
-    got = await box.run(["sh", "-c", CONFIGS.replace("/testbed/", tree + "/"), "sh", *paths], timeout_s=60,
+    got = await box.run([*_in_env(task, CONFIGS.replace("/testbed/", tree + "/")), "bash", *paths], timeout_s=60,
                         max_output_bytes=32 << 20)
     dest.mkdir(parents=True, exist_ok=True)
     for rel, text in json.loads(got.stdout_tail or "{}").items():
@@ -181,7 +189,7 @@ async def _run_stream(task: Task, box: ImageBox, tree: str, grader: str, config:
               f"POLAR_GRADER_CONFIG_FD=0 POLAR_GRADER_RESULT_FD=3 && exec 3>&1 1>&2 && "
               f"exec python {grader}/main.py")
     t0 = time.monotonic()
-    ran = await box.run(["bash", "-c", script], env=exports, stdin=json.dumps(config).encode(),
+    ran = await box.run(_in_env(task, script), env=exports, stdin=json.dumps(config).encode(),
                         timeout_s=timeout_s, max_output_bytes=MAX_STREAM_BYTES)
     run = SandboxRun(ran.exit_code if ran.exit_code is not None else -9, ran.stderr_tail, ran.timed_out,
                      time.monotonic() - t0)
@@ -195,10 +203,10 @@ async def perturbed_in_box(task: Task, box: ImageBox, timeout_s: float) -> Pertu
     """The perturbed F2P run in ``box``, after `strict_in_box` (the reset, test-patched tree is root's)."""
     with tempfile.TemporaryDirectory(prefix="polar-image-perturbed-") as tmp:
         f2p_files = sorted({test_file_of(t) for t in task.FAIL_TO_PASS if "::" in t})
-        copy = await _fetch(box, Path(tmp) / "tests", f2p_files)
-        cfg_tree = await _fetch(box, Path(tmp) / "cfg", _config_candidates(task.test_directives))
+        copy = await _fetch(task, box, Path(tmp) / "tests", f2p_files)
+        cfg_tree = await _fetch(task, box, Path(tmp) / "cfg", _config_candidates(task.test_directives))
         try:
-            plan = plan_perturbed(task, copy, cfg_tree, Path(tmp) / "grader", plugins=await _plugins(box))
+            plan = plan_perturbed(task, copy, cfg_tree, Path(tmp) / "grader", plugins=await _plugins(task, box))
         except (ValueError, OSError, UnicodeDecodeError) as e:
             return Perturbed(StrictOutcome(violations=[f"perturbed-run: {e}"]), {})
         await box.provide(plan.mount)
@@ -253,10 +261,10 @@ async def strict_in_box(task: Task, box: ImageBox, patch: str, timeout_s: float)
         raise TestPatchFailed(f"test patch did not apply cleanly:\n{restored.stdout_tail[-2000:]}", task_defect=True)
     if restored.exit_code != 0:
         raise StrictImageError(f"reset failed: {restored.stderr_tail[-500:]}")
-    plugins = await _plugins(box)
+    plugins = await _plugins(task, box)
     with tempfile.TemporaryDirectory(prefix="polar-image-strict-") as tmp:
-        cfg_tree = await _fetch(box, Path(tmp) / "cfg", _config_candidates(task.test_directives))
-        f2p = await _fetch(box, Path(tmp) / "f2p", sorted({test_file_of(t) for t in task.FAIL_TO_PASS if "::" in t}))
+        cfg_tree = await _fetch(task, box, Path(tmp) / "cfg", _config_candidates(task.test_directives))
+        f2p = await _fetch(task, box, Path(tmp) / "f2p", sorted({test_file_of(t) for t in task.FAIL_TO_PASS if "::" in t}))
         originals = f2p_sources(task.FAIL_TO_PASS, lambda rel: (f2p / rel).read_bytes() if (f2p / rel).is_file() else None)
         canaries = plan_canaries(originals, task.FAIL_TO_PASS)
         grader = Path(tmp) / "grader"

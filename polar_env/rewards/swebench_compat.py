@@ -76,8 +76,10 @@ def parse_log(
     version: str,
     fail_to_pass: list[str],
     pass_to_pass: list[str],
+    log_parser: str = "",
 ) -> tuple[dict[str, str], bool]:
-    """(per-test status map, whether the log holds a valid test run) via `get_logs_eval`."""
+    """(per-test status map, whether the log holds a valid test run) via `get_logs_eval`, by the row's
+    ``log_parser`` where swebench registers one of that name (SWE-Gym's, SWE-rebench's), else the repo's."""
     sb = _sb()
     spec = sb.TestSpec(
         instance_id=instance_id,
@@ -87,7 +89,7 @@ def parse_log(
         version=version,
         FAIL_TO_PASS=fail_to_pass,
         PASS_TO_PASS=pass_to_pass,
-        log_parser=parser_name(repo),
+        log_parser=log_parser if log_parser in sb.registry else parser_name(repo),
         eval_type=sb.constants.EvalType.PASS_AND_FAIL.value,
     )
     return sb.grading.get_logs_eval(spec, log_path)

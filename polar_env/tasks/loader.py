@@ -83,6 +83,9 @@ def load_jsonl(path: Path) -> list[Task]:
                                         f"(looked for {archive}; relative paths are relative to the task file)")
                 task.base_archive = str(archive)
             tasks.append(task)
+    from polar_env.tasks.datasets import notice_unreproduced
+
+    notice_unreproduced(tasks)
     return tasks
 
 
@@ -100,7 +103,7 @@ def _from_row(row: dict) -> Task:
 def load_dataset(name: str, split: str = "") -> list[Task]:
     """``NAME[:split]`` of a dataset loader (tasks/datasets/): ``split`` may be a JSONL file of the
     dataset's rows; else the hub's split, through ``datasets`` (cached as JSONL like Verified)."""
-    from polar_env.tasks.datasets import DATASETS, DatasetRowError
+    from polar_env.tasks.datasets import DATASETS, DatasetRowError, notice_unreproduced
 
     spec = DATASETS[name]
     if split.endswith((".jsonl", ".json")):
@@ -113,6 +116,7 @@ def load_dataset(name: str, split: str = "") -> list[Task]:
             tasks.append(spec.to_task(row))
         except DatasetRowError as exc:
             raise TaskLoadError(f"{name} row {lineno}: {exc}") from exc
+    notice_unreproduced(tasks)
     return tasks
 
 

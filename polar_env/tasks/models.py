@@ -63,6 +63,8 @@ class Task(BaseModel):
     log_parser: str = ""
     eval_type: str = ""
     workdir: str = "/testbed"  # where the repository is inside the image (datasets differ: /app, /<repo>)
+    # the dataset loader (tasks/datasets/) that made the task: its procedure grades it ("": SWE-bench's)
+    dataset: str = ""
     # A Harbor task folder (tasks/harbor.py): graded by its own tests/test.sh, not by SWE-bench tests.
     harbor: HarborRef | None = None
 
@@ -96,6 +98,8 @@ class Task(BaseModel):
                 data.pop("harbor", None)
             if data.get("workdir") == "/testbed":
                 data.pop("workdir", None)
+            if not data.get("dataset"):
+                data.pop("dataset", None)
         return data
 
     def test_files(self) -> list[str]:

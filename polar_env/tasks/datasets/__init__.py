@@ -4,13 +4,18 @@ Each module maps one row of its dataset's own schema to a Polar :class:`~polar_e
 the image its convention names, the repository's path inside that image (``workdir``), the test
 command and the log parser. ``--tasks NAME[:split]`` loads a dataset through ``datasets`` (where a
 hub is reachable); ``--tasks FILE.jsonl`` of rows copied from one is recognised row by row
-(:func:`detect`), SWE-bench-schema rows keep their own path. docs/tasks.md lists what each loader
-was verified against (the schema only: no hub and none of these images are reachable here).
+(:func:`detect`), SWE-bench-schema rows keep their own path. Each task keeps its loader's name
+(``Task.dataset``), so grading runs that dataset's procedure (:class:`Procedure`); where Polar does not
+reproduce it, loading says so once (:func:`notice_unreproduced`). docs/tasks.md lists what each loader
+was verified against and what is verified where.
 """
 
 from __future__ import annotations
 
-from polar_env.tasks.datasets.base import DatasetRowError, DatasetSpec
+import logging
+from collections.abc import Iterable
+
+from polar_env.tasks.datasets.base import DatasetRowError, DatasetSpec, Procedure
 from polar_env.tasks.datasets.multi_swe_bench import SPEC as MULTI_SWE_BENCH
 from polar_env.tasks.datasets.r2e_gym import SPEC as R2E_GYM
 from polar_env.tasks.datasets.swe_bench_pro import SPEC as SWE_BENCH_PRO
@@ -18,6 +23,9 @@ from polar_env.tasks.datasets.swe_gym import SPEC as SWE_GYM
 from polar_env.tasks.datasets.swe_rebench import SPEC as SWE_REBENCH
 from polar_env.tasks.datasets.swe_rebench import SPEC_V2 as SWE_REBENCH_V2
 from polar_env.tasks.datasets.swe_smith import SPEC as SWE_SMITH
+from polar_env.tasks.models import Task
+
+log = logging.getLogger(__name__)
 
 # detection order matters: the most specific schemas first
 DATASETS: dict[str, DatasetSpec] = {s.name: s for s in (
@@ -29,4 +37,24 @@ def detect(row: dict) -> DatasetSpec | None:
     return next((s for s in DATASETS.values() if s.matches(row)), None)
 
 
-__all__ = ["DATASETS", "DatasetRowError", "DatasetSpec", "detect"]
+# SWE-bench's own rows (Verified, bundled, Polar-built): the procedure image_grading.py was written for
+SWE_BENCH = Procedure(verified="the bundled tasks, in bubblewrap and in their images, in CI")
+_noticed: set[str] = set()
+
+
+def procedure_of(task: Task) -> Procedure:
+    """The procedure ``task`` is graded by: its dataset's, else SWE-bench's."""
+    return DATASETS[task.dataset].procedure if task.dataset in DATASETS else SWE_BENCH
+
+
+def notice_unreproduced(tasks: Iterable[Task]) -> None:
+    """Say once per process, per dataset, that its tasks are not graded its own way, and how they are."""
+    for name in sorted({t.dataset for t in tasks} - _noticed):
+        if name in DATASETS and not (proc := DATASETS[name].procedure).reproduced:
+            _noticed.add(name)
+            log.warning("%s: Polar does not reproduce this dataset's own grading procedure; its tasks are graded "
+                        "by %s", name, proc.instead)
+
+
+__all__ = ["DATASETS", "SWE_BENCH", "DatasetRowError", "DatasetSpec", "Procedure", "detect", "notice_unreproduced",
+           "procedure_of"]

@@ -19,7 +19,14 @@ repository at ``/home/<repo>``; ``/home/fix-run.sh`` applies ``/home/test.patch`
 
 from __future__ import annotations
 
-from polar_env.tasks.datasets.base import NO_DIRECTIVES, DatasetSpec, field, make_task, raise_missing
+from polar_env.tasks.datasets.base import (
+    NO_DIRECTIVES,
+    DatasetSpec,
+    Procedure,
+    field,
+    make_task,
+    raise_missing,
+)
 from polar_env.tasks.models import Task
 
 NAME = "multi-swe-bench"
@@ -53,5 +60,7 @@ def to_task(row: dict) -> Task:
                      log_parser=f"multi-swe-bench:{org}/{repo}")
 
 
-SPEC = DatasetSpec(NAME, "ByteDance-Seed/Multi-SWE-bench", "train", to_task=to_task, graded_here=False,
+PROCEDURE = Procedure(reproduced=False, instead="SWE-bench's procedure in /testbed, not the image's "
+                      "/home/fix-run.sh and the repository's parse_log")
+SPEC = DatasetSpec(NAME, "ByteDance-Seed/Multi-SWE-bench", "train", to_task=to_task, procedure=PROCEDURE,
                    matches=lambda row: "fix_patch" in row and "org" in row and "number" in row)

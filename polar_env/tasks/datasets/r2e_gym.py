@@ -17,7 +17,7 @@ FAIL_TO_PASS (R2E-Gym does not split them); the exact-match rule is R2E-Gym's on
 
 from __future__ import annotations
 
-from polar_env.tasks.datasets.base import DatasetSpec, field, make_task
+from polar_env.tasks.datasets.base import DatasetSpec, Procedure, field, make_task
 from polar_env.tasks.models import Task
 
 NAME = "r2e-gym"
@@ -35,5 +35,8 @@ def to_task(row: dict) -> Task:
                      test_cmd="bash /root/run_tests.sh", log_parser=f"r2e:{repo}")
 
 
-SPEC = DatasetSpec(NAME, "R2E-Gym/R2E-Gym-Subset", "train", to_task=to_task, graded_here=False,
+PROCEDURE = Procedure(reproduced=False, instead="the row's run_tests.sh left in the tree and parsed by SWE-bench's "
+                      "pytest parser; R2E-Gym's hiding of the tests and exact match of every expected status "
+                      "are not applied")
+SPEC = DatasetSpec(NAME, "R2E-Gym/R2E-Gym-Subset", "train", to_task=to_task, procedure=PROCEDURE,
                    matches=lambda row: "expected_output_json" in row and "docker_image" in row)

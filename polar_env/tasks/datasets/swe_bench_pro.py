@@ -16,7 +16,7 @@ that repository (not in the row); resolved when every fail_to_pass and pass_to_p
 
 from __future__ import annotations
 
-from polar_env.tasks.datasets.base import DatasetSpec, field, make_task
+from polar_env.tasks.datasets.base import DatasetSpec, Procedure, field, make_task
 from polar_env.tasks.models import Task
 
 NAME = "swe-bench-pro"
@@ -41,5 +41,7 @@ def to_task(row: dict) -> Task:
                      log_parser="swe-bench-pro:parser.py")
 
 
-SPEC = DatasetSpec(NAME, "ScaleAI/SWE-bench_Pro", "test", to_task=to_task, graded_here=False,
+PROCEDURE = Procedure(reproduced=False, instead="SWE-bench's procedure in /testbed, not the "
+                      "instance's run_script.sh and parser.py in /app")
+SPEC = DatasetSpec(NAME, "ScaleAI/SWE-bench_Pro", "test", to_task=to_task, procedure=PROCEDURE,
                    matches=lambda row: "dockerhub_tag" in row)

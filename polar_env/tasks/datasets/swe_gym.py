@@ -8,11 +8,18 @@ constants in github.com/SWE-Gym/SWE-Bench-Fork) and OpenHands' ``get_instance_do
 ``xingyaoww/sweb.eval.x86_64.<instance_id, __ as _s_>``, lower-cased. The repository is at ``/testbed``
 (SWE-bench's layout); the test command is the fork's ``test_cmd`` for the repository plus SWE-bench's
 test directives (the test patch's files), the log parser the fork's (pytest's, pydantic's own).
+
+Its procedure is SWE-bench's eval script (the fork's ``make_eval_script_list``): the conda ``testbed``
+environment activated, the test patch's files reset to the base commit, the test patch applied, the
+tests run between the harness markers, the test files reset again; parsed by the fork's parser,
+resolved when every FAIL_TO_PASS and PASS_TO_PASS test passes. A plain ``FILE.jsonl`` row is SWE-Gym's
+when its repository is one of SWE-Gym's eleven (none of them is a SWE-bench repository) and it names
+no image of its own (a row Polar wrote keeps its ``image`` and ``dataset``).
 """
 
 from __future__ import annotations
 
-from polar_env.tasks.datasets.base import DatasetSpec, field, make_task
+from polar_env.tasks.datasets.base import CONDA_TESTBED, DatasetSpec, Procedure, field, make_task
 from polar_env.tasks.models import Task
 
 NAME = "swe-gym"
@@ -54,4 +61,12 @@ def to_task(row: dict) -> Task:
                      else "parse_log_pytest")
 
 
-SPEC = DatasetSpec(NAME, "SWE-Gym/SWE-Gym", "train", matches=lambda row: False, to_task=to_task)
+def matches(row: dict) -> bool:
+    return (str(row.get("repo", "")).lower() in TEST_CMD and "image" not in row and "dataset" not in row
+            and "FAIL_TO_PASS" in row)
+
+
+PROCEDURE = Procedure(activate=CONDA_TESTBED, verified="a stand-in image in SWE-Gym's layout (conda `testbed`, "
+                      "/testbed with a later fix commit), gold 1.0 and no-op 0 by `polar rollout`, strict mode "
+                      "(tests/test_dataset_standins.py)")
+SPEC = DatasetSpec(NAME, "SWE-Gym/SWE-Gym", "train", matches=matches, to_task=to_task, procedure=PROCEDURE)

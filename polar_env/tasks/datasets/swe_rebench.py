@@ -20,7 +20,15 @@ passes when every FAIL_TO_PASS and PASS_TO_PASS test is PASSED.
 
 from __future__ import annotations
 
-from polar_env.tasks.datasets.base import NO_DIRECTIVES, DatasetSpec, field, make_task, raise_missing
+from polar_env.tasks.datasets.base import (
+    CONDA_TESTBED,
+    NO_DIRECTIVES,
+    DatasetSpec,
+    Procedure,
+    field,
+    make_task,
+    raise_missing,
+)
 from polar_env.tasks.models import Task
 
 NAME, NAME_V2 = "swe-rebench", "swe-rebench-v2"
@@ -78,9 +86,14 @@ def _is_v2(row: dict) -> bool:
     return "install_config" in row and "image_name" in row
 
 
-SPEC = DatasetSpec(NAME, "nebius/SWE-rebench", "test", to_task=to_task,
+# the fork's eval script: SWE-bench's, conda ``testbed`` first (it also re-runs ``install_config.install``: not here)
+PROCEDURE = Procedure(activate=CONDA_TESTBED, verified="a stand-in image in SWE-bench's layout (conda `testbed`, "
+                      "/testbed with a later fix commit), gold 1.0 and no-op 0 by `polar rollout`, strict mode "
+                      "(tests/test_dataset_standins.py)")
+SPEC = DatasetSpec(NAME, "nebius/SWE-rebench", "test", to_task=to_task, procedure=PROCEDURE,
                    matches=lambda row: "install_config" in row and not _is_v2(row))
-# graded_here=False: V2's repository is at /<repo>, Polar's image grading runs SWE-bench's procedure in
+# not reproduced: V2's repository is at /<repo>, Polar's image grading runs SWE-bench's procedure in
 # /testbed, and most of its parsers (76, 20 languages) are V2's own, not SWE-bench's.
 SPEC_V2 = DatasetSpec(NAME_V2, "nebius/SWE-rebench-V2", "train", to_task=to_task_v2, matches=_is_v2,
-                      graded_here=False)
+                      procedure=Procedure(reproduced=False, instead="SWE-bench's procedure in /testbed with the "
+                                          "row's test command, not V2's per-language parsers in /<repo>"))

@@ -20,7 +20,7 @@ command is known here (``SWE-bench/SWE-smith`` is the Python set; SWE-smith-go a
 
 from __future__ import annotations
 
-from polar_env.tasks.datasets.base import DatasetSpec, field, make_task
+from polar_env.tasks.datasets.base import DatasetSpec, Procedure, field, make_task
 from polar_env.tasks.models import Task
 
 NAME = "swe-smith"
@@ -39,7 +39,9 @@ def to_task(row: dict) -> Task:
                      log_parser="swesmith:pytest-verbose")
 
 
-# graded_here=False: SWE-smith's tests come back at HEAD~1 of the instance branch (no test patch in the
+# not reproduced: SWE-smith's tests come back at HEAD~1 of the instance branch (no test patch in the
 # row) and are read from pytest's --verbose lines; Polar's procedure applies a test patch and reads -rA.
-SPEC = DatasetSpec(NAME, "SWE-bench/SWE-smith", "train", to_task=to_task, graded_here=False,
+PROCEDURE = Procedure(reproduced=False, instead="SWE-bench's procedure at the instance branch (a test patch "
+                      "applied, the -rA summary read), not SWE-smith's (tests back at HEAD~1, the --verbose parser)")
+SPEC = DatasetSpec(NAME, "SWE-bench/SWE-smith", "train", to_task=to_task, procedure=PROCEDURE,
                    matches=lambda row: "image_name" in row and str(row.get("repo", "")).startswith("swesmith/"))
