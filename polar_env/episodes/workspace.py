@@ -1,5 +1,9 @@
 """An episode's workspace: where the task tree lives and the harness runs, chosen per task.
 
+Before a task's workspace is made, what it shows is checked for the task's answer (``tasks/answers.py``:
+the sandbox root, a harness install the agent's tools can read, the grading environment, the image):
+a hit refuses the task with one line naming the file.
+
 ``auto`` (the default) gives a bubblewrap tree for a task with a base archive (the bundled tasks,
 tasks built with ``polar tasks build``) and a container from the task's image otherwise, on the
 first engine found (podman, docker, apptainer). ``--sandbox ENGINE`` forces one: a container
@@ -24,6 +28,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from polar_env.sandbox.base import Sandbox, SandboxSpec
+from polar_env.tasks.answers import check_bubblewrap_views, check_container_views
 from polar_env.tasks.models import Task
 from polar_env.tasks.runtime import (
     WorkspaceKind,
@@ -130,6 +135,7 @@ def _open(task: Task, spec: SandboxSpec, kind: WorkspaceKind) -> Workspace:
         from polar_env.tasks.base_trees import base_cache_dir, warm_base
 
         base = warm_base(task, base_cache_dir())
+        check_bubblewrap_views(task, spec, base.tree)  # nothing it shows holds the task's answer
         if spec.scratch_root is not None:
             spec.scratch_root.mkdir(parents=True, exist_ok=True)
         scratch = Path(tempfile.mkdtemp(prefix=f"polar-ws-{task.instance_id}-", dir=spec.scratch_root))
@@ -145,7 +151,9 @@ def _open(task: Task, spec: SandboxSpec, kind: WorkspaceKind) -> Workspace:
         from polar_env.sandbox.warm_images import warm_image
 
         spec, image = container_spec(task, spec, kind), task_image(task)
-        cs = ContainerSandbox.create(None, spec=spec, image=warm_image(kind, image, spec), engine=kind, warm=True)
+        warm = warm_image(kind, image, spec)
+        check_container_views(task, kind, warm, spec)  # nothing it shows holds the task's answer
+        cs = ContainerSandbox.create(None, spec=spec, image=warm, engine=kind, warm=True)
         ref = WorkspaceRef(kind=kind, container=cs.name, image=image, path=cs.path, workdir=spec.workdir,
                            uid=spec.uid, gid=spec.uid, clone="overlay")
         return Workspace(cs, ref)

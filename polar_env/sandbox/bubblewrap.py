@@ -4,7 +4,8 @@ Layout inside: the sandbox root's read-only ``/usr`` and ``/etc`` (``polar_env.s
 minimal Debian, never the host's; a generated passwd/group names the sandbox user), the task copy
 at ``/testbed``, HOME and ``/tmp`` bound from per-sandbox host dirs (so adapters can write config
 before and read state after a run), the harness install read-only at ``/opt/harness`` (the root and the install, as host root, through
-overlays on the sandbox's tmpfs that name no host path: ``polar_env.sandbox.views``), the proxy's
+overlays on the sandbox's tmpfs that name no host path: ``polar_env.sandbox.views``; the install's
+the sealed harness's alone, not the agent's commands': ``forwarder.py``, "Sealed harness"), the proxy's
 socket dir at ``/run/proxy``, and the forwarder at ``/opt/polar/forwarder.py``. As host root those
 per-sandbox dirs live on one tmpfs of ``spec.disk_bytes`` mounted at the sandbox's root dir: the
 quota of everything the episode can write, and bind sources whose paths (``/testbed``, ``/home``)
@@ -34,15 +35,15 @@ from polar_env.sandbox.base import (
     copy_path,
     run_process_tree,
 )
-from polar_env.sandbox.bwrap_argv import BwrapCommand, Mount
+from polar_env.sandbox.bwrap_argv import BwrapCommand, Mount, can_seal
 from polar_env.sandbox.cgroups import CgroupLimits
 from polar_env.sandbox.forwarder import harness_gid
 from polar_env.sandbox.host_tree import HostTreeSandbox, chown_tree, copy_tree
-from polar_env.sandbox.views import mount_tmpfs, mount_view, system_view, unmount
+from polar_env.sandbox.views import harness_view, holds_python_packages, mount_tmpfs, system_view, unmount
 
 FORWARDER_SRC = Path(__file__).with_name("forwarder.py")
 FORWARDER_INSIDE = "/opt/polar/forwarder.py"
-HARNESS_GROUP = "harness"  # the name of the real gid the forwarder gives the harness, in /etc/group
+HARNESS_GROUP = "harness"  # the name of the effective gid the forwarder gives the harness, in /etc/group
 # the diff's own sandbox (``BubblewrapSandbox.diff``)
 DIFF_TREE, DIFF_GIT, DIFF_SCRATCH = "/testbed", "/polar/git", "/polar/scratch"
 DIFF_TIMEOUT_S = 600.0
@@ -146,7 +147,9 @@ class BubblewrapSandbox(HostTreeSandbox):
         self.system = views if os.path.ismount(views / "usr") else system_view(views)
         if self.spec.harness_dir is not None:
             at = views / f"harness-{hashlib.sha256(str(self.spec.harness_dir).encode()).hexdigest()[:16]}"
-            self.harness = at if os.path.ismount(at) else mount_view([self.spec.harness_dir], at)
+            seal = can_seal() and holds_python_packages(self.spec.harness_dir)  # the forwarder seals the harness
+            sealed = harness_gid(self.gid) if seal else None
+            self.harness = at if os.path.ismount(at) else harness_view(self.spec.harness_dir, at, sealed)
 
     def bwrap_argv(self, cmd: Sequence[str], env: dict[str, str]) -> list[str]:
         """The full host argv: bwrap, then (as host root) setpriv to the sandbox uid, then ``cmd``.

@@ -40,6 +40,12 @@ _WITH_FILTER = ["/bin/bash", "-c", 'exec {fd}<"$1" && exec "$2" --seccomp "$fd" 
 SUPERVISOR_CAPS = ("sys_ptrace", "dac_read_search", "setgid")
 
 
+def can_seal() -> bool:
+    """Whether this process can give a supervisor ``SUPERVISOR_CAPS`` (host root holding them all):
+    then the harness runs sealed, and its install is shown to it alone (``views.harness_view``)."""
+    return os.geteuid() == 0 and effective_caps() & SUPERVISING == SUPERVISING
+
+
 class SandboxUnavailable(RuntimeError):
     """bwrap or setpriv missing: an infrastructure fault, not the sandboxed command's."""
 
@@ -109,7 +115,7 @@ class BwrapCommand:
             setpriv = shutil.which("setpriv")
             if setpriv is None:
                 raise SandboxUnavailable("setpriv (util-linux) is needed to drop root inside the sandbox")
-            sealing = self.supervisor and effective_caps() & SUPERVISING == SUPERVISING
+            sealing = self.supervisor and can_seal()
             kept = "".join(f",+{cap}" for cap in SUPERVISOR_CAPS) if sealing else ""
             argv += [setpriv, f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups",
                      f"--inh-caps=-all{kept}", *([f"--ambient-caps={kept[1:]}"] if kept else []),

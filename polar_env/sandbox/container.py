@@ -50,7 +50,10 @@ from polar_env.sandbox.base import (
 from polar_env.sandbox.bubblewrap import FORWARDER_INSIDE, FORWARDER_SRC, isolated_forwarder, runs_forwarder
 from polar_env.sandbox.bubblewrap import _mount_quota as mount_quota
 from polar_env.sandbox.bwrap_argv import SandboxUnavailable
+from polar_env.sandbox.forwarder import harness_gid
 from polar_env.sandbox.rootfs import host_node
+from polar_env.sandbox.seccomp import container_profile
+from polar_env.sandbox.views import harness_view, holds_python_packages, unmount
 
 if TYPE_CHECKING:
     from polar_env.sandbox.apptainer import ApptainerBox
@@ -221,6 +224,7 @@ class ContainerSandbox(Sandbox):
         self.extra_ro_mounts = list(extra_ro_mounts)  # e.g. a Node.js install the harness needs
         self.keepalive_pid: int | None = None  # the container's `sleep infinity`, recorded at its start
         self.workdir_quota = workdir_quota
+        self.harness_view: Path | None = None  # as host root, the sealed view of the harness install (`seal_harness`)
         self._destroyed = False
 
     # --- argv builders (pure) ---
@@ -231,6 +235,8 @@ class ContainerSandbox(Sandbox):
         for cap in (*SETUP_CAPS, *(FORWARDER_CAPS if s.proxy_socket_dir is not None else ())):
             argv += ["--cap-add", cap]
         argv += ["--security-opt", "no-new-privileges"]
+        if (profile := container_profile(self.engine)) is not None:  # the engine's default, keyring refused
+            argv += ["--security-opt", f"seccomp={profile}"]
         if s.memory_bytes is not None:
             argv += ["--memory", str(s.memory_bytes), "--memory-swap", str(s.memory_bytes)]
         if s.pids_max is not None:
@@ -244,7 +250,7 @@ class ContainerSandbox(Sandbox):
                 a for i in range(s.gpus) for a in ("--device", f"nvidia.com/gpu={i}")]
         mounts = [(str(FORWARDER_SRC), FORWARDER_INSIDE)]
         if s.harness_dir is not None:
-            mounts.append((str(s.harness_dir), "/opt/harness"))
+            mounts.append((str(self.harness_view or s.harness_dir), "/opt/harness"))
             if (node := host_node()) is not None:
                 mounts.append((node, f"{NODE_DIR_INSIDE}/node"))
         if s.proxy_socket_dir is not None:
@@ -317,6 +323,24 @@ class ContainerSandbox(Sandbox):
     def rm_argv(self) -> list[str]:
         return [self.engine, "rm", "-f", "-t", "0", self.name]
 
+    def seal_harness(self) -> None:
+        """As host root, an episode's Python harness install shown by a view the sealed harness alone enters
+        (``views.harness_view``: its root the harness group's, mode 0750), mounted in a temp dir of
+        its own and bound in place of the install; the forwarder, run as the container's root with
+        ``FORWARDER_CAPS``, starts the harness with that group (``forwarder.py``, "Sealed harness")."""
+        s = self.spec
+        if os.geteuid() != 0 or s.harness_dir is None or s.proxy_socket_dir is None \
+                or not holds_python_packages(s.harness_dir):
+            return
+        if s.scratch_root is not None:
+            s.scratch_root.mkdir(parents=True, exist_ok=True)
+        holder = Path(tempfile.mkdtemp(prefix="polar-harness-view-", dir=s.scratch_root))
+        try:
+            self.harness_view = harness_view(s.harness_dir, holder / "harness", harness_gid(s.uid))
+        except SandboxUnavailable:
+            shutil.rmtree(holder, ignore_errors=True)
+            raise
+
     # --- lifecycle ---
     @classmethod
     def create(cls, task_tree: Path | None, *, spec: SandboxSpec, image: str = "", engine: str = "docker",
@@ -332,6 +356,7 @@ class ContainerSandbox(Sandbox):
         sb = cls(spec, image, f"polar-{uuid.uuid4().hex[:12]}", engine=engine, path=path,
                  extra_ro_mounts=extra_ro_mounts, workdir_quota=WorkdirQuota.make(engine, image, spec) if warm else None)
         try:
+            sb.seal_harness()
             engine_run(sb.create_argv())
             engine_run(sb.start_argv())
             first = f"{sb.setup_script(warm=True)} && {KEEPALIVE_SCRIPT}" if warm else KEEPALIVE_SCRIPT  # one exec
@@ -395,6 +420,10 @@ class ContainerSandbox(Sandbox):
         if self.workdir_quota is not None:
             self.workdir_quota.release()
             self.workdir_quota = None
+        if self.harness_view is not None:
+            unmount(self.harness_view)
+            shutil.rmtree(self.harness_view.parent, ignore_errors=True)
+            self.harness_view = None
 
     async def destroy(self) -> None:
         if not self._destroyed:
