@@ -8,7 +8,8 @@ a POSIX shared memory file and a listening abstract Unix socket, and prints what
 line (and writes ``--made-file``); it then keeps them until ``--until-file`` exists or ``--wait-fd`` reaches its end (after a
 byte on ``--ready-fd``). ``look`` prints, as one JSON line, which of them it sees: the key or keyring
 listed in ``/proc/keys`` or found by ``keyctl``, the queues by their names, the shm file, the socket by
-connecting. ``make-key`` makes the keys alone (the host control); ``clean`` invalidates the keys TAG names (run on the host as the uid that made them).
+connecting. ``exhaust`` takes every inotify instance its uid may have and holds them;
+``one-instance`` says whether one more can be had. ``make-key`` makes the keys alone (the host control); ``clean`` invalidates the keys TAG names (run on the host as the uid that made them).
 Stdlib and ctypes only: the sandbox's own python3 runs it.
 """
 
@@ -114,6 +115,23 @@ def look(tag: str) -> None:
     print("SEEN " + json.dumps(seen), flush=True)
 
 
+def exhaust(made_file: str, until_file: str) -> None:
+    """Takes every inotify instance its uid may have (the per-user budget), reports how many, holds them."""
+    fds = []
+    while (fd := libc.inotify_init1(0)) >= 0:
+        fds.append(fd)
+    print("EXHAUSTED " + json.dumps({"instances": len(fds), "then": _err()}), flush=True)
+    open(made_file, "w").close()
+    deadline = time.monotonic() + 120
+    while not os.path.exists(until_file) and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def one_instance() -> None:
+    fd = libc.inotify_init1(0)
+    print("INOTIFY " + json.dumps({"made": fd >= 0, "error": "" if fd >= 0 else _err()}), flush=True)
+
+
 def clean(tag: str) -> None:
     for kind in (b"user", b"keyring"):
         for _ in range(10):
@@ -124,8 +142,8 @@ def clean(tag: str) -> None:
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", choices=["make", "make-key", "look", "clean"])
-    ap.add_argument("tag")
+    ap.add_argument("what", choices=["make", "make-key", "look", "clean", "exhaust", "one-instance"])
+    ap.add_argument("tag", nargs="?", default="")
     ap.add_argument("--made-file", default="/tmp/made")
     ap.add_argument("--until-file")
     ap.add_argument("--ready-fd", type=int)
@@ -133,6 +151,10 @@ if __name__ == "__main__":
     args = ap.parse_args()
     if args.what == "make":
         make(args.tag, args.made_file, args.until_file, args.ready_fd, args.wait_fd)
+    elif args.what == "exhaust":
+        exhaust(args.made_file, args.until_file)
+    elif args.what == "one-instance":
+        one_instance()
     elif args.what == "make-key":
         print("MADE " + json.dumps(make_key(args.tag)), flush=True)
     else:

@@ -5,8 +5,9 @@ a plain-text search missed pip's wheel store (its vendored ``requests`` holds bo
 fixes) and the Python harnesses' site-packages (``requests`` 2.32 among them). Here: the scan's own
 rules on planted archives; the sandbox root without the wheel store; in each harness's view, the
 scan run as the agent's tools run (a shell the sealed harness starts) finds nothing but the wheel a
-control planted in HOME, and cannot enter the install, which the harness itself reads (where a
-Python harness's holds ``requests``, the same scan finds it there: the seal is what hides it); and a
+control planted in HOME (a Node.js install, which the tools can read, included), and cannot enter a
+Python install, which the harness itself reads (its site-packages hold ``requests``: the same scan
+run by the harness finds it, so the seal is what hides it); and a
 task whose environment holds its answer is refused at warm time, the scan cached by content.
 """
 
@@ -139,6 +140,7 @@ async def test_every_harness_view_holds_no_answer_for_its_tools(harness: str, ev
     adapter = get_adapter(harness)
     if not adapter.is_installed():
         pytest.skip(f"{harness} is not installed (POLAR_SETUP_HARNESSES=1 scripts/setup.sh)")
+    python = adapter.source.kind != "npm"
     task = TASKS["psf__requests-6028"]
     sb = BubblewrapSandbox.create(warm_base(task, base_cache_dir()).tree,
                                   spec=SandboxSpec(harness_dir=adapter.install_dir(), scratch_root=tmp_path / "s",
@@ -156,17 +158,19 @@ async def test_every_harness_view_holds_no_answer_for_its_tools(harness: str, ev
         # the agent's tools: a shell the harness starts (it drops the harness's group), searching everything
         tools = await _as_harness(sb, ["bash", "-c", f"{' '.join(scan_cmd)} / --skip /testbed --skip /tmp/polar-probe; "
                                        "ls /opt/harness >/dev/null 2>&1 && echo INSTALL listed || echo INSTALL denied"])
-        own = _hits(await _as_harness(sb, [*scan_cmd, "/opt/harness"]))  # the harness itself reads its install
+        if python:  # the harness itself reads its install
+            own = _hits(await _as_harness(sb, [*scan_cmd, "/opt/harness"]))
     finally:
         await sb.destroy()
     hits = _hits(tools)
     planted = "/home/agent/.cache/pip/wheels/requests-2.99.0-py3-none-any.whl"
     assert hits and all(h["path"].startswith(planted) for h in hits), hits  # the planted wheel alone: caught
     assert {h["kind"] for h in hits} == {"package", "line"}, hits
-    if can_seal():
+    if can_seal() and python:  # sealed: its site-packages hold requests; the harness reads them, its tools do not
         assert "INSTALL denied" in tools, tools
-        if adapter.source.kind != "npm":  # its site-packages hold requests: the harness reads it, its tools do not
-            assert any(h["path"].endswith("site-packages/requests") for h in own), own
+        assert any(h["path"].endswith("site-packages/requests") for h in own), own
+    else:  # a Node.js install is the tools' to read: searched above with the rest, nothing in it
+        assert "INSTALL listed" in tools, tools
 
 
 def test_a_task_whose_environment_holds_its_answer_is_refused_and_the_scan_is_cached(tmp_path: Path, needles,

@@ -1,12 +1,14 @@
-"""Nothing one sandbox makes in the kernel is seen by the next: keys, SysV and POSIX IPC, abstract sockets.
+"""Nothing one sandbox makes in the kernel is seen by the next (keys, SysV and POSIX IPC, abstract sockets), and no
+sandbox spends a per-user budget of its siblings (inotify instances).
 
 An adversary stored the hidden FAIL_TO_PASS file in a kernel key during grading and read it in the
 next episode: as host root every sandbox of one uid shared the host's user keyring, and the seccomp
 filter allowed ``add_key``/``keyctl``. Each test makes the objects in one sandbox (held alive), looks
 for them from another of the same kind (episode, grading, podman container), and has a control that
 shows the look would see them: from the maker's own sandbox (its namespaces), and for keys, a key made
-the way the sandbox no longer can (on the host as the sandbox's uid; in podman, in containers without
-Polar's profile: podman's default allows ``keyctl``, through which a named keyring carries the data).
+the way the sandbox no longer can (on the host as the looking sandbox's own host uid, sandbox/identity.py;
+in podman, in containers without Polar's profile: podman's default allows ``keyctl``, through which a
+named keyring carries the data).
 """
 
 from __future__ import annotations
@@ -71,14 +73,14 @@ async def test_episode_sandboxes_share_no_kernel_object(tmp_path: Path):
                                               f"python3 /tmp/probe.py look {tag}; wait"], timeout_s=180))
         made_at = maker.root / "tmp"
         await asyncio.to_thread(_wait_for, lambda: (made_at / "made").exists() or held.done(), 120)
-        assert _on_host(spec.uid, "make-key", control).returncode == 0  # a key as the sandbox's uid, no filter
+        looker_uid = looker.identity.host_uid if looker.identity else spec.uid
+        assert _on_host(looker_uid, "make-key", control).returncode == 0  # a key of the looker's own uid, no filter
         seen = await looker.run(["bash", "-c", f"python3 /tmp/probe.py look {tag}; python3 /tmp/probe.py look {control}"],
                                 timeout_s=120)
         (made_at / "done").touch()
         ran = await held
     finally:
-        _on_host(spec.uid, "clean", control)
-        _on_host(spec.uid, "clean", tag)
+        _on_host(looker.identity.host_uid if looker.identity else spec.uid, "clean", control)
         await maker.destroy()
         await looker.destroy()
     made = _line(ran.stdout_tail, "MADE")
@@ -87,7 +89,36 @@ async def test_episode_sandboxes_share_no_kernel_object(tmp_path: Path):
     assert all(_line(ran.stdout_tail, "SEEN")[o] for o in OBJECTS), ran.stdout_tail  # control: the maker's own
     looks = [json.loads(ln[5:]) for ln in seen.stdout_tail.splitlines() if ln.startswith("SEEN ")]
     assert looks[0] == NONE_SEEN, looks
-    assert looks[1]["key"] is True, looks  # control: a key of this uid is listed in the next sandbox
+    assert looks[1]["key"] is True, looks  # control: a key of the looker's own uid is listed there
+
+
+@root_only
+async def test_a_sandbox_spends_no_per_user_budget_of_its_siblings(tmp_path: Path):
+    """One sandbox takes all 128 inotify instances its uid may have; the next still gets one (each
+    runs as a host uid of its own, sandbox/identity.py). Control: in the first, one more is refused."""
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    spec = SandboxSpec(scratch_root=tmp_path / "scratch", disk_bytes=64 << 20)
+    spender, sibling = BubblewrapSandbox.create(tree, spec=spec), BubblewrapSandbox.create(tree, spec=spec)
+    try:
+        for sb in (spender, sibling):
+            await sb.copy_in(PROBE, "/tmp/probe.py")
+        held = asyncio.create_task(spender.run(["bash", "-c", "python3 /tmp/probe.py exhaust --until-file /tmp/done & "
+                                                "while [ ! -e /tmp/made ]; do sleep 0.1; done; "
+                                                "python3 /tmp/probe.py one-instance; wait"], timeout_s=180))
+        await asyncio.to_thread(_wait_for, lambda: (spender.root / "tmp" / "made").exists() or held.done(), 120)
+        next_one = await sibling.run(["python3", "/tmp/probe.py", "one-instance"], timeout_s=60)
+        (spender.root / "tmp" / "done").touch()
+        ran = await held
+        owners = {(sb.root / "testbed").stat().st_uid for sb in (spender, sibling)}
+    finally:
+        await spender.destroy()
+        await sibling.destroy()
+    spent = _line(ran.stdout_tail, "EXHAUSTED")
+    assert spent["instances"] > 0 and spent["then"] == "Too many open files", spent
+    assert _line(ran.stdout_tail, "INOTIFY") == {"made": False, "error": "Too many open files"}  # control
+    assert _line(next_one.stdout_tail, "INOTIFY") == {"made": True, "error": ""}, next_one.stdout_tail
+    assert len(owners) == 2 and not owners & {0, spec.uid}, owners  # two host uids of their own
 
 
 def _wait_for(done, timeout_s: float) -> None:
@@ -98,37 +129,53 @@ def _wait_for(done, timeout_s: float) -> None:
         time.sleep(0.1)
 
 
+async def _read_byte_or_line(fd: int) -> bytes:
+    readable, _, _ = await asyncio.to_thread(select.select, [fd], [], [], 120)
+    assert readable, "the sandbox never reported"
+    return os.read(fd, 64)
+
+
 @root_only
 async def test_grading_sandboxes_share_no_kernel_object(tmp_path: Path):
-    """Two grading runs (the tested code's sandbox, uid nobody): the second sees nothing of the first."""
+    """Two grading runs (the tested code's sandbox, uid nobody inside): the second sees nothing of the
+    first. The key control: a key made as the second run's own host uid (read from its uid_map while it
+    waits) is listed there."""
     tree, venv, probe_dir = tmp_path / "tree", tmp_path / "venv", tmp_path / "probe"
     for d in (tree, venv, probe_dir):
         d.mkdir()
     shutil.copy(PROBE, probe_dir / "probe.py")
     mounts = [Mount("/opt/polar-probe", probe_dir)]
     tag, control = _tag(), _tag()
-    ready_r, ready_w = os.pipe()
-    wait_r, wait_w = os.pipe()
+    ready_r, ready_w = os.pipe()  # the maker: made
+    wait_r, wait_w = os.pipe()  # the maker holds until this closes
+    uid_r, uid_w = os.pipe()  # the looker: its host uid
+    go_r, go_w = os.pipe()  # the looker looks once this closes
+    host_uid = None
     try:
         script = (f"python3 {PROBE_INSIDE} make {tag} --ready-fd {ready_w} --wait-fd {wait_r} & "
                   f"while [ ! -e /tmp/made ]; do sleep 0.1; done; python3 {PROBE_INSIDE} look {tag}; wait")
         held = asyncio.create_task(asyncio.to_thread(
             run_sandboxed, script, tree=tree, venv=venv, timeout_s=180, extra_mounts=mounts, pass_fds=(ready_w, wait_r)))
-        readable, _, _ = await asyncio.to_thread(select.select, [ready_r], [], [], 120)  # the maker's byte
-        assert readable and os.read(ready_r, 1) == b"1"
-        assert _on_host(SANDBOX_UID, "make-key", control).returncode == 0
-        seen = await asyncio.to_thread(run_sandboxed, f"python3 {PROBE_INSIDE} look {tag}; "
-                                       f"python3 {PROBE_INSIDE} look {control}", tree=tree, venv=venv, timeout_s=120,
-                                       extra_mounts=mounts)
+        assert await _read_byte_or_line(ready_r) == b"1"
+        looking = asyncio.create_task(asyncio.to_thread(
+            run_sandboxed, f"awk '$1 == {SANDBOX_UID} {{print $2}}' /proc/self/uid_map >&{uid_w}; exec {uid_w}>&-; "
+                           f"cat <&{go_r}; python3 {PROBE_INSIDE} look {tag}; python3 {PROBE_INSIDE} look {control}",
+            tree=tree, venv=venv, timeout_s=120, extra_mounts=mounts, pass_fds=(uid_w, go_r)))
+        host_uid = int(await _read_byte_or_line(uid_r))
+        assert host_uid != SANDBOX_UID  # a uid of its own
+        assert _on_host(host_uid, "make-key", control).returncode == 0
+        os.close(go_w)
+        seen = await looking
     finally:
-        for fd in (wait_w, ready_r, ready_w, wait_r):  # the maker's wait ends
+        for fd in (wait_w, ready_r, ready_w, wait_r, uid_r, uid_w, go_r):  # the maker's wait ends
             os.close(fd)
-        _on_host(SANDBOX_UID, "clean", control)
-        _on_host(SANDBOX_UID, "clean", tag)
+        if host_uid is not None:
+            _on_host(host_uid, "clean", control)
     ran = await held
     made = _line(ran.output, "MADE")
     assert made["key"] == made["keyring"] == "Operation not permitted", made
     assert all(made[o] == "made" for o in OBJECTS), made
+    assert all(_line(ran.output, "SEEN")[o] for o in OBJECTS), ran.output  # control: the maker's own
     looks = [json.loads(ln[5:]) for ln in seen.output.splitlines() if ln.startswith("SEEN ")]
     assert looks[0] == NONE_SEEN and looks[1]["key"] is True, looks
 
@@ -167,8 +214,7 @@ async def test_podman_containers_share_no_kernel_object(tmp_path: Path):
         plain_made = subprocess.run([*plain, "make", control], capture_output=True, text=True, timeout=120)
         plain_seen = subprocess.run([*plain, "look", control], capture_output=True, text=True, timeout=120)
     finally:
-        _on_host(spec.uid, "clean", control)
-        _on_host(spec.uid, "clean", tag)
+        _on_host(looker.identity.host_uid if looker.identity else spec.uid, "clean", control)
         await maker.destroy()
         await looker.destroy()
     made = _line(ran.stdout_tail, "MADE")

@@ -145,8 +145,9 @@ async def test_mountinfo_names_no_episode_path(tmp_path: Path):
     ``rootfs/<key>/usr``, the host's ``/usr/bin/node``, the harness install and the proxy's socket dir.
     Now they are overlays named by descriptors and a tmpfs of the proxy's own."""
     task = TASKS["psf__requests-6028"]
-    harness = tmp_path / "harness-install"
+    harness = tmp_path / "harness-install"  # a Python one: sealed as host root
     (harness / "bin").mkdir(parents=True)
+    (harness / "lib" / "python3.11" / "site-packages").mkdir(parents=True)
     (harness / "bin" / "tool").write_text("shown\n")
     sock = tmp_path / "sock"
     assert socket_dir(sock)  # as the proxy makes it

@@ -181,15 +181,11 @@ def attach_workspace(ref: WorkspaceRef, spec: SandboxSpec) -> Sandbox:
     process's own mounts in ``spec``. The opener still owns it: never ``destroy`` an attached sandbox."""
     if ref.kind == "bubblewrap":
         from polar_env.sandbox.bubblewrap import BubblewrapSandbox
-        from polar_env.sandbox.cgroups import CgroupLimits
 
         root = Path(ref.root)
         if not (root / "testbed").is_dir():
             raise FileNotFoundError(f"no sandbox workspace at {root} (is the resources server on this host?)")
-        attached = BubblewrapSandbox(replace(spec), root, ref.uid, ref.gid,
-                                     CgroupLimits(root.name, spec.memory_bytes, spec.pids_max))
-        attached.show_inputs()
-        return attached
+        return BubblewrapSandbox.attach(replace(spec), root, ref.uid, ref.gid)
     if ref.kind in ("docker", "podman"):
         from polar_env.sandbox.container import ContainerSandbox
 

@@ -135,7 +135,8 @@ def _is_archive(data: bytes, name: str) -> bool:
     head = data[:512]
     return (head[:4] in (b"PK\x03\x04", _ZIP_END) or head[:2] == b"\x1f\x8b" or head[:3] == b"BZh"
             or head[:6] == b"\xfd7zXZ\x00" or head[257:262] == b"ustar" or name.endswith(ARCHIVE_SUFFIXES)
-            or _ZIP_END in data[-(1 << 16) - 22:])  # a zip appended to a binary (a self-extracting app)
+            or (head[:4] == b"\x7fELF" or head[:2] == b"#!")  # a zip appended to a program (self-extracting)
+            and data.find(_ZIP_END, max(0, len(data) - (1 << 16) - 22)) >= 0)
 
 
 def _members(data: bytes) -> list[tuple[str, bytes]] | None:

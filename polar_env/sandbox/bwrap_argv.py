@@ -4,9 +4,10 @@ Both need the same isolation: every namespace unshared (only ``lo`` exists), the
 ``/usr`` and ``/etc`` read-only (a minimal Debian, ``polar_env.sandbox.rootfs``: nothing of the
 host's packages; as host root shown through overlays that name no host path, ``views.py``), the
 host's Node.js as one file, fresh ``/proc`` and ``/dev``, a
-cleared environment, a seccomp filter that refuses ptrace between its processes
-(``polar_env.sandbox.seccomp``), and never root inside. As
-root, bwrap keeps the host user namespace (a namespaced root could still own the binds) and
+cleared environment, a seccomp filter that refuses ptrace between its processes and the kernel
+keyring (``polar_env.sandbox.seccomp``), and never root inside. As root, bwrap enters the sandbox's
+own user namespace (``userns``: its leased host uid shown as the spec's, ``identity.py``; host root
+is mapped to itself, and setpriv runs as that root, with capabilities in that namespace only) and
 ``setpriv`` drops to the sandbox uid with no capabilities and ``--no-new-privs``; unprivileged,
 bwrap's own user namespace keeps the caller's uid and drops every capability. The callers differ
 only in their mounts and environment, which they pass as data.
@@ -73,6 +74,7 @@ class BwrapCommand:
     hostname: str = "sandbox"
     supervisor: bool = False  # the first process keeps SUPERVISOR_CAPS (host root only)
     system: Path | None = None  # as host root, a `views.system_view`: /usr (node inside) and /etc shown neutrally
+    userns: int | None = None  # as host root, a descriptor of the sandbox's own user namespace (`identity.user_namespace`)
 
     def argv(self, cmd: Sequence[str]) -> list[str]:
         bwrap = shutil.which("bwrap")
@@ -81,7 +83,8 @@ class BwrapCommand:
         as_root = os.geteuid() == 0
         argv = [*_WITH_FILTER, str(program_file()), bwrap]
         if as_root:
-            argv += ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
+            argv += [*(["--userns", str(self.userns)] if self.userns is not None else []),
+                     "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
         else:
             argv += ["--unshare-all", "--cap-drop", "ALL", "--uid", str(self.uid), "--gid", str(self.gid)]
         try:
