@@ -5,9 +5,9 @@ a plain-text search missed pip's wheel store (its vendored ``requests`` holds bo
 fixes) and the Python harnesses' site-packages (``requests`` 2.32 among them). Here: the scan's own
 rules on planted archives; the sandbox root without the wheel store; in each harness's view, the
 scan run as the agent's tools run (a shell the sealed harness starts) finds nothing but the wheel a
-control planted in HOME (a Node.js install, which the tools can read, included), and cannot enter a
-Python install, which the harness itself reads (its site-packages hold ``requests``: the same scan
-run by the harness finds it, so the seal is what hides it); and a
+control planted in HOME (a Node.js install, which the tools can read, included; the sandbox root's
+``/usr``, the same in every view, searched in Pi's), and cannot enter a Python install, whose
+site-packages the harness itself finds ``requests`` in (the seal is what hides it); and a
 task whose environment holds its answer is refused at warm time, the scan cached by content.
 """
 
@@ -133,6 +133,10 @@ def _hits(out: str) -> list[dict]:
     return json.loads(next(ln for ln in out.splitlines() if ln.startswith("{")))["hits"]
 
 
+REQUESTS_INSIDE = "import glob; print('REQUESTS', len(glob.glob('/opt/harness/lib/python3*/site-packages/requests/*.py')))"
+FULL_VIEW = "pi"  # /usr (the sandbox root with the host's node), the same in every view, is searched in this one's
+
+
 @pytest.mark.slow
 @needs_root_fs
 @pytest.mark.parametrize("harness", adapter_names())
@@ -151,15 +155,15 @@ async def test_every_harness_view_holds_no_answer_for_its_tools(harness: str, ev
     (probe / "needles.json").write_text(every_task.to_json())
     plant = tmp_path / "requests-2.99.0-py3-none-any.whl"
     plant.write_bytes(planted_wheel())
+    skip = "--skip /testbed --skip /tmp/polar-probe" + ("" if harness == FULL_VIEW else " --skip /usr")
     try:
         await sb.copy_in(probe, "/tmp/polar-probe")
         await sb.copy_in(plant, "/home/agent/.cache/pip/wheels/requests-2.99.0-py3-none-any.whl")  # the control
-        scan_cmd = ["python3", "/tmp/polar-probe/answer_scan.py", "/tmp/polar-probe/needles.json"]
         # the agent's tools: a shell the harness starts (it drops the harness's group), searching everything
-        tools = await _as_harness(sb, ["bash", "-c", f"{' '.join(scan_cmd)} / --skip /testbed --skip /tmp/polar-probe; "
+        tools = await _as_harness(sb, ["bash", "-c", f"python3 /tmp/polar-probe/answer_scan.py "
+                                       f"/tmp/polar-probe/needles.json / {skip}; "
                                        "ls /opt/harness >/dev/null 2>&1 && echo INSTALL listed || echo INSTALL denied"])
-        if python:  # the harness itself reads its install
-            own = _hits(await _as_harness(sb, [*scan_cmd, "/opt/harness"]))
+        own = await _as_harness(sb, ["python3", "-c", REQUESTS_INSIDE])  # the harness itself, its own install
     finally:
         await sb.destroy()
     hits = _hits(tools)
@@ -168,7 +172,7 @@ async def test_every_harness_view_holds_no_answer_for_its_tools(harness: str, ev
     assert {h["kind"] for h in hits} == {"package", "line"}, hits
     if can_seal() and python:  # sealed: its site-packages hold requests; the harness reads them, its tools do not
         assert "INSTALL denied" in tools, tools
-        assert any(h["path"].endswith("site-packages/requests") for h in own), own
+        assert int(own.split("REQUESTS ")[1].split()[0]) > 0, own
     else:  # a Node.js install is the tools' to read: searched above with the rest, nothing in it
         assert "INSTALL listed" in tools, tools
 

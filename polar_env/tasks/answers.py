@@ -99,11 +99,22 @@ def scanned(view: View, needles: Needles) -> list[Hit]:
     if cached.is_file():
         return [Hit(**h) for h in json.loads(cached.read_text())]
     hits = scan([view.root], needles, skip=view.skip)
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cached.with_name(f".{cached.name}.{os.getpid()}")
-    tmp.write_text(json.dumps([h.__dict__ for h in hits]))
-    tmp.rename(cached)
+    _keep(cached, [h.__dict__ for h in hits])
     return hits
+
+
+def _keep(path: Path, data: object) -> None:
+    """``data`` as JSON at ``path``, written whole (a temp file renamed: concurrent writers agree)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(data))
+    tmp.rename(path)
+
+
+def _refuse(task: Task, where: str, hits: list[Hit]) -> None:
+    if hits:
+        more = f" (and {len(hits) - 1} more)" if len(hits) > 1 else ""
+        raise AnswerReadable(f"{task.instance_id}: refused: {where} holds its answer: {hits[0]}{more}")
 
 
 _checked: dict[tuple[str, str], list[Hit]] = {}  # (view, needles) this process scanned: no fingerprint again
@@ -116,9 +127,7 @@ def refuse_readable_answers(task: Task, needles: Needles, views: Sequence[View])
         key = (f"{view.label}\0{view.root}\0{view.identity}", needles.key)
         if key not in _checked:
             _checked[key] = scanned(view, needles)
-        if hits := _checked[key]:
-            more = f" (and {len(hits) - 1} more)" if len(hits) > 1 else ""
-            raise AnswerReadable(f"{task.instance_id}: refused: {view.label} holds its answer: {hits[0]}{more}")
+        _refuse(task, view.label, _checked[key])
 
 
 _needles: dict[tuple[str, str], Needles] = {}
@@ -163,31 +172,31 @@ def check_container_views(task: Task, engine: str, image: str, spec: SandboxSpec
         return
     if engine == "podman" and os.geteuid() == 0:
         needles, hits = _image_scan(task, engine, image, spec.workdir)
-        if hits:
-            more = f" (and {len(hits) - 1} more)" if len(hits) > 1 else ""
-            raise AnswerReadable(f"{task.instance_id}: refused: its image {image} holds its answer: {hits[0]}{more}")
+        _refuse(task, f"its image {image}", hits)
     else:
         lines = sorted({ln for ln in _added_lines(task.patch) if len(ln) >= MIN_LINE})
         needles = Needles(tuple(lines), (task.repo.rsplit("/", 1)[-1],))
     refuse_readable_answers(task, needles, readable_harness(spec))
 
 
-_images: dict[str, tuple[Needles, list[Hit]]] = {}
+_images: dict[tuple[str, str, str], tuple[Needles, list[Hit]]] = {}  # (image, workdir, patch): this process's
 
 
 def _image_scan(task: Task, engine: str, image: str, workdir: str) -> tuple[Needles, list[Hit]]:
-    """The needles from the image's own tree and the hits in the rest of it, cached by the image's id."""
+    """The needles from the image's own tree and the hits in the rest of it, cached by the image's id
+    (a warm image's name names its content: remembered by name for the process)."""
     from polar_env.sandbox.container import engine_run
 
+    known = (image, workdir, task.patch)
+    if known in _images:
+        return _images[known]
     image_id = engine_run([engine, "image", "inspect", "--format", "{{.Id}}", image]).decode().strip()
     digest = hashlib.sha256(f"{LAYOUT}\0{image_id}\0{workdir}\0{task.patch}".encode()).hexdigest()[:24]
-    if digest in _images:
-        return _images[digest]
     cached = cache_root() / SCANS_DIR / f"image-{digest}.json"
     if cached.is_file():
         data = json.loads(cached.read_text())
-        _images[digest] = Needles.from_json(data["needles"]), [Hit(**h) for h in data["hits"]]
-        return _images[digest]
+        _images[known] = Needles.from_json(data["needles"]), [Hit(**h) for h in data["hits"]]
+        return _images[known]
     root = Path(engine_run([engine, "image", "mount", image]).decode().strip())
     try:
         tree = root / workdir.lstrip("/")
@@ -195,9 +204,6 @@ def _image_scan(task: Task, engine: str, image: str, workdir: str) -> tuple[Need
         hits = [Hit(h.path.replace(str(root), "", 1), h.kind, h.what) for h in scan([root], needles, skip=[tree])]
     finally:
         engine_run([engine, "image", "unmount", image])
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cached.with_name(f".{cached.name}.{os.getpid()}")
-    tmp.write_text(json.dumps({"needles": needles.to_json(), "hits": [h.__dict__ for h in hits]}))
-    tmp.rename(cached)
-    _images[digest] = needles, hits
+    _keep(cached, {"needles": needles.to_json(), "hits": [h.__dict__ for h in hits]})
+    _images[known] = needles, hits
     return needles, hits
