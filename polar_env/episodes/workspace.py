@@ -133,9 +133,11 @@ def _open(task: Task, spec: SandboxSpec, kind: WorkspaceKind) -> Workspace:
     if kind == "bubblewrap":
         from polar_env.sandbox.bubblewrap import BubblewrapSandbox
         from polar_env.tasks.base_trees import base_cache_dir, warm_base
+        from polar_env.tasks.env import env_dir, env_ready
 
         base = warm_base(task, base_cache_dir())
-        check_bubblewrap_views(task, spec, base.tree)  # nothing it shows holds the task's answer
+        env = env_dir(task) if env_ready(task) else None  # its grading environment, when built
+        check_bubblewrap_views(task, spec, base.tree, env)  # nothing it shows holds the task's answer
         if spec.scratch_root is not None:
             spec.scratch_root.mkdir(parents=True, exist_ok=True)
         scratch = Path(tempfile.mkdtemp(prefix=f"polar-ws-{task.instance_id}-", dir=spec.scratch_root))

@@ -149,17 +149,16 @@ def readable_harness(spec: SandboxSpec) -> list[View]:
     return [View(f"the harness install {install.name}", install)]
 
 
-def check_bubblewrap_views(task: Task, spec: SandboxSpec, base: Path) -> None:
+def check_bubblewrap_views(task: Task, spec: SandboxSpec, base: Path, env: Path | None) -> None:
     """A bubblewrap episode of ``task`` shows the sandbox root, its harness install and, in grading,
-    its environment: refuse the task when any holds its answer."""
+    its environment ``env`` (when built): refuse the task when any holds its answer."""
     from polar_env.sandbox.rootfs import sandbox_root
-    from polar_env.tasks.env import env_dir, env_ready
 
     if not task.patch:
         return
     views = [View("the sandbox root", sandbox_root()), *readable_harness(spec)]
-    if env_ready(task):
-        views.append(View("its grading environment", env_dir(task)))
+    if env is not None:
+        views.append(View("its grading environment", env))
     refuse_readable_answers(task, needles_of(task, base), views)
 
 
