@@ -25,7 +25,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-POOL_START, POOL_SIZE = 2_000_000, 8192  # host uids POOL_START, +2, ...: each with its group and, +1, its harness group
+# host uids POOL_START, +2, ...: each with its group and, +1, its harness group; a range no host user and no
+# subordinate-id range (/etc/subuid: 100000 + 65536 per user by default) reaches
+POOL_START, POOL_SIZE = 2_000_000, 8192
 LEASES = Path("/run/polar/identities")
 
 
