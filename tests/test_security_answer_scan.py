@@ -33,7 +33,13 @@ from polar_env.sandbox.base import Sandbox, SandboxSpec
 from polar_env.sandbox.bubblewrap import FORWARDER_INSIDE, BubblewrapSandbox
 from polar_env.sandbox.bwrap_argv import can_seal
 from polar_env.sandbox.rootfs import WHEEL_STORE, rootfs_dir, sandbox_root
-from polar_env.tasks.answers import AnswerReadable, View, readable_harness, refuse_readable_answers, task_needles
+from polar_env.tasks.answers import (
+    AnswerReadable,
+    View,
+    readable_harness,
+    refuse_readable_answers,
+    task_needles,
+)
 from polar_env.tasks.base_trees import base_cache_dir, warm_base
 from polar_env.tasks.loader import load_bundled
 
