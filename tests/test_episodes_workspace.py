@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,11 +16,13 @@ from polar_env.episodes.workspace import (
     attach_workspace,
     check_engine,
     engine_available,
+    open_workspace,
     workspace_kind,
 )
 from polar_env.sandbox.apptainer import apptainer_image
 from polar_env.sandbox.base import SandboxSpec
 from polar_env.sandbox.container import ContainerSandbox
+from polar_env.sandbox.rootfs import rootfs_dir
 from polar_env.tasks.loader import load_bundled
 from polar_env.tasks.runtime import WorkspaceUnavailable
 
@@ -56,6 +59,24 @@ def test_attach_rebuilds_the_opener_sandbox_from_its_ref(tmp_path: Path):
     assert sb.exec_argv(["true"], {})[-2:] == ["polar-abc", "true"]
     with pytest.raises(FileNotFoundError, match="no sandbox workspace"):
         attach_workspace(WorkspaceRef(root=str(tmp_path / "gone"), uid=1, gid=1), spec)
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None or not (rootfs_dir() / ".polar-rootfs-ready").is_file(),
+                    reason="needs bubblewrap and the sandbox root (scripts/setup.sh)")
+async def test_an_attached_bubblewrap_workspace_runs_as_its_openers_identity(bundled, tmp_path: Path):
+    """Another process attaching to a bubblewrap workspace (the Gym agent server) runs as the identity
+    the opener leased (sandbox/identity.py: the tree's owner), so what it writes is the opener's to diff."""
+    ws = await open_workspace(bundled, SandboxSpec(scratch_root=tmp_path / "s", disk_bytes=64 << 20))
+    try:
+        attached = attach_workspace(WorkspaceRef.model_validate_json(ws.ref.model_dump_json()), SandboxSpec())
+        res = await attached.run(["bash", "-c", "id -u; echo attached > /testbed/written"], timeout_s=60)
+        patch = (await ws.sandbox.diff()).decode()
+    finally:
+        await ws.close()
+    assert res.exit_code == 0 and res.stdout_tail.split()[0] == "1000", (res.stdout_tail, res.stderr_tail)
+    assert "b/written" in patch, patch
+    if os.geteuid() == 0:  # a leased host uid, shown as 1000 inside to both
+        assert attached.identity is not None and attached.identity.host_uid == ws.sandbox.identity.host_uid
 
 
 def test_apptainer_takes_registry_names_as_docker_uris():

@@ -12,9 +12,9 @@ import pytest
 from polar_sandbox_helpers import UnixHTTPServer, clock_stopped_until, hang, processes_matching, reply_json
 
 from polar_env.harness_adapters import adapter_names, get_adapter
-from polar_env.harness_adapters.runner import run_episode_in_sandbox
+from polar_env.harness_adapters.runner import SANDBOX_PYTHON, run_episode_in_sandbox
 from polar_env.sandbox.base import SandboxSpec
-from polar_env.sandbox.bubblewrap import BubblewrapSandbox
+from polar_env.sandbox.bubblewrap import FORWARDER_INSIDE, BubblewrapSandbox
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(shutil.which("bwrap") is None or shutil.which("npm") is None,
@@ -43,9 +43,11 @@ def _sandbox(adapter, tmp_path: Path) -> BubblewrapSandbox:
 
 
 async def test_cli_starts_inside_sandbox(adapter, tmp_path: Path):
+    """Started as an episode starts it, by the forwarder (a Python install is the sealed harness's alone)."""
     sb = _sandbox(adapter, tmp_path)
     try:
-        res = await sb.run(adapter.version_command(), timeout_s=120)
+        res = await sb.run([SANDBOX_PYTHON, FORWARDER_INSIDE, "--socket", "/run/proxy/none", "--port", "18080", "--",
+                            *adapter.version_command()], timeout_s=120)
     finally:
         await sb.destroy()
     assert res.exit_code == 0, res.stderr_tail

@@ -111,6 +111,45 @@ def test_a_branch_base_is_checked_out_as_a_swe_smith_instance_is(tmp_path: Path)
     assert git(repo, "status", "--porcelain") == ""
 
 
+def test_a_swe_smith_instance_keeps_its_tree_alone(tmp_path: Path):
+    """SWE-smith's instance branch: the repository's commit (the fixed code), the bug's injection, then a
+    commit removing the FAIL_TO_PASS test file. Its ancestors are the answer (``git show HEAD~1`` is the
+    bug's diff, whose reverse is the fix, and ``HEAD~1`` still holds the hidden test): the base is the
+    branch's tree alone, one commit, the same on every reduction."""
+    from polar_env.tasks.datasets.swe_smith import to_task
+    from polar_env.tasks.runtime import history_base
+
+    repo, branch = tmp_path / "repo", "owner__repo.abc123.func_pm_1"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    (repo / "a.py").write_text(f"def f():\n    return '{FIX}'\n")
+    (repo / "test_hidden.py").write_text("def test_f():\n    assert f() == 'HIDDEN TEST'\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "the repository")
+    git(repo, "checkout", "-qb", branch)
+    (repo / "a.py").write_text("def f():\n    return 'bug'\n")
+    git(repo, "commit", "-qam", "bug")
+    git(repo, "rm", "-q", "test_hidden.py")
+    git(repo, "commit", "-qm", "remove F2P tests")
+    git(repo, "tag", "v0.1", "HEAD~2")
+    tip_tree = git(repo, "rev-parse", f"{branch}^{{tree}}").strip()
+    assert FIX in git(repo, "show", "HEAD~1") and "HIDDEN TEST" in git(repo, "show", "HEAD~1:test_hidden.py")  # the control
+    row = {"instance_id": branch, "repo": "swesmith/owner__repo.abc123", "patch": "x", "FAIL_TO_PASS": ["t"],
+           "PASS_TO_PASS": [], "image_name": "img", "base_commit": branch, "problem_statement": "p"}
+    base = history_base(to_task(row))
+    assert base == f"{branch}^{{tree}}"
+    done = reduce(repo, base)
+    assert done.returncode == 0, done.stderr
+    assert git(repo, "log", "--all", "--format=%s") == "the task base\n" and git(repo, "tag") == ""
+    assert git(repo, "rev-parse", "HEAD^{tree}").strip() == tip_tree
+    assert git(repo, "symbolic-ref", "HEAD").strip() == f"refs/heads/{branch}"
+    stored = objects(repo)
+    assert FIX.encode() not in stored and b"HIDDEN TEST" not in stored and stored.count(b" commit ") == 1
+    assert git(repo, "status", "--porcelain") == ""
+    again = reduce(repo, base)
+    assert again.returncode == 0 and reduced_line(again.stdout) == reduced_line(done.stdout)
+
+
 def test_a_detached_head_stays_detached_and_a_shallow_boundary_below_the_base_is_kept(tmp_path: Path):
     source = tmp_path / "source"
     base = with_history(source)

@@ -14,6 +14,7 @@ import pytest
 from polar_env.sandbox.apptainer import ApptainerBox, ApptainerSandbox
 from polar_env.sandbox.base import SandboxSpec, exclude_pathspecs, run_process_tree
 from polar_env.sandbox.container import ContainerSandbox, git_diff_script, git_snapshot_script
+from polar_env.sandbox.seccomp import KEYRING_CALLS, container_profile, without_keyring
 
 SPEC = SandboxSpec(proxy_socket_dir=Path("/run/polar/sock"), harness_dir=Path("/cache/harnesses/codex-1"),
                    memory_bytes=1 << 30, pids_max=512)
@@ -53,10 +54,23 @@ def test_container_create_argv_isolates_and_mounts(engine):
     assert "DAC_READ_SEARCH" not in argv  # open_by_handle_at: the host's files behind the binds
     grading = ContainerSandbox(replace(SPEC, proxy_socket_dir=None), "img", "polar-g", engine=engine).create_argv()
     assert _pairs(grading, "--cap-add") == ["CHOWN", "DAC_OVERRIDE", "FOWNER"]
-    assert _pairs(argv, "--security-opt") == ["no-new-privileges"]
+    # the engine's default seccomp profile, the kernel keyring refused where it was not (podman's allows keyctl)
+    profile = {"podman": [f"seccomp={container_profile('podman')}"], "docker": []}[engine]
+    assert _pairs(argv, "--security-opt") == ["no-new-privileges", *profile]
     tmpfs = _pairs(argv, "--tmpfs")
     assert tmpfs[0].startswith("/home/agent:") and not any("uid=" in t for t in tmpfs)  # podman refuses uid=
     assert all(t.endswith(f",size={SPEC.disk_bytes}") for t in tmpfs)  # the writable paths' quota
+
+
+def test_the_keyring_is_refused_in_an_engine_profile_and_nothing_else_changes():
+    profile = {"defaultAction": "SCMP_ACT_ERRNO", "syscalls": [
+        {"names": ["read", "keyctl", "ptrace"], "action": "SCMP_ACT_ALLOW"},
+        {"names": ["add_key"], "action": "SCMP_ACT_ALLOW", "includes": {"caps": ["CAP_SYS_ADMIN"]}}]}
+    out = without_keyring(profile)
+    assert out["defaultAction"] == "SCMP_ACT_ERRNO"
+    assert out["syscalls"] == [{"names": ["read", "ptrace"], "action": "SCMP_ACT_ALLOW"},
+                               {"names": list(KEYRING_CALLS), "action": "SCMP_ACT_ERRNO", "errnoRet": 1}]
+    assert container_profile("docker") is None  # docker's built-in profile refuses all three already
 
 
 def test_container_agent_is_root_only_in_a_user_namespace_of_its_own():

@@ -105,10 +105,12 @@ def export_task(task: Task, out: Path) -> Path:
 
     (dest / "instruction.md").write_text(episode_prompt(task) + "\n")
     if task.base_archive:
-        from polar_env.tasks.images import CA_BUNDLE, public_containerfile
+        from polar_env.tasks.images import CA_BUNDLE, PIP_WHEEL, pip_wheel, public_containerfile
         from polar_env.tasks.tree import materialize
 
         (dest / "environment" / "Dockerfile").write_text(public_containerfile(task))
+        if task.environment.requirements:
+            shutil.copy2(pip_wheel(), dest / "environment" / PIP_WHEEL)
         materialize(task, dest / "environment" / "testbed")
         if CA_BUNDLE.is_file():
             shutil.copy2(CA_BUNDLE, dest / "environment" / "ca-certificates.crt")

@@ -1,5 +1,9 @@
 """An episode's workspace: where the task tree lives and the harness runs, chosen per task.
 
+Before a task's workspace is made, what it shows is checked for the task's answer (``tasks/answers.py``:
+the sandbox root, a harness install the agent's tools can read, the grading environment, the image):
+a hit refuses the task with one line naming the file.
+
 ``auto`` (the default) gives a bubblewrap tree for a task with a base archive (the bundled tasks,
 tasks built with ``polar tasks build``) and a container from the task's image otherwise, on the
 first engine found (podman, docker, apptainer). ``--sandbox ENGINE`` forces one: a container
@@ -24,6 +28,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from polar_env.sandbox.base import Sandbox, SandboxSpec
+from polar_env.tasks.answers import check_bubblewrap_views, check_container_views
 from polar_env.tasks.models import Task
 from polar_env.tasks.runtime import (
     WorkspaceKind,
@@ -133,8 +138,11 @@ def _open(task: Task, spec: SandboxSpec, kind: WorkspaceKind) -> Workspace:
     if kind == "bubblewrap":
         from polar_env.sandbox.bubblewrap import BubblewrapSandbox
         from polar_env.tasks.base_trees import base_cache_dir, warm_base
+        from polar_env.tasks.env import env_dir, env_ready
 
         base = warm_base(task, base_cache_dir())
+        env = env_dir(task) if env_ready(task) else None  # its grading environment, when built
+        check_bubblewrap_views(task, spec, base.tree, env)  # nothing it shows holds the task's answer
         if spec.scratch_root is not None:
             spec.scratch_root.mkdir(parents=True, exist_ok=True)
         scratch = Path(tempfile.mkdtemp(prefix=f"polar-ws-{task.instance_id}-", dir=spec.scratch_root))
@@ -151,6 +159,7 @@ def _open(task: Task, spec: SandboxSpec, kind: WorkspaceKind) -> Workspace:
 
         spec, image = container_spec(task, spec, kind), task_image(task)
         warm = warm_image(kind, image, spec, history_base(task))
+        check_container_views(task, kind, warm, spec)  # nothing it shows holds the task's answer
         cs = ContainerSandbox.create(None, spec=spec, image=warm, engine=kind, warm=True)
         ref = WorkspaceRef(kind=kind, container=cs.name, image=image, path=cs.path, workdir=spec.workdir,
                            uid=spec.uid, gid=spec.uid, clone="overlay", userns_base=cs.userns_base, home=spec.home)
@@ -179,15 +188,11 @@ def attach_workspace(ref: WorkspaceRef, spec: SandboxSpec) -> Sandbox:
     process's own mounts in ``spec``. The opener still owns it: never ``destroy`` an attached sandbox."""
     if ref.kind == "bubblewrap":
         from polar_env.sandbox.bubblewrap import BubblewrapSandbox
-        from polar_env.sandbox.cgroups import CgroupLimits
 
         root = Path(ref.root)
         if not (root / "testbed").is_dir():
             raise FileNotFoundError(f"no sandbox workspace at {root} (is the resources server on this host?)")
-        attached = BubblewrapSandbox(replace(spec), root, ref.uid, ref.gid,
-                                     CgroupLimits(root.name, spec.memory_bytes, spec.pids_max))
-        attached.show_inputs()
-        return attached
+        return BubblewrapSandbox.attach(replace(spec), root, ref.uid, ref.gid)
     if ref.kind in ("docker", "podman"):
         from polar_env.sandbox.container import ContainerSandbox
 

@@ -14,6 +14,10 @@ tree, the venv, the grader's files and the sandbox root are shown through read-o
 (`_shown`), so the sandbox's mountinfo names none of the grader's temp dirs or the venv's path
 (which name the task and the kind of run).
 
+As host root each run has a user namespace of its own (``polar_env.sandbox.identity``): the tests
+run as a host uid leased for the run, shown as nobody inside, so nothing a graded patch spends of a
+per-user budget, or leaves in the kernel, is another run's.
+
 Whether the sandbox started is the supervisor's evidence, not the output's: the first command
 inside, before anything of the task's runs (and after the tree copy), writes one byte into a
 pipe this process holds, then closes its end. A run without that byte never ran tested code.
@@ -35,6 +39,7 @@ from polar_env.sandbox.bubblewrap import _mount_quota as mount_quota
 from polar_env.sandbox.bwrap_argv import BwrapCommand, Mount
 from polar_env.sandbox.bwrap_argv import SandboxUnavailable as SandboxUnavailable  # what run_sandboxed raises
 from polar_env.sandbox.cgroups import CgroupLimits
+from polar_env.sandbox.identity import lease, user_namespace
 from polar_env.sandbox.output import HEAD_BYTES, TAIL_BYTES, OutputStats
 from polar_env.sandbox.views import mount_view, system_view, unmount
 
@@ -86,7 +91,7 @@ class SandboxRun:
 
 
 def _sandbox(shown: _Shown, env: dict[str, str], *, tree_writable: bool = True, tree_mount: str = TREE_MOUNT,
-             hostname: str = "sandbox", tmpfs_bytes: int | None = None) -> BwrapCommand:
+             hostname: str = "sandbox", tmpfs_bytes: int | None = None, userns: int | None = None) -> BwrapCommand:
     """The grading sandbox: the tree at ``tree_mount`` (read-only for strict runs; a sized tmpfs copy
     when writable), the task venv read-only, sized tmpfs, plus grader-owned mounts (the strict
     runner's plugin and report dir)."""
@@ -98,7 +103,7 @@ def _sandbox(shown: _Shown, env: dict[str, str], *, tree_writable: bool = True, 
               *tree_mounts, Mount(VENV_MOUNT, shown.venv), *shown.mounts]
     uid, gid = (SANDBOX_UID, SANDBOX_UID) if os.geteuid() == 0 else (os.geteuid(), os.getegid())
     return BwrapCommand(mounts, workdir=tree_mount, env=env, uid=uid, gid=gid, hostname=hostname,
-                        system=shown.system)
+                        system=shown.system, userns=userns)
 
 
 def _start_wrapper(cmd: list[str], started_fd: int, *, copy_to: str | None) -> list[str]:
@@ -190,12 +195,35 @@ def run_sandboxed(
         return _run(cmd, shown, full_env, limits, tree_writable, pass_fds, tree_mount, hostname, timeout_s)
 
 
+@contextmanager
+def _own_namespace() -> Iterator[int | None]:
+    """As host root, the run's own user namespace (`polar_env.sandbox.identity`: a host uid leased for
+    the run, shown as `SANDBOX_UID`): no per-user budget or kernel object of it is another run's."""
+    if os.geteuid() != 0:
+        yield None
+        return
+    identity = lease(SANDBOX_UID, SANDBOX_UID)
+    try:
+        with user_namespace(identity) as fd:
+            yield fd
+    finally:
+        identity.release()
+
+
 def _run(cmd: list[str], shown: _Shown, full_env: dict[str, str], limits: GradingLimits, tree_writable: bool,
          pass_fds: Sequence[int], tree_mount: str, hostname: str, timeout_s: float) -> SandboxRun:
+    with _own_namespace() as userns:
+        return _run_in(cmd, shown, full_env, limits, tree_writable,
+                       (*pass_fds, *([] if userns is None else [userns])), tree_mount, hostname, timeout_s, userns)
+
+
+def _run_in(cmd: list[str], shown: _Shown, full_env: dict[str, str], limits: GradingLimits, tree_writable: bool,
+            pass_fds: Sequence[int], tree_mount: str, hostname: str, timeout_s: float,
+            userns: int | None) -> SandboxRun:
     started_r, started_w = os.pipe()
     try:
         argv = _sandbox(shown, full_env, tree_writable=tree_writable, tree_mount=tree_mount, hostname=hostname,
-                        tmpfs_bytes=limits.tmpfs_bytes).argv(
+                        tmpfs_bytes=limits.tmpfs_bytes, userns=userns).argv(
             _start_wrapper(cmd, started_w, copy_to=tree_mount if tree_writable else None))
     except BaseException:
         os.close(started_r)

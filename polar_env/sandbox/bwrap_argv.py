@@ -4,9 +4,10 @@ Both need the same isolation: every namespace unshared (only ``lo`` exists), the
 ``/usr`` and ``/etc`` read-only (a minimal Debian, ``polar_env.sandbox.rootfs``: nothing of the
 host's packages; as host root shown through overlays that name no host path, ``views.py``), the
 host's Node.js as one file, fresh ``/proc`` and ``/dev``, a
-cleared environment, a seccomp filter that refuses ptrace between its processes
-(``polar_env.sandbox.seccomp``), and never root inside. As
-root, bwrap keeps the host user namespace (a namespaced root could still own the binds) and
+cleared environment, a seccomp filter that refuses ptrace between its processes and the kernel
+keyring (``polar_env.sandbox.seccomp``), and never root inside. As root, bwrap enters the sandbox's
+own user namespace (``userns``: its leased host uid shown as the spec's, ``identity.py``; host root
+is mapped to itself, and setpriv runs as that root, with capabilities in that namespace only) and
 ``setpriv`` drops to the sandbox uid with no capabilities and ``--no-new-privs``; unprivileged,
 bwrap's own user namespace keeps the caller's uid and drops every capability. The callers differ
 only in their mounts and environment, which they pass as data.
@@ -40,6 +41,12 @@ _WITH_FILTER = ["/bin/bash", "-c", 'exec {fd}<"$1" && exec "$2" --seccomp "$fd" 
 SUPERVISOR_CAPS = ("sys_ptrace", "dac_read_search", "setgid")
 
 
+def can_seal() -> bool:
+    """Whether this process can give a supervisor ``SUPERVISOR_CAPS`` (host root holding them all):
+    then the harness runs sealed, and its install is shown to it alone (``views.harness_view``)."""
+    return os.geteuid() == 0 and effective_caps() & SUPERVISING == SUPERVISING
+
+
 class SandboxUnavailable(RuntimeError):
     """bwrap or setpriv missing: an infrastructure fault, not the sandboxed command's."""
 
@@ -67,6 +74,7 @@ class BwrapCommand:
     hostname: str = "sandbox"
     supervisor: bool = False  # the first process keeps SUPERVISOR_CAPS (host root only)
     system: Path | None = None  # as host root, a `views.system_view`: /usr (node inside) and /etc shown neutrally
+    userns: int | None = None  # as host root, a descriptor of the sandbox's own user namespace (`identity.user_namespace`)
 
     def argv(self, cmd: Sequence[str]) -> list[str]:
         bwrap = shutil.which("bwrap")
@@ -75,7 +83,8 @@ class BwrapCommand:
         as_root = os.geteuid() == 0
         argv = [*_WITH_FILTER, str(program_file()), bwrap]
         if as_root:
-            argv += ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
+            argv += [*(["--userns", str(self.userns)] if self.userns is not None else []),
+                     "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
         else:
             argv += ["--unshare-all", "--cap-drop", "ALL", "--uid", str(self.uid), "--gid", str(self.gid)]
         try:
@@ -109,7 +118,7 @@ class BwrapCommand:
             setpriv = shutil.which("setpriv")
             if setpriv is None:
                 raise SandboxUnavailable("setpriv (util-linux) is needed to drop root inside the sandbox")
-            sealing = self.supervisor and effective_caps() & SUPERVISING == SUPERVISING
+            sealing = self.supervisor and can_seal()
             kept = "".join(f",+{cap}" for cap in SUPERVISOR_CAPS) if sealing else ""
             argv += [setpriv, f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups",
                      f"--inh-caps=-all{kept}", *([f"--ambient-caps={kept[1:]}"] if kept else []),

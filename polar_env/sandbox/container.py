@@ -60,7 +60,10 @@ from polar_env.sandbox.base import (
 from polar_env.sandbox.bubblewrap import FORWARDER_INSIDE, FORWARDER_SRC, isolated_forwarder, runs_forwarder
 from polar_env.sandbox.bubblewrap import _mount_quota as mount_quota
 from polar_env.sandbox.bwrap_argv import SandboxUnavailable
+from polar_env.sandbox.forwarder import harness_gid
 from polar_env.sandbox.rootfs import host_node
+from polar_env.sandbox.seccomp import container_profile
+from polar_env.sandbox.views import harness_view, holds_python_packages, unmount
 
 if TYPE_CHECKING:
     from polar_env.sandbox.apptainer import ApptainerBox
@@ -268,6 +271,7 @@ class ContainerSandbox(Sandbox):
         # the host uid the container's root is (a user namespace's), chosen at random per container
         self.userns_base = userns_base if userns_base is not None or not spec.userns else \
             (1 << 20) + secrets.randbelow(30000) * USERNS_SIZE
+        self.harness_view: Path | None = None  # as host root, the sealed view of the harness install (`seal_harness`)
         self._destroyed = False
 
     # --- argv builders (pure) ---
@@ -282,6 +286,8 @@ class ContainerSandbox(Sandbox):
         if self.userns_base is not None:
             argv += ["--uidmap", f"0:{self.userns_base}:{USERNS_SIZE}", "--gidmap", f"0:{self.userns_base}:{USERNS_SIZE}"]
         argv += ["--security-opt", "no-new-privileges"]
+        if (profile := container_profile(self.engine)) is not None:  # the engine's default, keyring refused
+            argv += ["--security-opt", f"seccomp={profile}"]
         if s.memory_bytes is not None:
             argv += ["--memory", str(s.memory_bytes), "--memory-swap", str(s.memory_bytes)]
         if s.pids_max is not None:
@@ -295,7 +301,7 @@ class ContainerSandbox(Sandbox):
                 a for i in range(s.gpus) for a in ("--device", f"nvidia.com/gpu={i}")]
         mounts = [(str(FORWARDER_SRC), FORWARDER_INSIDE)]
         if s.harness_dir is not None:
-            mounts.append((str(s.harness_dir), "/opt/harness"))
+            mounts.append((str(self.harness_view or s.harness_dir), "/opt/harness"))
             if (node := host_node()) is not None:
                 mounts.append((node, f"{NODE_DIR_INSIDE}/node"))
         if s.proxy_socket_dir is not None:
@@ -435,6 +441,28 @@ class ContainerSandbox(Sandbox):
                     pass
         raise ContainerError(f"{self.name}: processes kept appearing through 100 rounds of kills")
 
+    def seal_harness(self) -> None:
+        """As host root, an episode's Python harness install shown by a view the sealed harness alone enters
+        (``views.harness_view``: its root the harness group's, mode 0750), mounted in a temp dir of
+        its own and bound in place of the install; the forwarder, run as the container's root with
+        ``FORWARDER_CAPS``, starts the harness with that group (``forwarder.py``, "Sealed harness"). In a
+        user namespace of its own that group is the host gid the container's harness group maps to,
+        fresh per container (its layer kept in the same temp dir); a root agent keeps ``CAP_SETGID`` in
+        its namespace, so its install is sealed against a plain read only, and scanned (``tasks/answers.py``)."""
+        s = self.spec
+        if os.geteuid() != 0 or s.harness_dir is None or s.proxy_socket_dir is None \
+                or not holds_python_packages(s.harness_dir):
+            return
+        if s.scratch_root is not None:
+            s.scratch_root.mkdir(parents=True, exist_ok=True)
+        holder = Path(tempfile.mkdtemp(prefix="polar-harness-view-", dir=s.scratch_root))
+        try:
+            self.harness_view = harness_view(s.harness_dir, holder / "harness", self.host_uid(harness_gid(s.uid)),
+                                             layer_under=holder)
+        except SandboxUnavailable:
+            shutil.rmtree(holder, ignore_errors=True)
+            raise
+
     # --- lifecycle ---
     def reduce_history(self, base: str = "HEAD") -> str:
         """The repository at the workdir reduced to ``base`` (`sandbox/history.py`), by the image's git as
@@ -466,6 +494,7 @@ class ContainerSandbox(Sandbox):
             sb.workdir_quota = WorkdirQuota.make(engine, image, spec) if warm else None
             if spec.host_dirs:
                 sb._make_host_dirs()
+            sb.seal_harness()
             engine_run(sb.create_argv())
             engine_run(sb.start_argv())
             first = f"{sb.setup_script(warm=True)} && {KEEPALIVE_SCRIPT}" if warm else KEEPALIVE_SCRIPT  # one exec
@@ -538,6 +567,10 @@ class ContainerSandbox(Sandbox):
         if self.workdir_quota is not None:
             self.workdir_quota.release()
             self.workdir_quota = None
+        if self.harness_view is not None:
+            unmount(self.harness_view)
+            shutil.rmtree(self.harness_view.parent, ignore_errors=True)
+            self.harness_view = None
 
     async def destroy(self) -> None:
         if not self._destroyed:

@@ -17,18 +17,26 @@ that hid its descriptors, or is not in CMD's tree). Only ``harness`` calls train
 A root harness (``--user 0:GID``: a container whose image's user is root, in a user namespace of its
 own) keeps root's capabilities but never ``CAP_SYS_PTRACE`` or ``CAP_SETPCAP``: both leave its bounding
 set before the exec, so neither it nor a tool it runs traces another process or reads a sealed one's
-``/proc``.
+``/proc``. It keeps ``CAP_SETGID`` (in its own namespace, as Harbor's root has it), so any group is
+its tools' to take: a root harness's install is not sealed but scanned (``tasks/answers.py``).
 **Sealed harness.** The agent's tools run as the harness's uid, so by default they could read (and
 write) the harness's memory, environment and descriptors through ``/proc``, and make a call look
-like the harness's. Given ``SUPERVISING`` (the bubblewrap sandbox grants it to this process alone,
-as host root; a container runs this process as its root, and ``--user`` names the uid CMD runs as),
-the forwarder clears it from the ambient set, so CMD inherits none, and starts CMD with its real
-gid one above its effective gid: the kernel marks a process that execs
-with real and effective ids apart not dumpable, at every exec of CMD's tree that keeps them apart,
-so its ``/proc/<pid>`` entries are root's and no process without ``CAP_SYS_PTRACE`` opens them. A
-shell drops the difference (its commands run with the real gid), so the agent's commands are
-ordinary processes that the forwarder, holding ``CAP_SYS_PTRACE`` and ``CAP_DAC_READ_SEARCH``,
-can still read to prove each call's origin. Such an exec also runs in the loader's secure mode:
+like the harness's, and read the install it runs from (a Python harness's site-packages hold other
+releases of task packages: ``requests`` among them). Given ``SUPERVISING`` (the bubblewrap sandbox
+grants it to this process alone, as host root; a container runs this process as its root, and
+``--user`` names the uid CMD runs as), the forwarder clears it from the ambient set, so CMD inherits
+none, and starts CMD with its effective (and saved) gid one above its real gid: the harness group
+(`harness_gid`). The kernel marks a process that execs with real and effective ids apart not
+dumpable, at every exec of CMD's tree that keeps them apart, so its ``/proc/<pid>`` entries are
+root's and no process without ``CAP_SYS_PTRACE`` opens them; and a Python harness's install is shown
+with its top directory the harness group's alone (mode 0750: ``views.sealed_layer``), which only a
+process whose effective gid is that group enters (a Node.js install cannot be: ``views.py``). A shell drops the difference, real, effective and saved
+gids all set to the real one (bash and dash both), so the agent's commands are ordinary processes of
+the sandbox gid, which can neither open the harness's ``/proc`` entries nor enter its install, and
+which the forwarder, holding ``CAP_SYS_PTRACE`` and ``CAP_DAC_READ_SEARCH``, can still read to prove
+each call's origin. A program the harness starts without a shell keeps the harness's ids (it is part
+of the harness: the loader's secure mode, and the install readable), and so do the harness's own
+in-process file tools. Such an exec also runs in the loader's secure mode:
 the harness's dynamic loader drops ``LD_*`` and ``TMPDIR`` and ignores ``$ORIGIN`` (Node.js ignores
 ``NODE_OPTIONS``), which no adapter relies on.
 """
@@ -267,14 +275,14 @@ def effective_caps() -> int:
 
 
 def harness_gid(gid: int) -> int:
-    """The real gid a sealed harness runs with, beside its effective ``gid``."""
+    """The effective gid a sealed harness runs with, beside its real ``gid``: the group its install is shown to."""
     return gid + 1
 
 
 def _starter(user: tuple[int, int] | None, seal: bool) -> Callable[[], None] | None:
     """What CMD's child does before its exec (no other thread exists yet): drop from root to
-    ``user`` (uid, gid), and when sealing take a real gid apart from the effective one, which leaves
-    the exec not dumpable."""
+    ``user`` (uid, gid), and when sealing take the harness group as effective and saved gid, apart
+    from the real one, which leaves the exec not dumpable."""
     if user is None and not seal:
         return None
 
@@ -282,7 +290,8 @@ def _starter(user: tuple[int, int] | None, seal: bool) -> Callable[[], None] | N
         uid, gid = user or (os.geteuid(), os.getegid())
         if user is not None:
             os.setgroups([])
-        os.setresgid(harness_gid(gid) if seal else gid, gid, gid)
+        effective = harness_gid(gid) if seal else gid
+        os.setresgid(gid, effective, effective)
         if user is not None and uid == 0:  # a root harness (a container's own root): it, and every tool it
             libc = ctypes.CDLL(None, use_errno=True)  # runs, can never trace another process or regain that
             for cap in (CAP_SYS_PTRACE, CAP_SETPCAP):

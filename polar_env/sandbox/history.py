@@ -14,6 +14,10 @@ repository survives: no other commit, branch, tag, remote, reflog, stash, notes,
 alternates, packed or loose unreachable object, ``FETCH_HEAD``/``ORIG_HEAD``, configuration or hook.
 The worktree is checked out at the base where HEAD was elsewhere (tracked files; untracked ones, the
 image's build artefacts, stay); a shallow clone's boundary is kept where it lies below the base.
+Where the ancestors hold the answer (a SWE-smith instance: the commit before the branch's tip injects the
+bug, so its reverse is the fix, and the tip removed the FAIL_TO_PASS test files that tip's parent still
+holds) the base is ``<base>^{tree}``: its tree alone, one parentless commit dated as the base, on the
+base's branch, with no tag.
 
 Then it is verified, failing closed: HEAD is the base; every ref is that branch or a lightweight tag of
 an ancestor; the refs and reflogs reach no commit beyond the base and exactly the base's objects, which
@@ -61,7 +65,8 @@ def _git_function() -> str:
 
 def reduce_script(workdir: str, base: str = "HEAD") -> str:
     """Shell (POSIX sh, git of the image, run as the tree's owner or root) that reduces the repository at
-    ``workdir`` to ``base`` (a commit id, a branch, a tag or ``HEAD``) and verifies it; prints one
+    ``workdir`` to ``base`` (a commit id, a branch, a tag or ``HEAD``; ``<base>^{tree}``: its tree alone,
+    no ancestor kept) and verifies it; prints one
     `REDUCED` line (``none`` where ``workdir`` is no repository), or one `REFUSED` line on stderr and exits 3."""
     q = shlex.quote
     return "\n".join([
@@ -76,6 +81,7 @@ def reduce_script(workdir: str, base: str = "HEAD") -> str:
         'command -v git >/dev/null 2>&1 || fail "the image has no git to reduce the history of $w with"',
         'old="$w/.git"; tmp="$w/.git/polar-reduce"; new="$tmp/new/.git"',
         'o() { gx "$old" "$@"; }; n() { gx "$new" "$@"; }',
+        'alone=""; case "$base" in *"^{tree}") alone=1; base=${base%"^{tree}"} ;; esac',
         'commit=$(o rev-parse --verify --quiet "$base^{commit}") || fail "the base $base is not a commit of the '
         'repository at $w"',
         'fmt=$(o rev-parse --show-object-format 2>/dev/null) || fmt=sha1',
@@ -83,6 +89,14 @@ def reduce_script(workdir: str, base: str = "HEAD") -> str:
         'if o show-ref --verify --quiet "refs/heads/$base"; then branch=$base',
         'elif b=$(o symbolic-ref --quiet --short HEAD 2>/dev/null); then branch=$b; fi',
         'head=$(o rev-parse --verify --quiet "HEAD^{commit}") || head=""',
+        # the base's tree alone: one parentless commit of it, dated as the base (the same every time)
+        'if [ -n "$alone" ]; then',
+        '  tree=$(o rev-parse --verify --quiet "$commit^{tree}") && when=$(o log -1 --format="%ct +0000" "$commit") '
+        '|| fail "reading the base $base failed"',
+        '  commit=$(printf "tree %s\\nauthor polar <polar@localhost> %s\\ncommitter polar <polar@localhost> %s\\n\\n'
+        'the task base\\n" "$tree" "$when" "$when" | o hash-object -t commit -w --stdin) '
+        '|| fail "writing the base as one commit failed"',
+        'fi',
         'rm -rf "$tmp" && mkdir -p "$tmp" "$old/info" || fail "cannot write in $old"',
         f'printf %s {q(NEUTRAL_ATTRIBUTES)} > "$old/info/attributes"',
         # the worktree at the base where HEAD was elsewhere: tracked files follow, untracked ones stay

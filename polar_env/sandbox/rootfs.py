@@ -7,6 +7,12 @@ minbase of the same suite as the host's Debian, with what the harnesses and grad
 ``python3.X`` is Debian's, the interpreter the harness and task venvs are made by on the host, so
 their ``/usr/bin/python3.X`` symlinks resolve inside. The task's own dependencies come from its venv.
 
+Nothing in it is an answer: ``python3-venv`` brings pip's wheel store (``/usr/share/python-wheels``),
+whose pip vendors a newer ``requests`` holding both bundled requests tasks' fixes. No sandbox needs it
+(the venvs are made on the host, ``--without-pip``), so the root keeps none: the wheels are moved beside
+it (`build_wheels`), where only an image build reads them (``tasks/images.py``). Each task's episodes
+still scan the root for its answer (``tasks/answers.py``).
+
 The directory is ``<cache>/rootfs/<key>``, the key a hash of the recipe (suite, packages, the
 post-processing below), so a changed recipe builds a new root and never reuses a stale one. It is
 built once by setup (``python -m polar_env.sandbox.rootfs``, root needed for debootstrap) and made
@@ -34,9 +40,10 @@ SUITE = "bookworm"
 # python3 + venv for the tests, the forwarder and the Python harnesses; git + patch for the agent and
 # the grader; libstdc++6 for Node.js (the host's binary is bound in); procps (ps, kill) for tools
 PACKAGES = ("python3", "python3-venv", "git", "patch", "ca-certificates", "libstdc++6", "procps")
-RECIPE_VERSION = "4"  # bump when the post-processing changes
+RECIPE_VERSION = "5"  # bump when the post-processing changes
 READY = ".polar-rootfs-ready"
 NODE_INSIDE = "/usr/local/bin/node"  # on the sandbox PATH, where ``#!/usr/bin/env node`` finds it
+WHEEL_STORE = "usr/share/python-wheels"  # pip's and setuptools' wheels (python3-venv): moved out of the root
 
 
 class RootfsMissing(RuntimeError):
@@ -61,6 +68,11 @@ def sandbox_root() -> Path:
     return root
 
 
+def build_wheels() -> Path:
+    """Where the root's pip wheels are kept, out of every sandbox's reach: for image builds only."""
+    return rootfs_dir().with_name(f"{recipe_key()}.wheels")
+
+
 def host_node() -> Path | None:
     """The host's ``node`` binary (the npm harnesses run on it; it is no answer)."""
     found = shutil.which("node")
@@ -77,6 +89,10 @@ def debootstrap(dest: Path, *, mirror: str | None = None) -> None:
         raise RootfsMissing(f"debootstrap failed: {proc.stderr.strip()[-2000:]}")
     for cache in ("var/cache/apt/archives", "var/lib/apt/lists"):
         shutil.rmtree(dest / cache, ignore_errors=True)
+    wheels = build_wheels()
+    shutil.rmtree(wheels, ignore_errors=True)
+    if (dest / WHEEL_STORE).is_dir():
+        shutil.move(dest / WHEEL_STORE, wheels)
     (dest / NODE_INSIDE.lstrip("/")).touch()  # the mount point of the host's node (/usr is read-only inside)
 
 
@@ -97,8 +113,9 @@ def ensure_rootfs(*, mirror: str | None = None) -> Path:
         tmp.rename(root)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    for stale in root.parent.iterdir():  # roots of earlier recipes
-        if stale != root and (stale / READY).is_file():
+    for stale in root.parent.iterdir():  # roots of earlier recipes, and their wheels
+        if stale != root and ((stale / READY).is_file() or stale.name.endswith(".wheels")) \
+                and stale != build_wheels():
             shutil.rmtree(stale, ignore_errors=True)
     return root
 

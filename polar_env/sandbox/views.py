@@ -9,6 +9,15 @@ the sandbox's own tmpfs (unmounted with it) and bound from there. Unprivileged n
 mounted: the sources are bound as they are (their paths show). A Unix socket cannot be reached
 through an overlay (its inode is the overlay's, not the listener's): the proxy's socket dir is a
 tmpfs of its own instead (`socket_dir`), whose root reads ``/`` as well.
+
+A sealed harness's Python install (``forwarder.py``, "Sealed harness"; `holds_python_packages`: its
+site-packages are where other releases of task packages live) is shown with one more layer on top,
+`sealed_layer`: an empty directory of root and the harness group, mode 0750, which gives the view's
+root its owner and mode. Only the harness (its effective gid that group) enters it; the agent's
+commands, run by a shell as the sandbox gid, find nothing they may read below ``/opt/harness``. A
+Node.js install is shown as it is: Node tests its own files with ``access(2)`` (``fs.existsSync``),
+which checks the real gid, the one the agent's commands inherit, so no gid can admit the one and not
+the others; its files are scanned for answers instead (``tasks/answers.py``).
 """
 
 from __future__ import annotations
@@ -93,6 +102,30 @@ def mount_view(layers: Sequence[Path], at: Path) -> Path:
     if proc.returncode != 0:
         raise ViewUnavailable(f"cannot mount a read-only view of {', '.join(map(str, layers))}: {proc.stderr.strip()}")
     return at
+
+
+def sealed_layer(gid: int, under: Path | None = None) -> Path:
+    """An empty directory owned by root and group ``gid``, mode 0750, in the cache (bubblewrap's leased
+    gids are a bounded pool) or ``under`` (a container's own dir: its user namespace's gids are fresh
+    per container): the top layer that makes a view the harness group's alone."""
+    layer = (under or cache_root() / "harness-seal") / str(gid)
+    layer.mkdir(parents=True, exist_ok=True)
+    st = layer.stat()
+    if (st.st_uid, st.st_gid) != (0, gid):
+        os.chown(layer, 0, gid)
+    if st.st_mode & 0o7777 != 0o750:
+        os.chmod(layer, 0o750)
+    return layer
+
+
+def holds_python_packages(install: Path) -> bool:
+    """Whether a harness install is a Python one (a venv, or a portable interpreter's prefix)."""
+    return any(install.glob("lib/python3*/site-packages"))
+
+
+def harness_view(install: Path, at: Path, sealed_gid: int | None, layer_under: Path | None = None) -> Path:
+    """``install`` as a read-only view at ``at``; with ``sealed_gid``, its root that (host) group's alone."""
+    return mount_view([*([sealed_layer(sealed_gid, layer_under)] if sealed_gid is not None else []), install], at)
 
 
 def node_layer() -> Path | None:

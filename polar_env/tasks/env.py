@@ -1,7 +1,9 @@
 """Per-task pinned test environments: one venv per instance under the Polar cache.
 
 Built at setup time (PyPI reachable); the grading sandbox mounts it read-only and has no
-network, so an agent cannot `pip install` a fixed release. Every requirement is an exact pin
+network, so an agent cannot `pip install` a fixed release. A built environment is scanned for the
+task's answer before it is kept (``tasks/answers.py``): a dependency vendoring another release of
+the task's package refuses the task. Every requirement is an exact pin
 installed with `--no-deps`, so the environment is the same on every machine.
 """
 
@@ -89,9 +91,21 @@ def ensure_task_env(task: Task) -> Path:
                 ]
             )
         (tmp / STAMP).write_text(json.dumps(_stamp(task)))
+        _refuse_answers(task, tmp)
         shutil.rmtree(target, ignore_errors=True)
         tmp.rename(target)
     return target
+
+
+def _refuse_answers(task: Task, env: Path) -> None:
+    """The tested code reads the environment: one holding the task's answer (its package at another
+    version, a gold line: ``tasks/answers.py``) refuses the task (`AnswerReadable`) and is not kept."""
+    from polar_env.tasks.answers import View, needles_of, refuse_readable_answers
+    from polar_env.tasks.base_trees import base_cache_dir, warm_base
+
+    if task.patch and task.base_archive:
+        base = warm_base(task, base_cache_dir()).tree
+        refuse_readable_answers(task, needles_of(task, base), [View("its grading environment", env)])
 
 
 def _run(cmd: list[str]) -> None:

@@ -27,12 +27,21 @@ import tempfile
 from pathlib import Path
 
 from polar_env.sandbox.container import ContainerError, engine_run, image_exists
-from polar_env.sandbox.rootfs import NODE_INSIDE, READY, RootfsMissing, ensure_rootfs, recipe_key
+from polar_env.sandbox.rootfs import (
+    NODE_INSIDE,
+    READY,
+    RootfsMissing,
+    build_wheels,
+    ensure_rootfs,
+    recipe_key,
+)
 from polar_env.tasks.models import Task
 from polar_env.tasks.tree import materialize
 
 CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 VENV = "/opt/venv"
+PIP_WHEEL = "pip.whl"  # its name in the build context
+HOST_WHEELS = Path("/usr/share/python-wheels")
 
 
 def _key(*parts: bytes | str) -> str:
@@ -68,20 +77,32 @@ def ensure_base_image(engine: str = "podman", *, mirror: str | None = None) -> s
 
 
 def containerfile(task: Task, base: str) -> str:
-    """The task image: base tree at /testbed, pinned requirements in /opt/venv (no pip left in it)."""
+    """The task image: base tree at /testbed, pinned requirements in /opt/venv (no pip left in it). The
+    base has no pip wheels (``sandbox/rootfs.py``): the venv is made without pip and the requirements
+    installed by pip run from its wheel, bound for that one step (no layer keeps it)."""
     reqs = " ".join(shlex.quote(r) for r in task.environment.requirements)
     lines = [f"FROM {base}",
              "COPY ca-certificates.crt /etc/ssl/certs/ca-certificates.crt",
-             "COPY testbed /testbed",
-             f"RUN python3 -m venv {VENV}"]
+             "COPY testbed /testbed"]
+    venv = f"python3 -m venv --without-pip {VENV}"
     if reqs:
-        lines.append(f"RUN PIP_CERT=/etc/ssl/certs/ca-certificates.crt {VENV}/bin/pip install --no-deps "
-                     f"--disable-pip-version-check --no-input -q {reqs}")
-    lines += [f"RUN {VENV}/bin/pip uninstall -y -q pip setuptools || true",
+        venv = (f"--mount=type=bind,source={PIP_WHEEL},target=/tmp/{PIP_WHEEL} {venv} && "
+                f"PIP_CERT=/etc/ssl/certs/ca-certificates.crt {VENV}/bin/python /tmp/{PIP_WHEEL}/pip install "
+                f"--no-deps --disable-pip-version-check --no-input -q {reqs}")
+    lines += [f"RUN {venv}",
               f"ENV PATH={VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
               f"ENV VIRTUAL_ENV={VENV}",
               "WORKDIR /testbed"]
     return "\n".join(lines) + "\n"
+
+
+def pip_wheel() -> Path:
+    """The sandbox root's pip wheel, kept beside it for image builds (``rootfs.build_wheels``), else the
+    host's (the same Debian suite's python3-venv)."""
+    found = sorted(build_wheels().glob("pip-*.whl")) or sorted(HOST_WHEELS.glob("pip-*.whl"))
+    if not found:
+        raise ContainerError(f"no pip wheel in {build_wheels()} or {HOST_WHEELS}: run scripts/setup.sh")
+    return found[-1]
 
 
 # The public image Polar's base is made from (sandbox/rootfs.py: a Debian bookworm minbase with
@@ -93,15 +114,17 @@ AGENT_USER = "agent"  # the exported image's non-root user, uid 1000 as Polar's 
 
 def public_containerfile(task: Task) -> str:
     """The task image as a Dockerfile that builds anywhere: FROM `PUBLIC_BASE`, the base's packages
-    installed where they are missing (the local base has them: nothing is fetched), a non-root
-    `AGENT_USER` (uid 1000) owning the tree, then the same layers as `containerfile`."""
-    from polar_env.sandbox.rootfs import PACKAGES
+    installed where they are missing (the local base has them: nothing is fetched) and pip's wheel
+    store removed as the local base has it (``sandbox/rootfs.py``), a non-root `AGENT_USER` (uid 1000)
+    owning the tree, then the same layers as `containerfile`."""
+    from polar_env.sandbox.rootfs import PACKAGES, WHEEL_STORE
 
     packages = " ".join(PACKAGES)
     body = containerfile(task, PUBLIC_BASE).split("\n", 1)[1].replace("WORKDIR /testbed\n", "")
     return (f"FROM {PUBLIC_BASE}\n"
-            f"RUN command -v python3 git patch >/dev/null && python3 -c 'import venv' 2>/dev/null || "
-            f"(apt-get update && apt-get install -y --no-install-recommends {packages} && rm -rf /var/lib/apt/lists/*)\n"
+            f"RUN (command -v python3 git patch >/dev/null && python3 -c 'import venv' 2>/dev/null || "
+            f"(apt-get update && apt-get install -y --no-install-recommends {packages} && rm -rf /var/lib/apt/lists/*))"
+            f" && rm -rf /{WHEEL_STORE}\n"
             f"RUN id -u {AGENT_USER} >/dev/null 2>&1 || useradd -m -u 1000 -s /bin/bash {AGENT_USER}\n"
             f"{body}RUN chown -R {AGENT_USER}: /testbed\nWORKDIR /testbed\n")
 
@@ -124,6 +147,8 @@ def ensure_task_image(task: Task, engine: str = "podman") -> str:
         ctx = Path(tmp)
         materialize(task, ctx / "testbed")
         shutil.copy2(CA_BUNDLE, ctx / "ca-certificates.crt")
+        if task.environment.requirements:
+            shutil.copy2(pip_wheel(), ctx / PIP_WHEEL)
         (ctx / "Containerfile").write_text(containerfile(task, base))
         env_args = [a for k in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL") if os.environ.get(k)
                     for a in ("--build-arg", f"{k}={os.environ[k]}")]

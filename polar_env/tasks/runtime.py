@@ -29,8 +29,11 @@ def instance_image(instance_id: str, namespace: str = "swebench") -> str:
 
 def history_base(task: Task) -> str:
     """What the git history of the task's image is reduced to (sandbox/history.py): its ``base_commit``
-    (a commit id, or the branch a SWE-smith instance is), else the commit the image has checked out."""
-    return task.base_commit or "HEAD"
+    (a commit id, or the branch a SWE-smith instance is), else the commit the image has checked out. A
+    SWE-smith instance's ancestors hold its answer (the bug's injection, and the removed FAIL_TO_PASS
+    files at ``HEAD~1``): its branch's tree alone."""
+    base = task.base_commit or "HEAD"
+    return f"{base}^{{tree}}" if task.log_parser.startswith("swesmith:") else base
 
 
 def task_image(task: Task) -> str:
