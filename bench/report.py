@@ -472,6 +472,26 @@ def _slope(fam: dict[str, Any]) -> str:
             f"{g['cpu_ms_turn10'] - per_k * t0 / 1000:.1f} ms per call.")
 
 
+GROWTH_FRAMES = {"loads": "the resent JSON body parsed", "dumps": "the prompt ids encoded for the backend",
+                 "common_prefix": "the resent messages compared with the previous request's",
+                 "_writelines": "the bytes written to the sockets",
+                 "data_received": "the bytes read from the sockets"}
+
+
+def _growth_frames(fam: dict[str, Any]) -> str:
+    """The frames the growth profile says grew most, in words."""
+    p = fam.get("profile_growth", {})
+    if not p.get("growth"):
+        return ""
+    parts = []
+    for r in p["growth"][:5]:
+        name = r["frame"].split(" (")[0]
+        what = GROWTH_FRAMES.get(name.rsplit(".", 1)[-1])
+        parts.append(f"`{name}` +{r['late_ms'] - r['early_ms']:.2f} ms" + (f" ({what})" if what else ""))
+    return (f" The growth profile (its table above; per call, with py-spy attached) puts the late calls' extra "
+            f"CPU in: {'; '.join(parts)}.")
+
+
 def _retokenize(fam: dict[str, Any]) -> str:
     """What a proxy that re-renders the whole conversation each call would pay: Polar's own cold call."""
     sizes = fam.get("overhead_instant", {}).get("sizes", {})
@@ -576,7 +596,7 @@ as a read-only numpy view of its chain's ids (no copy per call) and `orjson` wri
   receiving and parsing the resent JSON body, comparing it with the previous one, and sending the
   prompt ids to the backend (a list of all of them, as every token-in backend takes).{_fixed_cost(fam, keys)}
 - **Growth** (`per_call_ratio_turn200_vs_turn10` = {_f(keys.get("per_call_ratio_turn200_vs_turn10"))},
-  target <= 1.5).{_slope(fam)}{_retokenize(fam)} The slope left is the byte handling above.
+  target <= 1.5).{_slope(fam)}{_retokenize(fam)} The slope left is the byte handling above.{_growth_frames(fam)}
 - **Added latency at 16k** (`overhead_p50_ms_16k` = {_f(keys.get("overhead_p50_ms_16k"))} ms,
   target < 2) and **Polar / LiteLLM** (2k {_f(keys.get("ratio_polar_litellm_2k"))}, 16k
   {_f(keys.get("ratio_polar_litellm_16k"))}, 64k {_f(keys.get("ratio_polar_litellm_64k"))}, 128k
