@@ -114,8 +114,9 @@ def test_the_bundled_f2p_tests_all_get_mutants():
         f2p_funcs = {t.partition("[")[0] for t in task.FAIL_TO_PASS}
         twinned = {plan.task_id(v) for v in plan.expect.values() if v}
         # an F2P test with no site to mutate for certain (requests-6028's one plain comparison) has no twin
-        assert f2p_funcs <= twinned or task.instance_id == "psf__requests-6028", task.instance_id
-        assert twinned, task.instance_id
+        # in every plan (the planner draws; some of its plans have none, and its canary is then the fallback)
+        if task.instance_id != "psf__requests-6028":
+            assert f2p_funcs <= twinned and twinned, task.instance_id
         for text in plan.files.values():
             ast.parse(text)
 
