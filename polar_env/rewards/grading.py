@@ -96,6 +96,7 @@ class TestRun(BaseModel):
     notes: dict[str, str] = Field(default_factory=dict)  # note:* flags (not tampering, flags.is_tamper)
     # a gold run's perturbed control: None not run, "" the gold patch passes the perturbed run, else why not
     perturbed_control: str | None = None
+    runner: dict[str, str] = Field(default_factory=dict)  # strict: the report pipeline's content (`_State.runner`)
 
 
 class AppliedPatch(BaseModel):
@@ -182,7 +183,7 @@ def _run_mode(task: Task, tree: Path, venv: Path, mode: GradingMode, timeout_s: 
     if outcome is not None:
         out.status_map, out.valid = outcome.status_map, outcome.valid
         out.violations, out.error = outcome.violations, outcome.error or "; ".join(outcome.violations)
-        out.untrusted_xfail, out.collected = outcome.untrusted_xfail, outcome.collected
+        out.untrusted_xfail, out.collected, out.runner = outcome.untrusted_xfail, outcome.collected, outcome.runner
         return out
     log_path = tmp / "test_output.txt"
     log_path.write_text(out.log)
@@ -275,6 +276,9 @@ def against_gold(task: Task, run: TestRun, gold: TestRun) -> list[str]:
     ghosts = sorted(t for t in set(run.collected) - set(gold.collected) if t in graded)
     if ghosts:
         found.append(f"ghost-id: graded ids the gold run never collected: {ghosts[:3]}")
+    swapped = sorted(k for k, v in gold.runner.items() if run.runner.get(k, v) != v)
+    if swapped:  # swapped before the plugin could take its snapshot (the runner is the code under test)
+        found.append(f"runner-tampered: not the gold run's code: {swapped[:3]}")
     # a plain failure (FAILED, ERROR, MISSING) already fails the report; this catches the rest
     regressed = {t: run.status_map[t] for t in [*task.FAIL_TO_PASS, *task.PASS_TO_PASS]
                  if gold.status_map.get(t) in PASSING and run.status_map.get(t, "FAILED") not in
