@@ -54,6 +54,7 @@ from polar_env.rewards.strict_run import (
     run_strict,
 )
 from polar_env.rewards.workspace import GradingTree, PatchRefused, path_budget_refusal
+from polar_env.sandbox import beneath
 from polar_env.sandbox.output import OutputStats
 from polar_env.tasks.base_trees import base_key
 from polar_env.tasks.env import EnvBuildError, ensure_task_env
@@ -135,7 +136,21 @@ def apply_agent_patch(task: Task, gtree: GradingTree, model_patch: str) -> Appli
     if kept:
         out.source_diff = gtree.git("diff", "--no-ext-diff", "--no-color", gtree.base, "--", *kept,
                                     check=False).stdout.decode("utf-8", "replace")
+        # `git diff <base>` lists no file the base lacks (nothing is staged): a new module is read whole,
+        # or every static flag would miss code the patch puts in a file of its own
+        in_base = set(gtree.git("ls-tree", "-r", "-z", "--name-only", gtree.base, "--", *kept,
+                                check=False).stdout.decode("utf-8", "surrogateescape").split("\0"))
+        for path in kept:
+            if path not in in_base and (data := beneath.read(gtree.tree, path)) is not None:
+                out.source_diff += added_file(path, data)
     return out
+
+
+def added_file(path: str, data: bytes) -> str:
+    """A new file as a diff of added lines, for the static flags."""
+    lines = data.decode("utf-8", "replace").splitlines()
+    return f"diff --git a/{path} b/{path}\nnew file mode 100644\n--- /dev/null\n+++ b/{path}\n" + "".join(
+        f"+{line}\n" for line in lines)
 
 
 def _prepare_mode(task: Task, gtree: GradingTree, applied: AppliedPatch, mode: GradingMode) -> str:
