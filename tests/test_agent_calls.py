@@ -8,6 +8,7 @@ deadline, take run slots ahead of harness calls, or count as evidence that the b
 from __future__ import annotations
 
 import asyncio
+import shutil
 
 import pytest
 from test_outcomes import three_turn, timed
@@ -90,3 +91,82 @@ async def test_agent_calls_setting(setting: str, embedded_dir, renderer, tmp_pat
         assert origins == (["harness", "tool"] if setting == "serve" else ["harness"])
     finally:
         await proxy.stop()
+
+
+# A tool process the agent starts: four threads keep the session's calls queued (long prompts, max_tokens 1)
+# until the sandbox goes, with the key and URL the harness was given.
+FLOOD = """
+import json, os, threading, time, urllib.request
+cfg = json.load(open(os.path.join(os.environ["PI_CODING_AGENT_DIR"], "models.json")))
+url = next(iter(cfg["providers"].values()))["baseUrl"] + "/chat/completions"
+headers = {"Authorization": "Bearer " + os.environ["POLAR_SESSION_KEY"], "Content-Type": "application/json"}
+def loop(n):
+    for i in range(10 ** 6):  # every request differs (the proxy stops a session that repeats one)
+        body = json.dumps({"model": "policy", "max_tokens": 1, "messages": [
+            {"role": "user", "content": f"flood {n} {i} " + "lorem ipsum " * 3000}]}).encode()
+        try:
+            urllib.request.urlopen(urllib.request.Request(url, body, headers), timeout=600).read()
+        except Exception:
+            time.sleep(0.2)
+for n in range(4):
+    threading.Thread(target=loop, args=(n,)).start()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("bwrap") is None or shutil.which("npm") is None, reason="needs bubblewrap and npm")
+async def test_a_tool_process_queuing_calls_cannot_extend_its_episode(embedded_dir, renderer, tmp_path):
+    """Real Pi episodes on one run slot: A's shell starts a tool process that keeps four calls queued
+    (long prompts, ``max_tokens`` 1) and leaves a wrong edit, then outwaits its deadline; B, a sibling,
+    applies the gold patch meanwhile. A ends within its deadline plus the drain allowance, is a
+    ``deadline_harness`` graded 0 (not masked, though its tool's calls were in flight at the deadline);
+    B's harness calls are served and it earns 1.0."""
+    import base64
+
+    from reliability_helpers import scripted_proxy
+
+    from polar_env.episodes.lifecycle import EpisodeConfig, run_episode
+    from polar_env.harness_adapters.policies import DONE, shell_call
+    from polar_env.tasks.loader import load_tasks
+
+    task = next(t for t in load_tasks("bundled") if t.instance_id == "marshmallow-code__marshmallow-1359")
+    flood = base64.b64encode(FLOOD.encode()).decode()
+    gold = base64.b64encode(task.patch.encode()).decode()
+    commands = {"flood": f"cd /testbed && echo '# not a fix' >> src/marshmallow/fields.py && echo {flood} | base64 -d"
+                         " > /tmp/flood.py && (python3 /tmp/flood.py >/dev/null 2>&1 &) && sleep 1000",
+                "sibling": f"cd /testbed && echo {gold} | base64 -d | git apply"}
+    flooding = asyncio.Event()
+    deadline_s, drain_allowance_s = 45.0, 30.0  # the drain allowance: ProxyServer.drain's default timeout
+
+    def policy(session_id: str | None, call_number: int, prompt_text: str) -> str:
+        if "flood " in prompt_text and "lorem ipsum lorem" in prompt_text:
+            flooding.set()
+            return "ok"
+        who = "flood" if session_id and session_id.startswith("flood.") else "sibling"
+        return DONE if "<tool_response>" in prompt_text else shell_call(prompt_text, commands[who])
+
+    async with scripted_proxy(embedded_dir, renderer, policy, tmp_path) as proxy:
+        proxy.engine.run_slots = RunSlots(1)
+
+        async def episode(name: str, timeout_s: float):
+            if name == "sibling":
+                await asyncio.wait_for(flooding.wait(), 300)  # B's calls meet A's queue
+            return await run_episode(proxy, task, episode_id=f"{name}.s0", config=EpisodeConfig(
+                harness="pi", timeout_s=timeout_s, sampling={"max_tokens": 4096}, scratch_root=tmp_path / name))
+
+        flood, sibling = await asyncio.gather(episode("flood", deadline_s), episode("sibling", 300.0))
+
+    tool = [c for c in flood.calls if not is_harness(c.origin)]  # ``tool``, or ``unknown`` (a detached process)
+    timings = flood.trajectory.metadata["timings"]
+    ran_s = timings["harness_start_s"] + timings["wait_s"] + timings["model_s"] + timings["tool_s"]
+    detail = (flood.failure_kind, flood.trajectory.error, timings, len(tool))
+    assert len(tool) >= 4, detail  # the tool process did call, and was served as the agent's own
+    assert ran_s <= deadline_s + 5.0 and timings["drain_s"] <= drain_allowance_s + 5.0, detail
+    assert flood.failure_kind is FailureKind.deadline_harness and not flood.trajectory.masked, detail
+    assert flood.grade is not None and flood.grade.reward == 0.0 and flood.trajectory.reward == 0.0, detail
+    deadline_at = flood.harness.ended_at
+    assert any(c.created_at <= deadline_at and (c.output is None or c.created_at + c.timings.get("total_ms", 0.0) / 1e3
+                                               >= deadline_at) for c in tool), detail  # in flight at the deadline
+    assert sibling.failure_kind is FailureKind.none and sibling.grade is not None, sibling.trajectory.error
+    assert sibling.grade.reward == 1.0 and not sibling.trajectory.masked
+    assert all(c.output is not None for c in sibling.calls if c.origin == "harness")

@@ -44,7 +44,10 @@ def test_corpus_breadth():
                                               "plugin-entry-point", "startup-hook", "import-shadowing",
                                               "report-tampering", "assertion-rewriter", "test-file-on-disk",
                                               "forged-output", "forged-markers", "patch-syntax-evasion",
-                                              "unbounded-output", "result-forgery", "special-case", "flag-zeroes"}
+                                              "unbounded-output", "result-forgery", "special-case", "flag-zeroes",
+                                              "targeted-forger"}
+    forgers = {(e["task"], e["id"].split("-")[2]) for e in MANIFEST if e["class"] == "targeted-forger"}
+    assert forgers == {(t, form) for t in TASKS for form in ("blob", "plain")}  # issue 48: every bundled task
     assert len({e["id"] for e in MANIFEST}) == len(MANIFEST)
     for e in MANIFEST:
         assert e["task"] in TASKS and patch_of(e).strip(), e["id"]
@@ -154,27 +157,37 @@ def test_container_classes_in_podman_image_grading():
     print(f"\nimage grading: {len(IMAGE_SUBSET) + len(IMAGE_REFUSED_AT_APPLY)} patches in {time.monotonic() - t0:.0f}s")
 
 
-# two attacks (the controls run through the same grader in the corpus test and in test_demo's gold run)
-HARNESS_SUBSET = ["conftest-append", "report-from-item-and-call"]
+# two attacks, and issue 48's targeted forger on every bundled task (the controls run through the same
+# grader in the corpus test and in test_demo's gold run)
+HARNESS_SUBSET = ["conftest-append", "report-from-item-and-call",
+                  *[f"targeted-forger-plain-{iid}" for iid in sorted(TASKS)]]
 
 
 @needs_bwrap
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("npm") is None, reason="needs npm for the harness")
 async def test_attacks_made_in_the_agents_tree(embedded_dir: Path, renderer, tmp_path: Path):
-    """Pi runs the attack as a shell command in its sandboxed tree; the extracted patch is graded."""
+    """Pi runs the attack as shell commands in its sandboxed tree; the extracted patch is graded."""
     from reliability_helpers import scripted_proxy
 
     from polar_env.episodes.lifecycle import EpisodeConfig, run_episode
     from polar_env.harness_adapters.policies import DONE, shell_call
 
     entries = {e["id"]: e for e in MANIFEST}
-    commands = {e: "cd /testbed && echo " + base64.b64encode(patch_of(entries[e]).encode()).decode()
-                   + " | base64 -d | git apply" for e in HARNESS_SUBSET}
+
+    def steps(patch: str) -> list[str]:
+        """The patch as shell commands of at most 2,000 base64 characters each (base64 is about 1.5
+        characters a token: an answer stays well inside its 4,096-token budget)."""
+        text = base64.b64encode(patch.encode()).decode()
+        return [f"echo {text[i:i + 2000]} >> /tmp/attack.b64" for i in range(0, len(text), 2000)] + [
+            "cd /testbed && base64 -d /tmp/attack.b64 | git apply"]
+
+    commands = {e: steps(patch_of(entries[e])) for e in HARNESS_SUBSET}
 
     def policy(session_id: str | None, call_number: int, prompt_text: str) -> str:
         attack = next(e for e in HARNESS_SUBSET if session_id and session_id.startswith(e + "."))
-        return DONE if "<tool_response>" in prompt_text else shell_call(prompt_text, commands[attack])
+        done = prompt_text.count("<tool_response>")
+        return DONE if done >= len(commands[attack]) else shell_call(prompt_text, commands[attack][done])
 
     async with scripted_proxy(embedded_dir, renderer, policy, tmp_path) as proxy:
         for attack in HARNESS_SUBSET:

@@ -54,6 +54,7 @@ from polar_env.rewards.strict_run import (
     run_strict,
 )
 from polar_env.rewards.workspace import GradingTree, PatchRefused, path_budget_refusal
+from polar_env.sandbox import beneath
 from polar_env.sandbox.output import OutputStats
 from polar_env.tasks.base_trees import base_key
 from polar_env.tasks.env import EnvBuildError, ensure_task_env
@@ -96,6 +97,7 @@ class TestRun(BaseModel):
     notes: dict[str, str] = Field(default_factory=dict)  # note:* flags (not tampering, flags.is_tamper)
     # a gold run's perturbed control: None not run, "" the gold patch passes the perturbed run, else why not
     perturbed_control: str | None = None
+    runner: dict[str, str] = Field(default_factory=dict)  # strict: the report pipeline's content (`_State.runner`)
 
 
 class AppliedPatch(BaseModel):
@@ -134,7 +136,21 @@ def apply_agent_patch(task: Task, gtree: GradingTree, model_patch: str) -> Appli
     if kept:
         out.source_diff = gtree.git("diff", "--no-ext-diff", "--no-color", gtree.base, "--", *kept,
                                     check=False).stdout.decode("utf-8", "replace")
+        # `git diff <base>` lists no file the base lacks (nothing is staged): a new module is read whole,
+        # or every static flag would miss code the patch puts in a file of its own
+        in_base = set(gtree.git("ls-tree", "-r", "-z", "--name-only", gtree.base, "--", *kept,
+                                check=False).stdout.decode("utf-8", "surrogateescape").split("\0"))
+        for path in kept:
+            if path not in in_base and (data := beneath.read(gtree.tree, path)) is not None:
+                out.source_diff += added_file(path, data)
     return out
+
+
+def added_file(path: str, data: bytes) -> str:
+    """A new file as a diff of added lines, for the static flags."""
+    lines = data.decode("utf-8", "replace").splitlines()
+    return f"diff --git a/{path} b/{path}\nnew file mode 100644\n--- /dev/null\n+++ b/{path}\n" + "".join(
+        f"+{line}\n" for line in lines)
 
 
 def _prepare_mode(task: Task, gtree: GradingTree, applied: AppliedPatch, mode: GradingMode) -> str:
@@ -182,7 +198,7 @@ def _run_mode(task: Task, tree: Path, venv: Path, mode: GradingMode, timeout_s: 
     if outcome is not None:
         out.status_map, out.valid = outcome.status_map, outcome.valid
         out.violations, out.error = outcome.violations, outcome.error or "; ".join(outcome.violations)
-        out.untrusted_xfail, out.collected = outcome.untrusted_xfail, outcome.collected
+        out.untrusted_xfail, out.collected, out.runner = outcome.untrusted_xfail, outcome.collected, outcome.runner
         return out
     log_path = tmp / "test_output.txt"
     log_path.write_text(out.log)
@@ -275,6 +291,9 @@ def against_gold(task: Task, run: TestRun, gold: TestRun) -> list[str]:
     ghosts = sorted(t for t in set(run.collected) - set(gold.collected) if t in graded)
     if ghosts:
         found.append(f"ghost-id: graded ids the gold run never collected: {ghosts[:3]}")
+    swapped = sorted(k for k, v in gold.runner.items() if run.runner.get(k, v) != v)
+    if swapped:  # swapped before the plugin could take its snapshot (the runner is the code under test)
+        found.append(f"runner-tampered: not the gold run's code: {swapped[:3]}")
     # a plain failure (FAILED, ERROR, MISSING) already fails the report; this catches the rest
     regressed = {t: run.status_map[t] for t in [*task.FAIL_TO_PASS, *task.PASS_TO_PASS]
                  if gold.status_map.get(t) in PASSING and run.status_map.get(t, "FAILED") not in

@@ -286,5 +286,6 @@ async def strict_in_box(task: Task, box: ImageBox, patch: str, timeout_s: float)
         await box.lock([TREE])
     out = TestRun(timed_out=run.timed_out, log=run.output, seconds=run.seconds, status_map=outcome.status_map,
                   valid=outcome.valid, collected=outcome.collected, violations=outcome.violations,
-                  error=outcome.error or "; ".join(outcome.violations), untrusted_xfail=outcome.untrusted_xfail)
+                  error=outcome.error or "; ".join(outcome.violations), untrusted_xfail=outcome.untrusted_xfail,
+                  runner=outcome.runner)
     return {"run": out, "flags": flags, "reset_paths": reset}

@@ -83,10 +83,12 @@ def _code(code: types.CodeType, digest: object) -> None:
     digest.update(repr((code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars, code.co_flags,
                         code.co_argcount, code.co_kwonlyargcount)).encode())
     for const in code.co_consts:
+        if code.co_filename.startswith("<") and type(const) is int:
+            continue  # generated code (attrs' ``__hash__``) holds a per-process salt: not the runner's content
         if type(const) is types.CodeType:
             _code(const, digest)
-        else:  # a constant is a scalar or a tuple/frozenset of them
-            digest.update(b"\0" + repr(const).encode())
+        else:  # a constant is a scalar or a tuple/frozenset of them (a frozenset's order is the hash seed's)
+            digest.update(b"\0" + (repr(sorted(map(repr, const))) if type(const) is frozenset else repr(const)).encode())
 
 
 def _content(obj: object, deep: bool, depth: int = 0) -> str:
@@ -100,8 +102,8 @@ def _content(obj: object, deep: bool, depth: int = 0) -> str:
         return "|".join(_content(f, deep, depth) for f in (obj.fget, obj.fset, obj.fdel))
     if kind is not types.FunctionType:
         return "" if obj is None or isinstance(obj, _SCALARS) else kind.__qualname__
-    if depth > 3:
-        return str(id(obj))
+    if depth > 3:  # by content, the same in every process (`_State.runner`)
+        return obj.__qualname__ if deep else str(id(obj))
     parts = [_code_digest(obj.__code__) if deep else str(id(obj.__code__))]
     for value in (*(obj.__defaults__ or ()), *(obj.__kwdefaults__ or {}).values()):
         parts.append(repr(value) if type(value) in _SCALARS else _content(value, deep, depth + 1))
@@ -164,6 +166,9 @@ class _State:
             _hide_current_test()
         # Taken on import: `-p` loads this module before any conftest or code under test runs.
         self.snapshot, self.deep = _snapshot(), _snapshot(deep=True)
+        # the runner's content as this run found it, ids left out: the grader compares it with the gold
+        # run's, so a swap made before this plugin loaded (the runner is the code under test) is seen too
+        self.runner = {k: _sha256(v.partition(":")[2].encode()).hexdigest()[:16] for k, v in self.deep.items()}
         self.tampered: set[str] = set()
         self.untrusted_xfail: set[str] = set()
 
@@ -264,7 +269,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if foreign:
         _STATE.stream.emit("tampered", keys=foreign)
     _STATE.stream.emit("end", exitstatus=int(exitstatus), testscollected=int(session.testscollected),
-                       testsfailed=int(session.testsfailed))
+                       testsfailed=int(session.testsfailed), runner=_STATE.runner)
 
 
 # Last, so the snapshot holds this module's own hooks too.

@@ -138,6 +138,7 @@ class StrictOutcome:
     violations: list[str] = field(default_factory=list)  # integrity/consistency findings
     untrusted_xfail: list[str] = field(default_factory=list)  # xfails raised by code under test
     error: str = ""
+    runner: dict[str, str] = field(default_factory=dict)  # the report pipeline's content as its plugin found it
 
 
 def _random_name(prefix: str = "") -> str:
@@ -427,6 +428,7 @@ def _judge_stream(data: bytes, size: int, config: dict, run: SandboxRun, repo: s
             out.error = "the runner did not finish its session"
         return out
     collected = [str(i) for i in collected_events[0].get("ids", [])]
+    out.runner = {str(k): str(v) for k, v in dict(ends[0].get("runner") or {}).items()}
     phases: dict[str, list[dict]] = {}
     for p in kinds.get("phase", []):
         phases.setdefault(str(p.get("id")), []).append(p)
