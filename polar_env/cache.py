@@ -11,3 +11,13 @@ from pathlib import Path
 
 def cache_root() -> Path:
     return Path(os.environ.get("POLAR_CACHE") or Path.home() / ".cache" / "polar")
+
+
+def write_atomic(path: Path, data: bytes) -> Path:
+    """``data`` at ``path``, written whole: a temp file renamed, so concurrent writers and readers
+    never see a part."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_bytes(data)
+    tmp.rename(path)
+    return path

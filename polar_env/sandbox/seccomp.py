@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import platform
 import struct
 from pathlib import Path
 
-from polar_env.cache import cache_root
+from polar_env.cache import cache_root, write_atomic
 
 _LD_ABS_W, _JEQ, _JGE, _RET = 0x20, 0x15, 0x35, 0x06
 _ALLOW, _EPERM = 0x7FFF0000, 0x00050000 | 1  # SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO | EPERM
@@ -60,12 +59,7 @@ def program_file() -> Path:
     """The filter written once into the cache (content-addressed), for bwrap to read."""
     data = program()
     path = cache_root() / "rootfs" / f"seccomp-{hashlib.sha256(data).hexdigest()[:16]}.bpf"
-    if not path.is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}")
-        tmp.write_bytes(data)
-        tmp.rename(path)
-    return path
+    return path if path.is_file() else write_atomic(path, data)
 
 
 # The container engines' own profiles: docker's built-in one refuses the keyring calls; podman's
@@ -102,9 +96,4 @@ def container_profile(engine: str) -> Path | None:
                              f" (containers-common): cannot refuse the keyring calls in its containers")
     data = json.dumps(without_keyring(json.loads(source.read_text())), sort_keys=True).encode()
     path = cache_root() / "seccomp" / f"podman-{hashlib.sha256(data).hexdigest()[:16]}.json"
-    if not path.is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}")
-        tmp.write_bytes(data)
-        tmp.rename(path)
-    return path
+    return path if path.is_file() else write_atomic(path, data)

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from polar_env.cache import cache_root
+from polar_env.cache import cache_root, write_atomic
 from polar_env.sandbox.answer_scan import MIN_LINE, Hit, Needles, scan
 from polar_env.sandbox.base import SandboxSpec
 from polar_env.sandbox.bwrap_argv import can_seal
@@ -99,16 +99,8 @@ def scanned(view: View, needles: Needles) -> list[Hit]:
     if cached.is_file():
         return [Hit(**h) for h in json.loads(cached.read_text())]
     hits = scan([view.root], needles, skip=view.skip)
-    _keep(cached, [h.__dict__ for h in hits])
+    write_atomic(cached, json.dumps([h.__dict__ for h in hits]).encode())
     return hits
-
-
-def _keep(path: Path, data: object) -> None:
-    """``data`` as JSON at ``path``, written whole (a temp file renamed: concurrent writers agree)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(data))
-    tmp.rename(path)
 
 
 def _refuse(task: Task, where: str, hits: list[Hit]) -> None:
@@ -204,6 +196,6 @@ def _image_scan(task: Task, engine: str, image: str, workdir: str) -> tuple[Need
         hits = [Hit(h.path.replace(str(root), "", 1), h.kind, h.what) for h in scan([root], needles, skip=[tree])]
     finally:
         engine_run([engine, "image", "unmount", image])
-    _keep(cached, {"needles": needles.to_json(), "hits": [h.__dict__ for h in hits]})
+    write_atomic(cached, json.dumps({"needles": needles.to_json(), "hits": [h.__dict__ for h in hits]}).encode())
     _images[known] = needles, hits
     return needles, hits
