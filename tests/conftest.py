@@ -93,3 +93,20 @@ def vllm_server() -> Iterator[VllmServer]:
     (tests/test_backend_vllm.py, tests/test_proxy_vllm.py) shares the one server of the process."""
     with running_vllm_server() as server:
         yield server
+
+
+@pytest.fixture
+def apptainer_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """apptainer cannot be installed here: ``apptainer`` on PATH is a stand-in that runs each exec as a
+    ``podman run`` of the same image with the same binds, user, env and network
+    (tests/apptainer_standin.py), so what is tested is how Polar drives apptainer, not apptainer. Its
+    calls are logged to the returned file; the image's tree is copied out into this test's base cache."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "apptainer").write_text(Path(__file__).with_name("apptainer_standin.py").read_text())
+    (bin_dir / "apptainer").chmod(0o755)
+    log = tmp_path / "apptainer.log"
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_APPTAINER_LOG", str(log))
+    monkeypatch.setenv("POLAR_BASE_CACHE", str(tmp_path / "bases"))
+    return log

@@ -143,7 +143,6 @@ async def test_empty_patch_earns_nothing_in_the_image(imaged):
     assert unresolved.fail_to_pass and set(unresolved.fail_to_pass.values()) != {"PASSED"}
 
 
-APPTAINER_STANDIN = Path(__file__).with_name("apptainer_standin.py")
 PASS_EVERYTHING = ("import pytest\n\n\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n"
                    "    report = (yield).get_result()\n    report.outcome = 'passed'\n")
 
@@ -152,23 +151,6 @@ def _new_file_patch(path: str, text: str) -> str:
     lines = text.splitlines(keepends=True)
     return (f"diff --git a/{path} b/{path}\nnew file mode 100644\n--- /dev/null\n+++ b/{path}\n"
             f"@@ -0,0 +1,{len(lines)} @@\n" + "".join(f"+{line}" for line in lines))
-
-
-@pytest.fixture
-def apptainer_log(tmp_path: Path, monkeypatch) -> Path:
-    """apptainer cannot be installed here: ``apptainer`` on PATH is a stand-in that runs each exec as a
-    ``podman run`` of the same image with the same binds, user, env and network
-    (tests/apptainer_standin.py), so what is tested is how Polar drives apptainer, not apptainer. Its
-    calls are logged to the returned file; the image's tree is copied out into this test's base cache."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "apptainer").write_text(APPTAINER_STANDIN.read_text())
-    (bin_dir / "apptainer").chmod(0o755)
-    log = tmp_path / "apptainer.log"
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    monkeypatch.setenv("FAKE_APPTAINER_LOG", str(log))
-    monkeypatch.setenv("POLAR_BASE_CACHE", str(tmp_path / "bases"))
-    return log
 
 
 async def test_apptainer_episodes_run_as_the_agent_and_are_diffed_in_the_image(imaged, apptainer_log: Path,

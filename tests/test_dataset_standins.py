@@ -23,7 +23,6 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not engine_available("podman"), reason="needs podman (scripts/setup_podman.sh)")]
 ENGINE = "podman"
 REPO = Path(__file__).resolve().parents[1]
-APPTAINER_STANDIN = Path(__file__).with_name("apptainer_standin.py")
 TASK_ID = "psf__requests-5414"  # its bundled image is shared with test_containers_podman and test_history_e2e
 
 
@@ -65,17 +64,11 @@ def rows_of(tmp_path_factory):
     ("swe-rebench", ENGINE, "gold", 1.0), ("swe-rebench", ENGINE, "noop", 0.0),
 ])
 def test_rollout_on_the_datasets_stand_in(rows_of, dataset: str, sandbox: str, policy: str, reward: float,
-                                          tmp_path: Path, monkeypatch):
+                                          tmp_path: Path, request: pytest.FixtureRequest):
     """``polar rollout --tasks NAME:FILE.jsonl``: the gold patch 1.0, doing nothing 0, graded strictly in the
     image by the dataset's procedure (its conda env activated: there is no pytest without it)."""
     if sandbox == "apptainer":  # apptainer cannot be installed here: each exec a `podman run` of the image
-        bin_dir = tmp_path / "bin"
-        bin_dir.mkdir()
-        (bin_dir / "apptainer").write_text(APPTAINER_STANDIN.read_text())
-        (bin_dir / "apptainer").chmod(0o755)
-        monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-        monkeypatch.setenv("FAKE_APPTAINER_LOG", str(tmp_path / "apptainer.log"))
-        monkeypatch.setenv("POLAR_BASE_CACHE", str(tmp_path / "bases"))
+        request.getfixturevalue("apptainer_log")
     out = tmp_path / "out"
     proc = _polar("rollout", "--tasks", f"{dataset}:{rows_of(dataset)}", "--sandbox", sandbox, "--policy", policy,
                   "--out", str(out), "--timeout", "300", "--score-window", "256")

@@ -9,7 +9,6 @@ task whose history cannot be reduced is refused in one line."""
 
 from __future__ import annotations
 
-import os
 import re
 import secrets
 import shlex
@@ -45,7 +44,6 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(not engine_available("podman"), reason="needs podman (scripts/setup_podman.sh)")]
 ENGINE = "podman"
 TASK_ID = "psf__requests-5414"
-APPTAINER_STANDIN = Path(__file__).with_name("apptainer_standin.py")
 # Run as root in the image build, in the task's workdir: a repository (made here if the workdir has none)
 # holding the fix (`apply` makes it) every way a repository can, left checked out at its base.
 MAKE_HISTORY = r"""set -eu
@@ -217,19 +215,13 @@ async def test_a_history_mining_pi_episode_sees_the_base_only_and_gold_still_ear
     assert '"exploits":["history_mining"]' in page and "Exploit attempts" in page
 
 
-async def test_the_same_through_the_apptainer_standin(swe_task: Task, proxy_for, tmp_path: Path, monkeypatch):
+async def test_the_same_through_the_apptainer_standin(swe_task: Task, proxy_for, tmp_path: Path,
+                                                      apptainer_log: Path):
     """apptainer cannot be installed here: ``apptainer`` on PATH is a stand-in that runs each exec as a
     ``podman run`` of the same image (tests/apptainer_standin.py). The image's tree, copied out to the
     host, is reduced inside the image (the stand-in's log shows it), and the same Pi episode sees the base
     only; its gold patch, graded in the image's apptainer box, earns 1.0."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "apptainer").write_text(APPTAINER_STANDIN.read_text())
-    (bin_dir / "apptainer").chmod(0o755)
-    log = tmp_path / "apptainer.log"
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    monkeypatch.setenv("FAKE_APPTAINER_LOG", str(log))
-    monkeypatch.setenv("POLAR_BASE_CACHE", str(tmp_path / "bases"))
+    log = apptainer_log
     traj = await mine_then_fix(swe_task, added_line(swe_task.patch), proxy_for, "apptainer", tmp_path)
     assert traj.metadata["workspace"] == "apptainer"
     calls = [line for line in log.read_text().splitlines() if line.startswith("exec ")]
