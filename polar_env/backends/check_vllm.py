@@ -107,7 +107,7 @@ def main(url: str, model_dir: str, model: str = "") -> int:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--url", required=True, help="base URL of the vLLM server")
     parser.add_argument("--model-dir", required=True, help="tokenizer/model directory or hub name")
     parser.add_argument("--model", default="", help="served model name, if the server wants one")

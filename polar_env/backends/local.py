@@ -39,7 +39,7 @@ class LocalBackend:
         self.device = torch.device(device)
         self.module = model.to(self.device).eval()
         self.tokenizer = tokenizer
-        self.logprobs_mode = logprobs_mode
+        self.logprobs_mode: Literal["raw", "processed"] = logprobs_mode
         self.max_context: int = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
         vocab = tokenizer.get_vocab()
         eos = [vocab.get("<|im_end|>"), tokenizer.eos_token_id]

@@ -125,6 +125,8 @@ class RemoteBackend:
                 raise BackendError(f"{where}: timed out", retryable=True) from e
             except aiohttp.ClientError as e:
                 raise BackendError(f"{where}: {type(e).__name__}: {e}", retryable=True) from e
+        else:  # the second attempt breaks or raises
+            raise AssertionError(where)
         if status >= 400:
             text = raw.decode("utf-8", errors="replace")
             if status in (400, 413) and (window := overflow_window(text)) is not False:

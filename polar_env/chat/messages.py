@@ -47,6 +47,13 @@ class ToolSpec(BaseModel):
     parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
     kind: Literal["function", "custom"] = "function"
 
+    @classmethod
+    def function(cls, name: str, description: str | None, parameters: dict[str, Any] | None) -> ToolSpec:
+        """A function tool as the APIs declare one: no schema means one that takes no arguments."""
+        if parameters is None:
+            return cls(name=name, description=description or "")
+        return cls(name=name, description=description or "", parameters=parameters)
+
 
 class Conversation(BaseModel):
     """What one harness request asks for, reduced to what reaches the model's prompt."""

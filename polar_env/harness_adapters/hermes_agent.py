@@ -76,7 +76,7 @@ class HermesAgentAdapter(HarnessAdapter):
         """Read its console: a line per finished tool call, the answer box, a ``❌`` line when it gave up
         on the API, and the exit summary, whose message count gives the assistant turns."""
         stdout = stdout.replace("\r\n", "\n")  # what prompt_toolkit prints ends its lines with \r\n
-        tools = TOOL_LINE.findall(stdout)
+        tools: list[str] = TOOL_LINE.findall(stdout)
         answers = ANSWER.findall(stdout)
         totals = MESSAGES.findall(stdout)
         failures = FAILURE.findall(stdout)

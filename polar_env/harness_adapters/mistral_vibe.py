@@ -38,9 +38,12 @@ def _toml(value: object) -> str:
     return str(value).lower() if isinstance(value, bool) else json.dumps(value)
 
 
+SOURCE = PortablePython("mistral-vibe", "3.0.2", "vibe", python="3.12", lock="mistral-vibe.txt")
+
+
 class MistralVibeAdapter(HarnessAdapter):
     name = "mistral-vibe"
-    source = PortablePython("mistral-vibe", "3.0.2", "vibe", python="3.12", lock="mistral-vibe.txt")
+    source = SOURCE
     wire_api = "chat"
     shell_tool = ShellTool("bash", "command", wait_args={"timeout_seconds": 300})  # 120 s by default, at most 300
     noise_dirs = (".vibe",)
@@ -54,7 +57,7 @@ class MistralVibeAdapter(HarnessAdapter):
     @property
     def launcher(self) -> list[str]:
         """The Rust client the ``vibe`` script execs (that script's ``#!`` is a host path)."""
-        return [f"{HARNESS_MOUNT}/lib/python{self.source.python}/site-packages/vibe/_bin/vibe-rs"]
+        return [f"{HARNESS_MOUNT}/lib/python{SOURCE.python}/site-packages/vibe/_bin/vibe-rs"]
 
     def vibe_home(self, ctx: HarnessContext) -> str:
         return f"{ctx.home}/.vibe"
@@ -72,7 +75,7 @@ class MistralVibeAdapter(HarnessAdapter):
         return {f"{self.vibe_home(ctx)}/config.toml": "\n".join(lines) + "\n"}
 
     def env(self, ctx: HarnessContext) -> dict[str, str]:
-        interpreter = f"{HARNESS_MOUNT}/{self.source.interpreter}"
+        interpreter = f"{HARNESS_MOUNT}/{SOURCE.interpreter}"
         return {"VIBE_HOME": self.vibe_home(ctx), KEY_ENV: ctx.session_key,
                 "VIBE_APP_SERVER_CMD": f"{interpreter} {HARNESS_MOUNT}/bin/vibe-app-server"}
 

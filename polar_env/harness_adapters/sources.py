@@ -29,8 +29,11 @@ LOCKS_DIR = Path(__file__).parent / "locks"
 class InstallSource(Protocol):
     """What every source offers; ``spec`` is the exact pinned requirement (shown by doctor and the docs)."""
 
-    kind: str
-    version: str
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def version(self) -> str: ...
 
     @property
     def spec(self) -> str: ...

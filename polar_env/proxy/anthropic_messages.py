@@ -153,8 +153,7 @@ def decode(body: Any, seen: Seen | None = None) -> DecodedRequest:
         if tool.type not in (None, "custom"):
             flags.append(f"skipped_tool:{tool.type}")
             continue
-        params = {} if tool.input_schema is None else {"parameters": tool.input_schema}
-        tools.append(ToolSpec(name=tool.name, description=tool.description or "", **params))
+        tools.append(ToolSpec.function(tool.name, tool.description, tool.input_schema))
     tools, choice = choose_tools(tools, *_tool_choice(req.tool_choice, flags), flags)
     flag_structured_output((req.output_format or {}).get("type"), flags)
     decoded = DecodedRequest(
@@ -181,9 +180,10 @@ def _prefill(req: MessagesRequest, messages: list[Message], refs: list[str | Non
 
 
 def _tool_choice(choice: dict[str, Any] | None, flags: list[str]) -> tuple[str, str | None]:
-    if choice and choice.get("disable_parallel_tool_use"):
+    choice = choice or {}
+    if choice.get("disable_parallel_tool_use"):
         flags.append("unenforced:disable_parallel_tool_use")
-    kind = (choice or {}).get("type", "auto")
+    kind = choice.get("type", "auto")
     if kind in ("auto", "none"):
         return kind, None
     if kind == "any":
@@ -251,7 +251,7 @@ def _user_items(index: int, blocks: list[Any], flags: list[str]) -> Iterator[str
             yield block
         elif block is not None:
             raise WireError(400, f"invalid messages request: messages.{index}.content.{j}: "
-                                 f"{block.type} blocks belong in assistant messages")
+                                 f"{raw['type']} blocks belong in assistant messages")
 
 
 def _assistant(index: int, blocks: list[Any], flags: list[str]) -> tuple[Message, str | None]:
@@ -327,7 +327,7 @@ def _streamed(block: ContentBlock) -> tuple[ContentBlock, list[BlockDelta]]:
 
 def _frame(event: StreamEvent) -> bytes:
     """An SSE frame named, as Anthropic names its events, by the event's ``type``."""
-    return sse_frame(event, event=event.__struct_config__.tag)
+    return sse_frame(event, event=str(event.__struct_config__.tag))
 
 
 def encode_stream(turn: AssistantTurn, req: DecodedRequest) -> list[bytes]:

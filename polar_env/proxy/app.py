@@ -49,7 +49,7 @@ from polar_env.proxy.sessions import AuthError, BudgetExceeded, Session, Session
 from polar_env.proxy.wire import DecodedRequest, WireError, json_response, parse_json_body
 from polar_env.sandbox.views import socket_dir, unmount
 from polar_env.trajectory.ledger import Ledger
-from polar_env.trajectory.records import EpisodeBudget
+from polar_env.trajectory.records import Api, CallOrigin, EpisodeBudget
 from polar_env.wire.openai_errors import openai_error
 from polar_env.wire.shape import Shape
 
@@ -283,7 +283,7 @@ class ProxyServer:
             return _error(404, f"unknown route {request.method} {request.path}", request)
         return web.Response(body=metrics.exposition(), headers={"Content-Type": metrics.CONTENT_TYPE})
 
-    def _origin(self, request: web.Request, session: Session) -> str | None:
+    def _origin(self, request: web.Request, session: Session) -> CallOrigin | None:
         """Who made the call: the origin the sandbox's forwarder tagged it with, its key checked
         (sandbox/forwarder.py); in a session that expects tags, an untagged or forged call is
         ``unknown`` (a process that reached the socket without the forwarder); else None."""
@@ -320,7 +320,7 @@ class ProxyServer:
         decoded, session.seen = await self._parsers.run(partial(_decode_fresh, decode), raw)
         return decoded
 
-    def _call(self, api: str):
+    def _call(self, api: Api):
         module = API_MODULES[api]
 
         async def handler(request: web.Request) -> web.StreamResponse:
@@ -343,7 +343,7 @@ class ProxyServer:
         return await self._model_call(request, "gemini", partial(gemini.decode, model=model, stream=stream, sse=sse),
                                       key)
 
-    async def _model_call(self, request: web.Request, api: str, decode: Callable[[Any], DecodedRequest],
+    async def _model_call(self, request: web.Request, api: Api, decode: Callable[[Any], DecodedRequest],
                           key: str | None = None) -> web.StreamResponse:
         """One model call in ``api``'s shape: auth, decode, the engine, the answer (SSE when it streams)."""
         module = API_MODULES[api]

@@ -44,6 +44,8 @@ from polar_env.trajectory.records import (
     LOGPROBS_UNALIGNED,
     VERSION_LABEL,
     WEIGHTS_CHANGED,
+    Api,
+    CallOrigin,
     CallRecord,
     ids_digest,
 )
@@ -306,8 +308,8 @@ class TokenEngine:
         return out
 
     # -- one call ------------------------------------------------------------------------------
-    async def complete(self, session: Session, api: str, request: DecodedRequest,
-                       origin: str | None = None, ticket: CallTicket | None = None) -> tuple[AssistantTurn, CallRecord]:
+    async def complete(self, session: Session, api: Api, request: DecodedRequest,
+                       origin: CallOrigin | None = None, ticket: CallTicket | None = None) -> tuple[AssistantTurn, CallRecord]:
         """Run one model call; the record is in the ledger before this returns or raises, whatever
         fails (context overflow, backend, cancellation, a bug) — as a failed call with its reason.
         ``origin``: who made it, as the forwarder proved (proxy/app.py); ``ticket``: its id and

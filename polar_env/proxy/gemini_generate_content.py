@@ -301,8 +301,7 @@ def _tools(tools: list[Tool], flags: list[str]) -> list[ToolSpec]:
     for tool in tools:
         for decl in tool.function_declarations or []:
             schema = decl.parameters_json_schema if decl.parameters_json_schema is not None else decl.parameters
-            params = {} if schema is None else {"parameters": schema}
-            out.append(ToolSpec(name=decl.name, description=decl.description or "", **params))
+            out.append(ToolSpec.function(decl.name, decl.description, schema))
         flags += [f"skipped_tool:{name}" for name in (tool.model_extra or {})]  # googleSearch, codeExecution, ...
     return out
 

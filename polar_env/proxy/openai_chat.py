@@ -191,8 +191,7 @@ def _call(c: ChatToolCall, index: int) -> ToolCall:
 
 def _tool(t: ChatTool, flags: list[str]) -> ToolSpec | None:
     if t.type == "function" and t.function is not None:
-        params = {} if t.function.parameters is None else {"parameters": t.function.parameters}
-        return ToolSpec(name=t.function.name, description=t.function.description or "", **params)
+        return ToolSpec.function(t.function.name, t.function.description, t.function.parameters)
     if t.type == "custom" and t.custom is not None:
         return ToolSpec(name=t.custom.name, kind="custom",
                         description=custom_tool_description(t.custom.description or "", t.custom.format))

@@ -172,19 +172,16 @@ def _tools(defs: list[ToolDef], flags: list[str]) -> tuple[list[ToolSpec], dict[
     specs: list[ToolSpec] = []
     routes: dict[str, ToolRoute] = {}
     for i, d in enumerate(defs):
-        if d.type in ("function", "custom") and not d.name:
-            raise WireError(400, f"invalid responses request: tools.{i}: a {d.type} tool needs a name")
-        if d.type == "function":
-            params = {} if d.parameters is None else {"parameters": d.parameters}
-            specs.append(ToolSpec(name=d.name, description=d.description or "", **params))
-        elif d.type == "custom":
-            specs.append(ToolSpec(name=d.name, kind="custom",
+        if d.type in ("function", "custom"):
+            if not d.name:
+                raise WireError(400, f"invalid responses request: tools.{i}: a {d.type} tool needs a name")
+            specs.append(ToolSpec.function(d.name, d.description, d.parameters) if d.type == "function" else
+                         ToolSpec(name=d.name, kind="custom",
                                   description=custom_tool_description(d.description or "", d.format)))
         elif d.type == "namespace" and d.name:
             for member in _members(d, i):
                 name = flat_name(d.name, member.name or "")
-                params = {} if member.parameters is None else {"parameters": member.parameters}
-                specs.append(ToolSpec(name=name, description=member.description or "", **params))
+                specs.append(ToolSpec.function(name, member.description, member.parameters))
                 routes[name] = ToolRoute(name=member.name or "", namespace=d.name)
         else:
             flags.append(f"skipped_tool:{d.type}")

@@ -136,6 +136,7 @@ class PolicyFence:
         task waits inside ``make``, and takes the cancellation back) calls ``on_abort`` and runs
         again after the resume."""
         task = asyncio.current_task()
+        assert task is not None  # called from a coroutine
         held_ms = 0.0
         while True:
             if self._gate is not None:

@@ -164,12 +164,13 @@ class Session:
         parent = self.by_index.get(record.parent_call_index) if record.parent_call_index is not None else None
         reused = record.reused_prefix_len
         # the parent is the tip of its buffer and this prompt starts with it: go on in the same buffer
-        shared = parent is not None and reused == parent.n_ids == len(parent.buffer) <= len(record.prompt_ids)
-        added = array("i", record.prompt_ids[reused:] if shared else record.prompt_ids)
+        tip = parent if parent is not None and reused == parent.n_ids == len(parent.buffer) <= len(record.prompt_ids) \
+            else None
+        added = array("i", record.prompt_ids[reused:] if tip else record.prompt_ids)
         added.extend(record.sampled_ids)
         if digest is None:  # a recovered record
-            digest = ids_digest(added, parent.digest) if shared else ids_digest(added)
-        buffer, mirror = (parent.buffer, parent.mirror) if shared else (array("i"), [])
+            digest = ids_digest(added, tip.digest) if tip else ids_digest(added)
+        buffer, mirror = (tip.buffer, tip.mirror) if tip else (array("i"), [])
         buffer.extend(added)
         state = CallState(
             call_index=record.call_index, call_id=record.call_id, n_messages=len(record.messages),

@@ -9,6 +9,8 @@ it; the names of the rules that fired are recorded as ``stripped:<name>`` flags 
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from polar_env.chat.messages import Message
 from polar_env.harness_adapters.base import VolatileRule
 from polar_env.harness_adapters.registry import ADAPTERS
@@ -17,6 +19,7 @@ from polar_env.proxy.wire import DecodedRequest, dedupe
 
 # Each adapter declares its harness's own lines (harness_adapters/<harness>.py); the proxy does not
 # know which harness a session runs, so it applies all of them (a fork's inherited rules once).
+Decoded = TypeVar("Decoded", bound=DecodedRequest)  # each API's request comes back as its own type
 DROPPABLE = frozenset({"system", "user"})  # roles whose message goes when nothing of it is left
 RULES: tuple[VolatileRule, ...] = tuple(dict.fromkeys(
     rule for adapter in ADAPTERS.values() for rule in adapter.volatile_rules))
@@ -34,7 +37,7 @@ def strip_message(message: Message, rules: tuple[VolatileRule, ...] = RULES) -> 
     return (message.model_copy(update={"content": content}) if fired else message), fired
 
 
-def apply(req: DecodedRequest, rules: tuple[VolatileRule, ...] = RULES, seen: Seen | None = None) -> DecodedRequest:
+def apply(req: Decoded, rules: tuple[VolatileRule, ...] = RULES, seen: Seen | None = None) -> Decoded:
     """Strip every message; a system or user message the rules left empty is dropped (with its ref,
     keeping alignment): a message that is all per-call context (OpenClaw's runtime-context tail, moved
     to the end of every request) would otherwise keep each call from extending the one before.
@@ -63,8 +66,8 @@ def apply(req: DecodedRequest, rules: tuple[VolatileRule, ...] = RULES, seen: Se
     for i in range(start, len(before)):
         for name in fired_all[i]:
             stripped_flags[f"stripped:{name}"] = None
-        if after[i] is not None:
-            messages.append(after[i])
+        if (message := after[i]) is not None:
+            messages.append(message)
             refs.append(refs_in[i])
     if seen is not None:
         seen.stripped = Stripped(list(before), list(refs_in), after, fired_all, list(messages), list(refs),

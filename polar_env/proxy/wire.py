@@ -235,8 +235,8 @@ def validate_items(model: type[M], body: dict, key: str, api: str, seen: Seen | 
     refused as a whole, its error naming the item by its index in the request."""
     raw = body.get(key)
     known = seen.decoded if seen is not None and isinstance(raw, list) else None
-    k = seen.reusable_items(raw, redo_last) if seen is not None and known is not None else 0
-    if not k:
+    k = seen.reusable_items(raw, redo_last) if seen is not None and isinstance(raw, list) else 0
+    if not k or not isinstance(raw, list):  # (k > 0 only for a list)
         return validate(model, body, api), 0, known
     try:
         return validate(model, {**body, key: raw[k:]}, api), k, known

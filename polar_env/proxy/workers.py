@@ -30,8 +30,9 @@ import signal
 import sys
 from collections.abc import Callable
 from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 from aiohttp import web
@@ -101,7 +102,7 @@ class Workers:
 
     def __init__(self, builds: list[Callable[[], Any]], host: str, ports: list[int]):
         context = multiprocessing.get_context("spawn")
-        self.procs: list[multiprocessing.process.BaseProcess] = []
+        self.procs: list[BaseProcess] = []
         self._ready: list[Connection] = []
         for build, port in zip(builds, ports, strict=True):
             receive, send = context.Pipe(duplex=False)
@@ -134,7 +135,7 @@ class Workers:
         """SIGTERM each worker (it finishes and records its calls in flight), then wait for all."""
         for proc in self.procs:
             if proc.is_alive():
-                os.kill(proc.pid, signal.SIGTERM)
+                proc.terminate()  # SIGTERM
         for proc in self.procs:
             proc.join(STOP_TIMEOUT_S)
             if proc.is_alive():
@@ -224,7 +225,7 @@ class Front:
                 self.owner[sid] = k  # a concurrent create of the same id goes to the same worker
         response = await self._forward(k, request, body)
         if response.status == 201:
-            self.owner[fastjson.loads(response.body)["session_id"]] = k
+            self.owner[_json(response)["session_id"]] = k
         elif assigned:
             self.load[k] -= 1
             if sid is not None and self.owner.get(sid) == k:
@@ -239,7 +240,7 @@ class Front:
             response = await self._forward(k, request)
             if response.status != 200:
                 return response
-            sessions.extend(fastjson.loads(response.body))
+            sessions.extend(_json(response))
         return web.Response(body=fastjson.dumps(sessions), content_type="application/json")
 
     async def _owned(self, request: web.Request) -> web.Response:
@@ -258,7 +259,7 @@ class Front:
         body = await request.read()
         answers = await asyncio.gather(*(self._forward(k, request, body) for k in range(len(self.urls))))
         status = max(a.status for a in answers)
-        workers = [WorkerAnswer(url=url, status=a.status, answer=fastjson.loads(a.body) if a.body else None)
+        workers = [WorkerAnswer(url=url, status=a.status, answer=_json(a) if a.body else None)
                    for url, a in zip(self.urls, answers, strict=True)]
         return json_response(WorkersAnswer(workers=workers), status)
 
@@ -284,6 +285,11 @@ class Front:
             return _error(404, f"this port is the admin front of {len(self.urls)} proxy workers: send model calls to "
                           "the session's own urls (the answer of POST /admin/sessions)")
         return _error(404, f"unknown route {request.method} {request.path}")
+
+
+def _json(answer: web.Response) -> Any:
+    """A worker's JSON answer, as `_forward` holds it (its body: the bytes the worker sent)."""
+    return fastjson.loads(cast(bytes, answer.body))
 
 
 def _error(status: int, message: str) -> web.Response:

@@ -43,6 +43,7 @@ import secrets
 import tokenize
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 SUPPRESSING = {"raises", "assertRaises", "assertRaisesRegex", "assertRaisesRegexp", "suppress", "warns",
                "assertWarns", "assertWarnsRegex", "deprecated_call", "assertLogs"}
@@ -154,7 +155,7 @@ class _Site:
     body: list[ast.stmt]
     stmt: ast.stmt
     node: ast.Constant | None = None
-    siblings: list[object] = field(default_factory=list)  # the values beside it in its display (not to be drawn)
+    siblings: list[Any] = field(default_factory=list)  # the values beside it in its display (not to be drawn)
 
 
 def _sites(func: Func) -> list[_Site]:
@@ -207,8 +208,10 @@ def _mutate(func: Func, tree: ast.Module, unittest_style: bool, pytest_bound: bo
         pool = _literal_pool(tree)
         for value in site.siblings:  # a value already in its list/set would not make the comparison fail for sure
             pool.pop(value, None)
+        assert isinstance(site.node.value, (int, str))  # what _sites picks
         site.node.value = _other_literal(site.node.value, pool)
     elif site.kind == "unwrap":
+        assert isinstance(site.stmt, ast.With)
         at = site.body.index(site.stmt)
         site.body[at:at + 1] = site.stmt.body
     else:
@@ -226,6 +229,10 @@ def _mutate(func: Func, tree: ast.Module, unittest_style: bool, pytest_bound: bo
 def _first_line(node: ast.stmt) -> int:
     decorators = getattr(node, "decorator_list", None)
     return decorators[0].lineno if decorators else node.lineno
+
+
+def _last_line(node: ast.stmt) -> int:
+    return node.end_lineno or node.lineno  # always set on a parsed tree
 
 
 def _canonical(func: Func, indent: str) -> str:
@@ -346,12 +353,12 @@ class _Rewrite:
         return head + self._scope(self.tree.body, "") + "".join(self.lines[self.tree.body[-1].end_lineno:])
 
     def _gap(self, body: list[ast.stmt], test_ids: set[int]) -> int:
-        gaps = Counter(_first_line(b) - a.end_lineno - 1 for a, b in zip(body, body[1:], strict=False) if id(b) in test_ids)
+        gaps = Counter(_first_line(b) - _last_line(a) - 1 for a, b in zip(body, body[1:], strict=False) if id(b) in test_ids)
         return gaps.most_common(1)[0][0] if gaps else 1
 
     def _scope(self, body: list[ast.stmt], indent: str) -> str:
         for a, b in zip(body, body[1:], strict=False):
-            if _first_line(b) <= a.end_lineno:
+            if _first_line(b) <= _last_line(a):
                 raise _Unsupported("statements share a line")
         test_ids = {id(f) for _, f, _ in self.tests.values()}
         gap = "\n" * max(self._gap(body, test_ids), 0)
@@ -367,6 +374,7 @@ class _Rewrite:
         for i, item in enumerate(items):
             stmt = item.stmt
             if item.test:
+                assert isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef))
                 func = copy.copy(stmt)
                 func.name = self.names[id(stmt)]
                 text = _canonical(func, indent)

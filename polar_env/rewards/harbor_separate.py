@@ -38,6 +38,7 @@ from polar_env.tasks.runtime import harbor_env
 
 log = logging.getLogger(__name__)
 ARTIFACTS_DIR = "/logs/artifacts"  # Harbor's convention directory, always collected
+HOOK_OUTPUT_BYTES = 1 << 20  # what a hook's log keeps, as a sandbox run's
 
 
 def artifact_sources(task: Task) -> list[tuple[str, list[str]]]:
@@ -145,7 +146,8 @@ async def separate_box(task: Task, agent: ContainerSandbox) -> AsyncIterator[tup
     sources = artifact_sources(task)
     for command, user, timeout in collect_hooks(task):
         ran = await agent.run(["bash", "-c", command], timeout_s=timeout) if not user else await run_process_tree(
-            agent.exec_argv(["bash", "-c", command], {}, user=user, timeout_s=timeout), timeout_s=timeout, stdin=None)
+            agent.exec_argv(["bash", "-c", command], {}, user=user, timeout_s=timeout), timeout_s=timeout, stdin=None,
+            max_output_bytes=HOOK_OUTPUT_BYTES)
         agent.kill_all()  # nothing a hook started outlives it
         if ran.exit_code != 0:  # best-effort, as in Harbor: the verifier judges what is there
             log.warning("%s: [[verifier.collect]] %r exited %s: %s", task.instance_id, command, ran.exit_code,

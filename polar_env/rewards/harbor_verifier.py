@@ -214,7 +214,7 @@ def safe_search_env(box: ContainerSandbox, user: str, env: dict[str, str]) -> di
     checks = {f"POLAR_V_{v}": x for v, x in wanted.items()}
     agent = f"{box.spec.uid}:{box.spec.uid}"
     out = engine_run(box.exec_argv(["/bin/sh", "-c", SAFE_PATHS_SCRIPT], checks, user=agent, path=ROOT_PATH))
-    safe = dict(line.partition("=")[::2] for line in out.decode().splitlines() if "=" in line)
+    safe = {key: value for key, _, value in (line.partition("=") for line in out.decode().splitlines() if "=" in line)}
     if set(safe) != set(wanted):
         raise ContainerError(f"the search-path check answered {sorted(safe)}, not {sorted(wanted)}")
     if not safe["PATH"]:

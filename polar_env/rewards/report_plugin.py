@@ -28,6 +28,7 @@ import json
 import os
 import sys
 import types
+from typing import Any
 
 import pytest
 
@@ -76,7 +77,7 @@ def _code_digest(code: types.CodeType) -> str:
     return digest.hexdigest()
 
 
-def _code(code: types.CodeType, digest: object) -> None:
+def _code(code: types.CodeType, digest: Any) -> None:
     """A code object's content: instructions, names, flags and constants, nested code included (not
     marshal's bytes: those depend on reference counts)."""
     digest.update(code.co_code)
@@ -91,7 +92,7 @@ def _code(code: types.CodeType, digest: object) -> None:
             digest.update(b"\0" + (repr(sorted(map(repr, const))) if type(const) is frozenset else repr(const)).encode())
 
 
-def _content(obj: object, deep: bool, depth: int = 0) -> str:
+def _content(obj: Any, deep: bool, depth: int = 0) -> str:
     """What a function runs: its code (``deep``: by content, `_code`; else the code object's identity,
     which an in-place ``__code__`` swap changes too), its defaults and the functions in its closure
     cells. Exact types only: reading an attribute of an arbitrary object could run its ``__getattr__``."""

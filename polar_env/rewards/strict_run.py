@@ -33,6 +33,7 @@ import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from polar_env.rewards import swebench_compat as sb
 from polar_env.rewards.canaries import CanaryPlan, plan_canaries
@@ -93,7 +94,7 @@ def base_pytest_options(tree: Path, directives: list[str]) -> dict[str, str]:
             path = tree / here / name
             if not path.is_file() or path.is_symlink():
                 continue
-            if name == "pyproject.toml":
+            if section is None:  # pyproject.toml: its [tool.pytest.ini_options] table
                 options = tomllib.loads(path.read_text()).get("tool", {}).get("pytest", {}).get("ini_options")
                 if options is not None:
                     return {k: _ini_value(v) for k, v in options.items()}
@@ -145,7 +146,7 @@ def _random_name(prefix: str = "") -> str:
     return prefix + "".join(secrets.choice(string.ascii_lowercase) for _ in range(10))
 
 
-def _drain(fd: int, sink: dict[str, object]) -> None:
+def _drain(fd: int, sink: dict[str, Any]) -> None:
     """Read the result pipe to its end, keeping at most MAX_REPORT_BYTES."""
     chunks, size = [], 0
     with os.fdopen(fd, "rb", buffering=0) as f:
@@ -178,7 +179,7 @@ def _run_with_stream(argv: list[str], *, tree: Path, venv: Path, env: dict[str, 
     writer = threading.Thread(target=_feed, args=(cfg_w, json.dumps(config).encode()), daemon=True)
     writer.start()
     res_r, res_w = os.pipe()
-    sink: dict[str, object] = {}
+    sink: dict[str, Any] = {}
     reader = threading.Thread(target=_drain, args=(res_r, sink), daemon=True)
     reader.start()
     run_env = {**env, "POLAR_GRADER_CONFIG_FD": str(cfg_r), "POLAR_GRADER_RESULT_FD": str(res_w)}
@@ -328,7 +329,11 @@ def plan_perturbed(task: Task, copy: Path, config_tree: Path, grader_dir: Path, 
     (grader_dir / f"{module}.py").write_text(PLUGIN_SRC.read_text())
     options = {**base_pytest_options(config_tree, task.test_directives), "python_functions": prefix}
     (grader_dir / "pytest.ini").write_text(render_ini(options))
-    plugin_args = [p for m in (plugins if plugins is not None else venv_plugins(venv)) for p in ("-p", m)]
+    if plugins is None:
+        if venv is None:
+            raise ValueError("plan_perturbed needs the task's venv or its plugin modules")
+        plugins = venv_plugins(venv)
+    plugin_args = [p for m in plugins for p in ("-p", m)]
     argv = ["-c", f"{grader_mount}/pytest.ini", f"--rootdir={mount}", f"--confcutdir={mount}", "-p", "no:cacheprovider",
             "-p", module, "-p", "no:faulthandler", *plugin_args, *pytest_args(task), *PERTURBED_STDIO,
             *written_directives(canaries, list(renamed.values()))]

@@ -56,5 +56,5 @@ class GradingWorkers:
         """Drop queued grades; one in flight ends on its own deadline."""
         if self._processes is not None:
             self._processes.close(wait=False)
-        else:
+        elif self._threads is not None:
             self._threads.shutdown(wait=False, cancel_futures=True)

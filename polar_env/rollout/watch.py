@@ -71,7 +71,7 @@ class WandbReporter:
 
     def __init__(self, directory: Path, name: str, config: dict[str, Any]):
         try:
-            import wandb
+            import wandb  # pyright: ignore[reportMissingImports]  # optional: the `wandb` extra
         except ImportError:
             raise WatchUnavailable("--report-to wandb needs the wandb package: pip install 'polar-env[wandb]'") from None
         directory.mkdir(parents=True, exist_ok=True)

@@ -267,7 +267,7 @@ def scan(roots: Sequence[Path], needles: Needles, *, skip: Sequence[Path] = ()) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("needles", help="a JSON file of Needles (lines, packages, base_digests)")
     ap.add_argument("roots", nargs="+")
     ap.add_argument("--skip", action="append", default=[], help="a path left out (repeatable)")

@@ -303,7 +303,7 @@ class ContainerSandbox(Sandbox):
         if s.harness_dir is not None:
             mounts.append((str(self.harness_view or s.harness_dir), "/opt/harness"))
             if (node := host_node()) is not None:
-                mounts.append((node, f"{NODE_DIR_INSIDE}/node"))
+                mounts.append((str(node), f"{NODE_DIR_INSIDE}/node"))
         if s.proxy_socket_dir is not None:
             mounts.append((str(s.proxy_socket_dir), "/run/proxy"))
         mounts += [(src, dst) for src, dst in self.extra_ro_mounts]

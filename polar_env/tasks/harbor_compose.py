@@ -87,7 +87,7 @@ def _env(value: Any, where: str) -> dict[str, str]:
     if isinstance(value, dict):
         return {str(k): "" if v is None else str(v) for k, v in value.items()}
     if isinstance(value, list):
-        return dict(str(item).partition("=")[::2] for item in value)
+        return {key: val for key, _, val in (str(item).partition("=") for item in value)}
     raise ComposeError(f"{where}: services.main.environment is neither a mapping nor a list")
 
 

@@ -17,7 +17,7 @@ import math
 from typing import Any
 
 import torch
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOConfig, GRPOTrainer  # pyright: ignore[reportPrivateImportUsage]  # trl's lazy exports
 
 from polar_env.training.rollouts import PolarRollouts
 
@@ -89,6 +89,7 @@ class PolarGRPOTrainer(GRPOTrainer):
                 self.model, ids, attention, out["completion_ids"].size(1),
                 batch_size=self.args.per_device_train_batch_size)
         delta = (logps - recorded)[sampled & current]
+        assert isinstance(self.args, GRPOConfig) and self.model is not None  # as the trainer was built
         cap = self.args.vllm_importance_sampling_clip_max
         ratio = (logps - recorded)[sampled].exp()
         stats = {"step": float(self.state.global_step), "tokens": float(delta.numel()),

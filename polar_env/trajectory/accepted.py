@@ -79,7 +79,7 @@ def accepted_work(episodes: Iterable[Trajectory | Sample]) -> dict[str, Any]:
     run_slots = sum(slots_per_node.values()) or None
     gpus = max((s.gpus for s in samples if s.gpus is not None), default=None)
     versions = [s.policy_versions for s in samples if s.policy_versions]
-    newest = max((v[-1] for v in versions), default=None)
+    newest = max((v[-1] for v in versions), default=0)
     n = len(samples)
     return {
         "episodes": n,

@@ -76,6 +76,7 @@ def build_chains(calls: list[CallRecord]) -> tuple[list[Chain], dict[int, int]]:
         else:
             reason = None
         if reason is None:
+            assert parent is not None  # every call without a parent got a reason
             index = chain_of[parent]
             _extend(chains[index], call)
             digests[index] = ids_digest(call.sampled_ids, glue_digest)

@@ -12,7 +12,7 @@ import math
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol, TypeGuard
 
 import numpy as np
 from pydantic import BaseModel, BeforeValidator, Field, StrictBool, StrictFloat, StrictInt, ValidationError
@@ -75,7 +75,7 @@ def _is_trainable(item: Any) -> bool:
     return bool(len(ids)) if isinstance(ids, np.ndarray) else bool(ids)
 
 
-def _int_list(value: Any) -> bool:
+def _int_list(value: Any) -> TypeGuard[list[int]]:
     return isinstance(value, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in value)
 
 
@@ -199,7 +199,7 @@ def check_nemo_result(result: dict[str, Any]) -> list[str]:
         defects.append("no trainable output item (no item with generation_token_ids): NeMo-RL raises "
                        "'no generation data'")
     components = parsed.reward_components if parsed is not None else None
-    if components:
+    if parsed is not None and components:
         if not all(math.isfinite(v) for v in components.values()):
             defects.append("'reward_components' must map names to finite numbers")
         else:

@@ -298,6 +298,7 @@ def grpo_rows(trajectories: Iterable[Trajectory], *, leave_one_out: bool = False
     its trajectory's group advantage. A masked trajectory stays in its group's baseline and gives
     no row (NeMo-RL's ``mask_sample``): one failed sample never costs its siblings their rows."""
     trajs = list(trajectories)
+    reward = {i: float(t.reward) for i, t in enumerate(trajs) if t.reward is not None}
     missing = [t.session_id for t in trajs if t.reward is None]
     if missing:
         raise ValueError(f"trajectories without a reward cannot get an advantage: {missing}")
@@ -306,7 +307,7 @@ def grpo_rows(trajectories: Iterable[Trajectory], *, leave_one_out: bool = False
         groups[group_key(t)].append(i)
     advantage: dict[int, float] = {}
     for members in groups.values():
-        values = grpo_advantages([float(trajs[i].reward) for i in members], leave_one_out=leave_one_out, eps=eps)
+        values = grpo_advantages([reward[i] for i in members], leave_one_out=leave_one_out, eps=eps)
         advantage.update(zip(members, values, strict=True))
     rows = []
     for i, t in enumerate(trajs):
@@ -314,7 +315,7 @@ def grpo_rows(trajectories: Iterable[Trajectory], *, leave_one_out: bool = False
             rows.append({
                 "schema": GRPO_ROW_SCHEMA, "session_id": t.session_id, "task_id": t.task_id,
                 "group_id": group_key(t), "chain": ch.index, "main": ch.index == t.main_chain,
-                "reward": float(t.reward), "advantage": advantage[i],
+                "reward": reward[i], "advantage": advantage[i],
                 "input_ids": ch.input_ids, "loss_mask": ch.loss_mask, "logprobs": ch.logprobs,
                 "policy_versions": policy_versions(t, ch),
             })

@@ -447,7 +447,7 @@ class LineDecoder:
                               "not match its recorded SHA-256: a record it extends was altered")
         if prompt is None:  # checked before the chain's shared list grows
             assert parent is not None
-            base = parent.prompt_ids
+            base, n = parent.prompt_ids, len(parent.prompt_ids)
             if not (isinstance(base, PromptIds) and base.extends(n)):
                 base = PromptIds(list(base), n)  # a branch, or a format-1 parent: the new chain's own list
             prompt = base.grown(parent.sampled_ids, appended)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterable
+from typing import cast
 
 from polar_env.trajectory.models import Chain, Trajectory
 
@@ -79,7 +80,7 @@ def _named(spec: str) -> Selector:
         raise ValueError(f"--train-paths {spec!r}: cannot import it: {exc}") from exc
     if not callable(fn):
         raise ValueError(f"--train-paths {spec!r}: {module}.{name} is not callable")
-    return fn
+    return cast(Selector, fn)
 
 
 def train_chains(traj: Trajectory, paths: str | Selector = "all") -> list[Chain]:

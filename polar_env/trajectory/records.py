@@ -22,6 +22,8 @@ from polar_env.outcomes import FailureKind
 
 RECORD_SCHEMA_VERSION = 2  # ledger line format: 1 = the whole call, 2 = what it adds to its parent
 SESSION_SCHEMA_VERSION = 1
+Api = Literal["chat", "responses", "messages", "gemini"]  # the harness API a call came in on
+CallOrigin = Literal["harness", "tool", "unknown"]  # who made a call, as the sandbox's forwarder proved it
 
 
 def ids_digest(ids: list[int] | array, digest: Any = None) -> Any:
@@ -120,7 +122,7 @@ class CallFields(BaseModel):
     session_id: str
     call_index: int  # 0-based order of arrival within the session
     call_id: str  # id the proxy issued (response id, message id, completion id)
-    api: Literal["chat", "responses", "messages", "gemini"]
+    api: Api
     created_at: float
     sampled_ids: list[int] = Field(default_factory=list)
     logprobs: list[float] = Field(default_factory=list)
@@ -155,7 +157,7 @@ class CallFields(BaseModel):
     weight_versions: list[str] = Field(default_factory=list)
     # who made the call, as the sandbox's forwarder proved it (sandbox/forwarder.py): the harness, a tool
     # process, or unknown (untagged in a session that expects tags); None: the session is not tagged
-    origin: Literal["harness", "tool", "unknown"] | None = None
+    origin: CallOrigin | None = None
 
 
 class CallRecord(CallFields):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 REPLACEMENT = "\ufffd"
 
@@ -16,7 +17,7 @@ REPLACEMENT = "\ufffd"
 class TokenText:
     """``table(ids)`` gives id -> text; ``fixups(ids, table)`` repairs split UTF-8 characters."""
 
-    def __init__(self, tokenizer: object | None, name: str, vocab_size: int = 0):
+    def __init__(self, tokenizer: Any, name: str, vocab_size: int = 0):
         self._tok = tokenizer  # tokenizers.Tokenizer, a transformers tokenizer, or None (ids only)
         self.name = name
         self.vocab_size = vocab_size

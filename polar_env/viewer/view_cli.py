@@ -114,6 +114,7 @@ def write_view(path: Path, out: Path | None = None, tokenizer: str | None = None
     tmp.write_text(page, encoding="utf-8")
     os.replace(tmp, out)
     loaded = source.loaded
+    assert loaded is not None  # page() built it
     for line in loaded.skipped:
         print(f"polar view: skipped {line}", file=sys.stderr)
     print(f"wrote {out}: {len(loaded.episodes)} episodes from {len(loaded.sources)} file(s), "

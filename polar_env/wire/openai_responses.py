@@ -124,9 +124,9 @@ class Response(Shape):
 # -- stream events ------------------------------------------------------------------------------
 class StreamEvent(Shape):
     """What every numbered event starts with; ``type`` is also the SSE event name, and the codec
-    sets ``sequence_number`` as it sends the event."""
+    sets ``sequence_number`` as it sends the event. Each event narrows ``type`` to its names."""
 
-    type: str
+    type: Any
     sequence_number: int = 0
 
 

@@ -10,7 +10,7 @@ models: there validation, and its 400 naming the field, is the point.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, dataclass_transform
 
 import msgspec
 from msgspec import UNSET, UnsetType
@@ -21,9 +21,11 @@ from polar_env import fastjson
 __all__ = ["UNSET", "Shape", "UnsetType", "encode", "to_builtins"]
 
 
+@dataclass_transform(kw_only_default=True, field_specifiers=(msgspec.field,))
 class _KeywordFields(msgspec.StructMeta):
     """Every shape's fields are keyword-only, so they are declared in the order they go on the wire
-    whichever have defaults (msgspec's ``kw_only`` is not inherited)."""
+    whichever have defaults (msgspec's ``kw_only`` is not inherited; ``dataclass_transform`` tells
+    type checkers so)."""
 
     def __new__(mcls, name: str, bases: tuple, namespace: dict, **options: Any):
         options.setdefault("kw_only", True)

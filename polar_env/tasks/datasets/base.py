@@ -7,7 +7,7 @@ import ast
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from pydantic import ValidationError
 
@@ -86,7 +86,7 @@ def field(row: dict, name: str, kind: type | tuple[type, ...] = str, *, dataset:
     return value
 
 
-def raise_missing(dataset: str, iid: str, name: str) -> None:
+def raise_missing(dataset: str, iid: str, name: str) -> NoReturn:
     raise DatasetRowError(f"{dataset} row {iid}: missing field {name!r}")
 
 
