@@ -108,7 +108,8 @@ def _containers() -> set[str]:
 async def test_a_separate_verifier_runs_in_a_fresh_container_with_only_the_artifacts():
     """`environment_mode = "separate"`: test.sh runs in a fresh container of the environment image
     that holds only the artifact task.toml lists (/app/out, less its *.tmp files, links dropped), not
-    the rest of the agent's container, with what its `[[verifier.collect]]` hook wrote there first; it is
+    the rest of the agent's container, with what its `[[verifier.collect]]` hooks wrote there first (one as
+    the agent, one as root: Harbor's `user`); it is
     removed afterwards. An artifact the agent did not leave
     is skipped: its verifier says 0, not an error."""
     task = load_task_dir(FIXTURES / "separate-verifier")
