@@ -13,7 +13,9 @@ POLAR_SETUP_HARNESSES=${POLAR_SETUP_HARNESSES:-1} POLAR_SETUP_VLLM=${POLAR_SETUP
 for arg in "$@"; do
   case "$arg" in -*) ;; *) exec .venv/bin/python -m pytest "$@" ;; esac
 done
-# The whole suite: the fast files (no `pytest.mark.slow` test: models, servers and sandboxes
+# The whole suite: the type checker over polar_env first ([tool.pyright] in pyproject.toml).
+.venv/bin/pyright
+# Then the fast files (no `pytest.mark.slow` test: models, servers and sandboxes
 # small and short-lived) share one pytest process, sparing each its interpreter start and
 # imports; every slow file runs in its own process, so that a file's fixtures, servers and harness
 # processes never meet another's (the suite once outgrew this 24 GB machine's memory in one process:
