@@ -91,7 +91,8 @@ def derive_tests(task: Task, *, timeout_s: float | None = None) -> tuple[list[st
 
 def build_task(row: dict, base: Path, out_file: Path, *, timeout_s: float | None = None) -> Task:
     """The Polar task for ``row`` over the base tree ``base``; its archive goes to
-    ``<out_file's dir>/<instance_id>/base.tar.gz`` and ``base_archive`` is written relative to ``out_file``."""
+    ``<out_file's dir>/<instance_id>/base.tar.gz`` and ``base_archive`` is written relative to
+    ``out_file``."""
     from polar_env.tasks.env import ensure_task_env
     from polar_env.tasks.tree import materialize
 

@@ -1,4 +1,5 @@
-"""Hermes Agent (``hermes-agent``, PyPI): streamed chat completions to a ``custom`` provider, its ``terminal`` tool.
+"""Hermes Agent (``hermes-agent``, PyPI): streamed chat completions to a ``custom`` provider, its ``terminal``
+tool.
 
 Everything it reads lives under ``HERMES_HOME``: ``config.yaml`` makes the proxy its ``custom``
 OpenAI-compatible provider (base URL, served model, and the key as ``${POLAR_SESSION_KEY}``, which
@@ -35,7 +36,8 @@ VERBS = {"$": "terminal", "read": "read_file", "write": "write_file", "patch": "
 ANSWER = re.compile(r"^(?:╭─ [^\n]*Hermes[^\n]*╮|\s─  [^\n]*Hermes  ─+\s*)\n(.*?)^(?:╰─+╯|\s─+\s*)$", re.MULTILINE | re.DOTALL)
 # why a run gave up: "❌ Non-retryable error (HTTP 400): ...", "❌ API failed after 3 retries — ..."
 FAILURE = re.compile(r"^❌ (.*)$", re.MULTILINE)
-# the exit summary: "Messages:       4 (1 user, 2 tool calls)" (tool calls: tool results + assistant turns with calls)
+# the exit summary: "Messages:       4 (1 user, 2 tool calls)" (tool calls: tool results + assistant turns
+# with calls)
 MESSAGES = re.compile(r"^Messages: +(\d+) \((\d+) user, (\d+) tool calls\)$", re.MULTILINE)
 
 

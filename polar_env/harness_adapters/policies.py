@@ -1,9 +1,10 @@
 """Named scripted policies (for the demo, CI and tests), resolved on whichever node runs the proxy.
 
 A policy picks the text of each model call; ScriptedBackend has the real model score it, so ids
-and logprobs stay real. ``gold`` replays a task's gold patch (a Harbor task's ``solution/solve.sh``) through the harness's own shell tool,
-or its text edit format where edits are reply text (one edit, then a final answer): it proves the whole path — harness, sandbox, proxy, grading
-— can earn reward 1.0, and is labelled as such wherever its turns are reported.
+and logprobs stay real. ``gold`` replays a task's gold patch (a Harbor task's ``solution/solve.sh``) through
+the harness's own shell tool, or its text edit format where edits are reply text (one edit, then a final
+answer): it proves the whole path — harness, sandbox, proxy, grading — can earn reward 1.0, and is labelled as
+such wherever its turns are reported.
 """
 
 from __future__ import annotations

@@ -219,7 +219,8 @@ class PolarResources:
             grading=result.model_dump(mode="json", exclude={"log_tail"}))
 
     async def close(self, episode_id: str) -> bool:
-        """Remove the workspace (after a seed still in flight); safe to repeat, and a later seed is refused."""
+        """Remove the workspace (after a seed still in flight); safe to repeat, and a later seed is
+        refused."""
         self.closed.add(episode_id)
         pending = self._seeding.get(episode_id)
         if pending is not None:

@@ -180,7 +180,8 @@ def grade_in_image(task: Task, model_patch: str | None, *, engine: str, image: s
 async def _strict_run(task: Task, patch: str, *, engine: str, image: str, timeout_s: float,
                       gold: TestRun | None = None) -> dict:
     """The strict run in a fresh container; with ``gold``, judged against it, and perturbed if it resolves
-    (where the gold patch passes the perturbed run); without, the gold run itself and its perturbed control."""
+    (where the gold patch passes the perturbed run); without, the gold run itself and its perturbed
+    control."""
     box = await asyncio.to_thread(image_box, engine, image, history_base(task))
     try:
         try:

@@ -50,7 +50,8 @@ class EpisodeRunner:
         self.plan = plan
         self.proxy_factory = proxy_factory
         self.ledger = ledger
-        # stamped on every trajectory (e.g. the Ray node); the run slots and GPUs: its accepted work's denominators
+        # stamped on every trajectory (e.g. the Ray node); the run slots and GPUs: its accepted work's
+        # denominators
         self.metadata = {"run_slots": plan.run_slots, **({"gpus": plan.gpus} if plan.gpus else {}), **(metadata or {})}
         self.proxy: ProxyServer | None = None
         self.admission: Admission | None = None  # --max-staleness: episodes start within K versions

@@ -46,7 +46,8 @@ REFUSED = "POLAR_HISTORY_ERROR:"  # its one stderr line when it refuses
 # what git would otherwise read from the old repository or write into the new one's logs
 REDUCE_GIT_CONFIG = (*SAFE_GIT_CONFIG, "core.commitGraph=false", "gc.auto=0", "maintenance.auto=false",
                      "core.logAllRefUpdates=false", "advice.detachedHead=false")
-# what must not exist in the reduced ``.git`` (a shallow boundary is allowed: it is written only where it lies below the base)
+# what must not exist in the reduced ``.git`` (a shallow boundary is allowed: it is written only where it lies
+# below the base)
 LEFTOVERS = ("FETCH_HEAD", "ORIG_HEAD", "MERGE_HEAD", "CHERRY_PICK_HEAD", "REVERT_HEAD", "BISECT_LOG", "AUTO_MERGE",
              "packed-refs", "logs", "refs/stash", "refs/notes", "refs/replace", "refs/remotes",
              "objects/info/alternates", "objects/info/http-alternates", "info/grafts", "modules", "worktrees")
@@ -67,7 +68,8 @@ def reduce_script(workdir: str, base: str = "HEAD") -> str:
     """Shell (POSIX sh, git of the image, run as the tree's owner or root) that reduces the repository at
     ``workdir`` to ``base`` (a commit id, a branch, a tag or ``HEAD``; ``<base>^{tree}``: its tree alone,
     no ancestor kept) and verifies it; prints one
-    `REDUCED` line (``none`` where ``workdir`` is no repository), or one `REFUSED` line on stderr and exits 3."""
+    `REDUCED` line (``none`` where ``workdir`` is no repository), or one `REFUSED` line on stderr and exits
+    3."""
     q = shlex.quote
     return "\n".join([
         "set -u",
@@ -151,7 +153,8 @@ def reduce_script(workdir: str, base: str = "HEAD") -> str:
 
 
 def refusal(output: str, where: str) -> str:
-    """The one-line refusal for a reduction at ``where`` (the image and workdir) that failed with ``output``."""
+    """The one-line refusal for a reduction at ``where`` (the image and workdir) that failed with
+    ``output``."""
     found = re.search(rf"{re.escape(REFUSED)} (.*)", output)
     why = found.group(1).strip() if found else (output.strip().splitlines() or ["no output"])[-1][-300:]
     return f"{where}: its git history cannot be reduced to the base, so the task is refused: {why}"

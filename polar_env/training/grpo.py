@@ -41,11 +41,13 @@ def positions_from_mask(module: Any, args: tuple, kwargs: dict[str, Any]) -> tup
 
 
 class LogprobDrift(RuntimeError):
-    """The trainer's logprobs left the recorded ones by more than the run allows: the ratio is not the sampler's."""
+    """The trainer's logprobs left the recorded ones by more than the run allows: the ratio is not the
+    sampler's."""
 
 
 class PolarGRPOTrainer(GRPOTrainer):
-    """``GRPOTrainer(rollout_func=rollouts, reward_funcs=[polar_reward, ...], train_dataset=rollouts.dataset())``.
+    """``GRPOTrainer(rollout_func=rollouts, reward_funcs=[polar_reward, ...],
+    train_dataset=rollouts.dataset())``.
 
     ``max_drift``: a step whose max |trainer logprob - recorded logprob| exceeds it raises
     :class:`LogprobDrift` before the update (None: never). The importance ratio against the recorded

@@ -109,7 +109,8 @@ class NemoResult(Loose):
 
 
 def _as_list(value: Any) -> Any:
-    """The numpy views of an in-memory export (``to_nemo_gym_result(arrays=True)``) as the lists they serialise to."""
+    """The numpy views of an in-memory export (``to_nemo_gym_result(arrays=True)``) as the lists they
+    serialise to."""
     return value.tolist() if isinstance(value, np.ndarray) else value
 
 
@@ -529,7 +530,8 @@ def _note_policy_versions(per_episode: list[tuple[list[int], int]], report: Chec
 
 def _note_capture_rules(per_episode: list[tuple[int, int, bool]], report: CheckReport) -> None:
     """OpenEnv RFC 006's capture rules, counted: agentic rollouts of one model call (degenerate; masked
-    only where the run asked, ``--mask-single-call``) and turns kept as context for want of aligned logprobs."""
+    only where the run asked, ``--mask-single-call``) and turns kept as context for want of aligned
+    logprobs."""
     single = [masked for one, _, masked in per_episode if one]
     if single:
         unmasked = sum(not m for m in single)
