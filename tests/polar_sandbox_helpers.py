@@ -156,7 +156,8 @@ print("SEALED " + json.dumps({
     "bash_tool": dict(ln.split("=", 1) for ln in subprocess.run(["bash", "-c", tool], capture_output=True, text=True).stdout.split()),
     "direct_child": subprocess.run(["python3", "-c", direct], capture_output=True, text=True).stdout.strip()}))
 """
-# what a sealed harness's probe sees (its tools run as the sandbox gid 1000; the harness has group 1001 beside it)
+# what a sealed harness's probe sees (its tools run as the sandbox gid 1000; the harness has group 1001 beside
+# it)
 SEALED = {"dumpable": 0, "direct_child": "Permission denied",
           "bash_tool": {"mem": "denied", "environ": "denied", "fd": "denied", "gid": "1000",
                         "CapPrm": "0", "CapEff": "0", "CapAmb": "0"}}

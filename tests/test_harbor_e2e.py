@@ -60,7 +60,8 @@ async def test_agent_cannot_read_tests_or_solution_nor_plant_a_reward():
                                            "/logs/verifier/reward.json; (nohup sh -c 'while :; do echo 1 > "
                                            "/logs/verifier/reward.txt; done' >/dev/null 2>&1 &)"],
                               timeout_s=60)
-        # the image left /logs writable, but /logs/verifier is a host directory no uid of the container may write
+        # the image left /logs writable, but /logs/verifier is a host directory no uid of the container may
+        # write
         assert "/logs/verifier/reward.txt: Permission denied" in plant.stderr_tail, plant
         writer = "os.system('echo 1 > /logs/verifier/reward.txt 2>/dev/null')"  # the dir refuses it now
         plant = await box.run(["sh", "-c", "mkdir -p /app/bin /app/lib && printf '#!/bin/sh\\necho 1 > "

@@ -1,5 +1,6 @@
-"""The PyPI harnesses (mini-SWE-agent, aider, Hermes Agent, OpenHands): what each is configured with (docs/harnesses.md), how
-their console logs are read, and how the scripted policies speak their edit and finish protocols."""
+"""The PyPI harnesses (mini-SWE-agent, aider, Hermes Agent, OpenHands): what each is configured with
+(docs/harnesses.md), how their console logs are read, and how the scripted policies speak their edit and
+finish protocols."""
 
 from __future__ import annotations
 
@@ -82,7 +83,8 @@ session or wrong API key for this session
 The API provider is not able to authenticate you. Check your API key.
 """
 
-# a real `hermes chat --yolo -q` run in bubblewrap: one terminal call, the streamed answer box, the exit summary
+# a real `hermes chat --yolo -q` run in bubblewrap: one terminal call, the streamed answer box, the exit
+# summary
 HERMES_LOG = """Query: Change original to edited in hello.py.
 Initializing agent...\r
 ────────────────────────────────────────\r
@@ -258,8 +260,8 @@ def test_openhands_summary_from_its_json_events():
 
 
 def test_the_shell_tool_a_prompt_offers_is_the_one_whose_required_arguments_it_declares():
-    """OpenHands' shell tool is ``terminal`` and requires ``security_risk``; a scripted call carries it. Hermes
-    Agent's is ``terminal`` too, without it: its calls do not."""
+    """OpenHands' shell tool is ``terminal`` and requires ``security_risk``; a scripted call carries it.
+    Hermes Agent's is ``terminal`` too, without it: its calls do not."""
     prompt = '{"name": "terminal", "parameters": {"properties": {"security_risk": {}, "command": {}}}}'
     call = json.loads(shell_call(prompt, "ls").split("<tool_call>\n")[1].split("\n</tool_call>")[0])
     assert call == {"name": "terminal", "arguments": {"command": "ls", "security_risk": "LOW"}}

@@ -127,7 +127,8 @@ def swe_task() -> Task:
 
 @pytest.fixture(scope="module")
 def harbor_task(tmp_path_factory) -> Task:
-    """A Harbor folder (the shipped fix-median-bug) whose /app becomes a repository holding its fix the same way."""
+    """A Harbor folder (the shipped fix-median-bug) whose /app becomes a repository holding its fix the same
+    way."""
     folder = tmp_path_factory.mktemp("harbor") / "fix-median-bug-history"
     shutil.copytree(TERMINAL_DIR / "fix-median-bug", folder)
     (folder / "task.toml").write_text((folder / "task.toml").read_text().replace(

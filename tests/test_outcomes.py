@@ -210,8 +210,8 @@ async def test_timed_out_episodes_are_masked_not_dropped(tmp_path: Path, embedde
     rows = [json.loads(line) for line in (tmp_path / "out" / "nemo_results.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and all(r["instance_config"]["mask_sample"] for r in rows)
     assert all(check_nemo_result(r) == [] for r in rows)
-    # the quick demo's first hour: the mask says why (the call in flight, the backend's rate, the flag to raise),
-    # and `polar check` does not claim no rollout reached the model when each had a call generating
+    # the quick demo's first hour: the mask says why (the call in flight, the backend's rate, the flag to
+    # raise), and `polar check` does not claim no rollout reached the model when each had a call generating
     for t in trajectories:
         assert "deadline_backend: model call #0 was in flight" in t.error and "--timeout" in t.error, t.error
     assert all(t.session_id in masked_lines(trajectories) for t in trajectories)

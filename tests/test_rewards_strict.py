@@ -224,7 +224,8 @@ def test_unexpected_exception_after_the_tests_ran_is_the_patchs_zero(monkeypatch
 
 def test_image_reset_gives_test_patch_paths_real_parents(tmp_path: Path):
     """image_strict's RESTORE loop (run here with bash, git left out): a file or a link the agent put where
-    a test-patch path's directory belongs is replaced by a directory, and nothing is removed through the link."""
+    a test-patch path's directory belongs is replaced by a directory, and nothing is removed through the
+    link."""
     import subprocess
 
     from polar_env.rewards.image_strict import RESTORE

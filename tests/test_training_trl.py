@@ -26,7 +26,8 @@ TASK = "psf__requests-5414"
 
 
 def gold_or_nothing(tasks):
-    """Even samples of a task replay its gold patch, odd ones answer at once (episode ids end ``.s<k>.a<n>``)."""
+    """Even samples of a task replay its gold patch, odd ones answer at once (episode ids end
+    ``.s<k>.a<n>``)."""
     from polar_env.harness_adapters.policies import answer_policy, gold_policy
 
     gold, answer = gold_policy(tasks), answer_policy(tasks)

@@ -234,7 +234,8 @@ def check_page(page: str, episodes: list[Trajectory], embedded_dir: Path) -> dic
     assert [e["session_id"] for e in index["episodes"]] == [t.session_id for t in episodes]
     assert index["skipped"] and "grpo_batch.jsonl" in index["skipped"][0]
     assert index["models"] == [episodes[0].model] and index["tokenizer"] == embedded_dir.name
-    # the header counts as `polar rollout`/`demo` print (a masked episode is not graded, and is still an episode)
+    # the header counts as `polar rollout`/`demo` print (a masked episode is not graded, and is still an
+    # episode)
     cli = summarize(episodes)
     assert f"{cli['episodes']} episodes · resolved {cli['resolved']}/{cli['episodes']}" in index["headline"]
     if ungraded := sum(t.grading is None for t in episodes):
