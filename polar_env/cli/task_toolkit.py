@@ -188,7 +188,8 @@ def validate_harbor_task(task: Task, *, kind: str) -> Validation:
     for check, command in (("gold", solve), ("no-op", None)):
         grade = asyncio.run(_harbor_episode(task, kind, command))
         if grade.failure_kind.outside_policy or grade.failure_kind in (FailureKind.test_timeout, FailureKind.broke_grading):
-            v.checks[check] = f"verifier failed ({grade.failure_kind}): {grade.error.splitlines()[0] if grade.error else '-'}"
+            v.checks[check] = (f"verifier failed ({grade.failure_kind}): "
+                               f"{grade.error.splitlines()[0] if grade.error else '-'}")
         elif check == "gold":
             v.checks[check] = "ok" if grade.resolved else f"solution/solve.sh earns {grade.reward:g}, not 1"
         else:

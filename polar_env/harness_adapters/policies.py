@@ -104,9 +104,11 @@ def gold_steps_policy(tasks: list[Task]) -> Policy:
             return gold(session_id, call_number, prompt_text)
         files = patch_files(task.patch)
         steps = [
-            ("Let me look at the repository first to see how it is laid out and whether the tree is clean.",
+            (("Let me look at the repository first to see how it is laid out and whether the tree is "
+              "clean."),
              "cd /testbed && git status --short && ls"),
-            (f"The issue points at {files[0]}. I will read the code around the place that needs to change.",
+            ((f"The issue points at {files[0]}. I will read the code around the place that needs to "
+              "change."),
              f"cd /testbed && sed -n '{_hunk_lines(task.patch)}p' {shlex.quote(files[0])}"),
             (f"I see the problem now. Here is the fix for {files[0]}, as a patch applied with git.", None),
             ("Now I will check that the change is in place and that the changed modules still compile.",

@@ -364,7 +364,8 @@ def custom_tool_description(description: str, fmt: dict[str, Any] | None) -> str
     """A free-text tool's description with its input grammar appended: the model must see the format."""
     if not fmt or fmt.get("type") != "grammar":
         return description
-    return f"{description}\n\nInput format ({fmt.get('syntax', 'grammar')} grammar):\n{fmt.get('definition', '')}"
+    return (f"{description}\n\nInput format ({fmt.get('syntax', 'grammar')} grammar):\n"
+            f"{fmt.get('definition', '')}")
 
 
 def tool_input(tc: ToolCall) -> dict[str, Any]:

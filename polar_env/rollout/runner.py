@@ -73,7 +73,8 @@ class EpisodeRunner:
         if self.plan.admin:
             secret = self.proxy.admin_secret
             shown = "$POLAR_ADMIN_SECRET" if secret == os.environ.get("POLAR_ADMIN_SECRET") else secret
-            print(f"polar: admin API on http://{self.plan.admin}/admin (pause, resume, policy: docs/training.md), "
+            print(f"polar: admin API on http://{self.plan.admin}/admin (pause, resume, policy: "
+                  "docs/training.md), "
                   f'-H "Authorization: Bearer {shown}"', flush=True)
         if why := sampling_mismatch(self.proxy.logprobs_mode, self.plan.episode.sampling):
             raise LogprobsMismatch(why)  # every episode would be refused: say it once, before any runs
