@@ -81,7 +81,8 @@ def test_a_deadline_is_classified_by_cause():
                             min_backend_tokens_per_s=50.0) is FailureKind.deadline_backend
     # each verdict comes with its evidence, in words
     assert explain_deadline(FailureKind.deadline_backend, slow, 1100.0, 5.0).startswith(
-        "deadline_backend: model call #2 was in flight at the deadline and the backend sampled 170 tokens in 180.0 s")
+        "deadline_backend: model call #2 was in flight at the deadline and the backend sampled 170 tokens "
+        "in 180.0 s")
     assert "no model call was in flight" in explain_deadline(FailureKind.deadline_harness, calls, 1100.0, 5.0)
     assert "had answered no call yet" in explain_deadline(FailureKind.deadline_backend,
                                                           [timed(cancelled, at=1000.0, total_s=130.0)], 1100.0, 5.0)

@@ -293,7 +293,8 @@ async def test_probe_from_a_real_pi_episode(embedded_dir: Path, renderer, tmp_pa
              f"{{ {SEARCH}; }} > /testbed/search.txt; cat /proc/self/mountinfo > /testbed/mountinfo.txt; "
              f"id -u > /testbed/uid.txt; {{ {TRACE} }} > /testbed/trace.txt 2>&1; "
              "for p in $(pgrep -f '[/]opt/harness') $(pgrep -f '[f]orwarder.py'); do for f in mem environ; do "
-             "(exec 3</proc/$p/$f) 2>/dev/null && echo OPEN $p $f || echo DENIED $p $f; done; done > /testbed/harness.txt")
+             "(exec 3</proc/$p/$f) 2>/dev/null && echo OPEN $p $f || echo DENIED $p $f; done; done > "
+             "/testbed/harness.txt")
 
     def policy(session_id: str | None, call_number: int, prompt_text: str) -> str:
         return DONE if "<tool_response>" in prompt_text else shell_call(prompt_text, probe)

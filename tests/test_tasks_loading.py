@@ -139,7 +139,8 @@ def test_unknown_spec_is_a_clear_error():
 
 
 def test_directives_for_pytest_repos_are_test_files():
-    patch = "diff --git a/tests/test_a.py b/tests/test_a.py\n--- a/x\ndiff --git a/tests/data.json b/tests/data.json\n"
+    patch = ("diff --git a/tests/test_a.py b/tests/test_a.py\n--- a/x\n"
+             "diff --git a/tests/data.json b/tests/data.json\n")
     assert default_test_directives("psf/requests", patch) == ["tests/test_a.py"]
 
 

@@ -524,7 +524,8 @@ async def test_100k_token_episode_renders_fast(embedded_dir, tmp_path):
             " const select = performance.now() - t; t = performance.now();"
             " document.querySelector('#chain-tabs button[data-all]').click();"
             " const all = performance.now() - t; document.body.offsetHeight;"
-            " return [select, all, performance.now() - t, document.querySelectorAll('.toks > *').length]; })()")
+            " return [select, all, performance.now() - t, document.querySelectorAll('.toks > *').length]; "
+            "})()")
         assert tools.problems() == []
     finally:
         await close_chromium(proc, tools, http)
