@@ -28,7 +28,8 @@ from polar_env.harness_adapters.sources import PythonVenv
 
 KEY_ENV = "POLAR_SESSION_KEY"
 CONTEXT_LENGTH = 131072
-# a finished tool call, as its console prints it: "┊ 💻 $         <command>  0.1s" (a failure gets " [exit 1]")
+# a finished tool call, as its console prints it: "┊ 💻 $         <command>  0.1s" (a failure gets
+# " [exit 1]")
 TOOL_LINE = re.compile(r"^ *┊ \S+ +(\S+) .*?\d+\.\d+s(?: \[[^\n]*\])?$", re.MULTILINE)
 VERBS = {"$": "terminal", "read": "read_file", "write": "write_file", "patch": "patch", "proc": "process"}
 # its answer: streamed into a box ("╭─ ⚕ Hermes ───╮", the text indented 4, "╰───╯"), or, when nothing

@@ -130,7 +130,8 @@ def writer_flags(events: list[tuple[int, str]] | None, shell: int | None) -> dic
     Where the shell writes none, its checker's write stands (whether tested code runs in that checker
     is the task's design: ``polar tasks audit``)."""
     if events is None:
-        return {"note:reward-writers-unchecked": "fanotify needs host root: the reward files' writers were not checked"}
+        return {"note:reward-writers-unchecked": ("fanotify needs host root: the reward files' writers were "
+                                                    "not checked")}
     writers = {pid for pid, name in events if name in REWARD_FILES}
     others = writers - {shell}
     if shell in writers and others:

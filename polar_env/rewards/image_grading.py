@@ -189,7 +189,8 @@ async def _strict_run(task: Task, patch: str, *, engine: str, image: str, timeou
         except TestPatchFailed as e:
             if gold is None:
                 raise  # the gold tree: a task defect
-            return {"test_patch_failed": f"the {e} on the patched tree, while the gold run's applied: the patch's doing"}
+            return {"test_patch_failed": (f"the {e} on the patched tree, while the gold run's applied: "
+                                          "the patch's doing")}
         run = done.get("run")
         if gold is None and run is not None and run.valid:
             found = perturbed_disagreement(await perturbed_in_box(task, box, timeout_s)) \

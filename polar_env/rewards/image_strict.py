@@ -78,7 +78,8 @@ SOURCE_DIFF = f"""cd {TREE}
 export GIT_ALTERNATE_OBJECT_DIRECTORIES={GIT_DIR_INSIDE}/objects
 base=$(cat {BASE_FILE})
 export GIT_INDEX_FILE=$(mktemp)
-{GIT} read-tree "$base" && {GIT} add -A -f -- . && {GIT} diff --cached --no-color --no-ext-diff "$base" -- "$@"
+{GIT} read-tree "$base" && {GIT} add -A -f -- . && \
+{GIT} diff --cached --no-color --no-ext-diff "$base" -- "$@"
 """
 RESTORE = f"""set -e
 cd {TREE}

@@ -209,7 +209,8 @@ class WorkdirQuota:
         """The quota for a container of ``image``, or None where it cannot be had (docker, not root, no
         quota asked, an image without the workdir, a container in a user namespace of its own)."""
         if engine != "podman" or os.geteuid() != 0 or spec.disk_bytes is None or spec.userns:
-            return None  # (in a user namespace runc may not mount the overlay: docs/reliability.md, known limits)
+            # (in a user namespace runc may not mount the overlay: docs/reliability.md, known limits)
+            return None
         lower = Path(engine_run([engine, "image", "mount", image]).decode().strip()) / spec.workdir.lstrip("/")
         quota = cls(engine, image, lower, Path(tempfile.mkdtemp(prefix="polar-workdir-", dir=spec.scratch_root)))
         try:

@@ -113,7 +113,8 @@ class PolarGRPOTrainer(GRPOTrainer):
                 f"GRPO step {self.state.global_step}: the trainer's logprobs differ from the recorded ones "
                 f"by up to {stats['logprob_abs_diff_max']:.3g} (mean {stats['logprob_abs_diff_mean']:.3g} "
                 f"over {int(stats['tokens'])} sampled tokens), over the allowed {self.max_drift:g}: the "
-                "ratio is not π_θ / π_sampler. Stopped before the update (docs/training.md, \"The step-0 drift\")")
+                "ratio is not π_θ / π_sampler. Stopped before the update "
+                "(docs/training.md, \"The step-0 drift\")")
         denominator = recorded if cap is None else torch.maximum(recorded, logps - math.log(cap))
         out["old_per_token_logps"] = torch.where(sampled, denominator, logps)
         return out
