@@ -608,7 +608,8 @@ as a read-only numpy view of its chain's ids (no copy per call) and `orjson` wri
   receiving and parsing the resent JSON body, comparing it with the previous one, and sending the
   prompt ids to the backend (a list of all of them, as every token-in backend takes).{_fixed_cost(fam, keys)}
 - **Growth** (`per_call_ratio_turn200_vs_turn10` = {_f(keys.get("per_call_ratio_turn200_vs_turn10"))},
-  target <= 1.5).{_slope(fam)}{_retokenize(fam)} The slope left is the byte handling above.{_growth_frames(fam)}
+  target <= 1.5).{_slope(fam)}{_retokenize(fam)} The slope left is the byte handling above.\
+{_growth_frames(fam)}
 - **Added latency at 16k** (`overhead_p50_ms_16k` = {_f(keys.get("overhead_p50_ms_16k"))} ms,
   target < 2) and **Polar / LiteLLM** (2k {_f(keys.get("ratio_polar_litellm_2k"))}, 16k
   {_f(keys.get("ratio_polar_litellm_16k"))}, 64k {_f(keys.get("ratio_polar_litellm_64k"))}, 128k
