@@ -199,10 +199,12 @@ def test_golden_history_thinking_and_enable_thinking(ours):
 
 # the official template's refusals, as it raises them, in a template of our own
 REFUSING = """{%- for m in messages -%}
-{%- if m.role == "system" and not loop.first -%}{{ raise_exception("System message must be at the beginning.") }}{%- endif -%}
+{%- if m.role == "system" and not loop.first -%}{{ \
+raise_exception("System message must be at the beginning.") }}{%- endif -%}
 {{- "<|im_start|>" + m.role + "\\n" + m.content + "<|im_end|>\\n" -}}
 {%- endfor -%}
-{%- if not (messages | selectattr("role", "equalto", "user") | list) -%}{{ raise_exception("No user query found in messages.") }}{%- endif -%}
+{%- if not (messages | selectattr("role", "equalto", "user") | list) -%}{{ \
+raise_exception("No user query found in messages.") }}{%- endif -%}
 {%- if add_generation_prompt -%}{{- "<|im_start|>assistant\\n" -}}{%- endif -%}"""
 
 

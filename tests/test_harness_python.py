@@ -105,16 +105,19 @@ Messages:       4 (1 user, 2 tool calls)
 """
 
 # a real run whose first call got a 400: it gives up at once, prints the message in a panel and exits 0
-HERMES_400 = """Query: Create out.txt\nInitializing agent...\r\n────────────────────────────────────────\r\n\n\
+HERMES_400 = """Query: Create out.txt\n\
+Initializing agent...\r\n────────────────────────────────────────\r\n\n\
 ⚠️  API call failed (attempt 1/3): BadRequestError [HTTP 400]\r\n   🔌 Provider: custom  Model: policy\r\n\
-   📝 Error: HTTP 400: polar-test-refusal\r\n❌ Non-retryable error (HTTP 400): HTTP 400: polar-test-refusal\r\n\
+   📝 Error: HTTP 400: polar-test-refusal\r\n\
+❌ Non-retryable error (HTTP 400): HTTP 400: polar-test-refusal\r\n\
 ❌ Non-retryable client error (HTTP 400). Aborting.\r\n\
  ─  ⚕ Hermes  ───────────────────────────────────────────────────────────────── \r\n\
                                                                                 \r\n\
      HTTP 400: polar-test-refusal                                               \r\n\
                                                                                 \r\n\
  ────────────────────────────────────────────────────────────────────────────── \r\n\n\
-Resume this session with:\n  hermes --resume 20261130_185958_f579aa\n\nSession:        20261130_185958_f579aa\n\
+Resume this session with:\n  hermes --resume 20261130_185958_f579aa\n\n\
+Session:        20261130_185958_f579aa\n\
 Duration:       7s\nMessages:       1 (1 user, 0 tool calls)\n"""
 
 # a real `openhands --headless --json` run in bubblewrap (tests/test_harness_e2e.py's edit): console lines

@@ -274,8 +274,8 @@ async def test_a_harness_the_agent_kills_or_outsleeps_is_graded(embedded_dir: Pa
 
     gold = base64.b64encode(TASK.patch.encode()).decode()
     commands = {
-        "kill": "cd /testbed && echo '# not a fix' >> src/flask/blueprints.py && touch $'src/flask/\\xff.txt' "
-                "&& kill -KILL -1",
+        "kill": "cd /testbed && echo '# not a fix' >> src/flask/blueprints.py "
+                "&& touch $'src/flask/\\xff.txt' && kill -KILL -1",
         "sleep": f"cd /testbed && echo {gold} | base64 -d | git apply && sleep 600",
     }
 

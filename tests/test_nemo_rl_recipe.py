@@ -34,7 +34,8 @@ for paths in sys.argv[1:]:
         initial_global_config_dict=OmegaConf.create({"config_paths": paths.split(","), "policy_base_url": "u",
                                                      "policy_model_name": "m"}),
         skip_load_from_cli=True, skip_load_from_dotenv=True, offline=True))
-    out[paths] = {k: v for k, v in OmegaConf.to_container(cfg, resolve=False).items() if k.startswith("polar")}
+    out[paths] = {k: v for k, v in OmegaConf.to_container(cfg, resolve=False).items() \
+if k.startswith("polar")}
 print(json.dumps(out))
 """
 

@@ -75,7 +75,8 @@ import ctypes, json, os, sys
 libc = ctypes.CDLL(None, use_errno=True)
 out = {"seccomp": open("/proc/self/status").read().split("Seccomp:")[1].split()[0],
        "self_exe": os.readlink("/proc/self/exe"), "self_fds": len(os.listdir("/proc/self/fd"))}
-def getfd(pid):  # pidfd_getfd (438 on x86-64 and aarch64) of the process's fd 0, through a pidfd_open (434) pidfd
+# pidfd_getfd (438 on x86-64 and aarch64) of the process's fd 0, through a pidfd_open (434) pidfd
+def getfd(pid):
     pidfd = libc.syscall(434, pid, 0)
     if pidfd < 0:
         return "pidfd_open: " + os.strerror(ctypes.get_errno())
