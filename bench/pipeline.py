@@ -1,8 +1,8 @@
 """The `pipeline` family: how busy the rollout driver keeps the inference server.
 
 Two runs of the same episodes in one process, one after the other: the driver with its stage
-limits (prepare and grade slots at their defaults, two live harnesses beyond each run slot), then the same driver
-collapsed into one slot held over prepare, run and grade (the driver before the stages). Each is
+limits (prepare and grade slots at their defaults, two live harnesses beyond each run slot), then the same
+driver collapsed into one slot held over prepare, run and grade (the driver before the stages). Each is
 `rollout.runner.run_rollouts` itself: Pi in bubblewrap on the bundled tasks, the `gold-steps`
 policy (five calls, four of them tools), graded by the real grader. The backend is
 SimulatedBackend, which sleeps 20 ms per answer token without using the CPU, as calls to a GPU

@@ -59,7 +59,8 @@ def verdict(value: float | None, target: float, direction: str) -> str:
 
 def _overhead(section: dict[str, Any], title: str) -> list[str]:
     lines = [f"### {title}", "",
-             "| conversation | path | p50 ms | p99 ms | cold call ms | proxy CPU ms/call | added p50 ms | added p99 ms |",
+             ("| conversation | path | p50 ms | p99 ms | cold call ms | proxy CPU ms/call | added p50 ms | "
+              "added p99 ms |"),
              "|---|---|---|---|---|---|---|---|"]
     for entry in section.get("sizes", {}).values():
         for name, stats in entry["paths"].items():
@@ -146,7 +147,8 @@ def render(results: dict[str, Any]) -> str:
            "## Machine", "",
            f"- CPU: {m.get('cpu', '?')}, {m.get('cpus')} cores; memory {m.get('mem_gb')} GB; "
            f"Python {m.get('python')}; {m.get('platform')}",
-           f"- Load average (1/5/15 min) at start: {', '.join(f'{x:.1f}' for x in m.get('load_avg_1_5_15', []))}; "
+           "- Load average (1/5/15 min) at start: "
+           f"{', '.join(f'{x:.1f}' for x in m.get('load_avg_1_5_15', []))}; "
            f"at end: {', '.join(f'{x:.1f}' for x in m.get('load_avg_1_5_15_end', []))}. The machine was shared "
            "with other jobs during the run, so wall-clock figures are pessimistic: the CPU-time figures "
            "(proxy CPU ms per call) are the ones least affected by that load."
@@ -166,12 +168,12 @@ def render(results: dict[str, Any]) -> str:
                 "Three paths, one backend process: (a) **direct** to the backend's `/v1/chat/completions`; "
                 "(b) **polar**: Polar's proxy (own process, `vllm` backend kind) which sends the prompt as "
                 "token ids to the same backend's vLLM-style `/v1/completions` (sampled ids come back as "
-                "`token_id:N` logprob tokens, the prompt is not echoed, as with vLLM); (c) **litellm**: LiteLLM's proxy server "
-                "(`litellm --config`, own process, one worker, master key set) passing the chat request "
-                "through to the same backend. Added = path minus direct, per run, then the median over runs. "
-                "Each conversation: a cold first call on the history, then calls that each append the "
-                "answer and a ~100-token user turn (what an agent loop does). The instant backend answers "
-                "at once with a fixed completion, so the differences are proxy cost.", ""]
+                "`token_id:N` logprob tokens, the prompt is not echoed, as with vLLM); (c) **litellm**: "
+                "LiteLLM's proxy server (`litellm --config`, own process, one worker, master key set) passing "
+                "the chat request through to the same backend. Added = path minus direct, per run, then the "
+                "median over runs. Each conversation: a cold first call on the history, then calls that each "
+                "append the answer and a ~100-token user turn (what an agent loop does). The instant backend "
+                "answers at once with a fixed completion, so the differences are proxy cost.", ""]
         out += _overhead(fam["overhead_instant"], "Instant backend")
     if "overhead_local" in fam:
         out += _overhead(fam["overhead_local"], "Local model backend (SmolLM2-135M on CPU, greedy, 8 new tokens)")
@@ -201,8 +203,8 @@ def render(results: dict[str, Any]) -> str:
                 f"{c['turns_per_conversation']}-turn conversation (then starting a new chain), measured over "
                 f"{c['seconds']} s after a warm-up; calls/s is the median of the runs shown.", "",
                 *_concurrency_table(c), "", f"Storage: {c['ledger_bytes'] / 2**20:.1f} MB of ledger for {c['record_tokens']:,} recorded "
-                f"token ids ({_f(c['disk_bytes_per_record_token'])} bytes each; a call's line stores only what it "
-                f"adds to its parent) and {c['chain_tokens']:,} distinct chain tokens "
+                f"token ids ({_f(c['disk_bytes_per_record_token'])} bytes each; a call's line stores only what "
+                f"it adds to its parent) and {c['chain_tokens']:,} distinct chain tokens "
                 f"({_f(c['disk_bytes_per_chain_token'])} bytes each). RAM: proxy RSS went from "
                 f"{c['rss_mb_idle']:.0f} MB idle to {_f(c['rss_mb_end'], 0)} MB, "
                 f"{_f(c['ram_bytes_per_record_token'])} bytes per recorded token id "
@@ -272,8 +274,8 @@ def render(results: dict[str, Any]) -> str:
 
 def _profile(p: dict[str, Any]) -> list[str]:
     out = [f"## Profile of Polar's proxy (py-spy, {p['size'] // 1000}k-token conversation, instant backend)", "",
-           f"{p['samples']} samples of the thread holding the interpreter lock (`py-spy --gil`) over {p['calls']} calls "
-           "(the first of them cold).", "",
+           f"{p['samples']} samples of the thread holding the interpreter lock (`py-spy --gil`) over "
+           f"{p['calls']} calls (the first of them cold).", "",
            "| self % | frame |", "|---|---|"]
     out += [f"| {r['percent']} | `{r['frame']}` |" for r in p["self"]]
     out += ["", "| inclusive % | Polar frame |", "|---|---|"]
@@ -284,10 +286,11 @@ def _profile(p: dict[str, Any]) -> list[str]:
 def _profile_growth(p: dict[str, Any]) -> list[str]:
     (a, b), (c, d) = p["windows"]["early"], p["windows"]["late"]
     out = [f"## Profile of the growth (py-spy, one {p['turns']}-turn session, instant backend)", "",
-           f"The proxy's CPU per call over calls {a}-{b} and {c}-{d} of one session built as the growth family's "
-           f"(schedstat, with py-spy attached: {p['cpu_ms_early']:.2f} and {p['cpu_ms_late']:.2f} ms), split by "
-           f"py-spy's samples of the interpreter-holding thread (`--gil`, {p['rate']} Hz, the loop's idle wait left "
-           "out) into each frame's ms per call; the frames whose cost grew most with the history:", "",
+           f"The proxy's CPU per call over calls {a}-{b} and {c}-{d} of one session built as the growth "
+           f"family's (schedstat, with py-spy attached: {p['cpu_ms_early']:.2f} and {p['cpu_ms_late']:.2f} "
+           f"ms), split by py-spy's samples of the interpreter-holding thread (`--gil`, {p['rate']} Hz, the "
+           "loop's idle wait left out) into each frame's ms per call; the frames whose cost grew most with "
+           "the history:", "",
            "| frame | early ms/call | late ms/call | grew by |", "|---|---|---|---|"]
     out += [f"| `{r['frame']}` | {r['early_ms']:.3f} | {r['late_ms']:.3f} | {r['late_ms'] - r['early_ms']:.3f} |"
             for r in p["growth"]]
@@ -321,9 +324,11 @@ def _shapes(s: dict[str, Any]) -> list[str]:
             f"{s['runs']} runs of {s['answers_per_run']:,} answers): the proxy's msgspec shapes, the dict "
             "literals they replaced, and pydantic v2 models (the `openai` SDK's own types).", "",
             "| way | µs per answer | vs dict literals |", "|---|---|---|",
-            f"| msgspec shapes (shipped) | {_f(s['typed_shapes_us_per_answer'], 1)} | {_f(s['typed_shapes_vs_dicts'])} |",
+            (f"| msgspec shapes (shipped) | {_f(s['typed_shapes_us_per_answer'], 1)} | "
+             f"{_f(s['typed_shapes_vs_dicts'])} |"),
             f"| dict literals (before) | {_f(s['dict_literals_us_per_answer'], 1)} | 1.00 |",
-            f"| pydantic v2 models | {_f(s['pydantic_models_us_per_answer'], 1)} | {_f(s['pydantic_models_vs_dicts'])} |",
+            (f"| pydantic v2 models | {_f(s['pydantic_models_us_per_answer'], 1)} | "
+             f"{_f(s['pydantic_models_vs_dicts'])} |"),
             ""]
 
 
@@ -335,8 +340,8 @@ def _grading_loop(g: dict[str, Any]) -> list[str]:
            "|---|---|---|---|---|---|---|"]
     for mode in ("threads", "processes"):
         v = g[mode]
-        out.append(f"| {mode} | {_f(v['wall_s'])} | {v['ticks']:,} | {_f(v['lag_p50_ms'])} | {_f(v['lag_p99_ms'])} | "
-                   f"{_f(v['lag_max_ms'])} | {_f(100 * v['late_10ms_fraction'])}% |")
+        out.append(f"| {mode} | {_f(v['wall_s'])} | {v['ticks']:,} | {_f(v['lag_p50_ms'])} | "
+                   f"{_f(v['lag_p99_ms'])} | {_f(v['lag_max_ms'])} | {_f(100 * v['late_10ms_fraction'])}% |")
     return [*out, ""]
 
 
@@ -344,9 +349,9 @@ def _pipeline(p: dict[str, Any]) -> list[str]:
     drivers = p["drivers"]
     out = ["## Rollout pipeline", "",
            f"`rollout.runner.run_rollouts` twice in one run on the same episodes ({p['tasks']} bundled tasks x "
-           f"{p['samples']} samples): {p['harness']} in bubblewrap, the `{p['policy']}` scripted policy (five calls: "
-           "list the repository, read the code the patch changes, apply the gold patch, diff stat and compile "
-           "check, final answer; answers of 50-300 tokens), graded by the real grader, at "
+           f"{p['samples']} samples): {p['harness']} in bubblewrap, the `{p['policy']}` scripted policy (five "
+           "calls: list the repository, read the code the patch changes, apply the gold patch, diff stat and "
+           "compile check, final answer; answers of 50-300 tokens), graded by the real grader, at "
            f"{p['run_slots']} run slots; run in the order {' then '.join(p['order'])}. The backend "
            f"(`backends/simulated.py`) answers after {p['per_token_s'] * 1000:.0f} ms per answer token, an "
            "asyncio sleep that costs no CPU, as a GPU server's calls cost the rollout machine none. `collapsed` "
@@ -380,17 +385,18 @@ def _pipeline(p: dict[str, Any]) -> list[str]:
     out.append("| whole episode | " + " | ".join(_f(d["episode_s"]) for d in drivers.values()) + " |")
     if all("accepted_work" in d for d in drivers.values()):
         out += ["", "**Accepted work** (summary.json's `accepted_work`, trajectory/accepted.py): trainable tokens of "
-                "the episodes the trainer keeps (unmasked, in a group with two or more unmasked samples), per hour "
-                "of the episodes' spans and per run slot; the dropped (masked or thin-group) and stale (sampled "
-                "by an older policy than the newest) fractions beside it. The backend's GPUs are not known here "
-                "(a simulated server), so there is no per-GPU-hour figure.", "",
+                "the episodes the trainer keeps (unmasked, in a group with two or more unmasked samples), per "
+                "hour of the episodes' spans and per run slot; the dropped (masked or thin-group) and stale "
+                "(sampled by an older policy than the newest) fractions beside it. The backend's GPUs are not "
+                "known here (a simulated server), so there is no per-GPU-hour figure.", "",
                 "| driver | accepted episodes | accepted tokens | accepted tokens/hour | per run-slot hour "
                 "| drop fraction | stale fraction |", "|---|---|---|---|---|---|---|"]
         for name, d in drivers.items():
             w = d["accepted_work"]
-            out.append(f"| {name} | {w['accepted_episodes']} of {w['episodes']} | {w['accepted_trainable_tokens']:,} | "
-                       f"{_f(w['accepted_tokens_per_hour'], 0)} | {_f(w['accepted_tokens_per_run_slot_hour'], 0)} | "
-                       f"{_f(w['drop_fraction'])} | {_f(w['stale_fraction'])} |")
+            out.append(f"| {name} | {w['accepted_episodes']} of {w['episodes']} | "
+                       f"{w['accepted_trainable_tokens']:,} | {_f(w['accepted_tokens_per_hour'], 0)} | "
+                       f"{_f(w['accepted_tokens_per_run_slot_hour'], 0)} | {_f(w['drop_fraction'])} | "
+                       f"{_f(w['stale_fraction'])} |")
     return [*out, "", *_pipeline_why(drivers), ""]
 
 
@@ -404,14 +410,14 @@ def _pipeline_why(drivers: dict[str, Any]) -> list[str]:
             continue
         if d.get("collapsed"):
             held = d["episode_s"]
-            line = (f"- `{name}`: a slot is held {held:.1f} s per episode, {model:.1f} s of it in model calls, so the "
-                    f"backend is at most {model / held:.2f} busy per slot however the slots are fed (the slot is "
-                    "held over the whole episode: prepare, harness start, drain and grading too).")
+            line = (f"- `{name}`: a slot is held {held:.1f} s per episode, {model:.1f} s of it in model calls, "
+                    f"so the backend is at most {model / held:.2f} busy per slot however the slots are fed "
+                    "(the slot is held over the whole episode: prepare, harness start, drain and grading too).")
         else:
             wait = st.get("wait_s") or 0.0
-            line = (f"- `{name}`: a run slot is held per model call, {model:.1f} s of an episode's run stage; its "
-                    f"other {tool:.1f} s (the harness's tools and its own work between calls, and its exit) leave "
-                    "the slot to another live harness's call. An episode spent "
+            line = (f"- `{name}`: a run slot is held per model call, {model:.1f} s of an episode's run stage; "
+                    f"its other {tool:.1f} s (the harness's tools and its own work between calls, and its "
+                    "exit) leave the slot to another live harness's call. An episode spent "
                     f"{_f(st.get('prepare_s'))} s preparing and {_f(st.get('harness_start_s'))} s booting its "
                     f"harness, then its calls waited {wait:.2f} s for run slots in all: " + (
                         "live harnesses queued for full slots, as they should." if wait >= 1 else
@@ -425,16 +431,19 @@ def _pipeline_why(drivers: dict[str, Any]) -> list[str]:
     if staged and collapsed and all(d.get(k) for d in (staged, collapsed) for k in needs):
         ideal = staged["backend_calls"] * staged["seconds_per_call"] / staged["run_slots"]
         lines.append(
-            f"- Episodes/hour, staged / collapsed: {staged['episodes_per_hour'] / collapsed['episodes_per_hour']:.2f} "
+            "- Episodes/hour, staged / collapsed: "
+            f"{staged['episodes_per_hour'] / collapsed['episodes_per_hour']:.2f} "
             "over the whole job, warm-up and tail included. The staged driver's backend work alone takes "
-            f"{ideal:.1f} s at full run slots ({staged['backend_calls']} calls x {staged['seconds_per_call']:.2f} s / "
-            f"{staged['run_slots']}); its wall time was {staged['wall_s']:.1f} s: {staged['wall_s'] - ideal:.1f} s of a "
-            f"{staged['episodes']}-episode job is its start (first call at {staged['before_first_call_s']:.1f} s), its "
-            "tail (once fewer live episodes than run slots have calls left, slots idle) and the last gradings, a "
-            "share that shrinks as a job grows. In the steady state the ratio is the run-stage entries/hour, "
-            f"{staged['run_entries_per_hour'] / collapsed['run_entries_per_hour']:.2f}, bound by the busy fractions' "
-            f"ratio ({staged['busy_fraction'] / collapsed['busy_fraction']:.2f}): the less of a collapsed slot's "
-            "episode is not model time (grading, harness start), the less there is to win.")
+            f"{ideal:.1f} s at full run slots ({staged['backend_calls']} calls x "
+            f"{staged['seconds_per_call']:.2f} s / {staged['run_slots']}); its wall time was "
+            f"{staged['wall_s']:.1f} s: {staged['wall_s'] - ideal:.1f} s of a "
+            f"{staged['episodes']}-episode job is its start (first call at "
+            f"{staged['before_first_call_s']:.1f} s), its tail (once fewer live episodes than run slots "
+            "have calls left, slots idle) and the last gradings, a share that shrinks as a job grows. In "
+            "the steady state the ratio is the run-stage entries/hour, "
+            f"{staged['run_entries_per_hour'] / collapsed['run_entries_per_hour']:.2f}, bound by the busy "
+            f"fractions' ratio ({staged['busy_fraction'] / collapsed['busy_fraction']:.2f}): the less of a "
+            "collapsed slot's episode is not model time (grading, harness start), the less there is to win.")
     busy = max(d["machine_cpu_busy"] for d in drivers.values())
     if busy > 0.9:
         lines.append(f"- The machine's cores were {100 * busy:.0f}% busy (every job on it, this run's and others'; "
@@ -452,9 +461,10 @@ def _fixed_cost(fam: dict[str, Any], keys: dict[str, Any]) -> str:
         return ""
     top = prof["self"][0]
     if cpu <= 1.5:
-        return (f" At 2k tokens the {cpu:.2f} ms meets its target (<= 1.5); it is a call's fixed work, spread over "
-                f"aiohttp's server and client, orjson both ways, decoding the request, rendering and tokenizing "
-                f"the appended turn, no frame above {top['percent']}% of the GIL's samples (`{top['frame']}`).")
+        return (f" At 2k tokens the {cpu:.2f} ms meets its target (<= 1.5); it is a call's fixed work, spread "
+                "over aiohttp's server and client, orjson both ways, decoding the request, rendering and "
+                f"tokenizing the appended turn, no frame above {top['percent']}% of the GIL's samples "
+                f"(`{top['frame']}`).")
     return (f" At 2k tokens the {cpu:.2f} ms (target <= 1.5) is a call's fixed work, not its history: the 2k "
             f"profile spreads it over aiohttp's server and client (the two HTTP exchanges), orjson both ways, "
             f"decoding the request and the backend call, no frame above {top['percent']}% of the samples "
@@ -532,12 +542,13 @@ def _workers(fam: dict[str, Any], keys: dict[str, Any]) -> str:
     one = keys.get("calls_per_s_256_sessions")
     gain = f" ({keys['calls_per_s_256_sessions_workers_2'] / one:.1f}x one process's in this run)" if one else ""
     return (f" Measured with {w['workers']} worker processes (`calls_per_s_256_sessions_workers_2` = "
-            f"{_f(keys.get('calls_per_s_256_sessions_workers_2'))}{gain}, 0 errors) at {cpu:.2f} ms of CPU a call "
-            f"over the whole tree: {1000 / cpu:,.0f} calls/s per core the workers get, so 2,000 calls/s takes "
-            f"about {2000 * cpu / 1000:.1f} dedicated cores of workers (`--workers {math.ceil(2000 * cpu / 1000)}` "
-            "on a machine with cores to spare for the harnesses and the backend). On this 2-core machine the workers share "
-            "the cores with the load generator and the other jobs: the calls/s figure is what their CPU share "
-            "bought, the CPU per call is the one that carries to another machine.")
+            f"{_f(keys.get('calls_per_s_256_sessions_workers_2'))}{gain}, 0 errors) at {cpu:.2f} ms of CPU a "
+            f"call over the whole tree: {1000 / cpu:,.0f} calls/s per core the workers get, so 2,000 calls/s "
+            f"takes about {2000 * cpu / 1000:.1f} dedicated cores of workers (`--workers "
+            f"{math.ceil(2000 * cpu / 1000)}` on a machine with cores to spare for the harnesses and the "
+            "backend). On this 2-core machine the workers share the cores with the load generator and the "
+            "other jobs: the calls/s figure is what their CPU share bought, the CPU per call is the one that "
+            "carries to another machine.")
 
 
 def _per_size(fam: dict[str, Any], what: str) -> str:
@@ -560,7 +571,8 @@ def _cpu_floor(fam: dict[str, Any]) -> str:
     return (f" At 16k the proxy's own CPU is {cpu:.2f} ms a call, above the 2 ms target before any wait: "
             "the target needs less work per call, not a quieter machine. The largest self frames in the "
             "profile are the tokenizer encoding the appended turn and the hand-offs to the worker threads "
-            "(tokenizer, ledger); an in-loop ledger write and a tokenizer without the worker hop are the next steps.")
+            "(tokenizer, ledger); an in-loop ledger write and a tokenizer without the worker hop are the next "
+            "steps.")
 
 
 def analysis(results: dict[str, Any]) -> str:
@@ -596,7 +608,8 @@ as a read-only numpy view of its chain's ids (no copy per call) and `orjson` wri
   receiving and parsing the resent JSON body, comparing it with the previous one, and sending the
   prompt ids to the backend (a list of all of them, as every token-in backend takes).{_fixed_cost(fam, keys)}
 - **Growth** (`per_call_ratio_turn200_vs_turn10` = {_f(keys.get("per_call_ratio_turn200_vs_turn10"))},
-  target <= 1.5).{_slope(fam)}{_retokenize(fam)} The slope left is the byte handling above.{_growth_frames(fam)}
+  target <= 1.5).{_slope(fam)}{_retokenize(fam)} The slope left is the byte handling above.\
+{_growth_frames(fam)}
 - **Added latency at 16k** (`overhead_p50_ms_16k` = {_f(keys.get("overhead_p50_ms_16k"))} ms,
   target < 2) and **Polar / LiteLLM** (2k {_f(keys.get("ratio_polar_litellm_2k"))}, 16k
   {_f(keys.get("ratio_polar_litellm_16k"))}, 64k {_f(keys.get("ratio_polar_litellm_64k"))}, 128k

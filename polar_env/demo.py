@@ -65,10 +65,10 @@ def deadline_hint(config: RolloutConfig, trajectories: list) -> str:
 
     if not any(t.failure_kind is FailureKind.deadline_backend for t in trajectories):
         return ""
-    return (f"deadline_backend: each episode had {config.timeout:g} s (--timeout) with the model answering at most "
-            f"{config.max_tokens} tokens a call (--max-tokens), and the embedded model on this machine's CPU was "
-            "slower than that allows (other jobs share the cores?). Such an episode is masked, not scored 0; "
-            "run again with a larger --timeout to let it finish.")
+    return (f"deadline_backend: each episode had {config.timeout:g} s (--timeout) with the model answering at "
+            f"most {config.max_tokens} tokens a call (--max-tokens), and the embedded model on this machine's "
+            "CPU was slower than that allows (other jobs share the cores?). Such an episode is masked, not "
+            "scored 0; run again with a larger --timeout to let it finish.")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -99,8 +99,8 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     started = time.monotonic()
     plan = plan_from_config(config)
-    print(f"polar demo: {len(plan.tasks)} bundled task(s) x {plan.samples} sample(s), harness {config.harness}, "
-          f"run slots {plan.run_slots}, out {plan.out}", flush=True)
+    print(f"polar demo: {len(plan.tasks)} bundled task(s) x {plan.samples} sample(s), harness "
+          f"{config.harness}, run slots {plan.run_slots}, out {plan.out}", flush=True)
     prepare(plan)
     try:
         watch = Watch(config, plan.out, "polar demo")
@@ -111,8 +111,8 @@ def run(args: argparse.Namespace) -> int:
         try:
             trajectories = asyncio.run(run_rollouts(plan, proxy_factory(config, tasks=plan.tasks)))
         except KeyboardInterrupt:
-            print(f"\ninterrupted: the finished episodes are in {plan.out}; run the same command again to do the "
-                  "others", file=sys.stderr)
+            print(f"\ninterrupted: the finished episodes are in {plan.out}; run the same command again to do "
+                  "the others", file=sys.stderr)
             return 130
         summary = finish_outputs(plan.out, trajectories)
         watch.report(summary, step=len(trajectories))

@@ -63,12 +63,14 @@ class GradeResult(BaseModel):
     flag_evidence: dict[str, str] = Field(default_factory=dict)
     reset_paths: dict[str, str] = Field(default_factory=dict)  # changed non-source path -> rule
     rewards: dict[str, float] = Field(default_factory=dict)  # a Harbor verifier's reward.json, whole
-    # how an outcome outside the policy was judged against its control (rewards/grader.py, "Masks only by control")
+    # how an outcome outside the policy was judged against its control (rewards/grader.py, "Masks only by
+    # control")
     control: str = ""
 
     @model_serializer(mode="wrap")
     def _json_safe(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> Any:
-        """Paths and messages from the agent's tree may hold undecodable bytes: escaped in JSON (`safe_text`)."""
+        """Paths and messages from the agent's tree may hold undecodable bytes: escaped in JSON
+        (`safe_text`)."""
         # escaped from the python-mode dump: pydantic's JSON mode mangles dict keys with surrogates first
         return json_safe(self.model_dump()) if info.mode_is_json() else handler(self)
 

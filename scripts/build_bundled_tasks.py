@@ -270,7 +270,8 @@ SPECS = [
                 "CHANGELOG.rst",
                 fixed="3.0.1 (2019-08-21)\n++++++++++++++++++\n\nBug fixes:\n\n"
                 "- Fix bug when nesting ``fields.DateTime`` within ``fields.List`` or ``fields.Tuple`` "
-                "(:issue:`1357`).\n  This bug was introduced in 3.0.0rc9. Thanks :user:`zblz` for reporting.\n\n",
+                "(:issue:`1357`).\n  This bug was introduced in 3.0.0rc9. Thanks :user:`zblz` for "
+                "reporting.\n\n",
                 base="",
             )
         ],
@@ -298,20 +299,24 @@ SPECS = [
             '        assert caplog.get_records("call") == caplog.records\n\n'
             '    verify_consistency()\n    logging.warning("test")\n    verify_consistency()\n'
             "    caplog.clear()\n"
-            '    verify_consistency()  # fails: assert [<LogRecord: root, 30, test_reproduce.py, 7, "test">] == []\n'
+            '    verify_consistency()  # fails: assert [<LogRecord: root, 30, test_reproduce.py, 7, '
+            '"test">] == []\n'
             "```\n"
         ),
         gold=[
             Edit(
                 "src/_pytest/logging.py",
                 fixed="        self.records = []\n        self.stream = StringIO()\n\n"
-                "    def clear(self) -> None:\n        self.records.clear()\n        self.stream = StringIO()\n",
+                "    def clear(self) -> None:\n        self.records.clear()\n"
+                "        self.stream = StringIO()\n",
                 base="        self.records = []\n        self.stream = StringIO()\n",
             ),
             Edit(
                 "src/_pytest/logging.py",
-                fixed='        """Reset the list of log records and the captured log text."""\n        self.handler.clear()\n',
-                base='        """Reset the list of log records and the captured log text."""\n        self.handler.reset()\n',
+                fixed='        """Reset the list of log records and the captured log text."""\n'
+                      '        self.handler.clear()\n',
+                base='        """Reset the list of log records and the captured log text."""\n'
+                     '        self.handler.reset()\n',
             ),
         ],
         test=[

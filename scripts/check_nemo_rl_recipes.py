@@ -83,16 +83,17 @@ def main(argv: list[str]) -> int:
             continue
         p, lf, g = master.policy, master.loss_fn, master.grpo
         dt, mg = p.get("dtensor_cfg") or {}, p.get("megatron_cfg") or {}
-        print(f"   MasterConfig ok: model {p['model_name']}, max_total_sequence_length {p['max_total_sequence_length']}")
-        print(f"   dtensor enabled {dt.get('enabled')} (cp {dt.get('context_parallel_size')}), megatron enabled "
-              f"{mg.get('enabled')} (tp {mg.get('tensor_model_parallel_size')}, cp {mg.get('context_parallel_size')},"
-              f" sp {mg.get('sequence_parallel')})")
+        print(f"   MasterConfig ok: model {p['model_name']}, max_total_sequence_length "
+              f"{p['max_total_sequence_length']}")
+        print(f"   dtensor enabled {dt.get('enabled')} (cp {dt.get('context_parallel_size')}), megatron "
+              f"enabled {mg.get('enabled')} (tp {mg.get('tensor_model_parallel_size')}, cp "
+              f"{mg.get('context_parallel_size')}, sp {mg.get('sequence_parallel')})")
         print(f"   async_grpo {g.async_grpo.model_dump() if g.async_grpo else None}")
         print(f"   loss_fn: IS correction {lf.use_importance_sampling_correction}, truncated IS "
               f"{lf.truncated_importance_sampling_type} at {lf.truncated_importance_sampling_ratio} "
-              f"(min {lf.truncated_importance_sampling_ratio_min}), sequence-level {lf.sequence_level_importance_ratios},"
-              f" clip [{lf.ratio_clip_min}, {lf.ratio_clip_max}], KL {lf.reference_policy_kl_penalty}, "
-              f"force_on_policy_ratio {lf.force_on_policy_ratio}")
+              f"(min {lf.truncated_importance_sampling_ratio_min}), sequence-level "
+              f"{lf.sequence_level_importance_ratios}, clip [{lf.ratio_clip_min}, {lf.ratio_clip_max}], KL "
+              f"{lf.reference_policy_kl_penalty}, force_on_policy_ratio {lf.force_on_policy_ratio}")
         try:
             applied = applied_weights(lf)
         except Exception as exc:  # noqa: BLE001

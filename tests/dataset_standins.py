@@ -38,14 +38,16 @@ if [ -n "${1:-}" ]; then conda activate "$1"; fi
 # run as root in /testbed of the bundled task's image: its venv becomes the conda env, the tree an install
 # in it, the fix a later commit
 CONDA_SETUP = f"""set -eu
-for f in {VENV}/bin/*; do [ -L "$f" ] || sed -i '1s|^#!{VENV}/bin/python|#!{TESTBED_ENV}/bin/python|' "$f"; done
+for f in {VENV}/bin/*; do [ -L "$f" ] \
+|| sed -i '1s|^#!{VENV}/bin/python|#!{TESTBED_ENV}/bin/python|' "$f"; done
 mkdir -p {CONDA}/bin {CONDA}/envs && mv {VENV} {TESTBED_ENV}
 cp /tmp/layer/activate {CONDA}/bin/activate
 cp /tmp/layer/testbed.pth "$(echo {TESTBED_ENV}/lib/python3*/site-packages)/"
 g() {{ git -c user.name=dev -c user.email=dev@example.com "$@"; }}
 export GIT_AUTHOR_DATE=2030-01-01T00:00:00Z GIT_COMMITTER_DATE=2030-01-01T00:00:00Z
 base=$(git rev-parse HEAD); branch=$(git symbolic-ref --short HEAD)
-g checkout -qb upstream && git apply /tmp/layer/fix.patch && g add -A && g commit -qm "the fix" && g tag v-fixed
+g checkout -qb upstream && git apply /tmp/layer/fix.patch && g add -A && \
+g commit -qm "the fix" && g tag v-fixed
 g checkout -q "$branch"
 [ "$(git rev-parse HEAD)" = "$base" ]
 """

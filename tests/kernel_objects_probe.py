@@ -1,16 +1,18 @@
-"""Kernel objects one sandbox could leave for the next: run inside a sandbox as ``python3 probe.py make|look TAG``.
+"""Kernel objects one sandbox could leave for the next: run inside a sandbox as ``python3 probe.py make|look
+TAG``.
 
 ``make`` tries to leave, under names derived from TAG, a key in its uid's user keyring (the channel an
 adversary used: a hidden test file stored in a key during grading, read by the next episode; and,
 where ``add_key`` is refused but ``keyctl`` is not, as under podman's default profile, a named keyring
 linked into the user keyring: its name is the payload), a SysV message queue, a POSIX message queue,
 a POSIX shared memory file and a listening abstract Unix socket, and prints what it made as one JSON
-line (and writes ``--made-file``); it then keeps them until ``--until-file`` exists or ``--wait-fd`` reaches its end (after a
-byte on ``--ready-fd``). ``look`` prints, as one JSON line, which of them it sees: the key or keyring
-listed in ``/proc/keys`` or found by ``keyctl``, the queues by their names, the shm file, the socket by
-connecting. ``exhaust`` takes every inotify instance its uid may have and holds them;
-``one-instance`` says whether one more can be had. ``make-key`` makes the keys alone (the host control); ``clean`` invalidates the keys TAG names (run on the host as the uid that made them).
-Stdlib and ctypes only: the sandbox's own python3 runs it.
+line (and writes ``--made-file``); it then keeps them until ``--until-file`` exists or ``--wait-fd`` reaches
+its end (after a byte on ``--ready-fd``). ``look`` prints, as one JSON line, which of them it sees: the key or
+keyring listed in ``/proc/keys`` or found by ``keyctl``, the queues by their names, the shm file, the socket
+by connecting. ``exhaust`` takes every inotify instance its uid may have and holds them;
+``one-instance`` says whether one more can be had. ``make-key`` makes the keys alone (the host control);
+``clean`` invalidates the keys TAG names (run on the host as the uid that made them). Stdlib and ctypes only:
+the sandbox's own python3 runs it.
 """
 
 from __future__ import annotations

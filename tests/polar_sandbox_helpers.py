@@ -147,16 +147,20 @@ async def probe_network(sandbox, sock_dir: Path) -> dict[str, str]:
 SEALED_HARNESS = r"""
 import ctypes, json, os, subprocess
 me = os.getpid()
-tool = ("for f in mem environ; do (exec 3</proc/%d/$f) 2>/dev/null && echo $f=opened || echo $f=denied; done; "
-        "ls /proc/%d/fd >/dev/null 2>&1 && echo fd=listed || echo fd=denied; id -g | sed s/^/gid=/; "
+tool = ("for f in mem environ; do (exec 3</proc/%d/$f) 2>/dev/null && echo $f=opened || echo $f=denied; "
+        "done; ls /proc/%d/fd >/dev/null 2>&1 && echo fd=listed || echo fd=denied; id -g | sed s/^/gid=/; "
         "grep -E '^Cap(Prm|Eff|Amb)' /proc/self/status | tr -d ':\t' | sed 's/0*$/=0/'") % (me, me)
-direct = "import sys\ntry:\n open('/proc/%d/environ','rb')\n print('opened')\nexcept OSError as e:\n print(e.strerror)" % me
+direct = ("import sys\ntry:\n open('/proc/%d/environ','rb')\n print('opened')\nexcept OSError as e:\n"
+          " print(e.strerror)") % me
 print("SEALED " + json.dumps({
     "dumpable": ctypes.CDLL(None).prctl(3, 0, 0, 0, 0),
-    "bash_tool": dict(ln.split("=", 1) for ln in subprocess.run(["bash", "-c", tool], capture_output=True, text=True).stdout.split()),
-    "direct_child": subprocess.run(["python3", "-c", direct], capture_output=True, text=True).stdout.strip()}))
+    "bash_tool": dict(ln.split("=", 1) for ln in subprocess.run(["bash", "-c", tool], capture_output=True,
+                                                                text=True).stdout.split()),
+    "direct_child": subprocess.run(["python3", "-c", direct], capture_output=True,
+                                   text=True).stdout.strip()}))
 """
-# what a sealed harness's probe sees (its tools run as the sandbox gid 1000; the harness has group 1001 beside it)
+# what a sealed harness's probe sees (its tools run as the sandbox gid 1000; the harness has group 1001 beside
+# it)
 SEALED = {"dumpable": 0, "direct_child": "Permission denied",
           "bash_tool": {"mem": "denied", "environ": "denied", "fd": "denied", "gid": "1000",
                         "CapPrm": "0", "CapEff": "0", "CapAmb": "0"}}
@@ -180,7 +184,8 @@ set -e
 site=$(PY -c 'import site; print(site.getusersitepackages())')
 mkdir -p "$site" /tmp/polar-pp
 echo 'import os; os.system("grep CapEff /proc/self/status > /tmp/polar-ran-pth")' > "$site/polar-plant.pth"
-echo 'import os; os.system("grep CapEff /proc/self/status > /tmp/polar-ran-pythonpath")' > /tmp/polar-pp/argparse.py
+echo 'import os; os.system("grep CapEff /proc/self/status > /tmp/polar-ran-pythonpath")' \
+> /tmp/polar-pp/argparse.py
 """
 PLANTED_ENV = {"PYTHONPATH": "/tmp/polar-pp"}
 # what an isolated forwarder gives: the agent's own python3 runs both plants, the forwarder neither

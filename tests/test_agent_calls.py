@@ -64,7 +64,8 @@ def test_a_slow_backend_is_judged_from_harness_calls_only():
 
 @pytest.mark.parametrize("setting", ["serve", "refuse"])
 async def test_agent_calls_setting(setting: str, embedded_dir, renderer, tmp_path):
-    """``agent_calls=refuse`` answers a tool's call 403 in its API's shape (nothing recorded); ``serve`` answers."""
+    """``agent_calls=refuse`` answers a tool's call 403 in its API's shape (nothing recorded); ``serve``
+    answers."""
     import aiohttp
 
     from polar_env.backends.instant import InstantBackend

@@ -49,7 +49,8 @@ class NemoRLDouble:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def prompt(self, body: dict, endpoint: str) -> list[int]:
-        """Render, then splice the required prefix in at the N-th EOS (N = EOS count up to the last assistant)."""
+        """Render, then splice the required prefix in at the N-th EOS (N = EOS count up to the last
+        assistant)."""
         messages, kwargs = body["messages"], body.get("chat_template_kwargs")
         rendered = self.render(messages, body.get("add_generation_prompt", True), kwargs)
         prefix = body.get("required_prefix_token_ids")

@@ -123,7 +123,8 @@ async def test_http_status(status, retryable):
     ("{not json", True),                      # garbled / truncated reply
     ("[1, 2]", False),                        # JSON but not an object
     ('{"choices": []}', False),               # object without what the contract promises
-    ('{"choices": [{"token_ids": [5], "finish_reason": "abort", "logprobs": {"token_logprobs": [-1]}}]}', True),
+    (('{"choices": [{"token_ids": [5], "finish_reason": "abort", "logprobs": {"token_logprobs": '
+      '[-1]}}]}'), True),
     ('{"choices": [{"token_ids": [5], "finish_reason": "stop", "stop_reason": 9,'
      ' "logprobs": {"token_logprobs": [-1]}}]}', False),  # stopped on 9 but 9 is not in the ids
 ])

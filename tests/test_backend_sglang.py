@@ -112,7 +112,8 @@ async def test_sessions_spread_over_servers_and_stick():
 
 async def test_the_weights_label_and_entries_without_logprobs():
     """SGLang's ``meta_info.weight_version`` labels the weights that served the request (its own test,
-    test/srt/test_weight_version.py, asserts the field); entries whose logprob is null leave the turn as context."""
+    test/srt/test_weight_version.py, asserts the field); entries whose logprob is null leave the turn as
+    context."""
     reply = {"meta_info": {"finish_reason": {"type": "stop", "matched": 2}, "weight_version": "5",
                            "output_token_logprobs": [[None, 10, None], [None, 2, None]]}}
     async with serve(sglang_double([], reply=reply)) as url:

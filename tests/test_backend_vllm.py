@@ -53,8 +53,9 @@ async def test_ids_and_logprobs_match_local_model(backend, tokenizer, local, vll
     assert all(math.isfinite(x) and x <= 0 for x in gen.logprobs)
     scored = local.score(prompt + gen.token_ids, len(prompt))
     diff = max(abs(a - b) for a, b in zip(scored, gen.logprobs, strict=True))
-    print(f"\nvLLM fp32 vs transformers fp32 logprobs over {len(gen.token_ids)} tokens: max |diff| = {diff:.2e}; "
-          f"server RSS {group_rss_mb(vllm_server.pid):.0f} MB, startup {vllm_server.startup_s:.0f} s",
+    print(f"\nvLLM fp32 vs transformers fp32 logprobs over {len(gen.token_ids)} tokens: max |diff| = "
+          f"{diff:.2e}; server RSS {group_rss_mb(vllm_server.pid):.0f} MB, startup "
+          f"{vllm_server.startup_s:.0f} s",
           file=sys.stderr)
     assert diff < 1e-3
 

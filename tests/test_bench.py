@@ -74,7 +74,8 @@ def test_quick_bench_reports_every_key(tmp_path: Path) -> None:
         assert key in results["keys"]
         value = results["keys"][key]
         assert value is None or isinstance(value, (int, float)), (key, value)
-    # measured in --quick (LiteLLM only where it is installed; 64k, 128k and 1,024 sessions in the full run only)
+    # measured in --quick (LiteLLM only where it is installed; 64k, 128k and 1,024 sessions in the full run
+    # only)
     for key in set(KEYS) - {"overhead_p50_ms_16k_litellm", *(k for k in KEYS if k.startswith("ratio_polar_litellm")),
                             *FULL_RUN_ONLY}:
         assert isinstance(results["keys"][key], (int, float)), key

@@ -118,8 +118,8 @@ def test_an_only_run_replaces_its_families_and_keeps_the_others() -> None:
     again = merge_families(merged, new, {"pipeline"})  # a second run of the family replaces the first's entry
     assert [u["families"] for u in again["updates"]] == [["pipeline"]]
     text = render(merged)
-    assert "| inference busy fraction, staged driver, run slots 4 (`pipeline_busy_fraction_staged`) | 0.50 | > 0.90 " \
-           "| missed by 1.8x" in text
+    assert "| inference busy fraction, staged driver, run slots 4 (`pipeline_busy_fraction_staged`) | 0.50 | " \
+           "> 0.90 | missed by 1.8x" in text
     assert "| staged | 20 | 100.0 | 800 | 0.50 |" in text and "`pipeline`: replaced by `polar bench --only pipeline`" in text
     # the whole job's ratio against the steady state's: 100 calls x 1.8 s / 4 slots = 45 s of a 100 s wall
     assert "staged / collapsed: 2.00 over the whole job" in text and "takes 45.0 s at full run slots" in text

@@ -26,11 +26,14 @@ from polar_env.trajectory.export import grpo_rows
 
 PROBE = """
 import json, os, socket, sys
-body = json.dumps({"model": "policy", "messages": [{"role": "user", "content": "write my own training data"}]})
+body = json.dumps({"model": "policy", "messages": \
+[{"role": "user", "content": "write my own training data"}]})
 def post(sock, host):
     head = (f"POST /s/{os.environ['SID']}/v1/chat/completions HTTP/1.1\\r\\nHost: {host}\\r\\n"
-            f"Authorization: Bearer {os.environ['POLAR_SESSION_KEY']}\\r\\nx-polar-origin: harness guessed\\r\\n"
-            f"Content-Type: application/json\\r\\nContent-Length: {len(body)}\\r\\nConnection: close\\r\\n\\r\\n")
+            f"Authorization: Bearer {os.environ['POLAR_SESSION_KEY']}\\r\\n\
+x-polar-origin: harness guessed\\r\\n"
+            f"Content-Type: application/json\\r\\nContent-Length: {len(body)}\\r\\n\
+Connection: close\\r\\n\\r\\n")
     sock.sendall(head.encode() + body.encode())
     print(sock.recv(100).split(b"\\r\\n")[0].decode())
 tcp = socket.create_connection(("127.0.0.1", int(os.environ["PORT"])))

@@ -68,7 +68,7 @@ def test_identifier_does_no_better_than_chance(iid: str, tmp_path: Path):
     rate = tally[("f2p", True)] / pairs if pairs else 0.0
     bound = 0.5 + 3 * math.sqrt(0.25 / pairs) if pairs else 1.0
     extra = tally[("extra", True)] + tally[("extra", False)]
-    print(f"\n{iid}: {N_PLANS} plans, F2P twin pairs identified {tally[('f2p', True)]}/{pairs} ({rate:.3f}, bound "
-          f"{bound:.3f}); extra twins {tally[('extra', True)]}/{extra}")
+    print(f"\n{iid}: {N_PLANS} plans, F2P twin pairs identified {tally[('f2p', True)]}/{pairs} ({rate:.3f}, "
+          f"bound {bound:.3f}); extra twins {tally[('extra', True)]}/{extra}")
     assert pairs >= N_PLANS, tally  # every plan twins the F2P tests
     assert rate <= bound, (iid, rate, bound, tally)

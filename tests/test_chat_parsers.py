@@ -45,7 +45,8 @@ def test_hermes_reasoning_then_call():
     '<tool_call>\n{"name": "x", "arguments": 3}\n</tool_call>',                # unknown shape
     '<tool_call>\n[1, 2]\n</tool_call>',                                       # unknown shape
     'text </tool_call>',                                                       # stray close tag
-    '<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call><tool_call>\n{"name": ',  # one good, one cut
+    ('<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call><tool_call>\n'
+     '{"name": '),  # one good, one cut
 ])
 def test_hermes_malformed_becomes_content(text):
     out = parse_text(text, "hermes")
@@ -103,7 +104,8 @@ def test_parse_output_on_real_token_ids(embedded_dir):
 
     xml = ChatRenderer.from_pretrained(embedded_dir, chat_template="qwen3_coder_tools")
     assert xml.tool_format == "qwen3_coder"
-    text = "look first\n</think>\n\n<tool_call>\n<function=shell>\n<parameter=cmd>\nls\n</parameter>\n</function>\n</tool_call>"
+    text = ("look first\n</think>\n\n<tool_call>\n<function=shell>\n<parameter=cmd>\nls\n</parameter>\n"
+            "</function>\n</tool_call>")
     out = xml.parse_output(xml.tokenizer.encode(text, add_special_tokens=False))
     assert out.reasoning == "look first" and out.content == ""
     assert [(c.name, args(c)) for c in out.tool_calls] == [("shell", {"cmd": "ls"})]

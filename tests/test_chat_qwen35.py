@@ -121,8 +121,8 @@ TOOLS_HEAD = "<|im_start|>system\n# Tools\n\nYou have access to the following fu
 TOOLS_TAIL = (
     "\n</tools>\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:\n\n"
     "<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n"
-    "<parameter=example_parameter_2>\nThis is the value for the second parameter\nthat can span\nmultiple lines\n"
-    "</parameter>\n</function>\n</tool_call>\n\n<IMPORTANT>\nReminder:\n"
+    "<parameter=example_parameter_2>\nThis is the value for the second parameter\nthat can span\n"
+    "multiple lines\n</parameter>\n</function>\n</tool_call>\n\n<IMPORTANT>\nReminder:\n"
     "- Function calls MUST follow the specified format: an inner <function=...></function> block must be "
     "nested within <tool_call></tool_call> XML tags\n- Required parameters MUST be specified\n"
     "- You may provide optional reasoning for your function call in natural language BEFORE the function "
@@ -149,8 +149,8 @@ def test_golden_system_turn_with_tools(ours):
 
 def test_golden_trimming(ours):
     assert golden(ours, "trimmed-content-and-reasoning").endswith(
-        "<|im_start|>assistant\n<think>\nI should run ls.\n</think>\n\nLooking.\n\n<tool_call>\n<function=shell>\n"
-        "<parameter=cmd>\nls\n</parameter>\n</function>\n</tool_call><|im_end|>\n"
+        "<|im_start|>assistant\n<think>\nI should run ls.\n</think>\n\nLooking.\n\n<tool_call>\n"
+        "<function=shell>\n<parameter=cmd>\nls\n</parameter>\n</function>\n</tool_call><|im_end|>\n"
         "<|im_start|>user\n<tool_response>\na.py\nb.py\n</tool_response><|im_end|>\n<|im_start|>assistant\n<think>\n")
 
 
@@ -199,10 +199,12 @@ def test_golden_history_thinking_and_enable_thinking(ours):
 
 # the official template's refusals, as it raises them, in a template of our own
 REFUSING = """{%- for m in messages -%}
-{%- if m.role == "system" and not loop.first -%}{{ raise_exception("System message must be at the beginning.") }}{%- endif -%}
+{%- if m.role == "system" and not loop.first -%}{{ \
+raise_exception("System message must be at the beginning.") }}{%- endif -%}
 {{- "<|im_start|>" + m.role + "\\n" + m.content + "<|im_end|>\\n" -}}
 {%- endfor -%}
-{%- if not (messages | selectattr("role", "equalto", "user") | list) -%}{{ raise_exception("No user query found in messages.") }}{%- endif -%}
+{%- if not (messages | selectattr("role", "equalto", "user") | list) -%}{{ \
+raise_exception("No user query found in messages.") }}{%- endif -%}
 {%- if add_generation_prompt -%}{{- "<|im_start|>assistant\\n" -}}{%- endif -%}"""
 
 
@@ -239,7 +241,8 @@ def test_a_conversation_without_a_user_query_gets_an_empty_one(ours):
     renderer = ChatRenderer(ours.tokenizer, chat_template=REFUSING, tool_format="qwen3_coder")
     only_system = [Message(role="system", content="Summarise the session.")]
     assert renderer.render_text(only_system, [], add_generation_prompt=True) == (
-        "<|im_start|>system\nSummarise the session.<|im_end|>\n<|im_start|>user\n<|im_end|>\n<|im_start|>assistant\n")
+        "<|im_start|>system\nSummarise the session.<|im_end|>\n<|im_start|>user\n<|im_end|>\n"
+        "<|im_start|>assistant\n")
     history = [Message(role="system", content="s"), Message(role="assistant", content="a"),
                Message(role="user", content="u")]
     assert [m.role for m in conversation_messages(history)] == ["system", "user", "assistant", "user"]

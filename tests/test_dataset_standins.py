@@ -43,7 +43,8 @@ def rows_of(tmp_path_factory):
         if dataset not in made:
             row = ROWS[dataset](task)
             image = conda_standin(task, DATASETS[dataset].to_task(row).image, ENGINE)
-            if not made:  # the control: pytest is the conda env's only, the activation finds it; the fix is in the history
+            # the control: pytest is the conda env's only, the activation finds it; the fix is in the history
+            if not made:
                 bare = subprocess.run(in_image(ENGINE, image, "command -v pytest python"), capture_output=True,
                                       text=True)
                 assert bare.returncode != 0 and not bare.stdout.strip(), bare.stdout

@@ -142,7 +142,8 @@ def test_validate_names_each_rows_dataset_and_what_is_verified(tmp_path: Path):
     assert lines[1].startswith(f"{smith}: dataset swe-smith: procedure not reproduced (SWE-bench's procedure")
     assert lines[2].startswith(f"{msb}: dataset multi-swe-bench: procedure not reproduced"), lines
     if "podman is not installed" not in proc.stderr:  # where podman runs, each row is then named unchecked
-        assert f"{gym}: NOT CHECKED: image 'xingyaoww/sweb.eval.x86_64.project-monai_s_monai-6969' is not in podman" \
+        assert (f"{gym}: NOT CHECKED: image 'xingyaoww/sweb.eval.x86_64.project-monai_s_monai-6969' is not "
+                "in podman") \
             in proc.stdout and proc.stdout.endswith("0/3 tasks valid, 3 not checked (no image here)\n"), proc.stdout
 
 

@@ -43,8 +43,8 @@ def test_gold_default_budget_holds_every_bundled_gold_call(quick, renderer):
 @pytest.mark.parametrize("policy", ["model", "gold"])
 def test_quick_demo_outputs_pass_polar_check(policy, tmp_path):
     out = tmp_path / "demo"
-    # as scripts/demo.sh runs it once set up (from a script file, in the clone), with no `polar` on PATH (a fresh
-    # user's shell): its last line must be a command that user can paste as is
+    # as scripts/demo.sh runs it once set up (from a script file, in the clone), with no `polar` on PATH (a
+    # fresh user's shell): its last line must be a command that user can paste as is
     script = tmp_path / "demo.sh"
     script.write_text(f".venv/bin/polar demo --quick --out {out} --policy {policy}\n")
     path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if not (Path(p) / "polar").exists())

@@ -133,7 +133,8 @@ NASTY_BODIES = {
     "empty": b"",
     "json null": b"null",
     "huge float": b'{"model": "m", "temperature": 1e999, "messages": [], "input": "x"}',
-    "nan": b'{"model": "m", "temperature": NaN, "top_p": Infinity, "messages": [{"role": "user", "content": "x"}]}',
+    "nan": b'{"model": "m", "temperature": NaN, "top_p": Infinity, "messages": [{"role": "user", "content": '
+           b'"x"}]}',
 }
 ADMIN_ROUTES = ["/admin/sessions", "/admin/sessions/{sid}/close"]
 

@@ -149,7 +149,8 @@ def test_a_tree_past_path_max_is_the_agents_zero_in_the_bubblewrap_grader(swe_ta
     copy of the tree (ENAMETOOLONG). It used to be a masked `infrastructure`; the solution passes the
     same grading (the control), so it is the agent's 0, trained."""
     path = "/".join(f"{i:0250d}" for i in range(16)) + "/" + "x" * 40
-    patch = f"diff --git a/{path} b/{path}\nnew file mode 100644\n--- /dev/null\n+++ b/{path}\n@@ -0,0 +1 @@\n+x\n"
+    patch = (f"diff --git a/{path} b/{path}\nnew file mode 100644\n--- /dev/null\n+++ b/{path}\n@@ -0,0 +1 @@\n"
+             "+x\n")
     result = grade_task(swe_task, patch, kind="bubblewrap")
     assert result.failure_kind == FailureKind.broke_grading and result.reward == 0.0, result
     assert not DEFAULT_OUTCOMES[result.failure_kind].mask and "passes this grading" in result.control

@@ -50,7 +50,8 @@ pytestmark = [pytest.mark.slow,
                                  reason="needs bubblewrap and npm")]
 
 HARNESSES = adapter_names()
-TASK = "pallets__flask-5014"  # a real tree in nested directories (three rollouts of it gave aider three repo maps)
+# a real tree in nested directories (three rollouts of it gave aider three repo maps)
+TASK = "pallets__flask-5014"
 DAY = 86400
 # (sandbox spec changes, host environment) per rollout
 ROLLOUTS = [

@@ -28,7 +28,8 @@ for d in sys.argv[1:]:
     t = Task(d)
     out[Path(d).name] = {"valid": Task.is_valid_dir(d), "name": t.name, "instruction": t.instruction,
                          "verifier_timeout": t.config.verifier.timeout_sec,
-                         "network": t.config.environment.network_mode.value, "workdir": t.config.environment.workdir}
+                         "network": t.config.environment.network_mode.value, \
+"workdir": t.config.environment.workdir}
 print(json.dumps(out))
 """
 
@@ -91,7 +92,8 @@ from harbor.models.task.verifier_mode import resolve_task_verifier_mode
 out = {}
 for d in sys.argv[1:]:
     c = Task(d).config
-    out[Path(d).name] = {"separate": resolve_task_verifier_mode(c).value == "separate", "agent_user": c.agent.user,
+    out[Path(d).name] = {"separate": resolve_task_verifier_mode(c).value == "separate", \
+"agent_user": c.agent.user,
                          "verifier_user": c.verifier.user, "collect": [h.command for h in c.verifier.collect],
                          "artifacts": [a if isinstance(a, str) else a.source for a in c.artifacts]}
 print(json.dumps(out))

@@ -60,7 +60,8 @@ async def test_agent_cannot_read_tests_or_solution_nor_plant_a_reward():
                                            "/logs/verifier/reward.json; (nohup sh -c 'while :; do echo 1 > "
                                            "/logs/verifier/reward.txt; done' >/dev/null 2>&1 &)"],
                               timeout_s=60)
-        # the image left /logs writable, but /logs/verifier is a host directory no uid of the container may write
+        # the image left /logs writable, but /logs/verifier is a host directory no uid of the container may
+        # write
         assert "/logs/verifier/reward.txt: Permission denied" in plant.stderr_tail, plant
         writer = "os.system('echo 1 > /logs/verifier/reward.txt 2>/dev/null')"  # the dir refuses it now
         plant = await box.run(["sh", "-c", "mkdir -p /app/bin /app/lib && printf '#!/bin/sh\\necho 1 > "
@@ -77,8 +78,8 @@ async def test_agent_cannot_read_tests_or_solution_nor_plant_a_reward():
         assert "wrote neither" in result.error
         # the process test.sh left to write a reward 3 s later was killed before the reward was read
         left = await box.run(["sh", "-c", "sleep 5; ls -A /logs/verifier; cat /tmp/verifier/uid; stat -c %U /tests/test.sh; "
-                                          "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done | grep -c '^sleep infinity'; "
-                                          f"tr '\\0' ' ' < /proc/{box.keepalive_pid}/cmdline"], timeout_s=60)
+                                          "for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done | grep -c '^sleep "
+                                          f"infinity'; tr '\\0' ' ' < /proc/{box.keepalive_pid}/cmdline"], timeout_s=60)
         # nothing planted survived or ran; test.sh ran as the agent's uid; the tests are the host root's (no
         # uid of the container's: `nobody`); one `sleep infinity` is left: the keep-alive
         assert left.stdout_tail.split() == ["1000", "nobody", "1", "sleep", "infinity"], left.stdout_tail
@@ -187,7 +188,8 @@ def test_polar_eval_grades_a_prediction_for_a_harbor_task(tmp_path: Path):
     task = load_task_dir(TERMINAL_DIR / "fix-median-bug")
     base = (task.harbor.environment_dir / "app" / "stats.py").read_text()
     fixed = base.replace("    return ordered[len(ordered) // 2]\n",
-                         "    n = len(ordered)\n    return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2\n")
+                         "    n = len(ordered)\n    return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n "
+                         "// 2]) / 2\n")
     fixed = fixed.replace("    return max(counts, key=counts.get)\n",
                           "    top = max(counts.values())\n    return min(v for v, c in counts.items() if c == top)\n")
     (tmp_path / "a").mkdir()

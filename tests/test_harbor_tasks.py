@@ -258,8 +258,9 @@ def test_a_compose_main_service_loads_and_others_are_refused(tmp_path):
     assert load_task_dir(d).image == "local/img:1"
 
 
-ENV_TOML = ('[environment.env]\nGREETING = "hello"\nTOKEN = "${POLAR_TEST_HOST_VAR}"\nMODE = "${POLAR_TEST_UNSET:-fast}"\n'
-            'EMPTY = "${POLAR_TEST_UNSET:-}"\nLITERAL = "a${POLAR_TEST_HOST_VAR}b"\n')
+ENV_TOML = ('[environment.env]\nGREETING = "hello"\nTOKEN = "${POLAR_TEST_HOST_VAR}"\n'
+            'MODE = "${POLAR_TEST_UNSET:-fast}"\nEMPTY = "${POLAR_TEST_UNSET:-}"\n'
+            'LITERAL = "a${POLAR_TEST_HOST_VAR}b"\n')
 
 
 def test_environment_env_reaches_every_command_of_the_container(tmp_path, monkeypatch):
@@ -288,14 +289,14 @@ def test_an_unset_host_variable_and_a_key_polar_sets_are_refused_at_load(tmp_pat
     monkeypatch.delenv("POLAR_TEST_UNSET", raising=False)
     cases = [
         ('[environment.env]\nTOKEN = "${POLAR_TEST_UNSET}"\n',
-         r"my-task: task.toml \[environment\] env: TOKEN = '\$\{POLAR_TEST_UNSET\}', but \$\{POLAR_TEST_UNSET\} "
-         r"is not set in the host's environment"),
+         r"my-task: task.toml \[environment\] env: TOKEN = '\$\{POLAR_TEST_UNSET\}', but "
+         r"\$\{POLAR_TEST_UNSET\} is not set in the host's environment"),
         ('[verifier.env]\nJUDGE = "${POLAR_TEST_UNSET}"\n', r"my-task: task.toml \[verifier\] env: JUDGE"),
         ('[verifier.environment.env]\nX = "${POLAR_TEST_UNSET}"\n', r"\[verifier.environment\] env: X"),
-        ('[environment.env]\nPATH = "/opt/x/bin:/usr/bin"\nOPENAI_BASE_URL = "http://evil"\nLD_PRELOAD = "/testbed/x.so"'
-         '\npolar_session_key = "k"\nOK = "1"\n',
-         r"my-task: task.toml \[environment\] env: LD_PRELOAD, OPENAI_BASE_URL, PATH, polar_session_key cannot be "
-         r"set by a task: Polar sets them"),
+        ('[environment.env]\nPATH = "/opt/x/bin:/usr/bin"\nOPENAI_BASE_URL = "http://evil"\n'
+         'LD_PRELOAD = "/testbed/x.so"\npolar_session_key = "k"\nOK = "1"\n',
+         r"my-task: task.toml \[environment\] env: LD_PRELOAD, OPENAI_BASE_URL, PATH, polar_session_key "
+         r"cannot be set by a task: Polar sets them"),
         ('[verifier.environment.env]\nHTTPS_PROXY = "http://x"\n', r"\[verifier.environment\] env: HTTPS_PROXY"),
     ]
     for i, (toml, match) in enumerate(cases):

@@ -44,7 +44,8 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(shutil.which("bwrap") is None or shutil.which("npm") is None,
                                  reason="needs bubblewrap and npm")]
 
-EDIT = "cd /testbed && sed -i s/original/edited-by-agent/ hello.py"  # Qwen Code checks a bare `sed -i` as an edit
+# Qwen Code checks a bare `sed -i` as an edit
+EDIT = "cd /testbed && sed -i s/original/edited-by-agent/ hello.py"
 FINAL = "Done: hello.py now says edited-by-agent."
 HANG = "python3 -c 'import time; time.sleep(3600)' polar-e2e-hang"
 # the same edit as a git patch, for harnesses that edit from reply text (aider)
@@ -204,7 +205,8 @@ DECODE = {"/v1/messages": anthropic_messages.decode, "/v1/responses": openai_res
 
 def _first_difference(renderer, a: list[int], b: list[int]) -> str:
     i = next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
-    return f"differ at token {i}: {renderer.tokenizer.decode(a[i - 20:i + 20])!r} vs {renderer.tokenizer.decode(b[i - 20:i + 20])!r}"
+    return (f"differ at token {i}: {renderer.tokenizer.decode(a[i - 20:i + 20])!r} vs "
+            f"{renderer.tokenizer.decode(b[i - 20:i + 20])!r}")
 
 
 @pytest.mark.parametrize("harness", HARNESSES)

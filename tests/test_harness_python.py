@@ -1,5 +1,6 @@
-"""The PyPI harnesses (mini-SWE-agent, aider, Hermes Agent, OpenHands): what each is configured with (docs/harnesses.md), how
-their console logs are read, and how the scripted policies speak their edit and finish protocols."""
+"""The PyPI harnesses (mini-SWE-agent, aider, Hermes Agent, OpenHands): what each is configured with
+(docs/harnesses.md), how their console logs are read, and how the scripted policies speak their edit and
+finish protocols."""
 
 from __future__ import annotations
 
@@ -82,7 +83,8 @@ session or wrong API key for this session
 The API provider is not able to authenticate you. Check your API key.
 """
 
-# a real `hermes chat --yolo -q` run in bubblewrap: one terminal call, the streamed answer box, the exit summary
+# a real `hermes chat --yolo -q` run in bubblewrap: one terminal call, the streamed answer box, the exit
+# summary
 HERMES_LOG = """Query: Change original to edited in hello.py.
 Initializing agent...\r
 ────────────────────────────────────────\r
@@ -103,21 +105,64 @@ Messages:       4 (1 user, 2 tool calls)
 """
 
 # a real run whose first call got a 400: it gives up at once, prints the message in a panel and exits 0
-HERMES_400 = """Query: Create out.txt\nInitializing agent...\r\n────────────────────────────────────────\r\n\n\
+HERMES_400 = """Query: Create out.txt\n\
+Initializing agent...\r\n────────────────────────────────────────\r\n\n\
 ⚠️  API call failed (attempt 1/3): BadRequestError [HTTP 400]\r\n   🔌 Provider: custom  Model: policy\r\n\
-   📝 Error: HTTP 400: polar-test-refusal\r\n❌ Non-retryable error (HTTP 400): HTTP 400: polar-test-refusal\r\n\
+   📝 Error: HTTP 400: polar-test-refusal\r\n\
+❌ Non-retryable error (HTTP 400): HTTP 400: polar-test-refusal\r\n\
 ❌ Non-retryable client error (HTTP 400). Aborting.\r\n\
  ─  ⚕ Hermes  ───────────────────────────────────────────────────────────────── \r\n\
                                                                                 \r\n\
      HTTP 400: polar-test-refusal                                               \r\n\
                                                                                 \r\n\
  ────────────────────────────────────────────────────────────────────────────── \r\n\n\
-Resume this session with:\n  hermes --resume 20261130_185958_f579aa\n\nSession:        20261130_185958_f579aa\n\
+Resume this session with:\n  hermes --resume 20261130_185958_f579aa\n\n\
+Session:        20261130_185958_f579aa\n\
 Duration:       7s\nMessages:       1 (1 user, 0 tool calls)\n"""
 
 # a real `openhands --headless --json` run in bubblewrap (tests/test_harness_e2e.py's edit): console lines
 # around one JSON event per line
-OPENHANDS_LOG = 'OpenHands CLI terminal UI may not work correctly in this environment: Rich detected a non-interactive or unsupported terminal; interactive UI may not render correctly\nTo override Rich\'s detection, you can set TTY_INTERACTIVE=1 (and optionally TTY_COMPATIBLE=1).\nInitializing agent...\n✓ Agent initialized with model: openai/policy\n{"id": "f375585a-dc8d-4801-a4b2-23c8c5ef442f", "timestamp": "2026-11-30T19:01:16.395692", "source": "user", "llm_message": {"role": "user", "content": [{"cache_prompt": false, "type": "text", "text": "Change original to edited in hello.py."}], "tool_calls": null, "tool_call_id": null, "name": null, "reasoning_content": null, "thinking_blocks": [], "responses_reasoning_item": null}, "llm_response_id": null, "activated_skills": [], "extended_content": [], "sender": null, "critic_result": null, "kind": "MessageEvent"}\nAgent is working\n{"id": "eb0b89d7-9da3-48aa-a625-25af1b6c1280", "timestamp": "2026-11-30T19:01:34.949366", "source": "agent", "thought": [], "reasoning_content": null, "thinking_blocks": [], "responses_reasoning_item": null, "action": {"command": "cd /testbed && sed -i s/original/edited-by-agent/ hello.py", "is_input": false, "timeout": null, "reset": false, "kind": "TerminalAction"}, "tool_name": "terminal", "tool_call_id": "call_ad8a187b35e2_0", "tool_call": {"id": "call_ad8a187b35e2_0", "responses_item_id": null, "name": "terminal", "arguments": "{\\"command\\": \\"cd /testbed && sed -i s/original/edited-by-agent/ hello.py\\", \\"security_risk\\": \\"LOW\\"}", "origin": "completion"}, "llm_response_id": "chatcmpl-ad8a187b35e2435697973481", "security_risk": "LOW", "critic_result": null, "summary": "terminal: {\\"command\\": \\"cd /testbed && sed -i s/original/edited-by-agent/ hello.py\\"}", "kind": "ActionEvent"}\n{"id": "4ffe90af-c7e7-43ff-b8d4-121c8f135fec", "timestamp": "2026-11-30T19:01:36.009503", "source": "environment", "tool_name": "terminal", "tool_call_id": "call_ad8a187b35e2_0", "observation": {"content": [{"cache_prompt": false, "type": "text", "text": ""}], "is_error": false, "command": "cd /testbed && sed -i s/original/edited-by-agent/ hello.py", "exit_code": 0, "timeout": false, "metadata": {"exit_code": 0, "pid": -1, "username": "agent", "hostname": "sandbox", "working_dir": "/testbed", "py_interpreter_path": "", "prefix": "", "suffix": "\\n[The command completed with exit code 0.]"}, "full_output_save_dir": null, "kind": "TerminalObservation"}, "action_id": "eb0b89d7-9da3-48aa-a625-25af1b6c1280", "kind": "ObservationEvent"}\n{"id": "006446aa-8e80-4baa-9bab-eea98d030378", "timestamp": "2026-11-30T19:01:47.501326", "source": "agent", "llm_message": {"role": "assistant", "content": [{"cache_prompt": false, "type": "text", "text": "Done: hello.py now says edited-by-agent."}], "tool_calls": null, "tool_call_id": null, "name": null, "reasoning_content": null, "thinking_blocks": [], "responses_reasoning_item": null}, "llm_response_id": "chatcmpl-5ee3b4e2e0ee404cbbab0078", "activated_skills": [], "extended_content": [], "sender": null, "critic_result": null, "kind": "MessageEvent"}\nAgent finished\n\n───────────────────────────── CONVERSATION SUMMARY ─────────────────────────────\nNumber of agent messages: 3\nLast message sent by the agent:\n╭─ Agent ──────────────────────────────────╮\n│ Done: hello.py now says edited-by-agent. │\n╰──────────────────────────────────────────╯\n────────────────────────────────────────────────────────────────────────────────\nGoodbye! 👋\nConversation ID: d7784d7864a241448e03c6c8645c21db\nHint: run openhands --resume d7784d78-64a2-4144-8e03-c6c8645c21db to resume this\nconversation.\n'
+OPENHANDS_LOG = ('OpenHands CLI terminal UI may not work correctly in this environment: Rich detected a non-interactive '
+                 'or unsupported terminal; interactive UI may not render correctly\n'
+                 'To override Rich\'s detection, you can set TTY_INTERACTIVE=1 (and optionally TTY_COMPATIBLE=1).\n'
+                 'Initializing agent...\n✓ Agent initialized with model: openai/policy\n'
+                 '{"id": "f375585a-dc8d-4801-a4b2-23c8c5ef442f", "timestamp": "2026-11-30T19:01:16.395692", "source": '
+                 '"user", "llm_message": {"role": "user", "content": [{"cache_prompt": false, "type": "text", "text": '
+                 '"Change original to edited in hello.py."}], "tool_calls": null, "tool_call_id": null, "name": null, '
+                 '"reasoning_content": null, "thinking_blocks": [], "responses_reasoning_item": null}, '
+                 '"llm_response_id": null, "activated_skills": [], "extended_content": [], "sender": null, '
+                 '"critic_result": null, "kind": "MessageEvent"}\nAgent is working\n'
+                 '{"id": "eb0b89d7-9da3-48aa-a625-25af1b6c1280", "timestamp": "2026-11-30T19:01:34.949366", "source": '
+                 '"agent", "thought": [], "reasoning_content": null, "thinking_blocks": [], "responses_reasoning_item": '
+                 'null, "action": {"command": "cd /testbed && sed -i s/original/edited-by-agent/ hello.py", "is_input": '
+                 'false, "timeout": null, "reset": false, "kind": "TerminalAction"}, "tool_name": "terminal", '
+                 '"tool_call_id": "call_ad8a187b35e2_0", "tool_call": {"id": "call_ad8a187b35e2_0", '
+                 '"responses_item_id": null, "name": "terminal", "arguments": "{\\"command\\": \\"cd /testbed && sed -i '
+                 's/original/edited-by-agent/ hello.py\\", \\"security_risk\\": \\"LOW\\"}", "origin": "completion"}, '
+                 '"llm_response_id": "chatcmpl-ad8a187b35e2435697973481", "security_risk": "LOW", "critic_result": '
+                 'null, "summary": "terminal: {\\"command\\": \\"cd /testbed && sed -i s/original/edited-by-agent/ '
+                 'hello.py\\"}", "kind": "ActionEvent"}\n'
+                 '{"id": "4ffe90af-c7e7-43ff-b8d4-121c8f135fec", "timestamp": "2026-11-30T19:01:36.009503", "source": '
+                 '"environment", "tool_name": "terminal", "tool_call_id": "call_ad8a187b35e2_0", "observation": '
+                 '{"content": [{"cache_prompt": false, "type": "text", "text": ""}], "is_error": false, "command": "cd '
+                 '/testbed && sed -i s/original/edited-by-agent/ hello.py", "exit_code": 0, "timeout": false, '
+                 '"metadata": {"exit_code": 0, "pid": -1, "username": "agent", "hostname": "sandbox", "working_dir": '
+                 '"/testbed", "py_interpreter_path": "", "prefix": "", "suffix": "\\n[The command completed with exit '
+                 'code 0.]"}, "full_output_save_dir": null, "kind": "TerminalObservation"}, "action_id": '
+                 '"eb0b89d7-9da3-48aa-a625-25af1b6c1280", "kind": "ObservationEvent"}\n'
+                 '{"id": "006446aa-8e80-4baa-9bab-eea98d030378", "timestamp": "2026-11-30T19:01:47.501326", "source": '
+                 '"agent", "llm_message": {"role": "assistant", "content": [{"cache_prompt": false, "type": "text", '
+                 '"text": "Done: hello.py now says edited-by-agent."}], "tool_calls": null, "tool_call_id": null, '
+                 '"name": null, "reasoning_content": null, "thinking_blocks": [], "responses_reasoning_item": null}, '
+                 '"llm_response_id": "chatcmpl-5ee3b4e2e0ee404cbbab0078", "activated_skills": [], "extended_content": '
+                 '[], "sender": null, "critic_result": null, "kind": "MessageEvent"}\nAgent finished\n\n'
+                 '───────────────────────────── CONVERSATION SUMMARY ─────────────────────────────\n'
+                 'Number of agent messages: 3\nLast message sent by the agent:\n'
+                 '╭─ Agent ──────────────────────────────────╮\n│ Done: hello.py now says edited-by-agent. │\n'
+                 '╰──────────────────────────────────────────╯\n'
+                 '────────────────────────────────────────────────────────────────────────────────\nGoodbye! 👋\n'
+                 'Conversation ID: d7784d7864a241448e03c6c8645c21db\n'
+                 'Hint: run openhands --resume d7784d78-64a2-4144-8e03-c6c8645c21db to resume this\nconversation.\n')
 
 
 GOLD = """diff --git a/a.py b/a.py
@@ -258,8 +303,8 @@ def test_openhands_summary_from_its_json_events():
 
 
 def test_the_shell_tool_a_prompt_offers_is_the_one_whose_required_arguments_it_declares():
-    """OpenHands' shell tool is ``terminal`` and requires ``security_risk``; a scripted call carries it. Hermes
-    Agent's is ``terminal`` too, without it: its calls do not."""
+    """OpenHands' shell tool is ``terminal`` and requires ``security_risk``; a scripted call carries it.
+    Hermes Agent's is ``terminal`` too, without it: its calls do not."""
     prompt = '{"name": "terminal", "parameters": {"properties": {"security_risk": {}, "command": {}}}}'
     call = json.loads(shell_call(prompt, "ls").split("<tool_call>\n")[1].split("\n</tool_call>")[0])
     assert call == {"name": "terminal", "arguments": {"command": "ls", "security_risk": "LOW"}}

@@ -87,7 +87,8 @@ async def test_hanging_harness_is_killed_at_deadline(adapter, tmp_path: Path):
         await sb.destroy()
     assert run.status == "timeout" and run.exit_code is None
     assert server.requests  # it was waiting on the model when the deadline hit
-    # killed at the deadline after the request: its clock is checked every HANG_DEADLINE_S while it stands still
+    # killed at the deadline after the request: its clock is checked every HANG_DEADLINE_S while it stands
+    # still
     after_request = run.duration_s - until_request()
     assert HANG_DEADLINE_S - 1 < after_request < 2 * HANG_DEADLINE_S + 15, (run.duration_s, after_request)
     for _ in range(50):

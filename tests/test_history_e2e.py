@@ -49,7 +49,8 @@ TASK_ID = "psf__requests-5414"
 MAKE_HISTORY = r"""set -eu
 g() { git -c user.name=dev -c user.email=dev@example.com "$@"; }
 if [ ! -d .git ]; then
-  git init -q -b main && g add -A && GIT_COMMITTER_DATE=2020-01-01T00:00:00Z g commit -q --date=2020-01-01T00:00:00Z -m base
+  git init -q -b main && g add -A &&
+    GIT_COMMITTER_DATE=2020-01-01T00:00:00Z g commit -q --date=2020-01-01T00:00:00Z -m base
 fi
 export GIT_AUTHOR_DATE=2030-01-01T00:00:00Z GIT_COMMITTER_DATE=2030-01-01T00:00:00Z
 base=$(git rev-parse HEAD); branch=$(git symbolic-ref --short HEAD)
@@ -127,7 +128,8 @@ def swe_task() -> Task:
 
 @pytest.fixture(scope="module")
 def harbor_task(tmp_path_factory) -> Task:
-    """A Harbor folder (the shipped fix-median-bug) whose /app becomes a repository holding its fix the same way."""
+    """A Harbor folder (the shipped fix-median-bug) whose /app becomes a repository holding its fix the same
+    way."""
     folder = tmp_path_factory.mktemp("harbor") / "fix-median-bug-history"
     shutil.copytree(TERMINAL_DIR / "fix-median-bug", folder)
     (folder / "task.toml").write_text((folder / "task.toml").read_text().replace(

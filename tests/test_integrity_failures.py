@@ -274,8 +274,8 @@ async def test_a_harness_the_agent_kills_or_outsleeps_is_graded(embedded_dir: Pa
 
     gold = base64.b64encode(TASK.patch.encode()).decode()
     commands = {
-        "kill": "cd /testbed && echo '# not a fix' >> src/flask/blueprints.py && touch $'src/flask/\\xff.txt' "
-                "&& kill -KILL -1",
+        "kill": "cd /testbed && echo '# not a fix' >> src/flask/blueprints.py "
+                "&& touch $'src/flask/\\xff.txt' && kill -KILL -1",
         "sleep": f"cd /testbed && echo {gold} | base64 -d | git apply && sleep 600",
     }
 
@@ -289,7 +289,8 @@ async def test_a_harness_the_agent_kills_or_outsleeps_is_graded(embedded_dir: Pa
             results[probe] = await run_episode(proxy, TASK, episode_id=f"{probe}.s0", config=EpisodeConfig(
                 harness="pi", timeout_s=timeout_s, sampling={"max_tokens": 4096}, scratch_root=tmp_path / "scratch"))
     killed, slept = results["kill"], results["sleep"]
-    # SIGKILL seen as bwrap's exit 137 (harness_crashed) or as the signal itself (harness_killed): either is graded
+    # SIGKILL seen as bwrap's exit 137 (harness_crashed) or as the signal itself (harness_killed): either is
+    # graded
     assert killed.harness.status == "error" and killed.harness.exit_code in (137, None), killed.trajectory.error
     assert killed.failure_kind in (FailureKind.harness_killed, FailureKind.harness_crashed)
     assert not killed.trajectory.masked and killed.trajectory.reward == 0.0

@@ -234,7 +234,8 @@ def test_a_run_cancelled_mid_episode_settles_masked(gym):
 
 
 def test_a_harness_killed_with_a_call_in_flight_is_graded_as_a_kill(gym):
-    """A kill the supervisor cannot tell from the agent's own (it can kill its harness): graded, not masked."""
+    """A kill the supervisor cannot tell from the agent's own (it can kill its harness): graded, not
+    masked."""
     answer: list[tuple[int, dict]] = []
     gym.pause_policy()
     try:

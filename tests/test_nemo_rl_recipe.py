@@ -34,7 +34,8 @@ for paths in sys.argv[1:]:
         initial_global_config_dict=OmegaConf.create({"config_paths": paths.split(","), "policy_base_url": "u",
                                                      "policy_model_name": "m"}),
         skip_load_from_cli=True, skip_load_from_dotenv=True, offline=True))
-    out[paths] = {k: v for k, v in OmegaConf.to_container(cfg, resolve=False).items() if k.startswith("polar")}
+    out[paths] = {k: v for k, v in OmegaConf.to_container(cfg, resolve=False).items() \
+if k.startswith("polar")}
 print(json.dumps(out))
 """
 
@@ -271,9 +272,9 @@ def rule_async_needs_is_correction(r: dict) -> str | None:
 
 
 def rule_no_cp_on_dense_qwen35(r: dict) -> str | None:
-    """NeMo-RL's docs/guides/models/qwen/qwen3-5.md: "Dense Qwen3.5 and the VLM do not support Context Parallel on
-    AutoModel (set cp_size = 1)"; its dense row lists Megatron with TP only, and the validated dense
-    recipe (grpo-qwen3.5-9b-1n8g-megatron.yaml) runs Megatron TP4, no CP."""
+    """NeMo-RL's docs/guides/models/qwen/qwen3-5.md: "Dense Qwen3.5 and the VLM do not support Context
+    Parallel on AutoModel (set cp_size = 1)"; its dense row lists Megatron with TP only, and the validated
+    dense recipe (grpo-qwen3.5-9b-1n8g-megatron.yaml) runs Megatron TP4, no CP."""
     if not _dense_qwen35(r):
         return None
     for backend, key in (("dtensor_cfg", "context_parallel_size"), ("megatron_cfg", "context_parallel_size")):

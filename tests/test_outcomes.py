@@ -81,7 +81,8 @@ def test_a_deadline_is_classified_by_cause():
                             min_backend_tokens_per_s=50.0) is FailureKind.deadline_backend
     # each verdict comes with its evidence, in words
     assert explain_deadline(FailureKind.deadline_backend, slow, 1100.0, 5.0).startswith(
-        "deadline_backend: model call #2 was in flight at the deadline and the backend sampled 170 tokens in 180.0 s")
+        "deadline_backend: model call #2 was in flight at the deadline and the backend sampled 170 tokens "
+        "in 180.0 s")
     assert "no model call was in flight" in explain_deadline(FailureKind.deadline_harness, calls, 1100.0, 5.0)
     assert "had answered no call yet" in explain_deadline(FailureKind.deadline_backend,
                                                           [timed(cancelled, at=1000.0, total_s=130.0)], 1100.0, 5.0)
@@ -210,8 +211,8 @@ async def test_timed_out_episodes_are_masked_not_dropped(tmp_path: Path, embedde
     rows = [json.loads(line) for line in (tmp_path / "out" / "nemo_results.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and all(r["instance_config"]["mask_sample"] for r in rows)
     assert all(check_nemo_result(r) == [] for r in rows)
-    # the quick demo's first hour: the mask says why (the call in flight, the backend's rate, the flag to raise),
-    # and `polar check` does not claim no rollout reached the model when each had a call generating
+    # the quick demo's first hour: the mask says why (the call in flight, the backend's rate, the flag to
+    # raise), and `polar check` does not claim no rollout reached the model when each had a call generating
     for t in trajectories:
         assert "deadline_backend: model call #0 was in flight" in t.error and "--timeout" in t.error, t.error
     assert all(t.session_id in masked_lines(trajectories) for t in trajectories)

@@ -154,7 +154,8 @@ def test_container_classes_in_podman_image_grading():
         if r.reward != 0.0 or r.failure_kind != "apply_failed":
             wrong.append((eid, r.reward, r.failure_kind, r.error[:300]))
     assert wrong == [], wrong
-    print(f"\nimage grading: {len(IMAGE_SUBSET) + len(IMAGE_REFUSED_AT_APPLY)} patches in {time.monotonic() - t0:.0f}s")
+    print(f"\nimage grading: {len(IMAGE_SUBSET) + len(IMAGE_REFUSED_AT_APPLY)} patches in "
+          f"{time.monotonic() - t0:.0f}s")
 
 
 # two attacks, and issue 48's targeted forger on every bundled task (the controls run through the same

@@ -64,7 +64,8 @@ EDITS: dict[str, dict[str, list[tuple[str, str, str]]]] = {
             (
                 "requests/utils.py",
                 "    if scheme is None:\n        scheme = new_scheme\n",
-                "    if auth:\n        netloc = auth + netloc\n    if scheme is None:\n        scheme = new_scheme\n",
+                ("    if auth:\n        netloc = auth + netloc\n    if scheme is None:\n"
+                 "        scheme = new_scheme\n"),
             )
         ],
         "breaks_p2p": [
@@ -278,8 +279,8 @@ def test_grader_memory_stays_bounded_when_tests_print_1gb(tmp_path: Path):
         f"r = grade(task, open({str(tmp_path / 'patch.diff')!r}).read())\n"
         # VmHWM, not ru_maxrss: Linux carries a forking parent's high-water mark (pytest's, GBs with
         # the models loaded) across exec into ru_maxrss; VmHWM belongs to this process's own memory
-        "hwm = next(int(line.split()[1]) for line in open('/proc/self/status') if line.startswith('VmHWM:'))\n"
-        "print(json.dumps({'rss_kb': hwm,\n"
+        "hwm = next(int(line.split()[1]) for line in open('/proc/self/status') if "
+        "line.startswith('VmHWM:'))\nprint(json.dumps({'rss_kb': hwm,\n"
         "                  'result': r.model_dump(mode='json')}))\n"
     )
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)

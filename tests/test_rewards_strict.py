@@ -134,7 +134,8 @@ def test_perturbed_check_is_skipped_where_the_gold_patch_fails_it(tmp_path: Path
 
     def edit(tree: Path) -> None:
         with open(tree / "tests" / "test_blueprints.py", "a") as f:
-            f.write('\nassert __name__.rpartition(".")[2] == "test_blueprints"  # e.g. a data file named after it\n')
+            f.write('\nassert __name__.rpartition(".")[2] == "test_blueprints"  # e.g. a data file named after '
+                    'it\n')
 
     task = _with_test_patch(base, tmp_path, edit)
     r = grade(task, task.patch)
@@ -224,7 +225,8 @@ def test_unexpected_exception_after_the_tests_ran_is_the_patchs_zero(monkeypatch
 
 def test_image_reset_gives_test_patch_paths_real_parents(tmp_path: Path):
     """image_strict's RESTORE loop (run here with bash, git left out): a file or a link the agent put where
-    a test-patch path's directory belongs is replaced by a directory, and nothing is removed through the link."""
+    a test-patch path's directory belongs is replaced by a directory, and nothing is removed through the
+    link."""
     import subprocess
 
     from polar_env.rewards.image_strict import RESTORE
@@ -299,8 +301,9 @@ def test_hidden_code_is_flagged_and_no_gold_patch_is():
     from polar_env.rewards.flags import tampering_flags
 
     blob = base64.b64encode(zlib.compress(b"import _pytest.reports\n")).decode()
-    hidden = (f"diff --git a/src/pkg/_data.py b/src/pkg/_data.py\n+++ b/src/pkg/_data.py\n+import base64 as _b, zlib as _z\n"
-              f"+_BLOB = {blob!r}\n+\n+\n+def _load():\n+    exec(_z.decompress(_b.b64decode(_BLOB)), {{}})\n")
+    hidden = ("diff --git a/src/pkg/_data.py b/src/pkg/_data.py\n+++ b/src/pkg/_data.py\n"
+              f"+import base64 as _b, zlib as _z\n+_BLOB = {blob!r}\n+\n+\n+def _load():\n"
+              f"+    exec(_z.decompress(_b.b64decode(_BLOB)), {{}})\n")
     assert "hidden-code" in tampering_flags(hidden, "o/r")
     swap = "diff --git a/a.py b/a.py\n+++ b/a.py\n+f.__code__ = g.__code__\n"
     assert "hidden-code" in tampering_flags(swap, "o/r")

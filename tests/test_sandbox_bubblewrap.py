@@ -89,8 +89,8 @@ async def test_network_isolated_but_proxy_reachable_through_forwarder(sandbox: B
         f"print('hostloop', tcp('127.0.0.1', {host_port}))\n"
         "try:\n    socket.getaddrinfo('pypi.org', 443); print('dns RESOLVED')\n"
         "except OSError as e: print('dns FAILED', type(e).__name__)\n"
-        "req = urllib.request.Request('http://127.0.0.1:18080/s/abc/v1/ping', headers={'Authorization': 'Bearer k'})\n"
-        "print('proxy', urllib.request.urlopen(req, timeout=10).read().decode())\n")
+        "req = urllib.request.Request('http://127.0.0.1:18080/s/abc/v1/ping', headers={'Authorization': "
+        "'Bearer k'})\nprint('proxy', urllib.request.urlopen(req, timeout=10).read().decode())\n")
     try:
         async with UnixHTTPServer(tmp_path / "sock", hello) as server:
             res = await sandbox.run([PY, FORWARDER_INSIDE, "--socket", "/run/proxy/proxy.sock", "--port", "18080",
@@ -116,8 +116,8 @@ async def test_forwarder_carries_parallel_requests_and_large_bodies(sandbox: Bub
     probe = ("import urllib.request, concurrent.futures\n"
              "def post(n):\n"
              "    data = b'x' * n\n"
-             "    return urllib.request.urlopen(urllib.request.Request('http://127.0.0.1:18080/s/a/v1', data=data),"
-             " timeout=60).read().decode()\n"
+             "    return urllib.request.urlopen(urllib.request.Request('http://127.0.0.1:18080/s/a/v1', "
+             "data=data), timeout=60).read().decode()\n"
              "with concurrent.futures.ThreadPoolExecutor(32) as ex:\n"
              "    sizes = [1000 * i for i in range(40)] + [20 * 1024 * 1024]\n"
              "    got = list(ex.map(post, sizes))\n"
@@ -165,9 +165,9 @@ async def test_the_host_runs_no_git_on_the_agents_tree(sandbox: BubblewrapSandbo
     uid): during ``diff`` the host starts no git, only bwrap, and the patch is byte for byte what
     host git makes of the same tree. The agent's tree carries its own git config and hooks, which
     neither run."""
-    script = ("printf 'def f():\\n    return 2\\n' > pkg/mod.py && printf '\\000\\001' > blob.bin && ln -s /etc/shadow leak "
-              "&& mkdir -p .git/hooks && printf '[core]\\n\\tfsmonitor = touch /tmp/ran\\n' > .git/config "
-              "&& printf '* filter=evil\\n' > .gitattributes && rm README")
+    script = ("printf 'def f():\\n    return 2\\n' > pkg/mod.py && printf '\\000\\001' > blob.bin && ln -s "
+              "/etc/shadow leak && mkdir -p .git/hooks && printf '[core]\\n\\tfsmonitor = touch /tmp/ran\\n' > "
+              ".git/config && printf '* filter=evil\\n' > .gitattributes && rm README")
     assert (await sandbox.run(["sh", "-c", script], timeout_s=30)).exit_code == 0
     started: list[list[str]] = []
     real_run = subprocess.run

@@ -13,8 +13,9 @@ import pytest
 from polar_env.sandbox.cgroups import CgroupLimits
 
 HOG = "b = bytearray(256 << 20); b[::4096] = b'x' * len(b[::4096]); print('survived')"
-FORKS = ("import subprocess\nkids = []\nfor _ in range(40):\n    try:\n        kids.append(subprocess.Popen(['sleep', '30']))\n"
-         "    except OSError:\n        break\nprint(len(kids))\nfor k in kids:\n    k.kill()\n")
+FORKS = ("import subprocess\nkids = []\nfor _ in range(40):\n    try:\n"
+         "        kids.append(subprocess.Popen(['sleep', '30']))\n    except OSError:\n        break\n"
+         "print(len(kids))\nfor k in kids:\n    k.kill()\n")
 
 
 def _probe() -> CgroupLimits:

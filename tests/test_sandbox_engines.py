@@ -54,7 +54,8 @@ def test_container_create_argv_isolates_and_mounts(engine):
     assert "DAC_READ_SEARCH" not in argv  # open_by_handle_at: the host's files behind the binds
     grading = ContainerSandbox(replace(SPEC, proxy_socket_dir=None), "img", "polar-g", engine=engine).create_argv()
     assert _pairs(grading, "--cap-add") == ["CHOWN", "DAC_OVERRIDE", "FOWNER"]
-    # the engine's default seccomp profile, the kernel keyring refused where it was not (podman's allows keyctl)
+    # the engine's default seccomp profile, the kernel keyring refused where it was not (podman's allows
+    # keyctl)
     profile = {"podman": [f"seccomp={container_profile('podman')}"], "docker": []}[engine]
     assert _pairs(argv, "--security-opt") == ["no-new-privileges", *profile]
     tmpfs = _pairs(argv, "--tmpfs")

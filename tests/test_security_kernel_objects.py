@@ -1,5 +1,5 @@
-"""Nothing one sandbox makes in the kernel is seen by the next (keys, SysV and POSIX IPC, abstract sockets), and no
-sandbox spends a per-user budget of its siblings (inotify instances).
+"""Nothing one sandbox makes in the kernel is seen by the next (keys, SysV and POSIX IPC, abstract sockets),
+and no sandbox spends a per-user budget of its siblings (inotify instances).
 
 An adversary stored the hidden FAIL_TO_PASS file in a kernel key during grading and read it in the
 next episode: as host root every sandbox of one uid shared the host's user keyring, and the seccomp

@@ -197,8 +197,9 @@ def _fake_test(tree: Path) -> None:  # write the hidden test's name so that it p
 
 def _outcome_hook(tree: Path) -> None:  # a conftest hook that reports every test as passed
     with open(tree / "tests" / "conftest.py", "a") as f:
-        f.write("\n\nimport pytest as _p\n\n\n@_p.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):"
-                "\n    outcome = yield\n    outcome.get_result().outcome = 'passed'\n")
+        f.write("\n\nimport pytest as _p\n\n\n@_p.hookimpl(hookwrapper=True)\n"
+                "def pytest_runtest_makereport(item, call):\n    outcome = yield\n"
+                "    outcome.get_result().outcome = 'passed'\n")
 
 
 def _new_conftest_in_subdir(tree: Path) -> None:

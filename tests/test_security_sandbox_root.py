@@ -75,7 +75,8 @@ import ctypes, json, os, sys
 libc = ctypes.CDLL(None, use_errno=True)
 out = {"seccomp": open("/proc/self/status").read().split("Seccomp:")[1].split()[0],
        "self_exe": os.readlink("/proc/self/exe"), "self_fds": len(os.listdir("/proc/self/fd"))}
-def getfd(pid):  # pidfd_getfd (438 on x86-64 and aarch64) of the process's fd 0, through a pidfd_open (434) pidfd
+# pidfd_getfd (438 on x86-64 and aarch64) of the process's fd 0, through a pidfd_open (434) pidfd
+def getfd(pid):
     pidfd = libc.syscall(434, pid, 0)
     if pidfd < 0:
         return "pidfd_open: " + os.strerror(ctypes.get_errno())
@@ -293,7 +294,8 @@ async def test_probe_from_a_real_pi_episode(embedded_dir: Path, renderer, tmp_pa
              f"{{ {SEARCH}; }} > /testbed/search.txt; cat /proc/self/mountinfo > /testbed/mountinfo.txt; "
              f"id -u > /testbed/uid.txt; {{ {TRACE} }} > /testbed/trace.txt 2>&1; "
              "for p in $(pgrep -f '[/]opt/harness') $(pgrep -f '[f]orwarder.py'); do for f in mem environ; do "
-             "(exec 3</proc/$p/$f) 2>/dev/null && echo OPEN $p $f || echo DENIED $p $f; done; done > /testbed/harness.txt")
+             "(exec 3</proc/$p/$f) 2>/dev/null && echo OPEN $p $f || echo DENIED $p $f; done; done > "
+             "/testbed/harness.txt")
 
     def policy(session_id: str | None, call_number: int, prompt_text: str) -> str:
         return DONE if "<tool_response>" in prompt_text else shell_call(prompt_text, probe)

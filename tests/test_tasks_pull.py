@@ -48,10 +48,13 @@ FAKE_PODMAN = textwrap.dedent('''\
         active.unlink()
         fails = int(os.environ.get("FAKE_RATE_LIMITED", "0"))
         if image.startswith("missing/"):
-            sys.exit(print("Error: initializing source docker://" + image + ": manifest unknown", file=sys.stderr) or 125)
+            sys.exit(print("Error: initializing source docker://" + image + ": manifest unknown", \
+file=sys.stderr) or 125)
         if n <= fails:  # docker's words, then podman's
-            sys.exit(print("Error response from daemon: toomanyrequests: You have reached your pull rate limit."
-                           if n % 2 else "Error: reading manifest 1 in docker.io/library/x: received unexpected "
+            sys.exit(print(\
+"Error response from daemon: toomanyrequests: You have reached your pull rate limit."
+                           if n % 2 else \
+"Error: reading manifest 1 in docker.io/library/x: received unexpected "
                            "HTTP status: 429 Too Many Requests", file=sys.stderr) or 125)
         have.write_text(os.environ.get("FAKE_IMAGE_SIZE", "1000"))
     else:

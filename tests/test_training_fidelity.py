@@ -59,6 +59,7 @@ def test_trainer_forward_reproduces_recorded_logprobs(harness, live_model, embed
     assert chain.trainable_tokens >= 3, (traj.status, traj.error, traj.stats)
     result = recorded_vs_trainer(trainer, traj)
     print(f"{harness}: first prompt {len(rows['prompt_ids'][0])} tokens, {int(result['tokens'])} sampled, "
-          f"max |Δ logprob| {result['max_abs_diff']:.2e}, ratio [{result['ratio_min']:.6f}, {result['ratio_max']:.6f}]")
+          f"max |Δ logprob| {result['max_abs_diff']:.2e}, ratio [{result['ratio_min']:.6f}, "
+          f"{result['ratio_max']:.6f}]")
     assert result["tokens"] == chain.trainable_tokens
     assert result["max_abs_diff"] < 1e-4

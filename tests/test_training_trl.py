@@ -26,7 +26,8 @@ TASK = "psf__requests-5414"
 
 
 def gold_or_nothing(tasks):
-    """Even samples of a task replay its gold patch, odd ones answer at once (episode ids end ``.s<k>.a<n>``)."""
+    """Even samples of a task replay its gold patch, odd ones answer at once (episode ids end
+    ``.s<k>.a<n>``)."""
     from polar_env.harness_adapters.policies import answer_policy, gold_policy
 
     gold, answer = gold_policy(tasks), answer_policy(tasks)
@@ -72,8 +73,8 @@ def test_two_grpo_steps_through_pi(embedded_dir, tmp_path):
     assert rewards == [0.0, 1.0], [(t.session_id, t.status, t.failure_kind, t.reward) for t in rollouts.last_trajectories]
 
     step0 = trainer.polar_fidelity[0]
-    print(f"step 0: {int(step0['tokens'])} sampled tokens, max |Δ logprob| {step0['logprob_abs_diff_max']:.2e}, "
-          f"ratio [{step0['ratio_min']:.6f}, {step0['ratio_max']:.6f}]")
+    print(f"step 0: {int(step0['tokens'])} sampled tokens, max |Δ logprob| "
+          f"{step0['logprob_abs_diff_max']:.2e}, ratio [{step0['ratio_min']:.6f}, {step0['ratio_max']:.6f}]")
     assert step0["tokens"] > 50
     assert step0["logprob_abs_diff_max"] < 1e-4
     assert 1 - 1e-4 <= step0["ratio_min"] <= step0["ratio_max"] <= 1 + 1e-4

@@ -104,7 +104,8 @@ def test_array_export_writes_the_same_bytes_without_a_copy_per_call():
 
 
 def _documented_result() -> dict:
-    """The ``/run`` example of docs/trajectories.md (section 4) as JSON: a ``...`` value stands for any value."""
+    """The ``/run`` example of docs/trajectories.md (section 4) as JSON: a ``...`` value stands for any
+    value."""
     block = DOCS.read_text().split("## 4. NeMo Gym `/run` result")[1].split("```json\n")[1].split("```")[0]
     block = re.sub(r",\s*\.\.\.\s*}", "}", block).replace("[...]", "[]").replace("{...}", "{}")
     return json.loads(re.sub(r'(?<!")\.\.\.(?!")', f'"{ANY}"', block))

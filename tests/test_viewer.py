@@ -234,7 +234,8 @@ def check_page(page: str, episodes: list[Trajectory], embedded_dir: Path) -> dic
     assert [e["session_id"] for e in index["episodes"]] == [t.session_id for t in episodes]
     assert index["skipped"] and "grpo_batch.jsonl" in index["skipped"][0]
     assert index["models"] == [episodes[0].model] and index["tokenizer"] == embedded_dir.name
-    # the header counts as `polar rollout`/`demo` print (a masked episode is not graded, and is still an episode)
+    # the header counts as `polar rollout`/`demo` print (a masked episode is not graded, and is still an
+    # episode)
     cli = summarize(episodes)
     assert f"{cli['episodes']} episodes · resolved {cli['resolved']}/{cli['episodes']}" in index["headline"]
     if ungraded := sum(t.grading is None for t in episodes):
@@ -523,7 +524,8 @@ async def test_100k_token_episode_renders_fast(embedded_dir, tmp_path):
             " const select = performance.now() - t; t = performance.now();"
             " document.querySelector('#chain-tabs button[data-all]').click();"
             " const all = performance.now() - t; document.body.offsetHeight;"
-            " return [select, all, performance.now() - t, document.querySelectorAll('.toks > *').length]; })()")
+            " return [select, all, performance.now() - t, document.querySelectorAll('.toks > *').length]; "
+            "})()")
         assert tools.problems() == []
     finally:
         await close_chromium(proc, tools, http)

@@ -133,7 +133,8 @@ async def test_a_call_waiting_for_a_run_slot_when_its_episode_ends_is_answered_w
                                          (["--samples", "-1"], "--samples: must be 1 or more (got -1)"),
                                          (["--out", "FILE"], "is a file; --out names the job's directory")])
 def test_job_flags_a_user_gets_wrong_are_one_line_errors(command, flags, error, tmp_path, capsys):
-    """`--samples 0` and `-1` used to exit 0 having done nothing; `--out` naming a file, a 28-line traceback."""
+    """`--samples 0` and `-1` used to exit 0 having done nothing; `--out` naming a file, a 28-line
+    traceback."""
     (tmp_path / "FILE").write_text("not a directory\n")
     flags = [str(tmp_path / "FILE") if f == "FILE" else f for f in flags]
     with pytest.raises(SystemExit) as exited:

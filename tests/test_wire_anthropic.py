@@ -1,4 +1,5 @@
-"""Anthropic Messages codec: Claude Code's and Pi's captured requests decode; answers stream as Claude Code reads."""
+"""Anthropic Messages codec: Claude Code's and Pi's captured requests decode; answers stream as Claude Code
+reads."""
 
 from __future__ import annotations
 

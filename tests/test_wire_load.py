@@ -86,8 +86,8 @@ async def _health_while_big_requests(renderer, backend, config: EngineConfig, tm
             [call] = await ledger_calls(http, proxy, sid)
             assert call["error"].startswith("context overflow") and call["prompt_ids"] == []  # no megabytes of ids
             assert len(latencies) >= 3, (took, latencies)
-            print(f"{len(latencies)} health checks in {took:.2f} s: median {statistics.median(latencies) * 1e3:.1f} "
-                  f"ms, slowest {max(latencies) * 1e3:.1f} ms")
+            print(f"{len(latencies)} health checks in {took:.2f} s: median "
+                  f"{statistics.median(latencies) * 1e3:.1f} ms, slowest {max(latencies) * 1e3:.1f} ms")
             slowest.append(max(latencies))
             if slowest[-1] < 0.05:
                 break

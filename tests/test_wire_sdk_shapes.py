@@ -1,5 +1,5 @@
-"""What the proxy sends out parses with the vendors' own SDK types (openai, anthropic, google-genai), and the NeMo
-Gym result parses with NeMo Gym's own models: a field the SDKs would reject is a bug a harness or
+"""What the proxy sends out parses with the vendors' own SDK types (openai, anthropic, google-genai), and the
+NeMo Gym result parses with NeMo Gym's own models: a field the SDKs would reject is a bug a harness or
 the trainer meets later, and one these tests find first.
 
 Every body kind the proxy sends is here: answers and their streams, errors and the context-overflow
@@ -354,7 +354,8 @@ def test_a_slow_responses_stream_reads_with_the_sdk_stream_helper():
 
 
 def test_anthropic_keepalive_is_a_ping_event_the_sdk_skips():
-    """anthropic._streaming.Stream drops ``event: ping`` before parsing (ping is not a RawMessageStreamEvent)."""
+    """anthropic._streaming.Stream drops ``event: ping`` before parsing (ping is not a
+    RawMessageStreamEvent)."""
     (event,) = _sse_events(anthropic_streaming.SSEDecoder(), anthropic_messages.KEEPALIVE)
     assert (event.event, event.json()) == ("ping", {"type": "ping"})
     frames = b"".join(_frames(anthropic_messages))
@@ -393,7 +394,8 @@ def _nemo_result() -> dict:
 
 @pytest.mark.skipif(not GYM_PYTHON.exists(), reason="needs the NeMo Gym venv (.venv-gym): scripts/setup_nemo_gym.sh")
 def test_nemo_result_parses_with_nemo_gyms_own_models():
-    """In .venv-gym (nemo-gym needs Python 3.13): the result as Gym's verify response, items as training items."""
+    """In .venv-gym (nemo-gym needs Python 3.13): the result as Gym's verify response, items as training
+    items."""
     check = ("import json, sys\n"
              "from nemo_gym.base_resources_server import BaseVerifyResponse\n"
              "result = json.load(sys.stdin)\n"

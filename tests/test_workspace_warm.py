@@ -134,7 +134,8 @@ async def test_the_sandbox_uid_cannot_write_the_base(tmp_path: Path, cache: Path
 
 
 async def test_the_patch_is_the_same_as_from_a_fresh_unpack(tmp_path: Path):
-    """The warm clone's diff, for the same edits, is byte for byte the cold path's (unpack, copy, snapshot)."""
+    """The warm clone's diff, for the same edits, is byte for byte the cold path's (unpack, copy,
+    snapshot)."""
     cold = BubblewrapSandbox.create(task_tree.materialize(TASK, tmp_path / "cold-tree"),
                                     spec=SandboxSpec(scratch_root=tmp_path / "cold"))
     warm = await open_workspace(TASK, SandboxSpec(scratch_root=tmp_path / "warm"), sandbox="bubblewrap")

@@ -1,9 +1,9 @@
 """A real vLLM OpenAI server on CPU serving the embedded model, for tests marked ``vllm``.
 
 The ``vllm_server`` fixture (tests/conftest.py) starts one per pytest process, whichever test
-modules use it; the server needs the venv that scripts/setup_vllm_cpu.sh creates and skips with that instruction when it is missing.
-The model is served in float32 so its logprobs can be compared tightly with the in-process
-transformers model (bfloat16 would differ by ~1e-2).
+modules use it; the server needs the venv that scripts/setup_vllm_cpu.sh creates and skips with that
+instruction when it is missing. The model is served in float32 so its logprobs can be compared tightly with
+the in-process transformers model (bfloat16 would differ by ~1e-2).
 """
 
 from __future__ import annotations

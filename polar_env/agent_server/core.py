@@ -92,10 +92,12 @@ class PolarAgentConfig(BaseModel):
     backend_options: dict[str, Any] = Field(default_factory=dict)  # e.g. timeout_s, chat_template_kwargs
     outcomes: OutcomeTable = Field(default_factory=OutcomeTable)  # reward/mask per failure kind (docs/outcomes.md)
     budget: EpisodeBudget = Field(default_factory=EpisodeBudget)  # per-episode max_calls / max_sampled_tokens
-    # the serving weights' version at start; the trainer moves it (POST /polar/policy, /polar/pause, /polar/resume)
+    # the serving weights' version at start; the trainer moves it (POST /polar/policy, /polar/pause,
+    # /polar/resume)
     policy_version: int | None = None
     # an episode starts only while the policy is within K versions of the step it feeds (proxy/policy.py
-    # Admission); a step being episodes_per_step /run calls (NeMo-RL: prompts per step x generations per prompt)
+    # Admission); a step being episodes_per_step /run calls (NeMo-RL: prompts per step x generations per
+    # prompt)
     max_staleness: int | None = Field(default=None, ge=0)
     episodes_per_step: int = Field(default=1, ge=1)
     # the Bearer secret of the /polar/* routes (pause, resume, policy); None: $POLAR_ADMIN_SECRET, else
@@ -234,8 +236,8 @@ class PolarAgent:
         self._slots = asyncio.Semaphore(config.max_concurrent_episodes)  # live harnesses
         self._prepare = asyncio.Semaphore(config.prepare_slots or config.run_slots or config.max_concurrent_episodes)
         self._writer: TrajectoryWriter | None = None
-        # each task's first prompt as its rollouts reached the model (one per task: docs/harnesses.md), for the
-        # placeholder of a rollout that fails before its first call, so it stays in its NeMo-RL group
+        # each task's first prompt as its rollouts reached the model (one per task: docs/harnesses.md), for
+        # the placeholder of a rollout that fails before its first call, so it stays in its NeMo-RL group
         self._first_prompts = GroupPrompts(max_groups=4096)
         self._janitor: Janitor | None = None
         self._playing: set[asyncio.Task] = set()  # episodes before settling: stop() cancels these

@@ -20,7 +20,8 @@ from polar_env.wire.responses import output_items
 from polar_env.wire.shape import to_builtins
 
 SOURCE = "polar"
-# what training reads from an item (token ids, and the policy version that sampled them): a verifier needs none
+# what training reads from an item (token ids, and the policy version that sampled them): a verifier needs
+# none
 _TOKEN_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs", "policy_version")
 
 InvocationStatus = Literal["completed", "failed", "incomplete", "unknown"]

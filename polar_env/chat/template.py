@@ -169,9 +169,9 @@ class ChatRenderer:
 
     def cut_at_stop(self, token_ids: list[int], stops: list[str]) -> tuple[int, str, str] | None:
         """``(n, stop, text)``: the earliest stop string in the sampled text, the fewest leading ids
-        whose text holds it and the text before it; None when no stop string was sampled. The reply is cut there as a provider cuts it: the ids up
-        to the one that completed the stop string stay the record (the model sampled them; the
-        next prompt continues them), the text before it is the answer."""
+        whose text holds it and the text before it; None when no stop string was sampled. The reply is cut
+        there as a provider cuts it: the ids up to the one that completed the stop string stay the record (the
+        model sampled them; the next prompt continues them), the text before it is the answer."""
         text = self.sampled_text(token_ids)
         hits = [(text.find(s), s) for s in stops if s in text]
         if not hits:

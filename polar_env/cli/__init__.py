@@ -1,7 +1,8 @@
 """The `polar` command: one argparse tree, the top layer (it may import everything; nothing imports
 it). Each command is a module with ``add_arguments(parser)`` and ``run(args) -> int``: those of
 packages' own jobs live with the package they drive (``rollout.cli``, ``proxy.serve``), those that
-use several packages (``doctor``, ``eval``, ``tasks build|validate|export|audit|pull``) here; this file lists them.
+use several packages (``doctor``, ``eval``, ``tasks build|validate|export|audit|pull``) here; this file lists
+them.
 
 Only the chosen command's module is imported, so ``polar view`` does not pay for the proxy's imports.
 """

@@ -108,9 +108,9 @@ def doctor_report(root: Path | None = None) -> list[DoctorRow]:
     for name, cls in ADAPTERS.items():
         adapter = cls()
         ok = adapter.is_installed(root)
+        where = adapter.install_dir(root) if ok else f"pinned {adapter.package} ({adapter.source.kind})"
         rows.append(DoctorRow(f"harness {name}", ok, adapter.version if ok else "", "" if ok else _install_hint(adapter, root),
-                              f"{adapter.install_dir(root) if ok else f'pinned {adapter.package} ({adapter.source.kind})'}; "
-                              f"speaks {adapter.wire_api}"))
+                              f"{where}; speaks {adapter.wire_api}"))
     return rows
 
 

@@ -91,7 +91,8 @@ def derive_tests(task: Task, *, timeout_s: float | None = None) -> tuple[list[st
 
 def build_task(row: dict, base: Path, out_file: Path, *, timeout_s: float | None = None) -> Task:
     """The Polar task for ``row`` over the base tree ``base``; its archive goes to
-    ``<out_file's dir>/<instance_id>/base.tar.gz`` and ``base_archive`` is written relative to ``out_file``."""
+    ``<out_file's dir>/<instance_id>/base.tar.gz`` and ``base_archive`` is written relative to
+    ``out_file``."""
     from polar_env.tasks.env import ensure_task_env
     from polar_env.tasks.tree import materialize
 
@@ -187,7 +188,8 @@ def validate_harbor_task(task: Task, *, kind: str) -> Validation:
     for check, command in (("gold", solve), ("no-op", None)):
         grade = asyncio.run(_harbor_episode(task, kind, command))
         if grade.failure_kind.outside_policy or grade.failure_kind in (FailureKind.test_timeout, FailureKind.broke_grading):
-            v.checks[check] = f"verifier failed ({grade.failure_kind}): {grade.error.splitlines()[0] if grade.error else '-'}"
+            v.checks[check] = (f"verifier failed ({grade.failure_kind}): "
+                               f"{grade.error.splitlines()[0] if grade.error else '-'}")
         elif check == "gold":
             v.checks[check] = "ok" if grade.resolved else f"solution/solve.sh earns {grade.reward:g}, not 1"
         else:

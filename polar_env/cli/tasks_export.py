@@ -42,8 +42,10 @@ def _toml_str(value: str) -> str:
 
 def task_toml(task: Task, *, agent_timeout_s: float = 600.0, verifier_timeout_s: float | None = None) -> str:
     name = re.sub(r"[^A-Za-z0-9._-]", "-", task.instance_id)
+    statement = task.problem_statement.strip()
+    summary = statement.splitlines()[0][:200] if statement else ""
     lines = [f'schema_version = "{SCHEMA_VERSION}"', "", "[task]", f'name = "polar/{name}"',
-             f"description = {_toml_str(task.problem_statement.strip().splitlines()[0][:200] if task.problem_statement.strip() else '')}",
+             f"description = {_toml_str(summary)}",
              "", "[metadata]", f"repo = {_toml_str(task.repo)}", f"version = {_toml_str(task.version)}",
              'source = "polar"', f"fail_to_pass = {len(task.FAIL_TO_PASS)}",
              "", "[verifier]", f"timeout_sec = {grading_timeout_s(verifier_timeout_s):.1f}", f'user = "{AGENT_USER}"',

@@ -136,7 +136,8 @@ def episode_prompt(task: Task) -> str:
 def open_session(proxy: ProxyServer, adapter: HarnessAdapter, episode_id: str, *, task_id: str,
                  group_id: str | None = None, sampling: dict[str, Any] | None = None,
                  metadata: dict[str, Any] | None = None, budget: EpisodeBudget | None = None) -> EpisodeSession:
-    """A proxy session for the episode; ``proxy`` must listen on a Unix socket (the sandbox's only way out)."""
+    """A proxy session for the episode; ``proxy`` must listen on a Unix socket (the sandbox's only way
+    out)."""
     if proxy.unix_socket is None:
         raise ValueError("the proxy must listen on a Unix socket for sandboxed episodes")
     session_id, key = proxy.create_session(episode_id, sampling=sampling or {}, training=True, budget=budget, metadata={
@@ -359,7 +360,8 @@ async def booted(ep: Episode) -> None:
 
 
 async def admitted(ep: Episode) -> None:
-    """Return once the episode has had a run slot, or its harness ended without one (or there are no slots)."""
+    """Return once the episode has had a run slot, or its harness ended without one (or there are no
+    slots)."""
     await _slot_or_end(ep, RunSlots.admitted)
 
 

@@ -57,7 +57,8 @@ class ClineAdapter(HarnessAdapter):
         return [*self.launcher, "--json", "--config", self.config_dir(ctx), prompt]
 
     def summarize(self, stdout: str) -> HarnessSummary:
-        """``--json`` lines: ``agent_event`` (iterations, tool and text content) and a final ``run_result``."""
+        """``--json`` lines: ``agent_event`` (iterations, tool and text content) and a final
+        ``run_result``."""
         events, bad = json_lines(stdout)
         s = HarnessSummary(events=len(events), unparsed_lines=bad)
         for ev in events:

@@ -67,7 +67,8 @@ class GeminiCliAdapter(HarnessAdapter):
                 "--prompt", prompt]
 
     def summarize(self, stdout: str) -> HarnessSummary:
-        """``stream-json`` events: assistant text arrives in deltas; a turn ends at a tool result or the end."""
+        """``stream-json`` events: assistant text arrives in deltas; a turn ends at a tool result or the
+        end."""
         events, bad = json_lines(stdout)
         s = HarnessSummary(events=len(events), unparsed_lines=bad)
         text: str | None = None  # the assistant text of the turn in progress

@@ -1,4 +1,5 @@
-"""Hermes Agent (``hermes-agent``, PyPI): streamed chat completions to a ``custom`` provider, its ``terminal`` tool.
+"""Hermes Agent (``hermes-agent``, PyPI): streamed chat completions to a ``custom`` provider, its ``terminal``
+tool.
 
 Everything it reads lives under ``HERMES_HOME``: ``config.yaml`` makes the proxy its ``custom``
 OpenAI-compatible provider (base URL, served model, and the key as ``${POLAR_SESSION_KEY}``, which
@@ -27,7 +28,8 @@ from polar_env.harness_adapters.sources import PythonVenv
 
 KEY_ENV = "POLAR_SESSION_KEY"
 CONTEXT_LENGTH = 131072
-# a finished tool call, as its console prints it: "┊ 💻 $         <command>  0.1s" (a failure gets " [exit 1]")
+# a finished tool call, as its console prints it: "┊ 💻 $         <command>  0.1s" (a failure gets
+# " [exit 1]")
 TOOL_LINE = re.compile(r"^ *┊ \S+ +(\S+) .*?\d+\.\d+s(?: \[[^\n]*\])?$", re.MULTILINE)
 VERBS = {"$": "terminal", "read": "read_file", "write": "write_file", "patch": "patch", "proc": "process"}
 # its answer: streamed into a box ("╭─ ⚕ Hermes ───╮", the text indented 4, "╰───╯"), or, when nothing
@@ -35,7 +37,8 @@ VERBS = {"$": "terminal", "read": "read_file", "write": "write_file", "patch": "
 ANSWER = re.compile(r"^(?:╭─ [^\n]*Hermes[^\n]*╮|\s─  [^\n]*Hermes  ─+\s*)\n(.*?)^(?:╰─+╯|\s─+\s*)$", re.MULTILINE | re.DOTALL)
 # why a run gave up: "❌ Non-retryable error (HTTP 400): ...", "❌ API failed after 3 retries — ..."
 FAILURE = re.compile(r"^❌ (.*)$", re.MULTILINE)
-# the exit summary: "Messages:       4 (1 user, 2 tool calls)" (tool calls: tool results + assistant turns with calls)
+# the exit summary: "Messages:       4 (1 user, 2 tool calls)" (tool calls: tool results + assistant turns
+# with calls)
 MESSAGES = re.compile(r"^Messages: +(\d+) \((\d+) user, (\d+) tool calls\)$", re.MULTILINE)
 
 

@@ -1,4 +1,5 @@
-"""`python -m polar_env.harness_adapters.install [all|NAME...]`: install pinned harness CLIs (npm or a Python venv) once."""
+"""`python -m polar_env.harness_adapters.install [all|NAME...]`: install pinned harness CLIs (npm or a Python
+venv) once."""
 
 from __future__ import annotations
 

@@ -1,9 +1,10 @@
 """Named scripted policies (for the demo, CI and tests), resolved on whichever node runs the proxy.
 
 A policy picks the text of each model call; ScriptedBackend has the real model score it, so ids
-and logprobs stay real. ``gold`` replays a task's gold patch (a Harbor task's ``solution/solve.sh``) through the harness's own shell tool,
-or its text edit format where edits are reply text (one edit, then a final answer): it proves the whole path — harness, sandbox, proxy, grading
-— can earn reward 1.0, and is labelled as such wherever its turns are reported.
+and logprobs stay real. ``gold`` replays a task's gold patch (a Harbor task's ``solution/solve.sh``) through
+the harness's own shell tool, or its text edit format where edits are reply text (one edit, then a final
+answer): it proves the whole path — harness, sandbox, proxy, grading — can earn reward 1.0, and is labelled as
+such wherever its turns are reported.
 """
 
 from __future__ import annotations
@@ -103,9 +104,11 @@ def gold_steps_policy(tasks: list[Task]) -> Policy:
             return gold(session_id, call_number, prompt_text)
         files = patch_files(task.patch)
         steps = [
-            ("Let me look at the repository first to see how it is laid out and whether the tree is clean.",
+            (("Let me look at the repository first to see how it is laid out and whether the tree is "
+              "clean."),
              "cd /testbed && git status --short && ls"),
-            (f"The issue points at {files[0]}. I will read the code around the place that needs to change.",
+            ((f"The issue points at {files[0]}. I will read the code around the place that needs to "
+              "change."),
              f"cd /testbed && sed -n '{_hunk_lines(task.patch)}p' {shlex.quote(files[0])}"),
             (f"I see the problem now. Here is the fix for {files[0]}, as a patch applied with git.", None),
             ("Now I will check that the change is in place and that the changed modules still compile.",

@@ -155,8 +155,9 @@ class PortablePython(_LockedPyPI):
     copied, and the interpreter's library path becomes ``$ORIGIN/../lib`` (patchelf), so the install
     runs from wherever it is mounted and needs nothing of the host's: CPython finds its prefix from
     its own path. ``/opt/harness/lib`` follows it: a sealed harness runs in the loader's secure mode,
-    which ignores ``$ORIGIN`` (sandbox/forwarder.py, "Sealed harness"). pip comes from the interpreter's bundled ``ensurepip`` (offline). The host
-    interpreter is ``$POLAR_PYTHON<major>_<minor>``, else ``python<ver>`` on PATH, else a pyenv build.
+    which ignores ``$ORIGIN`` (sandbox/forwarder.py, "Sealed harness"). pip comes from the interpreter's
+    bundled ``ensurepip`` (offline). The host interpreter is ``$POLAR_PYTHON<major>_<minor>``, else
+    ``python<ver>`` on PATH, else a pyenv build.
     """
 
     package: str

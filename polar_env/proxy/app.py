@@ -153,7 +153,8 @@ class ProxyServer:
                        metadata: dict[str, Any] | None = None, training: bool = False,
                        budget: EpisodeBudget | dict[str, Any] | None = None) -> tuple[str, str]:
         """Register a session; returns ``(session_id, api_key)``. The key is not stored. A training
-        session whose enforced sampling does not match the backend's logprobs is refused (LogprobsMismatch)."""
+        session whose enforced sampling does not match the backend's logprobs is refused
+        (LogprobsMismatch)."""
         if training and (why := sampling_mismatch(self.logprobs_mode, sampling or {})):
             raise LogprobsMismatch(why)
         session, key = self.registry.create(session_id, sampling=sampling, metadata=metadata, training=training,
@@ -313,7 +314,8 @@ class ProxyServer:
         """A model call's body decoded, reusing what the session's last request already decoded
         (proxy/seen.py). Here, on the loop, when the body is small or only its new part is (a Chat
         Completions or Messages request growing by less than ``OFF_LOOP_BYTES`` since the last: its
-        parse is one fast orjson pass); else whole in a worker process, which sends back the snapshot it made."""
+        parse is one fast orjson pass); else whole in a worker process, which sends back the snapshot it
+        made."""
         seen = session.seen
         if len(raw) < OFF_LOOP_BYTES or (seen.decoded is not None and len(raw) - seen.body_bytes < OFF_LOOP_BYTES):
             return _decode(decode, raw, seen)

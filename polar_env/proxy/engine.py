@@ -97,8 +97,9 @@ class EngineConfig:
     # ``drop`` starts a new chain rendered whole, as the template drops that thinking (docs/proxy.md)
     history_thinking: Literal["keep", "drop"] = "keep"
     policy_version: int | None = None  # the serving weights' version at start (the trainer moves it: proxy/policy.py)
-    # a call not provably the harness's (origin ``tool``/``unknown``: a process the agent ran with the session's
-    # key): ``serve`` answers it behind the harness's calls (proxy/run_slots.py), ``refuse`` answers 403
+    # a call not provably the harness's (origin ``tool``/``unknown``: a process the agent ran with the
+    # session's key): ``serve`` answers it behind the harness's calls (proxy/run_slots.py), ``refuse`` answers
+    # 403
     agent_calls: Literal["serve", "refuse"] = "serve"
 
 
@@ -299,7 +300,8 @@ class TokenEngine:
 
     @staticmethod
     def neutralised(session: Session, requested: dict[str, Any]) -> list[str]:
-        """The harness's narrowing knobs this call did not apply (a trainer's forced top_p is not the harness's)."""
+        """The harness's narrowing knobs this call did not apply (a trainer's forced top_p is not the
+        harness's)."""
         out = []
         if (top_p := requested.get("top_p")) is not None and top_p < 1 and session.info.sampling.get("top_p") is None:
             out.append("top_p")

@@ -1,4 +1,5 @@
-"""The Gemini API (``POST /v1beta/models/{model}:generateContent`` / ``:streamGenerateContent``): Gemini CLI's.
+"""The Gemini API (``POST /v1beta/models/{model}:generateContent`` / ``:streamGenerateContent``): Gemini
+CLI's.
 
 The model and whether to stream come from the URL, not the body. ``contents`` alternate ``user`` and
 ``model`` turns made of parts: ``text`` (``thought: true`` for reasoning), ``functionCall`` in model

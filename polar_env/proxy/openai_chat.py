@@ -264,6 +264,6 @@ def encode_error(status: int, message: str) -> ErrorBody:
 
 def encode_overflow(prompt_tokens: int, window: int | None) -> ErrorBody:
     """Chat Completions' wording, numbers included (as vLLM's OpenAI server words it too)."""
-    return openai_overflow(f"This model's maximum context length is {window or prompt_tokens - 1} tokens. However, your messages "
-                           f"resulted in {prompt_tokens} tokens. Please reduce the length of the messages.",
+    return openai_overflow(f"This model's maximum context length is {window or prompt_tokens - 1} tokens. However, your "
+                           f"messages resulted in {prompt_tokens} tokens. Please reduce the length of the messages.",
                            "messages")

@@ -132,9 +132,9 @@ class PolicyFence:
     async def generate(self, make: Callable[[], Awaitable[T]], on_abort: Callable[[], None] | None = None
                        ) -> tuple[int | None, T, float]:
         """``await make()`` once the fence is open, never across a swap; returns the version that
-        sampled, the result and the milliseconds it waited at the fence. An attempt the fence aborts (it cancels the calling task while that
-        task waits inside ``make``, and takes the cancellation back) calls ``on_abort`` and runs
-        again after the resume."""
+        sampled, the result and the milliseconds it waited at the fence. An attempt the fence aborts (it
+        cancels the calling task while that task waits inside ``make``, and takes the cancellation back) calls
+        ``on_abort`` and runs again after the resume."""
         task = asyncio.current_task()
         assert task is not None  # called from a coroutine
         held_ms = 0.0
@@ -255,7 +255,8 @@ class Admission:
         self.waited_ms = 0.0  # summed over the episodes that waited
 
     def lag(self, episode: int) -> int:
-        """The staleness ``episode`` would have if it started now: the step it feeds minus the policy's version."""
+        """The staleness ``episode`` would have if it started now: the step it feeds minus the policy's
+        version."""
         return episode // self.per_step - ((self.fence.version or 0) - self.base)
 
     async def admit(self) -> int | None:

@@ -314,7 +314,8 @@ def stops_of(stop: str | list[str] | None, limit: int | None = None) -> list[str
 
 
 def openai_tool_choice(choice: str | dict[str, Any] | None, flags: list[str]) -> tuple[str, str | None]:
-    """(mode, tool name) of an OpenAI ``tool_choice`` (Chat and Responses); forms the engine cannot enforce are flagged."""
+    """(mode, tool name) of an OpenAI ``tool_choice`` (Chat and Responses); forms the engine cannot enforce
+    are flagged."""
     if choice is None or choice in ("auto", "none", "required"):
         return choice or "auto", None
     if isinstance(choice, dict) and choice.get("type") in ("function", "custom"):
@@ -363,7 +364,8 @@ def custom_tool_description(description: str, fmt: dict[str, Any] | None) -> str
     """A free-text tool's description with its input grammar appended: the model must see the format."""
     if not fmt or fmt.get("type") != "grammar":
         return description
-    return f"{description}\n\nInput format ({fmt.get('syntax', 'grammar')} grammar):\n{fmt.get('definition', '')}"
+    return (f"{description}\n\nInput format ({fmt.get('syntax', 'grammar')} grammar):\n"
+            f"{fmt.get('definition', '')}")
 
 
 def tool_input(tc: ToolCall) -> dict[str, Any]:

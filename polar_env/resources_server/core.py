@@ -64,7 +64,8 @@ class EpisodeConflict(ValueError):
 class PolarResourcesConfig(BaseModel):
     """What an operator sets in the Gym config (``resources_servers.polar``)."""
 
-    tasks: str = "bundled"  # "bundled", "terminal", "verified", a JSONL path or a Harbor folder (polar_env.tasks.loader)
+    # "bundled", "terminal", "verified", a JSONL path or a Harbor folder (polar_env.tasks.loader)
+    tasks: str = "bundled"
     reward_key: str | None = None  # Harbor tasks: the reward.json key that is the reward
     scratch_root: str | None = None  # where sandbox workspaces live (default: the system temp dir)
     grading_timeout_s: float = Field(default_factory=grading_timeout_s)  # grading's own budget; outlives the rollout
@@ -219,7 +220,8 @@ class PolarResources:
             grading=result.model_dump(mode="json", exclude={"log_tail"}))
 
     async def close(self, episode_id: str) -> bool:
-        """Remove the workspace (after a seed still in flight); safe to repeat, and a later seed is refused."""
+        """Remove the workspace (after a seed still in flight); safe to repeat, and a later seed is
+        refused."""
         self.closed.add(episode_id)
         pending = self._seeding.get(episode_id)
         if pending is not None:

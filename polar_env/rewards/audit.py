@@ -35,7 +35,8 @@ class TaskAudit(BaseModel):
 
     @classmethod
     def of(cls, task_id: str, checks: dict[str, CheckResult]) -> TaskAudit:
-        """``controllable`` if any check controls the reward; ``unknown`` if one could not tell; else ``resists``."""
+        """``controllable`` if any check controls the reward; ``unknown`` if one could not tell; else
+        ``resists``."""
         verdicts = {c.verdict for c in checks.values()}
         verdict: Verdict = "controllable" if "controls" in verdicts else "unknown" if "unknown" in verdicts \
             else "resists"

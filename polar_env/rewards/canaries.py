@@ -1,4 +1,5 @@
-"""Canary tests a reader of this module cannot tell from the task's own: mutants of the F2P tests, in their files.
+"""Canary tests a reader of this module cannot tell from the task's own: mutants of the F2P tests, in their
+files.
 
 A forgery inside the tested process (a new ``outcome`` on pytest's reports, a patched runner) sees
 everything pytest sees, and its author may have read this file. So the grader writes its canaries
@@ -18,10 +19,10 @@ exchangeable with its original: nothing in the file says which of the two is the
   drawn from the file's own (``== 3`` -> ``== 7``, ``"iso8601"`` -> ``"foo"``: the original could as
   well have been either), or a ``pytest.raises``/``assertRaises`` block toggled: unwrapped where
   the test has one, wrapped around a call statement the test reaches where it has one, each half the
-  time where both are possible, so that a block present says nothing. Flips that real tests write mostly one way (``==`` -> ``!=``, ``in`` ->
-  ``not in``, ``assertEqual`` -> ``assertNotEqual``) are not used. Every mutation is certain to fail
-  where its original passes: a reached ``x == c`` that held cannot hold for ``c' != c``; a raises
-  block around a statement that completed raises nothing; the exception a raises block caught
+  time where both are possible, so that a block present says nothing. Flips that real tests write mostly one
+  way (``==`` -> ``!=``, ``in`` -> ``not in``, ``assertEqual`` -> ``assertNotEqual``) are not used. Every
+  mutation is certain to fail where its original passes: a reached ``x == c`` that held cannot hold for ``c'
+  != c``; a raises block around a statement that completed raises nothing; the exception a raises block caught
   propagates once it is unwrapped.
 - **Nothing told.** The plugin learns nothing of which tests are canaries; that a canary must FAIL
   whenever its original PASSES in the same run is known only to the grader, which reads both
@@ -59,12 +60,14 @@ class CanaryPlan:
     """The test files with their canaries, and what only the grader knows of them."""
 
     files: dict[str, str] = field(default_factory=dict)  # test file -> its text with the canaries
-    # canary function id (``file::[Class::]name``) -> its original's function id as written (None: must fail outright)
+    # canary function id (``file::[Class::]name``) -> its original's function id as written (None: must fail
+    # outright)
     expect: dict[str, str | None] = field(default_factory=dict)
     renamed: dict[str, str] = field(default_factory=dict)  # function id as written -> the task's function id
 
     def source_of(self, nodeid: str) -> tuple[bool, str | None]:
-        """(whether ``nodeid`` is a canary, the node id of its original, as written, with the same parameters)."""
+        """(whether ``nodeid`` is a canary, the node id of its original, as written, with the same
+        parameters)."""
         func, bracket, params = nodeid.partition("[")
         if func not in self.expect:
             return False, None

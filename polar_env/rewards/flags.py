@@ -7,8 +7,8 @@ results, the test files on disk, or a sign that it is being tested (``special-ca
 caller's frames or source, a comparison with a literal quoted in the issue), or code that hides
 itself (``hidden-code``: added code that decodes something and runs it, or builds, loads or pokes
 code objects: what no line-by-line flag can read). In ``strict`` mode
-every tampering flag scores 0 (`is_tamper`: all but the ``reset:*`` and ``note:*`` notes); they are also counted in
-`polar rollout`'s summary and shown in `polar view`. Only added lines of kept (non-test) source are
+every tampering flag scores 0 (`is_tamper`: all but the ``reset:*`` and ``note:*`` notes); they are also
+counted in `polar rollout`'s summary and shown in `polar view`. Only added lines of kept (non-test) source are
 read. For a project that is itself the test runner (pytest, pluggy) the runner's names are its own
 vocabulary and do not count; there, a change to a module of the runner's outcome pipeline
 (reports, runner, terminal, ...) is the ``runner-internals`` signal.

@@ -142,7 +142,8 @@ class BubblewrapGrader(Grader):
     """A fresh copy of the task's base tree in bubblewrap, the pinned venv (rewards/grading.py)."""
 
     name = "bubblewrap"
-    channel = "the grader plugin's result stream on a descriptor the tests never hold, judged against canaries and the gold run"
+    channel = ("the grader plugin's result stream on a descriptor the tests never hold, judged against canaries "
+               "and the gold run")
 
     async def run(self, work: Submission) -> GradeResult:
         from polar_env.rewards.grading import grade

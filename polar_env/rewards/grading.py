@@ -377,7 +377,8 @@ def _patch_zero(result: GradeResult, kind: FailureKind, error: str, t0: float) -
 
 
 def _test_patch_applies_to_base(task: Task, dest: Path) -> bool:
-    """Whether the test patch applies to a fresh copy of the base (the control for a patched tree's refusal)."""
+    """Whether the test patch applies to a fresh copy of the base (the control for a patched tree's
+    refusal)."""
     try:
         GradingTree.fresh(task, dest).apply(task.test_patch, allow_binary=True)
     except (PatchRefused, OSError):

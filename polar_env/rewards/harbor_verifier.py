@@ -130,7 +130,8 @@ def writer_flags(events: list[tuple[int, str]] | None, shell: int | None) -> dic
     Where the shell writes none, its checker's write stands (whether tested code runs in that checker
     is the task's design: ``polar tasks audit``)."""
     if events is None:
-        return {"note:reward-writers-unchecked": "fanotify needs host root: the reward files' writers were not checked"}
+        return {"note:reward-writers-unchecked": ("fanotify needs host root: the reward files' writers were "
+                                                    "not checked")}
     writers = {pid for pid, name in events if name in REWARD_FILES}
     others = writers - {shell}
     if shell in writers and others:
@@ -203,7 +204,8 @@ def safe_search_env(box: ContainerSandbox, user: str, env: dict[str, str]) -> di
     agent's uid could change dropped, checked in ``box`` as that uid; HOME is root's /root where the
     verifier is root and that is safe, else the fresh `VERIFIER_HOME`. An empty PATH is refused (bash
     would look in the workdir). A root agent could change every entry (the whole container is its):
-    the image's are kept as they are, and HOME is the fresh one (docs/reliability.md says what that leaves)."""
+    the image's are kept as they are, and HOME is the fresh one (docs/reliability.md says what that
+    leaves)."""
     image = {**image_env(box.engine, box.image), **box.spec.env}  # what every exec inherits
     wanted = {v: env.get(v, image.get(v)) for v in SEARCH_VARS}
     wanted = {v: x for v, x in wanted.items() if x is not None} | {"PATH": wanted["PATH"] or FALLBACK_PATH}
@@ -343,7 +345,8 @@ async def _run_tests(task: Task, box: ContainerSandbox, result: GradeResult, t0:
     named: dict[str, int] = {}
     try:
         run = await run_process_tree(
-            # no in-container `timeout` wrapper: the exec's first process is test.sh's shell (the host kills at the deadline)
+            # no in-container `timeout` wrapper: the exec's first process is test.sh's shell (the host kills
+            # at the deadline)
             box.exec_argv(["sh", "-c", GATED_TEST_SH], env, user=user, path=env["PATH"], interactive=True),
             timeout_s=config.timeout_sec, stdin=b"\n", max_output_bytes=MAX_OUTPUT_BYTES, on_timeout=box.kill_all,
             before_stdin=(lambda: _name_the_shell(box, named)) if watch is not None else None)

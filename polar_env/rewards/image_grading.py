@@ -180,7 +180,8 @@ def grade_in_image(task: Task, model_patch: str | None, *, engine: str, image: s
 async def _strict_run(task: Task, patch: str, *, engine: str, image: str, timeout_s: float,
                       gold: TestRun | None = None) -> dict:
     """The strict run in a fresh container; with ``gold``, judged against it, and perturbed if it resolves
-    (where the gold patch passes the perturbed run); without, the gold run itself and its perturbed control."""
+    (where the gold patch passes the perturbed run); without, the gold run itself and its perturbed
+    control."""
     box = await asyncio.to_thread(image_box, engine, image, history_base(task))
     try:
         try:
@@ -188,7 +189,8 @@ async def _strict_run(task: Task, patch: str, *, engine: str, image: str, timeou
         except TestPatchFailed as e:
             if gold is None:
                 raise  # the gold tree: a task defect
-            return {"test_patch_failed": f"the {e} on the patched tree, while the gold run's applied: the patch's doing"}
+            return {"test_patch_failed": (f"the {e} on the patched tree, while the gold run's applied: "
+                                          "the patch's doing")}
         run = done.get("run")
         if gold is None and run is not None and run.valid:
             found = perturbed_disagreement(await perturbed_in_box(task, box, timeout_s)) \

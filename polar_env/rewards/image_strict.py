@@ -7,17 +7,17 @@ changed path against the tree recorded at creation, restore each that is not pro
 (`path_policy`, the same rule as bubblewrap grading) and the test files, apply the test patch.
 The box then locks the tree and the grader's files (`lock`: handed to root, or bound read-only
 where apptainer runs unprivileged), so the tests cannot write either, as the read-only bind does in
-bubblewrap. The tests run through the grader's runner script (no current directory on ``sys.path``, plugin autoload off, the image's installed ``pytest11`` plugins named,
-the grader's ini from the reset tree's configuration), with `report_plugin` reading its
-configuration from stdin and writing its result stream to a descriptor that is the exec's stdout,
-while pytest's own output goes to stderr. The stream is judged exactly as in bubblewrap
-(`strict_run.judge_stream`: sequence, nonce, the grader's canaries written into the F2P files, ids, counts), then against the gold patch's
-run in the same image (`grading.against_gold`), and every tampering flag scores 0.
-`perturbed_in_box` is the perturbed second run of the F2P tests (`strict_run.plan_perturbed`: renamed
-files and functions, the tree copied to ``/srv/<random>``, a random ``argv[0]``, no ``PYTEST_*``
-visible); the box's host name stays the one it was created with. Everything of the image's Python
-(the plugin listing, the runner) runs with the task environment activated the way its dataset's
-harness does it (`tasks.datasets.Procedure.activate`: SWE-bench's images keep it in conda).
+bubblewrap. The tests run through the grader's runner script (no current directory on ``sys.path``, plugin
+autoload off, the image's installed ``pytest11`` plugins named, the grader's ini from the reset tree's
+configuration), with `report_plugin` reading its configuration from stdin and writing its result stream to a
+descriptor that is the exec's stdout, while pytest's own output goes to stderr. The stream is judged exactly
+as in bubblewrap (`strict_run.judge_stream`: sequence, nonce, the grader's canaries written into the F2P
+files, ids, counts), then against the gold patch's run in the same image (`grading.against_gold`), and every
+tampering flag scores 0. `perturbed_in_box` is the perturbed second run of the F2P tests
+(`strict_run.plan_perturbed`: renamed files and functions, the tree copied to ``/srv/<random>``, a random
+``argv[0]``, no ``PYTEST_*`` visible); the box's host name stays the one it was created with. Everything of
+the image's Python (the plugin listing, the runner) runs with the task environment activated the way its
+dataset's harness does it (`tasks.datasets.Procedure.activate`: SWE-bench's images keep it in conda).
 """
 
 from __future__ import annotations
@@ -78,7 +78,8 @@ SOURCE_DIFF = f"""cd {TREE}
 export GIT_ALTERNATE_OBJECT_DIRECTORIES={GIT_DIR_INSIDE}/objects
 base=$(cat {BASE_FILE})
 export GIT_INDEX_FILE=$(mktemp)
-{GIT} read-tree "$base" && {GIT} add -A -f -- . && {GIT} diff --cached --no-color --no-ext-diff "$base" -- "$@"
+{GIT} read-tree "$base" && {GIT} add -A -f -- . && \
+{GIT} diff --cached --no-color --no-ext-diff "$base" -- "$@"
 """
 RESTORE = f"""set -e
 cd {TREE}

@@ -2,8 +2,8 @@
 
 Extraction diffs the working tree (untracked files included) against the tree's root commit,
 the only commit a task tree starts with, so commits the agent made are still counted. A
-throwaway repository and index keep the agent's own untouched and its settings unused. Harness state and build noise are
-excluded; `--binary` keeps binary edits applicable.
+throwaway repository and index keep the agent's own untouched and its settings unused. Harness state and build
+noise are excluded; `--binary` keeps binary edits applicable.
 """
 
 from __future__ import annotations

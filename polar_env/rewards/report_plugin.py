@@ -85,7 +85,8 @@ def _code(code: types.CodeType, digest: Any) -> None:
                         code.co_argcount, code.co_kwonlyargcount)).encode())
     for const in code.co_consts:
         if code.co_filename.startswith("<") and type(const) is int:
-            continue  # generated code (attrs' ``__hash__``) holds a per-process salt: not the runner's content
+            # generated code (attrs' ``__hash__``) holds a per-process salt: not the runner's content
+            continue
         if type(const) is types.CodeType:
             _code(const, digest)
         else:  # a constant is a scalar or a tuple/frozenset of them (a frozenset's order is the hash seed's)

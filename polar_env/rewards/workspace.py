@@ -1,7 +1,7 @@
 """The tree a grading runs on: a copy of the task base whose git state the patch cannot reach.
 
-The base is copied once per task and process from the node's warm base (`base_tree`) and copied per grading. The copy
-has no ``.git``: its repository lives beside it in a private directory (``git --git-dir``), so no
+The base is copied once per task and process from the node's warm base (`base_tree`) and copied per grading.
+The copy has no ``.git``: its repository lives beside it in a private directory (``git --git-dir``), so no
 path a patch writes can become git configuration, hooks or objects, and every git command runs
 with the tree's attributes outranked and no user/system configuration (`polar_env.sandbox.safe_git`):
 nothing from the tree is ever executed on the host. The host never acts on the tree through a
@@ -136,7 +136,8 @@ class GradingTree:
     def check_links_after_reset(self) -> None:
         """The reset and the test patch change the tree the first check saw (a link replaced by a real
         directory moves every ``..`` through it): every link of the final tree must resolve inside it,
-        before any test runs. Only a link of the base, unchanged and leaving the untouched base too, is spared."""
+        before any test runs. Only a link of the base, unchanged and leaving the untouched base too, is
+        spared."""
         base_links = {rel: sha for rel, (mode, sha) in self._blobs().items() if mode == SYMLINK_MODE}
         for rel in beneath.links(self.tree):
             if beneath.resolves_inside(self.tree, rel):
@@ -185,7 +186,8 @@ class GradingTree:
 
 
 def import_roots(task: Task, files: list[str]) -> dict[str, set[str]]:
-    """The tree root plus in-tree PYTHONPATH entries -> their top-level module names among ``files`` (base)."""
+    """The tree root plus in-tree PYTHONPATH entries -> their top-level module names among ``files``
+    (base)."""
     roots = {""}
     for entry in task.environment.env.get("PYTHONPATH", "").split(":"):
         if entry.startswith("{testbed}"):

@@ -1,4 +1,5 @@
-"""`polar rollout`: K rollouts per task (GRPO groups), N talking to the model at once, resumable, on disk as they end.
+"""`polar rollout`: K rollouts per task (GRPO groups), N talking to the model at once, resumable, on disk as
+they end.
 
 One module per job: ``config`` (the typed settings the CLI, Ray and the demo share), ``plan`` (which
 episodes, which are done, each stage's limit), ``outputs`` (what lands in ``--out``), ``progress``

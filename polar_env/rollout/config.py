@@ -68,7 +68,8 @@ class RolloutConfig(BaseModel):
     admin: str | None = None
     admin_secret: str | None = Field(default=None, repr=False)  # None: $POLAR_ADMIN_SECRET, else generated
     mask_single_call: bool = False  # mask rollouts of one model call (degenerate: OpenEnv RFC 006)
-    # watching the run (docs/rollout.md "Watching a run"): where /metrics is served, where per-round figures go
+    # watching the run (docs/rollout.md "Watching a run"): where /metrics is served, where per-round figures
+    # go
     metrics_port: str | None = None  # PORT or HOST:PORT
     report_to: list[Literal["tensorboard", "wandb"]] = []
     gpus: int | None = Field(default=None, ge=1)  # the backend's GPUs: the accepted work per GPU-hour

@@ -50,7 +50,8 @@ class RolloutOutputs:
     def add(self, trajectory: Trajectory) -> None:
         self._trajectories.write(trajectory)
         self._prompts.note(trajectory)
-        # masked ones too: never dropped (a placeholder whose siblings end later gets their prompt in finish_outputs)
+        # masked ones too: never dropped (a placeholder whose siblings end later gets their prompt in
+        # finish_outputs)
         self._nemo.write(jsonl_line(to_nemo_gym_result(trajectory, group_prompt=self._prompts.get(trajectory),
                                                        arrays=True).row()))
         self._nemo.flush()
@@ -110,11 +111,13 @@ def summarize(trajectories: list[Trajectory]) -> dict[str, Any]:
         # grading's tampering signals (docs/rewards.md): episodes per flag
         "grading_flags": dict(sorted(Counter(f for t in trajectories for f in (t.grading.flags if t.grading else [])
                                              ).items())),
-        # what the tool calls tried (history mining, fetching upstream, ...): an instrument (trajectory/exploits.py)
+        # what the tool calls tried (history mining, fetching upstream, ...): an instrument
+        # (trajectory/exploits.py)
         "exploit_attempts": exploit_summary(trajectories),
         # where an episode's time went, on average (episodes/lifecycle.py TIMING_KEYS)
         "timings_mean_s": mean_timings(trajectories),
-        # accepted trainable work per hour, run slot and GPU-hour; dropped and stale fractions (trajectory/accepted.py)
+        # accepted trainable work per hour, run slot and GPU-hour; dropped and stale fractions
+        # (trajectory/accepted.py)
         "accepted_work": accepted_work(trajectories),
     }
 

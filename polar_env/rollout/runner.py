@@ -50,7 +50,8 @@ class EpisodeRunner:
         self.plan = plan
         self.proxy_factory = proxy_factory
         self.ledger = ledger
-        # stamped on every trajectory (e.g. the Ray node); the run slots and GPUs: its accepted work's denominators
+        # stamped on every trajectory (e.g. the Ray node); the run slots and GPUs: its accepted work's
+        # denominators
         self.metadata = {"run_slots": plan.run_slots, **({"gpus": plan.gpus} if plan.gpus else {}), **(metadata or {})}
         self.proxy: ProxyServer | None = None
         self.admission: Admission | None = None  # --max-staleness: episodes start within K versions
@@ -72,7 +73,8 @@ class EpisodeRunner:
         if self.plan.admin:
             secret = self.proxy.admin_secret
             shown = "$POLAR_ADMIN_SECRET" if secret == os.environ.get("POLAR_ADMIN_SECRET") else secret
-            print(f"polar: admin API on http://{self.plan.admin}/admin (pause, resume, policy: docs/training.md), "
+            print(f"polar: admin API on http://{self.plan.admin}/admin (pause, resume, policy: "
+                  "docs/training.md), "
                   f'-H "Authorization: Bearer {shown}"', flush=True)
         if why := sampling_mismatch(self.proxy.logprobs_mode, self.plan.episode.sampling):
             raise LogprobsMismatch(why)  # every episode would be refused: say it once, before any runs

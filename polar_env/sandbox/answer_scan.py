@@ -86,7 +86,8 @@ def _norm(name: str) -> str:
     return re.sub(r"[-_.]+", "_", name).lower()
 
 
-# a distribution's metadata dir or file: requests-2.31.0.dist-info, Flask-2.3.0.tar.gz, pytest-7.3.1-py3-none-any.whl
+# a distribution's metadata dir or file: requests-2.31.0.dist-info, Flask-2.3.0.tar.gz,
+# pytest-7.3.1-py3-none-any.whl
 _DIST = re.compile(r"^([A-Za-z0-9_.]+?)-(\d[^/]*?)(\.dist-info|\.egg-info|\.whl|\.tar\.gz|\.tgz|\.tar\.bz2|"
                    r"\.tar\.xz|\.zip|\.egg)$")
 _INIT = re.compile(r"^__init__(\.py|\.pyc|\.[A-Za-z0-9_-]+\.pyc)$")

@@ -327,7 +327,8 @@ class ApptainerBox:
             await asyncio.to_thread(chown_tree, target, *owner)
 
     async def lock(self, paths: Sequence[str]) -> None:
-        """The tested code cannot write ``paths`` from now on: handed to root (host root), else bound read-only."""
+        """The tested code cannot write ``paths`` from now on: handed to root (host root), else bound
+        read-only."""
         if os.geteuid() != 0:
             self.read_only.update(self._bind_of(p)[0] for p in paths)
             return

@@ -3,7 +3,8 @@
 A sandbox holds one task tree at a fixed path (``/testbed``) and runs commands in it with a
 deadline, a fixed environment and no network except the proxy. Everything a harness reads into
 its first request (cwd, HOME, user, hostname, timezone, env) comes from :class:`SandboxSpec`, so
-it is identical across the rollouts of a task (docs/architecture.md, "The token path": GRPO groups by first-prompt ids).
+it is identical across the rollouts of a task (docs/architecture.md, "The token path": GRPO groups by
+first-prompt ids).
 """
 
 from __future__ import annotations
@@ -128,7 +129,8 @@ class Sandbox(ABC):
     @abstractmethod
     async def run(self, cmd: Sequence[str], *, env: dict[str, str] | None = None, timeout_s: float | Deadline = 600.0,
                   stdin: bytes | None = None, max_output_bytes: int = 1 << 20) -> RunResult:
-        """Run ``cmd`` in the workdir; the whole process tree dies at ``timeout_s`` (a number, or a Deadline)."""
+        """Run ``cmd`` in the workdir; the whole process tree dies at ``timeout_s`` (a number, or a
+        Deadline)."""
 
     @abstractmethod
     async def copy_in(self, src: Path, dst: str) -> None:

@@ -3,17 +3,17 @@
 Layout inside: the sandbox root's read-only ``/usr`` and ``/etc`` (``polar_env.sandbox.rootfs``, a
 minimal Debian, never the host's; a generated passwd/group names the sandbox user), the task copy
 at ``/testbed``, HOME and ``/tmp`` bound from per-sandbox host dirs (so adapters can write config
-before and read state after a run), the harness install read-only at ``/opt/harness`` (the root and the install, as host root, through
-overlays on the sandbox's tmpfs that name no host path: ``polar_env.sandbox.views``; the install's
-the sealed harness's alone, not the agent's commands': ``forwarder.py``, "Sealed harness"), the proxy's
-socket dir at ``/run/proxy``, and the forwarder at ``/opt/polar/forwarder.py``. As host root those
-per-sandbox dirs live on one tmpfs of ``spec.disk_bytes`` mounted at the sandbox's root dir: the
-quota of everything the episode can write, and bind sources whose paths (``/testbed``, ``/home``)
-name nothing of the host in the sandbox's mountinfo. The base snapshot is kept beside it, off the
-quota, so a full disk cannot stop the diff. ``--unshare-all`` leaves only ``lo``. When the host runs as root the
-sandbox leases a host uid of its own, which owns the task copy and HOME, and every command runs in a
-user namespace that uid made, showing it as the spec's uid (``polar_env.sandbox.identity``: no
-per-user budget is shared with a sibling), ``setpriv`` dropping to it; memory/pids
+before and read state after a run), the harness install read-only at ``/opt/harness`` (the root and the
+install, as host root, through overlays on the sandbox's tmpfs that name no host path:
+``polar_env.sandbox.views``; the install's the sealed harness's alone, not the agent's commands':
+``forwarder.py``, "Sealed harness"), the proxy's socket dir at ``/run/proxy``, and the forwarder at
+``/opt/polar/forwarder.py``. As host root those per-sandbox dirs live on one tmpfs of ``spec.disk_bytes``
+mounted at the sandbox's root dir: the quota of everything the episode can write, and bind sources whose paths
+(``/testbed``, ``/home``) name nothing of the host in the sandbox's mountinfo. The base snapshot is kept
+beside it, off the quota, so a full disk cannot stop the diff. ``--unshare-all`` leaves only ``lo``. When the
+host runs as root the sandbox leases a host uid of its own, which owns the task copy and HOME, and every
+command runs in a user namespace that uid made, showing it as the spec's uid (``polar_env.sandbox.identity``:
+no per-user budget is shared with a sibling), ``setpriv`` dropping to it; memory/pids
 limits apply through cgroup v2 where we can delegate, else cgroup v1 (``polar_env.sandbox.cgroups``).
 """
 

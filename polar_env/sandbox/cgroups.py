@@ -99,7 +99,8 @@ class CgroupLimits:
         return self.groups[controller] / knobs[controller]
 
     def _try_v2(self, name: str, wanted: dict[str, int], base: Path | None) -> dict[str, str]:
-        """Limit, in one v2 leaf, every wanted controller v2 offers here; returns why not, per controller left."""
+        """Limit, in one v2 leaf, every wanted controller v2 offers here; returns why not, per controller
+        left."""
         if base is None:
             return dict.fromkeys(wanted, "no cgroup v2 hierarchy mounted")
         try:

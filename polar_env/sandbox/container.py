@@ -4,27 +4,27 @@ One long-lived container per episode: ``--network none`` (only ``lo``), the prox
 bind-mounted read-only at /run/proxy and reached through the forwarder (as in bubblewrap), the
 harness install read-only at /opt/harness, memory/pids limits, PID 1 an init that reaps. Commands
 run by ``exec`` as the unprivileged sandbox uid; only the setup steps (the workdir's git history
-reduced to the base, sandbox/history.py; chown, git snapshot, diff) exec as root, which is why the container keeps CHOWN/DAC_OVERRIDE/FOWNER and drops every other
-capability: a non-root uid has no effective capabilities, and ``no-new-privileges`` stops setuid
-binaries from getting any. An episode's container also keeps what its forwarder needs: it runs as
-root and starts the harness as the sandbox uid, sealed (``FORWARDER_CAPS``). A container of
-``spec.userns`` runs in a user namespace of its own (``--uidmap``: its root is an unprivileged host uid,
-a fresh range per container), and only there may the agent be root (``spec.uid`` 0: a Harbor task whose
-image's user is root, as Harbor runs it); the forwarder then starts the harness as root without
-``CAP_SYS_PTRACE`` or ``CAP_SETPCAP`` in its bounding set (``ROOT_AGENT_CAPS``: the container keeps
-SETPCAP for that drop), so neither the harness nor any tool it runs can trace another process. A
-``spec.host_dirs`` path is a fresh host directory on a tmpfs of its own, bind-mounted in, root's (in
+reduced to the base, sandbox/history.py; chown, git snapshot, diff) exec as root, which is why the container
+keeps CHOWN/DAC_OVERRIDE/FOWNER and drops every other capability: a non-root uid has no effective
+capabilities, and ``no-new-privileges`` stops setuid binaries from getting any. An episode's container also
+keeps what its forwarder needs: it runs as root and starts the harness as the sandbox uid, sealed
+(``FORWARDER_CAPS``). A container of ``spec.userns`` runs in a user namespace of its own (``--uidmap``: its
+root is an unprivileged host uid, a fresh range per container), and only there may the agent be root
+(``spec.uid`` 0: a Harbor task whose image's user is root, as Harbor runs it); the forwarder then starts the
+harness as root without ``CAP_SYS_PTRACE`` or ``CAP_SETPCAP`` in its bounding set (``ROOT_AGENT_CAPS``: the
+container keeps SETPCAP for that drop), so neither the harness nor any tool it runs can trace another process.
+A ``spec.host_dirs`` path is a fresh host directory on a tmpfs of its own, bind-mounted in, root's (in
 a user namespace: no uid of the container's owns it, not even its root), which only the host hands
-over (`host_dir`). HOME and ``/tmp`` are tmpfs mounts of ``spec.disk_bytes`` each, and so, on podman as host root, is the
-workdir of a warm container (`WorkdirQuota`). The image's own PATH is kept (its
+over (`host_dir`). HOME and ``/tmp`` are tmpfs mounts of ``spec.disk_bytes`` each, and so, on podman as host
+root, is the workdir of a warm container (`WorkdirQuota`). The image's own PATH is kept (its
 toolchain lives there); the harness's bin dir goes in front. Root execs run with ``PATH=/usr/bin:/bin``
 instead (their sh, chown, head, kill are the system's, never found first in an image PATH directory the
 agent may write); an exec given its own ``path`` (a task's verifier: the image's PATH less what the agent
 can write, rewards/harbor_verifier.py) runs with that one. The
 pid of the keep-alive ``sleep infinity`` (PID 1's child, the init's) is recorded once the container
-starts, before anything else runs in it, so what is spared later is that process, not a name. A deadline kills every process of the sandbox uid in the container, and a
-failed ``create`` removes the container. The argv builders are pure, so they are unit tested
-without an engine; the methods only execute them.
+starts, before anything else runs in it, so what is spared later is that process, not a name. A deadline kills
+every process of the sandbox uid in the container, and a failed ``create`` removes the container. The argv
+builders are pure, so they are unit tested without an engine; the methods only execute them.
 """
 
 from __future__ import annotations
@@ -209,7 +209,8 @@ class WorkdirQuota:
         """The quota for a container of ``image``, or None where it cannot be had (docker, not root, no
         quota asked, an image without the workdir, a container in a user namespace of its own)."""
         if engine != "podman" or os.geteuid() != 0 or spec.disk_bytes is None or spec.userns:
-            return None  # (in a user namespace runc may not mount the overlay: docs/reliability.md, known limits)
+            # (in a user namespace runc may not mount the overlay: docs/reliability.md, known limits)
+            return None
         lower = Path(engine_run([engine, "image", "mount", image]).decode().strip()) / spec.workdir.lstrip("/")
         quota = cls(engine, image, lower, Path(tempfile.mkdtemp(prefix="polar-workdir-", dir=spec.scratch_root)))
         try:
@@ -378,7 +379,8 @@ class ContainerSandbox(Sandbox):
     def rm_argv(self) -> list[str]:
         return [self.engine, "rm", "-f", "-t", "0", self.name]
 
-    # --- host-side views (host root: the container's processes and host dirs, no program of the container run) ---
+    # --- host-side views (host root: the container's processes and host dirs, no program of the container
+    # run) ---
     def host_dirs_root(self) -> Path:
         return Path(tempfile.gettempdir()) / "polar-host-dirs" / self.name
 
@@ -448,7 +450,8 @@ class ContainerSandbox(Sandbox):
         ``FORWARDER_CAPS``, starts the harness with that group (``forwarder.py``, "Sealed harness"). In a
         user namespace of its own that group is the host gid the container's harness group maps to,
         fresh per container (its layer kept in the same temp dir); a root agent keeps ``CAP_SETGID`` in
-        its namespace, so its install is sealed against a plain read only, and scanned (``tasks/answers.py``)."""
+        its namespace, so its install is sealed against a plain read only, and scanned
+        (``tasks/answers.py``)."""
         s = self.spec
         if os.geteuid() != 0 or s.harness_dir is None or s.proxy_socket_dir is None \
                 or not holds_python_packages(s.harness_dir):

@@ -3,7 +3,8 @@
 The sandbox has no network, only ``lo``; the proxy's socket directory is bind-mounted in. Harnesses
 speak TCP, so this relays each TCP connection to a blocking Unix-socket connection. It binds
 before it reports ready (a line on stderr) and, given ``-- CMD...``, starts CMD only then and exits
-with CMD's status, so the harness never races the listener. Run with /usr/bin/python3 (docs/architecture.md, "An episode").
+with CMD's status, so the harness never races the listener. Run with /usr/bin/python3 (docs/architecture.md,
+"An episode").
 
 **Call origin.** Given the proxy's origin key (``POLAR_ORIGIN_KEY`` in its environment: taken out
 before CMD starts, and the forwarder made non-dumpable so no process of the sandbox's user can read
@@ -30,12 +31,12 @@ none, and starts CMD with its effective (and saved) gid one above its real gid: 
 dumpable, at every exec of CMD's tree that keeps them apart, so its ``/proc/<pid>`` entries are
 root's and no process without ``CAP_SYS_PTRACE`` opens them; and a Python harness's install is shown
 with its top directory the harness group's alone (mode 0750: ``views.sealed_layer``), which only a
-process whose effective gid is that group enters (a Node.js install cannot be: ``views.py``). A shell drops the difference, real, effective and saved
-gids all set to the real one (bash and dash both), so the agent's commands are ordinary processes of
-the sandbox gid, which can neither open the harness's ``/proc`` entries nor enter its install, and
-which the forwarder, holding ``CAP_SYS_PTRACE`` and ``CAP_DAC_READ_SEARCH``, can still read to prove
-each call's origin. A program the harness starts without a shell keeps the harness's ids (it is part
-of the harness: the loader's secure mode, and the install readable), and so do the harness's own
+process whose effective gid is that group enters (a Node.js install cannot be: ``views.py``). A shell drops
+the difference, real, effective and saved gids all set to the real one (bash and dash both), so the agent's
+commands are ordinary processes of the sandbox gid, which can neither open the harness's ``/proc`` entries nor
+enter its install, and which the forwarder, holding ``CAP_SYS_PTRACE`` and ``CAP_DAC_READ_SEARCH``, can still
+read to prove each call's origin. A program the harness starts without a shell keeps the harness's ids (it is
+part of the harness: the loader's secure mode, and the install readable), and so do the harness's own
 in-process file tools. Such an exec also runs in the loader's secure mode:
 the harness's dynamic loader drops ``LD_*`` and ``TMPDIR`` and ignores ``$ORIGIN`` (Node.js ignores
 ``NODE_OPTIONS``), which no adapter relies on.
@@ -275,7 +276,8 @@ def effective_caps() -> int:
 
 
 def harness_gid(gid: int) -> int:
-    """The effective gid a sealed harness runs with, beside its real ``gid``: the group its install is shown to."""
+    """The effective gid a sealed harness runs with, beside its real ``gid``: the group its install is shown
+    to."""
     return gid + 1
 
 

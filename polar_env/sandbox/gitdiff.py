@@ -74,7 +74,8 @@ def diff_script(base: str, exclude: Sequence[str] = BUILD_EXCLUDES) -> str:
     git = shlex.join(safe_git.git_argv())
     specs = shlex.join(exclude_pathspecs(exclude))
     return (f'set -e; mkdir -p "$GIT_OBJECT_DIRECTORY"; {git} add -A -- .; now=$({git} write-tree); '
-            f'exec {git} diff --binary --no-color --no-ext-diff --no-textconv {shlex.quote(base)} "$now" -- {specs}')
+            f'exec {git} diff --binary --no-color --no-ext-diff --no-textconv {shlex.quote(base)} "$now" -- '
+            f'{specs}')
 
 
 def sandboxed_diff_env(tree: str, git_dir: str, scratch: str) -> dict[str, str]:

@@ -1,4 +1,5 @@
-"""A bubblewrap sandbox's own host identity (as host root): a uid leased for its life, shown inside as the spec's.
+"""A bubblewrap sandbox's own host identity (as host root): a uid leased for its life, shown inside as the
+spec's.
 
 The kernel counts some things per user: inotify instances (128 by default), pipe buffer pages,
 message-queue bytes, pending signals, keys. Sandboxes that run as one host uid share one budget, so

@@ -25,7 +25,8 @@ SAFE_GIT_CONFIG = (
     "submodule.recurse=false", "init.defaultBranch=main", "core.fileMode=true",
 )
 # Highest-precedence attributes: no filter, no encoding conversion (it can fail), no diff/merge driver.
-# text/eol stay the tree's (they run nothing and cannot fail with core.safecrlf off), as when the base was committed.
+# text/eol stay the tree's (they run nothing and cannot fail with core.safecrlf off), as when the base was
+# committed.
 NEUTRAL_ATTRIBUTES = "* -filter !diff !merge !working-tree-encoding\n"
 
 

@@ -1,4 +1,5 @@
-"""The sandboxes' seccomp filter: no process inside may trace or read the memory of another, nor use the kernel keyring.
+"""The sandboxes' seccomp filter: no process inside may trace or read the memory of another, nor use the
+kernel keyring.
 
 ``ptrace``, ``process_vm_readv``, ``process_vm_writev`` and ``pidfd_getfd`` (which copies another
 process's file descriptor, e.g. the harness's socket to the forwarder) fail with EPERM for everything
@@ -6,10 +7,10 @@ in the sandbox (the agent's tools cannot attach to the harness, the forwarder or
 ``add_key``, ``request_key`` and ``keyctl``, as in docker's and podman's default profiles: keyrings
 are not namespaced by anything a sandbox unshares (a uid's user keyring is one per user namespace,
 and as host root every sandbox of one uid shares the host's), so a key stored by one episode or
-grading run (a hidden test file, say) would be read by the next. Every other syscall is allowed. Any ABI but the host's native one (x86-64 or aarch64; i386 or x32 entry points)
-is refused outright, so a compat syscall number cannot slip past. (``/proc/<pid>/mem`` of a
-process of the same uid stays open: the forwarder's origin proof needs the harness dumpable.)
-The program is classic BPF, the format bwrap's ``--seccomp FD`` loads.
+grading run (a hidden test file, say) would be read by the next. Every other syscall is allowed. Any ABI but
+the host's native one (x86-64 or aarch64; i386 or x32 entry points) is refused outright, so a compat syscall
+number cannot slip past. (``/proc/<pid>/mem`` of a process of the same uid stays open: the forwarder's origin
+proof needs the harness dumpable.) The program is classic BPF, the format bwrap's ``--seccomp FD`` loads.
 """
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ class ProfileMissing(RuntimeError):
 
 
 def without_keyring(profile: dict) -> dict:
-    """An OCI seccomp profile (docker/podman JSON) with the keyring calls refused (EPERM) wherever it allowed them."""
+    """An OCI seccomp profile (docker/podman JSON) with the keyring calls refused (EPERM) wherever it allowed
+    them."""
     rules = []
     for rule in profile.get("syscalls", []):
         names = [n for n in rule.get("names", []) if n not in KEYRING_CALLS]

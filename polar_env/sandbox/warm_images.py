@@ -9,8 +9,8 @@ on a node does both once, in a container it commits as ``localhost/polar-warm:<k
 episode's container starts from that image (the engine's overlay is the per-episode clone) and has
 only its HOME, a fresh tmpfs, to hand over. The key covers the image's id (not its name: a retagged
 image gets a fresh warm image), the uid, the workdir and the base the history is reduced to (one image
-may serve several bases: SWE-smith's instances are branches of one image); a lock file per key makes concurrent
-episodes (threads or processes) build it once. A warm image is listed in the pulled-image ledger
+may serve several bases: SWE-smith's instances are branches of one image); a lock file per key makes
+concurrent episodes (threads or processes) build it once. A warm image is listed in the pulled-image ledger
 (``sandbox/pulled_images.py``) with its own size, so ``polar tasks pull``'s disk budget prunes it too.
 """
 

@@ -1,4 +1,5 @@
-"""A task's answer and where it must not be: the needles of the answer scan, and the views checked at warm time.
+"""A task's answer and where it must not be: the needles of the answer scan, and the views checked at warm
+time.
 
 Every byte an agent's processes (or, in grading, its tested code) can read is potential answer: the
 sandbox root, a harness install its tools can read (a Node.js one; a Python one is sealed as host

@@ -12,9 +12,9 @@ database the agent's program talks to cannot run here), a ``main`` key that woul
 task.toml's ``[environment] env`` (resolved as Harbor does, tasks/harbor_env.py; Harbor's own win on a
 clash) nor has a ``${VAR:-default}``: no other host variable leaks into a task. As in Harbor, a compose
 task's ``[environment] env`` reaches the container only through this interpolation, and ``main``'s
-``environment`` may not set what Polar pins (tasks/harbor_env.py ``reserved``). Keys that only shape how compose runs the
-service (``command``, the ``deploy`` limits Harbor fills from task.toml, ``container_name``, ...)
-are ignored: task.toml's ``[environment]`` limits apply as for any task.
+``environment`` may not set what Polar pins (tasks/harbor_env.py ``reserved``). Keys that only shape how
+compose runs the service (``command``, the ``deploy`` limits Harbor fills from task.toml, ``container_name``,
+...) are ignored: task.toml's ``[environment]`` limits apply as for any task.
 """
 
 from __future__ import annotations

@@ -12,7 +12,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 # Harbor's verifier paths: the reward test.sh writes, the tests copied in after the agent, and the fresh
-# HOME Polar gives test.sh; in a Harbor task's containers each is a host directory (rewards/harbor_verifier.py)
+# HOME Polar gives test.sh; in a Harbor task's containers each is a host directory
+# (rewards/harbor_verifier.py)
 VERIFIER_DIR = "/logs/verifier"
 TESTS_DIR = "/tests"
 VERIFIER_HOME = "/var/lib/polar-verifier-home"

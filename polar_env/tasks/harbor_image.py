@@ -4,9 +4,9 @@ with the local engine and cached by content hash.
 No registry is reachable on Polar's machines, so every ``FROM`` must name an image the engine
 already has. These names are mapped before that check: ``debian:bookworm-slim`` (the public image
 Polar's base is made from: the shipped terminal tasks and every export start FROM it) and
-``polar-base`` (its old local name) to the project's Debian base (tasks/images.py), and whatever ``POLAR_IMAGE_MAP`` maps
-(``NAME=LOCAL[,NAME=LOCAL...]``, e.g. ``ubuntu:24.04=localhost/polar-base:<key>``). A ``FROM`` still
-missing is one error naming it and both ways to map it (that variable, or ``podman tag``).
+``polar-base`` (its old local name) to the project's Debian base (tasks/images.py), and whatever
+``POLAR_IMAGE_MAP`` maps (``NAME=LOCAL[,NAME=LOCAL...]``, e.g. ``ubuntu:24.04=localhost/polar-base:<key>``). A
+``FROM`` still missing is one error naming it and both ways to map it (that variable, or ``podman tag``).
 
 The tag ``localhost/polar-harbor/<id>:<key>`` hashes every file of ``environment/`` (names and
 bytes), the rewritten Dockerfile and the id of each base image, so an unchanged task reuses its

@@ -123,8 +123,8 @@ def public_containerfile(task: Task) -> str:
     body = containerfile(task, PUBLIC_BASE).split("\n", 1)[1].replace("WORKDIR /testbed\n", "")
     return (f"FROM {PUBLIC_BASE}\n"
             f"RUN (command -v python3 git patch >/dev/null && python3 -c 'import venv' 2>/dev/null || "
-            f"(apt-get update && apt-get install -y --no-install-recommends {packages} && rm -rf /var/lib/apt/lists/*))"
-            f" && rm -rf /{WHEEL_STORE}\n"
+            f"(apt-get update && apt-get install -y --no-install-recommends {packages} && rm -rf "
+            f"/var/lib/apt/lists/*)) && rm -rf /{WHEEL_STORE}\n"
             f"RUN id -u {AGENT_USER} >/dev/null 2>&1 || useradd -m -u 1000 -s /bin/bash {AGENT_USER}\n"
             f"{body}RUN chown -R {AGENT_USER}: /testbed\nWORKDIR /testbed\n")
 

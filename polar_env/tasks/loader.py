@@ -49,8 +49,10 @@ def load_tasks(spec: str) -> list[Task]:
     if path.is_file():
         return load_jsonl(path)
     if path.suffix in (".jsonl", ".json") or path.parent != Path("."):
-        raise TaskLoadError(f"task file {spec} does not exist: pass an existing JSONL file, a Harbor task folder, 'bundled', 'terminal' or 'verified'")
-    raise TaskLoadError(f"unknown task set {spec!r}: expected 'bundled', 'terminal', 'verified', a Harbor task folder or a JSONL file path")
+        raise TaskLoadError(f"task file {spec} does not exist: pass an existing JSONL file, a Harbor task folder, "
+                            "'bundled', 'terminal' or 'verified'")
+    raise TaskLoadError(f"unknown task set {spec!r}: expected 'bundled', 'terminal', 'verified', a Harbor task folder or a "
+                        "JSONL file path")
 
 
 def load_bundled() -> list[Task]:
@@ -146,7 +148,8 @@ def _hub_rows(dataset: str, split: str, cache_name: str) -> list[dict]:
         hint = (
             "HF_HUB_OFFLINE is set and the dataset is not in the local cache"
             if offline
-            else "the Hugging Face hub is unreachable (or the split unknown) and the dataset is not in the local cache"
+            else "the Hugging Face hub is unreachable (or the split unknown) and the dataset is not in the "
+                 "local cache"
         )
         raise TaskLoadError(
             f"cannot load {dataset} split {split!r}: {hint} ({type(e).__name__}: {e}). "

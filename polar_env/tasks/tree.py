@@ -78,7 +78,8 @@ def strip_single_top(dest: Path) -> None:
 
 
 def drop_repositories(tree: Path) -> None:
-    """Every ``.git`` (a repository, a worktree's or submodule's ``.git`` file, a link) under ``tree`` removed."""
+    """Every ``.git`` (a repository, a worktree's or submodule's ``.git`` file, a link) under ``tree``
+    removed."""
     for root, dirs, files in os.walk(tree):
         for name in [n for n in (*dirs, *files) if n == ".git"]:
             path = Path(root) / name

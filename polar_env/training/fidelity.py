@@ -45,7 +45,8 @@ def recorded_vs_trainer(trainer: Any, traj: Trajectory) -> dict[str, float]:
 
 @dataclass
 class PositionGradients:
-    """One backward pass: per row, the gradient norm at each hidden position, and what each position predicts."""
+    """One backward pass: per row, the gradient norm at each hidden position, and what each position
+    predicts."""
 
     grad: torch.Tensor  # (B, P+C): |d loss / d h_j| for the hidden state at position j
     sampled: torch.Tensor  # (B, P+C) bool: position j predicts token j+1, which the model sampled

@@ -41,11 +41,13 @@ def positions_from_mask(module: Any, args: tuple, kwargs: dict[str, Any]) -> tup
 
 
 class LogprobDrift(RuntimeError):
-    """The trainer's logprobs left the recorded ones by more than the run allows: the ratio is not the sampler's."""
+    """The trainer's logprobs left the recorded ones by more than the run allows: the ratio is not the
+    sampler's."""
 
 
 class PolarGRPOTrainer(GRPOTrainer):
-    """``GRPOTrainer(rollout_func=rollouts, reward_funcs=[polar_reward, ...], train_dataset=rollouts.dataset())``.
+    """``GRPOTrainer(rollout_func=rollouts, reward_funcs=[polar_reward, ...],
+    train_dataset=rollouts.dataset())``.
 
     ``max_drift``: a step whose max |trainer logprob - recorded logprob| exceeds it raises
     :class:`LogprobDrift` before the update (None: never). The importance ratio against the recorded
@@ -109,10 +111,11 @@ class PolarGRPOTrainer(GRPOTrainer):
         metrics["polar/tis/truncated"].append(stats["tis_truncated"])
         if self.max_drift is not None and stats["logprob_abs_diff_max"] > self.max_drift:
             raise LogprobDrift(
-                f"GRPO step {self.state.global_step}: the trainer's logprobs differ from the recorded ones by up to "
-                f"{stats['logprob_abs_diff_max']:.3g} (mean {stats['logprob_abs_diff_mean']:.3g} over "
-                f"{int(stats['tokens'])} sampled tokens), over the allowed {self.max_drift:g}: the ratio is not "
-                "π_θ / π_sampler. Stopped before the update (docs/training.md, \"The step-0 drift\")")
+                f"GRPO step {self.state.global_step}: the trainer's logprobs differ from the recorded ones "
+                f"by up to {stats['logprob_abs_diff_max']:.3g} (mean {stats['logprob_abs_diff_mean']:.3g} "
+                f"over {int(stats['tokens'])} sampled tokens), over the allowed {self.max_drift:g}: the "
+                "ratio is not π_θ / π_sampler. Stopped before the update "
+                "(docs/training.md, \"The step-0 drift\")")
         denominator = recorded if cap is None else torch.maximum(recorded, logps - math.log(cap))
         out["old_per_token_logps"] = torch.where(sampled, denominator, logps)
         return out

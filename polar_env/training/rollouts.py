@@ -15,9 +15,10 @@ copy): every episode of step N samples from the weights step N trains, so the ro
 and nothing has to be synced. With ``RolloutConfig.max_staleness`` >= 1 the next step's episodes
 start as soon as a step's rollouts are handed over, and sample during its update: ``weight_sync()``
 closes the proxy's fence around each optimizer step, and each call records the version (updates
-done) that sampled it, so one episode can span two versions (docs/training.md). It records ``processed`` logprobs (the distribution after
-the trainer's temperature), which is what TRL's forward pass computes when top-p is 1. A scripted policy (``RolloutConfig.policy``) picks the text
-instead and the same live model scores it.
+done) that sampled it, so one episode can span two versions (docs/training.md). It records ``processed``
+logprobs (the distribution after the trainer's temperature), which is what TRL's forward pass computes when
+top-p is 1. A scripted policy (``RolloutConfig.policy``) picks the text instead and the same live model scores
+it.
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@
 
 Writes OUT/metrics.jsonl (one line per rollout round and per update), OUT/reward.png (mean reward
 per step), OUT/checkpoints/{sft,step-N} (Hugging Face model dirs) and the rollout outputs in
-OUT/rounds/step-N (the untrained and the last round) and OUT/rounds/grpo (the GRPO steps' episodes). A CPU run memorises a handful of tasks; it shows the loop closes, not that the
-model generalises (docs/learning.md).
+OUT/rounds/step-N (the untrained and the last round) and OUT/rounds/grpo (the GRPO steps' episodes). A CPU run
+memorises a handful of tasks; it shows the loop closes, not that the model generalises (docs/learning.md).
 """
 
 from __future__ import annotations

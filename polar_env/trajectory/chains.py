@@ -39,7 +39,8 @@ def is_failed(call: CallRecord) -> bool:
 
 
 def scored(call: CallRecord) -> bool:
-    """Its logprobs are one finite number per sampled token: the turn can be trained on; else it is context."""
+    """Its logprobs are one finite number per sampled token: the turn can be trained on; else it is
+    context."""
     return len(call.logprobs) == len(call.sampled_ids) and all(map(math.isfinite, call.logprobs))
 
 
@@ -210,7 +211,8 @@ def _add_sampled(chain: Chain, call: CallRecord) -> None:
 
 
 def _span(start: int, end: int, kind: SpanKind, call_index: int) -> Span:
-    """A span of ints the builder computed itself: built without pydantic's validation (hundreds a trajectory)."""
+    """A span of ints the builder computed itself: built without pydantic's validation (hundreds a
+    trajectory)."""
     return Span.model_construct(start=start, end=end, kind=kind, call_index=call_index)
 
 

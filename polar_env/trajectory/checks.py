@@ -109,7 +109,8 @@ class NemoResult(Loose):
 
 
 def _as_list(value: Any) -> Any:
-    """The numpy views of an in-memory export (``to_nemo_gym_result(arrays=True)``) as the lists they serialise to."""
+    """The numpy views of an in-memory export (``to_nemo_gym_result(arrays=True)``) as the lists they
+    serialise to."""
     return value.tolist() if isinstance(value, np.ndarray) else value
 
 
@@ -521,20 +522,22 @@ def _note_policy_versions(per_episode: list[tuple[list[int], int]], report: Chec
     spreads = [v[-1] - v[0] for v in known]
     lags = [newest - v[0] for v in known]
     report.notes.append(
-        f"policy versions {min(v[0] for v in known)}..{newest} over {len(known)} episode(s): spread within an "
-        f"episode max {max(spreads)}, {sum(s > 0 for s in spreads)} span an update; lag behind the newest "
+        f"policy versions {min(v[0] for v in known)}..{newest} over {len(known)} episode(s): spread within "
+        f"an episode max {max(spreads)}, {sum(s > 0 for s in spreads)} span an update; lag behind the newest "
         f"max {max(lags)}, mean {sum(lags) / len(lags):.2f}"
         + (f"; {unversioned} answered call(s) in {episodes} episode(s) unversioned" if unversioned else ""))
 
 
 def _note_capture_rules(per_episode: list[tuple[int, int, bool]], report: CheckReport) -> None:
     """OpenEnv RFC 006's capture rules, counted: agentic rollouts of one model call (degenerate; masked
-    only where the run asked, ``--mask-single-call``) and turns kept as context for want of aligned logprobs."""
+    only where the run asked, ``--mask-single-call``) and turns kept as context for want of aligned
+    logprobs."""
     single = [masked for one, _, masked in per_episode if one]
     if single:
         unmasked = sum(not m for m in single)
         report.warnings.append(
-            f"{len(single)} rollout(s) made a single model call (a degenerate agentic rollout, OpenEnv RFC 006): "
+            f"{len(single)} rollout(s) made a single model call (a degenerate agentic rollout, OpenEnv RFC "
+            "006): "
             + (f"{unmasked} of them trained on (mask them with --mask-single-call / mask_single_call)" if unmasked
                else "all masked"))
     turns = sum(n for _, n, _ in per_episode)
@@ -583,8 +586,8 @@ def _check_groups(keyed: list[tuple[str | None, Any]], report: CheckReport, toke
         unusable = [key for key, members in groups.items() if not any(map(reached, members))]
         if unusable:
             cut = sum(map(called, (m for key in unusable for m in groups[key]))) if called is not None else 0
-            why = (f"no rollout got an answer from the model ({cut} made a model call that ended unanswered, cut "
-                   "off in flight or failed: see their failure_kind)" if cut else "no rollout reached the model")
+            why = (f"no rollout got an answer from the model ({cut} made a model call that ended unanswered, "
+                   "cut off in flight or failed: see their failure_kind)" if cut else "no rollout reached the model")
             report.warnings.append(f"{len(unusable)} group(s) unusable, {why} (their masked placeholders train "
                                    f"nothing): {', '.join(unusable[:10])}")
     if groups:

@@ -1,4 +1,5 @@
-"""``polar export PATH --format trl-sft|nemo-rl-sft [--only-resolved] [--train-paths P]``: trajectories as an SFT dataset.
+"""``polar export PATH --format trl-sft|nemo-rl-sft [--only-resolved] [--train-paths P]``: trajectories as an
+SFT dataset.
 
 The rows are JSONL, token-exact (docs/learning.md): TRL loads them with
 ``datasets.load_dataset("json", data_files=FILE)`` and ``SFTTrainer`` trains on them as they are;

@@ -111,7 +111,8 @@ class TrajectoryStats(BaseModel):
     # by polar check and masked where the run asks (--mask-single-call)
     single_call: bool = False
     breaks: list[ChainBreak] = Field(default_factory=list)
-    # distinct policy versions that sampled the episode's calls, ascending (two or more: it spans a weight update)
+    # distinct policy versions that sampled the episode's calls, ascending (two or more: it spans a weight
+    # update)
     policy_versions: list[int] = Field(default_factory=list)
 
 

@@ -53,7 +53,8 @@ _BUILTIN: dict[str, Selector] = {"all": _all, "main": _main, "final": _final}
 
 
 def harness_started(traj: Trajectory, index: int) -> bool:
-    """Whether chain ``index``'s first call was the harness's (or is untagged: no forwarder proved otherwise)."""
+    """Whether chain ``index``'s first call was the harness's (or is untagged: no forwarder proved
+    otherwise)."""
     first = traj.chains[index].call_indices[0]
     return next((c.origin for c in traj.calls if c.call_index == first), None) not in ("tool", "unknown")
 

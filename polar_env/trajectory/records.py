@@ -150,7 +150,8 @@ class CallFields(BaseModel):
     # leading messages equal to the parent's first ones (the writer's claim, from its prefix match)
     reused_messages: int = 0
     # the version of the weights that sampled this call: the inference server's numeric label when it
-    # gives one, else the trainer's (proxy/policy.py); None: unversioned (docs/nemo.md says where no source exists)
+    # gives one, else the trainer's (proxy/policy.py); None: unversioned (docs/nemo.md says where no source
+    # exists)
     policy_version: int | None = None
     version_source: Literal["server", "trainer"] | None = None
     # the labels the server gave the weights that sampled it (two when they changed during the call)

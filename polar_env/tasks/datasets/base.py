@@ -66,7 +66,8 @@ class DatasetSpec:
 
 def field(row: dict, name: str, kind: type | tuple[type, ...] = str, *, dataset: str) -> Any:
     """``row[name]``, required and of ``kind``; a string stands for a list or dict: JSON (the hub's way) or a
-    Python literal (SWE-bench Pro's harness ``eval``s its list columns; read here with ``ast.literal_eval``)."""
+    Python literal (SWE-bench Pro's harness ``eval``s its list columns; read here with
+    ``ast.literal_eval``)."""
     if name not in row or row[name] is None:
         raise DatasetRowError(f"{dataset} row {row.get('instance_id', '?')}: missing field {name!r}")
     value = row[name]

@@ -14,7 +14,8 @@ repository at ``/home/<repo>``; ``/home/fix-run.sh`` applies ``/home/test.patch`
 ``/home/fix.patch`` (the patch under test) itself and runs the tests, parsed by that repository's
 ``Instance.parse_log``; resolved when every test of ``p2p_tests``, ``f2p_tests``, ``s2p_tests`` and
 ``n2p_tests`` is in the same class again (``gen_report.py``): FAIL_TO_PASS here is f2p, s2p and n2p together
-(skipped or absent before, passing after). Polar's grading (a test patch applied in /testbed) is not that: schema only.
+(skipped or absent before, passing after). Polar's grading (a test patch applied in /testbed) is not that:
+schema only.
 """
 
 from __future__ import annotations

@@ -86,7 +86,8 @@ def _is_v2(row: dict) -> bool:
     return "install_config" in row and "image_name" in row
 
 
-# the fork's eval script: SWE-bench's, conda ``testbed`` first (it also re-runs ``install_config.install``: not here)
+# the fork's eval script: SWE-bench's, conda ``testbed`` first (it also re-runs ``install_config.install``:
+# not here)
 PROCEDURE = Procedure(activate=CONDA_TESTBED, verified="a stand-in image in SWE-bench's layout (conda `testbed`, "
                       "/testbed with a later fix commit), gold 1.0 and no-op 0 by `polar rollout`, strict mode "
                       "(tests/test_dataset_standins.py)")

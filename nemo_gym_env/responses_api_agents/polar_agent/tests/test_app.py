@@ -71,7 +71,8 @@ def test_verify_payload_drops_token_ids_only() -> None:
 
 
 def _trajectory() -> Trajectory:
-    """Two proxied calls (a bash tool call, then a final answer) and a failed third, as the proxy records them."""
+    """Two proxied calls (a bash tool call, then a final answer) and a failed third, as the proxy records
+    them."""
     call = AssistantTurn(call_id="c1", tool_calls=[ToolCall(id="t1", name="bash", arguments='{"command": "ls"}')],
                          finish_reason="tool_calls")
     done = AssistantTurn(call_id="c2", content="done")
