@@ -30,8 +30,8 @@ from polar_env.harness_adapters.policies import final_answer, offered_shell_tool
 from polar_env.harness_adapters.registry import NOISE_EXCLUDES
 from polar_env.harness_adapters.runner import run_episode_in_sandbox
 from polar_env.outcomes import FailureKind, classify_episode
-from polar_env.proxy import anthropic_messages, gemini_generate_content, openai_chat, openai_responses
 from polar_env.proxy.app import ProxyServer
+from polar_env.proxy.codecs import anthropic_messages, gemini_generate_content, openai_chat, openai_responses
 from polar_env.proxy.engine import EngineConfig
 from polar_env.sandbox.base import SandboxSpec
 from polar_env.sandbox.bubblewrap import BubblewrapSandbox

@@ -24,10 +24,10 @@ from polar_env.backends.instant import InstantBackend
 from polar_env.harness_adapters.claude_code import ClaudeCodeAdapter
 from polar_env.harness_adapters.codex import CodexAdapter
 from polar_env.harness_adapters.runner import run_episode_in_sandbox
-from polar_env.proxy import openai_responses
 from polar_env.proxy.app import ProxyServer
+from polar_env.proxy.codecs import openai_responses
+from polar_env.proxy.codecs.common import SSE_COMMENT_KEEPALIVE
 from polar_env.proxy.engine import EngineConfig
-from polar_env.proxy.wire import SSE_COMMENT_KEEPALIVE
 from polar_env.sandbox.base import SandboxSpec
 from polar_env.sandbox.bubblewrap import BubblewrapSandbox
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from polar_env.chat.messages import AssistantTurn
-from polar_env.proxy.wire import DecodedRequest
+from polar_env.proxy.codecs.common import DecodedRequest
 from polar_env.wire.shape import Shape
 
 
@@ -36,3 +36,11 @@ class Codec(Protocol):
 
     def encode_overflow(self, prompt_tokens: int, window: int | None) -> Shape:
         """The API's own context-length error, worded so the harness compacts or stops."""
+
+
+class CountingCodec(Codec, Protocol):
+    """A codec whose API also has a token-count route (Anthropic's ``count_tokens``, Gemini's
+    ``:countTokens``): the front answers it with :meth:`encode_count`."""
+
+    def encode_count(self, tokens: int) -> Shape:
+        """The count route's answer: the prompt's length in the served model's tokens."""
