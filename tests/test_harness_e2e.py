@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import platform
-import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -41,8 +40,7 @@ from polar_env.trajectory.checks import check_trajectory
 from polar_env.trajectory.ledger import Ledger
 
 pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(shutil.which("bwrap") is None or shutil.which("npm") is None,
-                                 reason="needs bubblewrap and npm")]
+              pytest.mark.needs("bwrap", "npm")]
 
 EDIT = "cd /testbed && sed -i s/original/edited-by-agent/ hello.py"  # Qwen Code checks a bare `sed -i` as an edit
 FINAL = "Done: hello.py now says edited-by-agent."

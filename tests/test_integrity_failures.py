@@ -28,7 +28,7 @@ from polar_env.tasks.env import ensure_task_env
 from polar_env.tasks.loader import load_tasks
 from polar_env.tasks.tree import materialize
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="grading sandbox needs bubblewrap")
+pytestmark = pytest.mark.needs("bwrap")
 
 TASK = next(t for t in load_tasks("bundled") if t.instance_id == "pallets__flask-5014")
 INIT = "src/flask/__init__.py"

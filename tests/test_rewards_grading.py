@@ -8,7 +8,6 @@ and refuse a vacuous FAIL_TO_PASS list.
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import subprocess
 import sys
@@ -27,7 +26,7 @@ from polar_env.tasks.loader import load_tasks
 from polar_env.tasks.models import Task, TaskEnvironment
 from polar_env.tasks.tree import materialize
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="grading sandbox needs bubblewrap")
+pytestmark = pytest.mark.needs("bwrap")
 
 TASKS = {t.instance_id: t for t in load_tasks("bundled")}
 

@@ -23,7 +23,7 @@ from polar_env.tasks.loader import load_tasks
 from polar_env.tasks.models import Task
 from polar_env.tasks.tree import materialize
 
-needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="grading sandbox needs bubblewrap")
+needs_bwrap = pytest.mark.needs("bwrap")
 
 NONCE = "n" * 32
 CONFIG = {"nonce": NONCE}
