@@ -57,10 +57,11 @@ def expand(word: str) -> list[str]:
 def path_problem(word: str) -> str | None:
     """Why ``word`` names a missing repository path, or None (it exists, or is no path)."""
     word = word.split(":")[0]
-    if "/" not in word or word.startswith(("/", "~", ".", "http")) or re.search(r"[<>*$…]|\.\.\.", word):
+    hidden = word.startswith(".") and not word.startswith(".ci/")  # a harness's state dir (`.codex/`)
+    if "/" not in word or hidden or word.startswith(("/", "~", "http")) or re.search(r"[<>*$…]|\.\.\.", word):
         return None
     first = word.split("/")[0]
-    if first in TOP_FOLDERS or first == ".ci":
+    if first in TOP_FOLDERS:
         bases = [ROOT]
     elif first in INNER and (word.endswith("/") or word.endswith(EXTENSIONS)):
         bases = [PACKAGE]
@@ -147,7 +148,7 @@ def test_every_reference_on_the_page_exists(page: Path):
 
 @pytest.mark.parametrize("wrong", ["`polar_env/proxy/wire.py`", "`proxy/codec.py`", "`tests/test_gone.py -k x`",
                                    "`polar_env.proxy.codecs.openai_chat.no_such`",
-                                   "`proxy.wire.sse_frame`", "`docs/benchmarks.{json,nope}`", "[x](gone.md)",
+                                   "`proxy.wire.sse_frame`", "`docs/benchmarks.{json,nope}`", "[x](gone.md)", "`.ci/nope`",
                                    "\n| `proxy/` | the codecs (`codec.py`) |", "`openai_error` in `proxy/codecs/common.py`"])
 def test_a_wrong_reference_is_caught(tmp_path: Path, wrong: str):
     page = tmp_path / "page.md"
