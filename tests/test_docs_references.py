@@ -32,8 +32,10 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 PACKAGE = ROOT / "polar_env"
 TOP_FOLDERS = {p.name for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith(".")
                and p.name not in {"build", "node_modules"} and not p.name.endswith(".egg-info")} | {".ci"}
-INNER = {p.stem for p in PACKAGE.iterdir() if (p / "__init__.py").exists() or p.suffix == ".py"} - {"__init__"}
-EXTENSIONS = (".py", ".md", ".json", ".jsonl", ".yaml", ".yml", ".toml", ".sh", ".html", ".txt", ".tsv", ".lock")
+INNER = {p.stem for p in PACKAGE.iterdir()
+         if (p / "__init__.py").exists() or p.suffix == ".py"} - {"__init__"}  # packages and top modules
+EXTENSIONS = (".py", ".md", ".json", ".jsonl", ".yaml", ".yml", ".toml", ".sh", ".html", ".txt", ".tsv",
+              ".lock")
 FENCE = re.compile(r"^ *```.*?^ *```", re.S | re.M)
 SPAN = re.compile(r"`([^`\n]+)`")
 LINK = re.compile(r"\]\(([^)\s]+)\)")
@@ -58,7 +60,8 @@ def path_problem(word: str) -> str | None:
     """Why ``word`` names a missing repository path, or None (it exists, or is no path)."""
     word = word.split(":")[0]
     hidden = word.startswith(".") and not word.startswith(".ci/")  # a harness's state dir (`.codex/`)
-    if "/" not in word or hidden or word.startswith(("/", "~", "http")) or re.search(r"[<>*$…]|\.\.\.", word):
+    pattern = re.search(r"[<>*$…]|\.\.\.", word)
+    if "/" not in word or hidden or pattern or word.startswith(("/", "~", "http")):
         return None
     first = word.split("/")[0]
     if first in TOP_FOLDERS:
@@ -146,10 +149,13 @@ def test_every_reference_on_the_page_exists(page: Path):
     assert problems(page) == []
 
 
-@pytest.mark.parametrize("wrong", ["`polar_env/proxy/wire.py`", "`proxy/codec.py`", "`tests/test_gone.py -k x`",
-                                   "`polar_env.proxy.codecs.openai_chat.no_such`",
-                                   "`proxy.wire.sse_frame`", "`docs/benchmarks.{json,nope}`", "[x](gone.md)", "`.ci/nope`",
-                                   "\n| `proxy/` | the codecs (`codec.py`) |", "`openai_error` in `proxy/codecs/common.py`"])
+WRONG = ["`polar_env/proxy/wire.py`", "`proxy/codec.py`", "`tests/test_gone.py -k x`", "`.ci/nope`",
+         "`polar_env.proxy.codecs.openai_chat.no_such`", "`proxy.wire.sse_frame`",
+         "`docs/benchmarks.{json,nope}`", "[x](gone.md)", "\n| `proxy/` | the codecs (`codec.py`) |",
+         "`openai_error` in `proxy/codecs/common.py`"]
+
+
+@pytest.mark.parametrize("wrong", WRONG)
 def test_a_wrong_reference_is_caught(tmp_path: Path, wrong: str):
     page = tmp_path / "page.md"
     page.write_text(f"See {wrong} and `polar_env/proxy/app.py`.\n")

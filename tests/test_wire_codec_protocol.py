@@ -26,7 +26,7 @@ def methods(protocol: type) -> list[str]:
 
 
 METHODS = methods(Codec)
-ATTRIBUTES = sorted(name for name, value in vars(Codec).items() if isinstance(value, property))  # module constants
+ATTRIBUTES = sorted(name for name, value in vars(Codec).items() if isinstance(value, property))  # constants
 
 
 def test_the_protocol_names_what_the_front_calls():
