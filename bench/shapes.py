@@ -19,8 +19,8 @@ import openai.types.chat as openai_chat_types
 from bench.common import median
 from polar_env import fastjson
 from polar_env.chat.messages import AssistantTurn, TokenLogprob, ToolCall
-from polar_env.proxy import openai_chat
-from polar_env.proxy.wire import DecodedRequest, sse_frame
+from polar_env.proxy.codecs import openai_chat
+from polar_env.proxy.codecs.common import DecodedRequest, sse_frame
 from polar_env.wire.shape import encode
 
 

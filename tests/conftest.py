@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import getpass
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +17,7 @@ from vllm_server import VllmServer, running_vllm_server
 
 from polar_env.backends.embedded import embedded_model_dir
 from polar_env.cache import cache_root
+from polar_env.sandbox.rootfs import rootfs_dir
 
 REPO = Path(__file__).resolve().parents[1]
 # installed before any test module is imported, so reads at collection time are seen too
@@ -31,6 +34,29 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_finish(session: pytest.Session) -> None:
     if reads := GUARD.take():
         raise pytest.UsageError(f"collecting the tests read paths outside the repository: {sorted(set(reads))}")
+
+
+# what ``@pytest.mark.needs(...)`` may name: the one place a test's sandbox prerequisites are checked
+NEEDS = {
+    "bwrap": lambda: shutil.which("bwrap") is not None,
+    "npm": lambda: shutil.which("npm") is not None,  # the npm harnesses' installs
+    "sandbox-root": lambda: (rootfs_dir() / ".polar-rootfs-ready").is_file(),  # built by scripts/setup.sh
+}
+
+
+@functools.cache
+def has(name: str) -> bool:
+    return NEEDS[name]()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``@pytest.mark.needs("bwrap", "npm")`` skips a test whose machine lacks one of them."""
+    for item in items:
+        wanted = [name for mark in item.iter_markers("needs") for name in mark.args]
+        if unknown := set(wanted) - set(NEEDS):
+            raise pytest.UsageError(f"{item.nodeid}: needs {sorted(unknown)}: not one of {sorted(NEEDS)}")
+        if missing := [name for name in dict.fromkeys(wanted) if not has(name)]:
+            item.add_marker(pytest.mark.skip(reason=f"needs {' and '.join(missing)}"))
 
 
 @pytest.hookimpl(wrapper=True)

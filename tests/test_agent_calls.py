@@ -8,7 +8,6 @@ deadline, take run slots ahead of harness calls, or count as evidence that the b
 from __future__ import annotations
 
 import asyncio
-import shutil
 
 import pytest
 from test_outcomes import three_turn, timed
@@ -115,7 +114,7 @@ for n in range(4):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("bwrap") is None or shutil.which("npm") is None, reason="needs bubblewrap and npm")
+@pytest.mark.needs("bwrap", "npm")
 async def test_a_tool_process_queuing_calls_cannot_extend_its_episode(embedded_dir, renderer, tmp_path):
     """Real Pi episodes on one run slot: A's shell starts a tool process that keeps four calls queued
     (long prompts, ``max_tokens`` 1) and leaves a wrong edit, then outwaits its deadline; B, a sibling,

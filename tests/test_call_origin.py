@@ -9,7 +9,6 @@ tokenizer's ids) runs a probe through Pi's own bash tool, as a reward-seeking po
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -65,7 +64,7 @@ class Script:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("bwrap") is None or shutil.which("npm") is None, reason="needs bubblewrap and npm")
+@pytest.mark.needs("bwrap", "npm")
 async def test_a_tool_process_cannot_write_training_data(renderer, tmp_path: Path):
     adapter = PiAdapter()
     adapter.install()

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -35,8 +34,7 @@ TASK = "psf__requests-5414"
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(shutil.which("bwrap") is None or shutil.which("npm") is None,
-                                 reason="needs bubblewrap and npm")]
+              pytest.mark.needs("bwrap", "npm")]
 
 
 def _curl(*args: str, env: dict[str, str]) -> dict:

@@ -21,7 +21,7 @@ from wire_helpers import fixture
 from polar_env.chat.messages import Message, ToolCall, ToolSpec
 from polar_env.chat.normalise import conversation_messages
 from polar_env.chat.template import ChatRenderer, bundled_template
-from polar_env.proxy import openai_responses
+from polar_env.proxy.codecs import openai_responses
 
 SHELL = ToolSpec(name="shell", description="Run a shell command",
                  parameters={"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]})
@@ -279,8 +279,8 @@ def test_qwen_model_dir_without_a_template_warns_and_uses_the_bundled_one(embedd
 
 
 def test_enable_thinking_comes_from_chat_template_kwargs():
-    from polar_env.proxy import openai_chat
-    from polar_env.proxy.wire import WireError
+    from polar_env.proxy.codecs import openai_chat
+    from polar_env.proxy.codecs.common import WireError
 
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     assert openai_chat.decode(body).enable_thinking is None

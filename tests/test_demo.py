@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -19,8 +18,7 @@ from polar_env.tasks.loader import load_tasks
 from polar_env.trajectory.export import read_trajectories
 
 REPO = Path(__file__).resolve().parents[1]
-needs_sandbox = pytest.mark.skipif(shutil.which("bwrap") is None or shutil.which("npm") is None,
-                                   reason="needs bubblewrap and npm")
+needs_sandbox = pytest.mark.needs("bwrap", "npm")
 
 
 @pytest.mark.parametrize("quick", [True, False])

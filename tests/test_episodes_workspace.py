@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +21,6 @@ from polar_env.episodes.workspace import (
 from polar_env.sandbox.apptainer import apptainer_image
 from polar_env.sandbox.base import SandboxSpec
 from polar_env.sandbox.container import ContainerSandbox
-from polar_env.sandbox.rootfs import rootfs_dir
 from polar_env.tasks.loader import load_bundled
 from polar_env.tasks.runtime import WorkspaceUnavailable
 
@@ -61,8 +59,7 @@ def test_attach_rebuilds_the_opener_sandbox_from_its_ref(tmp_path: Path):
         attach_workspace(WorkspaceRef(root=str(tmp_path / "gone"), uid=1, gid=1), spec)
 
 
-@pytest.mark.skipif(shutil.which("bwrap") is None or not (rootfs_dir() / ".polar-rootfs-ready").is_file(),
-                    reason="needs bubblewrap and the sandbox root (scripts/setup.sh)")
+@pytest.mark.needs("bwrap", "sandbox-root")
 async def test_an_attached_bubblewrap_workspace_runs_as_its_openers_identity(bundled, tmp_path: Path):
     """Another process attaching to a bubblewrap workspace (the Gym agent server) runs as the identity
     the opener leased (sandbox/identity.py: the tree's owner), so what it writes is the opener's to diff."""

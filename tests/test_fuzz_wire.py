@@ -19,10 +19,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from polar_env.backends.instant import InstantBackend
-from polar_env.proxy import anthropic_messages, gemini_generate_content, openai_chat, openai_responses
 from polar_env.proxy.app import ProxyServer
+from polar_env.proxy.codecs import anthropic_messages, gemini_generate_content, openai_chat, openai_responses
+from polar_env.proxy.codecs.common import DecodedRequest, WireError
 from polar_env.proxy.engine import EngineConfig
-from polar_env.proxy.wire import DecodedRequest, WireError
 
 SEEDS = seed_bodies()
 MODULES = {"chat": openai_chat, "responses": openai_responses, "messages": anthropic_messages,

@@ -11,8 +11,6 @@ tests/test_rewards_grading.py and tests/test_harbor_channel.py.
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 
 from polar_env.grades import GradeResult, GradingMode, ModeResult
@@ -143,7 +141,7 @@ def test_rollout_warns_about_or_refuses_tasks_an_audit_found_controllable(swe_ta
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+@pytest.mark.needs("bwrap")
 def test_a_tree_past_path_max_is_the_agents_zero_in_the_bubblewrap_grader(swe_task):
     """A real provocation: a new file whose path (4,056 bytes) fits git but not the grader's host-side
     copy of the tree (ENAMETOOLONG). It used to be a masked `infrastructure`; the solution passes the

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
 import stat
 import time
@@ -108,7 +107,7 @@ def test_the_key_names_the_task_where_it_ran_and_the_grader():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+@pytest.mark.needs("bwrap")
 async def test_a_real_grade_in_a_worker_keeps_its_gold_run_for_the_node(tmp_path: Path, monkeypatch):
     """The bundled task's gold patch graded in a worker process (the real grader, bubblewrap): resolved,
     and its gold run is on disk for every later grade of the task on this node."""

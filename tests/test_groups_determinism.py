@@ -23,7 +23,6 @@ import asyncio
 import gzip
 import io
 import random
-import shutil
 import tarfile
 import time
 from dataclasses import replace
@@ -46,8 +45,7 @@ from polar_env.trajectory.checks import first_prompt_ids, nemo_rl_groups
 from polar_env.trajectory.export import to_nemo_gym_result
 
 pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(shutil.which("bwrap") is None or shutil.which("npm") is None,
-                                 reason="needs bubblewrap and npm")]
+              pytest.mark.needs("bwrap", "npm")]
 
 HARNESSES = adapter_names()
 # a real tree in nested directories (three rollouts of it gave aider three repo maps)

@@ -12,7 +12,6 @@ harness before its first call (a deadline is the one way to provoke that on dema
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -21,8 +20,7 @@ from polar_env.cli import main as polar_main
 from polar_env.trajectory.checks import first_prompt_ids, nemo_rl_groups
 
 pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(shutil.which("bwrap") is None or shutil.which("npm") is None,
-                                 reason="needs bubblewrap and npm")]
+              pytest.mark.needs("bwrap", "npm")]
 
 TASKS = ["marshmallow-code__marshmallow-1359", "pallets__flask-5014", "psf__requests-5414"]
 KILLED = {"pallets__flask-5014.s1", "psf__requests-5414.s0", "psf__requests-5414.s1"}  # before their first call

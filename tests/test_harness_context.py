@@ -10,7 +10,6 @@ it never sends the same failing request more than twice.
 
 from __future__ import annotations
 
-import shutil
 import sys
 from collections import Counter
 from pathlib import Path
@@ -27,8 +26,7 @@ from polar_env.trajectory.export import grpo_rows
 from polar_env.trajectory.ledger import Ledger
 
 pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(shutil.which("bwrap") is None or shutil.which("npm") is None,
-                                 reason="needs bubblewrap and npm")]
+              pytest.mark.needs("bwrap", "npm")]
 
 MARGIN = 5200  # the flood overflows it by ~500 tokens in every harness; Claude Code's compaction request fits
 FLOOD = "seq 100000 100800"  # ~5,000 tokens of tool output, well past MARGIN

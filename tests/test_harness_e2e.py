@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import platform
-import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -30,8 +29,8 @@ from polar_env.harness_adapters.policies import final_answer, offered_shell_tool
 from polar_env.harness_adapters.registry import NOISE_EXCLUDES
 from polar_env.harness_adapters.runner import run_episode_in_sandbox
 from polar_env.outcomes import FailureKind, classify_episode
-from polar_env.proxy import anthropic_messages, gemini_generate_content, openai_chat, openai_responses
 from polar_env.proxy.app import ProxyServer
+from polar_env.proxy.codecs import anthropic_messages, gemini_generate_content, openai_chat, openai_responses
 from polar_env.proxy.engine import EngineConfig
 from polar_env.sandbox.base import SandboxSpec
 from polar_env.sandbox.bubblewrap import BubblewrapSandbox
@@ -41,8 +40,7 @@ from polar_env.trajectory.checks import check_trajectory
 from polar_env.trajectory.ledger import Ledger
 
 pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(shutil.which("bwrap") is None or shutil.which("npm") is None,
-                                 reason="needs bubblewrap and npm")]
+              pytest.mark.needs("bwrap", "npm")]
 
 # Qwen Code checks a bare `sed -i` as an edit
 EDIT = "cd /testbed && sed -i s/original/edited-by-agent/ hello.py"

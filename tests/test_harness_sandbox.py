@@ -4,7 +4,6 @@ runner classifies their endings (error with stderr tail, timeout with the tree k
 from __future__ import annotations
 
 import asyncio
-import shutil
 import uuid
 from pathlib import Path
 
@@ -17,8 +16,7 @@ from polar_env.sandbox.base import SandboxSpec
 from polar_env.sandbox.bubblewrap import FORWARDER_INSIDE, BubblewrapSandbox
 
 pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(shutil.which("bwrap") is None or shutil.which("npm") is None,
-                                 reason="needs bubblewrap and npm")]
+              pytest.mark.needs("bwrap", "npm")]
 # the hang deadline's clock starts at the harness's first request (however long its start-up took
 # on a loaded machine) and runs this long after it
 HANG_DEADLINE_S = 4.0

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ast
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,7 @@ from polar_env.tasks.loader import load_tasks
 
 TASKS = {t.instance_id: t for t in load_tasks("bundled")}
 REDTEAM = Path(__file__).parent / "redteam"
-needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="grading sandbox needs bubblewrap")
+needs_bwrap = pytest.mark.needs("bwrap")
 
 SOURCE = '''import pytest
 

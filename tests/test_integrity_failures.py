@@ -21,14 +21,14 @@ import pytest
 from polar_env.outcomes import OutcomeTable
 from polar_env.rewards import sandbox_exec
 from polar_env.rewards.grading import FailureKind, GradingMode, grade
-from polar_env.rewards.patch import extract_patch
+from polar_env.rewards.patch import tree_patch
 from polar_env.rewards.sandbox_exec import GradingLimits, run_sandboxed
 from polar_env.sandbox.cgroups import CgroupLimits
 from polar_env.tasks.env import ensure_task_env
 from polar_env.tasks.loader import load_tasks
 from polar_env.tasks.tree import materialize
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="grading sandbox needs bubblewrap")
+pytestmark = pytest.mark.needs("bwrap")
 
 TASK = next(t for t in load_tasks("bundled") if t.instance_id == "pallets__flask-5014")
 INIT = "src/flask/__init__.py"
@@ -45,7 +45,7 @@ def patch_with(tmp: Path, code: str, *, extra: dict[str, bytes] | None = None) -
     (tree / INIT).write_text(code + "\n" + (tree / INIT).read_text())
     for rel, data in (extra or {}).items():
         (tree / rel).write_bytes(data)
-    return extract_patch(tree)
+    return tree_patch(tree)
 
 
 def assert_zero_unmasked(result, kind: FailureKind | None = None) -> None:
@@ -241,7 +241,7 @@ def test_non_utf8_file_names_never_make_a_record_unwritable(tmp_path: Path):
     assert apply_patch(tree, TASK.patch)[0] == ApplyMethod.git_apply
     (tree / "tests").joinpath(os.fsdecode(b"test_\xff.py")).write_text("def test_x():\n    assert False\n")
     (tree / "src" / "flask").joinpath(os.fsdecode(b"caf\xe9.txt")).write_text("data\n")
-    patch = extract_patch(tree)
+    patch = tree_patch(tree)
     result = grade(TASK, patch)
     assert result.resolved and result.reward == 1.0, result.error
     assert list(result.reset_paths) == [os.fsdecode(b"tests/test_\xff.py")]  # kept exact for the reset itself

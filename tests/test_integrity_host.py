@@ -25,7 +25,7 @@ from polar_env.cache import cache_root
 from polar_env.episodes.workspace import open_workspace
 from polar_env.harness_adapters.registry import NOISE_EXCLUDES
 from polar_env.rewards.grading import FailureKind, grade
-from polar_env.rewards.patch import ApplyMethod, apply_patch, extract_patch
+from polar_env.rewards.patch import ApplyMethod, apply_patch, tree_patch
 from polar_env.rewards.workspace import GradingTree
 from polar_env.sandbox import beneath
 from polar_env.sandbox.base import SandboxSpec
@@ -33,7 +33,7 @@ from polar_env.tasks.env import ensure_task_env
 from polar_env.tasks.loader import load_tasks
 from polar_env.tasks.tree import materialize
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="grading sandbox needs bubblewrap")
+pytestmark = pytest.mark.needs("bwrap")
 
 TASK = next(t for t in load_tasks("bundled") if t.instance_id == "pallets__flask-5014")
 RUNGS = 16  # more levels than any temp dir is deep: the chain reaches /
@@ -112,7 +112,7 @@ def test_ladder_patch_leaves_the_host_canary_untouched(tmp_path: Path):
     tree = materialize(TASK, tmp_path / "agent")
     assert apply_patch(tree, TASK.patch)[0] == ApplyMethod.git_apply
     build_ladder(tree, canary)
-    patch = extract_patch(tree)
+    patch = tree_patch(tree)
     assert "u16" in patch and str(canary) in patch
     shutil.rmtree(tree)
     result = grade(TASK, patch)
@@ -242,7 +242,7 @@ def test_a_one_line_gitattributes_does_not_break_grading(tmp_path: Path):
     tree = materialize(TASK, tmp_path / "agent")
     apply_patch(tree, TASK.patch)
     (tree / ".gitattributes").write_text("* filter=x working-tree-encoding=UTF-16 diff=x\n")
-    result = grade(TASK, extract_patch(tree))
+    result = grade(TASK, tree_patch(tree))
     assert result.failure_kind == FailureKind.none and result.reward == 1.0, result.error
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -36,7 +35,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not (REPO / ".venv-gym" / "bin" / "gym").exists(),
                        reason="needs the NeMo Gym venv: run scripts/setup_nemo_gym.sh"),
-    pytest.mark.skipif(shutil.which("bwrap") is None or shutil.which("npm") is None, reason="needs bubblewrap and npm"),
+    pytest.mark.needs("bwrap", "npm"),
 ]
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -57,7 +56,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not (GYM_VENV / "bin" / "ng_run").exists(),
                        reason="needs the NeMo Gym venv: run scripts/setup_nemo_gym.sh"),
-    pytest.mark.skipif(shutil.which("bwrap") is None or shutil.which("npm") is None, reason="needs bubblewrap and npm"),
+    pytest.mark.needs("bwrap", "npm"),
 ]
 
 

@@ -53,7 +53,7 @@ from polar_env.tasks.loader import load_tasks
 from polar_env.trajectory.checks import check_nemo_result
 from polar_env.wire.nemo_gym import RunResult
 
-needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+needs_bwrap = pytest.mark.needs("bwrap")
 TASK_ID = "psf__requests-5414"
 
 

@@ -6,7 +6,6 @@ never dropped from nemo_results.jsonl and never trained on at reward 0."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -182,8 +181,7 @@ def test_failed_episodes_stay_in_their_group_as_masked_placeholders(tmp_path: Pa
 
 
 # -- end to end: a real harness against a backend slower than the deadline ---------------------------
-needs_sandbox = pytest.mark.skipif(shutil.which("bwrap") is None or shutil.which("npm") is None,
-                                   reason="needs bubblewrap and npm")
+needs_sandbox = pytest.mark.needs("bwrap", "npm")
 
 
 @pytest.mark.slow

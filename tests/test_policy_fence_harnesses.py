@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import time
 from pathlib import Path
 
@@ -57,7 +56,7 @@ async def _episode(proxy: ProxyServer, adapter, work: Path, sock: Path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("bwrap") is None or shutil.which("npm") is None, reason="needs bubblewrap and npm")
+@pytest.mark.needs("bwrap", "npm")
 async def test_codex_claude_code_and_pi_wait_out_a_pause_longer_than_their_timeouts(renderer, tmp_path: Path):
     adapters = [ImpatientCodex(), ImpatientClaude(), ImpatientPi()]
     for adapter in adapters:

@@ -16,11 +16,11 @@ import sys
 import pytest
 from wire_helpers import FIXTURES
 
-from polar_env.proxy import anthropic_messages, gemini_generate_content, openai_chat, openai_responses
 from polar_env.proxy.app import _decode, _decode_fresh
+from polar_env.proxy.codecs import anthropic_messages, gemini_generate_content, openai_chat, openai_responses
+from polar_env.proxy.codecs.common import WireError
 from polar_env.proxy.seen import Seen
 from polar_env.proxy.sessions import prefix_hashes
-from polar_env.proxy.wire import WireError
 
 DECODERS = {"/v1/responses": openai_responses, "/v1/messages": anthropic_messages,
             "/v1/chat/completions": openai_chat}

@@ -27,7 +27,7 @@ MANIFEST = json.loads((REDTEAM / "manifest.json").read_text())
 TASKS = {t.instance_id: t for t in load_tasks("bundled")}
 CANARY = Path("/tmp/polar-redteam-canary")
 POLAR = Path(sys.executable).with_name("polar")
-needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="grading sandbox needs bubblewrap")
+needs_bwrap = pytest.mark.needs("bwrap")
 
 
 def patch_of(entry: dict) -> str:

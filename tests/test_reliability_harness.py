@@ -26,7 +26,7 @@ from polar_env.proxy.engine import EngineConfig
 from polar_env.sandbox.bubblewrap import BubblewrapSandbox
 from polar_env.tasks.loader import load_tasks
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")]
+pytestmark = [pytest.mark.slow, pytest.mark.needs("bwrap")]
 
 
 @pytest.fixture(scope="module")

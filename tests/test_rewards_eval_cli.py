@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -11,7 +10,7 @@ import pytest
 from polar_env.cli import main as polar_main
 from polar_env.tasks.loader import load_tasks
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="grading sandbox needs bubblewrap")
+pytestmark = pytest.mark.needs("bwrap")
 
 
 @pytest.mark.slow

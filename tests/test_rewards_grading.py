@@ -8,7 +8,6 @@ and refuse a vacuous FAIL_TO_PASS list.
 from __future__ import annotations
 
 import json
-import shutil
 import socket
 import subprocess
 import sys
@@ -20,14 +19,14 @@ import pytest
 
 from polar_env.rewards import swebench_compat as sb
 from polar_env.rewards.grading import FailureKind, GradeResult, grade
-from polar_env.rewards.patch import ApplyMethod, apply_patch, extract_patch
+from polar_env.rewards.patch import ApplyMethod, apply_patch, tree_patch
 from polar_env.rewards.sandbox_exec import run_sandboxed
 from polar_env.tasks.env import ensure_task_env
 from polar_env.tasks.loader import load_tasks
 from polar_env.tasks.models import Task, TaskEnvironment
 from polar_env.tasks.tree import materialize
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="grading sandbox needs bubblewrap")
+pytestmark = pytest.mark.needs("bwrap")
 
 TASKS = {t.instance_id: t for t in load_tasks("bundled")}
 
@@ -117,7 +116,7 @@ def make_patch(task: Task, tmp: Path, edits: list[tuple[str, str, str]], *, on_g
         text = (tree / rel).read_text()
         assert text.count(old) == 1, (rel, old)
         (tree / rel).write_text(text.replace(old, new))
-    return extract_patch(tree)
+    return tree_patch(tree)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -213,7 +212,7 @@ def test_edits_to_test_files_are_reset(tmp_path: Path):
     task = TASKS["pallets__flask-5014"]
     tree = materialize(task, tmp_path / "agent")
     (tree / "tests" / "test_blueprints.py").write_text("def test_empty_name_not_allowed():\n    pass\n")
-    r = grade(task, extract_patch(tree))
+    r = grade(task, tree_patch(tree))
     assert r.failure_kind == FailureKind.none and not r.resolved
     assert r.fail_to_pass == {"tests/test_blueprints.py::test_empty_name_not_allowed": "FAILED"}
 
@@ -270,7 +269,7 @@ def test_grader_memory_stays_bounded_when_tests_print_1gb(tmp_path: Path):
     tree = materialize(task, tmp_path / "agent")
     with open(tree / "src" / "flask" / "__init__.py", "a") as f:
         f.write(FLOOD)
-    (tmp_path / "patch.diff").write_text(extract_patch(tree))
+    (tmp_path / "patch.diff").write_text(tree_patch(tree))
     script = (
         "import json, sys\n"
         "from polar_env.rewards.grading import grade\n"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from polar_env.rewards.patch import ApplyMethod, apply_patch, extract_patch
+from polar_env.rewards.patch import ApplyMethod, apply_patch, tree_patch
 from polar_env.tasks.tree import git, init_single_commit
 
 
@@ -28,7 +28,7 @@ def copy_base(src: Path, dest: Path) -> Path:
 
 
 def test_unchanged_tree_gives_empty_patch(repo: Path):
-    assert extract_patch(repo) == ""
+    assert tree_patch(repo) == ""
 
 
 def test_extracts_edits_new_files_deletions_and_binary(repo: Path, tmp_path: Path):
@@ -36,7 +36,7 @@ def test_extracts_edits_new_files_deletions_and_binary(repo: Path, tmp_path: Pat
     (repo / "pkg" / "new.py").write_text("NEW = 1\n")  # untracked: must be included
     (repo / "README").unlink()
     (repo / "pkg" / "blob.bin").write_bytes(bytes(reversed(range(256))) + b"\x00tail")
-    patch = extract_patch(repo)
+    patch = tree_patch(repo)
     assert "+five" in patch and "pkg/new.py" in patch and "deleted file mode" in patch
     assert "GIT binary patch" in patch
 
@@ -62,7 +62,7 @@ def test_harness_noise_is_dropped(repo: Path):
         (repo / rel).parent.mkdir(parents=True, exist_ok=True)
         (repo / rel).write_text("noise\n")
     (repo / "pkg" / "real.py").write_text("REAL = 1\n")
-    patch = extract_patch(repo)
+    patch = tree_patch(repo)
     assert "pkg/real.py" in patch
     for noise in (".codex", ".claude", ".pi/", "__pycache__", ".pyc", ".pytest_cache", "build/", "egg-info"):
         assert noise not in patch
@@ -73,7 +73,7 @@ def test_source_in_a_nested_build_or_dist_dir_is_graded(repo: Path):
     for rel in ("pkg/build/wheel.py", "pkg/dist/meta.py", "build/out.py"):
         (repo / rel).parent.mkdir(parents=True, exist_ok=True)
         (repo / rel).write_text("FIXED = True\n")
-    patch = extract_patch(repo)
+    patch = tree_patch(repo)
     assert "pkg/build/wheel.py" in patch and "pkg/dist/meta.py" in patch
     assert "build/out.py" not in patch.replace("pkg/build/", "")
 
@@ -84,7 +84,7 @@ def test_agent_commits_and_index_are_counted_but_not_touched(repo: Path):
     (repo / "pkg" / "staged.py").write_text("S = 1\n")
     git(repo, "add", "pkg/staged.py")
     status_before = git(repo, "status", "--porcelain").stdout
-    patch = extract_patch(repo)
+    patch = tree_patch(repo)
     assert "+committed" in patch and "pkg/staged.py" in patch
     assert git(repo, "status", "--porcelain").stdout == status_before
 

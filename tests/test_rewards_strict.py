@@ -16,14 +16,14 @@ from polar_env.rewards import strict_run
 from polar_env.rewards.flags import is_tamper
 from polar_env.rewards.grading import GradingMode, against_gold, gold_notes, grade
 from polar_env.rewards.grading import TestRun as Run
-from polar_env.rewards.patch import ApplyMethod, apply_patch, extract_patch
+from polar_env.rewards.patch import ApplyMethod, apply_patch, tree_patch
 from polar_env.rewards.sandbox_exec import SandboxRun
 from polar_env.rewards.strict_run import judge_stream
 from polar_env.tasks.loader import load_tasks
 from polar_env.tasks.models import Task
 from polar_env.tasks.tree import materialize
 
-needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="grading sandbox needs bubblewrap")
+needs_bwrap = pytest.mark.needs("bwrap")
 
 NONCE = "n" * 32
 CONFIG = {"nonce": NONCE}
@@ -122,7 +122,7 @@ def _with_test_patch(task: Task, tmp: Path, edit) -> Task:
     tree = materialize(task, tmp / "tp")
     assert apply_patch(tree, task.test_patch)[0] == ApplyMethod.git_apply
     edit(tree)
-    return task.model_copy(update={"test_patch": extract_patch(tree)})
+    return task.model_copy(update={"test_patch": tree_patch(tree)})
 
 
 @needs_bwrap

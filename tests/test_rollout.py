@@ -45,8 +45,7 @@ ARGS = ["--harness", "pi", "--task-ids", *TASKS, "--samples", "2", "--concurrenc
 # against each other made scoring ten times slower. Ray: no token auth, whatever ~/.ray holds.
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
 
-needs_sandbox = pytest.mark.skipif(shutil.which("bwrap") is None or shutil.which("npm") is None,
-                                   reason="needs bubblewrap and npm")
+needs_sandbox = pytest.mark.needs("bwrap", "npm")
 
 
 def polar(*argv: str) -> list[str]:

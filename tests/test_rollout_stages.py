@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
 import threading
 import time
@@ -40,7 +39,7 @@ from polar_env.rollout.runner import EpisodeRunner, run_rollouts
 from polar_env.sandbox.base import Deadline, run_process_tree
 from polar_env.tasks.loader import load_tasks
 
-bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+bwrap = pytest.mark.needs("bwrap")
 
 
 # -- the proxy's admission, alone ---------------------------------------------------------------

@@ -20,7 +20,7 @@ from polar_env.sandbox.base import SandboxSpec
 from polar_env.sandbox.bubblewrap import FORWARDER_INSIDE, BubblewrapSandbox
 from polar_env.sandbox.cgroups import CgroupLimits
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+pytestmark = pytest.mark.needs("bwrap")
 
 PY = "/usr/bin/python3"
 

@@ -32,7 +32,7 @@ from polar_env.sandbox.answer_scan import Needles, scan
 from polar_env.sandbox.base import Sandbox, SandboxSpec
 from polar_env.sandbox.bubblewrap import FORWARDER_INSIDE, BubblewrapSandbox
 from polar_env.sandbox.bwrap_argv import can_seal
-from polar_env.sandbox.rootfs import WHEEL_STORE, rootfs_dir, sandbox_root
+from polar_env.sandbox.rootfs import WHEEL_STORE, sandbox_root
 from polar_env.tasks.answers import (
     AnswerReadable,
     View,
@@ -45,8 +45,7 @@ from polar_env.tasks.loader import load_bundled
 
 TASKS = {t.instance_id: t for t in load_bundled()}
 FIX = "netloc = '@'.join([auth, netloc])"  # a line psf__requests-6028's gold patch adds
-needs_root_fs = pytest.mark.skipif(shutil.which("bwrap") is None or not (rootfs_dir() / ".polar-rootfs-ready").is_file(),
-                                   reason="needs bubblewrap and the sandbox root (scripts/setup.sh)")
+needs_root_fs = pytest.mark.needs("bwrap", "sandbox-root")
 
 
 @pytest.fixture(scope="module")

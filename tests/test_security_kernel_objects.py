@@ -27,14 +27,12 @@ import pytest
 from polar_env.rewards.sandbox_exec import SANDBOX_UID, Mount, run_sandboxed
 from polar_env.sandbox.base import SandboxSpec
 from polar_env.sandbox.bubblewrap import BubblewrapSandbox
-from polar_env.sandbox.rootfs import rootfs_dir
 
 PROBE = Path(__file__).with_name("kernel_objects_probe.py")
 PROBE_INSIDE = "/opt/polar-probe/probe.py"
 OBJECTS = ("sysv_msg", "posix_mq", "abstract")  # made in every sandbox, each in its own namespace
 NONE_SEEN = {"key": False, "sysv_msg": False, "posix_mq": False, "posix_shm": False, "abstract": False}
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None or not (rootfs_dir() / ".polar-rootfs-ready").is_file(),
-                                reason="needs bubblewrap and the sandbox root (scripts/setup.sh)")
+pytestmark = pytest.mark.needs("bwrap", "sandbox-root")
 
 
 def _line(out: str, prefix: str) -> dict:

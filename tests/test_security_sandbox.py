@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import subprocess
 import time
 import uuid
@@ -22,7 +21,7 @@ from polar_env.sandbox.bubblewrap import BubblewrapSandbox
 from polar_env.tasks.loader import load_tasks
 from polar_env.tasks.tree import materialize
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="needs bubblewrap")
+pytestmark = pytest.mark.needs("bwrap")
 PY = "/usr/bin/python3"
 needs_cgroups = pytest.mark.skipif(os.geteuid() != 0 or not Path("/sys/fs/cgroup/memory/cgroup.procs").exists(),
                                    reason="cgroup v1 limits need root and a v1 hierarchy")

@@ -37,8 +37,7 @@ from polar_env.tasks.loader import load_bundled
 from polar_env.tasks.tree import materialize
 
 REPO = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None or not (rootfs_dir() / ".polar-rootfs-ready").is_file(),
-                                reason="needs bubblewrap and the sandbox root (scripts/setup.sh)")
+pytestmark = pytest.mark.needs("bwrap", "sandbox-root")
 TASKS = {t.instance_id: t for t in load_bundled()}
 
 

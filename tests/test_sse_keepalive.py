@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 from pathlib import Path
 
 import aiohttp
@@ -24,10 +23,10 @@ from polar_env.backends.instant import InstantBackend
 from polar_env.harness_adapters.claude_code import ClaudeCodeAdapter
 from polar_env.harness_adapters.codex import CodexAdapter
 from polar_env.harness_adapters.runner import run_episode_in_sandbox
-from polar_env.proxy import openai_responses
 from polar_env.proxy.app import ProxyServer
+from polar_env.proxy.codecs import openai_responses
+from polar_env.proxy.codecs.common import SSE_COMMENT_KEEPALIVE
 from polar_env.proxy.engine import EngineConfig
-from polar_env.proxy.wire import SSE_COMMENT_KEEPALIVE
 from polar_env.sandbox.base import SandboxSpec
 from polar_env.sandbox.bubblewrap import BubblewrapSandbox
 
@@ -93,7 +92,7 @@ async def _episode(adapter, renderer, work: Path, keepalive_s: float):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("bwrap") is None or shutil.which("npm") is None, reason="needs bubblewrap and npm")
+@pytest.mark.needs("bwrap", "npm")
 @pytest.mark.parametrize("adapter", [ImpatientCodex(), ImpatientClaude()], ids=["codex", "claude-code"])
 async def test_harness_timeouts_never_trip_on_a_slow_generation(adapter, renderer, tmp_path: Path, monkeypatch):
     """Each control fails the way that harness's timeout works: Claude Code's covers the wait for the

@@ -23,8 +23,7 @@ from polar_env.tasks.tree import materialize, strip_single_top
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "tasks.md"
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-needs_sandbox = pytest.mark.skipif(shutil.which("bwrap") is None or shutil.which("npm") is None,
-                                   reason="needs bubblewrap and npm")
+needs_sandbox = pytest.mark.needs("bwrap", "npm")
 
 
 def doc_script() -> str:

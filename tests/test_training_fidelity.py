@@ -14,14 +14,12 @@ run when ``POLAR_FIDELITY_ALL_HARNESSES=1`` is set (docs/training.md has their f
 from __future__ import annotations
 
 import os
-import shutil
 
 import pytest
 
 pytest.importorskip("trl")
 pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(shutil.which("bwrap") is None or shutil.which("npm") is None,
-                                 reason="needs bubblewrap and npm")]
+              pytest.mark.needs("bwrap", "npm")]
 
 
 @pytest.fixture(scope="module")

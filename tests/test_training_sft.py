@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 
 import pytest
 from trajectory_helpers import call, session, three_turn
@@ -21,8 +20,7 @@ from polar_env.trajectory.chains import build_trajectory
 from polar_env.trajectory.export import TrajectoryWriter, read_trajectories
 from polar_env.trajectory.sft import nemo_rl_sft_processor, sft_rows
 
-needs_sandbox = pytest.mark.skipif(shutil.which("bwrap") is None or shutil.which("npm") is None,
-                                   reason="needs bubblewrap and npm")
+needs_sandbox = pytest.mark.needs("bwrap", "npm")
 
 
 def _graded(resolved: bool, session_id: str = "s1"):

@@ -13,14 +13,12 @@ next token the model did not sample (prompt, Pi's tool output, template glue), n
 from __future__ import annotations
 
 import math
-import shutil
 
 import pytest
 
 pytest.importorskip("trl")
 pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(shutil.which("bwrap") is None or shutil.which("npm") is None,
-                                 reason="needs bubblewrap and npm")]
+              pytest.mark.needs("bwrap", "npm")]
 
 TASK = "psf__requests-5414"
 

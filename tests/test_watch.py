@@ -12,7 +12,6 @@ import logging
 import math
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -163,8 +162,7 @@ def test_accepted_work_counts_what_the_trainer_keeps():
 
 
 # -- a live `polar rollout`, as a user runs it ---------------------------------------------------------
-needs_sandbox = pytest.mark.skipif(shutil.which("bwrap") is None or shutil.which("npm") is None,
-                                   reason="needs bubblewrap and npm")
+needs_sandbox = pytest.mark.needs("bwrap", "npm")
 
 
 def _read_until(proc: subprocess.Popen, log: Path, pattern: str, timeout_s: float) -> re.Match:

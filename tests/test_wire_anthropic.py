@@ -9,8 +9,8 @@ import json
 import pytest
 from wire_helpers import fixture, on_wire, parse_sse, text_turn, tool_turn
 
-from polar_env.proxy import anthropic_messages
-from polar_env.proxy.wire import WireError
+from polar_env.proxy.codecs import anthropic_messages
+from polar_env.proxy.codecs.common import WireError
 from polar_env.wire.ids import call_id_from_ref
 
 

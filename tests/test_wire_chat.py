@@ -7,8 +7,8 @@ import json
 import pytest
 from wire_helpers import fixture, on_wire, parse_sse, text_turn, tool_turn
 
-from polar_env.proxy import openai_chat
-from polar_env.proxy.wire import WireError
+from polar_env.proxy.codecs import openai_chat
+from polar_env.proxy.codecs.common import WireError
 
 
 def test_pi_first_request_decodes():

@@ -1,22 +1,32 @@
-"""Every codec the proxy routes to provides what ``proxy/codec.py``'s Codec Protocol names, with
+"""Every codec the proxy routes to provides what ``proxy/codecs/protocol.py``'s Codec Protocol names, with
 parameters a caller of the Protocol can pass: a new API module that misses one fails here, not in
 the first harness run that needs it."""
 
 from __future__ import annotations
 
 import inspect
+import json
 
 import pytest
 from wire_helpers import fixture, tool_turn
 
 from polar_env.proxy.app import API_MODULES
-from polar_env.proxy.codec import Codec
+from polar_env.proxy.codecs import anthropic_messages, gemini_generate_content
+from polar_env.proxy.codecs.protocol import Codec, CountingCodec
+from polar_env.wire.shape import encode
 
 REQUESTS = {"chat": "pi-chat.req2", "responses": "codex.req2", "messages": "claude-bare.req2",
             "gemini": "gemini.req1"}
-METHODS = sorted(name for name, value in vars(Codec).items()
-                 if inspect.isfunction(value) and not name.startswith("__"))
-ATTRIBUTES = sorted(Codec.__annotations__)
+COUNTING = {"messages": anthropic_messages, "gemini": gemini_generate_content}  # the APIs with a count route
+
+
+def methods(protocol: type) -> list[str]:
+    return sorted(name for name, value in vars(protocol).items()
+                  if inspect.isfunction(value) and not name.startswith("__"))
+
+
+METHODS = methods(Codec)
+ATTRIBUTES = sorted(name for name, value in vars(Codec).items() if isinstance(value, property))  # constants
 
 
 def test_the_protocol_names_what_the_front_calls():
@@ -25,13 +35,29 @@ def test_the_protocol_names_what_the_front_calls():
     assert {"API", "KEEPALIVE"} <= set(ATTRIBUTES)
 
 
+def test_the_counting_protocol_names_the_count_route():
+    assert methods(CountingCodec) == ["encode_count"]  # what the front's count route calls beyond Codec
+
+
 @pytest.mark.parametrize("api", sorted(API_MODULES))
 def test_each_codec_satisfies_the_protocol(api):
     module = API_MODULES[api]
     for name in ATTRIBUTES:
         assert isinstance(getattr(module, name), bytes if name == "KEEPALIVE" else str), (api, name)
-    for name in METHODS:
-        wanted = [p for p in inspect.signature(getattr(Codec, name)).parameters.values()
+    assert_has_methods(module, Codec, METHODS)
+
+
+@pytest.mark.parametrize("api", sorted(COUNTING))
+def test_each_counting_codec_satisfies_its_protocol(api):
+    assert COUNTING[api] is API_MODULES[api]
+    assert_has_methods(COUNTING[api], CountingCodec, methods(CountingCodec))
+    assert list(json.loads(encode(COUNTING[api].encode_count(7))).values()) == [7]
+
+
+def assert_has_methods(module, protocol: type, names: list[str]) -> None:
+    api = module.API
+    for name in names:
+        wanted = [p for p in inspect.signature(getattr(protocol, name)).parameters.values()
                   if p.name != "self" and p.kind is p.POSITIONAL_OR_KEYWORD]
         got = list(inspect.signature(getattr(module, name)).parameters.values())
         assert [p.name for p in got[:len(wanted)]] == [p.name for p in wanted], (api, name)

@@ -9,8 +9,9 @@ from wire_helpers import fixture, parse_sse
 
 from polar_env.chat.messages import Conversation, Message
 from polar_env.harness_adapters.base import VolatileRule
-from polar_env.proxy import anthropic_messages, volatile
-from polar_env.proxy.wire import DecodedRequest, sse_frame
+from polar_env.proxy import volatile
+from polar_env.proxy.codecs import anthropic_messages
+from polar_env.proxy.codecs.common import DecodedRequest, sse_frame
 from polar_env.wire.ids import call_id_from_ref, issued_ref
 
 
@@ -92,7 +93,7 @@ def test_claude_requests_differing_only_in_billing_header_decode_identically():
 
 def test_pi_decodes_to_the_same_canonical_conversation_over_all_three_apis():
     """One engine serves all wires: the same Pi session must reduce to the same messages and tools."""
-    from polar_env.proxy import openai_chat, openai_responses
+    from polar_env.proxy.codecs import openai_chat, openai_responses
 
     chat = openai_chat.decode(fixture("pi-chat.req2")["body"]).conversation
     responses = openai_responses.decode(fixture("pi-responses.req2")["body"]).conversation

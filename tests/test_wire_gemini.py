@@ -14,9 +14,9 @@ from proxy_client import ledger_calls, running_proxy
 from wire_helpers import fixture, on_wire, text_turn, tool_turn
 
 from polar_env.chat.messages import TokenLogprob
-from polar_env.proxy import gemini_generate_content as gemini
+from polar_env.proxy.codecs import gemini_generate_content as gemini
+from polar_env.proxy.codecs.common import WireError
 from polar_env.proxy.engine import EngineConfig
-from polar_env.proxy.wire import WireError
 from polar_env.wire.ids import call_id_from_ref
 
 STREAM = "/v1beta/models/polar-model:streamGenerateContent?alt=sse"

@@ -13,7 +13,7 @@ from trajectory_helpers import call, session
 
 from polar_env.backends.instant import InstantBackend
 from polar_env.chat.messages import Message, ToolCall
-from polar_env.proxy import anthropic_messages, openai_chat, openai_responses
+from polar_env.proxy.codecs import anthropic_messages, openai_chat, openai_responses
 from polar_env.trajectory.chains import build_trajectory
 from polar_env.trajectory.checks import check_trajectory, duplicate_turns
 from polar_env.trajectory.ledger import Ledger

@@ -9,8 +9,8 @@ import pytest
 from wire_helpers import fixture, on_wire, parse_sse, text_turn, tool_turn
 
 from polar_env.chat.messages import AssistantTurn, TokenLogprob, ToolCall
-from polar_env.proxy import openai_responses
-from polar_env.proxy.wire import WireError
+from polar_env.proxy.codecs import openai_responses
+from polar_env.proxy.codecs.common import WireError
 from polar_env.wire.ids import call_id_from_ref
 
 MULTI_AGENT = ["close_agent", "resume_agent", "send_input", "spawn_agent", "wait_agent"]

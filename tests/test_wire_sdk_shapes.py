@@ -37,7 +37,7 @@ from trajectory_helpers import session, three_turn
 from wire_helpers import fixture, on_wire, parse_sse, text_turn, tool_turn
 
 from polar_env.backends.instant import InstantBackend
-from polar_env.proxy import anthropic_messages, gemini_generate_content, openai_chat, openai_responses
+from polar_env.proxy.codecs import anthropic_messages, gemini_generate_content, openai_chat, openai_responses
 from polar_env.trajectory.chains import build_trajectory
 from polar_env.trajectory.export import to_nemo_gym_result
 from polar_env.wire.shape import encode

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import subprocess
 import threading
 from collections import Counter
@@ -25,7 +24,7 @@ from polar_env.tasks import base_trees
 from polar_env.tasks import tree as task_tree
 from polar_env.tasks.loader import load_bundled
 
-pytestmark = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap not installed")
+pytestmark = pytest.mark.needs("bwrap")
 
 TASK = next(t for t in load_bundled() if t.instance_id == "psf__requests-6028")
 EDIT = ["sh", "-c", "printf 'x = 1\\n' >> requests/api.py && printf 'new\\n' > NEW.txt && rm README.md "

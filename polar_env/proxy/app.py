@@ -26,7 +26,6 @@ from polar_env import metrics
 from polar_env.backends.base import Backend, BackendError
 from polar_env.backends.logprobs_mode import LogprobsMismatch, LogprobsMode, sampling_mismatch
 from polar_env.chat.template import ChatRenderer
-from polar_env.proxy import anthropic_messages, gemini_generate_content, openai_chat, openai_responses
 from polar_env.proxy.admin_api import (
     CloseSession,
     CreateSession,
@@ -39,14 +38,15 @@ from polar_env.proxy.admin_api import (
     SessionUrls,
     SessionView,
 )
-from polar_env.proxy.codec import Codec
+from polar_env.proxy.codecs import anthropic_messages, gemini_generate_content, openai_chat, openai_responses
+from polar_env.proxy.codecs.common import DecodedRequest, WireError, json_response, parse_json_body
+from polar_env.proxy.codecs.protocol import Codec, CountingCodec
 from polar_env.proxy.engine import CallTicket, ContextOverflow, EngineConfig, SessionStopped, TokenEngine
 from polar_env.proxy.offload import ParsePool
 from polar_env.proxy.policy import PauseRequest, PolicyVersion, ResumeRequest
 from polar_env.proxy.run_slots import RunEnded
 from polar_env.proxy.seen import Seen
 from polar_env.proxy.sessions import AuthError, BudgetExceeded, Session, SessionRegistry
-from polar_env.proxy.wire import DecodedRequest, WireError, json_response, parse_json_body
 from polar_env.sandbox.views import socket_dir, unmount
 from polar_env.trajectory.ledger import Ledger
 from polar_env.trajectory.records import Api, CallOrigin, EpisodeBudget
@@ -410,7 +410,7 @@ class ProxyServer:
             log.info("session %s: client disconnected while its call was generating", session.id)
         return response
 
-    async def _count_tokens(self, request: web.Request, module: Codec = anthropic_messages,
+    async def _count_tokens(self, request: web.Request, module: CountingCodec = anthropic_messages,
                             decode: Callable[[Any], DecodedRequest] = anthropic_messages.decode_count_tokens,
                             key: str | None = None) -> web.Response:
         """The prompt's token count from the real chat template (Anthropic's and Gemini's count routes)."""

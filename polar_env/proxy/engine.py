@@ -34,10 +34,10 @@ from polar_env.backends.logprobs_mode import LogprobsMode
 from polar_env.chat.messages import AssistantTurn, Conversation, Message, TokenLogprob, ToolCall
 from polar_env.chat.template import ChatRenderer, apply_tool_kinds
 from polar_env.outcomes import FailureKind, is_harness
+from polar_env.proxy.codecs.common import DecodedRequest, WireError
 from polar_env.proxy.policy import PolicyFence
 from polar_env.proxy.run_slots import RunEnded, RunSlots
 from polar_env.proxy.sessions import SAMPLING_KEYS, BudgetExceeded, CallState, Session, prefix_hashes
-from polar_env.proxy.wire import DecodedRequest, WireError
 from polar_env.trajectory.ledger import Ledger
 from polar_env.trajectory.records import (
     HISTORY_THINKING_KEPT,

@@ -14,8 +14,8 @@ from typing import TypeVar
 from polar_env.chat.messages import Message
 from polar_env.harness_adapters.base import VolatileRule
 from polar_env.harness_adapters.registry import ADAPTERS
+from polar_env.proxy.codecs.common import DecodedRequest, dedupe
 from polar_env.proxy.seen import Seen, Stripped, common_prefix, extends
-from polar_env.proxy.wire import DecodedRequest, dedupe
 
 # Each adapter declares its harness's own lines (harness_adapters/<harness>.py); the proxy does not
 # know which harness a session runs, so it applies all of them (a fork's inherited rules once).

@@ -41,7 +41,7 @@ from yarl import URL
 
 from polar_env import event_loop, fastjson
 from polar_env.proxy.admin_api import Health, WorkerAnswer, WorkersAnswer, WorkersHealth
-from polar_env.proxy.wire import json_response
+from polar_env.proxy.codecs.common import json_response
 from polar_env.stop_signal import wait_for_stop_signal
 from polar_env.wire.openai_errors import openai_error
 

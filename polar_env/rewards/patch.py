@@ -26,7 +26,7 @@ def base_commit(tree: Path) -> str:
     return roots[0]
 
 
-def extract_patch(tree: Path) -> str:
+def tree_patch(tree: Path) -> str:
     """`git diff --binary` of the tree against its base, noise excluded ("" if unchanged).
 
     git runs on a throwaway repository whose objects borrow the tree's (``alternates``), as

@@ -43,12 +43,6 @@ def preload() -> None:
     _sb()
 
 
-def swebench_version() -> str:
-    import swebench
-
-    return swebench.__version__
-
-
 def markers_match_swebench() -> bool:
     c = _sb().constants
     return (c.START_TEST_OUTPUT, c.END_TEST_OUTPUT, c.TEST_EXIT_CODE, c.TESTS_TIMEOUT) == (

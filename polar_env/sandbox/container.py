@@ -42,7 +42,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from polar_env.outcomes import FailureKind
 from polar_env.sandbox import history, safe_git
@@ -64,9 +64,6 @@ from polar_env.sandbox.forwarder import harness_gid
 from polar_env.sandbox.rootfs import host_node
 from polar_env.sandbox.seccomp import container_profile
 from polar_env.sandbox.views import harness_view, holds_python_packages, unmount
-
-if TYPE_CHECKING:
-    from polar_env.sandbox.apptainer import ApptainerBox
 
 ENGINES = ("docker", "podman")
 GIT_DIR_INSIDE = "/var/lib/polar-git"  # the base snapshot's repository: root's, outside the tree, readable
@@ -134,7 +131,14 @@ def git_diff_script(workdir: str, exclude: Sequence[str], git_dir: str = GIT_DIR
             f"g diff --binary --no-color --no-ext-diff --no-textconv $(cat {git_dir}/POLAR_BASE) $now -- {specs}")
 
 
-async def lock_as_root(box: ContainerSandbox | ApptainerBox, paths: Sequence[str]) -> None:
+class RunsAsUser(Protocol):
+    """What ``lock_as_root`` needs of a box: a container, or ``sandbox/apptainer.py``'s box (a protocol, not
+    an import: that module imports this one)."""
+
+    async def run(self, cmd: Sequence[str], *, user: str | None = None) -> RunResult: ...
+
+
+async def lock_as_root(box: RunsAsUser, paths: Sequence[str]) -> None:
     """``paths`` in ``box`` handed to root with no write bit for others (links themselves, never followed),
     by a root step in the box: what a grader's ``lock`` does where the box can run one."""
     quoted = " ".join(shlex.quote(p) for p in paths)

@@ -67,9 +67,3 @@ class PulledImages:
                     total -= entries.pop(image)["size"]
                     removed.append(image)
         return removed
-
-
-def _exists(engine: str, image: str) -> bool:
-    from polar_env.sandbox.container import image_exists
-
-    return image_exists(engine, image)

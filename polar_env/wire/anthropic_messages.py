@@ -1,5 +1,5 @@
 """Anthropic Messages' outgoing shapes: the ``message`` body, the stream events Claude Code rebuilds
-it from, the error body and count_tokens' answer (``proxy/anthropic_messages.py`` fills them).
+it from, the error body and count_tokens' answer (``proxy/codecs/anthropic_messages.py`` fills them).
 
 Content blocks, block deltas and stream events are tagged by their ``type`` (written first), so each
 union below is one msgspec can also decode, and a stream event's tag is its SSE event name.

@@ -1,5 +1,5 @@
 """The Gemini API's outgoing shapes: the ``GenerateContentResponse`` (one body, or one stream chunk),
-Google's error body and countTokens' answer (``proxy/gemini_generate_content.py`` fills them).
+Google's error body and countTokens' answer (``proxy/codecs/gemini_generate_content.py`` fills them).
 
 Wire names are camelCase, as the API's JSON is (``rename="camel"`` on the base, which msgspec
 passes on to every subclass).

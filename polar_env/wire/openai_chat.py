@@ -1,5 +1,5 @@
 """OpenAI Chat Completions' outgoing shapes: the ``chat.completion`` body and its
-``chat.completion.chunk`` stream events (``proxy/openai_chat.py`` fills them)."""
+``chat.completion.chunk`` stream events (``proxy/codecs/openai_chat.py`` fills them)."""
 
 from __future__ import annotations
 

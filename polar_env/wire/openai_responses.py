@@ -1,5 +1,5 @@
 """OpenAI Responses API's outgoing shapes: the output items, the ``response`` object and the stream
-events (``proxy/openai_responses.py`` fills them). The items are also what a NeMo Gym result records
+events (``proxy/codecs/openai_responses.py`` fills them). The items are also what a NeMo Gym result records
 of a turn (``wire/responses.py:output_items`` builds them for both); the request side's items are
 the pydantic models in ``wire/responses.py``."""
 

@@ -1,5 +1,5 @@
 """The OpenAI Responses API's items: the request side's as pydantic models (what
-``proxy/openai_responses.py`` decodes), and the output items of a canonical turn as shapes
+``proxy/codecs/openai_responses.py`` decodes), and the output items of a canonical turn as shapes
 (``wire/openai_responses.py``): what the proxy answers Codex with and what a NeMo Gym result or
 observation records of the same turn, with the same ids (``trajectory/export.py``)."""
 

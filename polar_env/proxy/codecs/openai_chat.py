@@ -13,8 +13,7 @@ from pydantic import Field
 
 from polar_env.chat.messages import AssistantTurn, Conversation, Message, ToolCall, ToolSpec
 from polar_env.proxy import volatile
-from polar_env.proxy.seen import Seen
-from polar_env.proxy.wire import (
+from polar_env.proxy.codecs.common import (
     SSE_COMMENT_KEEPALIVE,
     DecodedRequest,
     OpenAIRequestFields,
@@ -37,6 +36,7 @@ from polar_env.proxy.wire import (
     stops_of,
     validate_items,
 )
+from polar_env.proxy.seen import Seen
 from polar_env.wire.loose import Loose
 from polar_env.wire.openai_chat import (
     AssistantMessageOut,

@@ -15,8 +15,7 @@ from pydantic import Field
 
 from polar_env.chat.messages import AssistantTurn, Conversation, Message, ToolCall, ToolSpec
 from polar_env.proxy import volatile
-from polar_env.proxy.seen import Seen
-from polar_env.proxy.wire import (
+from polar_env.proxy.codecs.common import (
     PART_JOIN,
     DecodedRequest,
     WireError,
@@ -38,6 +37,7 @@ from polar_env.proxy.wire import (
     validate,
     validate_items,
 )
+from polar_env.proxy.seen import Seen
 from polar_env.wire.anthropic_messages import (
     BlockDelta,
     ContentBlock,

@@ -16,8 +16,7 @@ from msgspec.structs import replace
 
 from polar_env.chat.messages import AssistantTurn, Conversation, Message, ToolCall, ToolSpec
 from polar_env.proxy import volatile
-from polar_env.proxy.seen import Seen
-from polar_env.proxy.wire import (
+from polar_env.proxy.codecs.common import (
     PART_JOIN,
     DecodedRequest,
     OpenAIRequestFields,
@@ -36,6 +35,7 @@ from polar_env.proxy.wire import (
     sse_frame,
     validate,
 )
+from polar_env.proxy.seen import Seen
 from polar_env.wire.ids import call_id_from_ref
 from polar_env.wire.loose import Loose
 from polar_env.wire.openai_errors import ErrorBody, openai_error, openai_overflow

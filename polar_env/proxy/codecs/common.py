@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal, TypeVar
 
 from aiohttp import web
@@ -131,7 +131,7 @@ def parse_json_body(raw: bytes) -> Any:
 SSE_COMMENT_KEEPALIVE = b": keep-alive\n\n"
 
 
-def json_response(body: Shape | BaseModel | list[Any], status: int = 200) -> web.Response:
+def json_response(body: Shape | BaseModel | Sequence[Shape] | list[Any], status: int = 200) -> web.Response:
     """A JSON answer, encoded by ``wire.shape`` (aiohttp's own ``json_response`` uses the stdlib codec)."""
     return web.Response(body=encode(body), status=status, content_type="application/json")
 

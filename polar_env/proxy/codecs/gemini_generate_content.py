@@ -26,8 +26,7 @@ from pydantic.alias_generators import to_camel
 
 from polar_env.chat.messages import AssistantTurn, Conversation, Message, ToolCall, ToolSpec
 from polar_env.proxy import volatile
-from polar_env.proxy.seen import Seen
-from polar_env.proxy.wire import (
+from polar_env.proxy.codecs.common import (
     PART_JOIN,
     DecodedRequest,
     WireError,
@@ -44,6 +43,7 @@ from polar_env.proxy.wire import (
     user_turn,
     validate,
 )
+from polar_env.proxy.seen import Seen
 from polar_env.wire.gemini_generate_content import (
     Candidate,
     ContentOut,
