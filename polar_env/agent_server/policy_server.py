@@ -137,7 +137,7 @@ def build_backend(kind: str, policy: str, tasks: str, model_dir: Path | None, co
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.description = __doc__.splitlines()[0]
+    parser.description = (__doc__ or "").splitlines()[0]
     parser.add_argument("--backend", choices=["local", "scripted"], default="scripted")
     parser.add_argument("--policy", choices=sorted(POLICIES), default="gold", help="scripted policy")
     parser.add_argument("--tasks", default="bundled", help="task set the gold policy looks answers up in")

@@ -71,6 +71,7 @@ def _add_commands(parser: argparse.ArgumentParser, commands: tuple[Command, ...]
         if command.children:
             _add_commands(child, command.children, argv[1:])
         else:
+            assert command.module is not None  # a command without children names its module
             module = importlib.import_module(command.module)
             module.add_arguments(child)
             child.set_defaults(run=module.run)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from polar_env.episodes.workspace import SANDBOX_CHOICES, check_engine, workspace_kind
+from polar_env.episodes.workspace import SANDBOX_CHOICES, check_engine, workspace_kinds
 from polar_env.grades import GradeResult, GradingMode
 from polar_env.outcomes import FailureKind
 from polar_env.rewards import swebench_compat as sb
@@ -147,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
     try:  # where each task is graded; refuse early when its engine or image is not here
-        kinds = {iid: workspace_kind(tasks[iid], args.sandbox) for iid in {p["instance_id"] for p in preds}}
+        kinds = workspace_kinds((tasks[iid] for iid in {p["instance_id"] for p in preds}), args.sandbox)
         for iid, kind in kinds.items():
             check_engine(kind)
             check_image(tasks[iid], kind)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from polar_env.tasks.models import Task
+from polar_env.tasks.runtime import WorkspaceKind
 
 PASSING = frozenset({"PASSED", "XFAIL"})
 
@@ -139,7 +140,7 @@ class Validation:
         return f"{self.instance_id}: TASK DEFECT: {bad}"
 
 
-def validate_task(task: Task, *, kind: str, timeout_s: float | None = None) -> Validation:
+def validate_task(task: Task, *, kind: WorkspaceKind, timeout_s: float | None = None) -> Validation:
     """Environment builds, test patch applies, gold resolves, empty patch does not (in ``kind``'s grader)."""
     from polar_env.outcomes import FailureKind
     from polar_env.rewards.grader import grade_task
@@ -171,7 +172,7 @@ def validate_task(task: Task, *, kind: str, timeout_s: float | None = None) -> V
     return v
 
 
-def validate_harbor_task(task: Task, *, kind: str) -> Validation:
+def validate_harbor_task(task: Task, *, kind: WorkspaceKind) -> Validation:
     """A Harbor task: its image builds, ``solution/solve.sh`` earns reward 1, doing nothing does not;
     a verifier that writes no reward (for either) is the task's defect."""
     import asyncio
@@ -197,22 +198,23 @@ def validate_harbor_task(task: Task, *, kind: str) -> Validation:
     return v
 
 
-async def _harbor_episode(task: Task, kind: str, command: str | None):
+async def _harbor_episode(task: Task, kind: WorkspaceKind, command: str | None):
     """Open the task's workspace, run ``command`` as the agent would (None: nothing), grade it there."""
     from polar_env.episodes.workspace import open_workspace
     from polar_env.rewards.grader import Submission, grade_submission
     from polar_env.sandbox.base import SandboxSpec
 
+    assert task.harbor is not None
     workspace = await open_workspace(task, SandboxSpec(), sandbox=kind)
     try:
         if command is not None:
             await workspace.sandbox.run(["bash", "-c", command], timeout_s=task.harbor.config.agent.timeout_sec or 600)
-        return await grade_submission(task, Submission(sandbox=workspace.sandbox), kind=kind)  # type: ignore[arg-type]
+        return await grade_submission(task, Submission(sandbox=workspace.sandbox), kind=kind)
     finally:
         await workspace.close()
 
 
-def _base_check(task: Task, kind: str, timeout_s: float | None) -> str:
+def _base_check(task: Task, kind: WorkspaceKind, timeout_s: float | None) -> str:
     """The base tree with the tests applied must not already pass every FAIL_TO_PASS test."""
     from polar_env.rewards.grading import run_task_tests
     from polar_env.rewards.image_grading import run_base_in_image

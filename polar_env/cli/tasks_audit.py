@@ -31,10 +31,11 @@ import re
 import shlex
 import sys
 import tempfile
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
-from polar_env.episodes.workspace import SANDBOX_CHOICES, check_engine, open_workspace, workspace_kind
+from polar_env.episodes.workspace import SANDBOX_CHOICES, check_engine, open_workspace, workspace_kinds
 from polar_env.grades import GradeResult
 from polar_env.outcomes import DEFAULT_OUTCOMES
 from polar_env.rewards import audit
@@ -77,7 +78,7 @@ for path, kind, payload in json.load(sys.stdin):
         os.chmod(path, 0o755)
 """
 DIFF_NAME = re.compile(r"^diff --git a/(.+?) b/\1$", re.M)
-Check = Callable[[Task, WorkspaceKind], Awaitable[CheckResult]]
+Check = Callable[[Task, WorkspaceKind], Coroutine[Any, Any, CheckResult]]
 # further checks, by name, run on every task (issue 45 adds the repository-history and answer checks here)
 CHECKS: dict[str, Check] = {}
 
@@ -104,6 +105,7 @@ def file_kind(path: str, first_line: str) -> str:
 async def _harbor_workspace(task: Task, kind: WorkspaceKind, command: str | None, inject: list | None = None):
     """A fresh workspace, ``command`` (or the injection) run as the agent, then graded; returns the grade
     and the files the agent changed in the workdir (name -> first line)."""
+    assert task.harbor is not None
     ws = await open_workspace(task, SandboxSpec(), sandbox=kind)
     try:
         box = ws.sandbox
@@ -203,7 +205,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         tasks = [t for t in load_tasks(args.tasks) if args.task_ids is None or t.instance_id in args.task_ids]
-        kinds = {t.instance_id: workspace_kind(t, args.sandbox) for t in tasks}
+        kinds = workspace_kinds(tasks, args.sandbox)
         for task in tasks:
             check_engine(kinds[task.instance_id])
             check_image(task, kinds[task.instance_id])

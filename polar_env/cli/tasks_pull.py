@@ -96,7 +96,7 @@ def pull_all(engine: str, images: list[str], policy: PullPolicy, ledger: PulledI
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.description = __doc__.split("\n\n", 1)[1]
+    parser.description = (__doc__ or "").split("\n\n", 1)[1]
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("file", help="a task file (JSONL), a Harbor task folder (or a folder of them), or a dataset")
     parser.add_argument("--engine", choices=("podman", "docker"), default=None,

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from polar_env.cli.task_toolkit import validate_task
-from polar_env.episodes.workspace import SANDBOX_CHOICES, check_engine, workspace_kind
+from polar_env.episodes.workspace import SANDBOX_CHOICES, check_engine, workspace_kinds
 from polar_env.tasks.datasets import procedure_of
 from polar_env.tasks.loader import TaskLoadError, load_tasks
 from polar_env.tasks.models import Task
@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
         tasks = load_tasks(args.file)
         for task in tasks:  # which dataset each row is, and what is verified for it, before any check
             print(f"{task.instance_id}: {dataset_line(task)}", flush=True)
-        kinds = {t.instance_id: workspace_kind(t, args.sandbox) for t in tasks}
+        kinds = workspace_kinds(tasks, args.sandbox)
         for kind in sorted(set(kinds.values())):
             check_engine(kind)
     except (TaskLoadError, WorkspaceUnavailable) as exc:

@@ -22,6 +22,7 @@ import asyncio
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -103,6 +104,11 @@ def workspace_kind(task: Task, sandbox: str = "auto") -> WorkspaceKind:
         raise WorkspaceUnavailable(f"{task.instance_id}: bubblewrap needs a base archive and the task has none; "
                                    f"run it in its image with --sandbox podman|docker|apptainer")
     return sandbox  # type: ignore[return-value]
+
+
+def workspace_kinds(tasks: Iterable[Task], sandbox: str = "auto") -> dict[str, WorkspaceKind]:
+    """`workspace_kind` of each task, by its instance id."""
+    return {t.instance_id: workspace_kind(t, sandbox) for t in tasks}
 
 
 def check_engine(kind: WorkspaceKind) -> None:

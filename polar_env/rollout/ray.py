@@ -105,13 +105,13 @@ def _drive(plan: RolloutPlan, config: RolloutConfig) -> list[Trajectory]:
     per_node = plan.run_slots + (0 if plan.collapsed else lookahead + grade_slots)  # each node's pipeline full
     if todo:
         # num_cpus=0: the episodes run in sandboxes outside Ray's accounting; the stage limits bound them
-        remote = ray.remote(NodeWorker)
+        remote: Any = ray.remote(NodeWorker)  # an actor class: `.options(...).remote(...)` makes one
         candidates = [remote.options(num_cpus=0, max_concurrency=per_node + 2,
                                      scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
                                      ).remote(plan, config) for n in worker_nodes()]
         for actor, ref in [(a, a.setup.remote()) for a in candidates]:
             try:
-                info = ray.get(ref)
+                info: dict[str, Any] = ray.get(ref)
             except Exception as exc:  # noqa: BLE001 - a node that cannot set up is left out
                 print(f"ray: leaving a node out, its setup failed: {exc}", file=sys.stderr)
                 ray.kill(actor)

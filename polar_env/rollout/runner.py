@@ -246,12 +246,12 @@ def admin_secret(config: RolloutConfig) -> str:
 def prepare(plan: RolloutPlan) -> None:
     """Host-side setup and checks before the clock starts: each task's workspace can be made here
     (engine, image), the harness is installed, and each bubblewrap task's test env is built."""
-    from polar_env.episodes.workspace import check_engine, workspace_kind
+    from polar_env.episodes.workspace import check_engine, workspace_kinds
     from polar_env.harness_adapters.registry import get_adapter
     from polar_env.tasks.env import ensure_task_env
     from polar_env.tasks.runtime import check_image
 
-    kinds = {t.instance_id: workspace_kind(t, plan.episode.sandbox) for t in plan.tasks}
+    kinds = workspace_kinds(plan.tasks, plan.episode.sandbox)
     for kind in set(kinds.values()):
         check_engine(kind)
     for task in plan.tasks:

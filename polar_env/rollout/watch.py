@@ -52,7 +52,8 @@ class TensorBoardReporter:
         except ImportError:
             raise WatchUnavailable("--report-to tensorboard needs the tensorboard package: "
                                    "pip install 'polar-env[tensorboard]'") from None
-        self._event, self._summary = event_pb2.Event, summary_pb2.Summary
+        # protobuf's generated classes, which type checkers do not see
+        self._event, self._summary = event_pb2.Event, summary_pb2.Summary  # pyright: ignore[reportAttributeAccessIssue]
         self.logdir = logdir
         self._writer = EventFileWriter(str(logdir))
 
