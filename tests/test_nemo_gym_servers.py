@@ -30,9 +30,9 @@ from polar_env.agent_server.core import (
     row_task_id,
     session_sampling,
 )
-from polar_env.agent_server.policy_server import PolicyServer, gold_policy
 from polar_env.backends.base import SamplingParams
 from polar_env.backends.vllm import VllmBackend
+from polar_env.cli.policy_server import PolicyServer, gold_policy
 from polar_env.episodes import episode_prompt
 from polar_env.episodes.workspace import WorkspaceMounts
 from polar_env.harness_adapters.policies import DONE as FINAL

@@ -24,17 +24,17 @@ class Command:
 
 COMMANDS = (
     Command("demo", "the whole pipeline on the embedded default: harness, sandbox, proxy, model, grading",
-            "polar_env.demo"),
+            "polar_env.cli.demo"),
     Command("proxy", "run the token-capturing proxy (polar proxy serve --help)", children=(
-        Command("serve", "run the proxy standalone against any backend", "polar_env.proxy.serve"),)),
+        Command("serve", "run the proxy standalone against any backend", "polar_env.cli.proxy_serve"),)),
     Command("check", "check trajectories / NeMo-RL results / GRPO batches (contract, groups, fidelity)",
-            "polar_env.trajectory.check_cli"),
+            "polar_env.cli.check"),
     Command("export", "trajectories as an SFT dataset TRL's SFTTrainer or NeMo-RL's SFT reads as is (token ids, "
-            "assistant-only loss masks, every chain)", "polar_env.trajectory.export_cli"),
+            "assistant-only loss masks, every chain)", "polar_env.cli.export"),
     Command("doctor", "report installed harnesses and sandboxes and how to fix what is missing",
             "polar_env.cli.doctor"),
     Command("rollout", "K rollouts per task with a real harness in sandboxes, through the proxy, graded",
-            "polar_env.rollout.cli"),
+            "polar_env.cli.rollout"),
     Command("eval", "grade SWE-bench predictions on bundled, Verified or custom tasks", "polar_env.cli.eval"),
     Command("tasks", "bring your own tasks: build one from a row and its base tree, validate a task file",
             children=(Command("build", "a task from a SWE-bench-schema row and its base tree: derive "
@@ -49,13 +49,13 @@ COMMANDS = (
                       Command("pull", "pre-pull every image a task file names (bounded, retried on rate limits, "
                               "pruned to a disk budget)", "polar_env.cli.tasks_pull"))),
     Command("train", "one machine, the embedded model: SFT warm start on gold replays, then GRPO through real "
-            "harness episodes; checkpoints and a reward plot", "polar_env.training.train_cli"),
+            "harness episodes; checkpoints and a reward plot", "polar_env.cli.train"),
     Command("view", "write (or serve) the HTML page of trajectories: tokens by loss mask, logprobs, grading",
-            "polar_env.viewer.view_cli"),
+            "polar_env.cli.view"),
     Command("bench", "measure the proxy against direct and LiteLLM; write docs/benchmarks.md",
             "polar_env.cli.bench"),
     Command("policy-server", "a local stand-in policy server (vLLM /v1/completions wire) for NeMo Gym runs",
-            "polar_env.agent_server.policy_server"),
+            "polar_env.cli.policy_server"),
 )
 
 
