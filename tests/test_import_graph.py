@@ -18,6 +18,7 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
 
 # bottom first; a top-level module counts as a package of its own
 LAYERS: list[set[str]] = [
+    {"environment"},
     {"cache", "event_loop", "fastjson", "gym_lifespan", "janitor", "metrics", "safe_text", "spawn_pool", "stop_signal"},
     {"chat"},
     {"outcomes", "wire"},

@@ -1,7 +1,6 @@
 """The `polar` command: one argparse tree, the top layer (it may import everything; nothing imports
-it). Each command is a module with ``add_arguments(parser)`` and ``run(args) -> int``: those of
-packages' own jobs live with the package they drive (``rollout.cli``, ``proxy.serve``), those that
-use several packages (``doctor``, ``eval``, ``tasks build|validate|export|audit|pull``) here; this file lists them.
+it). Each command is a module here with ``add_arguments(parser)`` and ``run(args) -> int``
+(``rollout``, ``proxy_serve``, ``doctor``, ``tasks_build``, ...); this file lists them.
 
 Only the chosen command's module is imported, so ``polar view`` does not pay for the proxy's imports.
 """
@@ -72,7 +71,7 @@ def _add_commands(parser: argparse.ArgumentParser, commands: tuple[Command, ...]
         else:
             module = importlib.import_module(command.module)
             module.add_arguments(child)
-            child.set_defaults(run=module.run)
+            child.set_defaults(run=module.run, command_parser=child)
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
@@ -82,9 +81,24 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """``argv`` parsed; with ``--settings FILE``, the file's settings are the defaults the flags override."""
+    parser = build_parser(argv)
+    args = parser.parse_args(argv)
+    if getattr(args, "settings", None) is not None:
+        from polar_env.cli.settings import SettingsFileError, read_settings_file
+
+        try:
+            fragment = read_settings_file(args.settings, args.settings_model)
+        except SettingsFileError as exc:
+            args.command_parser.error(str(exc))
+        args.command_parser.set_defaults(**fragment)
+        args = parser.parse_args(argv)
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser(argv).parse_args(argv)
+    args = parse_args(argv)
     args.argv = argv  # the command line as given (recorded by `polar bench`)
     return args.run(args)
-
