@@ -69,7 +69,9 @@ def test_job_commands_read_the_environment(env_timeout: float, argv: list[str]):
 
 def test_eval_reads_the_environment(env_timeout: float):
     args = build_parser(["eval"]).parse_args(["eval", "--predictions", "p.jsonl"])
-    assert args.timeout == env_timeout
+    assert args.grading_timeout == env_timeout
+    old = build_parser(["eval"]).parse_args(["eval", "--predictions", "p.jsonl", "--timeout", "7"])
+    assert old.grading_timeout == 7.0  # the flag's old name, as docs showed it
 
 
 def test_gym_resources_server_reads_the_environment(env_timeout: float):

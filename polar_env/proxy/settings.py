@@ -111,7 +111,8 @@ def proxy_model(settings: ProxySettings, backend: Backend | None = None) -> tupl
         if settings.verify_prompt_echo:
             opts["verify_prompt_echo"] = True
         if settings.backend == "instant":  # a fixed short answer: measures the proxy alone (load, crash tests)
-            opts["token_ids"] = renderer.tokenizer.encode("OK", add_special_tokens=False) + renderer.eos_token_ids[:1]
+            opts.setdefault("token_ids", renderer.tokenizer.encode("OK", add_special_tokens=False)
+                            + renderer.eos_token_ids[:1])
         backend = make_backend(settings.backend, url=settings.url or None,
                                model=settings.model_name or model_dir.name, model_dir=model_dir, **opts)
     return renderer, backend
