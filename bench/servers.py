@@ -120,16 +120,14 @@ async def _backend_main(args: argparse.Namespace) -> None:
 
 
 def _proxy(args: argparse.Namespace, data_dir: Path) -> Any:
-    from polar_env.backends.registry import make_backend
-    from polar_env.proxy.app import ProxyServer
-    from polar_env.proxy.engine import EngineConfig
+    from polar_env.proxy.settings import ProxySettings, build_proxy
 
     if args.backend_url:
-        backend = make_backend("vllm", url=args.backend_url, model="bench")
+        settings = ProxySettings(backend="vllm", url=args.backend_url, model_name="bench", max_context=args.max_context)
     else:
-        backend = make_backend("instant", token_ids=[int(x) for x in args.answer_ids.split(",")])
-    return ProxyServer.create(renderer=_renderer(), backend=backend, data_dir=data_dir, admin_secret=ADMIN_SECRET,
-                              config=EngineConfig(max_context=args.max_context, default_max_tokens=64))
+        settings = ProxySettings(backend="instant", max_context=args.max_context,
+                                 backend_options={"token_ids": [int(x) for x in args.answer_ids.split(",")]})
+    return build_proxy(settings, data_dir=data_dir, admin_secret=ADMIN_SECRET, default_max_tokens=64)
 
 
 async def _proxy_main(args: argparse.Namespace) -> None:

@@ -8,9 +8,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from polar_env.environment import EnvSettings
+
 
 def cache_root() -> Path:
-    return Path(os.environ.get("POLAR_CACHE") or Path.home() / ".cache" / "polar")
+    return EnvSettings.read().cache or Path.home() / ".cache" / "polar"
 
 
 def write_atomic(path: Path, data: bytes) -> Path:

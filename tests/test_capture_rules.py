@@ -15,10 +15,10 @@ from aiohttp import web
 from proxy_client import running_proxy
 from wire_helpers import fixture
 
-from polar_env.agent_server.policy_server import PolicyServer
 from polar_env.backends.base import Generation
 from polar_env.backends.instant import InstantBackend
 from polar_env.backends.vllm import VllmBackend
+from polar_env.cli.policy_server import PolicyServer
 from polar_env.proxy.engine import EngineConfig
 from polar_env.trajectory.chains import build_trajectory
 from polar_env.trajectory.checks import check_path

@@ -40,7 +40,7 @@ def test_only_the_chosen_command_is_imported():
             "build_parser(['check']).parse_args(['check', 'x']); "
             f"print([m for m in {modules!r} if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
-    assert out.stdout.strip() == "['polar_env.trajectory.check_cli']"
+    assert out.stdout.strip() == "['polar_env.cli.check']"
 
 
 def test_train_with_unknown_task_ids_says_so_in_one_line(tmp_path):

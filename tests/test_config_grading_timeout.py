@@ -11,11 +11,11 @@ import pytest
 import yaml
 
 from polar_env.cli import build_parser
+from polar_env.cli.rollout import config_from_args
 from polar_env.cli.tasks_export import task_toml
 from polar_env.episodes.lifecycle import EpisodeConfig
 from polar_env.resources_server.core import PolarResourcesConfig
 from polar_env.rewards.sandbox_exec import GradingLimits, grading_timeout_s
-from polar_env.rollout.cli import config_from_args
 from polar_env.rollout.plan import plan_from_config
 from polar_env.tasks.loader import load_tasks
 
@@ -69,7 +69,9 @@ def test_job_commands_read_the_environment(env_timeout: float, argv: list[str]):
 
 def test_eval_reads_the_environment(env_timeout: float):
     args = build_parser(["eval"]).parse_args(["eval", "--predictions", "p.jsonl"])
-    assert args.timeout == env_timeout
+    assert args.grading_timeout == env_timeout
+    old = build_parser(["eval"]).parse_args(["eval", "--predictions", "p.jsonl", "--timeout", "7"])
+    assert old.grading_timeout == 7.0  # the flag's old name, as docs showed it
 
 
 def test_gym_resources_server_reads_the_environment(env_timeout: float):

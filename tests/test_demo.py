@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from polar_env.cli import main as polar_main
-from polar_env.demo import default_max_tokens
+from polar_env.cli.demo import default_max_tokens
 from polar_env.harness_adapters.policies import gold_policy
 from polar_env.harness_adapters.registry import shell_tools
 from polar_env.tasks.loader import load_tasks

@@ -61,7 +61,7 @@ def test_gym_collects_a_gold_rollout_of_a_harbor_task(tmp_path: Path, embedded_d
         run = subprocess.Popen(
             [str(GYM_VENV / "bin" / "ng_run"), f"+config_paths=[{REPO / 'configs' / 'polar_pi.yaml'}]",
              f"+policy_base_url=http://127.0.0.1:{policy_port}/v1", "+policy_api_key=none",
-             "+policy_model_name=polar-policy", f"+polar_tokenizer={embedded_dir}", "+polar_tasks=terminal",
+             "+policy_model_name=polar-policy", f"+polar_model_dir={embedded_dir}", "+polar_tasks=terminal",
              "+polar_sandbox=podman", "+skip_venv_if_present=true", f"+uv_venv_dir={venvs}", *head],
             stdout=run_log.open("w"), stderr=subprocess.STDOUT, cwd=tmp_path, env=env, start_new_session=True,
             preexec_fn=interruptible)

@@ -128,7 +128,7 @@ def gym(tmp_path_factory, embedded_dir):
         run = subprocess.Popen(
             [str(GYM_VENV / "bin" / "ng_run"), f"+config_paths=[{REPO / 'configs' / 'polar_pi.yaml'}]",
              f"+policy_base_url=http://127.0.0.1:{policy_port}/v1", "+policy_api_key=none",
-             "+policy_model_name=polar-policy", f"+polar_tokenizer={embedded_dir}",
+             "+policy_model_name=polar-policy", f"+polar_model_dir={embedded_dir}",
              f"{agent}.trajectories_path={g.trajectories}", f"{agent}.timeout_s=600",
              "+skip_venv_if_present=true", f"+uv_venv_dir={venvs}", *common],
             stdout=run_log.open("w"), stderr=subprocess.STDOUT, cwd=work, env=env, start_new_session=True,

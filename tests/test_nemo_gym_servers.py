@@ -25,17 +25,17 @@ from polar_env.agent_server.core import (
     PolarAgent,
     PolarAgentConfig,
     _row_prompt,
-    base_urls,
     row_sampling,
     row_task_id,
     session_sampling,
 )
-from polar_env.agent_server.policy_server import PolicyServer, gold_policy
 from polar_env.backends.base import SamplingParams
 from polar_env.backends.vllm import VllmBackend
+from polar_env.cli.policy_server import PolicyServer, gold_policy
 from polar_env.episodes import episode_prompt
 from polar_env.episodes.workspace import WorkspaceMounts
 from polar_env.harness_adapters.policies import DONE as FINAL
+from polar_env.proxy.settings import base_urls
 from polar_env.resources_server import core as resources_core
 from polar_env.resources_server.core import (
     EpisodeConflict,
@@ -323,8 +323,8 @@ def _row(task) -> dict[str, Any]:
 @pytest.mark.skipif(shutil.which("npm") is None, reason="needs npm for the Pi harness")
 async def test_failures_before_the_harness_are_masked_with_their_cause(tmp_path: Path, policy_url, embedded_dir,
                                                                      tasks):
-    agent = PolarAgent(PolarAgentConfig(harness="pi", policy_base_url=policy_url, policy_model_name="polar-policy",
-                                        tokenizer=str(embedded_dir)))
+    agent = PolarAgent(PolarAgentConfig(harness="pi", backend="vllm", url=policy_url, model_name="polar-policy",
+                                        model_dir=embedded_dir))
     await agent.start()
     runtime_dir = agent.runtime_dir
     assert runtime_dir is not None and runtime_dir.name.startswith("polar-agent-")
@@ -359,8 +359,8 @@ async def test_failures_before_the_harness_are_masked_with_their_cause(tmp_path:
 async def test_agent_runs_a_harness_through_the_proxy_and_grades(harness, tool, tmp_path: Path, policy_url,
                                                                  embedded_dir, tasks):
     traj_file = tmp_path / "trajectories.jsonl"
-    agent = PolarAgent(PolarAgentConfig(harness=harness, policy_base_url=policy_url, policy_model_name="polar-policy",
-                                        tokenizer=str(embedded_dir), runtime_dir=str(tmp_path / "rt"),
+    agent = PolarAgent(PolarAgentConfig(harness=harness, backend="vllm", url=policy_url, model_name="polar-policy",
+                                        model_dir=embedded_dir, runtime_dir=str(tmp_path / "rt"),
                                         trajectories_path=str(traj_file), timeout_s=300))
     await agent.start()
     core = PolarResources(PolarResourcesConfig(scratch_root=str(tmp_path / "ws")), tasks=list(tasks.values()))
@@ -388,8 +388,8 @@ async def test_run_slots_hold_the_policy_server_at_its_concurrency_per_call(tmp_
     """Two Pi episodes live at once, one run slot: the policy server never has two calls at once,
     calls wait at the proxy for the slot (not in the harness's deadline), and both still resolve.
     The backend and the slots are wrapped only to count: the real ones answer."""
-    agent = PolarAgent(PolarAgentConfig(harness="pi", policy_base_url=policy_url, policy_model_name="polar-policy",
-                                        tokenizer=str(embedded_dir), runtime_dir=str(tmp_path / "rt"), timeout_s=300,
+    agent = PolarAgent(PolarAgentConfig(harness="pi", backend="vllm", url=policy_url, model_name="polar-policy",
+                                        model_dir=embedded_dir, runtime_dir=str(tmp_path / "rt"), timeout_s=300,
                                         max_concurrent_episodes=2, run_slots=1))
     await agent.start()
     engine = agent.proxy.engine
@@ -461,8 +461,8 @@ async def test_a_fault_in_each_stage_settles_and_leaves_nothing_behind(fault: st
     session, workspace or sandbox process."""
     kind_of_fault, stage = fault.split("-", 1)
     traj_file, scratch = tmp_path / "trajectories.jsonl", tmp_path / "ws"
-    agent = PolarAgent(PolarAgentConfig(harness="pi", policy_base_url=policy_url, policy_model_name="polar-policy",
-                                        tokenizer=str(embedded_dir), runtime_dir=str(tmp_path / "rt"), timeout_s=300,
+    agent = PolarAgent(PolarAgentConfig(harness="pi", backend="vllm", url=policy_url, model_name="polar-policy",
+                                        model_dir=embedded_dir, runtime_dir=str(tmp_path / "rt"), timeout_s=300,
                                         trajectories_path=str(traj_file), run_slots=1))
     await agent.start()
     core = PolarResources(PolarResourcesConfig(scratch_root=str(scratch)), tasks=list(tasks.values()))

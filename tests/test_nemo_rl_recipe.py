@@ -180,7 +180,7 @@ def test_gym_configs_declare_servers_dataset_and_environment(harness, name):
     agent = cfg[agent_instance]["responses_api_agents"]["polar_agent"]
     assert agent["harness"] == harness
     assert agent["resources_server"] == {"type": "resources_servers", "name": "polar_resources_server"}
-    assert agent["policy_base_url"] == "${policy_base_url}"
+    assert agent["url"] == "${policy_base_url}"
     assert all(d["license"] for d in agent["datasets"])
     env_servers = [v for v in cfg.values() if "environment_servers" in v]
     assert env_servers == [{"environment_servers": {"legacy_agent": {

@@ -129,7 +129,7 @@ def test_docs_table_lists_every_kind_with_its_default():
 
 def test_a_run_overrides_rows_from_the_cli_and_the_gym_config(tmp_path: Path):
     from polar_env.cli import build_parser
-    from polar_env.rollout.cli import config_from_args
+    from polar_env.cli.rollout import config_from_args
     from polar_env.rollout.plan import plan_from_config
 
     argv = ["rollout", "--task-ids", "pallets__flask-5014", "--outcome", "harness_crashed=mask",

@@ -33,6 +33,7 @@ from polar_env.backends.scripted import ScriptedBackend
 from polar_env.chat.messages import AssistantTurn, Message, ToolCall, ToolSpec
 from polar_env.chat.template import ChatRenderer
 from polar_env.cli import main as polar_main
+from polar_env.cli.view import PageSource, start_server
 from polar_env.rewards.grading import FailureKind, GradeResult
 from polar_env.rewards.patch import ApplyMethod
 from polar_env.rollout.outputs import summarize
@@ -42,7 +43,6 @@ from polar_env.trajectory.ledger import Ledger
 from polar_env.trajectory.models import Trajectory
 from polar_env.trajectory.records import CallRecord, SessionInfo
 from polar_env.viewer.tokens import TokenText
-from polar_env.viewer.view_cli import PageSource, start_server
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 REPO = Path(__file__).resolve().parent.parent

@@ -25,8 +25,6 @@ import asyncio
 import collections
 import logging
 import math
-import os
-import secrets
 import tempfile
 import time
 import uuid
@@ -34,14 +32,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from msgspec import structs
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from polar_env import metrics
 from polar_env.agent_server.failures import COMPONENT, Component, EpisodeFailure, Stage
 from polar_env.agent_server.observations import agent_observations, latency_summary, producer_trajectory
+from polar_env.environment import EnvSettings
 from polar_env.episodes import lifecycle
 from polar_env.episodes.lifecycle import EpisodeConfig, EpisodeResult, patch_bytes
 from polar_env.episodes.workspace import Workspace, WorkspaceMounts
@@ -50,9 +49,9 @@ from polar_env.harness_adapters.registry import get_adapter
 from polar_env.janitor import Janitor
 from polar_env.outcomes import FailureKind, OutcomeTable
 from polar_env.proxy.app import ProxyServer
-from polar_env.proxy.engine import EngineConfig
 from polar_env.proxy.policy import Admission
 from polar_env.proxy.run_slots import RunSlots
+from polar_env.proxy.settings import ProxySettings, admin_secret, build_proxy, proxy_model
 from polar_env.resources_server.core import SeededEpisode, VerifyOutcome, attach_sandbox
 from polar_env.sandbox.base import SandboxSpec
 from polar_env.trajectory.accepted import Sample, accepted_work
@@ -66,17 +65,12 @@ SHUTDOWN_GRACE_S = 120.0  # how long stop() waits for in-flight episodes to sett
 ACCEPTED_WINDOW = 4096  # the last episodes /metrics' accepted-work figures are computed over
 
 
-class PolarAgentConfig(BaseModel):
-    """What an operator sets in the Gym config (``responses_api_agents.polar_agent``)."""
+class PolarAgentConfig(ProxySettings):
+    """What an operator sets in the Gym config (``responses_api_agents.polar_agent``): the proxy's settings
+    (``ProxySettings``: ``url`` is Gym's ``policy_base_url``, ``model_name`` its ``policy_model_name``,
+    ``backend`` vllm or nemo-rl) and the agent's own."""
 
     harness: str = "pi"  # a name in polar_env/harness_adapters/registry.py
-    policy_base_url: str | list[str] = ""  # NeMo-RL passes a list (one per vLLM server), with or without /v1
-    policy_model_name: str = ""  # the served model name; also what the harness asks for
-    backend: str = "vllm"  # vllm (stock OpenAI server, /v1/completions) | nemo-rl (NeMo-RL's HTTP server)
-    tokenizer: str = "embedded"  # HF model/tokenizer dir of the policy, or "embedded" (the CI SmolLM2)
-    tool_format: str | None = None  # hermes | qwen3_coder (default: from the chat template)
-    max_context: int | None = None  # the context window to enforce; None: the backend's own (max_model_len)
-    agent_calls: Literal["serve", "refuse"] = "serve"  # calls an episode's tools make with its key (docs/training.md)
     timeout_s: float = 1800.0  # the harness's wall-clock deadline per episode
     max_concurrent_episodes: int = 64  # episodes seeding or running their harness at once; grading is outside it
     # of those, how many seed and boot at once (up to their harness's first model call: a dozen harnesses
@@ -89,20 +83,13 @@ class PolarAgentConfig(BaseModel):
         default_factory=lambda: {"temperature": 1.0, "top_p": 1.0, "max_tokens": 8192})
     runtime_dir: str | None = None  # proxy socket + ledger (default: a temp dir, removed at stop)
     trajectories_path: str | None = None  # append Polar's full trajectory (every chain) here
-    backend_options: dict[str, Any] = Field(default_factory=dict)  # e.g. timeout_s, chat_template_kwargs
     outcomes: OutcomeTable = Field(default_factory=OutcomeTable)  # reward/mask per failure kind (docs/outcomes.md)
     budget: EpisodeBudget = Field(default_factory=EpisodeBudget)  # per-episode max_calls / max_sampled_tokens
-    # the serving weights' version at start; the trainer moves it (POST /polar/policy, /polar/pause,
-    # /polar/resume)
-    policy_version: int | None = None
     # an episode starts only while the policy is within K versions of the step it feeds (proxy/policy.py
     # Admission); a step being episodes_per_step /run calls (NeMo-RL: prompts per step x generations per
     # prompt)
     max_staleness: int | None = Field(default=None, ge=0)
     episodes_per_step: int = Field(default=1, ge=1)
-    # the Bearer secret of the /polar/* routes (pause, resume, policy); None: $POLAR_ADMIN_SECRET, else
-    # generated into the runtime dir's admin_secret file (its path printed at start)
-    admin_secret: str | None = Field(default=None, repr=False)
     mask_single_call: bool = False  # mask rollouts whose harness made one model call (OpenEnv RFC 006)
 
 
@@ -121,16 +108,6 @@ class ResourcesClient(Protocol):
     async def verify(self, episode_id: str, task_id: str, *, result: RunResult) -> VerifyOutcome: ...
 
     async def close(self, episode_id: str) -> None: ...
-
-
-def base_urls(value: str | list[str]) -> list[str]:
-    """Server roots from Gym's ``policy_base_url`` (one URL, a list, or comma-separated), ``/v1`` dropped
-    because the backends add their own paths."""
-    items = value.split(",") if isinstance(value, str) else list(value)
-    out = []
-    for url in (u.strip().rstrip("/") for u in items if u and u.strip()):
-        out.append(url[:-3] if url.endswith("/v1") else url)
-    return out
 
 
 def session_sampling(params: dict[str, Any] | None, default: dict[str, Any]) -> dict[str, Any]:
@@ -250,30 +227,18 @@ class PolarAgent:
 
     async def start(self) -> None:
         """Build the proxy over the policy server and install the harness (once per process)."""
-        from polar_env.backends.registry import make_backend
-        from polar_env.chat.template import ChatRenderer
-
         c = self.config
-        urls = base_urls(c.policy_base_url)
-        if not urls:
-            raise ValueError("policy_base_url is empty: set it to the policy server (NeMo-RL sets it itself)")
-        model_dir = _tokenizer_dir(c.tokenizer)
-        renderer = await asyncio.to_thread(ChatRenderer.from_pretrained, model_dir, tool_format=c.tool_format)
-        backend = make_backend(c.backend, url=urls, model=c.policy_model_name, **c.backend_options)
+        if not c.url:
+            raise ValueError("url is empty: set it to the policy server (Gym's policy_base_url; NeMo-RL sets it)")
+        model = await asyncio.to_thread(proxy_model, c)
         self.runtime_dir = Path(c.runtime_dir) if c.runtime_dir else Path(tempfile.mkdtemp(prefix="polar-agent-"))
         if not c.runtime_dir:  # ours: removed at stop, or by the janitor if the process is killed first
             self._janitor = Janitor(self.runtime_dir)
         self.runtime_dir.mkdir(parents=True, exist_ok=True)
-        self.admin_secret = c.admin_secret or os.environ.get("POLAR_ADMIN_SECRET") or ""
-        if not self.admin_secret:
-            self.admin_secret = secrets.token_urlsafe(32)
+        if not (c.admin_secret or EnvSettings.read().admin_secret):  # generated into this file, its path printed
             self.admin_secret_file = self.runtime_dir / "admin_secret"
-            self.admin_secret_file.write_text(self.admin_secret)
-            self.admin_secret_file.chmod(0o600)
-        self.proxy = ProxyServer.create(renderer=renderer, backend=backend, data_dir=self.runtime_dir / "ledger",
-                                        admin_secret=self.admin_secret,
-                                        config=EngineConfig(max_context=c.max_context, agent_calls=c.agent_calls,
-                                                            policy_version=c.policy_version))
+        self.admin_secret = admin_secret(c, self.runtime_dir / "admin_secret")
+        self.proxy = build_proxy(c, data_dir=self.runtime_dir / "ledger", admin_secret=self.admin_secret, model=model)
         if c.max_staleness is not None:
             self._admission = Admission(self.proxy.engine.fence, c.max_staleness, c.episodes_per_step)
         if c.run_slots is not None:
@@ -288,7 +253,7 @@ class PolarAgent:
             self._writer = TrajectoryWriter(Path(c.trajectories_path))
         await asyncio.to_thread(self.adapter.install)
         log.info("polar agent: harness %s, proxy on %s, policy %s (%s)", self.adapter.name,
-                    self.proxy.unix_socket, urls, c.backend)
+                    self.proxy.unix_socket, c.url, c.backend)
 
     async def stop(self) -> None:
         """Shutdown: episodes in flight are cancelled (masked ``cancelled``) and settle — session closed,
@@ -345,7 +310,7 @@ class PolarAgent:
             if self._admission is not None:
                 await self._admission.admit()
             c = self.config
-            config = EpisodeConfig(harness=c.harness, timeout_s=c.timeout_s, model_name=c.policy_model_name or None,
+            config = EpisodeConfig(harness=c.harness, timeout_s=c.timeout_s, model_name=c.model_name,
                                    sampling=session_sampling(params, c.default_sampling), outcomes=c.outcomes,
                                    budget=c.budget, mask_single_call=c.mask_single_call)
             ep = lifecycle.begin(proxy, _TaskView(task_id, row), episode_id=f"{_slug(task_id)}-{uuid.uuid4().hex[:12]}",
@@ -528,14 +493,6 @@ def _row_prompt(params: dict[str, Any]) -> str | None:
             if isinstance(content, list):
                 return "".join(p.get("text", "") for p in content if isinstance(p, dict))
     return None
-
-
-def _tokenizer_dir(spec: str) -> Path:
-    if spec in ("", "embedded"):
-        from polar_env.backends.embedded import embedded_model_dir
-
-        return embedded_model_dir()
-    return Path(spec)
 
 
 def _slug(text: str) -> str:

@@ -114,8 +114,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--predictions", required=True, type=Path, help="predictions .jsonl or .json")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", type=Path, default=None, help="write the JSON report here")
-    ap.add_argument("--timeout", type=float, default=grading_timeout_s(),
+    ap.add_argument("--grading-timeout", type=float, default=grading_timeout_s(),
                     help="grading deadline (s; default: POLAR_GRADING_TIMEOUT_S or the built-in one)")
+    ap.add_argument("--timeout", type=float, dest="grading_timeout", help=argparse.SUPPRESS)  # its old name
     ap.add_argument("--instance-ids", nargs="*", default=None, help="grade only these instances")
     ap.add_argument("--sandbox", default="auto", choices=SANDBOX_CHOICES,
                     help="where to grade: auto (bubblewrap for tasks with a base archive, the task's image "
@@ -170,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
     with ThreadPoolExecutor(max_workers=max(1, args.workers)) as pool:
         futures = {
             pool.submit(grade_task, tasks[p["instance_id"]], p.get("model_patch"), kind=kinds[p["instance_id"]],
-                        timeout_s=args.timeout, mode=mode): key
+                        timeout_s=args.grading_timeout, mode=mode): key
             for key, p in zip(keys, preds, strict=True)
         }
         for fut in tqdm(as_completed(futures), total=len(futures), desc="grading", unit="inst"):

@@ -19,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--base", type=Path, required=True,
                         help="the base tree: a directory, a .tar.gz/.tgz/.tar archive or an sdist")
     parser.add_argument("--out", type=Path, required=True, help="the task file (JSONL) to add the task to")
-    parser.add_argument("--timeout", type=float, default=None,
+    parser.add_argument("--grading-timeout", type=float, default=None,
                         help="per test run (s; default: the grading deadline, POLAR_GRADING_TIMEOUT_S)")
 
 
@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
         row = _row(args.row)
         if not args.base.exists():
             raise TaskLoadError(f"base tree {args.base} does not exist: pass a directory, an archive or an sdist")
-        task = build_task(row, args.base, args.out, timeout_s=args.timeout)
+        task = build_task(row, args.base, args.out, timeout_s=args.grading_timeout)
         kept = [t for t in (load_jsonl(args.out) if args.out.is_file() else []) if t.instance_id != task.instance_id]
         write_rows([*kept, task], args.out)
     except (TaskLoadError, TaskDefect, EnvBuildError, ValueError) as exc:

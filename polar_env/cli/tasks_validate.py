@@ -18,7 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                           "the empty patch does not. Exit 1 if any task is defective.")
     parser.add_argument("file", help="a task file (JSONL), a Harbor task folder (or a folder of them), or 'bundled'")
     parser.add_argument("--sandbox", default="auto", choices=SANDBOX_CHOICES, help="where to grade (as polar eval)")
-    parser.add_argument("--timeout", type=float, default=None,
+    parser.add_argument("--grading-timeout", type=float, default=None,
                         help="per test run (s; default: the grading deadline, POLAR_GRADING_TIMEOUT_S)")
 
 
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
             why = str(exc).splitlines()[0].removeprefix(f"{task.instance_id}: ")
             print(f"{task.instance_id}: NOT CHECKED: {why}", flush=True)
             continue
-        result = validate_task(task, kind=kinds[task.instance_id], timeout_s=args.timeout)
+        result = validate_task(task, kind=kinds[task.instance_id], timeout_s=args.grading_timeout)
         defects += not result.ok
         print(result.line(), flush=True)
     checked = len(tasks) - unchecked

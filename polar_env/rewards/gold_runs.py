@@ -26,6 +26,7 @@ from typing import TypeVar
 from pydantic import BaseModel, ValidationError
 
 from polar_env.cache import cache_root
+from polar_env.environment import EnvSettings
 from polar_env.tasks.models import Task
 
 Run = TypeVar("Run", bound=BaseModel)
@@ -36,7 +37,7 @@ _MEMO_LOCK = threading.Lock()
 
 def gold_dir() -> Path:
     """``$POLAR_GOLD_CACHE``, else ``$POLAR_CACHE/gold``."""
-    return Path(os.environ.get("POLAR_GOLD_CACHE") or cache_root() / "gold")
+    return EnvSettings.read().gold_cache or cache_root() / "gold"
 
 
 @functools.cache

@@ -34,6 +34,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from polar_env.environment import EnvSettings
 from polar_env.sandbox.base import run_process_tree
 from polar_env.sandbox.bubblewrap import _mount_quota as mount_quota
 from polar_env.sandbox.bwrap_argv import BwrapCommand, Mount
@@ -62,12 +63,14 @@ class GradingLimits:
     @classmethod
     def from_env(cls) -> GradingLimits:
         """The defaults, each overridable by ``POLAR_GRADING_MEMORY_BYTES``/``_PIDS_MAX``/``_TMPFS_BYTES``
-        /``_TIMEOUT_S`` (the only place these variables are read)."""
+        /``_TIMEOUT_S`` (read by ``EnvSettings``)."""
+        env = EnvSettings.read().grading
+
         def get(name: str, default: int | None) -> int | None:
-            value = os.environ.get(f"POLAR_GRADING_{name}")
+            value = env.get(name)
             return default if value is None else (int(value) or None)
         d = cls()
-        timeout = os.environ.get("POLAR_GRADING_TIMEOUT_S")
+        timeout = env.get("TIMEOUT_S")
         return cls(get("MEMORY_BYTES", d.memory_bytes), get("PIDS_MAX", d.pids_max),
                    get("TMPFS_BYTES", d.tmpfs_bytes) or d.tmpfs_bytes,
                    float(timeout) if timeout else d.timeout_s)

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
 from polar_env.outcomes import FailureKind, Outcome, OutcomeTable
+from polar_env.proxy.settings import ProxySettings
 from polar_env.rewards.sandbox_exec import grading_timeout_s
 from polar_env.trajectory.records import EpisodeBudget
 
@@ -20,8 +21,9 @@ def host_port(value: str) -> str:
     return value
 
 
-class RolloutConfig(BaseModel):
-    """What `polar rollout` / `polar demo` were asked to do (one field per flag, same names)."""
+class RolloutConfig(ProxySettings):
+    """What `polar rollout` / `polar demo` were asked to do (one field per flag, same names; the proxy's
+    own settings are ``ProxySettings``')."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -30,16 +32,8 @@ class RolloutConfig(BaseModel):
     tasks: str = "bundled"  # bundled | terminal | verified | FILE.jsonl | a Harbor task folder | DATASET[:split]
     task_ids: list[str] | None = None
     limit: int | None = None
-    backend: str = "local"  # local | vllm | nemo-rl | sglang
-    url: list[str] = []
-    model_dir: Path | None = None  # default: the embedded SmolLM2-135M-Instruct
-    model_name: str | None = None
     policy: str = "model"  # who picks each answer: the backend's model, or a scripted policy (gold, noop)
     score_window: int = 1024  # scripted policies: prompt tokens the model scores each answer with
-    tool_format: Literal["hermes", "qwen3_coder"] | None = None
-    enable_thinking: bool | None = None  # the template's flag; None: its own default (docs/proxy.md)
-    history_thinking: Literal["keep", "drop"] = "keep"  # a new user turn after thinking turns (docs/proxy.md)
-    agent_calls: Literal["serve", "refuse"] = "serve"  # calls an episode's tools make with its key (docs/training.md)
     samples: int = Field(default=1, ge=1)  # GRPO group size
     concurrency: int = Field(default=1, ge=1)  # run slots, by their old name (--run-slots wins)
     run_slots: int | None = Field(default=None, ge=1)  # model calls at once (the inference concurrency)
@@ -53,7 +47,6 @@ class RolloutConfig(BaseModel):
     temperature: float = 1.0
     top_p: float = 1.0
     max_tokens: int = 1024  # per model call
-    max_context: int | None = None  # the context window; None: the backend's own (max_model_len)
     max_calls: int | None = None  # per-episode budget at the proxy: model calls (docs/proxy.md)
     max_sampled_tokens: int | None = None  # per-episode budget at the proxy: tokens sampled over all calls
     outcome: list[tuple[FailureKind, Outcome]] = []  # rows overriding the outcome table (docs/outcomes.md)
@@ -66,7 +59,6 @@ class RolloutConfig(BaseModel):
     max_staleness: int | None = Field(default=None, ge=0)
     # HOST:PORT where the proxy also listens on TCP, for its admin API (the weight-sync fence, the version)
     admin: str | None = None
-    admin_secret: str | None = Field(default=None, repr=False)  # None: $POLAR_ADMIN_SECRET, else generated
     mask_single_call: bool = False  # mask rollouts of one model call (degenerate: OpenEnv RFC 006)
     # watching the run (docs/rollout.md "Watching a run"): where /metrics is served, where per-round figures
     # go

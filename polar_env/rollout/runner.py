@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import secrets
 import shutil
 import sys
 import tempfile
@@ -17,11 +15,13 @@ from typing import Any
 
 from polar_env import metrics
 from polar_env.backends.logprobs_mode import LogprobsMismatch, sampling_mismatch
+from polar_env.environment import EnvSettings
 from polar_env.episodes import lifecycle
 from polar_env.episodes.lifecycle import EpisodeResult, Grading
 from polar_env.proxy.app import ProxyServer
 from polar_env.proxy.policy import Admission
 from polar_env.proxy.run_slots import RunSlots
+from polar_env.proxy.settings import admin_secret, build_proxy, proxy_model
 from polar_env.rollout.config import RolloutConfig
 from polar_env.rollout.outputs import RolloutOutputs, finish_outputs
 from polar_env.rollout.plan import RolloutPlan, attempt_session_id, episode_key, pending_episodes
@@ -72,7 +72,7 @@ class EpisodeRunner:
         await self.proxy.start(host, int(port) if port else None, unix_socket=socket)
         if self.plan.admin:
             secret = self.proxy.admin_secret
-            shown = "$POLAR_ADMIN_SECRET" if secret == os.environ.get("POLAR_ADMIN_SECRET") else secret
+            shown = "$POLAR_ADMIN_SECRET" if secret == EnvSettings.read().admin_secret else secret
             print(f"polar: admin API on http://{self.plan.admin}/admin (pause, resume, policy: "
                   "docs/training.md), "
                   f'-H "Authorization: Bearer {shown}"', flush=True)
@@ -201,46 +201,23 @@ async def run_rollouts(plan: RolloutPlan, proxy_factory: ProxyFactory) -> list[T
 
 
 def proxy_factory(config: RolloutConfig, backend=None, tasks: list[Task] | None = None) -> ProxyFactory:
-    """A factory building the proxy for this run (one model load, reused across reruns)."""
-    from polar_env.backends.embedded import embedded_model_dir
-    from polar_env.backends.registry import make_backend
-    from polar_env.chat.template import ChatRenderer
-    from polar_env.proxy.engine import EngineConfig
-
-    model_dir = config.model_dir or embedded_model_dir()
-    renderer = ChatRenderer.from_pretrained(model_dir, tool_format=config.tool_format,
-                                            enable_thinking=config.enable_thinking)
+    """A factory building the proxy for this run (one model load, reused across reruns); a scripted
+    ``config.policy`` answers through a scripted backend over the local model."""
     if backend is None and config.policy != "model":
+        from polar_env.backends.embedded import embedded_model_dir
+        from polar_env.backends.registry import make_backend
         from polar_env.harness_adapters.policies import make_policy
 
-        backend = make_backend("scripted", model_dir=model_dir, policy=make_policy(config.policy, tasks or []),
-                               context_window=config.score_window)
-    backend = backend or make_backend(config.backend, url=config.url or None,
-                                      model=config.model_name or model_dir.name, model_dir=model_dir)
-
+        backend = make_backend("scripted", model_dir=config.model_dir or embedded_model_dir(),
+                               policy=make_policy(config.policy, tasks or []), context_window=config.score_window)
+    model = proxy_model(config, backend)
     secret = admin_secret(config)
 
     def factory(data_dir: Path, socket: Path) -> ProxyServer:
-        return ProxyServer.create(renderer=renderer, backend=backend, data_dir=data_dir, admin_secret=secret,
-                                  config=EngineConfig(max_context=config.max_context,
-                                                      default_max_tokens=config.max_tokens,
-                                                      history_thinking=config.history_thinking,
-                                                      agent_calls=config.agent_calls))
+        return build_proxy(config, data_dir=data_dir, admin_secret=secret, model=model,
+                           default_max_tokens=config.max_tokens)
 
     return factory
-
-
-_GENERATED_SECRET: list[str] = []  # one per process: `polar train`'s rounds keep the secret they printed
-
-
-def admin_secret(config: RolloutConfig) -> str:
-    """The admin API's secret: ``--admin-secret``, else ``$POLAR_ADMIN_SECRET``, else one generated for
-    this process (printed with the address at start when ``--admin`` makes it reachable)."""
-    if secret := config.admin_secret or os.environ.get("POLAR_ADMIN_SECRET"):
-        return secret
-    if not _GENERATED_SECRET:
-        _GENERATED_SECRET.append(secrets.token_urlsafe(24))
-    return _GENERATED_SECRET[0]
 
 
 def prepare(plan: RolloutPlan) -> None:

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from polar_env.environment import EnvSettings
 from polar_env.outcomes import FailureKind
 from polar_env.sandbox import history, safe_git
 from polar_env.sandbox.base import (
@@ -151,7 +152,7 @@ def label_args() -> list[str]:
     """``--label`` flags for every container Polar creates: ``polar_env`` (so ``ps --filter
     label=polar_env`` finds them, a crashed run's leftovers included) and each ``key=value`` of
     ``$POLAR_CONTAINER_LABELS`` (comma-separated: a run's or a job's own tag)."""
-    extra = [kv.strip() for kv in os.environ.get(LABELS_ENV, "").split(",") if kv.strip()]
+    extra = [kv.strip() for kv in EnvSettings.read().container_labels.split(",") if kv.strip()]
     bad = [kv for kv in extra if "=" not in kv or not kv.split("=", 1)[0]]
     if bad:
         raise ValueError(f"${LABELS_ENV} takes comma-separated key=value labels, not {bad[0]!r}")

@@ -33,6 +33,7 @@ from functools import partial
 from pathlib import Path
 
 from polar_env.cache import cache_root
+from polar_env.environment import EnvSettings
 from polar_env.sandbox import gitdiff
 from polar_env.sandbox.apptainer import extract_image_tree, reduce_image_tree
 from polar_env.sandbox.base import SandboxSpec
@@ -61,7 +62,7 @@ class BaseTree:
 def base_cache_dir() -> Path:
     """Where this node's bases live: ``$POLAR_BASE_CACHE``, else ``$POLAR_CACHE/bases``. Put it on
     the workspaces' filesystem (the scratch root's) where that filesystem can reflink (btrfs, XFS)."""
-    return Path(os.environ.get("POLAR_BASE_CACHE") or cache_root() / "bases")
+    return EnvSettings.read().base_cache or cache_root() / "bases"
 
 
 def base_key(task: Task) -> str:

@@ -16,13 +16,13 @@ image and any change rebuilds it.
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import shlex
 import shutil
 import tempfile
 from pathlib import Path
 
+from polar_env.environment import EnvSettings
 from polar_env.sandbox.container import ContainerError, engine_run, image_exists, label_args
 from polar_env.tasks.harbor_compose import task_compose
 from polar_env.tasks.models import Task
@@ -43,7 +43,7 @@ def image_map() -> dict[str, str]:
     from polar_env.tasks.images import PUBLIC_BASE, base_image
 
     pairs = {POLAR_BASE_ALIAS: base_image(), PUBLIC_BASE: base_image()}
-    for item in filter(None, (s.strip() for s in os.environ.get(MAP_ENV, "").split(","))):
+    for item in filter(None, (s.strip() for s in EnvSettings.read().image_map.split(","))):
         name, sep, local = item.partition("=")
         if not sep or not name.strip() or not local.strip():
             raise HarborImageError(f"{MAP_ENV}: {item!r} is not NAME=LOCAL_IMAGE")

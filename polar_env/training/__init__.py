@@ -5,6 +5,6 @@ the proxy, sampled by the trainer's own model object, and TRL receives the token
 logprobs Polar recorded (never re-tokenised). ``grpo.PolarGRPOTrainer`` is TRL's ``GRPOTrainer``
 with those logprobs as the importance ratio's denominator; ``fidelity`` holds the checks that prove
 the trainer's forward pass reproduces them and that only sampled tokens get a gradient
-(docs/training.md). ``train_cli`` is `polar train` (docs/learning.md): an SFT warm start on gold
-replays (``warm_start``, top layers over a frozen trunk, ``frozen_trunk``), then GRPO steps.
+(docs/training.md). `polar train` (``polar_env.cli.train``, docs/learning.md) uses them: an SFT warm
+start on gold replays (``warm_start``, top layers over a frozen trunk, ``frozen_trunk``), then GRPO steps.
 """

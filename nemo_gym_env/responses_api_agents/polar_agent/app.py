@@ -158,7 +158,7 @@ class PolarAgentServer(SimpleResponsesAPIAgent):
         where = (f"in {agent.admin_secret_file}" if agent.admin_secret_file is not None
                  else "from the config or $POLAR_ADMIN_SECRET")
         print(f"polar agent ready: harness {agent.adapter.name}, proxy on {agent.proxy.unix_socket}, "
-              f"policy {self.config.policy_base_url} ({self.config.backend}); /polar/* admin secret {where}",
+              f"policy {self.config.url} ({self.config.backend}); /polar/* admin secret {where}",
               flush=True)
 
     async def _stop_agent(self) -> None:

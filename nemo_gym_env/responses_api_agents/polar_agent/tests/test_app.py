@@ -20,9 +20,10 @@ from responses_api_agents.polar_agent.app import (
     PolarRunRequest,
 )
 
-from polar_env.agent_server.core import PolarAgentConfig, base_urls, row_task_id, session_sampling
+from polar_env.agent_server.core import PolarAgentConfig, row_task_id, session_sampling
 from polar_env.agent_server.observations import agent_observations, plain_items, producer_trajectory
 from polar_env.chat.messages import AssistantTurn, Message, ToolCall
+from polar_env.proxy.settings import ProxySettings
 from polar_env.trajectory.export import to_nemo_gym_result
 from polar_env.trajectory.models import CallSummary, Trajectory, TrajectoryStats
 
@@ -36,12 +37,20 @@ def _config(**kw) -> PolarAgentServerConfig:
 
 
 def test_config_maps_onto_polar_agent_config() -> None:
-    config = _config(harness="codex", policy_base_url=["http://a:1/v1", "http://b:2/v1"], backend="nemo-rl",
+    config = _config(harness="codex", url=["http://a:1/v1", "http://b:2/v1"], backend="nemo-rl",
                      default_sampling={"temperature": 0.7, "top_p": 0.9, "max_tokens": 512})
     assert isinstance(config, PolarAgentConfig)  # the Gym config is Polar's config, declared once
     assert config.harness == "codex" and config.backend == "nemo-rl"
-    assert base_urls(config.policy_base_url) == ["http://a:1", "http://b:2"]
+    assert config.url == ["http://a:1", "http://b:2"]
     assert config.default_sampling["top_p"] == 0.9
+
+
+def test_config_takes_the_settings_polar_rollout_and_proxy_serve_take() -> None:
+    """A fragment of Polar's settings (tests/test_settings.py: `polar rollout --settings`, `polar proxy serve
+    --settings`) is the Gym agent's config under the same keys, and the same proxy settings come out."""
+    fragment = {"backend": "vllm", "url": "http://a:1/v1", "model_name": "policy", "model_dir": "/models/policy",
+                "tool_format": "qwen3_coder", "max_context": 4096, "agent_calls": "refuse"}
+    assert _config(**fragment).proxy_settings() == ProxySettings.model_validate(fragment) != ProxySettings()
 
 
 def test_example_rows_parse_as_run_requests() -> None:
@@ -58,7 +67,7 @@ def test_example_rows_parse_as_run_requests() -> None:
 
 def test_responses_endpoint_points_at_run() -> None:
     client = ServerClient.model_construct(head_server_config=None, global_config_dict={})
-    server = PolarAgentServer(config=_config(policy_base_url="http://127.0.0.1:9"), server_client=client)
+    server = PolarAgentServer(config=_config(backend="vllm", url="http://127.0.0.1:9"), server_client=client)
     with TestClient(server.setup_webserver(), raise_server_exceptions=False) as http:
         answer = http.post("/v1/responses", json={"input": "hi"})
     assert answer.status_code == 501 and "/run" in answer.text

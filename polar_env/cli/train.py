@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from polar_env.rollout.cli import add_job_arguments, config_from_args
+from polar_env.cli.rollout import add_job_arguments, config_from_args
 from polar_env.rollout.config import RolloutConfig
 from polar_env.rollout.watch import Watch, WatchUnavailable
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import polar_env.rollout
 from polar_env.backends.logprobs_mode import LogprobsMismatch
+from polar_env.cli.settings import add_proxy_arguments, add_settings_argument, settings_from_args
 from polar_env.episodes.workspace import SANDBOX_CHOICES
 from polar_env.harness_adapters.registry import adapter_names, harness_choices
 from polar_env.outcomes import FailureKind, Outcome, parse_outcome
-from polar_env.proxy.engine import add_agent_calls_argument, add_thinking_arguments
 from polar_env.rollout.config import RolloutConfig, host_port
 from polar_env.tasks.loader import TaskLoadError
 from polar_env.tasks.runtime import WorkspaceUnavailable
@@ -22,6 +22,7 @@ from polar_env.tasks.runtime import WorkspaceUnavailable
 def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of a rollout job (`polar demo` has them too); their names are RolloutConfig's fields."""
     d = RolloutConfig()
+    add_settings_argument(parser, RolloutConfig)
     parser.add_argument("--harness", default=d.harness, choices=harness_choices(), metavar="HARNESS",
                         help=f"one of: {', '.join(adapter_names())} (docs/harnesses.md)")
     parser.add_argument("--sandbox", default=d.sandbox, choices=SANDBOX_CHOICES,
@@ -38,19 +39,12 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: a warning)")
     parser.add_argument("--task-ids", nargs="*", default=d.task_ids, help="only these instance ids")
     parser.add_argument("--limit", type=int, default=d.limit, help="only the first N tasks")
-    parser.add_argument("--backend", default=d.backend, help="local | vllm | nemo-rl | sglang")
-    parser.add_argument("--url", action="append", default=[], help="backend URL (repeatable)")
-    parser.add_argument("--model-dir", type=Path, default=d.model_dir,
-                        help="HF model/tokenizer dir (default: the embedded SmolLM2-135M-Instruct)")
-    parser.add_argument("--model-name", default=d.model_name)
+    add_proxy_arguments(parser, d)
     parser.add_argument("--policy", default=d.policy,
                         help="model (the backend samples) or a scripted policy scored by the local model: "
                              "gold (replays the gold patch), gold-steps (the same in five tool-using calls), noop")
     parser.add_argument("--score-window", type=int, default=d.score_window,
                         help="scripted policies: the model scores each answer given the last N prompt tokens")
-    parser.add_argument("--tool-format", choices=["hermes", "qwen3_coder"], default=d.tool_format)
-    add_thinking_arguments(parser, d.enable_thinking, d.history_thinking)
-    add_agent_calls_argument(parser, d.agent_calls)
     parser.add_argument("--samples", type=positive_int, default=d.samples, help="rollouts per task (GRPO group size)")
     parser.add_argument("--concurrency", type=int, default=d.concurrency,
                         help="model calls at once (the same as --run-slots)")
@@ -71,8 +65,6 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=d.temperature)
     parser.add_argument("--top-p", type=float, default=d.top_p)
     parser.add_argument("--max-tokens", type=int, default=d.max_tokens, help="per model call")
-    parser.add_argument("--max-context", type=int, default=d.max_context,
-                        help="context window to enforce (default: the backend's own, e.g. vLLM's max_model_len)")
     parser.add_argument("--max-calls", type=int, default=d.max_calls,
                         help="per-episode budget: model calls the proxy answers before refusing (docs/proxy.md)")
     parser.add_argument("--max-sampled-tokens", type=int, default=d.max_sampled_tokens,
@@ -88,8 +80,6 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--admin", default=d.admin, metavar="HOST:PORT", type=_admin_arg,
                         help="serve the proxy's admin API there too (pause, resume, the policy version: "
                              "docs/training.md); printed at start")
-    parser.add_argument("--admin-secret", default=d.admin_secret, metavar="SECRET",
-                        help="the admin API's Bearer secret (default: $POLAR_ADMIN_SECRET, else generated and printed)")
     parser.add_argument("--mask-single-call", action="store_true", default=d.mask_single_call,
                         help="mask rollouts whose harness made one model call (degenerate; polar check counts them)")
     add_watch_arguments(parser)
@@ -138,7 +128,7 @@ def _outcome_arg(item: str) -> tuple[FailureKind, Outcome]:
 
 def config_from_args(args: argparse.Namespace) -> RolloutConfig:
     """The parsed flags as the typed config (flags other commands add are left out)."""
-    return RolloutConfig.model_validate({k: v for k, v in vars(args).items() if k in RolloutConfig.model_fields})
+    return settings_from_args(RolloutConfig, args)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

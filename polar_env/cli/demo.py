@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from polar_env.backends.embedded import EMBEDDED_MODEL_NAME
-from polar_env.rollout.cli import add_job_arguments, config_from_args
+from polar_env.cli.rollout import add_job_arguments, config_from_args
 from polar_env.rollout.config import RolloutConfig
 
 QUICK = {"limit": 2, "samples": 1, "timeout": 120.0, "concurrency": 2}
@@ -43,7 +43,7 @@ def policy_label(config: RolloutConfig, model: str) -> str:
 
 
 def write_viewer(out: Path) -> Path | None:
-    from polar_env.viewer.view_cli import write_view
+    from polar_env.cli.view import write_view
 
     page = out / "viewer.html"
     return page if write_view(out / "trajectories.jsonl", page) else None
