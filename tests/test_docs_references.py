@@ -66,7 +66,7 @@ def path_problem(word: str) -> str | None:
     first = word.split("/")[0]
     if first in TOP_FOLDERS:
         bases = [ROOT]
-    elif first in INNER and (word.endswith("/") or word.endswith(EXTENSIONS)):
+    elif (PACKAGE / first / "__init__.py").exists() and (word.endswith("/") or word.endswith(EXTENSIONS)):
         bases = [PACKAGE]
     else:
         return None  # a URL route, a path inside a sandbox or an image, a word with a slash
