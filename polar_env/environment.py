@@ -27,7 +27,8 @@ class EnvSettings(BaseModel):
     @classmethod
     def read(cls, environ: Mapping[str, str] | None = None) -> EnvSettings:
         env = os.environ if environ is None else environ
-        return cls(admin_secret=env.get("POLAR_ADMIN_SECRET") or None, cache=env.get("POLAR_CACHE") or None,
-                   base_cache=env.get("POLAR_BASE_CACHE") or None, gold_cache=env.get("POLAR_GOLD_CACHE") or None,
-                   container_labels=env.get("POLAR_CONTAINER_LABELS", ""), image_map=env.get("POLAR_IMAGE_MAP", ""),
-                   grading={k.removeprefix(GRADING_PREFIX): v for k, v in env.items() if k.startswith(GRADING_PREFIX)})
+        return cls.model_validate({  # the strings validated into the fields' types (paths)
+            "admin_secret": env.get("POLAR_ADMIN_SECRET") or None, "cache": env.get("POLAR_CACHE") or None,
+            "base_cache": env.get("POLAR_BASE_CACHE") or None, "gold_cache": env.get("POLAR_GOLD_CACHE") or None,
+            "container_labels": env.get("POLAR_CONTAINER_LABELS", ""), "image_map": env.get("POLAR_IMAGE_MAP", ""),
+            "grading": {k.removeprefix(GRADING_PREFIX): v for k, v in env.items() if k.startswith(GRADING_PREFIX)}})

@@ -129,14 +129,26 @@ HarnessStatus = Literal["completed", "timeout", "error"]
 
 class CallView(Protocol):
     """What the classifiers read of a recorded call (``trajectory.records.CallRecord`` has it): this
-    module is a leaf the records import, so it names the fields instead of importing the record."""
+    module is a leaf the records import, so it names the fields instead of importing the record.
+    Read-only, so a record whose fields are narrower (``origin``'s literals) is one."""
 
-    call_index: int
-    created_at: float
-    origin: str | None
-    failure_kind: FailureKind | None
-    finish_reason: str | None
-    timings: dict[str, float]
+    @property
+    def call_index(self) -> int: ...
+
+    @property
+    def created_at(self) -> float: ...
+
+    @property
+    def origin(self) -> str | None: ...
+
+    @property
+    def failure_kind(self) -> FailureKind | None: ...
+
+    @property
+    def finish_reason(self) -> str | None: ...
+
+    @property
+    def timings(self) -> dict[str, float]: ...
 
     @property
     def output(self) -> Any: ...  # the AssistantTurn (``.tool_calls``), None if the call failed

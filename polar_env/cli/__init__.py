@@ -92,7 +92,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         try:
             fragment = read_settings_file(args.settings, args.settings_model)
         except SettingsFileError as exc:
-            args.command_parser.error(str(exc))
+            args.command_parser.error(str(exc))  # exits
+            raise
         args.command_parser.set_defaults(**fragment)
         args = parser.parse_args(argv)
     return args

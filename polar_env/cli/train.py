@@ -141,7 +141,7 @@ def grpo_steps(run_: Run, args: argparse.Namespace, tasks: int, stages: Any) -> 
     """``args.grpo_steps`` GRPO steps of ``PolarGRPOTrainer`` over the top layers (the rest stay frozen):
     each step ``--samples`` episodes per task by the live model, one optimizer step over all of them."""
     from transformers import TrainerCallback
-    from trl import GRPOConfig
+    from trl import GRPOConfig  # pyright: ignore[reportPrivateImportUsage]  # trl's lazy exports
 
     from polar_env.training.frozen_trunk import freeze_all_but_top
     from polar_env.training.grpo import PolarGRPOTrainer
@@ -186,7 +186,7 @@ def grpo_steps(run_: Run, args: argparse.Namespace, tasks: int, stages: Any) -> 
             run_.checkpoint(f"step-{step}", args.keep_checkpoints)
             stages.update()
 
-        def on_log(self, a: Any, state: Any, control: Any, logs: dict | None = None, **kw: Any) -> None:
+        def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kw: Any) -> None:
             if logs and "loss" in logs and update:
                 run_.record({**update, "loss": logs["loss"],
                              "frac_reward_zero_std": logs.get("frac_reward_zero_std")})

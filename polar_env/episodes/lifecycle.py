@@ -44,6 +44,7 @@ from polar_env.harness_adapters.runner import HarnessRun, run_episode_in_sandbox
 from polar_env.outcomes import (
     DEADLINE_KINDS,
     FailureKind,
+    HarnessStatus,
     OutcomeTable,
     classify_episode,
     explain_deadline,
@@ -55,7 +56,7 @@ from polar_env.rewards.grader import GradingLimits, Submission, grade_submission
 from polar_env.rewards.sandbox_exec import grading_timeout_s
 from polar_env.rewards.workers import GradingWorkers
 from polar_env.sandbox.base import Sandbox, SandboxSpec
-from polar_env.tasks.models import Task, patch_files
+from polar_env.tasks.models import HarborRef, Task, patch_files
 from polar_env.trajectory import exploits
 from polar_env.trajectory.chains import build_trajectory
 from polar_env.trajectory.models import Trajectory
@@ -120,12 +121,26 @@ class EpisodeSession:
 class ClosedSession:
     info: Any  # the registry's SessionInfo
     calls: list[Any]
-    status: str
+    status: HarnessStatus
     error: str | None
     failure_kind: FailureKind  # before grading (polar_env.outcomes.final_kind adds the grade's)
 
 
-def episode_prompt(task: Task) -> str:
+class EpisodeTask(Protocol):
+    """What an episode reads of its task: a loaded `Task`, or the Gym agent's view of a dataset row
+    (the resources server holds the task itself and grades it)."""
+
+    @property
+    def instance_id(self) -> str: ...
+
+    @property
+    def problem_statement(self) -> str: ...
+
+    @property
+    def harbor(self) -> HarborRef | None: ...
+
+
+def episode_prompt(task: EpisodeTask) -> str:
     """The first user message; identical for every rollout of a task (GRPO groups depend on it).
     A Harbor task's is its instruction.md as written."""
     if task.harbor is not None:
@@ -165,7 +180,7 @@ async def run_harness(session: EpisodeSession, sandbox: Sandbox, prompt: str, *,
         paused_s=partial(slots.waited_s, session.session_id) if slots is not None else None)
 
 
-async def close_session(session: EpisodeSession, status: str, error: str | None, *,
+async def close_session(session: EpisodeSession, status: HarnessStatus, error: str | None, *,
                         failure: FailureKind | None = None, harness: HarnessRun | None = None,
                         outcomes: OutcomeTable | None = None) -> ClosedSession:
     """Drain in-flight calls (a harness killed mid-call leaves that call to finish recording),
@@ -174,7 +189,8 @@ async def close_session(session: EpisodeSession, status: str, error: str | None,
     proxy = session.proxy
     await proxy.drain(session.session_id)
     calls = proxy.registry.ledger.calls(session.session_id)
-    stopped = proxy.registry.get(session.session_id).stopped
+    open_session = proxy.registry.get(session.session_id)
+    stopped = open_session.stopped if open_session is not None else None
     if stopped is not None:  # the proxy refused a retry loop; the harness ended on that refusal
         status, error = "error", f"stopped: {stopped}"
     floor = (outcomes or OutcomeTable()).min_backend_tokens_per_s
@@ -198,7 +214,7 @@ def patch_bytes(patch: str) -> int:
     return len(patch.encode("utf-8", errors="surrogateescape"))
 
 
-def agent_timeout(task: Task, default_s: float) -> float:
+def agent_timeout(task: EpisodeTask, default_s: float) -> float:
     """The harness's deadline: a Harbor task's ``[agent] timeout_sec`` where it sets one."""
     own = task.harbor.config.agent.timeout_sec if task.harbor is not None else None
     return own or default_s
@@ -243,6 +259,7 @@ async def grade_episode(ep: Episode, grading: Grading | None = None) -> GradeRes
     task's own verifier in the agent's (still open) container; SWE-bench grading of the patch in a fresh
     tree or container of the kind the episode ran in otherwise, in a grading worker."""
     task, config = ep.task, ep.config
+    assert isinstance(task, Task)  # graded here: a loaded task
     kind = ep.ref.kind if ep.ref is not None else "bubblewrap"
     in_place = ep.workspace.sandbox if task.harbor is not None and ep.workspace is not None else None
     grading_it = partial(grade_submission, task, Submission(patch=ep.patch, sandbox=in_place), kind=kind,
@@ -256,12 +273,15 @@ class Site(Protocol):
 
     async def open(self, ep: Episode, spec: SandboxSpec) -> Workspace:
         """The episode's workspace, with ``spec``'s mounts (proxy socket dir, harness install)."""
+        ...
 
     async def collect(self, ep: Episode) -> str:
         """The agent's patch, once the harness has ended (may close a workspace grading does not need)."""
+        ...
 
     async def grade(self, ep: Episode, trajectory: Trajectory, grading: Grading | None) -> GradeResult:
         """The grade of ``ep.patch`` (``trajectory``: the episode as built, before its reward)."""
+        ...
 
 
 class LocalSite:
@@ -269,6 +289,7 @@ class LocalSite:
     container of its image) and grades the patch in a fresh one (a Harbor task: in its own)."""
 
     async def open(self, ep: Episode, spec: SandboxSpec) -> Workspace:
+        assert isinstance(ep.task, Task)  # opened here: a loaded task
         return await open_workspace(ep.task, spec, sandbox=ep.config.sandbox)
 
     async def collect(self, ep: Episode) -> str:
@@ -288,7 +309,7 @@ class Episode:
     :func:`run` and :func:`finish` use, the stage it is in, and when each stage began and ended
     (``time.time()``)."""
 
-    task: Task
+    task: EpisodeTask
     config: EpisodeConfig
     session: EpisodeSession
     site: Site
@@ -316,7 +337,7 @@ class Episode:
             self.marks["failed"] = time.time()
 
 
-def begin(proxy: ProxyServer, task: Task, *, episode_id: str, group_id: str | None = None,
+def begin(proxy: ProxyServer, task: EpisodeTask, *, episode_id: str, group_id: str | None = None,
           config: EpisodeConfig | None = None, metadata: dict[str, Any] | None = None,
           queued_at: float | None = None, site: Site | None = None, prompt: str | None = None) -> Episode:
     """The episode's proxy session, opened; ``prompt`` defaults to :func:`episode_prompt`."""
@@ -339,14 +360,14 @@ async def prepare(ep: Episode) -> None:
         spec = harness_spec(ep.session, SandboxSpec(scratch_root=ep.config.scratch_root))
         opening = asyncio.ensure_future(ep.site.open(ep, spec))
         try:
-            ep.workspace = await asyncio.shield(opening)  # a cancel must not orphan a tree being made
+            workspace = await asyncio.shield(opening)  # a cancel must not orphan a tree being made
         except asyncio.CancelledError:
             made = (await asyncio.gather(opening, return_exceptions=True))[0]
             ep.workspace = made if isinstance(made, Workspace) else None
             raise
-        ep.ref = ep.workspace.ref
+        ep.workspace, ep.ref = workspace, workspace.ref
         ep.harness = asyncio.ensure_future(run_harness(
-            ep.session, ep.workspace.sandbox, ep.prompt, model_name=ep.config.model_name,
+            ep.session, workspace.sandbox, ep.prompt, model_name=ep.config.model_name,
             timeout_s=agent_timeout(ep.task, ep.config.timeout_s)))
     except Exception as exc:  # noqa: BLE001 - a workspace failure still yields a trajectory
         ep.fail(exc)
@@ -470,7 +491,7 @@ async def finish(ep: Episode, grading: Grading | None = None) -> EpisodeResult:
                          calls=closed.calls)
 
 
-def exploit_context(task: Task) -> exploits.ExploitContext:
+def exploit_context(task: EpisodeTask) -> exploits.ExploitContext:
     """What `trajectory.exploits` needs of ``task`` (a Gym agent's view of a row may carry none of it)."""
     return exploits.context(getattr(task, "repo", ""), patch_files(getattr(task, "patch", "")),
                             patch_files(getattr(task, "test_patch", "")))

@@ -214,7 +214,9 @@ class ProxyServer:
         r.add_post("/admin/resume", self._admin_resume)
         return app
 
-    async def start(self, host: str = "127.0.0.1", port: int = 0, unix_socket: Path | None = None) -> None:
+    async def start(self, host: str = "127.0.0.1", port: int | None = 0, unix_socket: Path | None = None) -> None:
+        """Listen on ``unix_socket`` and/or TCP ``host:port`` (0: any free port; None: no TCP listener
+        beside the socket)."""
         self.logprobs_mode = await self.engine.probe_logprobs_mode()
         log.info("backend %s returns %s logprobs", self.engine.backend.name, self.logprobs_mode)
         self._runner = web.AppRunner(self.app(), access_log=None)

@@ -86,6 +86,13 @@ class EpisodeRunner:
         metrics.BUSY.start(self.plan.run_slots)
         self._semaphores = [asyncio.Semaphore(n) for n in self._limits]
 
+    @property
+    def live_proxy(self) -> ProxyServer:
+        """The proxy `start` made."""
+        if self.proxy is None:
+            raise RuntimeError("EpisodeRunner.start() first")
+        return self.proxy
+
     async def run(self, task: Task, sample: int) -> Trajectory:
         """One episode through its stages; its trajectory (exported by the caller)."""
         assert self.proxy is not None, "start() first"
@@ -107,7 +114,7 @@ class EpisodeRunner:
                 admitted = {} if self.admission is None else {"admitted_at_version": await self.admission.admit()}
                 with self._stage("prepare"):
                     async with _Held(self._semaphores[1] if staged else None):
-                        ep = lifecycle.begin(self.proxy, task, episode_id=attempt_session_id(key, self.ledger),
+                        ep = lifecycle.begin(self.live_proxy, task, episode_id=attempt_session_id(key, self.ledger),
                                              group_id=task.instance_id, config=self.plan.episode, queued_at=queued,
                                              metadata={"episode_key": key, "sample": sample, **admitted,
                                                        **self.metadata})

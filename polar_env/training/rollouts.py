@@ -133,7 +133,7 @@ class PolarRollouts:
     @property
     def fence(self) -> PolicyFence:
         """The proxy's policy version and weight-sync fence (proxy/policy.py)."""
-        return self._runner.proxy.engine.fence
+        return self._runner.live_proxy.engine.fence
 
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
         module = trainer.accelerator.unwrap_model(trainer.model)
