@@ -21,7 +21,8 @@ class EnvSettings(BaseModel):
     gold_cache: Path | None = None  # POLAR_GOLD_CACHE: gold runs (default $POLAR_CACHE/gold)
     container_labels: str = ""  # POLAR_CONTAINER_LABELS: comma-separated key=value labels on every container
     image_map: str = ""  # POLAR_IMAGE_MAP: comma-separated NAME=LOCAL_IMAGE pairs for Harbor tasks
-    # POLAR_GRADING_MEMORY_BYTES / _PIDS_MAX / _TMPFS_BYTES / _TIMEOUT_S: the grading limits (rewards/sandbox_exec.py)
+    # POLAR_GRADING_MEMORY_BYTES / _PIDS_MAX / _TMPFS_BYTES / _TIMEOUT_S: the grading limits
+    # (rewards/sandbox_exec.py)
     grading: dict[str, str] = {}
 
     @classmethod

@@ -26,7 +26,8 @@ def add_settings_argument(parser: argparse.ArgumentParser, model: type[BaseModel
 
 
 def add_proxy_arguments(parser: argparse.ArgumentParser, defaults: ProxySettings | None = None) -> None:
-    """The flags of ``ProxySettings``, one per field, shared by `polar rollout`/`demo`/`train` and `proxy serve`."""
+    """The flags of ``ProxySettings``, one per field, shared by `polar rollout`/`demo`/`train` and
+    `proxy serve`."""
     d = defaults or ProxySettings()
     parser.add_argument("--backend", default=d.backend, choices=BACKENDS,
                         help="inference backend (default: local, the in-process transformers model)")
@@ -61,7 +62,8 @@ class SettingsFileError(ValueError):
 
 
 def read_settings_file(path: Path, model: type[BaseModel]) -> dict[str, Any]:
-    """The settings a YAML or JSON file sets (a mapping of field names), checked against ``model``'s fields."""
+    """The settings a YAML or JSON file sets (a mapping of field names), checked against ``model``'s
+    fields."""
     try:
         fragment = yaml.safe_load(Path(path).read_text()) or {}
     except (OSError, yaml.YAMLError) as exc:

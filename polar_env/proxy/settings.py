@@ -24,7 +24,8 @@ BACKENDS = ("local", "vllm", "nemo-rl", "sglang", "instant")
 
 
 class ProxySettings(BaseModel):
-    """The proxy's settings; each field is a flag of the same name (``--model-dir``) and a settings file key."""
+    """The proxy's settings; each field is a flag of the same name (``--model-dir``) and a settings
+    file key."""
 
     backend: Literal["local", "vllm", "nemo-rl", "sglang", "instant"] = "local"  # instant: a fixed "OK" (load tests)
     # the inference servers' base URLs (several spread sessions over them); one, a list or comma-separated,
@@ -74,8 +75,9 @@ def base_urls(value: str | list[str] | tuple[str, ...]) -> list[str]:
 
 
 def admin_secret(settings: ProxySettings, file: Path | None = None) -> str:
-    """The admin API's Bearer secret: the setting, else ``$POLAR_ADMIN_SECRET``, else the one in ``file``
-    (generated there, readable by the owner only, when missing or empty), else one generated for this process."""
+    """The admin API's Bearer secret: the setting, else ``$POLAR_ADMIN_SECRET``, else the one in
+    ``file`` (generated there, readable by the owner only, when missing or empty), else one generated
+    for this process."""
     if secret := settings.admin_secret or EnvSettings.read().admin_secret:
         return secret
     if file is None:
