@@ -184,8 +184,17 @@ def render(results: dict[str, Any]) -> str:
                 "around the turn. `proxy CPU ms` is the proxy process's CPU time per call (the per-call "
                 "cost, and the `per_call_ratio_turn200_vs_turn10` key: wall-clock figures on a loaded "
                 "machine mostly measure the scheduler); `render ms` is Polar's matching + tokenizing time "
-                "from the ledger's timings; `added ms` is end to end, Polar minus direct.", "",
-                "| turn | prompt tokens | proxy CPU ms | render ms | Polar ms | added ms |",
+                "from the ledger's timings; `added ms` is end to end, Polar minus direct.", ""]
+        if g.get("interleaved"):
+            out += ["The CPU ratio's two ends are measured side by side, so the machine's other load weighs on "
+                    "both alike: over the long session's last 14 calls a fresh session makes its calls 0-13, call "
+                    "for call in turn with it (its turn 10 beside the long one's turn 200); turn 10's CPU "
+                    "is the fresh session's, the ratio is the median over the runs of each run's ratio. Per run: "
+                    f"turn 10 {_runs(g['cpu_ms_turn10_runs'])} ms, turn 200 {_runs(g['cpu_ms_turn200_runs'])} ms, "
+                    f"ratio {_runs(g['ratio_cpu_runs'])}; the long session's own turn 10, measured 190 calls "
+                    "before its turn 200: "
+                    f"{_f(g['cpu_ms_turn10_own_session'])} ms (median of runs).", ""]
+        out += ["| turn | prompt tokens | proxy CPU ms | render ms | Polar ms | added ms |",
                 "|---|---|---|---|---|---|"]
         for t in (10, 50, 200):
             out.append(f"| {t} | {g.get(f'prompt_tokens_turn{t}', 0):,} | {_f(g.get(f'cpu_ms_turn{t}'))} | "
@@ -268,6 +277,11 @@ def render(results: dict[str, Any]) -> str:
         out += [f"- `{k}`: failed: `{v.strip().splitlines()[-1]}`" for k, v in results.get("errors", {}).items()]
         out.append("")
     return "\n".join(out)
+
+
+def _runs(values: list[float]) -> str:
+    """Per-run figures and their spread, as the growth section gives them."""
+    return f"{', '.join(f'{v:.2f}' for v in values)} (spread {min(values):.2f}-{max(values):.2f})"
 
 
 def _profile(p: dict[str, Any]) -> list[str]:
