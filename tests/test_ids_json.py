@@ -92,7 +92,7 @@ async def test_the_proxy_sends_vllm_the_whole_encode_of_each_prompt(renderer, tm
             status, _ = await post(http, chat, {"model": "m", "messages": messages[:4]}, key)  # a branch
             assert status == 200
             calls = await ledger_calls(http, proxy, sid)
-            chain = proxy.registry.get(sid).by_index[2].json
+            chain = proxy.registry.get(sid).by_index[2].ids_json
             await backend.aclose()
     assert [c["parent_call_index"] for c in calls] == [None, 0, 1, 2, 0]
     assert set(chain.ends) == {0, *(len(c["prompt_ids"]) + len(c["sampled_ids"]) for c in calls[:3])}  # stored

@@ -58,7 +58,7 @@ class CallState:
     # the buffer's ids as a list of shared int objects (8 bytes a token), extended as it is read:
     # a child's prompt list is a slice of it, not ``tolist()`` of the whole chain on every call
     mirror: list[int]
-    json: ChainJson  # the buffer's ids as the JSON a token-in backend is sent, encoded once each
+    ids_json: ChainJson  # the buffer's ids as the JSON a token-in backend is sent, encoded once each
     n_ids: int
     ended_with_eos: bool
     output: AssistantTurn
@@ -73,7 +73,7 @@ class CallState:
             if len(mirror) < self.n_ids:
                 new = self.buffer[len(mirror):self.n_ids]
                 mirror.extend(map(_INTS.setdefault, new, new))
-            return ChainPrompt(mirror if len(mirror) == self.n_ids else mirror[:self.n_ids], self.json, self.n_ids)
+            return ChainPrompt(mirror if len(mirror) == self.n_ids else mirror[:self.n_ids], self.ids_json, self.n_ids)
 
 
 _INTS: dict[int, int] = {}  # one int object per token id, shared by every mirror
@@ -173,10 +173,10 @@ class Session:
         if digest is None:  # a recovered record
             digest = ids_digest(added, parent.digest) if shared else ids_digest(added)
         if shared:
-            buffer, mirror, json = parent.buffer, parent.mirror, parent.json
+            buffer, mirror, ids_json = parent.buffer, parent.mirror, parent.ids_json
         else:
             buffer, mirror = array("i"), []
-            json = ChainJson(buffer)
+            ids_json = ChainJson(buffer)
         buffer.extend(added)
         state = CallState(
             call_index=record.call_index, call_id=record.call_id, n_messages=len(record.messages),
@@ -184,7 +184,7 @@ class Session:
             # a call that reuses its parent's tools and messages has the parent's fingerprints: not
             # hashed again per call (a harness's tools and system prompt run to tens of kilobytes)
             tools_fp=parent.tools_fp if parent is not None and record.reused_tools else _tools_fp(record),
-            buffer=buffer, mirror=mirror, json=json, n_ids=len(buffer),
+            buffer=buffer, mirror=mirror, ids_json=ids_json, n_ids=len(buffer),
             ended_with_eos=bool(record.sampled_ids) and record.sampled_ids[-1] in eos_ids,
             output=record.output,
             system_fp=(parent.system_fp if parent is not None and record.reused_messages
