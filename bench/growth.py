@@ -12,6 +12,7 @@ are measured in turn, call for call, so a machine whose other load comes and goe
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,9 @@ from bench.paths import Conversation, PathSet, run_conversation
 
 CHECKPOINTS = (10, 50, 200)
 HALF = 3  # a turn's figure is the median of the calls from 3 before it to 3 after
+# the proxy's work after a call's answer went out (freeing the request) is done before the CPU is read,
+# so it counts for its own call, not for the next (in turn: the other session's)
+SETTLE_S = 0.005
 
 
 def _window(values: list[float], turn: int, half: int = HALF) -> list[float]:
@@ -49,7 +53,7 @@ async def measure(paths: PathSet, ledger: Path, *, runs: int, append_words: int 
     alike: each run drives one long session to turn ``turns`` + 3 and, over its last 14 calls, a
     fresh session's calls 0-13, call for call in turn with it (the fresh one's turn 10 beside the
     long one's turn ``turns``); each end is the median of its 7 calls around the turn, the ratio the
-    median over runs of each run's ratio."""
+    median over runs of each run's ratio. A call's CPU is read ``SETTLE_S`` after its answer."""
     early, late = CHECKPOINTS[0], CHECKPOINTS[-1]
     direct, polar = paths.paths[0], paths.paths[1]
     history = [{"role": "system", "content": "You are a careful coding agent."},
@@ -72,7 +76,8 @@ async def measure(paths: PathSet, ledger: Path, *, runs: int, append_words: int 
             long, fresh = Conversation(http, polar, history, append), Conversation(http, polar, history, append_fresh)
             clock = [cpu_seconds(pid)]
 
-            def cpu_since(clock: list[float] = clock) -> float:
+            async def cpu_since(clock: list[float] = clock) -> float:
+                await asyncio.sleep(SETTLE_S)
                 now = cpu_seconds(pid)
                 spent, clock[0] = (now - clock[0]) * 1e3, now
                 return spent
@@ -83,9 +88,9 @@ async def measure(paths: PathSet, ledger: Path, *, runs: int, append_words: int 
             for i in range(turns + HALF + 1):
                 if i >= late - early and fresh.calls <= early + HALF:  # the fresh call j beside the long call 190 + j
                     await fresh.call()
-                    cpu_fresh.append(cpu_since())
+                    cpu_fresh.append(await cpu_since())
                 lat_p.append(await long.call())
-                cpu_long.append(cpu_since())
+                cpu_long.append(await cpu_since())
             for t in CHECKPOINTS:
                 d, p = median(_window(lat_d, t)), median(_window(lat_p, t))
                 added[t].append(p - d)
