@@ -103,7 +103,8 @@ async def measure(paths: PathSet, ledger: Path, *, runs: int, append_words: int 
     sessions = [calls for calls in _ledger_calls(ledger) if len(calls) > turns]
     render_at = {t: median([median([ms for ms, _ in _window(calls, t)]) for calls in sessions])
                  for t in CHECKPOINTS}
-    result: dict[str, Any] = {"append_words": append_words, "runs": runs, "turns": turns, "interleaved": True}
+    result: dict[str, Any] = {"append_words": append_words, "runs": runs, "turns": turns, "interleaved": True,
+                              "settle_ms": SETTLE_S * 1e3}
     for t in CHECKPOINTS:
         result[f"added_ms_turn{t}"] = median(added[t])
         result[f"polar_ms_turn{t}"] = median(polar_ms[t])
