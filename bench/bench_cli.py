@@ -44,7 +44,7 @@ def _settings(quick: bool) -> dict[str, Any]:
                 "builder_runs": 1, "grading": False, "rollouts": False, "profile": False, "pipeline": False,
                 "workspace_runs": 3, "shape_answers": 200}
     return {"sizes": list(RATIO_SIZES.values()), "calls": 30, "runs": 3,
-            "local": {"sizes": [1000], "calls": 3, "runs": 1, "max_tokens": 8}, "growth_runs": 3, "growth_words": 150,
+            "local": {"sizes": [1000], "calls": 3, "runs": 1, "max_tokens": 8}, "growth_runs": 5, "growth_words": 150,
             "levels": [1, 64, 256, 1024], "seconds": 8.0, "conc_runs": 2,
             "builder_sizes": [25_000, 50_000, 100_000], "builder_runs": 5, "grading": True,
             "rollouts": True, "profile": True, "pipeline": True,

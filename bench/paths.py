@@ -148,28 +148,47 @@ async def post_chat(http: aiohttp.ClientSession, url: str, headers: dict[str, st
     return elapsed, json.loads(raw)
 
 
+class Conversation:
+    """One conversation through ``path``, a call at a time: call 0 on ``history``, then each call
+    appends the answer and ``append(i)`` (what an agent loop does). The body is encoded before the
+    clock starts, the same way for every path."""
+
+    def __init__(self, http: aiohttp.ClientSession, path: Path_, history: list[dict[str, str]], append: Any, *,
+                 max_tokens: int = 64):
+        self.http, self.path, self.append, self.max_tokens = http, path, append, max_tokens
+        self.messages = list(history)
+        self.calls = 0
+        self._target: tuple[str, dict[str, str]] | None = None
+
+    async def call(self) -> float:
+        """The next call; its latency in ms."""
+        if self._target is None:
+            self._target = await self.path.conversation(self.http)
+        url, headers = self._target
+        body = json.dumps({"model": "bench", "messages": self.messages, "max_tokens": self.max_tokens,
+                           "temperature": 0.0}).encode()
+        elapsed, reply = await post_chat(self.http, url, headers, body)
+        content = reply["choices"][0]["message"].get("content") or ""
+        self.messages = self.messages + [{"role": "assistant", "content": content}, self.append(self.calls)]
+        self.calls += 1
+        return elapsed
+
+
 async def run_conversation(http: aiohttp.ClientSession, path: Path_, history: list[dict[str, str]],
                            n_calls: int, append: Any, *, max_tokens: int = 64, after_first: Any = None,
                            after_each: Any = None) -> list[float]:
-    """Call 0 on ``history`` then ``n_calls`` more, each appending the answer and ``append(i)``.
+    """Call 0 on ``history`` then ``n_calls`` more (a :class:`Conversation`).
 
-    Returns the latency of every call in ms (index 0 is the cold call). The body is encoded
-    before the clock starts, the same way for every path. ``after_first()`` runs after call 0,
-    ``after_each()`` after every call.
+    Returns the latency of every call in ms (index 0 is the cold call). ``after_first()`` runs after
+    call 0, ``after_each()`` after every call.
     """
-    url, headers = await path.conversation(http)
-    messages = list(history)
+    conversation = Conversation(http, path, history, append, max_tokens=max_tokens)
     latencies = []
     for i in range(n_calls + 1):
-        body = json.dumps({"model": "bench", "messages": messages, "max_tokens": max_tokens,
-                           "temperature": 0.0}).encode()
-        elapsed, reply = await post_chat(http, url, headers, body)
-        latencies.append(elapsed)
+        latencies.append(await conversation.call())
         if i == 0 and after_first is not None:
             after_first()
         if after_each is not None:
             after_each()
-        content = reply["choices"][0]["message"].get("content") or ""
-        messages = messages + [{"role": "assistant", "content": content}, append(i)]
         await asyncio.sleep(0)
     return latencies

@@ -186,8 +186,19 @@ def render(results: dict[str, Any]) -> str:
                 "around the turn. `proxy CPU ms` is the proxy process's CPU time per call (the per-call "
                 "cost, and the `per_call_ratio_turn200_vs_turn10` key: wall-clock figures on a loaded "
                 "machine mostly measure the scheduler); `render ms` is Polar's matching + tokenizing time "
-                "from the ledger's timings; `added ms` is end to end, Polar minus direct.", "",
-                "| turn | prompt tokens | proxy CPU ms | render ms | Polar ms | added ms |",
+                "from the ledger's timings; `added ms` is end to end, Polar minus direct.", ""]
+        if g.get("interleaved"):
+            out += ["The CPU ratio's two ends are measured side by side, so the machine's other load weighs on "
+                    "both alike: over the long session's last 14 calls a fresh session makes its calls 0-13, call "
+                    "for call in turn with it (its turn 10 beside the long one's turn 200); turn 10's CPU "
+                    "is the fresh session's, the ratio is the median over the runs of each run's ratio; a call's CPU is "
+                    f"read {g['settle_ms']:.0f} ms after its answer, so the proxy's work after the answer counts for "
+                    "that call. Per run: "
+                    f"turn 10 {_runs(g['cpu_ms_turn10_runs'])} ms, turn 200 {_runs(g['cpu_ms_turn200_runs'])} ms, "
+                    f"ratio {_runs(g['ratio_cpu_runs'])}; the long session's own turn 10, measured 190 calls "
+                    "before its turn 200: "
+                    f"{_f(g['cpu_ms_turn10_own_session'])} ms (median of runs).", ""]
+        out += ["| turn | prompt tokens | proxy CPU ms | render ms | Polar ms | added ms |",
                 "|---|---|---|---|---|---|"]
         for t in (10, 50, 200):
             out.append(f"| {t} | {g.get(f'prompt_tokens_turn{t}', 0):,} | {_f(g.get(f'cpu_ms_turn{t}'))} | "
@@ -270,6 +281,11 @@ def render(results: dict[str, Any]) -> str:
         out += [f"- `{k}`: failed: `{v.strip().splitlines()[-1]}`" for k, v in results.get("errors", {}).items()]
         out.append("")
     return "\n".join(out)
+
+
+def _runs(values: list[float]) -> str:
+    """Per-run figures and their spread, as the growth section gives them."""
+    return f"{', '.join(f'{v:.2f}' for v in values)} (spread {min(values):.2f}-{max(values):.2f})"
 
 
 def _profile(p: dict[str, Any]) -> list[str]:
@@ -502,6 +518,22 @@ def _growth_frames(fam: dict[str, Any]) -> str:
             f"CPU in: {'; '.join(parts)}.")
 
 
+def _beside_litellm(fam: dict[str, Any]) -> str:
+    """Polar's and LiteLLM's CPU per call against history length, from the overhead table's sizes."""
+    sizes = sorted(fam.get("overhead_instant", {}).get("sizes", {}).values(), key=lambda e: e["tokens"])
+    cpu = [(e["tokens"], e["paths"].get("polar", {}).get("cpu_ms_per_call"),
+            e["paths"].get("litellm", {}).get("cpu_ms_per_call")) for e in sizes]
+    cpu = [row for row in cpu if row[1] is not None and row[2] is not None]
+    if len(cpu) < 2:
+        return ""
+    (t0, p0, l0), (t1, p1, l1) = cpu[0], cpu[-1]
+    per_k = [(b - a) / (t1 - t0) * 1000 for a, b in ((p0, p1), (l0, l1))]
+    return (f" Beside LiteLLM (the overhead table's CPU column, {t0:,} to {t1:,} tokens): Polar's CPU per call "
+            f"grows by {per_k[0]:.3f} ms per 1k tokens of history ({p0:.2f} to {p1:.2f} ms, x{p1 / p0:.1f}), "
+            f"LiteLLM's by {per_k[1]:.3f} ms ({l0:.2f} to {l1:.2f} ms, x{l1 / l0:.1f}): "
+            f"{per_k[1] / per_k[0]:.0f} times Polar's slope.")
+
+
 def _retokenize(fam: dict[str, Any]) -> str:
     """What a proxy that re-renders the whole conversation each call would pay: Polar's own cold call."""
     sizes = fam.get("overhead_instant", {}).get("sizes", {})
@@ -593,7 +625,8 @@ Gemini requests are still decoded whole); the split-turn merge and the volatile 
 the previous request's; it renders and tokenizes only the appended text (on the event loop when
 that is a turn's worth and the tokenizer is free, else on its worker thread); a chain keeps its ids
 in one shared list, so a call's prompt is a slice of its parent's, not a copy of the history; it
-sends the prompt ids to the backend once (`orjson`) and no longer asks for them back
+sends the prompt ids to the backend once, as JSON each id of a chain is encoded into once (a
+call's body is its parent's stored encoding and the new ids', `backends/ids_json.py`), and no longer asks for them back
 (`usage.prompt_tokens` is checked instead; `--verify-prompt-echo` restores the echo for
 debugging); the ledger line holds only what the call adds, written by the ledger's own thread
 before the answer goes out; the servers run on `uvloop`; the appended text is encoded by the Rust
@@ -608,8 +641,13 @@ as a read-only numpy view of its chain's ids (no copy per call) and `orjson` wri
   receiving and parsing the resent JSON body, comparing it with the previous one, and sending the
   prompt ids to the backend (a list of all of them, as every token-in backend takes).{_fixed_cost(fam, keys)}
 - **Growth** (`per_call_ratio_turn200_vs_turn10` = {_f(keys.get("per_call_ratio_turn200_vs_turn10"))},
-  target <= 1.5).{_slope(fam)}{_retokenize(fam)} The slope left is the byte handling above.\
-{_growth_frames(fam)}
+  target <= 1.5).{_slope(fam)}{_retokenize(fam)} The slope left is the byte handling above, which any
+  proxy that reads the request and feeds a token-in backend pays: the resent body received and parsed
+  (it grows with the history; LiteLLM parses it too), the resent messages compared with the previous
+  request's (one C-level `==` of the parsed JSON), the prompt's ids copied into the call's own list and
+  written to the backend's socket (vLLM and SGLang take the whole list on every call). The ids' JSON
+  is not encoded again per call: a chain keeps it and a call appends only its new ids' encoding
+  (`backends/ids_json.py`).{_growth_frames(fam)}{_beside_litellm(fam)}
 - **Added latency at 16k** (`overhead_p50_ms_16k` = {_f(keys.get("overhead_p50_ms_16k"))} ms,
   target < 2) and **Polar / LiteLLM** (2k {_f(keys.get("ratio_polar_litellm_2k"))}, 16k
   {_f(keys.get("ratio_polar_litellm_16k"))}, 64k {_f(keys.get("ratio_polar_litellm_64k"))}, 128k

@@ -35,6 +35,7 @@ import aiohttp
 
 from polar_env import fastjson
 from polar_env.backends.base import BackendError, ContextOverflow
+from polar_env.backends.ids_json import dumps_body
 
 log = logging.getLogger(__name__)
 _ERROR_EXCERPT = 500
@@ -73,6 +74,7 @@ class RemoteBackend:
 
     name: str = "remote"
     version_path: str | None = None  # GET -> {"weight_version": label}: the weights the server serves now
+    prompt_key: str | None = None  # the request body's field holding the prompt's token ids
 
     def __init__(self, url: str | Sequence[str], *, model: str = "", timeout_s: float = 600.0,
                  api_key: str | None = None):
@@ -108,7 +110,7 @@ class RemoteBackend:
     async def post_json(self, base_url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """POST ``body`` and return the decoded JSON object, or raise ``BackendError``."""
         where = f"{self.name} {base_url}{path}"
-        payload = fastjson.dumps(body)  # a long prompt is a list of many thousand ids: orjson, not json
+        payload = dumps_body(body, self.prompt_key)  # many thousand ids: orjson, each id of a chain once
         for attempt in (1, 2):
             try:
                 async with self._client().post(base_url + path, data=payload, headers=JSON_HEADERS) as response:

@@ -21,6 +21,7 @@ from polar_env.backends.remote import RemoteBackend, aligned_logprobs, as_logpro
 
 class SGLangBackend(RemoteBackend):
     name = "sglang"
+    prompt_key = "input_ids"
 
     def request_body(self, prompt_ids: list[int], sampling: SamplingParams) -> dict[str, Any]:
         params: dict[str, Any] = {

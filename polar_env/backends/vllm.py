@@ -40,6 +40,7 @@ TOKEN_ID_PREFIX = "token_id:"
 class VllmBackend(RemoteBackend):
     name = "vllm"
     version_path = "/weight_info"  # vLLM's RL API (VLLM_SERVER_DEV_MODE=1): {"weight_version": "..."}
+    prompt_key = "prompt"
 
     def __init__(self, url: str | Sequence[str], *, verify_prompt_echo: bool = False, **kw: Any):
         super().__init__(url, **kw)

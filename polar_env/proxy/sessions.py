@@ -17,6 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from polar_env.backends.ids_json import ChainJson, ChainPrompt
 from polar_env.backends.logprobs_mode import LogprobsMode
 from polar_env.chat.messages import AssistantTurn, Message
 from polar_env.outcomes import FailureKind
@@ -57,20 +58,22 @@ class CallState:
     # the buffer's ids as a list of shared int objects (8 bytes a token), extended as it is read:
     # a child's prompt list is a slice of it, not ``tolist()`` of the whole chain on every call
     mirror: list[int]
+    ids_json: ChainJson  # the buffer's ids as the JSON a token-in backend is sent, encoded once each
     n_ids: int
     ended_with_eos: bool
     output: AssistantTurn
     system_fp: str | None
     digest: Any  # ``ids_digest`` of its prompt + sampled ids: a child's prompt hash continues it
 
-    def token_ids(self) -> list[int]:
-        """This call's prompt ids followed by its sampled ids (a new list)."""
+    def token_ids(self) -> ChainPrompt:
+        """This call's prompt ids followed by its sampled ids (a new list), the start of a child's
+        prompt, whose JSON for the backend continues the chain's."""
         mirror = self.mirror
-        if len(mirror) < self.n_ids:
-            with _MIRROR_LOCK:
+        with _MIRROR_LOCK:
+            if len(mirror) < self.n_ids:
                 new = self.buffer[len(mirror):self.n_ids]
                 mirror.extend(map(_INTS.setdefault, new, new))
-        return mirror[:self.n_ids]
+            return ChainPrompt(mirror if len(mirror) == self.n_ids else mirror[:self.n_ids], self.ids_json, self.n_ids)
 
 
 _INTS: dict[int, int] = {}  # one int object per token id, shared by every mirror
@@ -170,7 +173,11 @@ class Session:
         added.extend(record.sampled_ids)
         if digest is None:  # a recovered record
             digest = ids_digest(added, tip.digest) if tip else ids_digest(added)
-        buffer, mirror = (tip.buffer, tip.mirror) if tip else (array("i"), [])
+        if tip:
+            buffer, mirror, ids_json = tip.buffer, tip.mirror, tip.ids_json
+        else:
+            buffer, mirror = array("i"), []
+            ids_json = ChainJson(buffer)
         buffer.extend(added)
         state = CallState(
             call_index=record.call_index, call_id=record.call_id, n_messages=len(record.messages),
@@ -178,7 +185,7 @@ class Session:
             # a call that reuses its parent's tools and messages has the parent's fingerprints: not
             # hashed again per call (a harness's tools and system prompt run to tens of kilobytes)
             tools_fp=parent.tools_fp if parent is not None and record.reused_tools else _tools_fp(record),
-            buffer=buffer, mirror=mirror, n_ids=len(buffer),
+            buffer=buffer, mirror=mirror, ids_json=ids_json, n_ids=len(buffer),
             ended_with_eos=bool(record.sampled_ids) and record.sampled_ids[-1] in eos_ids,
             output=record.output,
             system_fp=(parent.system_fp if parent is not None and record.reused_messages
