@@ -21,9 +21,11 @@ from polar_env.chat.messages import Message
 REPO = Path(__file__).resolve().parents[1]  # bench/ sits beside polar_env/, outside the package
 ADMIN_SECRET = "bench-admin-secret"
 ANSWER_TEXT = "OK, continuing with the next step."
-WORDS = ("the function returns a value when the input list is empty and raises an error otherwise "
-         "we parse each line of the log file then collect failing tests by module name and sort them "
-         "patch applies cleanly to the repository after the fixture is updated with new paths").split()
+WORDS = (
+    "the function returns a value when the input list is empty and raises an error otherwise "
+    "we parse each line of the log file then collect failing tests by module name and sort them "
+    "patch applies cleanly to the repository after the fixture is updated with new paths"
+).split()
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -49,8 +51,10 @@ def build_history(renderer: Any, target_tokens: int, *, seed: int = 0) -> list[d
     last = {"role": "user", "content": "Continue."}
 
     def pair(i: int) -> list[dict[str, str]]:
-        return [{"role": "user", "content": filler(300, seed + 2 * i + 1)},
-                {"role": "assistant", "content": filler(100, seed + 2 * i + 2)}]
+        return [
+            {"role": "user", "content": filler(300, seed + 2 * i + 1)},
+            {"role": "assistant", "content": filler(100, seed + 2 * i + 2)},
+        ]
 
     base = rendered_tokens(renderer, [system, last])
     per_pair = rendered_tokens(renderer, [system, *pair(0), last]) - base
@@ -67,8 +71,12 @@ def rendered_tokens(renderer: Any, messages: list[dict[str, str]]) -> int:
 
 
 def machine_info() -> dict[str, Any]:
-    info: dict[str, Any] = {"python": sys.version.split()[0], "platform": platform.platform(),
-                            "cpus": os.cpu_count(), "load_avg_1_5_15": list(os.getloadavg())}
+    info: dict[str, Any] = {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "load_avg_1_5_15": list(os.getloadavg()),
+    }
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -133,9 +141,16 @@ class ServerProc:
 def spawn_bench_server(args: list[str], log: Path) -> subprocess.Popen:
     """Start ``python -m bench.servers ARGS``; it prints ``READY <port>`` once listening. ``bench`` is
     not an installed package: the child finds it in the repository, wherever it was started from."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))}
-    return subprocess.Popen([sys.executable, "-m", "bench.servers", *args],
-                            stdout=subprocess.PIPE, stderr=open(log, "wb"), env=env)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH")))),
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "bench.servers", *args],
+        stdout=subprocess.PIPE,
+        stderr=open(log, "wb"),
+        env=env,
+    )
 
 
 def wait_bench_server(proc: subprocess.Popen, log: Path, *, timeout_s: float = 180) -> ServerProc:
@@ -178,10 +193,15 @@ async def wait_http(url: str, timeout_s: float, proc: subprocess.Popen | None = 
     raise TimeoutError(f"{url} not healthy after {timeout_s}s")
 
 
-async def create_polar_session(http: aiohttp.ClientSession, base_url: str, session_id: str) -> tuple[str, str]:
+async def create_polar_session(
+    http: aiohttp.ClientSession, base_url: str, session_id: str
+) -> tuple[str, str]:
     """A new session's key and its OpenAI base URL (a worker's port with ``--workers``)."""
-    async with http.post(f"{base_url}/admin/sessions", json={"session_id": session_id},
-                         headers={"Authorization": f"Bearer {ADMIN_SECRET}"}) as resp:
+    async with http.post(
+        f"{base_url}/admin/sessions",
+        json={"session_id": session_id},
+        headers={"Authorization": f"Bearer {ADMIN_SECRET}"},
+    ) as resp:
         body = await resp.json()
         if resp.status != 201:
             raise RuntimeError(f"creating session failed: {resp.status} {body}")

@@ -32,13 +32,17 @@ TURNS = 20
 
 
 def _bodies(append_words: int) -> list[bytes]:
-    messages: list[dict[str, str]] = [{"role": "system", "content": "You are a careful coding agent."},
-                                      {"role": "user", "content": filler(append_words, 1)}]
+    messages: list[dict[str, str]] = [
+        {"role": "system", "content": "You are a careful coding agent."},
+        {"role": "user", "content": filler(append_words, 1)},
+    ]
     bodies = []
     for k in range(TURNS):
         bodies.append(json.dumps({"model": "bench", "messages": messages, "max_tokens": 64}).encode())
-        messages = messages + [{"role": "assistant", "content": ANSWER_TEXT},
-                               {"role": "user", "content": filler(append_words, 100 + k)}]
+        messages = messages + [
+            {"role": "assistant", "content": ANSWER_TEXT},
+            {"role": "user", "content": filler(append_words, 100 + k)},
+        ]
     return bodies
 
 
@@ -104,30 +108,55 @@ def _rss_mb(proc: Any) -> float:
     return total / 2**20
 
 
-async def measure(workdir: Path, *, answer_ids: list[int], levels: list[int], seconds: float,
-                  warmup_s: float = 0.5, append_words: int = 30, workers: int = 1) -> dict[str, Any]:
+async def measure(
+    workdir: Path,
+    *,
+    answer_ids: list[int],
+    levels: list[int],
+    seconds: float,
+    warmup_s: float = 0.5,
+    append_words: int = 30,
+    workers: int = 1,
+) -> dict[str, Any]:
     """calls/s, latency, proxy CPU% and RSS per level (measured after every session's first
     call plus ``warmup_s``); bytes per captured token at the end."""
     import psutil
 
     workdir.mkdir(parents=True, exist_ok=True)
     ledger = workdir / "ledger-concurrency"
-    server = start_bench_server(["proxy", "--answer-ids", ",".join(map(str, answer_ids)),
-                                 "--data-dir", str(ledger), "--workers", str(workers)],
-                                workdir / "polar-concurrency.log")
+    server = start_bench_server(
+        [
+            "proxy",
+            "--answer-ids",
+            ",".join(map(str, answer_ids)),
+            "--data-dir",
+            str(ledger),
+            "--workers",
+            str(workers),
+        ],
+        workdir / "polar-concurrency.log",
+    )
     proc = psutil.Process(server.proc.pid)
     me = psutil.Process(os.getpid())
     bodies = _bodies(append_words)
-    result: dict[str, Any] = {"levels": {}, "seconds": seconds, "turns_per_conversation": TURNS,
-                              "workers": workers, "rss_mb_idle": _rss_mb(proc)}
+    result: dict[str, Any] = {
+        "levels": {},
+        "seconds": seconds,
+        "turns_per_conversation": TURNS,
+        "workers": workers,
+        "rss_mb_idle": _rss_mb(proc),
+    }
     record_tokens = chain_tokens = 0
     try:
         connector = aiohttp.TCPConnector(limit=0, force_close=False)
-        async with aiohttp.ClientSession(connector=connector,
-                                         timeout=aiohttp.ClientTimeout(total=120)) as http:
+        async with aiohttp.ClientSession(
+            connector=connector, timeout=aiohttp.ClientTimeout(total=120)
+        ) as http:
             for n in levels:
                 load = Load(http, bodies)
-                sessions = [await create_polar_session(http, server.base_url, f"conc{n}-{i}") for i in range(n)]
+                sessions = [
+                    await create_polar_session(http, server.base_url, f"conc{n}-{i}") for i in range(n)
+                ]
                 tasks = [asyncio.create_task(load.worker(url, key)) for key, url in sessions]
                 # every session's first call renders its whole prompt: measure only once all are past it
                 deadline = time.monotonic() + 120
@@ -160,15 +189,21 @@ async def measure(workdir: Path, *, answer_ids: list[int], levels: list[int], se
         rss = _rss_mb(proc) if proc.is_running() else None
         server.stop()
     disk = _dir_bytes(ledger)
-    result.update({
-        "record_tokens": record_tokens, "chain_tokens": chain_tokens, "ledger_bytes": disk,
-        "disk_bytes_per_record_token": disk / record_tokens if record_tokens else None,
-        "disk_bytes_per_chain_token": disk / chain_tokens if chain_tokens else None,
-        "rss_mb_end": rss,
-        "ram_bytes_per_record_token": ((rss - result["rss_mb_idle"]) * 2**20 / record_tokens
-                                       if rss and record_tokens else None),
-        "ram_bytes_per_chain_token": ((rss - result["rss_mb_idle"]) * 2**20 / chain_tokens
-                                      if rss and chain_tokens else None),
-        "errors_total": sum(v["errors"] for v in result["levels"].values()),
-    })
+    result.update(
+        {
+            "record_tokens": record_tokens,
+            "chain_tokens": chain_tokens,
+            "ledger_bytes": disk,
+            "disk_bytes_per_record_token": disk / record_tokens if record_tokens else None,
+            "disk_bytes_per_chain_token": disk / chain_tokens if chain_tokens else None,
+            "rss_mb_end": rss,
+            "ram_bytes_per_record_token": (
+                (rss - result["rss_mb_idle"]) * 2**20 / record_tokens if rss and record_tokens else None
+            ),
+            "ram_bytes_per_chain_token": (
+                (rss - result["rss_mb_idle"]) * 2**20 / chain_tokens if rss and chain_tokens else None
+            ),
+            "errors_total": sum(v["errors"] for v in result["levels"].values()),
+        }
+    )
     return result

@@ -44,12 +44,29 @@ def grade_bundled(runs: int) -> dict[str, Any]:
     return out
 
 
-def rollouts_per_hour(workdir: Path, concurrency: int, *, limit: int | None, timeout_s: float
-                      ) -> dict[str, Any]:
+def rollouts_per_hour(
+    workdir: Path, concurrency: int, *, limit: int | None, timeout_s: float
+) -> dict[str, Any]:
     """Run `polar rollout --policy gold` over the bundled tasks; episodes finished per hour."""
     out = workdir / f"rollout-c{concurrency}"
-    cmd = [sys.executable, "-m", "polar_env.cli", "rollout", "--policy", "gold", "--harness", "pi",
-           "--tasks", "bundled", "--concurrency", str(concurrency), "--out", str(out), "--timeout", "300"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "polar_env.cli",
+        "rollout",
+        "--policy",
+        "gold",
+        "--harness",
+        "pi",
+        "--tasks",
+        "bundled",
+        "--concurrency",
+        str(concurrency),
+        "--out",
+        str(out),
+        "--timeout",
+        "300",
+    ]
     if limit:
         cmd += ["--limit", str(limit)]
     t0 = time.perf_counter()
@@ -59,8 +76,14 @@ def rollouts_per_hour(workdir: Path, concurrency: int, *, limit: int | None, tim
         raise RuntimeError(f"polar rollout exited {proc.returncode}: {proc.stderr.decode()[-1500:]}")
     summary = json.loads((out / "summary.json").read_text())
     episodes = summary["episodes"]
-    return {"episodes": episodes, "wall_s": elapsed, "rollouts_per_hour": episodes / elapsed * 3600,
-            "resolved": summary["resolved"], "status": summary["status"], "concurrency": concurrency}
+    return {
+        "episodes": episodes,
+        "wall_s": elapsed,
+        "rollouts_per_hour": episodes / elapsed * 3600,
+        "resolved": summary["resolved"],
+        "status": summary["status"],
+        "concurrency": concurrency,
+    }
 
 
 async def _lag_while(work: Any, tick_s: float = 0.001) -> tuple[Any, list[float]]:
@@ -97,14 +120,27 @@ async def loop_lag_while_grading(slots: int = 2) -> dict[str, Any]:
         grading = Grading(slots, processes=mode != "threads")
         t0 = time.perf_counter()
         try:
-            results, lags = await _lag_while(asyncio.gather(
-                *(grading.call(partial(grading.in_worker, grade_task, t, t.patch, kind="bubblewrap")) for t in tasks)))
+            results, lags = await _lag_while(
+                asyncio.gather(
+                    *(
+                        grading.call(partial(grading.in_worker, grade_task, t, t.patch, kind="bubblewrap"))
+                        for t in tasks
+                    )
+                )
+            )
         finally:
             grading.close()
         if not all(r.resolved for r in results):
-            raise RuntimeError(f"{mode}: a gold patch did not resolve: {[r.error for r in results if not r.resolved]}")
+            raise RuntimeError(
+                f"{mode}: a gold patch did not resolve: {[r.error for r in results if not r.resolved]}"
+            )
         if mode != "warm-up":
-            out[mode] = {"wall_s": time.perf_counter() - t0, "ticks": len(lags),
-                         "lag_p50_ms": median(lags), "lag_p99_ms": percentile(lags, 99), "lag_max_ms": max(lags),
-                         "late_10ms_fraction": sum(lag > 10 for lag in lags) / len(lags)}
+            out[mode] = {
+                "wall_s": time.perf_counter() - t0,
+                "ticks": len(lags),
+                "lag_p50_ms": median(lags),
+                "lag_p99_ms": percentile(lags, 99),
+                "lag_max_ms": max(lags),
+                "late_10ms_fraction": sum(lag > 10 for lag in lags) / len(lags),
+            }
     return out

@@ -30,7 +30,7 @@ SETTLE_S = 0.005
 
 
 def _window(values: list[float], turn: int, half: int = HALF) -> list[float]:
-    return values[max(1, turn - half): turn + half + 1]
+    return values[max(1, turn - half) : turn + half + 1]
 
 
 def _ledger_calls(ledger: Path) -> list[list[tuple[float, int]]]:
@@ -40,12 +40,18 @@ def _ledger_calls(ledger: Path) -> list[list[tuple[float, int]]]:
     for calls in ledger.glob("sessions/*/calls.jsonl"):
         rows = [json.loads(line) for line in calls.read_text().splitlines() if line.strip()]
         rows.sort(key=lambda r: r["call_index"])
-        out.append([(r["timings"].get("render_ms", 0.0), r.get("prompt_len", len(r.get("prompt_ids", [])))) for r in rows])
+        out.append(
+            [
+                (r["timings"].get("render_ms", 0.0), r.get("prompt_len", len(r.get("prompt_ids", []))))
+                for r in rows
+            ]
+        )
     return out
 
 
-async def measure(paths: PathSet, ledger: Path, *, runs: int, append_words: int = 150,
-                  turns: int = CHECKPOINTS[-1]) -> dict[str, Any]:
+async def measure(
+    paths: PathSet, ledger: Path, *, runs: int, append_words: int = 150, turns: int = CHECKPOINTS[-1]
+) -> dict[str, Any]:
     """Added latency (Polar - direct), Polar's render time and its CPU per call at turns 10, 50 and
     200; ``ledger`` is the Polar proxy's data directory (only the long sessions have ``turns`` calls).
 
@@ -56,8 +62,10 @@ async def measure(paths: PathSet, ledger: Path, *, runs: int, append_words: int 
     median over runs of each run's ratio. A call's CPU is read ``SETTLE_S`` after its answer."""
     early, late = CHECKPOINTS[0], CHECKPOINTS[-1]
     direct, polar = paths.paths[0], paths.paths[1]
-    history = [{"role": "system", "content": "You are a careful coding agent."},
-               {"role": "user", "content": filler(append_words, 7)}]
+    history = [
+        {"role": "system", "content": "You are a careful coding agent."},
+        {"role": "user", "content": filler(append_words, 7)},
+    ]
     added: dict[int, list[float]] = {t: [] for t in CHECKPOINTS}
     polar_ms: dict[int, list[float]] = {t: [] for t in CHECKPOINTS}
     cpu_ms: dict[int, list[float]] = {t: [] for t in CHECKPOINTS}
@@ -66,6 +74,7 @@ async def measure(paths: PathSet, ledger: Path, *, runs: int, append_words: int 
     pid = paths.procs[1].proc.pid
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
         for run in range(runs):
+
             def append(i: int, run: int = run) -> dict[str, str]:
                 return {"role": "user", "content": filler(append_words, 1000 * run + i)}
 
@@ -73,7 +82,10 @@ async def measure(paths: PathSet, ledger: Path, *, runs: int, append_words: int 
                 return {"role": "user", "content": filler(append_words, 1000 * run + 500 + i)}
 
             lat_d = await run_conversation(http, direct, history, turns + HALF, append)
-            long, fresh = Conversation(http, polar, history, append), Conversation(http, polar, history, append_fresh)
+            long, fresh = (
+                Conversation(http, polar, history, append),
+                Conversation(http, polar, history, append_fresh),
+            )
             clock = [cpu_seconds(pid)]
 
             async def cpu_since(clock: list[float] = clock) -> float:
@@ -86,7 +98,9 @@ async def measure(paths: PathSet, ledger: Path, *, runs: int, append_words: int 
             cpu_long: list[float] = []
             cpu_fresh: list[float] = []
             for i in range(turns + HALF + 1):
-                if i >= late - early and fresh.calls <= early + HALF:  # the fresh call j beside the long call 190 + j
+                if (
+                    i >= late - early and fresh.calls <= early + HALF
+                ):  # the fresh call j beside the long call 190 + j
                     await fresh.call()
                     cpu_fresh.append(await cpu_since())
                 lat_p.append(await long.call())
@@ -101,10 +115,16 @@ async def measure(paths: PathSet, ledger: Path, *, runs: int, append_words: int 
             own_early.append(median(_window(cpu_long, early)))
             ratios.append(cpu_ms[late][-1] / cpu_ms[early][-1])
     sessions = [calls for calls in _ledger_calls(ledger) if len(calls) > turns]
-    render_at = {t: median([median([ms for ms, _ in _window(calls, t)]) for calls in sessions])
-                 for t in CHECKPOINTS}
-    result: dict[str, Any] = {"append_words": append_words, "runs": runs, "turns": turns, "interleaved": True,
-                              "settle_ms": SETTLE_S * 1e3}
+    render_at = {
+        t: median([median([ms for ms, _ in _window(calls, t)]) for calls in sessions]) for t in CHECKPOINTS
+    }
+    result: dict[str, Any] = {
+        "append_words": append_words,
+        "runs": runs,
+        "turns": turns,
+        "interleaved": True,
+        "settle_ms": SETTLE_S * 1e3,
+    }
     for t in CHECKPOINTS:
         result[f"added_ms_turn{t}"] = median(added[t])
         result[f"polar_ms_turn{t}"] = median(polar_ms[t])

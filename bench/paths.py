@@ -66,19 +66,42 @@ def start_litellm(backend_url: str, workdir: Path) -> tuple[subprocess.Popen, in
     """LiteLLM's own proxy server (``litellm --config``), pass-through to ``backend_url``."""
     exe = litellm_executable()
     if exe is None:
-        raise FileNotFoundError("litellm is not installed: bash scripts/setup_litellm.sh (or "
-                                "POLAR_SETUP_LITELLM=1 bash scripts/setup.sh) makes .venv-litellm")
+        raise FileNotFoundError(
+            "litellm is not installed: bash scripts/setup_litellm.sh (or "
+            "POLAR_SETUP_LITELLM=1 bash scripts/setup.sh) makes .venv-litellm"
+        )
     config = workdir / "litellm.yaml"
-    config.write_text(json.dumps({
-        "model_list": [{"model_name": "bench", "litellm_params": {
-            "model": "openai/bench", "api_base": f"{backend_url}/v1", "api_key": "none"}}],
-        "litellm_settings": {"telemetry": False}}))
+    config.write_text(
+        json.dumps(
+            {
+                "model_list": [
+                    {
+                        "model_name": "bench",
+                        "litellm_params": {
+                            "model": "openai/bench",
+                            "api_base": f"{backend_url}/v1",
+                            "api_key": "none",
+                        },
+                    }
+                ],
+                "litellm_settings": {"telemetry": False},
+            }
+        )
+    )
     port = free_port()
     log = workdir / "litellm.log"
-    env = {**os.environ, "LITELLM_MASTER_KEY": LITELLM_KEY, "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-           "LITELLM_TELEMETRY": "False"}
-    proc = subprocess.Popen([str(exe), "--config", str(config), "--host", "127.0.0.1", "--port", str(port),
-                             "--num_workers", "1"], stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=env)
+    env = {
+        **os.environ,
+        "LITELLM_MASTER_KEY": LITELLM_KEY,
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "LITELLM_TELEMETRY": "False",
+    }
+    proc = subprocess.Popen(
+        [str(exe), "--config", str(config), "--host", "127.0.0.1", "--port", str(port), "--num_workers", "1"],
+        stdout=open(log, "wb"),
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
     return proc, port, log
 
 
@@ -110,8 +133,10 @@ async def open_paths(workdir: Path, backend_args: list[str], *, with_litellm: bo
     out = PathSet([Path_("direct", backend.base_url)], [backend])
     try:
         polar_log = workdir / f"polar-{tag}.log"
-        polar = spawn_bench_server(["proxy", "--backend-url", backend.base_url,
-                                    "--data-dir", str(workdir / f"ledger-{tag}")], polar_log)
+        polar = spawn_bench_server(
+            ["proxy", "--backend-url", backend.base_url, "--data-dir", str(workdir / f"ledger-{tag}")],
+            polar_log,
+        )
         out.procs.append(ServerProc(polar, 0, polar_log))  # stopped by close() even if it never starts
         litellm = None
         if with_litellm:
@@ -126,8 +151,9 @@ async def open_paths(workdir: Path, backend_args: list[str], *, with_litellm: bo
             port, log = litellm
             try:
                 await wait_http(f"http://127.0.0.1:{port}/health/liveliness", 180, out.litellm)
-                out.paths.append(Path_("litellm", f"http://127.0.0.1:{port}",
-                                       {"Authorization": f"Bearer {LITELLM_KEY}"}))
+                out.paths.append(
+                    Path_("litellm", f"http://127.0.0.1:{port}", {"Authorization": f"Bearer {LITELLM_KEY}"})
+                )
             except TimeoutError:
                 out.litellm_error = f"LiteLLM proxy did not start: {log.read_text()[-1500:]}"
     except BaseException:
@@ -136,8 +162,9 @@ async def open_paths(workdir: Path, backend_args: list[str], *, with_litellm: bo
     return out
 
 
-async def post_chat(http: aiohttp.ClientSession, url: str, headers: dict[str, str], body: bytes
-                    ) -> tuple[float, dict[str, Any]]:
+async def post_chat(
+    http: aiohttp.ClientSession, url: str, headers: dict[str, str], body: bytes
+) -> tuple[float, dict[str, Any]]:
     """One timed call; raises on any non-200 answer (a benchmark must not time errors)."""
     started = time.perf_counter()
     async with http.post(url, data=body, headers={**headers, "Content-Type": "application/json"}) as resp:
@@ -153,8 +180,15 @@ class Conversation:
     appends the answer and ``append(i)`` (what an agent loop does). The body is encoded before the
     clock starts, the same way for every path."""
 
-    def __init__(self, http: aiohttp.ClientSession, path: Path_, history: list[dict[str, str]], append: Any, *,
-                 max_tokens: int = 64):
+    def __init__(
+        self,
+        http: aiohttp.ClientSession,
+        path: Path_,
+        history: list[dict[str, str]],
+        append: Any,
+        *,
+        max_tokens: int = 64,
+    ):
         self.http, self.path, self.append, self.max_tokens = http, path, append, max_tokens
         self.messages = list(history)
         self.calls = 0
@@ -165,8 +199,9 @@ class Conversation:
         if self._target is None:
             self._target = await self.path.conversation(self.http)
         url, headers = self._target
-        body = json.dumps({"model": "bench", "messages": self.messages, "max_tokens": self.max_tokens,
-                           "temperature": 0.0}).encode()
+        body = json.dumps(
+            {"model": "bench", "messages": self.messages, "max_tokens": self.max_tokens, "temperature": 0.0}
+        ).encode()
         elapsed, reply = await post_chat(self.http, url, headers, body)
         content = reply["choices"][0]["message"].get("content") or ""
         self.messages = self.messages + [{"role": "assistant", "content": content}, self.append(self.calls)]
@@ -174,9 +209,17 @@ class Conversation:
         return elapsed
 
 
-async def run_conversation(http: aiohttp.ClientSession, path: Path_, history: list[dict[str, str]],
-                           n_calls: int, append: Any, *, max_tokens: int = 64, after_first: Any = None,
-                           after_each: Any = None) -> list[float]:
+async def run_conversation(
+    http: aiohttp.ClientSession,
+    path: Path_,
+    history: list[dict[str, str]],
+    n_calls: int,
+    append: Any,
+    *,
+    max_tokens: int = 64,
+    after_first: Any = None,
+    after_each: Any = None,
+) -> list[float]:
     """Call 0 on ``history`` then ``n_calls`` more (a :class:`Conversation`).
 
     Returns the latency of every call in ms (index 0 is the cold call). ``after_first()`` runs after

@@ -84,16 +84,19 @@ def cpu_jiffies() -> tuple[int, int]:
 
 def trace_figures(spans: Sequence[CallSpan], run_slots: int) -> dict[str, Any]:
     window = steady_window(spans, run_slots)
-    return {"busy_fraction": busy_fraction(spans, run_slots),
-            "steady_window_s": None if window is None else window[1] - window[0],
-            # how fast episodes entered the run stage in the steady state: the inference side's rate,
-            # which episodes/hour follows only where grading keeps up with it
-            "run_entries_per_hour": None if window is None else
-            (len(run_entries(spans)) - run_slots) / (window[1] - window[0]) * 3600,
-            "mean_calls_in_flight": None if window is None else in_flight(spans, *window),
-            "backend_calls": len(spans),
-            "tokens_per_call": _mean([s.tokens for s in spans]),
-            "seconds_per_call": _mean([s.end - s.start for s in spans])}
+    return {
+        "busy_fraction": busy_fraction(spans, run_slots),
+        "steady_window_s": None if window is None else window[1] - window[0],
+        # how fast episodes entered the run stage in the steady state: the inference side's rate,
+        # which episodes/hour follows only where grading keeps up with it
+        "run_entries_per_hour": None
+        if window is None
+        else (len(run_entries(spans)) - run_slots) / (window[1] - window[0]) * 3600,
+        "mean_calls_in_flight": None if window is None else in_flight(spans, *window),
+        "backend_calls": len(spans),
+        "tokens_per_call": _mean([s.tokens for s in spans]),
+        "seconds_per_call": _mean([s.end - s.start for s in spans]),
+    }
 
 
 async def run_driver(name: str, plan: Any, factory: Any, backend: Any) -> dict[str, Any]:
@@ -108,25 +111,41 @@ async def run_driver(name: str, plan: Any, factory: Any, backend: Any) -> dict[s
         errors = [t.error for t in trajectories if t.status == "error"]
         raise RuntimeError(f"{name}: {statuses['error']} episodes failed: {errors[:3]}")
     prepare_slots, lookahead, grade_slots = plan.limits()
-    return {"driver": name, "run_slots": plan.run_slots, "collapsed": plan.collapsed,
-            "prepare_slots": prepare_slots, "lookahead": lookahead, "grade_slots": grade_slots,
-            "episodes": len(trajectories), "wall_s": wall,
-            "episodes_per_hour": len(trajectories) / wall * 3600, "status": dict(statuses),
-            "resolved": sum(bool(t.grading and t.grading.resolved) for t in trajectories),
-            **trace_figures(backend.trace, plan.run_slots),
-            # the warm-up before the first model call, and the drain tail (last gradings) after the last
-            "before_first_call_s": min(c.start for c in backend.trace) - t0,
-            "after_last_call_s": t0 + wall - max(c.end for c in backend.trace),
-            "stages_mean_s": stage_split(trajectories),
-            # what the trainer keeps, per hour and run slot (summary.json's accepted_work: trajectory/accepted.py)
-            "accepted_work": accepted_work(trajectories),
-            "episode_s": _mean([t.metadata.get("duration_s", 0.0) for t in trajectories]),
-            "machine_cpu_busy": (cpu1[0] - cpu0[0]) / max(1, cpu1[1] - cpu0[1]),
-            "load_avg_before": list(load0), "load_avg_after": list(os.getloadavg())}
+    return {
+        "driver": name,
+        "run_slots": plan.run_slots,
+        "collapsed": plan.collapsed,
+        "prepare_slots": prepare_slots,
+        "lookahead": lookahead,
+        "grade_slots": grade_slots,
+        "episodes": len(trajectories),
+        "wall_s": wall,
+        "episodes_per_hour": len(trajectories) / wall * 3600,
+        "status": dict(statuses),
+        "resolved": sum(bool(t.grading and t.grading.resolved) for t in trajectories),
+        **trace_figures(backend.trace, plan.run_slots),
+        # the warm-up before the first model call, and the drain tail (last gradings) after the last
+        "before_first_call_s": min(c.start for c in backend.trace) - t0,
+        "after_last_call_s": t0 + wall - max(c.end for c in backend.trace),
+        "stages_mean_s": stage_split(trajectories),
+        # what the trainer keeps, per hour and run slot (summary.json's accepted_work: trajectory/accepted.py)
+        "accepted_work": accepted_work(trajectories),
+        "episode_s": _mean([t.metadata.get("duration_s", 0.0) for t in trajectories]),
+        "machine_cpu_busy": (cpu1[0] - cpu0[0]) / max(1, cpu1[1] - cpu0[1]),
+        "load_avg_before": list(load0),
+        "load_avg_after": list(os.getloadavg()),
+    }
 
 
-async def measure(workdir: Path, *, samples: int = 4, run_slots: int = RUN_SLOTS, lookahead: int = RUN_SLOTS,
-                  per_token_s: float = PER_TOKEN_S, timeout_s: float = 300.0) -> dict[str, Any]:
+async def measure(
+    workdir: Path,
+    *,
+    samples: int = 4,
+    run_slots: int = RUN_SLOTS,
+    lookahead: int = RUN_SLOTS,
+    per_token_s: float = PER_TOKEN_S,
+    timeout_s: float = 300.0,
+) -> dict[str, Any]:
     """Both drivers over the bundled tasks x ``samples``, at ``run_slots``; the staged one first, with
     ``lookahead`` live harnesses beyond the run slots (Pi's start-up alone, under load, takes about
     as long as a run stage: with the default of one per run slot, slots wait on start-ups)."""
@@ -145,13 +164,35 @@ async def measure(workdir: Path, *, samples: int = 4, run_slots: int = RUN_SLOTS
     tasks = load_tasks("bundled")
     renderer = ChatRenderer.from_pretrained(embedded_model_dir())
     episode = EpisodeConfig(harness=HARNESS, timeout_s=timeout_s, sandbox="bubblewrap")
-    out: dict[str, Any] = {"harness": HARNESS, "policy": POLICY, "tasks": len(tasks), "samples": samples,
-                           "run_slots": run_slots, "per_token_s": per_token_s, "cores": os.cpu_count(),
-                           "order": list(DRIVERS), "drivers": {}}
-    plans = {"staged": RolloutPlan(tasks=tasks, samples=samples, run_slots=run_slots, out=workdir / "staged",
-                                   episode=episode, lookahead=lookahead),
-             "collapsed": RolloutPlan(tasks=tasks, samples=samples, run_slots=run_slots, out=workdir / "collapsed",
-                                      episode=episode, collapsed=True)}
+    out: dict[str, Any] = {
+        "harness": HARNESS,
+        "policy": POLICY,
+        "tasks": len(tasks),
+        "samples": samples,
+        "run_slots": run_slots,
+        "per_token_s": per_token_s,
+        "cores": os.cpu_count(),
+        "order": list(DRIVERS),
+        "drivers": {},
+    }
+    plans = {
+        "staged": RolloutPlan(
+            tasks=tasks,
+            samples=samples,
+            run_slots=run_slots,
+            out=workdir / "staged",
+            episode=episode,
+            lookahead=lookahead,
+        ),
+        "collapsed": RolloutPlan(
+            tasks=tasks,
+            samples=samples,
+            run_slots=run_slots,
+            out=workdir / "collapsed",
+            episode=episode,
+            collapsed=True,
+        ),
+    }
     # before the clock: the harness install and task test envs, and the grader's gold reference (once
     # per task and process), which would otherwise be the first driver's alone to make
     await asyncio.to_thread(prepare, plans[DRIVERS[0]])

@@ -42,12 +42,16 @@ def summarize_raw(raw: Path, top: int = 14) -> dict[str, Any]:
         own[frames[-1]] += n
         for frame in set(frames):
             inclusive[frame] += n
+
     def share(counter: Counter[str], keep: Any) -> list[dict[str, Any]]:
         rows = [(f, n) for f, n in counter.most_common() if keep(f)][:top]
         return [{"frame": f, "percent": round(100 * n / total, 1)} for f, n in rows]
-    return {"samples": total,
-            "self": share(own, lambda f: True),
-            "polar_inclusive": share(inclusive, lambda f: "polar_env/" in f and "bench/" not in f)}
+
+    return {
+        "samples": total,
+        "self": share(own, lambda f: True),
+        "polar_inclusive": share(inclusive, lambda f: "polar_env/" in f and "bench/" not in f),
+    }
 
 
 async def profile_polar(renderer: Any, paths: PathSet, raw: Path, *, size: int, calls: int) -> dict[str, Any]:
@@ -58,11 +62,27 @@ async def profile_polar(renderer: Any, paths: PathSet, raw: Path, *, size: int, 
     polar = paths.paths[1]
     history = build_history(renderer, size, seed=size)
     async with aiohttp.ClientSession() as http:
-        spy = subprocess.Popen([exe, "record", "--gil", "--rate", "500", "--format", "raw", "--output", str(raw),
-                                "--pid", str(paths.procs[1].proc.pid)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        spy = subprocess.Popen(
+            [
+                exe,
+                "record",
+                "--gil",
+                "--rate",
+                "500",
+                "--format",
+                "raw",
+                "--output",
+                str(raw),
+                "--pid",
+                str(paths.procs[1].proc.pid),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         time.sleep(1.0)  # py-spy attaches
-        await run_conversation(http, polar, history, calls, lambda i: {"role": "user", "content": filler(70, i)})
+        await run_conversation(
+            http, polar, history, calls, lambda i: {"role": "user", "content": filler(70, i)}
+        )
         spy.send_signal(signal.SIGINT)
         _, err = spy.communicate(timeout=60)
     if not raw.exists():
@@ -86,8 +106,15 @@ def _self_shares(raw: Path) -> dict[str, float]:
     return {frame: n / total for frame, n in own.items()}
 
 
-async def profile_growth(paths: PathSet, workdir: Path, *, turns: int = 200, window: int = 60,
-                         append_words: int = 150, rate: int = 1000) -> dict[str, Any]:
+async def profile_growth(
+    paths: PathSet,
+    workdir: Path,
+    *,
+    turns: int = 200,
+    window: int = 60,
+    append_words: int = 150,
+    rate: int = 1000,
+) -> dict[str, Any]:
     """Where the growth family's extra CPU per call goes: the proxy's CPU per call (schedstat) over
     ``window`` calls early in one ``turns``-call session and over as many at its end, split by
     py-spy's samples of each window into each frame's ms per call."""
@@ -104,9 +131,23 @@ async def profile_growth(paths: PathSet, workdir: Path, *, turns: int = 200, win
         turn[0] += 1
         for name, (start, stop) in windows.items():
             if turn[0] == start:
-                spies[name] = subprocess.Popen([exe, "record", "--gil", "--rate", str(rate), "--format", "raw",
-                                                "--output", str(workdir / f"growth-{name}.txt"), "--pid", str(pid)],
-                                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                spies[name] = subprocess.Popen(
+                    [
+                        exe,
+                        "record",
+                        "--gil",
+                        "--rate",
+                        str(rate),
+                        "--format",
+                        "raw",
+                        "--output",
+                        str(workdir / f"growth-{name}.txt"),
+                        "--pid",
+                        str(pid),
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
                 time.sleep(1.0)  # py-spy attaches; the client waits, no call is in flight
                 cpu[name] = cpu_seconds(pid)
             elif turn[0] == stop:
@@ -114,16 +155,42 @@ async def profile_growth(paths: PathSet, workdir: Path, *, turns: int = 200, win
                 spies[name].send_signal(signal.SIGINT)
                 spies[name].communicate(timeout=60)
 
-    history = [{"role": "system", "content": "You are a careful coding agent."},
-               {"role": "user", "content": filler(append_words, 7)}]
+    history = [
+        {"role": "system", "content": "You are a careful coding agent."},
+        {"role": "user", "content": filler(append_words, 7)},
+    ]
     async with aiohttp.ClientSession() as http:
-        await run_conversation(http, paths.paths[1], history, turns,
-                               lambda i: {"role": "user", "content": filler(append_words, 5000 + i)}, after_each=step)
-    ms = {name: {f: share * cpu[name] for f, share in _self_shares(workdir / f"growth-{name}.txt").items()}
-          for name in windows}
+        await run_conversation(
+            http,
+            paths.paths[1],
+            history,
+            turns,
+            lambda i: {"role": "user", "content": filler(append_words, 5000 + i)},
+            after_each=step,
+        )
+    ms = {
+        name: {f: share * cpu[name] for f, share in _self_shares(workdir / f"growth-{name}.txt").items()}
+        for name in windows
+    }
     frames = set(ms["early"]) | set(ms["late"])
-    rows = sorted(({"frame": f, "early_ms": round(ms["early"].get(f, 0.0), 3),
-                    "late_ms": round(ms["late"].get(f, 0.0), 3)} for f in frames),
-                  key=lambda r: r["late_ms"] - r["early_ms"], reverse=True)
-    return {"turns": turns, "window": window, "rate": rate, "windows": windows,
-            "cpu_ms_early": round(cpu["early"], 3), "cpu_ms_late": round(cpu["late"], 3), "growth": rows[:14]}
+    rows = sorted(
+        (
+            {
+                "frame": f,
+                "early_ms": round(ms["early"].get(f, 0.0), 3),
+                "late_ms": round(ms["late"].get(f, 0.0), 3),
+            }
+            for f in frames
+        ),
+        key=lambda r: r["late_ms"] - r["early_ms"],
+        reverse=True,
+    )
+    return {
+        "turns": turns,
+        "window": window,
+        "rate": rate,
+        "windows": windows,
+        "cpu_ms_early": round(cpu["early"], 3),
+        "cpu_ms_late": round(cpu["late"], 3),
+        "growth": rows[:14],
+    }

@@ -41,8 +41,12 @@ class BenchBackend:
             return ids, [-0.5] * len(ids), ANSWER_TEXT
         from polar_env.backends.base import SamplingParams
 
-        gen = await self.local.generate(prompt_ids, SamplingParams(
-            temperature=0.0, max_tokens=max_tokens, stop_token_ids=self.renderer.eos_token_ids))
+        gen = await self.local.generate(
+            prompt_ids,
+            SamplingParams(
+                temperature=0.0, max_tokens=max_tokens, stop_token_ids=self.renderer.eos_token_ids
+            ),
+        )
         return gen.token_ids, gen.logprobs, self.renderer.parse_output(gen.token_ids).content
 
     async def chat(self, request: web.Request) -> web.Response:
@@ -52,25 +56,41 @@ class BenchBackend:
         else:
             from polar_env.chat.messages import Message
 
-            prompt_ids = self.renderer.render_prompt([Message(role=m["role"], content=m.get("content") or "")
-                                                      for m in body["messages"]], [])
+            prompt_ids = self.renderer.render_prompt(
+                [Message(role=m["role"], content=m.get("content") or "") for m in body["messages"]], []
+            )
         ids, _, text = await self._generate(prompt_ids, int(body.get("max_tokens") or 64))
-        return _json({
-            "id": "chatcmpl-bench", "object": "chat.completion", "created": int(time.time()),
-            "model": body.get("model", "bench"),
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(ids),
-                      "total_tokens": len(prompt_ids) + len(ids)}})
+        return _json(
+            {
+                "id": "chatcmpl-bench",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": body.get("model", "bench"),
+                "choices": [
+                    {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+                ],
+                "usage": {
+                    "prompt_tokens": len(prompt_ids),
+                    "completion_tokens": len(ids),
+                    "total_tokens": len(prompt_ids) + len(ids),
+                },
+            }
+        )
 
     async def completions(self, request: web.Request) -> web.Response:
         body = fastjson.loads(await request.read())
         prompt = body["prompt"]
         ids, logprobs, text = await self._generate(prompt, int(body.get("max_tokens") or 64))
-        return _json({
-            "id": "cmpl-bench", "object": "text_completion", "created": int(time.time()),
-            "model": body.get("model", "bench"),
-            "choices": [completion_choice(body, ids, logprobs, "stop", text)],
-            "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(ids)}})
+        return _json(
+            {
+                "id": "cmpl-bench",
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": body.get("model", "bench"),
+                "choices": [completion_choice(body, ids, logprobs, "stop", text)],
+                "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(ids)},
+            }
+        )
 
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "bench", "object": "model"}]})
@@ -123,10 +143,15 @@ def _proxy(args: argparse.Namespace, data_dir: Path) -> Any:
     from polar_env.proxy.settings import ProxySettings, build_proxy
 
     if args.backend_url:
-        settings = ProxySettings(backend="vllm", url=args.backend_url, model_name="bench", max_context=args.max_context)
+        settings = ProxySettings(
+            backend="vllm", url=args.backend_url, model_name="bench", max_context=args.max_context
+        )
     else:
-        settings = ProxySettings(backend="instant", max_context=args.max_context,
-                                 backend_options={"token_ids": [int(x) for x in args.answer_ids.split(",")]})
+        settings = ProxySettings(
+            backend="instant",
+            max_context=args.max_context,
+            backend_options={"token_ids": [int(x) for x in args.answer_ids.split(",")]},
+        )
     return build_proxy(settings, data_dir=data_dir, admin_secret=ADMIN_SECRET, default_max_tokens=64)
 
 
@@ -134,9 +159,13 @@ async def _proxy_main(args: argparse.Namespace) -> None:
     if args.workers > 1:  # the layout of `polar proxy serve --workers N` (proxy/workers.py)
         from polar_env.proxy.workers import serve, worker_dir
 
-        await serve([partial(_proxy, args, worker_dir(Path(args.data_dir), k)) for k in range(args.workers)],
-                    host="127.0.0.1", port=0, admin_secret=ADMIN_SECRET,
-                    on_listening=lambda front, _workers: print(f"READY {URL(front).port}", flush=True))
+        await serve(
+            [partial(_proxy, args, worker_dir(Path(args.data_dir), k)) for k in range(args.workers)],
+            host="127.0.0.1",
+            port=0,
+            admin_secret=ADMIN_SECRET,
+            on_listening=lambda front, _workers: print(f"READY {URL(front).port}", flush=True),
+        )
         return
     proxy = _proxy(args, Path(args.data_dir))
     await _serve(proxy.app(), on_stop=proxy.engine.backend.aclose)
@@ -149,7 +178,9 @@ def main(argv: list[str]) -> int:
     b.add_argument("--answer-ids", default="")
     b.add_argument("--local", action="store_true")
     p = sub.add_parser("proxy")
-    p.add_argument("--backend-url", default=None, help="vllm-kind backend URL (else in-process InstantBackend)")
+    p.add_argument(
+        "--backend-url", default=None, help="vllm-kind backend URL (else in-process InstantBackend)"
+    )
     p.add_argument("--answer-ids", default="")
     p.add_argument("--data-dir", required=True)
     p.add_argument("--max-context", type=int, default=200_000)

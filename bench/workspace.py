@@ -25,8 +25,13 @@ from polar_env.tasks.models import Task
 COMMAND = "python -m bench.workspace --tasks bundled --runs 10"
 BEFORE_COMMIT = "bba778e"
 # median s per episode at BEFORE_COMMIT, same command, this 2-core machine
-BEFORE = {"marshmallow-code__marshmallow-1359": 0.158, "pallets__flask-5014": 0.369, "psf__requests-5414": 0.235,
-          "psf__requests-6028": 0.243, "pytest-dev__pytest-10051": 1.618}
+BEFORE = {
+    "marshmallow-code__marshmallow-1359": 0.158,
+    "pallets__flask-5014": 0.369,
+    "psf__requests-5414": 0.235,
+    "psf__requests-6028": 0.243,
+    "pytest-dev__pytest-10051": 1.618,
+}
 BEFORE_LOAD = 1.2  # the 1-minute load average then
 CONTAINER_ENGINE = "podman"
 CONTAINER_TASKS = ("psf__requests-5414", "pallets__flask-5014")  # the bundled tasks with an image recipe
@@ -47,8 +52,12 @@ async def _task(task: Task, spec: SandboxSpec, runs: int, sandbox: str = "bubble
         seconds.append(time.perf_counter() - t0)
         clone = ws.ref.clone
     rest = seconds[1:]
-    return {"first_s": round(seconds[0], 4), "median_s": round(median(rest), 4),
-            "p90_s": round(percentile(rest, 90), 4), "clone": clone}
+    return {
+        "first_s": round(seconds[0], 4),
+        "median_s": round(median(rest), 4),
+        "p90_s": round(percentile(rest, 90), 4),
+        "clone": clone,
+    }
 
 
 async def measure(tasks: str = "bundled", runs: int = 10) -> dict[str, Any]:
@@ -68,8 +77,12 @@ async def measure(tasks: str = "bundled", runs: int = 10) -> dict[str, Any]:
                 os.environ.pop("POLAR_BASE_CACHE")
             else:
                 os.environ["POLAR_BASE_CACHE"] = previous
-    return {"tasks": out, "runs": runs, "load_avg_1": [round(load, 1), round(os.getloadavg()[0], 1)],
-            "containers": await _containers(runs)}
+    return {
+        "tasks": out,
+        "runs": runs,
+        "load_avg_1": [round(load, 1), round(os.getloadavg()[0], 1)],
+        "containers": await _containers(runs),
+    }
 
 
 async def _containers(runs: int) -> dict[str, Any]:
@@ -83,10 +96,16 @@ async def _containers(runs: int) -> dict[str, Any]:
         return {"skipped": f"{CONTAINER_ENGINE} is not available (scripts/setup_podman.sh)"}
     load, out = os.getloadavg()[0], {}
     for task in (t for t in load_bundled() if t.instance_id in CONTAINER_TASKS):
-        row = task.model_copy(update={"image": ensure_task_image(task, CONTAINER_ENGINE), "base_archive": None})
+        row = task.model_copy(
+            update={"image": ensure_task_image(task, CONTAINER_ENGINE), "base_archive": None}
+        )
         _drop_warm_image(row)
         out[task.instance_id] = await _task(row, SandboxSpec(), runs, sandbox=CONTAINER_ENGINE)
-    return {"engine": CONTAINER_ENGINE, "tasks": out, "load_avg_1": [round(load, 1), round(os.getloadavg()[0], 1)]}
+    return {
+        "engine": CONTAINER_ENGINE,
+        "tasks": out,
+        "load_avg_1": [round(load, 1), round(os.getloadavg()[0], 1)],
+    }
 
 
 def _drop_warm_image(task: Task) -> None:
@@ -101,8 +120,11 @@ def _drop_warm_image(task: Task) -> None:
     spec = runtime.container_spec(task, runtime.task_spec(task, SandboxSpec()), CONTAINER_ENGINE)
     # the base its history is reduced to is part of the name (code before that has no `history_base`)
     base = (runtime.history_base(task),) if hasattr(runtime, "history_base") else ()
-    subprocess.run([CONTAINER_ENGINE, "rmi", warm_image_name(CONTAINER_ENGINE, task.image or "", spec, *base)],
-                   capture_output=True, timeout=300)
+    subprocess.run(
+        [CONTAINER_ENGINE, "rmi", warm_image_name(CONTAINER_ENGINE, task.image or "", spec, *base)],
+        capture_output=True,
+        timeout=300,
+    )
 
 
 def main() -> None:

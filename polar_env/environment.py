@@ -15,8 +15,12 @@ GRADING_PREFIX = "POLAR_GRADING_"
 class EnvSettings(BaseModel):
     """Each field: the variable it is read from, and what unset means."""
 
-    admin_secret: str | None = Field(default=None, repr=False)  # POLAR_ADMIN_SECRET: the admin API's Bearer secret
-    cache: Path | None = None  # POLAR_CACHE: harness installs, the embedded model, task envs (default ~/.cache/polar)
+    admin_secret: str | None = Field(
+        default=None, repr=False
+    )  # POLAR_ADMIN_SECRET: the admin API's Bearer secret
+    cache: Path | None = (
+        None  # POLAR_CACHE: harness installs, the embedded model, task envs (default ~/.cache/polar)
+    )
     base_cache: Path | None = None  # POLAR_BASE_CACHE: task base trees (default $POLAR_CACHE/bases)
     gold_cache: Path | None = None  # POLAR_GOLD_CACHE: gold runs (default $POLAR_CACHE/gold)
     container_labels: str = ""  # POLAR_CONTAINER_LABELS: comma-separated key=value labels on every container
@@ -28,8 +32,16 @@ class EnvSettings(BaseModel):
     @classmethod
     def read(cls, environ: Mapping[str, str] | None = None) -> EnvSettings:
         env = os.environ if environ is None else environ
-        return cls.model_validate({  # the strings validated into the fields' types (paths)
-            "admin_secret": env.get("POLAR_ADMIN_SECRET") or None, "cache": env.get("POLAR_CACHE") or None,
-            "base_cache": env.get("POLAR_BASE_CACHE") or None, "gold_cache": env.get("POLAR_GOLD_CACHE") or None,
-            "container_labels": env.get("POLAR_CONTAINER_LABELS", ""), "image_map": env.get("POLAR_IMAGE_MAP", ""),
-            "grading": {k.removeprefix(GRADING_PREFIX): v for k, v in env.items() if k.startswith(GRADING_PREFIX)}})
+        return cls.model_validate(
+            {  # the strings validated into the fields' types (paths)
+                "admin_secret": env.get("POLAR_ADMIN_SECRET") or None,
+                "cache": env.get("POLAR_CACHE") or None,
+                "base_cache": env.get("POLAR_BASE_CACHE") or None,
+                "gold_cache": env.get("POLAR_GOLD_CACHE") or None,
+                "container_labels": env.get("POLAR_CONTAINER_LABELS", ""),
+                "image_map": env.get("POLAR_IMAGE_MAP", ""),
+                "grading": {
+                    k.removeprefix(GRADING_PREFIX): v for k, v in env.items() if k.startswith(GRADING_PREFIX)
+                },
+            }
+        )

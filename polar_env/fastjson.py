@@ -30,7 +30,9 @@ def dumps(value: Any, *, newline: bool = False) -> bytes:
         option = orjson.OPT_SERIALIZE_NUMPY | (orjson.OPT_APPEND_NEWLINE if newline else 0)
         return orjson.dumps(value, option=option)
     except orjson.JSONEncodeError:  # ASCII escapes: valid even for lone surrogates
-        return json.dumps(value, separators=(",", ":"), default=_tolist).encode() + (b"\n" if newline else b"")
+        return json.dumps(value, separators=(",", ":"), default=_tolist).encode() + (
+            b"\n" if newline else b""
+        )
 
 
 def _tolist(value: Any) -> Any:

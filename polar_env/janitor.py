@@ -34,8 +34,13 @@ class Janitor:
     """Holds the pipe; ``release`` (or the process's end) lets the janitor clean up and exit."""
 
     def __init__(self, *paths: Path):
-        self._proc = subprocess.Popen([sys.executable, "-c", _SCRIPT, *map(str, paths)], stdin=subprocess.PIPE,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", _SCRIPT, *map(str, paths)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
 
     def release(self, wait_s: float = 30.0) -> None:
         """Clean up now (a clean shutdown) and wait for it."""

@@ -23,36 +23,80 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, His
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-CALL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+CALL_BUCKETS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+    600.0,
+)
 STAGE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0)
 LAG_BUCKETS = (0.0, 1.0, 2.0, 3.0, 4.0, 8.0, 16.0)
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
-MODEL_CALLS = Counter("polar_model_calls", "Model calls the proxy finished, by wire API and outcome (ok, failed)",
-                      ["api", "outcome"])
-PROMPT_TOKENS = Counter("polar_prompt_tokens", "Prompt tokens of the model calls the backend answered", ["api"])
+MODEL_CALLS = Counter(
+    "polar_model_calls",
+    "Model calls the proxy finished, by wire API and outcome (ok, failed)",
+    ["api", "outcome"],
+)
+PROMPT_TOKENS = Counter(
+    "polar_prompt_tokens", "Prompt tokens of the model calls the backend answered", ["api"]
+)
 GENERATION_TOKENS = Counter("polar_generation_tokens", "Tokens the backend sampled", ["api"])
-CALL_FAILURES = Counter("polar_model_call_failures", "Failed model calls by failure kind (docs/outcomes.md)",
-                        ["api", "kind"])
-CALL_SECONDS = Histogram("polar_model_call_duration_seconds", "A model call's time in the proxy, its run-slot "
-                         "wait and the backend's generation included", ["api"], buckets=CALL_BUCKETS)
-RUN_SLOT_WAIT = Histogram("polar_run_slot_wait_seconds", "How long a model call waited for a run slot "
-                          "(proxy/run_slots.py)", buckets=CALL_BUCKETS)
+CALL_FAILURES = Counter(
+    "polar_model_call_failures", "Failed model calls by failure kind (docs/outcomes.md)", ["api", "kind"]
+)
+CALL_SECONDS = Histogram(
+    "polar_model_call_duration_seconds",
+    "A model call's time in the proxy, its run-slot wait and the backend's generation included",
+    ["api"],
+    buckets=CALL_BUCKETS,
+)
+RUN_SLOT_WAIT = Histogram(
+    "polar_run_slot_wait_seconds",
+    "How long a model call waited for a run slot (proxy/run_slots.py)",
+    buckets=CALL_BUCKETS,
+)
 POLICY_VERSION = Gauge("polar_policy_version", "The policy version the proxy serves (the trainer sets it)")
-EPISODE_STAGE = Gauge("polar_episodes_in_stage", "Episodes in each stage now (prepare, wait, run, finish)", ["stage"])
-EPISODES = Counter("polar_episodes", "Finished episodes by failure kind and whether they are masked",
-                   ["failure_kind", "masked"])
+EPISODE_STAGE = Gauge(
+    "polar_episodes_in_stage", "Episodes in each stage now (prepare, wait, run, finish)", ["stage"]
+)
+EPISODES = Counter(
+    "polar_episodes",
+    "Finished episodes by failure kind and whether they are masked",
+    ["failure_kind", "masked"],
+)
 RESOLVED = Counter("polar_episodes_resolved", "Finished episodes whose patch resolved the task")
-TRAINABLE_TOKENS = Counter("polar_trainable_tokens", "Trainable (loss-mask 1) tokens of finished episodes",
-                           ["masked"])
-GRADING_SECONDS = Histogram("polar_grading_duration_seconds", "Grading time per episode", buckets=STAGE_BUCKETS)
-SANDBOX_START_SECONDS = Histogram("polar_sandbox_start_duration_seconds", "Preparing an episode: the harness "
-                                  "install checked, the workspace and sandbox made, the harness started",
-                                  buckets=STAGE_BUCKETS)
-HARNESS_START_SECONDS = Histogram("polar_harness_start_duration_seconds", "A harness's start to its first model "
-                                  "call", buckets=STAGE_BUCKETS)
-POLICY_LAG = Histogram("polar_episode_policy_lag_versions", "Versions between the policy an episode's first call "
-                       "was sampled by and the one served when it finished", buckets=LAG_BUCKETS)
+TRAINABLE_TOKENS = Counter(
+    "polar_trainable_tokens", "Trainable (loss-mask 1) tokens of finished episodes", ["masked"]
+)
+GRADING_SECONDS = Histogram(
+    "polar_grading_duration_seconds", "Grading time per episode", buckets=STAGE_BUCKETS
+)
+SANDBOX_START_SECONDS = Histogram(
+    "polar_sandbox_start_duration_seconds",
+    "Preparing an episode: the harness install checked, the workspace and sandbox made, the harness started",
+    buckets=STAGE_BUCKETS,
+)
+HARNESS_START_SECONDS = Histogram(
+    "polar_harness_start_duration_seconds", "A harness's start to its first model call", buckets=STAGE_BUCKETS
+)
+POLICY_LAG = Histogram(
+    "polar_episode_policy_lag_versions",
+    "Versions between the policy an episode's first call was sampled by and the one served when it finished",
+    buckets=LAG_BUCKETS,
+)
 
 for _stage in ("prepare", "wait", "run", "finish"):  # present at 0 before the first episode
     EPISODE_STAGE.labels(_stage)
@@ -120,9 +164,13 @@ def _children(api: str) -> tuple[Any, ...]:
     """The labelled series of ``api`` (looked up once: ``labels()`` takes a lock and builds a key)."""
     found = _call_children.get(api)
     if found is None:
-        found = _call_children[api] = (MODEL_CALLS.labels(api, "ok"), PROMPT_TOKENS.labels(api),
-                                       GENERATION_TOKENS.labels(api), CALL_SECONDS.labels(api),
-                                       MODEL_CALLS.labels(api, "failed"))
+        found = _call_children[api] = (
+            MODEL_CALLS.labels(api, "ok"),
+            PROMPT_TOKENS.labels(api),
+            GENERATION_TOKENS.labels(api),
+            CALL_SECONDS.labels(api),
+            MODEL_CALLS.labels(api, "failed"),
+        )
     return found
 
 
@@ -141,8 +189,15 @@ def call_failed(api: str, kind: str, seconds: float) -> None:
     CALL_FAILURES.labels(api, kind).inc()
 
 
-def episode_finished(*, failure_kind: str, masked: bool, resolved: bool, trainable_tokens: int,
-                     timings: dict[str, float], policy_lag: int | None) -> None:
+def episode_finished(
+    *,
+    failure_kind: str,
+    masked: bool,
+    resolved: bool,
+    trainable_tokens: int,
+    timings: dict[str, float],
+    policy_lag: int | None,
+) -> None:
     """One finished episode's outcome and stage times (``timings``: episodes/lifecycle.py TIMING_KEYS)."""
     EPISODES.labels(failure_kind, "true" if masked else "false").inc()
     TRAINABLE_TOKENS.labels("true" if masked else "false").inc(trainable_tokens)
@@ -150,8 +205,11 @@ def episode_finished(*, failure_kind: str, masked: bool, resolved: bool, trainab
         RESOLVED.inc()
     _TALLY.episodes += 1
     _TALLY.masked += masked
-    for histogram, key in ((GRADING_SECONDS, "grade_s"), (SANDBOX_START_SECONDS, "prepare_s"),
-                           (HARNESS_START_SECONDS, "harness_start_s")):
+    for histogram, key in (
+        (GRADING_SECONDS, "grade_s"),
+        (SANDBOX_START_SECONDS, "prepare_s"),
+        (HARNESS_START_SECONDS, "harness_start_s"),
+    ):
         if (value := timings.get(key)) is not None:
             histogram.observe(value)
     if policy_lag is not None:
@@ -173,24 +231,39 @@ class _Live(Collector):
     """What is computed at scrape time: the busy fraction, the masked fraction, published figures."""
 
     def collect(self) -> Iterator[Any]:
-        yield GaugeMetricFamily("polar_backend_calls_in_flight", "Model calls the backend is generating now",
-                                value=BUSY.in_flight)
-        yield CounterMetricFamily("polar_backend_busy_seconds", "Backend calls in flight integrated over time "
-                                  "(slot-seconds): rate() of it over polar_inference_slots is the busy fraction",
-                                  value=BUSY.busy_seconds())
+        yield GaugeMetricFamily(
+            "polar_backend_calls_in_flight", "Model calls the backend is generating now", value=BUSY.in_flight
+        )
+        yield CounterMetricFamily(
+            "polar_backend_busy_seconds",
+            "Backend calls in flight integrated over time "
+            "(slot-seconds): rate() of it over polar_inference_slots is the busy fraction",
+            value=BUSY.busy_seconds(),
+        )
         if BUSY.slots is not None:
-            yield GaugeMetricFamily("polar_inference_slots", "The run's inference slots (run slots, else its "
-                                    "episode concurrency)", value=BUSY.slots)
+            yield GaugeMetricFamily(
+                "polar_inference_slots",
+                "The run's inference slots (run slots, else its episode concurrency)",
+                value=BUSY.slots,
+            )
         if (fraction := BUSY.fraction()) is not None:
-            yield GaugeMetricFamily("polar_inference_busy_fraction", "Mean backend calls in flight / inference "
-                                    "slots since the run started", value=fraction)
+            yield GaugeMetricFamily(
+                "polar_inference_busy_fraction",
+                "Mean backend calls in flight / inference slots since the run started",
+                value=fraction,
+            )
         if _TALLY.episodes:
-            yield GaugeMetricFamily("polar_masked_fraction", "Finished episodes that are masked (no loss)",
-                                    value=_TALLY.masked / _TALLY.episodes)
+            yield GaugeMetricFamily(
+                "polar_masked_fraction",
+                "Finished episodes that are masked (no loss)",
+                value=_TALLY.masked / _TALLY.episodes,
+            )
         for prefix, source in list(_figures.items()):
             for key, value in source().items():
                 if isinstance(value, int | float) and not isinstance(value, bool):
-                    yield GaugeMetricFamily(f"polar_{prefix}_{key}", f"{prefix}: {key} (summary.json)", value=value)
+                    yield GaugeMetricFamily(
+                        f"polar_{prefix}_{key}", f"{prefix}: {key} (summary.json)", value=value
+                    )
 
 
 REGISTRY.register(_Live())
@@ -226,4 +299,3 @@ class MetricsServer:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5)
-

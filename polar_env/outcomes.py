@@ -33,13 +33,19 @@ class FailureKind(StrEnum):
     test_crash = "test_crash"  # the test run produced no valid results (e.g. an interpreter crash)
     context_overflow = "context_overflow"  # the conversation outgrew the model's context
     budget_exhausted = "budget_exhausted"  # the last answer was cut by the per-call token budget
-    episode_budget = "episode_budget"  # the proxy refused a call past the episode's calls/sampled-tokens budget
+    episode_budget = (
+        "episode_budget"  # the proxy refused a call past the episode's calls/sampled-tokens budget
+    )
     harness_crashed = "harness_crashed"  # the harness failed after its first model call
     deadline_sampling = "deadline_sampling"  # deadline hit while the policy was still sampling at speed
     # the agent can end its own harness (kill it, sleep past the deadline): graded, not masked
     deadline_harness = "deadline_harness"  # deadline hit with no model call in flight
-    harness_killed = "harness_killed"  # the harness died of a signal that was not the deadline (the agent, OOM)
-    patch_broke_sandbox = "patch_broke_sandbox"  # the patched tree stops the grading sandbox starting; the base's starts
+    harness_killed = (
+        "harness_killed"  # the harness died of a signal that was not the deadline (the agent, OOM)
+    )
+    patch_broke_sandbox = (
+        "patch_broke_sandbox"  # the patched tree stops the grading sandbox starting; the base's starts
+    )
     # a grading step failed on the submission that passes on the task's control (its solution or base):
     # a tree the grader cannot copy, a verifier output it broke (rewards/grader.py, "masks only by control")
     broke_grading = "broke_grading"
@@ -73,10 +79,21 @@ class FailureKind(StrEnum):
         return self in _OUTSIDE_POLICY
 
 
-_OUTSIDE_POLICY = frozenset({
-    FailureKind.harness_start_failed, FailureKind.sandbox_failure, FailureKind.backend_failure,
-    FailureKind.proxy_failure, FailureKind.deadline_backend, FailureKind.infrastructure, FailureKind.task_defect,
-    FailureKind.no_reward, FailureKind.input_error, FailureKind.lost_session, FailureKind.cancelled})
+_OUTSIDE_POLICY = frozenset(
+    {
+        FailureKind.harness_start_failed,
+        FailureKind.sandbox_failure,
+        FailureKind.backend_failure,
+        FailureKind.proxy_failure,
+        FailureKind.deadline_backend,
+        FailureKind.infrastructure,
+        FailureKind.task_defect,
+        FailureKind.no_reward,
+        FailureKind.input_error,
+        FailureKind.lost_session,
+        FailureKind.cancelled,
+    }
+)
 
 
 class Outcome(BaseModel):
@@ -90,7 +107,8 @@ class Outcome(BaseModel):
 MASKED = Outcome(reward=0.0, mask=True)
 ZERO = Outcome(reward=0.0, mask=False)
 DEFAULT_OUTCOMES: dict[FailureKind, Outcome] = {
-    kind: (MASKED if kind.outside_policy else ZERO) for kind in FailureKind} | {FailureKind.none: Outcome()}
+    kind: (MASKED if kind.outside_policy else ZERO) for kind in FailureKind
+} | {FailureKind.none: Outcome()}
 
 
 class OutcomeTable(BaseModel):
@@ -112,7 +130,6 @@ class OutcomeTable(BaseModel):
         return (row.reward if row.reward is not None else graded_reward), row.mask
 
 
-
 def parse_outcome(item: str) -> tuple[FailureKind, Outcome]:
     """One ``--outcome`` item: ``KIND=mask`` (reward 0, masked) or ``KIND=REWARD`` (unmasked)."""
     name, sep, value = item.partition("=")
@@ -120,8 +137,10 @@ def parse_outcome(item: str) -> tuple[FailureKind, Outcome]:
         kind = FailureKind(name.strip())
         return kind, (MASKED if value.strip() == "mask" else Outcome(reward=float(value), mask=False))
     except ValueError:
-        raise ValueError(f"{item!r}: expected KIND=mask or KIND=REWARD, KIND one of "
-                         f"{', '.join(k.value for k in FailureKind)}") from None
+        raise ValueError(
+            f"{item!r}: expected KIND=mask or KIND=REWARD, KIND one of "
+            f"{', '.join(k.value for k in FailureKind)}"
+        ) from None
 
 
 HarnessStatus = Literal["completed", "timeout", "error"]
@@ -157,8 +176,14 @@ class CallView(Protocol):
     def sampled_ids(self) -> Sequence[int]: ...
 
 
-def classify_episode(status: HarnessStatus, calls: Sequence[CallView], *, deadline_at: float | None = None,
-                     min_backend_tokens_per_s: float = 5.0, killed_by: str | None = None) -> FailureKind:
+def classify_episode(
+    status: HarnessStatus,
+    calls: Sequence[CallView],
+    *,
+    deadline_at: float | None = None,
+    min_backend_tokens_per_s: float = 5.0,
+    killed_by: str | None = None,
+) -> FailureKind:
     """What ended an episode whose harness ran (``status``) and made ``calls``, before grading.
 
     A failed backend or proxy call outranks everything (the rest of the episode is not the
@@ -175,11 +200,15 @@ def classify_episode(status: HarnessStatus, calls: Sequence[CallView], *, deadli
     if FailureKind.episode_budget in failed:  # the proxy ended the episode; whatever the harness did next
         return FailureKind.episode_budget
     if status == "timeout":
-        return deadline_cause(calls, deadline_at if deadline_at is not None else time.time(),
-                              min_backend_tokens_per_s)
+        return deadline_cause(
+            calls, deadline_at if deadline_at is not None else time.time(), min_backend_tokens_per_s
+        )
     if not any(c.output is not None for c in calls):
-        return FailureKind.context_overflow if FailureKind.context_overflow in failed \
+        return (
+            FailureKind.context_overflow
+            if FailureKind.context_overflow in failed
             else FailureKind.harness_start_failed
+        )
     last = max(calls, key=lambda c: c.call_index)
     if last.failure_kind is FailureKind.context_overflow:
         return FailureKind.context_overflow
@@ -200,15 +229,25 @@ def is_harness(origin: str | None) -> bool:
 
 def _in_flight(calls: Sequence[CallView], deadline_at: float) -> list[CallView]:
     """The harness's calls still running at the deadline."""
-    return [c for c in calls if is_harness(c.origin) and c.created_at <= deadline_at
-            and (c.output is None and c.failure_kind is None
-                 or c.created_at + c.timings.get("total_ms", 0.0) / 1e3 >= deadline_at)]
+    return [
+        c
+        for c in calls
+        if is_harness(c.origin)
+        and c.created_at <= deadline_at
+        and (
+            c.output is None
+            and c.failure_kind is None
+            or c.created_at + c.timings.get("total_ms", 0.0) / 1e3 >= deadline_at
+        )
+    ]
 
 
 def _sampling_rate(calls: Sequence[CallView]) -> tuple[int, float]:
     """(tokens, seconds) the backend sampled over the harness's answered calls."""
     answered = [c for c in calls if c.output is not None and is_harness(c.origin)]
-    return sum(len(c.sampled_ids) for c in answered), sum(c.timings.get("generate_ms", 0.0) for c in answered) / 1e3
+    return sum(len(c.sampled_ids) for c in answered), sum(
+        c.timings.get("generate_ms", 0.0) for c in answered
+    ) / 1e3
 
 
 def deadline_cause(calls: Sequence[CallView], deadline_at: float, min_tokens_per_s: float) -> FailureKind:
@@ -224,24 +263,34 @@ def deadline_cause(calls: Sequence[CallView], deadline_at: float, min_tokens_per
     return FailureKind.deadline_sampling
 
 
-DEADLINE_KINDS = frozenset({FailureKind.deadline_harness, FailureKind.deadline_backend, FailureKind.deadline_sampling})
+DEADLINE_KINDS = frozenset(
+    {FailureKind.deadline_harness, FailureKind.deadline_backend, FailureKind.deadline_sampling}
+)
 
 
-def explain_deadline(kind: FailureKind, calls: Sequence[CallView], deadline_at: float,
-                     min_tokens_per_s: float) -> str:
+def explain_deadline(
+    kind: FailureKind, calls: Sequence[CallView], deadline_at: float, min_tokens_per_s: float
+) -> str:
     """One sentence on why a deadline was classified ``kind``: the call in flight and the backend's rate."""
     in_flight = _in_flight(calls, deadline_at)
-    call = f"model call #{in_flight[0].call_index} was in flight" if in_flight else "no model call was in flight"
+    call = (
+        f"model call #{in_flight[0].call_index} was in flight" if in_flight else "no model call was in flight"
+    )
     if kind is FailureKind.deadline_harness:
         return f"{kind.value}: {call} at the deadline (the harness or its tools held the clock); graded"
     tokens, seconds = _sampling_rate(calls)
-    rate = (f"the backend sampled {tokens} tokens in {seconds:.1f} s of generation ({tokens / seconds:.1f} "
-            f"tokens/s)" if seconds > 0 else "the backend had answered no call yet (e.g. still prefilling the "
-            "first prompt)")
+    rate = (
+        f"the backend sampled {tokens} tokens in {seconds:.1f} s of generation ({tokens / seconds:.1f} "
+        f"tokens/s)"
+        if seconds > 0
+        else "the backend had answered no call yet (e.g. still prefilling the first prompt)"
+    )
     if kind is FailureKind.deadline_backend:
-        return (f"{kind.value}: {call} at the deadline and {rate}, under the {min_tokens_per_s:g} tokens/s floor "
-                "(--min-backend-tokens-per-s): a backend too slow for the deadline, not the policy's doing, so "
-                "the sample is masked; on a slow machine raise --timeout (or lower --max-tokens)")
+        return (
+            f"{kind.value}: {call} at the deadline and {rate}, under the {min_tokens_per_s:g} tokens/s floor "
+            "(--min-backend-tokens-per-s): a backend too slow for the deadline, not the policy's doing, so "
+            "the sample is masked; on a slow machine raise --timeout (or lower --max-tokens)"
+        )
     return f"{kind.value}: {call} at the deadline and {rate}: the policy was still sampling; graded"
 
 

@@ -33,8 +33,11 @@ class SpawnPool:
         and what it returns or raises must be picklable."""
         with self._lock:
             if self._pool is None:
-                self._pool = ProcessPoolExecutor(self.max_workers, mp_context=multiprocessing.get_context("spawn"),
-                                                 initializer=self.initializer)
+                self._pool = ProcessPoolExecutor(
+                    self.max_workers,
+                    mp_context=multiprocessing.get_context("spawn"),
+                    initializer=self.initializer,
+                )
             pool = self._pool
         try:
             return await asyncio.get_running_loop().run_in_executor(pool, fn, *args)

@@ -299,7 +299,7 @@ SPECS = [
             '        assert caplog.get_records("call") == caplog.records\n\n'
             '    verify_consistency()\n    logging.warning("test")\n    verify_consistency()\n'
             "    caplog.clear()\n"
-            '    verify_consistency()  # fails: assert [<LogRecord: root, 30, test_reproduce.py, 7, '
+            "    verify_consistency()  # fails: assert [<LogRecord: root, 30, test_reproduce.py, 7, "
             '"test">] == []\n'
             "```\n"
         ),
@@ -314,9 +314,9 @@ SPECS = [
             Edit(
                 "src/_pytest/logging.py",
                 fixed='        """Reset the list of log records and the captured log text."""\n'
-                      '        self.handler.clear()\n',
+                "        self.handler.clear()\n",
                 base='        """Reset the list of log records and the captured log text."""\n'
-                     '        self.handler.reset()\n',
+                "        self.handler.reset()\n",
             ),
         ],
         test=[

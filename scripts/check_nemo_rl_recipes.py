@@ -53,11 +53,17 @@ def applied_weights(loss_cfg) -> list[float]:
     out = []
     for weight in WEIGHTS:  # one token per call: the loss is -(applied weight) x advantage 1
         trainer = torch.tensor([[0.0, -1.0]])  # position 0 is the prompt (the loss drops it)
-        data = BatchedDataDict({
-            "token_mask": torch.tensor([[0, 1]]), "sample_mask": torch.tensor([1.0]),
-            "advantages": torch.ones(1, 2), "prev_logprobs": trainer,
-            "generation_logprobs": trainer - torch.tensor([[0.0, math.log(weight)]]),
-            "reference_policy_logprobs": trainer, "input_ids": torch.zeros(1, 2, dtype=torch.long)})
+        data = BatchedDataDict(
+            {
+                "token_mask": torch.tensor([[0, 1]]),
+                "sample_mask": torch.tensor([1.0]),
+                "advantages": torch.ones(1, 2),
+                "prev_logprobs": trainer,
+                "generation_logprobs": trainer - torch.tensor([[0.0, math.log(weight)]]),
+                "reference_policy_logprobs": trainer,
+                "input_ids": torch.zeros(1, 2, dtype=torch.long),
+            }
+        )
         loss, _ = loss_fn(trainer[:, 1:].clone().requires_grad_(), data, torch.tensor(1), torch.tensor(1))
         out.append(round(-float(loss), 6))
     return out
@@ -83,17 +89,23 @@ def main(argv: list[str]) -> int:
             continue
         p, lf, g = master.policy, master.loss_fn, master.grpo
         dt, mg = p.get("dtensor_cfg") or {}, p.get("megatron_cfg") or {}
-        print(f"   MasterConfig ok: model {p['model_name']}, max_total_sequence_length "
-              f"{p['max_total_sequence_length']}")
-        print(f"   dtensor enabled {dt.get('enabled')} (cp {dt.get('context_parallel_size')}), megatron "
-              f"enabled {mg.get('enabled')} (tp {mg.get('tensor_model_parallel_size')}, cp "
-              f"{mg.get('context_parallel_size')}, sp {mg.get('sequence_parallel')})")
+        print(
+            f"   MasterConfig ok: model {p['model_name']}, max_total_sequence_length "
+            f"{p['max_total_sequence_length']}"
+        )
+        print(
+            f"   dtensor enabled {dt.get('enabled')} (cp {dt.get('context_parallel_size')}), megatron "
+            f"enabled {mg.get('enabled')} (tp {mg.get('tensor_model_parallel_size')}, cp "
+            f"{mg.get('context_parallel_size')}, sp {mg.get('sequence_parallel')})"
+        )
         print(f"   async_grpo {g.async_grpo.model_dump() if g.async_grpo else None}")
-        print(f"   loss_fn: IS correction {lf.use_importance_sampling_correction}, truncated IS "
-              f"{lf.truncated_importance_sampling_type} at {lf.truncated_importance_sampling_ratio} "
-              f"(min {lf.truncated_importance_sampling_ratio_min}), sequence-level "
-              f"{lf.sequence_level_importance_ratios}, clip [{lf.ratio_clip_min}, {lf.ratio_clip_max}], KL "
-              f"{lf.reference_policy_kl_penalty}, force_on_policy_ratio {lf.force_on_policy_ratio}")
+        print(
+            f"   loss_fn: IS correction {lf.use_importance_sampling_correction}, truncated IS "
+            f"{lf.truncated_importance_sampling_type} at {lf.truncated_importance_sampling_ratio} "
+            f"(min {lf.truncated_importance_sampling_ratio_min}), sequence-level "
+            f"{lf.sequence_level_importance_ratios}, clip [{lf.ratio_clip_min}, {lf.ratio_clip_max}], KL "
+            f"{lf.reference_policy_kl_penalty}, force_on_policy_ratio {lf.force_on_policy_ratio}"
+        )
         try:
             applied = applied_weights(lf)
         except Exception as exc:  # noqa: BLE001

@@ -21,19 +21,29 @@ import sys
 
 import yaml
 
-YAMLS = ("examples/configs/grpo_math_1B.yaml",
-         "examples/nemo_gym/grpo_workplace_assistant_nemotron_nano_v2_9b.yaml",
-         "examples/configs/recipes/llm/grpo-qwen3.5-9b-1n8g-megatron.yaml",
-         "examples/configs/recipes/llm/grpo-qwen3.5-9b-1n8g-megatron-fp8.yaml")
-MODELS = {"nemo_rl/algorithms/grpo.py": {"GRPOConfig": "grpo"},
-          "nemo_rl/algorithms/loss/loss_functions.py": {"ClippedPGLossConfig": "loss_fn"}}
-OPEN = ("env.nemo_gym", "policy.tokenizer.chat_template_kwargs", "policy.generation.vllm_kwargs",
-        "policy.hf_config_overrides", "policy.generation.vllm_cfg.hf_overrides")
+YAMLS = (
+    "examples/configs/grpo_math_1B.yaml",
+    "examples/nemo_gym/grpo_workplace_assistant_nemotron_nano_v2_9b.yaml",
+    "examples/configs/recipes/llm/grpo-qwen3.5-9b-1n8g-megatron.yaml",
+    "examples/configs/recipes/llm/grpo-qwen3.5-9b-1n8g-megatron-fp8.yaml",
+)
+MODELS = {
+    "nemo_rl/algorithms/grpo.py": {"GRPOConfig": "grpo"},
+    "nemo_rl/algorithms/loss/loss_functions.py": {"ClippedPGLossConfig": "loss_fn"},
+}
+OPEN = (
+    "env.nemo_gym",
+    "policy.tokenizer.chat_template_kwargs",
+    "policy.generation.vllm_kwargs",
+    "policy.hf_config_overrides",
+    "policy.generation.vllm_cfg.hf_overrides",
+)
 
 
 def _show(git_dir: str, rev: str, path: str) -> str:
-    return subprocess.run(["git", f"--git-dir={git_dir}", "show", f"{rev}:{path}"], check=True,
-                          capture_output=True, text=True).stdout
+    return subprocess.run(
+        ["git", f"--git-dir={git_dir}", "show", f"{rev}:{path}"], check=True, capture_output=True, text=True
+    ).stdout
 
 
 def yaml_keys(node: object, prefix: str = "") -> set[str]:
@@ -49,14 +59,22 @@ def yaml_keys(node: object, prefix: str = "") -> set[str]:
 def model_fields(source: str, cls: str) -> list[str]:
     for node in ast.parse(source).body:
         if isinstance(node, ast.ClassDef) and node.name == cls:
-            return [s.target.id for s in node.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)]
+            return [
+                s.target.id
+                for s in node.body
+                if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)
+            ]
     raise SystemExit(f"class {cls} not found")
 
 
 def main(argv: list[str]) -> int:
     git_dir, rev = argv[0], argv[1] if len(argv) > 1 else "HEAD"
-    sha, date = subprocess.run(["git", f"--git-dir={git_dir}", "log", "-1", "--format=%H %cs", rev], check=True,
-                               capture_output=True, text=True).stdout.split()
+    sha, date = subprocess.run(
+        ["git", f"--git-dir={git_dir}", "log", "-1", "--format=%H %cs", rev],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
     keys: set[str] = set()
     for path in YAMLS:
         keys |= yaml_keys(yaml.safe_load(_show(git_dir, rev, path)))

@@ -19,9 +19,11 @@ sys.path.insert(0, str(ROOT))
 from polar_env.rewards.flags import tampering_flags  # noqa: E402
 from polar_env.tasks.loader import load_tasks  # noqa: E402
 
-PACKAGES = ("requests flask jinja2 click aiohttp _pytest pluggy urllib3 pydantic attr attrs httpx anyio rich "
-            "pygments dateutil jsonschema tomlkit packaging idna certifi charset_normalizer h11 multidict yarl "
-            "sympy networkx pandas numpy").split()
+PACKAGES = (
+    "requests flask jinja2 click aiohttp _pytest pluggy urllib3 pydantic attr attrs httpx anyio rich "
+    "pygments dateutil jsonschema tomlkit packaging idna certifi charset_normalizer h11 multidict yarl "
+    "sympy networkx pandas numpy"
+).split()
 
 
 def gold_patches() -> list[tuple[str, str, str]]:
@@ -43,10 +45,14 @@ def main() -> None:
     hits = 0
     for f in files:
         text = f.read_text(errors="replace")
-        diff = f"diff --git a/{f.name} b/{f.name}\n" + "".join("+" + line + "\n" for line in text.splitlines())
+        diff = f"diff --git a/{f.name} b/{f.name}\n" + "".join(
+            "+" + line + "\n" for line in text.splitlines()
+        )
         hits += "hidden-code" in tampering_flags(diff, "honest/package")
-    print(f"whole modules of installed packages: {hits} of {len(files)} flagged "
-          f"({hits / max(len(files), 1):.2%})")
+    print(
+        f"whole modules of installed packages: {hits} of {len(files)} flagged "
+        f"({hits / max(len(files), 1):.2%})"
+    )
 
 
 if __name__ == "__main__":

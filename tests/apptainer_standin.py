@@ -5,6 +5,7 @@ else root, as apptainer run by root), environment (`--env`, read as the CSV appt
 name, network and working directory. A test through it checks how Polar drives apptainer (the argv,
 the binds a box keeps, its locks), not apptainer itself; `apptainer version` answers as installed.
 Every call is logged to $FAKE_APPTAINER_LOG."""
+
 import csv
 import os
 import sys
@@ -43,4 +44,4 @@ while argv[i].startswith("--"):
     elif flag != "--no-mount":
         raise SystemExit(f"apptainer stand-in: unknown flag {flag}")
 image = argv[i].removeprefix("docker://")
-os.execvp("podman", [*out, "--user", user, image, *argv[i + 1:]])
+os.execvp("podman", [*out, "--user", user, image, *argv[i + 1 :]])

@@ -21,9 +21,16 @@ from polar_env.sandbox.rootfs import rootfs_dir
 
 REPO = Path(__file__).resolve().parents[1]
 # installed before any test module is imported, so reads at collection time are seen too
-GUARD = install(OutsideReadGuard(REPO, allowed=(
-    cache_root(), Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"),
-    Path(tempfile.gettempdir()) / f"pytest-of-{getpass.getuser()}")))
+GUARD = install(
+    OutsideReadGuard(
+        REPO,
+        allowed=(
+            cache_root(),
+            Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"),
+            Path(tempfile.gettempdir()) / f"pytest-of-{getpass.getuser()}",
+        ),
+    )
+)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -33,7 +40,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     if reads := GUARD.take():
-        raise pytest.UsageError(f"collecting the tests read paths outside the repository: {sorted(set(reads))}")
+        raise pytest.UsageError(
+            f"collecting the tests read paths outside the repository: {sorted(set(reads))}"
+        )
 
 
 # what ``@pytest.mark.needs(...)`` may name: the one place a test's sandbox prerequisites are checked

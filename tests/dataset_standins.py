@@ -56,31 +56,50 @@ PLAIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 def swe_gym_row(task: Task) -> dict:
     """``task`` as a row of SWE-Gym's published schema (the dataset card's columns)."""
-    return {"instance_id": task.instance_id, "repo": task.repo, "base_commit": task.base_commit,
-            "patch": task.patch, "test_patch": task.test_patch, "problem_statement": task.problem_statement,
-            "hints_text": task.hints_text, "created_at": "2020-01-01T00:00:00Z", "version": task.version or "0.0",
-            "FAIL_TO_PASS": task.FAIL_TO_PASS, "PASS_TO_PASS": task.PASS_TO_PASS}
+    return {
+        "instance_id": task.instance_id,
+        "repo": task.repo,
+        "base_commit": task.base_commit,
+        "patch": task.patch,
+        "test_patch": task.test_patch,
+        "problem_statement": task.problem_statement,
+        "hints_text": task.hints_text,
+        "created_at": "2020-01-01T00:00:00Z",
+        "version": task.version or "0.0",
+        "FAIL_TO_PASS": task.FAIL_TO_PASS,
+        "PASS_TO_PASS": task.PASS_TO_PASS,
+    }
 
 
 def swe_rebench_row(task: Task) -> dict:
     """``task`` as a row of SWE-rebench's (v1) schema: SWE-bench's columns and the row's ``install_config``
     (the environment recipe its fork builds the image from; here its test command and parser)."""
-    return {**swe_gym_row(task), "environment_setup_commit": task.base_commit,
-            "install_config": {"python": task.environment.python, "install": "pip install -e .",
-                               "test_cmd": "pytest --no-header -rA --tb=no",
-                               "log_parser": "parse_log_pytest"}}
+    return {
+        **swe_gym_row(task),
+        "environment_setup_commit": task.base_commit,
+        "install_config": {
+            "python": task.environment.python,
+            "install": "pip install -e .",
+            "test_cmd": "pytest --no-header -rA --tb=no",
+            "log_parser": "parse_log_pytest",
+        },
+    }
 
 
 # the datasets whose images have SWE-bench's layout (conda `testbed`, /testbed): one stand-in serves them
 ROWS = {"swe-gym": swe_gym_row, "swe-rebench": swe_rebench_row}
 
 
-def build_layer(engine: str, base_image: str, name: str, files: dict[str, str], run: str, tail: str = "") -> str:
+def build_layer(
+    engine: str, base_image: str, name: str, files: dict[str, str], run: str, tail: str = ""
+) -> str:
     """``base_image`` with ``files`` in /tmp/layer and ``run`` (shell, as root) run there, no network; built
     once, tagged ``localhost/<name>:<a hash of its inputs, the base's image id among them>``."""
     containerfile = f"FROM {base_image}\nCOPY layer /tmp/layer\nRUN {run} && rm -rf /tmp/layer\n{tail}"
     base_id = engine_run([engine, "image", "inspect", "--format", "{{.Id}}", base_image]).decode().strip()
-    key = hashlib.sha256("\0".join([containerfile, base_id, *files, *files.values()]).encode()).hexdigest()[:16]
+    key = hashlib.sha256("\0".join([containerfile, base_id, *files, *files.values()]).encode()).hexdigest()[
+        :16
+    ]
     tag = f"localhost/{name}:{key}"
     if not image_exists(engine, tag):
         with tempfile.TemporaryDirectory(prefix="polar-layer-") as tmp:
@@ -88,21 +107,34 @@ def build_layer(engine: str, base_image: str, name: str, files: dict[str, str], 
             for file, text in files.items():
                 (Path(tmp) / "layer" / file).write_text(text)
             (Path(tmp) / "Containerfile").write_text(containerfile)
-            engine_run([engine, "build", "--network", "none", "-t", tag, "-f", f"{tmp}/Containerfile", tmp],
-                       timeout_s=900)
+            engine_run(
+                [engine, "build", "--network", "none", "-t", tag, "-f", f"{tmp}/Containerfile", tmp],
+                timeout_s=900,
+            )
     return tag
 
 
 def conda_standin(task: Task, name: str, engine: str = "podman") -> str:
     """The stand-in of a SWE-bench-layout dataset image (SWE-Gym's, SWE-rebench's) for the bundled ``task``,
     tagged ``name`` (the loader's image name)."""
-    pth = "".join(p.replace("{testbed}", "/testbed") + "\n"
-                  for p in task.environment.env.get("PYTHONPATH", "{testbed}").split(":"))
-    files = {"setup.sh": CONDA_SETUP, "activate": ACTIVATE, "testbed.pth": pth,
-             "fix.patch": task.patch + task.test_patch}
-    tag = build_layer(engine, ensure_task_image(task, engine), f"polar-standin/conda-{task.instance_id.lower()}",
-                      files, "cd /testbed && sh /tmp/layer/setup.sh",
-                      tail=f"ENV PATH={PLAIN_PATH}\nENV VIRTUAL_ENV=\"\"\nWORKDIR /testbed\n")
+    pth = "".join(
+        p.replace("{testbed}", "/testbed") + "\n"
+        for p in task.environment.env.get("PYTHONPATH", "{testbed}").split(":")
+    )
+    files = {
+        "setup.sh": CONDA_SETUP,
+        "activate": ACTIVATE,
+        "testbed.pth": pth,
+        "fix.patch": task.patch + task.test_patch,
+    }
+    tag = build_layer(
+        engine,
+        ensure_task_image(task, engine),
+        f"polar-standin/conda-{task.instance_id.lower()}",
+        files,
+        "cd /testbed && sh /tmp/layer/setup.sh",
+        tail=f'ENV PATH={PLAIN_PATH}\nENV VIRTUAL_ENV=""\nWORKDIR /testbed\n',
+    )
     engine_run([engine, "tag", tag, name])
     return tag
 
@@ -110,4 +142,3 @@ def conda_standin(task: Task, name: str, engine: str = "podman") -> str:
 def in_image(engine: str, image: str, script: str) -> list[str]:
     """argv: ``script`` in a throwaway container of ``image`` (no network), as root."""
     return [engine, "run", "--rm", "--network", "none", image, "bash", "-c", script]
-

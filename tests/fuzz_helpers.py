@@ -44,19 +44,80 @@ def seed_bodies() -> dict[str, list[dict]]:
     return seeds
 
 
-JSON_LEAVES = (st.none() | st.booleans() | st.integers(min_value=-2**70, max_value=2**70)
-               | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=40)
-               | st.sampled_from(["user", "assistant", "system", "tool", "developer", "function_call",
-                                  "function_call_output", "message", "text", "tool_use", "tool_result",
-                                  "thinking", "reasoning", "input_text", "image", "polar:v1:", "msg_", "fc__1",
-                                  "model", "MODE_UNSPECIFIED", "ANY", "NONE"]))
-JSON = st.recursive(JSON_LEAVES, lambda inner: st.lists(inner, max_size=4)
-                    | st.dictionaries(st.text(max_size=12) | st.sampled_from(
-                        ["role", "content", "type", "text", "id", "call_id", "name", "arguments", "input",
-                         "tool_calls", "tool_call_id", "tools", "stream", "max_tokens", "contents", "parts",
-                         "functionCall", "functionResponse", "args", "response", "thought", "thoughtSignature",
-                         "systemInstruction", "functionDeclarations", "generationConfig"]), inner, max_size=4),
-                    max_leaves=20)
+JSON_LEAVES = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=40)
+    | st.sampled_from(
+        [
+            "user",
+            "assistant",
+            "system",
+            "tool",
+            "developer",
+            "function_call",
+            "function_call_output",
+            "message",
+            "text",
+            "tool_use",
+            "tool_result",
+            "thinking",
+            "reasoning",
+            "input_text",
+            "image",
+            "polar:v1:",
+            "msg_",
+            "fc__1",
+            "model",
+            "MODE_UNSPECIFIED",
+            "ANY",
+            "NONE",
+        ]
+    )
+)
+JSON = st.recursive(
+    JSON_LEAVES,
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(
+            st.text(max_size=12)
+            | st.sampled_from(
+                [
+                    "role",
+                    "content",
+                    "type",
+                    "text",
+                    "id",
+                    "call_id",
+                    "name",
+                    "arguments",
+                    "input",
+                    "tool_calls",
+                    "tool_call_id",
+                    "tools",
+                    "stream",
+                    "max_tokens",
+                    "contents",
+                    "parts",
+                    "functionCall",
+                    "functionResponse",
+                    "args",
+                    "response",
+                    "thought",
+                    "thoughtSignature",
+                    "systemInstruction",
+                    "functionDeclarations",
+                    "generationConfig",
+                ]
+            ),
+            inner,
+            max_size=4,
+        )
+    ),
+    max_leaves=20,
+)
 
 
 def _paths(value: Any, prefix: tuple = ()) -> list[tuple]:

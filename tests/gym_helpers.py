@@ -81,16 +81,23 @@ def _program(cmd: str) -> str:
 
 def sandbox_processes(under: Path) -> list[str]:
     """Sandboxes still running whose workspace is under ``under`` (their bwrap argv binds it)."""
-    return [f"{pid}: {cmd[:200]}" for pid in os.listdir("/proc") if pid.isdigit()
-            if _program(cmd := _cmdline(pid)) == "bwrap" and str(under) in cmd]
+    return [
+        f"{pid}: {cmd[:200]}"
+        for pid in os.listdir("/proc")
+        if pid.isdigit()
+        if _program(cmd := _cmdline(pid)) == "bwrap" and str(under) in cmd
+    ]
 
 
 def harness_pids(under: Path) -> list[int]:
     """The harness processes (the forwarder's children) of the sandboxes under ``under``."""
     forwarders = set()
     for pid in os.listdir("/proc"):
-        if pid.isdigit() and "/opt/polar/forwarder.py" in (cmd := _cmdline(pid)) and _program(cmd) not in (
-                "bwrap", "setpriv"):
+        if (
+            pid.isdigit()
+            and "/opt/polar/forwarder.py" in (cmd := _cmdline(pid))
+            and _program(cmd) not in ("bwrap", "setpriv")
+        ):
             forwarders.add(int(pid))
     sandboxed = {int(p.split(":")[0]) for p in sandbox_processes(under)}
     out = []
@@ -151,7 +158,7 @@ def compose(path: Path, *, inner_first: bool = True) -> dict:
     top = yaml.safe_load(path.read_text())
     inner = [yaml.safe_load((GYM_ROOT / p).read_text()) for p in top.pop("config_paths", [])]
     merged: dict = {}
-    for part in ([*inner, top] if inner_first else [top, *inner]):
+    for part in [*inner, top] if inner_first else [top, *inner]:
         merged = _merge(merged, part)
     frozen = dict(merged)
     for name, node in list(frozen.items()):
@@ -165,5 +172,7 @@ def compose(path: Path, *, inner_first: bool = True) -> dict:
 def _merge(base: dict, over: dict) -> dict:
     out = dict(base)
     for key, value in over.items():
-        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+        out[key] = (
+            _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+        )
     return out

@@ -26,7 +26,9 @@ import time
 import zlib
 
 libc = ctypes.CDLL(None, use_errno=True)
-NR = {"x86_64": {"add_key": 248, "keyctl": 250}, "aarch64": {"add_key": 217, "keyctl": 219}}[os.uname().machine]
+NR = {"x86_64": {"add_key": 248, "keyctl": 250}, "aarch64": {"add_key": 217, "keyctl": 219}}[
+    os.uname().machine
+]
 KEY_SPEC_USER_KEYRING = -4
 KEYCTL_JOIN_SESSION_KEYRING, KEYCTL_LINK, KEYCTL_SEARCH, KEYCTL_INVALIDATE = 1, 8, 10, 21
 IPC_CREAT = 0o1000
@@ -35,8 +37,13 @@ O_CREAT, O_RDWR, O_RDONLY = os.O_CREAT, os.O_RDWR, os.O_RDONLY
 
 def names(tag: str) -> dict[str, object]:
     ipc_key = zlib.crc32(tag.encode()) & 0x7FFFFFFF
-    return {"key": f"polar-probe-{tag}", "ipc_key": ipc_key, "mq": f"/polar-probe-{tag}",
-            "shm": f"/dev/shm/polar-probe-{tag}", "abstract": f"\0polar-probe-{tag}"}
+    return {
+        "key": f"polar-probe-{tag}",
+        "ipc_key": ipc_key,
+        "mq": f"/polar-probe-{tag}",
+        "shm": f"/dev/shm/polar-probe-{tag}",
+        "abstract": f"\0polar-probe-{tag}",
+    }
 
 
 def _err() -> str:
@@ -57,10 +64,14 @@ def make_key(tag: str) -> dict[str, str]:
     n = names(tag)
     out: dict[str, str] = {}
     payload = b"hidden FAIL_TO_PASS test file"
-    kid = libc.syscall(NR["add_key"], b"user", n["key"].encode(), payload, len(payload), KEY_SPEC_USER_KEYRING)
+    kid = libc.syscall(
+        NR["add_key"], b"user", n["key"].encode(), payload, len(payload), KEY_SPEC_USER_KEYRING
+    )
     out["key"] = "made" if kid >= 0 else _err()
     ring = _keyctl(KEYCTL_JOIN_SESSION_KEYRING, n["key"].encode())
-    out["keyring"] = "made" if ring >= 0 and _keyctl(KEYCTL_LINK, ring, KEY_SPEC_USER_KEYRING) >= 0 else _err()
+    out["keyring"] = (
+        "made" if ring >= 0 and _keyctl(KEYCTL_LINK, ring, KEY_SPEC_USER_KEYRING) >= 0 else _err()
+    )
     return out
 
 

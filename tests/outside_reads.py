@@ -29,8 +29,11 @@ class OutsideReadGuard:
         self.allowed = tuple(root for root in roots if not _within(self.repo, root))
         # the neighbours at start: anything made later (a tmp dir of the tests) is the tests' own; so
         # are Polar's own temp artefacts (polar-ledgers, polar-seed-*...) when the clone sits in /tmp
-        self.neighbours = frozenset(name for name in os.listdir(self.parent)
-                                    if name != self.repo.name and not name.startswith(OWN_TEMP_PREFIX))
+        self.neighbours = frozenset(
+            name
+            for name in os.listdir(self.parent)
+            if name != self.repo.name and not name.startswith(OWN_TEMP_PREFIX)
+        )
         self.reads: list[str] = []
 
     def offending(self, path: str | bytes | os.PathLike | int) -> Path | None:

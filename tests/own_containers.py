@@ -14,6 +14,10 @@ os.environ["POLAR_CONTAINER_LABELS"] = LABEL
 
 def own_containers(engine: str) -> set[str]:
     """Names of this process's containers, running or not."""
-    out = subprocess.run([engine, "ps", "-a", "--filter", f"label={LABEL}", "--format", "{{.Names}}"],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [engine, "ps", "-a", "--filter", f"label={LABEL}", "--format", "{{.Names}}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return set(out.stdout.split())

@@ -52,6 +52,7 @@ async def reply_json(status: int, body: str) -> Handler:
     async def handler(request: web.Request) -> web.Response:
         await request.read()
         return web.Response(status=status, text=body, content_type="application/json")
+
     return handler
 
 
@@ -83,7 +84,9 @@ def processes_matching(marker: str) -> list[int]:
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                cmdline = (
+                    Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                )
             except OSError:
                 continue
             if marker in cmdline:
@@ -133,9 +136,21 @@ async def probe_network(sandbox, sock_dir: Path) -> dict[str, str]:
     listener.listen()
     try:
         async with UnixHTTPServer(sock_dir, await reply_json(200, '"proxy-ok"')):
-            res = await sandbox.run([py, FORWARDER_INSIDE, "--socket", "/run/proxy/proxy.sock", "--port", "18080",
-                                     "--", py, "-c", NET_PROBE.replace("HOST_PORT", str(listener.getsockname()[1]))],
-                                    timeout_s=90)
+            res = await sandbox.run(
+                [
+                    py,
+                    FORWARDER_INSIDE,
+                    "--socket",
+                    "/run/proxy/proxy.sock",
+                    "--port",
+                    "18080",
+                    "--",
+                    py,
+                    "-c",
+                    NET_PROBE.replace("HOST_PORT", str(listener.getsockname()[1])),
+                ],
+                timeout_s=90,
+            )
     finally:
         listener.close()
     assert res.exit_code == 0, res.stderr_tail
@@ -161,17 +176,40 @@ print("SEALED " + json.dumps({
 """
 # what a sealed harness's probe sees (its tools run as the sandbox gid 1000; the harness has group 1001 beside
 # it)
-SEALED = {"dumpable": 0, "direct_child": "Permission denied",
-          "bash_tool": {"mem": "denied", "environ": "denied", "fd": "denied", "gid": "1000",
-                        "CapPrm": "0", "CapEff": "0", "CapAmb": "0"}}
+SEALED = {
+    "dumpable": 0,
+    "direct_child": "Permission denied",
+    "bash_tool": {
+        "mem": "denied",
+        "environ": "denied",
+        "fd": "denied",
+        "gid": "1000",
+        "CapPrm": "0",
+        "CapEff": "0",
+        "CapAmb": "0",
+    },
+}
 
 
 async def sealed_harness_probe(sandbox) -> dict:
     """SEALED_HARNESS run as the harness: by the forwarder, as an episode starts it."""
     from polar_env.harness_adapters.runner import SANDBOX_PYTHON
 
-    res = await sandbox.run([SANDBOX_PYTHON, FORWARDER_INSIDE, "--socket", "/run/proxy/none", "--port", "18080",
-                             "--", "python3", "-c", SEALED_HARNESS], timeout_s=60)
+    res = await sandbox.run(
+        [
+            SANDBOX_PYTHON,
+            FORWARDER_INSIDE,
+            "--socket",
+            "/run/proxy/none",
+            "--port",
+            "18080",
+            "--",
+            "python3",
+            "-c",
+            SEALED_HARNESS,
+        ],
+        timeout_s=60,
+    )
     line = next((ln for ln in res.stdout_tail.splitlines() if ln.startswith("SEALED ")), None)
     assert line is not None, (res.stdout_tail[-2000:], res.stderr_tail[-2000:])
     return json.loads(line[7:])
@@ -198,12 +236,17 @@ async def forwarder_plant_probe(sandbox) -> dict[str, object]:
     code (a planted argparse breaks it)."""
     from polar_env.harness_adapters.runner import SANDBOX_PYTHON
 
-    ran = "cd /tmp && for f in polar-ran-*; do [ -e \"$f\" ] && echo \"$f\"; done; rm -f polar-ran-*"
+    ran = 'cd /tmp && for f in polar-ran-*; do [ -e "$f" ] && echo "$f"; done; rm -f polar-ran-*'
     assert (await sandbox.run(["sh", "-c", PLANT.replace("PY", SANDBOX_PYTHON)], timeout_s=60)).exit_code == 0
     await sandbox.run([SANDBOX_PYTHON, "-c", "import argparse"], env=PLANTED_ENV, timeout_s=60)
-    out: dict[str, object] = {"control": (await sandbox.run(["sh", "-c", ran], timeout_s=60)).stdout_tail.split()}
-    started = await sandbox.run([SANDBOX_PYTHON, FORWARDER_INSIDE, "--socket", "/run/proxy/none", "--port", "18080",
-                                 "--", "true"], env=PLANTED_ENV, timeout_s=60)
+    out: dict[str, object] = {
+        "control": (await sandbox.run(["sh", "-c", ran], timeout_s=60)).stdout_tail.split()
+    }
+    started = await sandbox.run(
+        [SANDBOX_PYTHON, FORWARDER_INSIDE, "--socket", "/run/proxy/none", "--port", "18080", "--", "true"],
+        env=PLANTED_ENV,
+        timeout_s=60,
+    )
     out["forwarder"] = (await sandbox.run(["sh", "-c", ran], timeout_s=60)).stdout_tail.split()
     out["forwarder_exit"] = started.exit_code
     return out
@@ -223,8 +266,12 @@ def host_path_lines(mountinfo: str) -> list[str]:
             continue
         fields, (fstype, source, options) = line.split(" - ")[0].split(), line.split(" - ")[1].split()[:3]
         own_root = fields[3] == "/" or (fstype, source) in _OWN_ROOTS
-        layers = [opt.split("=", 1)[1] for opt in options.split(",") if opt.startswith(("lowerdir=", "upperdir="))]
-        named = any(not re.fullmatch(r"/proc/self/fd/\d+", layer) for spec in layers for layer in spec.split(":"))
+        layers = [
+            opt.split("=", 1)[1] for opt in options.split(",") if opt.startswith(("lowerdir=", "upperdir="))
+        ]
+        named = any(
+            not re.fullmatch(r"/proc/self/fd/\d+", layer) for spec in layers for layer in spec.split(":")
+        )
         if not own_root or named:
             bad.append(line)
     return bad

@@ -15,16 +15,24 @@ from polar_env.proxy.app import ProxyServer
 from polar_env.proxy.engine import EngineConfig
 
 ADMIN = "test-admin-secret"
-WEATHER_TOOL = {"name": "get_weather", "description": "Current weather of a city",
-                "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                               "required": ["city"]}}
+WEATHER_TOOL = {
+    "name": "get_weather",
+    "description": "Current weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
 
 
 @asynccontextmanager
 async def running_proxy(renderer: ChatRenderer, backend: Backend, data_dir: Path, **kw: Any):
-    proxy = ProxyServer.create(renderer=renderer, backend=backend, data_dir=data_dir, admin_secret=ADMIN,
-                               config=kw.pop("config", EngineConfig(max_context=2048, default_max_tokens=64)),
-                               owns_backend=False, **kw)  # session-scoped model fixtures outlive a proxy
+    proxy = ProxyServer.create(
+        renderer=renderer,
+        backend=backend,
+        data_dir=data_dir,
+        admin_secret=ADMIN,
+        config=kw.pop("config", EngineConfig(max_context=2048, default_max_tokens=64)),
+        owns_backend=False,
+        **kw,
+    )  # session-scoped model fixtures outlive a proxy
     await proxy.start("127.0.0.1", 0)
     try:
         yield proxy
@@ -53,8 +61,9 @@ def parse_sse(raw: bytes) -> list[tuple[str | None, Any]]:
     return events
 
 
-async def post(http: aiohttp.ClientSession, url: str, body: Any, key: str | None,
-               header: str = "bearer") -> tuple[int, Any]:
+async def post(
+    http: aiohttp.ClientSession, url: str, body: Any, key: str | None, header: str = "bearer"
+) -> tuple[int, Any]:
     headers = {}
     if key is not None:
         headers = {"Authorization": f"Bearer {key}"} if header == "bearer" else {"x-api-key": key}
@@ -66,7 +75,8 @@ async def post(http: aiohttp.ClientSession, url: str, body: Any, key: str | None
 
 
 async def ledger_calls(http: aiohttp.ClientSession, proxy: ProxyServer, sid: str) -> list[dict]:
-    async with http.get(f"{proxy.base_url}/admin/sessions/{sid}/calls",
-                        headers={"Authorization": f"Bearer {ADMIN}"}) as resp:
+    async with http.get(
+        f"{proxy.base_url}/admin/sessions/{sid}/calls", headers={"Authorization": f"Bearer {ADMIN}"}
+    ) as resp:
         assert resp.status == 200
         return sorted(await resp.json(), key=lambda r: r["call_index"])

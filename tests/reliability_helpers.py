@@ -33,9 +33,19 @@ class FaultyVllm:
         self.release = asyncio.Event()  # lets hanging handlers end when the test is over
 
     def good(self, prompt: list[int]) -> dict:
-        return {"model": "double", "choices": [{
-            "index": 0, "prompt_token_ids": prompt, "token_ids": self.answer_ids, "finish_reason": "stop",
-            "logprobs": {"token_logprobs": [-0.25] * len(self.answer_ids)}, "stop_reason": None}]}
+        return {
+            "model": "double",
+            "choices": [
+                {
+                    "index": 0,
+                    "prompt_token_ids": prompt,
+                    "token_ids": self.answer_ids,
+                    "finish_reason": "stop",
+                    "logprobs": {"token_logprobs": [-0.25] * len(self.answer_ids)},
+                    "stop_reason": None,
+                }
+            ],
+        }
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
@@ -55,13 +65,16 @@ class FaultyVllm:
         if mode == "invalid_json":
             return web.Response(status=200, text="<html>proxy error</html>", content_type="application/json")
         if mode == "truncated":
-            return web.Response(status=200, text='{"choices": [{"token_ids": [1, 2', content_type="application/json")
+            return web.Response(
+                status=200, text='{"choices": [{"token_ids": [1, 2', content_type="application/json"
+            )
         if mode == "timeout":  # never answers within the backend's timeout
             await _wait(self.release, 30)
             return web.json_response(self.good(body["prompt"]))
         if mode == "hang_mid":  # headers and half a body, then silence
-            resp = web.StreamResponse(status=200, headers={"Content-Type": "application/json",
-                                                           "Content-Length": "4096"})
+            resp = web.StreamResponse(
+                status=200, headers={"Content-Type": "application/json", "Content-Length": "4096"}
+            )
             await resp.prepare(request)
             await resp.write(b'{"choices": [{"token_ids": [')
             await _wait(self.release, 30)
@@ -79,8 +92,9 @@ async def _wait(event: asyncio.Event, timeout: float) -> None:
 @asynccontextmanager
 async def faulty_vllm(renderer) -> AsyncIterator[FaultyVllm]:
     """A FaultyVllm on 127.0.0.1 answering "Hello there" + EOS in mode ``ok``; ``.url`` is its base."""
-    fault = FaultyVllm(renderer.tokenizer.encode("Hello there", add_special_tokens=False)
-                       + renderer.eos_token_ids[:1])
+    fault = FaultyVllm(
+        renderer.tokenizer.encode("Hello there", add_special_tokens=False) + renderer.eos_token_ids[:1]
+    )
     app = web.Application()
     app.router.add_post("/v1/completions", fault.completions)
     runner = web.AppRunner(app, shutdown_timeout=1)
@@ -96,7 +110,7 @@ async def faulty_vllm(renderer) -> AsyncIterator[FaultyVllm]:
 
 # The fake harness: stdlib Python inside the sandbox; MODE picks the misbehaviour. It prints one
 # JSON event per model call (like the real CLIs' --json streams) so the summary can count them.
-FAKE_HARNESS = r'''
+FAKE_HARNESS = r"""
 import json, os, sys, time, urllib.error, urllib.request
 MODE, BASE, KEY = sys.argv[1], os.environ["FAKE_BASE"], os.environ["FAKE_KEY"]
 
@@ -140,7 +154,7 @@ if MODE == "give_up":  # turn 1 fine, turn 2 gets a 5xx, the harness stops and e
     call("first turn")
     call("second turn")
     print(json.dumps({"type": "done"}), flush=True)
-'''
+"""
 
 
 class FakeHarness(HarnessAdapter):
@@ -171,9 +185,12 @@ class FakeHarness(HarnessAdapter):
 
     def summarize(self, stdout: str) -> HarnessSummary:
         events, bad = json_lines(stdout)
-        return HarnessSummary(turns=sum(e.get("type") == "call" for e in events),
-                              finished=any(e.get("type") == "done" for e in events),
-                              events=len(events), unparsed_lines=bad)
+        return HarnessSummary(
+            turns=sum(e.get("type") == "call" for e in events),
+            finished=any(e.get("type") == "done" for e in events),
+            events=len(events),
+            unparsed_lines=bad,
+        )
 
 
 def polar_cgroups() -> set[str]:
@@ -208,9 +225,13 @@ async def scripted_proxy(embedded_dir: Path, renderer, policy, tmp_path: Path) -
     from polar_env.proxy.engine import EngineConfig
 
     local = LocalBackend.from_pretrained(embedded_dir)
-    proxy = ProxyServer.create(renderer=renderer, backend=ScriptedBackend(local, policy, context_window=256),
-                               data_dir=tmp_path / "ledger", admin_secret="admin",
-                               config=EngineConfig(max_context=131072, default_max_tokens=4096))
+    proxy = ProxyServer.create(
+        renderer=renderer,
+        backend=ScriptedBackend(local, policy, context_window=256),
+        data_dir=tmp_path / "ledger",
+        admin_secret="admin",
+        config=EngineConfig(max_context=131072, default_max_tokens=4096),
+    )
     await proxy.start(unix_socket=tmp_path / "sock" / "proxy.sock", port=None)
     os.chmod(tmp_path / "sock", 0o755)
     try:

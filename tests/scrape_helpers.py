@@ -11,8 +11,11 @@ Scrape = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 def samples(text: str) -> Scrape:
     """Every sample of a scrape: (name, sorted labels) -> value."""
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def value(scrape: Scrape, name: str, **labels: str) -> float:

@@ -19,7 +19,9 @@ from polar_env.proxy.run_slots import RunEnded, RunSlots
 async def test_agent_calls_wait_behind_harness_calls_and_never_stop_the_clock():
     slots = RunSlots(1)
     assert await slots.enter("a") == 0.0  # a's harness holds the one slot
-    tool_calls = [asyncio.ensure_future(slots.enter("a", harness=False)) for _ in range(4)]  # a's tool queues four
+    tool_calls = [
+        asyncio.ensure_future(slots.enter("a", harness=False)) for _ in range(4)
+    ]  # a's tool queues four
     sibling = asyncio.ensure_future(slots.enter("b"))  # b's harness comes later
     await asyncio.sleep(0.05)
     assert slots.waited_s("a") == 0.0  # the tool's waits are not a's: its deadline clock runs on
@@ -49,15 +51,23 @@ def test_a_slow_backend_is_judged_from_harness_calls_only():
     for c in calls:
         c.sampled_ids = list(range(10))
         c.origin = "harness"
-    agent = [timed(c, at=1050.0 + i, total_s=60.0, generate_s=60.0).model_copy(update={"origin": "tool"})
-             for i, c in enumerate(three_turn())]
+    agent = [
+        timed(c, at=1050.0 + i, total_s=60.0, generate_s=60.0).model_copy(update={"origin": "tool"})
+        for i, c in enumerate(three_turn())
+    ]
     for c in agent:
         c.sampled_ids = [1]
     kind = classify_episode("timeout", [*calls, *agent], deadline_at=1100.0)
     assert kind is FailureKind.deadline_harness and not kind.outside_policy
     # the control: the same slow calls made by the harness are the backend's
-    assert classify_episode("timeout", [*calls, *[c.model_copy(update={"origin": "harness"}) for c in agent]],
-                            deadline_at=1100.0) is FailureKind.deadline_backend
+    assert (
+        classify_episode(
+            "timeout",
+            [*calls, *[c.model_copy(update={"origin": "harness"}) for c in agent]],
+            deadline_at=1100.0,
+        )
+        is FailureKind.deadline_backend
+    )
     assert is_harness(None) and is_harness("harness") and not is_harness("tool") and not is_harness("unknown")
 
 
@@ -71,10 +81,16 @@ async def test_agent_calls_setting(setting: str, embedded_dir, renderer, tmp_pat
     from polar_env.proxy.app import ORIGIN_HEADER, ProxyServer
     from polar_env.proxy.engine import EngineConfig
 
-    backend = InstantBackend(token_ids=renderer.tokenizer.encode("OK", add_special_tokens=False)
-                             + renderer.eos_token_ids[:1])
-    proxy = ProxyServer.create(renderer=renderer, backend=backend, data_dir=tmp_path / "d", admin_secret="s" * 24,
-                               config=EngineConfig(agent_calls=setting))
+    backend = InstantBackend(
+        token_ids=renderer.tokenizer.encode("OK", add_special_tokens=False) + renderer.eos_token_ids[:1]
+    )
+    proxy = ProxyServer.create(
+        renderer=renderer,
+        backend=backend,
+        data_dir=tmp_path / "d",
+        admin_secret="s" * 24,
+        config=EngineConfig(agent_calls=setting),
+    )
     await proxy.start(port=0)
     try:
         sid, key = proxy.create_session("ep", metadata={"origin_tagged": True})
@@ -82,8 +98,9 @@ async def test_agent_calls_setting(setting: str, embedded_dir, renderer, tmp_pat
         async with aiohttp.ClientSession() as http:
             for origin, expect in (("harness", 200), ("tool", 200 if setting == "serve" else 403)):
                 headers = {"Authorization": f"Bearer {key}", ORIGIN_HEADER: f"{origin} {proxy.origin_key}"}
-                async with http.post(f"{proxy.base_url}/s/{sid}/v1/chat/completions", json=body,
-                                     headers=headers) as r:
+                async with http.post(
+                    f"{proxy.base_url}/s/{sid}/v1/chat/completions", json=body, headers=headers
+                ) as r:
                     assert r.status == expect, await r.text()
                     if expect == 403:
                         assert "agent-calls" in (await r.json())["error"]["message"]
@@ -132,9 +149,11 @@ async def test_a_tool_process_queuing_calls_cannot_extend_its_episode(embedded_d
     task = next(t for t in load_tasks("bundled") if t.instance_id == "marshmallow-code__marshmallow-1359")
     flood = base64.b64encode(FLOOD.encode()).decode()
     gold = base64.b64encode(task.patch.encode()).decode()
-    commands = {"flood": f"cd /testbed && echo '# not a fix' >> src/marshmallow/fields.py && echo {flood} | base64 -d"
-                         " > /tmp/flood.py && (python3 /tmp/flood.py >/dev/null 2>&1 &) && sleep 1000",
-                "sibling": f"cd /testbed && echo {gold} | base64 -d | git apply"}
+    commands = {
+        "flood": f"cd /testbed && echo '# not a fix' >> src/marshmallow/fields.py && echo {flood} | base64 -d"
+        " > /tmp/flood.py && (python3 /tmp/flood.py >/dev/null 2>&1 &) && sleep 1000",
+        "sibling": f"cd /testbed && echo {gold} | base64 -d | git apply",
+    }
     flooding = asyncio.Event()
     deadline_s, drain_allowance_s = 45.0, 30.0  # the drain allowance: ProxyServer.drain's default timeout
 
@@ -151,12 +170,23 @@ async def test_a_tool_process_queuing_calls_cannot_extend_its_episode(embedded_d
         async def episode(name: str, timeout_s: float):
             if name == "sibling":
                 await asyncio.wait_for(flooding.wait(), 300)  # B's calls meet A's queue
-            return await run_episode(proxy, task, episode_id=f"{name}.s0", config=EpisodeConfig(
-                harness="pi", timeout_s=timeout_s, sampling={"max_tokens": 4096}, scratch_root=tmp_path / name))
+            return await run_episode(
+                proxy,
+                task,
+                episode_id=f"{name}.s0",
+                config=EpisodeConfig(
+                    harness="pi",
+                    timeout_s=timeout_s,
+                    sampling={"max_tokens": 4096},
+                    scratch_root=tmp_path / name,
+                ),
+            )
 
         flood, sibling = await asyncio.gather(episode("flood", deadline_s), episode("sibling", 300.0))
 
-    tool = [c for c in flood.calls if not is_harness(c.origin)]  # ``tool``, or ``unknown`` (a detached process)
+    tool = [
+        c for c in flood.calls if not is_harness(c.origin)
+    ]  # ``tool``, or ``unknown`` (a detached process)
     timings = flood.trajectory.metadata["timings"]
     ran_s = timings["harness_start_s"] + timings["wait_s"] + timings["model_s"] + timings["tool_s"]
     detail = (flood.failure_kind, flood.trajectory.error, timings, len(tool))
@@ -165,8 +195,11 @@ async def test_a_tool_process_queuing_calls_cannot_extend_its_episode(embedded_d
     assert flood.failure_kind is FailureKind.deadline_harness and not flood.trajectory.masked, detail
     assert flood.grade is not None and flood.grade.reward == 0.0 and flood.trajectory.reward == 0.0, detail
     deadline_at = flood.harness.ended_at
-    assert any(c.created_at <= deadline_at and (c.output is None or c.created_at + c.timings.get("total_ms", 0.0) / 1e3
-                                               >= deadline_at) for c in tool), detail  # in flight at the deadline
+    assert any(
+        c.created_at <= deadline_at
+        and (c.output is None or c.created_at + c.timings.get("total_ms", 0.0) / 1e3 >= deadline_at)
+        for c in tool
+    ), detail  # in flight at the deadline
     assert sibling.failure_kind is FailureKind.none and sibling.grade is not None, sibling.trajectory.error
     assert sibling.grade.reward == 1.0 and not sibling.trajectory.masked
     assert all(c.output is not None for c in sibling.calls if c.origin == "harness")

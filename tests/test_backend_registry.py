@@ -14,8 +14,15 @@ from polar_env.backends.sglang import SGLangBackend
 from polar_env.backends.vllm import VllmBackend
 
 
-@pytest.mark.parametrize(("kind", "cls"), [("vllm", VllmBackend), ("nemo-rl", NemoRLBackend),
-                                           ("nemo_rl", NemoRLBackend), ("SGLang", SGLangBackend)])
+@pytest.mark.parametrize(
+    ("kind", "cls"),
+    [
+        ("vllm", VllmBackend),
+        ("nemo-rl", NemoRLBackend),
+        ("nemo_rl", NemoRLBackend),
+        ("SGLang", SGLangBackend),
+    ],
+)
 async def test_http_kinds(kind, cls):
     b = make_backend(kind, url="http://a:1/v1, http://b:2", model="m", timeout_s=5)
     assert isinstance(b, cls) and isinstance(b, Backend)
@@ -57,8 +64,10 @@ async def test_local_and_scripted_share_the_embedded_model():
 
 
 def test_http_kinds_do_not_import_torch():
-    code = ("import sys; from polar_env.backends.registry import make_backend; "
-            "make_backend('vllm', url='http://a'); make_backend('sglang', url='http://a'); "
-            "make_backend('nemo-rl', url='http://a'); "
-            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'heavy import'")
+    code = (
+        "import sys; from polar_env.backends.registry import make_backend; "
+        "make_backend('vllm', url='http://a'); make_backend('sglang', url='http://a'); "
+        "make_backend('nemo-rl', url='http://a'); "
+        "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'heavy import'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -18,15 +18,37 @@ from polar_env.backends.base import BackendError, SamplingParams
 from polar_env.backends.remote import normalize_base_url
 from polar_env.backends.vllm import VllmBackend
 
-GOOD = {"model": "m", "choices": [{"index": 0, "text": "", "finish_reason": "stop", "stop_reason": None,
-                                   "token_ids": [5, 2], "prompt_token_ids": [1, 2, 3],
-                                   "logprobs": {"token_logprobs": [-0.5, -0.25]}}]}
+GOOD = {
+    "model": "m",
+    "choices": [
+        {
+            "index": 0,
+            "text": "",
+            "finish_reason": "stop",
+            "stop_reason": None,
+            "token_ids": [5, 2],
+            "prompt_token_ids": [1, 2, 3],
+            "logprobs": {"token_logprobs": [-0.5, -0.25]},
+        }
+    ],
+}
 # what vLLM sends for the backend's own request (return_tokens_as_token_ids, no return_token_ids:
 # the id keys are there, as null)
-NO_ECHO = {"model": "m", "usage": {"prompt_tokens": 3, "completion_tokens": 2},
-           "choices": [{"index": 0, "text": "", "finish_reason": "stop", "stop_reason": None,
-                        "token_ids": None, "prompt_token_ids": None,
-                        "logprobs": {"tokens": ["token_id:5", "token_id:2"], "token_logprobs": [-0.5, -0.25]}}]}
+NO_ECHO = {
+    "model": "m",
+    "usage": {"prompt_tokens": 3, "completion_tokens": 2},
+    "choices": [
+        {
+            "index": 0,
+            "text": "",
+            "finish_reason": "stop",
+            "stop_reason": None,
+            "token_ids": None,
+            "prompt_token_ids": None,
+            "logprobs": {"tokens": ["token_id:5", "token_id:2"], "token_logprobs": [-0.5, -0.25]},
+        }
+    ],
+}
 
 
 def test_normalize_base_url():
@@ -107,8 +129,9 @@ async def test_verify_prompt_echo_asks_for_and_compares_the_echo():
             await _generate(url, verify_prompt_echo=True)
 
 
-@pytest.mark.parametrize(("status", "retryable"), [(500, True), (503, True), (429, True), (400, False),
-                                                   (404, False)])
+@pytest.mark.parametrize(
+    ("status", "retryable"), [(500, True), (503, True), (429, True), (400, False), (404, False)]
+)
 async def test_http_status(status, retryable):
     async def handler(request):
         return web.json_response({"error": {"message": "nope"}}, status=status)
@@ -119,15 +142,26 @@ async def test_http_status(status, retryable):
     assert err.value.status == status and err.value.retryable is retryable and "nope" in str(err.value)
 
 
-@pytest.mark.parametrize(("body", "retryable"), [
-    ("{not json", True),                      # garbled / truncated reply
-    ("[1, 2]", False),                        # JSON but not an object
-    ('{"choices": []}', False),               # object without what the contract promises
-    (('{"choices": [{"token_ids": [5], "finish_reason": "abort", "logprobs": {"token_logprobs": '
-      '[-1]}}]}'), True),
-    ('{"choices": [{"token_ids": [5], "finish_reason": "stop", "stop_reason": 9,'
-     ' "logprobs": {"token_logprobs": [-1]}}]}', False),  # stopped on 9 but 9 is not in the ids
-])
+@pytest.mark.parametrize(
+    ("body", "retryable"),
+    [
+        ("{not json", True),  # garbled / truncated reply
+        ("[1, 2]", False),  # JSON but not an object
+        ('{"choices": []}', False),  # object without what the contract promises
+        (
+            (
+                '{"choices": [{"token_ids": [5], "finish_reason": "abort", "logprobs": {"token_logprobs": '
+                "[-1]}}]}"
+            ),
+            True,
+        ),
+        (
+            '{"choices": [{"token_ids": [5], "finish_reason": "stop", "stop_reason": 9,'
+            ' "logprobs": {"token_logprobs": [-1]}}]}',
+            False,
+        ),  # stopped on 9 but 9 is not in the ids
+    ],
+)
 async def test_bad_payloads(body, retryable):
     async def handler(request):
         return web.Response(text=body, content_type="application/json")
@@ -142,9 +176,12 @@ async def test_bad_payloads(body, retryable):
 async def test_ids_without_aligned_logprobs_are_an_answer_without_logprobs(logprobs):
     """The sampled ids still answer the harness; no logprobs means the turn is context (OpenEnv RFC 006),
     which the chain builder masks: a backend defect costs a training target, not the episode."""
+
     async def handler(request):
-        return web.Response(text='{"choices": [{"token_ids": [5], "finish_reason": "stop", "logprobs": '
-                                 + logprobs + "}]}", content_type="application/json")
+        return web.Response(
+            text='{"choices": [{"token_ids": [5], "finish_reason": "stop", "logprobs": ' + logprobs + "}]}",
+            content_type="application/json",
+        )
 
     async with serve(_app(handler)) as url:
         gen = await _generate(url)
@@ -204,6 +241,7 @@ async def test_idle_connection_outliving_the_server_keepalive(monkeypatch):
     import time
 
     monkeypatch.setattr("polar_env.backends.remote.KEEPALIVE_S", 0.2)
+
     async def handler(request):
         return web.json_response(GOOD)
 

@@ -39,8 +39,13 @@ def sglang_double(requests: list[dict], *, reply=None) -> web.Application:
                 finish = {"type": "stop", "matched": token}
                 break
         logprobs = [[-0.1 * (i + 1), t, None] for i, t in enumerate(out)]
-        meta = {"id": "r1", "finish_reason": finish, "prompt_tokens": len(body["input_ids"]),
-                "completion_tokens": len(out), "output_token_logprobs": logprobs if body.get("return_logprob") else []}
+        meta = {
+            "id": "r1",
+            "finish_reason": finish,
+            "prompt_tokens": len(body["input_ids"]),
+            "completion_tokens": len(out),
+            "output_token_logprobs": logprobs if body.get("return_logprob") else [],
+        }
         return web.json_response({"text": "...", "output_ids": out, "meta_info": meta})
 
     app = web.Application()
@@ -59,15 +64,25 @@ async def _run(url, sampling, *, session_id=None):
 async def test_request_shape_and_stop_on_eos():
     seen: list[dict] = []
     async with serve(sglang_double(seen)) as url:
-        gen = await _run(url, SamplingParams(temperature=0.7, top_p=0.9, max_tokens=16, stop_token_ids=[EOS], seed=4))
+        gen = await _run(
+            url, SamplingParams(temperature=0.7, top_p=0.9, max_tokens=16, stop_token_ids=[EOS], seed=4)
+        )
     assert gen.token_ids == [10, 11, 12, EOS] and gen.finish_reason == "stop"
     assert gen.logprobs == pytest.approx([-0.1, -0.2, -0.3, -0.4]) and gen.backend == "sglang"
     body = seen[0]
     assert body["input_ids"] == [1, 5, 7] and body["return_logprob"] is True and body["stream"] is False
     assert body["sampling_params"] == {
-        "max_new_tokens": 16, "temperature": 0.7, "top_p": 0.9, "top_k": -1, "min_p": 0.0,
-        "repetition_penalty": 1.0, "skip_special_tokens": False, "no_stop_trim": True,
-        "stop_token_ids": [EOS], "sampling_seed": 4}
+        "max_new_tokens": 16,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": -1,
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
+        "skip_special_tokens": False,
+        "no_stop_trim": True,
+        "stop_token_ids": [EOS],
+        "sampling_seed": 4,
+    }
 
 
 async def test_stop_token_other_than_eos_and_length():
@@ -78,14 +93,24 @@ async def test_stop_token_other_than_eos_and_length():
     assert cut.token_ids == [10, 11] and cut.finish_reason == "length" and len(cut.logprobs) == 2
 
 
-@pytest.mark.parametrize(("reply", "retryable"), [
-    ({"meta_info": {"finish_reason": {"type": "abort", "message": "weights updating"}}}, True),
-    ({"meta_info": {"finish_reason": {"type": "stop", "matched": 2}}}, False),            # no logprobs
-    ({"meta_info": {"finish_reason": {"type": "stop", "matched": 2},
-                    "output_token_logprobs": [[-0.1, 10, None]]}}, False),               # stop id missing
-    ({"meta_info": {"finish_reason": None, "output_token_logprobs": []}}, False),
-    ({"text": "no meta"}, False),
-])
+@pytest.mark.parametrize(
+    ("reply", "retryable"),
+    [
+        ({"meta_info": {"finish_reason": {"type": "abort", "message": "weights updating"}}}, True),
+        ({"meta_info": {"finish_reason": {"type": "stop", "matched": 2}}}, False),  # no logprobs
+        (
+            {
+                "meta_info": {
+                    "finish_reason": {"type": "stop", "matched": 2},
+                    "output_token_logprobs": [[-0.1, 10, None]],
+                }
+            },
+            False,
+        ),  # stop id missing
+        ({"meta_info": {"finish_reason": None, "output_token_logprobs": []}}, False),
+        ({"text": "no meta"}, False),
+    ],
+)
 async def test_bad_replies(reply, retryable):
     async with serve(sglang_double([], reply=reply)) as url:
         with pytest.raises(BackendError) as err:
@@ -114,8 +139,13 @@ async def test_the_weights_label_and_entries_without_logprobs():
     """SGLang's ``meta_info.weight_version`` labels the weights that served the request (its own test,
     test/srt/test_weight_version.py, asserts the field); entries whose logprob is null leave the turn as
     context."""
-    reply = {"meta_info": {"finish_reason": {"type": "stop", "matched": 2}, "weight_version": "5",
-                           "output_token_logprobs": [[None, 10, None], [None, 2, None]]}}
+    reply = {
+        "meta_info": {
+            "finish_reason": {"type": "stop", "matched": 2},
+            "weight_version": "5",
+            "output_token_logprobs": [[None, 10, None], [None, 2, None]],
+        }
+    }
     async with serve(sglang_double([], reply=reply)) as url:
         gen = await _run(url, SamplingParams(max_tokens=4))
     assert gen.weight_versions == ["5"] and gen.token_ids == [10, 2] and gen.logprobs == []

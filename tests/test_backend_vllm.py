@@ -33,8 +33,9 @@ def local(vllm_server):
 
 
 def chat_prompt(tokenizer, text: str) -> list[int]:
-    rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                             add_generation_prompt=True)
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+    )
     return tokenizer.encode(rendered, add_special_tokens=False)
 
 
@@ -53,10 +54,12 @@ async def test_ids_and_logprobs_match_local_model(backend, tokenizer, local, vll
     assert all(math.isfinite(x) and x <= 0 for x in gen.logprobs)
     scored = local.score(prompt + gen.token_ids, len(prompt))
     diff = max(abs(a - b) for a, b in zip(scored, gen.logprobs, strict=True))
-    print(f"\nvLLM fp32 vs transformers fp32 logprobs over {len(gen.token_ids)} tokens: max |diff| = "
-          f"{diff:.2e}; server RSS {group_rss_mb(vllm_server.pid):.0f} MB, startup "
-          f"{vllm_server.startup_s:.0f} s",
-          file=sys.stderr)
+    print(
+        f"\nvLLM fp32 vs transformers fp32 logprobs over {len(gen.token_ids)} tokens: max |diff| = "
+        f"{diff:.2e}; server RSS {group_rss_mb(vllm_server.pid):.0f} MB, startup "
+        f"{vllm_server.startup_s:.0f} s",
+        file=sys.stderr,
+    )
     assert diff < 1e-3
 
 
@@ -72,14 +75,18 @@ async def test_stop_on_eos_is_the_last_sampled_id(backend, tokenizer, local):
 async def test_stop_token_id_other_than_eos(backend, tokenizer):
     period = tokenizer.convert_tokens_to_ids(".")
     prompt = chat_prompt(tokenizer, "Say hello in one word.")
-    gen = await backend.generate(prompt, SamplingParams(temperature=0.0, max_tokens=96, stop_token_ids=[period]))
+    gen = await backend.generate(
+        prompt, SamplingParams(temperature=0.0, max_tokens=96, stop_token_ids=[period])
+    )
     assert gen.finish_reason == "stop" and gen.token_ids[-1] == period
     assert len(gen.logprobs) == len(gen.token_ids)
 
 
 async def test_max_tokens_gives_length(backend, tokenizer):
-    gen = await backend.generate(chat_prompt(tokenizer, "Count from one to fifty."),
-                                 SamplingParams(temperature=1.0, max_tokens=3, seed=1))
+    gen = await backend.generate(
+        chat_prompt(tokenizer, "Count from one to fifty."),
+        SamplingParams(temperature=1.0, max_tokens=3, seed=1),
+    )
     assert gen.finish_reason == "length" and len(gen.token_ids) == len(gen.logprobs) == 3
 
 
@@ -110,14 +117,18 @@ async def test_unknown_model_name_is_not_retryable(vllm_server):
 def test_two_turn_check_script(vllm_server):
     from polar_env.backends.check_vllm import run_check
 
-    report = asyncio.run(run_check(vllm_server.url, str(vllm_server.model_dir), vllm_server.model, max_tokens=48))
+    report = asyncio.run(
+        run_check(vllm_server.url, str(vllm_server.model_dir), vllm_server.model, max_tokens=48)
+    )
     print(f"\ncheck_vllm: {report}", file=sys.stderr)
     assert report["ok"], report
     assert report["prompt2_tokens"] > report["prompt1_tokens"] + report["turn1_tokens"]
     assert report["rescore_max_abs_diff"] < 1e-3
 
 
-async def test_logprobs_mode_is_probed_and_a_mismatched_training_session_refused(backend, tokenizer, tmp_path):
+async def test_logprobs_mode_is_probed_and_a_mismatched_training_session_refused(
+    backend, tokenizer, tmp_path
+):
     """This server runs vLLM's default --logprobs-mode raw_logprobs: the proxy finds that out at start,
     records it on every session, and refuses a training session that samples at temperature 0.7
     (its recorded logprobs would not be those of the distribution sampled from)."""
@@ -126,8 +137,13 @@ async def test_logprobs_mode_is_probed_and_a_mismatched_training_session_refused
     from polar_env.proxy.app import ProxyServer
 
     assert await backend.probe_logprobs_mode(chat_prompt(tokenizer, "Say something.")) == "raw"
-    proxy = ProxyServer.create(renderer=ChatRenderer(tokenizer), backend=backend, data_dir=tmp_path,
-                               admin_secret="admin", owns_backend=False)
+    proxy = ProxyServer.create(
+        renderer=ChatRenderer(tokenizer),
+        backend=backend,
+        data_dir=tmp_path,
+        admin_secret="admin",
+        owns_backend=False,
+    )
     await proxy.start(port=0)
     try:
         assert proxy.logprobs_mode == "raw"
@@ -149,9 +165,13 @@ async def test_the_weights_label_comes_from_the_server(backend, tokenizer, vllm_
     sampling = SamplingParams(max_tokens=2, seed=1)
     assert (await backend.generate(prompt, sampling)).weight_versions == ["default"]
     async with aiohttp.ClientSession() as http:
+
         async def label(version: str) -> None:
-            async with http.post(f"{vllm_server.url}/update_weight_version", json={"new_version": version}) as r:
+            async with http.post(
+                f"{vllm_server.url}/update_weight_version", json={"new_version": version}
+            ) as r:
                 assert r.status == 200, await r.text()
+
         await label("12")
         try:
             assert (await backend.generate(prompt, sampling)).weight_versions == ["12"]

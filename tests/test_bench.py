@@ -46,8 +46,10 @@ def test_synthetic_trajectory_is_one_chain_of_the_requested_size() -> None:
 
 def test_py_spy_raw_profile_is_summarized(tmp_path: Path) -> None:
     raw = tmp_path / "p.txt"
-    raw.write_text("main (a.py:1);handler (polar_env/proxy/app.py:9);dumps (json/__init__.py:2) 3\n"
-                   "main (a.py:1);handler (polar_env/proxy/app.py:9) 1\n")
+    raw.write_text(
+        "main (a.py:1);handler (polar_env/proxy/app.py:9);dumps (json/__init__.py:2) 3\n"
+        "main (a.py:1);handler (polar_env/proxy/app.py:9) 1\n"
+    )
     summary = summarize_raw(raw)
     assert summary["samples"] == 4
     assert summary["self"][0] == {"frame": "dumps (json/__init__.py:2)", "percent": 75.0}
@@ -55,8 +57,14 @@ def test_py_spy_raw_profile_is_summarized(tmp_path: Path) -> None:
 
 
 def test_report_renders_partial_results() -> None:
-    results = {"command": "polar bench", "machine": {"cpus": 2}, "families": {}, "errors": {"growth": "Boom\nValueError: x"},
-               "notes": {"grading": "skipped"}, "keys": dict.fromkeys(KEYS)}
+    results = {
+        "command": "polar bench",
+        "machine": {"cpus": 2},
+        "families": {},
+        "errors": {"growth": "Boom\nValueError: x"},
+        "notes": {"grading": "skipped"},
+        "keys": dict.fromkeys(KEYS),
+    }
     text = render(results)
     assert "| per-call proxy CPU, turn 200 / turn 10 (`per_call_ratio_turn200_vs_turn10`) | null |" in text
     assert "`growth`: failed: `ValueError: x`" in text and "`grading`: skipped" in text
@@ -65,8 +73,12 @@ def test_report_renders_partial_results() -> None:
 @pytest.mark.slow
 def test_quick_bench_reports_every_key(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
-    proc = subprocess.run([sys.executable, "-m", "polar_env.cli", "bench", "--quick", "--json", str(out)],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "polar_env.cli", "bench", "--quick", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(out.read_text())
     assert results["errors"] == {}
@@ -76,7 +88,10 @@ def test_quick_bench_reports_every_key(tmp_path: Path) -> None:
         assert value is None or isinstance(value, (int, float)), (key, value)
     # measured in --quick (LiteLLM only where it is installed; 64k, 128k and 1,024 sessions in the full run
     # only)
-    for key in set(KEYS) - {"overhead_p50_ms_16k_litellm", *(k for k in KEYS if k.startswith("ratio_polar_litellm")),
-                            *FULL_RUN_ONLY}:
+    for key in set(KEYS) - {
+        "overhead_p50_ms_16k_litellm",
+        *(k for k in KEYS if k.startswith("ratio_polar_litellm")),
+        *FULL_RUN_ONLY,
+    }:
         assert isinstance(results["keys"][key], (int, float)), key
     assert results["families"]["concurrency"]["errors_total"] == 0

@@ -55,9 +55,17 @@ class Script:
         if self.calls == 1:
             call = {"name": "bash", "arguments": {"command": "python3 probe.py"}}
             text = "<tool_call>\n" + json.dumps(call) + "\n</tool_call>"
-        ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.tokenizer.convert_tokens_to_ids("<|im_end|>")]
-        return Generation(prompt_ids=prompt_ids, token_ids=ids, logprobs=[-0.5] * len(ids), finish_reason="stop",
-                          backend=self.name, model=self.model)
+        ids = self.tokenizer.encode(text, add_special_tokens=False) + [
+            self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        ]
+        return Generation(
+            prompt_ids=prompt_ids,
+            token_ids=ids,
+            logprobs=[-0.5] * len(ids),
+            finish_reason="stop",
+            backend=self.name,
+            model=self.model,
+        )
 
     async def aclose(self) -> None:
         """Nothing to release."""
@@ -68,8 +76,13 @@ class Script:
 async def test_a_tool_process_cannot_write_training_data(renderer, tmp_path: Path):
     adapter = PiAdapter()
     adapter.install()
-    proxy = ProxyServer.create(renderer=renderer, backend=Script(renderer.tokenizer), data_dir=tmp_path / "ledger",
-                               admin_secret="admin", config=EngineConfig(max_context=131072, default_max_tokens=64))
+    proxy = ProxyServer.create(
+        renderer=renderer,
+        backend=Script(renderer.tokenizer),
+        data_dir=tmp_path / "ledger",
+        admin_secret="admin",
+        config=EngineConfig(max_context=131072, default_max_tokens=64),
+    )
     sock = tmp_path / "sock"
     await proxy.start(unix_socket=sock / "proxy.sock", port=None)
     sock.chmod(0o755)
@@ -77,14 +90,29 @@ async def test_a_tool_process_cannot_write_training_data(renderer, tmp_path: Pat
     task = tmp_path / "task"
     task.mkdir()
     (task / "probe.py").write_text(PROBE)
-    spec = SandboxSpec(proxy_socket_dir=sock, harness_dir=adapter.install_dir(), scratch_root=tmp_path / "scratch")
+    spec = SandboxSpec(
+        proxy_socket_dir=sock, harness_dir=adapter.install_dir(), scratch_root=tmp_path / "scratch"
+    )
     sandbox = BubblewrapSandbox.create(task, spec=spec)
     env = adapter.env
-    adapter.env = lambda ctx: {**env(ctx), "SID": sid, "PORT": str(spec.proxy_port), "SOCK": spec.socket_path_inside}
+    adapter.env = lambda ctx: {
+        **env(ctx),
+        "SID": sid,
+        "PORT": str(spec.proxy_port),
+        "SOCK": spec.socket_path_inside,
+    }
     try:
-        run = await run_episode_in_sandbox(adapter, sandbox, proxy_socket_dir=sock, session_id=sid, session_key=key,
-                                           model_name="policy", prompt="Run the probe.", timeout_s=120,
-                                           origin_key=proxy.origin_key)
+        run = await run_episode_in_sandbox(
+            adapter,
+            sandbox,
+            proxy_socket_dir=sock,
+            session_id=sid,
+            session_key=key,
+            model_name="policy",
+            prompt="Run the probe.",
+            timeout_s=120,
+            origin_key=proxy.origin_key,
+        )
     finally:
         await sandbox.destroy()
         await proxy.stop()
@@ -93,7 +121,9 @@ async def test_a_tool_process_cannot_write_training_data(renderer, tmp_path: Pat
     assert run.status == "completed", detail
     origins = [c.origin for c in calls]
     assert origins.count("harness") == 2 and "tool" in origins and "unknown" in origins, detail
-    assert all("guessed" not in json.dumps(c.model_dump(mode="json")) for c in calls)  # the forged header: gone
+    assert all(
+        "guessed" not in json.dumps(c.model_dump(mode="json")) for c in calls
+    )  # the forged header: gone
     traj = build_trajectory(proxy.registry.get(sid).info, calls, reward=1.0)
     harness_chains = {traj.calls[i].chain for i, c in enumerate(calls) if c.origin == "harness"}
     assert {r["chain"] for r in grpo_rows([traj])} == harness_chains, detail  # recorded, not trained

@@ -24,7 +24,9 @@ from polar_env.tasks.loader import load_tasks
 from polar_env.tasks.tree import materialize
 
 N_PLANS = 100
-_spec = importlib.util.spec_from_file_location("forger_identify", Path(__file__).parent / "redteam" / "forger_identify.py")
+_spec = importlib.util.spec_from_file_location(
+    "forger_identify", Path(__file__).parent / "redteam" / "forger_identify.py"
+)
 identify = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(identify)
 TASKS = {t.instance_id: t for t in load_tasks("bundled")}
@@ -34,20 +36,29 @@ TASKS = {t.instance_id: t for t in load_tasks("bundled")}
 # twin holding the block is the original (flask-5014, requests-5414: identified 100/100); requests-6028's
 # F2P test has no certain site at all, so no twin (the fallback canary). Strict xfails: they flip to
 # failures the day the planner closes them, and must then be removed.
-OPEN = {"pallets__flask-5014": "one-way raises site: the twin with the block is the original",
-        "psf__requests-5414": "one-way raises site: the twin with the block is the original",
-        "psf__requests-6028": "no certain mutation site: no twin, only the fallback canary"}
+OPEN = {
+    "pallets__flask-5014": "one-way raises site: the twin with the block is the original",
+    "psf__requests-5414": "one-way raises site: the twin with the block is the original",
+    "psf__requests-6028": "no certain mutation site: no twin, only the fallback canary",
+}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("iid", [pytest.param(i, marks=pytest.mark.xfail(reason=OPEN[i], strict=True)) if i in OPEN
-                                 else i for i in sorted(TASKS)])
+@pytest.mark.parametrize(
+    "iid",
+    [
+        pytest.param(i, marks=pytest.mark.xfail(reason=OPEN[i], strict=True)) if i in OPEN else i
+        for i in sorted(TASKS)
+    ],
+)
 def test_identifier_does_no_better_than_chance(iid: str, tmp_path: Path):
     task = TASKS[iid]
     tree = materialize(task, tmp_path / "t")
     files = sorted({t.partition("::")[0] for t in task.FAIL_TO_PASS})
     # what the forger brings: the base tree's tests; what the grader plans on: the test-patched files
-    base = set().union(*[identify.base_hashes((tree / rel).read_text()) for rel in files if (tree / rel).is_file()])
+    base = set().union(
+        *[identify.base_hashes((tree / rel).read_text()) for rel in files if (tree / rel).is_file()]
+    )
     subprocess.run(["git", "apply", "-"], input=task.test_patch.encode(), cwd=tree, check=True)
     sources = {rel: (tree / rel).read_text() for rel in files if (tree / rel).is_file()}
     f2p = {t.partition("[")[0] for t in task.FAIL_TO_PASS}
@@ -68,7 +79,9 @@ def test_identifier_does_no_better_than_chance(iid: str, tmp_path: Path):
     rate = tally[("f2p", True)] / pairs if pairs else 0.0
     bound = 0.5 + 3 * math.sqrt(0.25 / pairs) if pairs else 1.0
     extra = tally[("extra", True)] + tally[("extra", False)]
-    print(f"\n{iid}: {N_PLANS} plans, F2P twin pairs identified {tally[('f2p', True)]}/{pairs} ({rate:.3f}, "
-          f"bound {bound:.3f}); extra twins {tally[('extra', True)]}/{extra}")
+    print(
+        f"\n{iid}: {N_PLANS} plans, F2P twin pairs identified {tally[('f2p', True)]}/{pairs} ({rate:.3f}, "
+        f"bound {bound:.3f}); extra twins {tally[('extra', True)]}/{extra}"
+    )
     assert pairs >= N_PLANS, tally  # every plan twins the F2P tests
     assert rate <= bound, (iid, rate, bound, tally)

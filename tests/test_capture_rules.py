@@ -30,8 +30,10 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 @pytest.fixture
 async def policy(renderer):
-    server = PolicyServer(InstantBackend(renderer.encode_text("ok") + sorted(renderer.eos_token_ids)[:1]),
-                          model_name="polar-policy")
+    server = PolicyServer(
+        InstantBackend(renderer.encode_text("ok") + sorted(renderer.eos_token_ids)[:1]),
+        model_name="polar-policy",
+    )
     await server.start()
     try:
         yield server
@@ -40,16 +42,25 @@ async def policy(renderer):
 
 
 async def _call(proxy, sid: str, key: str, body: dict | None = None) -> dict:
-    async with aiohttp.ClientSession() as http, http.post(
-            f"{proxy.base_url}/s/{sid}/v1/chat/completions", json=body or CHAT,
-            headers={"Authorization": f"Bearer {key}"}) as resp:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            f"{proxy.base_url}/s/{sid}/v1/chat/completions",
+            json=body or CHAT,
+            headers={"Authorization": f"Bearer {key}"},
+        ) as resp,
+    ):
         assert resp.status == 200, await resp.text()
         return await resp.json()
 
 
 async def _set_version(policy: PolicyServer, label: str) -> None:
-    async with aiohttp.ClientSession() as http, http.post(f"http://127.0.0.1:{policy.port}/update_weight_version",
-                                                          json={"new_version": label}) as resp:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            f"http://127.0.0.1:{policy.port}/update_weight_version", json={"new_version": label}
+        ) as resp,
+    ):
         assert resp.status == 200 and (await resp.json())["new_version"] == label
 
 
@@ -69,7 +80,11 @@ async def test_the_servers_weight_version_is_each_calls_version(renderer, policy
         info = proxy.registry.get(sid).info
     await backend.aclose()
     assert [c.weight_versions for c in calls] == [["default"], ["3"], ["4"]]
-    assert [(c.policy_version, c.version_source) for c in calls] == [(None, None), (3, "server"), (4, "server")]
+    assert [(c.policy_version, c.version_source) for c in calls] == [
+        (None, None),
+        (3, "server"),
+        (4, "server"),
+    ]
     traj = build_trajectory(info, calls)
     assert traj.stats.policy_versions == [3, 4] and traj.stats.unversioned_calls == 1
     with TrajectoryWriter(tmp_path / "t.jsonl") as writer:
@@ -104,9 +119,19 @@ async def test_a_label_that_moves_during_a_call_counts_both_versions(renderer, p
 async def test_a_server_without_versions_leaves_calls_unversioned_and_check_says_so(renderer, tmp_path):
     """NeMo-RL's vLLM HTTP server has no version route (404): calls are recorded, unversioned, and
     ``polar check`` says "none recorded" rather than reporting no spread."""
+
     async def completions(request):
-        return web.json_response({"choices": [{"token_ids": [renderer.encode_text("ok")[0]],
-                                                      "finish_reason": "length", "logprobs": {"token_logprobs": [-1.0]}}]})
+        return web.json_response(
+            {
+                "choices": [
+                    {
+                        "token_ids": [renderer.encode_text("ok")[0]],
+                        "finish_reason": "length",
+                        "logprobs": {"token_logprobs": [-1.0]},
+                    }
+                ]
+            }
+        )
 
     app = web.Application()
     app.router.add_post("/v1/completions", completions)
@@ -137,12 +162,21 @@ async def test_harness_narrowing_knobs_are_neutralised_and_recorded(renderer, tm
     """Gemini CLI's real first request asks top_p 0.95 and topK 64: the backend samples at top_p 1 with no
     top-k, the call records what was asked and flags it; a trainer's forced top_p is not the harness's."""
     body = fixture("gemini.req1")["body"]
-    async with running_proxy(renderer, InstantBackend(renderer.encode_text("ok")), tmp_path,
-                             config=EngineConfig(max_context=32768, default_max_tokens=64)) as proxy:
+    async with running_proxy(
+        renderer,
+        InstantBackend(renderer.encode_text("ok")),
+        tmp_path,
+        config=EngineConfig(max_context=32768, default_max_tokens=64),
+    ) as proxy:
         sid, key = proxy.create_session("gemini")
-        async with aiohttp.ClientSession() as http, http.post(
-                f"{proxy.base_url}/s/{sid}/v1beta/models/polar:generateContent", json=body,
-                headers={"x-goog-api-key": key}) as resp:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(
+                f"{proxy.base_url}/s/{sid}/v1beta/models/polar:generateContent",
+                json=body,
+                headers={"x-goog-api-key": key},
+            ) as resp,
+        ):
             assert resp.status == 200, await resp.text()
         forced, forced_key = proxy.create_session("forced", sampling={"top_p": 0.9})
         await _call(proxy, forced, forced_key, {**CHAT, "top_p": 0.5, "top_k": 20})
@@ -152,7 +186,9 @@ async def test_harness_narrowing_knobs_are_neutralised_and_recorded(renderer, tm
     assert call.requested_sampling["top_p"] == 0.95 and call.requested_sampling["top_k"] == 64
     assert call.sampling.top_p == 1.0 and "neutralised:top_p,top_k" in call.flags
     assert traj.calls[0].requested_sampling["top_k"] == 64 and traj.calls[0].sampling["top_p"] == 1.0
-    assert trainer.sampling.top_p == 0.9 and "neutralised:top_k" in trainer.flags  # the trainer's choice stands
+    assert (
+        trainer.sampling.top_p == 0.9 and "neutralised:top_k" in trainer.flags
+    )  # the trainer's choice stands
 
 
 async def test_a_turn_without_aligned_logprobs_is_context_and_counted(renderer, tmp_path):
@@ -180,9 +216,12 @@ async def test_a_turn_without_aligned_logprobs_is_context_and_counted(renderer, 
     (chain,) = traj.chains
     unscored = [s for s in chain.spans if s.kind == "unscored"]
     assert [s.call_index for s in unscored] == [1] and traj.stats.context_only_turns == 1
-    assert not any(chain.loss_mask[unscored[0].start:unscored[0].end])
+    assert not any(chain.loss_mask[unscored[0].start : unscored[0].end])
     assert traj.stats.trainable_tokens == len(ids)  # the first turn still trains
     with TrajectoryWriter(tmp_path / "t.jsonl") as writer:
         writer.write(traj)
-    assert any("1 turn(s) in 1 episode(s) had no aligned logprobs" in n for n in check_path(tmp_path / "t.jsonl").notes)
+    assert any(
+        "1 turn(s) in 1 episode(s) had no aligned logprobs" in n
+        for n in check_path(tmp_path / "t.jsonl").notes
+    )
     assert to_nemo_gym_result(traj).row()["context_only_turns"] == 1

@@ -35,7 +35,8 @@ def test_a_stale_template_in_the_cache_is_refreshed(embedded_dir, tmp_path):
     (target / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": "old"}))
     assert embedded_model_dir(tmp_path) == target
     assert json.loads((target / "tokenizer_config.json").read_text())["chat_template"] == bundled_template(
-        "chatml_hermes_tools")
+        "chatml_hermes_tools"
+    )
     assert (target / "chat_template.jinja").read_text() == bundled_template("chatml_hermes_tools")
 
 
@@ -50,8 +51,12 @@ def test_a_cache_converted_with_the_trained_window_gets_the_rope_scaled_one(embe
     assert embedded_model_dir(tmp_path) == target
     config = json.loads((target / "config.json").read_text())
     assert config["max_position_embeddings"] == EMBEDDED_CONTEXT == 32768
-    assert config["rope_parameters"] == {"rope_theta": 100000.0, "rope_type": "yarn", "factor": 4.0,
-                                         "original_max_position_embeddings": 8192}
+    assert config["rope_parameters"] == {
+        "rope_theta": 100000.0,
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
     assert json.loads((target / "tokenizer_config.json").read_text())["model_max_length"] == 32768
 
 

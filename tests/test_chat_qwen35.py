@@ -23,10 +23,16 @@ from polar_env.chat.normalise import conversation_messages
 from polar_env.chat.template import ChatRenderer, bundled_template
 from polar_env.proxy.codecs import openai_responses
 
-SHELL = ToolSpec(name="shell", description="Run a shell command",
-                 parameters={"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]})
-READ = ToolSpec(name="read", description="Read a file",
-                parameters={"type": "object", "properties": {"path": {"type": "string"}}})
+SHELL = ToolSpec(
+    name="shell",
+    description="Run a shell command",
+    parameters={"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]},
+)
+READ = ToolSpec(
+    name="read",
+    description="Read a file",
+    parameters={"type": "object", "properties": {"path": {"type": "string"}}},
+)
 
 
 def official_template() -> str | None:
@@ -64,30 +70,90 @@ CASES: dict[str, tuple[list[Message], list[ToolSpec]]] = {
     "system-with-tools": ([SYSTEM, USER], [SHELL, READ]),
     "tools-without-system": ([USER], [SHELL]),
     "system-without-tools": ([SYSTEM, USER], []),
-    "trimmed-content-and-reasoning": ([SYSTEM, USER, Message(
-        role="assistant", content="\n Looking. \n", reasoning="\n\n I should run ls.\n\n",
-        tool_calls=[call("shell", {"cmd": "ls"})]),
-        Message(role="tool", content="a.py\nb.py\n", tool_call_id="c1")], [SHELL]),
-    "non-string-arguments": ([USER, Message(role="assistant", tool_calls=[call("shell", {
-        "cmd": "ls", "recursive": True, "hidden": False, "limit": None, "depth": 2, "ratio": 0.5,
-        "paths": ["a", "b"], "env": {"A": True}, "empty": ""})])], [SHELL]),
-    "whitespace-only-content-before-call": ([USER, Message(role="assistant", content=" \n\n ",
-                                                           tool_calls=[call("shell", {"cmd": "ls"})])], [SHELL]),
-    "think-in-content-without-reasoning": ([USER, Message(
-        role="assistant", content="<think>\nplan it\n</think>\n\nDone it.")], []),
-    "empty-reasoning-field-keeps-content": ([USER, Message(
-        role="assistant", content="<think>x</think>kept", reasoning="")], []),
-    "parallel-calls-and-merged-responses": ([SYSTEM, USER, Message(
-        role="assistant", content="Two at once.", reasoning="both",
-        tool_calls=[call("shell", {"cmd": "ls"}), call("read", {"path": "a.py"}, "c2")]),
-        Message(role="tool", content="a.py\n", tool_call_id="c1"),
-        Message(role="tool", content="print(1)\n", tool_call_id="c2")], [SHELL, READ]),
-    "second-user-turn-drops-earlier-think": ([USER, Message(role="assistant", content="a1", reasoning="r1"),
-                                              Message(role="user", content="Again."),
-                                              Message(role="assistant", content="a2", reasoning="r2")], []),
-    "tool-response-only-user-is-no-query": ([USER, Message(role="assistant", content="a1", reasoning="r1"),
-                                             Message(role="user", content="<tool_response>\nx\n</tool_response>"),
-                                             Message(role="assistant", content="a2")], []),
+    "trimmed-content-and-reasoning": (
+        [
+            SYSTEM,
+            USER,
+            Message(
+                role="assistant",
+                content="\n Looking. \n",
+                reasoning="\n\n I should run ls.\n\n",
+                tool_calls=[call("shell", {"cmd": "ls"})],
+            ),
+            Message(role="tool", content="a.py\nb.py\n", tool_call_id="c1"),
+        ],
+        [SHELL],
+    ),
+    "non-string-arguments": (
+        [
+            USER,
+            Message(
+                role="assistant",
+                tool_calls=[
+                    call(
+                        "shell",
+                        {
+                            "cmd": "ls",
+                            "recursive": True,
+                            "hidden": False,
+                            "limit": None,
+                            "depth": 2,
+                            "ratio": 0.5,
+                            "paths": ["a", "b"],
+                            "env": {"A": True},
+                            "empty": "",
+                        },
+                    )
+                ],
+            ),
+        ],
+        [SHELL],
+    ),
+    "whitespace-only-content-before-call": (
+        [USER, Message(role="assistant", content=" \n\n ", tool_calls=[call("shell", {"cmd": "ls"})])],
+        [SHELL],
+    ),
+    "think-in-content-without-reasoning": (
+        [USER, Message(role="assistant", content="<think>\nplan it\n</think>\n\nDone it.")],
+        [],
+    ),
+    "empty-reasoning-field-keeps-content": (
+        [USER, Message(role="assistant", content="<think>x</think>kept", reasoning="")],
+        [],
+    ),
+    "parallel-calls-and-merged-responses": (
+        [
+            SYSTEM,
+            USER,
+            Message(
+                role="assistant",
+                content="Two at once.",
+                reasoning="both",
+                tool_calls=[call("shell", {"cmd": "ls"}), call("read", {"path": "a.py"}, "c2")],
+            ),
+            Message(role="tool", content="a.py\n", tool_call_id="c1"),
+            Message(role="tool", content="print(1)\n", tool_call_id="c2"),
+        ],
+        [SHELL, READ],
+    ),
+    "second-user-turn-drops-earlier-think": (
+        [
+            USER,
+            Message(role="assistant", content="a1", reasoning="r1"),
+            Message(role="user", content="Again."),
+            Message(role="assistant", content="a2", reasoning="r2"),
+        ],
+        [],
+    ),
+    "tool-response-only-user-is-no-query": (
+        [
+            USER,
+            Message(role="assistant", content="a1", reasoning="r1"),
+            Message(role="user", content="<tool_response>\nx\n</tool_response>"),
+            Message(role="assistant", content="a2"),
+        ],
+        [],
+    ),
 }
 
 
@@ -98,21 +164,34 @@ def test_bundled_template_renders_as_the_official_one(ours, official, case, enab
     messages, tools = CASES[case]
     for gen in (True, False):
         mine = ours.render_text(messages, tools, add_generation_prompt=gen, enable_thinking=enable_thinking)
-        theirs = official.render_text(messages, tools, add_generation_prompt=gen, enable_thinking=enable_thinking)
+        theirs = official.render_text(
+            messages, tools, add_generation_prompt=gen, enable_thinking=enable_thinking
+        )
         assert mine == theirs
 
 
 @needs_official
-@pytest.mark.parametrize("appended", [
-    [Message(role="tool", content="out\n", tool_call_id="c1")],
-    [Message(role="tool", content="1", tool_call_id="c1"), Message(role="tool", content=" 2 ", tool_call_id="c2")],
-    [Message(role="tool", content="done", tool_call_id="c1"), Message(role="system", content="Mode changed."),
-     Message(role="user", content="Now test it.")],
-], ids=["one", "merged", "late-system-then-user"])
+@pytest.mark.parametrize(
+    "appended",
+    [
+        [Message(role="tool", content="out\n", tool_call_id="c1")],
+        [
+            Message(role="tool", content="1", tool_call_id="c1"),
+            Message(role="tool", content=" 2 ", tool_call_id="c2"),
+        ],
+        [
+            Message(role="tool", content="done", tool_call_id="c1"),
+            Message(role="system", content="Mode changed."),
+            Message(role="user", content="Now test it."),
+        ],
+    ],
+    ids=["one", "merged", "late-system-then-user"],
+)
 def test_continuations_match_the_official_template(ours, official, appended):
     for flag in (None, False):
-        assert (ours.render_continuation(appended, previous_ended_with_eos=True, enable_thinking=flag)
-                == official.render_continuation(appended, previous_ended_with_eos=True, enable_thinking=flag))
+        assert ours.render_continuation(
+            appended, previous_ended_with_eos=True, enable_thinking=flag
+        ) == official.render_continuation(appended, previous_ended_with_eos=True, enable_thinking=flag)
 
 
 # ---- golden strings: the same cases, held without TRL ------------------------------------------
@@ -127,7 +206,8 @@ TOOLS_TAIL = (
     "nested within <tool_call></tool_call> XML tags\n- Required parameters MUST be specified\n"
     "- You may provide optional reasoning for your function call in natural language BEFORE the function "
     "call, but NOT after\n- If there is no function call available, answer the question like normal with "
-    "your current knowledge and do not tell the user about function calls\n</IMPORTANT>")
+    "your current knowledge and do not tell the user about function calls\n</IMPORTANT>"
+)
 
 
 def golden(ours: ChatRenderer, case: str, gen: bool = True, **kw) -> str:
@@ -139,25 +219,37 @@ def test_golden_system_turn_with_tools(ours):
     text = golden(ours, "system-with-tools")
     shell = json.dumps(ours._tool_dict(SHELL), ensure_ascii=False)
     read = json.dumps(ours._tool_dict(READ), ensure_ascii=False)
-    assert text == (TOOLS_HEAD + shell + "\n" + read + TOOLS_TAIL + "\n\nYou are a coding agent.<|im_end|>\n"
-                    "<|im_start|>user\nFix the bug.<|im_end|>\n<|im_start|>assistant\n<think>\n")
+    assert text == (
+        TOOLS_HEAD + shell + "\n" + read + TOOLS_TAIL + "\n\nYou are a coding agent.<|im_end|>\n"
+        "<|im_start|>user\nFix the bug.<|im_end|>\n<|im_start|>assistant\n<think>\n"
+    )
     assert golden(ours, "tools-without-system").startswith(TOOLS_HEAD + shell + TOOLS_TAIL + "<|im_end|>\n")
     assert golden(ours, "system-without-tools") == (
         "<|im_start|>system\nYou are a coding agent.<|im_end|>\n<|im_start|>user\nFix the bug.<|im_end|>\n"
-        "<|im_start|>assistant\n<think>\n")
+        "<|im_start|>assistant\n<think>\n"
+    )
 
 
 def test_golden_trimming(ours):
     assert golden(ours, "trimmed-content-and-reasoning").endswith(
         "<|im_start|>assistant\n<think>\nI should run ls.\n</think>\n\nLooking.\n\n<tool_call>\n"
         "<function=shell>\n<parameter=cmd>\nls\n</parameter>\n</function>\n</tool_call><|im_end|>\n"
-        "<|im_start|>user\n<tool_response>\na.py\nb.py\n</tool_response><|im_end|>\n<|im_start|>assistant\n<think>\n")
+        "<|im_start|>user\n<tool_response>\na.py\nb.py\n</tool_response><|im_end|>\n<|im_start|>assistant\n<think>\n"
+    )
 
 
 def test_golden_non_string_arguments_render_as_python_strings(ours):
     text = golden(ours, "non-string-arguments", gen=False)
-    for key, value in [("recursive", "True"), ("hidden", "False"), ("limit", "None"), ("depth", "2"),
-                       ("ratio", "0.5"), ("paths", '["a", "b"]'), ("env", '{"A": true}'), ("empty", "")]:
+    for key, value in [
+        ("recursive", "True"),
+        ("hidden", "False"),
+        ("limit", "None"),
+        ("depth", "2"),
+        ("ratio", "0.5"),
+        ("paths", '["a", "b"]'),
+        ("env", '{"A": true}'),
+        ("empty", ""),
+    ]:
         assert f"<parameter={key}>\n{value}\n</parameter>\n" in text
 
 
@@ -165,10 +257,12 @@ def test_golden_whitespace_only_content_and_think_in_content(ours):
     text = golden(ours, "whitespace-only-content-before-call", gen=False)
     assert "<|im_start|>assistant\n<think>\n\n</think>\n\n<tool_call>\n<function=shell>\n" in text
     assert golden(ours, "think-in-content-without-reasoning", gen=False).endswith(
-        "<|im_start|>assistant\n<think>\nplan it\n</think>\n\nDone it.<|im_end|>\n")
+        "<|im_start|>assistant\n<think>\nplan it\n</think>\n\nDone it.<|im_end|>\n"
+    )
     # a reasoning field (even empty) wins: the content is left as it is
     assert golden(ours, "empty-reasoning-field-keeps-content", gen=False).endswith(
-        "<|im_start|>assistant\n<think>\n\n</think>\n\n<think>x</think>kept<|im_end|>\n")
+        "<|im_start|>assistant\n<think>\n\n</think>\n\n<think>x</think>kept<|im_end|>\n"
+    )
 
 
 def test_golden_parallel_calls_merged_responses_and_assistant_header(ours):
@@ -177,21 +271,27 @@ def test_golden_parallel_calls_merged_responses_and_assistant_header(ours):
         "<parameter=cmd>\nls\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=read>\n"
         "<parameter=path>\na.py\n</parameter>\n</function>\n</tool_call><|im_end|>\n"
         "<|im_start|>user\n<tool_response>\na.py\n</tool_response>\n<tool_response>\nprint(1)\n</tool_response>"
-        "<|im_end|>\n<|im_start|>assistant\n<think>\n")
+        "<|im_end|>\n<|im_start|>assistant\n<think>\n"
+    )
 
 
 def test_golden_history_thinking_and_enable_thinking(ours):
     assert golden(ours, "second-user-turn-drops-earlier-think", gen=False) == (
         "<|im_start|>user\nFix the bug.<|im_end|>\n<|im_start|>assistant\na1<|im_end|>\n"
-        "<|im_start|>user\nAgain.<|im_end|>\n<|im_start|>assistant\n<think>\nr2\n</think>\n\na2<|im_end|>\n")
+        "<|im_start|>user\nAgain.<|im_end|>\n<|im_start|>assistant\n<think>\nr2\n</think>\n\na2<|im_end|>\n"
+    )
     assert "<think>\nr1\n</think>" in golden(ours, "tool-response-only-user-is-no-query", gen=False)
     assert golden(ours, "system-without-tools", enable_thinking=False).endswith(
-        "<|im_start|>assistant\n<think>\n\n</think>\n\n")
+        "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    )
     assert ours.opens_think() and not ours.opens_think(False)
     # the run's setting is the default of every call
-    off = ChatRenderer(ours.tokenizer, chat_template=ours.chat_template, tool_format="qwen3_coder",
-                       enable_thinking=False)
-    assert off.render_text(*CASES["system-without-tools"], add_generation_prompt=True).endswith("</think>\n\n")
+    off = ChatRenderer(
+        ours.tokenizer, chat_template=ours.chat_template, tool_format="qwen3_coder", enable_thinking=False
+    )
+    assert off.render_text(*CASES["system-without-tools"], add_generation_prompt=True).endswith(
+        "</think>\n\n"
+    )
     assert off.parse_output(off.encode_text("Hello.")).content == "Hello."
 
 
@@ -210,10 +310,15 @@ raise_exception("No user query found in messages.") }}{%- endif -%}
 
 def codex_with_late_developer() -> dict:
     body = copy.deepcopy(fixture("codex.req2")["body"])
-    note = {"type": "message", "role": "developer",
-            "content": [{"type": "input_text", "text": "<permissions instructions>\nApprovals: never\n"}]}
+    note = {
+        "type": "message",
+        "role": "developer",
+        "content": [{"type": "input_text", "text": "<permissions instructions>\nApprovals: never\n"}],
+    }
     body["input"].append(note)
-    body["input"].append({"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Go on."}]})
+    body["input"].append(
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Go on."}]}
+    )
     return body
 
 
@@ -242,17 +347,26 @@ def test_a_conversation_without_a_user_query_gets_an_empty_one(ours):
     only_system = [Message(role="system", content="Summarise the session.")]
     assert renderer.render_text(only_system, [], add_generation_prompt=True) == (
         "<|im_start|>system\nSummarise the session.<|im_end|>\n<|im_start|>user\n<|im_end|>\n"
-        "<|im_start|>assistant\n")
-    history = [Message(role="system", content="s"), Message(role="assistant", content="a"),
-               Message(role="user", content="u")]
+        "<|im_start|>assistant\n"
+    )
+    history = [
+        Message(role="system", content="s"),
+        Message(role="assistant", content="a"),
+        Message(role="user", content="u"),
+    ]
     assert [m.role for m in conversation_messages(history)] == ["system", "user", "assistant", "user"]
 
 
 def test_normalising_appended_messages_agrees_with_the_whole(ours):
     """The proxy normalises only what a call appends: that must be what a whole render gets."""
-    whole = [Message(role="system", content="a"), Message(role="system", content="b"), USER,
-             Message(role="assistant", content="x"), Message(role="system", content="late"),
-             Message(role="user", content="more")]
+    whole = [
+        Message(role="system", content="a"),
+        Message(role="system", content="b"),
+        USER,
+        Message(role="assistant", content="x"),
+        Message(role="system", content="late"),
+        Message(role="user", content="more"),
+    ]
     normal = conversation_messages(whole)
     assert [m.role for m in normal] == ["system", "user", "assistant", "user", "user"]
     assert normal[0].content == "a\n\nb" and normal[3].content == "late"
@@ -284,7 +398,10 @@ def test_enable_thinking_comes_from_chat_template_kwargs():
 
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     assert openai_chat.decode(body).enable_thinking is None
-    assert openai_chat.decode({**body, "chat_template_kwargs": {"enable_thinking": False}}).enable_thinking is False
+    assert (
+        openai_chat.decode({**body, "chat_template_kwargs": {"enable_thinking": False}}).enable_thinking
+        is False
+    )
     with pytest.raises(WireError, match="enable_thinking"):
         openai_chat.decode({**body, "chat_template_kwargs": {"enable_thinking": "no"}})
 

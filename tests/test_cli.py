@@ -9,8 +9,9 @@ from polar_env.cli import COMMANDS
 
 
 def polar(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "polar_env.cli", *argv], capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "polar_env.cli", *argv], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_help_lists_every_command_and_a_bad_one_exits_2():
@@ -36,17 +37,28 @@ def test_nested_and_shared_flags_reach_their_commands():
 
 def test_only_the_chosen_command_is_imported():
     modules = sorted({c.module for top in COMMANDS for c in (top, *top.children) if c.module})
-    code = ("import sys; from polar_env.cli import build_parser; "
-            "build_parser(['check']).parse_args(['check', 'x']); "
-            f"print([m for m in {modules!r} if m in sys.modules])")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    code = (
+        "import sys; from polar_env.cli import build_parser; "
+        "build_parser(['check']).parse_args(['check', 'x']); "
+        f"print([m for m in {modules!r} if m in sys.modules])"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
     assert out.stdout.strip() == "['polar_env.cli.check']"
 
 
 def test_train_with_unknown_task_ids_says_so_in_one_line(tmp_path):
     """Comma-separated ids (the form `--task-ids` does not take) name no bundled task."""
-    run = polar("train", "--task-ids", "pallets__flask-5014,psf__requests-5414", "--samples", "2",
-                "--out", str(tmp_path / "train"))
+    run = polar(
+        "train",
+        "--task-ids",
+        "pallets__flask-5014,psf__requests-5414",
+        "--samples",
+        "2",
+        "--out",
+        str(tmp_path / "train"),
+    )
     assert run.returncode == 2, run.stderr
     lines = run.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("polar train: ") and "Traceback" not in run.stderr

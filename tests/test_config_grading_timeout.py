@@ -33,10 +33,14 @@ def env_timeout(monkeypatch: pytest.MonkeyPatch) -> float:
 def test_the_default_is_declared_once():
     """A number next to 'timeout' or 'grading' equal to the default appears in one source line only."""
     number = re.compile(rf"(?<![\w.]){int(DEFAULT)}(\.0)?(?![\w.])")
-    hits = [f"{path.relative_to(REPO)}:{i}" for root in ("polar_env", "nemo_gym_env", "configs")
-            for path in sorted((REPO / root).rglob("*")) if path.suffix in (".py", ".yaml", ".toml")
-            for i, line in enumerate(path.read_text().splitlines(), 1)
-            if number.search(line) and re.search("timeout|grading", line, re.IGNORECASE)]
+    hits = [
+        f"{path.relative_to(REPO)}:{i}"
+        for root in ("polar_env", "nemo_gym_env", "configs")
+        for path in sorted((REPO / root).rglob("*"))
+        if path.suffix in (".py", ".yaml", ".toml")
+        for i, line in enumerate(path.read_text().splitlines(), 1)
+        if number.search(line) and re.search("timeout|grading", line, re.IGNORECASE)
+    ]
     assert hits == [f"polar_env/rewards/sandbox_exec.py:{_declaration_line()}"]
 
 

@@ -47,8 +47,10 @@ from polar_env.tasks.images import base_image, ensure_task_image, task_image_nam
 from polar_env.tasks.loader import TERMINAL_DIR, load_bundled
 from polar_env.tasks.runtime import history_base
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not engine_available("podman"), reason="needs podman (scripts/setup_podman.sh)")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not engine_available("podman"), reason="needs podman (scripts/setup_podman.sh)"),
+]
 ENGINE = "podman"
 TASK_IDS = ("psf__requests-5414", "pallets__flask-5014")
 REPO = Path(__file__).resolve().parents[1]
@@ -62,8 +64,10 @@ def _containers() -> set[str]:
 def imaged():
     """The two bundled tasks as image rows (no base archive: they can only run in their image)."""
     tasks = {t.instance_id: t for t in load_bundled() if t.instance_id in TASK_IDS}
-    return {iid: t.model_copy(update={"image": ensure_task_image(t, ENGINE), "base_archive": None})
-            for iid, t in tasks.items()}
+    return {
+        iid: t.model_copy(update={"image": ensure_task_image(t, ENGINE), "base_archive": None})
+        for iid, t in tasks.items()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -77,9 +81,16 @@ def task_file(imaged, tmp_path_factory) -> Path:
 async def scripted_proxy(request, local_backend, renderer, imaged, tmp_path: Path):
     """A proxy whose turns the scripted policy ``request.param`` writes (gold: replays the fix; noop: one
     ``ls`` and a final answer), scored by the real model."""
-    backend = ScriptedBackend(local_backend, make_policy(request.param, list(imaged.values())), context_window=256)
-    proxy = ProxyServer.create(renderer=renderer, backend=backend, data_dir=tmp_path / "ledger",
-                               admin_secret=secrets.token_urlsafe(16), config=EngineConfig(max_context=32768))
+    backend = ScriptedBackend(
+        local_backend, make_policy(request.param, list(imaged.values())), context_window=256
+    )
+    proxy = ProxyServer.create(
+        renderer=renderer,
+        backend=backend,
+        data_dir=tmp_path / "ledger",
+        admin_secret=secrets.token_urlsafe(16),
+        config=EngineConfig(max_context=32768),
+    )
     sock = Path(f"/tmp/polar-t-{uuid.uuid4().hex[:8]}")
     sock.mkdir(mode=0o755)
     await proxy.start(unix_socket=sock / "proxy.sock", port=None)
@@ -95,27 +106,52 @@ def test_images_are_cached_by_content(imaged):
     bundled = next(t for t in load_bundled() if t.instance_id == task.instance_id)
     started = time.monotonic()
     assert ensure_task_image(bundled, ENGINE) == task.image and time.monotonic() - started < 30  # reused
-    changed = bundled.model_copy(update={"environment": bundled.environment.model_copy(
-        update={"requirements": [*bundled.environment.requirements, "six==1.16.0"]})})
+    changed = bundled.model_copy(
+        update={
+            "environment": bundled.environment.model_copy(
+                update={"requirements": [*bundled.environment.requirements, "six==1.16.0"]}
+            )
+        }
+    )
     assert task_image_name(changed, base_image()) != task.image  # another input, another key
-    layout = subprocess.run([ENGINE, "run", "--rm", "--network", "none", task.image, "sh", "-c",
-                             "git -C /testbed rev-parse HEAD && python -c 'import pytest, sys; print(sys.prefix)'"],
-                            capture_output=True, text=True, timeout=120)
+    layout = subprocess.run(
+        [
+            ENGINE,
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            task.image,
+            "sh",
+            "-c",
+            "git -C /testbed rev-parse HEAD && python -c 'import pytest, sys; print(sys.prefix)'",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert layout.returncode == 0, layout.stderr
     commit, prefix = layout.stdout.split()
     assert commit == task.base_commit  # the same one-commit tree as the bubblewrap workspace
     assert prefix == "/opt/venv"  # the test environment is the image's
 
 
-@pytest.mark.parametrize("harness, scripted_proxy", [("codex", "gold"), ("claude-code", "gold"), ("pi", "noop")],
-                         indirect=["scripted_proxy"])
+@pytest.mark.parametrize(
+    "harness, scripted_proxy",
+    [("codex", "gold"), ("claude-code", "gold"), ("pi", "noop")],
+    indirect=["scripted_proxy"],
+)
 async def test_episode_in_the_container_graded_in_the_image(harness, scripted_proxy, imaged, tmp_path: Path):
     """Gold turns resolve the task (reward 1.0, graded in the image); noop turns leave an empty patch (0).
     Pi's gold episode runs through `polar rollout` below."""
     task = imaged["psf__requests-5414"]
     before = _containers()
-    result = await run_episode(scripted_proxy, task, episode_id=f"ep-{harness}", config=EpisodeConfig(
-        harness=harness, sandbox=ENGINE, timeout_s=300, scratch_root=tmp_path))
+    result = await run_episode(
+        scripted_proxy,
+        task,
+        episode_id=f"ep-{harness}",
+        config=EpisodeConfig(harness=harness, sandbox=ENGINE, timeout_s=300, scratch_root=tmp_path),
+    )
     traj = result.trajectory
     assert traj.status == "completed", (traj.error, result.harness and result.harness.stderr_tail[-2000:])
     assert traj.metadata["workspace"] == ENGINE and traj.metadata["image"] == task.image
@@ -143,18 +179,23 @@ async def test_empty_patch_earns_nothing_in_the_image(imaged):
     assert unresolved.fail_to_pass and set(unresolved.fail_to_pass.values()) != {"PASSED"}
 
 
-PASS_EVERYTHING = ("import pytest\n\n\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n"
-                   "    report = (yield).get_result()\n    report.outcome = 'passed'\n")
+PASS_EVERYTHING = (
+    "import pytest\n\n\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n"
+    "    report = (yield).get_result()\n    report.outcome = 'passed'\n"
+)
 
 
 def _new_file_patch(path: str, text: str) -> str:
     lines = text.splitlines(keepends=True)
-    return (f"diff --git a/{path} b/{path}\nnew file mode 100644\n--- /dev/null\n+++ b/{path}\n"
-            f"@@ -0,0 +1,{len(lines)} @@\n" + "".join(f"+{line}" for line in lines))
+    return (
+        f"diff --git a/{path} b/{path}\nnew file mode 100644\n--- /dev/null\n+++ b/{path}\n"
+        f"@@ -0,0 +1,{len(lines)} @@\n" + "".join(f"+{line}" for line in lines)
+    )
 
 
-async def test_apptainer_episodes_run_as_the_agent_and_are_diffed_in_the_image(imaged, apptainer_log: Path,
-                                                                              tmp_path: Path):
+async def test_apptainer_episodes_run_as_the_agent_and_are_diffed_in_the_image(
+    imaged, apptainer_log: Path, tmp_path: Path
+):
     """Run by root, an apptainer episode's commands run as uid 1000 (never root) on a tree that uid owns,
     and its patch is made by git inside the image as that uid, the tree bound read-only (never host git
     on the agent's tree)."""
@@ -168,12 +209,17 @@ async def test_apptainer_episodes_run_as_the_agent_and_are_diffed_in_the_image(i
     finally:
         await ws.close()
     diff_call = apptainer_log.read_text().splitlines()[-1]
-    assert "--security uid:1000,gid:1000" in diff_call and ":/testbed:ro" in diff_call and "write-tree" in diff_call
+    assert (
+        "--security uid:1000,gid:1000" in diff_call
+        and ":/testbed:ro" in diff_call
+        and "write-tree" in diff_call
+    )
     assert not list((tmp_path / "ws").iterdir())
 
 
-async def test_apptainer_tasks_are_graded_strictly_in_their_image(imaged, apptainer_log: Path, tmp_path: Path,
-                                                                  monkeypatch):
+async def test_apptainer_tasks_are_graded_strictly_in_their_image(
+    imaged, apptainer_log: Path, tmp_path: Path, monkeypatch
+):
     """A task with no base archive, on apptainer, is graded in its image the strict way a container grades
     it (`ApptainerBox`: the tree and the grader's files bound in, locked before the tests run): the gold
     patch 1.0 in strict mode with no flag, the test patch alone and a conftest hook that passes every test
@@ -188,8 +234,9 @@ async def test_apptainer_tasks_are_graded_strictly_in_their_image(imaged, apptai
     assert gold.modes["swebench"].reward == 1.0 and not [f for f in gold.flags if is_tamper(f)], gold.flags
     tests_only = await asyncio.to_thread(grade_task, task, task.test_patch, kind="apptainer")
     assert tests_only.reward == 0.0 and not tests_only.is_infrastructure_failure, tests_only.error
-    forged = await asyncio.to_thread(grade_task, task, _new_file_patch("conftest.py", PASS_EVERYTHING),
-                                     kind="apptainer")
+    forged = await asyncio.to_thread(
+        grade_task, task, _new_file_patch("conftest.py", PASS_EVERYTHING), kind="apptainer"
+    )
     assert forged.reward == 0.0 and not forged.is_infrastructure_failure, forged.error
     assert "conftest.py" in forged.reset_paths  # the strict reset took the hook out before the tests ran
     calls = log.read_text().splitlines()
@@ -200,25 +247,46 @@ async def test_apptainer_tasks_are_graded_strictly_in_their_image(imaged, apptai
 
 def _polar(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "polar_env.cli", *args], capture_output=True, text=True,
-                          env=env, timeout=900)
+    return subprocess.run(
+        [sys.executable, "-m", "polar_env.cli", *args], capture_output=True, text=True, env=env, timeout=900
+    )
 
 
 def test_polar_rollout_and_eval_on_image_rows(task_file: Path, imaged, tmp_path: Path):
     """The user's commands: rows naming images, the Pi harness in podman, then `polar eval` in the image."""
     iid = "psf__requests-5414"
-    proc = _polar("rollout", "--tasks", str(task_file), "--task-ids", iid, "--sandbox", ENGINE, "--policy", "gold",
-                  "--out", str(tmp_path / "out"), "--timeout", "300", "--score-window", "256")
+    proc = _polar(
+        "rollout",
+        "--tasks",
+        str(task_file),
+        "--task-ids",
+        iid,
+        "--sandbox",
+        ENGINE,
+        "--policy",
+        "gold",
+        "--out",
+        str(tmp_path / "out"),
+        "--timeout",
+        "300",
+        "--score-window",
+        "256",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["episodes"] == 1 and summary["resolved"] == 1, proc.stdout[-2000:]
-    (traj,) = [json.loads(line) for line in (tmp_path / "out" / "trajectories.jsonl").read_text().splitlines()]
+    (traj,) = [
+        json.loads(line) for line in (tmp_path / "out" / "trajectories.jsonl").read_text().splitlines()
+    ]
     assert traj["metadata"]["workspace"] == ENGINE and traj["reward"] == 1.0
 
     preds = tmp_path / "preds.jsonl"
-    preds.write_text(json.dumps({"instance_id": iid, "model_patch": imaged[iid].patch, "model_name_or_path": "g"})
-                     + "\n")
-    proc = _polar("eval", "--tasks", str(task_file), "--predictions", str(preds), "--out", str(tmp_path / "r.json"))
+    preds.write_text(
+        json.dumps({"instance_id": iid, "model_patch": imaged[iid].patch, "model_name_or_path": "g"}) + "\n"
+    )
+    proc = _polar(
+        "eval", "--tasks", str(task_file), "--predictions", str(preds), "--out", str(tmp_path / "r.json")
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["resolved_ids"] == [iid] and report["error_instances"] == 0
@@ -230,7 +298,11 @@ async def box(request, imaged, tmp_path: Path):
     agent: root, in a user namespace of the container's own): every hardening test holds in both."""
     (tmp_path / "sock").mkdir(mode=0o755)
     spec = SandboxSpec(proxy_socket_dir=tmp_path / "sock", memory_bytes=512 << 20, pids_max=128)
-    task = imaged["pallets__flask-5014"] if request.param == "uid-1000" else load_task_dir(TERMINAL_DIR / "fix-median-bug")
+    task = (
+        imaged["pallets__flask-5014"]
+        if request.param == "uid-1000"
+        else load_task_dir(TERMINAL_DIR / "fix-median-bug")
+    )
     ws = await open_workspace(task, spec, sandbox=ENGINE)
     assert ws.sandbox.spec.uid == (0 if request.param == "root" else 1000)
     yield ws.sandbox
@@ -250,8 +322,12 @@ async def test_only_the_proxy_is_reachable_from_the_container(box, tmp_path: Pat
         assert uid == "1000" and caps.split()[1] == "0000000000000000"  # unprivileged, no capabilities
     else:  # root in its own user namespace: no capability reaches the network or a mount
         assert uid == "0" and not int(caps.split()[1], 16) & NET_CAPS, caps
-        host_uid = subprocess.run(["ps", "-o", "uid=", "-p", str(box.init_pid())], capture_output=True, text=True)
-        assert int(host_uid.stdout) == box.userns_base >= 1 << 20  # the container's root is no host uid of note
+        host_uid = subprocess.run(
+            ["ps", "-o", "uid=", "-p", str(box.init_pid())], capture_output=True, text=True
+        )
+        assert (
+            int(host_uid.stdout) == box.userns_base >= 1 << 20
+        )  # the container's root is no host uid of note
 
 
 async def test_the_forwarder_seals_the_harness_from_its_tools(box):
@@ -266,8 +342,12 @@ async def test_the_forwarder_seals_the_harness_from_its_tools(box):
     assert seen["dumpable"] == 0 and seen["direct_child"] == "Permission denied", seen
     # a root tool may list the harness's fd numbers (that /proc directory is root's, as the tool is), but
     # opens neither its memory nor its environment (the origin key's place): both need CAP_SYS_PTRACE
-    assert (tool["mem"], tool["environ"], tool["gid"]) == ("denied", "denied", "0"), seen  # the real gid: root
-    caps = {k[6:]: k[:6] for k in tool if k.startswith("Cap")}  # "CapEff<hex>" (the probe's sed keeps them so)
+    assert (tool["mem"], tool["environ"], tool["gid"]) == ("denied", "denied", "0"), (
+        seen
+    )  # the real gid: root
+    caps = {
+        k[6:]: k[:6] for k in tool if k.startswith("Cap")
+    }  # "CapEff<hex>" (the probe's sed keeps them so)
     assert caps and all(not int(h or "0", 16) & (1 << 19) for h in caps), seen  # no CAP_SYS_PTRACE
 
 
@@ -280,10 +360,12 @@ async def test_the_forwarder_imports_nothing_the_agent_wrote(box):
 
 async def test_the_deadline_leaves_nothing_running(box):
     marker = f"stay{uuid.uuid4().hex[:8]}"
-    script = (f"import os, subprocess, time\nfor _ in range(3):\n    if os.fork() == 0:\n        os.setsid()\n"
-              f"        os.execvp('sleep', ['sleep', '3600', '{marker}'])\n"
-              f"subprocess.Popen(['nohup', 'sleep', '3601', '{marker}'], start_new_session=True)\n"
-              f"print('spawned', flush=True)\ntime.sleep(3600)\n")
+    script = (
+        f"import os, subprocess, time\nfor _ in range(3):\n    if os.fork() == 0:\n        os.setsid()\n"
+        f"        os.execvp('sleep', ['sleep', '3600', '{marker}'])\n"
+        f"subprocess.Popen(['nohup', 'sleep', '3601', '{marker}'], start_new_session=True)\n"
+        f"print('spawned', flush=True)\ntime.sleep(3600)\n"
+    )
     res = await box.run(["/usr/bin/python3", "-c", script], timeout_s=3)
     assert res.timed_out and "spawned" in res.stdout_tail
     for _ in range(50):
@@ -314,7 +396,9 @@ async def test_gym_resources_server_seeds_a_container_the_agent_attaches_to(imag
     (tmp_path / "sock").mkdir(mode=0o755)
     before = _containers()
     core = PolarResources(PolarResourcesConfig(sandbox=ENGINE), tasks=[task])
-    seeded = await core.seed("ep", task.instance_id, mounts=WorkspaceMounts(proxy_socket_dir=str(tmp_path / "sock")))
+    seeded = await core.seed(
+        "ep", task.instance_id, mounts=WorkspaceMounts(proxy_socket_dir=str(tmp_path / "sock"))
+    )
     assert seeded.workspace.kind == ENGINE and seeded.workspace.container in _containers()
     agent_side = attach_sandbox(seeded, SandboxSpec(proxy_socket_dir=tmp_path / "sock"))
     edit = await agent_side.run(["patch", "-p1"], stdin=task.patch.encode(), timeout_s=60)
@@ -343,7 +427,9 @@ async def test_container_workspaces_start_from_a_warm_image_committed_once(image
     monkeypatch.setattr(container, "engine_run", recorded)
     monkeypatch.setattr(warm_images, "engine_run", recorded)
     task = imaged["psf__requests-5414"]
-    warm_images.warm_image(ENGINE, task.image, container_spec_of(task), history_base(task))  # the first episode's
+    warm_images.warm_image(
+        ENGINE, task.image, container_spec_of(task), history_base(task)
+    )  # the first episode's
     ran.clear()
     spaces = [await open_workspace(task, SandboxSpec(), sandbox=ENGINE) for _ in range(2)]
     try:
@@ -373,8 +459,9 @@ async def test_a_container_workspaces_tree_has_a_disk_quota(imaged):
         fill = await ws.sandbox.run(["sh", "-c", "dd if=/dev/zero of=big bs=1M count=200"], timeout_s=60)
         assert fill.exit_code != 0 and "No space left" in fill.stderr_tail, fill.stderr_tail
         assert (quota.root / "upper" / "big").stat().st_size <= 32 << 20
-        edit = await ws.sandbox.run(["sh", "-c", "rm big && echo '# mine' >> requests/models.py && stat -c %u setup.py"],
-                                    timeout_s=30)
+        edit = await ws.sandbox.run(
+            ["sh", "-c", "rm big && echo '# mine' >> requests/models.py && stat -c %u setup.py"], timeout_s=30
+        )
         assert edit.exit_code == 0 and edit.stdout_tail.strip() == "1000", edit.stderr_tail
         patch = await ws.sandbox.diff()
         assert b"+# mine" in patch and b"big" not in patch

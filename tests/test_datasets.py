@@ -20,23 +20,56 @@ from polar_env.tasks.loader import TaskLoadError, load_tasks
 ROWS = Path(__file__).parent / "fixtures" / "datasets"
 
 EXPECTED = {  # name: (instance_id, image, workdir, test command prefix, log parser)
-    "swe-gym": ("Project-MONAI__MONAI-6969", "xingyaoww/sweb.eval.x86_64.project-monai_s_monai-6969", "/testbed",
-                "pytest -rA  tests/test_utils.py", "parse_log_pytest"),
-    "swe-rebench": ("oemof__tespy-653", "swerebench/sweb.eval.x86_64.oemof_1776_tespy-653", "/testbed",
-                    "pytest --no-header -rA", "parse_log_pytest"),
-    "swe-rebench-v2": ("tokio-rs__bytes-732", "docker.io/swerebenchv2/tokio-rs-bytes:732-291df5a", "/bytes",
-                       "cargo test -- --nocapture", "parse_log_cargo"),
-    "swe-smith": ("getmoto__moto.694ce1f4.pr_7331", "jyangballin/swesmith.x86_64.getmoto_1776_moto.694ce1f4",
-                  "/testbed", "source /opt/miniconda3/bin/activate; conda activate testbed; pytest --disable-warnings",
-                  "swesmith:pytest-verbose"),
-    "r2e-gym": ("aiohttp__f0d74880deec", "namanjain12/aiohttp_final:f0d74880deec8fcd982bce639c93c5e130d41198",
-                "/testbed", "bash /root/run_tests.sh", "r2e:aiohttp"),
-    "swe-bench-pro": (None, "jefzda/sweap-images:qutebrowser.qutebrowser-qutebrowser__qutebrowser-f91ace96223cac8"
-                      "161c16dd061907e138fe85111-v059c6fdc75567943479b23ebca7c07b5e9a7f34c", "/app",
-                      "bash /workspace/run_script.sh tests/unit/utils/test_log.py,tests/unit/utils/test_qtlog.py",
-                      "swe-bench-pro:parser.py"),
-    "multi-swe-bench": ("cli__cli-513", "mswebench/cli_m_cli:pr-513", "/home/cli", "bash /home/fix-run.sh",
-                        "multi-swe-bench:cli/cli"),
+    "swe-gym": (
+        "Project-MONAI__MONAI-6969",
+        "xingyaoww/sweb.eval.x86_64.project-monai_s_monai-6969",
+        "/testbed",
+        "pytest -rA  tests/test_utils.py",
+        "parse_log_pytest",
+    ),
+    "swe-rebench": (
+        "oemof__tespy-653",
+        "swerebench/sweb.eval.x86_64.oemof_1776_tespy-653",
+        "/testbed",
+        "pytest --no-header -rA",
+        "parse_log_pytest",
+    ),
+    "swe-rebench-v2": (
+        "tokio-rs__bytes-732",
+        "docker.io/swerebenchv2/tokio-rs-bytes:732-291df5a",
+        "/bytes",
+        "cargo test -- --nocapture",
+        "parse_log_cargo",
+    ),
+    "swe-smith": (
+        "getmoto__moto.694ce1f4.pr_7331",
+        "jyangballin/swesmith.x86_64.getmoto_1776_moto.694ce1f4",
+        "/testbed",
+        "source /opt/miniconda3/bin/activate; conda activate testbed; pytest --disable-warnings",
+        "swesmith:pytest-verbose",
+    ),
+    "r2e-gym": (
+        "aiohttp__f0d74880deec",
+        "namanjain12/aiohttp_final:f0d74880deec8fcd982bce639c93c5e130d41198",
+        "/testbed",
+        "bash /root/run_tests.sh",
+        "r2e:aiohttp",
+    ),
+    "swe-bench-pro": (
+        None,
+        "jefzda/sweap-images:qutebrowser.qutebrowser-qutebrowser__qutebrowser-f91ace96223cac8"
+        "161c16dd061907e138fe85111-v059c6fdc75567943479b23ebca7c07b5e9a7f34c",
+        "/app",
+        "bash /workspace/run_script.sh tests/unit/utils/test_log.py,tests/unit/utils/test_qtlog.py",
+        "swe-bench-pro:parser.py",
+    ),
+    "multi-swe-bench": (
+        "cli__cli-513",
+        "mswebench/cli_m_cli:pr-513",
+        "/home/cli",
+        "bash /home/fix-run.sh",
+        "multi-swe-bench:cli/cli",
+    ),
 }
 
 
@@ -58,13 +91,22 @@ def test_row_maps_to_task(name: str):
 
 def test_dataset_specific_fields():
     (pro,) = load_tasks(f"swe-bench-pro:{ROWS / 'swe-bench-pro.jsonl'}")
-    assert pro.problem_statement == ("Qt warning filtering is in the wrong module\n\nRequirements:\n- Move the filter "
-                                     "to qutebrowser/utils/qtlog.py\n\nNew interfaces introduced:\n"
-                                     "def hide_qt_warning(pattern, logger='qt')")  # create_problem_statement's form
-    assert pro.test_directives == ["tests/unit/utils/test_log.py,tests/unit/utils/test_qtlog.py"]  # one argument
-    assert pro.FAIL_TO_PASS == ["tests/unit/utils/test_qtlog.py::TestHideQtWarning::test_unfiltered"]  # a literal
+    assert pro.problem_statement == (
+        "Qt warning filtering is in the wrong module\n\nRequirements:\n- Move the filter "
+        "to qutebrowser/utils/qtlog.py\n\nNew interfaces introduced:\n"
+        "def hide_qt_warning(pattern, logger='qt')"
+    )  # create_problem_statement's form
+    assert pro.test_directives == [
+        "tests/unit/utils/test_log.py,tests/unit/utils/test_qtlog.py"
+    ]  # one argument
+    assert pro.FAIL_TO_PASS == [
+        "tests/unit/utils/test_qtlog.py::TestHideQtWarning::test_unfiltered"
+    ]  # a literal
     (r2e,) = load_tasks(f"r2e-gym:{ROWS / 'r2e-gym.jsonl'}")
-    assert r2e.FAIL_TO_PASS == ["TestText.test_text_charset", "test_text_default"]  # the tests expected to pass
+    assert r2e.FAIL_TO_PASS == [
+        "TestText.test_text_charset",
+        "test_text_default",
+    ]  # the tests expected to pass
     (smith,) = load_tasks(f"swe-smith:{ROWS / 'swe-smith.jsonl'}")
     assert smith.base_commit == smith.instance_id and smith.test_patch == ""  # the instance's branch
     assert smith.test_directives == []  # the whole suite, as SWE-smith's eval runs it
@@ -109,9 +151,20 @@ def test_each_dataset_grades_by_its_procedure():
     bundled = load_tasks("bundled")[0]
     assert "activate" not in custom_eval_script(bundled) and procedure_of(bundled).activate == ""
     wrapped = procedure_of(gym).in_environment('printf "%s," "$@"')
-    run = subprocess.run(["bash", "-c", wrapped.replace("source /opt/miniconda3/bin/activate", "echo activated")
-                          .replace("conda activate testbed", "echo \"args:$#\""), "bash", "a b", "c"],
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        [
+            "bash",
+            "-c",
+            wrapped.replace("source /opt/miniconda3/bin/activate", "echo activated").replace(
+                "conda activate testbed", 'echo "args:$#"'
+            ),
+            "bash",
+            "a b",
+            "c",
+        ],
+        capture_output=True,
+        text=True,
+    )
     # the activation sees no arguments and writes to stderr; the script gets its own back, stdout its own
     assert (run.stdout, run.stderr.split()) == ("a b,c,", ["activated", "args:0"]), run
 
@@ -133,8 +186,12 @@ def test_validate_names_each_rows_dataset_and_what_is_verified(tmp_path: Path):
     f = tmp_path / "mixed.jsonl"
     names = ["swe-gym", "swe-smith", "multi-swe-bench"]
     f.write_text("".join(json.dumps(_row(n)) + "\n" for n in names))
-    proc = subprocess.run([sys.executable, "-m", "polar_env.cli", "tasks", "validate", str(f), "--sandbox", "podman"],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "polar_env.cli", "tasks", "validate", str(f), "--sandbox", "podman"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = proc.stdout.splitlines()
     gym, smith, msb = (DATASETS[n].to_task(_row(n)).instance_id for n in names)
@@ -142,25 +199,33 @@ def test_validate_names_each_rows_dataset_and_what_is_verified(tmp_path: Path):
     assert lines[1].startswith(f"{smith}: dataset swe-smith: procedure not reproduced (SWE-bench's procedure")
     assert lines[2].startswith(f"{msb}: dataset multi-swe-bench: procedure not reproduced"), lines
     if "podman is not installed" not in proc.stderr:  # where podman runs, each row is then named unchecked
-        assert (f"{gym}: NOT CHECKED: image 'xingyaoww/sweb.eval.x86_64.project-monai_s_monai-6969' is not "
-                "in podman") \
-            in proc.stdout and proc.stdout.endswith("0/3 tasks valid, 3 not checked (no image here)\n"), proc.stdout
+        assert (
+            f"{gym}: NOT CHECKED: image 'xingyaoww/sweb.eval.x86_64.project-monai_s_monai-6969' is not "
+            "in podman"
+        ) in proc.stdout and proc.stdout.endswith("0/3 tasks valid, 3 not checked (no image here)\n"), (
+            proc.stdout
+        )
 
 
-@pytest.mark.parametrize(("name", "drop", "field"), [
-    ("swe-rebench", ("install_config", "test_cmd"), "install_config.test_cmd"),
-    ("swe-rebench", ("install_config", "log_parser"), "install_config.log_parser"),
-    ("swe-rebench-v2", ("image_name",), "image_name"),
-    ("swe-rebench-v2", ("install_config", "test_cmd"), "install_config.test_cmd"),
-    ("swe-smith", ("image_name",), "image_name"),
-    ("r2e-gym", ("commit_hash",), "commit_hash"),
-    ("swe-bench-pro", ("dockerhub_tag",), "dockerhub_tag"),
-    ("multi-swe-bench", ("fix_patch",), "fix_patch"),
-    ("multi-swe-bench", ("base", "sha"), "base.sha"),
-    ("swe-bench-pro", ("selected_test_files_to_run",), "selected_test_files_to_run"),
-    ("swe-gym", ("FAIL_TO_PASS",), "FAIL_TO_PASS"),
-])
-def test_malformed_row_is_one_error_naming_the_field(name: str, drop: tuple[str, ...], field: str, tmp_path: Path):
+@pytest.mark.parametrize(
+    ("name", "drop", "field"),
+    [
+        ("swe-rebench", ("install_config", "test_cmd"), "install_config.test_cmd"),
+        ("swe-rebench", ("install_config", "log_parser"), "install_config.log_parser"),
+        ("swe-rebench-v2", ("image_name",), "image_name"),
+        ("swe-rebench-v2", ("install_config", "test_cmd"), "install_config.test_cmd"),
+        ("swe-smith", ("image_name",), "image_name"),
+        ("r2e-gym", ("commit_hash",), "commit_hash"),
+        ("swe-bench-pro", ("dockerhub_tag",), "dockerhub_tag"),
+        ("multi-swe-bench", ("fix_patch",), "fix_patch"),
+        ("multi-swe-bench", ("base", "sha"), "base.sha"),
+        ("swe-bench-pro", ("selected_test_files_to_run",), "selected_test_files_to_run"),
+        ("swe-gym", ("FAIL_TO_PASS",), "FAIL_TO_PASS"),
+    ],
+)
+def test_malformed_row_is_one_error_naming_the_field(
+    name: str, drop: tuple[str, ...], field: str, tmp_path: Path
+):
     row = _row(name)
     holder = row
     for key in drop[:-1]:

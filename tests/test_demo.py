@@ -45,16 +45,26 @@ def test_quick_demo_outputs_pass_polar_check(policy, tmp_path):
     # fresh user's shell): its last line must be a command that user can paste as is
     script = tmp_path / "demo.sh"
     script.write_text(f".venv/bin/polar demo --quick --out {out} --policy {policy}\n")
-    path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if not (Path(p) / "polar").exists())
+    path = os.pathsep.join(
+        p for p in os.environ["PATH"].split(os.pathsep) if not (Path(p) / "polar").exists()
+    )
     env = {**os.environ, "PATH": path}
-    run = subprocess.run(["bash", str(script)], cwd=REPO, env=env, capture_output=True, text=True, timeout=3000)
+    run = subprocess.run(
+        ["bash", str(script)], cwd=REPO, env=env, capture_output=True, text=True, timeout=3000
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     printed = run.stdout.lower()
     assert "model:  smollm2-135m-instruct" in printed and "policy: " in printed
     last = run.stdout.strip().splitlines()[-1]
     assert last.startswith("check them: "), last
-    check = subprocess.run(["bash", "-c", last.removeprefix("check them: ")], cwd=REPO, env=env,
-                           capture_output=True, text=True, timeout=600)
+    check = subprocess.run(
+        ["bash", "-c", last.removeprefix("check them: ")],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert check.returncode == 0, (last, check.stdout[-2000:], check.stderr[-2000:])
     trajectories = list(read_trajectories(out / "trajectories.jsonl"))
     # an episode that failed outside the policy (on a loaded CPU: a deadline the embedded model's speed
@@ -65,8 +75,13 @@ def test_quick_demo_outputs_pass_polar_check(policy, tmp_path):
     for t in (t for t in trajectories if t.masked):  # the summary says which episode was masked, and why
         line = next(x for x in run.stdout.splitlines() if x.strip().startswith(f"{t.session_id}: "))
         assert t.failure_kind.value in line and "no cause recorded" not in line, line
-    for name in ("trajectories.jsonl", "nemo_results.jsonl", "summary.json", "viewer.html",
-                 *(["grpo_batch.jsonl"] if trained else [])):
+    for name in (
+        "trajectories.jsonl",
+        "nemo_results.jsonl",
+        "summary.json",
+        "viewer.html",
+        *(["grpo_batch.jsonl"] if trained else []),
+    ):
         assert (out / name).stat().st_size > 0, name
     assert len((out / "nemo_results.jsonl").read_text().splitlines()) == 2  # masked ones too: never dropped
     for name in ("trajectories.jsonl", "nemo_results.jsonl", *(["grpo_batch.jsonl"] if trained else [])):
@@ -77,7 +92,9 @@ def test_quick_demo_outputs_pass_polar_check(policy, tmp_path):
     assert not any(t.grading.disagreement for t in trained)
     summary = json.loads((out / "summary.json").read_text())
     if policy == "gold":
-        assert summary["resolved"] == 2, [(t.failure_kind, t.grading and t.grading.failure_kind) for t in trajectories]
+        assert summary["resolved"] == 2, [
+            (t.failure_kind, t.grading and t.grading.failure_kind) for t in trajectories
+        ]
         assert all(t.stats.calls >= 2 and t.stats.chains == 1 for t in trajectories)
 
 
@@ -93,11 +110,16 @@ ADDED_HARNESSES = ["kilo", "mistral-vibe", "kimi-cli", "nanocoder"]
 @pytest.mark.parametrize("harness", ADDED_HARNESSES)
 def test_gold_demo_resolves_every_sample_through_the_added_harnesses(harness, tmp_path):
     out = tmp_path / "demo"
-    assert polar_main(["demo", "--harness", harness, "--policy", "gold", "--quick", "--samples", "2",
-                       "--out", str(out)]) == 0
+    assert (
+        polar_main(
+            ["demo", "--harness", harness, "--policy", "gold", "--quick", "--samples", "2", "--out", str(out)]
+        )
+        == 0
+    )
     trajectories = list(read_trajectories(out / "trajectories.jsonl"))
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["resolved"] == 4, [(t.status, t.failure_kind, t.grading and t.grading["failure_kind"])
-                                      for t in trajectories]
+    assert summary["resolved"] == 4, [
+        (t.status, t.failure_kind, t.grading and t.grading["failure_kind"]) for t in trajectories
+    ]
     assert all(t.stats.chains == 1 and t.stats.trainable_tokens > 0 for t in trajectories)
     assert polar_main(["check", str(out / "nemo_results.jsonl"), "--samples", "2"]) == 0

@@ -30,12 +30,31 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 PACKAGE = ROOT / "polar_env"
-TOP_FOLDERS = {p.name for p in ROOT.iterdir() if p.is_dir() and not p.name.startswith(".")
-               and p.name not in {"build", "node_modules"} and not p.name.endswith(".egg-info")} | {".ci"}
-INNER = {p.stem for p in PACKAGE.iterdir()
-         if (p / "__init__.py").exists() or p.suffix == ".py"} - {"__init__"}  # packages and top modules
-EXTENSIONS = (".py", ".md", ".json", ".jsonl", ".yaml", ".yml", ".toml", ".sh", ".html", ".txt", ".tsv",
-              ".lock")
+TOP_FOLDERS = {
+    p.name
+    for p in ROOT.iterdir()
+    if p.is_dir()
+    and not p.name.startswith(".")
+    and p.name not in {"build", "node_modules"}
+    and not p.name.endswith(".egg-info")
+} | {".ci"}
+INNER = {p.stem for p in PACKAGE.iterdir() if (p / "__init__.py").exists() or p.suffix == ".py"} - {
+    "__init__"
+}  # packages and top modules
+EXTENSIONS = (
+    ".py",
+    ".md",
+    ".json",
+    ".jsonl",
+    ".yaml",
+    ".yml",
+    ".toml",
+    ".sh",
+    ".html",
+    ".txt",
+    ".tsv",
+    ".lock",
+)
 FENCE = re.compile(r"^ *```.*?^ *```", re.S | re.M)
 SPAN = re.compile(r"`([^`\n]+)`")
 LINK = re.compile(r"\]\(([^)\s]+)\)")
@@ -115,7 +134,7 @@ def row_problems(page: Path) -> list[str]:
         package = re.match(r"\| `([a-z_]+)/` \|", row)
         if not package or not (PACKAGE / package.group(1)).is_dir():
             continue
-        for word in (w.strip("\"'(),;") for span in SPAN.findall(row[package.end():]) for w in span.split()):
+        for word in (w.strip("\"'(),;") for span in SPAN.findall(row[package.end() :]) for w in span.split()):
             if word.rstrip("/") in INNER:
                 continue  # another package named from this row (`wire/`)
             if re.fullmatch(r"\w+\.py|\w+/", word) and not (PACKAGE / package.group(1) / word).exists():
@@ -134,13 +153,15 @@ def name_in_problems(page: Path) -> list[str]:
 
 def link_problems(page: Path) -> list[str]:
     targets = [t.split("#")[0] for t in LINK.findall(FENCE.sub("", page.read_text()))]
-    return [f"link {t}: missing" for t in targets
-            if t and not re.match(r"[a-z]+:", t) and not (page.parent / t).exists()]
+    return [
+        f"link {t}: missing"
+        for t in targets
+        if t and not re.match(r"[a-z]+:", t) and not (page.parent / t).exists()
+    ]
 
 
 def problems(page: Path) -> list[str]:
-    found = [p for word in words(page) for check in (path_problem, module_problem)
-             if (p := check(word))]
+    found = [p for word in words(page) for check in (path_problem, module_problem) if (p := check(word))]
     return sorted(set(found + row_problems(page) + name_in_problems(page) + link_problems(page)))
 
 
@@ -149,10 +170,18 @@ def test_every_reference_on_the_page_exists(page: Path):
     assert problems(page) == []
 
 
-WRONG = ["`polar_env/proxy/wire.py`", "`proxy/codec.py`", "`tests/test_gone.py -k x`", "`.ci/nope`",
-         "`polar_env.proxy.codecs.openai_chat.no_such`", "`proxy.wire.sse_frame`",
-         "`docs/benchmarks.{json,nope}`", "[x](gone.md)", "\n| `proxy/` | the codecs (`codec.py`) |",
-         "`openai_error` in `proxy/codecs/common.py`"]
+WRONG = [
+    "`polar_env/proxy/wire.py`",
+    "`proxy/codec.py`",
+    "`tests/test_gone.py -k x`",
+    "`.ci/nope`",
+    "`polar_env.proxy.codecs.openai_chat.no_such`",
+    "`proxy.wire.sse_frame`",
+    "`docs/benchmarks.{json,nope}`",
+    "[x](gone.md)",
+    "\n| `proxy/` | the codecs (`codec.py`) |",
+    "`openai_error` in `proxy/codecs/common.py`",
+]
 
 
 @pytest.mark.parametrize("wrong", WRONG)

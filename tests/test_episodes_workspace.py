@@ -49,8 +49,9 @@ def test_workspace_is_chosen_per_task(bundled, monkeypatch):
 
 
 def test_attach_rebuilds_the_opener_sandbox_from_its_ref(tmp_path: Path):
-    ref = WorkspaceRef(kind="podman", container="polar-abc", image="img", path="/venv/bin:/usr/bin", uid=1000,
-                       gid=1000)
+    ref = WorkspaceRef(
+        kind="podman", container="polar-abc", image="img", path="/venv/bin:/usr/bin", uid=1000, gid=1000
+    )
     spec = SandboxSpec(proxy_socket_dir=tmp_path)
     sb = attach_workspace(WorkspaceRef.model_validate_json(ref.model_dump_json()), spec)
     assert isinstance(sb, ContainerSandbox) and sb.engine == "podman" and sb.name == "polar-abc"
@@ -77,15 +78,25 @@ async def test_an_attached_bubblewrap_workspace_runs_as_its_openers_identity(bun
 
 
 def test_apptainer_takes_registry_names_as_docker_uris():
-    assert apptainer_image("swebench/sweb.eval.x86_64.a:latest") == "docker://swebench/sweb.eval.x86_64.a:latest"
+    assert (
+        apptainer_image("swebench/sweb.eval.x86_64.a:latest") == "docker://swebench/sweb.eval.x86_64.a:latest"
+    )
     assert apptainer_image("/images/t.sif") == "/images/t.sif"
     assert apptainer_image("docker://x/y:1") == "docker://x/y:1"
 
 
-def _polar(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def _polar(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess:
     full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "polar_env.cli", *args], capture_output=True, text=True,
-                          env=full_env, cwd=cwd, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "polar_env.cli", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        cwd=cwd,
+        timeout=300,
+    )
 
 
 def _one_line_exit_2(proc: subprocess.CompletedProcess, *fragments: str) -> None:
@@ -97,32 +108,69 @@ def _one_line_exit_2(proc: subprocess.CompletedProcess, *fragments: str) -> None
 
 
 def test_rollout_errors_are_one_line_exit_2(tmp_path: Path, bundled):
-    _one_line_exit_2(_polar("rollout", "--tasks", "nosuch.jsonl", "--out", str(tmp_path / "o")),
-                     "nosuch.jsonl does not exist")
-    offline = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "POLAR_CACHE": str(tmp_path / "cache"),
-               "HF_HOME": str(tmp_path / "hf")}
-    _one_line_exit_2(_polar("rollout", "--tasks", "verified", "--out", str(tmp_path / "o"), env=offline),
-                     "cannot load", "--tasks bundled")
+    _one_line_exit_2(
+        _polar("rollout", "--tasks", "nosuch.jsonl", "--out", str(tmp_path / "o")),
+        "nosuch.jsonl does not exist",
+    )
+    offline = {
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "POLAR_CACHE": str(tmp_path / "cache"),
+        "HF_HOME": str(tmp_path / "hf"),
+    }
+    _one_line_exit_2(
+        _polar("rollout", "--tasks", "verified", "--out", str(tmp_path / "o"), env=offline),
+        "cannot load",
+        "--tasks bundled",
+    )
     row = bundled.model_copy(update={"base_archive": None, "image": "localhost/polar-test/no-such-image:0"})
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text(row.model_dump_json() + "\n")
-    _one_line_exit_2(_polar("rollout", "--tasks", str(tasks), "--sandbox", "podman", "--out", str(tmp_path / "o"),
-                            env={"PATH": "/nonexistent"}), "podman is not installed", "scripts/setup_podman.sh")
+    _one_line_exit_2(
+        _polar(
+            "rollout",
+            "--tasks",
+            str(tasks),
+            "--sandbox",
+            "podman",
+            "--out",
+            str(tmp_path / "o"),
+            env={"PATH": "/nonexistent"},
+        ),
+        "podman is not installed",
+        "scripts/setup_podman.sh",
+    )
     if engine_available("podman"):
-        _one_line_exit_2(_polar("rollout", "--tasks", str(tasks), "--sandbox", "podman", "--out",
-                                str(tmp_path / "o")), "no-such-image:0' is not in podman", "docs/tasks.md")
+        _one_line_exit_2(
+            _polar("rollout", "--tasks", str(tasks), "--sandbox", "podman", "--out", str(tmp_path / "o")),
+            "no-such-image:0' is not in podman",
+            "docs/tasks.md",
+        )
 
 
 def test_eval_errors_are_one_line_exit_2(tmp_path: Path, bundled):
-    _one_line_exit_2(_polar("eval", "--tasks", "bundled", "--predictions", str(tmp_path / "nosuch.jsonl")),
-                     "nosuch.jsonl does not exist")
+    _one_line_exit_2(
+        _polar("eval", "--tasks", "bundled", "--predictions", str(tmp_path / "nosuch.jsonl")),
+        "nosuch.jsonl does not exist",
+    )
     row = bundled.model_copy(update={"base_archive": None, "image": "localhost/polar-test/no-such-image:0"})
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text(row.model_dump_json() + "\n")
     preds = tmp_path / "preds.jsonl"
     preds.write_text(json.dumps({"instance_id": row.instance_id, "model_patch": row.patch}) + "\n")
-    _one_line_exit_2(_polar("eval", "--tasks", str(tasks), "--predictions", str(preds), "--sandbox", "docker",
-                            env={"PATH": "/nonexistent"}), "docker is not installed")
+    _one_line_exit_2(
+        _polar(
+            "eval",
+            "--tasks",
+            str(tasks),
+            "--predictions",
+            str(preds),
+            "--sandbox",
+            "docker",
+            env={"PATH": "/nonexistent"},
+        ),
+        "docker is not installed",
+    )
 
 
 def test_doctor_reports_container_engines_and_their_fix(monkeypatch):
@@ -153,7 +201,9 @@ shutil.copytree(open(image).read().strip(), dest, dirs_exist_ok=True)
 """
 
 
-async def test_apptainer_workspaces_clone_the_images_tree_copied_out_once(tmp_path: Path, bundled, monkeypatch):
+async def test_apptainer_workspaces_clone_the_images_tree_copied_out_once(
+    tmp_path: Path, bundled, monkeypatch
+):
     """An apptainer task's workspaces clone one warm base per node and image (tasks/base_trees.py):
     the image's tree is copied out of it once, not per episode, and each workspace's tree is its own.
     ``apptainer`` itself is a stand-in on PATH (see FAKE_APPTAINER)."""
@@ -173,8 +223,10 @@ async def test_apptainer_workspaces_clone_the_images_tree_copied_out_once(tmp_pa
     monkeypatch.setenv("FAKE_APPTAINER_LOG", str(log))
     monkeypatch.setenv("POLAR_BASE_CACHE", str(tmp_path / "bases"))
     task = bundled.model_copy(update={"base_archive": None, "image": str(sif)})
-    spaces = [await open_workspace(task, SandboxSpec(scratch_root=tmp_path / "ws"), sandbox="apptainer")
-              for _ in range(2)]
+    spaces = [
+        await open_workspace(task, SandboxSpec(scratch_root=tmp_path / "ws"), sandbox="apptainer")
+        for _ in range(2)
+    ]
     try:
         calls = [line for line in log.read_text().splitlines() if line.startswith("exec ")]
         copied, reduced = calls  # copied out of the image, and its history reduced, once for both

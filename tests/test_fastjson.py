@@ -9,11 +9,14 @@ import pytest
 from polar_env import fastjson
 
 
-@pytest.mark.parametrize("value", [
-    {"n": 2**70},  # a tool argument the model sampled past 64 bits
-    {"s": "\ud800"},  # a lone surrogate a client sent escaped
-    {"ids": [1, 2, 3], "text": "é"},
-])
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"n": 2**70},  # a tool argument the model sampled past 64 bits
+        {"s": "\ud800"},  # a lone surrogate a client sent escaped
+        {"ids": [1, 2, 3], "text": "é"},
+    ],
+)
 def test_dumps_round_trips_what_loads_reads(value):
     encoded = fastjson.dumps(value)
     assert isinstance(encoded, bytes)

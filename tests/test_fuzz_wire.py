@@ -25,12 +25,24 @@ from polar_env.proxy.codecs.common import DecodedRequest, WireError
 from polar_env.proxy.engine import EngineConfig
 
 SEEDS = seed_bodies()
-MODULES = {"chat": openai_chat, "responses": openai_responses, "messages": anthropic_messages,
-           "gemini": gemini_generate_content}
-PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages",
-         "gemini": "/v1beta/models/m:streamGenerateContent?alt=sse"}
-FUZZ = settings(deadline=None, suppress_health_check=list(HealthCheck), database=None,
-                derandomize=not os.environ.get("POLAR_FUZZ_RANDOM"))  # CI: reproducible; set it to explore
+MODULES = {
+    "chat": openai_chat,
+    "responses": openai_responses,
+    "messages": anthropic_messages,
+    "gemini": gemini_generate_content,
+}
+PATHS = {
+    "chat": "/v1/chat/completions",
+    "responses": "/v1/responses",
+    "messages": "/v1/messages",
+    "gemini": "/v1beta/models/m:streamGenerateContent?alt=sse",
+}
+FUZZ = settings(
+    deadline=None,
+    suppress_health_check=list(HealthCheck),
+    database=None,
+    derandomize=not os.environ.get("POLAR_FUZZ_RANDOM"),
+)  # CI: reproducible; set it to explore
 LIMIT = 256 * 1024
 
 
@@ -49,16 +61,25 @@ def test_decoder_accepts_or_refuses_with_a_4xx(api, data):
 
 @pytest.fixture(scope="module")
 def served(renderer, tmp_path_factory):
-    backend = InstantBackend(renderer.tokenizer.encode("Hi", add_special_tokens=False) + renderer.eos_token_ids[:1])
-    proxy = ProxyServer.create(renderer=renderer, backend=backend, data_dir=tmp_path_factory.mktemp("fuzz"),
-                               admin_secret="fuzz-admin", config=EngineConfig(max_context=4096, default_max_tokens=8),
-                               max_body_bytes=LIMIT)
+    backend = InstantBackend(
+        renderer.tokenizer.encode("Hi", add_special_tokens=False) + renderer.eos_token_ids[:1]
+    )
+    proxy = ProxyServer.create(
+        renderer=renderer,
+        backend=backend,
+        data_dir=tmp_path_factory.mktemp("fuzz"),
+        admin_secret="fuzz-admin",
+        config=EngineConfig(max_context=4096, default_max_tokens=8),
+        max_body_bytes=LIMIT,
+    )
     sid, key = proxy.create_session("fz")
     with ThreadedProxy(proxy) as threaded:
         yield threaded, sid, key
 
 
-def _send(port: int, method: str, path: str, body: bytes | None, headers: dict[str, str]) -> tuple[int, bytes]:
+def _send(
+    port: int, method: str, path: str, body: bytes | None, headers: dict[str, str]
+) -> tuple[int, bytes]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)  # a hang fails the example
     try:
         conn.request(method, path, body=body, headers=headers)
@@ -68,33 +89,70 @@ def _send(port: int, method: str, path: str, body: bytes | None, headers: dict[s
         conn.close()
 
 
-ROUTES = ["/v1/chat/completions", "/chat/completions", "/v1/responses", "/responses", "/v1/messages",
-          "/v1/messages/count_tokens", "/v1beta/models/m:generateContent", "/v1/models", "", "/", "/v1",
-          "/v1beta/models/m:streamGenerateContent?alt=sse", "/v1beta/models/m:countTokens?key=pk-wrong",
-          "/v1beta/models/m", "/v1beta/models/m:sparkle"]
+ROUTES = [
+    "/v1/chat/completions",
+    "/chat/completions",
+    "/v1/responses",
+    "/responses",
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+    "/v1beta/models/m:generateContent",
+    "/v1/models",
+    "",
+    "/",
+    "/v1",
+    "/v1beta/models/m:streamGenerateContent?alt=sse",
+    "/v1beta/models/m:countTokens?key=pk-wrong",
+    "/v1beta/models/m",
+    "/v1beta/models/m:sparkle",
+]
 SAFE = string.ascii_letters + string.digits + "-._~%:@!$&'()*+,;=?#"
-WEIRD_PATHS = ["/s/../admin/sessions", "/s/%2e%2e/v1/chat/completions", "/s/fz%2F..%2F/v1/responses",
-               "/admin/sessions/..%2F..%2Fetc/calls", "//admin/sessions", "/s//v1/messages", "/s/fz/v1/../../admin",
-               "/health", "/admin/sessions/fz/close", "/admin/sessions/fz/calls", "/s/%00/v1/messages"]
+WEIRD_PATHS = [
+    "/s/../admin/sessions",
+    "/s/%2e%2e/v1/chat/completions",
+    "/s/fz%2F..%2F/v1/responses",
+    "/admin/sessions/..%2F..%2Fetc/calls",
+    "//admin/sessions",
+    "/s//v1/messages",
+    "/s/fz/v1/../../admin",
+    "/health",
+    "/admin/sessions/fz/close",
+    "/admin/sessions/fz/calls",
+    "/s/%00/v1/messages",
+]
 
 
 @st.composite
 def requests_(draw, sid: str, key: str):
     api = draw(st.sampled_from(list(MODULES)))
-    path = draw(st.one_of(
-        st.sampled_from(ROUTES).map(lambda r: f"/s/{sid}{r}"),
-        st.sampled_from(WEIRD_PATHS),
-        st.lists(st.text(SAFE, max_size=12), max_size=5).map(lambda segs: "/" + "/".join(segs)),
-    ))
+    path = draw(
+        st.one_of(
+            st.sampled_from(ROUTES).map(lambda r: f"/s/{sid}{r}"),
+            st.sampled_from(WEIRD_PATHS),
+            st.lists(st.text(SAFE, max_size=12), max_size=5).map(lambda segs: "/" + "/".join(segs)),
+        )
+    )
     method = draw(st.sampled_from(["POST"] * 6 + ["GET", "HEAD", "PUT", "DELETE", "OPTIONS"]))
-    body = draw(st.one_of(
-        mutated_body(SEEDS[api]).map(lambda b: json.dumps(b).encode()),
-        JSON.map(lambda b: json.dumps(b).encode()),
-        st.binary(max_size=300),
-        st.none(),
-    ))
-    auth = draw(st.sampled_from([{"Authorization": f"Bearer {key}"}, {"x-api-key": key}, {"x-goog-api-key": key}, {},
-                                 {"Authorization": "Bearer pk-wrong"}, {"Authorization": "Bearer fuzz-admin"}]))
+    body = draw(
+        st.one_of(
+            mutated_body(SEEDS[api]).map(lambda b: json.dumps(b).encode()),
+            JSON.map(lambda b: json.dumps(b).encode()),
+            st.binary(max_size=300),
+            st.none(),
+        )
+    )
+    auth = draw(
+        st.sampled_from(
+            [
+                {"Authorization": f"Bearer {key}"},
+                {"x-api-key": key},
+                {"x-goog-api-key": key},
+                {},
+                {"Authorization": "Bearer pk-wrong"},
+                {"Authorization": "Bearer fuzz-admin"},
+            ]
+        )
+    )
     return method, path, body, {"Content-Type": "application/json", **auth}
 
 
@@ -115,12 +173,24 @@ def test_oversized_body_gets_413(served, api):
     threaded = served[0]
     sid, key = threaded.proxy.create_session()  # the router fuzz may have closed "fz"
     path = PATHS[api]
-    body = json.dumps({"model": "m", "input": "x" * (LIMIT + 1),
-                       "messages": [{"role": "user", "content": "x" * (LIMIT + 1)}]}).encode()
-    status, raw = _send(threaded.proxy.port, "POST", f"/s/{sid}{path}", body, {"Authorization": f"Bearer {key}"})
+    body = json.dumps(
+        {
+            "model": "m",
+            "input": "x" * (LIMIT + 1),
+            "messages": [{"role": "user", "content": "x" * (LIMIT + 1)}],
+        }
+    ).encode()
+    status, raw = _send(
+        threaded.proxy.port, "POST", f"/s/{sid}{path}", body, {"Authorization": f"Bearer {key}"}
+    )
     assert status == 413 and str(LIMIT) in json.loads(raw)["error"]["message"]
-    status, _ = _send(threaded.proxy.port, "POST", f"/s/{sid}{path}", json.dumps(SEEDS[api][0]).encode(),
-                      {"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    status, _ = _send(
+        threaded.proxy.port,
+        "POST",
+        f"/s/{sid}{path}",
+        json.dumps(SEEDS[api][0]).encode(),
+        {"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+    )
     assert status == 200  # just under the limit still works: the limit is the configured one
 
 
@@ -134,7 +204,7 @@ NASTY_BODIES = {
     "json null": b"null",
     "huge float": b'{"model": "m", "temperature": 1e999, "messages": [], "input": "x"}',
     "nan": b'{"model": "m", "temperature": NaN, "top_p": Infinity, "messages": [{"role": "user", "content": '
-           b'"x"}]}',
+    b'"x"}]}',
 }
 ADMIN_ROUTES = ["/admin/sessions", "/admin/sessions/{sid}/close"]
 
@@ -144,18 +214,36 @@ def test_nasty_bodies_on_every_route_are_4xx(served, name):
     threaded = served[0]
     sid, key = threaded.proxy.create_session()
     for route in ROUTES[:7]:
-        status, raw = _send(threaded.proxy.port, "POST", f"/s/{sid}{route}", NASTY_BODIES[name],
-                            {"Authorization": f"Bearer {key}"})
+        status, raw = _send(
+            threaded.proxy.port,
+            "POST",
+            f"/s/{sid}{route}",
+            NASTY_BODIES[name],
+            {"Authorization": f"Bearer {key}"},
+        )
         assert status < 500, (route, status, raw[:300])
     for route in ADMIN_ROUTES:
-        status, raw = _send(threaded.proxy.port, "POST", route.format(sid=sid), NASTY_BODIES[name],
-                            {"Authorization": "Bearer fuzz-admin"})
+        status, raw = _send(
+            threaded.proxy.port,
+            "POST",
+            route.format(sid=sid),
+            NASTY_BODIES[name],
+            {"Authorization": "Bearer fuzz-admin"},
+        )
         assert status < 500, (route, status, raw[:300])
 
 
 @pytest.mark.parametrize("api", list(MODULES))
-@pytest.mark.parametrize("knob,value", [("temperature", float("nan")), ("temperature", float("inf")),
-                                        ("temperature", -1.0), ("top_p", 0.0), ("top_p", 1.5)])
+@pytest.mark.parametrize(
+    "knob,value",
+    [
+        ("temperature", float("nan")),
+        ("temperature", float("inf")),
+        ("temperature", -1.0),
+        ("top_p", 0.0),
+        ("top_p", 1.5),
+    ],
+)
 def test_sampling_no_backend_accepts_is_a_400(api, knob, value):
     """Forwarded, these would make the backend answer 400 and the harness see a 502."""
     body = {**SEEDS[api][0], knob: value}

@@ -46,7 +46,10 @@ def harbor_task():
 def test_one_function_picks_the_grader(swe_task, harbor_task):
     assert type(grader_for(swe_task, "bubblewrap", LIMITS)) is BubblewrapGrader
     assert type(grader_for(swe_task, "podman", LIMITS)) is ImageGrader
-    assert type(grader_for(swe_task.model_copy(update={"base_archive": None}), "apptainer", LIMITS)) is ImageGrader
+    assert (
+        type(grader_for(swe_task.model_copy(update={"base_archive": None}), "apptainer", LIMITS))
+        is ImageGrader
+    )
     assert type(grader_for(harbor_task, "podman", LIMITS)) is HarborGrader
     with pytest.raises(NoGrader, match="in a container"):
         grader_for(harbor_task, "bubblewrap", LIMITS)
@@ -66,8 +69,9 @@ def _outcome(task, kind: FailureKind, **fields) -> GradeResult:
 @pytest.mark.parametrize("cls", [BubblewrapGrader, ImageGrader, HarborGrader])
 @pytest.mark.parametrize("outcome", [FailureKind.infrastructure, FailureKind.no_reward, "raises"])
 @pytest.mark.parametrize("control_passes", [True, False])
-async def test_the_same_masking_rule_holds_in_every_grader(cls, outcome, control_passes, swe_task, harbor_task,
-                                                          monkeypatch):
+async def test_the_same_masking_rule_holds_in_every_grader(
+    cls, outcome, control_passes, swe_task, harbor_task, monkeypatch
+):
     """Outside the policy (or a grader exception) + a control that passes = the submission's 0, trained
     (``broke_grading``); + a control that fails too = masked, its kind kept."""
     task = harbor_task if cls is HarborGrader else swe_task
@@ -106,7 +110,9 @@ async def test_tampering_scores_zero_in_every_grader(cls, swe_task, harbor_task,
     g = cls(task, "podman", LIMITS, mode=GradingMode.harbor if cls is HarborGrader else GradingMode.strict)
 
     async def run(work: Submission) -> GradeResult:
-        return GradeResult(instance_id=task.instance_id, mode=g.mode, resolved=True, reward=1.0, flags=[work.patch])
+        return GradeResult(
+            instance_id=task.instance_id, mode=g.mode, resolved=True, reward=1.0, flags=[work.patch]
+        )
 
     monkeypatch.setattr(g, "run", run)
     assert (await g.grade(Submission(patch="note:output-truncated"))).reward == 1.0
@@ -121,7 +127,9 @@ def test_the_control_of_the_control_is_itself(swe_task):
     assert contract.Submission() == HarborGrader(swe_task, "podman", LIMITS).control_submission()
 
 
-def test_rollout_warns_about_or_refuses_tasks_an_audit_found_controllable(swe_task, tmp_path, monkeypatch, caplog):
+def test_rollout_warns_about_or_refuses_tasks_an_audit_found_controllable(
+    swe_task, tmp_path, monkeypatch, caplog
+):
     """What `polar tasks audit` stored for a task on this node decides: a warning, or with
     --refuse-controllable a refusal naming the task."""
     from polar_env.rewards import audit
@@ -147,8 +155,10 @@ def test_a_tree_past_path_max_is_the_agents_zero_in_the_bubblewrap_grader(swe_ta
     copy of the tree (ENAMETOOLONG). It used to be a masked `infrastructure`; the solution passes the
     same grading (the control), so it is the agent's 0, trained."""
     path = "/".join(f"{i:0250d}" for i in range(16)) + "/" + "x" * 40
-    patch = (f"diff --git a/{path} b/{path}\nnew file mode 100644\n--- /dev/null\n+++ b/{path}\n@@ -0,0 +1 @@\n"
-             "+x\n")
+    patch = (
+        f"diff --git a/{path} b/{path}\nnew file mode 100644\n--- /dev/null\n+++ b/{path}\n@@ -0,0 +1 @@\n"
+        "+x\n"
+    )
     result = grade_task(swe_task, patch, kind="bubblewrap")
     assert result.failure_kind == FailureKind.broke_grading and result.reward == 0.0, result
     assert not DEFAULT_OUTCOMES[result.failure_kind].mask and "passes this grading" in result.control

@@ -53,7 +53,9 @@ def _slow_gold(log: Path, valid: bool) -> GoldRun:
     with open(log, "a") as f:
         f.write(f"{os.getpid()}\n")
     time.sleep(1.0)  # long enough for the other worker to reach the lock meanwhile
-    return GoldRun(valid=valid, collected=["tests/test_x.py::test_a"], status_map={"tests/test_x.py::test_a": "PASSED"})
+    return GoldRun(
+        valid=valid, collected=["tests/test_x.py::test_a"], status_map={"tests/test_x.py::test_a": "PASSED"}
+    )
 
 
 def _gold_in_worker(log: Path, valid: bool = True) -> GoldRun:
@@ -63,7 +65,9 @@ def _gold_in_worker(log: Path, valid: bool = True) -> GoldRun:
 async def test_a_gold_run_is_run_once_per_node_by_concurrent_workers(tmp_path: Path, monkeypatch):
     """Two worker processes ask for the same gold run at once: one runs it, the other waits on the key's
     lock and reads the entry; a later process (a later `polar` command) reads it too."""
-    monkeypatch.setenv("POLAR_GOLD_CACHE", str(tmp_path / "gold"))  # before the workers spawn: they inherit it
+    monkeypatch.setenv(
+        "POLAR_GOLD_CACHE", str(tmp_path / "gold")
+    )  # before the workers spawn: they inherit it
     log = tmp_path / "ran"
     a, b = GradingWorkers(1), GradingWorkers(1)
     try:

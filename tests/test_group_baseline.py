@@ -43,7 +43,9 @@ def test_a_compacted_rollout_counts_once_in_trls_baseline(embedded_dir, tmp_path
     rows = grpo_rows(group, train_paths="all")
     assert [r["session_id"] for r in rows] == ["a", "a", "b", "c"]  # every chain a row ...
     mean, std = 1 / 3, math.sqrt(((1 - 1 / 3) ** 2 + 2 * (1 / 3) ** 2) / 3)
-    assert rows[0]["advantage"] == rows[1]["advantage"] == pytest.approx((1 - mean) / (std + 1e-6))  # ... one sample
+    assert (
+        rows[0]["advantage"] == rows[1]["advantage"] == pytest.approx((1 - mean) / (std + 1e-6))
+    )  # ... one sample
 
     tokenizer = AutoTokenizer.from_pretrained(embedded_dir)
     model = AutoModelForCausalLM.from_pretrained(embedded_dir, dtype=torch.float32)
@@ -51,16 +53,36 @@ def test_a_compacted_rollout_counts_once_in_trls_baseline(embedded_dir, tmp_path
 
     def rollout_func(prompts, trainer):
         out = [trl_row(t, eos) for t in group]
-        return {**{k: [r[k] for r in out] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask")},
-                "polar_reward": [t.reward for t in group]}
+        return {
+            **{k: [r[k] for r in out] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask")},
+            "polar_reward": [t.reward for t in group],
+        }
 
-    args = GRPOConfig(output_dir=str(tmp_path), num_generations=3, per_device_train_batch_size=3, max_steps=1,
-                      beta=0.0, bf16=False, use_cpu=True, report_to="none", logging_steps=1, temperature=1.0)
-    trainer = GRPOTrainer(model=model, reward_funcs=[polar_reward], args=args, rollout_func=rollout_func,
-                          processing_class=tokenizer, train_dataset=Dataset.from_list([{"prompt": "fix it"}] * 3))
+    args = GRPOConfig(
+        output_dir=str(tmp_path),
+        num_generations=3,
+        per_device_train_batch_size=3,
+        max_steps=1,
+        beta=0.0,
+        bf16=False,
+        use_cpu=True,
+        report_to="none",
+        logging_steps=1,
+        temperature=1.0,
+    )
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=[polar_reward],
+        args=args,
+        rollout_func=rollout_func,
+        processing_class=tokenizer,
+        train_dataset=Dataset.from_list([{"prompt": "fix it"}] * 3),
+    )
     scored = trainer._generate_and_score_completions([{"prompt": "fix it"} for _ in group])
     advantages = scored["advantages"].tolist()
     assert len(advantages) == 3  # one row per rollout, the compacted one included once
-    trl_std = math.sqrt(((1 - mean) ** 2 + 2 * mean ** 2) / 2)  # TRL: the sample std
+    trl_std = math.sqrt(((1 - mean) ** 2 + 2 * mean**2) / 2)  # TRL: the sample std
     assert advantages == pytest.approx([(r - mean) / (trl_std + 1e-4) for r in (1.0, 0.0, 0.0)], rel=1e-5)
-    assert sum(advantages) == pytest.approx(0.0, abs=1e-5)  # the baseline is the mean over 3 rollouts, not 4 rows
+    assert sum(advantages) == pytest.approx(
+        0.0, abs=1e-5
+    )  # the baseline is the mean over 3 rollouts, not 4 rows

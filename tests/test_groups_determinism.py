@@ -44,8 +44,7 @@ from polar_env.trajectory.chains import build_trajectory
 from polar_env.trajectory.checks import first_prompt_ids, nemo_rl_groups
 from polar_env.trajectory.export import to_nemo_gym_result
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.needs("bwrap", "npm")]
+pytestmark = [pytest.mark.slow, pytest.mark.needs("bwrap", "npm")]
 
 HARNESSES = adapter_names()
 # a real tree in nested directories (three rollouts of it gave aider three repo maps)
@@ -54,10 +53,18 @@ DAY = 86400
 # (sandbox spec changes, host environment) per rollout
 ROLLOUTS = [
     ({}, {"HOSTNAME": "polar-ci", "USER": "root", "TZ": "UTC"}),
-    ({"hostname": "node-b", "user": "worker", "env": {**SandboxSpec().env, "TZ": "Etc/GMT-14"}},
-     {"HOSTNAME": "gpu-node-17", "USER": "svc-train", "TZ": "Asia/Kolkata"}),
-    ({"hostname": "dgx-a100-0042.cluster.internal", "user": "ray", "env": {**SandboxSpec().env, "TZ": "Etc/GMT+12"}},
-     {"HOSTNAME": "login-3", "USER": "alice", "TZ": "America/Los_Angeles"}),
+    (
+        {"hostname": "node-b", "user": "worker", "env": {**SandboxSpec().env, "TZ": "Etc/GMT-14"}},
+        {"HOSTNAME": "gpu-node-17", "USER": "svc-train", "TZ": "Asia/Kolkata"},
+    ),
+    (
+        {
+            "hostname": "dgx-a100-0042.cluster.internal",
+            "user": "ray",
+            "env": {**SandboxSpec().env, "TZ": "Etc/GMT+12"},
+        },
+        {"HOSTNAME": "login-3", "USER": "alice", "TZ": "America/Los_Angeles"},
+    ),
 ]
 FIRST_CALL_S = 300  # a cold start of the slowest (Hermes Agent imports for ~20 s on a busy 2-core machine)
 
@@ -86,27 +93,49 @@ def renderer(embedded_dir: Path) -> ChatRenderer:
 async def proxy(renderer: ChatRenderer, tmp_path: Path):
     tok = renderer.tokenizer
     backend = InstantBackend(tok.encode("Done.", add_special_tokens=False) + [tok.eos_token_id])
-    server = ProxyServer.create(renderer=renderer, backend=backend, data_dir=tmp_path / "ledger", admin_secret="admin",
-                                config=EngineConfig(max_context=131072, default_max_tokens=64))
+    server = ProxyServer.create(
+        renderer=renderer,
+        backend=backend,
+        data_dir=tmp_path / "ledger",
+        admin_secret="admin",
+        config=EngineConfig(max_context=131072, default_max_tokens=64),
+    )
     await server.start(unix_socket=tmp_path / "sock" / "proxy.sock", port=None)
     server.unix_socket.parent.chmod(0o755)
     yield server
     await server.stop()
 
 
-async def first_call(proxy: ProxyServer, adapter, task, name: str, machine: dict, scratch: Path) -> tuple[list, str]:
+async def first_call(
+    proxy: ProxyServer, adapter, task, name: str, machine: dict, scratch: Path
+) -> tuple[list, str]:
     """One rollout up to its first recorded model call: (the calls, the sandbox's local date)."""
-    sid, key = proxy.create_session(name, sampling={"temperature": 1.0, "top_p": 1.0, "max_tokens": 64},
-                                    metadata={"task_id": task.instance_id, "group_id": task.instance_id,
-                                              "harness": adapter.name})
-    spec = replace(SandboxSpec(proxy_socket_dir=proxy.unix_socket.parent, harness_dir=adapter.install_dir(),
-                               scratch_root=scratch), **machine)
+    sid, key = proxy.create_session(
+        name,
+        sampling={"temperature": 1.0, "top_p": 1.0, "max_tokens": 64},
+        metadata={"task_id": task.instance_id, "group_id": task.instance_id, "harness": adapter.name},
+    )
+    spec = replace(
+        SandboxSpec(
+            proxy_socket_dir=proxy.unix_socket.parent, harness_dir=adapter.install_dir(), scratch_root=scratch
+        ),
+        **machine,
+    )
     workspace = await open_workspace(task, spec, sandbox="bubblewrap")
     try:
         date = (await workspace.sandbox.run(["date", "+%F"])).stdout_tail.strip()
-        run = asyncio.ensure_future(run_episode_in_sandbox(
-            adapter, workspace.sandbox, proxy_socket_dir=spec.proxy_socket_dir, session_id=sid, session_key=key,
-            model_name="policy", prompt=episode_prompt(task), timeout_s=FIRST_CALL_S))
+        run = asyncio.ensure_future(
+            run_episode_in_sandbox(
+                adapter,
+                workspace.sandbox,
+                proxy_socket_dir=spec.proxy_socket_dir,
+                session_id=sid,
+                session_key=key,
+                model_name="policy",
+                prompt=episode_prompt(task),
+                timeout_s=FIRST_CALL_S,
+            )
+        )
         ledger = proxy.registry.ledger
         while not ledger.calls(sid) and not run.done():
             await asyncio.sleep(0.2)
@@ -123,7 +152,8 @@ async def first_call(proxy: ProxyServer, adapter, task, name: str, machine: dict
 
 @pytest.mark.parametrize("harness", HARNESSES)
 async def test_first_prompt_is_one_group_across_machines_dates_and_workspace_copies(
-        harness: str, proxy: ProxyServer, renderer: ChatRenderer, tmp_path: Path, monkeypatch):
+    harness: str, proxy: ProxyServer, renderer: ChatRenderer, tmp_path: Path, monkeypatch
+):
     adapter = get_adapter(harness)
     adapter.install()
     task = next(t for t in load_tasks("bundled") if t.instance_id == TASK)
@@ -131,8 +161,12 @@ async def test_first_prompt_is_one_group_across_machines_dates_and_workspace_cop
     for n, (machine, host_env) in enumerate(ROLLOUTS):
         for name, value in host_env.items():
             monkeypatch.setenv(name, value)
-        copy = task.model_copy(update={"base_archive": str(repack(Path(task.base_archive), tmp_path / f"base{n}.tar.gz", n))})
-        calls, date = await first_call(proxy, adapter, copy, f"{harness}-r{n}", machine, tmp_path / f"scratch{n}")
+        copy = task.model_copy(
+            update={"base_archive": str(repack(Path(task.base_archive), tmp_path / f"base{n}.tar.gz", n))}
+        )
+        calls, date = await first_call(
+            proxy, adapter, copy, f"{harness}-r{n}", machine, tmp_path / f"scratch{n}"
+        )
         dates.append(date)
         traj = build_trajectory(proxy.registry.ledger.session(f"{harness}-r{n}"), calls, status="completed")
         results.append(to_nemo_gym_result(traj, reward=0.0).row())
@@ -142,7 +176,9 @@ async def test_first_prompt_is_one_group_across_machines_dates_and_workspace_cop
     if len(groups) != 1:
         a, b = prompts[groups[0][0]], prompts[groups[1][0]]
         i = next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
-        pytest.fail(f"{harness}: {len(groups)} NeMo-RL groups {groups} for one task; first difference at token {i} "
-                    f"of {len(a)}/{len(b)}: {renderer.tokenizer.decode(a[max(0, i - 30):i + 30])!r} vs "
-                    f"{renderer.tokenizer.decode(b[max(0, i - 30):i + 30])!r}")
+        pytest.fail(
+            f"{harness}: {len(groups)} NeMo-RL groups {groups} for one task; first difference at token {i} "
+            f"of {len(a)}/{len(b)}: {renderer.tokenizer.decode(a[max(0, i - 30) : i + 30])!r} vs "
+            f"{renderer.tokenizer.decode(b[max(0, i - 30) : i + 30])!r}"
+        )
     assert len(prompts[0]) > 500  # the harness's real system prompt and tools, not a stub

@@ -19,11 +19,14 @@ import pytest
 from polar_env.cli import main as polar_main
 from polar_env.trajectory.checks import first_prompt_ids, nemo_rl_groups
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.needs("bwrap", "npm")]
+pytestmark = [pytest.mark.slow, pytest.mark.needs("bwrap", "npm")]
 
 TASKS = ["marshmallow-code__marshmallow-1359", "pallets__flask-5014", "psf__requests-5414"]
-KILLED = {"pallets__flask-5014.s1", "psf__requests-5414.s0", "psf__requests-5414.s1"}  # before their first call
+KILLED = {
+    "pallets__flask-5014.s1",
+    "psf__requests-5414.s0",
+    "psf__requests-5414.s1",
+}  # before their first call
 SAMPLES = 2
 
 
@@ -45,10 +48,20 @@ def run_out(tmp_path_factory, embedded_dir: Path) -> Path:
 
     out = tmp_path_factory.mktemp("groups") / "out"
     tokenizer = AutoTokenizer.from_pretrained(embedded_dir)
-    backend = InstantBackend(tokenizer.encode("Done.", add_special_tokens=False) + [tokenizer.eos_token_id],
-                             model=EMBEDDED_MODEL_NAME)
-    config = RolloutConfig(harness="pi", task_ids=TASKS, samples=SAMPLES, concurrency=2, timeout=240,
-                           max_context=131072, out=out, model_dir=embedded_dir)
+    backend = InstantBackend(
+        tokenizer.encode("Done.", add_special_tokens=False) + [tokenizer.eos_token_id],
+        model=EMBEDDED_MODEL_NAME,
+    )
+    config = RolloutConfig(
+        harness="pi",
+        task_ids=TASKS,
+        samples=SAMPLES,
+        concurrency=2,
+        timeout=240,
+        max_context=131072,
+        out=out,
+        model_dir=embedded_dir,
+    )
     plan = plan_from_config(config)
     plan.episode.grade = False
     real_run_harness = lifecycle.run_harness
@@ -60,7 +73,9 @@ def run_out(tmp_path_factory, embedded_dir: Path) -> Path:
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(lifecycle, "run_harness", run_harness)
-        trajectories = asyncio.run(run_rollouts(plan, proxy_factory(config, backend=backend, tasks=load_tasks("bundled"))))
+        trajectories = asyncio.run(
+            run_rollouts(plan, proxy_factory(config, backend=backend, tasks=load_tasks("bundled")))
+        )
     finish_outputs(out, trajectories)
     return out
 
@@ -87,7 +102,9 @@ def test_placeholder_carries_its_tasks_first_prompt_and_sits_in_its_group(run_ou
     assert len(first_prompt_ids(sibling)) > 1000  # Pi's real system prompt, not a stub
     assert first_prompt_ids(placeholder) == first_prompt_ids(sibling)
     # NeMo-RL's grouping: the reached tasks are 2 groups of 2; the task none reached is one unusable group
-    groups = sorted(sorted(key(results[i]) for i in g) for g in nemo_rl_groups([first_prompt_ids(r) for r in results]))
+    groups = sorted(
+        sorted(key(results[i]) for i in g) for g in nemo_rl_groups([first_prompt_ids(r) for r in results])
+    )
     assert groups == [[f"{t}.s0", f"{t}.s1"] for t in TASKS], groups
     assert by_key["psf__requests-5414.s0"]["polar"]["first_prompt"] == "none"
     summary = json.loads((run_out / "summary.json").read_text())
@@ -95,20 +112,35 @@ def test_placeholder_carries_its_tasks_first_prompt_and_sits_in_its_group(run_ou
 
     assert polar_main(["check", str(run_out / "nemo_results.jsonl"), "--samples", str(SAMPLES)]) == 0
     out = capsys.readouterr().out
-    assert "OK" in out and "1 group(s) unusable, no rollout reached the model" in out and "psf__requests-5414" in out, out
-    assert polar_main(["check", str(run_out / "trajectories.jsonl"), "--samples", str(SAMPLES)]) == 0, \
+    assert (
+        "OK" in out
+        and "1 group(s) unusable, no rollout reached the model" in out
+        and "psf__requests-5414" in out
+    ), out
+    assert polar_main(["check", str(run_out / "trajectories.jsonl"), "--samples", str(SAMPLES)]) == 0, (
         capsys.readouterr().out
+    )
 
 
-def test_check_fails_on_a_dropped_episode_and_on_a_size_other_than_samples(run_out: Path, tmp_path: Path, capsys):
+def test_check_fails_on_a_dropped_episode_and_on_a_size_other_than_samples(
+    run_out: Path, tmp_path: Path, capsys
+):
     results = rows(run_out)
     dropped = tmp_path / "dropped.jsonl"
-    dropped.write_text("".join(json.dumps(r) + "\n" for r in results if key(r) != "marshmallow-code__marshmallow-1359.s1"))
+    dropped.write_text(
+        "".join(json.dumps(r) + "\n" for r in results if key(r) != "marshmallow-code__marshmallow-1359.s1")
+    )
     assert polar_main(["check", str(dropped)]) == 1
     out = capsys.readouterr().out
-    assert "DEFECT: task marshmallow-code__marshmallow-1359: 1 rollout(s) where the run's other tasks have 2" in out, out
+    assert (
+        "DEFECT: task marshmallow-code__marshmallow-1359: 1 rollout(s) where the run's other tasks have 2"
+        in out
+    ), out
     assert polar_main(["check", str(dropped), "--samples", "2"]) == 1
-    assert "task marshmallow-code__marshmallow-1359: 1 rollout(s) but the run's --samples is 2" in capsys.readouterr().out
+    assert (
+        "task marshmallow-code__marshmallow-1359: 1 rollout(s) but the run's --samples is 2"
+        in capsys.readouterr().out
+    )
     assert polar_main(["check", str(run_out / "nemo_results.jsonl"), "--samples", "3"]) == 1
     out = capsys.readouterr().out
     assert all(f"task {t}: 2 rollout(s) but the run's --samples is 3" in out for t in TASKS), out
@@ -135,7 +167,11 @@ def test_check_fails_on_a_split_group_naming_the_task_and_the_text(run_out: Path
     assert polar_main(["check", str(split), "--samples", "2"]) == 1
     out = capsys.readouterr().out
     line = next(x for x in out.splitlines() if "DEFECT: task marshmallow-code__marshmallow-1359:" in x)
-    assert f"in its first prompt at token {pos} (" in line, out  # which of the two is "rollout 0": the file's order
+    assert f"in its first prompt at token {pos} (" in line, (
+        out
+    )  # which of the two is "rollout 0": the file's order
     assert f"({ids[pos]} vs {ids[pos] + 1};" in line or f"({ids[pos] + 1} vs {ids[pos]};" in line, line
     assert "⟦" in line and "NeMo-RL would split the task's group" in line, line  # the text around it, decoded
-    assert not any("line " in x and "DEFECT" in x for x in out.splitlines()), out  # each result is still valid
+    assert not any("line " in x and "DEFECT" in x for x in out.splitlines()), (
+        out
+    )  # each result is still valid

@@ -18,9 +18,13 @@ def test_placeholder_takes_a_siblings_first_prompt_and_joins_its_group():
     without = to_nemo_gym_result(failed, placeholder_token_id=7).row()
     assert first_prompt_ids(without) == [7] and without["polar"]["first_prompt"] == "none"
 
-    results = [r.row() for r in nemo_results([failed, reached, alone])]  # the sibling may come later in the file
+    results = [
+        r.row() for r in nemo_results([failed, reached, alone])
+    ]  # the sibling may come later in the file
     assert [r["polar"]["first_prompt"] for r in results] == ["sibling", "own", "none"]
-    assert first_prompt_ids(results[0]) == first_prompt_ids(results[1]) == reached.chains[0].first_prompt_ids()
+    assert (
+        first_prompt_ids(results[0]) == first_prompt_ids(results[1]) == reached.chains[0].first_prompt_ids()
+    )
     assert results[0]["instance_config"]["mask_sample"] is True
     assert all(check_nemo_result(r) == [] for r in results)
     assert sorted(map(sorted, nemo_rl_groups([first_prompt_ids(r) for r in results]))) == [[0, 1], [2]]

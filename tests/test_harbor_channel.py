@@ -28,32 +28,54 @@ from polar_env.sandbox.base import SandboxSpec
 from polar_env.tasks.harbor import gold_command, load_task_dir
 from polar_env.tasks.loader import TERMINAL_DIR
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not engine_available("podman"), reason="needs podman (scripts/setup_podman.sh)")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not engine_available("podman"), reason="needs podman (scripts/setup_podman.sh)"),
+]
 ENGINE = "podman"
 ROOT_CONFIG = Path(__file__).parent / "fixtures" / "harbor" / "root-config"
 AT_IMPORT = "sed -i '1i {line}' /app/stats.py"
-LONG_PATH = ('d=/app; for i in $(seq 1 16); do d=$d/$(printf "%0250d" $i); done; mkdir -p "$d" && '
-             'echo x > "$d/$(printf "%040d" 0)" && echo ${#d}')
+LONG_PATH = (
+    'd=/app; for i in $(seq 1 16); do d=$d/$(printf "%0250d" $i); done; mkdir -p "$d" && '
+    'echo x > "$d/$(printf "%040d" 0)" && echo ${#d}'
+)
 BACKUP_SH = "cat > /app/backup.sh <<'EOF'\n#!/bin/bash\n{line}\nEOF\nchmod +x /app/backup.sh"
 # (task, what the agent does, the kind it must earn, the flag it must raise)
 ABUSE = {
     # backup.sh is run by the checker (as the verifier's user): it writes the reward beside test.sh's own
-    "reward-json-by-the-tested-code": ("write-backup-script", BACKUP_SH.format(
-        line="""echo '{"reward": 1}' > /logs/verifier/reward.json"""), FailureKind.none, "reward-writer"),
+    "reward-json-by-the-tested-code": (
+        "write-backup-script",
+        BACKUP_SH.format(line="""echo '{"reward": 1}' > /logs/verifier/reward.json"""),
+        FailureKind.none,
+        "reward-writer",
+    ),
     # stats.py ends its process at import: the checker runs it in a child of its own (as nobody)
-    "exit-0-at-import": ("fix-median-bug", AT_IMPORT.format(line="import os; os._exit(0)"), FailureKind.none, None),
-    "reward-txt-a-directory": ("write-backup-script", BACKUP_SH.format(line="mkdir -p /logs/verifier/reward.txt"),
-                               FailureKind.broke_grading, None),
-    "nan-in-the-data": ("csv-region-totals", "echo '{\"north\": NaN}' > /app/totals.json", FailureKind.broke_grading,
-                        None),
+    "exit-0-at-import": (
+        "fix-median-bug",
+        AT_IMPORT.format(line="import os; os._exit(0)"),
+        FailureKind.none,
+        None,
+    ),
+    "reward-txt-a-directory": (
+        "write-backup-script",
+        BACKUP_SH.format(line="mkdir -p /logs/verifier/reward.txt"),
+        FailureKind.broke_grading,
+        None,
+    ),
+    "nan-in-the-data": (
+        "csv-region-totals",
+        "echo '{\"north\": NaN}' > /app/totals.json",
+        FailureKind.broke_grading,
+        None,
+    ),
     "path-past-path-max": ("csv-region-totals", LONG_PATH, FailureKind.none, None),
 }
 
 
 def _polar(*args: str, timeout: float = 1200) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "polar_env.cli", *args], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "polar_env.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 async def _graded(task, command: str):
@@ -94,8 +116,21 @@ def test_a_solution_editing_a_root_owned_file_earns_one_and_a_noop_zero(policy: 
     """`polar rollout` of a folder nobody here would have written for Polar: solve.sh's `sed -i` in
     /etc needs root (the image's user); the verifier's reward.json has two keys."""
     out = tmp_path / policy
-    proc = _polar("rollout", "--tasks", str(ROOT_CONFIG), "--sandbox", ENGINE, "--policy", policy, "--harness", "pi",
-                  "--out", str(out), "--score-window", "256")
+    proc = _polar(
+        "rollout",
+        "--tasks",
+        str(ROOT_CONFIG),
+        "--sandbox",
+        ENGINE,
+        "--policy",
+        policy,
+        "--harness",
+        "pi",
+        "--out",
+        str(out),
+        "--score-window",
+        "256",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     (traj,) = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
     grading = traj["grading"]
@@ -117,10 +152,17 @@ async def test_a_root_agents_git_settings_and_ladder_run_nothing(tmp_path: Path)
     try:
         for cmd in ladder_commands(canary):
             await ws.sandbox.run(cmd, timeout_s=60)
-        await ws.sandbox.run(["sh", "-c", "git init -q . && git config core.fsmonitor 'touch /tmp/ran; false' && "
-                                          "git config filter.x.clean 'touch /tmp/ran; cat' && "
-                                          "git config filter.x.required true && "
-                                          "echo '* filter=x' > .gitattributes"], timeout_s=60)
+        await ws.sandbox.run(
+            [
+                "sh",
+                "-c",
+                "git init -q . && git config core.fsmonitor 'touch /tmp/ran; false' && "
+                "git config filter.x.clean 'touch /tmp/ran; cat' && "
+                "git config filter.x.required true && "
+                "echo '* filter=x' > .gitattributes",
+            ],
+            timeout_s=60,
+        )
         patch = (await ws.sandbox.diff(NOISE_EXCLUDES)).decode("utf-8", "surrogateescape")
         ran = await ws.sandbox.run(["sh", "-c", "ls /tmp/ran 2>&1; id -u"], timeout_s=60)
         assert "No such file" in ran.stdout_tail and ran.stdout_tail.split()[-1] == "0", ran
@@ -137,12 +179,24 @@ def test_polar_tasks_audit_gives_every_shipped_task_a_verdict(tmp_path: Path):
     through the task's own grader and every task resists (the exit code says none is controllable)."""
     for spec, ids in (("terminal", []), ("bundled", ["--task-ids", "pallets__flask-5014"])):
         out = tmp_path / f"{spec}.json"
-        proc = _polar("tasks", "audit", "--tasks", spec, *ids, "--sandbox", "podman" if spec == "terminal" else "auto",
-                      "--out", str(out), timeout=1800)
+        proc = _polar(
+            "tasks",
+            "audit",
+            "--tasks",
+            spec,
+            *ids,
+            "--sandbox",
+            "podman" if spec == "terminal" else "auto",
+            "--out",
+            str(out),
+            timeout=1800,
+        )
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         audits = {a["task_id"]: a for a in json.loads(out.read_text())}
         lines = [line for line in proc.stdout.splitlines() if ": RESISTS (" in line]
         assert len(lines) == len(audits) == (6 if spec == "terminal" else 1), proc.stdout
         for audit in audits.values():
             ran = [c for c in audit["checks"].values() if c["verdict"] != "not_applicable"]
-            assert audit["verdict"] == "resists" and ran and all(c["verdict"] == "resists" for c in ran), audit
+            assert audit["verdict"] == "resists" and ran and all(c["verdict"] == "resists" for c in ran), (
+                audit
+            )

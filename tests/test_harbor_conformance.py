@@ -43,8 +43,24 @@ def _harbor(*args: str) -> str:
 def test_harbor_accepts_every_exported_folder(tmp_path: Path):
     out = tmp_path / "export"
     for spec in ("bundled", "terminal"):
-        proc = subprocess.run([sys.executable, "-m", "polar_env.cli", "tasks", "export", "--format", "harbor",
-                               "--tasks", spec, "--out", str(out)], capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "polar_env.cli",
+                "tasks",
+                "export",
+                "--format",
+                "harbor",
+                "--tasks",
+                spec,
+                "--out",
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
     tasks = load_tasks("bundled") + load_tasks("terminal")
     folders = sorted(out.iterdir())
@@ -57,15 +73,22 @@ def test_harbor_accepts_every_exported_folder(tmp_path: Path):
         assert got["instruction"].strip() and got["verifier_timeout"] > 0
     # harbor lint with every rule: only the two findings docs/tasks.md explains, on the SWE exports only
     bin_harbor = HARBOR_PY.parent / "harbor"
-    lint = subprocess.run([str(bin_harbor), "lint", "--select", "ALL", "--json", *map(str, folders)],
-                          capture_output=True, text=True, timeout=300)
+    lint = subprocess.run(
+        [str(bin_harbor), "lint", "--select", "ALL", "--json", *map(str, folders)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     findings = json.loads(lint.stdout)
     by_rule = {(Path(f["path"]).relative_to(out).parts[0], f["rule"]) for f in findings}
     swe = {t.instance_id for t in tasks if t.harbor is None}
     expected = {(tid, rule) for tid in swe for rule in ("shared-verifier", "unpinned-image")}
     assert {(t, r) for t, r in by_rule if t in swe} == expected, findings
     # every folder builds anywhere: FROM the public image Polar's base is made from (mapped here)
-    assert all((f / "environment" / "Dockerfile").read_text().count("FROM debian:bookworm-slim\n") == 1 for f in folders)
+    assert all(
+        (f / "environment" / "Dockerfile").read_text().count("FROM debian:bookworm-slim\n") == 1
+        for f in folders
+    )
     # and they load back in Polar with the same prompt
     for task in tasks:
         back = load_task_dir(out / task.instance_id)
@@ -108,9 +131,13 @@ def test_harbor_reads_the_fixture_tasks_as_polar_does():
     for folder in folders:
         cfg = load_task_dir(folder).harbor.config
         extra = cfg.verifier.model_extra or {}
-        mine = {"separate": cfg.verifier.separate, "agent_user": cfg.agent.user, "verifier_user": cfg.verifier.user,
-                "collect": [h["command"] for h in extra.get("collect", [])],
-                "artifacts": [a if isinstance(a, str) else a["source"] for a in cfg.artifacts]}
+        mine = {
+            "separate": cfg.verifier.separate,
+            "agent_user": cfg.agent.user,
+            "verifier_user": cfg.verifier.user,
+            "collect": [h["command"] for h in extra.get("collect", [])],
+            "artifacts": [a if isinstance(a, str) else a["source"] for a in cfg.artifacts],
+        }
         assert seen[folder.name] == mine, folder.name
     assert seen["separate-verifier"]["separate"] and seen["agent-user"]["agent_user"] == "tester"
 
@@ -137,10 +164,19 @@ def test_task_env_resolves_as_harbors_does(monkeypatch):
     monkeypatch.setenv("POLAR_CONF_SET", "v1")
     monkeypatch.setenv("POLAR_CONF_EMPTY", "")
     monkeypatch.delenv("POLAR_CONF_UNSET", raising=False)
-    cases = {"values": {"LIT": "plain", "SET": "${POLAR_CONF_SET}", "DFLT": "${POLAR_CONF_UNSET:-d}",
-                        "EMPTYSET": "${POLAR_CONF_EMPTY:-d}", "NODFLT": "${POLAR_CONF_UNSET:-}",
-                        "EMBED": "x${POLAR_CONF_SET}y", "DOLLAR": "$POLAR_CONF_SET", "COLON": "${A:B}"},
-             "unset": {"X": "${POLAR_CONF_UNSET}"}}
+    cases = {
+        "values": {
+            "LIT": "plain",
+            "SET": "${POLAR_CONF_SET}",
+            "DFLT": "${POLAR_CONF_UNSET:-d}",
+            "EMPTYSET": "${POLAR_CONF_EMPTY:-d}",
+            "NODFLT": "${POLAR_CONF_UNSET:-}",
+            "EMBED": "x${POLAR_CONF_SET}y",
+            "DOLLAR": "$POLAR_CONF_SET",
+            "COLON": "${A:B}",
+        },
+        "unset": {"X": "${POLAR_CONF_UNSET}"},
+    }
     seen = json.loads(_harbor("-c", RESOLVE, json.dumps(cases)))
     for name, env in cases.items():
         try:

@@ -22,12 +22,18 @@ from polar_env.trajectory.checks import check_path
 
 REPO = Path(__file__).resolve().parents[1]
 GYM_VENV = REPO / ".venv-gym"
-SERVER_DIRS = ("resources_servers/polar", "responses_api_agents/polar_agent", "environment_servers/legacy_agent")
+SERVER_DIRS = (
+    "resources_servers/polar",
+    "responses_api_agents/polar_agent",
+    "environment_servers/legacy_agent",
+)
 TASK_ID = "fix-median-bug"
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not (GYM_VENV / "bin" / "ng_run").exists(), reason="needs the NeMo Gym venv (setup_nemo_gym.sh)"),
+    pytest.mark.skipif(
+        not (GYM_VENV / "bin" / "ng_run").exists(), reason="needs the NeMo Gym venv (setup_nemo_gym.sh)"
+    ),
     pytest.mark.skipif(not engine_available("podman"), reason="needs podman (scripts/setup_podman.sh)"),
     pytest.mark.skipif(shutil.which("npm") is None, reason="needs npm (the Pi harness)"),
 ]
@@ -41,36 +47,99 @@ def test_gym_collects_a_gold_rollout_of_a_harbor_task(tmp_path: Path, embedded_d
     (tmp_path / "tmp").mkdir()
     (task,) = [t for t in load_tasks("terminal") if t.instance_id == TASK_ID]
     rows = tmp_path / "rows.jsonl"
-    rows.write_text(json.dumps({"responses_create_params": {"input": [{"role": "user", "content": episode_prompt(task)}],
-                                                            "max_output_tokens": 2048},
-                                "task_id": TASK_ID, "task_source": "polar_pi_agent"}) + "\n")
+    rows.write_text(
+        json.dumps(
+            {
+                "responses_create_params": {
+                    "input": [{"role": "user", "content": episode_prompt(task)}],
+                    "max_output_tokens": 2048,
+                },
+                "task_id": TASK_ID,
+                "task_source": "polar_pi_agent",
+            }
+        )
+        + "\n"
+    )
     policy_port, head_port = free_port(), free_port()
-    env = {**os.environ, "PATH": f"{GYM_VENV / 'bin'}:{os.environ['PATH']}",
-           "NEMO_GYM_EXTRA_ROOTS": str(REPO / "nemo_gym_env"), "RAY_USAGE_STATS_ENABLED": "0",
-           "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "TMPDIR": str(tmp_path / "tmp"), "RAY_TMPDIR": "/tmp"}
+    env = {
+        **os.environ,
+        "PATH": f"{GYM_VENV / 'bin'}:{os.environ['PATH']}",
+        "NEMO_GYM_EXTRA_ROOTS": str(REPO / "nemo_gym_env"),
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+        "TMPDIR": str(tmp_path / "tmp"),
+        "RAY_TMPDIR": "/tmp",
+    }
     env.pop("VIRTUAL_ENV", None)
     head = ["+head_server.host=127.0.0.1", f"+head_server.port={head_port}"]
     policy_log, run_log = tmp_path / "policy.log", tmp_path / "ng_run.log"
-    policy = subprocess.Popen([sys.executable, "-m", "polar_env.cli", "policy-server", "--backend", "scripted",
-                               "--policy", "gold", "--tasks", "terminal", "--port", str(policy_port),
-                               "--model-dir", str(embedded_dir)], stdout=policy_log.open("w"),
-                              stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True, preexec_fn=interruptible)
+    policy = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "polar_env.cli",
+            "policy-server",
+            "--backend",
+            "scripted",
+            "--policy",
+            "gold",
+            "--tasks",
+            "terminal",
+            "--port",
+            str(policy_port),
+            "--model-dir",
+            str(embedded_dir),
+        ],
+        stdout=policy_log.open("w"),
+        stderr=subprocess.STDOUT,
+        cwd=REPO,
+        start_new_session=True,
+        preexec_fn=interruptible,
+    )
     run = None
     try:
         wait_for(policy_log, "policy server ready", policy, 120)
         run = subprocess.Popen(
-            [str(GYM_VENV / "bin" / "ng_run"), f"+config_paths=[{REPO / 'configs' / 'polar_pi.yaml'}]",
-             f"+policy_base_url=http://127.0.0.1:{policy_port}/v1", "+policy_api_key=none",
-             "+policy_model_name=polar-policy", f"+polar_model_dir={embedded_dir}", "+polar_tasks=terminal",
-             "+polar_sandbox=podman", "+skip_venv_if_present=true", f"+uv_venv_dir={venvs}", *head],
-            stdout=run_log.open("w"), stderr=subprocess.STDOUT, cwd=tmp_path, env=env, start_new_session=True,
-            preexec_fn=interruptible)
+            [
+                str(GYM_VENV / "bin" / "ng_run"),
+                f"+config_paths=[{REPO / 'configs' / 'polar_pi.yaml'}]",
+                f"+policy_base_url=http://127.0.0.1:{policy_port}/v1",
+                "+policy_api_key=none",
+                "+policy_model_name=polar-policy",
+                f"+polar_model_dir={embedded_dir}",
+                "+polar_tasks=terminal",
+                "+polar_sandbox=podman",
+                "+skip_venv_if_present=true",
+                f"+uv_venv_dir={venvs}",
+                *head,
+            ],
+            stdout=run_log.open("w"),
+            stderr=subprocess.STDOUT,
+            cwd=tmp_path,
+            env=env,
+            start_new_session=True,
+            preexec_fn=interruptible,
+        )
         wait_for(run_log, "servers ready", run, 300)
         out = tmp_path / "rollouts.jsonl"
         collect = subprocess.run(
-            [str(GYM_VENV / "bin" / "gym"), "eval", "run", "--no-serve", "+agent_name=polar_pi_agent",
-             f"+input_jsonl_fpath={rows}", f"+output_jsonl_fpath={out}", "+num_samples_in_parallel=1", *head],
-            capture_output=True, text=True, cwd=tmp_path, env=env, timeout=1500)
+            [
+                str(GYM_VENV / "bin" / "gym"),
+                "eval",
+                "run",
+                "--no-serve",
+                "+agent_name=polar_pi_agent",
+                f"+input_jsonl_fpath={rows}",
+                f"+output_jsonl_fpath={out}",
+                "+num_samples_in_parallel=1",
+                *head,
+            ],
+            capture_output=True,
+            text=True,
+            cwd=tmp_path,
+            env=env,
+            timeout=1500,
+        )
         assert collect.returncode == 0, collect.stdout[-3000:] + collect.stderr[-3000:]
     finally:
         if run is not None:

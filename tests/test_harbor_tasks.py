@@ -30,8 +30,13 @@ from polar_env.tasks.runtime import WorkspaceUnavailable, container_spec, task_s
 FIXTURES = Path(__file__).parent / "fixtures" / "harbor"
 
 
-def _task(tmp_path: Path, toml: str = "", *, dockerfile: str = "FROM polar-base\nWORKDIR /work\n",
-          solution: dict[str, str] | None = None) -> Path:
+def _task(
+    tmp_path: Path,
+    toml: str = "",
+    *,
+    dockerfile: str = "FROM polar-base\nWORKDIR /work\n",
+    solution: dict[str, str] | None = None,
+) -> Path:
     d = tmp_path / "my-task"
     (d / "environment").mkdir(parents=True)
     (d / "tests").mkdir()
@@ -56,14 +61,19 @@ def test_terminal_tasks_load_with_their_config():
         assert cfg.verifier.timeout_sec == 120.0 and cfg.agent.timeout_sec == 600.0
         assert cfg.environment.memory_mb == 1024 and not cfg.environment.wants_internet
         assert (Path(task.harbor.path) / "solution" / "solve.sh").is_file()
-        assert "FROM debian:bookworm-slim" in (task.harbor.environment_dir / "Dockerfile").read_text()  # builds anywhere
+        assert (
+            "FROM debian:bookworm-slim" in (task.harbor.environment_dir / "Dockerfile").read_text()
+        )  # builds anywhere
     # a task crosses processes (Ray, the Gym servers) as JSON
     assert Task.model_validate_json(tasks[0].model_dump_json()) == tasks[0]
 
 
 def test_one_folder_config_fields_limits_and_workdir(tmp_path):
-    d = _task(tmp_path, '[task]\nname = "acme/Fancy Task"\n[environment]\ncpus = 2\nmemory_mb = 512\n'
-                        'network_mode = "public"\nfuture_field = 3\n[verifier]\nuser = "tester"\n')
+    d = _task(
+        tmp_path,
+        '[task]\nname = "acme/Fancy Task"\n[environment]\ncpus = 2\nmemory_mb = 512\n'
+        'network_mode = "public"\nfuture_field = 3\n[verifier]\nuser = "tester"\n',
+    )
     (task,) = load_harbor(d)
     assert task.instance_id == "Fancy-Task" and task.workdir == "/work"
     env = task.harbor.config.environment
@@ -98,8 +108,15 @@ def test_gold_command_runs_solve_sh_from_the_workdir(tmp_path):
     subprocess.run(["bash", "-c", cmd], check=True)
     assert (work / "out.txt").read_text() == "solved\n"
     # with helpers: a tarball unpacked into /tmp/solution, solve.sh run from there
-    (task,) = load_harbor(_task(tmp_path / "b", solution={
-        "solve.sh": "bash /tmp/solution/lib/helper.sh\n", "lib/helper.sh": "echo helped > out.txt\n"}))
+    (task,) = load_harbor(
+        _task(
+            tmp_path / "b",
+            solution={
+                "solve.sh": "bash /tmp/solution/lib/helper.sh\n",
+                "lib/helper.sh": "echo helped > out.txt\n",
+            },
+        )
+    )
     cmd = gold_command(task).replace("cd /work", f"cd {work}")
     subprocess.run(["bash", "-c", cmd], check=True)
     assert (work / "out.txt").read_text() == "helped\n"
@@ -109,12 +126,18 @@ def test_gold_command_runs_solve_sh_from_the_workdir(tmp_path):
 def test_from_lines_are_mapped_and_a_missing_base_is_named(tmp_path, monkeypatch):
     monkeypatch.setenv("POLAR_IMAGE_MAP", "ubuntu:24.04=localhost/mine:1")
     mapping = image_map()
-    assert mapping["ubuntu:24.04"] == "localhost/mine:1" and mapping["polar-base"].startswith("localhost/polar-base:")
-    text, bases = rewrite_from("FROM --platform=linux/amd64 ubuntu:24.04 AS build\nRUN x\nFROM build\n", mapping)
+    assert mapping["ubuntu:24.04"] == "localhost/mine:1" and mapping["polar-base"].startswith(
+        "localhost/polar-base:"
+    )
+    text, bases = rewrite_from(
+        "FROM --platform=linux/amd64 ubuntu:24.04 AS build\nRUN x\nFROM build\n", mapping
+    )
     assert text.splitlines()[0] == "FROM --platform=linux/amd64 localhost/mine:1 AS build"
     assert bases == ["localhost/mine:1"]  # `FROM build` is a stage, not an image
     (task,) = load_harbor(_task(tmp_path, dockerfile="FROM python:3.12-slim\nWORKDIR /app\n"))
-    with pytest.raises(HarborImageError, match=r"FROM python:3.12-slim, which is not in podman.*POLAR_IMAGE_MAP"):
+    with pytest.raises(
+        HarborImageError, match=r"FROM python:3.12-slim, which is not in podman.*POLAR_IMAGE_MAP"
+    ):
         ensure_harbor_image(task, "podman")
     monkeypatch.setenv("POLAR_IMAGE_MAP", "oops")
     with pytest.raises(HarborImageError, match="not NAME=LOCAL_IMAGE"):
@@ -126,21 +149,31 @@ def test_docker_image_is_used_as_is(tmp_path):
     assert task.image == "registry.example/img:7" and ensure_harbor_image(task) == "registry.example/img:7"
 
 
-@pytest.mark.parametrize(("name", "text", "rewards"), [
-    ("reward.txt", "1\n", {"reward": 1.0}),
-    ("reward.txt", " 0.25 ", {"reward": 0.25}),
-    ("reward.json", '{"reward": 1, "tests_passed": 7}', {"reward": 1.0, "tests_passed": 7.0}),
-    ("reward.json", "0.5", {"reward": 0.5}),
-])
+@pytest.mark.parametrize(
+    ("name", "text", "rewards"),
+    [
+        ("reward.txt", "1\n", {"reward": 1.0}),
+        ("reward.txt", " 0.25 ", {"reward": 0.25}),
+        ("reward.json", '{"reward": 1, "tests_passed": 7}', {"reward": 1.0, "tests_passed": 7.0}),
+        ("reward.json", "0.5", {"reward": 0.5}),
+    ],
+)
 def test_reward_files_parse_as_harbor_reads_them(name, text, rewards):
     assert parse_rewards(name, text) == rewards
 
 
-@pytest.mark.parametrize(("name", "text", "why"), [
-    ("reward.txt", "", "empty"), ("reward.txt", "passed", "not one number"), ("reward.txt", "nan", "finite"),
-    ("reward.json", "{", "not JSON"), ("reward.json", "{}", "empty object"),
-    ("reward.json", '{"reward": "1"}', "not a finite number"), ("reward.json", '{"reward": true}', "finite"),
-])
+@pytest.mark.parametrize(
+    ("name", "text", "why"),
+    [
+        ("reward.txt", "", "empty"),
+        ("reward.txt", "passed", "not one number"),
+        ("reward.txt", "nan", "finite"),
+        ("reward.json", "{", "not JSON"),
+        ("reward.json", "{}", "empty object"),
+        ("reward.json", '{"reward": "1"}', "not a finite number"),
+        ("reward.json", '{"reward": true}', "finite"),
+    ],
+)
 def test_unreadable_rewards_are_errors_not_zero(name, text, why):
     with pytest.raises(RewardError, match=why):
         parse_rewards(name, text)
@@ -196,7 +229,11 @@ def test_separate_verifier_rule_and_artifacts(tmp_path):
     with pytest.raises(ContainerError, match="not an absolute path"):
         artifact_sources(task)
     with pytest.raises(HarborTaskError, match="incompatible"):
-        load_harbor(_task(tmp_path / "c", '[verifier]\nenvironment_mode = "shared"\n[verifier.environment]\ncpus = 1\n'))
+        load_harbor(
+            _task(
+                tmp_path / "c", '[verifier]\nenvironment_mode = "shared"\n[verifier.environment]\ncpus = 1\n'
+            )
+        )
     # a copied artifact keeps only directories and regular files, none excluded, no setuid bit
     art = tmp_path / "art"
     (art / "sub").mkdir(parents=True)
@@ -206,6 +243,7 @@ def test_separate_verifier_rule_and_artifacts(tmp_path):
     (art / "tool").chmod(0o4755)
     (art / "link").symlink_to("/etc/passwd")
     import os
+
     os.mkfifo(art / "fifo")
     sanitise(art, ["*.tmp"])
     assert sorted(str(p.relative_to(art)) for p in art.rglob("*")) == ["keep.txt", "sub", "tool"]
@@ -228,8 +266,11 @@ def test_storage_and_gpus_become_container_flags():
 @pytest.mark.skipif(gpu_count() > 0, reason="this machine has GPUs: the refusal is for one without")
 def test_a_task_asking_for_gpus_is_refused_where_there_are_none(tmp_path):
     (task,) = load_harbor(_task(tmp_path, "[environment]\ngpus = 1\n"))
-    with pytest.raises(WorkspaceUnavailable, match=r"my-task: task.toml \[environment\] gpus = 1, but it asks "
-                                                   r"for 1 GPU\(s\) and this machine has 0"):
+    with pytest.raises(
+        WorkspaceUnavailable,
+        match=r"my-task: task.toml \[environment\] gpus = 1, but it asks "
+        r"for 1 GPU\(s\) and this machine has 0",
+    ):
         container_spec(task, SandboxSpec(), "podman")  # before any image is built
 
 
@@ -245,8 +286,10 @@ def test_a_compose_main_service_loads_and_others_are_refused(tmp_path):
         with pytest.raises(HarborTaskError, match=match):
             load_task_dir(d)
 
-    refused("services:\n  main: {}\n  db:\n    image: postgres:16\n",
-            r"my-task: environment/docker-compose.yaml: services db beside main would have to run too")
+    refused(
+        "services:\n  main: {}\n  db:\n    image: postgres:16\n",
+        r"my-task: environment/docker-compose.yaml: services db beside main would have to run too",
+    )
     refused("services:\n  main:\n    volumes: [/data:/data]\n", r"services.main.volumes cannot be honoured")
     refused("services:\n  main:\n    build: {context: ..}\n", r"must be\s+inside environment/")
     refused("services:\n  main:\n    image: ${REGISTRY}/x\n", r"\$\{REGISTRY\} is neither Harbor's")
@@ -254,13 +297,17 @@ def test_a_compose_main_service_loads_and_others_are_refused(tmp_path):
     # an image-only main service, and no Dockerfile: the image, used as is
     d = _task(tmp_path / "img")
     (d / "environment" / "Dockerfile").unlink()
-    (d / "environment" / "docker-compose.yaml").write_text("services:\n  main:\n    image: ${IMG:-local/img:1}\n")
+    (d / "environment" / "docker-compose.yaml").write_text(
+        "services:\n  main:\n    image: ${IMG:-local/img:1}\n"
+    )
     assert load_task_dir(d).image == "local/img:1"
 
 
-ENV_TOML = ('[environment.env]\nGREETING = "hello"\nTOKEN = "${POLAR_TEST_HOST_VAR}"\n'
-            'MODE = "${POLAR_TEST_UNSET:-fast}"\nEMPTY = "${POLAR_TEST_UNSET:-}"\n'
-            'LITERAL = "a${POLAR_TEST_HOST_VAR}b"\n')
+ENV_TOML = (
+    '[environment.env]\nGREETING = "hello"\nTOKEN = "${POLAR_TEST_HOST_VAR}"\n'
+    'MODE = "${POLAR_TEST_UNSET:-fast}"\nEMPTY = "${POLAR_TEST_UNSET:-}"\n'
+    'LITERAL = "a${POLAR_TEST_HOST_VAR}b"\n'
+)
 
 
 def test_environment_env_reaches_every_command_of_the_container(tmp_path, monkeypatch):
@@ -272,7 +319,13 @@ def test_environment_env_reaches_every_command_of_the_container(tmp_path, monkey
     monkeypatch.delenv("POLAR_TEST_UNSET", raising=False)
     (task,) = load_harbor(_task(tmp_path, ENV_TOML))
     spec = task_spec(task, SandboxSpec())
-    want = {"GREETING": "hello", "TOKEN": "from-host", "MODE": "fast", "EMPTY": "", "LITERAL": "a${POLAR_TEST_HOST_VAR}b"}
+    want = {
+        "GREETING": "hello",
+        "TOKEN": "from-host",
+        "MODE": "fast",
+        "EMPTY": "",
+        "LITERAL": "a${POLAR_TEST_HOST_VAR}b",
+    }
     assert {k: spec.env[k] for k in want} == want and spec.env["TZ"] == "UTC"
     box = ContainerSandbox(spec, "img", "polar-x", engine="podman")
     create = box.create_argv()
@@ -288,16 +341,23 @@ def test_environment_env_reaches_every_command_of_the_container(tmp_path, monkey
 def test_an_unset_host_variable_and_a_key_polar_sets_are_refused_at_load(tmp_path, monkeypatch):
     monkeypatch.delenv("POLAR_TEST_UNSET", raising=False)
     cases = [
-        ('[environment.env]\nTOKEN = "${POLAR_TEST_UNSET}"\n',
-         r"my-task: task.toml \[environment\] env: TOKEN = '\$\{POLAR_TEST_UNSET\}', but "
-         r"\$\{POLAR_TEST_UNSET\} is not set in the host's environment"),
+        (
+            '[environment.env]\nTOKEN = "${POLAR_TEST_UNSET}"\n',
+            r"my-task: task.toml \[environment\] env: TOKEN = '\$\{POLAR_TEST_UNSET\}', but "
+            r"\$\{POLAR_TEST_UNSET\} is not set in the host's environment",
+        ),
         ('[verifier.env]\nJUDGE = "${POLAR_TEST_UNSET}"\n', r"my-task: task.toml \[verifier\] env: JUDGE"),
         ('[verifier.environment.env]\nX = "${POLAR_TEST_UNSET}"\n', r"\[verifier.environment\] env: X"),
-        ('[environment.env]\nPATH = "/opt/x/bin:/usr/bin"\nOPENAI_BASE_URL = "http://evil"\n'
-         'LD_PRELOAD = "/testbed/x.so"\npolar_session_key = "k"\nOK = "1"\n',
-         r"my-task: task.toml \[environment\] env: LD_PRELOAD, OPENAI_BASE_URL, PATH, polar_session_key "
-         r"cannot be set by a task: Polar sets them"),
-        ('[verifier.environment.env]\nHTTPS_PROXY = "http://x"\n', r"\[verifier.environment\] env: HTTPS_PROXY"),
+        (
+            '[environment.env]\nPATH = "/opt/x/bin:/usr/bin"\nOPENAI_BASE_URL = "http://evil"\n'
+            'LD_PRELOAD = "/testbed/x.so"\npolar_session_key = "k"\nOK = "1"\n',
+            r"my-task: task.toml \[environment\] env: LD_PRELOAD, OPENAI_BASE_URL, PATH, polar_session_key "
+            r"cannot be set by a task: Polar sets them",
+        ),
+        (
+            '[verifier.environment.env]\nHTTPS_PROXY = "http://x"\n',
+            r"\[verifier.environment\] env: HTTPS_PROXY",
+        ),
     ]
     for i, (toml, match) in enumerate(cases):
         with pytest.raises(HarborTaskError, match=match):
@@ -314,8 +374,12 @@ def test_every_key_polar_sets_in_a_sandbox_is_reserved():
 
     assert all(reserved(k) for k in set(SandboxSpec().base_env()) - set(DEFAULT_ENV))
     ctx = HarnessContext(session_id="sess-1", session_key="sk-polar-secret", model_name="policy", port=18080)
-    proxy_keys = {k for adapter in ADAPTERS.values() for k, v in adapter().env(ctx).items()
-                  if ctx.session_key in v or ctx.server_root in v or k.endswith("_KEY")}
+    proxy_keys = {
+        k
+        for adapter in ADAPTERS.values()
+        for k, v in adapter().env(ctx).items()
+        if ctx.session_key in v or ctx.server_root in v or k.endswith("_KEY")
+    }
     assert proxy_keys and {k for k in proxy_keys if not reserved(k)} == set()
     assert not any(reserved(k) for k in ("GREETING", "PYTHONPATH", "TZ", "LANG", "DEBIAN_FRONTEND"))
 
@@ -324,12 +388,17 @@ def test_a_compose_task_gets_its_env_through_interpolation_only(tmp_path, monkey
     """Harbor passes a compose task's [environment] env to compose (its own variables win), not to the
     container: only what main's environment names of it arrives."""
     monkeypatch.setenv("POLAR_TEST_HOST_VAR", "from-host")
-    d = _task(tmp_path, '[environment.env]\nNAME = "${POLAR_TEST_HOST_VAR}"\nTEST_DIR = "/mine"\nUNUSED = "u"\n')
+    d = _task(
+        tmp_path, '[environment.env]\nNAME = "${POLAR_TEST_HOST_VAR}"\nTEST_DIR = "/mine"\nUNUSED = "u"\n'
+    )
     (d / "environment" / "docker-compose.yaml").write_text(
-        "services:\n  main:\n    environment:\n      WHO: ${NAME}\n      TESTS: ${TEST_DIR}\n")
+        "services:\n  main:\n    environment:\n      WHO: ${NAME}\n      TESTS: ${TEST_DIR}\n"
+    )
     (task,) = load_harbor(d)
     env = task_spec(task, SandboxSpec()).env
-    assert env["WHO"] == "from-host" and env["TESTS"] == "/tests" and "UNUSED" not in env and "NAME" not in env
+    assert (
+        env["WHO"] == "from-host" and env["TESTS"] == "/tests" and "UNUSED" not in env and "NAME" not in env
+    )
     (d / "environment" / "docker-compose.yaml").write_text("services:\n  main:\n    environment: [PATH=/x]\n")
     with pytest.raises(HarborTaskError, match=r"services.main.environment: PATH cannot be set by a task"):
         load_task_dir(d)
@@ -346,8 +415,13 @@ def test_a_separate_verifier_gets_its_own_environment_env(tmp_path):
         agent = ContainerSandbox(task_spec(task, SandboxSpec()), "img", "polar-x", engine="podman")
         return verifier_spec(task, agent).env
 
-    own = spec_of('[environment.env]\nA = "1"\nTZ = "Europe/Paris"\n[verifier.environment]\ncpus = 1\n'
-                  '[verifier.environment.env]\nB = "2"\n', tmp_path / "own")
+    own = spec_of(
+        '[environment.env]\nA = "1"\nTZ = "Europe/Paris"\n[verifier.environment]\ncpus = 1\n'
+        '[verifier.environment.env]\nB = "2"\n',
+        tmp_path / "own",
+    )
     assert own["B"] == "2" and "A" not in own and own["TZ"] == "UTC"
-    copy = spec_of('[environment.env]\nA = "1"\n[verifier]\nenvironment_mode = "separate"\n', tmp_path / "copy")
+    copy = spec_of(
+        '[environment.env]\nA = "1"\n[verifier]\nenvironment_mode = "separate"\n', tmp_path / "copy"
+    )
     assert copy["A"] == "1"

@@ -25,8 +25,7 @@ from polar_env.trajectory.chains import build_trajectory
 from polar_env.trajectory.export import grpo_rows
 from polar_env.trajectory.ledger import Ledger
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.needs("bwrap", "npm")]
+pytestmark = [pytest.mark.slow, pytest.mark.needs("bwrap", "npm")]
 
 MARGIN = 5200  # the flood overflows it by ~500 tokens in every harness; Claude Code's compaction request fits
 FLOOD = "seq 100000 100800"  # ~5,000 tokens of tool output, well past MARGIN
@@ -35,8 +34,11 @@ FINAL = "Done."
 TOOL_FOR = {"exec_command": "cmd", "Bash": "command", "bash": "command", "run_shell_command": "command"}
 # each harness's own compaction request (codex-rs templates/compact, Claude Code's compact prompt,
 # Pi's compaction.js SUMMARIZATION_PROMPT)
-COMPACTION_MARKERS = ("CONTEXT CHECKPOINT COMPACTION", "detailed summary of the conversation so far",
-                      "context checkpoint summary")
+COMPACTION_MARKERS = (
+    "CONTEXT CHECKPOINT COMPACTION",
+    "detailed summary of the conversation so far",
+    "context checkpoint summary",
+)
 
 
 def make_policy(engine, tokenizer):
@@ -52,7 +54,9 @@ def make_policy(engine, tokenizer):
             return SUMMARY
         for name, arg in TOOL_FOR.items():
             if f'"name": "{name}"' in prompt_text:
-                return "<tool_call>\n" + json.dumps({"name": name, "arguments": {arg: FLOOD}}) + "\n</tool_call>"
+                return (
+                    "<tool_call>\n" + json.dumps({"name": name, "arguments": {arg: FLOOD}}) + "\n</tool_call>"
+                )
         return FINAL
 
     return policy
@@ -61,10 +65,13 @@ def make_policy(engine, tokenizer):
 @pytest.fixture
 async def small_window_proxy(smol, tmp_path: Path):  # noqa: F811
     renderer, local = smol
-    server = RecordingProxy.create(renderer=renderer, backend=ScriptedBackend(local, lambda *a: FINAL,
-                                                                              context_window=256),
-                                   data_dir=tmp_path / "ledger", admin_secret="admin",
-                                   config=EngineConfig(default_max_tokens=256))
+    server = RecordingProxy.create(
+        renderer=renderer,
+        backend=ScriptedBackend(local, lambda *a: FINAL, context_window=256),
+        data_dir=tmp_path / "ledger",
+        admin_secret="admin",
+        config=EngineConfig(default_max_tokens=256),
+    )
     server.engine.backend.answers.policy = make_policy(server.engine, renderer.tokenizer)
     server.seen, server.bodies = [], []
     await server.start(unix_socket=tmp_path / "sock" / "proxy.sock", port=None)
@@ -76,17 +83,34 @@ async def small_window_proxy(smol, tmp_path: Path):  # noqa: F811
 async def test_harness_reacts_to_the_providers_overflow_error(harness, small_window_proxy, tmp_path: Path):
     adapter = get_adapter(harness)
     adapter.install()
-    sid, run, _edited, _patch = await rollout(adapter, small_window_proxy, tmp_path, f"{harness}-overflow",
-                                              prompt="List the numbers, then stop.", timeout_s=300)
+    sid, run, _edited, _patch = await rollout(
+        adapter,
+        small_window_proxy,
+        tmp_path,
+        f"{harness}-overflow",
+        prompt="List the numbers, then stop.",
+        timeout_s=300,
+    )
     ledger = Ledger(tmp_path / "ledger")
     calls = ledger.calls(sid)
     traj = build_trajectory(ledger.session(sid), calls, status=run.status)
     overflows = [c for c in calls if c.error and c.error.startswith("context overflow")]
     repeats = Counter((c.api, prefix_hashes(c.messages)[-1]) for c in calls if c.error)
-    story = [(c.call_index, len(c.prompt_ids), "overflow" if c in overflows else ("ok" if c.output else c.error),
-              c.break_reason, (c.output.content[:40] if c.output else None)) for c in calls]
-    print(f"\n{harness}: status={run.status} exit={run.exit_code} error={run.error}\n  calls: {story}\n"
-          f"  chains: {[(ch.call_indices, ch.start_reason) for ch in traj.chains]}", file=sys.stderr)
+    story = [
+        (
+            c.call_index,
+            len(c.prompt_ids),
+            "overflow" if c in overflows else ("ok" if c.output else c.error),
+            c.break_reason,
+            (c.output.content[:40] if c.output else None),
+        )
+        for c in calls
+    ]
+    print(
+        f"\n{harness}: status={run.status} exit={run.exit_code} error={run.error}\n  calls: {story}\n"
+        f"  chains: {[(ch.call_indices, ch.start_reason) for ch in traj.chains]}",
+        file=sys.stderr,
+    )
     detail = (story, run.stdout_tail[-2000:], run.stderr_tail[-2000:])
     assert overflows and overflows[0].call_index == 1, detail  # the request carrying the flood
     assert max(repeats.values()) <= MAX_IDENTICAL_FAILURES and len(calls) <= 6, detail
@@ -106,7 +130,9 @@ async def test_harness_reacts_to_the_providers_overflow_error(harness, small_win
         # --train-paths: all trains the compacted history's chain too, main only the first
         graded = traj.model_copy(update={"reward": 1.0})
         trained = [ch.index for ch in traj.chains if ch.trainable_tokens]
-        assert len(trained) >= 2 and [r["chain"] for r in grpo_rows([graded], train_paths="all")] == trained, detail
+        assert (
+            len(trained) >= 2 and [r["chain"] for r in grpo_rows([graded], train_paths="all")] == trained
+        ), detail
         assert [r["chain"] for r in grpo_rows([graded], train_paths="main")] == [traj.main_chain], detail
     elif harness == "gemini-cli":
         # Gemini CLI compacts only ahead of its own idea of the window, never on the API's refusal:

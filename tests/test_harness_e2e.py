@@ -39,8 +39,7 @@ from polar_env.trajectory.chains import build_trajectory
 from polar_env.trajectory.checks import check_trajectory
 from polar_env.trajectory.ledger import Ledger
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.needs("bwrap", "npm")]
+pytestmark = [pytest.mark.slow, pytest.mark.needs("bwrap", "npm")]
 
 # Qwen Code checks a bare `sed -i` as an edit
 EDIT = "cd /testbed && sed -i s/original/edited-by-agent/ hello.py"
@@ -125,33 +124,60 @@ async def proxy(smol, tmp_path: Path):
     renderer, local = smol
     backend = HangingScriptedBackend(local, policy, context_window=256)
     backend.hanging = set()
-    server = RecordingProxy.create(renderer=renderer, backend=backend,
-                                   data_dir=tmp_path / "ledger", admin_secret="admin",
-                                   config=EngineConfig(max_context=131072, default_max_tokens=256))
+    server = RecordingProxy.create(
+        renderer=renderer,
+        backend=backend,
+        data_dir=tmp_path / "ledger",
+        admin_secret="admin",
+        config=EngineConfig(max_context=131072, default_max_tokens=256),
+    )
     server.seen, server.bodies, server.model = [], [], backend
     await server.start(unix_socket=tmp_path / "sock" / "proxy.sock", port=None)
     yield server
     await server.stop()
 
 
-async def rollout(adapter, proxy: RecordingProxy, tmp_path: Path, name: str, *,
-                  prompt: str = "Change original to edited in hello.py.", timeout_s: float = 240,
-                  machine: dict | None = None, budget: dict | None = None, paused_s=None):
+async def rollout(
+    adapter,
+    proxy: RecordingProxy,
+    tmp_path: Path,
+    name: str,
+    *,
+    prompt: str = "Change original to edited in hello.py.",
+    timeout_s: float = 240,
+    machine: dict | None = None,
+    budget: dict | None = None,
+    paused_s=None,
+):
     task = tmp_path / "task"
     if not task.exists():
         task.mkdir(parents=True)
         (task / "hello.py").write_text("print('original')\n")
         init_single_commit(task)  # as every task tree is (tasks/tree.py)
-    sid, key = proxy.create_session(name, sampling={"temperature": 1.0, "top_p": 1.0, "max_tokens": 256},
-                                    metadata={"task_id": "hello", "harness": adapter.name}, budget=budget)
+    sid, key = proxy.create_session(
+        name,
+        sampling={"temperature": 1.0, "top_p": 1.0, "max_tokens": 256},
+        metadata={"task_id": "hello", "harness": adapter.name},
+        budget=budget,
+    )
     sock = proxy.unix_socket.parent
     sock.chmod(0o755)
-    spec = SandboxSpec(proxy_socket_dir=sock, harness_dir=adapter.install_dir(), scratch_root=tmp_path / "scratch")
+    spec = SandboxSpec(
+        proxy_socket_dir=sock, harness_dir=adapter.install_dir(), scratch_root=tmp_path / "scratch"
+    )
     sb = BubblewrapSandbox.create(task, spec=replace(spec, **(machine or {})))
     try:
-        run = await run_episode_in_sandbox(adapter, sb, proxy_socket_dir=sock, session_id=sid, session_key=key,
-                                           model_name="policy", prompt=prompt, timeout_s=timeout_s,
-                                           paused_s=paused_s)
+        run = await run_episode_in_sandbox(
+            adapter,
+            sb,
+            proxy_socket_dir=sock,
+            session_id=sid,
+            session_key=key,
+            model_name="policy",
+            prompt=prompt,
+            timeout_s=timeout_s,
+            paused_s=paused_s,
+        )
         edited = (sb.testbed / "hello.py").read_text()
         patch = (await sb.diff(NOISE_EXCLUDES)).decode()
     finally:
@@ -159,7 +185,9 @@ async def rollout(adapter, proxy: RecordingProxy, tmp_path: Path, name: str, *,
     return sid, run, edited, patch
 
 
-def assert_clean_edit(adapter, proxy: RecordingProxy, ledger_dir: Path, sid: str, run, edited: str, patch: str):
+def assert_clean_edit(
+    adapter, proxy: RecordingProxy, ledger_dir: Path, sid: str, run, edited: str, patch: str
+):
     """The real CLI made the edit with its own tools and exited cleanly; its calls form one chain whose
     loss mask is exactly the sampled tokens."""
     detail = (run.status, run.exit_code, run.stdout_tail[-3000:], run.stderr_tail[-3000:])
@@ -167,7 +195,9 @@ def assert_clean_edit(adapter, proxy: RecordingProxy, ledger_dir: Path, sid: str
     assert edited == "print('edited-by-agent')\n", detail
     assert "+print('edited-by-agent')" in patch
     assert not any(d in patch for d in adapter.noise_dirs), patch
-    assert run.summary.tool_calls >= 1 and run.summary.final_message and FINAL in run.summary.final_message, detail
+    assert run.summary.tool_calls >= 1 and run.summary.final_message and FINAL in run.summary.final_message, (
+        detail
+    )
 
     ledger = Ledger(ledger_dir)
     calls = ledger.calls(sid)
@@ -175,41 +205,53 @@ def assert_clean_edit(adapter, proxy: RecordingProxy, ledger_dir: Path, sid: str
     assert len(calls) >= (1 if adapter.text_edit else 2), [c.output for c in calls]
     traj = build_trajectory(ledger.session(sid), calls, status=run.status)
     assert check_trajectory(traj) == []
-    assert len(traj.chains) == 1 and traj.chains[0].call_indices == list(range(len(calls))), \
-        [(ch.call_indices, ch.start_reason) for ch in traj.chains]
+    assert len(traj.chains) == 1 and traj.chains[0].call_indices == list(range(len(calls))), [
+        (ch.call_indices, ch.start_reason) for ch in traj.chains
+    ]
     chain = traj.chains[0]
     sampled = set()
     for c in calls:
         start = len(c.prompt_ids)
         assert chain.input_ids[:start] == c.prompt_ids
-        assert chain.input_ids[start:start + len(c.sampled_ids)] == c.sampled_ids
+        assert chain.input_ids[start : start + len(c.sampled_ids)] == c.sampled_ids
         sampled |= set(range(start, start + len(c.sampled_ids)))
     assert {i for i, m in enumerate(chain.loss_mask) if m} == sampled
     if adapter.text_edit:
         assert calls[-1].output.content.startswith(FINAL) and "```diff" in calls[-1].output.content
     elif adapter.finish_command:  # it ends by running that command, the final text printed after it
-        assert calls[0].output.tool_calls and adapter.finish_command in calls[-1].output.tool_calls[0].arguments
+        assert (
+            calls[0].output.tool_calls and adapter.finish_command in calls[-1].output.tool_calls[0].arguments
+        )
     else:
         assert calls[0].output.tool_calls and calls[-1].output.content.strip() == FINAL
 
 
 # What differs between two nodes of a cluster that a sandbox spec could still leak: hostname, user,
 # time zone, the host path of the workspace (each rollout has its own tmp_path).
-MACHINES = [{}, {"hostname": "node-b", "user": "worker", "env": {**SandboxSpec().env, "TZ": "America/New_York"}}]
-DECODE = {"/v1/messages": anthropic_messages.decode, "/v1/responses": openai_responses.decode,
-          "/v1/chat/completions": openai_chat.decode,
-          "/v1beta/models/policy:streamGenerateContent": gemini_generate_content.decode}
+MACHINES = [
+    {},
+    {"hostname": "node-b", "user": "worker", "env": {**SandboxSpec().env, "TZ": "America/New_York"}},
+]
+DECODE = {
+    "/v1/messages": anthropic_messages.decode,
+    "/v1/responses": openai_responses.decode,
+    "/v1/chat/completions": openai_chat.decode,
+    "/v1beta/models/policy:streamGenerateContent": gemini_generate_content.decode,
+}
 
 
 def _first_difference(renderer, a: list[int], b: list[int]) -> str:
     i = next((k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
-    return (f"differ at token {i}: {renderer.tokenizer.decode(a[i - 20:i + 20])!r} vs "
-            f"{renderer.tokenizer.decode(b[i - 20:i + 20])!r}")
+    return (
+        f"differ at token {i}: {renderer.tokenizer.decode(a[i - 20 : i + 20])!r} vs "
+        f"{renderer.tokenizer.decode(b[i - 20 : i + 20])!r}"
+    )
 
 
 @pytest.mark.parametrize("harness", HARNESSES)
 async def test_real_harness_edits_through_proxy_and_two_machines_share_first_prompt_ids(
-        harness, proxy: RecordingProxy, smol, tmp_path: Path):
+    harness, proxy: RecordingProxy, smol, tmp_path: Path
+):
     """Each rollout: the real CLI in bubblewrap edits the file through the proxy and nothing else. And
     GRPO groups by first-prompt ids: samples of one task on two machines must form one group."""
     renderer, _ = smol
@@ -217,7 +259,9 @@ async def test_real_harness_edits_through_proxy_and_two_machines_share_first_pro
     adapter.install()
     firsts, bodies, sids = [], [], []
     for n, machine in enumerate(MACHINES):
-        sid, run, edited, patch = await rollout(adapter, proxy, tmp_path / f"r{n}", f"{harness}-g{n}", machine=machine)
+        sid, run, edited, patch = await rollout(
+            adapter, proxy, tmp_path / f"r{n}", f"{harness}-g{n}", machine=machine
+        )
         assert_clean_edit(adapter, proxy, tmp_path / "ledger", sid, run, edited, patch)
         sids.append(sid)
         firsts.append(Ledger(tmp_path / "ledger").calls(sid)[0].prompt_ids)
@@ -235,36 +279,50 @@ async def test_real_harness_edits_through_proxy_and_two_machines_share_first_pro
     if harness == "claude-code":  # its "# Environment" message carries "OS Version: Linux <uname -r>"
         assert f"OS Version: Linux {kernel}" in text
     other = json.loads(text.replace(kernel, "5.15.0-1042-azure"))
-    ids = [renderer.render_prompt(r.conversation.messages, r.conversation.tools)
-           for r in (decode(json.loads(text)), decode(other))]
+    ids = [
+        renderer.render_prompt(r.conversation.messages, r.conversation.tools)
+        for r in (decode(json.loads(text)), decode(other))
+    ]
     assert ids[0] == firsts[0] and ids[1] == ids[0], _first_difference(renderer, ids[0], ids[1])
 
 
 @pytest.mark.parametrize("harness", HARNESSES)
-async def test_hung_tool_is_killed_and_partial_trajectory_kept(harness, proxy: RecordingProxy, tmp_path: Path):
+async def test_hung_tool_is_killed_and_partial_trajectory_kept(
+    harness, proxy: RecordingProxy, tmp_path: Path
+):
     adapter = get_adapter(harness)
     adapter.install()
     name = f"{harness}-hang"  # its session id
-    hung = clock_stopped_until(lambda: bool(processes_matching("polar-e2e-hang")) or name in proxy.model.hanging)
-    sid, run, edited, _ = await rollout(adapter, proxy, tmp_path, name, prompt="Hang forever.",
-                                        timeout_s=HANG_DEADLINE_S, paused_s=hung)
+    hung = clock_stopped_until(
+        lambda: bool(processes_matching("polar-e2e-hang")) or name in proxy.model.hanging
+    )
+    sid, run, edited, _ = await rollout(
+        adapter, proxy, tmp_path, name, prompt="Hang forever.", timeout_s=HANG_DEADLINE_S, paused_s=hung
+    )
     assert hung() < 300, "the hang began"
     # a call still being answered at the deadline is recorded once answered (as the episode lifecycle
     # drains it); a call the stalled model holds is never answered and is cancelled
     await proxy.drain(sid, timeout_s=1 if sid in proxy.model.hanging else 300)
-    assert run.status == "timeout" and run.exit_code is None, (run.stdout_tail[-2000:], run.stderr_tail[-2000:])
+    assert run.status == "timeout" and run.exit_code is None, (
+        run.stdout_tail[-2000:],
+        run.stderr_tail[-2000:],
+    )
     assert edited == "print('original')\n"
     assert processes_matching("polar-e2e-hang") == []
     ledger = Ledger(tmp_path / "ledger")
     calls = ledger.calls(sid)
-    if adapter.text_edit:  # the edit that missed, then the retry the model never answered (recorded as cancelled)
+    if (
+        adapter.text_edit
+    ):  # the edit that missed, then the retry the model never answered (recorded as cancelled)
         assert len(calls) == 2 and calls[1].output is None and calls[1].error, [c.error for c in calls]
         assert "polar-e2e-absent" in calls[0].output.content
     else:  # the call that started the hung tool; a harness whose own command limit is shorter than the
         # deadline (Cline's is a fixed 30 s) asks again, and that call meets the stalled model: cancelled
         assert calls[0].output.tool_calls and HANG in calls[0].output.tool_calls[0].arguments, calls[0].output
-        assert len(calls) <= 2 and all(c.output is None and c.error for c in calls[1:]), \
-            (run.duration_s, [c.error for c in calls])
+        assert len(calls) <= 2 and all(c.output is None and c.error for c in calls[1:]), (
+            run.duration_s,
+            [c.error for c in calls],
+        )
     traj = build_trajectory(ledger.session(sid), calls, status=run.status)
     assert traj.status == "timeout" and len(traj.chains) == 1 and check_trajectory(traj) == []
 
@@ -277,18 +335,24 @@ async def test_codex_parallel_calls_extend_the_sampled_turn(proxy: RecordingProx
     renderer, _ = smol
     adapter = get_adapter("codex")
     adapter.install()
-    sid, run, _, patch = await rollout(adapter, proxy, tmp_path, "codex-parallel", prompt="Two commands at once.")
-    assert run.status == "completed" and run.exit_code == 0, (run.stdout_tail[-2000:], run.stderr_tail[-2000:])
+    sid, run, _, patch = await rollout(
+        adapter, proxy, tmp_path, "codex-parallel", prompt="Two commands at once."
+    )
+    assert run.status == "completed" and run.exit_code == 0, (
+        run.stdout_tail[-2000:],
+        run.stderr_tail[-2000:],
+    )
     assert "+one" in patch and "+two" in patch  # both calls ran
     ledger = Ledger(tmp_path / "ledger")
     c0, c1, *_ = calls = ledger.calls(sid)
     assert [tc.arguments for tc in c0.output.tool_calls] == [json.dumps({"cmd": c}) for c in PARALLEL]
-    appended = c1.messages[len(c0.messages):]
+    appended = c1.messages[len(c0.messages) :]
     assert [m.role for m in appended] == ["assistant", "tool", "tool"], [m.role for m in appended]
     assert [tc.id for tc in appended[0].tool_calls] == [tc.id for tc in c0.output.tool_calls]
     assert c1.parent_call_index == 0
     assert c1.prompt_ids == c0.prompt_ids + c0.sampled_ids + renderer.render_continuation(
-        appended[1:], previous_ended_with_eos=True)
+        appended[1:], previous_ended_with_eos=True
+    )
     text = renderer.tokenizer.decode(c1.prompt_ids)
     assert all(text.count(c) == 1 for c in PARALLEL), text[-1500:]
     traj = build_trajectory(ledger.session(sid), calls, status=run.status)
@@ -302,8 +366,9 @@ async def test_runaway_harness_is_stopped_by_the_episode_budget(proxy: Recording
     test_harness_context.py; every API's refusal shape in test_proxy_budgets.py.)"""
     adapter = get_adapter("pi")
     adapter.install()
-    sid, run, _, _ = await rollout(adapter, proxy, tmp_path, "pi-runaway", prompt="Loop forever.", timeout_s=600,
-                                   budget={"max_calls": 3})
+    sid, run, _, _ = await rollout(
+        adapter, proxy, tmp_path, "pi-runaway", prompt="Loop forever.", timeout_s=600, budget={"max_calls": 3}
+    )
     calls = Ledger(tmp_path / "ledger").calls(sid)
     detail = ([(c.call_index, c.error) for c in calls], run.status, run.stdout_tail[-1500:])
     # it ends on the refusal (the calls before it may take minutes on a loaded machine)

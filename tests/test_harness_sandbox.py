@@ -15,8 +15,7 @@ from polar_env.harness_adapters.runner import SANDBOX_PYTHON, run_episode_in_san
 from polar_env.sandbox.base import SandboxSpec
 from polar_env.sandbox.bubblewrap import FORWARDER_INSIDE, BubblewrapSandbox
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.needs("bwrap", "npm")]
+pytestmark = [pytest.mark.slow, pytest.mark.needs("bwrap", "npm")]
 # the hang deadline's clock starts at the harness's first request (however long its start-up took
 # on a loaded machine) and runs this long after it
 HANG_DEADLINE_S = 4.0
@@ -36,16 +35,31 @@ def _sandbox(adapter, tmp_path: Path) -> BubblewrapSandbox:
     (task / "hello.py").write_text("print('hi')\n")
     sock = tmp_path / "sock"
     sock.mkdir(exist_ok=True)
-    return BubblewrapSandbox.create(task, spec=SandboxSpec(proxy_socket_dir=sock, harness_dir=adapter.install_dir(),
-                                                           scratch_root=tmp_path / "scratch"))
+    return BubblewrapSandbox.create(
+        task,
+        spec=SandboxSpec(
+            proxy_socket_dir=sock, harness_dir=adapter.install_dir(), scratch_root=tmp_path / "scratch"
+        ),
+    )
 
 
 async def test_cli_starts_inside_sandbox(adapter, tmp_path: Path):
     """Started as an episode starts it, by the forwarder (a Python install is the sealed harness's alone)."""
     sb = _sandbox(adapter, tmp_path)
     try:
-        res = await sb.run([SANDBOX_PYTHON, FORWARDER_INSIDE, "--socket", "/run/proxy/none", "--port", "18080", "--",
-                            *adapter.version_command()], timeout_s=120)
+        res = await sb.run(
+            [
+                SANDBOX_PYTHON,
+                FORWARDER_INSIDE,
+                "--socket",
+                "/run/proxy/none",
+                "--port",
+                "18080",
+                "--",
+                *adapter.version_command(),
+            ],
+            timeout_s=120,
+        )
     finally:
         await sb.destroy()
     assert res.exit_code == 0, res.stderr_tail
@@ -58,9 +72,16 @@ async def test_harness_error_is_recorded_with_stderr_tail(adapter, tmp_path: Pat
     sb = _sandbox(adapter, tmp_path)
     try:
         async with UnixHTTPServer(tmp_path / "sock", await reply_json(400, body)) as server:
-            run = await run_episode_in_sandbox(adapter, sb, proxy_socket_dir=tmp_path / "sock", session_id="sid-7",
-                                               session_key="key-7", model_name="policy",
-                                               prompt="Create out.txt", timeout_s=120)
+            run = await run_episode_in_sandbox(
+                adapter,
+                sb,
+                proxy_socket_dir=tmp_path / "sock",
+                session_id="sid-7",
+                session_key="key-7",
+                model_name="policy",
+                prompt="Create out.txt",
+                timeout_s=120,
+            )
     finally:
         await sb.destroy()
     assert run.status == "error", (run.stdout_tail[-2000:], run.stderr_tail[-2000:])
@@ -78,9 +99,17 @@ async def test_hanging_harness_is_killed_at_deadline(adapter, tmp_path: Path):
     try:
         async with UnixHTTPServer(tmp_path / "sock", hang) as server:
             until_request = clock_stopped_until(lambda: bool(server.requests))
-            run = await run_episode_in_sandbox(adapter, sb, proxy_socket_dir=tmp_path / "sock", session_id="sid-h",
-                                               session_key="key-h", model_name="policy", prompt=f"Say {marker}",
-                                               timeout_s=HANG_DEADLINE_S, paused_s=until_request)
+            run = await run_episode_in_sandbox(
+                adapter,
+                sb,
+                proxy_socket_dir=tmp_path / "sock",
+                session_id="sid-h",
+                session_key="key-h",
+                model_name="policy",
+                prompt=f"Say {marker}",
+                timeout_s=HANG_DEADLINE_S,
+                paused_s=until_request,
+            )
     finally:
         await sb.destroy()
     assert run.status == "timeout" and run.exit_code is None

@@ -40,8 +40,10 @@ from polar_env.tasks.runtime import container_spec, task_spec
 from polar_env.trajectory.export import TrajectoryWriter
 from polar_env.trajectory.models import Trajectory
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not engine_available("podman"), reason="needs podman (scripts/setup_podman.sh)")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not engine_available("podman"), reason="needs podman (scripts/setup_podman.sh)"),
+]
 ENGINE = "podman"
 TASK_ID = "psf__requests-5414"
 # Run as root in the image build, in the task's workdir: a repository (made here if the workdir has none)
@@ -70,49 +72,71 @@ CONTROL = "git log --all --oneline | wc -l; git stash list | wc -l; git reflog |
 def probe(workdir: str, needle: str) -> str:
     """What a history-mining agent runs: each listing between markers, and a count of the objects holding
     ``needle`` (a line of the fix)."""
-    return (f"cd {shlex.quote(workdir)} && echo ==log && git log --all --format='%H %s' && echo ==reflog && "
-            "git reflog && echo ==stash && git stash list && echo ==fsck && git fsck --lost-found 2>&1; "
-            "echo ==objects && git cat-file --batch-all-objects --batch-check='%(objecttype) %(objectname)' "
-            "| grep '^commit'; echo ==fix && { git cat-file --batch-all-objects --batch | grep -c -F "
-            f"{shlex.quote(needle)}; }}; echo ==refs && git for-each-ref --format='%(refname)'; echo ==end")
+    return (
+        f"cd {shlex.quote(workdir)} && echo ==log && git log --all --format='%H %s' && echo ==reflog && "
+        "git reflog && echo ==stash && git stash list && echo ==fsck && git fsck --lost-found 2>&1; "
+        "echo ==objects && git cat-file --batch-all-objects --batch-check='%(objecttype) %(objectname)' "
+        "| grep '^commit'; echo ==fix && { git cat-file --batch-all-objects --batch | grep -c -F "
+        f"{shlex.quote(needle)}; }}; echo ==refs && git for-each-ref --format='%(refname)'; echo ==end"
+    )
 
 
 def sections(output: str) -> dict[str, list[str]]:
     found = re.search(r"==log\n(.*)==end", output, re.S)
     assert found, output[-2000:]
     parts = re.split(r"^==(\w+)$", "==log\n" + found.group(1), flags=re.M)[1:]
-    return {name: [line for line in body.splitlines() if line.strip()] for name, body in zip(parts[::2], parts[1::2],
-                                                                                               strict=True)}
+    return {
+        name: [line for line in body.splitlines() if line.strip()]
+        for name, body in zip(parts[::2], parts[1::2], strict=True)
+    }
 
 
 def probe_then_gold(task: Task, needle: str):
     """The probe through the harness's shell tool, then the gold fix, then a final answer."""
+
     def policy(session_id: str | None, call_number: int, prompt_text: str) -> str:
         done = prompt_text.count("<tool_response>")
         if done == 0:
             return shell_call(prompt_text, probe(task.workdir, needle))
         if done == 1:
-            return shell_call(prompt_text, gold_command(task)) if task.harbor else patch_edit(prompt_text, task.patch)
+            return (
+                shell_call(prompt_text, gold_command(task))
+                if task.harbor
+                else patch_edit(prompt_text, task.patch)
+            )
         return final_answer(prompt_text)
 
     return policy
 
 
 def added_line(patch: str) -> str:
-    return next(line[1:].strip() for line in patch.splitlines()
-                if line.startswith("+") and not line.startswith("+++") and len(line.strip()) > 20)
+    return next(
+        line[1:].strip()
+        for line in patch.splitlines()
+        if line.startswith("+") and not line.startswith("+++") and len(line.strip()) > 20
+    )
 
 
 def with_history(base_image: str, name: str, workdir: str, apply: str) -> str:
     """``base_image`` with `MAKE_HISTORY` run in ``workdir``, built once (tagged by its inputs)."""
-    return build_layer(ENGINE, base_image, f"polar-test-history/{name}", {"make.sh": MAKE_HISTORY, "apply": apply},
-                       f"cd {shlex.quote(workdir)} && sh /tmp/layer/make.sh")
+    return build_layer(
+        ENGINE,
+        base_image,
+        f"polar-test-history/{name}",
+        {"make.sh": MAKE_HISTORY, "apply": apply},
+        f"cd {shlex.quote(workdir)} && sh /tmp/layer/make.sh",
+    )
 
 
 def control(image: str, workdir: str) -> list[int]:
     """The image's own repository, read with nothing of Polar: commits, stashes, reflog entries, tags."""
-    out = subprocess.run([ENGINE, "run", "--rm", "--network", "none", "-w", workdir, image, "sh", "-c", CONTROL],
-                         capture_output=True, text=True, timeout=120, check=True).stdout
+    out = subprocess.run(
+        [ENGINE, "run", "--rm", "--network", "none", "-w", workdir, image, "sh", "-c", CONTROL],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
     return [int(n) for n in out.split()]
 
 
@@ -132,14 +156,19 @@ def harbor_task(tmp_path_factory) -> Task:
     way."""
     folder = tmp_path_factory.mktemp("harbor") / "fix-median-bug-history"
     shutil.copytree(TERMINAL_DIR / "fix-median-bug", folder)
-    (folder / "task.toml").write_text((folder / "task.toml").read_text().replace(
-        'name = "polar/fix-median-bug"', 'name = "polar/fix-median-bug-history"'))
+    (folder / "task.toml").write_text(
+        (folder / "task.toml")
+        .read_text()
+        .replace('name = "polar/fix-median-bug"', 'name = "polar/fix-median-bug-history"')
+    )
     env = folder / "environment"
     (env / "history").mkdir()
     (env / "history" / "make.sh").write_text(MAKE_HISTORY)
     shutil.copy(folder / "solution" / "solve.sh", env / "history" / "apply")
     with open(env / "Dockerfile", "a") as dockerfile:
-        dockerfile.write("COPY history /tmp/layer\nRUN cd /app && sh /tmp/layer/make.sh && rm -rf /tmp/layer\n")
+        dockerfile.write(
+            "COPY history /tmp/layer\nRUN cd /app && sh /tmp/layer/make.sh && rm -rf /tmp/layer\n"
+        )
     return load_task_dir(folder)
 
 
@@ -150,8 +179,13 @@ async def proxy_for(local_backend, renderer, tmp_path: Path):
 
     async def make(policy) -> ProxyServer:
         backend = ScriptedBackend(local_backend, policy, context_window=256)
-        proxy = ProxyServer.create(renderer=renderer, backend=backend, data_dir=tmp_path / f"ledger{len(made)}",
-                                   admin_secret=secrets.token_urlsafe(16), config=EngineConfig(max_context=32768))
+        proxy = ProxyServer.create(
+            renderer=renderer,
+            backend=backend,
+            data_dir=tmp_path / f"ledger{len(made)}",
+            admin_secret=secrets.token_urlsafe(16),
+            config=EngineConfig(max_context=32768),
+        )
         sock = Path(f"/tmp/polar-t-{uuid.uuid4().hex[:8]}")
         sock.mkdir(mode=0o755)
         await proxy.start(unix_socket=sock / "proxy.sock", port=None)
@@ -165,7 +199,9 @@ async def proxy_for(local_backend, renderer, tmp_path: Path):
 
 
 def tool_output(traj: Trajectory) -> str:
-    return next(m.content for c in traj.calls for m in c.new_messages if m.role == "tool" and "==log" in m.content)
+    return next(
+        m.content for c in traj.calls for m in c.new_messages if m.role == "tool" and "==log" in m.content
+    )
 
 
 def assert_base_only(found: dict[str, list[str]], base: str, branch: str) -> None:
@@ -180,12 +216,32 @@ async def mine_then_fix(task: Task, needle: str, proxy_for, sandbox: str, tmp_pa
     """A real Pi episode in ``sandbox`` that mines the history, then applies the gold fix: what it saw is
     the base only, and the fix earns 1.0."""
     proxy = await proxy_for(probe_then_gold(task, needle))
-    result = await run_episode(proxy, task, episode_id=f"{task.instance_id}.s0.a0", config=EpisodeConfig(
-        harness="pi", sandbox=sandbox, timeout_s=300, scratch_root=tmp_path))
+    result = await run_episode(
+        proxy,
+        task,
+        episode_id=f"{task.instance_id}.s0.a0",
+        config=EpisodeConfig(harness="pi", sandbox=sandbox, timeout_s=300, scratch_root=tmp_path),
+    )
     traj = result.trajectory
     assert traj.status == "completed", (traj.error, result.harness and result.harness.stderr_tail[-2000:])
-    base = subprocess.run([ENGINE, "run", "--rm", "--network", "none", "-w", task.workdir, task.image or "",
-                           "git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    base = subprocess.run(
+        [
+            ENGINE,
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "-w",
+            task.workdir,
+            task.image or "",
+            "git",
+            "rev-parse",
+            "HEAD",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     assert_base_only(sections(tool_output(traj)), base, "main")
     assert traj.reward == 1.0 and traj.failure_kind == "none", traj.grading
     assert "history_mining" in traj.metadata["exploit_attempts"], traj.metadata
@@ -193,14 +249,24 @@ async def mine_then_fix(task: Task, needle: str, proxy_for, sandbox: str, tmp_pa
 
 
 async def test_a_history_mining_pi_episode_sees_the_base_only_and_gold_still_earns_one(
-        swe_task: Task, harbor_task: Task, proxy_for, tmp_path: Path):
+    swe_task: Task, harbor_task: Task, proxy_for, tmp_path: Path
+):
     harbor_task.image = ensure_harbor_image(harbor_task, ENGINE)
     for task in (swe_task, harbor_task):
         commits, stashes, reflog, tags = control(task.image or "", task.workdir)
-        assert commits >= 4 and stashes == 1 and reflog >= 5 and tags == 2, (task.image, commits, stashes, reflog, tags)
-    episodes = [await mine_then_fix(swe_task, added_line(swe_task.patch), proxy_for, ENGINE, tmp_path),
-                await mine_then_fix(harbor_task, "return (ordered[n // 2 - 1] + ordered[n // 2]) / 2", proxy_for,
-                                    ENGINE, tmp_path)]
+        assert commits >= 4 and stashes == 1 and reflog >= 5 and tags == 2, (
+            task.image,
+            commits,
+            stashes,
+            reflog,
+            tags,
+        )
+    episodes = [
+        await mine_then_fix(swe_task, added_line(swe_task.patch), proxy_for, ENGINE, tmp_path),
+        await mine_then_fix(
+            harbor_task, "return (ordered[n // 2 - 1] + ordered[n // 2]) / 2", proxy_for, ENGINE, tmp_path
+        ),
+    ]
     run = tmp_path / "run"
     run.mkdir()
     with TrajectoryWriter(run / "trajectories.jsonl") as writer:
@@ -210,15 +276,20 @@ async def test_a_history_mining_pi_episode_sees_the_base_only_and_gold_still_ear
     check = subprocess.run([*polar, "check", str(run)], capture_output=True, text=True, timeout=300)
     assert check.returncode == 0 and "EXPLOIT ATTEMPTS" in check.stdout, check.stdout + check.stderr
     assert "history_mining: 2 of 2 episode(s) (100.0%)" in check.stdout, check.stdout
-    view = subprocess.run([*polar, "view", str(run), "--out", str(tmp_path / "page.html")], capture_output=True,
-                          text=True, timeout=300)
+    view = subprocess.run(
+        [*polar, "view", str(run), "--out", str(tmp_path / "page.html")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert view.returncode == 0, view.stderr
     page = (tmp_path / "page.html").read_text()
     assert '"exploits":["history_mining"]' in page and "Exploit attempts" in page
 
 
-async def test_the_same_through_the_apptainer_standin(swe_task: Task, proxy_for, tmp_path: Path,
-                                                      apptainer_log: Path):
+async def test_the_same_through_the_apptainer_standin(
+    swe_task: Task, proxy_for, tmp_path: Path, apptainer_log: Path
+):
     """apptainer cannot be installed here: ``apptainer`` on PATH is a stand-in that runs each exec as a
     ``podman run`` of the same image (tests/apptainer_standin.py). The image's tree, copied out to the
     host, is reduced inside the image (the stand-in's log shows it), and the same Pi episode sees the base
@@ -227,7 +298,9 @@ async def test_the_same_through_the_apptainer_standin(swe_task: Task, proxy_for,
     traj = await mine_then_fix(swe_task, added_line(swe_task.patch), proxy_for, "apptainer", tmp_path)
     assert traj.metadata["workspace"] == "apptainer"
     calls = [line for line in log.read_text().splitlines() if line.startswith("exec ")]
-    assert sum(c.endswith("/bin/sh -c set -u") for c in calls) == 1  # reduced once, for the episode and its grading
+    assert (
+        sum(c.endswith("/bin/sh -c set -u") for c in calls) == 1
+    )  # reduced once, for the episode and its grading
 
 
 async def test_a_task_whose_history_cannot_be_reduced_is_refused_in_one_line(swe_task: Task, tmp_path: Path):
@@ -237,7 +310,9 @@ async def test_a_task_whose_history_cannot_be_reduced_is_refused_in_one_line(swe
     with pytest.raises(HistoryNotReduced) as refused:
         await open_workspace(task, SandboxSpec(scratch_root=tmp_path), sandbox=ENGINE)
     message = str(refused.value)
-    assert "\n" not in message and message.startswith(f"{task.image} /testbed: its git history cannot be reduced")
+    assert "\n" not in message and message.startswith(
+        f"{task.image} /testbed: its git history cannot be reduced"
+    )
     assert message.endswith(f"the base {'0' * 40} is not a commit of the repository at /testbed")
     assert refused.value.failure_kind == FailureKind.task_defect
     spec = container_spec(task, task_spec(task, SandboxSpec()), ENGINE)

@@ -17,21 +17,42 @@ DATES = {"base": "2000-01-02T00:00:00Z", "later": "2001-01-01T00:00:00Z"}
 
 
 def git(repo: Path, *args: str, date: str = "base", input: str | None = None) -> str:
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(repo), "GIT_CONFIG_NOSYSTEM": "1", "GIT_AUTHOR_NAME": "a",
-           "GIT_AUTHOR_EMAIL": "a@x", "GIT_COMMITTER_NAME": "a", "GIT_COMMITTER_EMAIL": "a@x",
-           "GIT_AUTHOR_DATE": DATES[date], "GIT_COMMITTER_DATE": DATES[date]}
-    return subprocess.run(["git", "-c", "safe.directory=*", *args], cwd=repo, env=env, input=input, text=True,
-                          capture_output=True, check=True).stdout
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(repo),
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_AUTHOR_NAME": "a",
+        "GIT_AUTHOR_EMAIL": "a@x",
+        "GIT_COMMITTER_NAME": "a",
+        "GIT_COMMITTER_EMAIL": "a@x",
+        "GIT_AUTHOR_DATE": DATES[date],
+        "GIT_COMMITTER_DATE": DATES[date],
+    }
+    return subprocess.run(
+        ["git", "-c", "safe.directory=*", *args],
+        cwd=repo,
+        env=env,
+        input=input,
+        text=True,
+        capture_output=True,
+        check=True,
+    ).stdout
 
 
 def objects(repo: Path) -> bytes:
     """Every object the repository stores, loose or packed, reachable or not, as ``cat-file`` prints them."""
-    return subprocess.run(["git", "-c", "safe.directory=*", "cat-file", "--batch-all-objects", "--batch"], cwd=repo,
-                          capture_output=True, check=True).stdout
+    return subprocess.run(
+        ["git", "-c", "safe.directory=*", "cat-file", "--batch-all-objects", "--batch"],
+        cwd=repo,
+        capture_output=True,
+        check=True,
+    ).stdout
 
 
 def reduce(repo: Path, base: str = "HEAD") -> subprocess.CompletedProcess:
-    return subprocess.run(["sh", "-c", reduce_script(str(repo), base)], capture_output=True, text=True, cwd="/")
+    return subprocess.run(
+        ["sh", "-c", reduce_script(str(repo), base)], capture_output=True, text=True, cwd="/"
+    )
 
 
 def with_history(repo: Path) -> str:
@@ -70,10 +91,14 @@ def with_history(repo: Path) -> str:
 def test_every_kind_of_later_history_is_gone_and_the_base_stays(tmp_path: Path):
     repo = tmp_path / "repo"
     base = with_history(repo)
-    assert FIX in git(repo, "log", "--all", "-p") and git(repo, "stash", "list") and git(repo, "reflog")  # the control
+    assert (
+        FIX in git(repo, "log", "--all", "-p") and git(repo, "stash", "list") and git(repo, "reflog")
+    )  # the control
     done = reduce(repo)
     assert done.returncode == 0, done.stderr
-    assert reduced_line(done.stdout) == f"{REDUCED} reduced {base} objects=6 tags=2 branch=main"  # 2 commits, 2 trees, 2 blobs
+    assert (
+        reduced_line(done.stdout) == f"{REDUCED} reduced {base} objects=6 tags=2 branch=main"
+    )  # 2 commits, 2 trees, 2 blobs
     assert git(repo, "log", "--all", "--format=%H %s").split("\n")[0] == f"{base} base"
     assert git(repo, "log", "--all", "--format=%s").split() == ["base", "one"]
     assert git(repo, "reflog") == "" and git(repo, "stash", "list") == "" and git(repo, "remote") == ""
@@ -81,7 +106,11 @@ def test_every_kind_of_later_history_is_gone_and_the_base_stays(tmp_path: Path):
     stored = objects(repo)
     assert FIX.encode() not in stored and stored.count(b" commit ") == 2
     assert git(repo, "for-each-ref", "--format=%(refname) %(objecttype)").split("\n") == [
-        "refs/heads/main commit", "refs/tags/v0.1 commit", "refs/tags/v1.0 commit", ""]  # lightweight now
+        "refs/heads/main commit",
+        "refs/tags/v0.1 commit",
+        "refs/tags/v1.0 commit",
+        "",
+    ]  # lightweight now
     assert git(repo, "describe", "--tags").strip() == "v1.0"  # what setuptools_scm and versioneer read
     assert git(repo, "status", "--porcelain") == "?? build.txt\n"  # the tree is the base, its artefacts kept
     assert sorted(p.name for p in (repo / ".git").iterdir()) == ["HEAD", "config", "index", "objects", "refs"]
@@ -133,9 +162,19 @@ def test_a_swe_smith_instance_keeps_its_tree_alone(tmp_path: Path):
     git(repo, "commit", "-qm", "remove F2P tests")
     git(repo, "tag", "v0.1", "HEAD~2")
     tip_tree = git(repo, "rev-parse", f"{branch}^{{tree}}").strip()
-    assert FIX in git(repo, "show", "HEAD~1") and "HIDDEN TEST" in git(repo, "show", "HEAD~1:test_hidden.py")  # the control
-    row = {"instance_id": branch, "repo": "swesmith/owner__repo.abc123", "patch": "x", "FAIL_TO_PASS": ["t"],
-           "PASS_TO_PASS": [], "image_name": "img", "base_commit": branch, "problem_statement": "p"}
+    assert FIX in git(repo, "show", "HEAD~1") and "HIDDEN TEST" in git(
+        repo, "show", "HEAD~1:test_hidden.py"
+    )  # the control
+    row = {
+        "instance_id": branch,
+        "repo": "swesmith/owner__repo.abc123",
+        "patch": "x",
+        "FAIL_TO_PASS": ["t"],
+        "PASS_TO_PASS": [],
+        "image_name": "img",
+        "base_commit": branch,
+        "problem_statement": "p",
+    }
     base = history_base(to_task(row))
     assert base == f"{branch}^{{tree}}"
     done = reduce(repo, base)
@@ -154,8 +193,24 @@ def test_a_detached_head_stays_detached_and_a_shallow_boundary_below_the_base_is
     source = tmp_path / "source"
     base = with_history(source)
     clone = tmp_path / "clone"
-    subprocess.run(["git", "-c", "safe.directory=*", "clone", "-q", "--depth", "1", "--no-local", "-b", "fix",
-                    f"file://{source}", str(clone)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            "git",
+            "-c",
+            "safe.directory=*",
+            "clone",
+            "-q",
+            "--depth",
+            "1",
+            "--no-local",
+            "-b",
+            "fix",
+            f"file://{source}",
+            str(clone),
+        ],
+        check=True,
+        capture_output=True,
+    )
     git(clone, "fetch", "-q", "--depth", "1", "origin", base)
     git(clone, "checkout", "-q", "--detach", base)
     done = reduce(clone, base)
@@ -206,8 +261,11 @@ def test_a_history_that_cannot_be_reduced_is_refused_with_one_line(tmp_path: Pat
     (line,) = [x for x in done.stderr.splitlines() if x.startswith(REFUSED)]
     message = refusal(done.stderr, "img /testbed")
     assert "\n" not in message and message.startswith("img /testbed: its git history cannot be reduced")
-    assert {"no base": "is not a commit", "gitfile": "is not a directory",
-            "objects missing": "packing the objects of the base failed"}[case] in line
+    assert {
+        "no base": "is not a commit",
+        "gitfile": "is not a directory",
+        "objects missing": "packing the objects of the base failed",
+    }[case] in line
 
 
 def test_a_tree_without_a_repository_has_nothing_to_reduce(tmp_path: Path):

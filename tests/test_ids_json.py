@@ -40,7 +40,7 @@ def test_a_chain_is_encoded_once_per_id_and_each_body_is_the_whole_encode():
         assert prompt.encoded() == orjson.dumps(list(prompt))
         assert dumps_body(body, "prompt") == fastjson.dumps({**body, "prompt": list(prompt)})
     assert json.count == prompt.known  # the last call's parent: the tip when it was sent
-    assert bytes(json.data) == orjson.dumps(chain[:json.count].tolist())[1:-1]  # each id once
+    assert bytes(json.data) == orjson.dumps(chain[: json.count].tolist())[1:-1]  # each id once
 
 
 def test_a_prompt_whose_prefix_is_not_at_hand_is_encoded_whole():
@@ -56,7 +56,9 @@ def test_a_prompt_whose_prefix_is_not_at_hand_is_encoded_whole():
     assert dumps_body({"prompt": branch, "n": 1}, "prompt") == orjson.dumps({"prompt": list(branch), "n": 1})
     # a list that does not start with the chain's ids it claims is not trusted
     wrong = ChainPrompt([*chain[:99].tolist(), 9], json, 100)
-    assert wrong.encoded() is None and dumps_body({"prompt": wrong}, "prompt") == orjson.dumps({"prompt": wrong})
+    assert wrong.encoded() is None and dumps_body({"prompt": wrong}, "prompt") == orjson.dumps(
+        {"prompt": wrong}
+    )
     # a body orjson refuses elsewhere (a seed past 64 bits) still goes the standard library's way
     body = {"prompt": ChainPrompt(chain.tolist(), json, 100), "seed": 2**70}
     assert orjson.loads(dumps_body(body, "prompt")) == {"prompt": chain.tolist(), "seed": 2**70}
@@ -74,8 +76,12 @@ async def test_the_proxy_sends_vllm_the_whole_encode_of_each_prompt(renderer, tm
             bodies.append(raw)
         answer = renderer.tokenizer.encode(f"Answer {len(bodies)}.", add_special_tokens=False)
         ids = [*answer, *renderer.eos_token_ids[:1]]
-        return web.json_response({"choices": [completion_choice(body, ids, [-0.5] * len(ids), "stop")],
-                                  "usage": {"prompt_tokens": len(body["prompt"])}})
+        return web.json_response(
+            {
+                "choices": [completion_choice(body, ids, [-0.5] * len(ids), "stop")],
+                "usage": {"prompt_tokens": len(body["prompt"])},
+            }
+        )
 
     app = web.Application()
     app.router.add_post("/v1/completions", completions)
@@ -95,7 +101,10 @@ async def test_the_proxy_sends_vllm_the_whole_encode_of_each_prompt(renderer, tm
             chain = proxy.registry.get(sid).by_index[2].ids_json
             await backend.aclose()
     assert [c["parent_call_index"] for c in calls] == [None, 0, 1, 2, 0]
-    assert set(chain.ends) == {0, *(len(c["prompt_ids"]) + len(c["sampled_ids"]) for c in calls[:3])}  # stored
+    assert set(chain.ends) == {
+        0,
+        *(len(c["prompt_ids"]) + len(c["sampled_ids"]) for c in calls[:3]),
+    }  # stored
     for call, raw in zip(calls, bodies, strict=True):
         sent = orjson.loads(raw)
         assert sent["prompt"] == call["prompt_ids"]  # token-exact

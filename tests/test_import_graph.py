@@ -20,7 +20,17 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
 # bottom first; a top-level module counts as a package of its own
 LAYERS: list[set[str]] = [
     {"environment"},
-    {"cache", "event_loop", "fastjson", "gym_lifespan", "janitor", "metrics", "safe_text", "spawn_pool", "stop_signal"},
+    {
+        "cache",
+        "event_loop",
+        "fastjson",
+        "gym_lifespan",
+        "janitor",
+        "metrics",
+        "safe_text",
+        "spawn_pool",
+        "stop_signal",
+    },
     {"chat"},
     {"outcomes", "wire"},
     {"backends", "sandbox"},
@@ -76,10 +86,16 @@ def test_every_package_imports_only_downward(graph: grimp.ImportGraph):
             theirs, same = layer_of.get(package(imported)), package(imported) == package(importer)
             if not same and (theirs is None or theirs >= mine) and (importer, imported) not in UPWARD:
                 upward.append(f"{importer} -> {imported}")
-    upward += [f"{importer} -> {imported}" for importer in sorted(graph.modules) if package(importer) != TOP
-               for imported in sorted(graph.find_modules_directly_imported_by(importer))
-               if package(imported) == TOP and (importer, imported) not in UPWARD]
-    assert upward == [], "imports that do not point down a layer (move the code, or list it in UPWARD with why)"
+    upward += [
+        f"{importer} -> {imported}"
+        for importer in sorted(graph.modules)
+        if package(importer) != TOP
+        for imported in sorted(graph.find_modules_directly_imported_by(importer))
+        if package(imported) == TOP and (importer, imported) not in UPWARD
+    ]
+    assert upward == [], (
+        "imports that do not point down a layer (move the code, or list it in UPWARD with why)"
+    )
     assert set(UPWARD) <= {(a, b) for a in graph.modules for b in graph.find_modules_directly_imported_by(a)}
 
 
@@ -87,8 +103,13 @@ def test_the_benchmarks_stay_outside_the_package():
     """``bench/`` measures the product and imports it; nothing in ``polar_env`` imports ``bench``."""
     both = grimp.build_graph("polar_env", "bench", cache_dir=None, exclude_type_checking_imports=True)
     assert any(m.startswith("bench.") for m in both.modules), "bench/ beside the package"
-    inward = [(a, b) for a in sorted(both.modules) if a.startswith("polar_env")
-              for b in both.find_modules_directly_imported_by(a) if b.split(".")[0] == "bench"]
+    inward = [
+        (a, b)
+        for a in sorted(both.modules)
+        if a.startswith("polar_env")
+        for b in both.find_modules_directly_imported_by(a)
+        if b.split(".")[0] == "bench"
+    ]
     assert inward == []
 
 

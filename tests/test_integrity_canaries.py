@@ -23,7 +23,7 @@ TASKS = {t.instance_id: t for t in load_tasks("bundled")}
 REDTEAM = Path(__file__).parent / "redteam"
 needs_bwrap = pytest.mark.needs("bwrap")
 
-SOURCE = '''import pytest
+SOURCE = """import pytest
 
 
 @pytest.mark.parametrize("n", [1, 2])
@@ -39,7 +39,7 @@ class TestParser:
 
     def test_parse_number(self):
         assert int("3") == 3
-'''
+"""
 
 
 def test_every_test_renamed_and_canonical_and_only_the_grader_knows_the_mutants():
@@ -49,20 +49,29 @@ def test_every_test_renamed_and_canonical_and_only_the_grader_knows_the_mutants(
     tree = ast.parse(text)
     defs = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
     assert len(plan.expect) == 3 and not defs & {"test_double_value", "test_parse_empty", "test_parse_number"}
-    assert {plan.task_id(w) for w in plan.renamed} == {"tests/test_x.py::test_double_value",
-                                                       "tests/test_x.py::TestParser::test_parse_empty",
-                                                       "tests/test_x.py::TestParser::test_parse_number"}
+    assert {plan.task_id(w) for w in plan.renamed} == {
+        "tests/test_x.py::test_double_value",
+        "tests/test_x.py::TestParser::test_parse_empty",
+        "tests/test_x.py::TestParser::test_parse_number",
+    }
     words = {"double", "value", "parse", "empty", "number"}
     for canary, source in plan.expect.items():
         name = canary.rpartition("::")[2]
         parts = name.removeprefix("test_").split("_")
         assert name in defs and {w for w in parts if not w.isdigit()} <= words, name  # the file's own words
-        assert canary.rpartition("::")[0] == source.rpartition("::")[0]  # same module or class as its original
+        assert (
+            canary.rpartition("::")[0] == source.rpartition("::")[0]
+        )  # same module or class as its original
         assert source in plan.renamed  # the original runs under a fresh name too
     assert text.count("@pytest.mark.parametrize('n', [1, 2])") == 2  # the decorator came along, canonical
-    assert "    assert value == n + n" in text and '"' not in text.split("import pytest", 1)[1].split("class")[0]
+    assert (
+        "    assert value == n + n" in text and '"' not in text.split("import pytest", 1)[1].split("class")[0]
+    )
     # the ids the run reports map back to the task's; a directive naming a test names its written twin
-    assert plan.task_id(plan.written("tests/test_x.py::test_double_value[1]")) == "tests/test_x.py::test_double_value[1]"
+    assert (
+        plan.task_id(plan.written("tests/test_x.py::test_double_value[1]"))
+        == "tests/test_x.py::test_double_value[1]"
+    )
     # what a run must show: each canary FAILED wherever its original PASSED, collected at all
     ids = [c + "[1]" if "double" in plan.task_id(s) else c for c, s in plan.expect.items()]
     src_ids = [s + "[1]" if "double" in plan.task_id(s) else s for s in plan.expect.values()]
@@ -82,7 +91,7 @@ def test_mutations_are_literals_or_a_raises_toggle_never_a_flip():
         plan = plan_canaries({"tests/test_x.py": SOURCE}, f2p, extra=0)
         tree = ast.parse(plan.files["tests/test_x.py"])
         funcs = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
-        (canary, source), = plan.expect.items()
+        ((canary, source),) = plan.expect.items()
         mutant, original = funcs[canary.rpartition("::")[2]], funcs[source.rpartition("::")[2]]
         ops = [type(n).__name__ for f in (mutant, original) for n in ast.walk(f) if isinstance(n, ast.cmpop)]
         assert set(ops) <= {"Eq"}, ops
@@ -105,6 +114,7 @@ def test_the_bundled_f2p_tests_all_get_mutants():
 
     for task in TASKS.values():
         import tempfile
+
         with tempfile.TemporaryDirectory() as tmp:
             tree = materialize(task, Path(tmp) / "tree")
             git(tree, "apply", "-", input=task.test_patch.encode())
@@ -132,8 +142,11 @@ def test_outcome_forgery_that_spares_plugin_canaries_gets_zero():
     """Failed before the grader wrote its canaries into the files (the forgery got 1.0: only the
     static check could have stopped it, and it raises no flag); now a mutant it reports passed is 0."""
     task = TASKS["pallets__flask-5014"]
-    entry = next(e for e in json.loads((REDTEAM / "manifest.json").read_text())
-                 if e["id"] == "outcome-property-spares-canaries")
+    entry = next(
+        e
+        for e in json.loads((REDTEAM / "manifest.json").read_text())
+        if e["id"] == "outcome-property-spares-canaries"
+    )
     patch = (REDTEAM / entry["patch"]).read_text()
     assert tampering_flags(patch, task.repo, task.problem_statement) == {}
     result = grade(task, patch)

@@ -57,8 +57,11 @@ def assert_zero_unmasked(result, kind: FailureKind | None = None) -> None:
 
 
 def test_forged_sandbox_error_then_exit_is_the_patchs_crash(tmp_path: Path):
-    patch = patch_with(tmp_path, "import os, sys\nprint('bwrap: Can\\'t mount proc on /newroot/proc', "
-                                 "file=sys.stderr, flush=True)\nos._exit(1)")
+    patch = patch_with(
+        tmp_path,
+        "import os, sys\nprint('bwrap: Can\\'t mount proc on /newroot/proc', "
+        "file=sys.stderr, flush=True)\nos._exit(1)",
+    )
     result = grade(TASK, patch)
     assert_zero_unmasked(result, FailureKind.test_crash)
     assert all(m.failure_kind is FailureKind.test_crash for m in result.modes.values())
@@ -67,16 +70,25 @@ def test_forged_sandbox_error_then_exit_is_the_patchs_crash(tmp_path: Path):
 def test_a_start_that_fails_on_the_base_too_is_infrastructure(tmp_path: Path, venv: Path):
     """The control: a sandbox that cannot start at all (a mount source missing) is not the tree's."""
     from polar_env.sandbox.bwrap_argv import Mount
-    run = run_sandboxed(["true"], tree=tmp_path, venv=venv, timeout_s=30,
-                        extra_mounts=[Mount("/opt/missing", tmp_path / "does-not-exist")])
+
+    run = run_sandboxed(
+        ["true"],
+        tree=tmp_path,
+        venv=venv,
+        timeout_s=30,
+        extra_mounts=[Mount("/opt/missing", tmp_path / "does-not-exist")],
+    )
     assert not run.started and run.returncode != 0
 
 
 def test_a_tree_that_breaks_sandbox_start_is_patch_broke_sandbox(tmp_path: Path, monkeypatch):
     """A writable run copies the tree into a sized tmpfs before it reports its start: a patched tree
     that does not fit stops the start, the base's fits: 0 for the patch, not masked."""
-    base_bytes = sum(f.stat().st_size for f in materialize(TASK, tmp_path / "base").rglob("*")
-                     if f.is_file() and ".git" not in f.parts)
+    base_bytes = sum(
+        f.stat().st_size
+        for f in materialize(TASK, tmp_path / "base").rglob("*")
+        if f.is_file() and ".git" not in f.parts
+    )
     monkeypatch.setenv("POLAR_GRADING_TMPFS_BYTES", str(base_bytes + (4 << 20)))
     patch = patch_with(tmp_path, "", extra={"src/flask/blob.txt": b"x\n" * (4 << 20)})
     result = grade(TASK, patch, mode=GradingMode.swebench)
@@ -137,8 +149,9 @@ def test_grading_fork_bomb_ends_at_the_pids_limit(tmp_path: Path, monkeypatch):
     monkeypatch.setenv("POLAR_GRADING_PIDS_MAX", "64")
     monkeypatch.setattr(sandbox_exec, "CgroupLimits", _RunGroups)
     monkeypatch.setattr(_RunGroups, "made", [])
-    patch = patch_with(tmp_path, "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n"
-                                 "        pass")
+    patch = patch_with(
+        tmp_path, "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
+    )
     before = _descendants(os.getpid())
     t0 = time.monotonic()
     result = grade(TASK, patch, timeout_s=8)
@@ -183,7 +196,10 @@ def _spy_host_writes(monkeypatch) -> list[int]:
     real = sandbox_exec.run_sandboxed
 
     def spy(script, *, tree: Path, extra_mounts=(), **kwargs):
-        paths = [Path(tree), *(Path(m.src) for m in extra_mounts if m.src is not None and Path(m.src).is_dir())]
+        paths = [
+            Path(tree),
+            *(Path(m.src) for m in extra_mounts if m.src is not None and Path(m.src).is_dir()),
+        ]
         before = sum(_disk_bytes(p) for p in paths)
         try:
             return real(script, tree=tree, extra_mounts=extra_mounts, **kwargs)
@@ -191,7 +207,10 @@ def _spy_host_writes(monkeypatch) -> list[int]:
             grown.append(sum(_disk_bytes(p) for p in paths) - before)
 
     for module in list(sys.modules.values()):
-        if getattr(module, "__name__", "").startswith("polar_env.") and getattr(module, "run_sandboxed", None) is real:
+        if (
+            getattr(module, "__name__", "").startswith("polar_env.")
+            and getattr(module, "run_sandboxed", None) is real
+        ):
             monkeypatch.setattr(module, "run_sandboxed", spy)
     return grown
 
@@ -200,11 +219,13 @@ def _spy_host_writes(monkeypatch) -> list[int]:
 def test_grading_disk_filler_ends_at_the_tmpfs_limit(tmp_path: Path, monkeypatch):
     """Fill /tmp, HOME and the tree (1 GiB each asked): each is a 32 MiB tmpfs, the host disk is untouched."""
     monkeypatch.setenv("POLAR_GRADING_TMPFS_BYTES", str(32 << 20))
-    filler = ("import os\nfor d in ('/tmp', os.path.expanduser('~'), os.getcwd()):\n"
-              "    try:\n        with open(os.path.join(d, 'fill.bin'), 'wb') as f:\n"
-              "            for _ in range(1024):\n                f.write(b'\\0' * (1 << 20))\n"
-              "    except OSError as e:\n        print('filler stopped:', d, e)\n"
-              "raise SystemExit('filled')")
+    filler = (
+        "import os\nfor d in ('/tmp', os.path.expanduser('~'), os.getcwd()):\n"
+        "    try:\n        with open(os.path.join(d, 'fill.bin'), 'wb') as f:\n"
+        "            for _ in range(1024):\n                f.write(b'\\0' * (1 << 20))\n"
+        "    except OSError as e:\n        print('filler stopped:', d, e)\n"
+        "raise SystemExit('filled')"
+    )
     patch = patch_with(tmp_path, filler)
     grown = _spy_host_writes(monkeypatch)
     result = grade(TASK, patch, timeout_s=60)
@@ -218,13 +239,22 @@ def test_limits_come_from_the_environment(monkeypatch):
     monkeypatch.setenv("POLAR_GRADING_MEMORY_BYTES", "0")
     monkeypatch.setenv("POLAR_GRADING_PIDS_MAX", "77")
     limits = GradingLimits.from_env()
-    assert limits.memory_bytes is None and limits.pids_max == 77 and limits.tmpfs_bytes == GradingLimits().tmpfs_bytes
+    assert (
+        limits.memory_bytes is None
+        and limits.pids_max == 77
+        and limits.tmpfs_bytes == GradingLimits().tmpfs_bytes
+    )
 
 
 def test_sandbox_run_reports_its_limits_and_start(tmp_path: Path, venv: Path):
-    run = run_sandboxed("cat /proc/self/status | grep -c . ; df -B1 --output=size /tmp | tail -1",
-                        tree=tmp_path, venv=venv, timeout_s=30, tree_writable=False,
-                        limits=GradingLimits(memory_bytes=1 << 30, pids_max=100, tmpfs_bytes=8 << 20))
+    run = run_sandboxed(
+        "cat /proc/self/status | grep -c . ; df -B1 --output=size /tmp | tail -1",
+        tree=tmp_path,
+        venv=venv,
+        timeout_s=30,
+        tree_writable=False,
+        limits=GradingLimits(memory_bytes=1 << 30, pids_max=100, tmpfs_bytes=8 << 20),
+    )
     assert run.started and run.returncode == 0, run.output
     assert int(run.output.split()[-1]) == 8 << 20
     assert set(run.limits) == {"memory", "pids"}
@@ -247,10 +277,27 @@ def test_non_utf8_file_names_never_make_a_record_unwritable(tmp_path: Path):
     assert list(result.reset_paths) == [os.fsdecode(b"tests/test_\xff.py")]  # kept exact for the reset itself
     dumped = result.model_dump_json()
     assert "tests/test_\\\\xff.py" in dumped
-    stats = TrajectoryStats(calls=0, failed_calls=0, chains=0, sampled_tokens=0, trainable_tokens=0,
-                            trainable_fraction=0.0, main_chain_tokens=0, masked_tokens=0, unscored_tokens=0)
-    traj = Trajectory(session_id="s", created_at=0.0, status="completed", stats=stats, reward=1.0,
-                      grading=result.model_dump(), metadata={"patch": patch}, error=os.fsdecode(b"\xfe"))
+    stats = TrajectoryStats(
+        calls=0,
+        failed_calls=0,
+        chains=0,
+        sampled_tokens=0,
+        trainable_tokens=0,
+        trainable_fraction=0.0,
+        main_chain_tokens=0,
+        masked_tokens=0,
+        unscored_tokens=0,
+    )
+    traj = Trajectory(
+        session_id="s",
+        created_at=0.0,
+        status="completed",
+        stats=stats,
+        reward=1.0,
+        grading=result.model_dump(),
+        metadata={"patch": patch},
+        error=os.fsdecode(b"\xfe"),
+    )
     with TrajectoryWriter(tmp_path / "t.jsonl") as writer:
         writer.write(traj)
     back = Trajectory.model_validate_json((tmp_path / "t.jsonl").read_bytes())
@@ -275,7 +322,7 @@ async def test_a_harness_the_agent_kills_or_outsleeps_is_graded(embedded_dir: Pa
     gold = base64.b64encode(TASK.patch.encode()).decode()
     commands = {
         "kill": "cd /testbed && echo '# not a fix' >> src/flask/blueprints.py "
-                "&& touch $'src/flask/\\xff.txt' && kill -KILL -1",
+        "&& touch $'src/flask/\\xff.txt' && kill -KILL -1",
         "sleep": f"cd /testbed && echo {gold} | base64 -d | git apply && sleep 600",
     }
 
@@ -285,20 +332,38 @@ async def test_a_harness_the_agent_kills_or_outsleeps_is_graded(embedded_dir: Pa
 
     results = {}
     async with scripted_proxy(embedded_dir, renderer, policy, tmp_path) as proxy:
-        for probe, timeout_s in (("kill", 240), ("sleep", 150)):  # the first call can be slow on a loaded host
-            results[probe] = await run_episode(proxy, TASK, episode_id=f"{probe}.s0", config=EpisodeConfig(
-                harness="pi", timeout_s=timeout_s, sampling={"max_tokens": 4096}, scratch_root=tmp_path / "scratch"))
+        for probe, timeout_s in (
+            ("kill", 240),
+            ("sleep", 150),
+        ):  # the first call can be slow on a loaded host
+            results[probe] = await run_episode(
+                proxy,
+                TASK,
+                episode_id=f"{probe}.s0",
+                config=EpisodeConfig(
+                    harness="pi",
+                    timeout_s=timeout_s,
+                    sampling={"max_tokens": 4096},
+                    scratch_root=tmp_path / "scratch",
+                ),
+            )
     killed, slept = results["kill"], results["sleep"]
     # SIGKILL seen as bwrap's exit 137 (harness_crashed) or as the signal itself (harness_killed): either is
     # graded
-    assert killed.harness.status == "error" and killed.harness.exit_code in (137, None), killed.trajectory.error
+    assert killed.harness.status == "error" and killed.harness.exit_code in (137, None), (
+        killed.trajectory.error
+    )
     assert killed.failure_kind in (FailureKind.harness_killed, FailureKind.harness_crashed)
     assert not killed.trajectory.masked and killed.trajectory.reward == 0.0
     assert killed.grade is not None and killed.grade.failure_kind is FailureKind.none, killed.grade.error
     assert "# not a fix" in killed.patch and os.fsdecode(b"src/flask/\xff.txt") in killed.patch
     assert slept.harness.status == "timeout"
     assert slept.grade is not None and slept.grade.resolved
-    assert slept.failure_kind is FailureKind.none and slept.trajectory.reward == 1.0 and not slept.trajectory.masked
+    assert (
+        slept.failure_kind is FailureKind.none
+        and slept.trajectory.reward == 1.0
+        and not slept.trajectory.masked
+    )
     with TrajectoryWriter(tmp_path / "t.jsonl") as writer:
         for r in results.values():
             writer.write(r.trajectory)

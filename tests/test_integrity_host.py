@@ -43,8 +43,12 @@ def make_canary(root: Path) -> Path:
     """Files and a directory named as reset paths are; atime < mtime so any read moves the atime."""
     canary = root / "canary"
     (canary / "sub").mkdir(parents=True)
-    for rel, text in (("test_blueprints.py", "host file\n"), ("conftest.py", "host conftest\n"),
-                      ("sub/keep.txt", "host data\n"), ("setup.cfg", "[host]\n")):
+    for rel, text in (
+        ("test_blueprints.py", "host file\n"),
+        ("conftest.py", "host conftest\n"),
+        ("sub/keep.txt", "host data\n"),
+        ("setup.cfg", "[host]\n"),
+    ):
         (canary / rel).write_text(text)
     for path in [*canary.rglob("*"), canary]:
         os.utime(path, ns=(1_000_000_000, 2_000_000_000), follow_symlinks=False)
@@ -78,8 +82,12 @@ def ladder_commands(canary: Path) -> list[list[str]]:
     for k in range(2, RUNGS + 1):
         cmds.append(["ln", "-s", f"../u{k - 1}/..", "/".join(["d"] * k) + f"/u{k}"])
     target = "/".join(["d"] * RUNGS) + f"/u{RUNGS}" + str(canary)
-    return [*cmds, ["rm", "-rf", "tests"], ["ln", "-s", target, "tests"],
-            ["ln", "-s", target + "/sub", "src/flask/sub"]]
+    return [
+        *cmds,
+        ["rm", "-rf", "tests"],
+        ["ln", "-s", target, "tests"],
+        ["ln", "-s", target + "/sub", "src/flask/sub"],
+    ]
 
 
 def build_ladder(tree: Path, canary: Path) -> None:
@@ -130,7 +138,10 @@ def test_link_that_leaves_only_after_the_reset_is_refused_before_any_test(tmp_pa
     gtree.apply(patch, allow_binary=False)
     gtree.check_links(gtree.changes())  # the first check, on the patch as applied, passes
     result = grade(TASK, patch)
-    assert result.failure_kind == FailureKind.apply_failed and result.reward == 0.0, (result.error, result.flags)
+    assert result.failure_kind == FailureKind.apply_failed and result.reward == 0.0, (
+        result.error,
+        result.flags,
+    )
     assert "patch-refused" in result.flags and "once the grader's reset is done" in result.error
     assert "src/flask/out" in result.error and not any(k.startswith("tests_") for k in result.timings)
     gold = GradingTree.fresh(TASK, tmp_path / "gold")
@@ -155,13 +166,31 @@ def test_grading_mountinfo_names_no_grader_path_or_task(tmp_path: Path, writable
     grader.mkdir(parents=True)
     (grader / "main.py").write_text("print(1)\n")
     venv = ensure_task_env(TASK)
-    run = run_sandboxed(["bash", "-c", "cat /proc/self/mountinfo /srv/abc/tests/t.py /opt/qq/main.py && "
-                         "python -c 'import werkzeug; print(werkzeug.__name__)'"], tree=tree, venv=venv, timeout_s=60,
-                        tree_writable=writable, tree_mount="/srv/abc", extra_mounts=[Mount("/opt/qq", grader)])
+    run = run_sandboxed(
+        [
+            "bash",
+            "-c",
+            "cat /proc/self/mountinfo /srv/abc/tests/t.py /opt/qq/main.py && "
+            "python -c 'import werkzeug; print(werkzeug.__name__)'",
+        ],
+        tree=tree,
+        venv=venv,
+        timeout_s=60,
+        tree_writable=writable,
+        tree_mount="/srv/abc",
+        extra_mounts=[Mount("/opt/qq", grader)],
+    )
     assert run.returncode == 0 and "x = 1" in run.output and "print(1)" in run.output, run.output
     assert run.output.splitlines()[-1] == "werkzeug", run.output  # the venv works through its view
     assert host_path_lines(run.output) == [], run.output
-    for named in (TASK.instance_id, "polar-grade", "polar-perturbed", str(tmp_path), str(venv), str(cache_root())):
+    for named in (
+        TASK.instance_id,
+        "polar-grade",
+        "polar-perturbed",
+        str(tmp_path),
+        str(venv),
+        str(cache_root()),
+    ):
         assert named not in run.output, named
 
 
@@ -173,8 +202,9 @@ def test_restore_replaces_links_it_would_otherwise_follow(tmp_path: Path):
     shutil.rmtree(gtree.tree / "tests")
     (gtree.tree / "tests").symlink_to(canary)
     (gtree.tree / "src" / "flask" / "sub").symlink_to(canary / "sub")
-    gtree.restore(["tests", "tests/test_blueprints.py", "tests/conftest.py", "src/flask/sub/keep.txt",
-                   "src/flask/sub"])
+    gtree.restore(
+        ["tests", "tests/test_blueprints.py", "tests/conftest.py", "src/flask/sub/keep.txt", "src/flask/sub"]
+    )
     assert canary_state(canary) == before
     assert not (gtree.tree / "tests").is_symlink() and (gtree.tree / "tests" / "test_blueprints.py").is_file()
     assert "def test_blueprint" in (gtree.tree / "tests" / "test_blueprints.py").read_text()
@@ -219,9 +249,16 @@ def test_ladder_in_the_agents_tree_leaves_the_host_canary_untouched(tmp_path: Pa
                 assert run.exit_code == 0, (cmd, run.stderr_tail)
             # hostile git settings in the agent's own repository and attributes: never applied
             marker = tmp_path / "ran"
-            await sb.run(["sh", "-c", f"git config core.fsmonitor 'touch {marker}' && "
-                                      f"git config filter.x.clean 'touch {marker}; cat' && "
-                                      "echo '* filter=x working-tree-encoding=UTF-16' > .gitattributes"], timeout_s=30)
+            await sb.run(
+                [
+                    "sh",
+                    "-c",
+                    f"git config core.fsmonitor 'touch {marker}' && "
+                    f"git config filter.x.clean 'touch {marker}; cat' && "
+                    "echo '* filter=x working-tree-encoding=UTF-16' > .gitattributes",
+                ],
+                timeout_s=30,
+            )
             patch = await sb.diff(NOISE_EXCLUDES)
             assert not marker.exists()
             return patch
@@ -269,10 +306,17 @@ def test_ladder_and_git_settings_in_a_podman_agents_tree(tmp_path: Path):
             for cmd in ladder_commands(canary):
                 run = await sb.run(cmd, timeout_s=60)
                 assert run.exit_code == 0, (cmd, run.stderr_tail)
-            await sb.run(["sh", "-c", "git config core.fsmonitor 'touch /tmp/ran; false' && "
-                                      "git config filter.x.clean 'touch /tmp/ran; cat' && "
-                                      "git config filter.x.required true && "
-                                      "echo '* filter=x working-tree-encoding=UTF-16' > .gitattributes"], timeout_s=60)
+            await sb.run(
+                [
+                    "sh",
+                    "-c",
+                    "git config core.fsmonitor 'touch /tmp/ran; false' && "
+                    "git config filter.x.clean 'touch /tmp/ran; cat' && "
+                    "git config filter.x.required true && "
+                    "echo '* filter=x working-tree-encoding=UTF-16' > .gitattributes",
+                ],
+                timeout_s=60,
+            )
             patch = await sb.diff(NOISE_EXCLUDES)
             ran = await sb.run(["sh", "-c", "ls /tmp/ran 2>&1; id -u"], timeout_s=60)
             return patch, ran.stdout_tail + ran.stderr_tail
@@ -280,9 +324,13 @@ def test_ladder_and_git_settings_in_a_podman_agents_tree(tmp_path: Path):
             await ws.close()
 
     patch_bytes, ran = asyncio.run(episode())
-    assert "No such file" in ran and ran.split()[-1] != "0", ran  # nothing of the agent's git ran; agent not root
+    assert "No such file" in ran and ran.split()[-1] != "0", (
+        ran
+    )  # nothing of the agent's git ran; agent not root
     patch = patch_bytes.decode("utf-8", "surrogateescape")
     assert "u16" in patch and ".gitattributes" in patch
     result = grade_task(task, patch, kind="podman", timeout_s=300)
     assert canary_state(canary) == before
-    assert result.reward == 0.0 and not result.resolved and not result.failure_kind.outside_policy, result.error
+    assert result.reward == 0.0 and not result.resolved and not result.failure_kind.outside_policy, (
+        result.error
+    )

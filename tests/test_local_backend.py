@@ -48,7 +48,9 @@ async def test_seed_reproduces_and_tiny_top_p_is_greedy(local, prompt):
     a, b = await local.generate(prompt, params), await local.generate(prompt, params)
     assert a.token_ids == b.token_ids
     greedy = await local.generate(prompt, SamplingParams(temperature=0.0, max_tokens=8))
-    tiny_top_p = await local.generate(prompt, SamplingParams(temperature=1.5, top_p=1e-6, max_tokens=8, seed=11))
+    tiny_top_p = await local.generate(
+        prompt, SamplingParams(temperature=1.5, top_p=1e-6, max_tokens=8, seed=11)
+    )
     assert tiny_top_p.token_ids == greedy.token_ids
     assert greedy.logprobs == pytest.approx(tiny_top_p.logprobs, abs=1e-4)  # raw mode: same raw logprobs
 
@@ -57,13 +59,17 @@ async def test_max_tokens_gives_length_and_stop_ids_give_stop(local, prompt):
     gen = await local.generate(prompt, SamplingParams(temperature=0.0, max_tokens=5))
     assert gen.finish_reason == "length" and len(gen.token_ids) == 5
     first = gen.token_ids[0]
-    stopped = await local.generate(prompt, SamplingParams(temperature=0.0, max_tokens=5, stop_token_ids=[first]))
+    stopped = await local.generate(
+        prompt, SamplingParams(temperature=0.0, max_tokens=5, stop_token_ids=[first])
+    )
     assert stopped.finish_reason == "stop" and stopped.token_ids == [first]
 
 
 async def test_eos_ends_a_greedy_answer(local, embedded_dir):
     renderer = ChatRenderer.from_pretrained(embedded_dir)
-    short = renderer.render_prompt([Message(role="user", content="What is 2+2? Answer with a number only.")], [])
+    short = renderer.render_prompt(
+        [Message(role="user", content="What is 2+2? Answer with a number only.")], []
+    )
     gen = await local.generate(short, SamplingParams(temperature=0.0, max_tokens=30))
     assert gen.finish_reason == "stop" and gen.token_ids[-1] in local.eos_token_ids
 
@@ -76,7 +82,9 @@ async def test_processed_logprobs_are_those_of_the_sampling_distribution(embedde
     assert plain.logprobs == pytest.approx(raw.logprobs, abs=1e-4)  # T=1, top_p=1: the same distribution
     greedy = await processed.generate(prompt, SamplingParams(temperature=0.0, max_tokens=4))
     assert greedy.logprobs == [0.0] * 4
-    narrow = await processed.generate(prompt, SamplingParams(temperature=0.5, top_p=0.5, max_tokens=6, seed=5))
+    narrow = await processed.generate(
+        prompt, SamplingParams(temperature=0.5, top_p=0.5, max_tokens=6, seed=5)
+    )
     wide = local.score(prompt + narrow.token_ids, len(prompt))
     assert all(p >= r - 1e-5 for p, r in zip(narrow.logprobs, wide, strict=True))  # sharper than raw
     await processed.aclose()
@@ -101,7 +109,9 @@ async def test_scripted_backend_scores_the_policy_text_with_the_model(local, pro
     await scripted.generate(prompt, SamplingParams(max_tokens=100), session_id="s1")
     await scripted.generate(prompt, SamplingParams(max_tokens=100), session_id="s2")
     assert seen == [("s1", 0, True), ("s1", 1, True), ("s2", 0, True)]
-    expected = local.tokenizer.encode(policy(None, 0, ""), add_special_tokens=False) + [local.eos_token_ids[0]]
+    expected = local.tokenizer.encode(policy(None, 0, ""), add_special_tokens=False) + [
+        local.eos_token_ids[0]
+    ]
     assert gen.token_ids == expected and gen.finish_reason == "stop"
     assert gen.logprobs == pytest.approx(local.score(prompt + expected, len(prompt)), abs=1e-5)
     assert all(math.isfinite(lp) for lp in gen.logprobs)
@@ -124,7 +134,9 @@ async def test_instant_backend_answers_fixed_ids():
 
 
 async def test_cancelled_generation_frees_the_worker(local, prompt):
-    task = asyncio.create_task(local.generate(prompt, SamplingParams(temperature=1.0, max_tokens=2000, seed=1)))
+    task = asyncio.create_task(
+        local.generate(prompt, SamplingParams(temperature=1.0, max_tokens=2000, seed=1))
+    )
     await asyncio.sleep(0.3)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):

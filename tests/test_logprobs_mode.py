@@ -19,7 +19,9 @@ async def test_classify_tells_raw_from_processed_on_real_logprobs(mode, local_ba
     prompt = renderer.render_prompt([Message(role="user", content="Name a colour.")], [])
     verdicts = set()
     for seed in range(4):
-        gen = await backend.generate(prompt, SamplingParams(temperature=PROBE_TEMPERATURE, max_tokens=1, seed=seed))
+        gen = await backend.generate(
+            prompt, SamplingParams(temperature=PROBE_TEMPERATURE, max_tokens=1, seed=seed)
+        )
         raw = local_backend.score(prompt + gen.token_ids, len(prompt))[0]
         verdicts.add(classify(gen.logprobs[0], raw))
     assert verdicts - {"unknown"} == {mode}
@@ -47,8 +49,13 @@ async def test_a_backend_that_never_answers_the_probe_does_not_hang_the_proxy_st
 
     async with never_answering_completions() as url:
         backend = make_backend("vllm", url=url, model="slow", timeout_s=3600)
-        proxy = ProxyServer.create(renderer=renderer, backend=backend, data_dir=tmp_path / "data", admin_secret="s",
-                                   config=EngineConfig(max_context=8192, logprobs_probe_timeout_s=1.0))
+        proxy = ProxyServer.create(
+            renderer=renderer,
+            backend=backend,
+            data_dir=tmp_path / "data",
+            admin_secret="s",
+            config=EngineConfig(max_context=8192, logprobs_probe_timeout_s=1.0),
+        )
         started = time.perf_counter()
         try:
             await asyncio.wait_for(proxy.start(), 30)

@@ -29,12 +29,18 @@ from polar_env.trajectory.checks import check_path
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "nemo.md"
 PORTS = (8011, 11000)
-SERVER_DIRS = ("resources_servers/polar", "responses_api_agents/polar_agent", "environment_servers/legacy_agent")  # the policy server's and Gym's head server's, as the page writes them
+SERVER_DIRS = (
+    "resources_servers/polar",
+    "responses_api_agents/polar_agent",
+    "environment_servers/legacy_agent",
+)  # the policy server's and Gym's head server's, as the page writes them
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not (REPO / ".venv-gym" / "bin" / "gym").exists(),
-                       reason="needs the NeMo Gym venv: run scripts/setup_nemo_gym.sh"),
+    pytest.mark.skipif(
+        not (REPO / ".venv-gym" / "bin" / "gym").exists(),
+        reason="needs the NeMo Gym venv: run scripts/setup_nemo_gym.sh",
+    ),
     pytest.mark.needs("bwrap", "npm"),
 ]
 
@@ -72,9 +78,16 @@ def test_the_documented_cpu_commands_collect_checked_rollouts(tmp_path: Path):
     script.write_text(documented_block())
     output = tmp_path / "out.log"
     with output.open("w") as sink:
-        proc = subprocess.Popen(["bash", str(script)], cwd=clone, env=env, stdout=sink,
-                                stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                                preexec_fn=interruptible)
+        proc = subprocess.Popen(
+            ["bash", str(script)],
+            cwd=clone,
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+            preexec_fn=interruptible,
+        )
         _wait_or_fail(proc, clone / "gym.log", output)
     assert proc.returncode == 0, _tail(output)
     out = output.read_text(errors="replace")
@@ -88,17 +101,24 @@ def test_the_documented_cpu_commands_collect_checked_rollouts(tmp_path: Path):
     report = check_path(rollouts)  # what `polar check` prints; its exit status is the block's business
     assert report.kind == "nemo" and report.ok, report.render()
     for r in results:
-        assert r["reward"] == 1.0 and r["resolved"] is True and r["mask_sample"] is False, (r["task_id"], r["failure"])
+        assert r["reward"] == 1.0 and r["resolved"] is True and r["mask_sample"] is False, (
+            r["task_id"],
+            r["failure"],
+        )
         calls = [it for it in r["response"]["output"] if it["type"] == "function_call"]
         assert calls and calls[0]["name"] == "bash" and "git apply" in calls[0]["arguments"]
         usage = r["response"]["usage"]
         assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"] > 0
         assert r["seed_s"] > 0 and r["harness_s"] > 0 and r["grading_s"] > 0
-    assert re.search(r"pi_rollouts\.jsonl: nemo file, 4 item\(s\)\n(?:  note: .*\n)*  OK\n", out), context  # polar check
+    assert re.search(r"pi_rollouts\.jsonl: nemo file, 4 item\(s\)\n(?:  note: .*\n)*  OK\n", out), (
+        context
+    )  # polar check
 
     # Gym's own report: its health checks observed Polar's rollouts
     assert "Rollout health: 4 checked, 4 healthy, 0 unhealthy, 0 unobserved" in out, context
-    metrics = json.loads((clone / "results" / "pi_rollouts_aggregate_metrics.json").read_text())[0]["agent_metrics"]
+    metrics = json.loads((clone / "results" / "pi_rollouts_aggregate_metrics.json").read_text())[0][
+        "agent_metrics"
+    ]
     assert metrics["mean/reward"] == 1.0 and metrics["polar/resolved_rate"] == 1.0
     assert metrics["polar/masked_fraction"] == 0.0 and metrics["polar/num_rollouts"] == 4
 
@@ -144,8 +164,10 @@ def _wait_or_fail(proc: subprocess.Popen, gym_log: Path, output: Path, timeout_s
             time.sleep(10)
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-            pytest.fail(f"the documented commands {'failed' if died else 'did not finish'}:\n"
-                        f"{_tail(output)}\n--- gym.log\n{_tail(gym_log)}")
+            pytest.fail(
+                f"the documented commands {'failed' if died else 'did not finish'}:\n"
+                f"{_tail(output)}\n--- gym.log\n{_tail(gym_log)}"
+            )
         time.sleep(5)
 
 

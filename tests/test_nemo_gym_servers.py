@@ -73,7 +73,10 @@ def test_base_urls_accepts_what_gym_and_nemo_rl_pass():
 def test_session_sampling_takes_the_trainers_sampling_over_defaults():
     default = {"temperature": 1.0, "top_p": 1.0, "max_tokens": 8192}
     assert session_sampling({"temperature": 0.6, "max_output_tokens": 300}, default) == {
-        "temperature": 0.6, "top_p": 1.0, "max_tokens": 300}
+        "temperature": 0.6,
+        "top_p": 1.0,
+        "max_tokens": 300,
+    }
     assert session_sampling(None, default) == default
     assert session_sampling({"top_p": None}, default) == default
 
@@ -83,27 +86,44 @@ def test_row_task_id_and_prompt():
     assert row_task_id({"instance_id": "b"}) == "b"
     with pytest.raises(ValueError, match="task_id"):
         row_task_id({"responses_create_params": {}})
-    assert _row_prompt({"input": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]}) == "u"
+    assert (
+        _row_prompt({"input": [{"role": "system", "content": "s"}, {"role": "user", "content": "u"}]}) == "u"
+    )
     assert _row_prompt({"input": [{"role": "user", "content": [{"type": "input_text", "text": "x"}]}]}) == "x"
     assert _row_prompt({"input": "plain"}) == "plain" and _row_prompt({}) is None
 
 
 def test_aggregate_resolved_rate_excludes_masked_samples():
-    rollouts = [{"reward": 1.0, "num_turns": 3}, {"reward": 0.0, "num_turns": 5},
-                {"reward": 0.0, "instance_config": {"mask_sample": True}, "num_turns": 1,
-                 "failure_kind": "polar:harness_killed"}]
+    rollouts = [
+        {"reward": 1.0, "num_turns": 3},
+        {"reward": 0.0, "num_turns": 5},
+        {
+            "reward": 0.0,
+            "instance_config": {"mask_sample": True},
+            "num_turns": 1,
+            "failure_kind": "polar:harness_killed",
+        },
+    ]
     out = aggregate(rollouts)
     assert out["resolved_rate"] == 0.5 and out["mean_num_turns"] == 3.0 and out["num_samples"] == 3
     assert aggregate([]) == {"num_samples": 0}
     # Gym gives compute_metrics only unmasked rollouts; the masked ones are counted over all of them
-    assert masked_metrics(rollouts) == {"num_rollouts": 3, "num_masked": 1, "masked_fraction": pytest.approx(1 / 3),
-                                        "masked/harness_killed": 1}
+    assert masked_metrics(rollouts) == {
+        "num_rollouts": 3,
+        "num_masked": 1,
+        "masked_fraction": pytest.approx(1 / 3),
+        "masked/harness_killed": 1,
+    }
 
 
 def test_row_checks_give_input_errors_not_crashes():
     assert row_sampling({"responses_create_params": {"temperature": 0.0, "top_p": 1, "max_output_tokens": 5}})
-    for bad, field in (({"temperature": -1}, "temperature"), ({"top_p": 0}, "top_p"),
-                       ({"max_output_tokens": 2.5}, "max_output_tokens"), ({"temperature": "hot"}, "temperature")):
+    for bad, field in (
+        ({"temperature": -1}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"max_output_tokens": 2.5}, "max_output_tokens"),
+        ({"temperature": "hot"}, "temperature"),
+    ):
         with pytest.raises(InputError, match=field):
             row_sampling({"responses_create_params": bad})
     with pytest.raises(InputError, match="task_id"):
@@ -118,8 +138,23 @@ def test_a_harness_killed_by_a_signal_is_named_not_an_exit_code(tmp_path: Path):
     from polar_env.harness_adapters.runner import killed_by
     from polar_env.sandbox.forwarder import __file__ as forwarder
 
-    proc = subprocess.run([sys.executable, forwarder, "--socket", str(tmp_path / "none.sock"), "--port", "0", "--",
-                           "sh", "-c", "kill -KILL $$"], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            forwarder,
+            "--socket",
+            str(tmp_path / "none.sock"),
+            "--port",
+            "0",
+            "--",
+            "sh",
+            "-c",
+            "kill -KILL $$",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 128 + 9 and killed_by(proc.returncode, proc.stderr) == "SIGKILL", proc.stderr
     assert killed_by(-15, "") == "SIGTERM"  # the sandbox process itself died of a signal
     assert killed_by(1, "POLAR_FORWARDER_READY 127.0.0.1:18080\n") is None  # an ordinary failure
@@ -144,10 +179,14 @@ def test_the_janitor_removes_a_killed_servers_temp_state(tmp_path: Path):
         (state / "sandbox" / "views").mkdir()
         mount_tmpfs(state / "sandbox" / "views", 1 << 20, "polar-sandbox")
         assert socket_dir(state / "sock")
-    code = ("import os, signal, sys; from pathlib import Path; from polar_env.janitor import Janitor; "
-            "j = Janitor(Path(sys.argv[1])); print('ready', flush=True); os.kill(os.getpid(), signal.SIGKILL)")
+    code = (
+        "import os, signal, sys; from pathlib import Path; from polar_env.janitor import Janitor; "
+        "j = Janitor(Path(sys.argv[1])); print('ready', flush=True); os.kill(os.getpid(), signal.SIGKILL)"
+    )
     try:
-        proc = subprocess.run([sys.executable, "-c", code, str(state)], capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(
+            [sys.executable, "-c", code, str(state)], capture_output=True, text=True, timeout=60
+        )
         assert proc.returncode == -9 and "ready" in proc.stdout
         deadline = time.time() + 30
         while state.exists() and time.time() < deadline:
@@ -174,10 +213,14 @@ async def test_policy_server_speaks_the_vllm_wire(local_backend, renderer, tasks
         gen = await backend.generate(ids, SamplingParams(max_tokens=2048))
         text = renderer.tokenizer.decode(gen.token_ids, skip_special_tokens=True)
         assert text.startswith("<tool_call>") and "git apply" in text and task.patch.splitlines()[0] in text
-        assert len(gen.logprobs) == len(gen.token_ids) and all(math.isfinite(x) and x <= 0 for x in gen.logprobs)
+        assert len(gen.logprobs) == len(gen.token_ids) and all(
+            math.isfinite(x) and x <= 0 for x in gen.logprobs
+        )
         assert gen.prompt_ids == ids and gen.finish_reason == "stop"
 
-        after = renderer.tokenizer.encode(prompt + "<tool_response>ok</tool_response>", add_special_tokens=False)
+        after = renderer.tokenizer.encode(
+            prompt + "<tool_response>ok</tool_response>", add_special_tokens=False
+        )
         done = await backend.generate(after, SamplingParams(max_tokens=64))
         assert renderer.tokenizer.decode(done.token_ids, skip_special_tokens=True).strip() == FINAL
 
@@ -187,7 +230,9 @@ async def test_policy_server_speaks_the_vllm_wire(local_backend, renderer, tasks
         import aiohttp
 
         async with aiohttp.ClientSession() as http:
-            async with http.post(f"http://127.0.0.1:{server.port}/v1/completions", json={"prompt": "text"}) as r:
+            async with http.post(
+                f"http://127.0.0.1:{server.port}/v1/completions", json={"prompt": "text"}
+            ) as r:
                 assert r.status == 400 and "token ids" in (await r.json())["error"]["message"]
     finally:
         await backend.aclose()
@@ -235,7 +280,9 @@ async def test_concurrent_seeds_of_one_episode_make_one_workspace(tmp_path: Path
     try:
         first, second = await asyncio.gather(resources.seed("ep", TASK_ID), resources.seed("ep", TASK_ID))
         assert first == second and len(list(tmp_path.glob("polar-resources-*/polar-ws-*"))) == 1
-        assert Path(first.sandbox_root).parent.name.startswith("polar-ws-")  # every trace under the workspace dir
+        assert Path(first.sandbox_root).parent.name.startswith(
+            "polar-ws-"
+        )  # every trace under the workspace dir
 
         # The seeds below are held at the workspace's opening until the test lets them go, so a cancel or a
         # close lands mid-seed for certain (a warm base opens in well under the 50 ms a sleep used to give).
@@ -254,7 +301,9 @@ async def test_concurrent_seeds_of_one_episode_make_one_workspace(tmp_path: Path
         with pytest.raises(asyncio.CancelledError):
             await caller
         gate.set()
-        await _until(lambda: "ep2" in resources.episodes and "ep2" not in resources._seeding)  # its done callback ran
+        await _until(
+            lambda: "ep2" in resources.episodes and "ep2" not in resources._seeding
+        )  # its done callback ran
         assert resources.open_episodes == 2
         await resources.close("ep2")
         assert resources.open_episodes == 1 and len(list(tmp_path.glob("polar-resources-*/polar-ws-*"))) == 1
@@ -284,7 +333,9 @@ class DirectResources:
         self.core = core
         self.closed: list[str] = []
 
-    async def seed(self, episode_id: str, task_id: str, *, mounts: WorkspaceMounts | None = None) -> SeededEpisode:
+    async def seed(
+        self, episode_id: str, task_id: str, *, mounts: WorkspaceMounts | None = None
+    ) -> SeededEpisode:
         return await self.core.seed(episode_id, task_id, mounts=mounts)
 
     async def verify(self, episode_id: str, task_id: str, *, result: RunResult) -> VerifyOutcome:
@@ -299,7 +350,9 @@ class DirectResources:
 class SeedFails(DirectResources):
     """Stand-in for a resources server that cannot create workspaces (disk full, host down)."""
 
-    async def seed(self, episode_id: str, task_id: str, *, mounts: WorkspaceMounts | None = None) -> SeededEpisode:
+    async def seed(
+        self, episode_id: str, task_id: str, *, mounts: WorkspaceMounts | None = None
+    ) -> SeededEpisode:
         raise OSError("no space left on device")
 
 
@@ -307,35 +360,50 @@ class SeedFails(DirectResources):
 async def policy_url(local_backend):
     from polar_env.backends.scripted import ScriptedBackend
 
-    server = PolicyServer(ScriptedBackend(local_backend, gold_policy(), context_window=256), model_name="polar-policy")
+    server = PolicyServer(
+        ScriptedBackend(local_backend, gold_policy(), context_window=256), model_name="polar-policy"
+    )
     await server.start()
     yield f"http://127.0.0.1:{server.port}/v1"
     await server.stop()
 
 
 def _row(task) -> dict[str, Any]:
-    return {"task_id": task.instance_id, "responses_create_params": {
-        "input": [{"role": "user", "content": episode_prompt(task)}], "temperature": 1.0, "top_p": 1.0,
-        "max_output_tokens": 2048}}
+    return {
+        "task_id": task.instance_id,
+        "responses_create_params": {
+            "input": [{"role": "user", "content": episode_prompt(task)}],
+            "temperature": 1.0,
+            "top_p": 1.0,
+            "max_output_tokens": 2048,
+        },
+    }
 
 
 @needs_bwrap
 @pytest.mark.skipif(shutil.which("npm") is None, reason="needs npm for the Pi harness")
-async def test_failures_before_the_harness_are_masked_with_their_cause(tmp_path: Path, policy_url, embedded_dir,
-                                                                     tasks):
-    agent = PolarAgent(PolarAgentConfig(harness="pi", backend="vllm", url=policy_url, model_name="polar-policy",
-                                        model_dir=embedded_dir))
+async def test_failures_before_the_harness_are_masked_with_their_cause(
+    tmp_path: Path, policy_url, embedded_dir, tasks
+):
+    agent = PolarAgent(
+        PolarAgentConfig(
+            harness="pi", backend="vllm", url=policy_url, model_name="polar-policy", model_dir=embedded_dir
+        )
+    )
     await agent.start()
     runtime_dir = agent.runtime_dir
     assert runtime_dir is not None and runtime_dir.name.startswith("polar-agent-")
     core = PolarResources(PolarResourcesConfig(scratch_root=str(tmp_path)), tasks=list(tasks.values()))
     try:
         broken = (await agent.run(_row(tasks[TASK_ID]), SeedFails(core))).row()
-        unknown = (await agent.run({**_row(tasks[TASK_ID]), "task_id": "nobody__nothing-1"},
-                                   DirectResources(core))).row()
+        unknown = (
+            await agent.run({**_row(tasks[TASK_ID]), "task_id": "nobody__nothing-1"}, DirectResources(core))
+        ).row()
         with pytest.raises(InputError, match="temperature"):
-            await agent.run({**_row(tasks[TASK_ID]), "responses_create_params": {"temperature": -1}},
-                            DirectResources(core))
+            await agent.run(
+                {**_row(tasks[TASK_ID]), "responses_create_params": {"temperature": -1}},
+                DirectResources(core),
+            )
         assert agent.open_sessions == 0 and not list((runtime_dir / "ledger" / "sessions").iterdir())
     finally:
         await agent.stop()
@@ -347,21 +415,36 @@ async def test_failures_before_the_harness_are_masked_with_their_cause(tmp_path:
     assert broken["failure_kind"] == "polar:sandbox_failure" and "no space left" in broken["polar"]["error"]
     assert broken["failure"]["stage"] == "seed" and broken["failure"]["component"] == "resources_server"
     # an unknown task is the request's fault, and says so
-    assert unknown["failure_kind"] == "polar:input_error" and "unknown task_id 'nobody__nothing-1'" in \
-        unknown["failure_reason"] and unknown["failure"]["component"] == "request"
+    assert (
+        unknown["failure_kind"] == "polar:input_error"
+        and "unknown task_id 'nobody__nothing-1'" in unknown["failure_reason"]
+        and unknown["failure"]["component"] == "request"
+    )
     assert not any(tmp_path.iterdir())
 
 
 @pytest.mark.slow
 @needs_bwrap
 @pytest.mark.skipif(shutil.which("npm") is None, reason="needs npm for the Pi harness")
-@pytest.mark.parametrize("harness, tool", [("pi", "bash"), ("codex", "exec_command"), ("claude-code", "Bash")])
-async def test_agent_runs_a_harness_through_the_proxy_and_grades(harness, tool, tmp_path: Path, policy_url,
-                                                                 embedded_dir, tasks):
+@pytest.mark.parametrize(
+    "harness, tool", [("pi", "bash"), ("codex", "exec_command"), ("claude-code", "Bash")]
+)
+async def test_agent_runs_a_harness_through_the_proxy_and_grades(
+    harness, tool, tmp_path: Path, policy_url, embedded_dir, tasks
+):
     traj_file = tmp_path / "trajectories.jsonl"
-    agent = PolarAgent(PolarAgentConfig(harness=harness, backend="vllm", url=policy_url, model_name="polar-policy",
-                                        model_dir=embedded_dir, runtime_dir=str(tmp_path / "rt"),
-                                        trajectories_path=str(traj_file), timeout_s=300))
+    agent = PolarAgent(
+        PolarAgentConfig(
+            harness=harness,
+            backend="vllm",
+            url=policy_url,
+            model_name="polar-policy",
+            model_dir=embedded_dir,
+            runtime_dir=str(tmp_path / "rt"),
+            trajectories_path=str(traj_file),
+            timeout_s=300,
+        )
+    )
     await agent.start()
     core = PolarResources(PolarResourcesConfig(scratch_root=str(tmp_path / "ws")), tasks=list(tasks.values()))
     resources = DirectResources(core)
@@ -383,14 +466,25 @@ async def test_agent_runs_a_harness_through_the_proxy_and_grades(harness, tool, 
 @pytest.mark.slow
 @needs_bwrap
 @pytest.mark.skipif(shutil.which("npm") is None, reason="needs npm for the Pi harness")
-async def test_run_slots_hold_the_policy_server_at_its_concurrency_per_call(tmp_path: Path, policy_url, embedded_dir,
-                                                                           tasks):
+async def test_run_slots_hold_the_policy_server_at_its_concurrency_per_call(
+    tmp_path: Path, policy_url, embedded_dir, tasks
+):
     """Two Pi episodes live at once, one run slot: the policy server never has two calls at once,
     calls wait at the proxy for the slot (not in the harness's deadline), and both still resolve.
     The backend and the slots are wrapped only to count: the real ones answer."""
-    agent = PolarAgent(PolarAgentConfig(harness="pi", backend="vllm", url=policy_url, model_name="polar-policy",
-                                        model_dir=embedded_dir, runtime_dir=str(tmp_path / "rt"), timeout_s=300,
-                                        max_concurrent_episodes=2, run_slots=1))
+    agent = PolarAgent(
+        PolarAgentConfig(
+            harness="pi",
+            backend="vllm",
+            url=policy_url,
+            model_name="polar-policy",
+            model_dir=embedded_dir,
+            runtime_dir=str(tmp_path / "rt"),
+            timeout_s=300,
+            max_concurrent_episodes=2,
+            run_slots=1,
+        )
+    )
     await agent.start()
     engine = agent.proxy.engine
     assert engine.run_slots is not None and engine.run_slots.n == 1
@@ -412,7 +506,9 @@ async def test_run_slots_hold_the_policy_server_at_its_concurrency_per_call(tmp_
     engine.backend.generate, engine.run_slots.enter = counted, timed
     core = PolarResources(PolarResourcesConfig(scratch_root=str(tmp_path / "ws")), tasks=list(tasks.values()))
     try:
-        results = await asyncio.gather(*(agent.run(_row(tasks[TASK_ID]), DirectResources(core)) for _ in range(2)))
+        results = await asyncio.gather(
+            *(agent.run(_row(tasks[TASK_ID]), DirectResources(core)) for _ in range(2))
+        )
     finally:
         await agent.stop()
     rows = [r.row() for r in results]
@@ -436,7 +532,9 @@ class HeldResources(DirectResources):
             self.reached.set()
             await self.gate.wait()
 
-    async def seed(self, episode_id: str, task_id: str, *, mounts: WorkspaceMounts | None = None) -> SeededEpisode:
+    async def seed(
+        self, episode_id: str, task_id: str, *, mounts: WorkspaceMounts | None = None
+    ) -> SeededEpisode:
         await self._held("seed")
         return await super().seed(episode_id, task_id, mounts=mounts)
 
@@ -450,9 +548,12 @@ class HeldResources(DirectResources):
 @pytest.mark.slow
 @needs_bwrap
 @pytest.mark.skipif(shutil.which("npm") is None, reason="needs npm for the Pi harness")
-@pytest.mark.parametrize("fault", ["cancel-seed", "cancel-agent", "stop-agent", "cancel-verification", "grader-crash"])
-async def test_a_fault_in_each_stage_settles_and_leaves_nothing_behind(fault: str, tmp_path: Path, policy_url,
-                                                                     embedded_dir, tasks):
+@pytest.mark.parametrize(
+    "fault", ["cancel-seed", "cancel-agent", "stop-agent", "cancel-verification", "grader-crash"]
+)
+async def test_a_fault_in_each_stage_settles_and_leaves_nothing_behind(
+    fault: str, tmp_path: Path, policy_url, embedded_dir, tasks
+):
     """The Gym agent's episode through the lifecycle's stages, with a fault in each: the /run caller
     gone while the workspace is seeded, while the harness waits on a model call (held in the policy
     server's backend, which the wrapper only delays) and while the resources server grades; the agent
@@ -461,13 +562,24 @@ async def test_a_fault_in_each_stage_settles_and_leaves_nothing_behind(fault: st
     session, workspace or sandbox process."""
     kind_of_fault, stage = fault.split("-", 1)
     traj_file, scratch = tmp_path / "trajectories.jsonl", tmp_path / "ws"
-    agent = PolarAgent(PolarAgentConfig(harness="pi", backend="vllm", url=policy_url, model_name="polar-policy",
-                                        model_dir=embedded_dir, runtime_dir=str(tmp_path / "rt"), timeout_s=300,
-                                        trajectories_path=str(traj_file), run_slots=1))
+    agent = PolarAgent(
+        PolarAgentConfig(
+            harness="pi",
+            backend="vllm",
+            url=policy_url,
+            model_name="polar-policy",
+            model_dir=embedded_dir,
+            runtime_dir=str(tmp_path / "rt"),
+            timeout_s=300,
+            trajectories_path=str(traj_file),
+            run_slots=1,
+        )
+    )
     await agent.start()
     core = PolarResources(PolarResourcesConfig(scratch_root=str(scratch)), tasks=list(tasks.values()))
-    resources = HeldResources(core, hold=stage if stage in ("seed", "verification") else None,
-                              crash=kind_of_fault == "grader")
+    resources = HeldResources(
+        core, hold=stage if stage in ("seed", "verification") else None, crash=kind_of_fault == "grader"
+    )
     generate, call_held, release_call = agent.proxy.engine.backend.generate, asyncio.Event(), asyncio.Event()
 
     async def held_call(*args, **kwargs):
@@ -486,7 +598,9 @@ async def test_a_fault_in_each_stage_settles_and_leaves_nothing_behind(fault: st
             async with asyncio.timeout(120):
                 await (call_held if stage == "agent" else resources.reached).wait()
             if stage == "agent":
-                await asyncio.sleep(0.5)  # the episode sees its harness's first call (booted) and starts its run stage
+                await asyncio.sleep(
+                    0.5
+                )  # the episode sees its harness's first call (booted) and starts its run stage
             if kind_of_fault == "stop":
                 stopping = asyncio.ensure_future(agent.stop())
                 stopped = True
@@ -513,9 +627,12 @@ async def test_a_fault_in_each_stage_settles_and_leaves_nothing_behind(fault: st
     if stage == "verification" and kind_of_fault == "cancel":  # the grade in flight finished: a real result
         assert failure is None and traj["reward"] == 1.0 and traj["metadata"]["mask_sample"] is False
     else:
-        expected = {"cancel-seed": ("cancelled", "seed", "client"), "cancel-agent": ("cancelled", "agent", "client"),
-                    "stop-agent": ("cancelled", "agent", "agent_server"),
-                    "grader-crash": ("infrastructure", "verification", "grader")}[fault]
+        expected = {
+            "cancel-seed": ("cancelled", "seed", "client"),
+            "cancel-agent": ("cancelled", "agent", "client"),
+            "stop-agent": ("cancelled", "agent", "agent_server"),
+            "grader-crash": ("infrastructure", "verification", "grader"),
+        }[fault]
         assert (failure["kind"], failure["stage"], failure["component"]) == expected, failure
         assert traj["metadata"]["mask_sample"] is True and traj["reward"] == 0.0
         if fault == "cancel-agent":
@@ -530,4 +647,5 @@ async def test_a_fault_in_each_stage_settles_and_leaves_nothing_behind(fault: st
     await core.aclose()  # its janitor (a process naming the scratch dir) goes too
     assert await wait_gone(processes_matching, str(scratch)) == []  # no sandbox process binds a workspace
     assert not (tmp_path / "rt" / "ledger" / "sessions").exists() or not list(
-        (tmp_path / "rt" / "ledger" / "sessions").iterdir())
+        (tmp_path / "rt" / "ledger" / "sessions").iterdir()
+    )

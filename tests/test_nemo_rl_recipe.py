@@ -21,7 +21,10 @@ RECIPES = sorted((REPO / "configs").glob("grpo_polar_*.yaml"))
 KEYS = REPO / "configs" / "nemo_rl_grpo_keys.txt"
 # one Gym config per registered harness: an override of the two servers' own configs
 HARNESS_CONFIGS = {name: f"polar_{name.replace('-', '_')}.yaml" for name in adapter_names()}
-BASES = ["resources_servers/polar/configs/polar.yaml", "responses_api_agents/polar_agent/configs/polar_agent.yaml"]
+BASES = [
+    "resources_servers/polar/configs/polar.yaml",
+    "responses_api_agents/polar_agent/configs/polar_agent.yaml",
+]
 GYM_PYTHON = REPO / ".venv-gym" / "bin" / "python"
 # NeMo Gym's own parser, offline (no ports, no servers): each argument's composed config as JSON
 GYM_PARSE = """
@@ -43,7 +46,9 @@ print(json.dumps(out))
 def _merge(base: dict, over: dict) -> dict:
     out = dict(base)
     for key, value in over.items():
-        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+        out[key] = (
+            _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+        )
     return out
 
 
@@ -54,7 +59,7 @@ def _resolve(node: object, root: dict) -> object:
     if not isinstance(node, str) or not node.startswith("${") or node.startswith("${oc.env:"):
         return node
     if node.startswith("${mul:"):
-        left, right = node[len("${mul:"):-1].split(",")
+        left, right = node[len("${mul:") : -1].split(",")
         return _resolve(left.strip(), root) * _resolve(right.strip(), root)
     value: object = root
     for part in node[2:-1].split("."):
@@ -91,8 +96,12 @@ def test_key_list_names_its_source_revision():
     header = KEYS.read_text().splitlines()[0]
     assert "NVIDIA-NeMo/RL@" in header and len(header.split("@")[1].split()[0]) == 40
     exact, open_prefixes = known_keys()
-    assert {"grpo.num_prompts_per_step", "loss_fn.ratio_clip_max", "env.should_use_nemo_gym",
-            "policy.generation.vllm_cfg.expose_http_server"} <= exact
+    assert {
+        "grpo.num_prompts_per_step",
+        "loss_fn.ratio_clip_max",
+        "env.should_use_nemo_gym",
+        "policy.generation.vllm_cfg.expose_http_server",
+    } <= exact
     assert "env.nemo_gym." in open_prefixes
 
 
@@ -100,14 +109,21 @@ def test_key_list_names_its_source_revision():
 def test_recipe_names_only_nemo_rl_grpo_keys(recipe_path):
     recipe = yaml.safe_load(recipe_path.read_text())
     exact, open_prefixes = known_keys()
-    unknown = [k for k in dotted_keys(recipe)
-               if k != "defaults" and k not in exact and not k.startswith(open_prefixes)]
+    unknown = [
+        k
+        for k in dotted_keys(recipe)
+        if k != "defaults" and k not in exact and not k.startswith(open_prefixes)
+    ]
     assert unknown == []
 
 
 def test_a_misspelt_key_would_be_caught():
     exact, open_prefixes = known_keys()
-    for bad in ("grpo.num_prompt_per_step", "loss_fn.clip_ratio_high", "policy.generation.vllm_cfg.expose_http"):
+    for bad in (
+        "grpo.num_prompt_per_step",
+        "loss_fn.clip_ratio_high",
+        "policy.generation.vllm_cfg.expose_http",
+    ):
         assert bad not in exact and not bad.startswith(open_prefixes)
 
 
@@ -141,15 +157,18 @@ def test_every_harness_has_its_override_and_no_other_copies_exist():
     for name in HARNESS_CONFIGS.values():
         raw = yaml.safe_load((REPO / "configs" / name).read_text())
         assert raw["config_paths"] == BASES  # the servers' settings live in their bases only
-        assert all(set(block) <= {"_inherit_from", "responses_api_agents", "environment_servers"}
-                   for key, block in raw.items() if key != "config_paths")
+        assert all(
+            set(block) <= {"_inherit_from", "responses_api_agents", "environment_servers"}
+            for key, block in raw.items()
+            if key != "config_paths"
+        )
 
 
 @pytest.mark.parametrize("harness, name", sorted(HARNESS_CONFIGS.items()))
 def test_base_and_override_compose_to_the_pi_config_renamed(harness, name):
     """What each of the 11 copies was: the Pi config with the harness and the instance names changed;
     and the same whichever way round a Gym merges a file with what it pulls in."""
-    stem, pi = name[len("polar_"):-len(".yaml")], compose(REPO / "configs" / "polar_pi.yaml")
+    stem, pi = name[len("polar_") : -len(".yaml")], compose(REPO / "configs" / "polar_pi.yaml")
     want = {key.replace("polar_pi_", f"polar_{stem}_"): value for key, value in pi.items()}
     text = yaml.safe_dump(want).replace("name: polar_pi_agent", f"name: polar_{stem}_agent")
     want = yaml.safe_load(text.replace("harness: pi\n", f"harness: {harness}\n"))
@@ -161,20 +180,28 @@ def test_base_and_override_compose_to_the_pi_config_renamed(harness, name):
 @pytest.mark.parametrize("harness, name", sorted(HARNESS_CONFIGS.items()))
 def test_composed_servers_validate_as_polar_configs(harness, name):
     cfg = compose(REPO / "configs" / name)
-    stem = name[len("polar_"):-len(".yaml")]
-    agent = {k: v for k, v in cfg[f"polar_{stem}_agent"]["responses_api_agents"]["polar_agent"].items()
-             if k in PolarAgentConfig.model_fields and not str(v).startswith("${")}
+    stem = name[len("polar_") : -len(".yaml")]
+    agent = {
+        k: v
+        for k, v in cfg[f"polar_{stem}_agent"]["responses_api_agents"]["polar_agent"].items()
+        if k in PolarAgentConfig.model_fields and not str(v).startswith("${")
+    }
     agent["budget"] = {}  # its fields are interpolations of optional globals (null when unset)
     assert PolarAgentConfig.model_validate(agent).harness == harness
     resources = cfg["polar_resources_server"]["resources_servers"]["polar"]
-    PolarResourcesConfig.model_validate({k: v for k, v in resources.items() if k in PolarResourcesConfig.model_fields
-                                         and not str(v).startswith("${")})
+    PolarResourcesConfig.model_validate(
+        {
+            k: v
+            for k, v in resources.items()
+            if k in PolarResourcesConfig.model_fields and not str(v).startswith("${")
+        }
+    )
 
 
 @pytest.mark.parametrize("harness, name", sorted(HARNESS_CONFIGS.items()))
 def test_gym_configs_declare_servers_dataset_and_environment(harness, name):
     cfg = compose(REPO / "configs" / name)
-    agent_instance = f"polar_{name[len('polar_'):-len('.yaml')]}_agent"
+    agent_instance = f"polar_{name[len('polar_') : -len('.yaml')]}_agent"
     resources = cfg["polar_resources_server"]["resources_servers"]["polar"]
     assert resources["entrypoint"] == "app.py" and resources["domain"] == "coding"
     agent = cfg[agent_instance]["responses_api_agents"]["polar_agent"]
@@ -183,15 +210,26 @@ def test_gym_configs_declare_servers_dataset_and_environment(harness, name):
     assert agent["url"] == "${policy_base_url}"
     assert all(d["license"] for d in agent["datasets"])
     env_servers = [v for v in cfg.values() if "environment_servers" in v]
-    assert env_servers == [{"environment_servers": {"legacy_agent": {
-        "entrypoint": "app.py", "agent_server": {"type": "responses_api_agents", "name": agent_instance}}}}]
+    assert env_servers == [
+        {
+            "environment_servers": {
+                "legacy_agent": {
+                    "entrypoint": "app.py",
+                    "agent_server": {"type": "responses_api_agents", "name": agent_instance},
+                }
+            }
+        }
+    ]
 
 
 def test_each_base_declares_its_own_server_only():
     resources, agent = (yaml.safe_load((GYM_ROOT / path).read_text()) for path in BASES)
     assert set(resources) == {"polar_resources_server"}
     assert set(agent) == {"polar_agent", "polar_environment"}
-    assert agent["polar_environment"]["environment_servers"]["legacy_agent"]["agent_server"]["name"] == "polar_agent"
+    assert (
+        agent["polar_environment"]["environment_servers"]["legacy_agent"]["agent_server"]["name"]
+        == "polar_agent"
+    )
 
 
 @pytest.mark.skipif(not GYM_PYTHON.exists(), reason="needs the NeMo Gym venv: run scripts/setup_nemo_gym.sh")
@@ -200,8 +238,13 @@ def test_nemo_gym_composes_every_harness_config_as_the_test_does():
     harnesses in one ``config_paths`` share the one resources server."""
     files = [str(REPO / "configs" / name) for name in sorted(HARNESS_CONFIGS.values())]
     pair = ",".join(files[:2])
-    proc = subprocess.run([str(GYM_PYTHON), "-c", GYM_PARSE, *files, pair], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, "NEMO_GYM_EXTRA_ROOTS": str(GYM_ROOT)})
+    proc = subprocess.run(
+        [str(GYM_PYTHON), "-c", GYM_PARSE, *files, pair],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "NEMO_GYM_EXTRA_ROOTS": str(GYM_ROOT)},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     parsed = json.loads(proc.stdout)
     for path in files:
@@ -282,7 +325,9 @@ def rule_no_cp_on_dense_qwen35(r: dict) -> str | None:
         if block.get("enabled") is not False and block.get(key, 1) not in (1, "<unset>"):
             return f"dense Qwen3.5 with policy.{backend}.{key} = {block.get(key)}"
         if backend == "dtensor_cfg" and block.get("enabled") is not False:
-            return "dense Qwen3.5 on DTensor: NeMo-RL validates it on Megatron (set dtensor_cfg.enabled: false)"
+            return (
+                "dense Qwen3.5 on DTensor: NeMo-RL validates it on Megatron (set dtensor_cfg.enabled: false)"
+            )
     return None
 
 
@@ -310,7 +355,11 @@ def rule_chunked_logprobs_defer_fp32(r: dict) -> str | None:
     """nemo_rl/models/megatron/setup.py: asserts "defer_fp32_logits must be True if logprob_chunk_size
     is set" (Megatron)."""
     mg = r["policy"].get("megatron_cfg") or {}
-    if r["policy"].get("logprob_chunk_size") and mg.get("enabled") and mg.get("defer_fp32_logits") is not True:
+    if (
+        r["policy"].get("logprob_chunk_size")
+        and mg.get("enabled")
+        and mg.get("defer_fp32_logits") is not True
+    ):
         return "logprob_chunk_size without megatron_cfg.defer_fp32_logits"
     return None
 
@@ -332,15 +381,25 @@ def rule_sampling_whole_distribution(r: dict) -> str | None:
 def rule_staleness_needs_in_flight_updates(r: dict) -> str | None:
     """nemo_rl/algorithms/grpo.py, async_grpo_train: warns that max_trajectory_age_steps > 1 without
     ``in_flight_weight_updates`` gives no benefit."""
-    age, in_flight = _get(r, "grpo.async_grpo.max_trajectory_age_steps"), _get(r, "grpo.async_grpo.in_flight_weight_updates")
+    age, in_flight = (
+        _get(r, "grpo.async_grpo.max_trajectory_age_steps"),
+        _get(r, "grpo.async_grpo.in_flight_weight_updates"),
+    )
     if isinstance(age, int) and age > 1 and in_flight is not True:
         return "max_trajectory_age_steps > 1 without in_flight_weight_updates"
     return None
 
 
-RULES = [rule_tis_needs_a_type, rule_async_needs_is_correction, rule_no_cp_on_dense_qwen35,
-         rule_token_level_importance_weights, rule_force_on_policy_one_update, rule_chunked_logprobs_defer_fp32,
-         rule_sampling_whole_distribution, rule_staleness_needs_in_flight_updates]
+RULES = [
+    rule_tis_needs_a_type,
+    rule_async_needs_is_correction,
+    rule_no_cp_on_dense_qwen35,
+    rule_token_level_importance_weights,
+    rule_force_on_policy_one_update,
+    rule_chunked_logprobs_defer_fp32,
+    rule_sampling_whole_distribution,
+    rule_staleness_needs_in_flight_updates,
+]
 
 
 @pytest.mark.parametrize("rule", RULES, ids=lambda f: f.__name__)
@@ -353,21 +412,39 @@ def test_recipe_keeps_nemo_rl_rule(recipe_path, rule):
 # the recipe before issue 46, as far as these rules read it: both defects a key-name check could not see
 BEFORE = {"truncated_importance_sampling_type": None, "truncated_importance_sampling_ratio": 2.0}
 BREAKS = {
-    rule_tis_needs_a_type: [("loss_fn", BEFORE),
-                            ("loss_fn", {"truncated_importance_sampling_type": "icepop"}),
-                            ("loss_fn", {"use_importance_sampling_correction": False})],
-    rule_async_needs_is_correction: [("loss_fn", {"use_importance_sampling_correction": False,
-                                                  "truncated_importance_sampling_type": None,
-                                                  "truncated_importance_sampling_ratio": None})],
-    rule_no_cp_on_dense_qwen35: [("policy", {"dtensor_cfg": {"enabled": True, "context_parallel_size": 2},
-                                             "megatron_cfg": {"enabled": False}}),
-                                 ("policy", {"megatron_cfg": {"context_parallel_size": 2}})],
+    rule_tis_needs_a_type: [
+        ("loss_fn", BEFORE),
+        ("loss_fn", {"truncated_importance_sampling_type": "icepop"}),
+        ("loss_fn", {"use_importance_sampling_correction": False}),
+    ],
+    rule_async_needs_is_correction: [
+        (
+            "loss_fn",
+            {
+                "use_importance_sampling_correction": False,
+                "truncated_importance_sampling_type": None,
+                "truncated_importance_sampling_ratio": None,
+            },
+        )
+    ],
+    rule_no_cp_on_dense_qwen35: [
+        (
+            "policy",
+            {
+                "dtensor_cfg": {"enabled": True, "context_parallel_size": 2},
+                "megatron_cfg": {"enabled": False},
+            },
+        ),
+        ("policy", {"megatron_cfg": {"context_parallel_size": 2}}),
+    ],
     rule_token_level_importance_weights: [("loss_fn", {"sequence_level_importance_ratios": True})],
     rule_force_on_policy_one_update: [("policy", {"train_global_batch_size": 64})],
     rule_chunked_logprobs_defer_fp32: [("policy", {"megatron_cfg": {"defer_fp32_logits": False}})],
-    rule_sampling_whole_distribution: [("policy", {"generation": {"top_p": 0.95}}),
-                                       ("policy", {"generation": {"top_k": 20}}),
-                                       ("policy", {"generation": {"vllm_cfg": {"logprobs_mode": "raw_logprobs"}}})],
+    rule_sampling_whole_distribution: [
+        ("policy", {"generation": {"top_p": 0.95}}),
+        ("policy", {"generation": {"top_k": 20}}),
+        ("policy", {"generation": {"vllm_cfg": {"logprobs_mode": "raw_logprobs"}}}),
+    ],
     rule_staleness_needs_in_flight_updates: [("grpo", {"async_grpo": {"max_trajectory_age_steps": 2}})],
 }
 
@@ -381,8 +458,19 @@ def test_each_rule_catches_its_defect(rule):
         assert rule(broken) is not None, (rule.__name__, change)
 
 
-SOURCE_WORDS = ("NeMo-RL", "SWE example", "guide", "validated", "issue", "RFC", "Polar's production", "GRPOConfig",
-                "grpo.py", "ClippedPG", "DAPO")
+SOURCE_WORDS = (
+    "NeMo-RL",
+    "SWE example",
+    "guide",
+    "validated",
+    "issue",
+    "RFC",
+    "Polar's production",
+    "GRPOConfig",
+    "grpo.py",
+    "ClippedPG",
+    "DAPO",
+)
 
 
 @pytest.mark.parametrize("recipe_path", RECIPES, ids=lambda p: p.name)
@@ -399,10 +487,16 @@ def test_every_loss_and_async_value_names_its_source(recipe_path):
         elif stripped.startswith("#"):
             comment = comment + " " + stripped if comment else stripped
         elif (section == "loss_fn" and line.startswith("  ") and not line.startswith("   ")) or (
-                section == "grpo" and line.startswith("    ") and not line.startswith("     ") and in_async):
+            section == "grpo" and line.startswith("    ") and not line.startswith("     ") and in_async
+        ):
             text = comment + " " + stripped.partition("#")[2]
             if not any(word in text for word in SOURCE_WORDS):
                 uncommented.append(stripped.split(":")[0])
-        if section == "grpo" and line.startswith("  ") and not line.startswith("   ") and not stripped.startswith("#"):
+        if (
+            section == "grpo"
+            and line.startswith("  ")
+            and not line.startswith("   ")
+            and not stripped.startswith("#")
+        ):
             in_async = stripped.startswith("async_grpo:")
     assert uncommented == []

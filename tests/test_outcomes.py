@@ -47,10 +47,15 @@ def test_each_harness_ending_is_classified():
     assert classify_episode("completed", ok) is FailureKind.none
     assert classify_episode("error", ok) is FailureKind.harness_crashed
     assert classify_episode("error", []) is FailureKind.harness_start_failed
-    assert classify_episode("completed", []) is FailureKind.harness_start_failed  # exit 0, never asked the model
+    assert (
+        classify_episode("completed", []) is FailureKind.harness_start_failed
+    )  # exit 0, never asked the model
     backend = [*ok, failed(3, FailureKind.backend_failure, "backend: HTTP 500")]
     assert classify_episode("completed", backend) is FailureKind.backend_failure
-    assert classify_episode("error", [failed(0, FailureKind.proxy_failure, "proxy: bug")]) is FailureKind.proxy_failure
+    assert (
+        classify_episode("error", [failed(0, FailureKind.proxy_failure, "proxy: bug")])
+        is FailureKind.proxy_failure
+    )
     overflow = [*ok, failed(3, FailureKind.context_overflow, "context overflow: 9000 tokens")]
     assert classify_episode("error", overflow) is FailureKind.context_overflow
     cut = [*ok[:2], ok[2].model_copy(update={"finish_reason": "length"})]
@@ -73,25 +78,39 @@ def test_a_deadline_is_classified_by_cause():
     assert classify_episode("timeout", slow, deadline_at=1100.0) is FailureKind.deadline_backend
     # the first call never came back (cancelled when the proxy drained it): the backend's
     cancelled = call(0, [1, 2], [], error="cancelled: the call was cancelled before the backend answered")
-    assert classify_episode("timeout", [timed(cancelled, at=1000.0, total_s=130.0)],
-                            deadline_at=1100.0) is FailureKind.deadline_backend
+    assert (
+        classify_episode("timeout", [timed(cancelled, at=1000.0, total_s=130.0)], deadline_at=1100.0)
+        is FailureKind.deadline_backend
+    )
     # the floor is the run's to set
-    assert classify_episode("timeout", busy, deadline_at=1100.0,
-                            min_backend_tokens_per_s=50.0) is FailureKind.deadline_backend
+    assert (
+        classify_episode("timeout", busy, deadline_at=1100.0, min_backend_tokens_per_s=50.0)
+        is FailureKind.deadline_backend
+    )
     # each verdict comes with its evidence, in words
     assert explain_deadline(FailureKind.deadline_backend, slow, 1100.0, 5.0).startswith(
         "deadline_backend: model call #2 was in flight at the deadline and the backend sampled 170 tokens "
-        "in 180.0 s")
+        "in 180.0 s"
+    )
     assert "no model call was in flight" in explain_deadline(FailureKind.deadline_harness, calls, 1100.0, 5.0)
-    assert "had answered no call yet" in explain_deadline(FailureKind.deadline_backend,
-                                                          [timed(cancelled, at=1000.0, total_s=130.0)], 1100.0, 5.0)
+    assert "had answered no call yet" in explain_deadline(
+        FailureKind.deadline_backend, [timed(cancelled, at=1000.0, total_s=130.0)], 1100.0, 5.0
+    )
 
 
 def test_grading_decides_only_what_the_policy_did():
     assert final_kind(FailureKind.none, FailureKind.empty_patch, False) is FailureKind.empty_patch
-    assert final_kind(FailureKind.deadline_sampling, FailureKind.none, True) is FailureKind.none  # resolved wins
-    assert final_kind(FailureKind.deadline_sampling, FailureKind.empty_patch, False) is FailureKind.deadline_sampling
-    assert final_kind(FailureKind.harness_crashed, FailureKind.infrastructure, False) is FailureKind.infrastructure
+    assert (
+        final_kind(FailureKind.deadline_sampling, FailureKind.none, True) is FailureKind.none
+    )  # resolved wins
+    assert (
+        final_kind(FailureKind.deadline_sampling, FailureKind.empty_patch, False)
+        is FailureKind.deadline_sampling
+    )
+    assert (
+        final_kind(FailureKind.harness_crashed, FailureKind.infrastructure, False)
+        is FailureKind.infrastructure
+    )
     assert final_kind(FailureKind.backend_failure, None, False) is FailureKind.backend_failure
 
 
@@ -114,7 +133,10 @@ def test_what_the_agent_can_do_to_its_harness_is_graded_not_masked():
     for kind in (FailureKind.harness_killed, FailureKind.deadline_harness, FailureKind.patch_broke_sandbox):
         assert not kind.outside_policy and table.apply(kind) == (0.0, False), kind
     assert final_kind(FailureKind.harness_killed, FailureKind.none, resolved=True) is FailureKind.none
-    assert final_kind(FailureKind.deadline_harness, FailureKind.none, resolved=False) is FailureKind.deadline_harness
+    assert (
+        final_kind(FailureKind.deadline_harness, FailureKind.none, resolved=False)
+        is FailureKind.deadline_harness
+    )
     assert classify_episode("error", three_turn(), killed_by="SIGKILL") is FailureKind.harness_killed
 
 
@@ -132,8 +154,17 @@ def test_a_run_overrides_rows_from_the_cli_and_the_gym_config(tmp_path: Path):
     from polar_env.cli.rollout import config_from_args
     from polar_env.rollout.plan import plan_from_config
 
-    argv = ["rollout", "--task-ids", "pallets__flask-5014", "--outcome", "harness_crashed=mask",
-            "--outcome", "deadline_harness=0", "--min-backend-tokens-per-s", "2"]
+    argv = [
+        "rollout",
+        "--task-ids",
+        "pallets__flask-5014",
+        "--outcome",
+        "harness_crashed=mask",
+        "--outcome",
+        "deadline_harness=0",
+        "--min-backend-tokens-per-s",
+        "2",
+    ]
     plan = plan_from_config(config_from_args(build_parser(argv).parse_args(argv)))
     table = plan.episode.outcomes
     assert table.apply(FailureKind.harness_crashed) == (0.0, True)
@@ -141,12 +172,19 @@ def test_a_run_overrides_rows_from_the_cli_and_the_gym_config(tmp_path: Path):
     assert table.apply(FailureKind.backend_failure) == (0.0, True)  # rows not named keep their default
     assert table.min_backend_tokens_per_s == 2.0
     from polar_env.agent_server.core import PolarAgentConfig
-    cfg = PolarAgentConfig.model_validate({"outcomes": {"rows": {"context_overflow": {"reward": 0.0, "mask": True}}}})
+
+    cfg = PolarAgentConfig.model_validate(
+        {"outcomes": {"rows": {"context_overflow": {"reward": 0.0, "mask": True}}}}
+    )
     assert cfg.outcomes.rows[FailureKind.context_overflow] == Outcome(reward=0.0, mask=True)
     assert cfg.outcomes.rows[FailureKind.sandbox_failure].mask
     # a bad row is one clear CLI line, exit 2
-    bad = subprocess.run([sys.executable, "-m", "polar_env.cli", "rollout", "--outcome", "sandbox_failure=maybe"],
-                         capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "-m", "polar_env.cli", "rollout", "--outcome", "sandbox_failure=maybe"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and "KIND=mask or KIND=REWARD" in bad.stderr, bad.stderr
 
 
@@ -155,12 +193,16 @@ def test_failed_episodes_stay_in_their_group_as_masked_placeholders(tmp_path: Pa
     """The quick demo's two ways to lose a sample: no tokens at all (it vanished from
     nemo_results.jsonl) and a failure outside the policy (it was trained on at reward 0)."""
     table = OutcomeTable()
-    no_tokens = build_trajectory(session("a.s0"), [failed(0, FailureKind.backend_failure, "backend: refused")],
-                                 status="error")
+    no_tokens = build_trajectory(
+        session("a.s0"), [failed(0, FailureKind.backend_failure, "backend: refused")], status="error"
+    )
     outside = build_trajectory(session("a.s1"), three_turn(), status="timeout")
     good = build_trajectory(session("a.s2"), three_turn(), status="completed")
-    for traj, kind, graded in ((no_tokens, FailureKind.backend_failure, None),
-                               (outside, FailureKind.deadline_backend, None), (good, FailureKind.none, 1.0)):
+    for traj, kind, graded in (
+        (no_tokens, FailureKind.backend_failure, None),
+        (outside, FailureKind.deadline_backend, None),
+        (good, FailureKind.none, 1.0),
+    ):
         traj.failure_kind = kind
         traj.reward, traj.masked = table.apply(kind, graded)
         traj.metadata["episode_key"] = traj.session_id
@@ -197,15 +239,26 @@ async def test_timed_out_episodes_are_masked_not_dropped(tmp_path: Path, embedde
     from polar_env.tasks.loader import load_tasks
 
     async with never_answering_completions() as url:
-        config = RolloutConfig(harness="pi", task_ids=["pallets__flask-5014"], samples=2, concurrency=2, timeout=20,
-                               out=tmp_path / "out", model_dir=embedded_dir)
+        config = RolloutConfig(
+            harness="pi",
+            task_ids=["pallets__flask-5014"],
+            samples=2,
+            concurrency=2,
+            timeout=20,
+            out=tmp_path / "out",
+            model_dir=embedded_dir,
+        )
         plan = plan_from_config(config)
         backend = make_backend("vllm", url=url, model="slow", timeout_s=3600)
-        trajectories = await run_rollouts(plan, proxy_factory(config, backend=backend, tasks=load_tasks("bundled")))
+        trajectories = await run_rollouts(
+            plan, proxy_factory(config, backend=backend, tasks=load_tasks("bundled"))
+        )
     assert len(trajectories) == 2
     assert {t.status for t in trajectories} == {"timeout"}
     assert {t.failure_kind for t in trajectories} == {FailureKind.deadline_backend}
-    assert all(t.masked and t.grading is None for t in trajectories)  # not graded: it says nothing of the policy
+    assert all(
+        t.masked and t.grading is None for t in trajectories
+    )  # not graded: it says nothing of the policy
     rows = [json.loads(line) for line in (tmp_path / "out" / "nemo_results.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and all(r["instance_config"]["mask_sample"] for r in rows)
     assert all(check_nemo_result(r) == [] for r in rows)

@@ -66,10 +66,17 @@ def test_a_test_reading_beside_the_clone_fails_the_run(tmp_path):
         "from pathlib import Path\n"
         "ROOT = Path(__file__).resolve().parents[1]\n"
         "def test_inside():\n    assert (ROOT / 'inside.json').read_text() == '{}'\n"
-        "def test_beside():\n    assert (ROOT.parent / 'shared' / 'req.json').read_text() == '{}'\n")
+        "def test_beside():\n    assert (ROOT.parent / 'shared' / 'req.json').read_text() == '{}'\n"
+    )
     env = {**os.environ, "PYTHONPATH": str(TESTS.parent)}
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], cwd=repo,
-                         env=env, capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 1, run.stdout + run.stderr
     assert "1 failed, 1 passed" in run.stdout, run.stdout
     assert "FAILED tests/test_reads.py::test_beside" in run.stdout

@@ -49,16 +49,26 @@ ADMIN_H = {"Authorization": f"Bearer {ADMIN}"}
 
 
 async def _chat(http, proxy, sid, key, text: str, stream: bool = False):
-    async with http.post(f"{proxy.base_url}/s/{sid}/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
-                         json={"model": "m", "stream": stream, "messages": [{"role": "user", "content": text}]}) as r:
+    async with http.post(
+        f"{proxy.base_url}/s/{sid}/v1/chat/completions",
+        headers={"Authorization": f"Bearer {key}"},
+        json={"model": "m", "stream": stream, "messages": [{"role": "user", "content": text}]},
+    ) as r:
         return r.status, await r.read()
 
 
 async def test_calls_carry_the_version_and_the_fence_holds_new_calls(renderer, tmp_path: Path):
     backend = _backend(renderer, 1.0)
-    async with running_proxy(renderer, backend, tmp_path, keepalive_s=0.2,
-                             config=EngineConfig(max_context=2048, default_max_tokens=8, policy_version=0)) as proxy, \
-            aiohttp.ClientSession() as http:
+    async with (
+        running_proxy(
+            renderer,
+            backend,
+            tmp_path,
+            keepalive_s=0.2,
+            config=EngineConfig(max_context=2048, default_max_tokens=8, policy_version=0),
+        ) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
         sid, key = proxy.create_session("ep")
         assert (await _chat(http, proxy, sid, key, "first"))[0] == 200
         in_flight = asyncio.ensure_future(_chat(http, proxy, sid, key, "second"))
@@ -66,7 +76,9 @@ async def test_calls_carry_the_version_and_the_fence_holds_new_calls(renderer, t
             await asyncio.sleep(0.01)
         async with http.post(f"{proxy.base_url}/admin/pause", headers=ADMIN_H, json={"timeout_s": 30}) as r:
             pause = await r.json()
-        assert r.status == 200 and pause["drained"] and pause["in_flight"] == 1 and pause["drain_ms"] > 500, pause
+        assert r.status == 200 and pause["drained"] and pause["in_flight"] == 1 and pause["drain_ms"] > 500, (
+            pause
+        )
         assert (await in_flight)[0] == 200  # it finished, with the old version (below)
         held = asyncio.ensure_future(_chat(http, proxy, sid, key, "third", stream=True))
         await asyncio.sleep(1.5)
@@ -76,14 +88,19 @@ async def test_calls_carry_the_version_and_the_fence_holds_new_calls(renderer, t
         status, body = await held
         assert status == 200 and b": keep-alive" in body and b"Done." in body, body[:300]
         window = resumed["window"]
-        assert window["held_calls"] == 1 and window["held_ms_max"] > 1000 and window["version_after"] == 1, window
+        assert window["held_calls"] == 1 and window["held_ms_max"] > 1000 and window["version_after"] == 1, (
+            window
+        )
         async with http.get(f"{proxy.base_url}/admin/policy", headers=ADMIN_H) as r:
             state = await r.json()
         assert state["version"] == 1 and not state["paused"] and len(state["windows"]) == 1
         calls = sorted(proxy.registry.ledger.calls(sid), key=lambda c: c.call_index)
     assert [c.policy_version for c in calls] == [0, 0, 1]
     # the wait is timed apart: the held call's generation took what the unheld one's did
-    assert calls[2].timings["fence_ms"] > 1000 and calls[2].timings["generate_ms"] < calls[1].timings["generate_ms"] + 500
+    assert (
+        calls[2].timings["fence_ms"] > 1000
+        and calls[2].timings["generate_ms"] < calls[1].timings["generate_ms"] + 500
+    )
     traj = build_trajectory(proxy.registry.get(sid).info, calls, reward=1.0)
     assert traj.stats.policy_versions == [0, 1]  # the episode spans the update
     assert [c.policy_version for c in traj.calls] == [0, 0, 1]
@@ -98,14 +115,22 @@ async def test_calls_carry_the_version_and_the_fence_holds_new_calls(renderer, t
 
 async def test_abort_records_the_attempt_and_samples_again_after_the_swap(renderer, tmp_path: Path):
     backend = _backend(renderer, 2.0)
-    async with running_proxy(renderer, backend, tmp_path,
-                             config=EngineConfig(max_context=2048, default_max_tokens=8, policy_version=3)) as proxy, \
-            aiohttp.ClientSession() as http:
+    async with (
+        running_proxy(
+            renderer,
+            backend,
+            tmp_path,
+            config=EngineConfig(max_context=2048, default_max_tokens=8, policy_version=3),
+        ) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
         sid, key = proxy.create_session("ep")
         call = asyncio.ensure_future(_chat(http, proxy, sid, key, "hello"))
         while backend.started < 1:
             await asyncio.sleep(0.01)
-        async with http.post(f"{proxy.base_url}/admin/pause", headers=ADMIN_H, json={"in_flight": "abort"}) as r:
+        async with http.post(
+            f"{proxy.base_url}/admin/pause", headers=ADMIN_H, json={"in_flight": "abort"}
+        ) as r:
             pause = await r.json()
         assert pause["aborted"] == 1 and pause["drained"] and pause["drain_ms"] < 1000, pause
         async with http.post(f"{proxy.base_url}/admin/resume", headers=ADMIN_H, json={"version": 4}) as r:
@@ -117,11 +142,16 @@ async def test_abort_records_the_attempt_and_samples_again_after_the_swap(render
 
 
 async def test_admin_bodies_are_typed_and_a_forgotten_pause_opens_itself(renderer, tmp_path: Path):
-    async with running_proxy(renderer, _backend(renderer, 0.0), tmp_path) as proxy, aiohttp.ClientSession() as http:
-        for path, body, field in [("/admin/policy", {"version": -1}, "version"),
-                                  ("/admin/policy", {"versoin": 2}, "versoin"),
-                                  ("/admin/pause", {"in_flight": "kill"}, "in_flight"),
-                                  ("/admin/resume", {"version": "x"}, "version")]:
+    async with (
+        running_proxy(renderer, _backend(renderer, 0.0), tmp_path) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
+        for path, body, field in [
+            ("/admin/policy", {"version": -1}, "version"),
+            ("/admin/policy", {"versoin": 2}, "versoin"),
+            ("/admin/pause", {"in_flight": "kill"}, "in_flight"),
+            ("/admin/resume", {"version": "x"}, "version"),
+        ]:
             async with http.post(proxy.base_url + path, headers=ADMIN_H, json=body) as r:
                 assert r.status == 400 and field in (await r.json())["error"]["message"], (path, body)
         async with http.post(proxy.base_url + "/admin/pause", json={}) as r:

@@ -45,11 +45,23 @@ class ImpatientPi(PiAdapter):
 async def _episode(proxy: ProxyServer, adapter, work: Path, sock: Path):
     sid, key = proxy.create_session(adapter.name, sampling={"max_tokens": 16})
     (work / "task").mkdir(parents=True)
-    sandbox = BubblewrapSandbox.create(work / "task", spec=SandboxSpec(
-        proxy_socket_dir=sock, harness_dir=adapter.install_dir(), scratch_root=work / "scratch"))
+    sandbox = BubblewrapSandbox.create(
+        work / "task",
+        spec=SandboxSpec(
+            proxy_socket_dir=sock, harness_dir=adapter.install_dir(), scratch_root=work / "scratch"
+        ),
+    )
     try:
-        run = await run_episode_in_sandbox(adapter, sandbox, proxy_socket_dir=sock, session_id=sid, session_key=key,
-                                           model_name="policy", prompt="Say done.", timeout_s=PAUSE_S + 90)
+        run = await run_episode_in_sandbox(
+            adapter,
+            sandbox,
+            proxy_socket_dir=sock,
+            session_id=sid,
+            session_key=key,
+            model_name="policy",
+            prompt="Say done.",
+            timeout_s=PAUSE_S + 90,
+        )
     finally:
         await sandbox.destroy()
     return sid, run
@@ -61,10 +73,17 @@ async def test_codex_claude_code_and_pi_wait_out_a_pause_longer_than_their_timeo
     adapters = [ImpatientCodex(), ImpatientClaude(), ImpatientPi()]
     for adapter in adapters:
         adapter.install()
-    done = renderer.tokenizer.encode(FINAL, add_special_tokens=False) + [renderer.tokenizer.convert_tokens_to_ids("<|im_end|>")]
-    proxy = ProxyServer.create(renderer=renderer, backend=InstantBackend(done), data_dir=tmp_path / "ledger",
-                               admin_secret="admin", keepalive_s=0.5,
-                               config=EngineConfig(max_context=131072, policy_version=0))
+    done = renderer.tokenizer.encode(FINAL, add_special_tokens=False) + [
+        renderer.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    ]
+    proxy = ProxyServer.create(
+        renderer=renderer,
+        backend=InstantBackend(done),
+        data_dir=tmp_path / "ledger",
+        admin_secret="admin",
+        keepalive_s=0.5,
+        config=EngineConfig(max_context=131072, policy_version=0),
+    )
     sock = tmp_path / "sock"
     await proxy.start(unix_socket=sock / "proxy.sock", port=None)
     sock.chmod(0o755)
@@ -84,7 +103,10 @@ async def test_codex_claude_code_and_pi_wait_out_a_pause_longer_than_their_timeo
     assert window is not None and window.held_calls >= len(adapters) and window.held_ms_max >= PAUSE_S * 1e3
     for sid, run in results:
         assert run.status == "completed" and FINAL in (run.summary.final_message or ""), (
-            sid, run.error, run.stdout_tail[-3000:])
+            sid,
+            run.error,
+            run.stdout_tail[-3000:],
+        )
         calls = sorted(proxy.registry.ledger.calls(sid), key=lambda c: c.call_index)
         assert calls and all(c.error is None for c in calls), [c.error for c in calls]
         assert calls[0].timings["fence_ms"] >= PAUSE_S * 1e3, (sid, calls[0].timings)

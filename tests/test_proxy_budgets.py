@@ -20,8 +20,14 @@ from polar_env.trajectory.records import CallRecord
 BODIES = {
     "chat": ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}]}),
     "responses": ("/v1/responses", {"model": "m", "input": "hi"}),
-    "messages": ("/v1/messages", {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}),
-    "gemini": ("/v1beta/models/m:generateContent", {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}),
+    "messages": (
+        "/v1/messages",
+        {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]},
+    ),
+    "gemini": (
+        "/v1beta/models/m:generateContent",
+        {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]},
+    ),
 }
 
 
@@ -52,7 +58,9 @@ async def test_calls_past_max_calls_are_refused_in_the_apis_shape(api, renderer,
         assert [(await post(http, url, body, key))[0] for _ in range(2)] == [200, 200]
         status, answer = await post(http, url, body, key)
         assert status == 400
-        assert "episode budget exhausted: the episode's budget of 2 model calls is spent" in _message(api, answer)
+        assert "episode budget exhausted: the episode's budget of 2 model calls is spent" in _message(
+            api, answer
+        )
         calls = await ledger_calls(http, proxy, sid)
     assert [c["failure_kind"] for c in calls] == [None, None, "episode_budget"]
     records = [CallRecord.model_validate(c) for c in calls]
@@ -82,8 +90,11 @@ async def test_the_sampled_tokens_budget_caps_the_last_call_then_refuses(rendere
 async def test_admin_api_sets_the_budget_and_refuses_a_bad_one(renderer, instant, tmp_path):
     async with running_proxy(renderer, instant, tmp_path) as proxy, aiohttp.ClientSession() as http:
         admin = {"Authorization": f"Bearer {ADMIN}"}
-        async with http.post(f"{proxy.base_url}/admin/sessions", headers=admin,
-                             json={"session_id": "a1", "budget": {"max_calls": 1}}) as resp:
+        async with http.post(
+            f"{proxy.base_url}/admin/sessions",
+            headers=admin,
+            json={"session_id": "a1", "budget": {"max_calls": 1}},
+        ) as resp:
             assert resp.status == 201
             key = (await resp.json())["api_key"]
         async with http.get(f"{proxy.base_url}/admin/sessions/a1", headers=admin) as resp:
@@ -91,8 +102,11 @@ async def test_admin_api_sets_the_budget_and_refuses_a_bad_one(renderer, instant
         path, body = BODIES["gemini"]
         statuses = [(await post(http, f"{proxy.base_url}/s/a1{path}", body, key))[0] for _ in range(2)]
         assert statuses == [200, 400]
-        async with http.post(f"{proxy.base_url}/admin/sessions", headers=admin,
-                             json={"session_id": "a2", "budget": {"max_calls": 0}}) as resp:
+        async with http.post(
+            f"{proxy.base_url}/admin/sessions",
+            headers=admin,
+            json={"session_id": "a2", "budget": {"max_calls": 0}},
+        ) as resp:
             assert resp.status == 400 and "max_calls" in (await resp.json())["error"]["message"]
 
 

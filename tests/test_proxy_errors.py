@@ -21,8 +21,9 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 @pytest.fixture
 async def proxy(renderer, scripted_backend_factory, tmp_path):
-    async with running_proxy(renderer, scripted_backend_factory(lambda *a: "hello"), tmp_path,
-                             max_body_bytes=64 * 1024) as proxy:
+    async with running_proxy(
+        renderer, scripted_backend_factory(lambda *a: "hello"), tmp_path, max_body_bytes=64 * 1024
+    ) as proxy:
         yield proxy
 
 
@@ -31,6 +32,7 @@ async def test_auth_routing_and_malformed_bodies(proxy):
     other_sid, other_key = proxy.create_session("beta")
     url = f"{proxy.base_url}/s/{sid}/v1/chat/completions"
     async with aiohttp.ClientSession() as http:
+
         async def call(u, body=None, key=None, data=None, method="POST"):
             headers = {"Authorization": f"Bearer {key}"} if key else {}
             async with http.request(method, u, json=body, data=data, headers=headers) as resp:
@@ -53,8 +55,11 @@ async def test_auth_routing_and_malformed_bodies(proxy):
         status, body = await call(url, [1, 2], key)
         assert status == 400
         # stateless Responses API only
-        status, body = await call(f"{proxy.base_url}/s/{sid}/v1/responses",
-                                  {"model": "m", "input": "hi", "previous_response_id": "resp_1"}, key)
+        status, body = await call(
+            f"{proxy.base_url}/s/{sid}/v1/responses",
+            {"model": "m", "input": "hi", "previous_response_id": "resp_1"},
+            key,
+        )
         assert status == 400 and "previous_response_id" in _message(body)
         # unknown route
         status, body = await call(f"{proxy.base_url}/s/{sid}/v1/embeddings", {"input": "x"}, key)
@@ -77,13 +82,16 @@ async def test_anthropic_errors_and_extras(proxy):
     sid, key = proxy.create_session("anthro")
     base = f"{proxy.base_url}/s/{sid}"
     async with aiohttp.ClientSession() as http:
-        async with http.post(base + "/v1/messages?beta=true", json={"model": "m", "max_tokens": 5},
-                             headers={"x-api-key": key}) as resp:
+        async with http.post(
+            base + "/v1/messages?beta=true", json={"model": "m", "max_tokens": 5}, headers={"x-api-key": key}
+        ) as resp:
             body = await resp.json()
             assert resp.status == 400 and body["type"] == "error" and "messages" in body["error"]["message"]
-        async with http.post(base + "/v1/messages/count_tokens",
-                             json={"model": "m", "messages": [{"role": "user", "content": "hello there"}]},
-                             headers={"x-api-key": key}) as resp:
+        async with http.post(
+            base + "/v1/messages/count_tokens",
+            json={"model": "m", "messages": [{"role": "user", "content": "hello there"}]},
+            headers={"x-api-key": key},
+        ) as resp:
             assert resp.status == 200 and (await resp.json())["input_tokens"] > 2
         async with http.head(base) as resp:
             assert resp.status == 200
@@ -115,8 +123,11 @@ async def test_session_sampling_overrides_the_harness(proxy):
     sid, key = proxy.create_session("pol", sampling={"temperature": 0.7, "top_p": 0.9, "max_tokens": 16})
     async with aiohttp.ClientSession() as http:
         body = {**CHAT, "temperature": 0.1, "top_p": 0.9, "max_tokens": 500}
-        async with http.post(f"{proxy.base_url}/s/{sid}/v1/chat/completions", json=body,
-                             headers={"Authorization": f"Bearer {key}"}) as resp:
+        async with http.post(
+            f"{proxy.base_url}/s/{sid}/v1/chat/completions",
+            json=body,
+            headers={"Authorization": f"Bearer {key}"},
+        ) as resp:
             assert resp.status == 200
     (record,) = proxy.registry.ledger.calls(sid)
     assert record.sampling.temperature == 0.7 and record.sampling.top_p == 0.9

@@ -34,8 +34,13 @@ class Slow:
 
     async def generate(self, prompt_ids, sampling: SamplingParams, *, session_id=None) -> Generation:
         await asyncio.sleep(3600)
-        return Generation(prompt_ids=prompt_ids, token_ids=[self.eos], logprobs=[-0.1], finish_reason="stop",
-                          backend=self.name)
+        return Generation(
+            prompt_ids=prompt_ids,
+            token_ids=[self.eos],
+            logprobs=[-0.1],
+            finish_reason="stop",
+            backend=self.name,
+        )
 
     async def aclose(self) -> None: ...
 
@@ -43,8 +48,11 @@ class Slow:
 async def test_an_unexpected_failure_is_recorded_and_answered_in_the_api_shape(renderer, tmp_path):
     async with running_proxy(renderer, Exploding(), tmp_path) as proxy, aiohttp.ClientSession() as http:
         sid, key = proxy.create_session("boom")
-        async with http.post(f"{proxy.base_url}/s/{sid}/v1/chat/completions", json=BODY,
-                             headers={"Authorization": f"Bearer {key}"}) as resp:
+        async with http.post(
+            f"{proxy.base_url}/s/{sid}/v1/chat/completions",
+            json=BODY,
+            headers={"Authorization": f"Bearer {key}"},
+        ) as resp:
             body = await resp.json()
         assert resp.status == 500 and "RuntimeError" in body["error"]["message"]
     (record,) = proxy.registry.ledger.calls(sid)
@@ -52,11 +60,18 @@ async def test_an_unexpected_failure_is_recorded_and_answered_in_the_api_shape(r
 
 
 async def test_drain_cancels_a_call_whose_harness_is_gone_and_keeps_its_record(renderer, tmp_path):
-    async with running_proxy(renderer, Slow(renderer.eos_token_ids[0]), tmp_path) as proxy, \
-            aiohttp.ClientSession() as http:
+    async with (
+        running_proxy(renderer, Slow(renderer.eos_token_ids[0]), tmp_path) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
         sid, key = proxy.create_session("gone")
-        request = asyncio.ensure_future(http.post(f"{proxy.base_url}/s/{sid}/v1/chat/completions", json=BODY,
-                                                  headers={"Authorization": f"Bearer {key}"}))
+        request = asyncio.ensure_future(
+            http.post(
+                f"{proxy.base_url}/s/{sid}/v1/chat/completions",
+                json=BODY,
+                headers={"Authorization": f"Bearer {key}"},
+            )
+        )
         while not proxy._inflight.get(sid):
             await asyncio.sleep(0.01)
         request.cancel()  # the harness was killed at its deadline

@@ -24,5 +24,7 @@ async def test_recorded_logprobs_match_a_fresh_forward_pass(renderer, local_back
         worst = max(worst, max(abs(a - b) for a, b in zip(fresh, call["logprobs"], strict=True)))
     print(f"max abs logprob diff recorded vs fresh forward pass: {worst:.2e}")
     assert worst < 1e-3
-    assert calls[1]["prompt_ids"][: len(calls[0]["prompt_ids"]) + len(calls[0]["sampled_ids"])] == \
-        calls[0]["prompt_ids"] + calls[0]["sampled_ids"]
+    assert (
+        calls[1]["prompt_ids"][: len(calls[0]["prompt_ids"]) + len(calls[0]["sampled_ids"])]
+        == calls[0]["prompt_ids"] + calls[0]["sampled_ids"]
+    )

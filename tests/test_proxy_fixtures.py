@@ -29,9 +29,12 @@ def _first_call(harness: str, requests: list[dict]) -> tuple[str | None, dict | 
 def test_every_harness_in_the_registry_has_captured_requests_of_its_wire_api():
     captured = {name: set() for name in adapter_names()}
     for stem in fixture_stems():
-        captured[fixture_adapter(stem).name] |= {wire_api_of(r["path"]) for r in _load(stem) if r["method"] == "POST"}
-    assert {name: get_adapter(name).wire_api in apis for name, apis in captured.items()} \
-        == dict.fromkeys(captured, True), captured
+        captured[fixture_adapter(stem).name] |= {
+            wire_api_of(r["path"]) for r in _load(stem) if r["method"] == "POST"
+        }
+    assert {name: get_adapter(name).wire_api in apis for name, apis in captured.items()} == dict.fromkeys(
+        captured, True
+    ), captured
 
 
 def _names(events):
@@ -63,31 +66,37 @@ def _load(harness):
 
 
 @pytest.mark.parametrize("harness", fixture_stems())
-async def test_fixture_requests_are_answered_with_the_sse_the_harness_needs(harness, renderer,
-                                                                           scripted_backend_factory, tmp_path):
+async def test_fixture_requests_are_answered_with_the_sse_the_harness_needs(
+    harness, renderer, scripted_backend_factory, tmp_path
+):
     def policy(session_id, call_number, prompt_text):
         if tool and call_number == 0:
             assert tool in prompt_text, "the harness's tools must be rendered into the prompt"
-            return '<tool_call>\n' + json.dumps({"name": tool, "arguments": args}) + '\n</tool_call>'
+            return "<tool_call>\n" + json.dumps({"name": tool, "arguments": args}) + "\n</tool_call>"
         return "All done."
 
     requests = _load(harness)
     tool, args = _first_call(harness, requests)
     # harness prompts are long (Codex ~9k tokens); the scripted policy scores a bounded window
     config = EngineConfig(max_context=65536, default_max_tokens=64)
-    async with running_proxy(renderer, scripted_backend_factory(policy), tmp_path, config=config) as proxy, \
-            aiohttp.ClientSession() as http:
+    async with (
+        running_proxy(renderer, scripted_backend_factory(policy), tmp_path, config=config) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
         sid, key = proxy.create_session(harness)
         base = f"{proxy.base_url}/s/{sid}"
         for captured in requests:
             headers = {"Authorization": f"Bearer {key}", "x-api-key": key}
-            async with http.request(captured["method"], base + captured["path"],
-                                    json=captured["body"], headers=headers) as resp:
+            async with http.request(
+                captured["method"], base + captured["path"], json=captured["body"], headers=headers
+            ) as resp:
                 raw = await resp.read()
                 assert resp.status == 200, raw[:500]
             if captured["method"] == "HEAD":
                 continue
-            if not (captured["body"].get("stream") or "alt=sse" in captured["path"]):  # mini-SWE-agent: LiteLLM asks for one JSON answer
+            if not (
+                captured["body"].get("stream") or "alt=sse" in captured["path"]
+            ):  # mini-SWE-agent: LiteLLM asks for one JSON answer
                 message = json.loads(raw)["choices"][0]["message"]
                 called = [c["function"]["name"] for c in message.get("tool_calls") or []]
                 assert called == ([tool] if tool and captured is requests[0] else []), message

@@ -23,10 +23,16 @@ def weather_policy(session_id, call_number, prompt_text):
 
 # -- how each harness builds its next request from the answer it got ----------------------------
 def chat_first(stream):
-    return {"model": "m", "stream": stream, "stream_options": {"include_usage": True} if stream else None,
-            "messages": [{"role": "system", "content": "You are a helpful assistant."},
-                         {"role": "user", "content": "What is the weather in Paris?"}],
-            "tools": [{"type": "function", "function": WEATHER_TOOL}]}
+    return {
+        "model": "m",
+        "stream": stream,
+        "stream_options": {"include_usage": True} if stream else None,
+        "messages": [
+            {"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": "What is the weather in Paris?"},
+        ],
+        "tools": [{"type": "function", "function": WEATHER_TOOL}],
+    }
 
 
 def chat_answer(reply, stream):
@@ -40,7 +46,9 @@ def chat_answer(reply, stream):
         message["content"] += delta.get("content") or ""
         for tc in delta.get("tool_calls") or []:
             while len(message["tool_calls"]) <= tc["index"]:
-                message["tool_calls"].append({"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+                message["tool_calls"].append(
+                    {"id": "", "type": "function", "function": {"name": "", "arguments": ""}}
+                )
             slot = message["tool_calls"][tc["index"]]
             slot["id"] = tc.get("id") or slot["id"]
             fn = tc.get("function") or {}
@@ -51,16 +59,28 @@ def chat_answer(reply, stream):
 
 def chat_next(first, answer):
     body = copy.deepcopy(first)
-    body["messages"] += [answer, {"role": "tool", "tool_call_id": answer["tool_calls"][0]["id"],
-                                  "content": "sunny, 21 C"}]
+    body["messages"] += [
+        answer,
+        {"role": "tool", "tool_call_id": answer["tool_calls"][0]["id"], "content": "sunny, 21 C"},
+    ]
     return body
 
 
 def responses_first(stream):
-    return {"model": "m", "stream": stream, "store": False, "instructions": "You are a helpful assistant.",
-            "input": [{"type": "message", "role": "user",
-                       "content": [{"type": "input_text", "text": "What is the weather in Paris?"}]}],
-            "tools": [{"type": "function", **WEATHER_TOOL}]}
+    return {
+        "model": "m",
+        "stream": stream,
+        "store": False,
+        "instructions": "You are a helpful assistant.",
+        "input": [
+            {
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "What is the weather in Paris?"}],
+            }
+        ],
+        "tools": [{"type": "function", **WEATHER_TOOL}],
+    }
 
 
 def responses_answer(reply, stream):
@@ -72,15 +92,27 @@ def responses_answer(reply, stream):
 def responses_next(first, items):
     body = copy.deepcopy(first)
     call = next(i for i in items if i["type"] == "function_call")
-    body["input"] += items + [{"type": "function_call_output", "call_id": call["call_id"], "output": "sunny, 21 C"}]
+    body["input"] += items + [
+        {"type": "function_call_output", "call_id": call["call_id"], "output": "sunny, 21 C"}
+    ]
     return body
 
 
 def messages_first(stream):
-    return {"model": "m", "stream": stream, "max_tokens": 64, "system": "You are a helpful assistant.",
-            "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
-            "tools": [{"name": WEATHER_TOOL["name"], "description": WEATHER_TOOL["description"],
-                       "input_schema": WEATHER_TOOL["parameters"]}]}
+    return {
+        "model": "m",
+        "stream": stream,
+        "max_tokens": 64,
+        "system": "You are a helpful assistant.",
+        "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+        "tools": [
+            {
+                "name": WEATHER_TOOL["name"],
+                "description": WEATHER_TOOL["description"],
+                "input_schema": WEATHER_TOOL["parameters"],
+            }
+        ],
+    }
 
 
 def messages_answer(reply, stream):
@@ -109,9 +141,13 @@ def messages_answer(reply, stream):
 def messages_next(first, blocks):
     body = copy.deepcopy(first)
     use = next(b for b in blocks if b["type"] == "tool_use")
-    body["messages"] += [{"role": "assistant", "content": blocks},
-                         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use["id"],
-                                                      "content": "sunny, 21 C"}]}]
+    body["messages"] += [
+        {"role": "assistant", "content": blocks},
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": use["id"], "content": "sunny, 21 C"}],
+        },
+    ]
     return body
 
 
@@ -124,19 +160,23 @@ APIS = {
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 @pytest.mark.parametrize("api", list(APIS))
-async def test_two_turn_tool_conversation_is_token_exact(api, stream, renderer, scripted_backend_factory,
-                                                         tmp_path):
+async def test_two_turn_tool_conversation_is_token_exact(
+    api, stream, renderer, scripted_backend_factory, tmp_path
+):
     route, first, answer_of, next_of, family = APIS[api]
     backend = scripted_backend_factory(weather_policy)
     async with running_proxy(renderer, backend, tmp_path) as proxy, aiohttp.ClientSession() as http:
         sid, key = proxy.create_session("s1")
         base = proxy.base_url + f"/s/{sid}"
         body1 = first(stream)
-        status, reply1 = await post(http, base + route, body1, key, "bearer" if family == "openai" else "x-api-key")
+        status, reply1 = await post(
+            http, base + route, body1, key, "bearer" if family == "openai" else "x-api-key"
+        )
         assert status == 200, reply1
         answer = answer_of(reply1, stream)
-        status, reply2 = await post(http, base + route, next_of(body1, answer), key,
-                                    "bearer" if family == "openai" else "x-api-key")
+        status, reply2 = await post(
+            http, base + route, next_of(body1, answer), key, "bearer" if family == "openai" else "x-api-key"
+        )
         assert status == 200, reply2
         calls = await ledger_calls(http, proxy, sid)
 
@@ -154,12 +194,15 @@ async def test_two_turn_tool_conversation_is_token_exact(api, stream, renderer, 
         assert all(lp <= 0.0 for lp in call["logprobs"])
 
 
-async def test_a_tool_call_id_sent_back_in_another_charset_still_names_its_call(renderer, scripted_backend_factory,
-                                                                                tmp_path):
+async def test_a_tool_call_id_sent_back_in_another_charset_still_names_its_call(
+    renderer, scripted_backend_factory, tmp_path
+):
     """OpenClaw sends the issued ``call_<id>_0`` back as ``call<id>0`` (its providers' charset); the
     call it answers is still found, so the episode stays one chain."""
-    async with running_proxy(renderer, scripted_backend_factory(weather_policy), tmp_path) as proxy, \
-            aiohttp.ClientSession() as http:
+    async with (
+        running_proxy(renderer, scripted_backend_factory(weather_policy), tmp_path) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
         sid, key = proxy.create_session("s1")
         url = proxy.base_url + f"/s/{sid}/v1/chat/completions"
         body1 = chat_first(True)

@@ -22,8 +22,11 @@ from polar_env.proxy.codecs.common import WireError
 from polar_env.proxy.seen import Seen
 from polar_env.proxy.sessions import prefix_hashes
 
-DECODERS = {"/v1/responses": openai_responses, "/v1/messages": anthropic_messages,
-            "/v1/chat/completions": openai_chat}
+DECODERS = {
+    "/v1/responses": openai_responses,
+    "/v1/messages": anthropic_messages,
+    "/v1/chat/completions": openai_chat,
+}
 HARNESSES = sorted({p.name.split(".")[0] for p in FIXTURES.glob("*.req*.json")})
 
 
@@ -89,7 +92,9 @@ def test_chat_reuses_decoded_messages_and_names_errors_by_their_index():
     history = history + [{"role": "assistant", "content": "hello"}, {"role": "user", "content": "go on"}]
     second = openai_chat.decode({"model": "m", "messages": history}, seen)
     # the earlier messages are the very objects decoded before: not validated or stripped again
-    assert all(a is b for a, b in zip(first.conversation.messages, second.conversation.messages, strict=False))
+    assert all(
+        a is b for a, b in zip(first.conversation.messages, second.conversation.messages, strict=False)
+    )
     bad = history + [{"role": "tool", "content": "x"}]  # a tool message without tool_call_id
     with pytest.raises(WireError, match="messages.4: a tool message needs tool_call_id"):
         openai_chat.decode({"model": "m", "messages": bad}, seen)
@@ -102,7 +107,9 @@ def test_a_large_body_decoded_in_a_worker_leaves_its_snapshot():
     history = [{"role": "user", "content": f"line {i} " + "x" * 1000} for i in range(300)]
     raw = json.dumps({"model": "m", "messages": history}).encode()
     decoded, seen = pickle.loads(pickle.dumps(_decode_fresh(openai_chat.decode, raw)))  # as from a process
-    assert seen.decoded is not None and seen.body_bytes == len(raw) and len(decoded.conversation.messages) == 300
+    assert (
+        seen.decoded is not None and seen.body_bytes == len(raw) and len(decoded.conversation.messages) == 300
+    )
     grown = json.dumps({"model": "m", "messages": history + [{"role": "user", "content": "more"}]}).encode()
     _same(_decode(openai_chat.decode, grown, seen), _decode(openai_chat.decode, grown))
 
@@ -112,7 +119,9 @@ def _calls_to_decode_next(module, turns: int) -> int:
     seen, history = Seen(), []
     for i in range(turns):
         history += [{"role": "user", "content": f"step {i}"}, {"role": "assistant", "content": f"done {i}"}]
-    _decode(module.decode, json.dumps({"model": "m", "system": "Be brief.", "messages": history}).encode(), seen)
+    _decode(
+        module.decode, json.dumps({"model": "m", "system": "Be brief.", "messages": history}).encode(), seen
+    )
     history += [{"role": "user", "content": "next step"}]
     raw = json.dumps({"model": "m", "system": "Be brief.", "messages": history}).encode()
     calls = 0

@@ -20,12 +20,15 @@ def test_a_chain_shares_one_buffer_and_a_branch_gets_its_own():
     assert len(state.calls[0].buffer) == len(last.prompt_ids) + len(last.sampled_ids)  # the distinct tokens
     for record, call in zip(records, state.calls, strict=True):  # the list of ids, read in any order
         assert call.token_ids() == record.prompt_ids + record.sampled_ids
-        assert state.calls[-1 - call.call_index].token_ids() == (records[-1 - call.call_index].prompt_ids
-                                                                  + records[-1 - call.call_index].sampled_ids)
+        assert state.calls[-1 - call.call_index].token_ids() == (
+            records[-1 - call.call_index].prompt_ids + records[-1 - call.call_index].sampled_ids
+        )
         assert call.digest.hexdigest() == ids_digest(call.token_ids()).hexdigest()
     # a retry of call 20 (a second child of call 19) cannot append to the shared buffer: it copies
-    retry = reusing(records[20].model_copy(update={"call_index": 40, "call_id": "c40", "sampled_ids": [7, 8]}),
-                    records[19])
+    retry = reusing(
+        records[20].model_copy(update={"call_index": 40, "call_id": "c40", "sampled_ids": [7, 8]}),
+        records[19],
+    )
     state.remember(retry, eos_ids=set())
     branch = state.by_index[40]
     assert id(branch.buffer) not in buffers and branch.mirror is not state.calls[0].mirror

@@ -20,20 +20,28 @@ from polar_env.proxy.engine import EngineConfig
 
 def _ours(before: set[threading.Thread]) -> list[str]:
     """Threads started since ``before``, but the event loop's own default executor (asyncio joins it)."""
-    return sorted(t.name for t in threading.enumerate() if t not in before and not t.name.startswith("asyncio_"))
+    return sorted(
+        t.name for t in threading.enumerate() if t not in before and not t.name.startswith("asyncio_")
+    )
 
 
 async def test_stop_leaves_no_worker_thread_or_process(renderer, embedded_dir, tmp_path):
     backend = LocalBackend.from_pretrained(embedded_dir)  # its worker thread starts with the first call
     before = set(threading.enumerate())  # after loading: tqdm leaves a monitor thread of its own
-    proxy = ProxyServer.create(renderer=renderer, backend=backend,
-                               data_dir=tmp_path, admin_secret=ADMIN,
-                               config=EngineConfig(max_context=2048, default_max_tokens=4))
+    proxy = ProxyServer.create(
+        renderer=renderer,
+        backend=backend,
+        data_dir=tmp_path,
+        admin_secret=ADMIN,
+        config=EngineConfig(max_context=2048, default_max_tokens=4),
+    )
     await proxy.start("127.0.0.1", 0)
     sid, key = proxy.create_session()
     url = f"{proxy.base_url}/s/{sid}/v1/chat/completions"
     async with aiohttp.ClientSession() as http:
-        status, reply = await post(http, url, {"model": "m", "messages": [{"role": "user", "content": "Hi."}]}, key)
+        status, reply = await post(
+            http, url, {"model": "m", "messages": [{"role": "user", "content": "Hi."}]}, key
+        )
         assert status == 200, reply
         # a body past OFF_LOOP_BYTES is parsed in a worker process (its answer: the context overflows)
         huge = {"model": "m", "messages": [{"role": "user", "content": "word " * (OFF_LOOP_BYTES // 4)}]}
@@ -56,13 +64,23 @@ async def test_a_stopped_proxy_and_its_backend_are_freed(renderer, embedded_dir,
     import weakref
 
     backend = LocalBackend.from_pretrained(embedded_dir)
-    proxy = ProxyServer.create(renderer=renderer, backend=backend, data_dir=tmp_path, admin_secret=ADMIN,
-                               config=EngineConfig(max_context=2048, default_max_tokens=4), owns_backend=True)
+    proxy = ProxyServer.create(
+        renderer=renderer,
+        backend=backend,
+        data_dir=tmp_path,
+        admin_secret=ADMIN,
+        config=EngineConfig(max_context=2048, default_max_tokens=4),
+        owns_backend=True,
+    )
     await proxy.start("127.0.0.1", 0)
     sid, key = proxy.create_session()
     async with aiohttp.ClientSession() as http:
-        status, reply = await post(http, f"{proxy.base_url}/s/{sid}/v1/chat/completions",
-                                   {"model": "m", "messages": [{"role": "user", "content": "Hi."}]}, key)
+        status, reply = await post(
+            http,
+            f"{proxy.base_url}/s/{sid}/v1/chat/completions",
+            {"model": "m", "messages": [{"role": "user", "content": "Hi."}]},
+            key,
+        )
         assert status == 200, reply
         async with http.get(f"{proxy.base_url}/no/such/route") as missing:  # the error middleware's chain too
             assert missing.status == 404

@@ -31,18 +31,26 @@ def follow_up(api, first, answer):
     if api == "chat":
         body["messages"] += [answer, {"role": "user", "content": "Thanks. And in Rome?"}]
     elif api == "responses":
-        body["input"] += answer + [{"type": "message", "role": "user",
-                                    "content": [{"type": "input_text", "text": "Thanks. And in Rome?"}]}]
+        body["input"] += answer + [
+            {
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "Thanks. And in Rome?"}],
+            }
+        ]
     else:
-        body["messages"] += [{"role": "assistant", "content": answer},
-                             {"role": "user", "content": "Thanks. And in Rome?"}]
+        body["messages"] += [
+            {"role": "assistant", "content": answer},
+            {"role": "user", "content": "Thanks. And in Rome?"},
+        ]
     return body
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
 @pytest.mark.parametrize("api", list(APIS))
-async def test_two_turns_through_the_proxy_on_real_vllm_are_token_exact(api, stream, renderer, vllm_server,
-                                                                         tmp_path):
+async def test_two_turns_through_the_proxy_on_real_vllm_are_token_exact(
+    api, stream, renderer, vllm_server, tmp_path
+):
     route, first, answer_of, _, family = APIS[api]
     backend = make_backend("vllm", url=vllm_server.url, model=vllm_server.model)
     async with running_proxy(renderer, backend, tmp_path) as proxy, aiohttp.ClientSession() as http:
@@ -74,8 +82,11 @@ def long_prefill_s(vllm_server) -> float:
     without AVX-512 (seen on a 2-core AMD EPYC) took over 9 minutes for the 9.5k-token first
     prompt, past any harness deadline: where the probe says so the window test cannot run here."""
     body = {"model": vllm_server.model, "prompt": [42] * PREFILL_PROBE_TOKENS, "max_tokens": 1}
-    request = urllib.request.Request(f"{vllm_server.url}/v1/completions", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"{vllm_server.url}/v1/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     started = time.monotonic()
     with urllib.request.urlopen(request, timeout=900) as answer:
         assert answer.status == 200
@@ -83,8 +94,9 @@ def long_prefill_s(vllm_server) -> float:
 
 
 @pytest.mark.parametrize("harness", ["codex", "claude-code"])
-def test_harness_episode_on_real_vllm_fits_the_window_and_passes_check(harness, vllm_server, long_prefill_s,
-                                                                       tmp_path):
+def test_harness_episode_on_real_vllm_fits_the_window_and_passes_check(
+    harness, vllm_server, long_prefill_s, tmp_path
+):
     """Codex's and Claude Code's first prompts (~9.5k and ~12.8k tokens) are past SmolLM2's trained
     8k window: the RoPE-scaled 32k one, which vLLM derives and the proxy reads, lets the model sample.
     vLLM's CPU prefill of that first prompt takes 60-300 s on 2 busy cores (attention over ~10k tokens):
@@ -92,12 +104,37 @@ def test_harness_episode_on_real_vllm_fits_the_window_and_passes_check(harness, 
     from polar_env.cli import main
 
     if long_prefill_s > PREFILL_PROBE_MAX_S:
-        pytest.skip(f"vLLM CPU here prefilled {PREFILL_PROBE_TOKENS} tokens in {long_prefill_s:.0f} s "
-                    f"(> {PREFILL_PROBE_MAX_S:.0f} s): the ~9.5k-token first prompt would outlast the deadline")
+        pytest.skip(
+            f"vLLM CPU here prefilled {PREFILL_PROBE_TOKENS} tokens in {long_prefill_s:.0f} s "
+            f"(> {PREFILL_PROBE_MAX_S:.0f} s): the ~9.5k-token first prompt would outlast the deadline"
+        )
     out = tmp_path / "out"
-    assert main(["rollout", "--harness", harness, "--tasks", "bundled", "--limit", "1", "--backend", "vllm",
-                 "--url", vllm_server.url, "--model-name", vllm_server.model, "--max-tokens", "64",
-                 "--timeout", "600", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "rollout",
+                "--harness",
+                harness,
+                "--tasks",
+                "bundled",
+                "--limit",
+                "1",
+                "--backend",
+                "vllm",
+                "--url",
+                vllm_server.url,
+                "--model-name",
+                vllm_server.model,
+                "--max-tokens",
+                "64",
+                "--timeout",
+                "600",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     [trajectory] = [json.loads(line) for line in (out / "trajectories.jsonl").read_text().splitlines()]
     first = trajectory["chains"][0]
     assert len(first["input_ids"]) > 8192 and trajectory["stats"]["sampled_tokens"] > 0, trajectory["error"]

@@ -27,10 +27,26 @@ TURNS = 3
 
 
 def _serve(data_dir: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "polar_env.cli", "proxy", "serve", "--backend", "instant",
-                             "--port", "0", "--data-dir", str(data_dir), *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "POLAR_ADMIN_SECRET": SECRET})
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "polar_env.cli",
+            "proxy",
+            "serve",
+            "--backend",
+            "instant",
+            "--port",
+            "0",
+            "--data-dir",
+            str(data_dir),
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "POLAR_ADMIN_SECRET": SECRET},
+    )
 
 
 async def _start(data_dir: Path) -> tuple[subprocess.Popen, str, list[str]]:
@@ -51,8 +67,11 @@ async def _episode(http: aiohttp.ClientSession, url: str, key: str) -> list[str]
     ids = []
     for turn in range(TURNS):
         messages.append({"role": "user", "content": f"turn {turn} of {url}"})
-        async with http.post(f"{url}/chat/completions", json={"model": "m", "messages": messages},
-                             headers={"Authorization": f"Bearer {key}"}) as resp:
+        async with http.post(
+            f"{url}/chat/completions",
+            json={"model": "m", "messages": messages},
+            headers={"Authorization": f"Bearer {key}"},
+        ) as resp:
             assert resp.status == 200, await resp.text()
             reply = await resp.json()
         messages.append(reply["choices"][0]["message"])
@@ -69,13 +88,19 @@ async def test_sessions_spread_over_worker_processes(tmp_path: Path):
         async with aiohttp.ClientSession() as http:
             sessions = {}
             for i in range(SESSIONS):
-                async with http.post(f"{front}/admin/sessions", json={"session_id": f"ep{i}"}, headers=ADMIN) as resp:
+                async with http.post(
+                    f"{front}/admin/sessions", json={"session_id": f"ep{i}"}, headers=ADMIN
+                ) as resp:
                     assert resp.status == 201
                     body = await resp.json()
                 sessions[body["session_id"]] = (body["api_key"], body["urls"]["openai"])
-            async with http.post(f"{front}/admin/sessions", json={"session_id": "ep0"}, headers=ADMIN) as resp:
+            async with http.post(
+                f"{front}/admin/sessions", json={"session_id": "ep0"}, headers=ADMIN
+            ) as resp:
                 assert resp.status == 400 and "already exists" in (await resp.json())["error"]["message"]
-            owner = {sid: next(w for w in workers if url.startswith(w + "/")) for sid, (_, url) in sessions.items()}
+            owner = {
+                sid: next(w for w in workers if url.startswith(w + "/")) for sid, (_, url) in sessions.items()
+            }
             assert sorted(list(owner.values()).count(w) for w in workers) == [SESSIONS // 2] * 2  # balanced
 
             answered = await asyncio.gather(*(_episode(http, url, key) for key, url in sessions.values()))
@@ -83,10 +108,16 @@ async def test_sessions_spread_over_worker_processes(tmp_path: Path):
             # a key admits only its session, on every port; the front serves no model call
             (a, (key_a, url_a)), (b, (key_b, _)) = list(sessions.items())[:2]
             other = next(w for w in workers if w != owner[a])
-            for url, key in ((url_a, key_b), (f"{other}/s/{a}/v1", key_a), (f"{owner[b]}/s/{a}/v1", "pk-nope")):
+            for url, key in (
+                (url_a, key_b),
+                (f"{other}/s/{a}/v1", key_a),
+                (f"{owner[b]}/s/{a}/v1", "pk-nope"),
+            ):
                 async with http.get(f"{url}/models", headers={"Authorization": f"Bearer {key}"}) as resp:
                     assert resp.status == 401, url
-            async with http.get(f"{front}/s/{a}/v1/models", headers={"Authorization": f"Bearer {key_a}"}) as resp:
+            async with http.get(
+                f"{front}/s/{a}/v1/models", headers={"Authorization": f"Bearer {key_a}"}
+            ) as resp:
                 assert resp.status == 404 and "session's own urls" in (await resp.json())["error"]["message"]
             async with http.get(f"{front}/admin/sessions") as resp:
                 assert resp.status == 401
@@ -104,7 +135,9 @@ async def test_sessions_spread_over_worker_processes(tmp_path: Path):
             async with http.post(f"{front}/admin/policy", json={"version": 5}, headers=ADMIN) as resp:
                 assert resp.status == 200
             async with http.post(f"{front}/admin/pause", json={}, headers=ADMIN) as resp:
-                assert resp.status == 200 and all(w["answer"]["drained"] for w in (await resp.json())["workers"])
+                assert resp.status == 200 and all(
+                    w["answer"]["drained"] for w in (await resp.json())["workers"]
+                )
             for worker in workers:
                 async with http.get(f"{worker}/admin/policy", headers=ADMIN) as resp:
                     state = await resp.json()
@@ -113,8 +146,9 @@ async def test_sessions_spread_over_worker_processes(tmp_path: Path):
                 answers = (await resp.json())["workers"]
             assert [w["answer"]["version"] for w in answers] == [6, 6]
 
-            async with http.post(f"{front}/admin/sessions/{a}/close", json={"status": "completed"},
-                                 headers=ADMIN) as resp:
+            async with http.post(
+                f"{front}/admin/sessions/{a}/close", json={"status": "completed"}, headers=ADMIN
+            ) as resp:
                 assert resp.status == 200 and (await resp.json())["status"] == "completed"
             async with http.get(f"{front}/admin/sessions/nope", headers=ADMIN) as resp:
                 assert resp.status == 404
@@ -122,13 +156,16 @@ async def test_sessions_spread_over_worker_processes(tmp_path: Path):
         proc.send_signal(signal.SIGTERM)
         proc.wait(120)
     assert proc.returncode == 0
-    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-                   for pid in worker_pids)
+    assert not any(
+        psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE for pid in worker_pids
+    )
 
     # every call is in its owner's ledger, and only there
     for k, worker in enumerate(workers):
         ledger = Ledger(data / f"worker-{k}")
-        assert sorted(s.session_id for s in ledger.sessions()) == sorted(s for s in sessions if owner[s] == worker)
+        assert sorted(s.session_id for s in ledger.sessions()) == sorted(
+            s for s in sessions if owner[s] == worker
+        )
         for sid in (s for s in sessions if owner[s] == worker):
             assert len(ledger.calls(sid)) == TURNS
 
@@ -148,5 +185,7 @@ async def test_sessions_spread_over_worker_processes(tmp_path: Path):
     finally:
         proc.kill()
         proc.wait()
-    _, alive = psutil.wait_procs([psutil.Process(pid) for pid in worker_pids if psutil.pid_exists(pid)], timeout=60)
+    _, alive = psutil.wait_procs(
+        [psutil.Process(pid) for pid in worker_pids if psutil.pid_exists(pid)], timeout=60
+    )
     assert not alive

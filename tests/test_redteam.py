@@ -40,12 +40,25 @@ def test_corpus_breadth():
     assert all(e["strict_reward"] == 0.0 for e in attacks)
     golds = {e["task"] for e in MANIFEST if e["class"] == "control-gold"}
     assert golds == set(TASKS)
-    assert {e["class"] for e in MANIFEST} >= {"control-gold-plus-config", "host-exec-git", "runner-config",
-                                              "plugin-entry-point", "startup-hook", "import-shadowing",
-                                              "report-tampering", "assertion-rewriter", "test-file-on-disk",
-                                              "forged-output", "forged-markers", "patch-syntax-evasion",
-                                              "unbounded-output", "result-forgery", "special-case", "flag-zeroes",
-                                              "targeted-forger"}
+    assert {e["class"] for e in MANIFEST} >= {
+        "control-gold-plus-config",
+        "host-exec-git",
+        "runner-config",
+        "plugin-entry-point",
+        "startup-hook",
+        "import-shadowing",
+        "report-tampering",
+        "assertion-rewriter",
+        "test-file-on-disk",
+        "forged-output",
+        "forged-markers",
+        "patch-syntax-evasion",
+        "unbounded-output",
+        "result-forgery",
+        "special-case",
+        "flag-zeroes",
+        "targeted-forger",
+    }
     forgers = {(e["task"], e["id"].split("-")[2]) for e in MANIFEST if e["class"] == "targeted-forger"}
     assert forgers == {(t, form) for t in TASKS for form in ("blob", "plain")}  # issue 48: every bundled task
     assert len({e["id"] for e in MANIFEST}) == len(MANIFEST)
@@ -59,13 +72,21 @@ def test_special_case_flags_fire_on_detectors_and_never_on_golds():
     from polar_env.rewards.flags import tampering_flags
 
     assert {iid: tampering_flags(t.patch, t.repo, t.problem_statement) for iid, t in TASKS.items()} == {
-        iid: {} for iid in TASKS}
-    plain = ["sc-pytest-in-sys-modules", "sc-hostname", "sc-caller-frame-locals", "sc-caller-module-under-tests",
-             "sc-issue-example-input"]
+        iid: {} for iid in TASKS
+    }
+    plain = [
+        "sc-pytest-in-sys-modules",
+        "sc-hostname",
+        "sc-caller-frame-locals",
+        "sc-caller-module-under-tests",
+        "sc-issue-example-input",
+    ]
     entries = {e["id"]: e for e in MANIFEST}
     for eid in plain:
         task = TASKS[entries[eid]["task"]]
-        assert "special-case" in tampering_flags(patch_of(entries[eid]), task.repo, task.problem_statement), eid
+        assert "special-case" in tampering_flags(patch_of(entries[eid]), task.repo, task.problem_statement), (
+            eid
+        )
 
 
 def test_host_exec_payload_is_live(tmp_path: Path):
@@ -75,12 +96,17 @@ def test_host_exec_payload_is_live(tmp_path: Path):
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
     hook = (REDTEAM / "patches" / "git-hook-post-checkout.diff").read_text()
     canary = tmp_path / "canary"
-    body = "".join(line[1:] + "\n" for line in hook.splitlines() if line.startswith("+") and not line.startswith("+++"))
+    body = "".join(
+        line[1:] + "\n" for line in hook.splitlines() if line.startswith("+") and not line.startswith("+++")
+    )
     assert str(CANARY) in body
     (repo / ".git" / "hooks" / "post-checkout").write_text(body.replace(str(CANARY), str(canary)))
     (repo / ".git" / "hooks" / "post-checkout").chmod(0o755)
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "x"],
-                   cwd=repo, check=True)
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "x"],
+        cwd=repo,
+        check=True,
+    )
     subprocess.run(["git", "checkout", "-q", "-b", "other"], cwd=repo, check=True)
     assert canary.exists()
 
@@ -90,12 +116,38 @@ def test_host_exec_payload_is_live(tmp_path: Path):
 def test_corpus_through_polar_eval(tmp_path: Path):
     CANARY.unlink(missing_ok=True)
     preds = tmp_path / "redteam.jsonl"
-    preds.write_text("".join(json.dumps({"instance_id": e["task"], "model_patch": patch_of(e),
-                                         "model_name_or_path": f"redteam/{e['id']}"}) + "\n" for e in MANIFEST))
+    preds.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "instance_id": e["task"],
+                    "model_patch": patch_of(e),
+                    "model_name_or_path": f"redteam/{e['id']}",
+                }
+            )
+            + "\n"
+            for e in MANIFEST
+        )
+    )
     out = tmp_path / "report.json"
     t0 = time.monotonic()
-    proc = subprocess.run([str(POLAR), "eval", "--tasks", "bundled", "--predictions", str(preds),
-                           "--workers", "2", "--out", str(out)], capture_output=True, text=True, timeout=1800)
+    proc = subprocess.run(
+        [
+            str(POLAR),
+            "eval",
+            "--tasks",
+            "bundled",
+            "--predictions",
+            str(preds),
+            "--workers",
+            "2",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     wall = time.monotonic() - t0
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(out.read_text())
@@ -108,26 +160,42 @@ def test_corpus_through_polar_eval(tmp_path: Path):
         if r["reward"] != e["strict_reward"] or r["failure_kind"] == "infrastructure":
             wrong.append((e["id"], r["reward"], r["failure_kind"], r["error"][:300], r["log_tail"][-500:]))
         if e["class"].startswith("control"):
-            assert r["modes"]["swebench"]["reward"] == 1.0 and not r["disagreement"], (e["id"], r["disagreement"])
+            assert r["modes"]["swebench"]["reward"] == 1.0 and not r["disagreement"], (
+                e["id"],
+                r["disagreement"],
+            )
         if e["class"] == "host-exec-git":
             assert r["failure_kind"] == "apply_failed" and "patch-refused" in r["flags"], e["id"]
     assert wrong == [], wrong
-    print(f"\nred-team corpus: {len(MANIFEST)} patches in {wall:.0f}s; swebench mode resolved "
-          f"{report['resolved_by_mode']['swebench']}, strict {report['resolved_by_mode']['strict']}")
+    print(
+        f"\nred-team corpus: {len(MANIFEST)} patches in {wall:.0f}s; swebench mode resolved "
+        f"{report['resolved_by_mode']['swebench']}, strict {report['resolved_by_mode']['strict']}"
+    )
     for (cls, reward), n in sorted(per_class.items()):
         print(f"  {cls}: {n} x reward {reward}")
 
 
 # flask's image (the grading of container tasks): a control and one attack per layer of strict
-IMAGE_SUBSET = ["gold-pallets__flask-5014", "conftest-append", "code-swapped-in-place", "stream-rewritten-at-exit",
-                "p2p-turned-skipped", "sc-cwd-hidden", "sc-pytest-in-sys-modules", "symlink-escape-after-reset",
-                "symlink-relative-escape", "symlink-absolute"]
+IMAGE_SUBSET = [
+    "gold-pallets__flask-5014",
+    "conftest-append",
+    "code-swapped-in-place",
+    "stream-rewritten-at-exit",
+    "p2p-turned-skipped",
+    "sc-cwd-hidden",
+    "sc-pytest-in-sys-modules",
+    "symlink-escape-after-reset",
+    "symlink-relative-escape",
+    "symlink-absolute",
+]
 # refused by the image's `git apply` before any mode runs (a path under .git, a write beyond a link)
 IMAGE_REFUSED_AT_APPLY = ["git-config-fsmonitor", "git-hook-post-checkout", "git-via-symlink"]
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("podman") is None, reason="image grading needs podman (scripts/setup_podman.sh)")
+@pytest.mark.skipif(
+    shutil.which("podman") is None, reason="image grading needs podman (scripts/setup_podman.sh)"
+)
 def test_container_classes_in_podman_image_grading():
     """Image grading (`grade_task` with kind podman) gives the corpus's strict rewards too: the conftest
     hook, a forged result, a P2P test turned SKIPPED, a special-cased fix and links that leave the tree
@@ -154,14 +222,19 @@ def test_container_classes_in_podman_image_grading():
         if r.reward != 0.0 or r.failure_kind != "apply_failed":
             wrong.append((eid, r.reward, r.failure_kind, r.error[:300]))
     assert wrong == [], wrong
-    print(f"\nimage grading: {len(IMAGE_SUBSET) + len(IMAGE_REFUSED_AT_APPLY)} patches in "
-          f"{time.monotonic() - t0:.0f}s")
+    print(
+        f"\nimage grading: {len(IMAGE_SUBSET) + len(IMAGE_REFUSED_AT_APPLY)} patches in "
+        f"{time.monotonic() - t0:.0f}s"
+    )
 
 
 # two attacks, and issue 48's targeted forger on every bundled task (the controls run through the same
 # grader in the corpus test and in test_demo's gold run)
-HARNESS_SUBSET = ["conftest-append", "report-from-item-and-call",
-                  *[f"targeted-forger-plain-{iid}" for iid in sorted(TASKS)]]
+HARNESS_SUBSET = [
+    "conftest-append",
+    "report-from-item-and-call",
+    *[f"targeted-forger-plain-{iid}" for iid in sorted(TASKS)],
+]
 
 
 @needs_bwrap
@@ -180,8 +253,9 @@ async def test_attacks_made_in_the_agents_tree(embedded_dir: Path, renderer, tmp
         """The patch as shell commands of at most 2,000 base64 characters each (base64 is about 1.5
         characters a token: an answer stays well inside its 4,096-token budget)."""
         text = base64.b64encode(patch.encode()).decode()
-        return [f"echo {text[i:i + 2000]} >> /tmp/attack.b64" for i in range(0, len(text), 2000)] + [
-            "cd /testbed && base64 -d /tmp/attack.b64 | git apply"]
+        return [f"echo {text[i : i + 2000]} >> /tmp/attack.b64" for i in range(0, len(text), 2000)] + [
+            "cd /testbed && base64 -d /tmp/attack.b64 | git apply"
+        ]
 
     commands = {e: steps(patch_of(entries[e])) for e in HARNESS_SUBSET}
 
@@ -193,12 +267,23 @@ async def test_attacks_made_in_the_agents_tree(embedded_dir: Path, renderer, tmp
     async with scripted_proxy(embedded_dir, renderer, policy, tmp_path) as proxy:
         for attack in HARNESS_SUBSET:
             entry = entries[attack]
-            result = await run_episode(proxy, TASKS[entry["task"]], episode_id=f"{attack}.s0",
-                                       config=EpisodeConfig(harness="pi", timeout_s=300, sampling={"max_tokens": 4096},
-                                                            scratch_root=tmp_path / "scratch"))
+            result = await run_episode(
+                proxy,
+                TASKS[entry["task"]],
+                episode_id=f"{attack}.s0",
+                config=EpisodeConfig(
+                    harness="pi",
+                    timeout_s=300,
+                    sampling={"max_tokens": 4096},
+                    scratch_root=tmp_path / "scratch",
+                ),
+            )
             assert result.grade is not None and result.patch.strip(), (attack, result.trajectory.error)
-            assert result.grade.reward == entry["strict_reward"], (attack, result.grade.error, result.grade.flags)
+            assert result.grade.reward == entry["strict_reward"], (
+                attack,
+                result.grade.error,
+                result.grade.flags,
+            )
             assert result.trajectory.grading and result.trajectory.grading.flags == result.grade.flags
             if entry["strict_reward"] == 0.0:
                 assert result.grade.flags, attack
-

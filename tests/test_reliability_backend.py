@@ -21,10 +21,17 @@ from polar_env.proxy.engine import EngineConfig
 from polar_env.trajectory.chains import build_trajectory
 
 REQUESTS = {  # api -> (path, body, key header) as each harness family sends it
-    "chat": ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}]}, "bearer"),
+    "chat": (
+        "/v1/chat/completions",
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+        "bearer",
+    ),
     "responses": ("/v1/responses", {"model": "m", "input": "hi"}, "bearer"),
-    "messages": ("/v1/messages", {"model": "m", "max_tokens": 32,
-                                  "messages": [{"role": "user", "content": "hi"}]}, "x-api-key"),
+    "messages": (
+        "/v1/messages",
+        {"model": "m", "max_tokens": 32, "messages": [{"role": "user", "content": "hi"}]},
+        "x-api-key",
+    ),
 }
 
 
@@ -47,7 +54,9 @@ CONFIG = EngineConfig(max_context=2048, default_max_tokens=32, backend_retries=R
 async def _call(http: aiohttp.ClientSession, proxy, api: str, stream: bool = False):
     sid, key = proxy.create_session()
     path, body, header = REQUESTS[api]
-    status, reply = await post(http, f"{proxy.base_url}/s/{sid}{path}", {**body, "stream": stream}, key, header)
+    status, reply = await post(
+        http, f"{proxy.base_url}/s/{sid}{path}", {**body, "stream": stream}, key, header
+    )
     return sid, status, reply
 
 
@@ -76,10 +85,14 @@ FAULTS = [  # mode, HTTP status the harness sees, what the recorded error names
 @pytest.mark.parametrize("api", list(REQUESTS))
 @pytest.mark.parametrize("mode,http_status,recorded", FAULTS)
 async def test_backend_fault_reaches_harness_in_its_api_shape_and_ledger(
-        renderer, double, tmp_path: Path, api, mode, http_status, recorded):
+    renderer, double, tmp_path: Path, api, mode, http_status, recorded
+):
     double.mode = mode
     backend = make_backend("vllm", url=double.url, model="m", timeout_s=0.5)
-    async with running_proxy(renderer, backend, tmp_path, config=CONFIG) as proxy, aiohttp.ClientSession() as http:
+    async with (
+        running_proxy(renderer, backend, tmp_path, config=CONFIG) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
         sid, status, reply = await _call(http, proxy, api, stream=(api != "chat"))
         _assert_api_error(api, status, reply, http_status)
         assert double.hits[mode] == 1 + RETRIES  # retried, and only as often as configured
@@ -91,7 +104,10 @@ async def test_backend_fault_reaches_harness_in_its_api_shape_and_ledger(
 @pytest.mark.parametrize("api", list(REQUESTS))
 async def test_connection_refused_is_retryable_and_recorded(renderer, tmp_path: Path, api):
     backend = make_backend("vllm", url=f"http://127.0.0.1:{_closed_port()}", model="m", timeout_s=2)
-    async with running_proxy(renderer, backend, tmp_path, config=CONFIG) as proxy, aiohttp.ClientSession() as http:
+    async with (
+        running_proxy(renderer, backend, tmp_path, config=CONFIG) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
         sid, status, reply = await _call(http, proxy, api)
         message = _assert_api_error(api, status, reply, 503)
         assert "Connect" in message
@@ -102,7 +118,10 @@ async def test_connection_refused_is_retryable_and_recorded(renderer, tmp_path: 
 async def test_transient_500_is_retried_to_success(renderer, double, tmp_path: Path):
     double.mode, double.fail_first = "flaky", RETRIES
     backend = make_backend("vllm", url=double.url, model="m", timeout_s=2)
-    async with running_proxy(renderer, backend, tmp_path, config=CONFIG) as proxy, aiohttp.ClientSession() as http:
+    async with (
+        running_proxy(renderer, backend, tmp_path, config=CONFIG) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
         sid, status, reply = await _call(http, proxy, "chat")
         assert status == 200 and reply["choices"][0]["message"]["content"] == "Hello there"
         assert double.hits["flaky"] == RETRIES + 1
@@ -114,7 +133,10 @@ async def test_retries_are_off_when_configured_off(renderer, double, tmp_path: P
     double.mode = "500"
     backend = make_backend("vllm", url=double.url, model="m", timeout_s=2)
     config = EngineConfig(max_context=2048, default_max_tokens=32, backend_retries=0)
-    async with running_proxy(renderer, backend, tmp_path, config=config) as proxy, aiohttp.ClientSession() as http:
+    async with (
+        running_proxy(renderer, backend, tmp_path, config=config) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
         _, status, _ = await _call(http, proxy, "responses")
         assert status == 503 and double.hits["500"] == 1
 
@@ -122,7 +144,10 @@ async def test_retries_are_off_when_configured_off(renderer, double, tmp_path: P
 async def test_fault_mid_episode_keeps_the_partial_trajectory(renderer, double, tmp_path: Path):
     """Turn 1 answered, turn 2 fails at the backend: the trajectory is ``error`` with both calls."""
     backend = make_backend("vllm", url=double.url, model="m", timeout_s=2)
-    async with running_proxy(renderer, backend, tmp_path, config=CONFIG) as proxy, aiohttp.ClientSession() as http:
+    async with (
+        running_proxy(renderer, backend, tmp_path, config=CONFIG) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
         sid, key = proxy.create_session(metadata={"task_id": "t"})
         url = f"{proxy.base_url}/s/{sid}/v1/chat/completions"
         messages = [{"role": "user", "content": "hi"}]

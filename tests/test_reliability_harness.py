@@ -34,8 +34,17 @@ def task():
     return next(t for t in load_tasks("bundled") if t.instance_id == "pallets__flask-5014")
 
 
-async def _episode(renderer, task, tmp_path: Path, monkeypatch, mode: str, *, backend_mode: str = "ok",
-                   timeout_s: float = 20, env: dict[str, str] | None = None):
+async def _episode(
+    renderer,
+    task,
+    tmp_path: Path,
+    monkeypatch,
+    mode: str,
+    *,
+    backend_mode: str = "ok",
+    timeout_s: float = 20,
+    env: dict[str, str] | None = None,
+):
     marker = f"polar-rel-{uuid.uuid4().hex[:10]}"
     harness = FakeHarness(mode, marker, tmp_path / "install", env)
     monkeypatch.setattr(lifecycle, "get_adapter", lambda name: harness)
@@ -56,13 +65,23 @@ async def _episode(renderer, task, tmp_path: Path, monkeypatch, mode: str, *, ba
         async with faulty_vllm(renderer) as double:
             double.mode = backend_mode
             backend = make_backend("vllm", url=double.url, model="policy", timeout_s=5)
-            proxy = ProxyServer.create(renderer=renderer, backend=backend, data_dir=tmp_path / "data",
-                                       admin_secret="s", config=EngineConfig(max_context=2048, default_max_tokens=16,
-                                                                             backend_retries=0))
+            proxy = ProxyServer.create(
+                renderer=renderer,
+                backend=backend,
+                data_dir=tmp_path / "data",
+                admin_secret="s",
+                config=EngineConfig(max_context=2048, default_max_tokens=16, backend_retries=0),
+            )
             await proxy.start(unix_socket=sock_dir / "proxy.sock", port=0)
             try:
-                result = await run_episode(proxy, task, episode_id=f"ep-{mode}", config=EpisodeConfig(
-                    harness="fake", timeout_s=timeout_s, grade=False, scratch_root=scratch))
+                result = await run_episode(
+                    proxy,
+                    task,
+                    episode_id=f"ep-{mode}",
+                    config=EpisodeConfig(
+                        harness="fake", timeout_s=timeout_s, grade=False, scratch_root=scratch
+                    ),
+                )
                 calls = proxy.registry.ledger.calls(f"ep-{mode}")
             finally:
                 await proxy.stop()
@@ -82,7 +101,9 @@ async def test_harness_crash_mid_episode(renderer, task, tmp_path: Path, monkeyp
     traj = result.trajectory
     assert traj.status == "error" and "segfault in tool runner" in traj.error
     assert traj.stats.calls == 1 and len(calls) == 1 and traj.stats.trainable_tokens > 0
-    assert result.failure_kind is FailureKind.harness_crashed and not traj.masked  # after its first call: policy's
+    assert (
+        result.failure_kind is FailureKind.harness_crashed and not traj.masked
+    )  # after its first call: policy's
 
 
 async def test_harness_hang_is_killed_at_the_deadline(renderer, task, tmp_path: Path, monkeypatch):
@@ -104,23 +125,31 @@ async def test_output_flood_is_bounded(renderer, task, tmp_path: Path, monkeypat
     assert result.trajectory.status == "completed"
 
 
-async def test_endless_retries_stop_at_the_second_identical_failure(renderer, task, tmp_path: Path, monkeypatch):
+async def test_endless_retries_stop_at_the_second_identical_failure(
+    renderer, task, tmp_path: Path, monkeypatch
+):
     """A harness that retries a failing call forever: the proxy stops the session at the second
     identical failure (docs/proxy.md, no retry storms) and refuses the rest before the backend."""
-    result, calls = await _episode(renderer, task, tmp_path, monkeypatch, "retry_forever", backend_mode="500",
-                                   timeout_s=4)
+    result, calls = await _episode(
+        renderer, task, tmp_path, monkeypatch, "retry_forever", backend_mode="500", timeout_s=4
+    )
     assert result.harness.status == "timeout"  # it keeps retrying the refusals until its deadline
     traj = result.trajectory
-    assert traj.status == "error" and traj.error.startswith("stopped: the harness sent the same failing request")
+    assert traj.status == "error" and traj.error.startswith(
+        "stopped: the harness sent the same failing request"
+    )
     assert len(calls) == 2 and all(c.error and "HTTP 500" in c.error for c in calls)
     assert traj.stats.failed_calls == len(calls) and traj.stats.trainable_tokens == 0
     assert traj.failure_kind is FailureKind.backend_failure and traj.masked
 
 
 async def test_backend_failure_mid_episode_ends_in_error_with_partial_trajectory(
-        renderer, task, tmp_path: Path, monkeypatch):
+    renderer, task, tmp_path: Path, monkeypatch
+):
     """The harness shrugs off a 5xx and exits 0; the episode is still ``error``, its good turn kept."""
-    result, calls = await _episode(renderer, task, tmp_path, monkeypatch, "give_up", backend_mode="ok_then_500")
+    result, calls = await _episode(
+        renderer, task, tmp_path, monkeypatch, "give_up", backend_mode="ok_then_500"
+    )
     assert result.harness.status == "completed" and result.harness.summary.turns == 2
     traj = result.trajectory
     assert traj.status == "error" and "backend" in traj.error

@@ -26,7 +26,17 @@ def test_eval_reports_like_swe_bench(tmp_path: Path, capsys: pytest.CaptureFixtu
 
     assert (
         polar_main(
-            ["eval", "--tasks", "bundled", "--predictions", str(pred_file), "--workers", "2", "--out", str(out)]
+            [
+                "eval",
+                "--tasks",
+                "bundled",
+                "--predictions",
+                str(pred_file),
+                "--workers",
+                "2",
+                "--out",
+                str(out),
+            ]
         )
         == 0
     )

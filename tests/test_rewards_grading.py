@@ -63,8 +63,10 @@ EDITS: dict[str, dict[str, list[tuple[str, str, str]]]] = {
             (
                 "requests/utils.py",
                 "    if scheme is None:\n        scheme = new_scheme\n",
-                ("    if auth:\n        netloc = auth + netloc\n    if scheme is None:\n"
-                 "        scheme = new_scheme\n"),
+                (
+                    "    if auth:\n        netloc = auth + netloc\n    if scheme is None:\n"
+                    "        scheme = new_scheme\n"
+                ),
             )
         ],
         "breaks_p2p": [

@@ -37,14 +37,20 @@ def test_a_verified_row_gets_exactly_swebench_script_and_image(tmp_path: Path):
 
 
 def test_a_classic_verified_row_runs_in_swebench_image_with_its_test_command(tmp_path: Path):
-    row = {k: v for k, v in json.loads(ROW.read_text()).items()
-           if k not in ("image", "eval_script", "log_parser", "eval_type")}
+    row = {
+        k: v
+        for k, v in json.loads(ROW.read_text()).items()
+        if k not in ("image", "eval_script", "log_parser", "eval_type")
+    }
     task = _verified_task(tmp_path, row)
     assert task_image(task) == expected_image(task.instance_id)  # the name swebench's harness derives
     image, script, spec = grading_plan(task, task_image(task))
     assert spec is None and image == expected_image(task.instance_id)
     assert f"git checkout {task.base_commit} -- astropy/modeling/tests/test_separable.py" in script
-    assert ">>>>> Start Test Output" in script and "pytest -rA astropy/modeling/tests/test_separable.py" in script
+    assert (
+        ">>>>> Start Test Output" in script
+        and "pytest -rA astropy/modeling/tests/test_separable.py" in script
+    )
 
 
 def test_custom_rows_reset_apply_and_run_between_the_markers():
@@ -60,7 +66,8 @@ def test_custom_rows_reset_apply_and_run_between_the_markers():
 
 
 def test_apptainer_without_a_base_archive_is_graded_in_its_image_and_masked_where_apptainer_is_missing(
-        tmp_path: Path, monkeypatch):
+    tmp_path: Path, monkeypatch
+):
     """No apptainer on PATH: the image grader cannot start, an infrastructure failure naming apptainer, never
     the agent's 0 (tests/test_containers_podman.py grades through a stand-in)."""
     monkeypatch.setenv("PATH", str(tmp_path))

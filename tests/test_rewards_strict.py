@@ -30,15 +30,19 @@ CONFIG = {"nonce": NONCE}
 
 
 def _stream(*events: dict) -> bytes:
-    return b"".join(json.dumps({"seq": i, "nonce": NONCE, **e}).encode() + b"\n" for i, e in enumerate(events))
+    return b"".join(
+        json.dumps({"seq": i, "nonce": NONCE, **e}).encode() + b"\n" for i, e in enumerate(events)
+    )
 
 
 def _honest(**end: object) -> list[dict]:
-    return [{"t": "collected", "ids": ["t.py::test_a"]},
-            {"t": "phase", "id": "t.py::test_a", "when": "setup", "outcome": "passed"},
-            {"t": "phase", "id": "t.py::test_a", "when": "call", "outcome": "passed"},
-            {"t": "phase", "id": "t.py::test_a", "when": "teardown", "outcome": "passed"},
-            {"t": "end", "exitstatus": 0, "testsfailed": 0, **end}]
+    return [
+        {"t": "collected", "ids": ["t.py::test_a"]},
+        {"t": "phase", "id": "t.py::test_a", "when": "setup", "outcome": "passed"},
+        {"t": "phase", "id": "t.py::test_a", "when": "call", "outcome": "passed"},
+        {"t": "phase", "id": "t.py::test_a", "when": "teardown", "outcome": "passed"},
+        {"t": "end", "exitstatus": 0, "testsfailed": 0, **end},
+    ]
 
 
 def _judge(data: bytes, rc: int = 0):
@@ -76,6 +80,7 @@ def _fake_sandbox(read_config: bool):
                 data += chunk
             got["config"] = json.loads(data)
         return SandboxRun(0, "", False, 0.0)
+
     got: dict = {}
     return run, got
 
@@ -83,15 +88,30 @@ def _fake_sandbox(read_config: bool):
 def test_config_past_the_pipe_buffer_does_not_deadlock(monkeypatch, tmp_path):
     """A config larger than a pipe's 64 KiB buffer reaches the plugin whole, and a run
     that never reads it (a sandbox that did not start) still returns."""
-    config = {"nonce": NONCE, "padding": {f"tests/test_{i}.py": [["test_x", "pass", "assert 1"]] for i in range(8000)}}
+    config = {
+        "nonce": NONCE,
+        "padding": {f"tests/test_{i}.py": [["test_x", "pass", "assert 1"]] for i in range(8000)},
+    }
     assert len(json.dumps(config)) > 4 * 65536
     for read_config in (True, False):
         run, got = _fake_sandbox(read_config)
         monkeypatch.setattr(strict_run, "run_sandboxed", run)
         done: list = []
-        t = threading.Thread(target=lambda done=done: done.append(strict_run._run_with_stream(
-            ["true"], tree=tmp_path, venv=tmp_path, env={}, timeout_s=5, grader_dir=tmp_path,
-            grader_mount="/opt/g", config=config)), daemon=True)
+        t = threading.Thread(
+            target=lambda done=done: done.append(
+                strict_run._run_with_stream(
+                    ["true"],
+                    tree=tmp_path,
+                    venv=tmp_path,
+                    env={},
+                    timeout_s=5,
+                    grader_dir=tmp_path,
+                    grader_mount="/opt/g",
+                    config=config,
+                )
+            ),
+            daemon=True,
+        )
         t.start()
         t.join(20)
         assert done, f"_run_with_stream blocked on the config pipe (reader: {read_config})"
@@ -134,8 +154,10 @@ def test_perturbed_check_is_skipped_where_the_gold_patch_fails_it(tmp_path: Path
 
     def edit(tree: Path) -> None:
         with open(tree / "tests" / "test_blueprints.py", "a") as f:
-            f.write('\nassert __name__.rpartition(".")[2] == "test_blueprints"  # e.g. a data file named after '
-                    'it\n')
+            f.write(
+                '\nassert __name__.rpartition(".")[2] == "test_blueprints"  # e.g. a data file named after '
+                "it\n"
+            )
 
     task = _with_test_patch(base, tmp_path, edit)
     r = grade(task, task.patch)
@@ -145,8 +167,11 @@ def test_perturbed_check_is_skipped_where_the_gold_patch_fails_it(tmp_path: Path
 
 def _long_path_patch(n: int, root: str = "src/flask") -> str:
     deep = "/".join(["d" * 200] * 9)
-    return "".join(f"diff --git a/{root}/{deep}/m{i}.py b/{root}/{deep}/m{i}.py\nnew file mode 100644\n"
-                   f"--- /dev/null\n+++ b/{root}/{deep}/m{i}.py\n@@ -0,0 +1 @@\n+x = {i}\n" for i in range(n))
+    return "".join(
+        f"diff --git a/{root}/{deep}/m{i}.py b/{root}/{deep}/m{i}.py\nnew file mode 100644\n"
+        f"--- /dev/null\n+++ b/{root}/{deep}/m{i}.py\n@@ -0,0 +1 @@\n+x = {i}\n"
+        for i in range(n)
+    )
 
 
 @needs_bwrap
@@ -160,8 +185,10 @@ def test_patch_past_the_argument_limit_is_refused_not_masked():
 
 
 NEW_TEST = "tests/newdir/test_new.py"
-BLOCKER = ("diff --git a/tests/newdir b/tests/newdir\nnew file mode 100644\n--- /dev/null\n+++ b/tests/newdir\n"
-           "@@ -0,0 +1 @@\n+not a directory\n")
+BLOCKER = (
+    "diff --git a/tests/newdir b/tests/newdir\nnew file mode 100644\n--- /dev/null\n+++ b/tests/newdir\n"
+    "@@ -0,0 +1 @@\n+not a directory\n"
+)
 
 
 def _task_with_new_test_file(tmp: Path) -> Task:
@@ -234,7 +261,7 @@ def test_image_reset_gives_test_patch_paths_real_parents(tmp_path: Path):
     lines = RESTORE.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("for p in"))
     end = next(i for i, line in enumerate(lines) if line.startswith("done"))
-    loop = "set -e\n" + "\n".join(line for line in lines[start:end + 1] if "cat-file" not in line) + "\n"
+    loop = "set -e\n" + "\n".join(line for line in lines[start : end + 1] if "cat-file" not in line) + "\n"
     tree, outside = tmp_path / "tree", tmp_path / "outside"
     (tree / "tests").mkdir(parents=True)
     outside.mkdir()
@@ -242,8 +269,11 @@ def test_image_reset_gives_test_patch_paths_real_parents(tmp_path: Path):
     (outside / "sub" / "keep").write_text("host\n")
     (tree / "tests" / "newdir").write_text("agent's file\n")
     (tree / "tests" / "linkdir").symlink_to(outside)
-    subprocess.run(["bash", "-c", loop, "bash", "tests/newdir/test_x.py", "tests/linkdir/sub/keep", "top.py"],
-                   cwd=tree, check=True)
+    subprocess.run(
+        ["bash", "-c", loop, "bash", "tests/newdir/test_x.py", "tests/linkdir/sub/keep", "top.py"],
+        cwd=tree,
+        check=True,
+    )
     for d in ("tests/newdir", "tests/linkdir", "tests/linkdir/sub"):
         assert (tree / d).is_dir() and not (tree / d).is_symlink(), d
     assert (outside / "sub" / "keep").read_text() == "host\n"
@@ -267,7 +297,9 @@ def test_image_reset_refuses_a_link_that_leaves_the_final_tree(tmp_path: Path):
     ok = subprocess.run(["bash", "-c", "set -e\nbase=x\n" + check], cwd=tree, capture_output=True, text=True)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     (tree / "src" / "out").symlink_to("../tests/static/" + "../" * 16 + "tmp")
-    refused = subprocess.run(["bash", "-c", "set -e\nbase=x\n" + check], cwd=tree, capture_output=True, text=True)
+    refused = subprocess.run(
+        ["bash", "-c", "set -e\nbase=x\n" + check], cwd=tree, capture_output=True, text=True
+    )
     assert refused.returncode == 96 and "src/out: symlink leaves the tree" in refused.stdout, refused
 
 
@@ -287,7 +319,10 @@ def test_gold_control_that_timed_out_is_not_a_reason_to_skip(tmp_path: Path, mon
     task = _with_test_patch(base, tmp_path, edit)
     monkeypatch.setattr(grading, "perturbed_findings", lambda *a, **k: ["perturbed-run: timed out"])
     r = grade(task, task.patch)
-    assert r.failure_kind == FailureKind.infrastructure and "perturbed control" in r.error, (r.failure_kind, r.error)
+    assert r.failure_kind == FailureKind.infrastructure and "perturbed control" in r.error, (
+        r.failure_kind,
+        r.error,
+    )
     assert gold_runs.cached(gold_runs.gold_key(task, f"tree:{base_key(task)}"), grading.TestRun) is None
 
 
@@ -301,9 +336,11 @@ def test_hidden_code_is_flagged_and_no_gold_patch_is():
     from polar_env.rewards.flags import tampering_flags
 
     blob = base64.b64encode(zlib.compress(b"import _pytest.reports\n")).decode()
-    hidden = ("diff --git a/src/pkg/_data.py b/src/pkg/_data.py\n+++ b/src/pkg/_data.py\n"
-              f"+import base64 as _b, zlib as _z\n+_BLOB = {blob!r}\n+\n+\n+def _load():\n"
-              f"+    exec(_z.decompress(_b.b64decode(_BLOB)), {{}})\n")
+    hidden = (
+        "diff --git a/src/pkg/_data.py b/src/pkg/_data.py\n+++ b/src/pkg/_data.py\n"
+        f"+import base64 as _b, zlib as _z\n+_BLOB = {blob!r}\n+\n+\n+def _load():\n"
+        f"+    exec(_z.decompress(_b.b64decode(_BLOB)), {{}})\n"
+    )
     assert "hidden-code" in tampering_flags(hidden, "o/r")
     swap = "diff --git a/a.py b/a.py\n+++ b/a.py\n+f.__code__ = g.__code__\n"
     assert "hidden-code" in tampering_flags(swap, "o/r")

@@ -39,8 +39,24 @@ from polar_env.trajectory.models import Trajectory
 
 TASKS = ["pallets__flask-5014", "psf__requests-5414"]
 KEYS = {f"{t}.s{k}" for t in TASKS for k in range(2)}
-ARGS = ["--harness", "pi", "--task-ids", *TASKS, "--samples", "2", "--concurrency", "2", "--policy", "noop",
-        "--score-window", "32", "--timeout", "120", "--max-tokens", "200"]
+ARGS = [
+    "--harness",
+    "pi",
+    "--task-ids",
+    *TASKS,
+    "--samples",
+    "2",
+    "--concurrency",
+    "2",
+    "--policy",
+    "noop",
+    "--score-window",
+    "32",
+    "--timeout",
+    "120",
+    "--max-tokens",
+    "200",
+]
 # One torch thread per process: several scoring processes share 2 cores, where OpenMP threads spinning
 # against each other made scoring ten times slower. Ray: no token auth, whatever ~/.ray holds.
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
@@ -53,8 +69,13 @@ def polar(*argv: str) -> list[str]:
 
 
 def trajectory(session_id: str, key: str, *, status: str = "completed", resolved: bool = False) -> Trajectory:
-    traj = build_trajectory(session(session_id), three_turn(), status=status, reward=float(resolved),
-                            grading=GradeResult(instance_id=session_id, resolved=resolved))
+    traj = build_trajectory(
+        session(session_id),
+        three_turn(),
+        status=status,
+        reward=float(resolved),
+        grading=GradeResult(instance_id=session_id, resolved=resolved),
+    )
     traj.metadata["episode_key"] = key
     return traj
 
@@ -144,8 +165,14 @@ def test_rollout_resumes_after_ctrl_c_without_redoing_finished_episodes(tmp_path
     command = polar("rollout", *ARGS, "--out", str(out))
     # SIGINT as a terminal's Ctrl-C finds it: a launcher that ran the suite in the background (nohup
     # ... &) leaves it ignored, which the child inherits, and Python then never raises KeyboardInterrupt
-    proc = subprocess.Popen(command, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        command,
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         deadline = time.monotonic() + 300
         while not finished_keys(out):
@@ -194,13 +221,31 @@ def start_ray_node(args: list[str], log: Path) -> subprocess.Popen:
     """``ray start --block``: this test's own process, so ending it ends only this node (never ``ray stop``,
     which would stop every Ray node on the machine)."""
     p = (*free_ports(6),)
-    ports = [f"--node-manager-port={p[0]}", f"--object-manager-port={p[1]}",
-             f"--dashboard-agent-listen-port={p[2]}", f"--dashboard-agent-grpc-port={p[3]}",
-             f"--runtime-env-agent-port={p[4]}", f"--metrics-export-port={p[5]}"]
+    ports = [
+        f"--node-manager-port={p[0]}",
+        f"--object-manager-port={p[1]}",
+        f"--dashboard-agent-listen-port={p[2]}",
+        f"--dashboard-agent-grpc-port={p[3]}",
+        f"--runtime-env-agent-port={p[4]}",
+        f"--metrics-export-port={p[5]}",
+    ]
     ray = Path(sys.executable).parent / "ray"
-    proc = subprocess.Popen([str(ray), "start", *args, *ports, "--num-cpus=1", "--object-store-memory=100000000",
-                             "--disable-usage-stats", "--block"], env=ENV, stdout=log.open("w"),
-                            stderr=subprocess.STDOUT, start_new_session=True)  # a group: the node's processes
+    proc = subprocess.Popen(
+        [
+            str(ray),
+            "start",
+            *args,
+            *ports,
+            "--num-cpus=1",
+            "--object-store-memory=100000000",
+            "--disable-usage-stats",
+            "--block",
+        ],
+        env=ENV,
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )  # a group: the node's processes
     deadline = time.monotonic() + 120
     while "block forever" not in log.read_text():
         assert proc.poll() is None, log.read_text()[-3000:]
@@ -217,8 +262,12 @@ def ray_cluster(tmp_path: Path):
     (gcs,) = free_ports(1)
     nodes: list[subprocess.Popen] = []
     try:
-        nodes.append(start_ray_node(["--head", f"--port={gcs}", "--include-dashboard=false", f"--temp-dir={temp}"],
-                                    tmp_path / "head.log"))
+        nodes.append(
+            start_ray_node(
+                ["--head", f"--port={gcs}", "--include-dashboard=false", f"--temp-dir={temp}"],
+                tmp_path / "head.log",
+            )
+        )
         nodes.append(start_ray_node([f"--address=127.0.0.1:{gcs}"], tmp_path / "worker.log"))
         yield f"127.0.0.1:{gcs}", nodes
     finally:
@@ -234,9 +283,11 @@ def ray_cluster(tmp_path: Path):
 
 def worker_node_id(address: str) -> str:
     """The Ray node id of the cluster's one node that is not the head (asked in a process of its own)."""
-    script = (f"import ray; ray.init(address={address!r}, logging_level='ERROR', log_to_driver=False); "
-              "print(*[n['NodeID'] for n in ray.nodes() if n['Alive'] and "
-              "'node:__internal_head__' not in n['Resources']]); ray.shutdown()")
+    script = (
+        f"import ray; ray.init(address={address!r}, logging_level='ERROR', log_to_driver=False); "
+        "print(*[n['NodeID'] for n in ray.nodes() if n['Alive'] and "
+        "'node:__internal_head__' not in n['Resources']]); ray.shutdown()"
+    )
     run = subprocess.run([sys.executable, "-c", script], env=ENV, capture_output=True, text=True, timeout=120)
     ids = run.stdout.split()
     assert run.returncode == 0 and len(ids) == 1, run.stdout + run.stderr[-2000:]
@@ -252,8 +303,13 @@ def ready_nodes(stderr: str) -> list[str]:
 def test_rollout_runs_on_a_two_node_local_ray_cluster(ray_cluster, tmp_path: Path):
     address, _ = ray_cluster
     out = tmp_path / "out"
-    run = subprocess.run(polar("rollout", *ARGS, "--out", str(out), "--ray", address),
-                         env=ENV, capture_output=True, text=True, timeout=400)
+    run = subprocess.run(
+        polar("rollout", *ARGS, "--out", str(out), "--ray", address),
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
     assert len(ready_nodes(run.stderr)) == 2, run.stderr[-3000:]
     trajectories = assert_acceptance(out)
@@ -261,8 +317,9 @@ def test_rollout_runs_on_a_two_node_local_ray_cluster(ray_cluster, tmp_path: Pat
     assert len(used) == 2, "episodes ran on both nodes"
     for node_id in used:  # each node's own proxy wrote its own ledger
         ledger = out / "ledger" / "nodes" / node_id[:12] / "sessions"
-        assert {t.session_id for t in trajectories if t.metadata["ray_node_id"] == node_id} == \
-            {p.name for p in ledger.iterdir()}
+        assert {t.session_id for t in trajectories if t.metadata["ray_node_id"] == node_id} == {
+            p.name for p in ledger.iterdir()
+        }
 
 
 @pytest.mark.slow
@@ -272,12 +329,17 @@ def test_ray_episodes_of_a_lost_node_move_to_the_others(ray_cluster, tmp_path: P
     episode to the head node and the job still completes."""
     address, (_, worker) = ray_cluster
     out = tmp_path / "out"
-    args = [*ARGS[:ARGS.index("--task-ids") + 1], TASKS[0], *ARGS[ARGS.index("--samples"):]]
+    args = [*ARGS[: ARGS.index("--task-ids") + 1], TASKS[0], *ARGS[ARGS.index("--samples") :]]
     args[args.index("--concurrency") + 1] = "1"  # one episode per node
     # the gold in five calls, then graded on its node: an episode that lasts long enough to be cut short
     args[args.index("--policy") + 1] = "gold-steps"
-    proc = subprocess.Popen(polar("rollout", *args, "--out", str(out), "--ray", address), env=ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        polar("rollout", *args, "--out", str(out), "--ray", address),
+        env=ENV,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 300
         # killed the moment its episode has a session: a warm episode is over ~1.5 s later, and waiting for

@@ -54,7 +54,9 @@ async def test_run_slots_admit_calls_sessions_in_their_run_first_and_hand_over_o
     await asyncio.sleep(0.01)
     assert slots.holders == {"a"} and slots.waiting == 2 and not b.done()
     assert booted.done()  # b has called (it waits for its slot, not for its boot)
-    a_again = asyncio.ensure_future(slots.enter("a"))  # a's next call: a holder's call waits too (one slot)...
+    a_again = asyncio.ensure_future(
+        slots.enter("a")
+    )  # a's next call: a holder's call waits too (one slot)...
     await asyncio.sleep(0.01)
     slots.leave("a")  # ...but a is in its run stage: it goes ahead of b and c's first calls
     await asyncio.sleep(0.01)
@@ -90,23 +92,35 @@ async def test_a_cancelled_waiting_call_gives_its_place_up_and_never_leaks_a_slo
     assert slots.busy == 0 and await slots.enter("b") == 0.0 and slots.holders == {"b"}
 
 
-async def test_a_streamed_call_waiting_for_a_run_slot_gets_keepalives_then_its_answer(renderer, tmp_path: Path):
+async def test_a_streamed_call_waiting_for_a_run_slot_gets_keepalives_then_its_answer(
+    renderer, tmp_path: Path
+):
     """The one run slot is held by another session for 2.5 s: the waiting call's stream opens and
     sends keep-alives (a client with a 1.5 s read timeout stays connected), then the answer; the
     wait is recorded as ``admission_ms``, not as generation."""
     done = renderer.tokenizer.encode("Done.", add_special_tokens=False) + renderer.eos_token_ids[:1]
-    proxy = ProxyServer.create(renderer=renderer, backend=InstantBackend(done), data_dir=tmp_path / "ledger",
-                               admin_secret="admin", keepalive_s=0.5, config=EngineConfig(max_context=4096))
+    proxy = ProxyServer.create(
+        renderer=renderer,
+        backend=InstantBackend(done),
+        data_dir=tmp_path / "ledger",
+        admin_secret="admin",
+        keepalive_s=0.5,
+        config=EngineConfig(max_context=4096),
+    )
     await proxy.start(port=0)
     proxy.engine.run_slots = slots = RunSlots(1)
     await slots.enter("other")
     asyncio.get_running_loop().call_later(2.5, slots.leave, "other")
     sid, key = proxy.create_session("s", sampling={"max_tokens": 16})
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(sock_read=1.5)) as http, \
-                http.post(f"{proxy.base_url}/s/{sid}/v1/chat/completions", headers={"Authorization": f"Bearer {key}"},
-                          json={"model": "policy", "stream": True,
-                                "messages": [{"role": "user", "content": "hi"}]}) as resp:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(sock_read=1.5)) as http,
+            http.post(
+                f"{proxy.base_url}/s/{sid}/v1/chat/completions",
+                headers={"Authorization": f"Bearer {key}"},
+                json={"model": "policy", "stream": True, "messages": [{"role": "user", "content": "hi"}]},
+            ) as resp,
+        ):
             raw = await resp.read()
         record = proxy.registry.ledger.calls(sid)[0]
     finally:
@@ -228,27 +242,50 @@ def task():
     return next(t for t in load_tasks("bundled") if t.instance_id == "pallets__flask-5014")
 
 
-def _setup(renderer, task, tmp_path: Path, monkeypatch, mode: str, *, samples: int, collapsed: bool = False,
-           release_after: int = 4):
+def _setup(
+    renderer,
+    task,
+    tmp_path: Path,
+    monkeypatch,
+    mode: str,
+    *,
+    samples: int,
+    collapsed: bool = False,
+    release_after: int = 4,
+):
     marker = f"polar-stages-{uuid.uuid4().hex[:10]}"
     harness = FakeHarness(mode, marker, tmp_path / "install")
     monkeypatch.setattr(lifecycle, "get_adapter", lambda name: harness)
     grade = GatedGrade(release_after)
     monkeypatch.setattr(grader, "grade_task", grade)
-    backend = CountingBackend(renderer.tokenizer.encode("Hello there", add_special_tokens=False)
-                              + renderer.eos_token_ids[:1])
+    backend = CountingBackend(
+        renderer.tokenizer.encode("Hello there", add_special_tokens=False) + renderer.eos_token_ids[:1]
+    )
     backend.watch, backend.gate = grade, collapsed
     monkeypatch.setattr(runner, "RunSlots", lambda n: GatedSlots(n, backend))
     scratch = tmp_path / "scratch"
     scratch.mkdir()
 
     def factory(data_dir: Path, socket: Path) -> ProxyServer:
-        return ProxyServer.create(renderer=renderer, backend=backend, data_dir=data_dir, admin_secret="s",
-                                  config=EngineConfig(max_context=2048, default_max_tokens=16))
+        return ProxyServer.create(
+            renderer=renderer,
+            backend=backend,
+            data_dir=data_dir,
+            admin_secret="s",
+            config=EngineConfig(max_context=2048, default_max_tokens=16),
+        )
 
     # the grade doubles share state with the backend: graded on threads of this process, not in workers
-    plan = RolloutPlan(tasks=[task], samples=samples, run_slots=2, grade_slots=2, collapsed=collapsed, grade_in_processes=False,
-                       out=tmp_path / "out", episode=EpisodeConfig(harness="fake", timeout_s=60, scratch_root=scratch))
+    plan = RolloutPlan(
+        tasks=[task],
+        samples=samples,
+        run_slots=2,
+        grade_slots=2,
+        collapsed=collapsed,
+        grade_in_processes=False,
+        out=tmp_path / "out",
+        episode=EpisodeConfig(harness="fake", timeout_s=60, scratch_root=scratch),
+    )
     return plan, factory, backend, grade, marker, scratch
 
 
@@ -262,8 +299,9 @@ async def _no_leftovers(marker: str, scratch: Path) -> None:
 async def test_run_slots_are_free_while_an_episode_grades(renderer, task, tmp_path: Path, monkeypatch):
     """4 episodes, 2 run slots, 2 calls each: the first to finish is held in grading; the two
     episodes prepared meanwhile take the run slots and the backend sees both at once."""
-    plan, factory, backend, grade, marker, scratch = _setup(renderer, task, tmp_path, monkeypatch, "give_up",
-                                                            samples=4)
+    plan, factory, backend, grade, marker, scratch = _setup(
+        renderer, task, tmp_path, monkeypatch, "give_up", samples=4
+    )
     trajectories = await run_rollouts(plan, factory)
     assert grade.held.is_set() and grade.release.is_set()
     assert grade.max_while_held == 2  # the full run concurrency while a grade was held
@@ -283,8 +321,9 @@ async def test_run_slots_are_free_while_an_episode_grades(renderer, task, tmp_pa
 async def test_collapsed_holds_one_slot_over_every_stage(renderer, task, tmp_path: Path, monkeypatch):
     """The same job collapsed: the episode held in grading keeps its slot, so only one run slot
     serves the others meanwhile."""
-    plan, factory, backend, grade, marker, scratch = _setup(renderer, task, tmp_path, monkeypatch, "give_up",
-                                                            samples=4, collapsed=True, release_after=2)
+    plan, factory, backend, grade, marker, scratch = _setup(
+        renderer, task, tmp_path, monkeypatch, "give_up", samples=4, collapsed=True, release_after=2
+    )
     trajectories = await run_rollouts(plan, factory)
     assert grade.held.is_set() and grade.release.is_set()  # released: two more calls went through meanwhile
     assert grade.max_while_held == 1
@@ -309,13 +348,15 @@ def grade_in_a_dying_worker(task, patch, *, kind, timeout_s, **_):
 @bwrap
 @pytest.mark.slow
 @pytest.mark.parametrize("crash", ["grader-raises", "worker-dies"])
-async def test_a_grader_crash_is_an_infrastructure_episode_and_leaves_nothing_behind(renderer, task, tmp_path: Path,
-                                                                                    monkeypatch, crash: str):
+async def test_a_grader_crash_is_an_infrastructure_episode_and_leaves_nothing_behind(
+    renderer, task, tmp_path: Path, monkeypatch, crash: str
+):
     """Both episodes of a group whose grader raises (or whose grading worker is killed) still end as
     trajectories (kept in the group, masked, their kind ``infrastructure`` naming the crash), with no
     process, workspace, open session or run slot left."""
-    plan, factory, backend, grade, marker, scratch = _setup(renderer, task, tmp_path, monkeypatch, "give_up",
-                                                            samples=2)
+    plan, factory, backend, grade, marker, scratch = _setup(
+        renderer, task, tmp_path, monkeypatch, "give_up", samples=2
+    )
     if crash == "worker-dies":  # real worker processes, as polar rollout grades
         plan.grade_in_processes = True
         monkeypatch.setattr(grader, "grade_task", grade_in_a_dying_worker)
@@ -331,7 +372,11 @@ async def test_a_grader_crash_is_an_infrastructure_episode_and_leaves_nothing_be
         assert proxy.engine.run_slots.holders == set() and proxy.engine.run_slots.waiting == 0
     finally:
         await runner.stop()
-    said = "grader bug: index out of range" if crash == "grader-raises" else "GraderCrashed: the grading worker died"
+    said = (
+        "grader bug: index out of range"
+        if crash == "grader-raises"
+        else "GraderCrashed: the grading worker died"
+    )
     assert [t.failure_kind.value for t in trajectories] == ["infrastructure", "infrastructure"]
     assert all(t.masked and said in (t.error or "") for t in trajectories), [t.error for t in trajectories]
     assert all(t.calls for t in trajectories)  # the episode's calls are kept, only the grade is missing
@@ -341,11 +386,14 @@ async def test_a_grader_crash_is_an_infrastructure_episode_and_leaves_nothing_be
 @bwrap
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", ["prepare", "run", "finish"])
-async def test_cancel_in_a_stage_leaves_nothing_behind(renderer, task, tmp_path: Path, monkeypatch, stage: str):
+async def test_cancel_in_a_stage_leaves_nothing_behind(
+    renderer, task, tmp_path: Path, monkeypatch, stage: str
+):
     """A cancelled episode (what Ctrl-C does to every task) in each stage: no harness process,
     workspace directory, open session or run slot is left."""
-    plan, factory, backend, grade, marker, scratch = _setup(renderer, task, tmp_path, monkeypatch,
-                                                            "hang" if stage == "run" else "give_up", samples=1)
+    plan, factory, backend, grade, marker, scratch = _setup(
+        renderer, task, tmp_path, monkeypatch, "hang" if stage == "run" else "give_up", samples=1
+    )
     opened = asyncio.Event()
     real_open = lifecycle.open_workspace
 

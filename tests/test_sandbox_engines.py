@@ -16,8 +16,12 @@ from polar_env.sandbox.base import SandboxSpec, exclude_pathspecs, run_process_t
 from polar_env.sandbox.container import ContainerSandbox, git_diff_script, git_snapshot_script
 from polar_env.sandbox.seccomp import KEYRING_CALLS, container_profile, without_keyring
 
-SPEC = SandboxSpec(proxy_socket_dir=Path("/run/polar/sock"), harness_dir=Path("/cache/harnesses/codex-1"),
-                   memory_bytes=1 << 30, pids_max=512)
+SPEC = SandboxSpec(
+    proxy_socket_dir=Path("/run/polar/sock"),
+    harness_dir=Path("/cache/harnesses/codex-1"),
+    memory_bytes=1 << 30,
+    pids_max=512,
+)
 
 
 def _pairs(argv: list[str], flag: str) -> list[str]:
@@ -35,7 +39,9 @@ def test_every_container_carries_polar_s_label_and_the_run_s_own(monkeypatch):
 
 @pytest.mark.parametrize("engine", ["docker", "podman"])
 def test_container_create_argv_isolates_and_mounts(engine):
-    sb = ContainerSandbox(SPEC, "swebench/sweb.eval.x86_64.astropy_1776_astropy-12907:latest", "polar-x", engine=engine)
+    sb = ContainerSandbox(
+        SPEC, "swebench/sweb.eval.x86_64.astropy_1776_astropy-12907:latest", "polar-x", engine=engine
+    )
     argv = sb.create_argv()
     assert argv[:2] == [engine, "create"]
     assert _pairs(argv, "--network") == ["none"]
@@ -52,7 +58,9 @@ def test_container_create_argv_isolates_and_mounts(engine):
     # (it has a proxy socket) what its root forwarder needs to seal the harness: the uid has none
     assert _pairs(argv, "--cap-add") == ["CHOWN", "DAC_OVERRIDE", "FOWNER", "SYS_PTRACE", "SETGID", "SETUID"]
     assert "DAC_READ_SEARCH" not in argv  # open_by_handle_at: the host's files behind the binds
-    grading = ContainerSandbox(replace(SPEC, proxy_socket_dir=None), "img", "polar-g", engine=engine).create_argv()
+    grading = ContainerSandbox(
+        replace(SPEC, proxy_socket_dir=None), "img", "polar-g", engine=engine
+    ).create_argv()
     assert _pairs(grading, "--cap-add") == ["CHOWN", "DAC_OVERRIDE", "FOWNER"]
     # the engine's default seccomp profile, the kernel keyring refused where it was not (podman's allows
     # keyctl)
@@ -64,13 +72,19 @@ def test_container_create_argv_isolates_and_mounts(engine):
 
 
 def test_the_keyring_is_refused_in_an_engine_profile_and_nothing_else_changes():
-    profile = {"defaultAction": "SCMP_ACT_ERRNO", "syscalls": [
-        {"names": ["read", "keyctl", "ptrace"], "action": "SCMP_ACT_ALLOW"},
-        {"names": ["add_key"], "action": "SCMP_ACT_ALLOW", "includes": {"caps": ["CAP_SYS_ADMIN"]}}]}
+    profile = {
+        "defaultAction": "SCMP_ACT_ERRNO",
+        "syscalls": [
+            {"names": ["read", "keyctl", "ptrace"], "action": "SCMP_ACT_ALLOW"},
+            {"names": ["add_key"], "action": "SCMP_ACT_ALLOW", "includes": {"caps": ["CAP_SYS_ADMIN"]}},
+        ],
+    }
     out = without_keyring(profile)
     assert out["defaultAction"] == "SCMP_ACT_ERRNO"
-    assert out["syscalls"] == [{"names": ["read", "ptrace"], "action": "SCMP_ACT_ALLOW"},
-                               {"names": list(KEYRING_CALLS), "action": "SCMP_ACT_ERRNO", "errnoRet": 1}]
+    assert out["syscalls"] == [
+        {"names": ["read", "ptrace"], "action": "SCMP_ACT_ALLOW"},
+        {"names": list(KEYRING_CALLS), "action": "SCMP_ACT_ERRNO", "errnoRet": 1},
+    ]
     assert container_profile("docker") is None  # docker's built-in profile refuses all three already
 
 
@@ -81,7 +95,9 @@ def test_container_agent_is_root_only_in_a_user_namespace_of_its_own():
     engine cannot copy into one in a user namespace)."""
     with pytest.raises(ValueError, match="must not be 0 outside a user namespace"):
         ContainerSandbox(replace(SPEC, uid=0), "img", "polar-x")
-    one, two = (ContainerSandbox(replace(SPEC, uid=0, userns=True, home="/root"), "img", "polar-x") for _ in range(2))
+    one, two = (
+        ContainerSandbox(replace(SPEC, uid=0, userns=True, home="/root"), "img", "polar-x") for _ in range(2)
+    )
     argv = one.create_argv()
     base = one.userns_base
     assert _pairs(argv, "--uidmap") == [f"0:{base}:65536"] and _pairs(argv, "--gidmap") == [f"0:{base}:65536"]
@@ -92,7 +108,9 @@ def test_container_agent_is_root_only_in_a_user_namespace_of_its_own():
 
 
 def test_container_host_dirs_are_bound_from_the_host():
-    sb = ContainerSandbox(replace(SPEC, userns=True, host_dirs=("/logs/verifier", "/tests")), "img", "polar-x")
+    sb = ContainerSandbox(
+        replace(SPEC, userns=True, host_dirs=("/logs/verifier", "/tests")), "img", "polar-x"
+    )
     binds = [v for v in _pairs(sb.create_argv(), "-v") if v.endswith(("/logs/verifier", "/tests"))]
     assert binds == [f"{sb.host_dir('/logs/verifier')}:/logs/verifier", f"{sb.host_dir('/tests')}:/tests"]
     assert sb.host_dir("/tests").parent.name == "polar-x"
@@ -109,7 +127,7 @@ def test_container_exec_runs_unprivileged_with_fixed_env_and_deadline():
     assert path.startswith("PATH=/opt/harness/node_modules/.bin:")
     assert path.endswith(":/opt/conda/bin:/usr/bin:/bin")  # the image's own PATH is kept
     i = argv.index("polar-x")
-    assert argv[i + 1:] == ["timeout", "-s", "KILL", "31", "codex", "exec", "hi"]
+    assert argv[i + 1 :] == ["timeout", "-s", "KILL", "31", "codex", "exec", "hi"]
     assert sb.exec_argv(["x"], {}, interactive=True)[2] == "-i"
 
 
@@ -119,11 +137,24 @@ def test_container_copy_and_rm_argv(tmp_path: Path):
     f = tmp_path / "f"
     f.write_text("x")
     assert sb.cp_in_argv(f, "/tmp/f") == ["docker", "cp", str(f), "polar-x:/tmp/f"]
-    assert sb.cp_out_argv("/testbed/a", tmp_path / "a") == ["docker", "cp", "polar-x:/testbed/a", str(tmp_path / "a")]
+    assert sb.cp_out_argv("/testbed/a", tmp_path / "a") == [
+        "docker",
+        "cp",
+        "polar-x:/testbed/a",
+        str(tmp_path / "a"),
+    ]
     assert sb.rm_argv() == ["docker", "rm", "-f", "-t", "0", "polar-x"]
     # by the uid itself (root has no CAP_KILL), with the system's sh, not one on the image's PATH
-    assert sb.kill_user_argv()[:8] == ["docker", "exec", "-u", "1000:1000", "-e", "PATH=/usr/bin:/bin", "polar-x",
-                                       "/bin/sh"]
+    assert sb.kill_user_argv()[:8] == [
+        "docker",
+        "exec",
+        "-u",
+        "1000:1000",
+        "-e",
+        "PATH=/usr/bin:/bin",
+        "polar-x",
+        "/bin/sh",
+    ]
     assert sb.kill_user_argv("1234:1234")[3] == "1234:1234"
     with pytest.raises(ValueError):
         ContainerSandbox.create(None, spec=SPEC)
@@ -138,12 +169,18 @@ def test_git_scripts_snapshot_and_diff_for_real(tmp_path: Path):
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
     (repo / "a.py").write_text("x = 1\n")
     subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base"], cwd=repo, check=True)
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base"], cwd=repo, check=True
+    )
     git_dir = tmp_path / "polar-git"
     # The agent's own repository config and attributes: none of it may run or break the diff.
     ran = tmp_path / "ran"
-    for key, value in (("core.fsmonitor", f"touch {ran}; false"), ("filter.x.clean", f"touch {ran}; cat"),
-                       ("filter.x.required", "true"), ("core.hooksPath", str(tmp_path))):
+    for key, value in (
+        ("core.fsmonitor", f"touch {ran}; false"),
+        ("filter.x.clean", f"touch {ran}; cat"),
+        ("filter.x.required", "true"),
+        ("core.hooksPath", str(tmp_path)),
+    ):
         subprocess.run(["git", "config", key, value], cwd=repo, check=True)
     snap = git_snapshot_script(str(repo), str(git_dir))
     subprocess.run(["sh", "-c", snap], check=True, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
@@ -152,8 +189,12 @@ def test_git_scripts_snapshot_and_diff_for_real(tmp_path: Path):
     (repo / ".codex" / "s").write_text("noise")
     (repo / ".gitattributes").write_text("* filter=x working-tree-encoding=UTF-16\n")
     script = git_diff_script(str(repo), [".codex"], str(git_dir))
-    out = subprocess.run(["sh", "-c", script], check=True, capture_output=True, env={"PATH": "/usr/bin:/bin",
-                                                                                      "HOME": str(tmp_path)}).stdout
+    out = subprocess.run(
+        ["sh", "-c", script],
+        check=True,
+        capture_output=True,
+        env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+    ).stdout
     assert b"+x = 2" in out and b".codex" not in out and b".gitattributes" in out
     assert not ran.exists()  # (the check below is git with the repo's config: it runs the fsmonitor)
     head = subprocess.run(["git", "status", "--porcelain"], cwd=repo, capture_output=True, text=True).stdout
@@ -171,8 +212,14 @@ def test_apptainer_exec_argv(tmp_path: Path):
     assert f"{tmp_path / 'testbed'}:/testbed" in binds
     assert "/cache/harnesses/codex-1:/opt/harness:ro" in binds and "/run/polar/sock:/run/proxy:ro" in binds
     assert "PI_OFFLINE=1" in _pairs(argv, "--env") and "TZ=UTC" in _pairs(argv, "--env")
-    assert argv[-3:] == ["docker://swebench/sweb.eval.x86_64.pallets_1776_flask-5014:latest", "pi", "--version"]
-    assert "--net" not in ApptainerSandbox(SPEC, "x.sif", tmp_path, isolate_network=False).exec_argv(["t"], {})
+    assert argv[-3:] == [
+        "docker://swebench/sweb.eval.x86_64.pallets_1776_flask-5014:latest",
+        "pi",
+        "--version",
+    ]
+    assert "--net" not in ApptainerSandbox(SPEC, "x.sif", tmp_path, isolate_network=False).exec_argv(
+        ["t"], {}
+    )
     extract = sb.extract_argv(tmp_path / "out")
     assert extract[-4:] == ["cp", "-a", "/testbed/.", "/polar-out/"]
 
@@ -192,8 +239,11 @@ async def test_apptainer_host_side_task_tree_and_its_diff_in_the_image(tmp_path:
         assert _pairs(sb.exec_argv(["id"], {}), "--security") == ["uid:1000,gid:1000"]
         diff = sb.diff_argv(tmp_path / "scratch")
         assert _pairs(diff, "--security") == ["uid:1000,gid:1000"] and _pairs(diff, "--network") == ["none"]
-        assert _pairs(diff, "--bind") == [f"{sb.testbed}:/testbed:ro", f"{sb.git_dir}:/polar/git:ro",
-                                          f"{tmp_path / 'scratch'}:/polar/scratch"]
+        assert _pairs(diff, "--bind") == [
+            f"{sb.testbed}:/testbed:ro",
+            f"{sb.git_dir}:/polar/git:ro",
+            f"{tmp_path / 'scratch'}:/polar/scratch",
+        ]
         envs = dict(e.split("=", 1) for e in _pairs(diff, "--env"))
         assert envs["GIT_DIR"] == "/polar/git" and envs["GIT_OBJECT_DIRECTORY"] == "/polar/scratch/objects"
         assert diff[-4:-1] == ["x.sif", "/bin/sh", "-c"] and "write-tree" in diff[-1]
@@ -207,10 +257,19 @@ async def test_the_one_runner_merges_keeps_head_and_tail_and_passes_the_supervis
     middle counted (a marker says what was dropped), a pipe the supervisor holds written by the child."""
     r, w = os.pipe()
     try:
-        script = (f"echo first; echo err >&2; head -c 300000 /dev/zero | tr '\\0' x; echo; echo last; "
-                  f"printf 1 >&{w}")
-        ran = await run_process_tree(["bash", "-c", script], timeout_s=30, stdin=None, max_output_bytes=1000,
-                                     head_bytes=100, merge_output=True, pass_fds=(w,))
+        script = (
+            f"echo first; echo err >&2; head -c 300000 /dev/zero | tr '\\0' x; echo; echo last; "
+            f"printf 1 >&{w}"
+        )
+        ran = await run_process_tree(
+            ["bash", "-c", script],
+            timeout_s=30,
+            stdin=None,
+            max_output_bytes=1000,
+            head_bytes=100,
+            merge_output=True,
+            pass_fds=(w,),
+        )
     finally:
         os.close(w)
     with os.fdopen(r, "rb") as f:
@@ -228,8 +287,12 @@ def _box(tmp_path: Path) -> ApptainerBox:
     base_git.mkdir()
     (tmp_path / "tree").mkdir()
     (tmp_path / "tree" / "m.py").write_text("a\n")
-    return ApptainerBox.create("docker://x/task:1", spec=SandboxSpec(scratch_root=tmp_path / "s"),
-                               base_tree=tmp_path / "tree", base_git=base_git)
+    return ApptainerBox.create(
+        "docker://x/task:1",
+        spec=SandboxSpec(scratch_root=tmp_path / "s"),
+        base_tree=tmp_path / "tree",
+        base_git=base_git,
+    )
 
 
 async def test_apptainer_grading_box_argv_binds_and_locks(tmp_path: Path, monkeypatch):
@@ -242,10 +305,17 @@ async def test_apptainer_grading_box_argv_binds_and_locks(tmp_path: Path, monkey
     try:
         monkeypatch.setattr("os.geteuid", lambda: 0)
         argv = box.exec_argv(["python", "-V"], {"A": "x,y", "B": 'say "hi"'})
-        assert argv[:3] == ["apptainer", "exec", "--containall"] and argv[-3:] == ["docker://x/task:1", "python", "-V"]
+        assert argv[:3] == ["apptainer", "exec", "--containall"] and argv[-3:] == [
+            "docker://x/task:1",
+            "python",
+            "-V",
+        ]
         assert "--cleanenv" in argv and "--net" in argv and _pairs(argv, "--network") == ["none"]
         assert _pairs(argv, "--security") == ["uid:1000,gid:1000"]
-        assert _pairs(argv, "--bind") == [f"{box.root / 'testbed'}:/testbed", f"{tmp_path / 'base.git'}:/var/lib/polar-git:ro"]
+        assert _pairs(argv, "--bind") == [
+            f"{box.root / 'testbed'}:/testbed",
+            f"{tmp_path / 'base.git'}:/var/lib/polar-git:ro",
+        ]
         envs = _pairs(argv, "--env")
         assert next(csv.reader([envs[-2]])) == ["A=x,y"] and next(csv.reader([envs[-1]])) == ['B=say "hi"']
         assert not any(e.startswith("PATH=") for e in envs)  # the image's own PATH (its toolchain)
@@ -262,9 +332,11 @@ async def test_apptainer_grading_box_argv_binds_and_locks(tmp_path: Path, monkey
         await box.lock(["/testbed", "/srv/abc/sub"])
         unprivileged = box.exec_argv(["pytest"], {})
         assert "--security" not in unprivileged
-        assert set(_pairs(unprivileged, "--bind")) == {f"{box.root / 'testbed'}:/testbed:ro",
-                                                       f"{box.binds['/srv/abc']}:/srv/abc:ro",
-                                                       f"{tmp_path / 'base.git'}:/var/lib/polar-git:ro"}
+        assert set(_pairs(unprivileged, "--bind")) == {
+            f"{box.root / 'testbed'}:/testbed:ro",
+            f"{box.binds['/srv/abc']}:/srv/abc:ro",
+            f"{tmp_path / 'base.git'}:/var/lib/polar-git:ro",
+        }
     finally:
         await box.destroy()
     assert not box.root.exists() and (tmp_path / "tree" / "m.py").exists()
@@ -285,7 +357,10 @@ def test_container_root_execs_get_the_system_path_not_the_images():
 
     for user in ("0", "root", "0:0"):
         assert path(sb.exec_argv(["sh", "-c", "true"], {"PATH": "/evil"}, user=user)) == "PATH=/usr/bin:/bin"
-    assert path(sb.exec_argv(["bash", "t.sh"], {}, user="0", path="/opt/conda/bin:/bin")) == "PATH=/opt/conda/bin:/bin"
+    assert (
+        path(sb.exec_argv(["bash", "t.sh"], {}, user="0", path="/opt/conda/bin:/bin"))
+        == "PATH=/opt/conda/bin:/bin"
+    )
     assert path(sb.exec_argv(["bash", "t.sh"], {}, user="1000", path="/bin")) == "PATH=/bin"
     assert path(sb.exec_argv(["x"], {}, user="1000")).endswith(":/opt/conda/bin:/usr/bin:/bin")
 
@@ -296,5 +371,3 @@ def test_container_keepalive_is_a_recorded_pid():
     assert keepalive_pid(b"7\n") == 7 and keepalive_pid(b"") is None  # no init: PID 1 is the keep-alive
     with pytest.raises(ContainerError, match="2 children"):
         keepalive_pid(b"7\n9\n")
-
-

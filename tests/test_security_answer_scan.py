@@ -50,7 +50,9 @@ needs_root_fs = pytest.mark.needs("bwrap", "sandbox-root")
 
 @pytest.fixture(scope="module")
 def needles() -> Needles:
-    return task_needles(TASKS["psf__requests-6028"], warm_base(TASKS["psf__requests-6028"], base_cache_dir()).tree)
+    return task_needles(
+        TASKS["psf__requests-6028"], warm_base(TASKS["psf__requests-6028"], base_cache_dir()).tree
+    )
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +60,10 @@ def every_task() -> Needles:
     """Every bundled task's lines and packages at once; no base digests: any copy outside the task's
     own tree is another version."""
     each = [task_needles(t, warm_base(t, base_cache_dir()).tree) for t in TASKS.values()]
-    return Needles(tuple(sorted({ln for n in each for ln in n.lines})), tuple(sorted({p for n in each for p in n.packages})))
+    return Needles(
+        tuple(sorted({ln for n in each for ln in n.lines})),
+        tuple(sorted({p for n in each for p in n.packages})),
+    )
 
 
 def _zip(members: dict[str, bytes]) -> bytes:
@@ -81,9 +86,13 @@ def _tar_gz(members: dict[str, bytes]) -> bytes:
 
 def planted_wheel() -> bytes:
     """A wheel of a newer requests holding the fix (what pip's wheel store and a pip cache hold)."""
-    return _zip({"requests/__init__.py": b"__version__ = '2.99.0'\n",
-                 "requests/utils.py": f"def f(auth, netloc):\n    {FIX}\n".encode(),
-                 "requests-2.99.0.dist-info/METADATA": b"Name: requests\nVersion: 2.99.0\n"})
+    return _zip(
+        {
+            "requests/__init__.py": b"__version__ = '2.99.0'\n",
+            "requests/utils.py": f"def f(auth, netloc):\n    {FIX}\n".encode(),
+            "requests-2.99.0.dist-info/METADATA": b"Name: requests\nVersion: 2.99.0\n",
+        }
+    )
 
 
 def test_the_needles_are_the_gold_lines_and_the_package(needles: Needles):
@@ -108,12 +117,14 @@ def test_archives_are_read_inside(tmp_path: Path, needles: Needles):
     shutil.copytree(base / "requests", tree / "same" / "requests")  # the base version, installed: not a hit
     hits = {(h.path.removeprefix(str(tree) + "/"), h.kind) for h in scan([tree], needles)}
     assert hits == {
-        ("wheels/any-name.whl!requests", "package"), ("wheels/any-name.whl!requests/utils.py", "line"),
+        ("wheels/any-name.whl!requests", "package"),
+        ("wheels/any-name.whl!requests/utils.py", "line"),
         ("wheels/any-name.whl!requests-2.99.0.dist-info", "package"),
         ("sdist.bin!requests-2.99.0/requests/utils.py", "line"),
         ("nested.zip!inner/vendor.zip!lib/notes.txt", "line"),
         ("lib.so!requests", "package"),
-        ("site/requests", "package")}, hits
+        ("site/requests", "package"),
+    }, hits
     # control: the plain-text search this replaced finds none of them
     text_hits = [p for p in tree.rglob("*") if p.is_file() and FIX.encode() in p.read_bytes()]
     assert text_hits == [], text_hits
@@ -129,8 +140,10 @@ def test_the_sandbox_root_holds_no_wheel_store_and_no_answer(every_task: Needles
 
 async def _as_harness(sb: Sandbox, argv: list[str]) -> str:
     """``argv`` started by the forwarder as it starts a harness (sealed, as host root)."""
-    res = await sb.run([SANDBOX_PYTHON, FORWARDER_INSIDE, "--socket", "/run/proxy/none", "--port", "18080", "--",
-                        *argv], timeout_s=600)
+    res = await sb.run(
+        [SANDBOX_PYTHON, FORWARDER_INSIDE, "--socket", "/run/proxy/none", "--port", "18080", "--", *argv],
+        timeout_s=600,
+    )
     return res.stdout_tail
 
 
@@ -138,22 +151,31 @@ def _hits(out: str) -> list[dict]:
     return json.loads(next(ln for ln in out.splitlines() if ln.startswith("{")))["hits"]
 
 
-REQUESTS_INSIDE = "import glob; print('REQUESTS', len(glob.glob('/opt/harness/lib/python3*/site-packages/requests/*.py')))"
-FULL_VIEW = "pi"  # /usr (the sandbox root with the host's node), the same in every view, is searched in this one's
+REQUESTS_INSIDE = (
+    "import glob; print('REQUESTS', len(glob.glob('/opt/harness/lib/python3*/site-packages/requests/*.py')))"
+)
+FULL_VIEW = (
+    "pi"  # /usr (the sandbox root with the host's node), the same in every view, is searched in this one's
+)
 
 
 @pytest.mark.slow
 @needs_root_fs
 @pytest.mark.parametrize("harness", adapter_names())
-async def test_every_harness_view_holds_no_answer_for_its_tools(harness: str, every_task: Needles, tmp_path: Path):
+async def test_every_harness_view_holds_no_answer_for_its_tools(
+    harness: str, every_task: Needles, tmp_path: Path
+):
     adapter = get_adapter(harness)
     if not adapter.is_installed():
         pytest.skip(f"{harness} is not installed (POLAR_SETUP_HARNESSES=1 scripts/setup.sh)")
     python = adapter.source.kind != "npm"
     task = TASKS["psf__requests-6028"]
-    sb = BubblewrapSandbox.create(warm_base(task, base_cache_dir()).tree,
-                                  spec=SandboxSpec(harness_dir=adapter.install_dir(), scratch_root=tmp_path / "s",
-                                                   disk_bytes=256 << 20))
+    sb = BubblewrapSandbox.create(
+        warm_base(task, base_cache_dir()).tree,
+        spec=SandboxSpec(
+            harness_dir=adapter.install_dir(), scratch_root=tmp_path / "s", disk_bytes=256 << 20
+        ),
+    )
     probe = tmp_path / "probe"
     probe.mkdir()
     shutil.copy(answer_scan.__file__, probe / "answer_scan.py")
@@ -163,11 +185,20 @@ async def test_every_harness_view_holds_no_answer_for_its_tools(harness: str, ev
     skip = "--skip /testbed --skip /tmp/polar-probe" + ("" if harness == FULL_VIEW else " --skip /usr")
     try:
         await sb.copy_in(probe, "/tmp/polar-probe")
-        await sb.copy_in(plant, "/home/agent/.cache/pip/wheels/requests-2.99.0-py3-none-any.whl")  # the control
+        await sb.copy_in(
+            plant, "/home/agent/.cache/pip/wheels/requests-2.99.0-py3-none-any.whl"
+        )  # the control
         # the agent's tools: a shell the harness starts (it drops the harness's group), searching everything
-        tools = await _as_harness(sb, ["bash", "-c", f"python3 /tmp/polar-probe/answer_scan.py "
-                                       f"/tmp/polar-probe/needles.json / {skip}; "
-                                       "ls /opt/harness >/dev/null 2>&1 && echo INSTALL listed || echo INSTALL denied"])
+        tools = await _as_harness(
+            sb,
+            [
+                "bash",
+                "-c",
+                f"python3 /tmp/polar-probe/answer_scan.py "
+                f"/tmp/polar-probe/needles.json / {skip}; "
+                "ls /opt/harness >/dev/null 2>&1 && echo INSTALL listed || echo INSTALL denied",
+            ],
+        )
         own = await _as_harness(sb, ["python3", "-c", REQUESTS_INSIDE])  # the harness itself, its own install
     finally:
         await sb.destroy()
@@ -175,15 +206,18 @@ async def test_every_harness_view_holds_no_answer_for_its_tools(harness: str, ev
     planted = "/home/agent/.cache/pip/wheels/requests-2.99.0-py3-none-any.whl"
     assert hits and all(h["path"].startswith(planted) for h in hits), hits  # the planted wheel alone: caught
     assert {h["kind"] for h in hits} == {"package", "line"}, hits
-    if can_seal() and python:  # sealed: its site-packages hold requests; the harness reads them, its tools do not
+    if (
+        can_seal() and python
+    ):  # sealed: its site-packages hold requests; the harness reads them, its tools do not
         assert "INSTALL denied" in tools, tools
         assert int(own.split("REQUESTS ")[1].split()[0]) > 0, own
     else:  # a Node.js install is the tools' to read: searched above with the rest, nothing in it
         assert "INSTALL listed" in tools, tools
 
 
-def test_a_task_whose_environment_holds_its_answer_is_refused_and_the_scan_is_cached(tmp_path: Path, needles,
-                                                                                    monkeypatch):
+def test_a_task_whose_environment_holds_its_answer_is_refused_and_the_scan_is_cached(
+    tmp_path: Path, needles, monkeypatch
+):
     from polar_env.tasks import answers
 
     monkeypatch.setenv("POLAR_CACHE", str(tmp_path / "cache"))
@@ -195,8 +229,11 @@ def test_a_task_whose_environment_holds_its_answer_is_refused_and_the_scan_is_ca
         (env / "lib" / "python3.11" / "site-packages" / "urllib3.py").write_text("x = 1\n")
     (planted / "pip-cache.whl").write_bytes(planted_wheel())
     refuse_readable_answers(task, needles, [View("its grading environment", clean)])  # nothing raised
-    with pytest.raises(AnswerReadable, match=r"^psf__requests-6028: refused: its grading environment holds its "
-                                             r"answer: .*planted/pip-cache\.whl!requests.* \(and 2 more\)$"):
+    with pytest.raises(
+        AnswerReadable,
+        match=r"^psf__requests-6028: refused: its grading environment holds its "
+        r"answer: .*planted/pip-cache\.whl!requests.* \(and 2 more\)$",
+    ):
         refuse_readable_answers(task, needles, [View("its grading environment", planted)])
     assert len(list((tmp_path / "cache" / "answer-scans").iterdir())) == 2
     # another process (no memo): the same content is read from the cache, not scanned again
@@ -228,17 +265,26 @@ async def test_a_python_harness_install_is_the_harness_alone_in_a_container(agen
     if not adapter.is_installed():
         pytest.skip("mini-swe-agent is not installed (POLAR_SETUP_HARNESSES=1 scripts/setup.sh)")
     base = ensure_base_image("podman")
-    spec = SandboxSpec(disk_bytes=64 << 20, workdir="/var/tmp", harness_dir=adapter.install_dir(),
-                       proxy_socket_dir=tmp_path, scratch_root=tmp_path / "scratch", userns=agent != "uid",
-                       **({"uid": 0, "home": "/root"} if agent == "root" else {}))
+    spec = SandboxSpec(
+        disk_bytes=64 << 20,
+        workdir="/var/tmp",
+        harness_dir=adapter.install_dir(),
+        proxy_socket_dir=tmp_path,
+        scratch_root=tmp_path / "scratch",
+        userns=agent != "uid",
+        **({"uid": 0, "home": "/root"} if agent == "root" else {}),
+    )
     assert bool(readable_harness(spec)) == (agent == "root")  # what the answer check scans
     listing = "ls /opt/harness/lib >/dev/null 2>&1 && echo TOOLS listed || echo TOOLS denied"
     episode = ContainerSandbox.create(None, spec=spec, image=base, engine="podman", snapshot=False)
-    plain = ContainerSandbox.create(None, spec=replace(spec, proxy_socket_dir=None), image=base, engine="podman",
-                                    snapshot=False)
+    plain = ContainerSandbox.create(
+        None, spec=replace(spec, proxy_socket_dir=None), image=base, engine="podman", snapshot=False
+    )
     try:
         sealed = await _as_harness(episode, ["bash", "-c", listing])
-        own = await _as_harness(episode, ["python3", "-c", "import os; print('HARNESS', len(os.listdir('/opt/harness/lib')))"])
+        own = await _as_harness(
+            episode, ["python3", "-c", "import os; print('HARNESS', len(os.listdir('/opt/harness/lib')))"]
+        )
         control = (await plain.run(["bash", "-c", listing], timeout_s=60)).stdout_tail
         view = episode.harness_view
     finally:

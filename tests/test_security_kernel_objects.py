@@ -38,20 +38,34 @@ pytestmark = pytest.mark.needs("bwrap", "sandbox-root")
 def _line(out: str, prefix: str) -> dict:
     found = next((ln for ln in out.splitlines() if ln.startswith(prefix + " ")), None)
     assert found is not None, out[-3000:]
-    return json.loads(found[len(prefix) + 1:])
+    return json.loads(found[len(prefix) + 1 :])
 
 
 def _on_host(uid: int, *args: str) -> subprocess.CompletedProcess:
     """The probe on the host as ``uid``, outside any sandbox (no seccomp filter): the key control."""
-    return subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "/usr/bin/python3",
-                           str(PROBE), *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [
+            "setpriv",
+            f"--reuid={uid}",
+            f"--regid={uid}",
+            "--clear-groups",
+            "/usr/bin/python3",
+            str(PROBE),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def _tag() -> str:
     return uuid.uuid4().hex[:10]
 
 
-root_only = pytest.mark.skipif(os.geteuid() != 0, reason="as host root every sandbox of a uid shares its keyring")
+root_only = pytest.mark.skipif(
+    os.geteuid() != 0, reason="as host root every sandbox of a uid shares its keyring"
+)
 
 
 @root_only
@@ -66,15 +80,28 @@ async def test_episode_sandboxes_share_no_kernel_object(tmp_path: Path):
         for sb in (maker, looker):
             await sb.copy_in(PROBE, "/tmp/probe.py")
         # the maker holds its objects until the host writes /tmp/done; its own look is the control
-        held = asyncio.create_task(maker.run(["bash", "-c", f"python3 /tmp/probe.py make {tag} --until-file /tmp/done & "
-                                              f"while [ ! -e /tmp/made ]; do sleep 0.1; done; "
-                                              f"python3 /tmp/probe.py look {tag}; wait"], timeout_s=180))
+        held = asyncio.create_task(
+            maker.run(
+                [
+                    "bash",
+                    "-c",
+                    f"python3 /tmp/probe.py make {tag} --until-file /tmp/done & "
+                    f"while [ ! -e /tmp/made ]; do sleep 0.1; done; "
+                    f"python3 /tmp/probe.py look {tag}; wait",
+                ],
+                timeout_s=180,
+            )
+        )
         made_at = maker.root / "tmp"
         await asyncio.to_thread(_wait_for, lambda: (made_at / "made").exists() or held.done(), 120)
         looker_uid = looker.identity.host_uid if looker.identity else spec.uid
-        assert _on_host(looker_uid, "make-key", control).returncode == 0  # a key of the looker's own uid, no filter
-        seen = await looker.run(["bash", "-c", f"python3 /tmp/probe.py look {tag}; python3 /tmp/probe.py look {control}"],
-                                timeout_s=120)
+        assert (
+            _on_host(looker_uid, "make-key", control).returncode == 0
+        )  # a key of the looker's own uid, no filter
+        seen = await looker.run(
+            ["bash", "-c", f"python3 /tmp/probe.py look {tag}; python3 /tmp/probe.py look {control}"],
+            timeout_s=120,
+        )
         (made_at / "done").touch()
         ran = await held
     finally:
@@ -84,7 +111,9 @@ async def test_episode_sandboxes_share_no_kernel_object(tmp_path: Path):
     made = _line(ran.stdout_tail, "MADE")
     assert made["key"] == made["keyring"] == "Operation not permitted", made  # the filter refuses the keyring
     assert all(made[o] == "made" for o in OBJECTS), made
-    assert all(_line(ran.stdout_tail, "SEEN")[o] for o in OBJECTS), ran.stdout_tail  # control: the maker's own
+    assert all(_line(ran.stdout_tail, "SEEN")[o] for o in OBJECTS), (
+        ran.stdout_tail
+    )  # control: the maker's own
     looks = [json.loads(ln[5:]) for ln in seen.stdout_tail.splitlines() if ln.startswith("SEEN ")]
     assert looks[0] == NONE_SEEN, looks
     assert looks[1]["key"] is True, looks  # control: a key of the looker's own uid is listed there
@@ -101,10 +130,21 @@ async def test_a_sandbox_spends_no_per_user_budget_of_its_siblings(tmp_path: Pat
     try:
         for sb in (spender, sibling):
             await sb.copy_in(PROBE, "/tmp/probe.py")
-        held = asyncio.create_task(spender.run(["bash", "-c", "python3 /tmp/probe.py exhaust --until-file /tmp/done & "
-                                                "while [ ! -e /tmp/made ]; do sleep 0.1; done; "
-                                                "python3 /tmp/probe.py one-instance; wait"], timeout_s=180))
-        await asyncio.to_thread(_wait_for, lambda: (spender.root / "tmp" / "made").exists() or held.done(), 120)
+        held = asyncio.create_task(
+            spender.run(
+                [
+                    "bash",
+                    "-c",
+                    "python3 /tmp/probe.py exhaust --until-file /tmp/done & "
+                    "while [ ! -e /tmp/made ]; do sleep 0.1; done; "
+                    "python3 /tmp/probe.py one-instance; wait",
+                ],
+                timeout_s=180,
+            )
+        )
+        await asyncio.to_thread(
+            _wait_for, lambda: (spender.root / "tmp" / "made").exists() or held.done(), 120
+        )
         next_one = await sibling.run(["python3", "/tmp/probe.py", "one-instance"], timeout_s=60)
         (spender.root / "tmp" / "done").touch()
         ran = await held
@@ -150,15 +190,34 @@ async def test_grading_sandboxes_share_no_kernel_object(tmp_path: Path):
     go_r, go_w = os.pipe()  # the looker looks once this closes
     host_uid = None
     try:
-        script = (f"python3 {PROBE_INSIDE} make {tag} --ready-fd {ready_w} --wait-fd {wait_r} & "
-                  f"while [ ! -e /tmp/made ]; do sleep 0.1; done; python3 {PROBE_INSIDE} look {tag}; wait")
-        held = asyncio.create_task(asyncio.to_thread(
-            run_sandboxed, script, tree=tree, venv=venv, timeout_s=180, extra_mounts=mounts, pass_fds=(ready_w, wait_r)))
+        script = (
+            f"python3 {PROBE_INSIDE} make {tag} --ready-fd {ready_w} --wait-fd {wait_r} & "
+            f"while [ ! -e /tmp/made ]; do sleep 0.1; done; python3 {PROBE_INSIDE} look {tag}; wait"
+        )
+        held = asyncio.create_task(
+            asyncio.to_thread(
+                run_sandboxed,
+                script,
+                tree=tree,
+                venv=venv,
+                timeout_s=180,
+                extra_mounts=mounts,
+                pass_fds=(ready_w, wait_r),
+            )
+        )
         assert await _read_byte_or_line(ready_r) == b"1"
-        looking = asyncio.create_task(asyncio.to_thread(
-            run_sandboxed, f"awk '$1 == {SANDBOX_UID} {{print $2}}' /proc/self/uid_map >&{uid_w}; exec {uid_w}>&-; "
-                           f"cat <&{go_r}; python3 {PROBE_INSIDE} look {tag}; python3 {PROBE_INSIDE} look {control}",
-            tree=tree, venv=venv, timeout_s=120, extra_mounts=mounts, pass_fds=(uid_w, go_r)))
+        looking = asyncio.create_task(
+            asyncio.to_thread(
+                run_sandboxed,
+                f"awk '$1 == {SANDBOX_UID} {{print $2}}' /proc/self/uid_map >&{uid_w}; exec {uid_w}>&-; "
+                f"cat <&{go_r}; python3 {PROBE_INSIDE} look {tag}; python3 {PROBE_INSIDE} look {control}",
+                tree=tree,
+                venv=venv,
+                timeout_s=120,
+                extra_mounts=mounts,
+                pass_fds=(uid_w, go_r),
+            )
+        )
         host_uid = int(await _read_byte_or_line(uid_r))
         assert host_uid != SANDBOX_UID  # a uid of its own
         assert _on_host(host_uid, "make-key", control).returncode == 0
@@ -190,14 +249,24 @@ async def test_podman_containers_share_no_kernel_object(tmp_path: Path):
     base = await asyncio.to_thread(ensure_base_image, "podman")
     # an episode's container (the forwarder's caps), in the base image (its /var/tmp as the workdir)
     spec = SandboxSpec(disk_bytes=64 << 20, proxy_socket_dir=tmp_path, workdir="/var/tmp")
-    maker, looker = [await asyncio.to_thread(ContainerSandbox.create, None, spec=spec, image=base, engine="podman",
-                                             extra_ro_mounts=[(str(PROBE.parent), "/opt/polar-probe")], snapshot=False)
-                     for _ in range(2)]
+    maker, looker = [
+        await asyncio.to_thread(
+            ContainerSandbox.create,
+            None,
+            spec=spec,
+            image=base,
+            engine="podman",
+            extra_ro_mounts=[(str(PROBE.parent), "/opt/polar-probe")],
+            snapshot=False,
+        )
+        for _ in range(2)
+    ]
     probe = f"/opt/polar-probe/{PROBE.name}"
     tag, control = _tag(), _tag()
     try:
-        held = asyncio.create_task(maker.run(["python3", probe, "make", tag, "--until-file", "/tmp/done"],
-                                             timeout_s=180))
+        held = asyncio.create_task(
+            maker.run(["python3", probe, "make", tag, "--until-file", "/tmp/done"], timeout_s=180)
+        )
         for _ in range(600):
             if (await maker.run(["test", "-e", "/tmp/made"], timeout_s=60)).exit_code == 0 or held.done():
                 break
@@ -207,8 +276,20 @@ async def test_podman_containers_share_no_kernel_object(tmp_path: Path):
         await maker.run(["touch", "/tmp/done"], timeout_s=60)
         ran = await held
         # control: podman's default profile, two containers of the same uid (not Polar's)
-        plain = ["podman", "run", "--rm", "--network", "none", "--user", f"{spec.uid}:{spec.uid}",
-                 "-v", f"{PROBE.parent}:/opt/polar-probe:ro", base, "python3", probe]
+        plain = [
+            "podman",
+            "run",
+            "--rm",
+            "--network",
+            "none",
+            "--user",
+            f"{spec.uid}:{spec.uid}",
+            "-v",
+            f"{PROBE.parent}:/opt/polar-probe:ro",
+            base,
+            "python3",
+            probe,
+        ]
         plain_made = subprocess.run([*plain, "make", control], capture_output=True, text=True, timeout=120)
         plain_seen = subprocess.run([*plain, "look", control], capture_output=True, text=True, timeout=120)
     finally:

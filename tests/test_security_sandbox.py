@@ -23,8 +23,10 @@ from polar_env.tasks.tree import materialize
 
 pytestmark = pytest.mark.needs("bwrap")
 PY = "/usr/bin/python3"
-needs_cgroups = pytest.mark.skipif(os.geteuid() != 0 or not Path("/sys/fs/cgroup/memory/cgroup.procs").exists(),
-                                   reason="cgroup v1 limits need root and a v1 hierarchy")
+needs_cgroups = pytest.mark.skipif(
+    os.geteuid() != 0 or not Path("/sys/fs/cgroup/memory/cgroup.procs").exists(),
+    reason="cgroup v1 limits need root and a v1 hierarchy",
+)
 
 
 @pytest.fixture(scope="module")
@@ -36,17 +38,21 @@ def task():
 async def sandbox(task, tmp_path: Path):
     (tmp_path / "sock").mkdir()
     tree = materialize(task, tmp_path / "tree")
-    sb = BubblewrapSandbox.create(tree, spec=SandboxSpec(proxy_socket_dir=tmp_path / "sock",
-                                                         scratch_root=tmp_path / "scratch",
-                                                         memory_bytes=256 << 20, pids_max=64))
+    sb = BubblewrapSandbox.create(
+        tree,
+        spec=SandboxSpec(
+            proxy_socket_dir=tmp_path / "sock",
+            scratch_root=tmp_path / "scratch",
+            memory_bytes=256 << 20,
+            pids_max=64,
+        ),
+    )
     yield sb
     await sb.destroy()
 
 
 async def _py(sb: BubblewrapSandbox, script: str, timeout_s: float = 60, **kw):
     return await sb.run([PY, "-c", script], timeout_s=timeout_s, **kw)
-
-
 
 
 async def test_no_network_but_the_proxy(sandbox, tmp_path: Path):
@@ -76,8 +82,11 @@ for p in ["/testbed/ok", "/tmp/ok", "/home/agent/ok"]:
     res = await _py(sandbox, script)
     assert res.exit_code == 0, res.stderr_tail
     lines = res.stdout_tail.splitlines()
-    assert [ln for ln in lines if ln.startswith("WROTE")] == ["WROTE /testbed/ok", "WROTE /tmp/ok",
-                                                             "WROTE /home/agent/ok"]
+    assert [ln for ln in lines if ln.startswith("WROTE")] == [
+        "WROTE /testbed/ok",
+        "WROTE /tmp/ok",
+        "WROTE /home/agent/ok",
+    ]
     assert Path("/etc/hostname").read_bytes() == before
 
 
@@ -109,8 +118,9 @@ print("PIDS", len([d for d in os.listdir("/proc") if d.isdigit()]))
 @needs_cgroups
 async def test_fork_bomb_and_memory_hog_are_contained(sandbox):
     marker = f"bomb{uuid.uuid4().hex[:8]}"
-    bomb = asyncio.ensure_future(sandbox.run(["bash", "-c", f"f() {{ f | f & }}; f; sleep 3600 # {marker}"],
-                                             timeout_s=6))
+    bomb = asyncio.ensure_future(
+        sandbox.run(["bash", "-c", f"f() {{ f | f & }}; f; sleep 3600 # {marker}"], timeout_s=6)
+    )
     await asyncio.sleep(2)
     started = time.monotonic()  # the host still forks and runs while the bomb is at its limit
     assert subprocess.run(["true"], timeout=10).returncode == 0
@@ -160,29 +170,45 @@ FIX_LINE = "'name' may not be empty."
 
 async def test_git_history_holds_no_fix(sandbox, task):
     assert FIX_LINE in task.patch  # the string an agent would look for
-    res = await sandbox.run(["bash", "-c", "git log --all --oneline | wc -l; git log --all -p; git stash list; "
-                                           "git reflog; grep -r \"may not be empty\" . || true"], timeout_s=60)
+    res = await sandbox.run(
+        [
+            "bash",
+            "-c",
+            "git log --all --oneline | wc -l; git log --all -p; git stash list; "
+            'git reflog; grep -r "may not be empty" . || true',
+        ],
+        timeout_s=60,
+    )
     assert res.exit_code == 0, res.stderr_tail
     assert res.stdout_tail.splitlines()[0].strip() == "1"  # a single commit: the base
     assert "may not be empty" not in res.stdout_tail
 
 
 async def test_pip_install_of_a_fixed_release_fails(sandbox):
-    res = await sandbox.run(["bash", "-c", f"{PY} -m pip download --retries 0 --timeout 3 --no-deps -d /tmp/dl "
-                                           "flask==2.3.2 || echo PIP_FAILED; ls /tmp/dl 2>/dev/null | wc -l"],
-                            timeout_s=120)
+    res = await sandbox.run(
+        [
+            "bash",
+            "-c",
+            f"{PY} -m pip download --retries 0 --timeout 3 --no-deps -d /tmp/dl "
+            "flask==2.3.2 || echo PIP_FAILED; ls /tmp/dl 2>/dev/null | wc -l",
+        ],
+        timeout_s=120,
+    )
     assert "PIP_FAILED" in res.stdout_tail and res.stdout_tail.splitlines()[-1].strip() == "0"
     # the sandbox root has no pip (nothing of the host's /usr); where one is brought, the index is unreachable
-    assert ("No module named pip" in res.stderr_tail
-            or "No matching distribution found for flask==2.3.2" in res.stderr_tail), res.stderr_tail
+    assert (
+        "No module named pip" in res.stderr_tail
+        or "No matching distribution found for flask==2.3.2" in res.stderr_tail
+    ), res.stderr_tail
 
 
 def _agent_patch(task, tmp_path: Path, edit) -> str:
     tree = materialize(task, tmp_path / f"agent-{uuid.uuid4().hex[:6]}")
     edit(tree)
     subprocess.run(["git", "add", "-A"], cwd=tree, check=True, capture_output=True)
-    return subprocess.run(["git", "diff", "--cached", "--binary"], cwd=tree, check=True, capture_output=True,
-                          text=True).stdout
+    return subprocess.run(
+        ["git", "diff", "--cached", "--binary"], cwd=tree, check=True, capture_output=True, text=True
+    ).stdout
 
 
 def _delete_tests(tree: Path) -> None:
@@ -196,9 +222,11 @@ def _fake_test(tree: Path) -> None:  # write the hidden test's name so that it p
 
 def _outcome_hook(tree: Path) -> None:  # a conftest hook that reports every test as passed
     with open(tree / "tests" / "conftest.py", "a") as f:
-        f.write("\n\nimport pytest as _p\n\n\n@_p.hookimpl(hookwrapper=True)\n"
-                "def pytest_runtest_makereport(item, call):\n    outcome = yield\n"
-                "    outcome.get_result().outcome = 'passed'\n")
+        f.write(
+            "\n\nimport pytest as _p\n\n\n@_p.hookimpl(hookwrapper=True)\n"
+            "def pytest_runtest_makereport(item, call):\n    outcome = yield\n"
+            "    outcome.get_result().outcome = 'passed'\n"
+        )
 
 
 def _new_conftest_in_subdir(tree: Path) -> None:
@@ -222,6 +250,7 @@ def test_editing_or_deleting_tests_earns_nothing(task, tmp_path: Path, edit):
 @pytest.mark.slow
 def test_the_real_fix_with_a_test_hack_still_needs_the_fix(task, tmp_path: Path):
     """Control: grading is not just refusing everything: the gold fix plus a hack is still resolved."""
+
     def fix_and_hack(tree: Path) -> None:
         subprocess.run(["git", "apply"], input=task.patch, text=True, cwd=tree, check=True)
         _outcome_hook(tree)

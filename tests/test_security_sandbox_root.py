@@ -52,7 +52,11 @@ def _needles(tmp_path: Path, sandbox_task: str) -> dict[str, str]:
     out = {}
     for iid, task in TASKS.items():
         base = _text(materialize(task, tmp_path / "bases" / iid))
-        added = [ln[1:].strip() for ln in task.patch.splitlines() if ln.startswith("+") and not ln.startswith("+++")]
+        added = [
+            ln[1:].strip()
+            for ln in task.patch.splitlines()
+            if ln.startswith("+") and not ln.startswith("+++")
+        ]
         fresh = [ln for ln in added if len(ln) >= 20 and ln not in base]
         assert fresh, f"{iid}: no distinctive added line in its gold patch"
         if unseen := [ln for ln in fresh if ln not in here]:
@@ -62,8 +66,10 @@ def _needles(tmp_path: Path, sandbox_task: str) -> dict[str, str]:
 
 
 # what the agent runs: every file of the sandbox searched for the needles (not /proc, /sys, /dev)
-SEARCH = ("grep -rIlF -f /tmp/polar-needles --exclude=polar-needles "
-          "--exclude-dir=proc --exclude-dir=sys --exclude-dir=dev / 2>/dev/null; echo SEARCHED")
+SEARCH = (
+    "grep -rIlF -f /tmp/polar-needles --exclude=polar-needles "
+    "--exclude-dir=proc --exclude-dir=sys --exclude-dir=dev / 2>/dev/null; echo SEARCHED"
+)
 # ptrace (seccomp) and /proc/<pid>/mem + environ against a Python and a Node process
 TRACE = r"""
 python3 -c 'import time; time.sleep(60)' & PY=$!
@@ -115,8 +121,9 @@ def _mount_roots(mountinfo: str) -> dict[str, str]:
 async def sandbox(tmp_path: Path):
     task = TASKS["psf__requests-6028"]
     scratch = tmp_path / f"polar-ws-{task.instance_id}-x"  # as episodes/workspace.py names it
-    sb = BubblewrapSandbox.create(materialize(task, tmp_path / "tree"),
-                                  spec=SandboxSpec(scratch_root=scratch, disk_bytes=64 << 20))
+    sb = BubblewrapSandbox.create(
+        materialize(task, tmp_path / "tree"), spec=SandboxSpec(scratch_root=scratch, disk_bytes=64 << 20)
+    )
     yield sb
     await sb.destroy()
 
@@ -128,15 +135,18 @@ async def test_no_bundled_fix_is_readable_anywhere_in_the_sandbox(sandbox, tmp_p
     # which is why the sandbox must not mount it
     host_pkg = Path("/usr/lib/python3/dist-packages/requests")
     if host_pkg.is_dir():
-        hit = subprocess.run(["grep", "-rIlF", "-f", str(tmp_path / "needles"), str(host_pkg)],
-                             capture_output=True, text=True).stdout
+        hit = subprocess.run(
+            ["grep", "-rIlF", "-f", str(tmp_path / "needles"), str(host_pkg)], capture_output=True, text=True
+        ).stdout
         assert hit.strip(), "control: the needles should find the fix in the host's python3-requests"
     await sandbox.copy_in(tmp_path / "needles", "/tmp/polar-needles")
     res = await sandbox.run(["bash", "-c", SEARCH], timeout_s=300)
     assert res.stdout_tail.strip().splitlines() == ["SEARCHED"], res.stdout_tail
     res = await sandbox.run(["bash", "-c", "cd / && python3 -c 'import requests'"], timeout_s=60)
     assert res.exit_code != 0 and "No module named 'requests'" in res.stderr_tail
-    res = await sandbox.run(["bash", "-c", "ls /usr/lib/python3/dist-packages 2>/dev/null | wc -l"], timeout_s=60)
+    res = await sandbox.run(
+        ["bash", "-c", "ls /usr/lib/python3/dist-packages 2>/dev/null | wc -l"], timeout_s=60
+    )
     assert res.stdout_tail.strip() == "0"  # Debian's own python3 packages: none in the root
 
 
@@ -151,15 +161,30 @@ async def test_mountinfo_names_no_episode_path(tmp_path: Path):
     (harness / "bin" / "tool").write_text("shown\n")
     sock = tmp_path / "sock"
     assert socket_dir(sock)  # as the proxy makes it
-    sb = BubblewrapSandbox.create(materialize(task, tmp_path / "tree"),
-                                  spec=SandboxSpec(scratch_root=tmp_path / f"polar-ws-{task.instance_id}-x",
-                                                   disk_bytes=64 << 20, harness_dir=harness, proxy_socket_dir=sock))
+    sb = BubblewrapSandbox.create(
+        materialize(task, tmp_path / "tree"),
+        spec=SandboxSpec(
+            scratch_root=tmp_path / f"polar-ws-{task.instance_id}-x",
+            disk_bytes=64 << 20,
+            harness_dir=harness,
+            proxy_socket_dir=sock,
+        ),
+    )
     try:
-        res = await sb.run(["bash", "-c", "cat /proc/self/mountinfo; cat /opt/harness/bin/tool 2>/dev/null || echo sealed; "
-                                    "node -e 'console.log(6*7)'"], timeout_s=60)
+        res = await sb.run(
+            [
+                "bash",
+                "-c",
+                "cat /proc/self/mountinfo; cat /opt/harness/bin/tool 2>/dev/null || echo sealed; "
+                "node -e 'console.log(6*7)'",
+            ],
+            timeout_s=60,
+        )
         devs = await sb.run(["stat", "-c", "%d", "/usr", "/usr/bin/env", "/usr/local/bin/node"], timeout_s=60)
         sb.system, sb.harness = None, harness  # control: the inputs bound as they are name their paths
-        control = subprocess.run(sb.bwrap_argv(["cat", "/proc/self/mountinfo"], {}), capture_output=True, text=True)
+        control = subprocess.run(
+            sb.bwrap_argv(["cat", "/proc/self/mountinfo"], {}), capture_output=True, text=True
+        )
     finally:
         await sb.destroy()
         unmount(sock)
@@ -168,13 +193,27 @@ async def test_mountinfo_names_no_episode_path(tmp_path: Path):
     assert res.exit_code == 0 and res.stdout_tail.splitlines()[-2:] == [shown, "42"], res.stdout_tail
     roots = _mount_roots(res.stdout_tail)
     # the writable paths and generated files come from the sandbox's own tmpfs: their roots are neutral
-    assert {m: roots[m] for m in ("/testbed", "/home/agent", "/tmp", "/etc/passwd", "/opt/polar/forwarder.py")} == {
-        "/testbed": "/testbed", "/home/agent": "/home", "/tmp": "/tmp", "/etc/passwd": "/etc/passwd",
-        "/opt/polar/forwarder.py": "/opt/forwarder.py"}
+    assert {
+        m: roots[m] for m in ("/testbed", "/home/agent", "/tmp", "/etc/passwd", "/opt/polar/forwarder.py")
+    } == {
+        "/testbed": "/testbed",
+        "/home/agent": "/home",
+        "/tmp": "/tmp",
+        "/etc/passwd": "/etc/passwd",
+        "/opt/polar/forwarder.py": "/opt/forwarder.py",
+    }
     assert {roots[m] for m in ("/usr", "/etc", "/opt/harness", "/run/proxy")} == {"/"}
     assert host_path_lines(res.stdout_tail) == [], res.stdout_tail
-    for bad in (str(sb.root), "psf__requests-6028", "polar-ws-", "polar-bwrap-", str(REPO), str(tmp_path),
-                str(sandbox_root()), "/usr/bin/node"):
+    for bad in (
+        str(sb.root),
+        "psf__requests-6028",
+        "polar-ws-",
+        "polar-bwrap-",
+        str(REPO),
+        str(tmp_path),
+        str(sandbox_root()),
+        "/usr/bin/node",
+    ):
         assert bad not in res.stdout_tail, bad
     assert len(host_path_lines(control.stdout)) >= 4, control.stdout  # usr, etc, harness, node
     # /usr's layers (the cache's root and node) and its empty layer share one file system: its files
@@ -183,8 +222,9 @@ async def test_mountinfo_names_no_episode_path(tmp_path: Path):
 
 
 @pytest.mark.parametrize("left_by_earlier_version", [False, True], ids=["fresh", "0700"])
-async def test_usr_is_the_agents_to_read_with_the_node_layer_made_anew(tmp_path: Path, monkeypatch,
-                                                                      left_by_earlier_version: bool):
+async def test_usr_is_the_agents_to_read_with_the_node_layer_made_anew(
+    tmp_path: Path, monkeypatch, left_by_earlier_version: bool
+):
     """Failed on a fresh cache: the node layer's root, made by mkdtemp (0700), is the top layer of
     ``/usr``, whose view takes its mode, so the agent's uid could load no library (a warm cache's
     older 0755 layer hid it). An earlier version's 0700 layer is repaired."""
@@ -194,8 +234,10 @@ async def test_usr_is_the_agents_to_read_with_the_node_layer_made_anew(tmp_path:
     monkeypatch.setenv("POLAR_CACHE", str(cache))
     if left_by_earlier_version:
         node_layer().chmod(0o700)
-    sb = BubblewrapSandbox.create(materialize(TASKS["psf__requests-6028"], tmp_path / "tree"),
-                                  spec=SandboxSpec(scratch_root=tmp_path / "scratch", disk_bytes=64 << 20))
+    sb = BubblewrapSandbox.create(
+        materialize(TASKS["psf__requests-6028"], tmp_path / "tree"),
+        spec=SandboxSpec(scratch_root=tmp_path / "scratch", disk_bytes=64 << 20),
+    )
     try:
         res = await sb.run(["bash", "-c", "id -u; stat -c %a /usr; node -e 'console.log(6*7)'"], timeout_s=60)
     finally:
@@ -241,9 +283,16 @@ def test_a_root_without_the_capabilities_starts_the_forwarder_with_none(monkeypa
 
 
 async def test_disk_filler_ends_at_the_quota_and_the_diff_still_works(sandbox):
-    res = await sandbox.run(["bash", "-c", "echo fixed >> /testbed/README.md && "
-                             "for d in /tmp /home/agent /testbed; do dd if=/dev/zero of=$d/fill bs=1M count=800; done; "
-                             "du -sc /tmp/fill /home/agent/fill /testbed/fill | tail -1"], timeout_s=120)
+    res = await sandbox.run(
+        [
+            "bash",
+            "-c",
+            "echo fixed >> /testbed/README.md && "
+            "for d in /tmp /home/agent /testbed; do dd if=/dev/zero of=$d/fill bs=1M count=800; done; "
+            "du -sc /tmp/fill /home/agent/fill /testbed/fill | tail -1",
+        ],
+        timeout_s=120,
+    )
     assert res.stderr_tail.count("No space left on device") == 3, res.stderr_tail
     total_kib = int(res.stdout_tail.split()[-2])
     assert total_kib <= 64 * 1024, total_kib  # 3 x 800 MB asked, the quota given
@@ -256,7 +305,9 @@ def test_root_python_is_the_hosts_debian_python():
     """The venvs (harnesses', tasks') are made by the host's /usr/bin/python3.11; the root's must run them."""
     ver = "import sys; print(sys.version.split()[0])"
     host = subprocess.run(["/usr/bin/python3.11", "-c", ver], capture_output=True, text=True).stdout
-    cmd = BwrapCommand([], workdir="/", env={"PATH": "/usr/bin:/bin"}, uid=os.getuid() or 65534, gid=os.getgid() or 65534)
+    cmd = BwrapCommand(
+        [], workdir="/", env={"PATH": "/usr/bin:/bin"}, uid=os.getuid() or 65534, gid=os.getgid() or 65534
+    )
     inside = subprocess.run(cmd.argv(["/usr/bin/python3.11", "-c", ver]), capture_output=True, text=True)
     assert inside.returncode == 0 and inside.stdout == host, inside.stderr
 
@@ -272,8 +323,10 @@ def test_seccomp_program_is_known_per_abi():
     # each ABI refuses pidfd_getfd (438 on both) and the keyring: add_key, request_key, keyctl
     for machine, keyring in (("x86_64", {248, 249, 250}), ("aarch64", {217, 218, 219})):
         prog = program(machine)
-        insns = [struct.unpack("=HBBI", prog[i:i + 8]) for i in range(0, len(prog), 8)]
-        assert {k for code, _, _, k in insns if code == 0x15} >= {438, *keyring}, machine  # JEQs to the EPERM return
+        insns = [struct.unpack("=HBBI", prog[i : i + 8]) for i in range(0, len(prog), 8)]
+        assert {k for code, _, _, k in insns if code == 0x15} >= {438, *keyring}, (
+            machine
+        )  # JEQs to the EPERM return
     with pytest.raises(ValueError, match="no seccomp filter for riscv64"):
         program("riscv64")
 
@@ -289,27 +342,40 @@ async def test_probe_from_a_real_pi_episode(embedded_dir: Path, renderer, tmp_pa
 
     needles = "\n".join(_needles(tmp_path, "psf__requests-6028").values()) + "\n"
     # the probe: search, mounts, uid, ptrace against its own harness (Pi's node) and forwarder
-    probe = (f"echo {base64.b64encode(needles.encode()).decode()} | base64 -d > /tmp/polar-needles; "
-             f"{{ {SEARCH}; }} > /testbed/search.txt; cat /proc/self/mountinfo > /testbed/mountinfo.txt; "
-             f"id -u > /testbed/uid.txt; {{ {TRACE} }} > /testbed/trace.txt 2>&1; "
-             "for p in $(pgrep -f '[/]opt/harness') $(pgrep -f '[f]orwarder.py'); do for f in mem environ; do "
-             "(exec 3</proc/$p/$f) 2>/dev/null && echo OPEN $p $f || echo DENIED $p $f; done; done > "
-             "/testbed/harness.txt")
+    probe = (
+        f"echo {base64.b64encode(needles.encode()).decode()} | base64 -d > /tmp/polar-needles; "
+        f"{{ {SEARCH}; }} > /testbed/search.txt; cat /proc/self/mountinfo > /testbed/mountinfo.txt; "
+        f"id -u > /testbed/uid.txt; {{ {TRACE} }} > /testbed/trace.txt 2>&1; "
+        "for p in $(pgrep -f '[/]opt/harness') $(pgrep -f '[f]orwarder.py'); do for f in mem environ; do "
+        "(exec 3</proc/$p/$f) 2>/dev/null && echo OPEN $p $f || echo DENIED $p $f; done; done > "
+        "/testbed/harness.txt"
+    )
 
     def policy(session_id: str | None, call_number: int, prompt_text: str) -> str:
         return DONE if "<tool_response>" in prompt_text else shell_call(prompt_text, probe)
 
     async with scripted_proxy(embedded_dir, renderer, policy, tmp_path) as proxy:
-        result = await run_episode(proxy, TASKS["psf__requests-6028"], episode_id="probe.s0",
-                                   config=EpisodeConfig(harness="pi", timeout_s=300, grade=False,
-                                                        sampling={"max_tokens": 4096},
-                                                        scratch_root=tmp_path / "scratch"))
+        result = await run_episode(
+            proxy,
+            TASKS["psf__requests-6028"],
+            episode_id="probe.s0",
+            config=EpisodeConfig(
+                harness="pi",
+                timeout_s=300,
+                grade=False,
+                sampling={"max_tokens": 4096},
+                scratch_root=tmp_path / "scratch",
+            ),
+        )
     files = dict(re.findall(r"^\+\+\+ b/(\S+)\n@@[^\n]*\n((?:\+[^\n]*\n?)*)", result.patch, re.MULTILINE))
     text = {name: "".join(ln[1:] + "\n" for ln in body.splitlines()) for name, body in files.items()}
     assert text["search.txt"].split() == ["SEARCHED"], text["search.txt"]
     assert text["uid.txt"].strip() != "0"
     # (the proxy's socket dir, bound read-only, is the one per-run host path left: tmp_path/sock here)
-    assert "psf__requests-6028" not in text["mountinfo.txt"] and str(tmp_path / "scratch") not in text["mountinfo.txt"]
+    assert (
+        "psf__requests-6028" not in text["mountinfo.txt"]
+        and str(tmp_path / "scratch") not in text["mountinfo.txt"]
+    )
     _check_trace(json.loads(next(ln[6:] for ln in text["trace.txt"].splitlines() if ln.startswith("TRACE "))))
     tried = text["harness.txt"].splitlines()
     assert len(tried) >= 4, "the probe found Pi's node and the forwarder"
@@ -329,28 +395,37 @@ async def test_container_agent_is_not_root_and_its_git_config_never_runs(tmp_pat
     image = "localhost/polar-test-testbed:" + base.rsplit(":", 1)[1]  # a task image's /testbed, nothing else
     (tmp_path / "ctx").mkdir()
     (tmp_path / "ctx" / "Containerfile").write_text(f"FROM {base}\nRUN mkdir /testbed\n")
-    subprocess.run(["podman", "build", "-q", "-t", image, str(tmp_path / "ctx")], check=True, capture_output=True)
+    subprocess.run(
+        ["podman", "build", "-q", "-t", image, str(tmp_path / "ctx")], check=True, capture_output=True
+    )
     tree = materialize(TASKS["psf__requests-6028"], tmp_path / "tree")
     sb = ContainerSandbox.create(tree, spec=SandboxSpec(disk_bytes=64 << 20), image=image, engine="podman")
     try:
-        res = await sb.run(["sh", "-c", "id -u; cat $HOME/.gitconfig 2>&1; touch /var/lib/polar-git/x"], timeout_s=60)
+        res = await sb.run(
+            ["sh", "-c", "id -u; cat $HOME/.gitconfig 2>&1; touch /var/lib/polar-git/x"], timeout_s=60
+        )
         uid, *rest = res.stdout_tail.splitlines()
         assert uid == "1000", res.stdout_tail
-        assert "No such file" in rest[0] and "safe.directory" not in res.stdout_tail  # nothing in the agent's HOME
+        assert (
+            "No such file" in rest[0] and "safe.directory" not in res.stdout_tail
+        )  # nothing in the agent's HOME
         assert "Permission denied" in res.stderr_tail  # the setup's git dir is not the agent's to write
-        hostile = ("git config core.fsmonitor 'touch /tmp/ran-fsmonitor-$(id -u); false' && "
-                   "git config filter.x.clean 'touch /tmp/ran-filter-$(id -u); cat' && "
-                   "echo '* filter=x' > .gitattributes && "
-                   "printf '[core]\\n\\tfsmonitor = touch /tmp/ran-home-$(id -u)\\n' > $HOME/.gitconfig && "
-                   "echo changed >> README.md")
+        hostile = (
+            "git config core.fsmonitor 'touch /tmp/ran-fsmonitor-$(id -u); false' && "
+            "git config filter.x.clean 'touch /tmp/ran-filter-$(id -u); cat' && "
+            "echo '* filter=x' > .gitattributes && "
+            "printf '[core]\\n\\tfsmonitor = touch /tmp/ran-home-$(id -u)\\n' > $HOME/.gitconfig && "
+            "echo changed >> README.md"
+        )
         res = await sb.run(["sh", "-c", hostile], timeout_s=60)
         assert res.exit_code == 0, res.stderr_tail
         patch = (await sb.diff()).decode()
         assert "+changed" in patch and ".gitattributes" in patch
         res = await sb.run(["sh", "-c", "ls /tmp/ran-* 2>/dev/null | wc -l"], timeout_s=60)
         assert res.stdout_tail.strip() == "0"  # neither the tree's config nor the agent's HOME ran as root
-        res = await sb.run(["sh", "-c", "dd if=/dev/zero of=/tmp/fill bs=1M count=800; du -sk /tmp/fill"],
-                           timeout_s=120)
+        res = await sb.run(
+            ["sh", "-c", "dd if=/dev/zero of=/tmp/fill bs=1M count=800; du -sk /tmp/fill"], timeout_s=120
+        )
         assert "No space left on device" in res.stderr_tail and int(res.stdout_tail.split()[0]) <= 64 * 1024
     finally:
         await sb.destroy()

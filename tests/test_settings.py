@@ -18,12 +18,24 @@ from polar_env.cli.settings import settings_from_args
 from polar_env.environment import EnvSettings
 from polar_env.proxy.settings import ProxySettings, admin_secret, build_proxy
 
-GYM_AGENT_YAML = Path(__file__).resolve().parents[1] / "nemo_gym_env/responses_api_agents/polar_agent/configs/polar_agent.yaml"
+GYM_AGENT_YAML = (
+    Path(__file__).resolve().parents[1]
+    / "nemo_gym_env/responses_api_agents/polar_agent/configs/polar_agent.yaml"
+)
 
-FRAGMENT = {"backend": "vllm", "url": ["http://a:8000/v1", "http://b:8000"], "model_dir": "/models/policy",
-            "model_name": "policy", "tool_format": "qwen3_coder", "enable_thinking": False,
-            "history_thinking": "drop", "agent_calls": "refuse", "max_context": 32768,
-            "backend_options": {"timeout_s": 900}, "max_body_mb": 8.0}
+FRAGMENT = {
+    "backend": "vllm",
+    "url": ["http://a:8000/v1", "http://b:8000"],
+    "model_dir": "/models/policy",
+    "model_name": "policy",
+    "tool_format": "qwen3_coder",
+    "enable_thinking": False,
+    "history_thinking": "drop",
+    "agent_calls": "refuse",
+    "max_context": 32768,
+    "backend_options": {"timeout_s": 900},
+    "max_body_mb": 8.0,
+}
 
 
 def fragment_file(tmp_path: Path, suffix: str) -> Path:
@@ -52,7 +64,10 @@ def test_the_gym_agent_config_names_its_settings_as_the_cli_does():
     assert {"url", "model_name", "model_dir", "backend"} <= set(agent)
     rollout_flags = {a.dest for a in _parser("rollout")._actions}
     serve_flags = {a.dest for a in _parser("proxy", "serve")._actions}
-    file_only = {"backend_options", "policy_version"}  # dicts and a trainer's version: a settings file sets them
+    file_only = {
+        "backend_options",
+        "policy_version",
+    }  # dicts and a trainer's version: a settings file sets them
     assert set(ProxySettings.model_fields) - file_only <= rollout_flags & serve_flags
 
 
@@ -66,16 +81,20 @@ def _parser(*command: str) -> argparse.ArgumentParser:
 
 def test_a_flag_wins_over_the_settings_file(tmp_path):
     path = fragment_file(tmp_path, ".yaml")
-    config = config_from_args(parse_args(["rollout", "--settings", str(path), "--max-context", "4096",
-                                          "--model-name", "other"]))
+    config = config_from_args(
+        parse_args(["rollout", "--settings", str(path), "--max-context", "4096", "--model-name", "other"])
+    )
     assert (config.max_context, config.model_name, config.tool_format) == (4096, "other", "qwen3_coder")
 
 
-@pytest.mark.parametrize("text, error", [
-    ("max_contxt: 4096\n", "unknown setting(s) max_contxt"),
-    ("backend: nope\n", "backend"),
-    ("- just a list\n", "expected a mapping"),
-])
+@pytest.mark.parametrize(
+    "text, error",
+    [
+        ("max_contxt: 4096\n", "unknown setting(s) max_contxt"),
+        ("backend: nope\n", "backend"),
+        ("- just a list\n", "expected a mapping"),
+    ],
+)
 def test_a_bad_settings_file_is_refused_by_name(tmp_path, capsys, text, error):
     path = tmp_path / "bad.yaml"
     path.write_text(text)
@@ -97,11 +116,21 @@ def test_the_admin_secret_is_the_setting_then_the_environment_then_the_file(tmp_
 
 
 def test_build_proxy_applies_the_settings(tmp_path):
-    settings = ProxySettings(backend="instant", max_context=2048, agent_calls="refuse", history_thinking="drop",
-                             policy_version=3, max_body_mb=2.0)
+    settings = ProxySettings(
+        backend="instant",
+        max_context=2048,
+        agent_calls="refuse",
+        history_thinking="drop",
+        policy_version=3,
+        max_body_mb=2.0,
+    )
     proxy = build_proxy(settings, data_dir=tmp_path / "ledger", admin_secret="s")
     config = proxy.engine.config
     assert (config.max_context, config.agent_calls, config.history_thinking, config.policy_version) == (
-        2048, "refuse", "drop", 3)
+        2048,
+        "refuse",
+        "drop",
+        3,
+    )
     assert proxy.max_body_bytes == 2 * 2**20 and proxy.engine.backend.name == "instant"
     proxy.registry.ledger.close()

@@ -41,8 +41,9 @@ class SlowBackend:
         self.inner, self.delay_s, self.fail = inner, delay_s, fail
         self.name, self.model = inner.name, inner.model
 
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, *,
-                       session_id: str | None = None) -> Generation:
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams, *, session_id: str | None = None
+    ) -> Generation:
         await asyncio.sleep(self.delay_s)
         if self.fail:
             raise BackendError("the policy server went away")
@@ -56,8 +57,14 @@ class ImpatientCodex(CodexAdapter):
     """Codex with a 2 s stream idle timeout and no stream retries (its provider's own settings)."""
 
     def config_toml(self, ctx) -> str:
-        return super().config_toml(ctx).replace(
-            'wire_api = "responses"\n', 'wire_api = "responses"\nstream_idle_timeout_ms = 2000\nstream_max_retries = 0\n')
+        return (
+            super()
+            .config_toml(ctx)
+            .replace(
+                'wire_api = "responses"\n',
+                'wire_api = "responses"\nstream_idle_timeout_ms = 2000\nstream_max_retries = 0\n',
+            )
+        )
 
 
 class ImpatientClaude(ClaudeCodeAdapter):
@@ -67,12 +74,21 @@ class ImpatientClaude(ClaudeCodeAdapter):
         return {**super().env(ctx), "API_TIMEOUT_MS": "2000", "CLAUDE_CODE_MAX_RETRIES": "0"}
 
 
-def _proxy(renderer, tmp_path: Path, *, keepalive_s: float, delay_s: float = DELAY_S,
-           fail: bool = False) -> ProxyServer:
-    done = renderer.tokenizer.encode(FINAL, add_special_tokens=False) + [renderer.tokenizer.convert_tokens_to_ids("<|im_end|>")]
-    return ProxyServer.create(renderer=renderer, backend=SlowBackend(InstantBackend(done), delay_s, fail=fail),
-                              data_dir=tmp_path / "ledger", admin_secret="admin", owns_backend=False,
-                              keepalive_s=keepalive_s, config=EngineConfig(max_context=131072))
+def _proxy(
+    renderer, tmp_path: Path, *, keepalive_s: float, delay_s: float = DELAY_S, fail: bool = False
+) -> ProxyServer:
+    done = renderer.tokenizer.encode(FINAL, add_special_tokens=False) + [
+        renderer.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    ]
+    return ProxyServer.create(
+        renderer=renderer,
+        backend=SlowBackend(InstantBackend(done), delay_s, fail=fail),
+        data_dir=tmp_path / "ledger",
+        admin_secret="admin",
+        owns_backend=False,
+        keepalive_s=keepalive_s,
+        config=EngineConfig(max_context=131072),
+    )
 
 
 async def _episode(adapter, renderer, work: Path, keepalive_s: float):
@@ -81,11 +97,23 @@ async def _episode(adapter, renderer, work: Path, keepalive_s: float):
     sid, key = proxy.create_session("episode", sampling={"max_tokens": 16})
     (work / "sock").chmod(0o755)
     (work / "task").mkdir()
-    sandbox = BubblewrapSandbox.create(work / "task", spec=SandboxSpec(
-        proxy_socket_dir=work / "sock", harness_dir=adapter.install_dir(), scratch_root=work / "scratch"))
+    sandbox = BubblewrapSandbox.create(
+        work / "task",
+        spec=SandboxSpec(
+            proxy_socket_dir=work / "sock", harness_dir=adapter.install_dir(), scratch_root=work / "scratch"
+        ),
+    )
     try:
-        return await run_episode_in_sandbox(adapter, sandbox, proxy_socket_dir=work / "sock", session_id=sid,
-                                            session_key=key, model_name="policy", prompt="Say done.", timeout_s=90)
+        return await run_episode_in_sandbox(
+            adapter,
+            sandbox,
+            proxy_socket_dir=work / "sock",
+            session_id=sid,
+            session_key=key,
+            model_name="policy",
+            prompt="Say done.",
+            timeout_s=90,
+        )
     finally:
         await sandbox.destroy()
         await proxy.stop()
@@ -94,14 +122,18 @@ async def _episode(adapter, renderer, work: Path, keepalive_s: float):
 @pytest.mark.slow
 @pytest.mark.needs("bwrap", "npm")
 @pytest.mark.parametrize("adapter", [ImpatientCodex(), ImpatientClaude()], ids=["codex", "claude-code"])
-async def test_harness_timeouts_never_trip_on_a_slow_generation(adapter, renderer, tmp_path: Path, monkeypatch):
+async def test_harness_timeouts_never_trip_on_a_slow_generation(
+    adapter, renderer, tmp_path: Path, monkeypatch
+):
     """Each control fails the way that harness's timeout works: Claude Code's covers the wait for the
     response headers (no keep-alives: headers after 6 s), Codex's the silence inside the stream
     (keep-alives as SSE comments, which its parser swallows)."""
     adapter.install()
     alive = await _episode(adapter, renderer, tmp_path / "alive", keepalive_s=0.5)
     assert alive.status == "completed" and FINAL in (alive.summary.final_message or ""), (
-        alive.error, alive.stdout_tail[-3000:])
+        alive.error,
+        alive.stdout_tail[-3000:],
+    )
     if adapter.name == "codex":
         monkeypatch.setattr(openai_responses, "KEEPALIVE", SSE_COMMENT_KEEPALIVE)
         control = await _episode(adapter, renderer, tmp_path / "comments", keepalive_s=0.5)
@@ -111,15 +143,28 @@ async def test_harness_timeouts_never_trip_on_a_slow_generation(adapter, rendere
     assert control.status != "completed", control
 
 
-@pytest.mark.parametrize("api, path, body, keepalive", [
-    ("chat", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}, b": keep-alive\n\n"),
-    ("responses", "/v1/responses", {"input": "hi"}, b'event: keepalive\ndata: {"type":"keepalive"}\n\n'),
-    ("messages", "/v1/messages", {"max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]},
-     b'event: ping\ndata: {"type":"ping"}\n\n'),
-])
+@pytest.mark.parametrize(
+    "api, path, body, keepalive",
+    [
+        (
+            "chat",
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "hi"}]},
+            b": keep-alive\n\n",
+        ),
+        ("responses", "/v1/responses", {"input": "hi"}, b'event: keepalive\ndata: {"type":"keepalive"}\n\n'),
+        (
+            "messages",
+            "/v1/messages",
+            {"max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]},
+            b'event: ping\ndata: {"type":"ping"}\n\n',
+        ),
+    ],
+)
 @pytest.mark.parametrize("fail", [False, True])
-async def test_each_api_streams_its_own_keepalive_then_the_answer(api, path, body, keepalive, fail, renderer,
-                                                                  tmp_path: Path):
+async def test_each_api_streams_its_own_keepalive_then_the_answer(
+    api, path, body, keepalive, fail, renderer, tmp_path: Path
+):
     """A real HTTP client with a 1.5 s read timeout against a 3 s generation: the Responses API's
     opening events at once, keep-alives every 0.5 s, then the answer (or, when the backend fails after
     the stream opened, the API's error event)."""
@@ -128,23 +173,29 @@ async def test_each_api_streams_its_own_keepalive_then_the_answer(api, path, bod
     sid, key = proxy.create_session("s", sampling={"max_tokens": 16})
     url = f"{proxy.base_url}/s/{sid}{path}"
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(sock_read=1.5)) as http, \
-                http.post(url, json={"model": "policy", "stream": True, **body},
-                          headers={"Authorization": f"Bearer {key}", "x-api-key": key}) as resp:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(sock_read=1.5)) as http,
+            http.post(
+                url,
+                json={"model": "policy", "stream": True, **body},
+                headers={"Authorization": f"Bearer {key}", "x-api-key": key},
+            ) as resp,
+        ):
             assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/event-stream")
             raw = await resp.read()
     finally:
         await proxy.stop()
     frames = [frame + b"\n\n" for frame in raw.split(b"\n\n") if frame]
     opened = ("event: response.created", "event: response.in_progress") if api == "responses" else ()
-    assert [f.split(b"\n")[0].decode() for f in frames[:len(opened)]] == list(opened)  # the API's own opening
+    assert [f.split(b"\n")[0].decode() for f in frames[: len(opened)]] == list(
+        opened
+    )  # the API's own opening
     start = len(opened)
     while frames[start] == keepalive:  # then keep-alives only, until the answer is there
         start += 1
     assert start - len(opened) >= 4, raw[:300]
     rest = b"".join(frames[start:])
-    events = [json.loads(line[6:]) for line in rest.decode().splitlines()
-              if line.startswith("data: {")]
+    events = [json.loads(line[6:]) for line in rest.decode().splitlines() if line.startswith("data: {")]
     if fail:
         error = events[-1].get("error", events[-1])
         assert "the policy server went away" in json.dumps(error), events

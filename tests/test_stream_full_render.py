@@ -41,13 +41,21 @@ SECOND_USER = "Now also add a test."
 def script(tool: str, arg: str) -> list[Message]:
     """What the model answers, call by call: parallel calls with reasoning, a bare call with
     whitespace-only text, a final answer; then (after a second user turn) a last answer."""
+
     def call(i: int, cmd: str) -> ToolCall:
         return ToolCall(id=f"s{i}", name=tool, arguments=json.dumps({arg: cmd}))
-    return [Message(role="assistant", content="Looking around.", reasoning="List, then locate.",
-                    tool_calls=[call(0, "ls"), call(1, "pwd")]),
-            Message(role="assistant", content="", reasoning="Read it.", tool_calls=[call(2, "cat README.md")]),
-            Message(role="assistant", content="The project is a demo.", reasoning="Enough seen."),
-            Message(role="assistant", content="Test added.", reasoning="A second task.")]
+
+    return [
+        Message(
+            role="assistant",
+            content="Looking around.",
+            reasoning="List, then locate.",
+            tool_calls=[call(0, "ls"), call(1, "pwd")],
+        ),
+        Message(role="assistant", content="", reasoning="Read it.", tool_calls=[call(2, "cat README.md")]),
+        Message(role="assistant", content="The project is a demo.", reasoning="Enough seen."),
+        Message(role="assistant", content="Test added.", reasoning="A second task."),
+    ]
 
 
 def sampled_text(renderer: ChatRenderer, turn: Message) -> str:
@@ -56,7 +64,7 @@ def sampled_text(renderer: ChatRenderer, turn: Message) -> str:
     prompt = renderer.render_text(user, [], add_generation_prompt=True)
     full = renderer.render_text(user + [turn], [], add_generation_prompt=False)
     assert full.startswith(prompt)
-    return full[len(prompt):].removesuffix(renderer.end_of_turn + renderer._glue)
+    return full[len(prompt) :].removesuffix(renderer.end_of_turn + renderer._glue)
 
 
 def follow_up(dialect: str, body: dict, reply: dict, user: str | None) -> dict:
@@ -65,23 +73,38 @@ def follow_up(dialect: str, body: dict, reply: dict, user: str | None) -> dict:
     if dialect == "chat":
         message = reply["choices"][0]["message"]
         body["messages"].append(message)
-        body["messages"] += [{"role": "tool", "tool_call_id": c["id"],
-                              "content": OUTPUTS[json.loads(c["function"]["arguments"])["command"]]}
-                             for c in message.get("tool_calls") or []]
+        body["messages"] += [
+            {
+                "role": "tool",
+                "tool_call_id": c["id"],
+                "content": OUTPUTS[json.loads(c["function"]["arguments"])["command"]],
+            }
+            for c in message.get("tool_calls") or []
+        ]
         if user:
             body["messages"].append({"role": "user", "content": user})
     elif dialect == "responses":
         body["input"] += reply["output"]
-        body["input"] += [{"type": "function_call_output", "call_id": item["call_id"],
-                           "output": OUTPUTS[json.loads(item["arguments"])["cmd"]]}
-                          for item in reply["output"] if item["type"] == "function_call"]
+        body["input"] += [
+            {
+                "type": "function_call_output",
+                "call_id": item["call_id"],
+                "output": OUTPUTS[json.loads(item["arguments"])["cmd"]],
+            }
+            for item in reply["output"]
+            if item["type"] == "function_call"
+        ]
         if user:
-            body["input"].append({"type": "message", "role": "user",
-                                  "content": [{"type": "input_text", "text": user}]})
+            body["input"].append(
+                {"type": "message", "role": "user", "content": [{"type": "input_text", "text": user}]}
+            )
     elif dialect == "anthropic":
         body["messages"].append({"role": "assistant", "content": reply["content"]})
-        results = [{"type": "tool_result", "tool_use_id": b["id"], "content": OUTPUTS[b["input"]["command"]]}
-                   for b in reply["content"] if b["type"] == "tool_use"]
+        results = [
+            {"type": "tool_result", "tool_use_id": b["id"], "content": OUTPUTS[b["input"]["command"]]}
+            for b in reply["content"]
+            if b["type"] == "tool_use"
+        ]
         if results:
             body["messages"].append({"role": "user", "content": results})
         if user:
@@ -89,9 +112,16 @@ def follow_up(dialect: str, body: dict, reply: dict, user: str | None) -> dict:
     else:
         content = reply["candidates"][0]["content"]
         body["contents"].append(content)
-        results = [{"functionResponse": {"name": p["functionCall"]["name"],
-                                         "response": {"output": OUTPUTS[p["functionCall"]["args"]["command"]]}}}
-                   for p in content["parts"] if "functionCall" in p]
+        results = [
+            {
+                "functionResponse": {
+                    "name": p["functionCall"]["name"],
+                    "response": {"output": OUTPUTS[p["functionCall"]["args"]["command"]]},
+                }
+            }
+            for p in content["parts"]
+            if "functionCall" in p
+        ]
         if results:
             body["contents"].append({"role": "user", "parts": results})
         if user:
@@ -99,7 +129,9 @@ def follow_up(dialect: str, body: dict, reply: dict, user: str | None) -> dict:
     return body
 
 
-async def run_episode(renderer, scripted_backend_factory, tmp_path, dialect: str, history_thinking: str = "keep"):
+async def run_episode(
+    renderer, scripted_backend_factory, tmp_path, dialect: str, history_thinking: str = "keep"
+):
     name, path, tool, arg = DIALECTS[dialect]
     turns = [sampled_text(renderer, t) for t in script(tool, arg)]
     policy = lambda session_id, n, prompt_text: turns[n]  # noqa: E731
@@ -107,12 +139,21 @@ async def run_episode(renderer, scripted_backend_factory, tmp_path, dialect: str
     body["stream"] = False
     body.pop("stream_options", None)
     config = EngineConfig(max_context=65536, default_max_tokens=256, history_thinking=history_thinking)
-    async with running_proxy(renderer, scripted_backend_factory(policy, context_window=64), tmp_path,
-                             config=config) as proxy, aiohttp.ClientSession() as http:
+    async with (
+        running_proxy(
+            renderer, scripted_backend_factory(policy, context_window=64), tmp_path, config=config
+        ) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
         sid, key = proxy.create_session(f"{dialect}-{history_thinking}")
         for n in range(len(turns)):
-            status, reply = await post(http, f"{proxy.base_url}/s/{sid}{path}", body, key,
-                                       header="x-api-key" if dialect == "anthropic" else "bearer")
+            status, reply = await post(
+                http,
+                f"{proxy.base_url}/s/{sid}{path}",
+                body,
+                key,
+                header="x-api-key" if dialect == "anthropic" else "bearer",
+            )
             assert status == 200, reply
             if n < len(turns) - 1:
                 body = follow_up(dialect, body, reply, SECOND_USER if n == 2 else None)
@@ -132,8 +173,9 @@ def full_render(renderer: ChatRenderer, call: dict) -> list[int]:
 
 
 @pytest.mark.parametrize("dialect", DIALECTS)
-async def test_prompt_ids_equal_the_full_render_call_by_call(template_renderer, scripted_backend_factory,
-                                                             tmp_path, dialect):
+async def test_prompt_ids_equal_the_full_render_call_by_call(
+    template_renderer, scripted_backend_factory, tmp_path, dialect
+):
     calls = await run_episode(template_renderer, scripted_backend_factory, tmp_path, dialect)
     assert len(calls) == 4 and all(c["error"] is None for c in calls)
     # one chain: each call extends the one before (no re-render of history)
@@ -160,10 +202,12 @@ async def test_prompt_ids_equal_the_full_render_call_by_call(template_renderer, 
 
 
 async def test_history_thinking_drop_starts_a_new_chain_equal_to_the_full_render(
-        embedded_dir, scripted_backend_factory, tmp_path):
+    embedded_dir, scripted_backend_factory, tmp_path
+):
     renderer = ChatRenderer.from_pretrained(embedded_dir, chat_template="qwen3_coder_tools")
-    calls = await run_episode(renderer, scripted_backend_factory, tmp_path, "anthropic", history_thinking="drop")
+    calls = await run_episode(
+        renderer, scripted_backend_factory, tmp_path, "anthropic", history_thinking="drop"
+    )
     assert [c["parent_call_index"] for c in calls] == [None, 0, 1, None]
     assert calls[3]["break_reason"] == HISTORY_THINKING_DROPPED
     assert all(c["prompt_ids"] == full_render(renderer, c) for c in calls)
-

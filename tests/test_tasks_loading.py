@@ -107,8 +107,9 @@ def test_jsonl_rows_in_swe_bench_schema(tmp_path: Path):
         "base_commit": "d26b2424437dabeeca94d7900b37d2df4410da0c",
         "problem_statement": "UsernameValidator allows trailing newline in usernames",
         "patch": "",
-        "test_patch": ("diff --git a/tests/auth_tests/test_validators.py "
-                       "b/tests/auth_tests/test_validators.py\n"),
+        "test_patch": (
+            "diff --git a/tests/auth_tests/test_validators.py b/tests/auth_tests/test_validators.py\n"
+        ),
         "FAIL_TO_PASS": json.dumps(
             ["test_ascii_validator (auth_tests.test_validators.UsernameValidatorsTests)"]
         ),
@@ -140,8 +141,10 @@ def test_unknown_spec_is_a_clear_error():
 
 
 def test_directives_for_pytest_repos_are_test_files():
-    patch = ("diff --git a/tests/test_a.py b/tests/test_a.py\n--- a/x\n"
-             "diff --git a/tests/data.json b/tests/data.json\n")
+    patch = (
+        "diff --git a/tests/test_a.py b/tests/test_a.py\n--- a/x\n"
+        "diff --git a/tests/data.json b/tests/data.json\n"
+    )
     assert default_test_directives("psf/requests", patch) == ["tests/test_a.py"]
 
 

@@ -76,7 +76,9 @@ def engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return state
 
 
-def test_a_rate_limited_pull_is_retried_with_exponential_backoff(engine: Path, monkeypatch: pytest.MonkeyPatch):
+def test_a_rate_limited_pull_is_retried_with_exponential_backoff(
+    engine: Path, monkeypatch: pytest.MonkeyPatch
+):
     monkeypatch.setenv("FAKE_RATE_LIMITED", "2")
     waits: list[float] = []
     assert pull_image("podman", "docker.io/library/x:1", PullPolicy(backoff_s=0.5), sleep=waits.append) == 3
@@ -121,18 +123,49 @@ def test_the_disk_budget_removes_the_least_recently_used_images_polar_pulled(eng
 
 
 def test_the_cli_pulls_what_a_task_file_names(engine: Path, tmp_path: Path):
-    rows = [{"instance_id": f"a__b-{n}", "repo": "a/b", "image": f"localhost/polar-test/t{n % 2}:1",
-             "problem_statement": "x", "patch": "", "test_patch": "", "FAIL_TO_PASS": "[]", "PASS_TO_PASS": "[]"}
-            for n in range(3)]
+    rows = [
+        {
+            "instance_id": f"a__b-{n}",
+            "repo": "a/b",
+            "image": f"localhost/polar-test/t{n % 2}:1",
+            "problem_statement": "x",
+            "patch": "",
+            "test_patch": "",
+            "FAIL_TO_PASS": "[]",
+            "PASS_TO_PASS": "[]",
+        }
+        for n in range(3)
+    ]
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text("".join(json.dumps(r) + "\n" for r in rows))
     env = {**os.environ, "FAKE_RATE_LIMITED": "1"}
-    proc = subprocess.run([sys.executable, "-m", "polar_env.cli", "tasks", "pull", str(tasks), "--engine", "podman",
-                           "--backoff", "0.01", "--disk-budget", "1"], capture_output=True, text=True, env=env,
-                          timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "polar_env.cli",
+            "tasks",
+            "pull",
+            str(tasks),
+            "--engine",
+            "podman",
+            "--backoff",
+            "0.01",
+            "--disk-budget",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines() == ["localhost/polar-test/t0:1: pulled (2 attempts)",
-                                        "localhost/polar-test/t1:1: pulled (2 attempts)"]
+    assert proc.stdout.splitlines() == [
+        "localhost/polar-test/t0:1: pulled (2 attempts)",
+        "localhost/polar-test/t1:1: pulled (2 attempts)",
+    ]
     assert "2 images: 2 ready, 0 failed" in proc.stderr
     assert set(json.loads((tmp_path / "cache" / "images.json").read_text())) == {
-        "localhost/polar-test/t0:1", "localhost/polar-test/t1:1"}
+        "localhost/polar-test/t0:1",
+        "localhost/polar-test/t1:1",
+    }

@@ -35,8 +35,9 @@ def doc_script() -> str:
 @pytest.mark.slow
 @needs_sandbox
 def test_the_docs_walkthrough_builds_validates_and_trains(tmp_path: Path):
-    proc = subprocess.run(["bash", "-c", doc_script()], cwd=tmp_path, env=ENV, capture_output=True, text=True,
-                          timeout=1800)
+    proc = subprocess.run(
+        ["bash", "-c", doc_script()], cwd=tmp_path, env=ENV, capture_output=True, text=True, timeout=1800
+    )
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
     (row,) = [json.loads(line) for line in (tmp_path / "mytasks" / "tasks.jsonl").read_text().splitlines()]
     assert row["FAIL_TO_PASS"] == ["tests/test_calc.py::test_mean_of_two"]
@@ -52,8 +53,13 @@ def test_the_docs_walkthrough_builds_validates_and_trains(tmp_path: Path):
     bad = {**row, "instance_id": "acme__calc-2", "FAIL_TO_PASS": row["PASS_TO_PASS"]}
     broken = tmp_path / "mytasks" / "broken.jsonl"
     broken.write_text(json.dumps(bad) + "\n")
-    proc = subprocess.run([sys.executable, "-m", "polar_env.cli", "tasks", "validate", str(broken)], env=ENV,
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-m", "polar_env.cli", "tasks", "validate", str(broken)],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "acme__calc-2: TASK DEFECT" in proc.stdout and "empty patch already passes" in proc.stdout
 

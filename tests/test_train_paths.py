@@ -22,10 +22,12 @@ COMPACTED = "history rewritten (compaction or edited history)"
 
 
 def compacted(sid: str, reward: float, *, masked: bool = False):
-    calls = [call(0, [1, 2, 3], [10, 11], tool="shell", session_id=sid),
-             call(1, [1, 2, 3, 10, 11, 4], [12, 13], parent=0, session_id=sid),
-             call(2, [7, 8], [20, 21, 22], reason=COMPACTED, session_id=sid),  # the summary's chain
-             call(3, [7, 8, 20, 21, 22, 9], [23], parent=2, session_id=sid)]
+    calls = [
+        call(0, [1, 2, 3], [10, 11], tool="shell", session_id=sid),
+        call(1, [1, 2, 3, 10, 11, 4], [12, 13], parent=0, session_id=sid),
+        call(2, [7, 8], [20, 21, 22], reason=COMPACTED, session_id=sid),  # the summary's chain
+        call(3, [7, 8, 20, 21, 22, 9], [23], parent=2, session_id=sid),
+    ]
     traj = build_trajectory(session(sid), calls, reward=reward)
     traj.masked = masked
     return traj
@@ -38,7 +40,9 @@ def test_all_trains_both_chains_main_and_final_one():
     assert [r["chain"] for r in grpo_rows([traj], train_paths="main")] == [0]
     assert [r["chain"] for r in grpo_rows([traj], train_paths="final")] == [1]
     assert [r["chain"] for r in sft_rows([traj], "trl-sft", only_resolved=False, train_paths="all")] == [0, 1]
-    assert [r["chain"] for r in sft_rows([traj], "nemo-rl-sft", only_resolved=False, train_paths="main")] == [0]
+    assert [r["chain"] for r in sft_rows([traj], "nemo-rl-sft", only_resolved=False, train_paths="main")] == [
+        0
+    ]
     chain, side = one_chain(traj, "all")  # one sequence per rollout (TRL): the main one, the rest counted
     assert chain.index == 0 and side == traj.chains[1].trainable_tokens == 4
 

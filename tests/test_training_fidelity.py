@@ -18,8 +18,7 @@ import os
 import pytest
 
 pytest.importorskip("trl")
-pytestmark = [pytest.mark.slow,
-              pytest.mark.needs("bwrap", "npm")]
+pytestmark = [pytest.mark.slow, pytest.mark.needs("bwrap", "npm")]
 
 
 @pytest.fixture(scope="module")
@@ -30,12 +29,16 @@ def live_model(embedded_dir):
     return AutoModelForCausalLM.from_pretrained(str(embedded_dir), dtype=torch.float32)
 
 
-LONG_PROMPT = pytest.mark.skipif(os.environ.get("POLAR_FIDELITY_ALL_HARNESSES") != "1",
-                                 reason="a 10k+ token prefill, twice, on CPU: set POLAR_FIDELITY_ALL_HARNESSES=1")
+LONG_PROMPT = pytest.mark.skipif(
+    os.environ.get("POLAR_FIDELITY_ALL_HARNESSES") != "1",
+    reason="a 10k+ token prefill, twice, on CPU: set POLAR_FIDELITY_ALL_HARNESSES=1",
+)
 
 
-@pytest.mark.parametrize("harness", [pytest.param("codex", marks=LONG_PROMPT),
-                                     pytest.param("claude-code", marks=LONG_PROMPT), "pi"])
+@pytest.mark.parametrize(
+    "harness",
+    [pytest.param("codex", marks=LONG_PROMPT), pytest.param("claude-code", marks=LONG_PROMPT), "pi"],
+)
 def test_trainer_forward_reproduces_recorded_logprobs(harness, live_model, embedded_dir, tmp_path):
     from trl import GRPOConfig
 
@@ -44,10 +47,24 @@ def test_trainer_forward_reproduces_recorded_logprobs(harness, live_model, embed
     from polar_env.training.grpo import PolarGRPOTrainer
     from polar_env.training.rollouts import PolarRollouts
 
-    config = RolloutConfig(harness=harness, task_ids=["psf__requests-5414"], model_dir=embedded_dir,
-                           out=tmp_path / "rollouts", max_tokens=6, timeout=900)
-    args = GRPOConfig(output_dir=str(tmp_path / "trl"), per_device_train_batch_size=2, num_generations=2,
-                      temperature=1.0, bf16=False, use_cpu=True, gradient_checkpointing=False, report_to="none")
+    config = RolloutConfig(
+        harness=harness,
+        task_ids=["psf__requests-5414"],
+        model_dir=embedded_dir,
+        out=tmp_path / "rollouts",
+        max_tokens=6,
+        timeout=900,
+    )
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "trl"),
+        per_device_train_batch_size=2,
+        num_generations=2,
+        temperature=1.0,
+        bf16=False,
+        use_cpu=True,
+        gradient_checkpointing=False,
+        report_to="none",
+    )
     with PolarRollouts(live_model, config) as rollouts:
         trainer = PolarGRPOTrainer(live_model, rollouts, args)
         rows = rollouts(list(rollouts.tasks), trainer)
@@ -56,8 +73,10 @@ def test_trainer_forward_reproduces_recorded_logprobs(harness, live_model, embed
     chain = traj.chains[traj.main_chain]  # whatever the episode's status: the tokens are the sampler's
     assert chain.trainable_tokens >= 3, (traj.status, traj.error, traj.stats)
     result = recorded_vs_trainer(trainer, traj)
-    print(f"{harness}: first prompt {len(rows['prompt_ids'][0])} tokens, {int(result['tokens'])} sampled, "
-          f"max |Δ logprob| {result['max_abs_diff']:.2e}, ratio [{result['ratio_min']:.6f}, "
-          f"{result['ratio_max']:.6f}]")
+    print(
+        f"{harness}: first prompt {len(rows['prompt_ids'][0])} tokens, {int(result['tokens'])} sampled, "
+        f"max |Δ logprob| {result['max_abs_diff']:.2e}, ratio [{result['ratio_min']:.6f}, "
+        f"{result['ratio_max']:.6f}]"
+    )
     assert result["tokens"] == chain.trainable_tokens
     assert result["max_abs_diff"] < 1e-4

@@ -34,16 +34,23 @@ def test_unscored_tokens_are_no_assistant_turn():
     calls = three_turn()
     calls[1] = calls[1].model_copy(update={"logprobs": [float("nan"), -0.1]})
     side = call(3, [50, 51], [52, 53], reason="side call")
-    traj = build_trajectory(session(), [*calls, side], reward=1.0).model_copy(update={"grading": GradeResult(instance_id="t1", resolved=True)})
+    traj = build_trajectory(session(), [*calls, side], reward=1.0).model_copy(
+        update={"grading": GradeResult(instance_id="t1", resolved=True)}
+    )
     (trl_chain, trl_side) = sft_rows([traj], "trl-sft")
     assert [r["chain"] for r in (trl_chain, trl_side)] == [0, 1]
     assert trl_chain["assistant_masks"] == traj.chains[0].loss_mask
     assert trl_chain["assistant_masks"][9:11] == [0, 0]  # the unscored span of call 1
     (nemo_chain, _) = sft_rows([traj], "nemo-rl-sft")
     roles = [(m["role"], m["polar_span"], m["token_ids"]) for m in nemo_chain["messages"]]
-    assert roles == [("user", "prompt", [1, 2, 3, 4]), ("assistant", "sampled", [10, 11, 12]),
-                     ("environment", "interstitial", [5, 6]), ("environment", "unscored", [13, 14]),
-                     ("environment", "interstitial", [7, 8, 9]), ("assistant", "sampled", [15, 16, 17, 18])]
+    assert roles == [
+        ("user", "prompt", [1, 2, 3, 4]),
+        ("assistant", "sampled", [10, 11, 12]),
+        ("environment", "interstitial", [5, 6]),
+        ("environment", "unscored", [13, 14]),
+        ("environment", "interstitial", [7, 8, 9]),
+        ("assistant", "sampled", [15, 16, 17, 18]),
+    ]
 
 
 def test_only_resolved_and_masked_episodes(tmp_path):
@@ -75,8 +82,9 @@ def test_nemo_rl_processor_hands_the_ids_through():
     (row,) = sft_rows([traj], "nemo-rl-sft")
     datum = nemo_rl_sft_processor({**row, "task_name": "polar"}, None, None, 4096, 7)
     flat = torch.cat([m["token_ids"] for m in datum["message_log"]]).tolist()
-    trained = torch.cat([torch.full_like(m["token_ids"], int(m["role"] == "assistant"))
-                         for m in datum["message_log"]]).tolist()  # NeMo-RL's SFT trains the assistant role
+    trained = torch.cat(
+        [torch.full_like(m["token_ids"], int(m["role"] == "assistant")) for m in datum["message_log"]]
+    ).tolist()  # NeMo-RL's SFT trains the assistant role
     assert flat == traj.chains[0].input_ids and trained == traj.chains[0].loss_mask
     assert datum["length"] == len(flat) and datum["loss_multiplier"] == 1.0 and datum["idx"] == 7
     short = nemo_rl_sft_processor(row, None, None, 8, 0)
@@ -100,8 +108,13 @@ def test_frozen_trunk_is_the_models_forward_and_moves_only_the_top(embedded_dir)
     got = top_logprobs(model, trunk_hidden(model, ids, first), ids, positions, first, temperature=0.5)
     assert max(abs(g - recorded[p]) for g, p in zip(got.tolist(), positions, strict=True)) < 1e-4
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    losses = sft_warm_start(model, [{"input_ids": ids, "assistant_masks": [int(p in positions) for p in range(len(ids))]}],
-                            epochs=2, learning_rate=1e-4, top_layers=2)
+    losses = sft_warm_start(
+        model,
+        [{"input_ids": ids, "assistant_masks": [int(p in positions) for p in range(len(ids))]}],
+        epochs=2,
+        learning_rate=1e-4,
+        top_layers=2,
+    )
     assert len(losses) == 2 and all(math.isfinite(x) for x in losses)
     moved = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
     assert moved and all(n.startswith(("model.layers.28.", "model.layers.29.")) for n in moved), sorted(moved)
@@ -117,26 +130,44 @@ def test_gold_episode_exports_trains_one_sftrainer_step_and_polar_train_runs(tmp
     from trl import SFTConfig, SFTTrainer
 
     out = tmp_path / "gold"
-    assert polar_main(["rollout", "--policy", "gold", "--task-ids", "pallets__flask-5014", "--out", str(out)]) == 0
+    assert (
+        polar_main(["rollout", "--policy", "gold", "--task-ids", "pallets__flask-5014", "--out", str(out)])
+        == 0
+    )
     (traj,) = read_trajectories(out / "trajectories.jsonl")
     assert traj.grading.resolved and traj.stats.calls >= 2
     assert polar_main(["export", str(out), "--format", "trl-sft", "--only-resolved"]) == 0
     assert polar_main(["export", str(out), "--format", "nemo-rl-sft", "--only-resolved"]) == 0
-    dataset = load_dataset("json", data_files=str(out / "trl-sft.jsonl"), cache_dir=str(tmp_path / "hf"))["train"]
+    dataset = load_dataset("json", data_files=str(out / "trl-sft.jsonl"), cache_dir=str(tmp_path / "hf"))[
+        "train"
+    ]
     assert len(dataset) == len(traj.chains)
     for row, chain in zip(dataset, traj.chains, strict=True):
         assert row["input_ids"] == chain.input_ids and row["assistant_masks"] == chain.loss_mask
-        assert sum(row["assistant_masks"]) == chain.trainable_tokens == sum(
-            s.end - s.start for s in chain.spans if s.kind == "sampled")
-    nemo = load_dataset("json", data_files=str(out / "nemo-rl-sft.jsonl"), cache_dir=str(tmp_path / "hf"))["train"]
+        assert (
+            sum(row["assistant_masks"])
+            == chain.trainable_tokens
+            == sum(s.end - s.start for s in chain.spans if s.kind == "sampled")
+        )
+    nemo = load_dataset("json", data_files=str(out / "nemo-rl-sft.jsonl"), cache_dir=str(tmp_path / "hf"))[
+        "train"
+    ]
     datum = nemo_rl_sft_processor(nemo[0], None, None, 1 << 16, 0)
     assert torch.cat([m["token_ids"] for m in datum["message_log"]]).tolist() == traj.chains[0].input_ids
 
     model = AutoModelForCausalLM.from_pretrained(str(embedded_dir), dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(str(embedded_dir))
-    args = SFTConfig(output_dir=str(tmp_path / "sft"), max_steps=1, per_device_train_batch_size=1,
-                     learning_rate=1e-5, save_strategy="no", report_to=[], max_length=None, use_cpu=True,
-                     logging_steps=1)
+    args = SFTConfig(
+        output_dir=str(tmp_path / "sft"),
+        max_steps=1,
+        per_device_train_batch_size=1,
+        learning_rate=1e-5,
+        save_strategy="no",
+        report_to=[],
+        max_length=None,
+        use_cpu=True,
+        logging_steps=1,
+    )
     trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
     labels = trainer.train_dataset[0]["labels"]  # what TRL made of the mask: -100 off the sampled tokens
     assert [int(label != -100) for label in labels] == traj.chains[0].loss_mask
@@ -148,9 +179,32 @@ def test_gold_episode_exports_trains_one_sftrainer_step_and_polar_train_runs(tmp
 
     # `polar train` on the same gold episode, as small as it goes: every stage runs and writes its outputs
     run = tmp_path / "train"
-    assert polar_main(["train", "--task-ids", "pallets__flask-5014", "--gold", str(out), "--samples", "2",
-                       "--grpo-steps", "1", "--sft-epochs", "1", "--max-tokens", "8", "--keep-checkpoints", "1",
-                       "--report-to", "tensorboard", "--out", str(run)]) == 0
+    assert (
+        polar_main(
+            [
+                "train",
+                "--task-ids",
+                "pallets__flask-5014",
+                "--gold",
+                str(out),
+                "--samples",
+                "2",
+                "--grpo-steps",
+                "1",
+                "--sft-epochs",
+                "1",
+                "--max-tokens",
+                "8",
+                "--keep-checkpoints",
+                "1",
+                "--report-to",
+                "tensorboard",
+                "--out",
+                str(run),
+            ]
+        )
+        == 0
+    )
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     rounds = [m for m in metrics if "mean_reward" in m]
     assert [m["step"] for m in rounds] == [0, 1, 2] and all(m["episodes"] == 2 for m in rounds)
@@ -159,13 +213,17 @@ def test_gold_episode_exports_trains_one_sftrainer_step_and_polar_train_runs(tmp
     update = next(m for m in metrics if m["phase"] == "grpo update")  # PolarGRPOTrainer's step
     assert math.isfinite(update["loss"]) and update["logprob_abs_diff_max"] < 1e-4
     # 8 tokens per call: both episodes unresolved, a uniform group: no advantage, so no update
-    assert update["rows"] == 0 and update["frac_reward_zero_std"] == 1.0 and update["weights_max_change"] == 0.0
+    assert (
+        update["rows"] == 0 and update["frac_reward_zero_std"] == 1.0 and update["weights_max_change"] == 0.0
+    )
     # `--report-to tensorboard`: every metrics.jsonl figure at its step, read by TensorBoard's own reader
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(run / "tensorboard"))
     events.Reload()
-    assert {"mean_reward", "loss", "last_loss", "accepted_work/accepted_tokens_per_hour"} <= set(events.Tags()["scalars"])
+    assert {"mean_reward", "loss", "last_loss", "accepted_work/accepted_tokens_per_hour"} <= set(
+        events.Tags()["scalars"]
+    )
     logged = events.Scalars("mean_reward")
     assert [e.step for e in logged] == [m["step"] for m in rounds]
     assert [e.value for e in logged] == pytest.approx([m["mean_reward"] for m in rounds])
@@ -176,5 +234,6 @@ def test_gold_episode_exports_trains_one_sftrainer_step_and_polar_train_runs(tmp
     for folder in ("step-0", "grpo", "step-2"):  # every round's episodes sampled by the live model itself
         episodes = list(read_trajectories(run / "rounds" / folder / "trajectories.jsonl"))
         # "trl-live": PolarRollouts' name for the same local backend over the trainer's module
-        assert len(episodes) == 2 and all(e.backend in ("local", "trl-live") and e.stats.sampled_tokens > 0
-                                          for e in episodes)
+        assert len(episodes) == 2 and all(
+            e.backend in ("local", "trl-live") and e.stats.sampled_tokens > 0 for e in episodes
+        )

@@ -17,8 +17,7 @@ import math
 import pytest
 
 pytest.importorskip("trl")
-pytestmark = [pytest.mark.slow,
-              pytest.mark.needs("bwrap", "npm")]
+pytestmark = [pytest.mark.slow, pytest.mark.needs("bwrap", "npm")]
 
 TASK = "psf__requests-5414"
 
@@ -49,13 +48,32 @@ def test_two_grpo_steps_through_pi(embedded_dir, tmp_path):
     from polar_env.training.rollouts import PolarRollouts
 
     model = AutoModelForCausalLM.from_pretrained(str(embedded_dir), dtype=torch.float32)
-    config = RolloutConfig(harness="pi", task_ids=[TASK], model_dir=embedded_dir, out=tmp_path / "rollouts",
-                           score_window=32768, timeout=300, concurrency=2)
+    config = RolloutConfig(
+        harness="pi",
+        task_ids=[TASK],
+        model_dir=embedded_dir,
+        out=tmp_path / "rollouts",
+        score_window=32768,
+        timeout=300,
+        concurrency=2,
+    )
     rollouts = PolarRollouts(model, config, policy=gold_or_nothing(load_tasks("bundled")))
-    args = GRPOConfig(output_dir=str(tmp_path / "trl"), per_device_train_batch_size=2, num_generations=2,
-                      max_steps=2, learning_rate=1e-4, beta=0.0, temperature=1.0, bf16=False, use_cpu=True,
-                      gradient_checkpointing=False,
-                      logging_steps=1, save_strategy="no", report_to="none", seed=0)
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "trl"),
+        per_device_train_batch_size=2,
+        num_generations=2,
+        max_steps=2,
+        learning_rate=1e-4,
+        beta=0.0,
+        temperature=1.0,
+        bf16=False,
+        use_cpu=True,
+        gradient_checkpointing=False,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        seed=0,
+    )
     trainer = PolarGRPOTrainer(model, rollouts, args)
     assert rollouts.model.module is model  # the proxy samples with the trainer's own module
     before = {name: p.detach().clone() for name, p in model.named_parameters()}
@@ -68,11 +86,15 @@ def test_two_grpo_steps_through_pi(embedded_dir, tmp_path):
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     assert len(losses) == 2 and all(math.isfinite(x) for x in losses), trainer.state.log_history
     rewards = sorted(t.reward for t in rollouts.last_trajectories)
-    assert rewards == [0.0, 1.0], [(t.session_id, t.status, t.failure_kind, t.reward) for t in rollouts.last_trajectories]
+    assert rewards == [0.0, 1.0], [
+        (t.session_id, t.status, t.failure_kind, t.reward) for t in rollouts.last_trajectories
+    ]
 
     step0 = trainer.polar_fidelity[0]
-    print(f"step 0: {int(step0['tokens'])} sampled tokens, max |Δ logprob| "
-          f"{step0['logprob_abs_diff_max']:.2e}, ratio [{step0['ratio_min']:.6f}, {step0['ratio_max']:.6f}]")
+    print(
+        f"step 0: {int(step0['tokens'])} sampled tokens, max |Δ logprob| "
+        f"{step0['logprob_abs_diff_max']:.2e}, ratio [{step0['ratio_min']:.6f}, {step0['ratio_max']:.6f}]"
+    )
     assert step0["tokens"] > 50
     assert step0["logprob_abs_diff_max"] < 1e-4
     assert 1 - 1e-4 <= step0["ratio_min"] <= step0["ratio_max"] <= 1 + 1e-4

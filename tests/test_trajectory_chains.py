@@ -24,11 +24,18 @@ def test_three_turn_session_is_one_chain_with_mask_exactly_on_sampled():
     for c in calls:
         start = len(c.prompt_ids)
         sampled_positions |= set(range(start, start + len(c.sampled_ids)))
-        assert chain.input_ids[start:start + len(c.sampled_ids)] == c.sampled_ids
-        assert chain.logprobs[start:start + len(c.sampled_ids)] == c.logprobs
+        assert chain.input_ids[start : start + len(c.sampled_ids)] == c.sampled_ids
+        assert chain.logprobs[start : start + len(c.sampled_ids)] == c.logprobs
     assert {i for i, m in enumerate(chain.loss_mask) if m} == sampled_positions
     assert all(lp == 0.0 for lp, m in zip(chain.logprobs, chain.loss_mask, strict=True) if not m)
-    assert [s.kind for s in chain.spans] == ["prompt", "sampled", "interstitial", "sampled", "interstitial", "sampled"]
+    assert [s.kind for s in chain.spans] == [
+        "prompt",
+        "sampled",
+        "interstitial",
+        "sampled",
+        "interstitial",
+        "sampled",
+    ]
     assert traj.stats.sampled_tokens == traj.stats.trainable_tokens == 9
     assert traj.stats.trainable_fraction == 1.0
     assert traj.stats.breaks == []
@@ -60,8 +67,9 @@ def test_compaction_and_side_call_make_three_chains_with_named_breaks():
 
 def test_second_child_of_a_parent_is_a_branch():
     c0, c1 = three_turn()[:2]
-    retry = c1.model_copy(update={"call_index": 2, "call_id": "c2", "sampled_ids": [20, 21, 22],
-                                  "logprobs": [-1.0, -1.0, -1.0]})
+    retry = c1.model_copy(
+        update={"call_index": 2, "call_id": "c2", "sampled_ids": [20, 21, 22], "logprobs": [-1.0, -1.0, -1.0]}
+    )
     cont = call(3, retry.prompt_ids + retry.sampled_ids + [9], [30], parent=2)
     traj = build_trajectory(session(), [c0, c1, retry, cont])
     assert [ch.call_indices for ch in traj.chains] == [[0, 1], [2, 3]]
@@ -99,7 +107,7 @@ def test_unusable_logprobs_are_masked_not_guessed():
     ch = traj.chains[0]
     span = next(s for s in ch.spans if s.call_index == 1 and s.kind != "interstitial")
     assert span.kind == "unscored"
-    assert ch.loss_mask[span.start:span.end] == [0, 0]
+    assert ch.loss_mask[span.start : span.end] == [0, 0]
     assert all(math.isfinite(x) for x in ch.logprobs)
     assert traj.stats.unscored_tokens == 2
     assert traj.stats.trainable_tokens == traj.stats.sampled_tokens - 2
@@ -122,8 +130,11 @@ def sessions(draw):
         elif choice == "fail":
             calls.append(call(i, [1, 2], [], error="backend: boom"))
         else:
-            calls.append(call(i, draw(st.lists(st.integers(0, 50), min_size=1, max_size=5)), sampled,
-                              reason="side call"))
+            calls.append(
+                call(
+                    i, draw(st.lists(st.integers(0, 50), min_size=1, max_size=5)), sampled, reason="side call"
+                )
+            )
     return calls
 
 
@@ -138,9 +149,9 @@ def test_chain_invariants_hold_for_any_session(calls):
         for i in ch.call_indices:
             c = calls[i]
             span = next(s for s in ch.spans if s.call_index == i and s.kind == "sampled")
-            assert ch.input_ids[span.start:span.end] == c.sampled_ids
+            assert ch.input_ids[span.start : span.end] == c.sampled_ids
             if i != ch.call_indices[0]:  # a joined call's whole prompt is the chain before its span
-                assert ch.input_ids[:span.start] == c.prompt_ids
+                assert ch.input_ids[: span.start] == c.prompt_ids
     assert traj.stats.trainable_tokens == traj.stats.sampled_tokens
     if traj.main_chain is not None:
         assert check_nemo_result(to_nemo_gym_result(traj, responses_create_params={"input": []}).row()) == []

@@ -16,8 +16,14 @@ from polar_env.trajectory.ledger import Ledger
 
 def test_check_cli_reports_ok_and_defects(tmp_path: Path, capsys):
     good = tmp_path / "results.jsonl"
-    results = [to_nemo_gym_result(build_trajectory(session(f"s{i}"), three_turn()), reward=float(i),
-                                  responses_create_params={"input": []}).row() for i in range(2)]
+    results = [
+        to_nemo_gym_result(
+            build_trajectory(session(f"s{i}"), three_turn()),
+            reward=float(i),
+            responses_create_params={"input": []},
+        ).row()
+        for i in range(2)
+    ]
     write_jsonl(good, results)
     assert polar_main(["check", str(good)]) == 0
     out = capsys.readouterr().out
@@ -69,18 +75,28 @@ def test_check_cli_on_a_ledger_directory(tmp_path: Path, capsys):
 def test_check_warns_with_the_fraction_nemo_rl_will_not_train(tmp_path: Path, capsys):
     """NeMo-RL trains each episode's main chain only: tokens sampled in a side chain are in Polar's
     file but lost to a NeMo-RL run, which `polar check` says (a warning: the files are valid)."""
-    side = build_trajectory(session("s1"), three_turn() + [call(3, [50, 51], [52], reason="side call")], reward=1.0)
+    side = build_trajectory(
+        session("s1"), three_turn() + [call(3, [50, 51], [52], reason="side call")], reward=1.0
+    )
     clean = build_trajectory(session("s2"), three_turn(), reward=1.0)
     for name, trajs in (("side", [side, clean]), ("clean", [clean])):
         with TrajectoryWriter(tmp_path / f"{name}.jsonl") as writer:
             for t in trajs:
                 writer.write(t)
-        write_jsonl(tmp_path / f"{name}.nemo.jsonl",
-                    [to_nemo_gym_result(t, responses_create_params={"input": []}).row() for t in trajs])
+        write_jsonl(
+            tmp_path / f"{name}.nemo.jsonl",
+            [to_nemo_gym_result(t, responses_create_params={"input": []}).row() for t in trajs],
+        )
     assert polar_main(["check", str(tmp_path / "side.jsonl")]) == 0
-    assert "WARNING: 1 of 19 sampled tokens (5.3%) sit in chains NeMo-RL will not train" in capsys.readouterr().out
+    assert (
+        "WARNING: 1 of 19 sampled tokens (5.3%) sit in chains NeMo-RL will not train"
+        in capsys.readouterr().out
+    )
     assert polar_main(["check", str(tmp_path / "side.nemo.jsonl")]) == 0
-    assert "WARNING: 1 of 19 trainable tokens (5.3%) sit in chains NeMo-RL will not train" in capsys.readouterr().out
+    assert (
+        "WARNING: 1 of 19 trainable tokens (5.3%) sit in chains NeMo-RL will not train"
+        in capsys.readouterr().out
+    )
     for name in ("clean.jsonl", "clean.nemo.jsonl"):
         assert polar_main(["check", str(tmp_path / name)]) == 0
         assert "WARNING" not in capsys.readouterr().out

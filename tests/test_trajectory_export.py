@@ -40,7 +40,9 @@ def _fragmented():
 
 def test_nemo_export_of_one_chain_passes_the_contract():
     traj = build_trajectory(session(), three_turn(), reward=1.0)
-    result = to_nemo_gym_result(traj, reward=1.0, responses_create_params={"input": [], "temperature": 1.0}).row()
+    result = to_nemo_gym_result(
+        traj, reward=1.0, responses_create_params={"input": [], "temperature": 1.0}
+    ).row()
     assert check_nemo_result(result) == []
     trainable = [it for it in result["response"]["output"] if it.get("generation_token_ids")]
     assert len(trainable) == 3
@@ -48,7 +50,12 @@ def test_nemo_export_of_one_chain_passes_the_contract():
     assert trainable[0]["prompt_token_ids"] == [1, 2, 3, 4]
     assert trainable[2]["prompt_token_ids"] + trainable[2]["generation_token_ids"] == traj.chains[0].input_ids
     assert [it["type"] for it in result["response"]["output"]] == [
-        "function_call", "function_call_output", "function_call", "function_call_output", "message"]
+        "function_call",
+        "function_call_output",
+        "function_call",
+        "function_call_output",
+        "message",
+    ]
     assert result["instance_config"] == {"mask_sample": False}
     assert (result["num_turns"], result["num_chains"], result["trainable_fraction"]) == (3, 1, 1.0)
     assert result["responses_create_params"]["temperature"] == 1.0
@@ -66,36 +73,50 @@ def test_nemo_export_trains_only_the_main_chain():
     assert result["trainable_tokens"] == 5 and result["sampled_tokens"] == 11
     assert math.isclose(result["trainable_fraction"], 5 / 11)
     assert result["polar"]["breaks"][0]["reason"] == "side call"
-    assert result["responses_create_params"]["input"] == [{"type": "message", "role": "user", "content": "fix the bug"}]
+    assert result["responses_create_params"]["input"] == [
+        {"type": "message", "role": "user", "content": "fix the bug"}
+    ]
 
 
 def test_infra_failure_is_masked_and_empty_episode_is_a_masked_placeholder():
-    traj = build_trajectory(session(), [call(0, [1, 2, 3], [], error="backend: connection refused")],
-                            status="error")
+    traj = build_trajectory(
+        session(), [call(0, [1, 2, 3], [], error="backend: connection refused")], status="error"
+    )
     result = to_nemo_gym_result(traj, reward=0.0, responses_create_params={"input": []})
     assert result.instance_config.mask_sample is True  # never dropped, never trained on
     assert check_nemo_result(result.row()) == []
     eos = to_nemo_gym_result(traj, reward=0.0, responses_create_params={"input": []}, placeholder_token_id=2)
     assert eos.response.output[-1]["generation_token_ids"] == [2]
-    ok = to_nemo_gym_result(build_trajectory(session(), three_turn()), reward=0.0,
-                            responses_create_params={"input": []}, mask_sample=True)
+    ok = to_nemo_gym_result(
+        build_trajectory(session(), three_turn()),
+        reward=0.0,
+        responses_create_params={"input": []},
+        mask_sample=True,
+    )
     assert ok.instance_config.mask_sample is True
 
 
 def test_array_export_writes_the_same_bytes_without_a_copy_per_call():
     """``arrays=True`` (what the agent server and ``polar rollout`` serialise) must be the same JSON,
     through both writers, and each call's prompt a read-only view of one buffer, not a copy."""
-    unscored = call(2, [1, 2, 3, 4, 10, 11, 12, 5, 6, 13, 14, 7], [15, 16], parent=1, logprobs=[math.nan, -0.1])
-    for traj in (build_trajectory(session(), three_turn(), reward=1.0), _fragmented(),
-                 build_trajectory(session(), three_turn()[:2] + [unscored], reward=0.0),
-                 build_trajectory(session(), [call(0, [1, 2], [], error="backend down")], status="error")):
+    unscored = call(
+        2, [1, 2, 3, 4, 10, 11, 12, 5, 6, 13, 14, 7], [15, 16], parent=1, logprobs=[math.nan, -0.1]
+    )
+    for traj in (
+        build_trajectory(session(), three_turn(), reward=1.0),
+        _fragmented(),
+        build_trajectory(session(), three_turn()[:2] + [unscored], reward=0.0),
+        build_trajectory(session(), [call(0, [1, 2], [], error="backend down")], status="error"),
+    ):
         lists = to_nemo_gym_result(traj, responses_create_params={"input": []}).row()
         arrays = to_nemo_gym_result(traj, responses_create_params={"input": []}, arrays=True).row()
         assert jsonl_line(arrays) == jsonl_line(lists) and fastjson.dumps(arrays) + b"\n" == jsonl_line(lists)
         assert json.loads(jsonl_line(arrays)) == lists
         assert check_nemo_result(arrays) == check_nemo_result(lists) == []
     traj = build_trajectory(session(), long_chain(30), reward=1.0)
-    carriers = [it for it in to_nemo_gym_result(traj, arrays=True).response.output if "prompt_token_ids" in it]
+    carriers = [
+        it for it in to_nemo_gym_result(traj, arrays=True).response.output if "prompt_token_ids" in it
+    ]
     assert len(carriers) == 30
     last = carriers[-1]["prompt_token_ids"]
     assert all(np.shares_memory(it["prompt_token_ids"], last) for it in carriers)
@@ -127,8 +148,14 @@ def test_result_row_is_the_json_of_its_shape_with_every_documented_key():
     shape, which holds every key the docs promise NeMo-RL, and the optional ones only when they are set."""
     params = {"input": [], "temperature": 1.0}
     plain = build_trajectory(session(), three_turn(), status="completed", reward=1.0)
-    versioned = build_trajectory(session("s2"), [c.model_copy(update={"session_id": "s2", "policy_version": v})
-                                                 for c, v in zip(three_turn(), (0, 0, 1), strict=True)], reward=1.0)
+    versioned = build_trajectory(
+        session("s2"),
+        [
+            c.model_copy(update={"session_id": "s2", "policy_version": v})
+            for c, v in zip(three_turn(), (0, 0, 1), strict=True)
+        ],
+        reward=1.0,
+    )
     rows = []
     for traj, extra in ((plain, {}), (versioned, {"reward_components": {"tests": 1.0}})):
         lists = to_nemo_gym_result(traj, responses_create_params=params, **extra)
@@ -140,13 +167,17 @@ def test_result_row_is_the_json_of_its_shape_with_every_documented_key():
         _assert_documented(_documented_result(), rows[-1])
         assert check_nemo_result(rows[-1]) == check_nemo_result(arrays.row()) == []
     assert not {"policy_version_min", "policy_version_spread", "reward_components"} & set(rows[0])
-    assert (rows[1]["policy_version_min"], rows[1]["policy_version_spread"], rows[1]["reward_components"]) == \
-        (0, 1, {"tests": 1.0})
+    assert (
+        rows[1]["policy_version_min"],
+        rows[1]["policy_version_spread"],
+        rows[1]["reward_components"],
+    ) == (0, 1, {"tests": 1.0})
 
 
 def _good_result() -> dict:
-    return to_nemo_gym_result(build_trajectory(session(), three_turn()), reward=1.0,
-                              responses_create_params={"input": []}).row()
+    return to_nemo_gym_result(
+        build_trajectory(session(), three_turn()), reward=1.0, responses_create_params={"input": []}
+    ).row()
 
 
 def _trainable(result: dict) -> list[dict]:
@@ -199,8 +230,11 @@ def test_group_with_differing_first_prompts_names_the_token_and_text():
     for prompt in (text, text, other):
         ids = [ord(ch) for ch in prompt]
         calls = [call(0, ids, [1, 2])]
-        results.append(to_nemo_gym_result(build_trajectory(session(), calls), reward=0.0,
-                                          responses_create_params={"input": []}).row())
+        results.append(
+            to_nemo_gym_result(
+                build_trajectory(session(), calls), reward=0.0, responses_create_params={"input": []}
+            ).row()
+        )
     assert check_group(results[:2]) == []
     [msg] = check_group(results, CharTokenizer())
     pos = text.index("29")
@@ -210,8 +244,12 @@ def test_group_with_differing_first_prompts_names_the_token_and_text():
 
 def test_polar_file_round_trip_and_check_path(tmp_path: Path):
     path = tmp_path / "traj.jsonl"
-    trajs = [_fragmented(), build_trajectory(session("s2"), [c.model_copy(update={"session_id": "s2"})
-                                                            for c in three_turn()], reward=0.0)]
+    trajs = [
+        _fragmented(),
+        build_trajectory(
+            session("s2"), [c.model_copy(update={"session_id": "s2"}) for c in three_turn()], reward=0.0
+        ),
+    ]
     with TrajectoryWriter(path) as writer:
         for t in trajs:
             writer.write(t)
@@ -260,8 +298,10 @@ class ReplayScorer:
 
     def score(self, ids: list[int], start: int) -> list[float]:
         assert ids == self.chain.input_ids
-        return [lp + self.offset if m else -5.0 for lp, m in zip(self.chain.logprobs[start:],
-                                                                  self.chain.loss_mask[start:], strict=True)]
+        return [
+            lp + self.offset if m else -5.0
+            for lp, m in zip(self.chain.logprobs[start:], self.chain.loss_mask[start:], strict=True)
+        ]
 
 
 def test_rescore_compares_only_sampled_positions():
@@ -273,8 +313,12 @@ def test_rescore_compares_only_sampled_positions():
 def test_custom_tool_call_tokens_ride_on_an_item_type_gym_can_train():
     calls = three_turn()
     patch = ToolCall(id="call_p", name="apply_patch", arguments="*** Begin Patch", kind="custom")
-    calls[0] = calls[0].model_copy(update={"output": calls[0].output.model_copy(update={"tool_calls": [patch]})})
-    result = to_nemo_gym_result(build_trajectory(session(), calls), responses_create_params={"input": []}).row()
+    calls[0] = calls[0].model_copy(
+        update={"output": calls[0].output.model_copy(update={"tool_calls": [patch]})}
+    )
+    result = to_nemo_gym_result(
+        build_trajectory(session(), calls), responses_create_params={"input": []}
+    ).row()
     assert check_nemo_result(result) == []
     first = result["response"]["output"][:2]
     assert [it["type"] for it in first] == ["custom_tool_call", "message"]

@@ -81,7 +81,9 @@ def test_round_trip_and_session_api(tmp_path: Path):
         ledger.append(record)
     # back as written, plus the hash of each whole prompt (the ledger computes what the writer left out)
     assert [c.model_dump() for c in ledger.calls("s1")] == [
-        c.model_copy(update={"prompt_sha256": ids_digest(c.prompt_ids).hexdigest()}).model_dump() for c in three_turn()]
+        c.model_copy(update={"prompt_sha256": ids_digest(c.prompt_ids).hexdigest()}).model_dump()
+        for c in three_turn()
+    ]
     ledger.update_session(info.model_copy(update={"status": "completed", "closed_at": 2000.0}))
     ledger.close_session("s1")
     reopened = Ledger(tmp_path)
@@ -186,7 +188,9 @@ def test_a_line_holds_what_the_call_adds_and_reads_back_whole(tmp_path: Path):
     sizes = [len(line) for line in path.read_bytes().splitlines()]
     assert max(sizes[1:]) < 1.2 * min(sizes[1:])  # call 59 (3,900 prompt ids) costs what call 1 (370) does
     back = ledger.calls("s1")
-    assert [(c.prompt_ids, c.messages, c.tools) for c in back] == [(c.prompt_ids, c.messages, c.tools) for c in records]
+    assert [(c.prompt_ids, c.messages, c.tools) for c in back] == [
+        (c.prompt_ids, c.messages, c.tools) for c in records
+    ]
     assert all(c.prompt_sha256 == ids_digest(c.prompt_ids).hexdigest() for c in back)
     traj = build_trajectory(ledger.session("s1"), back)
     assert len(traj.chains) == 1 and traj.chains[0].input_ids == back[-1].prompt_ids + back[-1].sampled_ids
@@ -198,10 +202,28 @@ def test_read_back_prompts_share_their_chain_yet_stay_exact(tmp_path: Path):
     ids); a retry branching off the middle, and its own child, still read back token-exact."""
     records = long_chain(120, appended=200)
     parent = records[60]
-    retry = reusing(call(120, parent.prompt_ids + parent.sampled_ids + [9, 9], [7, 8], parent=60, tool="shell",
-                         messages=records[61].messages), parent)
-    child = reusing(call(121, retry.prompt_ids + retry.sampled_ids + [6], [5], parent=120, tool="shell",
-                         messages=records[61].messages), retry)
+    retry = reusing(
+        call(
+            120,
+            parent.prompt_ids + parent.sampled_ids + [9, 9],
+            [7, 8],
+            parent=60,
+            tool="shell",
+            messages=records[61].messages,
+        ),
+        parent,
+    )
+    child = reusing(
+        call(
+            121,
+            retry.prompt_ids + retry.sampled_ids + [6],
+            [5],
+            parent=120,
+            tool="shell",
+            messages=records[61].messages,
+        ),
+        retry,
+    )
     ledger = Ledger(tmp_path)
     ledger.create_session(session("s1"))
     for record in [*records, retry, child]:
@@ -215,12 +237,20 @@ def test_read_back_prompts_share_their_chain_yet_stay_exact(tmp_path: Path):
     assert allocated < as_lists / 2, (allocated, as_lists, distinct)
     written = [*records, retry, child]
     assert [(c.prompt_ids, c.sampled_ids, c.messages) for c in back] == [
-        (c.prompt_ids, c.sampled_ids, c.messages) for c in written]  # each prompt equals the list it stands for
+        (c.prompt_ids, c.sampled_ids, c.messages) for c in written
+    ]  # each prompt equals the list it stands for
     assert [json.loads(r.model_dump_json())["prompt_ids"] for r in back] == [r.prompt_ids for r in written]
-    assert back[60].prompt_ids[-1] == parent.prompt_ids[-1] and len(back[60].prompt_ids) == len(parent.prompt_ids)
-    assert back[121].prompt_ids[-3:] == [9, 9, 7, 8, 6][-3:] and list(back[121].prompt_ids) == child.prompt_ids
+    assert back[60].prompt_ids[-1] == parent.prompt_ids[-1] and len(back[60].prompt_ids) == len(
+        parent.prompt_ids
+    )
+    assert (
+        back[121].prompt_ids[-3:] == [9, 9, 7, 8, 6][-3:] and list(back[121].prompt_ids) == child.prompt_ids
+    )
     traj = build_trajectory(ledger.session("s1"), back)
-    assert [len(ch.call_indices) for ch in traj.chains] == [120, 2]  # the retry is a branch: a chain of its own
+    assert [len(ch.call_indices) for ch in traj.chains] == [
+        120,
+        2,
+    ]  # the retry is a branch: a chain of its own
     assert traj.chains[1].input_ids == child.prompt_ids + child.sampled_ids
 
 
@@ -242,9 +272,12 @@ def test_an_old_format_ledger_is_read_and_extended_in_place(tmp_path: Path):
     folder.mkdir(parents=True)
     (folder / "session.json").write_text(session("s1").model_dump_json())
     new_fields = {"prompt_sha256", "reused_messages", "reused_tools"}  # what format-1 lines lack
-    (folder / "calls.jsonl").write_bytes(b"".join(
-        c.model_copy(update={"schema_version": 1}).model_dump_json(exclude=new_fields).encode() + b"\n"
-        for c in old))
+    (folder / "calls.jsonl").write_bytes(
+        b"".join(
+            c.model_copy(update={"schema_version": 1}).model_dump_json(exclude=new_fields).encode() + b"\n"
+            for c in old
+        )
+    )
     ledger = Ledger(tmp_path)
     assert ledger.recover().ok
     ledger.append(three_turn()[2])  # a proxy restarted on an old data dir goes on in format 2
@@ -308,8 +341,11 @@ async def test_a_small_append_is_written_on_the_loop_unless_the_writer_has_lines
     await ledger.append_async(third, small=True)  # nothing queued now: on the loop
     assert Ledger(tmp_path).calls("s1")[-1].call_id == third.call_id  # on disk when the await returns
     here = threading.current_thread().name
-    assert [(c, n == here) for c, n in writers] == [(first.call_id, False), (second.call_id, False),
-                                                     (third.call_id, True)]
+    assert [(c, n == here) for c, n in writers] == [
+        (first.call_id, False),
+        (second.call_id, False),
+        (third.call_id, True),
+    ]
     assert [c.call_id for c in Ledger(tmp_path).calls("s1")] == [first.call_id, second.call_id, third.call_id]
     ledger.close()
     synced = Ledger(tmp_path / "fsync", fsync=True)

@@ -48,8 +48,11 @@ def smol(embedded_dir):
 
 
 def first_body(system="You are a helpful assistant.", user="What is the weather in Paris?"):
-    return {"model": "m", "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
-            "tools": [{"type": "function", "function": WEATHER_TOOL}]}
+    return {
+        "model": "m",
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+        "tools": [{"type": "function", "function": WEATHER_TOOL}],
+    }
 
 
 def next_body(body, reply):
@@ -57,7 +60,9 @@ def next_body(body, reply):
     answer = reply["choices"][0]["message"]
     body["messages"].append(answer)
     if answer.get("tool_calls"):
-        body["messages"].append({"role": "tool", "tool_call_id": answer["tool_calls"][0]["id"], "content": RESULT})
+        body["messages"].append(
+            {"role": "tool", "tool_call_id": answer["tool_calls"][0]["id"], "content": RESULT}
+        )
     else:
         body["messages"].append({"role": "user", "content": "Thanks. And tomorrow?"})
     return body
@@ -79,12 +84,17 @@ def ledger_of(tmp_path: Path) -> Ledger:
 
 async def test_three_turn_tool_session_is_one_chain(smol, tmp_path):
     renderer, local = smol
-    async with running_proxy(renderer, ScriptedBackend(local, policy), tmp_path) as proxy, \
-            aiohttp.ClientSession() as http:
+    async with (
+        running_proxy(renderer, ScriptedBackend(local, policy), tmp_path) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
         results = []
         for n in range(2):  # two rollouts of the same task: one GRPO group
-            sid, key = proxy.create_session(f"roll{n}", sampling={"temperature": 1.0, "top_p": 1.0, "max_tokens": 64},
-                                            metadata={"task_id": "weather", "group_id": "g-weather"})
+            sid, key = proxy.create_session(
+                f"roll{n}",
+                sampling={"temperature": 1.0, "top_p": 1.0, "max_tokens": 64},
+                metadata={"task_id": "weather", "group_id": "g-weather"},
+            )
             await run_episode(http, proxy, sid, key)
             ledger = ledger_of(tmp_path)
             calls = ledger.calls(sid)
@@ -95,7 +105,7 @@ async def test_three_turn_tool_session_is_one_chain(smol, tmp_path):
             sampled = set()
             for c in calls:
                 start = len(c.prompt_ids)
-                assert chain.input_ids[start:start + len(c.sampled_ids)] == c.sampled_ids
+                assert chain.input_ids[start : start + len(c.sampled_ids)] == c.sampled_ids
                 sampled |= set(range(start, start + len(c.sampled_ids)))
             assert {i for i, m in enumerate(chain.loss_mask) if m} == sampled
             assert renderer.tokenizer.decode(chain.input_ids).count(RESULT) == 2
@@ -110,13 +120,19 @@ async def test_three_turn_tool_session_is_one_chain(smol, tmp_path):
 
 async def test_compaction_and_side_call_make_three_named_chains(smol, tmp_path):
     renderer, local = smol
-    async with running_proxy(renderer, ScriptedBackend(local, policy), tmp_path) as proxy, \
-            aiohttp.ClientSession() as http:
+    async with (
+        running_proxy(renderer, ScriptedBackend(local, policy), tmp_path) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
         sid, key = proxy.create_session("frag", sampling={"max_tokens": 64})
         await run_episode(http, proxy, sid, key, turns=2)
-        title = {"model": "m", "messages": [
-            {"role": "system", "content": "Write a short title for the conversation."},
-            {"role": "user", "content": "What is the weather in Paris?"}]}
+        title = {
+            "model": "m",
+            "messages": [
+                {"role": "system", "content": "Write a short title for the conversation."},
+                {"role": "user", "content": "What is the weather in Paris?"},
+            ],
+        }
         await run_episode(http, proxy, sid, key, turns=1, body=title)
         compacted = first_body(user="Summary so far: you looked up the weather once. Continue.")
         await run_episode(http, proxy, sid, key, turns=2, body=compacted)
@@ -160,10 +176,15 @@ CHILD = textwrap.dedent("""
 @pytest.mark.slow
 async def test_sigkilled_proxy_restarts_with_every_answered_call(smol, embedded_dir, tmp_path):
     renderer, local = smol
-    script = CHILD.format(tests=str(Path(__file__).parent), model=str(embedded_dir), data=str(tmp_path),
-                          admin=ADMIN)
-    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
-                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    script = CHILD.format(
+        tests=str(Path(__file__).parent), model=str(embedded_dir), data=str(tmp_path), admin=ADMIN
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     try:
         info = json.loads(child.stdout.readline())
         answered = 0
@@ -183,9 +204,13 @@ async def test_sigkilled_proxy_restarts_with_every_answered_call(smol, embedded_
             child.wait()
     assert child.returncode == -signal.SIGKILL
     # restart on the same directory: the session, its key and its calls are back
-    async with running_proxy(renderer, ScriptedBackend(local, policy), tmp_path) as proxy, \
-            aiohttp.ClientSession() as http:
-        status, reply = await post(http, f"{proxy.base_url}/s/{info['sid']}/v1/chat/completions", body, info["key"])
+    async with (
+        running_proxy(renderer, ScriptedBackend(local, policy), tmp_path) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
+        status, reply = await post(
+            http, f"{proxy.base_url}/s/{info['sid']}/v1/chat/completions", body, info["key"]
+        )
         assert status == 200, reply
     ledger = ledger_of(tmp_path)
     assert ledger.recover().ok
@@ -200,11 +225,14 @@ async def test_sigkilled_proxy_restarts_with_every_answered_call(smol, embedded_
 async def test_polar_check_rescore_on_sampled_logprobs(smol, embedded_dir, tmp_path, capsys):
     renderer, local = smol
     async with running_proxy(renderer, local, tmp_path / "proxy") as proxy, aiohttp.ClientSession() as http:
-        sid, key = proxy.create_session("sampled", sampling={"temperature": 1.0, "top_p": 1.0, "max_tokens": 12})
+        sid, key = proxy.create_session(
+            "sampled", sampling={"temperature": 1.0, "top_p": 1.0, "max_tokens": 12}
+        )
         body = {"model": "m", "messages": [{"role": "user", "content": "Name three fruits."}]}
         await run_episode(http, proxy, sid, key, turns=2, body=body)
-        async with http.post(f"{proxy.base_url}/admin/sessions/{sid}/close",
-                             headers={"Authorization": f"Bearer {ADMIN}"}) as resp:
+        async with http.post(
+            f"{proxy.base_url}/admin/sessions/{sid}/close", headers={"Authorization": f"Bearer {ADMIN}"}
+        ) as resp:
             assert resp.status == 200
     ledger = ledger_of(tmp_path / "proxy")
     traj = build_trajectory(ledger.session(sid), ledger.calls(sid), reward=0.0)

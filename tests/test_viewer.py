@@ -47,16 +47,31 @@ from polar_env.viewer.tokens import TokenText
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 REPO = Path(__file__).resolve().parent.parent
 
-BASH_TOOL = {"name": "bash", "description": "Run a shell command in the repository",
-             "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}
+BASH_TOOL = {
+    "name": "bash",
+    "description": "Run a shell command in the repository",
+    "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]},
+}
 SOURCE = 'def add(a, b):\n    """Return the sum — café ✓."""\n    return a - b\n'
 SCRIPT = [  # (assistant text, tool result) for each turn of the coding episode
-    ("Let me read the code first.\n<tool_call>\n" + json.dumps({"name": "bash", "arguments": {"command": "cat calc.py"}})
-     + "\n</tool_call>", SOURCE),
-    ("The bug: add() subtracts.\n<tool_call>\n"
-     + json.dumps({"name": "bash", "arguments": {"command": "sed -i 's/a - b/a + b/' calc.py"}}) + "\n</tool_call>", ""),
-    ("<tool_call>\n" + json.dumps({"name": "bash", "arguments": {"command": "python -m pytest -q tests"}})
-     + "\n</tool_call>", "..\n2 passed in 0.01s"),
+    (
+        "Let me read the code first.\n<tool_call>\n"
+        + json.dumps({"name": "bash", "arguments": {"command": "cat calc.py"}})
+        + "\n</tool_call>",
+        SOURCE,
+    ),
+    (
+        "The bug: add() subtracts.\n<tool_call>\n"
+        + json.dumps({"name": "bash", "arguments": {"command": "sed -i 's/a - b/a + b/' calc.py"}})
+        + "\n</tool_call>",
+        "",
+    ),
+    (
+        "<tool_call>\n"
+        + json.dumps({"name": "bash", "arguments": {"command": "python -m pytest -q tests"}})
+        + "\n</tool_call>",
+        "..\n2 passed in 0.01s",
+    ),
     ("Fixed add() in calc.py: it now returns a + b, and both tests pass.", None),
 ]
 TITLE = "Fix add() in calc.py"
@@ -71,19 +86,30 @@ def policy(session_id, call_number, prompt_text):
 
 def grading(resolved: bool) -> dict:
     result = GradeResult(
-        instance_id="calc__add-1", resolved=resolved, reward=1.0 if resolved else 0.0,
-        failure_kind=FailureKind.none, patch_applied=True, apply_method=ApplyMethod.git_apply,
+        instance_id="calc__add-1",
+        resolved=resolved,
+        reward=1.0 if resolved else 0.0,
+        failure_kind=FailureKind.none,
+        patch_applied=True,
+        apply_method=ApplyMethod.git_apply,
         fail_to_pass={"tests/test_calc.py::test_add": "PASSED" if resolved else "FAILED"},
         pass_to_pass={"tests/test_calc.py::test_sub": "PASSED"},
         log_tail="tests/test_calc.py::test_add " + ("PASSED" if resolved else "FAILED"),
-        flags=[] if resolved else ["reset:test"], flag_evidence={} if resolved else {"reset:test": "tests/test_calc.py"})
+        flags=[] if resolved else ["reset:test"],
+        flag_evidence={} if resolved else {"reset:test": "tests/test_calc.py"},
+    )
     return result.model_dump(mode="json")
 
 
 async def _episode(http, proxy, sid, key, turns, *, user="Fix the bug in calc.py: add() is wrong."):
-    body = {"model": "smol", "tools": [{"type": "function", "function": BASH_TOOL}],
-            "messages": [{"role": "system", "content": "You are a coding agent. Use the bash tool."},
-                         {"role": "user", "content": user}]}
+    body = {
+        "model": "smol",
+        "tools": [{"type": "function", "function": BASH_TOOL}],
+        "messages": [
+            {"role": "system", "content": "You are a coding agent. Use the bash tool."},
+            {"role": "user", "content": user},
+        ],
+    }
     url = f"{proxy.base_url}/s/{sid}/v1/chat/completions"
     for turn in range(turns):
         status, reply = await post(http, url, body, key)
@@ -93,24 +119,39 @@ async def _episode(http, proxy, sid, key, turns, *, user="Fix the bug in calc.py
         body["messages"].append(answer)
         if answer.get("tool_calls"):
             result = SCRIPT[turn][1]
-            body["messages"].append({"role": "tool", "tool_call_id": answer["tool_calls"][0]["id"], "content": result})
+            body["messages"].append(
+                {"role": "tool", "tool_call_id": answer["tool_calls"][0]["id"], "content": result}
+            )
 
 
 async def _title(http, proxy, sid, key):
-    body = {"model": "smol", "messages": [{"role": "system", "content": "Write a title for this conversation."},
-                                          {"role": "user", "content": "Fix the bug in calc.py"}]}
+    body = {
+        "model": "smol",
+        "messages": [
+            {"role": "system", "content": "Write a title for this conversation."},
+            {"role": "user", "content": "Fix the bug in calc.py"},
+        ],
+    }
     status, reply = await post(http, f"{proxy.base_url}/s/{sid}/v1/chat/completions", body, key)
     assert status == 200, reply
 
 
-def coding_records(renderer: ChatRenderer, sid: str, turns: int, *, start: int = 0,
-                   user: str = "Fix the bug in calc.py: add() is wrong.") -> list[CallRecord]:
+def coding_records(
+    renderer: ChatRenderer,
+    sid: str,
+    turns: int,
+    *,
+    start: int = 0,
+    user: str = "Fix the bug in calc.py: add() is wrong.",
+) -> list[CallRecord]:
     """Ledger records of ``turns`` turns of SCRIPT, as the proxy would write them (a new chain from
     call ``start``): each prompt extends the previous prompt + answer by the rendered tool result."""
     tok = renderer.tokenizer
     tools = [ToolSpec(**BASH_TOOL)]
-    messages = [Message(role="system", content="You are a coding agent. Use the bash tool."),
-                Message(role="user", content=user)]
+    messages = [
+        Message(role="system", content="You are a coding agent. Use the bash tool."),
+        Message(role="user", content=user),
+    ]
     prompt = renderer.render_prompt(messages, tools)
     records = []
     for k in range(turns):
@@ -119,18 +160,38 @@ def coding_records(renderer: ChatRenderer, sid: str, turns: int, *, start: int =
         calls = []
         if call:
             parsed = json.loads(call.replace("</tool_call>", ""))
-            calls = [ToolCall(id=f"call_{sid}_{k}", name=parsed["name"], arguments=json.dumps(parsed["arguments"]))]
+            calls = [
+                ToolCall(id=f"call_{sid}_{k}", name=parsed["name"], arguments=json.dumps(parsed["arguments"]))
+            ]
         sampled = tok.encode(text, add_special_tokens=False) + [tok.convert_tokens_to_ids("<|im_end|>")]
         index = start + k
-        records.append(CallRecord(
-            session_id=sid, call_index=index, call_id=f"{sid}-c{index}", api="chat", created_at=1000.0 + index,
-            messages=list(messages), prompt_ids=list(prompt), sampled_ids=sampled,
-            logprobs=[-0.4 * (j % 9) for j in range(len(sampled))],
-            output=AssistantTurn(call_id=f"{sid}-c{index}", content=content.strip(), tool_calls=calls,
-                                 finish_reason="tool_calls" if calls else "stop"),
-            finish_reason="stop", parent_call_index=index - 1 if k else None, reused_prefix_len=0,
-            break_reason=None if k else ("first call" if index == 0 else "history rewritten (compaction)"),
-            backend="local", model="SmolLM2-135M-Instruct"))
+        records.append(
+            CallRecord(
+                session_id=sid,
+                call_index=index,
+                call_id=f"{sid}-c{index}",
+                api="chat",
+                created_at=1000.0 + index,
+                messages=list(messages),
+                prompt_ids=list(prompt),
+                sampled_ids=sampled,
+                logprobs=[-0.4 * (j % 9) for j in range(len(sampled))],
+                output=AssistantTurn(
+                    call_id=f"{sid}-c{index}",
+                    content=content.strip(),
+                    tool_calls=calls,
+                    finish_reason="tool_calls" if calls else "stop",
+                ),
+                finish_reason="stop",
+                parent_call_index=index - 1 if k else None,
+                reused_prefix_len=0,
+                break_reason=None
+                if k
+                else ("first call" if index == 0 else "history rewritten (compaction)"),
+                backend="local",
+                model="SmolLM2-135M-Instruct",
+            )
+        )
         appended = [Message(role="tool", tool_call_id=calls[0].id, content=result)] if calls else []
         messages += [Message(role="assistant", content=content.strip(), tool_calls=calls), *appended]
         prompt = prompt + sampled + renderer.render_continuation(appended, previous_ended_with_eos=True)
@@ -143,15 +204,30 @@ def record_episodes(embedded_dir) -> list[Trajectory]:
     compaction (two chains), and a timeout after one call."""
     renderer = ChatRenderer.from_pretrained(embedded_dir)
     out = []
-    for n, calls in enumerate([coding_records(renderer, "calc-roll0", 4),
-                               coding_records(renderer, "calc-roll1", 2)
-                               + coding_records(renderer, "calc-roll1", 2, start=2, user="Summary so far: continue."),
-                               coding_records(renderer, "calc-roll2", 1)]):
-        info = SessionInfo(session_id=f"calc-roll{n}", key_sha256="0" * 64, created_at=1000.0 + n,
-                           metadata={"task_id": "calc__add-1", "group_id": "g-calc", "harness": "pi"})
-        out.append(build_trajectory(info, calls, status="timeout" if n == 2 else "completed",
-                                    error="episode timed out after 1800 s" if n == 2 else None,
-                                    reward=1.0 if n == 0 else 0.0, grading=None if n == 2 else grading(resolved=n == 0)))
+    for n, calls in enumerate(
+        [
+            coding_records(renderer, "calc-roll0", 4),
+            coding_records(renderer, "calc-roll1", 2)
+            + coding_records(renderer, "calc-roll1", 2, start=2, user="Summary so far: continue."),
+            coding_records(renderer, "calc-roll2", 1),
+        ]
+    ):
+        info = SessionInfo(
+            session_id=f"calc-roll{n}",
+            key_sha256="0" * 64,
+            created_at=1000.0 + n,
+            metadata={"task_id": "calc__add-1", "group_id": "g-calc", "harness": "pi"},
+        )
+        out.append(
+            build_trajectory(
+                info,
+                calls,
+                status="timeout" if n == 2 else "completed",
+                error="episode timed out after 1800 s" if n == 2 else None,
+                reward=1.0 if n == 0 else 0.0,
+                grading=None if n == 2 else grading(resolved=n == 0),
+            )
+        )
     return [*out, failed_episode(renderer)]
 
 
@@ -159,13 +235,33 @@ def failed_episode(renderer: ChatRenderer) -> Trajectory:
     """An errored episode: a failed call (in no chain), then a call whose logprobs were lost
     (an unscored span: nothing trainable, no main chain)."""
     first, second = coding_records(renderer, "broken", 2)
-    failed = first.model_copy(update={"sampled_ids": [], "logprobs": [], "output": None, "finish_reason": None,
-                                      "error": "backend error: 503 Service Unavailable"})
-    lost = second.model_copy(update={"logprobs": [], "parent_call_index": None, "break_reason": "first call",
-                                     "prompt_ids": first.prompt_ids, "messages": first.messages})
-    info = SessionInfo(session_id="broken", key_sha256="0" * 64, created_at=2000.0,
-                       metadata={"task_id": "calc__add-1", "group_id": "g-other", "harness": "codex"})
-    return build_trajectory(info, [failed, lost], status="error", error="harness exited with status 1", reward=0.0)
+    failed = first.model_copy(
+        update={
+            "sampled_ids": [],
+            "logprobs": [],
+            "output": None,
+            "finish_reason": None,
+            "error": "backend error: 503 Service Unavailable",
+        }
+    )
+    lost = second.model_copy(
+        update={
+            "logprobs": [],
+            "parent_call_index": None,
+            "break_reason": "first call",
+            "prompt_ids": first.prompt_ids,
+            "messages": first.messages,
+        }
+    )
+    info = SessionInfo(
+        session_id="broken",
+        key_sha256="0" * 64,
+        created_at=2000.0,
+        metadata={"task_id": "calc__add-1", "group_id": "g-other", "harness": "codex"},
+    )
+    return build_trajectory(
+        info, [failed, lost], status="error", error="harness exited with status 1", reward=0.0
+    )
 
 
 def write_run(episodes: list[Trajectory], path: Path) -> Path:
@@ -185,30 +281,42 @@ def proxy_episodes(embedded_dir, tmp_path_factory) -> list[Trajectory]:
     data = tmp_path_factory.mktemp("proxy")
 
     async def run() -> list[Trajectory]:
-        async with running_proxy(renderer, ScriptedBackend(local, policy, context_window=256), data) as proxy, \
-                aiohttp.ClientSession() as http:
+        async with (
+            running_proxy(renderer, ScriptedBackend(local, policy, context_window=256), data) as proxy,
+            aiohttp.ClientSession() as http,
+        ):
             sessions = []
             for n in range(3):
-                sid, key = proxy.create_session(f"calc-roll{n}", sampling={"temperature": 1.0, "max_tokens": 96},
-                                                metadata={"task_id": "calc__add-1", "group_id": "g-calc",
-                                                          "harness": "pi"})
+                sid, key = proxy.create_session(
+                    f"calc-roll{n}",
+                    sampling={"temperature": 1.0, "max_tokens": 96},
+                    metadata={"task_id": "calc__add-1", "group_id": "g-calc", "harness": "pi"},
+                )
                 sessions.append(sid)
                 if n == 0:
                     await _episode(http, proxy, sid, key, 4)
                     await _title(http, proxy, sid, key)
                 elif n == 1:
                     await _episode(http, proxy, sid, key, 2)
-                    await _episode(http, proxy, sid, key, 2, user="Summary so far: you read calc.py. Continue.")
+                    await _episode(
+                        http, proxy, sid, key, 2, user="Summary so far: you read calc.py. Continue."
+                    )
                 else:
                     await _episode(http, proxy, sid, key, 1)
         ledger = Ledger(data)
         out = []
         for n, sid in enumerate(sessions):
             status = "timeout" if n == 2 else "completed"
-            out.append(build_trajectory(ledger.session(sid), ledger.calls(sid), status=status,
-                                        error="episode timed out after 1800 s" if n == 2 else None,
-                                        reward=1.0 if n == 0 else 0.0,
-                                        grading=None if n == 2 else grading(resolved=n == 0)))
+            out.append(
+                build_trajectory(
+                    ledger.session(sid),
+                    ledger.calls(sid),
+                    status=status,
+                    error="episode timed out after 1800 s" if n == 2 else None,
+                    reward=1.0 if n == 0 else 0.0,
+                    grading=None if n == 2 else grading(resolved=n == 0),
+                )
+            )
         return out
 
     return asyncio.run(run())
@@ -220,8 +328,10 @@ def run_dir(record_episodes, tmp_path) -> Path:
 
 
 def json_blocks(page: str) -> dict[str, object]:
-    return {m.group(1): json.loads(m.group(2)) for m in
-            re.finditer(r'<script type="application/json" id="([^"]+)">(.*?)</script>', page, re.S)}
+    return {
+        m.group(1): json.loads(m.group(2))
+        for m in re.finditer(r'<script type="application/json" id="([^"]+)">(.*?)</script>', page, re.S)
+    }
 
 
 def check_page(page: str, episodes: list[Trajectory], embedded_dir: Path) -> dict[str, dict]:
@@ -250,11 +360,15 @@ def check_page(page: str, episodes: list[Trajectory], embedded_dir: Path) -> dic
             assert "".join(texts) == tok.decode(chain.input_ids, skip_special_tokens=False)
             sampled = [s for s in shown["spans"] if s["kind"] == "sampled"]
             assert sum(len(s["lp"]) for s in sampled) == chain.trainable_tokens
-            assert all(lp == round(chain.logprobs[s["start"] + j], 4)
-                       for s in sampled for j, lp in enumerate(s["lp"]))
+            assert all(
+                lp == round(chain.logprobs[s["start"] + j], 4)
+                for s in sampled
+                for j, lp in enumerate(s["lp"])
+            )
     ep0, ep1 = blocks["polar-ep-0"], blocks["polar-ep-1"]
-    assert "café ✓" in "".join(ch["fix"].get(str(i), ep0["vocab"][str(t)])
-                               for ch in ep0["chains"] for i, t in enumerate(ch["ids"]))
+    assert "café ✓" in "".join(
+        ch["fix"].get(str(i), ep0["vocab"][str(t)]) for ch in ep0["chains"] for i, t in enumerate(ch["ids"])
+    )
     assert ep0["grading"]["fail_to_pass"] == {"tests/test_calc.py::test_add": "PASSED"}
     assert ep1["grading"]["fail_to_pass"] == {"tests/test_calc.py::test_add": "FAILED"}
     assert len(ep1["chains"]) == 2 and "compacted" in ep1["chains"][1]["why"]
@@ -269,7 +383,10 @@ def test_page_embeds_every_episode_and_works_offline(run_dir, record_episodes, e
     assert "4 episodes from 1 file(s)" in capsys.readouterr().out
     blocks = check_page(out.read_text(), record_episodes, embedded_dir)
     broken = blocks["polar-ep-3"]
-    assert broken["main_chain"] is None and [s["kind"] for s in broken["chains"][0]["spans"]] == ["prompt", "unscored"]
+    assert broken["main_chain"] is None and [s["kind"] for s in broken["chains"][0]["spans"]] == [
+        "prompt",
+        "unscored",
+    ]
     assert broken["call_list"][0]["chain"] is None and "503" in broken["call_list"][0]["error"]
 
 
@@ -309,11 +426,25 @@ async def test_serve_rebuilds_when_trajectories_change(run_dir, record_episodes,
         await runner.cleanup()
 
 
-
 def test_serve_prints_url_and_stops_on_ctrl_c(run_dir, embedded_dir):
-    proc = subprocess.Popen([sys.executable, "-m", "polar_env.cli", "view", str(run_dir), "--serve", "--port", "0",
-                             "--tokenizer", str(embedded_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "polar_env.cli",
+            "view",
+            str(run_dir),
+            "--serve",
+            "--port",
+            "0",
+            "--tokenizer",
+            str(embedded_dir),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         assert proc.stdout.readline().startswith("wrote ")
         url = proc.stdout.readline().split()[1]
@@ -326,6 +457,7 @@ def test_serve_prints_url_and_stops_on_ctrl_c(run_dir, embedded_dir):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
 
 # -- headless Chromium over the DevTools protocol --------------------------------------------------
 class DevTools:
@@ -355,7 +487,9 @@ class DevTools:
         return await asyncio.wait_for(fut, 120)
 
     async def eval(self, expression: str):
-        result = await self.send("Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True)
+        result = await self.send(
+            "Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True
+        )
         if "exceptionDetails" in result:
             raise AssertionError(f"{expression}: {result['exceptionDetails']}")
         return result["result"].get("value")
@@ -389,11 +523,25 @@ async def open_in_chromium(page: Path, tmp: Path):
     """Start headless Chromium on ``page``; returns (process, DevTools client, http session)."""
     profile = tmp / "chromium-profile"
     proc = subprocess.Popen(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-dev-shm-usage", f"--user-data-dir={profile}", "--remote-debugging-port=0",
-         "--window-size=1400,900", "about:blank"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--disable-dev-shm-usage",
+            f"--user-data-dir={profile}",
+            "--remote-debugging-port=0",
+            "--window-size=1400,900",
+            "about:blank",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     port_file = profile / "DevToolsActivePort"
     deadline = time.monotonic() + 60
     while not (port_file.is_file() and port_file.read_text().count("\n") >= 1):
@@ -407,7 +555,9 @@ async def open_in_chromium(page: Path, tmp: Path):
     tools = DevTools(ws)
     for domain in ("Runtime", "Log", "Page", "Network"):
         await tools.send(f"{domain}.enable")
-    await tools.send("Emulation.setDeviceMetricsOverride", width=1400, height=900, deviceScaleFactor=1, mobile=False)
+    await tools.send(
+        "Emulation.setDeviceMetricsOverride", width=1400, height=900, deviceScaleFactor=1, mobile=False
+    )
     await tools.send("Page.navigate", url=page.resolve().as_uri())
     await tools.wait_event("Page.loadEventFired")
     return proc, tools, http
@@ -432,17 +582,28 @@ async def test_page_in_headless_chromium(proxy_episodes, embedded_dir, tmp_path)
     page = run_dir / "viewer.html"
     assert polar_main(["view", str(run_dir), "--tokenizer", str(embedded_dir)]) == 0
     blocks = check_page(page.read_text(), episodes, embedded_dir)
-    assert len(blocks["polar-ep-0"]["chains"]) == 2 and "side call" in blocks["polar-ep-0"]["chains"][1]["why"]
+    assert (
+        len(blocks["polar-ep-0"]["chains"]) == 2 and "side call" in blocks["polar-ep-0"]["chains"][1]["why"]
+    )
     proc, tools, http = await open_in_chromium(page, tmp_path)
     try:
         assert await tools.eval("document.querySelectorAll('#episodes tbody tr').length") == len(episodes)
-        assert await tools.eval("document.getElementById('summary').textContent") == \
-            json_blocks(page.read_text())["polar-index"]["headline"]
+        assert (
+            await tools.eval("document.getElementById('summary').textContent")
+            == json_blocks(page.read_text())["polar-index"]["headline"]
+        )
         # the first episode is selected on load: its main chain with one trained span per call
         main = episodes[0].chains[0]
-        assert await tools.eval("document.querySelectorAll('#chain-view .seg.sampled').length") == len(main.call_indices)
-        assert await tools.eval("document.querySelectorAll('#chain-view .toks b').length") == main.trainable_tokens
-        assert await tools.eval("document.querySelectorAll('#grading .tests tr').length") == 3  # header + 2 tests
+        assert await tools.eval("document.querySelectorAll('#chain-view .seg.sampled').length") == len(
+            main.call_indices
+        )
+        assert (
+            await tools.eval("document.querySelectorAll('#chain-view .toks b').length")
+            == main.trainable_tokens
+        )
+        assert (
+            await tools.eval("document.querySelectorAll('#grading .tests tr').length") == 3
+        )  # header + 2 tests
         # grading's tampering flags are shown in the episode list
         assert "reset:test" in await tools.eval("document.querySelector('#episodes tbody').innerText")
         # folded spans are filled when opened; the tool results are there, folded
@@ -450,8 +611,12 @@ async def test_page_in_headless_chromium(proxy_episodes, embedded_dir, tmp_path)
         await tools.eval("document.querySelector('#chain-view details.seg.inter').open = true")
         await asyncio.sleep(0.2)
         inter = next(s for s in main.spans if s.kind == "interstitial")
-        assert await tools.eval("document.querySelector('#chain-view details.seg.inter').querySelectorAll('.toks i')"
-                                ".length") == inter.end - inter.start
+        assert (
+            await tools.eval(
+                "document.querySelector('#chain-view details.seg.inter').querySelectorAll('.toks i').length"
+            )
+            == inter.end - inter.start
+        )
         # the second rollout: its compaction chain explains the break
         await tools.eval("document.querySelector('#episodes tbody tr[data-k=\"1\"]').click()")
         await tools.eval("document.querySelector('#chain-tabs button[data-c=\"1\"]').click()")
@@ -461,13 +626,19 @@ async def test_page_in_headless_chromium(proxy_episodes, embedded_dir, tmp_path)
         await tools.eval("document.querySelector('#episodes tbody tr[data-k=\"3\"]').click()")
         assert "503" in await tools.eval("document.querySelector('.failed-call').textContent")
         unscored = episodes[3].chains[0].spans[1]
-        assert await tools.eval("document.querySelectorAll('#chain-view .seg.unscored .toks u').length") == \
-            unscored.end - unscored.start
+        assert (
+            await tools.eval("document.querySelectorAll('#chain-view .seg.unscored .toks u').length")
+            == unscored.end - unscored.start
+        )
         # the resolved episode with its first tool result open; a hovered token shows id and logprob
-        await tools.eval("document.querySelector('#episodes tbody tr[data-k=\"0\"]').click();"
-                         "document.querySelector('#chain-view details.seg.inter').open = true; 1")
-        box = await tools.eval("(() => { const r = document.querySelectorAll('#chain-view .toks b')[3]"
-                               ".getBoundingClientRect(); return [r.x + r.width / 2, r.y + r.height / 2]; })()")
+        await tools.eval(
+            "document.querySelector('#episodes tbody tr[data-k=\"0\"]').click();"
+            "document.querySelector('#chain-view details.seg.inter').open = true; 1"
+        )
+        box = await tools.eval(
+            "(() => { const r = document.querySelectorAll('#chain-view .toks b')[3]"
+            ".getBoundingClientRect(); return [r.x + r.width / 2, r.y + r.height / 2]; })()"
+        )
         await tools.send("Input.dispatchMouseEvent", type="mouseMoved", x=box[0], y=box[1])
         tip = await tools.eval("document.getElementById('tip').textContent")
         assert "trained (loss mask 1) · logprob -" in tip and " · id " in tip
@@ -490,18 +661,36 @@ def long_episode(tok, n_calls: int = 40) -> Trajectory:
     source = (REPO / "polar_env" / "trajectory" / "export.py").read_text()
     result_ids = tok.encode(source, add_special_tokens=False)[:2000]
     answer_ids = tok.encode("Now I will run the tests. " * 40, add_special_tokens=False)[:300]
-    info = SessionInfo(session_id="long", key_sha256="0" * 64, created_at=1000.0,
-                       metadata={"task_id": "long", "harness": "codex"})
-    prompt = tok.encode("<|im_start|>system\nYou are a coding agent.<|im_end|>\n" + source[:20000],
-                        add_special_tokens=False)
+    info = SessionInfo(
+        session_id="long",
+        key_sha256="0" * 64,
+        created_at=1000.0,
+        metadata={"task_id": "long", "harness": "codex"},
+    )
+    prompt = tok.encode(
+        "<|im_start|>system\nYou are a coding agent.<|im_end|>\n" + source[:20000], add_special_tokens=False
+    )
     calls = []
     for k in range(n_calls):
-        calls.append(CallRecord(
-            session_id="long", call_index=k, call_id=f"c{k}", api="responses", created_at=1000.0 + k,
-            messages=[Message(role="user", content="fix it")], prompt_ids=list(prompt), sampled_ids=answer_ids,
-            logprobs=[-0.02 * (j % 200) for j in range(len(answer_ids))],
-            output=AssistantTurn(call_id=f"c{k}", content="run tests"), finish_reason="stop",
-            parent_call_index=k - 1 if k else None, reused_prefix_len=0, backend="local", model="smol"))
+        calls.append(
+            CallRecord(
+                session_id="long",
+                call_index=k,
+                call_id=f"c{k}",
+                api="responses",
+                created_at=1000.0 + k,
+                messages=[Message(role="user", content="fix it")],
+                prompt_ids=list(prompt),
+                sampled_ids=answer_ids,
+                logprobs=[-0.02 * (j % 200) for j in range(len(answer_ids))],
+                output=AssistantTurn(call_id=f"c{k}", content="run tests"),
+                finish_reason="stop",
+                parent_call_index=k - 1 if k else None,
+                reused_prefix_len=0,
+                backend="local",
+                model="smol",
+            )
+        )
         prompt = prompt + answer_ids + result_ids
     return build_trajectory(info, calls, reward=0.0)
 
@@ -525,12 +714,15 @@ async def test_100k_token_episode_renders_fast(embedded_dir, tmp_path):
             " document.querySelector('#chain-tabs button[data-all]').click();"
             " const all = performance.now() - t; document.body.offsetHeight;"
             " return [select, all, performance.now() - t, document.querySelectorAll('.toks > *').length]; "
-            "})()")
+            "})()"
+        )
         assert tools.problems() == []
     finally:
         await close_chromium(proc, tools, http)
     select_ms, open_all_ms, layout_ms, elements = timing
-    print(f"100k-token episode: build {build_s:.1f} s, select {select_ms:.0f} ms, "
-          f"open all folds {open_all_ms:.0f} ms (+layout {layout_ms:.0f} ms), {elements} token elements")
+    print(
+        f"100k-token episode: build {build_s:.1f} s, select {select_ms:.0f} ms, "
+        f"open all folds {open_all_ms:.0f} ms (+layout {layout_ms:.0f} ms), {elements} token elements"
+    )
     assert elements == len(traj.chains[0].input_ids)
     assert select_ms < 2000 and layout_ms < 10_000

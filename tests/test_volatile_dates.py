@@ -13,10 +13,12 @@ from polar_env.proxy.app import API_MODULES
 # each way a harness writes today's date (ISO; Cline's 11/30/2026; Qwen Code's and Gemini CLI's Monday,
 # November 30, 2026; OpenCode's Mon Nov 30 2026), and another day written the same way
 # (an ISO date followed by a time is a fixed example: Hermes Agent's cronjob tool shows '2026-06-01T09:00:00')
-DATES = [(re.compile(r"\d{4}-\d{2}-\d{2}(?!T)"), "2031-02-03"),
-         (re.compile(r"\b\d{2}/\d{2}/\d{4}\b"), "02/03/2031"),
-         (re.compile(r"\b[A-Z][a-z]+day, [A-Z][a-z]+ \d{1,2}, \d{4}"), "Monday, February 3, 2031"),
-         (re.compile(r"\b(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) [A-Z][a-z]{2} \d{2} \d{4}"), "Mon Feb 03 2031")]
+DATES = [
+    (re.compile(r"\d{4}-\d{2}-\d{2}(?!T)"), "2031-02-03"),
+    (re.compile(r"\b\d{2}/\d{2}/\d{4}\b"), "02/03/2031"),
+    (re.compile(r"\b[A-Z][a-z]+day, [A-Z][a-z]+ \d{1,2}, \d{4}"), "Monday, February 3, 2031"),
+    (re.compile(r"\b(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) [A-Z][a-z]{2} \d{2} \d{4}"), "Mon Feb 03 2031"),
+]
 
 
 def _first_dated_model_calls() -> list[str]:
@@ -24,7 +26,9 @@ def _first_dated_model_calls() -> list[str]:
     first: dict[str, str] = {}
     for path in sorted(FIXTURES.glob("*.req*.json")):
         captured = json.loads(path.read_text())
-        if captured["method"] == "POST" and any(date.search(json.dumps(captured["body"])) for date, _ in DATES):
+        if captured["method"] == "POST" and any(
+            date.search(json.dumps(captured["body"])) for date, _ in DATES
+        ):
             first.setdefault(path.name.split(".")[0], path.name)
     return sorted(first.values())
 

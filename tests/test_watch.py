@@ -48,9 +48,16 @@ async def test_proxy_metrics_move_with_its_calls_and_stay_off_the_sandbox_socket
     answer = renderer.tokenizer.encode("Hello there.", add_special_tokens=False) + renderer.eos_token_ids[:1]
     sock = tmp_path / "sock" / "proxy.sock"
     sock.parent.mkdir()
-    proxy = ProxyServer.create(renderer=renderer, backend=InstantBackend(answer), data_dir=tmp_path / "ledger",
-                               admin_secret="secret", config=EngineConfig(max_context=2048, default_max_tokens=64))
-    await proxy.start("127.0.0.1", free_port(), unix_socket=sock)  # as `polar proxy serve` and the drivers listen
+    proxy = ProxyServer.create(
+        renderer=renderer,
+        backend=InstantBackend(answer),
+        data_dir=tmp_path / "ledger",
+        admin_secret="secret",
+        config=EngineConfig(max_context=2048, default_max_tokens=64),
+    )
+    await proxy.start(
+        "127.0.0.1", free_port(), unix_socket=sock
+    )  # as `polar proxy serve` and the drivers listen
     try:
         async with aiohttp.ClientSession() as http:
             metrics.BUSY.start(2)
@@ -60,9 +67,12 @@ async def test_proxy_metrics_move_with_its_calls_and_stay_off_the_sandbox_socket
             before = await scrape_async(http, url)
             for n in range(3):
                 assert (await post(http, f"{base}/chat/completions", chat(f"question {n}"), key))[0] == 200
-            status, _ = await post(http, f"{base}/chat/completions", chat("word " * 3000), key)  # past the context
+            status, _ = await post(
+                http, f"{base}/chat/completions", chat("word " * 3000), key
+            )  # past the context
             assert status == 400
             after = await scrape_async(http, url)
+
             def moved(name: str, **labels: str) -> float:
                 return value(after, name, **labels) - value(before, name, **labels)
 
@@ -71,12 +81,15 @@ async def test_proxy_metrics_move_with_its_calls_and_stay_off_the_sandbox_socket
             assert moved("polar_model_call_failures_total", api="chat", kind="context_overflow") == 1
             assert moved("polar_model_call_duration_seconds_count", api="chat") == 4
             assert moved("polar_generation_tokens_total", api="chat") == 3 * len(answer)
-            assert value(after, "polar_prompt_tokens_total", api="chat") > value(before, "polar_prompt_tokens_total",
-                                                                                  api="chat")
+            assert value(after, "polar_prompt_tokens_total", api="chat") > value(
+                before, "polar_prompt_tokens_total", api="chat"
+            )
             # the latency histogram filled its buckets; the busy fraction is there, a fraction
             assert value(after, "polar_model_call_duration_seconds_bucket", api="chat", le="+Inf") >= 4
             assert 0.0 <= value(after, "polar_inference_busy_fraction") <= 1.0
-            assert ("polar_inference_busy_fraction", ()) in after and value(after, "polar_inference_slots") == 2
+            assert ("polar_inference_busy_fraction", ()) in after and value(
+                after, "polar_inference_slots"
+            ) == 2
             # the sandboxes reach the proxy through its Unix socket: the run's figures are not theirs to read
             async with aiohttp.ClientSession(connector=aiohttp.UnixConnector(path=str(sock))) as local:
                 async with local.get("http://proxy/metrics") as resp:
@@ -94,28 +107,45 @@ class _Held:
 
     async def generate(self, prompt_ids, sampling, *, session_id=None) -> Generation:
         await self.release.wait()
-        return Generation(prompt_ids=prompt_ids, token_ids=self.answer, logprobs=[-0.1] * len(self.answer),
-                          finish_reason="stop", backend="held", model="held")
+        return Generation(
+            prompt_ids=prompt_ids,
+            token_ids=self.answer,
+            logprobs=[-0.1] * len(self.answer),
+            finish_reason="stop",
+            backend="held",
+            model="held",
+        )
 
     async def aclose(self) -> None:
         """Nothing to release."""
 
 
 async def test_a_call_waiting_for_a_run_slot_when_its_episode_ends_is_answered_without_a_traceback(
-        renderer, tmp_path, caplog):
+    renderer, tmp_path, caplog
+):
     """Ctrl-C of `polar rollout` ends every episode; a harness call still waiting for a run slot then
     fails with RunEnded. It is the episode's end, not a proxy bug: a 400 in the API's shape, and no
     error with a traceback on the user's terminal (two of them, before this fix)."""
     backend = _Held(renderer.tokenizer.encode("ok", add_special_tokens=False) + renderer.eos_token_ids[:1])
-    async with running_proxy(renderer, backend, tmp_path / "ledger",
-                             config=EngineConfig(max_context=2048, default_max_tokens=8)) as proxy, \
-            aiohttp.ClientSession() as http:
+    async with (
+        running_proxy(
+            renderer,
+            backend,
+            tmp_path / "ledger",
+            config=EngineConfig(max_context=2048, default_max_tokens=8),
+        ) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
         proxy.engine.run_slots = slots = RunSlots(1)
         (a, key_a), (b, key_b) = proxy.create_session("a"), proxy.create_session("b")
-        holding = asyncio.ensure_future(post(http, f"{proxy.base_url}/s/{a}/v1/chat/completions", chat("hi"), key_a))
+        holding = asyncio.ensure_future(
+            post(http, f"{proxy.base_url}/s/{a}/v1/chat/completions", chat("hi"), key_a)
+        )
         while not slots.busy:
             await asyncio.sleep(0.01)
-        waiting = asyncio.ensure_future(post(http, f"{proxy.base_url}/s/{b}/v1/chat/completions", chat("hi"), key_b))
+        waiting = asyncio.ensure_future(
+            post(http, f"{proxy.base_url}/s/{b}/v1/chat/completions", chat("hi"), key_b)
+        )
         while not slots.waiting:
             await asyncio.sleep(0.01)
         with caplog.at_level(logging.INFO):
@@ -128,9 +158,14 @@ async def test_a_call_waiting_for_a_run_slot_when_its_episode_ends_is_answered_w
 
 
 @pytest.mark.parametrize("command", ["rollout", "demo", "train"])
-@pytest.mark.parametrize("flags,error", [(["--samples", "0"], "--samples: must be 1 or more (got 0)"),
-                                         (["--samples", "-1"], "--samples: must be 1 or more (got -1)"),
-                                         (["--out", "FILE"], "is a file; --out names the job's directory")])
+@pytest.mark.parametrize(
+    "flags,error",
+    [
+        (["--samples", "0"], "--samples: must be 1 or more (got 0)"),
+        (["--samples", "-1"], "--samples: must be 1 or more (got -1)"),
+        (["--out", "FILE"], "is a file; --out names the job's directory"),
+    ],
+)
 def test_job_flags_a_user_gets_wrong_are_one_line_errors(command, flags, error, tmp_path, capsys):
     """`--samples 0` and `-1` used to exit 0 having done nothing; `--out` naming a file, a 28-line
     traceback."""
@@ -150,9 +185,15 @@ def test_accepted_work_counts_what_the_trainer_keeps():
     def sample(group: str, masked: bool, tokens: int, start: float, versions=(3,)) -> Sample:
         return Sample(group, masked, tokens, start, start + 1800.0, 2, "", 4, tuple(versions))
 
-    figure = accepted_work([sample("a", False, 100, 0.0), sample("a", False, 300, 0.0, (2, 3)),
-                            sample("b", False, 1000, 1800.0), sample("b", True, 50, 1800.0),  # b is too thin
-                            sample("c", True, 10, 7200.0)])  # an hour later: the gap is no run time
+    figure = accepted_work(
+        [
+            sample("a", False, 100, 0.0),
+            sample("a", False, 300, 0.0, (2, 3)),
+            sample("b", False, 1000, 1800.0),
+            sample("b", True, 50, 1800.0),  # b is too thin
+            sample("c", True, 10, 7200.0),
+        ]
+    )  # an hour later: the gap is no run time
     assert figure["accepted_episodes"] == 2 and figure["accepted_trainable_tokens"] == 400
     assert figure["hours"] == 1.5 and figure["accepted_tokens_per_hour"] == pytest.approx(400 / 1.5)
     assert figure["accepted_tokens_per_run_slot_hour"] == pytest.approx(400 / 1.5 / 2)
@@ -183,10 +224,32 @@ def test_a_live_rollout_is_scraped_twice_and_reports_to_tensorboard(tmp_path):
     out, log = tmp_path / "run", tmp_path / "rollout.log"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with log.open("w") as sink:
-        proc = subprocess.Popen([sys.executable, "-m", "polar_env.cli", "rollout", "--policy", "gold",
-                                 "--task-ids", "pallets__flask-5014", "--samples", "2", "--concurrency", "2",
-                                 "--metrics-port", "0", "--report-to", "tensorboard", "--out", str(out)],
-                                cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "polar_env.cli",
+                "rollout",
+                "--policy",
+                "gold",
+                "--task-ids",
+                "pallets__flask-5014",
+                "--samples",
+                "2",
+                "--concurrency",
+                "2",
+                "--metrics-port",
+                "0",
+                "--report-to",
+                "tensorboard",
+                "--out",
+                str(out),
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
     try:
         url = _read_until(proc, log, r"metrics at (http://\S+/metrics)", 300).group(1)
         # first scrape: the first model call has been answered
@@ -195,22 +258,29 @@ def test_a_live_rollout_is_scraped_twice_and_reports_to_tensorboard(tmp_path):
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.5)
         # second scrape, while it still runs: more calls answered than at the first
-        while value(second := scrape(url), "polar_model_calls_total", api="chat", outcome="ok") <= \
-                value(first, "polar_model_calls_total", api="chat", outcome="ok"):
+        while value(second := scrape(url), "polar_model_calls_total", api="chat", outcome="ok") <= value(
+            first, "polar_model_calls_total", api="chat", outcome="ok"
+        ):
             assert proc.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.2)
         assert proc.wait(timeout=900) == 0, log.read_text()[-3000:]
     finally:
         if proc.poll() is None:
             proc.kill()
-    for name in ("polar_generation_tokens_total", "polar_prompt_tokens_total",
-                 "polar_model_call_duration_seconds_count"):
+    for name in (
+        "polar_generation_tokens_total",
+        "polar_prompt_tokens_total",
+        "polar_model_call_duration_seconds_count",
+    ):
         assert value(second, name, api="chat") > value(first, name, api="chat") > 0, name
     assert value(second, "polar_model_call_duration_seconds_bucket", api="chat", le="+Inf") >= 2
     assert value(second, "polar_run_slot_wait_seconds_count") >= 2  # every call passed the run slots
     assert 0.0 < value(second, "polar_inference_busy_fraction") <= 1.0
     assert value(second, "polar_inference_slots") == 2
-    assert sum(value(second, "polar_episodes_in_stage", stage=s) for s in ("prepare", "wait", "run", "finish")) >= 1
+    assert (
+        sum(value(second, "polar_episodes_in_stage", stage=s) for s in ("prepare", "wait", "run", "finish"))
+        >= 1
+    )
     summary = json.loads((out / "summary.json").read_text())
     work = summary["accepted_work"]
     assert summary["resolved"] == 2 and work["accepted_episodes"] == 2 and work["run_slots"] == 2
@@ -220,9 +290,17 @@ def test_a_live_rollout_is_scraped_twice_and_reports_to_tensorboard(tmp_path):
     events = EventAccumulator(str(out / "tensorboard"))
     events.Reload()
     tags = set(events.Tags()["scalars"])
-    assert {"resolved", "trainable_tokens", "accepted_work/accepted_tokens_per_hour", "status/completed",
-            "timings_mean_s/model_s"} <= tags, tags
+    assert {
+        "resolved",
+        "trainable_tokens",
+        "accepted_work/accepted_tokens_per_hour",
+        "status/completed",
+        "timings_mean_s/model_s",
+    } <= tags, tags
     (resolved,) = events.Scalars("resolved")
     assert resolved.value == 2 and resolved.step == 2
-    assert math.isclose(events.Scalars("accepted_work/accepted_tokens_per_hour")[0].value,
-                        work["accepted_tokens_per_hour"], rel_tol=1e-6)
+    assert math.isclose(
+        events.Scalars("accepted_work/accepted_tokens_per_hour")[0].value,
+        work["accepted_tokens_per_hour"],
+        rel_tol=1e-6,
+    )

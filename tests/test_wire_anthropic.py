@@ -20,8 +20,11 @@ def test_claude_code_first_request_strips_the_billing_header():
     assert system.role == "system"
     assert system.content == "You are a Claude agent, built on Anthropic's Claude Agent SDK.\nCWD: /testbed\n"
     assert "billing" not in system.content
-    assert req.flags == ["stripped:x-anthropic-billing-header", "stripped:claude-date-line",
-                         "stripped:claude-todays-date"]
+    assert req.flags == [
+        "stripped:x-anthropic-billing-header",
+        "stripped:claude-date-line",
+        "stripped:claude-todays-date",
+    ]
     assert user.role == "user" and user.content.endswith("</system-reminder>\n\n\nCreate out.txt")
     assert [t.name for t in req.conversation.tools] == ["Bash", "Edit", "Read"]
     assert req.conversation.tools[0].parameters["required"] == ["command"]
@@ -35,8 +38,14 @@ def test_claude_code_tool_round_becomes_a_tool_message():
     assistant, result = req.conversation.messages[2:]
     [call] = assistant.tool_calls
     assert (call.id, call.name) == ("toolu_e22b8dce06284a7d", "Bash")
-    assert json.loads(call.arguments) == {"command": "echo hi > out.txt", "description": "Write hi to out.txt"}
-    assert (result.tool_call_id, result.content) == ("toolu_e22b8dce06284a7d", "(Bash completed with no output)")
+    assert json.loads(call.arguments) == {
+        "command": "echo hi > out.txt",
+        "description": "Write hi to out.txt",
+    }
+    assert (result.tool_call_id, result.content) == (
+        "toolu_e22b8dce06284a7d",
+        "(Bash completed with no output)",
+    )
     assert req.assistant_refs == [None, None, None, None]
 
 
@@ -56,20 +65,45 @@ def test_pi_anthropic_second_request():
 
 
 def test_blocks_map_in_order():
-    req = anthropic_messages.decode({"model": "m", "system": "sys", "temperature": 0.3, "top_p": 0.8, "messages": [
-        {"role": "user", "content": [{"type": "text", "text": "look"},
-                                     {"type": "image", "source": {"type": "base64", "data": "xx"}}]},
-        {"role": "assistant", "content": [
-            {"type": "thinking", "thinking": "hmm", "signature": "polar:v1:aaa"},
-            {"type": "redacted_thinking", "data": "zzz"},
-            {"type": "text", "text": "calling"},
-            {"type": "tool_use", "id": "t1", "name": "Read", "input": {"file_path": "/x"}},
-            {"type": "tool_use", "id": "t2", "name": "Bash", "input": {"command": "ls"}}]},
-        {"role": "user", "content": [
-            {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text", "text": "file body"}]},
-            {"type": "tool_result", "tool_use_id": "t2", "content": "a\nb", "is_error": True},
-            {"type": "text", "text": "<system-reminder>keep going</system-reminder>"}]},
-    ]})
+    req = anthropic_messages.decode(
+        {
+            "model": "m",
+            "system": "sys",
+            "temperature": 0.3,
+            "top_p": 0.8,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "look"},
+                        {"type": "image", "source": {"type": "base64", "data": "xx"}},
+                    ],
+                },
+                {
+                    "role": "assistant",
+                    "content": [
+                        {"type": "thinking", "thinking": "hmm", "signature": "polar:v1:aaa"},
+                        {"type": "redacted_thinking", "data": "zzz"},
+                        {"type": "text", "text": "calling"},
+                        {"type": "tool_use", "id": "t1", "name": "Read", "input": {"file_path": "/x"}},
+                        {"type": "tool_use", "id": "t2", "name": "Bash", "input": {"command": "ls"}},
+                    ],
+                },
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": "t1",
+                            "content": [{"type": "text", "text": "file body"}],
+                        },
+                        {"type": "tool_result", "tool_use_id": "t2", "content": "a\nb", "is_error": True},
+                        {"type": "text", "text": "<system-reminder>keep going</system-reminder>"},
+                    ],
+                },
+            ],
+        }
+    )
     msgs = req.conversation.messages
     assert [m.role for m in msgs] == ["system", "user", "assistant", "tool", "tool", "user"]
     assert msgs[1].content == "look\n[image]"
@@ -82,22 +116,43 @@ def test_blocks_map_in_order():
     assert req.requested_sampling == {"temperature": 0.3, "top_p": 0.8}
 
 
-@pytest.mark.parametrize("body, needle", [
-    (None, "must be a JSON object"),
-    ({"messages": [{"role": "user", "content": "hi"}]}, "model"),
-    ({"model": "m"}, "messages"),
-    ({"model": "m", "messages": []}, "messages"),
-    ({"model": "m", "messages": [{"role": "robot", "content": "hi"}]}, "messages.0.role"),
-    ({"model": "m", "messages": [{"role": "system", "content": [{"type": "image"}]}]}, "messages.0.content.0"),
-    ({"model": "m", "messages": [{"role": "user", "content": [{"type": "tool_result"}]}]},
-     "messages.0.content.0.tool_use_id"),
-    ({"model": "m", "messages": [{"role": "user", "content": [{"type": "sparkle"}]}]}, "'sparkle'"),
-    ({"model": "m", "messages": [{"role": "user", "content": [
-        {"type": "tool_use", "id": "a", "name": "b", "input": {}}]}]}, "belong in assistant"),
-    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "system": 5}, "system"),
-    ({"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": [{"description": "no name"}]},
-     "tools.0.name"),
-])
+@pytest.mark.parametrize(
+    "body, needle",
+    [
+        (None, "must be a JSON object"),
+        ({"messages": [{"role": "user", "content": "hi"}]}, "model"),
+        ({"model": "m"}, "messages"),
+        ({"model": "m", "messages": []}, "messages"),
+        ({"model": "m", "messages": [{"role": "robot", "content": "hi"}]}, "messages.0.role"),
+        (
+            {"model": "m", "messages": [{"role": "system", "content": [{"type": "image"}]}]},
+            "messages.0.content.0",
+        ),
+        (
+            {"model": "m", "messages": [{"role": "user", "content": [{"type": "tool_result"}]}]},
+            "messages.0.content.0.tool_use_id",
+        ),
+        ({"model": "m", "messages": [{"role": "user", "content": [{"type": "sparkle"}]}]}, "'sparkle'"),
+        (
+            {
+                "model": "m",
+                "messages": [
+                    {"role": "user", "content": [{"type": "tool_use", "id": "a", "name": "b", "input": {}}]}
+                ],
+            },
+            "belong in assistant",
+        ),
+        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "system": 5}, "system"),
+        (
+            {
+                "model": "m",
+                "messages": [{"role": "user", "content": "x"}],
+                "tools": [{"description": "no name"}],
+            },
+            "tools.0.name",
+        ),
+    ],
+)
 def test_malformed_bodies_are_400_naming_the_problem(body, needle):
     with pytest.raises(WireError) as err:
         anthropic_messages.decode(body)
@@ -105,12 +160,23 @@ def test_malformed_bodies_are_400_naming_the_problem(body, needle):
 
 
 def test_mid_conversation_system_message_is_kept_in_place():
-    req = anthropic_messages.decode({"model": "m", "messages": [
-        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
-        {"role": "system", "content": [{"type": "text", "text": "now be terse"}]},
-        {"role": "user", "content": "again"}]})
+    req = anthropic_messages.decode(
+        {
+            "model": "m",
+            "messages": [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "hello"},
+                {"role": "system", "content": [{"type": "text", "text": "now be terse"}]},
+                {"role": "user", "content": "again"},
+            ],
+        }
+    )
     assert [(m.role, m.content) for m in req.conversation.messages] == [
-        ("user", "hi"), ("assistant", "hello"), ("system", "now be terse"), ("user", "again")]
+        ("user", "hi"),
+        ("assistant", "hello"),
+        ("system", "now be terse"),
+        ("user", "again"),
+    ]
 
 
 def test_count_tokens_body_decodes_without_stream():
@@ -139,8 +205,15 @@ def test_encode_response_shapes_and_stop_reasons():
 def test_stream_text_turn_event_sequence():
     req = anthropic_messages.decode(fixture("claude.req2")["body"])
     events = parse_sse(anthropic_messages.encode_stream(text_turn(), req))
-    assert [n for n, _ in events] == ["message_start", "ping", "content_block_start", "content_block_delta",
-                                      "content_block_stop", "message_delta", "message_stop"]
+    assert [n for n, _ in events] == [
+        "message_start",
+        "ping",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_stop",
+        "message_delta",
+        "message_stop",
+    ]
     assert all(name == data["type"] for name, data in events)
     assert events[0][1]["message"]["content"] == [] and events[0][1]["message"]["stop_reason"] is None
     assert events[3][1]["delta"] == {"type": "text_delta", "text": "All done."}
@@ -151,11 +224,27 @@ def test_stream_tool_turn_event_sequence():
     req = anthropic_messages.decode(fixture("claude-bare.req2")["body"])
     events = parse_sse(anthropic_messages.encode_stream(tool_turn(), req))
     block = ["content_block_start", "content_block_delta", "content_block_stop"]
-    assert [n for n, _ in events] == ["message_start", "ping",
-                                      "content_block_start", "content_block_delta", "content_block_delta",
-                                      "content_block_stop", *block, *block, *block, "message_delta", "message_stop"]
+    assert [n for n, _ in events] == [
+        "message_start",
+        "ping",
+        "content_block_start",
+        "content_block_delta",
+        "content_block_delta",
+        "content_block_stop",
+        *block,
+        *block,
+        *block,
+        "message_delta",
+        "message_stop",
+    ]
     deltas = [d["delta"]["type"] for n, d in events if n == "content_block_delta"]
-    assert deltas == ["thinking_delta", "signature_delta", "text_delta", "input_json_delta", "input_json_delta"]
+    assert deltas == [
+        "thinking_delta",
+        "signature_delta",
+        "text_delta",
+        "input_json_delta",
+        "input_json_delta",
+    ]
     assert [d["index"] for n, d in events if n == "content_block_start"] == [0, 1, 2, 3]
     assert events[-2][1]["delta"]["stop_reason"] == "tool_use"
 
@@ -193,16 +282,25 @@ def test_round_trip_tool_turn_then_follow_up(stream):
         blocks = on_wire(anthropic_messages.encode_response(turn, req))["content"]
     assert blocks == on_wire(anthropic_messages.encode_response(turn, req))["content"]
     follow = copy.deepcopy(first)
-    follow["messages"] += [{"role": "assistant", "content": blocks},
-                           {"role": "user", "content": [{"type": "tool_result", "tool_use_id": b["id"], "content": "ok"}
-                                                        for b in blocks if b["type"] == "tool_use"]}]
+    follow["messages"] += [
+        {"role": "assistant", "content": blocks},
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": b["id"], "content": "ok"}
+                for b in blocks
+                if b["type"] == "tool_use"
+            ],
+        },
+    ]
     again = anthropic_messages.decode(follow)
     msgs = again.conversation.messages
     assert [m.role for m in msgs] == ["system", "user", "assistant", "tool", "tool"]
     assistant = msgs[2]
     assert (assistant.content, assistant.reasoning) == (turn.content, turn.reasoning)
     assert [(c.id, c.name, json.loads(c.arguments)) for c in assistant.tool_calls] == [
-        (c.id, c.name, json.loads(c.arguments)) for c in turn.tool_calls]
+        (c.id, c.name, json.loads(c.arguments)) for c in turn.tool_calls
+    ]
     assert assistant == turn.as_message()  # json.dumps of the parsed input gives the same text back
     assert call_id_from_ref(again.assistant_refs[2]) == turn.call_id
 
@@ -210,8 +308,9 @@ def test_round_trip_tool_turn_then_follow_up(stream):
 def test_custom_tool_text_is_wrapped_as_an_input_object():
     from polar_env.chat.messages import ToolCall
 
-    assert anthropic_messages.tool_input(ToolCall(id="a", name="p", arguments="*** Begin", kind="custom")) == {
-        "input": "*** Begin"}
+    assert anthropic_messages.tool_input(
+        ToolCall(id="a", name="p", arguments="*** Begin", kind="custom")
+    ) == {"input": "*** Begin"}
     assert anthropic_messages.tool_input(ToolCall(id="a", name="p", arguments='{"x": 1}')) == {"x": 1}
 
 
@@ -221,5 +320,6 @@ def test_error_body_shape():
     assert on_wire(anthropic_messages.encode_error(529, "busy"))["error"]["type"] == "overloaded_error"
     assert on_wire(anthropic_messages.encode_error(502, "down"))["error"]["type"] == "api_error"
     assert on_wire(anthropic_messages.encode_error(401, "who"))["error"]["type"] == "authentication_error"
-    assert parse_sse([anthropic_messages.encode_stream_error(anthropic_messages.encode_error(400, "bad"))]) == [
-        ("error", body)]
+    assert parse_sse(
+        [anthropic_messages.encode_stream_error(anthropic_messages.encode_error(400, "bad"))]
+    ) == [("error", body)]

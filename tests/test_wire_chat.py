@@ -30,8 +30,11 @@ def test_pi_second_request_carries_the_tool_round():
     assistant, result = req.conversation.messages[2:]
     assert assistant.content == ""  # content: null
     [call] = assistant.tool_calls
-    assert (call.id, call.name, json.loads(call.arguments)) == ("call_331ebc17cec1", "bash",
-                                                                 {"command": "echo hi > out.txt"})
+    assert (call.id, call.name, json.loads(call.arguments)) == (
+        "call_331ebc17cec1",
+        "bash",
+        {"command": "echo hi > out.txt"},
+    )
     assert result.tool_call_id == "call_331ebc17cec1" and result.content == "(no output)"
 
 
@@ -39,18 +42,24 @@ def _base(**kw):
     return {"model": "m", "messages": [{"role": "user", "content": "hi"}], **kw}
 
 
-@pytest.mark.parametrize("body, needle", [
-    ([1, 2], "must be a JSON object"),
-    ({"messages": [{"role": "user", "content": "hi"}]}, "model"),
-    ({"model": "m"}, "messages"),
-    ({"model": "m", "messages": []}, "messages"),
-    ({"model": "m", "messages": [{"role": "wizard", "content": "hi"}]}, "role"),
-    ({"model": "m", "messages": [{"role": "user", "content": 7}]}, "content"),
-    ({"model": 3, "messages": [{"role": "user", "content": "hi"}]}, "model"),
-    (_base(messages=[{"role": "tool", "content": "x"}]), "tool_call_id"),
-    (_base(messages=[{"role": "assistant", "tool_calls": [{"id": "a", "type": "function"}]}]), "function"),
-    (_base(temperature="hot"), "temperature"),
-])
+@pytest.mark.parametrize(
+    "body, needle",
+    [
+        ([1, 2], "must be a JSON object"),
+        ({"messages": [{"role": "user", "content": "hi"}]}, "model"),
+        ({"model": "m"}, "messages"),
+        ({"model": "m", "messages": []}, "messages"),
+        ({"model": "m", "messages": [{"role": "wizard", "content": "hi"}]}, "role"),
+        ({"model": "m", "messages": [{"role": "user", "content": 7}]}, "content"),
+        ({"model": 3, "messages": [{"role": "user", "content": "hi"}]}, "model"),
+        (_base(messages=[{"role": "tool", "content": "x"}]), "tool_call_id"),
+        (
+            _base(messages=[{"role": "assistant", "tool_calls": [{"id": "a", "type": "function"}]}]),
+            "function",
+        ),
+        (_base(temperature="hot"), "temperature"),
+    ],
+)
 def test_malformed_bodies_are_400_naming_the_problem(body, needle):
     with pytest.raises(WireError) as err:
         openai_chat.decode(body)
@@ -58,11 +67,24 @@ def test_malformed_bodies_are_400_naming_the_problem(body, needle):
 
 
 def test_developer_role_parts_and_reasoning_map_to_canonical():
-    req = openai_chat.decode(_base(max_tokens=5, temperature=0.2, top_p=0.9, messages=[
-        {"role": "developer", "content": [{"type": "text", "text": "be brief"}]},
-        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url", "image_url": {"url": "x"}}]},
-        {"role": "assistant", "content": "ok", "reasoning_content": "thinking"},
-    ]))
+    req = openai_chat.decode(
+        _base(
+            max_tokens=5,
+            temperature=0.2,
+            top_p=0.9,
+            messages=[
+                {"role": "developer", "content": [{"type": "text", "text": "be brief"}]},
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "a"},
+                        {"type": "image_url", "image_url": {"url": "x"}},
+                    ],
+                },
+                {"role": "assistant", "content": "ok", "reasoning_content": "thinking"},
+            ],
+        )
+    )
     system, user, assistant = req.conversation.messages
     assert system.role == "system" and system.content == "be brief"
     assert user.content == "a\n[image]" and "placeholder:image" in req.flags
@@ -80,18 +102,29 @@ def test_encode_response_tool_turn():
     assert choice["finish_reason"] == "tool_calls"
     msg = choice["message"]
     assert msg["content"] == "Let me look." and msg["reasoning_content"] == "I should list files."
-    assert [(c["id"], c["function"]["name"]) for c in msg["tool_calls"]] == [("call_c0ffee_0", "bash"),
-                                                                          ("call_c0ffee_1", "read")]
+    assert [(c["id"], c["function"]["name"]) for c in msg["tool_calls"]] == [
+        ("call_c0ffee_0", "bash"),
+        ("call_c0ffee_1", "read"),
+    ]
     assert body["usage"] == {"prompt_tokens": 30, "completion_tokens": 20, "total_tokens": 50}
 
 
 def test_finish_reasons():
     req = openai_chat.decode(_base())
     assert on_wire(openai_chat.encode_response(text_turn(), req))["choices"][0]["finish_reason"] == "stop"
-    assert on_wire(openai_chat.encode_response(text_turn(finish_reason="length"), req))["choices"][0]["finish_reason"] == "length"
+    assert (
+        on_wire(openai_chat.encode_response(text_turn(finish_reason="length"), req))["choices"][0][
+            "finish_reason"
+        ]
+        == "length"
+    )
     # a turn marked tool_calls whose calls failed to parse is answered as text
-    assert on_wire(openai_chat.encode_response(text_turn(finish_reason="tool_calls"), req))["choices"][0][
-        "finish_reason"] == "stop"
+    assert (
+        on_wire(openai_chat.encode_response(text_turn(finish_reason="tool_calls"), req))["choices"][0][
+            "finish_reason"
+        ]
+        == "stop"
+    )
 
 
 def _kinds(events):
@@ -120,8 +153,16 @@ def test_stream_text_turn_event_sequence():
 def test_stream_tool_turn_reassembles_like_pi():
     req = openai_chat.decode(fixture("pi-chat.req1")["body"])
     events = parse_sse(openai_chat.encode_stream(tool_turn(), req))
-    assert _kinds(events) == ["content+role", "reasoning_content", "content", "tool_calls", "tool_calls",
-                              "tool_calls", "usage", "[DONE]"]
+    assert _kinds(events) == [
+        "content+role",
+        "reasoning_content",
+        "content",
+        "tool_calls",
+        "tool_calls",
+        "tool_calls",
+        "usage",
+        "[DONE]",
+    ]
     content, calls = "", {}
     for _, data in events[:-2]:
         delta = data["choices"][0]["delta"]
@@ -141,8 +182,15 @@ def test_round_trip_tool_turn_then_follow_up():
     req = openai_chat.decode(first)
     turn = tool_turn()
     answer = on_wire(openai_chat.encode_response(turn, req))["choices"][0]["message"]
-    follow = {**first, "messages": first["messages"] + [answer] + [
-        {"role": "tool", "tool_call_id": c["id"], "content": f"out {i}"} for i, c in enumerate(answer["tool_calls"])]}
+    follow = {
+        **first,
+        "messages": first["messages"]
+        + [answer]
+        + [
+            {"role": "tool", "tool_call_id": c["id"], "content": f"out {i}"}
+            for i, c in enumerate(answer["tool_calls"])
+        ],
+    }
     again = openai_chat.decode(follow)
     assistant = again.conversation.messages[2]
     assert assistant == turn.as_message()
@@ -158,13 +206,31 @@ def test_error_body_shape():
 
 
 def test_custom_tools_and_calls():
-    req = openai_chat.decode(_base(
-        tools=[{"type": "custom", "custom": {"name": "apply_patch", "description": "patch files",
-                                             "format": {"type": "grammar", "syntax": "lark", "definition": "start: x"}}},
-               {"type": "web_search"}],
-        messages=[{"role": "user", "content": "hi"},
-                  {"role": "assistant", "content": None,
-                   "tool_calls": [{"id": "c1", "type": "custom", "custom": {"name": "apply_patch", "input": "*** x"}}]}]))
+    req = openai_chat.decode(
+        _base(
+            tools=[
+                {
+                    "type": "custom",
+                    "custom": {
+                        "name": "apply_patch",
+                        "description": "patch files",
+                        "format": {"type": "grammar", "syntax": "lark", "definition": "start: x"},
+                    },
+                },
+                {"type": "web_search"},
+            ],
+            messages=[
+                {"role": "user", "content": "hi"},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {"id": "c1", "type": "custom", "custom": {"name": "apply_patch", "input": "*** x"}}
+                    ],
+                },
+            ],
+        )
+    )
     [tool] = req.conversation.tools
     assert tool.kind == "custom" and "start: x" in tool.description and "lark" in tool.description
     assert "skipped_tool:web_search" in req.flags

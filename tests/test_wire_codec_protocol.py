@@ -15,14 +15,21 @@ from polar_env.proxy.codecs import anthropic_messages, gemini_generate_content
 from polar_env.proxy.codecs.protocol import Codec, CountingCodec
 from polar_env.wire.shape import encode
 
-REQUESTS = {"chat": "pi-chat.req2", "responses": "codex.req2", "messages": "claude-bare.req2",
-            "gemini": "gemini.req1"}
+REQUESTS = {
+    "chat": "pi-chat.req2",
+    "responses": "codex.req2",
+    "messages": "claude-bare.req2",
+    "gemini": "gemini.req1",
+}
 COUNTING = {"messages": anthropic_messages, "gemini": gemini_generate_content}  # the APIs with a count route
 
 
 def methods(protocol: type) -> list[str]:
-    return sorted(name for name, value in vars(protocol).items()
-                  if inspect.isfunction(value) and not name.startswith("__"))
+    return sorted(
+        name
+        for name, value in vars(protocol).items()
+        if inspect.isfunction(value) and not name.startswith("__")
+    )
 
 
 METHODS = methods(Codec)
@@ -30,8 +37,14 @@ ATTRIBUTES = sorted(name for name, value in vars(Codec).items() if isinstance(va
 
 
 def test_the_protocol_names_what_the_front_calls():
-    assert {"decode", "encode_response", "encode_stream", "encode_stream_error", "encode_error",
-            "encode_overflow"} <= set(METHODS)
+    assert {
+        "decode",
+        "encode_response",
+        "encode_stream",
+        "encode_stream_error",
+        "encode_error",
+        "encode_overflow",
+    } <= set(METHODS)
     assert {"API", "KEEPALIVE"} <= set(ATTRIBUTES)
 
 
@@ -57,12 +70,16 @@ def test_each_counting_codec_satisfies_its_protocol(api):
 def assert_has_methods(module, protocol: type, names: list[str]) -> None:
     api = module.API
     for name in names:
-        wanted = [p for p in inspect.signature(getattr(protocol, name)).parameters.values()
-                  if p.name != "self" and p.kind is p.POSITIONAL_OR_KEYWORD]
+        wanted = [
+            p
+            for p in inspect.signature(getattr(protocol, name)).parameters.values()
+            if p.name != "self" and p.kind is p.POSITIONAL_OR_KEYWORD
+        ]
         got = list(inspect.signature(getattr(module, name)).parameters.values())
-        assert [p.name for p in got[:len(wanted)]] == [p.name for p in wanted], (api, name)
-        assert all(p.default is not p.empty for p in got[len(wanted):]
-                   if p.kind is p.POSITIONAL_OR_KEYWORD), (api, name, "extra parameters need defaults")
+        assert [p.name for p in got[: len(wanted)]] == [p.name for p in wanted], (api, name)
+        assert all(
+            p.default is not p.empty for p in got[len(wanted) :] if p.kind is p.POSITIONAL_OR_KEYWORD
+        ), (api, name, "extra parameters need defaults")
 
 
 @pytest.mark.parametrize("api", sorted(API_MODULES))
@@ -74,5 +91,5 @@ def test_a_streams_head_is_the_start_of_its_stream(api):
     req = module.decode(request, "served", stream=True) if api == "gemini" else module.decode(request)
     turn = tool_turn()
     head = module.encode_stream_head(req, turn.call_id, turn.model, turn.created_at)
-    assert head == module.encode_stream(turn, req)[:len(head)]
+    assert head == module.encode_stream(turn, req)[: len(head)]
     assert (len(head) > 0) is (api == "responses")  # the API that opens with events of its own

@@ -36,14 +36,20 @@ def test_issued_refs_carry_the_call_id():
 
 
 def _req(*messages: Message, refs=None) -> DecodedRequest:
-    return DecodedRequest(conversation=Conversation(messages=list(messages)), model="m", raw_model="m",
-                          assistant_refs=refs if refs is not None else [None] * len(messages))
+    return DecodedRequest(
+        conversation=Conversation(messages=list(messages)),
+        model="m",
+        raw_model="m",
+        assistant_refs=refs if refs is not None else [None] * len(messages),
+    )
 
 
 def test_billing_header_is_stripped_only_from_system_messages():
     header = "x-anthropic-billing-header: cc_version=2.1.197.66a; cc_entrypoint=sdk-cli;"
-    req = _req(Message(role="system", content=f"{header}\nYou are an agent."),
-               Message(role="user", content=f"{header}\nquoted by the user"))
+    req = _req(
+        Message(role="system", content=f"{header}\nYou are an agent."),
+        Message(role="user", content=f"{header}\nquoted by the user"),
+    )
     out = volatile.apply(req)
     assert out.conversation.messages[0].content == "You are an agent."
     assert out.conversation.messages[1].content.startswith(header)  # user text is never touched
@@ -52,8 +58,12 @@ def test_billing_header_is_stripped_only_from_system_messages():
 
 def test_system_message_left_empty_is_dropped_and_refs_stay_aligned():
     header = "x-anthropic-billing-header: cc_version=2.1.197.f66; cc_entrypoint=sdk-cli;"
-    req = _req(Message(role="system", content=header), Message(role="user", content="hi"),
-               Message(role="assistant", content="hello"), refs=[None, None, "polar:v1:abc"])
+    req = _req(
+        Message(role="system", content=header),
+        Message(role="user", content="hi"),
+        Message(role="assistant", content="hello"),
+        refs=[None, None, "polar:v1:abc"],
+    )
     out = volatile.apply(req)
     assert [m.role for m in out.conversation.messages] == ["user", "assistant"]
     assert out.assistant_refs == [None, "polar:v1:abc"]
@@ -63,14 +73,25 @@ def test_a_user_message_that_is_all_per_call_context_is_dropped_so_the_next_call
     """A harness that moves a context message to the end of every request (OpenClaw): with the message
     gone, call 2's conversation starts with call 1's, as the chain builder needs."""
     rule = VolatileRule("tail", frozenset({"user"}), re.compile(r"<ctx>.*?</ctx>\s*", re.DOTALL))
-    first = volatile.apply(_req(Message(role="user", content="fix it"), Message(role="user", content="<ctx>a\n</ctx>")),
-                           (rule,))
-    second = volatile.apply(_req(Message(role="user", content="fix it"), Message(role="assistant", content="ok"),
-                                 Message(role="user", content="<ctx>b</ctx>\nand the test"),
-                                 Message(role="user", content="<ctx>c</ctx>"), refs=[None, "polar:v1:x", None, None]),
-                            (rule,))
+    first = volatile.apply(
+        _req(Message(role="user", content="fix it"), Message(role="user", content="<ctx>a\n</ctx>")), (rule,)
+    )
+    second = volatile.apply(
+        _req(
+            Message(role="user", content="fix it"),
+            Message(role="assistant", content="ok"),
+            Message(role="user", content="<ctx>b</ctx>\nand the test"),
+            Message(role="user", content="<ctx>c</ctx>"),
+            refs=[None, "polar:v1:x", None, None],
+        ),
+        (rule,),
+    )
     assert [m.content for m in first.conversation.messages] == ["fix it"] and first.flags == ["stripped:tail"]
-    assert [m.content for m in second.conversation.messages] == ["fix it", "ok", "and the test"]  # text left: kept
+    assert [m.content for m in second.conversation.messages] == [
+        "fix it",
+        "ok",
+        "and the test",
+    ]  # text left: kept
     assert second.assistant_refs == [None, "polar:v1:x", None]
 
 
@@ -100,8 +121,10 @@ def test_pi_decodes_to_the_same_canonical_conversation_over_all_three_apis():
     messages = anthropic_messages.decode(fixture("pi-anthropic.req2")["body"]).conversation
 
     def shape(conv):  # tool-call ids differ per capture (each fake server issued its own)
-        return [(m.role, m.content, m.reasoning, [(c.name, json.loads(c.arguments)) for c in m.tool_calls])
-                for m in conv.messages]
+        return [
+            (m.role, m.content, m.reasoning, [(c.name, json.loads(c.arguments)) for c in m.tool_calls])
+            for m in conv.messages
+        ]
 
     assert shape(chat) == shape(responses) == shape(messages)
     assert [m.fingerprint() for m in chat.messages[:2]] == [m.fingerprint() for m in messages.messages[:2]]

@@ -26,7 +26,7 @@ def sse_chunks(raw: bytes) -> list[dict]:
     """The genai SDKs' reading of an SSE answer: ``data:`` events, blank keep-alive lines skipped."""
     text = raw.decode()
     assert text.endswith("\r\n\r\n"), text[-50:]
-    return [json.loads(event.strip()[len("data: "):]) for event in text.split("\r\n\r\n") if event.strip()]
+    return [json.loads(event.strip()[len("data: ") :]) for event in text.split("\r\n\r\n") if event.strip()]
 
 
 def test_gemini_cli_first_request_decodes():
@@ -65,66 +65,126 @@ def test_gemini_cli_tool_round_becomes_a_tool_message_with_the_issued_ids():
 
 
 def test_parts_map_in_order_and_snake_case_is_accepted():
-    req = gemini.decode({
-        "system_instruction": {"parts": [{"text": "be brief"}]},
-        "contents": [
-            {"role": "user", "parts": [{"text": "look"}, {"inline_data": {"mime_type": "image/png", "data": "xx"}}]},
-            {"role": "model", "parts": [{"text": "hmm", "thought": True}, {"text": "calling"},
-                                        {"functionCall": {"name": "read", "args": {"path": "/x"}}},
-                                        {"functionCall": {"name": "bash", "args": {"command": "ls"}}}]},
-            {"role": "user", "parts": [{"functionResponse": {"name": "bash", "response": {"output": "a\nb"}}},
-                                       {"functionResponse": {"name": "read", "response": {"error": "no"}}},
-                                       {"text": "go on"}]}],
-        "tools": [{"functionDeclarations": [{"name": "read", "parameters": {"type": "OBJECT"}},
-                                            {"name": "bash"}]}, {"googleSearch": {}}],
-        "generationConfig": {"temperature": 0.3, "max_output_tokens": 99, "stopSequences": ["END"]}})
+    req = gemini.decode(
+        {
+            "system_instruction": {"parts": [{"text": "be brief"}]},
+            "contents": [
+                {
+                    "role": "user",
+                    "parts": [{"text": "look"}, {"inline_data": {"mime_type": "image/png", "data": "xx"}}],
+                },
+                {
+                    "role": "model",
+                    "parts": [
+                        {"text": "hmm", "thought": True},
+                        {"text": "calling"},
+                        {"functionCall": {"name": "read", "args": {"path": "/x"}}},
+                        {"functionCall": {"name": "bash", "args": {"command": "ls"}}},
+                    ],
+                },
+                {
+                    "role": "user",
+                    "parts": [
+                        {"functionResponse": {"name": "bash", "response": {"output": "a\nb"}}},
+                        {"functionResponse": {"name": "read", "response": {"error": "no"}}},
+                        {"text": "go on"},
+                    ],
+                },
+            ],
+            "tools": [
+                {
+                    "functionDeclarations": [
+                        {"name": "read", "parameters": {"type": "OBJECT"}},
+                        {"name": "bash"},
+                    ]
+                },
+                {"googleSearch": {}},
+            ],
+            "generationConfig": {"temperature": 0.3, "max_output_tokens": 99, "stopSequences": ["END"]},
+        }
+    )
     msgs = req.conversation.messages
     assert [m.role for m in msgs] == ["system", "user", "assistant", "tool", "tool", "user"]
     assert (msgs[0].content, msgs[1].content) == ("be brief", "look\n[image]")
     assert (msgs[2].reasoning, msgs[2].content) == ("hmm", "calling")
     read_id, bash_id = (c.id for c in msgs[2].tool_calls)
     # id-less results answer the pending call of the same name, whatever their order
-    assert [(m.tool_call_id, m.content) for m in msgs[3:5]] == [(bash_id, "a\nb"), (read_id, '{"error": "no"}')]
+    assert [(m.tool_call_id, m.content) for m in msgs[3:5]] == [
+        (bash_id, "a\nb"),
+        (read_id, '{"error": "no"}'),
+    ]
     assert [t.name for t in req.conversation.tools] == ["read", "bash"]
     assert "skipped_tool:googleSearch" in req.flags and "placeholder:image" in req.flags
     assert req.requested_sampling == {"temperature": 0.3, "max_tokens": 99} and req.stop == ["END"]
 
 
-@pytest.mark.parametrize("config, mode, name", [
-    ({"mode": "NONE"}, "auto", None),  # the tools are hidden
-    ({"mode": "ANY"}, "required", None),
-    ({"mode": "ANY", "allowedFunctionNames": ["bash"]}, "function", "bash"),
-    ({"mode": "AUTO"}, "auto", None),
-])
+@pytest.mark.parametrize(
+    "config, mode, name",
+    [
+        ({"mode": "NONE"}, "auto", None),  # the tools are hidden
+        ({"mode": "ANY"}, "required", None),
+        ({"mode": "ANY", "allowedFunctionNames": ["bash"]}, "function", "bash"),
+        ({"mode": "AUTO"}, "auto", None),
+    ],
+)
 def test_function_calling_config_maps_to_tool_choice(config, mode, name):
-    body = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}],
-            "tools": [{"functionDeclarations": [{"name": "bash"}, {"name": "read"}]}],
-            "toolConfig": {"functionCallingConfig": config}}
+    body = {
+        "contents": [{"role": "user", "parts": [{"text": "hi"}]}],
+        "tools": [{"functionDeclarations": [{"name": "bash"}, {"name": "read"}]}],
+        "toolConfig": {"functionCallingConfig": config},
+    }
     req = gemini.decode(body)
     assert (req.tool_choice.mode, req.tool_choice.name) == (mode, name)
     assert bool(req.conversation.tools) == (config["mode"] != "NONE")
 
 
-@pytest.mark.parametrize("body, needle", [
-    (None, "must be a JSON object"),
-    ({}, "contents"),
-    ({"contents": []}, "contents"),
-    ({"contents": [{"role": "robot", "parts": [{"text": "x"}]}]}, "contents.0.role"),
-    ({"contents": [{"role": "user", "parts": []}]}, "contents.0.parts must not be empty"),
-    ({"contents": [{"role": "user", "parts": [{"functionCall": {"name": "x"}}]}]}, "belong in model turns"),
-    ({"contents": [{"role": "model", "parts": [{"functionResponse": {"name": "x"}}]}]}, "belong in user turns"),
-    ({"contents": [{"role": "user", "parts": [{"functionResponse": {"response": {}}}]}]},
-     "contents.0.parts.0.functionResponse.name"),
-    ({"contents": [{"role": "user", "parts": [{}]}]}, "contents.0.parts.0: a part here needs text"),
-    ({"contents": [{"parts": [{"text": "x"}]}], "tools": [{"functionDeclarations": [{"description": "no name"}]}]},
-     "tools.0.functionDeclarations.0.name"),
-    ({"contents": [{"parts": [{"text": "x"}]}], "generationConfig": {"candidateCount": 2}}, "candidateCount"),
-    ({"contents": [{"parts": [{"text": "x"}]}], "generationConfig": {"topP": 0}}, "top_p"),
-    ({"contents": [{"parts": [{"text": "x"}]}], "generationConfig": {"maxOutputTokens": 0}}, "max_tokens"),
-    ({"contents": [{"parts": [{"text": "x"}]}], "cachedContent": "cachedContents/1"}, "cachedContent"),
-    ({"contents": [{"parts": [{"text": "x"}]}], "toolConfig": {"functionCallingConfig": {"mode": "ANY"}}},
-     "needs tools"),
-])
+@pytest.mark.parametrize(
+    "body, needle",
+    [
+        (None, "must be a JSON object"),
+        ({}, "contents"),
+        ({"contents": []}, "contents"),
+        ({"contents": [{"role": "robot", "parts": [{"text": "x"}]}]}, "contents.0.role"),
+        ({"contents": [{"role": "user", "parts": []}]}, "contents.0.parts must not be empty"),
+        (
+            {"contents": [{"role": "user", "parts": [{"functionCall": {"name": "x"}}]}]},
+            "belong in model turns",
+        ),
+        (
+            {"contents": [{"role": "model", "parts": [{"functionResponse": {"name": "x"}}]}]},
+            "belong in user turns",
+        ),
+        (
+            {"contents": [{"role": "user", "parts": [{"functionResponse": {"response": {}}}]}]},
+            "contents.0.parts.0.functionResponse.name",
+        ),
+        ({"contents": [{"role": "user", "parts": [{}]}]}, "contents.0.parts.0: a part here needs text"),
+        (
+            {
+                "contents": [{"parts": [{"text": "x"}]}],
+                "tools": [{"functionDeclarations": [{"description": "no name"}]}],
+            },
+            "tools.0.functionDeclarations.0.name",
+        ),
+        (
+            {"contents": [{"parts": [{"text": "x"}]}], "generationConfig": {"candidateCount": 2}},
+            "candidateCount",
+        ),
+        ({"contents": [{"parts": [{"text": "x"}]}], "generationConfig": {"topP": 0}}, "top_p"),
+        (
+            {"contents": [{"parts": [{"text": "x"}]}], "generationConfig": {"maxOutputTokens": 0}},
+            "max_tokens",
+        ),
+        ({"contents": [{"parts": [{"text": "x"}]}], "cachedContent": "cachedContents/1"}, "cachedContent"),
+        (
+            {
+                "contents": [{"parts": [{"text": "x"}]}],
+                "toolConfig": {"functionCallingConfig": {"mode": "ANY"}},
+            },
+            "needs tools",
+        ),
+    ],
+)
 def test_malformed_bodies_are_400_naming_the_problem(body, needle):
     with pytest.raises(WireError) as err:
         gemini.decode(body)
@@ -146,12 +206,23 @@ def test_encode_response_shapes_and_finish_reasons():
     parts = candidate["content"]["parts"]
     assert candidate["content"]["role"] == "model" and candidate["finishReason"] == "STOP"
     assert parts[0] == {"text": "I should list files.", "thought": True}
-    assert parts[1] == {"text": "Let me look.", "thoughtSignature": base64.b64encode(b"polar:v1:c0ffee0002").decode()}
+    assert parts[1] == {
+        "text": "Let me look.",
+        "thoughtSignature": base64.b64encode(b"polar:v1:c0ffee0002").decode(),
+    }
     assert parts[2]["functionCall"] == {"id": "call_c0ffee_0", "name": "bash", "args": {"command": "ls -la"}}
-    assert body["usageMetadata"] == {"promptTokenCount": 30, "candidatesTokenCount": 20, "totalTokenCount": 50}
+    assert body["usageMetadata"] == {
+        "promptTokenCount": 30,
+        "candidatesTokenCount": 20,
+        "totalTokenCount": 50,
+    }
     assert body["modelVersion"] == "polar-model" and body["responseId"] == "c0ffee0002"
-    assert on_wire(gemini.encode_response(text_turn(finish_reason="length"), req))["candidates"][0][
-        "finishReason"] == "MAX_TOKENS"
+    assert (
+        on_wire(gemini.encode_response(text_turn(finish_reason="length"), req))["candidates"][0][
+            "finishReason"
+        ]
+        == "MAX_TOKENS"
+    )
 
 
 def test_stream_sends_reasoning_then_the_answer_with_finish_and_usage():
@@ -161,7 +232,10 @@ def test_stream_sends_reasoning_then_the_answer_with_finish_and_usage():
     first, last = sse_chunks(b"".join(frames))
     assert first["candidates"][0]["content"]["parts"] == [{"text": "I should list files.", "thought": True}]
     assert "finishReason" not in first["candidates"][0] and "usageMetadata" not in first
-    assert last["candidates"][0]["finishReason"] == "STOP" and last["usageMetadata"]["candidatesTokenCount"] == 20
+    assert (
+        last["candidates"][0]["finishReason"] == "STOP"
+        and last["usageMetadata"]["candidatesTokenCount"] == 20
+    )
     text_only = sse_chunks(b"".join(gemini.encode_stream(text_turn(), req)))
     assert len(text_only) == 1 and text_only[0]["candidates"][0]["content"]["parts"][0]["text"] == "All done."
 
@@ -172,13 +246,26 @@ def test_round_trip_tool_turn_then_follow_up(stream):
     req = gemini.decode(first, "polar-model", stream=stream)
     turn = tool_turn()
     if stream:  # how Gemini CLI keeps a streamed turn: the parts of every chunk, in order
-        parts = [p for frame in gemini.encode_stream(turn, req) for c in sse_chunks(frame)
-                 for p in c["candidates"][0]["content"]["parts"]]
+        parts = [
+            p
+            for frame in gemini.encode_stream(turn, req)
+            for c in sse_chunks(frame)
+            for p in c["candidates"][0]["content"]["parts"]
+        ]
     else:
         parts = on_wire(gemini.encode_response(turn, req))["candidates"][0]["content"]["parts"]
     follow = copy.deepcopy(first)
-    results = [{"functionResponse": {"id": p["functionCall"]["id"], "name": p["functionCall"]["name"],
-                                     "response": {"output": "ok"}}} for p in parts if "functionCall" in p]
+    results = [
+        {
+            "functionResponse": {
+                "id": p["functionCall"]["id"],
+                "name": p["functionCall"]["name"],
+                "response": {"output": "ok"},
+            }
+        }
+        for p in parts
+        if "functionCall" in p
+    ]
     follow["contents"] += [{"role": "model", "parts": parts}, {"role": "user", "parts": results}]
     again = gemini.decode(follow, "polar-model")
     msgs = again.conversation.messages
@@ -190,12 +277,14 @@ def test_round_trip_tool_turn_then_follow_up(stream):
 
 def test_error_bodies_are_googles_shape():
     assert on_wire(gemini.encode_error(400, "bad")) == {
-        "error": {"code": 400, "message": "bad", "status": "INVALID_ARGUMENT"}}
+        "error": {"code": 400, "message": "bad", "status": "INVALID_ARGUMENT"}
+    }
     assert on_wire(gemini.encode_error(401, "who"))["error"]["status"] == "UNAUTHENTICATED"
     assert on_wire(gemini.encode_error(429, "slow"))["error"]["status"] == "RESOURCE_EXHAUSTED"
     assert on_wire(gemini.encode_error(503, "down"))["error"]["status"] == "UNAVAILABLE"
     assert on_wire(gemini.encode_overflow(5000, 4096))["error"]["message"] == (
-        "The input token count (5000) exceeds the maximum number of tokens allowed (4095).")
+        "The input token count (5000) exceeds the maximum number of tokens allowed (4095)."
+    )
     # after the stream started: the bare error object on one line, not a data: event
     line = gemini.encode_stream_error(gemini.encode_error(500, "boom"))
     assert line.endswith(b"\n") and line.count(b"\n") == 1
@@ -205,16 +294,23 @@ def test_error_bodies_are_googles_shape():
 def test_json_array_stream_and_count_tokens_bodies():
     """Without ``alt=sse`` the chunks come as one array; logprobs ride on the last chunk's candidate."""
     req = gemini.decode(fixture("gemini.req1")["body"], "polar-model", stream=True, sse=False)
-    turn = tool_turn(logprobs=[TokenLogprob(token="a", logprob=-0.5, bytes=[97]),
-                               TokenLogprob(token="b", logprob=-1.5, bytes=[98])])
+    turn = tool_turn(
+        logprobs=[
+            TokenLogprob(token="a", logprob=-0.5, bytes=[97]),
+            TokenLogprob(token="b", logprob=-1.5, bytes=[98]),
+        ]
+    )
     first, last = on_wire(gemini.encode_response(turn, req))
-    assert first["candidates"][0] == {"content": {"role": "model", "parts": [
-        {"text": "I should list files.", "thought": True}]}, "index": 0}
+    assert first["candidates"][0] == {
+        "content": {"role": "model", "parts": [{"text": "I should list files.", "thought": True}]},
+        "index": 0,
+    }
     assert "usageMetadata" not in first and last["usageMetadata"]["totalTokenCount"] == 50
     candidate = last["candidates"][0]
     assert candidate["avgLogprobs"] == -1.0 and candidate["logprobsResult"] == {
         "chosenCandidates": [{"token": "a", "logProbability": -0.5}, {"token": "b", "logProbability": -1.5}],
-        "topCandidates": []}
+        "topCandidates": [],
+    }
     assert on_wire(gemini.encode_count(42)) == {"totalTokens": 42}
 
 
@@ -229,8 +325,10 @@ async def test_gemini_cli_requests_through_the_proxy(renderer, scripted_backend_
         return "All done."
 
     config = EngineConfig(max_context=65536, default_max_tokens=64)
-    async with running_proxy(renderer, scripted_backend_factory(policy), tmp_path, config=config) as proxy, \
-            aiohttp.ClientSession() as http:
+    async with (
+        running_proxy(renderer, scripted_backend_factory(policy), tmp_path, config=config) as proxy,
+        aiohttp.ClientSession() as http,
+    ):
         sid, key = proxy.create_session("g")
         base = f"{proxy.base_url}/s/{sid}"
         first, second = fixture("gemini.req1")["body"], copy.deepcopy(fixture("gemini.req2")["body"])
@@ -247,22 +345,43 @@ async def test_gemini_cli_requests_through_the_proxy(renderer, scripted_backend_
             [chunk] = sse_chunks(await resp.read())
         assert chunk["candidates"][0]["content"]["parts"][0]["text"] == "All done."
         small = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}
-        async with http.post(base + "/v1beta/models/polar-model:streamGenerateContent", json=small,
-                             headers={"x-goog-api-key": key}) as resp:  # no alt=sse: one JSON array
+        async with http.post(
+            base + "/v1beta/models/polar-model:streamGenerateContent",
+            json=small,
+            headers={"x-goog-api-key": key},
+        ) as resp:  # no alt=sse: one JSON array
             [chunk] = await resp.json()
             assert resp.status == 200 and chunk["candidates"][0]["finishReason"] == "STOP"
-        async with http.post(base + "/v1beta/models/polar-model:countTokens", json={"contents": first["contents"]},
-                             headers={"x-goog-api-key": key}) as resp:
+        async with http.post(
+            base + "/v1beta/models/polar-model:countTokens",
+            json={"contents": first["contents"]},
+            headers={"x-goog-api-key": key},
+        ) as resp:
             assert resp.status == 200 and (await resp.json())["totalTokens"] > 100
         calls = await ledger_calls(http, proxy, sid)
-        assert [(c["api"], c["parent_call_index"]) for c in calls] == [("gemini", None), ("gemini", 0), ("gemini", None)]
+        assert [(c["api"], c["parent_call_index"]) for c in calls] == [
+            ("gemini", None),
+            ("gemini", 0),
+            ("gemini", None),
+        ]
         refusals = [
             (base + STREAM, first, {"x-goog-api-key": "pk-wrong"}, 401, "UNAUTHENTICATED"),
             (base + STREAM, first, {}, 401, "UNAUTHENTICATED"),
-            (base + "/v1beta/models/polar-model:embedContent", first, {"x-goog-api-key": key}, 404, "NOT_FOUND"),
+            (
+                base + "/v1beta/models/polar-model:embedContent",
+                first,
+                {"x-goog-api-key": key},
+                404,
+                "NOT_FOUND",
+            ),
             (base + STREAM, {"contents": []}, {"x-goog-api-key": key}, 400, "INVALID_ARGUMENT"),
-            (base + "/v1beta/models/polar-model:generateContent", b"{not json", {"x-goog-api-key": key}, 400,
-             "INVALID_ARGUMENT"),
+            (
+                base + "/v1beta/models/polar-model:generateContent",
+                b"{not json",
+                {"x-goog-api-key": key},
+                400,
+                "INVALID_ARGUMENT",
+            ),
         ]
         for url, body, headers, status, kind in refusals:
             data = body if isinstance(body, bytes) else json.dumps(body)

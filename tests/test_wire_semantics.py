@@ -22,8 +22,13 @@ SAID = {  # session id -> what the scripted policy answers there (the real model
 }
 USER = {"role": "user", "content": "What is the weather in Paris?"}
 CHAT_TOOLS = [{"type": "function", "function": WEATHER_TOOL}]
-ANTHROPIC_TOOLS = [{"name": "get_weather", "description": WEATHER_TOOL["description"],
-                    "input_schema": WEATHER_TOOL["parameters"]}]
+ANTHROPIC_TOOLS = [
+    {
+        "name": "get_weather",
+        "description": WEATHER_TOOL["description"],
+        "input_schema": WEATHER_TOOL["parameters"],
+    }
+]
 
 
 def policy(session_id, call_number, prompt_text):
@@ -32,7 +37,9 @@ def policy(session_id, call_number, prompt_text):
 
 @pytest.fixture
 async def proxy(renderer, scripted_backend_factory, tmp_path):
-    async with running_proxy(renderer, scripted_backend_factory(policy, context_window=64), tmp_path) as proxy:
+    async with running_proxy(
+        renderer, scripted_backend_factory(policy, context_window=64), tmp_path
+    ) as proxy:
         yield proxy
 
 
@@ -49,7 +56,10 @@ async def test_stop_sequences_cut_the_reply_and_the_chain_continues_the_recorded
         assert status == 200 and reply["choices"][0]["message"]["content"] == "Line one."
         assert reply["choices"][0]["finish_reason"] == "stop"
         # the harness sends back the text it got (without the stop string), then a new user turn
-        second = {**first, "messages": [USER, reply["choices"][0]["message"], {"role": "user", "content": "go on"}]}
+        second = {
+            **first,
+            "messages": [USER, reply["choices"][0]["message"], {"role": "user", "content": "go on"}],
+        }
         status, _ = await post(http, base + "/chat/completions", second, key)
         assert status == 200
         c0, c1 = await ledger_calls(http, proxy, sid)
@@ -66,19 +76,28 @@ async def test_stop_sequences_cut_the_reply_and_the_chain_continues_the_recorded
     sampled_text = renderer.tokenizer.decode(c0["sampled_ids"])
     assert sampled_text.startswith("Line one.\nEND") and "never" not in sampled_text
     assert len(c0["logprobs"]) == len(c0["sampled_ids"])
-    assert (c0["stop_sequence"], c0["finish_reason"], c0["requested_sampling"]["stop"]) == ("\nEND", "stop",
-                                                                                           ["\nEND", "zzz"])
+    assert (c0["stop_sequence"], c0["finish_reason"], c0["requested_sampling"]["stop"]) == (
+        "\nEND",
+        "stop",
+        ["\nEND", "zzz"],
+    )
     # token-exact: the next prompt continues the recorded ids, closing the turn the model did not close
     assert c1["parent_call_index"] == 0
-    glue = renderer.render_continuation([Message(role="user", content="go on")], previous_ended_with_eos=False)
+    glue = renderer.render_continuation(
+        [Message(role="user", content="go on")], previous_ended_with_eos=False
+    )
     assert c1["prompt_ids"] == c0["prompt_ids"] + c0["sampled_ids"] + glue
 
 
 async def test_tool_choice_is_enforced_by_prefilling_the_call_or_hiding_the_tools(proxy, renderer):
     async with aiohttp.ClientSession() as http:
         base, sid, key = await _session(proxy, "forced")
-        body = {"model": "m", "input": [USER], "tools": [{"type": "function", **WEATHER_TOOL}],
-                "tool_choice": {"type": "function", "name": "get_weather"}}
+        body = {
+            "model": "m",
+            "input": [USER],
+            "tools": [{"type": "function", **WEATHER_TOOL}],
+            "tool_choice": {"type": "function", "name": "get_weather"},
+        }
         status, reply = await post(http, base + "/responses", body, key)
         assert status == 200
         [call] = [item for item in reply["output"] if item["type"] == "function_call"]
@@ -91,15 +110,31 @@ async def test_tool_choice_is_enforced_by_prefilling_the_call_or_hiding_the_tool
         assert reply["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"] == '{"city": "Rome"}'
 
         base, nsid, key = await _session(proxy, "none")
-        body = {"model": "m", "max_tokens": 32, "messages": [USER], "tools": ANTHROPIC_TOOLS,
-                "tool_choice": {"type": "none"}}
+        body = {
+            "model": "m",
+            "max_tokens": 32,
+            "messages": [USER],
+            "tools": ANTHROPIC_TOOLS,
+            "tool_choice": {"type": "none"},
+        }
         status, reply = await post(http, base + "/messages", body, key)
         assert status == 200 and reply["content"][0]["text"] == "It is sunny."
 
-        for route, bad in (("/chat/completions", {"model": "m", "messages": [USER], "tools": CHAT_TOOLS,
-                                                  "tool_choice": {"type": "function", "function": {"name": "nope"}}}),
-                           ("/messages", {"model": "m", "max_tokens": 8, "messages": [USER],
-                                          "tool_choice": {"type": "any"}})):
+        for route, bad in (
+            (
+                "/chat/completions",
+                {
+                    "model": "m",
+                    "messages": [USER],
+                    "tools": CHAT_TOOLS,
+                    "tool_choice": {"type": "function", "function": {"name": "nope"}},
+                },
+            ),
+            (
+                "/messages",
+                {"model": "m", "max_tokens": 8, "messages": [USER], "tool_choice": {"type": "any"}},
+            ),
+        ):
             status, answer = await post(http, base + route, bad, key)
             assert status == 400 and "tool" in answer["error"]["message"], answer
         [forced] = await ledger_calls(http, proxy, sid)
@@ -118,21 +153,38 @@ async def test_tool_choice_is_enforced_by_prefilling_the_call_or_hiding_the_tool
 async def test_n_logprobs_and_structured_output(proxy, renderer):
     async with aiohttp.ClientSession() as http:
         base, sid, key = await _session(proxy, "extras")
-        status, answer = await post(http, base + "/chat/completions", {"model": "m", "messages": [USER], "n": 2}, key)
+        status, answer = await post(
+            http, base + "/chat/completions", {"model": "m", "messages": [USER], "n": 2}, key
+        )
         assert status == 400 and "n=2" in answer["error"]["message"]
         schema = {"type": "json_schema", "json_schema": {"name": "w", "schema": {"type": "object"}}}
-        status, reply = await post(http, base + "/chat/completions", {
-            "model": "m", "messages": [USER], "logprobs": True, "response_format": schema}, key)
+        status, reply = await post(
+            http,
+            base + "/chat/completions",
+            {"model": "m", "messages": [USER], "logprobs": True, "response_format": schema},
+            key,
+        )
         assert status == 200
         chat_lp = reply["choices"][0]["logprobs"]["content"]
-        status, reply = await post(http, base + "/responses", {
-            "model": "m", "input": "hi", "include": ["message.output_text.logprobs"],
-            "text": {"format": {"type": "json_schema", "name": "w", "schema": {"type": "object"}}}}, key)
+        status, reply = await post(
+            http,
+            base + "/responses",
+            {
+                "model": "m",
+                "input": "hi",
+                "include": ["message.output_text.logprobs"],
+                "text": {"format": {"type": "json_schema", "name": "w", "schema": {"type": "object"}}},
+            },
+            key,
+        )
         assert status == 200
         part = reply["output"][0]["content"][0]
         calls = await ledger_calls(http, proxy, sid)
     assert len(calls) == 2  # the refused n=2 never reached the engine
-    for record, served, text in ((calls[0], chat_lp, "It is sunny."), (calls[1], part["logprobs"], part["text"])):
+    for record, served, text in (
+        (calls[0], chat_lp, "It is sunny."),
+        (calls[1], part["logprobs"], part["text"]),
+    ):
         # served from the record: every sampled token but the end-of-turn one, in order
         assert [t["logprob"] for t in served] == record["logprobs"][:-1]
         assert "".join(t["token"] for t in served) == text == "It is sunny."
@@ -148,16 +200,24 @@ async def test_anthropic_prefill_continues_the_assistant_turn(proxy, renderer):
         assert status == 200 and reply["content"] == [{"type": "text", "text": ' 1, "b": 2}'}]
         # the SDK's way on: the prefill and its continuation as one assistant turn
         whole = prefill + reply["content"][0]["text"]
-        nxt = {**body, "messages": [USER, {"role": "assistant", "content": whole}, {"role": "user", "content": "ok"}]}
+        nxt = {
+            **body,
+            "messages": [USER, {"role": "assistant", "content": whole}, {"role": "user", "content": "ok"}],
+        }
         status, _ = await post(http, base + "/messages", nxt, key)
         assert status == 200
-        status, answer = await post(http, base + "/messages", {**body, "messages": [
-            USER, {"role": "assistant", "content": "trailing "}]}, key)
+        status, answer = await post(
+            http,
+            base + "/messages",
+            {**body, "messages": [USER, {"role": "assistant", "content": "trailing "}]},
+            key,
+        )
         assert status == 400 and "trailing whitespace" in answer["error"]["message"]
         c0, c1 = await ledger_calls(http, proxy, sid)
     # the prompt ends inside the assistant turn, exactly where the prefill stops: no end-of-turn
-    assert renderer.tokenizer.decode(c0["prompt_ids"]).endswith('<|im_start|>user\nWhat is the weather in Paris?'
-                                                                '<|im_end|>\n<|im_start|>assistant\n{"a":')
+    assert renderer.tokenizer.decode(c0["prompt_ids"]).endswith(
+        '<|im_start|>user\nWhat is the weather in Paris?<|im_end|>\n<|im_start|>assistant\n{"a":'
+    )
     assert c0["prefill"] == prefill and [m["role"] for m in c0["messages"]] == ["user"]
     assert c0["output"]["content"] == whole
     glue = renderer.render_continuation([Message(role="user", content="ok")], previous_ended_with_eos=True)

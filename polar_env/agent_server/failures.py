@@ -15,18 +15,36 @@ from pydantic import BaseModel
 
 from polar_env.outcomes import FailureKind
 
-Stage = Literal["admission", "seed", "agent", "verification", "cleanup"]  # nemo_gym.failure_kinds.FailureStage
-Component = Literal["request", "resources_server", "sandbox", "harness", "policy", "policy_server", "proxy",
-                    "grader", "client", "agent_server"]
+Stage = Literal[
+    "admission", "seed", "agent", "verification", "cleanup"
+]  # nemo_gym.failure_kinds.FailureStage
+Component = Literal[
+    "request",
+    "resources_server",
+    "sandbox",
+    "harness",
+    "policy",
+    "policy_server",
+    "proxy",
+    "grader",
+    "client",
+    "agent_server",
+]
 
 # what failed, for kinds classified from the ledger and the grade (the others are recorded where they happen)
 COMPONENT: dict[FailureKind, Component] = {
-    FailureKind.backend_failure: "policy_server", FailureKind.deadline_backend: "policy_server",
-    FailureKind.proxy_failure: "proxy", FailureKind.harness_crashed: "harness",
-    FailureKind.harness_start_failed: "harness", FailureKind.harness_killed: "harness",
-    FailureKind.deadline_harness: "harness", FailureKind.infrastructure: "grader",
-    FailureKind.task_defect: "grader", FailureKind.lost_session: "resources_server",
-    FailureKind.sandbox_failure: "sandbox", FailureKind.input_error: "request",
+    FailureKind.backend_failure: "policy_server",
+    FailureKind.deadline_backend: "policy_server",
+    FailureKind.proxy_failure: "proxy",
+    FailureKind.harness_crashed: "harness",
+    FailureKind.harness_start_failed: "harness",
+    FailureKind.harness_killed: "harness",
+    FailureKind.deadline_harness: "harness",
+    FailureKind.infrastructure: "grader",
+    FailureKind.task_defect: "grader",
+    FailureKind.lost_session: "resources_server",
+    FailureKind.sandbox_failure: "sandbox",
+    FailureKind.input_error: "request",
 }
 
 

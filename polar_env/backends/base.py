@@ -54,8 +54,11 @@ class ContextOverflow(Exception):
     def __init__(self, prompt_tokens: int, window: int | None, detail: str = ""):
         self.prompt_tokens = prompt_tokens
         self.window = window
-        super().__init__(detail or f"prompt is {prompt_tokens} tokens; the model's context window is "
-                                   f"{window if window is not None else 'smaller'} tokens")
+        super().__init__(
+            detail
+            or f"prompt is {prompt_tokens} tokens; the model's context window is "
+            f"{window if window is not None else 'smaller'} tokens"
+        )
 
 
 @runtime_checkable
@@ -63,8 +66,9 @@ class Backend(Protocol):
     name: str
     model: str
 
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, *,
-                       session_id: str | None = None) -> Generation:
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams, *, session_id: str | None = None
+    ) -> Generation:
         """Sample a continuation of ``prompt_ids``; logprobs are one per sampled token."""
         ...
 

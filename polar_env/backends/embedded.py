@@ -29,8 +29,11 @@ _TEMPLATE = Path(__file__).resolve().parent.parent / "chat" / "templates" / "cha
 _STAMP = "polar_embedded.json"
 TRAINED_CONTEXT = 8192
 EMBEDDED_CONTEXT = 32768
-ROPE_PARAMETERS = {"rope_type": "yarn", "factor": EMBEDDED_CONTEXT / TRAINED_CONTEXT,
-                   "original_max_position_embeddings": TRAINED_CONTEXT}
+ROPE_PARAMETERS = {
+    "rope_type": "yarn",
+    "factor": EMBEDDED_CONTEXT / TRAINED_CONTEXT,
+    "original_max_position_embeddings": TRAINED_CONTEXT,
+}
 
 
 def gguf_path() -> Path:
@@ -114,7 +117,8 @@ def _convert(gguf: Path, out: Path) -> None:
     kwargs = {"gguf_file": gguf.name}
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kwargs)
     model = AutoModelForCausalLM.from_pretrained(
-        gguf.parent, **kwargs, quantization_config=GgufConfig(dequantize=True), dtype=torch.float32)
+        gguf.parent, **kwargs, quantization_config=GgufConfig(dequantize=True), dtype=torch.float32
+    )
     template = _TEMPLATE.read_text()
     tokenizer.chat_template = template
     model.config.rope_parameters = {**(model.config.rope_parameters or {}), **ROPE_PARAMETERS}
@@ -124,8 +128,9 @@ def _convert(gguf: Path, out: Path) -> None:
     # Also in tokenizer_config.json, with a class name older transformers (a vLLM venv) knows.
     config_path = out / "tokenizer_config.json"
     config = json.loads(config_path.read_text())
-    config.update(chat_template=template, tokenizer_class="PreTrainedTokenizerFast",
-                  model_max_length=EMBEDDED_CONTEXT)
+    config.update(
+        chat_template=template, tokenizer_class="PreTrainedTokenizerFast", model_max_length=EMBEDDED_CONTEXT
+    )
     config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False))
     for path in out.iterdir():
         path.chmod(0o644)

@@ -53,7 +53,7 @@ class ChainJson:
 
     def _end(self, n: int) -> int | None:
         if self.count < n <= len(self.ids):
-            chunk = orjson.dumps(self.ids[self.count:n].tolist())
+            chunk = orjson.dumps(self.ids[self.count : n].tolist())
             if self.data:
                 self.data += b","
             self.data += memoryview(chunk)[1:-1]
@@ -76,7 +76,12 @@ class ChainPrompt(list[int]):
     def encoded(self) -> bytes | None:
         """``orjson.dumps(self)`` from the chain's stored bytes; None: encode it whole."""
         known, chain = self.known, self.chain
-        if not known or len(self) < known or known > len(chain.ids) or self[known - 1] != chain.ids[known - 1]:
+        if (
+            not known
+            or len(self) < known
+            or known > len(chain.ids)
+            or self[known - 1] != chain.ids[known - 1]
+        ):
             return None
         return chain.encode(known, self[known:])
 

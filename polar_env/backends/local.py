@@ -30,8 +30,16 @@ from polar_env.backends.base import BackendError, ContextOverflow, Generation, S
 class LocalBackend:
     """Sample from a causal LM held in this process; ``self.module`` is the torch model."""
 
-    def __init__(self, model: Any, tokenizer: Any, *, name: str = "local", model_name: str | None = None,
-                 logprobs_mode: Literal["raw", "processed"] = "raw", device: str = "cpu"):
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        name: str = "local",
+        model_name: str | None = None,
+        logprobs_mode: Literal["raw", "processed"] = "raw",
+        device: str = "cpu",
+    ):
         import torch
 
         self.name = name
@@ -66,12 +74,15 @@ class LocalBackend:
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
         return cls(model, AutoTokenizer.from_pretrained(str(path)), **kwargs)
 
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, *,
-                       session_id: str | None = None) -> Generation:
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams, *, session_id: str | None = None
+    ) -> Generation:
         cancel = threading.Event()
         loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(self._executor, self._generate, list(prompt_ids), sampling, cancel)
+            return await loop.run_in_executor(
+                self._executor, self._generate, list(prompt_ids), sampling, cancel
+            )
         except asyncio.CancelledError:
             cancel.set()  # the worker stops at its next token
             raise
@@ -109,7 +120,9 @@ class LocalBackend:
 
     # ---- the sampling loop ------------------------------------------------------------------
 
-    def _generate(self, prompt_ids: list[int], sampling: SamplingParams, cancel: threading.Event) -> Generation:
+    def _generate(
+        self, prompt_ids: list[int], sampling: SamplingParams, cancel: threading.Event
+    ) -> Generation:
         import torch
         from transformers import DynamicCache
 
@@ -141,8 +154,14 @@ class LocalBackend:
                     finish = "stop"
                     break
                 x = torch.tensor([[token]], device=self.device)
-        return Generation(prompt_ids=prompt_ids, token_ids=tokens, logprobs=logprobs, finish_reason=finish,
-                          backend=self.name, model=self.model)
+        return Generation(
+            prompt_ids=prompt_ids,
+            token_ids=tokens,
+            logprobs=logprobs,
+            finish_reason=finish,
+            backend=self.name,
+            model=self.model,
+        )
 
     def _pick(self, logits: Any, sampling: SamplingParams, rng: Any) -> tuple[int, float]:
         import torch

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 LogprobsMode = Literal["raw", "processed", "unknown"]
 
+
 class LogprobsMismatch(ValueError):
     """A training session's sampling does not match the logprobs the backend returns."""
 
@@ -41,7 +42,9 @@ def sampling_mismatch(mode: LogprobsMode, sampling: Mapping[str, Any]) -> str | 
     if not off:
         return None
     shown = ", ".join(f"{k} {v}" for k, v in off.items())
-    return (f"the backend returns raw logprobs (the model's distribution at temperature 1, top_p 1) but this "
-            f"training session samples at {shown}: the recorded logprobs would not be those of the distribution "
-            "sampled from. Start vLLM with --logprobs-mode processed_logprobs, or sample at temperature 1.0, "
-            "top_p 1.0")
+    return (
+        f"the backend returns raw logprobs (the model's distribution at temperature 1, top_p 1) but this "
+        f"training session samples at {shown}: the recorded logprobs would not be those of the distribution "
+        "sampled from. Start vLLM with --logprobs-mode processed_logprobs, or sample at temperature 1.0, "
+        "top_p 1.0"
+    )

@@ -42,8 +42,15 @@ PROBE_MESSAGES: list[dict[str, str]] = [{"role": "user", "content": "."}]
 class NemoRLBackend(RemoteBackend):
     name = "nemo-rl"
 
-    def __init__(self, url: str | Sequence[str], *, model: str = "", timeout_s: float = 600.0,
-                 api_key: str | None = None, chat_template_kwargs: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        url: str | Sequence[str],
+        *,
+        model: str = "",
+        timeout_s: float = 600.0,
+        api_key: str | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ):
         super().__init__(url, model=model, timeout_s=timeout_s, api_key=api_key)
         self.chat_template_kwargs = chat_template_kwargs
         self._tails: dict[str, list[int]] = {}
@@ -65,26 +72,33 @@ class NemoRLBackend(RemoteBackend):
             if base_url not in self._tails:
                 probes = []
                 for sentinel in (0, 1):
-                    body = {**self._common(), "add_generation_prompt": True,
-                            "required_prefix_token_ids": [sentinel]}
+                    body = {
+                        **self._common(),
+                        "add_generation_prompt": True,
+                        "required_prefix_token_ids": [sentinel],
+                    }
                     payload = await self.post_json(base_url, "/tokenize", body)
                     tokens = as_token_ids(payload.get("tokens"))
                     if not tokens or len(tokens) < 2:
                         raise malformed(self.name, "/tokenize gave no tokens", payload)
                     probes.append(tokens)
                 if probes[0] == probes[1]:
-                    raise BackendError(f"{self.name}: {base_url}/tokenize ignores required_prefix_token_ids; "
-                                       "is this NeMo-RL's vLLM server?")
+                    raise BackendError(
+                        f"{self.name}: {base_url}/tokenize ignores required_prefix_token_ids; "
+                        "is this NeMo-RL's vLLM server?"
+                    )
                 longer = max(probes, key=len)  # the probe whose sentinel was not the EOS id
                 self._tails[base_url] = longer[1:]
         return self._tails[base_url]
 
-    def request_body(self, prompt_ids: list[int], tail: list[int],
-                     sampling: SamplingParams) -> dict[str, Any]:
-        if len(prompt_ids) <= len(tail) or prompt_ids[-len(tail):] != tail:
+    def request_body(
+        self, prompt_ids: list[int], tail: list[int], sampling: SamplingParams
+    ) -> dict[str, Any]:
+        if len(prompt_ids) <= len(tail) or prompt_ids[-len(tail) :] != tail:
             raise BackendError(
                 f"{self.name}: the prompt does not end with the server's generation prompt {tail}; "
-                "NeMo-RL's server always appends it, so this prompt cannot be sent exactly")
+                "NeMo-RL's server always appends it, so this prompt cannot be sent exactly"
+            )
         body: dict[str, Any] = {
             **self._common(),
             "required_prefix_token_ids": list(prompt_ids[: -len(tail)]) + [tail[0]],
@@ -105,8 +119,9 @@ class NemoRLBackend(RemoteBackend):
             body["seed"] = sampling.seed
         return body
 
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, *,
-                       session_id: str | None = None) -> Generation:
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams, *, session_id: str | None = None
+    ) -> Generation:
         base_url = self.pick_url(session_id)
         body = self.request_body(prompt_ids, await self.tail(base_url), sampling)
         payload = await self.post_json(base_url, "/v1/chat/completions", body)
@@ -123,12 +138,18 @@ class NemoRLBackend(RemoteBackend):
             raise BackendError(
                 f"{self.name}: the server built a different prompt than the one sent "
                 f"({len(prompt_ids)} ids sent, {len(message.get('prompt_token_ids') or [])} used); "
-                "its chat template or chat_template_kwargs differ from the proxy's")
+                "its chat template or chat_template_kwargs differ from the proxy's"
+            )
         finish = choice.get("finish_reason")
         if finish == "abort":
             raise BackendError(f"{self.name}: generation aborted by the server", retryable=True)
         if finish not in ("stop", "length"):
             raise malformed(self.name, f"finish_reason {finish!r}", payload)
-        return Generation(prompt_ids=prompt_ids, token_ids=token_ids, logprobs=logprobs,
-                          finish_reason=finish, backend=self.name,
-                          model=self.model or str(payload.get("model") or ""))
+        return Generation(
+            prompt_ids=prompt_ids,
+            token_ids=token_ids,
+            logprobs=logprobs,
+            finish_reason=finish,
+            backend=self.name,
+            model=self.model or str(payload.get("model") or ""),
+        )

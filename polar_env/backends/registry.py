@@ -12,9 +12,11 @@ from typing import Any
 from polar_env.backends.base import Backend
 
 BACKEND_KINDS = ("local", "vllm", "nemo-rl", "sglang", "scripted", "instant")
-_HTTP_KINDS = {"vllm": ("polar_env.backends.vllm", "VllmBackend"),
-               "nemo-rl": ("polar_env.backends.nemo_rl", "NemoRLBackend"),
-               "sglang": ("polar_env.backends.sglang", "SGLangBackend")}
+_HTTP_KINDS = {
+    "vllm": ("polar_env.backends.vllm", "VllmBackend"),
+    "nemo-rl": ("polar_env.backends.nemo_rl", "NemoRLBackend"),
+    "sglang": ("polar_env.backends.sglang", "SGLangBackend"),
+}
 
 
 def split_urls(url: str | list[str] | None) -> list[str]:
@@ -25,8 +27,14 @@ def split_urls(url: str | list[str] | None) -> list[str]:
     return [u.strip() for u in items if u and u.strip()]
 
 
-def make_backend(kind: str, *, url: str | list[str] | None = None, model: str = "",
-                 model_dir: Path | None = None, **opts: Any) -> Backend:
+def make_backend(
+    kind: str,
+    *,
+    url: str | list[str] | None = None,
+    model: str = "",
+    model_dir: Path | None = None,
+    **opts: Any,
+) -> Backend:
     """Return a ready backend of ``kind``; ``opts`` go to that backend's constructor.
 
     ``url`` is required by the HTTP kinds (several URLs spread sessions over servers; their opts:
@@ -57,7 +65,8 @@ def make_backend(kind: str, *, url: str | list[str] | None = None, model: str = 
         if "policy" not in opts:
             raise ValueError("backend 'scripted' needs policy=(session_id, call_number, prompt_text) -> text")
         local = opts.pop("local", None) or LocalBackend.from_pretrained(
-            model_dir, **({"model_name": model} if model else {}))
+            model_dir, **({"model_name": model} if model else {})
+        )
         return ScriptedBackend(local, opts.pop("policy"), **opts)
     if kind == "instant":  # opts: token_ids (required), logprob
         from polar_env.backends.instant import InstantBackend

@@ -76,8 +76,14 @@ class RemoteBackend:
     version_path: str | None = None  # GET -> {"weight_version": label}: the weights the server serves now
     prompt_key: str | None = None  # the request body's field holding the prompt's token ids
 
-    def __init__(self, url: str | Sequence[str], *, model: str = "", timeout_s: float = 600.0,
-                 api_key: str | None = None):
+    def __init__(
+        self,
+        url: str | Sequence[str],
+        *,
+        model: str = "",
+        timeout_s: float = 600.0,
+        api_key: str | None = None,
+    ):
         urls = [url] if isinstance(url, str) else list(url)
         if not urls:
             raise ValueError(f"{self.name} backend needs at least one URL")
@@ -103,8 +109,10 @@ class RemoteBackend:
         if self._session is None or self._session.closed:
             # idle connections are dropped before uvicorn's 5 s keep-alive closes them (vLLM's default)
             self._session = aiohttp.ClientSession(
-                timeout=self._timeout, headers=self._headers,
-                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S))
+                timeout=self._timeout,
+                headers=self._headers,
+                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_S),
+            )
         return self._session
 
     async def post_json(self, base_url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -113,14 +121,19 @@ class RemoteBackend:
         payload = dumps_body(body, self.prompt_key)  # many thousand ids: orjson, each id of a chain once
         for attempt in (1, 2):
             try:
-                async with self._client().post(base_url + path, data=payload, headers=JSON_HEADERS) as response:
+                async with self._client().post(
+                    base_url + path, data=payload, headers=JSON_HEADERS
+                ) as response:
                     raw = await response.read()
                     status = response.status
                 break
             except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
                 # a pooled connection the server closed as we reused it: sending again is safe
                 # (a generation is just sampled anew), and a second failure is a real one
-                stale = isinstance(e, aiohttp.ServerDisconnectedError) or e.errno in (errno.ECONNRESET, errno.EPIPE)
+                stale = isinstance(e, aiohttp.ServerDisconnectedError) or e.errno in (
+                    errno.ECONNRESET,
+                    errno.EPIPE,
+                )
                 if attempt == 2 or not stale:
                     raise BackendError(f"{where}: {type(e).__name__}: {e}", retryable=True) from e
             except TimeoutError as e:
@@ -132,15 +145,23 @@ class RemoteBackend:
         if status >= 400:
             text = raw.decode("utf-8", errors="replace")
             if status in (400, 413) and (window := overflow_window(text)) is not False:
-                raise ContextOverflow(0, None if window is True else window,  # the engine knows the prompt length
-                                      f"{where}: {text[:_ERROR_EXCERPT]}")
-            raise BackendError(f"{where}: HTTP {status}: {text[:_ERROR_EXCERPT]}",
-                               retryable=status >= 500 or status in (408, 429), status=status)
+                raise ContextOverflow(
+                    0,
+                    None if window is True else window,  # the engine knows the prompt length
+                    f"{where}: {text[:_ERROR_EXCERPT]}",
+                )
+            raise BackendError(
+                f"{where}: HTTP {status}: {text[:_ERROR_EXCERPT]}",
+                retryable=status >= 500 or status in (408, 429),
+                status=status,
+            )
         try:
             reply = fastjson.loads(raw)
         except ValueError as e:
             excerpt = raw[:_ERROR_EXCERPT].decode("utf-8", errors="replace")
-            raise BackendError(f"{where}: invalid JSON in reply: {excerpt!r}", retryable=True, status=status) from e
+            raise BackendError(
+                f"{where}: invalid JSON in reply: {excerpt!r}", retryable=True, status=status
+            ) from e
         if not isinstance(reply, dict):
             excerpt = raw[:_ERROR_EXCERPT].decode("utf-8", errors="replace")
             raise BackendError(f"{where}: reply is not a JSON object: {excerpt!r}", status=status)
@@ -155,8 +176,14 @@ class RemoteBackend:
             async with self._client().get(base_url + self.version_path) as response:
                 if response.status in (404, 405):
                     self._unversioned.add(base_url)
-                    log.info("%s %s reports no weight version (%s %d): calls are unversioned unless a trainer "
-                             "sets the version", self.name, base_url, self.version_path, response.status)
+                    log.info(
+                        "%s %s reports no weight version (%s %d): calls are unversioned unless a trainer "
+                        "sets the version",
+                        self.name,
+                        base_url,
+                        self.version_path,
+                        response.status,
+                    )
                     return None
                 payload = await response.json(content_type=None) if response.status == 200 else None
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
@@ -207,6 +234,7 @@ def aligned_logprobs(logprobs: list[float] | None, token_ids: list[int]) -> list
 def as_logprobs(value: Any) -> list[float] | None:
     """``value`` as a list of floats, or None when any entry is missing or not a number."""
     if not isinstance(value, list) or not all(
-            isinstance(x, int | float) and not isinstance(x, bool) for x in value):
+        isinstance(x, int | float) and not isinstance(x, bool) for x in value
+    ):
         return None
     return [float(x) for x in value]

@@ -32,8 +32,9 @@ class PolicyAnswers:
         self.end_of_turn_id = end_of_turn_id
         self.calls: defaultdict[str | None, int] = defaultdict(int)
 
-    def answer(self, prompt_ids: list[int], sampling: SamplingParams, session_id: str | None
-               ) -> tuple[list[int], Literal["stop", "length"]]:
+    def answer(
+        self, prompt_ids: list[int], sampling: SamplingParams, session_id: str | None
+    ) -> tuple[list[int], Literal["stop", "length"]]:
         if not prompt_ids:
             raise BackendError("empty prompt", status=400)
         call_number = self.calls[session_id]
@@ -42,28 +43,36 @@ class PolicyAnswers:
         text = self.policy(session_id, call_number, prompt_text)
         ids = self.tokenizer.encode(text, add_special_tokens=False) + [self.end_of_turn_id]
         if len(ids) > sampling.max_tokens:
-            return ids[:sampling.max_tokens], "length"
+            return ids[: sampling.max_tokens], "length"
         return ids, "stop"
 
 
 class ScriptedBackend:
-    def __init__(self, local: LocalBackend, policy: Policy, *, name: str = "scripted",
-                 context_window: int = 1024):
+    def __init__(
+        self, local: LocalBackend, policy: Policy, *, name: str = "scripted", context_window: int = 1024
+    ):
         self.name = name
         self.model = local.model
         self.local = local
         self.answers = PolicyAnswers(local.tokenizer, policy, local.eos_token_ids[0])
         self.context_window = context_window
 
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, *,
-                       session_id: str | None = None) -> Generation:
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams, *, session_id: str | None = None
+    ) -> Generation:
         ids, finish = self.answers.answer(prompt_ids, sampling, session_id)
-        context = prompt_ids[-self.context_window:]
+        context = prompt_ids[-self.context_window :]
         logprobs = await self.local.ascore(context + ids, len(context))
         if not all(math.isfinite(lp) for lp in logprobs):
             raise BackendError("non-finite logprob while scoring a scripted answer")
-        return Generation(prompt_ids=prompt_ids, token_ids=ids, logprobs=logprobs,
-                          finish_reason=finish, backend=self.name, model=self.model)
+        return Generation(
+            prompt_ids=prompt_ids,
+            token_ids=ids,
+            logprobs=logprobs,
+            finish_reason=finish,
+            backend=self.name,
+            model=self.model,
+        )
 
     async def max_model_len(self) -> None:
         """No limit of its own: only the last ``context_window`` prompt tokens are scored."""

@@ -38,36 +38,46 @@ class SGLangBackend(RemoteBackend):
             params["stop_token_ids"] = list(sampling.stop_token_ids)
         if sampling.seed is not None:
             params["sampling_seed"] = sampling.seed
-        return {"input_ids": prompt_ids, "sampling_params": params, "return_logprob": True,
-                "stream": False}
+        return {"input_ids": prompt_ids, "sampling_params": params, "return_logprob": True, "stream": False}
 
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, *,
-                       session_id: str | None = None) -> Generation:
-        payload = await self.post_json(self.pick_url(session_id), "/generate",
-                                       self.request_body(prompt_ids, sampling))
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams, *, session_id: str | None = None
+    ) -> Generation:
+        payload = await self.post_json(
+            self.pick_url(session_id), "/generate", self.request_body(prompt_ids, sampling)
+        )
         meta = payload.get("meta_info")
         if not isinstance(meta, dict):
             raise malformed(self.name, "no meta_info", payload)
         finish = meta.get("finish_reason") or {}
         kind = finish.get("type") if isinstance(finish, dict) else None
         if kind == "abort":
-            raise BackendError(f"{self.name}: generation aborted: {finish.get('message', '')}",
-                               retryable=True)
+            raise BackendError(
+                f"{self.name}: generation aborted: {finish.get('message', '')}", retryable=True
+            )
         if kind not in ("stop", "length"):
             raise malformed(self.name, f"finish_reason {finish!r}", payload)
         entries = meta.get("output_token_logprobs")
         if not isinstance(entries, list) or not all(isinstance(e, list) and len(e) >= 2 for e in entries):
-            raise malformed(self.name, "meta_info.output_token_logprobs (was return_logprob honoured?)",
-                            payload)
+            raise malformed(
+                self.name, "meta_info.output_token_logprobs (was return_logprob honoured?)", payload
+            )
         token_ids = as_token_ids([e[1] for e in entries])
         if token_ids is None:
             raise malformed(self.name, "output_token_logprobs entries", payload)
         logprobs = aligned_logprobs(as_logprobs([e[0] for e in entries]), token_ids)
         matched = finish.get("matched")
         if kind == "stop" and isinstance(matched, int) and token_ids[-1:] != [matched]:
-            raise malformed(self.name, f"stopped on token {matched} but it is not the last sampled id",
-                            payload)
+            raise malformed(
+                self.name, f"stopped on token {matched} but it is not the last sampled id", payload
+            )
         label = meta.get("weight_version")
-        return Generation(prompt_ids=prompt_ids, token_ids=token_ids, logprobs=logprobs,
-                          finish_reason=kind, backend=self.name, model=self.model,
-                          weight_versions=[str(label)] if isinstance(label, str | int) else [])
+        return Generation(
+            prompt_ids=prompt_ids,
+            token_ids=token_ids,
+            logprobs=logprobs,
+            finish_reason=kind,
+            backend=self.name,
+            model=self.model,
+            weight_versions=[str(label)] if isinstance(label, str | int) else [],
+        )

@@ -33,8 +33,15 @@ class SimulatedBackend:
     """Answers ``answers``' ids after ``per_token_s`` per id; ``trace`` holds every call's span,
     a call cancelled mid-generation included (ended where it was cancelled)."""
 
-    def __init__(self, answers: PolicyAnswers, *, per_token_s: float = 0.02, name: str = "simulated",
-                 model: str = "simulated", logprob: float = -0.5):
+    def __init__(
+        self,
+        answers: PolicyAnswers,
+        *,
+        per_token_s: float = 0.02,
+        name: str = "simulated",
+        model: str = "simulated",
+        logprob: float = -0.5,
+    ):
         self.name = name
         self.model = model
         self.answers = answers
@@ -42,16 +49,23 @@ class SimulatedBackend:
         self.logprob = logprob
         self.trace: list[CallSpan] = []
 
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, *,
-                       session_id: str | None = None) -> Generation:
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams, *, session_id: str | None = None
+    ) -> Generation:
         start = time.monotonic()
         ids, finish = self.answers.answer(prompt_ids, sampling, session_id)
         try:
             await asyncio.sleep(len(ids) * self.per_token_s)
         finally:
             self.trace.append(CallSpan(session_id, start, time.monotonic(), len(ids)))
-        return Generation(prompt_ids=prompt_ids, token_ids=ids, logprobs=[self.logprob] * len(ids),
-                          finish_reason=finish, backend=self.name, model=self.model)
+        return Generation(
+            prompt_ids=prompt_ids,
+            token_ids=ids,
+            logprobs=[self.logprob] * len(ids),
+            finish_reason=finish,
+            backend=self.name,
+            model=self.model,
+        )
 
     async def aclose(self) -> None:
         """Nothing to release."""

@@ -77,22 +77,28 @@ class VllmBackend(RemoteBackend):
         """Sample one token at ``PROBE_TEMPERATURE``, then read the model's own logprob of it as a
         prompt logprob (never processed): equal means the server returns raw logprobs."""
         for seed in range(3):  # another token when the model was certain of the first
-            gen = await self.generate(prompt_ids, SamplingParams(temperature=PROBE_TEMPERATURE, max_tokens=1,
-                                                                 seed=seed))
-            body = {**self.request_body(prompt_ids + gen.token_ids, SamplingParams(max_tokens=1)),
-                    "prompt_logprobs": 0}
+            gen = await self.generate(
+                prompt_ids, SamplingParams(temperature=PROBE_TEMPERATURE, max_tokens=1, seed=seed)
+            )
+            body = {
+                **self.request_body(prompt_ids + gen.token_ids, SamplingParams(max_tokens=1)),
+                "prompt_logprobs": 0,
+            }
             payload = await self.post_json(self.pick_url(), "/v1/completions", body)
             try:
                 raw = payload["choices"][0]["prompt_logprobs"][-1][str(gen.token_ids[0])]["logprob"]
             except (KeyError, IndexError, TypeError):
-                raise malformed(self.name, "choices[0].prompt_logprobs missing the probed token", payload) from None
+                raise malformed(
+                    self.name, "choices[0].prompt_logprobs missing the probed token", payload
+                ) from None
             mode = classify(gen.logprobs[0], float(raw))
             if mode != "unknown":
                 return mode
         return "unknown"
 
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams, *,
-                       session_id: str | None = None) -> Generation:
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams, *, session_id: str | None = None
+    ) -> Generation:
         url = self.pick_url(session_id)
         before = await self.served_version(url)
         payload = await self.post_json(url, "/v1/completions", self.request_body(prompt_ids, sampling))
@@ -103,19 +109,32 @@ class VllmBackend(RemoteBackend):
         choice = choices[0]
         token_ids = _sampled_ids(choice)
         if token_ids is None:
-            raise malformed(self.name, "no sampled ids (choices[0].logprobs.tokens as token_id:N, or "
-                                       "choices[0].token_ids)", payload)
-        logprobs = aligned_logprobs(as_logprobs((choice.get("logprobs") or {}).get("token_logprobs")), token_ids)
+            raise malformed(
+                self.name,
+                "no sampled ids (choices[0].logprobs.tokens as token_id:N, or choices[0].token_ids)",
+                payload,
+            )
+        logprobs = aligned_logprobs(
+            as_logprobs((choice.get("logprobs") or {}).get("token_logprobs")), token_ids
+        )
         echoed = choice.get("prompt_token_ids")
-        used = (payload.get("usage") or {}).get("prompt_tokens") if isinstance(payload.get("usage"), dict) else None
+        used = (
+            (payload.get("usage") or {}).get("prompt_tokens")
+            if isinstance(payload.get("usage"), dict)
+            else None
+        )
         if echoed is not None and echoed != prompt_ids:
-            raise BackendError(f"{self.name}: server changed the prompt ids "
-                               f"({len(prompt_ids)} sent, {len(echoed)} used)")
+            raise BackendError(
+                f"{self.name}: server changed the prompt ids ({len(prompt_ids)} sent, {len(echoed)} used)"
+            )
         if self.verify_prompt_echo and echoed is None:
-            raise malformed(self.name, "verify_prompt_echo is on but the server echoed no prompt_token_ids",
-                            payload)
+            raise malformed(
+                self.name, "verify_prompt_echo is on but the server echoed no prompt_token_ids", payload
+            )
         if isinstance(used, int) and used != len(prompt_ids):
-            raise BackendError(f"{self.name}: server changed the prompt ids ({len(prompt_ids)} sent, {used} used)")
+            raise BackendError(
+                f"{self.name}: server changed the prompt ids ({len(prompt_ids)} sent, {used} used)"
+            )
         finish = choice.get("finish_reason")
         if finish == "abort":
             raise BackendError(f"{self.name}: generation aborted by the server", retryable=True)
@@ -123,12 +142,18 @@ class VllmBackend(RemoteBackend):
             raise malformed(self.name, f"finish_reason {finish!r}", payload)
         stop_reason = choice.get("stop_reason")
         if finish == "stop" and isinstance(stop_reason, int) and token_ids[-1:] != [stop_reason]:
-            raise malformed(self.name, f"stopped on token {stop_reason} but it is not the last sampled id",
-                            payload)
-        return Generation(prompt_ids=prompt_ids, token_ids=token_ids, logprobs=logprobs,
-                          finish_reason=finish, backend=self.name,
-                          model=self.model or str(payload.get("model") or ""),
-                          weight_versions=[v for v in dict.fromkeys((before, after)) if v is not None])
+            raise malformed(
+                self.name, f"stopped on token {stop_reason} but it is not the last sampled id", payload
+            )
+        return Generation(
+            prompt_ids=prompt_ids,
+            token_ids=token_ids,
+            logprobs=logprobs,
+            finish_reason=finish,
+            backend=self.name,
+            model=self.model or str(payload.get("model") or ""),
+            weight_versions=[v for v in dict.fromkeys((before, after)) if v is not None],
+        )
 
 
 def _sampled_ids(choice: dict[str, Any]) -> list[int] | None:
@@ -144,20 +169,26 @@ def _sampled_ids(choice: dict[str, Any]) -> list[int] | None:
         if not isinstance(token, str) or not token.startswith(TOKEN_ID_PREFIX):
             return None
         try:
-            ids.append(int(token[len(TOKEN_ID_PREFIX):]))
+            ids.append(int(token[len(TOKEN_ID_PREFIX) :]))
         except ValueError:
             return None
     return ids
 
 
-def completion_choice(request: dict[str, Any], token_ids: list[int], logprobs: list[float], finish_reason: str,
-                      text: str = "") -> dict[str, Any]:
+def completion_choice(
+    request: dict[str, Any], token_ids: list[int], logprobs: list[float], finish_reason: str, text: str = ""
+) -> dict[str, Any]:
     """``choices[0]`` of a ``/v1/completions`` reply as vLLM shapes it for ``request``'s flags, for
     the stand-in servers that speak this wire (policy server, bench backend): sampled tokens as
     ``token_id:N`` with ``return_tokens_as_token_ids``, ids and the echoed prompt with
     ``return_token_ids``."""
-    choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": {"token_logprobs": logprobs},
-                              "finish_reason": finish_reason, "stop_reason": None}
+    choice: dict[str, Any] = {
+        "index": 0,
+        "text": text,
+        "logprobs": {"token_logprobs": logprobs},
+        "finish_reason": finish_reason,
+        "stop_reason": None,
+    }
     if request.get("return_tokens_as_token_ids"):
         choice["logprobs"]["tokens"] = [f"{TOKEN_ID_PREFIX}{t}" for t in token_ids]
     if request.get("return_token_ids"):

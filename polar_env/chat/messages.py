@@ -94,8 +94,9 @@ class AssistantTurn(BaseModel):
     created_at: int = Field(default_factory=lambda: int(time.time()), exclude=True)
 
     def as_message(self) -> Message:
-        return Message(role="assistant", content=self.content, reasoning=self.reasoning,
-                       tool_calls=self.tool_calls)
+        return Message(
+            role="assistant", content=self.content, reasoning=self.reasoning, tool_calls=self.tool_calls
+        )
 
 
 def _digest(obj: Any) -> str:

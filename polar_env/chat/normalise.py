@@ -29,8 +29,15 @@ def conversation_messages(messages: list[Message]) -> list[Message]:
     lead = 0
     while lead < len(messages) and messages[lead].role == "system":
         lead += 1
-    head = [] if lead == 0 else [messages[0] if lead == 1 else Message(
-        role="system", content=SYSTEM_JOIN.join(m.content for m in messages[:lead]))]
+    head = (
+        []
+        if lead == 0
+        else [
+            messages[0]
+            if lead == 1
+            else Message(role="system", content=SYSTEM_JOIN.join(m.content for m in messages[:lead]))
+        ]
+    )
     rest = appended_messages(messages[lead:])
     first_assistant = next((i for i, m in enumerate(rest) if m.role == "assistant"), len(rest))
     if not any(m.role == "user" for m in rest[:first_assistant]):

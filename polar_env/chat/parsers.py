@@ -45,7 +45,7 @@ def split_reasoning(text: str, *, started_in_think: bool = False) -> tuple[str |
     """
     stripped = text.lstrip()
     if stripped.startswith(THINK_OPEN):
-        started_in_think, text = True, stripped[len(THINK_OPEN):]
+        started_in_think, text = True, stripped[len(THINK_OPEN) :]
     if THINK_CLOSE in text:
         reasoning, rest = text.split(THINK_CLOSE, 1)
         return reasoning.strip("\n") or None, rest
@@ -96,12 +96,12 @@ def _xml_params(inner: str) -> tuple[list[tuple[str, str]], str]:
     params, outside, pos = [], [], 0
     while (start := inner.find(PARAM_OPEN, pos)) >= 0:
         name_end = inner.find(">", start)
-        name = inner[start + len(PARAM_OPEN):name_end] if name_end >= 0 else ""
+        name = inner[start + len(PARAM_OPEN) : name_end] if name_end >= 0 else ""
         end = inner.find(PARAM_CLOSE, name_end + 1) if name and "\n" not in name else -1
         if end < 0:
             break
         outside.append(inner[pos:start])
-        params.append((name, inner[name_end + 1:end]))
+        params.append((name, inner[name_end + 1 : end]))
         pos = end + len(PARAM_CLOSE)
     outside.append(inner[pos:])
     return params, "".join(outside)
@@ -125,7 +125,7 @@ def _call_blocks(text: str) -> tuple[list[str], str]:
         if end < 0:
             break
         outside.append(text[pos:start] + "\x00")
-        blocks.append(text[start + len(CALL_OPEN):end])
+        blocks.append(text[start + len(CALL_OPEN) : end])
         pos = end + len(CALL_CLOSE)
     outside.append(text[pos:])
     return blocks, "".join(outside)

@@ -45,13 +45,20 @@ def infer_tool_format(chat_template: str) -> ToolFormat:
 class ChatRenderer:
     """A tokenizer plus a tools-aware ChatML template, for rendering prompts and parsing outputs."""
 
-    def __init__(self, tokenizer: Any, *, chat_template: str | None = None,
-                 tool_format: Literal["hermes", "qwen3_coder"] = "hermes", enable_thinking: bool | None = None):
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        chat_template: str | None = None,
+        tool_format: Literal["hermes", "qwen3_coder"] = "hermes",
+        enable_thinking: bool | None = None,
+    ):
         self.tokenizer = tokenizer
         self.tool_format: ToolFormat = tool_format
         self.enable_thinking = enable_thinking
-        self.chat_template: str = chat_template or tokenizer.chat_template or bundled_template(
-            _FORMAT_TEMPLATES[tool_format])
+        self.chat_template: str = (
+            chat_template or tokenizer.chat_template or bundled_template(_FORMAT_TEMPLATES[tool_format])
+        )
         vocab = tokenizer.get_vocab()
         # no token decodes to more characters than its vocabulary entry has (byte-level or not):
         # text of N characters takes at least N / max_token_chars tokens, known before tokenizing
@@ -65,8 +72,12 @@ class ChatRenderer:
         self._fast_encode = getattr(backend, "encode_batch_fast", None)
         base = [Message(role="user", content="."), Message(role="assistant", content=_SENTINEL)]
         self._base = [self._message_dict(m) for m in base]
-        self._opens_think = {flag: self._render(self._base[:1], [], add_generation_prompt=True, enable_thinking=flag)
-                             .rstrip().endswith(THINK_OPEN) for flag in (None, True, False)}
+        self._opens_think = {
+            flag: self._render(self._base[:1], [], add_generation_prompt=True, enable_thinking=flag)
+            .rstrip()
+            .endswith(THINK_OPEN)
+            for flag in (None, True, False)
+        }
         base_text = self._render(self._base, [], add_generation_prompt=False)
         if _SENTINEL + self.end_of_turn not in base_text:
             raise ValueError("chat template does not end an assistant turn with the end-of-turn token")
@@ -75,9 +86,14 @@ class ChatRenderer:
         self._always_thinks = THINK_OPEN in base_text
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, *, chat_template: str | None = None,
-                        tool_format: Literal["hermes", "qwen3_coder"] | None = None,
-                        enable_thinking: bool | None = None) -> ChatRenderer:
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        *,
+        chat_template: str | None = None,
+        tool_format: Literal["hermes", "qwen3_coder"] | None = None,
+        enable_thinking: bool | None = None,
+    ) -> ChatRenderer:
         """Load the tokenizer at ``path``; ``chat_template`` is template text, a file path or a
         bundled template name (default: the tokenizer's own template; a bundled one only where the
         directory has none, the Qwen3.5 one for a Qwen3.5 checkpoint, with a warning for any Qwen)."""
@@ -90,29 +106,50 @@ class ChatRenderer:
             fmt = tool_format or ("qwen3_coder" if model_type.startswith("qwen3_5") else "hermes")
             template = bundled_template(_FORMAT_TEMPLATES[fmt])
             if model_type.startswith("qwen"):
-                log.warning("%s (model_type %s) has no chat template: using polar_env's bundled %s.jinja "
-                            "(%s format), not the checkpoint's own", path, model_type, _FORMAT_TEMPLATES[fmt],
-                            "Qwen3.5" if fmt == "qwen3_coder" else "Qwen3 Hermes")
-        return cls(tokenizer, chat_template=template, tool_format=tool_format or infer_tool_format(template),
-                   enable_thinking=enable_thinking)
+                log.warning(
+                    "%s (model_type %s) has no chat template: using polar_env's bundled %s.jinja "
+                    "(%s format), not the checkpoint's own",
+                    path,
+                    model_type,
+                    _FORMAT_TEMPLATES[fmt],
+                    "Qwen3.5" if fmt == "qwen3_coder" else "Qwen3 Hermes",
+                )
+        return cls(
+            tokenizer,
+            chat_template=template,
+            tool_format=tool_format or infer_tool_format(template),
+            enable_thinking=enable_thinking,
+        )
 
     # ---- rendering -------------------------------------------------------------------------
 
-    def render_prompt(self, messages: list[Message], tools: list[ToolSpec], *,
-                      enable_thinking: bool | None = None) -> list[int]:
+    def render_prompt(
+        self, messages: list[Message], tools: list[ToolSpec], *, enable_thinking: bool | None = None
+    ) -> list[int]:
         """Token ids of the whole conversation plus the assistant generation prompt."""
-        return self._encode(self.render_text(messages, tools, add_generation_prompt=True,
-                                             enable_thinking=enable_thinking))
+        return self._encode(
+            self.render_text(messages, tools, add_generation_prompt=True, enable_thinking=enable_thinking)
+        )
 
-    def render_text(self, messages: list[Message], tools: list[ToolSpec], *, add_generation_prompt: bool,
-                    enable_thinking: bool | None = None) -> str:
+    def render_text(
+        self,
+        messages: list[Message],
+        tools: list[ToolSpec],
+        *,
+        add_generation_prompt: bool,
+        enable_thinking: bool | None = None,
+    ) -> str:
         """The template's text of the whole (normalised) conversation."""
-        return self._render([self._message_dict(m) for m in conversation_messages(messages)],
-                            [self._tool_dict(t) for t in tools], add_generation_prompt=add_generation_prompt,
-                            enable_thinking=enable_thinking)
+        return self._render(
+            [self._message_dict(m) for m in conversation_messages(messages)],
+            [self._tool_dict(t) for t in tools],
+            add_generation_prompt=add_generation_prompt,
+            enable_thinking=enable_thinking,
+        )
 
-    def render_continuation(self, appended: list[Message], *, previous_ended_with_eos: bool,
-                            enable_thinking: bool | None = None) -> list[int]:
+    def render_continuation(
+        self, appended: list[Message], *, previous_ended_with_eos: bool, enable_thinking: bool | None = None
+    ) -> list[int]:
         """Ids that follow a sampled assistant turn: end token (only if the turn was cut), the
         template glue, the appended messages and the generation prompt.
 
@@ -122,8 +159,12 @@ class ChatRenderer:
         token: being a special token, it splits tokenization, so these ids are exactly those of a
         full render. No history is rendered or tokenized.
         """
-        full = self._render(self._base + [self._message_dict(m) for m in appended_messages(appended)], [],
-                            add_generation_prompt=True, enable_thinking=enable_thinking)
+        full = self._render(
+            self._base + [self._message_dict(m) for m in appended_messages(appended)],
+            [],
+            add_generation_prompt=True,
+            enable_thinking=enable_thinking,
+        )
         _, marker, suffix = full.partition(_SENTINEL + self.end_of_turn)
         if not marker or _SENTINEL in suffix or not suffix.startswith(self._glue):
             raise ValueError("chat template renders an assistant turn's end differently when messages follow")
@@ -144,8 +185,9 @@ class ChatRenderer:
             m = messages[i]
             if _is_query(m) and (i or m.role != "system"):
                 return False
-            if m.role == "assistant" and (self._always_thinks or (m.reasoning or "").strip()
-                                          or "</think>" in m.content):
+            if m.role == "assistant" and (
+                self._always_thinks or (m.reasoning or "").strip() or "</think>" in m.content
+            ):
                 return True
         return False
 
@@ -155,8 +197,14 @@ class ChatRenderer:
 
     # ---- parsing ---------------------------------------------------------------------------
 
-    def parse_output(self, token_ids: list[int], *, prefix: str = "", text: str | None = None,
-                     enable_thinking: bool | None = None) -> ParsedOutput:
+    def parse_output(
+        self,
+        token_ids: list[int],
+        *,
+        prefix: str = "",
+        text: str | None = None,
+        enable_thinking: bool | None = None,
+    ) -> ParsedOutput:
         """Parse sampled ids (a trailing end-of-turn id is dropped) continuing ``prefix`` (text the
         prompt already holds of this turn: a prefill or a forced tool call's start); ``text``: their
         text when it is not their whole decode (a reply cut at a stop string)."""
@@ -190,7 +238,11 @@ class ChatRenderer:
         """The start of a tool call, written after the generation prompt when ``tool_choice``
         requires one (any tool, or the tool ``name``): the model continues inside the call."""
         if self.tool_format == "hermes":
-            return CALL_OPEN + "\n" + ("" if name is None else '{"name": ' + json.dumps(name) + ', "arguments": ')
+            return (
+                CALL_OPEN
+                + "\n"
+                + ("" if name is None else '{"name": ' + json.dumps(name) + ', "arguments": ')
+            )
         return CALL_OPEN + "\n<function=" + ("" if name is None else name + ">\n")
 
     def encode_text(self, text: str) -> list[int]:
@@ -202,13 +254,24 @@ class ChatRenderer:
     def _thinking(self, enable_thinking: bool | None) -> bool | None:
         return self.enable_thinking if enable_thinking is None else enable_thinking
 
-    def _render(self, messages: list[dict], tools: list[dict], *, add_generation_prompt: bool,
-                enable_thinking: bool | None = None) -> str:
+    def _render(
+        self,
+        messages: list[dict],
+        tools: list[dict],
+        *,
+        add_generation_prompt: bool,
+        enable_thinking: bool | None = None,
+    ) -> str:
         flag = self._thinking(enable_thinking)
         extra = {} if flag is None else {"enable_thinking": flag}
         return self.tokenizer.apply_chat_template(
-            messages, tools=tools or None, chat_template=self.chat_template, tokenize=False,
-            add_generation_prompt=add_generation_prompt, **extra)
+            messages,
+            tools=tools or None,
+            chat_template=self.chat_template,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            **extra,
+        )
 
     def _encode(self, text: str) -> list[int]:
         if self._fast_encode is not None:
@@ -218,22 +281,37 @@ class ChatRenderer:
     @staticmethod
     def _message_dict(m: Message) -> dict[str, Any]:
         return {
-            "role": m.role, "content": m.content, "reasoning_content": m.reasoning,
-            "tool_calls": [{"id": tc.id, "type": "function",
-                            "function": {"name": tc.name, "arguments": _arguments_object(tc.arguments, tc.kind)}}
-                           for tc in m.tool_calls],
-            "tool_call_id": m.tool_call_id, "name": m.name,
+            "role": m.role,
+            "content": m.content,
+            "reasoning_content": m.reasoning,
+            "tool_calls": [
+                {
+                    "id": tc.id,
+                    "type": "function",
+                    "function": {"name": tc.name, "arguments": _arguments_object(tc.arguments, tc.kind)},
+                }
+                for tc in m.tool_calls
+            ],
+            "tool_call_id": m.tool_call_id,
+            "name": m.name,
         }
 
     @staticmethod
     def _tool_dict(t: ToolSpec) -> dict[str, Any]:
         if t.kind == "custom":
-            params = {"type": "object", "properties": {"input": {"type": "string", "description": "raw input"}},
-                      "required": ["input"]}
-            return {"type": "function", "function": {"name": t.name, "description": t.description,
-                                                     "parameters": params}}
-        return {"type": "function", "function": {"name": t.name, "description": t.description,
-                                                 "parameters": t.parameters}}
+            params = {
+                "type": "object",
+                "properties": {"input": {"type": "string", "description": "raw input"}},
+                "required": ["input"],
+            }
+            return {
+                "type": "function",
+                "function": {"name": t.name, "description": t.description, "parameters": params},
+            }
+        return {
+            "type": "function",
+            "function": {"name": t.name, "description": t.description, "parameters": t.parameters},
+        }
 
 
 def apply_tool_kinds(calls: list[ToolCall], tools: list[ToolSpec]) -> list[ToolCall]:
@@ -251,8 +329,12 @@ def apply_tool_kinds(calls: list[ToolCall], tools: list[ToolSpec]) -> list[ToolC
             except (ValueError, RecursionError):
                 value = call.arguments
             text = value.get("input", call.arguments) if isinstance(value, dict) else call.arguments
-            call = call.model_copy(update={"kind": "custom", "arguments": text if isinstance(text, str)
-                                           else json.dumps(text, ensure_ascii=False)})
+            call = call.model_copy(
+                update={
+                    "kind": "custom",
+                    "arguments": text if isinstance(text, str) else json.dumps(text, ensure_ascii=False),
+                }
+            )
         out.append(call)
     return out
 

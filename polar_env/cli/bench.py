@@ -14,9 +14,11 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _bench_cli() -> ModuleType:
     if not (REPO / "bench" / "bench_cli.py").is_file():
-        raise SystemExit("polar bench: the benchmarks are in the repository's bench/ folder, which an installed "
-                         f"package does not carry (looked in {REPO}): run it from a checkout, installed with "
-                         "`pip install -e .`")
+        raise SystemExit(
+            "polar bench: the benchmarks are in the repository's bench/ folder, which an installed "
+            f"package does not carry (looked in {REPO}): run it from a checkout, installed with "
+            "`pip install -e .`"
+        )
     if str(REPO) not in sys.path:
         sys.path.insert(0, str(REPO))
     return importlib.import_module("bench.bench_cli")

@@ -35,8 +35,10 @@ def default_max_tokens(policy: str, quick: bool) -> int:
 
 def policy_label(config: RolloutConfig, model: str) -> str:
     if config.policy == "model":
-        return (f"{model} sampled every turn itself (T={config.temperature}, top_p={config.top_p}); "
-                "an untrained 135M model: expect reward 0, the point is the pipeline")
+        return (
+            f"{model} sampled every turn itself (T={config.temperature}, top_p={config.top_p}); "
+            "an untrained 135M model: expect reward 0, the point is the pipeline"
+        )
     from polar_env.harness_adapters.policies import LABELS
 
     return f"{LABELS.get(config.policy, config.policy)}; logprobs from {model}"
@@ -65,10 +67,12 @@ def deadline_hint(config: RolloutConfig, trajectories: list) -> str:
 
     if not any(t.failure_kind is FailureKind.deadline_backend for t in trajectories):
         return ""
-    return (f"deadline_backend: each episode had {config.timeout:g} s (--timeout) with the model answering at "
-            f"most {config.max_tokens} tokens a call (--max-tokens), and the embedded model on this machine's "
-            "CPU was slower than that allows (other jobs share the cores?). Such an episode is masked, not "
-            "scored 0; run again with a larger --timeout to let it finish.")
+    return (
+        f"deadline_backend: each episode had {config.timeout:g} s (--timeout) with the model answering at "
+        f"most {config.max_tokens} tokens a call (--max-tokens), and the embedded model on this machine's "
+        "CPU was slower than that allows (other jobs share the cores?). Such an episode is masked, not "
+        "scored 0; run again with a larger --timeout to let it finish."
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -76,7 +80,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     add_job_arguments(parser)
     parser.add_argument("--quick", action="store_true", help="2 tasks, 1 sample each (what CI runs)")
-    parser.set_defaults(out=Path("runs/demo"), max_tokens=None, **dict.fromkeys(FULL))  # None: the preset decides
+    parser.set_defaults(
+        out=Path("runs/demo"), max_tokens=None, **dict.fromkeys(FULL)
+    )  # None: the preset decides
 
 
 def run(args: argparse.Namespace) -> int:
@@ -99,8 +105,11 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     started = time.monotonic()
     plan = plan_from_config(config)
-    print(f"polar demo: {len(plan.tasks)} bundled task(s) x {plan.samples} sample(s), harness "
-          f"{config.harness}, run slots {plan.run_slots}, out {plan.out}", flush=True)
+    print(
+        f"polar demo: {len(plan.tasks)} bundled task(s) x {plan.samples} sample(s), harness "
+        f"{config.harness}, run slots {plan.run_slots}, out {plan.out}",
+        flush=True,
+    )
     prepare(plan)
     try:
         watch = Watch(config, plan.out, "polar demo")
@@ -111,8 +120,11 @@ def run(args: argparse.Namespace) -> int:
         try:
             trajectories = asyncio.run(run_rollouts(plan, proxy_factory(config, tasks=plan.tasks)))
         except KeyboardInterrupt:
-            print(f"\ninterrupted: the finished episodes are in {plan.out}; run the same command again to do "
-                  "the others", file=sys.stderr)
+            print(
+                f"\ninterrupted: the finished episodes are in {plan.out}; run the same command again to do "
+                "the others",
+                file=sys.stderr,
+            )
             return 130
         summary = finish_outputs(plan.out, trajectories)
         watch.report(summary, step=len(trajectories))
@@ -122,17 +134,21 @@ def run(args: argparse.Namespace) -> int:
     print(summary_table(trajectories))
     print()
     s = summarize(trajectories)
-    print(f"episodes {s['episodes']}  completed {s['status']['completed']}  timeout {s['status']['timeout']}  "
-          f"error {s['status']['error']}  resolved {s['resolved']}/{s['episodes']} ({s['resolved_rate']:.0%})  "
-          f"sampled {s['sampled_tokens']}  trainable {s['trainable_tokens']}  chains {s['chains']}  "
-          f"time {time.monotonic() - started:.0f}s")
+    print(
+        f"episodes {s['episodes']}  completed {s['status']['completed']}  timeout {s['status']['timeout']}  "
+        f"error {s['status']['error']}  resolved {s['resolved']}/{s['episodes']} ({s['resolved_rate']:.0%})  "
+        f"sampled {s['sampled_tokens']}  trainable {s['trainable_tokens']}  chains {s['chains']}  "
+        f"time {time.monotonic() - started:.0f}s"
+    )
     print(time_split(trajectories))
     for extra in (masked_lines(trajectories), deadline_hint(config, trajectories)):
         if extra:
             print(extra)
     print(f"model:  {model} via the {', '.join(s['backends'])} backend")
     print(f"policy: {policy_label(config, model)}")
-    print(f"outputs: {plan.out}/trajectories.jsonl, nemo_results.jsonl, grpo_batch.jsonl, summary.json"
-          + (f", {page}" if page else ""))
+    print(
+        f"outputs: {plan.out}/trajectories.jsonl, nemo_results.jsonl, grpo_batch.jsonl, summary.json"
+        + (f", {page}" if page else "")
+    )
     print(f"check them: {polar_command()} check {plan.out}/nemo_results.jsonl --samples {plan.samples}")
     return 0

@@ -42,10 +42,18 @@ def _cgroup_row() -> DoctorRow:
     root = Path("/sys/fs/cgroup")
     found = [c for c in ("memory", "pids") if (root / c / "cgroup.procs").exists()]
     writable = bool(found) and all(os.access(root / c, os.W_OK) for c in found)
-    note = ("v1 " + "+".join(found) + (" (writable)" if writable else " (read-only: limits skipped)")) if found \
+    note = (
+        ("v1 " + "+".join(found) + (" (writable)" if writable else " (read-only: limits skipped)"))
+        if found
         else "no cgroup v1 memory/pids: sandbox limits skipped"
-    return DoctorRow("cgroups", writable and len(found) == 2, "v1" if found else "", "" if writable else
-                     "run as root on a host with cgroup v1 memory and pids controllers", note)
+    )
+    return DoctorRow(
+        "cgroups",
+        writable and len(found) == 2,
+        "v1" if found else "",
+        "" if writable else "run as root on a host with cgroup v1 memory and pids controllers",
+        note,
+    )
 
 
 def _engine_rows() -> list[DoctorRow]:
@@ -54,28 +62,41 @@ def _engine_rows() -> list[DoctorRow]:
     from polar_env.tasks.images import base_image
 
     rows = []
-    fixes = {"podman": "POLAR_SETUP_CONTAINERS=1 bash scripts/setup.sh  # podman, runc, engine config, base image",
-             "docker": "install Docker Engine and start its daemon (or use podman)",
-             "apptainer": "install Apptainer from your site's packages (none for Debian; for clusters)"}
+    fixes = {
+        "podman": "POLAR_SETUP_CONTAINERS=1 bash scripts/setup.sh  # podman, runc, engine config, base image",
+        "docker": "install Docker Engine and start its daemon (or use podman)",
+        "apptainer": "install Apptainer from your site's packages (none for Debian; for clusters)",
+    }
     for engine in ("podman", "docker", "apptainer"):
         row = _tool_row(f"{engine} (optional)", engine, ["--version"], fixes[engine])
         if row.installed and not engine_available(engine):
-            row.installed, row.fix_command = False, f"{engine} is installed but does not answer: " + (
-                "start the Docker daemon" if engine == "docker" else "see /etc/containers/containers.conf in "
-                "scripts/setup_podman.sh" if engine == "podman" else f"check `{engine} version`")
+            row.installed, row.fix_command = (
+                False,
+                f"{engine} is installed but does not answer: "
+                + (
+                    "start the Docker daemon"
+                    if engine == "docker"
+                    else "see /etc/containers/containers.conf in scripts/setup_podman.sh"
+                    if engine == "podman"
+                    else f"check `{engine} version`"
+                ),
+            )
         elif row.installed and engine == "podman":
             from polar_env.sandbox.container import image_exists
 
             base = base_image()
-            row.note = f"base image {base}" + ("" if image_exists(engine, base) else " missing: "
-                                               "python -m polar_env.tasks.images base")
+            row.note = f"base image {base}" + (
+                "" if image_exists(engine, base) else " missing: python -m polar_env.tasks.images base"
+            )
         rows.append(row)
     return rows
 
 
 def _install_hint(adapter: HarnessAdapter, root: Path | None) -> str:
     try:
-        return "polar doctor --install  # or: " + " && ".join(" ".join(cmd) for cmd in adapter.install_commands(root))
+        return "polar doctor --install  # or: " + " && ".join(
+            " ".join(cmd) for cmd in adapter.install_commands(root)
+        )
     except RuntimeError as e:  # what the source needs first (a portable Python's host interpreter)
         return str(e)
 
@@ -97,10 +118,15 @@ def doctor_report(root: Path | None = None) -> list[DoctorRow]:
         _tool_row("bubblewrap", "bwrap", ["--version"], "apt-get install -y bubblewrap"),
         _tool_row("setpriv", "setpriv", ["--version"], "apt-get install -y util-linux"),
         _tool_row("git", "git", ["--version"], "apt-get install -y git"),
-        _tool_row("patchelf (portable Python harnesses)", "patchelf", ["--version"], "apt-get install -y patchelf"),
-        DoctorRow("python3 (sandbox forwarder)", os.path.exists("/usr/bin/python3"),
-                  _version(["/usr/bin/python3", "--version"]), "" if os.path.exists("/usr/bin/python3")
-                  else "apt-get install -y python3"),
+        _tool_row(
+            "patchelf (portable Python harnesses)", "patchelf", ["--version"], "apt-get install -y patchelf"
+        ),
+        DoctorRow(
+            "python3 (sandbox forwarder)",
+            os.path.exists("/usr/bin/python3"),
+            _version(["/usr/bin/python3", "--version"]),
+            "" if os.path.exists("/usr/bin/python3") else "apt-get install -y python3",
+        ),
         _rootfs_row(),
         _cgroup_row(),
         *_engine_rows(),
@@ -109,8 +135,15 @@ def doctor_report(root: Path | None = None) -> list[DoctorRow]:
         adapter = cls()
         ok = adapter.is_installed(root)
         where = adapter.install_dir(root) if ok else f"pinned {adapter.package} ({adapter.source.kind})"
-        rows.append(DoctorRow(f"harness {name}", ok, adapter.version if ok else "", "" if ok else _install_hint(adapter, root),
-                              f"{where}; speaks {adapter.wire_api}"))
+        rows.append(
+            DoctorRow(
+                f"harness {name}",
+                ok,
+                adapter.version if ok else "",
+                "" if ok else _install_hint(adapter, root),
+                f"{where}; speaks {adapter.wire_api}",
+            )
+        )
     return rows
 
 
@@ -125,7 +158,9 @@ def format_table(rows: list[DoctorRow]) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__
     parser.add_argument("--cache", type=Path, default=None, help=f"cache root (default {cache_root()})")
-    parser.add_argument("--install", action="store_true", help="install missing harnesses (pinned, from npm or PyPI)")
+    parser.add_argument(
+        "--install", action="store_true", help="install missing harnesses (pinned, from npm or PyPI)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -138,5 +173,7 @@ def run(args: argparse.Namespace) -> int:
                 adapter.install(args.cache)
     rows = doctor_report(args.cache)
     print(format_table(rows))
-    missing = [r for r in rows if not r.installed and "optional" not in r.component and r.component != "cgroups"]
+    missing = [
+        r for r in rows if not r.installed and "optional" not in r.component and r.component != "cgroups"
+    ]
     return 1 if missing else 0

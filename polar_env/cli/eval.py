@@ -42,12 +42,19 @@ def load_predictions(path: Path) -> list[dict]:
 def prediction_keys(preds: list[dict]) -> list[str]:
     """The report key of each prediction: its instance id, or ``id@model`` when an id repeats."""
     counts = Counter(p["instance_id"] for p in preds)
-    return [p["instance_id"] if counts[p["instance_id"]] == 1 else f"{p['instance_id']}@{p.get('model_name_or_path', '')}"
-            for p in preds]
+    return [
+        p["instance_id"]
+        if counts[p["instance_id"]] == 1
+        else f"{p['instance_id']}@{p.get('model_name_or_path', '')}"
+        for p in preds
+    ]
 
 
 def build_report(
-    results: dict[str, GradeResult], tasks: dict[str, Task], preds: list[dict], seconds: float,
+    results: dict[str, GradeResult],
+    tasks: dict[str, Task],
+    preds: list[dict],
+    seconds: float,
     mode: GradingMode = GradingMode.strict,
 ) -> dict:
     by_kind = {k.value: sorted(key for key, r in results.items() if r.failure_kind == k) for k in FailureKind}
@@ -67,8 +74,10 @@ def build_report(
         "unresolved_ids": sorted(key for key, r in graded.items() if not r.resolved),
         "failure_kinds": by_kind,
         "mode": mode.value,
-        "resolved_by_mode": {m.value: sum(r.modes.get(m) is not None and r.modes[m].resolved
-                                          for r in results.values()) for m in GradingMode},
+        "resolved_by_mode": {
+            m.value: sum(r.modes.get(m) is not None and r.modes[m].resolved for r in results.values())
+            for m in GradingMode
+        },
         "disagreements": {key: r.disagreement for key, r in sorted(results.items()) if r.disagreement},
         "flags": dict(sorted(flags.items())),
         "seconds": round(seconds, 2),
@@ -110,27 +119,45 @@ def summary_text(report: dict) -> str:
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.description = "Grade SWE-bench predictions."
-    ap.add_argument("--tasks", default="bundled", help="bundled | terminal | verified | path/to/tasks.jsonl | a Harbor task folder")
+    ap.add_argument(
+        "--tasks",
+        default="bundled",
+        help="bundled | terminal | verified | path/to/tasks.jsonl | a Harbor task folder",
+    )
     ap.add_argument("--predictions", required=True, type=Path, help="predictions .jsonl or .json")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--out", type=Path, default=None, help="write the JSON report here")
-    ap.add_argument("--grading-timeout", type=float, default=grading_timeout_s(),
-                    help="grading deadline (s; default: POLAR_GRADING_TIMEOUT_S or the built-in one)")
+    ap.add_argument(
+        "--grading-timeout",
+        type=float,
+        default=grading_timeout_s(),
+        help="grading deadline (s; default: POLAR_GRADING_TIMEOUT_S or the built-in one)",
+    )
     ap.add_argument("--timeout", type=float, dest="grading_timeout", help=argparse.SUPPRESS)  # its old name
     ap.add_argument("--instance-ids", nargs="*", default=None, help="grade only these instances")
-    ap.add_argument("--sandbox", default="auto", choices=SANDBOX_CHOICES,
-                    help="where to grade: auto (bubblewrap for tasks with a base archive, the task's image "
-                         "otherwise) or one engine for every task (podman/docker: in the task's image)")
-    ap.add_argument("--mode", choices=[m.value for m in GradingMode], default=GradingMode.strict.value,
-                    help="whose verdict is the reward: strict (default) or swebench; both are reported")
+    ap.add_argument(
+        "--sandbox",
+        default="auto",
+        choices=SANDBOX_CHOICES,
+        help="where to grade: auto (bubblewrap for tasks with a base archive, the task's image "
+        "otherwise) or one engine for every task (podman/docker: in the task's image)",
+    )
+    ap.add_argument(
+        "--mode",
+        choices=[m.value for m in GradingMode],
+        default=GradingMode.strict.value,
+        help="whose verdict is the reward: strict (default) or swebench; both are reported",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     try:
         tasks = {t.instance_id: t for t in load_tasks(args.tasks)}
         if not args.predictions.is_file():
-            raise TaskLoadError(f"predictions file {args.predictions} does not exist: pass a SWE-bench "
-                                "predictions .jsonl/.json (instance_id, model_patch, model_name_or_path)")
+            raise TaskLoadError(
+                f"predictions file {args.predictions} does not exist: pass a SWE-bench "
+                "predictions .jsonl/.json (instance_id, model_patch, model_name_or_path)"
+            )
         preds = load_predictions(args.predictions)
     except (TaskLoadError, ValueError) as e:
         print(f"polar eval: {e}".splitlines()[0], file=sys.stderr)
@@ -170,8 +197,14 @@ def run(args: argparse.Namespace) -> int:
     mode = GradingMode(args.mode)
     with ThreadPoolExecutor(max_workers=max(1, args.workers)) as pool:
         futures = {
-            pool.submit(grade_task, tasks[p["instance_id"]], p.get("model_patch"), kind=kinds[p["instance_id"]],
-                        timeout_s=args.grading_timeout, mode=mode): key
+            pool.submit(
+                grade_task,
+                tasks[p["instance_id"]],
+                p.get("model_patch"),
+                kind=kinds[p["instance_id"]],
+                timeout_s=args.grading_timeout,
+                mode=mode,
+            ): key
             for key, p in zip(keys, preds, strict=True)
         }
         for fut in tqdm(as_completed(futures), total=len(futures), desc="grading", unit="inst"):

@@ -100,9 +100,13 @@ class PolicyServer:
         if not (isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt)):
             return _error(400, "prompt must be a non-empty list of token ids")
         try:
-            sampling = SamplingParams(temperature=body.get("temperature", 1.0), top_p=body.get("top_p", 1.0),
-                                      max_tokens=body.get("max_tokens") or 256,
-                                      stop_token_ids=body.get("stop_token_ids") or [], seed=body.get("seed"))
+            sampling = SamplingParams(
+                temperature=body.get("temperature", 1.0),
+                top_p=body.get("top_p", 1.0),
+                max_tokens=body.get("max_tokens") or 256,
+                stop_token_ids=body.get("stop_token_ids") or [],
+                seed=body.get("seed"),
+            )
         except ValueError as exc:
             return _error(400, f"bad sampling parameters: {exc}")
         self.requests += 1
@@ -110,13 +114,20 @@ class PolicyServer:
             gen = await self.backend.generate(prompt, sampling)
         except BackendError as exc:
             return _error(exc.status or 500, str(exc))
-        return web.json_response({
-            "id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
-            "model": body.get("model") or self.model_name,
-            "choices": [completion_choice(body, gen.token_ids, gen.logprobs, gen.finish_reason)],
-            "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(gen.token_ids),
-                      "total_tokens": len(prompt) + len(gen.token_ids)},
-        })
+        return web.json_response(
+            {
+                "id": f"cmpl-{uuid.uuid4().hex}",
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": body.get("model") or self.model_name,
+                "choices": [completion_choice(body, gen.token_ids, gen.logprobs, gen.finish_reason)],
+                "usage": {
+                    "prompt_tokens": len(prompt),
+                    "completion_tokens": len(gen.token_ids),
+                    "total_tokens": len(prompt) + len(gen.token_ids),
+                },
+            }
+        )
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -141,7 +152,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", choices=["local", "scripted"], default="scripted")
     parser.add_argument("--policy", choices=sorted(POLICIES), default="gold", help="scripted policy")
     parser.add_argument("--tasks", default="bundled", help="task set the gold policy looks answers up in")
-    parser.add_argument("--model-dir", type=Path, default=None, help="HF model dir (default: embedded SmolLM2)")
+    parser.add_argument(
+        "--model-dir", type=Path, default=None, help="HF model dir (default: embedded SmolLM2)"
+    )
     parser.add_argument("--model-name", default="polar-policy")
     parser.add_argument("--context-window", type=int, default=256, help="scripted: prompt tokens scored")
     parser.add_argument("--host", default="127.0.0.1")
@@ -154,13 +167,15 @@ def run(args: argparse.Namespace) -> int:
         backend = build_backend(args.backend, args.policy, args.tasks, args.model_dir, args.context_window)
         server = PolicyServer(backend, model_name=args.model_name)
         await server.start(args.host, args.port)
-        print(f"policy server ready on http://{args.host}:{server.port} ({args.backend}/{args.policy})", flush=True)
+        print(
+            f"policy server ready on http://{args.host}:{server.port} ({args.backend}/{args.policy})",
+            flush=True,
+        )
         await wait_for_stop_signal()
         await server.stop()
 
     asyncio.run(serve())
     return 0
-
 
 
 if __name__ == "__main__":  # the same as `polar policy-server ...`

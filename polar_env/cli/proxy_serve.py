@@ -28,22 +28,34 @@ class ServeSettings(ProxySettings):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.description = ("Serve OpenAI Chat Completions, OpenAI Responses and Anthropic Messages at "
-                          "/s/<session>/v1/... in front of an inference backend, recording every call token by "
-                          "token. Create sessions with POST /admin/sessions (Bearer admin secret); each "
-                          "harness then uses its session key as its API key.")
+    parser.description = (
+        "Serve OpenAI Chat Completions, OpenAI Responses and Anthropic Messages at "
+        "/s/<session>/v1/... in front of an inference backend, recording every call token by "
+        "token. Create sessions with POST /admin/sessions (Bearer admin secret); each "
+        "harness then uses its session key as its API key."
+    )
     d = ServeSettings()
     add_settings_argument(parser, ServeSettings)
     add_proxy_arguments(parser, d)
     parser.add_argument("--host", default=d.host)
     parser.add_argument("--port", type=int, default=d.port)
-    parser.add_argument("--workers", type=int, default=d.workers,
-                        help="proxy processes, each owning a share of the sessions (docs/proxy.md): the admin "
-                             "API on --port, worker K on --port + 1 + K, its ledger in DATA_DIR/worker-K")
-    parser.add_argument("--unix-socket", type=Path, default=d.unix_socket, help="also listen on this Unix socket")
-    parser.add_argument("--data-dir", type=Path, default=d.data_dir,
-                        help="ledger directory; a restart on the same directory recovers every session "
-                             "(the admin secret, unless given, is generated into DATA_DIR/admin_secret)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=d.workers,
+        help="proxy processes, each owning a share of the sessions (docs/proxy.md): the admin "
+        "API on --port, worker K on --port + 1 + K, its ledger in DATA_DIR/worker-K",
+    )
+    parser.add_argument(
+        "--unix-socket", type=Path, default=d.unix_socket, help="also listen on this Unix socket"
+    )
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=d.data_dir,
+        help="ledger directory; a restart on the same directory recovers every session "
+        "(the admin secret, unless given, is generated into DATA_DIR/admin_secret)",
+    )
 
 
 def _build(settings: ServeSettings) -> ProxyServer:
@@ -58,9 +70,12 @@ async def _serve(args: ServeSettings) -> int:
     proxy = _build(args)
     await proxy.start(args.host, args.port, args.unix_socket)
     where = proxy.base_url + (f" and unix:{proxy.unix_socket}" if proxy.unix_socket else "")
-    print(f"polar proxy listening on {where}; backend={proxy.engine.backend.name} "
-          f"model={proxy.engine.backend.model}; admin secret in {args.data_dir}/admin_secret "
-          f"unless POLAR_ADMIN_SECRET is set", flush=True)
+    print(
+        f"polar proxy listening on {where}; backend={proxy.engine.backend.name} "
+        f"model={proxy.engine.backend.model}; admin secret in {args.data_dir}/admin_secret "
+        f"unless POLAR_ADMIN_SECRET is set",
+        flush=True,
+    )
     await wait_for_stop_signal()
     await proxy.stop()
     return 0
@@ -68,14 +83,20 @@ async def _serve(args: ServeSettings) -> int:
 
 async def _serve_workers(args: ServeSettings) -> int:
     secret = admin_secret(args, args.data_dir / "admin_secret")
-    builds = [partial(_build, args.model_copy(update={"data_dir": worker_dir(args.data_dir, k),
-                                                      "admin_secret": secret}))
-              for k in range(args.workers)]
+    builds = [
+        partial(
+            _build, args.model_copy(update={"data_dir": worker_dir(args.data_dir, k), "admin_secret": secret})
+        )
+        for k in range(args.workers)
+    ]
 
     def listening(front: str, workers: list[str]) -> None:
-        print(f"polar proxy listening on {front} (admin API; {len(workers)} workers: {' '.join(workers)}); "
-              f"backend={args.backend}; admin secret in {args.data_dir}/admin_secret unless POLAR_ADMIN_SECRET "
-              "is set", flush=True)
+        print(
+            f"polar proxy listening on {front} (admin API; {len(workers)} workers: {' '.join(workers)}); "
+            f"backend={args.backend}; admin secret in {args.data_dir}/admin_secret unless POLAR_ADMIN_SECRET "
+            "is set",
+            flush=True,
+        )
 
     return await serve(builds, host=args.host, port=args.port, admin_secret=secret, on_listening=listening)
 

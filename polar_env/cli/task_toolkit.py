@@ -66,7 +66,9 @@ def unpack_base(source: Path, dest: Path) -> Path:
             tar.extractall(dest, filter="data")
         strip_single_top(dest)
     else:
-        raise TaskDefect(f"base tree {source} is neither a directory nor a tar archive (.tar.gz, .tgz, .tar, sdist)")
+        raise TaskDefect(
+            f"base tree {source} is neither a directory nor a tar archive (.tar.gz, .tgz, .tar, sdist)"
+        )
     return dest
 
 
@@ -79,12 +81,18 @@ def derive_tests(task: Task, *, timeout_s: float | None = None) -> tuple[list[st
     for name, run in (("base", before), ("gold", after)):
         if run.infra_error or run.timed_out or not run.valid:
             why = run.infra_error or ("timed out" if run.timed_out else "no test results in the log")
-            raise TaskDefect(f"{task.instance_id}: the tests on the {name} tree did not run: {why.splitlines()[0]}"
-                             f" (log tail: {run.log[-300:]!r})")
+            raise TaskDefect(
+                f"{task.instance_id}: the tests on the {name} tree did not run: {why.splitlines()[0]}"
+                f" (log tail: {run.log[-300:]!r})"
+            )
     if after.apply_method == "none":
         raise TaskDefect(f"{task.instance_id}: the gold patch does not apply to the base tree")
-    f2p = sorted(t for t, s in after.status_map.items() if s in PASSING and before.status_map.get(t) not in PASSING)
-    p2p = sorted(t for t, s in after.status_map.items() if s in PASSING and before.status_map.get(t) in PASSING)
+    f2p = sorted(
+        t for t, s in after.status_map.items() if s in PASSING and before.status_map.get(t) not in PASSING
+    )
+    p2p = sorted(
+        t for t, s in after.status_map.items() if s in PASSING and before.status_map.get(t) in PASSING
+    )
     if not f2p:
         raise TaskDefect(f"{task.instance_id}: the gold patch makes no test pass that fails on the base tree")
     return f2p, p2p
@@ -162,12 +170,17 @@ def validate_task(task: Task, *, kind: WorkspaceKind, timeout_s: float | None = 
     gold = grade_task(task, task.patch, kind=kind, timeout_s=timeout_s)
     if gold.failure_kind in (FailureKind.infrastructure, FailureKind.task_defect):
         v.checks["test_patch"] = "ok" if "test patch" not in gold.error else gold.error.splitlines()[0]
-        v.checks["gold"] = f"could not be graded: {gold.error.splitlines()[0] if gold.error else 'infrastructure'}"
+        v.checks["gold"] = (
+            f"could not be graded: {gold.error.splitlines()[0] if gold.error else 'infrastructure'}"
+        )
         return v
     v.checks["test_patch"] = "ok"
     broken = {t: s for t, s in {**gold.fail_to_pass, **gold.pass_to_pass}.items() if s not in PASSING}
-    v.checks["gold"] = "ok" if gold.resolved else (
-        f"does not resolve ({gold.failure_kind}; not passing: {', '.join(sorted(broken)[:3]) or '-'})")
+    v.checks["gold"] = (
+        "ok"
+        if gold.resolved
+        else (f"does not resolve ({gold.failure_kind}; not passing: {', '.join(sorted(broken)[:3]) or '-'})")
+    )
     v.checks["base"] = _base_check(task, kind, timeout_s)
     return v
 
@@ -188,13 +201,22 @@ def validate_harbor_task(task: Task, *, kind: WorkspaceKind) -> Validation:
         return v
     for check, command in (("gold", solve), ("no-op", None)):
         grade = asyncio.run(_harbor_episode(task, kind, command))
-        if grade.failure_kind.outside_policy or grade.failure_kind in (FailureKind.test_timeout, FailureKind.broke_grading):
-            v.checks[check] = (f"verifier failed ({grade.failure_kind}): "
-                               f"{grade.error.splitlines()[0] if grade.error else '-'}")
+        if grade.failure_kind.outside_policy or grade.failure_kind in (
+            FailureKind.test_timeout,
+            FailureKind.broke_grading,
+        ):
+            v.checks[check] = (
+                f"verifier failed ({grade.failure_kind}): "
+                f"{grade.error.splitlines()[0] if grade.error else '-'}"
+            )
         elif check == "gold":
             v.checks[check] = "ok" if grade.resolved else f"solution/solve.sh earns {grade.reward:g}, not 1"
         else:
-            v.checks[check] = "ok" if not grade.resolved else "doing nothing already earns 1 (the task rewards doing nothing)"
+            v.checks[check] = (
+                "ok"
+                if not grade.resolved
+                else "doing nothing already earns 1 (the task rewards doing nothing)"
+            )
     return v
 
 
@@ -208,7 +230,9 @@ async def _harbor_episode(task: Task, kind: WorkspaceKind, command: str | None):
     workspace = await open_workspace(task, SandboxSpec(), sandbox=kind)
     try:
         if command is not None:
-            await workspace.sandbox.run(["bash", "-c", command], timeout_s=task.harbor.config.agent.timeout_sec or 600)
+            await workspace.sandbox.run(
+                ["bash", "-c", command], timeout_s=task.harbor.config.agent.timeout_sec or 600
+            )
         return await grade_submission(task, Submission(sandbox=workspace.sandbox), kind=kind)
     finally:
         await workspace.close()

@@ -50,12 +50,16 @@ from polar_env.tasks.runtime import WorkspaceKind, WorkspaceUnavailable, check_i
 PLANT = '{"reward": 1}'
 # check -> (python payload, shell payload): what the code under test does first when it runs
 PAYLOADS: dict[str, tuple[str, str]] = {
-    "reward-planted": (f"try:\n    open('/logs/verifier/reward.json', 'w').write('{PLANT}')\nexcept OSError:\n    pass\n",
-                       f"echo '{PLANT}' > /logs/verifier/reward.json 2>/dev/null"),
+    "reward-planted": (
+        f"try:\n    open('/logs/verifier/reward.json', 'w').write('{PLANT}')\nexcept OSError:\n    pass\n",
+        f"echo '{PLANT}' > /logs/verifier/reward.json 2>/dev/null",
+    ),
     "early-exit": ("import os; os._exit(0)\n", "exit 0"),
-    "reward-path-unusable": ("import os\nfor _n in ('reward.json', 'reward.txt'):\n    try:\n"
-                             "        os.makedirs('/logs/verifier/' + _n)\n    except OSError:\n        pass\n",
-                             "mkdir -p /logs/verifier/reward.json /logs/verifier/reward.txt 2>/dev/null"),
+    "reward-path-unusable": (
+        "import os\nfor _n in ('reward.json', 'reward.txt'):\n    try:\n"
+        "        os.makedirs('/logs/verifier/' + _n)\n    except OSError:\n        pass\n",
+        "mkdir -p /logs/verifier/reward.json /logs/verifier/reward.txt 2>/dev/null",
+    ),
 }
 # run as the agent in its workspace: each [path, kind, payload] written over the unsolved tree
 INJECT = r"""
@@ -87,10 +91,14 @@ def judged(grade: GradeResult, what: str) -> CheckResult:
     """``controls`` where the grade pays or would be masked, ``resists`` where it is a trained 0."""
     masked = DEFAULT_OUTCOMES[grade.failure_kind].mask
     if grade.reward > 0 or masked:
-        return CheckResult(verdict="controls", detail=f"{what}: reward {grade.reward:g}, {grade.failure_kind}"
-                                                      f"{' (masked)' if masked else ''}")
-    return CheckResult(verdict="resists", detail=f"{what}: 0, {grade.failure_kind}"
-                                                 + (f", flags {grade.flags}" if grade.flags else ""))
+        return CheckResult(
+            verdict="controls",
+            detail=f"{what}: reward {grade.reward:g}, {grade.failure_kind}{' (masked)' if masked else ''}",
+        )
+    return CheckResult(
+        verdict="resists",
+        detail=f"{what}: 0, {grade.failure_kind}" + (f", flags {grade.flags}" if grade.flags else ""),
+    )
 
 
 def file_kind(path: str, first_line: str) -> str:
@@ -134,8 +142,12 @@ async def audit_harbor(task: Task, kind: WorkspaceKind) -> dict[str, CheckResult
         return {"solution": CheckResult(verdict="unknown", detail=str(exc))}
     gold, changed = await _harbor_workspace(task, kind, solve)
     if not gold.resolved:
-        return {"solution": CheckResult(verdict="unknown", detail=f"solve.sh earns {gold.reward:g} "
-                                                                  f"({gold.failure_kind}): nothing to compare with")}
+        return {
+            "solution": CheckResult(
+                verdict="unknown",
+                detail=f"solve.sh earns {gold.reward:g} ({gold.failure_kind}): nothing to compare with",
+            )
+        }
     files = {name: file_kind(name, first) for name, first in changed.items()}
     code = [name for name, k in files.items() if k != "data"]
     data = [name for name, k in files.items() if k == "data"]
@@ -151,7 +163,9 @@ async def audit_harbor(task: Task, kind: WorkspaceKind) -> dict[str, CheckResult
         grade, _ = await _harbor_workspace(task, kind, None, [[name, "data", "NaN\n"] for name in data])
         checks["malformed-output"] = judged(grade, f"NaN in {', '.join(data[:3])}")
     else:
-        checks["malformed-output"] = CheckResult(verdict="not_applicable", detail="the solution writes no data file")
+        checks["malformed-output"] = CheckResult(
+            verdict="not_applicable", detail="the solution writes no data file"
+        )
     return checks
 
 
@@ -160,25 +174,36 @@ def _prepended_patch(task: Task, lines: str) -> tuple[str, str] | None:
     from polar_env.tasks.tree import materialize
 
     test_files = set(task.test_files())
-    target = next((n for n in DIFF_NAME.findall(task.patch) if n.endswith(".py") and n not in test_files), None)
+    target = next(
+        (n for n in DIFF_NAME.findall(task.patch) if n.endswith(".py") and n not in test_files), None
+    )
     if target is None or not task.base_archive:
         return None
     with tempfile.TemporaryDirectory(prefix="polar-audit-") as tmp:
         tree = materialize(task, Path(tmp) / "tree")
         old = (tree / target).read_text(errors="surrogateescape").splitlines(keepends=True)
-    new = [lines, *old] if not (old and old[0].startswith(("from __future__", "#!"))) else [old[0], lines, *old[1:]]
+    new = (
+        [lines, *old]
+        if not (old and old[0].startswith(("from __future__", "#!")))
+        else [old[0], lines, *old[1:]]
+    )
     body = "".join(difflib.unified_diff(old, new, f"a/{target}", f"b/{target}"))
     return target, f"diff --git a/{target} b/{target}\n{body}"
 
 
 def audit_swe(task: Task, kind: WorkspaceKind) -> dict[str, CheckResult]:
     forged = "".join(f"print({('PASSED ' + t)!r})\n" for t in task.FAIL_TO_PASS[:50])
-    attacks = {"early-exit": "import os; os._exit(0)\n", "forged-results": f"{forged}import os; os._exit(0)\n"}
+    attacks = {
+        "early-exit": "import os; os._exit(0)\n",
+        "forged-results": f"{forged}import os; os._exit(0)\n",
+    }
     checks: dict[str, CheckResult] = {}
     for check, lines in attacks.items():
         made = _prepended_patch(task, lines)
         if made is None:
-            checks[check] = CheckResult(verdict="not_applicable", detail="the gold patch changes no source file here")
+            checks[check] = CheckResult(
+                verdict="not_applicable", detail="the gold patch changes no source file here"
+            )
             continue
         target, patch = made
         checks[check] = judged(grade_task(task, patch, kind=kind), f"{check} in {target}")
@@ -193,12 +218,18 @@ def audit_task(task: Task, kind: WorkspaceKind) -> TaskAudit:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.description = ("Per task: the known ways to control its reward without solving it, run against it "
-                          "through its own grader, and a verdict (resists, controllable, unknown). polar rollout "
-                          "warns about controllable tasks (--refuse-controllable refuses them).")
-    parser.add_argument("--tasks", default="bundled", help="any task source polar rollout takes (docs/tasks.md)")
+    parser.description = (
+        "Per task: the known ways to control its reward without solving it, run against it "
+        "through its own grader, and a verdict (resists, controllable, unknown). polar rollout "
+        "warns about controllable tasks (--refuse-controllable refuses them)."
+    )
+    parser.add_argument(
+        "--tasks", default="bundled", help="any task source polar rollout takes (docs/tasks.md)"
+    )
     parser.add_argument("--task-ids", nargs="*", default=None)
-    parser.add_argument("--sandbox", default="auto", choices=SANDBOX_CHOICES, help="where to grade (as polar eval)")
+    parser.add_argument(
+        "--sandbox", default="auto", choices=SANDBOX_CHOICES, help="where to grade (as polar eval)"
+    )
     parser.add_argument("--out", type=Path, default=None, help="also write every task's checks here (JSON)")
 
 
@@ -217,13 +248,18 @@ def run(args: argparse.Namespace) -> int:
         try:
             found = audit_task(task, kinds[task.instance_id])
         except Exception as exc:  # noqa: BLE001 - one task's failure is its verdict, not the run's end
-            found = TaskAudit.of(task.instance_id, {"audit": CheckResult(verdict="unknown", detail=f"{exc}"[:300])})
+            found = TaskAudit.of(
+                task.instance_id, {"audit": CheckResult(verdict="unknown", detail=f"{exc}"[:300])}
+            )
         audit.save(task, found)
         audits.append(found)
         print(found.line(), flush=True)
     if args.out:
         args.out.write_text(json.dumps([a.model_dump() for a in audits], indent=1) + "\n")
     counts = {v: sum(a.verdict == v for a in audits) for v in ("resists", "controllable", "unknown")}
-    print(", ".join(f"{n} {v}" for v, n in counts.items()) + f" of {len(audits)} tasks" + (
-        f" (see {shlex.quote(str(args.out))})" if args.out else ""))
+    print(
+        ", ".join(f"{n} {v}" for v, n in counts.items())
+        + f" of {len(audits)} tasks"
+        + (f" (see {shlex.quote(str(args.out))})" if args.out else "")
+    )
     return 1 if counts["controllable"] else 0

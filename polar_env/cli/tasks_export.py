@@ -44,14 +44,32 @@ def task_toml(task: Task, *, agent_timeout_s: float = 600.0, verifier_timeout_s:
     name = re.sub(r"[^A-Za-z0-9._-]", "-", task.instance_id)
     statement = task.problem_statement.strip()
     summary = statement.splitlines()[0][:200] if statement else ""
-    lines = [f'schema_version = "{SCHEMA_VERSION}"', "", "[task]", f'name = "polar/{name}"',
-             f"description = {_toml_str(summary)}",
-             "", "[metadata]", f"repo = {_toml_str(task.repo)}", f"version = {_toml_str(task.version)}",
-             'source = "polar"', f"fail_to_pass = {len(task.FAIL_TO_PASS)}",
-             "", "[verifier]", f"timeout_sec = {grading_timeout_s(verifier_timeout_s):.1f}", f'user = "{AGENT_USER}"',
-             "", "[agent]", f"timeout_sec = {agent_timeout_s:.1f}", f'user = "{AGENT_USER}"',
-             "", "[environment]", "build_timeout_sec = 1800.0", 'network_mode = "no-network"',
-             f"workdir = {_toml_str(task.workdir)}"]
+    lines = [
+        f'schema_version = "{SCHEMA_VERSION}"',
+        "",
+        "[task]",
+        f'name = "polar/{name}"',
+        f"description = {_toml_str(summary)}",
+        "",
+        "[metadata]",
+        f"repo = {_toml_str(task.repo)}",
+        f"version = {_toml_str(task.version)}",
+        'source = "polar"',
+        f"fail_to_pass = {len(task.FAIL_TO_PASS)}",
+        "",
+        "[verifier]",
+        f"timeout_sec = {grading_timeout_s(verifier_timeout_s):.1f}",
+        f'user = "{AGENT_USER}"',
+        "",
+        "[agent]",
+        f"timeout_sec = {agent_timeout_s:.1f}",
+        f'user = "{AGENT_USER}"',
+        "",
+        "[environment]",
+        "build_timeout_sec = 1800.0",
+        'network_mode = "no-network"',
+        f"workdir = {_toml_str(task.workdir)}",
+    ]
     if not task.base_archive and task.image:
         lines.append(f"docker_image = {_toml_str(task.image)}")
     return "\n".join(lines) + "\n"
@@ -76,19 +94,29 @@ def test_script(task: Task) -> str:
     """SWE-bench's grading as a Harbor ``test.sh``, run in the agent's tree after the agent is done."""
     wd = shlex.quote(task.workdir)
     files = " ".join(shlex.quote(f) for f in task.test_files())
-    env = "".join(f"export {k}={shlex.quote(v.replace('{testbed}', task.workdir))}\n"
-                  for k, v in task.environment.env.items())
-    reset = f"git checkout {shlex.quote(task.base_commit or 'HEAD')} -- {files} 2>/dev/null || true\n" if files else ""
-    return (f"#!/bin/bash\n# SWE-bench's procedure for {task.instance_id} (exported by polar tasks export).\n"
-            f"cd {wd}\ngit config --global --add safe.directory {wd} 2>/dev/null\n{reset}"
-            "if ! git apply -v /tests/test.patch; then echo 'test patch did not apply'; exit 1; fi\n"
-            f"{env}{task.full_test_command()} > /logs/verifier/test_output.txt 2>&1\n"
-            f"python3 - <<'POLAR_GRADE_EOF'\n{GRADE_PY}POLAR_GRADE_EOF\n")
+    env = "".join(
+        f"export {k}={shlex.quote(v.replace('{testbed}', task.workdir))}\n"
+        for k, v in task.environment.env.items()
+    )
+    reset = (
+        f"git checkout {shlex.quote(task.base_commit or 'HEAD')} -- {files} 2>/dev/null || true\n"
+        if files
+        else ""
+    )
+    return (
+        f"#!/bin/bash\n# SWE-bench's procedure for {task.instance_id} (exported by polar tasks export).\n"
+        f"cd {wd}\ngit config --global --add safe.directory {wd} 2>/dev/null\n{reset}"
+        "if ! git apply -v /tests/test.patch; then echo 'test patch did not apply'; exit 1; fi\n"
+        f"{env}{task.full_test_command()} > /logs/verifier/test_output.txt 2>&1\n"
+        f"python3 - <<'POLAR_GRADE_EOF'\n{GRADE_PY}POLAR_GRADE_EOF\n"
+    )
 
 
 def solve_script(task: Task) -> str:
-    return (f"#!/bin/bash\nset -euo pipefail\ncd {shlex.quote(task.workdir)}\n"
-            f"git apply <<'POLAR_GOLD_EOF'\n{task.patch}POLAR_GOLD_EOF\n")
+    return (
+        f"#!/bin/bash\nset -euo pipefail\ncd {shlex.quote(task.workdir)}\n"
+        f"git apply <<'POLAR_GOLD_EOF'\n{task.patch}POLAR_GOLD_EOF\n"
+    )
 
 
 def export_task(task: Task, out: Path) -> Path:
@@ -117,11 +145,13 @@ def export_task(task: Task, out: Path) -> Path:
         if CA_BUNDLE.is_file():
             shutil.copy2(CA_BUNDLE, dest / "environment" / "ca-certificates.crt")
     else:
-        (dest / "environment" / "Dockerfile").write_text(f"FROM {task.image or PUBLIC_BASE}\n"
-                                                         f"WORKDIR {task.workdir}\n")
+        (dest / "environment" / "Dockerfile").write_text(
+            f"FROM {task.image or PUBLIC_BASE}\nWORKDIR {task.workdir}\n"
+        )
     (dest / "tests" / "test.patch").write_text(task.test_patch)
-    (dest / "tests" / "expected.json").write_text(json.dumps({"FAIL_TO_PASS": task.FAIL_TO_PASS,
-                                                              "PASS_TO_PASS": task.PASS_TO_PASS}, indent=1))
+    (dest / "tests" / "expected.json").write_text(
+        json.dumps({"FAIL_TO_PASS": task.FAIL_TO_PASS, "PASS_TO_PASS": task.PASS_TO_PASS}, indent=1)
+    )
     (dest / "tests" / "test.sh").write_text(test_script(task))
     (dest / "solution" / "solve.sh").write_text(solve_script(task))
     for script in (dest / "tests" / "test.sh", dest / "solution" / "solve.sh"):
@@ -130,12 +160,18 @@ def export_task(task: Task, out: Path) -> Path:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.description = ("Write tasks as Harbor task folders (task.toml, instruction.md, environment/, tests/, "
-                          "solution/) that Harbor, NeMo Gym and OpenEnv read.")
-    parser.add_argument("--tasks", default="bundled", help="any task source polar rollout takes (docs/tasks.md)")
+    parser.description = (
+        "Write tasks as Harbor task folders (task.toml, instruction.md, environment/, tests/, "
+        "solution/) that Harbor, NeMo Gym and OpenEnv read."
+    )
+    parser.add_argument(
+        "--tasks", default="bundled", help="any task source polar rollout takes (docs/tasks.md)"
+    )
     parser.add_argument("--format", default="harbor", choices=["harbor"])
     parser.add_argument("--task-ids", nargs="*", default=None)
-    parser.add_argument("--out", type=Path, required=True, help="the folder to write one task folder per task into")
+    parser.add_argument(
+        "--out", type=Path, required=True, help="the folder to write one task folder per task into"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -52,18 +52,26 @@ def task_images(tasks: list[Task]) -> list[str]:
 
 
 def image_size(engine: str, image: str) -> int:
-    proc = subprocess.run([engine, "image", "inspect", "--format", "{{.Size}}", image], capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(
+        [engine, "image", "inspect", "--format", "{{.Size}}", image],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return int(proc.stdout.strip() or 0) if proc.returncode == 0 else 0
 
 
-def pull_image(engine: str, image: str, policy: PullPolicy, *, sleep: Callable[[float], None] = time.sleep) -> int:
+def pull_image(
+    engine: str, image: str, policy: PullPolicy, *, sleep: Callable[[float], None] = time.sleep
+) -> int:
     """``engine pull image``, retried with exponential backoff while the registry rate-limits;
     returns how many attempts it took. Raises PullFailed on any other failure or when retries run out."""
     attempt = 0
     while True:
         try:
-            proc = subprocess.run([engine, "pull", image], capture_output=True, text=True, timeout=policy.timeout_s)
+            proc = subprocess.run(
+                [engine, "pull", image], capture_output=True, text=True, timeout=policy.timeout_s
+            )
         except subprocess.TimeoutExpired:
             raise PullFailed(f"{image}: {engine} pull did not finish in {policy.timeout_s:g}s") from None
         if proc.returncode == 0:
@@ -73,13 +81,20 @@ def pull_image(engine: str, image: str, policy: PullPolicy, *, sleep: Callable[[
             raise PullFailed(f"{image}: {engine} pull failed: {words}")
         if attempt == policy.retries:
             raise PullFailed(f"{image}: still rate-limited after {attempt + 1} attempts: {words}")
-        sleep(min(policy.max_backoff_s, policy.backoff_s * 2 ** attempt))
+        sleep(min(policy.max_backoff_s, policy.backoff_s * 2**attempt))
         attempt += 1
 
 
-def pull_all(engine: str, images: list[str], policy: PullPolicy, ledger: PulledImages, *,
-             sleep: Callable[[float], None] = time.sleep) -> dict[str, str]:
+def pull_all(
+    engine: str,
+    images: list[str],
+    policy: PullPolicy,
+    ledger: PulledImages,
+    *,
+    sleep: Callable[[float], None] = time.sleep,
+) -> dict[str, str]:
     """Every image present or pulled, ``policy.concurrency`` pulls at a time: image -> what happened."""
+
     def one(image: str) -> str:
         if image_exists(engine, image):
             ledger.touch(image)
@@ -98,15 +113,32 @@ def pull_all(engine: str, images: list[str], policy: PullPolicy, ledger: PulledI
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = (__doc__ or "").split("\n\n", 1)[1]
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("file", help="a task file (JSONL), a Harbor task folder (or a folder of them), or a dataset")
-    parser.add_argument("--engine", choices=("podman", "docker"), default=None,
-                        help="the engine to pull with (default: podman if it runs, else docker)")
+    parser.add_argument(
+        "file", help="a task file (JSONL), a Harbor task folder (or a folder of them), or a dataset"
+    )
+    parser.add_argument(
+        "--engine",
+        choices=("podman", "docker"),
+        default=None,
+        help="the engine to pull with (default: podman if it runs, else docker)",
+    )
     parser.add_argument("--concurrency", type=int, default=PullPolicy.concurrency, help="pulls at a time")
-    parser.add_argument("--retries", type=int, default=PullPolicy.retries, help="retries of a rate-limited pull")
-    parser.add_argument("--backoff", type=float, default=PullPolicy.backoff_s,
-                        help="seconds before the first retry, doubled each time (at most 120)")
-    parser.add_argument("--disk-budget", type=float, default=None, metavar="GB",
-                        help="afterwards, remove the least recently used images Polar pulled until they fit")
+    parser.add_argument(
+        "--retries", type=int, default=PullPolicy.retries, help="retries of a rate-limited pull"
+    )
+    parser.add_argument(
+        "--backoff",
+        type=float,
+        default=PullPolicy.backoff_s,
+        help="seconds before the first retry, doubled each time (at most 120)",
+    )
+    parser.add_argument(
+        "--disk-budget",
+        type=float,
+        default=None,
+        metavar="GB",
+        help="afterwards, remove the least recently used images Polar pulled until they fit",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -118,8 +150,10 @@ def run(args: argparse.Namespace) -> int:
         images = task_images(load_tasks(args.file))
         engine = args.engine or default_engine()
         if engine not in ("podman", "docker"):
-            raise WorkspaceUnavailable(f"{engine} pulls a docker:// image into its own cache on first use: "
-                                       f"polar tasks pull takes podman or docker")
+            raise WorkspaceUnavailable(
+                f"{engine} pulls a docker:// image into its own cache on first use: "
+                f"polar tasks pull takes podman or docker"
+            )
         check_engine(engine)  # type: ignore[arg-type]
     except (TaskLoadError, WorkspaceUnavailable) as exc:
         print(f"polar tasks pull: {str(exc).splitlines()[0]}", file=sys.stderr)

@@ -14,12 +14,22 @@ from polar_env.tasks.runtime import WorkspaceUnavailable, check_image
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.description = ("Per task: the environment builds, the test patch applies, the gold patch resolves and "
-                          "the empty patch does not. Exit 1 if any task is defective.")
-    parser.add_argument("file", help="a task file (JSONL), a Harbor task folder (or a folder of them), or 'bundled'")
-    parser.add_argument("--sandbox", default="auto", choices=SANDBOX_CHOICES, help="where to grade (as polar eval)")
-    parser.add_argument("--grading-timeout", type=float, default=None,
-                        help="per test run (s; default: the grading deadline, POLAR_GRADING_TIMEOUT_S)")
+    parser.description = (
+        "Per task: the environment builds, the test patch applies, the gold patch resolves and "
+        "the empty patch does not. Exit 1 if any task is defective."
+    )
+    parser.add_argument(
+        "file", help="a task file (JSONL), a Harbor task folder (or a folder of them), or 'bundled'"
+    )
+    parser.add_argument(
+        "--sandbox", default="auto", choices=SANDBOX_CHOICES, help="where to grade (as polar eval)"
+    )
+    parser.add_argument(
+        "--grading-timeout",
+        type=float,
+        default=None,
+        help="per test run (s; default: the grading deadline, POLAR_GRADING_TIMEOUT_S)",
+    )
 
 
 def dataset_line(task: Task) -> str:
@@ -53,7 +63,9 @@ def run(args: argparse.Namespace) -> int:
         defects += not result.ok
         print(result.line(), flush=True)
     checked = len(tasks) - unchecked
-    print(f"{checked - defects}/{len(tasks)} tasks valid" + (f", {unchecked} not checked (no image here)" if unchecked
-                                                             else "")
-          + (": fix the defects above before training on them" if defects else ""))
+    print(
+        f"{checked - defects}/{len(tasks)} tasks valid"
+        + (f", {unchecked} not checked (no image here)" if unchecked else "")
+        + (": fix the defects above before training on them" if defects else "")
+    )
     return 1 if defects else 2 if unchecked else 0

@@ -38,21 +38,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = __doc__
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     add_job_arguments(parser)
-    parser.add_argument("--gold", type=Path, help="a run directory of gold replays to warm start from "
-                        "(default: replay the gold patches into OUT/gold first)")
+    parser.add_argument(
+        "--gold",
+        type=Path,
+        help="a run directory of gold replays to warm start from "
+        "(default: replay the gold patches into OUT/gold first)",
+    )
     parser.add_argument("--sft-epochs", type=int, default=20, help="passes over the resolved gold chains")
     parser.add_argument("--sft-lr", type=float, default=1e-3)
-    parser.add_argument("--grpo-steps", type=int, default=1,
-                        help="GRPO updates; each takes --samples (>= 2) episodes per task")
+    parser.add_argument(
+        "--grpo-steps",
+        type=int,
+        default=1,
+        help="GRPO updates; each takes --samples (>= 2) episodes per task",
+    )
     parser.add_argument("--lr", type=float, default=1e-5, help="GRPO learning rate (AdamW)")
-    parser.add_argument("--top-layers", type=int, default=2,
-                        help="decoder layers trained (the top ones; the rest stay frozen, a CPU budget)")
-    parser.add_argument("--keep-checkpoints", type=int, default=2,
-                        help="keep the SFT checkpoint and the last N GRPO ones (each is the full model)")
+    parser.add_argument(
+        "--top-layers",
+        type=int,
+        default=2,
+        help="decoder layers trained (the top ones; the rest stay frozen, a CPU budget)",
+    )
+    parser.add_argument(
+        "--keep-checkpoints",
+        type=int,
+        default=2,
+        help="keep the SFT checkpoint and the last N GRPO ones (each is the full model)",
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-logprob-drift", type=float, default=1e-3, metavar="D",
-                        help="stop when a GRPO step's trainer logprobs differ from the recorded (same-version) ones "
-                             "by more than D (docs/training.md, \"The step-0 drift\")")
+    parser.add_argument(
+        "--max-logprob-drift",
+        type=float,
+        default=1e-3,
+        metavar="D",
+        help="stop when a GRPO step's trainer logprobs differ from the recorded (same-version) ones "
+        'by more than D (docs/training.md, "The step-0 drift")',
+    )
     parser.set_defaults(out=Path("runs/train"), samples=2, concurrency=2, max_tokens=320, timeout=600.0)
 
 
@@ -79,12 +100,16 @@ class Run:
         from polar_env.rollout.plan import plan_from_config
         from polar_env.rollout.runner import proxy_factory, run_rollouts
 
-        config = self.config.model_copy(update={"out": self.out / "rounds" / f"step-{step}", "policy": "model"})
+        config = self.config.model_copy(
+            update={"out": self.out / "rounds" / f"step-{step}", "policy": "model"}
+        )
         # at a temperature other than 1 the recorded logprobs must be those of the distribution sampled from
         mode = "raw" if (config.temperature, config.top_p) == (1.0, 1.0) else "processed"
         backend = LocalBackend(self.model, self.tokenizer, model_name=self.model_name, logprobs_mode=mode)
         self.model.eval()
-        trajectories = asyncio.run(run_rollouts(plan_from_config(config), proxy_factory(config, backend=backend)))
+        trajectories = asyncio.run(
+            run_rollouts(plan_from_config(config), proxy_factory(config, backend=backend))
+        )
         self.record_round(step, phase, trajectories)
         return trajectories
 
@@ -92,10 +117,16 @@ class Run:
         from polar_env.trajectory.accepted import accepted_work
 
         rewards = [float(t.reward or 0.0) for t in trajectories]
-        self.record({"step": step, "phase": phase, "episodes": len(trajectories),
-                     "resolved": sum(bool(t.grading and t.grading.resolved) for t in trajectories),
-                     "mean_reward": sum(rewards) / len(rewards) if rewards else 0.0,
-                     "accepted_work": accepted_work(trajectories)})
+        self.record(
+            {
+                "step": step,
+                "phase": phase,
+                "episodes": len(trajectories),
+                "resolved": sum(bool(t.grading and t.grading.resolved) for t in trajectories),
+                "mean_reward": sum(rewards) / len(rewards) if rewards else 0.0,
+                "accepted_work": accepted_work(trajectories),
+            }
+        )
 
     @property
     def model_name(self) -> str:
@@ -108,14 +139,19 @@ class Run:
         entry["wall_s"] = round(time.monotonic() - self.started, 1)
         with open(self.out / "metrics.jsonl", "a") as handle:
             handle.write(json.dumps(entry) + "\n")
-        self.step = entry.get("step", self.step)  # the SFT warm start is logged at the step before the first update
+        self.step = entry.get(
+            "step", self.step
+        )  # the SFT warm start is logged at the step before the first update
         if self.watch is not None:
             self.watch.report(entry, step=self.step)
         if "mean_reward" in entry:
             self.metrics.append(entry)
-            plot_rewards(self.metrics, self.out / "reward.png",
-                         title=f"polar train: {self.model_name}, {self.config.harness}, "
-                               f"{len(self.config.task_ids or [])  or 'all'} task(s) x {self.config.samples}")
+            plot_rewards(
+                self.metrics,
+                self.out / "reward.png",
+                title=f"polar train: {self.model_name}, {self.config.harness}, "
+                f"{len(self.config.task_ids or []) or 'all'} task(s) x {self.config.samples}",
+            )
 
     def checkpoint(self, name: str, keep: int) -> Path:
         import shutil
@@ -152,11 +188,25 @@ def grpo_steps(run_: Run, args: argparse.Namespace, tasks: int, stages: Any) -> 
     rollouts = PolarRollouts(run_.model, config, tokenizer=run_.tokenizer)
     samples = run_.config.samples
     grpo_args = GRPOConfig(
-        output_dir=str(run_.out / "trl"), num_generations=samples, per_device_train_batch_size=samples,
-        gradient_accumulation_steps=tasks, max_steps=args.grpo_steps, learning_rate=args.lr,
-        lr_scheduler_type="constant", beta=0.0, temperature=run_.config.temperature, top_p=1.0,
-        bf16=False, use_cpu=True, gradient_checkpointing=False, logging_steps=1, save_strategy="no",
-        report_to="none", seed=args.seed, disable_tqdm=True)
+        output_dir=str(run_.out / "trl"),
+        num_generations=samples,
+        per_device_train_batch_size=samples,
+        gradient_accumulation_steps=tasks,
+        max_steps=args.grpo_steps,
+        learning_rate=args.lr,
+        lr_scheduler_type="constant",
+        beta=0.0,
+        temperature=run_.config.temperature,
+        top_p=1.0,
+        bf16=False,
+        use_cpu=True,
+        gradient_checkpointing=False,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        seed=args.seed,
+        disable_tqdm=True,
+    )
     trainer = PolarGRPOTrainer(run_.model, rollouts, grpo_args, max_drift=args.max_logprob_drift)
     trainer.add_callback(rollouts.weight_sync())  # the fence around every optimizer step
     trained = [(name, p) for name, p in run_.model.named_parameters() if p.requires_grad]
@@ -177,19 +227,28 @@ def grpo_steps(run_: Run, args: argparse.Namespace, tasks: int, stages: Any) -> 
             fidelity = trainer.polar_fidelity[-1] if trainer.polar_fidelity else {}
             fence = rollouts.fence.windows[-1].model_dump() if rollouts.fence.windows else None
             versions = [t.stats.policy_versions for t in trajectories]
-            update.update({"step": step, "phase": "grpo update", "rows": advantage_rows(trajectories),
-                           "episodes": len(trajectories), "weights_max_change": changed,
-                           "policy_versions": sorted({v for vs in versions for v in vs}),
-                           "episodes_spanning_update": sum(len(vs) > 1 for vs in versions),
-                           "episodes_started_ahead": len(rollouts.ahead), "fence": fence,
-                           **{k: v for k, v in fidelity.items() if k != "step"}})
+            update.update(
+                {
+                    "step": step,
+                    "phase": "grpo update",
+                    "rows": advantage_rows(trajectories),
+                    "episodes": len(trajectories),
+                    "weights_max_change": changed,
+                    "policy_versions": sorted({v for vs in versions for v in vs}),
+                    "episodes_spanning_update": sum(len(vs) > 1 for vs in versions),
+                    "episodes_started_ahead": len(rollouts.ahead),
+                    "fence": fence,
+                    **{k: v for k, v in fidelity.items() if k != "step"},
+                }
+            )
             run_.checkpoint(f"step-{step}", args.keep_checkpoints)
             stages.update()
 
         def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kw: Any) -> None:
             if logs and "loss" in logs and update:
-                run_.record({**update, "loss": logs["loss"],
-                             "frac_reward_zero_std": logs.get("frac_reward_zero_std")})
+                run_.record(
+                    {**update, "loss": logs["loss"], "frac_reward_zero_std": logs.get("frac_reward_zero_std")}
+                )
                 update.clear()
 
     trainer.add_callback(Rounds())
@@ -214,13 +273,17 @@ def gold_replays(config: RolloutConfig, out: Path) -> Path:
 def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     if config.policy != "model" or config.backend != "local":
-        print("polar train: trains the in-process model: --policy model --backend local only", file=sys.stderr)
+        print(
+            "polar train: trains the in-process model: --policy model --backend local only", file=sys.stderr
+        )
         return 2
     if config.top_p != 1.0:
         print("polar train: the GRPO ratio is computed at top_p 1.0 only", file=sys.stderr)
         return 2
     if config.samples < 2:
-        print("polar train: GRPO needs --samples 2 or more (a group of one has no advantage)", file=sys.stderr)
+        print(
+            "polar train: GRPO needs --samples 2 or more (a group of one has no advantage)", file=sys.stderr
+        )
         return 2
     config.out.mkdir(parents=True, exist_ok=True)
     try:
@@ -257,8 +320,15 @@ def _train(args: argparse.Namespace, config: RolloutConfig, watch: Watch) -> int
     gold_dir = args.gold or gold_replays(config, config.out / "gold")
     gold_file = gold_dir / "trajectories.jsonl"
     tasks = {t.instance_id for t in plan.tasks}
-    rows = [r for r in (sft_rows(read_trajectories(gold_file), "trl-sft", only_resolved=True)
-                        if gold_file.is_file() else []) if r["task_id"] in tasks]
+    rows = [
+        r
+        for r in (
+            sft_rows(read_trajectories(gold_file), "trl-sft", only_resolved=True)
+            if gold_file.is_file()
+            else []
+        )
+        if r["task_id"] in tasks
+    ]
     if not rows:
         print(f"polar train: no resolved gold episode in {gold_dir}", file=sys.stderr)
         return 2
@@ -270,9 +340,16 @@ def _train(args: argparse.Namespace, config: RolloutConfig, watch: Watch) -> int
         run_.rollouts(0, "base")
         stages.update()
         stages.set_postfix_str(f"SFT on {len(rows)} gold chains")
-        losses = sft_warm_start(run_.model, rows, epochs=args.sft_epochs, learning_rate=args.sft_lr,
-                                top_layers=args.top_layers, progress=lambda n, loss: stages.set_postfix_str(
-                                    f"SFT step {n}/{args.sft_epochs * len(rows)} loss {loss:.3f}"))
+        losses = sft_warm_start(
+            run_.model,
+            rows,
+            epochs=args.sft_epochs,
+            learning_rate=args.sft_lr,
+            top_layers=args.top_layers,
+            progress=lambda n, loss: stages.set_postfix_str(
+                f"SFT step {n}/{args.sft_epochs * len(rows)} loss {loss:.3f}"
+            ),
+        )
         run_.record({"phase": "sft", "chains": len(rows), "first_loss": losses[0], "last_loss": losses[-1]})
         run_.checkpoint("sft", args.keep_checkpoints)
         stages.update()
@@ -288,7 +365,9 @@ def _train(args: argparse.Namespace, config: RolloutConfig, watch: Watch) -> int
     finally:
         stages.close()
     first, last = run_.metrics[0], run_.metrics[-1]
-    print(f"mean reward {first['mean_reward']:.2f} (untrained) -> {last['mean_reward']:.2f} after SFT + "
-          f"{args.grpo_steps} GRPO step(s); {time.monotonic() - run_.started:.0f}s")
+    print(
+        f"mean reward {first['mean_reward']:.2f} (untrained) -> {last['mean_reward']:.2f} after SFT + "
+        f"{args.grpo_steps} GRPO step(s); {time.monotonic() - run_.started:.0f}s"
+    )
     print(f"outputs: {config.out}/metrics.jsonl, {config.out}/reward.png, {config.out}/checkpoints/")
     return 0

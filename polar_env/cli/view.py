@@ -17,17 +17,29 @@ from polar_env.viewer.tokens import TokenText
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.description = ("Write one self-contained HTML page (no network needed) showing the Polar trajectories "
-                     "under PATH: the episodes, and per chain the token stream coloured by loss mask and "
-                     "shaded by logprob, tool calls and results, chain breaks and the grading result.")
-    p.add_argument("path", type=Path, help="a directory of trajectory *.jsonl files (searched recursively) or one file")
-    p.add_argument("--out", type=Path, help="the HTML file to write (default: PATH/viewer.html, or PATH.html for a file)")
-    p.add_argument("--tokenizer", default=None,
-                   help="model directory whose tokenizer decodes token ids (default: the embedded model); "
-                        "'none' shows ids only")
+    p.description = (
+        "Write one self-contained HTML page (no network needed) showing the Polar trajectories "
+        "under PATH: the episodes, and per chain the token stream coloured by loss mask and "
+        "shaded by logprob, tool calls and results, chain breaks and the grading result."
+    )
+    p.add_argument(
+        "path", type=Path, help="a directory of trajectory *.jsonl files (searched recursively) or one file"
+    )
+    p.add_argument(
+        "--out", type=Path, help="the HTML file to write (default: PATH/viewer.html, or PATH.html for a file)"
+    )
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help="model directory whose tokenizer decodes token ids (default: the embedded model); "
+        "'none' shows ids only",
+    )
     p.add_argument("--title", help="page title")
-    p.add_argument("--serve", action="store_true",
-                   help="also serve the page on 127.0.0.1 (rebuilt when the files change) until Ctrl-C")
+    p.add_argument(
+        "--serve",
+        action="store_true",
+        help="also serve the page on 127.0.0.1 (rebuilt when the files change) until Ctrl-C",
+    )
     p.add_argument("--port", type=int, default=8765, help="port for --serve (0: any free port)")
 
 
@@ -94,8 +106,9 @@ async def _serve_forever(page: Callable[[], str], port: int) -> None:
         await runner.cleanup()
 
 
-def write_view(path: Path, out: Path | None = None, tokenizer: str | None = None,
-               title: str | None = None) -> PageSource | None:
+def write_view(
+    path: Path, out: Path | None = None, tokenizer: str | None = None, title: str | None = None
+) -> PageSource | None:
     """Write the page for ``path``; None, after saying why on stderr, when it cannot."""
     if not path.exists():
         print(f"polar view: {path} does not exist", file=sys.stderr)
@@ -104,8 +117,10 @@ def write_view(path: Path, out: Path | None = None, tokenizer: str | None = None
     try:
         text = _token_text(tokenizer)
     except (OSError, ValueError) as exc:
-        print(f"polar view: cannot load the tokenizer ({exc}); pass --tokenizer MODEL_DIR or --tokenizer none",
-              file=sys.stderr)
+        print(
+            f"polar view: cannot load the tokenizer ({exc}); pass --tokenizer MODEL_DIR or --tokenizer none",
+            file=sys.stderr,
+        )
         return None
     source = PageSource(path, text, title)
     page = source.page()
@@ -117,8 +132,10 @@ def write_view(path: Path, out: Path | None = None, tokenizer: str | None = None
     assert loaded is not None  # page() built it
     for line in loaded.skipped:
         print(f"polar view: skipped {line}", file=sys.stderr)
-    print(f"wrote {out}: {len(loaded.episodes)} episodes from {len(loaded.sources)} file(s), "
-          f"{len(page) / 1e6:.1f} MB, token text by {text.name}")
+    print(
+        f"wrote {out}: {len(loaded.episodes)} episodes from {len(loaded.sources)} file(s), "
+        f"{len(page) / 1e6:.1f} MB, token text by {text.name}"
+    )
     if not loaded.episodes:
         print(f"polar view: no Polar trajectories under {path}", file=sys.stderr)
     return source

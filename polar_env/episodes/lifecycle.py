@@ -69,8 +69,17 @@ log = logging.getLogger(__name__)
 # harness's start-up (start to its first model call), waiting for a run slot, the model's time
 # (backend calls, overlaps counted once), the rest of the run (tools, the harness's own work),
 # then patch + drain + classification, the trajectory build, and grading (with the workspace's close)
-TIMING_KEYS = ("queued_s", "prepare_s", "harness_start_s", "wait_s", "model_s", "tool_s", "drain_s", "build_s",
-               "grade_s")
+TIMING_KEYS = (
+    "queued_s",
+    "prepare_s",
+    "harness_start_s",
+    "wait_s",
+    "model_s",
+    "tool_s",
+    "drain_s",
+    "build_s",
+    "grade_s",
+)
 
 PROMPT = """You are working in the repository at /testbed. Resolve the following issue by editing the \
 source code (not the tests). When you are done, stop.
@@ -84,7 +93,9 @@ source code (not the tests). When you are done, stop.
 class EpisodeConfig:
     harness: str = "pi"
     timeout_s: float = 600.0  # the harness's wall-clock deadline
-    grading_timeout_s: float = field(default_factory=grading_timeout_s)  # grading's own budget, outlives the rollout's
+    grading_timeout_s: float = field(
+        default_factory=grading_timeout_s
+    )  # grading's own budget, outlives the rollout's
     sampling: dict[str, Any] = field(default_factory=dict)  # sampling the trainer dictates
     model_name: str | None = None  # what the harness asks for (default: the backend's model)
     grade: bool = True
@@ -92,7 +103,9 @@ class EpisodeConfig:
     sandbox: str = "auto"  # auto | bubblewrap | docker | podman | apptainer (episodes.workspace)
     outcomes: OutcomeTable = field(default_factory=OutcomeTable)  # reward/mask per failure kind
     budget: EpisodeBudget = field(default_factory=EpisodeBudget)  # per-episode limits the proxy enforces
-    reward_key: str | None = None  # a Harbor task's reward.json key that is the reward (rewards/harbor_verifier.py)
+    reward_key: str | None = (
+        None  # a Harbor task's reward.json key that is the reward (rewards/harbor_verifier.py)
+    )
     mask_single_call: bool = False  # mask a rollout whose harness made one model call (OpenEnv RFC 006)
 
 
@@ -103,7 +116,9 @@ class EpisodeResult:
     harness: HarnessRun | None
     patch: str
     failure_kind: FailureKind = FailureKind.none
-    calls: list[CallRecord] = field(default_factory=list)  # the ledger's records the trajectory was built from
+    calls: list[CallRecord] = field(
+        default_factory=list
+    )  # the ledger's records the trajectory was built from
 
 
 @dataclass
@@ -148,16 +163,35 @@ def episode_prompt(task: EpisodeTask) -> str:
     return PROMPT.format(problem=task.problem_statement.strip())
 
 
-def open_session(proxy: ProxyServer, adapter: HarnessAdapter, episode_id: str, *, task_id: str,
-                 group_id: str | None = None, sampling: dict[str, Any] | None = None,
-                 metadata: dict[str, Any] | None = None, budget: EpisodeBudget | None = None) -> EpisodeSession:
+def open_session(
+    proxy: ProxyServer,
+    adapter: HarnessAdapter,
+    episode_id: str,
+    *,
+    task_id: str,
+    group_id: str | None = None,
+    sampling: dict[str, Any] | None = None,
+    metadata: dict[str, Any] | None = None,
+    budget: EpisodeBudget | None = None,
+) -> EpisodeSession:
     """A proxy session for the episode; ``proxy`` must listen on a Unix socket (the sandbox's only way
     out)."""
     if proxy.unix_socket is None:
         raise ValueError("the proxy must listen on a Unix socket for sandboxed episodes")
-    session_id, key = proxy.create_session(episode_id, sampling=sampling or {}, training=True, budget=budget, metadata={
-        "task_id": task_id, "group_id": group_id or task_id, "harness": adapter.name,
-        "harness_version": adapter.version, ORIGIN_TAGGED: True, **(metadata or {})})
+    session_id, key = proxy.create_session(
+        episode_id,
+        sampling=sampling or {},
+        training=True,
+        budget=budget,
+        metadata={
+            "task_id": task_id,
+            "group_id": group_id or task_id,
+            "harness": adapter.name,
+            "harness_version": adapter.version,
+            ORIGIN_TAGGED: True,
+            **(metadata or {}),
+        },
+    )
     return EpisodeSession(proxy, adapter, session_id, key, time.time())
 
 
@@ -165,24 +199,42 @@ def harness_spec(session: EpisodeSession, base: SandboxSpec | None = None) -> Sa
     """``base`` with the mounts the harness needs: the proxy's socket dir and the harness install."""
     sock = session.proxy.unix_socket
     assert sock is not None
-    return replace(base or SandboxSpec(), proxy_socket_dir=sock.parent, proxy_socket_name=sock.name,
-                   harness_dir=session.adapter.install_dir())
+    return replace(
+        base or SandboxSpec(),
+        proxy_socket_dir=sock.parent,
+        proxy_socket_name=sock.name,
+        harness_dir=session.adapter.install_dir(),
+    )
 
 
-async def run_harness(session: EpisodeSession, sandbox: Sandbox, prompt: str, *, model_name: str | None,
-                      timeout_s: float) -> HarnessRun:
+async def run_harness(
+    session: EpisodeSession, sandbox: Sandbox, prompt: str, *, model_name: str | None, timeout_s: float
+) -> HarnessRun:
     """The harness to its end or its deadline (whose clock stops while the session waits for a run slot)."""
     slots = session.proxy.engine.run_slots
     return await run_episode_in_sandbox(
-        session.adapter, sandbox, proxy_socket_dir=sandbox.spec.proxy_socket_dir, session_id=session.session_id,
-        session_key=session.key, model_name=model_name or session.proxy.engine.backend.model, prompt=prompt,
-        timeout_s=timeout_s, origin_key=session.proxy.origin_key,  # the forwarder tags each call's origin
-        paused_s=partial(slots.waited_s, session.session_id) if slots is not None else None)
+        session.adapter,
+        sandbox,
+        proxy_socket_dir=sandbox.spec.proxy_socket_dir,
+        session_id=session.session_id,
+        session_key=session.key,
+        model_name=model_name or session.proxy.engine.backend.model,
+        prompt=prompt,
+        timeout_s=timeout_s,
+        origin_key=session.proxy.origin_key,  # the forwarder tags each call's origin
+        paused_s=partial(slots.waited_s, session.session_id) if slots is not None else None,
+    )
 
 
-async def close_session(session: EpisodeSession, status: HarnessStatus, error: str | None, *,
-                        failure: FailureKind | None = None, harness: HarnessRun | None = None,
-                        outcomes: OutcomeTable | None = None) -> ClosedSession:
+async def close_session(
+    session: EpisodeSession,
+    status: HarnessStatus,
+    error: str | None,
+    *,
+    failure: FailureKind | None = None,
+    harness: HarnessRun | None = None,
+    outcomes: OutcomeTable | None = None,
+) -> ClosedSession:
     """Drain in-flight calls (a harness killed mid-call leaves that call to finish recording),
     classify the episode (``failure``: what already failed before the harness could end, e.g. the
     workspace), close the session."""
@@ -194,11 +246,19 @@ async def close_session(session: EpisodeSession, status: HarnessStatus, error: s
     if stopped is not None:  # the proxy refused a retry loop; the harness ended on that refusal
         status, error = "error", f"stopped: {stopped}"
     floor = (outcomes or OutcomeTable()).min_backend_tokens_per_s
-    kind = failure or classify_episode(status, calls, deadline_at=harness.ended_at if harness else None,
-                                       min_backend_tokens_per_s=floor, killed_by=harness.signal if harness else None)
+    kind = failure or classify_episode(
+        status,
+        calls,
+        deadline_at=harness.ended_at if harness else None,
+        min_backend_tokens_per_s=floor,
+        killed_by=harness.signal if harness else None,
+    )
     if kind in DEADLINE_KINDS and harness is not None:  # say which deadline kind it is, and why
-        error = f"{error}; {explain_deadline(kind, calls, harness.ended_at, floor)}" if error else \
-            explain_deadline(kind, calls, harness.ended_at, floor)
+        error = (
+            f"{error}; {explain_deadline(kind, calls, harness.ended_at, floor)}"
+            if error
+            else explain_deadline(kind, calls, harness.ended_at, floor)
+        )
     if kind.outside_policy and status == "completed":
         status, error = "error", error or f"{kind.value}: the episode failed outside the policy"
     info = proxy.registry.close(session.session_id, status)
@@ -262,9 +322,15 @@ async def grade_episode(ep: Episode, grading: Grading | None = None) -> GradeRes
     assert isinstance(task, Task)  # graded here: a loaded task
     kind = ep.ref.kind if ep.ref is not None else "bubblewrap"
     in_place = ep.workspace.sandbox if task.harbor is not None and ep.workspace is not None else None
-    grading_it = partial(grade_submission, task, Submission(patch=ep.patch, sandbox=in_place), kind=kind,
-                         limits=GradingLimits.configured(config.grading_timeout_s), reward_key=config.reward_key,
-                         offload=grading.in_worker if grading is not None else None)
+    grading_it = partial(
+        grade_submission,
+        task,
+        Submission(patch=ep.patch, sandbox=in_place),
+        kind=kind,
+        limits=GradingLimits.configured(config.grading_timeout_s),
+        reward_key=config.reward_key,
+        offload=grading.in_worker if grading is not None else None,
+    )
     return await (grading.call(grading_it) if grading is not None else grading_it())
 
 
@@ -333,20 +399,46 @@ class Episode:
         (an unknown task is the request's), or the workspace's."""
         if self.failure is None:
             self.failure = kind or getattr(exc, "failure_kind", FailureKind.sandbox_failure)
-            self.failed_in, self.error = self.stage, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            self.failed_in, self.error = (
+                self.stage,
+                f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__,
+            )
             self.marks["failed"] = time.time()
 
 
-def begin(proxy: ProxyServer, task: EpisodeTask, *, episode_id: str, group_id: str | None = None,
-          config: EpisodeConfig | None = None, metadata: dict[str, Any] | None = None,
-          queued_at: float | None = None, site: Site | None = None, prompt: str | None = None) -> Episode:
+def begin(
+    proxy: ProxyServer,
+    task: EpisodeTask,
+    *,
+    episode_id: str,
+    group_id: str | None = None,
+    config: EpisodeConfig | None = None,
+    metadata: dict[str, Any] | None = None,
+    queued_at: float | None = None,
+    site: Site | None = None,
+    prompt: str | None = None,
+) -> Episode:
     """The episode's proxy session, opened; ``prompt`` defaults to :func:`episode_prompt`."""
     config = config or EpisodeConfig()
     adapter = get_adapter(config.harness)
-    session = open_session(proxy, adapter, episode_id, task_id=task.instance_id, group_id=group_id,
-                           sampling=config.sampling, metadata=metadata, budget=config.budget)
-    return Episode(task, config, session, site or LocalSite(), prompt or episode_prompt(task),
-                   marks={"queued": queued_at or session.started})
+    session = open_session(
+        proxy,
+        adapter,
+        episode_id,
+        task_id=task.instance_id,
+        group_id=group_id,
+        sampling=config.sampling,
+        metadata=metadata,
+        budget=config.budget,
+    )
+    return Episode(
+        task,
+        config,
+        session,
+        site or LocalSite(),
+        prompt or episode_prompt(task),
+        marks={"queued": queued_at or session.started},
+    )
 
 
 async def prepare(ep: Episode) -> None:
@@ -366,9 +458,15 @@ async def prepare(ep: Episode) -> None:
             ep.workspace = made if isinstance(made, Workspace) else None
             raise
         ep.workspace, ep.ref = workspace, workspace.ref
-        ep.harness = asyncio.ensure_future(run_harness(
-            ep.session, workspace.sandbox, ep.prompt, model_name=ep.config.model_name,
-            timeout_s=agent_timeout(ep.task, ep.config.timeout_s)))
+        ep.harness = asyncio.ensure_future(
+            run_harness(
+                ep.session,
+                workspace.sandbox,
+                ep.prompt,
+                model_name=ep.config.model_name,
+                timeout_s=agent_timeout(ep.task, ep.config.timeout_s),
+            )
+        )
     except Exception as exc:  # noqa: BLE001 - a workspace failure still yields a trajectory
         ep.fail(exc)
     ep.marks["started"] = time.time()
@@ -437,8 +535,9 @@ async def finish(ep: Episode, grading: Grading | None = None) -> EpisodeResult:
     outcome-table verdict: masked), never a lost trajectory: a group keeps its size."""
     config, harness = ep.config, ep.run
     ep.stage = "finish"
-    status, error = (harness.status, harness.error) if harness is not None and ep.failure is None \
-        else ("error", ep.error)
+    status, error = (
+        (harness.status, harness.error) if harness is not None and ep.failure is None else ("error", ep.error)
+    )
     try:
         if ep.workspace is not None and ep.failure is None:
             ep.patch = await ep.site.collect(ep)
@@ -447,8 +546,9 @@ async def finish(ep: Episode, grading: Grading | None = None) -> EpisodeResult:
         status, error = "error", ep.error
     result = None
     try:
-        closed = await close_session(ep.session, status, error, failure=ep.failure, harness=harness,
-                                     outcomes=config.outcomes)
+        closed = await close_session(
+            ep.session, status, error, failure=ep.failure, harness=harness, outcomes=config.outcomes
+        )
         kind = ep.classified = closed.failure_kind
         ep.marks["build"] = time.time()
         build = partial(build_trajectory, closed.info, closed.calls, status=closed.status, error=closed.error)
@@ -459,7 +559,10 @@ async def finish(ep: Episode, grading: Grading | None = None) -> EpisodeResult:
                 result = await ep.site.grade(ep, trajectory, grading)
             except Exception as exc:  # noqa: BLE001 - a grader that crashed says nothing of the policy either
                 log.exception("episode %s: grading failed", ep.session.session_id)
-                kind, ep.graded_error = FailureKind.infrastructure, f"grading failed: {type(exc).__name__}: {exc}"
+                kind, ep.graded_error = (
+                    FailureKind.infrastructure,
+                    f"grading failed: {type(exc).__name__}: {exc}",
+                )
             else:
                 kind = final_kind(kind, result.failure_kind, result.resolved)
     finally:
@@ -472,29 +575,51 @@ async def finish(ep: Episode, grading: Grading | None = None) -> EpisodeResult:
     trajectory.reward, trajectory.failure_kind, trajectory.masked = reward, kind, masked
     trajectory.grading = result
     trajectory.error = ep.graded_error or trajectory.error
-    trajectory.metadata.update({"duration_s": ep.marks["done"] - ep.session.started, "patch_bytes": patch_bytes(ep.patch),
-                                "timings": episode_timings(ep, closed.calls)})
-    if attempts := exploits.exploit_attempts(trajectory, exploit_context(ep.task)):  # an instrument, not a reward rule
+    trajectory.metadata.update(
+        {
+            "duration_s": ep.marks["done"] - ep.session.started,
+            "patch_bytes": patch_bytes(ep.patch),
+            "timings": episode_timings(ep, closed.calls),
+        }
+    )
+    if attempts := exploits.exploit_attempts(
+        trajectory, exploit_context(ep.task)
+    ):  # an instrument, not a reward rule
         trajectory.metadata[exploits.METADATA_KEY] = attempts
-    if (workspace := ep.ref) is not None:  # where it ran (and was graded): bubblewrap, or the engine and image
+    if (
+        workspace := ep.ref
+    ) is not None:  # where it ran (and was graded): bubblewrap, or the engine and image
         trajectory.metadata["workspace"] = workspace.kind
         if workspace.clone:  # how its tree was cloned from the task's warm base (tasks/base_trees.py)
             trajectory.metadata["workspace_clone"] = workspace.clone
         if workspace.image:
             trajectory.metadata["image"] = workspace.image
     served, versions = ep.session.proxy.engine.fence.version, trajectory.stats.policy_versions
-    metrics.episode_finished(failure_kind=kind.value, masked=masked, resolved=bool(result and result.resolved),
-                             trainable_tokens=trajectory.stats.trainable_tokens,
-                             timings=trajectory.metadata["timings"],
-                             policy_lag=served - versions[0] if served is not None and versions else None)
-    return EpisodeResult(trajectory=trajectory, grade=result, harness=harness, patch=ep.patch, failure_kind=kind,
-                         calls=closed.calls)
+    metrics.episode_finished(
+        failure_kind=kind.value,
+        masked=masked,
+        resolved=bool(result and result.resolved),
+        trainable_tokens=trajectory.stats.trainable_tokens,
+        timings=trajectory.metadata["timings"],
+        policy_lag=served - versions[0] if served is not None and versions else None,
+    )
+    return EpisodeResult(
+        trajectory=trajectory,
+        grade=result,
+        harness=harness,
+        patch=ep.patch,
+        failure_kind=kind,
+        calls=closed.calls,
+    )
 
 
 def exploit_context(task: EpisodeTask) -> exploits.ExploitContext:
     """What `trajectory.exploits` needs of ``task`` (a Gym agent's view of a row may carry none of it)."""
-    return exploits.context(getattr(task, "repo", ""), patch_files(getattr(task, "patch", "")),
-                            patch_files(getattr(task, "test_patch", "")))
+    return exploits.context(
+        getattr(task, "repo", ""),
+        patch_files(getattr(task, "patch", "")),
+        patch_files(getattr(task, "test_patch", "")),
+    )
 
 
 async def close_workspace(ep: Episode) -> None:
@@ -522,10 +647,17 @@ def episode_timings(ep: Episode, calls: list[CallRecord]) -> dict[str, float]:
     prepared = m.get("prepare", m["queued"])
     started = m.get("started", prepared)
     ended = m.get("ended", started)
-    first_call = ep.slot.first_call_at if ep.slot is not None else min((c.created_at for c in calls), default=None)
-    admitted_at = ep.slot.admitted_at if ep.slot is not None and ep.slot.admitted_at is not None else first_call
-    spans = sorted((c.created_at + c.timings.get("admission_ms", 0.0) / 1e3, c.created_at + c.timings["total_ms"] / 1e3)
-                   for c in calls if "total_ms" in c.timings)
+    first_call = (
+        ep.slot.first_call_at if ep.slot is not None else min((c.created_at for c in calls), default=None)
+    )
+    admitted_at = (
+        ep.slot.admitted_at if ep.slot is not None and ep.slot.admitted_at is not None else first_call
+    )
+    spans = sorted(
+        (c.created_at + c.timings.get("admission_ms", 0.0) / 1e3, c.created_at + c.timings["total_ms"] / 1e3)
+        for c in calls
+        if "total_ms" in c.timings
+    )
     model = covered = 0.0
     for begin_at, end in spans:  # the union: side calls in parallel count once
         begin_at = max(begin_at, covered)
@@ -534,18 +666,33 @@ def episode_timings(ep: Episode, calls: list[CallRecord]) -> dict[str, float]:
             covered = end
     run_s = ended - admitted_at if admitted_at is not None else 0.0
     first_wait = admitted_at - first_call if first_call is not None and admitted_at is not None else 0.0
-    waited = max(ep.slot.waited_s(ended), first_wait) if ep.slot is not None else first_wait  # every call's wait
-    out = {"queued_s": prepared - m["queued"], "prepare_s": started - prepared,
-           "harness_start_s": (first_call if first_call is not None else ended) - started,
-           "wait_s": waited, "model_s": model, "tool_s": run_s - model - (waited - first_wait),
-           "drain_s": m.get("build", ended) - ended, "build_s": m.get("grade", ended) - m.get("build", ended),
-           "grade_s": m.get("done", ended) - m.get("grade", ended)}
+    waited = (
+        max(ep.slot.waited_s(ended), first_wait) if ep.slot is not None else first_wait
+    )  # every call's wait
+    out = {
+        "queued_s": prepared - m["queued"],
+        "prepare_s": started - prepared,
+        "harness_start_s": (first_call if first_call is not None else ended) - started,
+        "wait_s": waited,
+        "model_s": model,
+        "tool_s": run_s - model - (waited - first_wait),
+        "drain_s": m.get("build", ended) - ended,
+        "build_s": m.get("grade", ended) - m.get("build", ended),
+        "grade_s": m.get("done", ended) - m.get("grade", ended),
+    }
     return {k: round(max(v, 0.0), 4) for k, v in out.items()}
 
 
-async def run_episode(proxy: ProxyServer, task: Task, *, episode_id: str, group_id: str | None = None,
-                      config: EpisodeConfig | None = None, metadata: dict[str, Any] | None = None,
-                      grading: Grading | None = None) -> EpisodeResult:
+async def run_episode(
+    proxy: ProxyServer,
+    task: Task,
+    *,
+    episode_id: str,
+    group_id: str | None = None,
+    config: EpisodeConfig | None = None,
+    metadata: dict[str, Any] | None = None,
+    grading: Grading | None = None,
+) -> EpisodeResult:
     """Run one rollout of ``task`` in a workspace this process owns: the stages in a row."""
     ep = begin(proxy, task, episode_id=episode_id, group_id=group_id, config=config, metadata=metadata)
     try:

@@ -86,9 +86,11 @@ def default_engine() -> str:
     for engine in ENGINE_ORDER:
         if engine_available(engine):
             return engine
-    raise WorkspaceUnavailable("no container engine found (podman, docker or apptainer): install one "
-                               "(scripts/setup_podman.sh; polar doctor shows what is missing) or use tasks "
-                               "with a base archive (--tasks bundled)")
+    raise WorkspaceUnavailable(
+        "no container engine found (podman, docker or apptainer): install one "
+        "(scripts/setup_podman.sh; polar doctor shows what is missing) or use tasks "
+        "with a base archive (--tasks bundled)"
+    )
 
 
 def workspace_kind(task: Task, sandbox: str = "auto") -> WorkspaceKind:
@@ -98,11 +100,15 @@ def workspace_kind(task: Task, sandbox: str = "auto") -> WorkspaceKind:
     if sandbox == "auto":
         return "bubblewrap" if task.base_archive else default_engine()  # type: ignore[return-value]
     if sandbox == "bubblewrap" and task.harbor is not None:
-        raise WorkspaceUnavailable(f"{task.instance_id}: a Harbor task runs in its environment image: "
-                                   f"use --sandbox podman|docker (or auto)")
+        raise WorkspaceUnavailable(
+            f"{task.instance_id}: a Harbor task runs in its environment image: "
+            f"use --sandbox podman|docker (or auto)"
+        )
     if sandbox == "bubblewrap" and not task.base_archive:
-        raise WorkspaceUnavailable(f"{task.instance_id}: bubblewrap needs a base archive and the task has none; "
-                                   f"run it in its image with --sandbox podman|docker|apptainer")
+        raise WorkspaceUnavailable(
+            f"{task.instance_id}: bubblewrap needs a base archive and the task has none; "
+            f"run it in its image with --sandbox podman|docker|apptainer"
+        )
     return sandbox  # type: ignore[return-value]
 
 
@@ -114,8 +120,10 @@ def workspace_kinds(tasks: Iterable[Task], sandbox: str = "auto") -> dict[str, W
 def check_engine(kind: WorkspaceKind) -> None:
     """Refuse early, with what to do, when the chosen engine cannot run here."""
     if kind != "bubblewrap" and not engine_available(kind):
-        raise WorkspaceUnavailable(f"{kind} is not installed or not running: install it (scripts/setup_podman.sh "
-                                   f"for podman; polar doctor shows what is missing) or pick another --sandbox")
+        raise WorkspaceUnavailable(
+            f"{kind} is not installed or not running: install it (scripts/setup_podman.sh "
+            f"for podman; polar doctor shows what is missing) or pick another --sandbox"
+        )
 
 
 @dataclass
@@ -136,8 +144,11 @@ class Workspace:
 def _spec_with(spec: SandboxSpec, mounts: WorkspaceMounts | None) -> SandboxSpec:
     if mounts is None:
         return spec
-    return replace(spec, proxy_socket_dir=Path(mounts.proxy_socket_dir) if mounts.proxy_socket_dir else None,
-                   harness_dir=Path(mounts.harness_dir) if mounts.harness_dir else None)
+    return replace(
+        spec,
+        proxy_socket_dir=Path(mounts.proxy_socket_dir) if mounts.proxy_socket_dir else None,
+        harness_dir=Path(mounts.harness_dir) if mounts.harness_dir else None,
+    )
 
 
 def _open(task: Task, spec: SandboxSpec, kind: WorkspaceKind) -> Workspace:
@@ -153,7 +164,9 @@ def _open(task: Task, spec: SandboxSpec, kind: WorkspaceKind) -> Workspace:
             spec.scratch_root.mkdir(parents=True, exist_ok=True)
         scratch = Path(tempfile.mkdtemp(prefix=f"polar-ws-{task.instance_id}-", dir=spec.scratch_root))
         try:  # one dir to remove: the sandbox root and its snapshot live in scratch
-            bw = BubblewrapSandbox.create(base.tree, spec=replace(spec, scratch_root=scratch), snapshot=base.git_dir)
+            bw = BubblewrapSandbox.create(
+                base.tree, spec=replace(spec, scratch_root=scratch), snapshot=base.git_dir
+            )
         except BaseException:
             shutil.rmtree(scratch, ignore_errors=True)
             raise
@@ -167,8 +180,18 @@ def _open(task: Task, spec: SandboxSpec, kind: WorkspaceKind) -> Workspace:
         warm = warm_image(kind, image, spec, history_base(task))
         check_container_views(task, kind, warm, spec)  # nothing it shows holds the task's answer
         cs = ContainerSandbox.create(None, spec=spec, image=warm, engine=kind, warm=True)
-        ref = WorkspaceRef(kind=kind, container=cs.name, image=image, path=cs.path, workdir=spec.workdir,
-                           uid=spec.uid, gid=spec.uid, clone="overlay", userns_base=cs.userns_base, home=spec.home)
+        ref = WorkspaceRef(
+            kind=kind,
+            container=cs.name,
+            image=image,
+            path=cs.path,
+            workdir=spec.workdir,
+            uid=spec.uid,
+            gid=spec.uid,
+            clone="overlay",
+            userns_base=cs.userns_base,
+            home=spec.home,
+        )
         return Workspace(cs, ref)
     from polar_env.sandbox.apptainer import ApptainerSandbox, apptainer_image
     from polar_env.tasks.base_trees import apptainer_base
@@ -177,12 +200,17 @@ def _open(task: Task, spec: SandboxSpec, kind: WorkspaceKind) -> Workspace:
     image = apptainer_image(task_image(task))
     base = apptainer_base(image, spec, history_base(task))
     ap = ApptainerSandbox.create(base.tree, spec=spec, image=image, snapshot=base.git_dir)
-    return Workspace(ap, WorkspaceRef(kind=kind, root=str(ap.root), image=ap.image, uid=spec.uid, gid=spec.uid,
-                                      clone=ap.clone))
+    return Workspace(
+        ap,
+        WorkspaceRef(
+            kind=kind, root=str(ap.root), image=ap.image, uid=spec.uid, gid=spec.uid, clone=ap.clone
+        ),
+    )
 
 
-async def open_workspace(task: Task, spec: SandboxSpec, *, sandbox: str = "auto",
-                         mounts: WorkspaceMounts | None = None) -> Workspace:
+async def open_workspace(
+    task: Task, spec: SandboxSpec, *, sandbox: str = "auto", mounts: WorkspaceMounts | None = None
+) -> Workspace:
     """A fresh workspace holding ``task``'s base tree at ``spec.workdir`` (made off the event loop, the
     engine probe ``auto`` may run included)."""
     spec = task_spec(task, _spec_with(spec, mounts))
@@ -202,10 +230,16 @@ def attach_workspace(ref: WorkspaceRef, spec: SandboxSpec) -> Sandbox:
     if ref.kind in ("docker", "podman"):
         from polar_env.sandbox.container import ContainerSandbox
 
-        attached = replace(spec, uid=ref.uid, workdir=ref.workdir, userns=ref.userns_base is not None,
-                           home=ref.home or spec.home)
-        return ContainerSandbox(attached, ref.image, ref.container, engine=ref.kind, path=ref.path,
-                                userns_base=ref.userns_base)
+        attached = replace(
+            spec,
+            uid=ref.uid,
+            workdir=ref.workdir,
+            userns=ref.userns_base is not None,
+            home=ref.home or spec.home,
+        )
+        return ContainerSandbox(
+            attached, ref.image, ref.container, engine=ref.kind, path=ref.path, userns_base=ref.userns_base
+        )
     from polar_env.sandbox.apptainer import ApptainerSandbox
 
     return ApptainerSandbox(replace(spec), ref.image, Path(ref.root))

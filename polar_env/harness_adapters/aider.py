@@ -44,7 +44,7 @@ def udiff_reply(patch: str, message: str) -> str:
     for part in re.split(r"^diff --git .*\n", patch, flags=re.MULTILINE):
         start = FILE_HEADER.search(part)
         if start is not None:
-            fences.append("```diff\n" + part[start.start():].rstrip("\n") + "\n```")
+            fences.append("```diff\n" + part[start.start() :].rstrip("\n") + "\n```")
     return message + "\n\n" + "\n\n".join(fences) + "\n"
 
 
@@ -69,21 +69,43 @@ class AiderAdapter(HarnessAdapter):
 
     def config_files(self, ctx: HarnessContext) -> dict[str, str]:
         settings = {
-            "model": self.model(ctx), "openai-api-base": ctx.base_url, "edit-format": EDIT_FORMAT,
-            "model-metadata-file": self.metadata_path(ctx), "show-model-warnings": False,
-            "yes-always": True, "auto-commits": False, "dirty-commits": False, "gitignore": False,
-            "pretty": False, "fancy-input": False, "suggest-shell-commands": False, "detect-urls": False,
-            "auto-lint": False, "check-update": False, "analytics-disable": True, "show-release-notes": False,
-            "disable-playwright": True, "map-tokens": 0,  # no repo map: see the module docstring
+            "model": self.model(ctx),
+            "openai-api-base": ctx.base_url,
+            "edit-format": EDIT_FORMAT,
+            "model-metadata-file": self.metadata_path(ctx),
+            "show-model-warnings": False,
+            "yes-always": True,
+            "auto-commits": False,
+            "dirty-commits": False,
+            "gitignore": False,
+            "pretty": False,
+            "fancy-input": False,
+            "suggest-shell-commands": False,
+            "detect-urls": False,
+            "auto-lint": False,
+            "check-update": False,
+            "analytics-disable": True,
+            "show-release-notes": False,
+            "disable-playwright": True,
+            "map-tokens": 0,  # no repo map: see the module docstring
             "chat-history-file": f"{ctx.home}/.aider.chat.history.md",
             "input-history-file": f"{ctx.home}/.aider.input.history",
         }
-        metadata = {self.model(ctx): {"max_input_tokens": 131072, "max_output_tokens": 8192, "mode": "chat",
-                                      "litellm_provider": "openai", "input_cost_per_token": 0.0,
-                                      "output_cost_per_token": 0.0}}
+        metadata = {
+            self.model(ctx): {
+                "max_input_tokens": 131072,
+                "max_output_tokens": 8192,
+                "mode": "chat",
+                "litellm_provider": "openai",
+                "input_cost_per_token": 0.0,
+                "output_cost_per_token": 0.0,
+            }
+        }
         # JSON is valid YAML; aider reads the config with configargparse's YAML parser
-        return {self.config_path(ctx): json.dumps(settings, indent=2) + "\n",
-                self.metadata_path(ctx): json.dumps(metadata, indent=2) + "\n"}
+        return {
+            self.config_path(ctx): json.dumps(settings, indent=2) + "\n",
+            self.metadata_path(ctx): json.dumps(metadata, indent=2) + "\n",
+        }
 
     def env(self, ctx: HarnessContext) -> dict[str, str]:
         return {KEY_ENV: ctx.session_key, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "PYTHONHASHSEED": "0"}
@@ -97,12 +119,25 @@ class AiderAdapter(HarnessAdapter):
         replies = list(TOKENS.finditer(stdout))
         edits = APPLIED.findall(stdout)
         errors = ERROR.findall(stdout)
-        s = HarnessSummary(turns=len(replies), tool_calls=len(edits), tool_names=[EDIT_FORMAT] * len(edits),
-                           events=len(replies) + len(edits) + len(errors))
+        s = HarnessSummary(
+            turns=len(replies),
+            tool_calls=len(edits),
+            tool_names=[EDIT_FORMAT] * len(edits),
+            events=len(replies) + len(edits) + len(errors),
+        )
         if replies:
-            before = stdout[:replies[-1].start()]
-            previous = max((m.end() for m in [*TOKENS.finditer(before), *APPLIED.finditer(before),
-                                                         *BANNER_END.finditer(before)]), default=0)
+            before = stdout[: replies[-1].start()]
+            previous = max(
+                (
+                    m.end()
+                    for m in [
+                        *TOKENS.finditer(before),
+                        *APPLIED.finditer(before),
+                        *BANNER_END.finditer(before),
+                    ]
+                ),
+                default=0,
+            )
             s.final_message = before[previous:].strip() or None
         s.error = errors[-1] if errors else None
         s.finished = bool(replies) and s.error is None

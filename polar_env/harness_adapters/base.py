@@ -91,8 +91,13 @@ def chat_messages_summary(stdout: str) -> HarnessSummary:
             s.tool_calls += 1
             s.tool_names.append(str((call.get("function") or {}).get("name")))
         content = ev.get("content")
-        text = content if isinstance(content, str) else "".join(
-            p.get("text", "") for p in content or [] if isinstance(p, dict) and p.get("type") == "text")
+        text = (
+            content
+            if isinstance(content, str)
+            else "".join(
+                p.get("text", "") for p in content or [] if isinstance(p, dict) and p.get("type") == "text"
+            )
+        )
         s.final_message = text or s.final_message
     s.finished = s.turns > 0
     return s
@@ -125,8 +130,11 @@ class ShellTool:
     extra_args: dict[str, object] = field(default_factory=dict)
 
     def arguments(self, command: str, *, wait: bool = False) -> dict[str, object]:
-        return {self.command_arg: [command] if self.command_is_list else command, **self.extra_args,
-                **(self.wait_args if wait else {})}
+        return {
+            self.command_arg: [command] if self.command_is_list else command,
+            **self.extra_args,
+            **(self.wait_args if wait else {}),
+        }
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,14 @@ from polar_env.harness_adapters.base import (
 )
 from polar_env.harness_adapters.sources import NpmPackage
 
-MODEL_VARS = ("ANTHROPIC_MODEL", "ANTHROPIC_SMALL_FAST_MODEL", "ANTHROPIC_DEFAULT_HAIKU_MODEL",
-              "ANTHROPIC_DEFAULT_SONNET_MODEL", "ANTHROPIC_DEFAULT_OPUS_MODEL", "CLAUDE_CODE_SUBAGENT_MODEL")
+MODEL_VARS = (
+    "ANTHROPIC_MODEL",
+    "ANTHROPIC_SMALL_FAST_MODEL",
+    "ANTHROPIC_DEFAULT_HAIKU_MODEL",
+    "ANTHROPIC_DEFAULT_SONNET_MODEL",
+    "ANTHROPIC_DEFAULT_OPUS_MODEL",
+    "CLAUDE_CODE_SUBAGENT_MODEL",
+)
 
 
 class ClaudeCodeAdapter(HarnessAdapter):
@@ -33,17 +39,31 @@ class ClaudeCodeAdapter(HarnessAdapter):
     volatile_rules = (
         # "x-anthropic-billing-header: cc_version=2.1.197.66a; cc_entrypoint=sdk-cli;" as the first
         # system block; the version suffix changes per request.
-        VolatileRule("x-anthropic-billing-header", frozenset({"system"}),
-                     re.compile(r"^x-anthropic-billing-header:[^\n]*(?:\n+|$)", re.MULTILINE)),
+        VolatileRule(
+            "x-anthropic-billing-header",
+            frozenset({"system"}),
+            re.compile(r"^x-anthropic-billing-header:[^\n]*(?:\n+|$)", re.MULTILINE),
+        ),
         # the look-behind starts a match only at the first newline of a run: without it, every
         # newline of a long blank run retries the run (quadratic: minutes for a 1 MB tool output)
-        VolatileRule("claude-todays-date", frozenset({"system", "user"}),
-                     re.compile(r"(?<!\n)\n*Today's date is \d{4}-\d{2}-\d{2}\.", re.MULTILINE)),
-        VolatileRule("claude-date-line", frozenset({"system"}), re.compile(r"^Date: \d{4}-\d{2}-\d{2}\n?", re.MULTILINE)),
+        VolatileRule(
+            "claude-todays-date",
+            frozenset({"system", "user"}),
+            re.compile(r"(?<!\n)\n*Today's date is \d{4}-\d{2}-\d{2}\.", re.MULTILINE),
+        ),
+        VolatileRule(
+            "claude-date-line",
+            frozenset({"system"}),
+            re.compile(r"^Date: \d{4}-\d{2}-\d{2}\n?", re.MULTILINE),
+        ),
         # " - OS Version: Linux 6.18.44-fc-v669" in its "# Environment" message: the host's kernel
         # (uname -r), which no sandbox can hide; the OS name stays.
-        VolatileRule("claude-os-version", frozenset({"system", "user"}),
-                     re.compile(r"^( *- )?OS Version: (\w+) [^\n]*$", re.MULTILINE), r"\1OS Version: \2"),
+        VolatileRule(
+            "claude-os-version",
+            frozenset({"system", "user"}),
+            re.compile(r"^( *- )?OS Version: (\w+) [^\n]*$", re.MULTILINE),
+            r"\1OS Version: \2",
+        ),
     )
 
     def config_files(self, ctx: HarnessContext) -> dict[str, str]:
@@ -66,8 +86,17 @@ class ClaudeCodeAdapter(HarnessAdapter):
         return env
 
     def command(self, ctx: HarnessContext, prompt: str) -> list[str]:
-        return [*self.launcher, "-p", "--dangerously-skip-permissions", "--output-format", "stream-json",
-                "--verbose", "--model", ctx.model_name, prompt]
+        return [
+            *self.launcher,
+            "-p",
+            "--dangerously-skip-permissions",
+            "--output-format",
+            "stream-json",
+            "--verbose",
+            "--model",
+            ctx.model_name,
+            prompt,
+        ]
 
     def summarize(self, stdout: str) -> HarnessSummary:
         return stream_json_summary(stdout)

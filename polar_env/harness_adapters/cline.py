@@ -34,21 +34,42 @@ class ClineAdapter(HarnessAdapter):
     prefill_allowance_s = 480.0  # ~5.7k first-prompt tokens and 25 tools
     volatile_rules = (
         # "2. Date: 11/30/2026" in the <env> block of its system prompt
-        VolatileRule("cline-date", frozenset({"system"}), re.compile(r"^\d+\. Date: \d{1,2}/\d{1,2}/\d{4}\n", re.MULTILINE)),
+        VolatileRule(
+            "cline-date",
+            frozenset({"system"}),
+            re.compile(r"^\d+\. Date: \d{1,2}/\d{1,2}/\d{4}\n", re.MULTILINE),
+        ),
     )
 
     def config_dir(self, ctx: HarnessContext) -> str:
         return f"{ctx.home}/.cline"
 
     def providers(self, ctx: HarnessContext) -> dict:
-        settings = {"provider": PROVIDER, "apiKey": ctx.session_key, "model": ctx.model_name, "baseUrl": ctx.base_url}
-        return {"version": 1, "lastUsedProvider": PROVIDER, "modes": {},
-                "providers": {PROVIDER: {"settings": settings, "tokenSource": "manual",
-                                          "updatedAt": "1970-01-01T00:00:00.000Z"}}}  # required: without it
+        settings = {
+            "provider": PROVIDER,
+            "apiKey": ctx.session_key,
+            "model": ctx.model_name,
+            "baseUrl": ctx.base_url,
+        }
+        return {
+            "version": 1,
+            "lastUsedProvider": PROVIDER,
+            "modes": {},
+            "providers": {
+                PROVIDER: {
+                    "settings": settings,
+                    "tokenSource": "manual",
+                    "updatedAt": "1970-01-01T00:00:00.000Z",
+                }
+            },
+        }  # required: without it
         # Cline drops the whole file and falls back to its own cloud provider
 
     def config_files(self, ctx: HarnessContext) -> dict[str, str]:
-        return {f"{self.config_dir(ctx)}/data/settings/providers.json": json.dumps(self.providers(ctx), indent=2) + "\n"}
+        return {
+            f"{self.config_dir(ctx)}/data/settings/providers.json": json.dumps(self.providers(ctx), indent=2)
+            + "\n"
+        }
 
     def env(self, ctx: HarnessContext) -> dict[str, str]:
         return {}

@@ -38,38 +38,46 @@ class CodexAdapter(HarnessAdapter):
     volatile_rules = (
         # its <environment_context>: today's date (faketime cannot help: Codex is a static musl binary
         # that ignores LD_PRELOAD) and the host's time zone
-        VolatileRule("codex-current-date", frozenset({"user"}),
-                     re.compile(r"^[ \t]*<current_date>\d{4}-\d{2}-\d{2}</current_date>\n", re.MULTILINE)),
-        VolatileRule("codex-timezone", frozenset({"user"}),
-                     re.compile(r"^[ \t]*<timezone>[^<\n]*</timezone>\n", re.MULTILINE)),
+        VolatileRule(
+            "codex-current-date",
+            frozenset({"user"}),
+            re.compile(r"^[ \t]*<current_date>\d{4}-\d{2}-\d{2}</current_date>\n", re.MULTILINE),
+        ),
+        VolatileRule(
+            "codex-timezone",
+            frozenset({"user"}),
+            re.compile(r"^[ \t]*<timezone>[^<\n]*</timezone>\n", re.MULTILINE),
+        ),
     )
 
     def codex_home(self, ctx: HarnessContext) -> str:
         return f"{ctx.home}/.codex"
 
     def config_toml(self, ctx: HarnessContext) -> str:
-        return "\n".join([
-            f"model = {_toml_str(ctx.model_name)}",
-            'model_provider = "polar"',
-            'approval_policy = "never"',
-            'sandbox_mode = "danger-full-access"',
-            "check_for_update_on_startup = false",
-            "",
-            "[model_providers.polar]",
-            'name = "polar"',
-            f"base_url = {_toml_str(ctx.base_url)}",
-            f'env_key = "{KEY_ENV}"',
-            'wire_api = "responses"',
-            "",
-            "[analytics]",
-            "enabled = false",
-            "",
-            "[features]",
-            "plugins = false",
-            "apps = false",
-            "remote_plugin = false",
-            "",
-        ])
+        return "\n".join(
+            [
+                f"model = {_toml_str(ctx.model_name)}",
+                'model_provider = "polar"',
+                'approval_policy = "never"',
+                'sandbox_mode = "danger-full-access"',
+                "check_for_update_on_startup = false",
+                "",
+                "[model_providers.polar]",
+                'name = "polar"',
+                f"base_url = {_toml_str(ctx.base_url)}",
+                f'env_key = "{KEY_ENV}"',
+                'wire_api = "responses"',
+                "",
+                "[analytics]",
+                "enabled = false",
+                "",
+                "[features]",
+                "plugins = false",
+                "apps = false",
+                "remote_plugin = false",
+                "",
+            ]
+        )
 
     def config_files(self, ctx: HarnessContext) -> dict[str, str]:
         return {f"{self.codex_home(ctx)}/config.toml": self.config_toml(ctx)}

@@ -45,9 +45,13 @@ class GeminiCliAdapter(HarnessAdapter):
     volatile_rules = (
         # "Today's date is Monday, November 30, 2026 (formatted according to the user's locale)." in
         # the <session_context> part of its first user message
-        VolatileRule("gemini-todays-date", frozenset({"user"}),
-                     re.compile(r"^Today's date is [^\n]*\(formatted according to the user's locale\)\.\n?",
-                                re.MULTILINE)),
+        VolatileRule(
+            "gemini-todays-date",
+            frozenset({"user"}),
+            re.compile(
+                r"^Today's date is [^\n]*\(formatted according to the user's locale\)\.\n?", re.MULTILINE
+            ),
+        ),
     )
 
     def config_files(self, ctx: HarnessContext) -> dict[str, str]:
@@ -63,8 +67,16 @@ class GeminiCliAdapter(HarnessAdapter):
         }
 
     def command(self, ctx: HarnessContext, prompt: str) -> list[str]:
-        return [*self.launcher, "--yolo", "--output-format", "stream-json", "--model", ctx.model_name,
-                "--prompt", prompt]
+        return [
+            *self.launcher,
+            "--yolo",
+            "--output-format",
+            "stream-json",
+            "--model",
+            ctx.model_name,
+            "--prompt",
+            prompt,
+        ]
 
     def summarize(self, stdout: str) -> HarnessSummary:
         """``stream-json`` events: assistant text arrives in deltas; a turn ends at a tool result or the
@@ -91,6 +103,8 @@ class GeminiCliAdapter(HarnessAdapter):
             elif kind == "result":
                 error = ev.get("error")
                 if ev.get("status") != "success" or error:
-                    s.error = str((error or {}).get("message") if isinstance(error, dict) else error or ev.get("status"))
+                    s.error = str(
+                        (error or {}).get("message") if isinstance(error, dict) else error or ev.get("status")
+                    )
                 s.finished = s.error is None
         return s

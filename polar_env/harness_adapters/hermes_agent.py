@@ -34,7 +34,9 @@ TOOL_LINE = re.compile(r"^ *┊ \S+ +(\S+) .*?\d+\.\d+s(?: \[[^\n]*\])?$", re.MU
 VERBS = {"$": "terminal", "read": "read_file", "write": "write_file", "patch": "patch", "proc": "process"}
 # its answer: streamed into a box ("╭─ ⚕ Hermes ───╮", the text indented 4, "╰───╯"), or, when nothing
 # was streamed (an API failure's message), a rule-framed panel (" ─  ⚕ Hermes  ─── ", padded lines, " ─── ")
-ANSWER = re.compile(r"^(?:╭─ [^\n]*Hermes[^\n]*╮|\s─  [^\n]*Hermes  ─+\s*)\n(.*?)^(?:╰─+╯|\s─+\s*)$", re.MULTILINE | re.DOTALL)
+ANSWER = re.compile(
+    r"^(?:╭─ [^\n]*Hermes[^\n]*╮|\s─  [^\n]*Hermes  ─+\s*)\n(.*?)^(?:╰─+╯|\s─+\s*)$", re.MULTILINE | re.DOTALL
+)
 # why a run gave up: "❌ Non-retryable error (HTTP 400): ...", "❌ API failed after 3 retries — ..."
 FAILURE = re.compile(r"^❌ (.*)$", re.MULTILINE)
 # the exit summary: "Messages:       4 (1 user, 2 tool calls)" (tool calls: tool results + assistant turns
@@ -50,11 +52,18 @@ class HermesAgentAdapter(HarnessAdapter):
     prefill_allowance_s = 900.0  # ~15k first-prompt tokens (its default toolset: 25 tools for a text model)
     volatile_rules = (
         # "Conversation started: Monday, November 30, 2026" near the end of its system prompt
-        VolatileRule("hermes-conversation-date", frozenset({"system"}),
-                     re.compile(r"^Conversation started: \w+, \w+ \d{1,2}, \d{4}\n?", re.MULTILINE)),
+        VolatileRule(
+            "hermes-conversation-date",
+            frozenset({"system"}),
+            re.compile(r"^Conversation started: \w+, \w+ \d{1,2}, \d{4}\n?", re.MULTILINE),
+        ),
         # "Host: Linux (6.18.44-fc-v669)": the host's kernel (platform.release()); the OS name stays
-        VolatileRule("hermes-host-kernel", frozenset({"system"}),
-                     re.compile(r"^Host: (\w+) \([^)\n]*\)$", re.MULTILINE), r"Host: \1"),
+        VolatileRule(
+            "hermes-host-kernel",
+            frozenset({"system"}),
+            re.compile(r"^Host: (\w+) \([^)\n]*\)$", re.MULTILINE),
+            r"Host: \1",
+        ),
     )
 
     def hermes_home(self, ctx: HarnessContext) -> str:
@@ -62,12 +71,20 @@ class HermesAgentAdapter(HarnessAdapter):
 
     def config_files(self, ctx: HarnessContext) -> dict[str, str]:
         config = {
-            "model": {"provider": "custom", "base_url": ctx.base_url, "api_key": "${" + KEY_ENV + "}",
-                      "default": ctx.model_name, "context_length": CONTEXT_LENGTH, "supports_vision": False},
+            "model": {
+                "provider": "custom",
+                "base_url": ctx.base_url,
+                "api_key": "${" + KEY_ENV + "}",
+                "default": ctx.model_name,
+                "context_length": CONTEXT_LENGTH,
+                "supports_vision": False,
+            },
             "auxiliary": {"title_generation": {"enabled": False}},
             "security": {"tirith_enabled": False, "allow_lazy_installs": False},
         }
-        return {f"{self.hermes_home(ctx)}/config.yaml": json.dumps(config, indent=2) + "\n"}  # JSON is valid YAML
+        return {
+            f"{self.hermes_home(ctx)}/config.yaml": json.dumps(config, indent=2) + "\n"
+        }  # JSON is valid YAML
 
     def env(self, ctx: HarnessContext) -> dict[str, str]:
         return {"HERMES_HOME": self.hermes_home(ctx), KEY_ENV: ctx.session_key}
@@ -83,8 +100,11 @@ class HermesAgentAdapter(HarnessAdapter):
         answers = ANSWER.findall(stdout)
         totals = MESSAGES.findall(stdout)
         failures = FAILURE.findall(stdout)
-        s = HarnessSummary(tool_calls=len(tools), tool_names=[VERBS.get(v, v) for v in tools],
-                           events=len(tools) + len(answers) + len(totals) + len(failures))
+        s = HarnessSummary(
+            tool_calls=len(tools),
+            tool_names=[VERBS.get(v, v) for v in tools],
+            events=len(tools) + len(answers) + len(totals) + len(failures),
+        )
         if answers:
             lines = textwrap.dedent(answers[-1]).splitlines()
             s.final_message = "\n".join(line.rstrip() for line in lines).strip() or None

@@ -29,8 +29,11 @@ class KiloAdapter(OpenCodeAdapter):
     volatile_rules = (
         *OpenCodeAdapter.volatile_rules,  # its <env> block keeps OpenCode's "  Today's date: Mon Nov 30 2026"
         # "Message time: 2026-12-06T20:27:41Z", first line of the <environment_details> after its task
-        VolatileRule("kilo-message-time", frozenset({"user"}),
-                     re.compile(r"^Message time: \d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z\n", re.MULTILINE)),
+        VolatileRule(
+            "kilo-message-time",
+            frozenset({"user"}),
+            re.compile(r"^Message time: \d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z\n", re.MULTILINE),
+        ),
     )
 
     def env(self, ctx: HarnessContext) -> dict[str, str]:

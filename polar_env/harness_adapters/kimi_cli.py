@@ -40,8 +40,11 @@ class KimiCliAdapter(HarnessAdapter):
     volatile_rules = (
         # "The current date and time in ISO format is `2026-12-06T21:28:45.458865+00:00`. This is only a
         # reference ...": its clock in the sandbox's time zone, in the "## Date and Time" section
-        VolatileRule("kimi-current-datetime", frozenset({"system"}),
-                     re.compile(r"^The current date and time in ISO format is `[\d\-T:.+]+`\. ", re.MULTILINE)),
+        VolatileRule(
+            "kimi-current-datetime",
+            frozenset({"system"}),
+            re.compile(r"^The current date and time in ISO format is `[\d\-T:.+]+`\. ", re.MULTILINE),
+        ),
     )
 
     def share_dir(self, ctx: HarnessContext) -> str:
@@ -52,8 +55,13 @@ class KimiCliAdapter(HarnessAdapter):
             "default_model": ctx.model_name,
             "telemetry": False,
             "providers": {PROVIDER: {"type": "openai_legacy", "base_url": ctx.base_url, "api_key": ""}},
-            "models": {ctx.model_name: {"provider": PROVIDER, "model": ctx.model_name,
-                                        "max_context_size": CONTEXT_LENGTH}},
+            "models": {
+                ctx.model_name: {
+                    "provider": PROVIDER,
+                    "model": ctx.model_name,
+                    "max_context_size": CONTEXT_LENGTH,
+                }
+            },
         }
         return {f"{self.share_dir(ctx)}/config.json": json.dumps(config, indent=2) + "\n"}
 
@@ -61,8 +69,17 @@ class KimiCliAdapter(HarnessAdapter):
         return {"KIMI_SHARE_DIR": self.share_dir(ctx), "OPENAI_API_KEY": ctx.session_key}
 
     def command(self, ctx: HarnessContext, prompt: str) -> list[str]:
-        return [*self.launcher, "--config-file", f"{self.share_dir(ctx)}/config.json", "--print",
-                "--output-format", "stream-json", "--yolo", "-p", prompt]
+        return [
+            *self.launcher,
+            "--config-file",
+            f"{self.share_dir(ctx)}/config.json",
+            "--print",
+            "--output-format",
+            "stream-json",
+            "--yolo",
+            "-p",
+            prompt,
+        ]
 
     def summarize(self, stdout: str) -> HarnessSummary:
         """Its messages, one a line. A failure prints a plain text line, no message, and exits non-zero

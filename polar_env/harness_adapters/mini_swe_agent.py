@@ -40,25 +40,41 @@ class MiniSweAgentAdapter(HarnessAdapter):
 
     def config_files(self, ctx: HarnessContext) -> dict[str, str]:
         config = {
-            "model": {"model_name": f"openai/{ctx.model_name}", "cost_tracking": "ignore_errors",
-                      "model_kwargs": {"api_base": ctx.base_url}},
+            "model": {
+                "model_name": f"openai/{ctx.model_name}",
+                "cost_tracking": "ignore_errors",
+                "model_kwargs": {"api_base": ctx.base_url},
+            },
             # the sandbox is the environment; its BASH_ENV (/root/.bashrc, a conda image's) is not ours
             "environment": {"environment_class": "local", "cwd": ctx.workdir, "env": {"BASH_ENV": ""}},
         }
         return {self.config_path(ctx): json.dumps(config, indent=2) + "\n"}  # JSON is valid YAML
 
     def env(self, ctx: HarnessContext) -> dict[str, str]:
-        return {KEY_ENV: ctx.session_key, "MSWEA_CONFIGURED": "true", "MSWEA_SILENT_STARTUP": "1",
-                "MSWEA_GLOBAL_CONFIG_DIR": f"{ctx.home}/.config/mini-swe-agent",
-                # LiteLLM fetches its model price list at import unless told to use the bundled copy
-                "LITELLM_LOCAL_MODEL_COST_MAP": "True",
-                # it retries every failed call 10 times over minutes; a proxy 4xx (episode stopped,
-                # budget spent) is final, so two retries cover a backend's passing 5xx
-                "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": "3"}
+        return {
+            KEY_ENV: ctx.session_key,
+            "MSWEA_CONFIGURED": "true",
+            "MSWEA_SILENT_STARTUP": "1",
+            "MSWEA_GLOBAL_CONFIG_DIR": f"{ctx.home}/.config/mini-swe-agent",
+            # LiteLLM fetches its model price list at import unless told to use the bundled copy
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            # it retries every failed call 10 times over minutes; a proxy 4xx (episode stopped,
+            # budget spent) is final, so two retries cover a backend's passing 5xx
+            "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": "3",
+        }
 
     def command(self, ctx: HarnessContext, prompt: str) -> list[str]:
-        return [*self.launcher, "-y", "--exit-immediately", "-c", "swebench.yaml", "-c", self.config_path(ctx),
-                "-t", prompt]
+        return [
+            *self.launcher,
+            "-y",
+            "--exit-immediately",
+            "-c",
+            "swebench.yaml",
+            "-c",
+            self.config_path(ctx),
+            "-t",
+            prompt,
+        ]
 
     def version_command(self) -> list[str]:
         """``mini`` has no ``--version``; the package says it."""
@@ -69,11 +85,13 @@ class MiniSweAgentAdapter(HarnessAdapter):
         result, and a final ``Exit:`` whose content is the submission or why it stopped."""
         steps = [int(n) for n in STEP.findall(stdout)]
         roles = ROLE.findall(stdout)
-        s = HarnessSummary(turns=max(steps, default=0), tool_calls=roles.count("Tool"), events=len(steps) + len(roles))
+        s = HarnessSummary(
+            turns=max(steps, default=0), tool_calls=roles.count("Tool"), events=len(steps) + len(roles)
+        )
         s.tool_names = ["bash"] * s.tool_calls
         exits = list(ROLE.finditer(stdout))
         if exits and exits[-1].group(1) == "Exit":
-            content = stdout[exits[-1].end():].split("\nSaved trajectory to ")[0].strip()
+            content = stdout[exits[-1].end() :].split("\nSaved trajectory to ")[0].strip()
             s.finished = content not in NOT_SUBMITTED
             s.final_message = content or None
             if not s.finished:

@@ -45,13 +45,18 @@ class MistralVibeAdapter(HarnessAdapter):
     name = "mistral-vibe"
     source = SOURCE
     wire_api = "chat"
-    shell_tool = ShellTool("bash", "command", wait_args={"timeout_seconds": 300})  # 120 s by default, at most 300
+    shell_tool = ShellTool(
+        "bash", "command", wait_args={"timeout_seconds": 300}
+    )  # 120 s by default, at most 300
     noise_dirs = (".vibe",)
     prefill_allowance_s = 480.0  # ~8.5k first-prompt tokens (10 tools, an 18.4k-character system prompt)
     volatile_rules = (
         # "Today's date is 2026-12-06 (Sunday)." after its persona line in the system prompt
-        VolatileRule("vibe-todays-date", frozenset({"system"}),
-                     re.compile(r"^Today's date is \d{4}-\d{2}-\d{2} \(\w+\)\.\n?", re.MULTILINE)),
+        VolatileRule(
+            "vibe-todays-date",
+            frozenset({"system"}),
+            re.compile(r"^Today's date is \d{4}-\d{2}-\d{2} \(\w+\)\.\n?", re.MULTILINE),
+        ),
     )
 
     @property
@@ -63,12 +68,26 @@ class MistralVibeAdapter(HarnessAdapter):
         return f"{ctx.home}/.vibe"
 
     def config_files(self, ctx: HarnessContext) -> dict[str, str]:
-        top = {"active_model": ctx.model_name, "enable_telemetry": False, "enable_update_checks": False,
-               "enable_auto_update": False, "enable_notifications": False}
-        provider = {"name": PROVIDER, "api_base": ctx.base_url, "api_key_env_var": KEY_ENV, "api_style": "openai",
-                    "backend": "generic"}
-        model = {"name": ctx.model_name, "provider": PROVIDER, "alias": ctx.model_name,
-                 "max_context_length": CONTEXT_LENGTH}
+        top = {
+            "active_model": ctx.model_name,
+            "enable_telemetry": False,
+            "enable_update_checks": False,
+            "enable_auto_update": False,
+            "enable_notifications": False,
+        }
+        provider = {
+            "name": PROVIDER,
+            "api_base": ctx.base_url,
+            "api_key_env_var": KEY_ENV,
+            "api_style": "openai",
+            "backend": "generic",
+        }
+        model = {
+            "name": ctx.model_name,
+            "provider": PROVIDER,
+            "alias": ctx.model_name,
+            "max_context_length": CONTEXT_LENGTH,
+        }
         lines = [f"{k} = {_toml(v)}" for k, v in top.items()]
         lines += ["", "[[providers]]", *(f"{k} = {_toml(v)}" for k, v in provider.items())]
         lines += ["", "[[models]]", *(f"{k} = {_toml(v)}" for k, v in model.items())]
@@ -76,8 +95,11 @@ class MistralVibeAdapter(HarnessAdapter):
 
     def env(self, ctx: HarnessContext) -> dict[str, str]:
         interpreter = f"{HARNESS_MOUNT}/{SOURCE.interpreter}"
-        return {"VIBE_HOME": self.vibe_home(ctx), KEY_ENV: ctx.session_key,
-                "VIBE_APP_SERVER_CMD": f"{interpreter} {HARNESS_MOUNT}/bin/vibe-app-server"}
+        return {
+            "VIBE_HOME": self.vibe_home(ctx),
+            KEY_ENV: ctx.session_key,
+            "VIBE_APP_SERVER_CMD": f"{interpreter} {HARNESS_MOUNT}/bin/vibe-app-server",
+        }
 
     def command(self, ctx: HarnessContext, prompt: str) -> list[str]:
         return [*self.launcher, "--output", "streaming", "--auto-approve", "--trust", "-p", prompt]
@@ -91,7 +113,9 @@ class MistralVibeAdapter(HarnessAdapter):
         for ev in events:
             if ev.get("type") == "effect":
                 s.tool_calls += 1
-                s.tool_names.append(str((ev.get("detail") or {}).get("toolName", ev.get("title"))).rsplit(".", 1)[-1])
+                s.tool_names.append(
+                    str((ev.get("detail") or {}).get("toolName", ev.get("title"))).rsplit(".", 1)[-1]
+                )
                 s.turns += not in_tools
                 in_tools = True
             elif ev.get("type") == "message" and ev.get("role") == "assistant":

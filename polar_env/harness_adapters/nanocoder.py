@@ -38,17 +38,27 @@ class NanocoderAdapter(HarnessAdapter):
     volatile_rules = (
         # its "## SYSTEM INFORMATION" block: "OS Version: 6.18.44-fc-v1272" (the host's kernel) and
         # "Current Date: 2026-12-06"
-        VolatileRule("nanocoder-os-version", frozenset({"system"}), re.compile(r"^OS Version: [^\n]*\n", re.MULTILINE)),
-        VolatileRule("nanocoder-current-date", frozenset({"system"}),
-                     re.compile(r"^Current Date: \d{4}-\d{2}-\d{2}\n?", re.MULTILINE)),
+        VolatileRule(
+            "nanocoder-os-version", frozenset({"system"}), re.compile(r"^OS Version: [^\n]*\n", re.MULTILINE)
+        ),
+        VolatileRule(
+            "nanocoder-current-date",
+            frozenset({"system"}),
+            re.compile(r"^Current Date: \d{4}-\d{2}-\d{2}\n?", re.MULTILINE),
+        ),
     )
 
     def config_dir(self, ctx: HarnessContext) -> str:
         return f"{ctx.home}/.config/nanocoder"
 
     def config_files(self, ctx: HarnessContext) -> dict[str, str]:
-        provider = {"name": PROVIDER, "baseUrl": ctx.base_url, "apiKey": "${" + KEY_ENV + "}",
-                    "models": [ctx.model_name], "contextWindow": CONTEXT_LENGTH}
+        provider = {
+            "name": PROVIDER,
+            "baseUrl": ctx.base_url,
+            "apiKey": "${" + KEY_ENV + "}",
+            "models": [ctx.model_name],
+            "contextWindow": CONTEXT_LENGTH,
+        }
         config = {"nanocoder": {"providers": [provider]}}
         return {f"{self.config_dir(ctx)}/agents.config.json": json.dumps(config, indent=2) + "\n"}
 
@@ -56,8 +66,19 @@ class NanocoderAdapter(HarnessAdapter):
         return {"NANOCODER_CONFIG_DIR": self.config_dir(ctx), KEY_ENV: ctx.session_key}
 
     def command(self, ctx: HarnessContext, prompt: str) -> list[str]:
-        return [*self.launcher, "--provider", PROVIDER, "--model", ctx.model_name, "--mode", "yolo",
-                "--trust-directory", "--json", "run", prompt]
+        return [
+            *self.launcher,
+            "--provider",
+            PROVIDER,
+            "--model",
+            ctx.model_name,
+            "--mode",
+            "yolo",
+            "--trust-directory",
+            "--json",
+            "run",
+            prompt,
+        ]
 
     def summarize(self, stdout: str) -> HarnessSummary:
         """Its one JSON report (printed over several lines once the run ends): ``kind`` (``success``,
@@ -71,8 +92,13 @@ class NanocoderAdapter(HarnessAdapter):
         if not isinstance(report, dict):
             return HarnessSummary(unparsed_lines=len(stdout.splitlines()))
         calls = [c for c in report.get("toolCalls") or [] if isinstance(c, dict)]
-        s = HarnessSummary(events=1, tool_calls=len(calls), tool_names=[str(c.get("name")) for c in calls],
-                           final_message=report.get("finalText") or None, finished=report.get("kind") == "success")
+        s = HarnessSummary(
+            events=1,
+            tool_calls=len(calls),
+            tool_names=[str(c.get("name")) for c in calls],
+            final_message=report.get("finalText") or None,
+            finished=report.get("kind") == "success",
+        )
         if not s.finished:
             s.error = str(report.get("message") or report.get("kind"))
         return s

@@ -45,44 +45,88 @@ class OpenClawAdapter(HarnessAdapter):
     # ``timeoutSeconds`` (1800 s): a long command waits in the foreground instead
     shell_tool = ShellTool("exec", "command", wait_args={"yieldMs": 3_600_000, "timeoutSeconds": 3600})
     volatile_rules = (
-        VolatileRule("openclaw-message-time", USER, re.compile(
-            r"^\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) \d{4}-\d{2}-\d{2} \d{2}:\d{2}(?: [^\]\n]+)?\] ")),
+        VolatileRule(
+            "openclaw-message-time",
+            USER,
+            re.compile(r"^\[(?:Mon|Tue|Wed|Thu|Fri|Sat|Sun) \d{4}-\d{2}-\d{2} \d{2}:\d{2}(?: [^\]\n]+)?\] "),
+        ),
         VolatileRule("openclaw-runtime-line", USER, re.compile(r"\n*^Runtime: agent=[^\n]*", re.MULTILINE)),
-        VolatileRule("openclaw-date-and-time-zone", SYSTEM, re.compile(
-            r"(?<=## Temporal Context\n)(?:Current date: \d{4}-\d{2}-\d{2}\n)?Time zone: [^\n]*\n?")),
-        VolatileRule("openclaw-runtime-context", USER, re.compile(
-            r"<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>.*?<<<END_OPENCLAW_INTERNAL_CONTEXT>>>\s*", re.DOTALL)),
+        VolatileRule(
+            "openclaw-date-and-time-zone",
+            SYSTEM,
+            re.compile(
+                r"(?<=## Temporal Context\n)(?:Current date: \d{4}-\d{2}-\d{2}\n)?Time zone: [^\n]*\n?"
+            ),
+        ),
+        VolatileRule(
+            "openclaw-runtime-context",
+            USER,
+            re.compile(
+                r"<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>.*?<<<END_OPENCLAW_INTERNAL_CONTEXT>>>\s*", re.DOTALL
+            ),
+        ),
     )
 
     def config_path(self, ctx: HarnessContext) -> str:
         return f"{ctx.home}/.openclaw/polar.json"
 
     def config(self, ctx: HarnessContext) -> dict:
-        model = {"id": ctx.model_name, "name": ctx.model_name, "reasoning": False, "input": ["text"],
-                 "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0},
-                 "contextWindow": 131072, "maxTokens": 4096}
-        provider = {"baseUrl": ctx.base_url, "api": "openai-completions", "apiKey": f"${{{KEY_ENV}}}",
-                    "timeoutSeconds": 3600, "models": [model]}  # a CPU model prefills for minutes
-        return {"update": {"checkOnStart": False}, "telemetry": {"enabled": False},
-                "models": {"mode": "replace", "providers": {PROVIDER: provider}}}
+        model = {
+            "id": ctx.model_name,
+            "name": ctx.model_name,
+            "reasoning": False,
+            "input": ["text"],
+            "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0},
+            "contextWindow": 131072,
+            "maxTokens": 4096,
+        }
+        provider = {
+            "baseUrl": ctx.base_url,
+            "api": "openai-completions",
+            "apiKey": f"${{{KEY_ENV}}}",
+            "timeoutSeconds": 3600,
+            "models": [model],
+        }  # a CPU model prefills for minutes
+        return {
+            "update": {"checkOnStart": False},
+            "telemetry": {"enabled": False},
+            "models": {"mode": "replace", "providers": {PROVIDER: provider}},
+        }
 
     def config_files(self, ctx: HarnessContext) -> dict[str, str]:
         return {self.config_path(ctx): json.dumps(self.config(ctx), indent=2) + "\n"}
 
     def env(self, ctx: HarnessContext) -> dict[str, str]:
-        return {KEY_ENV: ctx.session_key, "OPENCLAW_NO_AUTO_UPDATE": "1", "OPENCLAW_LOG_LEVEL": "error",
-                "NO_COLOR": "1"}
+        return {
+            KEY_ENV: ctx.session_key,
+            "OPENCLAW_NO_AUTO_UPDATE": "1",
+            "OPENCLAW_LOG_LEVEL": "error",
+            "NO_COLOR": "1",
+        }
 
     def command(self, ctx: HarnessContext, prompt: str) -> list[str]:
         # --timeout 0: Polar's episode deadline is the one limit
-        return [*self.launcher, "agent", "exec", "--config", self.config_path(ctx), "--cwd", ctx.workdir, "--json",
-                "--model", f"{PROVIDER}/{ctx.model_name}", "--timeout", "0", prompt]
+        return [
+            *self.launcher,
+            "agent",
+            "exec",
+            "--config",
+            self.config_path(ctx),
+            "--cwd",
+            ctx.workdir,
+            "--json",
+            "--model",
+            f"{PROVIDER}/{ctx.model_name}",
+            "--timeout",
+            "0",
+            prompt,
+        ]
 
     def summarize(self, stdout: str) -> HarnessSummary:
         """Its ``--json`` envelope: one JSON object, pretty-printed, the last thing on stdout."""
         start = stdout.rfind("\n{")
         try:
-            envelope = json.loads(stdout[start + 1:] if start >= 0 else stdout)
+            envelope = json.loads(stdout[start + 1 :] if start >= 0 else stdout)
         except json.JSONDecodeError:
             return HarnessSummary(unparsed_lines=len(stdout.splitlines()))
         if not isinstance(envelope, dict):
@@ -90,7 +134,13 @@ class OpenClawAdapter(HarnessAdapter):
         tools = envelope.get("toolSummary") or {}
         error = envelope.get("error") or {}
         return HarnessSummary(
-            events=1, turns=int(envelope.get("assistantTurns") or 0), tool_calls=int(tools.get("calls") or 0),
-            tool_names=[str(t) for t in tools.get("tools") or []], final_message=envelope.get("final") or None,
+            events=1,
+            turns=int(envelope.get("assistantTurns") or 0),
+            tool_calls=int(tools.get("calls") or 0),
+            tool_names=[str(t) for t in tools.get("tools") or []],
+            final_message=envelope.get("final") or None,
             finished=envelope.get("status") == "ok" and bool(envelope.get("ok")),
-            error=None if envelope.get("ok") else str(error.get("message") or envelope.get("status") or "failed"))
+            error=None
+            if envelope.get("ok")
+            else str(error.get("message") or envelope.get("status") or "failed"),
+        )

@@ -26,8 +26,16 @@ from polar_env.harness_adapters.sources import NpmPackage
 PROVIDER = "polar"
 KEY_ENV = "POLAR_SESSION_KEY"
 # its switches, each ``<PREFIX>_<name>=1`` (a fork renames the prefix: Kilo's KILO_)
-OFFLINE_SWITCHES = ("DISABLE_MODELS_FETCH", "DISABLE_AUTOUPDATE", "DISABLE_LSP_DOWNLOAD", "DISABLE_DEFAULT_PLUGINS",
-                    "DISABLE_SHARE", "DISABLE_CLAUDE_CODE", "DISABLE_EXTERNAL_SKILLS", "DISABLE_TERMINAL_TITLE")
+OFFLINE_SWITCHES = (
+    "DISABLE_MODELS_FETCH",
+    "DISABLE_AUTOUPDATE",
+    "DISABLE_LSP_DOWNLOAD",
+    "DISABLE_DEFAULT_PLUGINS",
+    "DISABLE_SHARE",
+    "DISABLE_CLAUDE_CODE",
+    "DISABLE_EXTERNAL_SKILLS",
+    "DISABLE_TERMINAL_TITLE",
+)
 
 
 class OpenCodeAdapter(HarnessAdapter):
@@ -42,19 +50,24 @@ class OpenCodeAdapter(HarnessAdapter):
     prefill_allowance_s = 480.0  # ~7.4k first-prompt tokens
     volatile_rules = (
         # "  Today's date: Mon Nov 30 2026" in the <env> block of its system prompt
-        VolatileRule("opencode-todays-date", frozenset({"system"}),
-                     re.compile(r"^[ \t]*Today's date: \w{3} \w{3} \d{2} \d{4}\n", re.MULTILINE)),
+        VolatileRule(
+            "opencode-todays-date",
+            frozenset({"system"}),
+            re.compile(r"^[ \t]*Today's date: \w{3} \w{3} \d{2} \d{4}\n", re.MULTILINE),
+        ),
     )
 
     def config(self, ctx: HarnessContext) -> dict:
         model = f"{PROVIDER}/{ctx.model_name}"
         return {
-            "provider": {PROVIDER: {
-                "npm": "@ai-sdk/openai-compatible",
-                "name": PROVIDER,
-                "options": {"baseURL": ctx.base_url, "apiKey": f"{{env:{KEY_ENV}}}"},
-                "models": {ctx.model_name: {"name": ctx.model_name}},
-            }},
+            "provider": {
+                PROVIDER: {
+                    "npm": "@ai-sdk/openai-compatible",
+                    "name": PROVIDER,
+                    "options": {"baseURL": ctx.base_url, "apiKey": f"{{env:{KEY_ENV}}}"},
+                    "models": {ctx.model_name: {"name": ctx.model_name}},
+                }
+            },
             "model": model,
             "small_model": model,
             "enabled_providers": [PROVIDER],
@@ -68,12 +81,25 @@ class OpenCodeAdapter(HarnessAdapter):
         return {path: json.dumps(self.config(ctx), indent=2) + "\n"}
 
     def env(self, ctx: HarnessContext) -> dict[str, str]:
-        return {KEY_ENV: ctx.session_key, "XDG_CONFIG_HOME": f"{ctx.home}/.config",
-                **{f"{self.env_prefix}_{switch}": "1" for switch in self.offline_switches}}
+        return {
+            KEY_ENV: ctx.session_key,
+            "XDG_CONFIG_HOME": f"{ctx.home}/.config",
+            **{f"{self.env_prefix}_{switch}": "1" for switch in self.offline_switches},
+        }
 
     def command(self, ctx: HarnessContext, prompt: str) -> list[str]:
-        return [*self.launcher, "run", "--format", "json", "--model", f"{PROVIDER}/{ctx.model_name}",
-                "--title", "polar", "--auto", prompt]
+        return [
+            *self.launcher,
+            "run",
+            "--format",
+            "json",
+            "--model",
+            f"{PROVIDER}/{ctx.model_name}",
+            "--title",
+            "polar",
+            "--auto",
+            prompt,
+        ]
 
     def summarize(self, stdout: str) -> HarnessSummary:
         events, bad = json_lines(stdout)

@@ -31,22 +31,35 @@ class OpenHandsAdapter(HarnessAdapter):
     source = PortablePython("openhands", "1.16.0", "openhands", python="3.12", lock="openhands.txt")
     wire_api = "chat"
     # ``timeout`` in s: without it a command silent for 10 s returns as "still running"
-    shell_tool = ShellTool("terminal", "command", extra_args={"security_risk": "LOW"}, wait_args={"timeout": 600})
+    shell_tool = ShellTool(
+        "terminal", "command", extra_args={"security_risk": "LOW"}, wait_args={"timeout": 600}
+    )
     volatile_rules = (
         # "<CURRENT_DATETIME>\nThe current date and time is: 2026-11-30T18:44:50.295845\n</CURRENT_DATETIME>"
-        VolatileRule("openhands-current-datetime", SYSTEM,
-                     re.compile(r"^The current date and time is: \d{4}-\d{2}-\d{2}T[\d:.]+\n?", re.MULTILINE)),
+        VolatileRule(
+            "openhands-current-datetime",
+            SYSTEM,
+            re.compile(r"^The current date and time is: \d{4}-\d{2}-\d{2}T[\d:.]+\n?", re.MULTILINE),
+        ),
         # "User operating system: Linux (kernel 6.18.44-fc-v669)": the host's kernel
-        VolatileRule("openhands-os-kernel", SYSTEM,
-                     re.compile(r"^(User operating system: \w+) \(kernel [^)\n]*\)", re.MULTILINE), r"\1"),
+        VolatileRule(
+            "openhands-os-kernel",
+            SYSTEM,
+            re.compile(r"^(User operating system: \w+) \(kernel [^)\n]*\)", re.MULTILINE),
+            r"\1",
+        ),
     )
     prefill_allowance_s = 240.0  # ~6k first-prompt tokens (six tools, a 13.7k-character system prompt)
 
     def env(self, ctx: HarnessContext) -> dict[str, str]:
-        return {"LLM_MODEL": f"openai/{ctx.model_name}", "LLM_BASE_URL": ctx.base_url, "LLM_API_KEY": ctx.session_key,
-                "OPENHANDS_SUPPRESS_BANNER": "1",
-                # LiteLLM fetches its model price list at import unless told to use the bundled copy
-                "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+        return {
+            "LLM_MODEL": f"openai/{ctx.model_name}",
+            "LLM_BASE_URL": ctx.base_url,
+            "LLM_API_KEY": ctx.session_key,
+            "OPENHANDS_SUPPRESS_BANNER": "1",
+            # LiteLLM fetches its model price list at import unless told to use the bundled copy
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        }
 
     def config_files(self, ctx: HarnessContext) -> dict[str, str]:
         return {}  # the environment carries everything (--override-with-envs)
@@ -72,7 +85,9 @@ class OpenHandsAdapter(HarnessAdapter):
                     s.final_message = str((ev.get("action") or {}).get("message") or s.final_message)
             elif kind == "MessageEvent" and ev.get("source") == "agent":
                 parts = (ev.get("llm_message") or {}).get("content") or []
-                s.final_message = "".join(p.get("text", "") for p in parts if isinstance(p, dict)) or s.final_message
+                s.final_message = (
+                    "".join(p.get("text", "") for p in parts if isinstance(p, dict)) or s.final_message
+                )
             elif kind == "ConversationErrorEvent":
                 s.error = str(ev.get("detail") or ev.get("code") or ev)
         s.turns = len(responses)

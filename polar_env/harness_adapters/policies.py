@@ -27,15 +27,22 @@ def offered_shell_tool(prompt_text: str) -> ShellTool | None:
     """The shell tool (declared by each adapter) that the prompt's tool list offers, if any; where two
     harnesses name theirs alike (``terminal``), the one whose required extra arguments the prompt
     declares too."""
-    offered = [tool for tool in shell_tools() if f'"name": "{tool.name}"' in prompt_text
-               and all(f'"{arg}"' in prompt_text for arg in tool.extra_args)]
+    offered = [
+        tool
+        for tool in shell_tools()
+        if f'"name": "{tool.name}"' in prompt_text
+        and all(f'"{arg}"' in prompt_text for arg in tool.extra_args)
+    ]
     return max(offered, key=lambda tool: len(tool.extra_args), default=None)
 
 
 def tool_call(tool: ShellTool, command: str, *, wait: bool = False) -> str:
     """A Hermes tool call running ``command`` with ``tool``."""
-    return "<tool_call>\n" + json.dumps({"name": tool.name, "arguments": tool.arguments(command, wait=wait)}) \
+    return (
+        "<tool_call>\n"
+        + json.dumps({"name": tool.name, "arguments": tool.arguments(command, wait=wait)})
         + "\n</tool_call>"
+    )
 
 
 def shell_call(prompt_text: str, command: str) -> str:
@@ -49,14 +56,18 @@ def final_answer(prompt_text: str, text: str = DONE) -> str:
     (the command is in its prompt) gets that command, with ``text`` as the output after it."""
     tool = offered_shell_tool(prompt_text)
     finish = next((c for c in finish_commands() if c in prompt_text), None)
-    return text if tool is None or finish is None else tool_call(tool, f"{finish} && echo {shlex.quote(text)}")
+    return (
+        text if tool is None or finish is None else tool_call(tool, f"{finish} && echo {shlex.quote(text)}")
+    )
 
 
 def patch_edit(prompt_text: str, patch: str, text: str = DONE) -> str:
     """Apply a git patch with the harness's own means: ``git apply`` through its shell tool, else its
     text edit format (after ``text``); a harness with neither gets ``text`` as a final answer."""
     if offered_shell_tool(prompt_text) is not None:
-        return shell_call(prompt_text, f"cd /testbed && git apply <<'POLAR_PATCH_EOF'\n{patch}POLAR_PATCH_EOF")
+        return shell_call(
+            prompt_text, f"cd /testbed && git apply <<'POLAR_PATCH_EOF'\n{patch}POLAR_PATCH_EOF"
+        )
     edit = next((e for e in text_edits() if e.marker in prompt_text), None)
     return text if edit is None else edit.render(patch, text)
 
@@ -67,8 +78,10 @@ def _task_of(session_id: str | None, prompt_text: str, tasks: list[Task]) -> Tas
     matches = [t for t in tasks if session_id and session_id.startswith(t.instance_id + ".")]
     if matches:
         return max(matches, key=lambda t: len(t.instance_id))
-    return next((t for t in tasks if t.problem_statement.strip() and _needle(t.problem_statement) in prompt_text),
-                None)
+    return next(
+        (t for t in tasks if t.problem_statement.strip() and _needle(t.problem_statement) in prompt_text),
+        None,
+    )
 
 
 def _needle(problem: str) -> str:
@@ -100,23 +113,41 @@ def gold_steps_policy(tasks: list[Task]) -> Policy:
 
     def policy(session_id: str | None, call_number: int, prompt_text: str) -> str:
         task = _task_of(session_id, prompt_text, tasks)
-        if task is None or task.harbor is not None or not task.patch or offered_shell_tool(prompt_text) is None:
+        if (
+            task is None
+            or task.harbor is not None
+            or not task.patch
+            or offered_shell_tool(prompt_text) is None
+        ):
             return gold(session_id, call_number, prompt_text)
         files = patch_files(task.patch)
         steps = [
-            (("Let me look at the repository first to see how it is laid out and whether the tree is "
-              "clean."),
-             "cd /testbed && git status --short && ls"),
-            ((f"The issue points at {files[0]}. I will read the code around the place that needs to "
-              "change."),
-             f"cd /testbed && sed -n '{_hunk_lines(task.patch)}p' {shlex.quote(files[0])}"),
+            (
+                (
+                    "Let me look at the repository first to see how it is laid out and whether the tree is "
+                    "clean."
+                ),
+                "cd /testbed && git status --short && ls",
+            ),
+            (
+                (
+                    f"The issue points at {files[0]}. I will read the code around the place that needs to "
+                    "change."
+                ),
+                f"cd /testbed && sed -n '{_hunk_lines(task.patch)}p' {shlex.quote(files[0])}",
+            ),
             (f"I see the problem now. Here is the fix for {files[0]}, as a patch applied with git.", None),
-            ("Now I will check that the change is in place and that the changed modules still compile.",
-             "cd /testbed && git diff --stat" + _compile_check(files)),
+            (
+                "Now I will check that the change is in place and that the changed modules still compile.",
+                "cd /testbed && git diff --stat" + _compile_check(files),
+            ),
         ]
         if call_number >= len(steps):
-            return final_answer(prompt_text, f"The fix is in {', '.join(files)}: the change is applied, the diff "
-                                             "touches only those files and the modules compile. Done.")
+            return final_answer(
+                prompt_text,
+                f"The fix is in {', '.join(files)}: the change is applied, the diff "
+                "touches only those files and the modules compile. Done.",
+            )
         thought, command = steps[call_number]
         call = patch_edit(prompt_text, task.patch) if command is None else shell_call(prompt_text, command)
         return f"{thought}\n{call}"
@@ -138,8 +169,13 @@ def _hunk_lines(patch: str) -> str:
 
 def noop_policy(tasks: list[Task]) -> Policy:
     """One harmless tool call, then a final answer: the shortest multi-turn episode."""
+
     def policy(session_id: str | None, call_number: int, prompt_text: str) -> str:
-        return final_answer(prompt_text) if "<tool_response>" in prompt_text else shell_call(prompt_text, "ls /testbed")
+        return (
+            final_answer(prompt_text)
+            if "<tool_response>" in prompt_text
+            else shell_call(prompt_text, "ls /testbed")
+        )
 
     return policy
 
@@ -149,8 +185,12 @@ def answer_policy(tasks: list[Task]) -> Policy:
     return lambda session_id, call_number, prompt_text: final_answer(prompt_text)
 
 
-POLICIES: dict[str, Callable[[list[Task]], Policy]] = {"gold": gold_policy, "gold-steps": gold_steps_policy,
-                                                        "noop": noop_policy, "answer": answer_policy}
+POLICIES: dict[str, Callable[[list[Task]], Policy]] = {
+    "gold": gold_policy,
+    "gold-steps": gold_steps_policy,
+    "noop": noop_policy,
+    "answer": answer_policy,
+}
 
 LABELS = {
     "gold": "scripted gold-patch replay (not a model's choice; the model only scores it)",

@@ -34,18 +34,27 @@ class QwenCodeAdapter(HarnessAdapter):
         # its startup context ("This is the Qwen Code. ... Today's date is Monday, November 30, 2026.")
         # and a later reminder ("The current date is: Monday, November 30, 2026. Note: ..."), both in
         # the first user message
-        VolatileRule("qwen-todays-date", frozenset({"user"}),
-                     re.compile(r"^Today's date is \w+, \w+ \d{1,2}, \d{4}\.\n?", re.MULTILINE)),
-        VolatileRule("qwen-current-date", frozenset({"user"}),
-                     re.compile(r"^The current date is: \w+, \w+ \d{1,2}, \d{4}\. ?", re.MULTILINE)),
+        VolatileRule(
+            "qwen-todays-date",
+            frozenset({"user"}),
+            re.compile(r"^Today's date is \w+, \w+ \d{1,2}, \d{4}\.\n?", re.MULTILINE),
+        ),
+        VolatileRule(
+            "qwen-current-date",
+            frozenset({"user"}),
+            re.compile(r"^The current date is: \w+, \w+ \d{1,2}, \d{4}\. ?", re.MULTILINE),
+        ),
     )
 
     def settings(self, ctx: HarnessContext) -> dict:
         return {
             "security": {"auth": {"selectedType": "openai"}, "folderTrust": {"enabled": False}},
             "model": {"name": ctx.model_name},
-            "general": {"enableAutoUpdate": False, "chatRecording": False,
-                        "gitCoAuthor": {"commit": False, "pr": False}},
+            "general": {
+                "enableAutoUpdate": False,
+                "chatRecording": False,
+                "gitCoAuthor": {"commit": False, "pr": False},
+            },
             "privacy": {"usageStatisticsEnabled": False},
             "telemetry": {"enabled": False},
         }
@@ -54,12 +63,27 @@ class QwenCodeAdapter(HarnessAdapter):
         return {f"{ctx.home}/.qwen/settings.json": json.dumps(self.settings(ctx), indent=2) + "\n"}
 
     def env(self, ctx: HarnessContext) -> dict[str, str]:
-        return {"OPENAI_BASE_URL": ctx.base_url, "OPENAI_API_KEY": ctx.session_key, "OPENAI_MODEL": ctx.model_name,
-                "QWEN_USAGE_STATISTICS_ENABLED": "0", "QWEN_TELEMETRY_ENABLED": "0"}
+        return {
+            "OPENAI_BASE_URL": ctx.base_url,
+            "OPENAI_API_KEY": ctx.session_key,
+            "OPENAI_MODEL": ctx.model_name,
+            "QWEN_USAGE_STATISTICS_ENABLED": "0",
+            "QWEN_TELEMETRY_ENABLED": "0",
+        }
 
     def command(self, ctx: HarnessContext, prompt: str) -> list[str]:
-        return [*self.launcher, "--output-format", "stream-json", "--approval-mode", "yolo", "--auth-type", "openai",
-                "--model", ctx.model_name, prompt]
+        return [
+            *self.launcher,
+            "--output-format",
+            "stream-json",
+            "--approval-mode",
+            "yolo",
+            "--auth-type",
+            "openai",
+            "--model",
+            ctx.model_name,
+            prompt,
+        ]
 
     def summarize(self, stdout: str) -> HarnessSummary:
         return stream_json_summary(stdout)  # its stream-json is Claude Code's format

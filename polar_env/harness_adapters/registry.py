@@ -44,14 +44,25 @@ ADAPTERS: dict[str, type[HarnessAdapter]] = {
     "kimi-cli": KimiCliAdapter,
     "nanocoder": NanocoderAdapter,
 }
-ALIASES = {"claude_code": "claude-code", "claude": "claude-code", "gemini_cli": "gemini-cli", "gemini": "gemini-cli",
-           "mini_swe_agent": "mini-swe-agent",
-           "hermes_agent": "hermes-agent", "hermes": "hermes-agent", "kilocode": "kilo",
-           "mistral_vibe": "mistral-vibe", "vibe": "mistral-vibe", "kimi_cli": "kimi-cli", "kimi": "kimi-cli"}
+ALIASES = {
+    "claude_code": "claude-code",
+    "claude": "claude-code",
+    "gemini_cli": "gemini-cli",
+    "gemini": "gemini-cli",
+    "mini_swe_agent": "mini-swe-agent",
+    "hermes_agent": "hermes-agent",
+    "hermes": "hermes-agent",
+    "kilocode": "kilo",
+    "mistral_vibe": "mistral-vibe",
+    "vibe": "mistral-vibe",
+    "kimi_cli": "kimi-cli",
+    "kimi": "kimi-cli",
+}
 
 # Every harness's state dirs and the build artefacts: never part of an agent's patch (docs/rewards.md).
-NOISE_EXCLUDES: tuple[str, ...] = tuple(dict.fromkeys(
-    [d for adapter in ADAPTERS.values() for d in adapter.noise_dirs] + list(BUILD_EXCLUDES)))
+NOISE_EXCLUDES: tuple[str, ...] = tuple(
+    dict.fromkeys([d for adapter in ADAPTERS.values() for d in adapter.noise_dirs] + list(BUILD_EXCLUDES))
+)
 
 
 def get_adapter(name: str) -> HarnessAdapter:

@@ -40,10 +40,20 @@ class HarnessRun:
     signal: str | None = None  # e.g. "SIGKILL" when the harness (or its sandbox) was killed
 
 
-def episode_command(adapter: HarnessAdapter, ctx: HarnessContext, prompt: str, *, socket_inside: str) -> list[str]:
+def episode_command(
+    adapter: HarnessAdapter, ctx: HarnessContext, prompt: str, *, socket_inside: str
+) -> list[str]:
     """forwarder (listen, then exec) + the harness's headless command line."""
-    return [SANDBOX_PYTHON, FORWARDER_INSIDE, "--socket", socket_inside, "--port", str(ctx.port), "--",
-            *adapter.command(ctx, prompt)]
+    return [
+        SANDBOX_PYTHON,
+        FORWARDER_INSIDE,
+        "--socket",
+        socket_inside,
+        "--port",
+        str(ctx.port),
+        "--",
+        *adapter.command(ctx, prompt),
+    ]
 
 
 async def write_config(adapter: HarnessAdapter, sandbox: Sandbox, ctx: HarnessContext) -> None:
@@ -54,29 +64,46 @@ async def write_config(adapter: HarnessAdapter, sandbox: Sandbox, ctx: HarnessCo
             await sandbox.copy_in(host, inside)
 
 
-async def run_episode_in_sandbox(adapter: HarnessAdapter, sandbox: Sandbox, *, proxy_socket_dir: Path | None,
-                                 session_id: str, session_key: str, model_name: str, prompt: str,
-                                 timeout_s: float, max_output_bytes: int = 4 << 20,
-                                 origin_key: str | None = None,
-                                 paused_s: Callable[[], float] | None = None) -> HarnessRun:
+async def run_episode_in_sandbox(
+    adapter: HarnessAdapter,
+    sandbox: Sandbox,
+    *,
+    proxy_socket_dir: Path | None,
+    session_id: str,
+    session_key: str,
+    model_name: str,
+    prompt: str,
+    timeout_s: float,
+    max_output_bytes: int = 4 << 20,
+    origin_key: str | None = None,
+    paused_s: Callable[[], float] | None = None,
+) -> HarnessRun:
     """One rollout: write the adapter's config, run forwarder+harness to its end or the deadline
     (``origin_key``: the proxy's, so the forwarder tags each call with who made it; ``paused_s``:
     seconds the deadline's clock stood still so far, the wait for a run slot)."""
     spec = sandbox.spec
-    if proxy_socket_dir is not None and spec.proxy_socket_dir is not None \
-            and Path(proxy_socket_dir).resolve() != Path(spec.proxy_socket_dir).resolve():
+    if (
+        proxy_socket_dir is not None
+        and spec.proxy_socket_dir is not None
+        and Path(proxy_socket_dir).resolve() != Path(spec.proxy_socket_dir).resolve()
+    ):
         raise ValueError("proxy_socket_dir differs from the sandbox's bound socket dir")
     if spec.proxy_socket_dir is None:
         raise ValueError("the sandbox has no proxy socket dir bound; the harness could reach nothing")
-    ctx = HarnessContext(session_id=session_id, session_key=session_key, model_name=model_name,
-                         port=spec.proxy_port, home=spec.home, workdir=spec.workdir,
-                         as_root=os.geteuid() == 0 and spec.uid == 0)
+    ctx = HarnessContext(
+        session_id=session_id,
+        session_key=session_key,
+        model_name=model_name,
+        port=spec.proxy_port,
+        home=spec.home,
+        workdir=spec.workdir,
+        as_root=os.geteuid() == 0 and spec.uid == 0,
+    )
     await write_config(adapter, sandbox, ctx)
     cmd = episode_command(adapter, ctx, prompt, socket_inside=spec.socket_path_inside)
     env = {**adapter.env(ctx), **({ORIGIN_ENV: origin_key} if origin_key else {})}
     deadline = Deadline(timeout_s, paused_s) if paused_s is not None else timeout_s
-    res = await sandbox.run(cmd, env=env, timeout_s=deadline, stdin=None,
-                            max_output_bytes=max_output_bytes)
+    res = await sandbox.run(cmd, env=env, timeout_s=deadline, stdin=None, max_output_bytes=max_output_bytes)
     summary = adapter.summarize(res.stdout_tail)
     if res.timed_out:
         status, error = "timeout", f"killed at the {timeout_s:g}s deadline"
@@ -89,9 +116,16 @@ async def run_episode_in_sandbox(adapter: HarnessAdapter, sandbox: Sandbox, *, p
         status, error = "error", f"harness reported: {summary.error}"
     else:
         status, error = "completed", None
-    return HarnessRun(status=status, exit_code=res.exit_code, stdout_tail=res.stdout_tail,
-                      stderr_tail=res.stderr_tail, summary=summary, duration_s=res.duration_s, error=error,
-                      signal=None if res.timed_out else killed_by(res.exit_code, res.stderr_tail))
+    return HarnessRun(
+        status=status,
+        exit_code=res.exit_code,
+        stdout_tail=res.stdout_tail,
+        stderr_tail=res.stderr_tail,
+        summary=summary,
+        duration_s=res.duration_s,
+        error=error,
+        signal=None if res.timed_out else killed_by(res.exit_code, res.stderr_tail),
+    )
 
 
 def killed_by(exit_code: int | None, stderr_tail: str) -> str | None:

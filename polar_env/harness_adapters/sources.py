@@ -128,10 +128,11 @@ class PythonVenv(_LockedPyPI):
     lock: str | None = None
     kind: str = "python-venv"
 
-
     def install_commands(self, dest: Path) -> list[list[str]]:
-        return [[self.python, "-m", "venv", str(dest)],
-                [*_pip_install(str(dest / "bin" / "python"), self.lock), self.spec, *self.extras]]
+        return [
+            [self.python, "-m", "venv", str(dest)],
+            [*_pip_install(str(dest / "bin" / "python"), self.lock), self.spec, *self.extras],
+        ]
 
     def executable_in(self, dest: Path) -> Path:
         return dest / "bin" / self.entry_point
@@ -143,7 +144,16 @@ class PythonVenv(_LockedPyPI):
 
 def _pip_install(python: str, lock: str | None) -> list[str]:
     constraints = ["-c", str(LOCKS_DIR / lock)] if lock else []
-    return [python, "-m", "pip", "install", "--quiet", "--no-input", "--disable-pip-version-check", *constraints]
+    return [
+        python,
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--no-input",
+        "--disable-pip-version-check",
+        *constraints,
+    ]
 
 
 @dataclass(frozen=True)
@@ -167,7 +177,6 @@ class PortablePython(_LockedPyPI):
     lock: str | None = None  # as PythonVenv's
     kind: str = "portable-python"
 
-
     @property
     def identity(self) -> str:
         return f"{super().identity} rpath:{RPATH}"
@@ -181,28 +190,47 @@ class PortablePython(_LockedPyPI):
         shim on PATH is a script; its ``sys.base_prefix`` is the real build)."""
         var = f"POLAR_PYTHON{self.python.replace('.', '_')}"
         pyenv = os.path.expanduser(f"~/.pyenv/versions/{self.python}.*/bin/python{self.python}")
-        for cand in filter(None, [os.environ.get(var), shutil.which(f"python{self.python}"),
-                                  *sorted(glob.glob(pyenv), reverse=True)]):
-            proc = subprocess.run([cand, "-c", "import sys; print(sys.base_prefix, '%d.%d' % sys.version_info[:2])"],
-                                  capture_output=True, text=True)
+        for cand in filter(
+            None,
+            [
+                os.environ.get(var),
+                shutil.which(f"python{self.python}"),
+                *sorted(glob.glob(pyenv), reverse=True),
+            ],
+        ):
+            proc = subprocess.run(
+                [cand, "-c", "import sys; print(sys.base_prefix, '%d.%d' % sys.version_info[:2])"],
+                capture_output=True,
+                text=True,
+            )
             if proc.returncode == 0 and proc.stdout.split()[1:] == [self.python]:
                 return Path(proc.stdout.split()[0])
-        raise RuntimeError(f"{self.spec} needs a CPython {self.python}: none found (set {var}, put "
-                           f"python{self.python} on PATH, or install one with pyenv)")
+        raise RuntimeError(
+            f"{self.spec} needs a CPython {self.python}: none found (set {var}, put "
+            f"python{self.python} on PATH, or install one with pyenv)"
+        )
 
     def install_commands(self, dest: Path) -> list[list[str]]:
         src, stdlib = self.host_prefix(), f"lib/python{self.python}"
         python = str(dest / self.interpreter)
-        return [["mkdir", "-p", str(dest / "bin"), str(dest / "lib")],
-                ["cp", "-a", str(src / self.interpreter), str(dest / "bin")],
-                # libpython where the build is shared (none where it is static)
-                ["sh", "-c", f'cp -a "$1"/lib/libpython{self.python}.so* "$2"/lib/ 2>/dev/null || true', "-",
-                 str(src), str(dest)],
-                ["cp", "-a", str(src / stdlib), str(dest / "lib")],
-                ["rm", "-rf", str(dest / stdlib / "test"), str(dest / stdlib / "site-packages")],
-                ["patchelf", "--set-rpath", RPATH, python],
-                [python, "-m", "ensurepip", "--default-pip"],
-                [*_pip_install(python, self.lock), self.spec]]
+        return [
+            ["mkdir", "-p", str(dest / "bin"), str(dest / "lib")],
+            ["cp", "-a", str(src / self.interpreter), str(dest / "bin")],
+            # libpython where the build is shared (none where it is static)
+            [
+                "sh",
+                "-c",
+                f'cp -a "$1"/lib/libpython{self.python}.so* "$2"/lib/ 2>/dev/null || true',
+                "-",
+                str(src),
+                str(dest),
+            ],
+            ["cp", "-a", str(src / stdlib), str(dest / "lib")],
+            ["rm", "-rf", str(dest / stdlib / "test"), str(dest / stdlib / "site-packages")],
+            ["patchelf", "--set-rpath", RPATH, python],
+            [python, "-m", "ensurepip", "--default-pip"],
+            [*_pip_install(python, self.lock), self.spec],
+        ]
 
     def executable_in(self, dest: Path) -> Path:
         return dest / "bin" / self.entry_point
@@ -214,7 +242,11 @@ class PortablePython(_LockedPyPI):
 
 def is_installed(source: InstallSource, dest: Path) -> bool:
     marker = dest / INSTALLED_MARKER
-    return marker.exists() and marker.read_text() == f"{source.identity}\n" and source.executable_in(dest).exists()
+    return (
+        marker.exists()
+        and marker.read_text() == f"{source.identity}\n"
+        and source.executable_in(dest).exists()
+    )
 
 
 def install(source: InstallSource, dest: Path, *, timeout_s: float = 1800) -> Path:
@@ -231,8 +263,9 @@ def install(source: InstallSource, dest: Path, *, timeout_s: float = 1800) -> Pa
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
             if proc.returncode != 0:
                 shutil.rmtree(dest, ignore_errors=True)
-                raise RuntimeError(f"installing {source.spec} ({source.kind}) failed at {cmd[:3]}:\n"
-                                   f"{proc.stderr[-4000:]}")
+                raise RuntimeError(
+                    f"installing {source.spec} ({source.kind}) failed at {cmd[:3]}:\n{proc.stderr[-4000:]}"
+                )
         (dest / INSTALLED_MARKER).write_text(f"{source.identity}\n")
         os.chmod(dest, 0o755)
     return dest

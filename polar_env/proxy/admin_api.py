@@ -90,8 +90,12 @@ class ModelEntry(BaseModel):
 
     @classmethod
     def served_since(cls, model: str, started_at: float) -> ModelEntry:
-        return cls(id=model, display_name=model, created=int(started_at),
-                   created_at=datetime.fromtimestamp(int(started_at), tz=UTC))
+        return cls(
+            id=model,
+            display_name=model,
+            created=int(started_at),
+            created_at=datetime.fromtimestamp(int(started_at), tz=UTC),
+        )
 
 
 class ModelList(BaseModel):

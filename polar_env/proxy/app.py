@@ -93,7 +93,9 @@ def _failure(module: Codec, exc: BaseException) -> tuple[int, Shape]:
         status, message = 401, str(exc)
     elif isinstance(exc, WireError):
         status, message = exc.status, exc.message
-    elif isinstance(exc, SessionStopped | RunEnded):  # a 400: no harness retries it (RunEnded: the episode is over)
+    elif isinstance(
+        exc, SessionStopped | RunEnded
+    ):  # a 400: no harness retries it (RunEnded: the episode is over)
         status, message = 400, f"episode stopped: {exc}"
     elif isinstance(exc, BudgetExceeded):  # a 400 too: the harness ends instead of retrying
         status, message = 400, f"episode budget exhausted: {exc}"
@@ -108,9 +110,16 @@ def _failure(module: Codec, exc: BaseException) -> tuple[int, Shape]:
 class ProxyServer:
     """One proxy: an engine, its sessions, and the HTTP front; start it on TCP and/or a Unix socket."""
 
-    def __init__(self, engine: TokenEngine, registry: SessionRegistry, *, admin_secret: str,
-                 max_body_bytes: int = DEFAULT_MAX_BODY,
-                 owns_backend: bool = True, keepalive_s: float = DEFAULT_KEEPALIVE_S):
+    def __init__(
+        self,
+        engine: TokenEngine,
+        registry: SessionRegistry,
+        *,
+        admin_secret: str,
+        max_body_bytes: int = DEFAULT_MAX_BODY,
+        owns_backend: bool = True,
+        keepalive_s: float = DEFAULT_KEEPALIVE_S,
+    ):
         self.engine = engine
         self.owns_backend = owns_backend  # close the backend on stop() (not when the caller shares it)
         self.registry = registry
@@ -134,10 +143,19 @@ class ProxyServer:
             gc.set_threshold(*GC_THRESHOLDS)
 
     @classmethod
-    def create(cls, *, renderer: ChatRenderer, backend: Backend, data_dir: Path, admin_secret: str,
-               config: EngineConfig | None = None, fsync: bool = False,
-               max_body_bytes: int = DEFAULT_MAX_BODY, owns_backend: bool = True,
-               keepalive_s: float = DEFAULT_KEEPALIVE_S) -> ProxyServer:
+    def create(
+        cls,
+        *,
+        renderer: ChatRenderer,
+        backend: Backend,
+        data_dir: Path,
+        admin_secret: str,
+        config: EngineConfig | None = None,
+        fsync: bool = False,
+        max_body_bytes: int = DEFAULT_MAX_BODY,
+        owns_backend: bool = True,
+        keepalive_s: float = DEFAULT_KEEPALIVE_S,
+    ) -> ProxyServer:
         """Build a proxy over ``data_dir``, recovering every session already recorded there."""
         ledger = Ledger(Path(data_dir), fsync=fsync)
         engine = TokenEngine(renderer, backend, ledger, config)
@@ -145,20 +163,38 @@ class ProxyServer:
         report = registry.recover()
         if not report.ok:
             log.warning("ledger recovery found torn or corrupt lines: %s", report.model_dump_json())
-        return cls(engine, registry, admin_secret=admin_secret, max_body_bytes=max_body_bytes,
-                   owns_backend=owns_backend, keepalive_s=keepalive_s)
+        return cls(
+            engine,
+            registry,
+            admin_secret=admin_secret,
+            max_body_bytes=max_body_bytes,
+            owns_backend=owns_backend,
+            keepalive_s=keepalive_s,
+        )
 
     # -- in-process API ----------------------------------------------------------------------
-    def create_session(self, session_id: str | None = None, *, sampling: dict[str, Any] | None = None,
-                       metadata: dict[str, Any] | None = None, training: bool = False,
-                       budget: EpisodeBudget | dict[str, Any] | None = None) -> tuple[str, str]:
+    def create_session(
+        self,
+        session_id: str | None = None,
+        *,
+        sampling: dict[str, Any] | None = None,
+        metadata: dict[str, Any] | None = None,
+        training: bool = False,
+        budget: EpisodeBudget | dict[str, Any] | None = None,
+    ) -> tuple[str, str]:
         """Register a session; returns ``(session_id, api_key)``. The key is not stored. A training
         session whose enforced sampling does not match the backend's logprobs is refused
         (LogprobsMismatch)."""
         if training and (why := sampling_mismatch(self.logprobs_mode, sampling or {})):
             raise LogprobsMismatch(why)
-        session, key = self.registry.create(session_id, sampling=sampling, metadata=metadata, training=training,
-                                            logprobs_mode=self.logprobs_mode, budget=budget)
+        session, key = self.registry.create(
+            session_id,
+            sampling=sampling,
+            metadata=metadata,
+            training=training,
+            logprobs_mode=self.logprobs_mode,
+            budget=budget,
+        )
         return session.id, key
 
     def session_urls(self, session_id: str, base: str | None = None) -> SessionUrls:
@@ -214,7 +250,9 @@ class ProxyServer:
         r.add_post("/admin/resume", self._admin_resume)
         return app
 
-    async def start(self, host: str = "127.0.0.1", port: int | None = 0, unix_socket: Path | None = None) -> None:
+    async def start(
+        self, host: str = "127.0.0.1", port: int | None = 0, unix_socket: Path | None = None
+    ) -> None:
         """Listen on ``unix_socket`` and/or TCP ``host:port`` (0: any free port; None: no TCP listener
         beside the socket)."""
         self.logprobs_mode = await self.engine.probe_logprobs_mode()
@@ -261,14 +299,16 @@ class ProxyServer:
         try:
             return await handler(request)
         except web.HTTPRequestEntityTooLarge as exc:
-            return _error(413, f"request body too large (limit {self.max_body_bytes} bytes): {exc.text}",
-                          request)
+            return _error(
+                413, f"request body too large (limit {self.max_body_bytes} bytes): {exc.text}", request
+            )
         except web.HTTPNotFound:
             return _error(404, f"unknown route {request.method} {request.path}", request)
         except web.HTTPMethodNotAllowed as exc:
             allowed = ", ".join(sorted(exc.allowed_methods))
-            response = _error(405, f"method {request.method} not allowed on {request.path}; allowed: {allowed}",
-                              request)
+            response = _error(
+                405, f"method {request.method} not allowed on {request.path}; allowed: {allowed}", request
+            )
             response.headers["Allow"] = allowed
             return response
 
@@ -276,8 +316,13 @@ class ProxyServer:
         return web.Response(status=200)
 
     async def _health(self, request: web.Request) -> web.Response:
-        return json_response(Health(sessions=len(self.registry.all()), backend=self.engine.backend.name,
-                            model=self.engine.backend.model))
+        return json_response(
+            Health(
+                sessions=len(self.registry.all()),
+                backend=self.engine.backend.name,
+                model=self.engine.backend.model,
+            )
+        )
 
     async def _metrics(self, request: web.Request) -> web.Response:
         """Prometheus's text format (polar_env/metrics.py), on the TCP listener only: the Unix
@@ -292,7 +337,11 @@ class ProxyServer:
         ``unknown`` (a process that reached the socket without the forwarder); else None."""
         tag = request.headers.get(ORIGIN_HEADER, "")
         origin, _, key = tag.partition(" ")
-        if key and hmac.compare_digest(key.encode(), self.origin_key.encode()) and origin in ("harness", "tool"):
+        if (
+            key
+            and hmac.compare_digest(key.encode(), self.origin_key.encode())
+            and origin in ("harness", "tool")
+        ):
             return origin
         return "unknown" if session.info.metadata.get(ORIGIN_TAGGED) else None
 
@@ -311,15 +360,18 @@ class ProxyServer:
             return parse(raw)
         return await self._parsers.run(parse, raw)
 
-    async def _decode_call(self, session: Session, raw: bytes, decode: Callable[..., DecodedRequest]
-                           ) -> DecodedRequest:
+    async def _decode_call(
+        self, session: Session, raw: bytes, decode: Callable[..., DecodedRequest]
+    ) -> DecodedRequest:
         """A model call's body decoded, reusing what the session's last request already decoded
         (proxy/seen.py). Here, on the loop, when the body is small or only its new part is (a Chat
         Completions or Messages request growing by less than ``OFF_LOOP_BYTES`` since the last: its
         parse is one fast orjson pass); else whole in a worker process, which sends back the snapshot it
         made."""
         seen = session.seen
-        if len(raw) < OFF_LOOP_BYTES or (seen.decoded is not None and len(raw) - seen.body_bytes < OFF_LOOP_BYTES):
+        if len(raw) < OFF_LOOP_BYTES or (
+            seen.decoded is not None and len(raw) - seen.body_bytes < OFF_LOOP_BYTES
+        ):
             return _decode(decode, raw, seen)
         decoded, session.seen = await self._parsers.run(partial(_decode_fresh, decode), raw)
         return decoded
@@ -342,26 +394,33 @@ class ProxyServer:
             return json_response(gemini.encode_error(exc.status, exc.message), status=exc.status)
         key = request.query.get("key")
         if method == "countTokens":
-            return await self._count_tokens(request, gemini, partial(gemini.decode_count_tokens, model=model), key)
+            return await self._count_tokens(
+                request, gemini, partial(gemini.decode_count_tokens, model=model), key
+            )
         stream, sse = method == "streamGenerateContent", request.query.get("alt") == "sse"
-        return await self._model_call(request, "gemini", partial(gemini.decode, model=model, stream=stream, sse=sse),
-                                      key)
+        return await self._model_call(
+            request, "gemini", partial(gemini.decode, model=model, stream=stream, sse=sse), key
+        )
 
-    async def _model_call(self, request: web.Request, api: Api, decode: Callable[[Any], DecodedRequest],
-                          key: str | None = None) -> web.StreamResponse:
+    async def _model_call(
+        self, request: web.Request, api: Api, decode: Callable[[Any], DecodedRequest], key: str | None = None
+    ) -> web.StreamResponse:
         """One model call in ``api``'s shape: auth, decode, the engine, the answer (SSE when it streams)."""
         module = API_MODULES[api]
         try:
             session = self._session(request, key)
             decoded = await self._decode_call(session, await request.read(), decode)
             ticket = CallTicket.new()
-            task = asyncio.ensure_future(self.engine.complete(session, api, decoded, self._origin(request, session),
-                                                              ticket))
+            task = asyncio.ensure_future(
+                self.engine.complete(session, api, decoded, self._origin(request, session), ticket)
+            )
             self._track(session.id, task)
             if decoded.stream:  # a quick answer or failure keeps its own status line
                 await asyncio.wait({task}, timeout=self.keepalive_s)
                 if not task.done():
-                    return await self._stream_while_generating(request, module, decoded, session, task, ticket)
+                    return await self._stream_while_generating(
+                        request, module, decoded, session, task, ticket
+                    )
             # shielded: a harness that disconnects does not cancel a call that is being recorded
             turn, _record = await asyncio.shield(task)
         except web.HTTPException:  # 413 and friends: the middleware answers them
@@ -378,20 +437,30 @@ class ProxyServer:
                 await response.write(frame)
             await response.write_eof()
         except ConnectionResetError:  # the call is recorded; only the harness is gone
-            log.info("session %s: client disconnected before the answer of call %s was sent",
-                     session.id, turn.call_id)
+            log.info(
+                "session %s: client disconnected before the answer of call %s was sent",
+                session.id,
+                turn.call_id,
+            )
         return response
 
-    async def _stream_while_generating(self, request: web.Request, module: Codec, decoded: DecodedRequest,
-                                       session: Session, task: asyncio.Task, ticket: CallTicket
-                                       ) -> web.StreamResponse:
+    async def _stream_while_generating(
+        self,
+        request: web.Request,
+        module: Codec,
+        decoded: DecodedRequest,
+        session: Session,
+        task: asyncio.Task,
+        ticket: CallTicket,
+    ) -> web.StreamResponse:
         """Open the stream before the answer exists, with the API's opening events where it has
         them, and send its keep-alive every ``keepalive_s`` until the answer exists, so a slow
         generation never trips a harness's idle timeout; a failure from then on is the API's
         in-stream error event (the status line is already sent)."""
         response = web.StreamResponse(headers=SSE_HEADERS)
-        head = module.encode_stream_head(decoded, ticket.call_id, decoded.model or self.engine.backend.model,
-                                         int(ticket.created_at))
+        head = module.encode_stream_head(
+            decoded, ticket.call_id, decoded.model or self.engine.backend.model, int(ticket.created_at)
+        )
         try:
             await response.prepare(request)
             for frame in head:
@@ -402,7 +471,7 @@ class ProxyServer:
                     await response.write(module.KEEPALIVE)
             try:
                 turn, _record = task.result()
-                frames = module.encode_stream(turn, decoded)[len(head):]  # its head is sent already
+                frames = module.encode_stream(turn, decoded)[len(head) :]  # its head is sent already
             except Exception as exc:  # noqa: BLE001 - recorded by the engine; told in the API's shape
                 frames = [module.encode_stream_error(_failure(module, exc)[1])]
             for frame in frames:
@@ -412,9 +481,13 @@ class ProxyServer:
             log.info("session %s: client disconnected while its call was generating", session.id)
         return response
 
-    async def _count_tokens(self, request: web.Request, module: CountingCodec = anthropic_messages,
-                            decode: Callable[[Any], DecodedRequest] = anthropic_messages.decode_count_tokens,
-                            key: str | None = None) -> web.Response:
+    async def _count_tokens(
+        self,
+        request: web.Request,
+        module: CountingCodec = anthropic_messages,
+        decode: Callable[[Any], DecodedRequest] = anthropic_messages.decode_count_tokens,
+        key: str | None = None,
+    ) -> web.Response:
         """The prompt's token count from the real chat template (Anthropic's and Gemini's count routes)."""
         try:
             self._session(request, key)
@@ -448,14 +521,21 @@ class ProxyServer:
         if isinstance(body, web.Response):
             return body
         try:
-            sid, key = self.create_session(body.session_id, sampling=body.sampling, metadata=body.metadata,
-                                           training=body.training, budget=body.budget)
+            sid, key = self.create_session(
+                body.session_id,
+                sampling=body.sampling,
+                metadata=body.metadata,
+                training=body.training,
+                budget=body.budget,
+            )
         except WireError as exc:
             return _error(exc.status, exc.message)
         except (ValueError, TypeError) as exc:
             return _error(400, str(exc))
         base = f"{request.scheme}://{request.host}"
-        return json_response(SessionCreated(session_id=sid, api_key=key, urls=self.session_urls(sid, base)), status=201)
+        return json_response(
+            SessionCreated(session_id=sid, api_key=key, urls=self.session_urls(sid, base)), status=201
+        )
 
     async def _admin_list(self, request: web.Request) -> web.Response:
         if not self._admin_ok(request):
@@ -492,7 +572,9 @@ class ProxyServer:
         except WireError as exc:
             return _error(exc.status, exc.message)
         except ValidationError as exc:
-            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors())
+            problems = "; ".join(
+                f"{'.'.join(map(str, e['loc'])) or 'body'}: {e['msg']}" for e in exc.errors()
+            )
             return _error(400, f"bad {request.path} body: {problems}")
 
     async def _admin_policy(self, request: web.Request) -> web.Response:

@@ -65,7 +65,6 @@ NARROWING = ("top_p",)  # forced sampling keys a harness may not set (top_k is n
 NEUTRALISED = "neutralised:"  # call flag prefix: the harness's narrowing knobs this call did not apply
 
 
-
 @dataclass(frozen=True)
 class CallTicket:
     """A model call's id and start time, issued before it runs: a streamed answer can open with
@@ -78,6 +77,7 @@ class CallTicket:
     def new(cls) -> CallTicket:
         return cls(os.urandom(12).hex(), time.time())  # 24 hex digits, a tenth of uuid4's cost
 
+
 class SessionStopped(Exception):
     """The session refuses further calls (the harness repeated a failing request); says why."""
 
@@ -88,7 +88,9 @@ class EngineConfig:
     default_max_tokens: int = 1024
     backend_retries: int = 2  # extra attempts on retryable backend errors
     retry_backoff_s: float = 0.2
-    defaults: dict[str, Any] = field(default_factory=dict)  # sampling when neither the session nor the harness sets it
+    defaults: dict[str, Any] = field(
+        default_factory=dict
+    )  # sampling when neither the session nor the harness sets it
     # the start-up logprobs probe's own bound: a backend that hangs must not hang the proxy's start
     # (its generation timeout may be an hour); past it the mode is ``unknown``
     logprobs_probe_timeout_s: float = 30.0
@@ -96,31 +98,47 @@ class EngineConfig:
     # thinking; the stream then differs from a full render by design, flagged ``HISTORY_THINKING_KEPT``),
     # ``drop`` starts a new chain rendered whole, as the template drops that thinking (docs/proxy.md)
     history_thinking: Literal["keep", "drop"] = "keep"
-    policy_version: int | None = None  # the serving weights' version at start (the trainer moves it: proxy/policy.py)
+    policy_version: int | None = (
+        None  # the serving weights' version at start (the trainer moves it: proxy/policy.py)
+    )
     # a call not provably the harness's (origin ``tool``/``unknown``: a process the agent ran with the
     # session's key): ``serve`` answers it behind the harness's calls (proxy/run_slots.py), ``refuse`` answers
     # 403
     agent_calls: Literal["serve", "refuse"] = "serve"
 
 
-def add_thinking_arguments(parser: argparse.ArgumentParser, enable_thinking: bool | None = None,
-                           history_thinking: str = "keep") -> None:
+def add_thinking_arguments(
+    parser: argparse.ArgumentParser, enable_thinking: bool | None = None, history_thinking: str = "keep"
+) -> None:
     """``--enable-thinking`` and ``--history-thinking``, shared by ``polar proxy`` and ``polar rollout``."""
-    parser.add_argument("--enable-thinking", type=_on_off, default=enable_thinking, metavar="on|off",
-                        help="the chat template's enable_thinking (Qwen3/3.5); a request's chat_template_kwargs "
-                             "override it (default: the template's own default)")
-    parser.add_argument("--history-thinking", choices=["keep", "drop"], default=history_thinking,
-                        help="a new user turn after thinking turns: keep extends the chain with the model's own "
-                             "thinking (flagged, counted by polar check), drop starts a new chain rendered as the "
-                             "template renders it (docs/proxy.md)")
+    parser.add_argument(
+        "--enable-thinking",
+        type=_on_off,
+        default=enable_thinking,
+        metavar="on|off",
+        help="the chat template's enable_thinking (Qwen3/3.5); a request's chat_template_kwargs "
+        "override it (default: the template's own default)",
+    )
+    parser.add_argument(
+        "--history-thinking",
+        choices=["keep", "drop"],
+        default=history_thinking,
+        help="a new user turn after thinking turns: keep extends the chain with the model's own "
+        "thinking (flagged, counted by polar check), drop starts a new chain rendered as the "
+        "template renders it (docs/proxy.md)",
+    )
 
 
 def add_agent_calls_argument(parser: argparse.ArgumentParser, default: str = "serve") -> None:
     """``--agent-calls``, shared by ``polar proxy serve`` and ``polar rollout``."""
-    parser.add_argument("--agent-calls", choices=["serve", "refuse"], default=default,
-                        help="model calls an episode's tools make with its key (origin tool/unknown): serve them "
-                             "behind the harness's calls (never pausing its deadline nor counted as backend "
-                             "evidence), or refuse them with 403 (docs/training.md)")
+    parser.add_argument(
+        "--agent-calls",
+        choices=["serve", "refuse"],
+        default=default,
+        help="model calls an episode's tools make with its key (origin tool/unknown): serve them "
+        "behind the harness's calls (never pausing its deadline nor counted as backend "
+        "evidence), or refuse them with 403 (docs/training.md)",
+    )
 
 
 def _on_off(value: str) -> bool:
@@ -140,8 +158,9 @@ class Extension:
 
 
 class TokenEngine:
-    def __init__(self, renderer: ChatRenderer, backend: Backend, ledger: Ledger,
-                 config: EngineConfig | None = None):
+    def __init__(
+        self, renderer: ChatRenderer, backend: Backend, ledger: Ledger, config: EngineConfig | None = None
+    ):
         self.renderer = renderer
         self.backend = backend
         self.ledger = ledger
@@ -192,8 +211,9 @@ class TokenEngine:
         return self._window
 
     # -- prefix matching -------------------------------------------------------------------
-    def find_parent(self, session: Session, conv: Conversation, refs: list[str | None],
-                    hashes: list[str] | None = None) -> CallState | None:
+    def find_parent(
+        self, session: Session, conv: Conversation, refs: list[str | None], hashes: list[str] | None = None
+    ) -> CallState | None:
         """The latest call whose messages + answer form the longest prefix of ``conv``
         (``hashes``: its ``prefix_hashes``, when the caller already has them)."""
         if not session.calls:
@@ -202,8 +222,9 @@ class TokenEngine:
         tools_fp = conv.tools_fingerprint()
         for k in range(len(conv.messages) - 1, -1, -1):
             for state in reversed(session.by_prefix.get(hashes[k], ())):
-                if state.tools_fp == tools_fp and _answers(conv.messages[k], refs[k] if k < len(refs) else None,
-                                                           state):
+                if state.tools_fp == tools_fp and _answers(
+                    conv.messages[k], refs[k] if k < len(refs) else None, state
+                ):
                     return state
         return None
 
@@ -217,8 +238,14 @@ class TokenEngine:
             return "different system prompt (side call)"
         return "history rewritten (compaction or edited history)"
 
-    async def build_prompt(self, session: Session, conv: Conversation, refs: list[str | None],
-                           hashes: list[str] | None = None, enable_thinking: bool | None = None) -> Extension:
+    async def build_prompt(
+        self,
+        session: Session,
+        conv: Conversation,
+        refs: list[str | None],
+        hashes: list[str] | None = None,
+        enable_thinking: bool | None = None,
+    ) -> Extension:
         parent = self.find_parent(session, conv, refs, hashes)  # on the loop: it reads the session
         flags: list[str] = []
         reason = None
@@ -232,10 +259,14 @@ class TokenEngine:
             reason = reason or self.classify_break(session, conv)
             render = partial(self.renderer.render_prompt, enable_thinking=enable_thinking)
             return Extension(None, await self.off_loop(render, conv.messages, conv.tools), reason)
-        appended = conv.messages[parent.n_messages + 1:]
+        appended = conv.messages[parent.n_messages + 1 :]
         small = sum(map(len, _texts(appended))) < INLINE_CHARS
-        return Extension(parent, await self.off_loop(_extend, self.renderer, parent, appended, enable_thinking,
-                                                     small=small), None, flags)
+        return Extension(
+            parent,
+            await self.off_loop(_extend, self.renderer, parent, appended, enable_thinking, small=small),
+            None,
+            flags,
+        )
 
     async def check_size(self, conv: Conversation, parent: CallState | None) -> None:
         """Refuse a request whose new text cannot fit the context before it is rendered and tokenized
@@ -245,19 +276,27 @@ class TokenEngine:
         window = await self.context_window()
         if window is None:
             return
-        texts = _texts(conv.messages[parent.n_messages + 1:] if parent else conv.messages)
+        texts = _texts(conv.messages[parent.n_messages + 1 :] if parent else conv.messages)
         chars = sum(map(len, texts))
         reused = parent.n_ids if parent else 0
         room = window - reused
         if (least := chars // self.renderer.max_token_chars) >= room:
-            raise ContextOverflow(reused + least, window, f"prompt is at least {reused + least} tokens ({chars} "
-                                  f"characters of new text); the model's context is {window} tokens")
+            raise ContextOverflow(
+                reused + least,
+                window,
+                f"prompt is at least {reused + least} tokens ({chars} "
+                f"characters of new text); the model's context is {window} tokens",
+            )
         if chars * 4 < room:  # a token holds at least one byte, a character at most four
             return
         tokens, pieces = await self.off_loop(_count_until, self.renderer, texts, room)
         if (least := tokens - 2 * pieces) >= room:
-            raise ContextOverflow(reused + least, window, f"prompt is more than {reused + least} tokens ({chars} "
-                                  f"characters of new text); the model's context is {window} tokens")
+            raise ContextOverflow(
+                reused + least,
+                window,
+                f"prompt is more than {reused + least} tokens ({chars} "
+                f"characters of new text); the model's context is {window} tokens",
+            )
 
     async def probe_logprobs_mode(self) -> LogprobsMode:
         """Ask the backend which logprobs it returns (a short probe for HTTP servers); ``unknown``
@@ -274,8 +313,9 @@ class TokenEngine:
             return "unknown"
 
     # -- sampling ----------------------------------------------------------------------------
-    def sampling_for(self, session: Session, requested: dict[str, Any], prompt_len: int,
-                     window: int | None = None) -> tuple[SamplingParams, list[str]]:
+    def sampling_for(
+        self, session: Session, requested: dict[str, Any], prompt_len: int, window: int | None = None
+    ) -> tuple[SamplingParams, list[str]]:
         """The session's forced sampling (the trainer's) wins over the harness; record what it overrode.
         A harness's narrowing knobs (top-p below 1, top-k) are never applied (OpenEnv RFC 006: processed
         logprobs over a truncated distribution are "plausible, aligned and wrong" next to a trainer's over the
@@ -303,15 +343,25 @@ class TokenEngine:
         """The harness's narrowing knobs this call did not apply (a trainer's forced top_p is not the
         harness's)."""
         out = []
-        if (top_p := requested.get("top_p")) is not None and top_p < 1 and session.info.sampling.get("top_p") is None:
+        if (
+            (top_p := requested.get("top_p")) is not None
+            and top_p < 1
+            and session.info.sampling.get("top_p") is None
+        ):
             out.append("top_p")
         if (top_k := requested.get("top_k")) is not None and top_k > 0:
             out.append("top_k")
         return out
 
     # -- one call ------------------------------------------------------------------------------
-    async def complete(self, session: Session, api: Api, request: DecodedRequest,
-                       origin: CallOrigin | None = None, ticket: CallTicket | None = None) -> tuple[AssistantTurn, CallRecord]:
+    async def complete(
+        self,
+        session: Session,
+        api: Api,
+        request: DecodedRequest,
+        origin: CallOrigin | None = None,
+        ticket: CallTicket | None = None,
+    ) -> tuple[AssistantTurn, CallRecord]:
         """Run one model call; the record is in the ledger before this returns or raises, whatever
         fails (context overflow, backend, cancellation, a bug) — as a failed call with its reason.
         ``origin``: who made it, as the forwarder proved (proxy/app.py); ``ticket``: its id and
@@ -322,25 +372,42 @@ class TokenEngine:
         if session.stopped is not None:
             raise SessionStopped(session.stopped)
         if not is_harness(origin) and self.config.agent_calls == "refuse":
-            raise WireError(403, f"this proxy serves only the harness's own model calls (origin {origin}); "
-                                 "see --agent-calls")
+            raise WireError(
+                403,
+                f"this proxy serves only the harness's own model calls (origin {origin}); see --agent-calls",
+            )
         # once: matching, indexing, retry counting (the decoder's, reused from the session's last request)
         hashes = request.prefix_hashes or await self.off_loop(prefix_hashes, conv.messages)
         record = CallRecord(
-            session_id=session.id, call_index=session.reserve_index(), call_id=ticket.call_id, api=api,
-            created_at=ticket.created_at, messages=conv.messages, tools=conv.tools,
-            requested_sampling={**request.requested_sampling, **({"stop": request.stop} if request.stop else {})},
-            backend=self.backend.name, model=self.backend.model,
-            flags=list(request.flags), origin=origin)
+            session_id=session.id,
+            call_index=session.reserve_index(),
+            call_id=ticket.call_id,
+            api=api,
+            created_at=ticket.created_at,
+            messages=conv.messages,
+            tools=conv.tools,
+            requested_sampling={
+                **request.requested_sampling,
+                **({"stop": request.stop} if request.stop else {}),
+            },
+            backend=self.backend.name,
+            model=self.backend.model,
+            flags=list(request.flags),
+            origin=origin,
+        )
         try:
             return await self._complete(session, request, record, started, hashes)
         except BaseException as exc:
             if not isinstance(exc, asyncio.CancelledError) and session.count_failure(
-                    f"{api}:{hashes[-1]}:{conv.tools_fingerprint()}", MAX_IDENTICAL_FAILURES, str(exc)):
+                f"{api}:{hashes[-1]}:{conv.tools_fingerprint()}", MAX_IDENTICAL_FAILURES, str(exc)
+            ):
                 self.ledger.update_session(session.info)
             if record.output is None and record.error is None:  # not yet in the ledger
                 if isinstance(exc, ContextOverflow):
-                    record.error, record.failure_kind = f"context overflow: {exc}", FailureKind.context_overflow
+                    record.error, record.failure_kind = (
+                        f"context overflow: {exc}",
+                        FailureKind.context_overflow,
+                    )
                 elif isinstance(exc, BudgetExceeded):
                     record.error, record.failure_kind = f"budget: {exc}", FailureKind.episode_budget
                 elif isinstance(exc, BackendError):
@@ -353,8 +420,11 @@ class TokenEngine:
                     record.error = f"proxy: {type(exc).__name__}: {exc}"
                     record.failure_kind = FailureKind.proxy_failure
                 record.timings = {**record.timings, "total_ms": (time.perf_counter() - started) * 1e3}
-                metrics.call_failed(api, record.failure_kind.value if record.failure_kind is not None
-                                    else "cancelled", record.timings["total_ms"] / 1e3)
+                metrics.call_failed(
+                    api,
+                    record.failure_kind.value if record.failure_kind is not None else "cancelled",
+                    record.timings["total_ms"] / 1e3,
+                )
                 if isinstance(exc, Exception):  # a large request's JSON is written off the loop
                     await self.ledger.append_async(record)
                     session.remember(record, self.eos_ids)
@@ -362,8 +432,9 @@ class TokenEngine:
                     self._persist(session, record)
             raise
 
-    async def _complete(self, session: Session, request: DecodedRequest, record: CallRecord, started: float,
-                        hashes: list[str]) -> tuple[AssistantTurn, CallRecord]:
+    async def _complete(
+        self, session: Session, request: DecodedRequest, record: CallRecord, started: float, hashes: list[str]
+    ) -> tuple[AssistantTurn, CallRecord]:
         conv = request.conversation
         call_id = record.call_id
         await session.wait_for_token_room()  # a spent budget refuses the call before it costs anything
@@ -384,8 +455,11 @@ class TokenEngine:
         sampling, overridden = self.sampling_for(session, request.requested_sampling, len(prompt_ids), window)
         record.prompt_ids = prompt_ids  # after the context check: an overflow records no megabytes of ids
         # the ledger line stores only what this call adds to its parent, plus the whole prompt's hash
-        prompt_digest = (ids_digest(prompt_ids[record.reused_prefix_len:], ext.parent.digest) if ext.parent
-                         else ids_digest(prompt_ids))
+        prompt_digest = (
+            ids_digest(prompt_ids[record.reused_prefix_len :], ext.parent.digest)
+            if ext.parent
+            else ids_digest(prompt_ids)
+        )
         record.prompt_sha256 = prompt_digest.hexdigest()
         if ext.parent:
             record.reused_messages, record.reused_tools = ext.parent.n_messages, True
@@ -410,7 +484,8 @@ class TokenEngine:
             try:
                 record.policy_version, generation, held_ms = await self.fence.generate(
                     partial(self._generate, session, prompt_ids, sampling),
-                    partial(record.flags.append, "fence_aborted"))
+                    partial(record.flags.append, "fence_aborted"),
+                )
             except ContextOverflow as exc:  # the backend's own refusal: answered as ours would be
                 raise ContextOverflow(len(prompt_ids), exc.window or window, str(exc)) from exc
             finally:
@@ -424,22 +499,48 @@ class TokenEngine:
             if len(logprobs) != len(sampled) or not all(map(math.isfinite, logprobs)):
                 record.flags.append(LOGPROBS_UNALIGNED)  # a context-only turn (the chain builder masks it)
             text = stop = None
-            if request.stop and (cut := await self.off_loop(self.renderer.cut_at_stop, sampled, request.stop)):
+            if request.stop and (
+                cut := await self.off_loop(self.renderer.cut_at_stop, sampled, request.stop)
+            ):
                 n, stop, text = cut
                 sampled, logprobs, finish = sampled[:n], logprobs[:n], "stop"
             small = len(sampled) <= INLINE_IDS
-            parsed = await self.off_loop(partial(self.renderer.parse_output, sampled, prefix=prefix, text=text,
-                                                 enable_thinking=request.enable_thinking), small=small)
-            token_logprobs = (await self.off_loop(self._token_logprobs, sampled, logprobs, small=small)
-                              if request.logprobs else None)
-            tool_calls = [ToolCall(id=issued_tool_call_id(call_id, i), name=tc.name, arguments=tc.arguments, kind=tc.kind)
-                          for i, tc in enumerate(apply_tool_kinds(parsed.tool_calls, conv.tools))]
-            turn = AssistantTurn(call_id=call_id, content=parsed.content, reasoning=parsed.reasoning,
-                                 tool_calls=tool_calls, finish_reason="tool_calls" if tool_calls else finish,
-                                 prompt_tokens=len(prompt_ids), completion_tokens=len(sampled),
-                                 malformed_tool_call=parsed.malformed, model=request.model or self.backend.model,
-                                 stop_sequence=stop, prefill=request.prefill or "",
-                                 logprobs=token_logprobs, created_at=int(record.created_at))
+            parsed = await self.off_loop(
+                partial(
+                    self.renderer.parse_output,
+                    sampled,
+                    prefix=prefix,
+                    text=text,
+                    enable_thinking=request.enable_thinking,
+                ),
+                small=small,
+            )
+            token_logprobs = (
+                await self.off_loop(self._token_logprobs, sampled, logprobs, small=small)
+                if request.logprobs
+                else None
+            )
+            tool_calls = [
+                ToolCall(
+                    id=issued_tool_call_id(call_id, i), name=tc.name, arguments=tc.arguments, kind=tc.kind
+                )
+                for i, tc in enumerate(apply_tool_kinds(parsed.tool_calls, conv.tools))
+            ]
+            turn = AssistantTurn(
+                call_id=call_id,
+                content=parsed.content,
+                reasoning=parsed.reasoning,
+                tool_calls=tool_calls,
+                finish_reason="tool_calls" if tool_calls else finish,
+                prompt_tokens=len(prompt_ids),
+                completion_tokens=len(sampled),
+                malformed_tool_call=parsed.malformed,
+                model=request.model or self.backend.model,
+                stop_sequence=stop,
+                prefill=request.prefill or "",
+                logprobs=token_logprobs,
+                created_at=int(record.created_at),
+            )
             if parsed.malformed:
                 record.flags.append("malformed_tool_call")
             record.sampled_ids, record.logprobs = sampled, logprobs
@@ -452,7 +553,9 @@ class TokenEngine:
             if admission_s:  # waited for a run slot (proxy/run_slots.py); not part of generate_ms
                 record.timings["admission_ms"] = admission_s * 1e3
             line_ids = len(prompt_ids) - record.reused_prefix_len + len(sampled)  # what its line holds
-            await self.ledger.append_async(record, small=ext.parent is not None and line_ids <= LEDGER_INLINE_IDS)
+            await self.ledger.append_async(
+                record, small=ext.parent is not None and line_ids <= LEDGER_INLINE_IDS
+            )
             session.remember(record, self.eos_ids, hashes[-1], ids_digest(sampled, prompt_digest))
             metrics.call_answered(record.api, len(prompt_ids), len(sampled), total_s)
             return turn, record
@@ -520,7 +623,9 @@ class TokenEngine:
 
 def _texts(messages: list[Message]) -> list[str]:
     """The text a render of ``messages`` tokenizes (contents, reasoning, tool-call arguments)."""
-    return [t for m in messages for t in (m.content, m.reasoning or "", *(tc.arguments for tc in m.tool_calls))]
+    return [
+        t for m in messages for t in (m.content, m.reasoning or "", *(tc.arguments for tc in m.tool_calls))
+    ]
 
 
 def _count_until(renderer: ChatRenderer, texts: list[str], limit: int) -> tuple[int, int]:
@@ -529,19 +634,21 @@ def _count_until(renderer: ChatRenderer, texts: list[str], limit: int) -> tuple[
     tokens = pieces = 0
     for text in texts:
         for start in range(0, len(text), GUARD_PIECE):
-            tokens += len(renderer.encode_text(text[start:start + GUARD_PIECE]))
+            tokens += len(renderer.encode_text(text[start : start + GUARD_PIECE]))
             pieces += 1
             if tokens - 2 * pieces >= limit:
                 return tokens, pieces
     return tokens, pieces
 
 
-def _extend(renderer: ChatRenderer, parent: CallState, appended: list[Message],
-            enable_thinking: bool | None = None) -> list[int]:
+def _extend(
+    renderer: ChatRenderer, parent: CallState, appended: list[Message], enable_thinking: bool | None = None
+) -> list[int]:
     """The parent's prompt and sampled ids followed by the rendered ``appended`` messages."""
     ids = parent.token_ids()
-    ids += renderer.render_continuation(appended, previous_ended_with_eos=parent.ended_with_eos,
-                                        enable_thinking=enable_thinking)
+    ids += renderer.render_continuation(
+        appended, previous_ended_with_eos=parent.ended_with_eos, enable_thinking=enable_thinking
+    )
     return ids
 
 

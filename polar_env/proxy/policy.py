@@ -106,15 +106,22 @@ class PolicyFence:
         self._closed_at = 0.0
         self._oldest_wait = 0.0
         self._timer: asyncio.TimerHandle | None = None
-        self._changed: asyncio.Event | None = None  # set (and dropped) when the version moves: admission waits on it
+        self._changed: asyncio.Event | None = (
+            None  # set (and dropped) when the version moves: admission waits on it
+        )
 
     @property
     def paused(self) -> bool:
         return self._gate is not None
 
     def state(self) -> PolicyState:
-        return PolicyState(version=self.version, paused=self.paused, generating=self._generating,
-                           waiting=self._waiting, windows=self.windows)
+        return PolicyState(
+            version=self.version,
+            paused=self.paused,
+            generating=self._generating,
+            waiting=self._waiting,
+            windows=self.windows,
+        )
 
     def set_version(self, version: int) -> None:
         self.version = version
@@ -129,8 +136,9 @@ class PolicyFence:
             self._changed = asyncio.Event()
         await self._changed.wait()
 
-    async def generate(self, make: Callable[[], Awaitable[T]], on_abort: Callable[[], None] | None = None
-                       ) -> tuple[int | None, T, float]:
+    async def generate(
+        self, make: Callable[[], Awaitable[T]], on_abort: Callable[[], None] | None = None
+    ) -> tuple[int | None, T, float]:
         """``await make()`` once the fence is open, never across a swap; returns the version that
         sampled, the result and the milliseconds it waited at the fence. An attempt the fence aborts (it
         cancels the calling task while that task waits inside ``make``, and takes the cancellation back) calls
@@ -235,8 +243,9 @@ class PolicyFence:
 
     def _expire(self) -> None:
         self._timer = None
-        log.warning("the weight-sync fence was not resumed within its timeout: opening it (version %s)",
-                    self.version)
+        log.warning(
+            "the weight-sync fence was not resumed within its timeout: opening it (version %s)", self.version
+        )
         self.resume(timed_out=True)
 
 
@@ -248,7 +257,9 @@ class Admission:
 
     def __init__(self, fence: PolicyFence, max_staleness: int, per_step: int):
         if max_staleness < 0 or per_step < 1:
-            raise ValueError(f"max staleness must be >= 0 and episodes per step >= 1 (got {max_staleness}, {per_step})")
+            raise ValueError(
+                f"max staleness must be >= 0 and episodes per step >= 1 (got {max_staleness}, {per_step})"
+            )
         self.fence, self.max_staleness, self.per_step = fence, max_staleness, per_step
         self.base = fence.version or 0
         self.started = 0

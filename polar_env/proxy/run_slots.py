@@ -65,7 +65,9 @@ class RunSlots:
         self._later: deque[tuple[str, asyncio.Future[None]]] = deque()  # calls of sessions in their run stage
         self._first: deque[tuple[str, asyncio.Future[None]]] = deque()  # first calls
         self._agent: deque[tuple[str, asyncio.Future[None]]] = deque()  # calls not the harness's: last
-        self.agent_calls: Counter[str] = Counter()  # session -> its non-harness calls holding a slot (at most 1)
+        self.agent_calls: Counter[str] = (
+            Counter()
+        )  # session -> its non-harness calls holding a slot (at most 1)
         self._times: dict[str, SlotTimes] = {}
         self._admitted: dict[str, asyncio.Event] = {}
         self._called: dict[str, asyncio.Event] = {}
@@ -193,7 +195,7 @@ class RunSlots:
         times = self._times.pop(session_id, None)
         for waiting, future in (*self._later, *self._first, *self._agent):
             if waiting == session_id and not future.done():  # its waiter is awaiting it: it sees the error
-                future.set_exception(RunEnded(f"session {session_id}: the run stage ended while its call "
-                                              "waited for a slot"))
+                future.set_exception(
+                    RunEnded(f"session {session_id}: the run stage ended while its call waited for a slot")
+                )
         return times
-

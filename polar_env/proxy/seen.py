@@ -98,14 +98,14 @@ def common_prefix(new: list[Any], old: list[Any]) -> int:
 def extends(new: list[Any], old: list[Any]) -> bool:
     """Whether ``new`` starts with all of ``old`` (one C-level compare; the same objects compare by
     identity first)."""
-    return len(new) >= len(old) and new[:len(old)] == old
+    return len(new) >= len(old) and new[: len(old)] == old
 
 
 def hash_prefixes(messages: list[Message], known: Hashed | None = None) -> Hashed:
     """Prefix hashes of ``messages``, continuing from ``known`` over the leading messages it shares."""
     k = common_prefix(messages, known.messages) if known else 0
-    hashes = known.hashes[:k + 1] if known else [""]
-    states = known.states[:k + 1] if known else [hashlib.sha256()]
+    hashes = known.hashes[: k + 1] if known else [""]
+    states = known.states[: k + 1] if known else [hashlib.sha256()]
     running = states[-1].copy()
     for message in messages[k:]:
         running.update(message_digest(message))

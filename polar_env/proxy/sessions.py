@@ -71,9 +71,11 @@ class CallState:
         mirror = self.mirror
         with _MIRROR_LOCK:
             if len(mirror) < self.n_ids:
-                new = self.buffer[len(mirror):self.n_ids]
+                new = self.buffer[len(mirror) : self.n_ids]
                 mirror.extend(map(_INTS.setdefault, new, new))
-            return ChainPrompt(mirror if len(mirror) == self.n_ids else mirror[:self.n_ids], self.ids_json, self.n_ids)
+            return ChainPrompt(
+                mirror if len(mirror) == self.n_ids else mirror[: self.n_ids], self.ids_json, self.n_ids
+            )
 
 
 _INTS: dict[int, int] = {}  # one int object per token id, shared by every mirror
@@ -155,8 +157,9 @@ class Session:
         self.next_index += 1
         return index
 
-    def remember(self, record: CallRecord, eos_ids: set[int], prefix_hash: str | None = None,
-                 digest: Any = None) -> None:
+    def remember(
+        self, record: CallRecord, eos_ids: set[int], prefix_hash: str | None = None, digest: Any = None
+    ) -> None:
         """Index a finished call so later requests can extend it (``prefix_hash``: that of
         ``record.messages``, ``digest``: ``ids_digest`` of its prompt + sampled ids, when the
         caller already has them)."""
@@ -167,8 +170,11 @@ class Session:
         parent = self.by_index.get(record.parent_call_index) if record.parent_call_index is not None else None
         reused = record.reused_prefix_len
         # the parent is the tip of its buffer and this prompt starts with it: go on in the same buffer
-        tip = parent if parent is not None and reused == parent.n_ids == len(parent.buffer) <= len(record.prompt_ids) \
+        tip = (
+            parent
+            if parent is not None and reused == parent.n_ids == len(parent.buffer) <= len(record.prompt_ids)
             else None
+        )
         added = array("i", record.prompt_ids[reused:] if tip else record.prompt_ids)
         added.extend(record.sampled_ids)
         if digest is None:  # a recovered record
@@ -180,16 +186,26 @@ class Session:
             ids_json = ChainJson(buffer)
         buffer.extend(added)
         state = CallState(
-            call_index=record.call_index, call_id=record.call_id, n_messages=len(record.messages),
+            call_index=record.call_index,
+            call_id=record.call_id,
+            n_messages=len(record.messages),
             prefix_hash=prefix_hash or prefix_hashes(record.messages)[-1],
             # a call that reuses its parent's tools and messages has the parent's fingerprints: not
             # hashed again per call (a harness's tools and system prompt run to tens of kilobytes)
             tools_fp=parent.tools_fp if parent is not None and record.reused_tools else _tools_fp(record),
-            buffer=buffer, mirror=mirror, ids_json=ids_json, n_ids=len(buffer),
+            buffer=buffer,
+            mirror=mirror,
+            ids_json=ids_json,
+            n_ids=len(buffer),
             ended_with_eos=bool(record.sampled_ids) and record.sampled_ids[-1] in eos_ids,
             output=record.output,
-            system_fp=(parent.system_fp if parent is not None and record.reused_messages
-                       else record.messages[0].fingerprint() if record.messages else None),
+            system_fp=(
+                parent.system_fp
+                if parent is not None and record.reused_messages
+                else record.messages[0].fingerprint()
+                if record.messages
+                else None
+            ),
             digest=digest,
         )
         self.calls.append(state)
@@ -215,13 +231,21 @@ class SessionRegistry:
         self.eos_ids = eos_ids
         self._sessions: dict[str, Session] = {}
 
-    def create(self, session_id: str | None = None, *, sampling: dict[str, Any] | None = None,
-               metadata: dict[str, Any] | None = None, training: bool = False,
-               logprobs_mode: LogprobsMode = "unknown",
-               budget: EpisodeBudget | dict[str, Any] | None = None) -> tuple[Session, str]:
+    def create(
+        self,
+        session_id: str | None = None,
+        *,
+        sampling: dict[str, Any] | None = None,
+        metadata: dict[str, Any] | None = None,
+        training: bool = False,
+        logprobs_mode: LogprobsMode = "unknown",
+        budget: EpisodeBudget | dict[str, Any] | None = None,
+    ) -> tuple[Session, str]:
         session_id = session_id or secrets.token_hex(8)
         if not SESSION_ID_RE.match(session_id):
-            raise ValueError(f"invalid session id {session_id!r}: use letters, digits, '_', '.', '-' (max 128)")
+            raise ValueError(
+                f"invalid session id {session_id!r}: use letters, digits, '_', '.', '-' (max 128)"
+            )
         if session_id in self._sessions or self.ledger.session(session_id) is not None:
             raise ValueError(f"session {session_id!r} already exists")
         sampling = dict(sampling or {})
@@ -229,13 +253,21 @@ class SessionRegistry:
         if unknown:
             raise ValueError(f"unknown sampling keys {sorted(unknown)}; allowed: {list(SAMPLING_KEYS)}")
         for name, value in sampling.items():
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
-                                      or value != value or value < 0):
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int | float) or value != value or value < 0
+            ):
                 raise ValueError(f"sampling {name} must be a non-negative number, got {value!r}")
         key = "pk-" + secrets.token_urlsafe(24)
-        info = SessionInfo(session_id=session_id, key_sha256=hash_key(key), created_at=time.time(),
-                           sampling=sampling, metadata=dict(metadata or {}), training=training,
-                           logprobs_mode=logprobs_mode, budget=EpisodeBudget.model_validate(budget or {}))
+        info = SessionInfo(
+            session_id=session_id,
+            key_sha256=hash_key(key),
+            created_at=time.time(),
+            sampling=sampling,
+            metadata=dict(metadata or {}),
+            training=training,
+            logprobs_mode=logprobs_mode,
+            budget=EpisodeBudget.model_validate(budget or {}),
+        )
         self.ledger.create_session(info)
         session = Session(info=info)
         self._sessions[session_id] = session
@@ -290,6 +322,8 @@ class SessionRegistry:
             for record in records:
                 session.remember(record, self.eos_ids)
             # failed calls spent the calls budget too; only a refusal by the budget itself did not
-            session.admitted = sum(1 for record in records if record.failure_kind != FailureKind.episode_budget)
+            session.admitted = sum(
+                1 for record in records if record.failure_kind != FailureKind.episode_budget
+            )
             self._sessions[info.session_id] = session
         return report

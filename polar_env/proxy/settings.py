@@ -27,20 +27,32 @@ class ProxySettings(BaseModel):
     """The proxy's settings; each field is a flag of the same name (``--model-dir``) and a settings
     file key."""
 
-    backend: Literal["local", "vllm", "nemo-rl", "sglang", "instant"] = "local"  # instant: a fixed "OK" (load tests)
+    backend: Literal["local", "vllm", "nemo-rl", "sglang", "instant"] = (
+        "local"  # instant: a fixed "OK" (load tests)
+    )
     # the inference servers' base URLs (several spread sessions over them); one, a list or comma-separated,
     # with or without /v1 (NeMo-RL passes one per vLLM server)
     url: list[str] = []
-    model_dir: Path | None = None  # HF model/tokenizer dir of the policy; None (or "embedded"): the CI SmolLM2
+    model_dir: Path | None = (
+        None  # HF model/tokenizer dir of the policy; None (or "embedded"): the CI SmolLM2
+    )
     model_name: str | None = None  # the model name sent to the backend (default: the model dir's name)
-    tool_format: Literal["hermes", "qwen3_coder"] | None = None  # the model's tool-call format; None: from the template
+    tool_format: Literal["hermes", "qwen3_coder"] | None = (
+        None  # the model's tool-call format; None: from the template
+    )
     enable_thinking: bool | None = None  # the template's flag; None: its own default (docs/proxy.md)
     history_thinking: Literal["keep", "drop"] = "keep"  # a new user turn after thinking turns (docs/proxy.md)
-    agent_calls: Literal["serve", "refuse"] = "serve"  # calls an episode's tools make with its key (docs/training.md)
+    agent_calls: Literal["serve", "refuse"] = (
+        "serve"  # calls an episode's tools make with its key (docs/training.md)
+    )
     max_context: int | None = None  # the context window to enforce; None: the backend's own (max_model_len)
-    backend_options: dict[str, Any] = {}  # the backend constructor's own options, e.g. timeout_s, chat_template_kwargs
+    backend_options: dict[
+        str, Any
+    ] = {}  # the backend constructor's own options, e.g. timeout_s, chat_template_kwargs
     policy_version: int | None = None  # the serving weights' version at start (the trainer moves it)
-    verify_prompt_echo: bool = False  # vllm: the server echoes every prompt's ids, compared id by id (debugging)
+    verify_prompt_echo: bool = (
+        False  # vllm: the server echoes every prompt's ids, compared id by id (debugging)
+    )
     fsync: bool = False  # fsync every ledger append (power-loss safe)
     max_body_mb: float = DEFAULT_MAX_BODY / 2**20  # the largest request body
     admin_secret: str | None = Field(default=None, repr=False)  # None: $POLAR_ADMIN_SECRET, else generated
@@ -106,28 +118,54 @@ def proxy_model(settings: ProxySettings, backend: Backend | None = None) -> tupl
     from polar_env.chat.template import ChatRenderer
 
     model_dir = settings.model_dir or embedded_model_dir()
-    renderer = ChatRenderer.from_pretrained(model_dir, tool_format=settings.tool_format,
-                                            enable_thinking=settings.enable_thinking)
+    renderer = ChatRenderer.from_pretrained(
+        model_dir, tool_format=settings.tool_format, enable_thinking=settings.enable_thinking
+    )
     if backend is None:
         opts: dict[str, Any] = dict(settings.backend_options)
         if settings.verify_prompt_echo:
             opts["verify_prompt_echo"] = True
-        if settings.backend == "instant":  # a fixed short answer: measures the proxy alone (load, crash tests)
-            opts.setdefault("token_ids", renderer.tokenizer.encode("OK", add_special_tokens=False)
-                            + renderer.eos_token_ids[:1])
-        backend = make_backend(settings.backend, url=settings.url or None,
-                               model=settings.model_name or model_dir.name, model_dir=model_dir, **opts)
+        if (
+            settings.backend == "instant"
+        ):  # a fixed short answer: measures the proxy alone (load, crash tests)
+            opts.setdefault(
+                "token_ids",
+                renderer.tokenizer.encode("OK", add_special_tokens=False) + renderer.eos_token_ids[:1],
+            )
+        backend = make_backend(
+            settings.backend,
+            url=settings.url or None,
+            model=settings.model_name or model_dir.name,
+            model_dir=model_dir,
+            **opts,
+        )
     return renderer, backend
 
 
-def build_proxy(settings: ProxySettings, *, data_dir: Path, admin_secret: str,
-                model: tuple[ChatRenderer, Backend] | None = None,
-                default_max_tokens: int = EngineConfig.default_max_tokens) -> ProxyServer:
+def build_proxy(
+    settings: ProxySettings,
+    *,
+    data_dir: Path,
+    admin_secret: str,
+    model: tuple[ChatRenderer, Backend] | None = None,
+    default_max_tokens: int = EngineConfig.default_max_tokens,
+) -> ProxyServer:
     """The one place a proxy is assembled: over ``data_dir`` (its sessions recovered), as ``settings`` say,
     with ``model`` (``proxy_model``'s renderer and backend) made here unless given."""
     renderer, backend = model or proxy_model(settings)
-    config = EngineConfig(max_context=settings.max_context, default_max_tokens=default_max_tokens,
-                          history_thinking=settings.history_thinking, agent_calls=settings.agent_calls,
-                          policy_version=settings.policy_version)
-    return ProxyServer.create(renderer=renderer, backend=backend, data_dir=data_dir, admin_secret=admin_secret,
-                              config=config, fsync=settings.fsync, max_body_bytes=int(settings.max_body_mb * 2**20))
+    config = EngineConfig(
+        max_context=settings.max_context,
+        default_max_tokens=default_max_tokens,
+        history_thinking=settings.history_thinking,
+        agent_calls=settings.agent_calls,
+        policy_version=settings.policy_version,
+    )
+    return ProxyServer.create(
+        renderer=renderer,
+        backend=backend,
+        data_dir=data_dir,
+        admin_secret=admin_secret,
+        config=config,
+        fsync=settings.fsync,
+        max_body_bytes=int(settings.max_body_mb * 2**20),
+    )

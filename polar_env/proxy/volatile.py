@@ -21,8 +21,9 @@ from polar_env.proxy.seen import Seen, Stripped, common_prefix, extends
 # know which harness a session runs, so it applies all of them (a fork's inherited rules once).
 Decoded = TypeVar("Decoded", bound=DecodedRequest)  # each API's request comes back as its own type
 DROPPABLE = frozenset({"system", "user"})  # roles whose message goes when nothing of it is left
-RULES: tuple[VolatileRule, ...] = tuple(dict.fromkeys(
-    rule for adapter in ADAPTERS.values() for rule in adapter.volatile_rules))
+RULES: tuple[VolatileRule, ...] = tuple(
+    dict.fromkeys(rule for adapter in ADAPTERS.values() for rule in adapter.volatile_rules)
+)
 
 
 def strip_message(message: Message, rules: tuple[VolatileRule, ...] = RULES) -> tuple[Message, list[str]]:
@@ -70,8 +71,14 @@ def apply(req: Decoded, rules: tuple[VolatileRule, ...] = RULES, seen: Seen | No
             messages.append(message)
             refs.append(refs_in[i])
     if seen is not None:
-        seen.stripped = Stripped(list(before), list(refs_in), after, fired_all, list(messages), list(refs),
-                                 dict(stripped_flags))
+        seen.stripped = Stripped(
+            list(before), list(refs_in), after, fired_all, list(messages), list(refs), dict(stripped_flags)
+        )
     conversation = req.conversation.model_copy(update={"messages": messages})
-    return req.model_copy(update={"conversation": conversation, "assistant_refs": refs,
-                                  "flags": dedupe([*req.flags, *stripped_flags])})
+    return req.model_copy(
+        update={
+            "conversation": conversation,
+            "assistant_refs": refs,
+            "flags": dedupe([*req.flags, *stripped_flags]),
+        }
+    )

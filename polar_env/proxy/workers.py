@@ -68,11 +68,15 @@ def check_data_dir(data_dir: Path, workers: int) -> None:
     served = {worker_dir(data_dir, k).name for k in range(workers)} if workers > 1 else set()
     others = sorted(p.name for p in data_dir.glob("worker-*") if p.name not in served)
     if workers > 1 and (data_dir / "sessions").is_dir():
-        raise LayoutError(f"{data_dir} holds the ledger of a one-process proxy: serve it without --workers, "
-                          "or give --workers another --data-dir")
+        raise LayoutError(
+            f"{data_dir} holds the ledger of a one-process proxy: serve it without --workers, "
+            "or give --workers another --data-dir"
+        )
     if others:
-        raise LayoutError(f"{data_dir} holds sessions of {', '.join(others)}, which --workers {workers} "
-                          f"would not serve: start with the --workers it was served with")
+        raise LayoutError(
+            f"{data_dir} holds sessions of {', '.join(others)}, which --workers {workers} "
+            f"would not serve: start with the --workers it was served with"
+        )
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -107,8 +111,12 @@ class Workers:
         for build, port in zip(builds, ports, strict=True):
             receive, send = context.Pipe(duplex=False)
             # started from the main thread: PR_SET_PDEATHSIG fires when the thread that forked exits
-            proc = context.Process(target=_worker_main, args=(build, host, port, send, os.getpid()),
-                                   name="polar-proxy-worker", daemon=False)  # a worker starts parse processes
+            proc = context.Process(
+                target=_worker_main,
+                args=(build, host, port, send, os.getpid()),
+                name="polar-proxy-worker",
+                daemon=False,
+            )  # a worker starts parse processes
             proc.start()
             send.close()
             self.procs.append(proc)
@@ -124,8 +132,9 @@ class Workers:
                 ports.append(ready.recv())
             except EOFError:
                 proc.join(5)
-                raise WorkerStartError(f"proxy worker {k} exited at start (code {proc.exitcode}); "
-                                       "its error is above") from None
+                raise WorkerStartError(
+                    f"proxy worker {k} exited at start (code {proc.exitcode}); its error is above"
+                ) from None
         return ports
 
     def wait_any_exit(self) -> None:
@@ -158,8 +167,9 @@ class Front:
 
     async def open(self) -> None:
         """Learn which worker holds which recovered session (each lists its own)."""
-        self.http = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
-                                          timeout=aiohttp.ClientTimeout(total=None))
+        self.http = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None)
+        )
         for k, url in enumerate(self.urls):
             async with self.http.get(f"{url}/admin/sessions", headers=self._auth()) as resp:
                 resp.raise_for_status()
@@ -199,11 +209,15 @@ class Front:
         """The request, answered by worker ``k``; the Host it sees names the worker's port on the
         host the client used, so the session urls it answers with reach that worker."""
         public = URL.build(scheme=request.scheme, authority=request.host).with_port(self.ports[k])
-        headers = {**self._auth(), "Host": str(public.origin()).split("://", 1)[1],
-                   "Content-Type": "application/json"}
+        headers = {
+            **self._auth(),
+            "Host": str(public.origin()).split("://", 1)[1],
+            "Content-Type": "application/json",
+        }
         assert self.http is not None
-        async with self.http.request(request.method, self.urls[k] + request.path_qs, data=body,
-                                     headers=headers) as resp:
+        async with self.http.request(
+            request.method, self.urls[k] + request.path_qs, data=body, headers=headers
+        ) as resp:
             return web.Response(body=await resp.read(), status=resp.status, content_type=resp.content_type)
 
     async def _create(self, request: web.Request) -> web.Response:
@@ -259,8 +273,10 @@ class Front:
         body = await request.read()
         answers = await asyncio.gather(*(self._forward(k, request, body) for k in range(len(self.urls))))
         status = max(a.status for a in answers)
-        workers = [WorkerAnswer(url=url, status=a.status, answer=_json(a) if a.body else None)
-                   for url, a in zip(self.urls, answers, strict=True)]
+        workers = [
+            WorkerAnswer(url=url, status=a.status, answer=_json(a) if a.body else None)
+            for url, a in zip(self.urls, answers, strict=True)
+        ]
         return json_response(WorkersAnswer(workers=workers), status)
 
     async def _health(self, request: web.Request) -> web.Response:
@@ -277,13 +293,18 @@ class Front:
             except (aiohttp.ClientError, TimeoutError, ValidationError) as exc:
                 workers.append(WorkerAnswer(url=url, status=f"unreachable: {type(exc).__name__}"))
                 ok = False
-        return json_response(WorkersHealth(status="ok" if ok else "degraded", sessions=sessions, workers=workers),
-                     200 if ok else 503)
+        return json_response(
+            WorkersHealth(status="ok" if ok else "degraded", sessions=sessions, workers=workers),
+            200 if ok else 503,
+        )
 
     async def _elsewhere(self, request: web.Request) -> web.Response:
         if request.path.startswith("/s/"):
-            return _error(404, f"this port is the admin front of {len(self.urls)} proxy workers: send model calls to "
-                          "the session's own urls (the answer of POST /admin/sessions)")
+            return _error(
+                404,
+                f"this port is the admin front of {len(self.urls)} proxy workers: send model calls to "
+                "the session's own urls (the answer of POST /admin/sessions)",
+            )
         return _error(404, f"unknown route {request.method} {request.path}")
 
 
@@ -296,9 +317,14 @@ def _error(status: int, message: str) -> web.Response:
     return json_response(openai_error(status, message), status)
 
 
-
-async def serve(builds: list[Callable[[], Any]], *, host: str, port: int, admin_secret: str,
-                on_listening: Callable[[str, list[str]], None]) -> int:
+async def serve(
+    builds: list[Callable[[], Any]],
+    *,
+    host: str,
+    port: int,
+    admin_secret: str,
+    on_listening: Callable[[str, list[str]], None],
+) -> int:
     """Run the front on ``port`` and one worker per ``builds`` entry (each a picklable callable that
     returns a ProxyServer) on ``port`` + 1 + K, ephemeral ports when ``port`` is 0, until SIGINT or
     SIGTERM, or until a worker exits (then the others are stopped too and 1 is returned: a restart
@@ -316,16 +342,21 @@ async def serve(builds: list[Callable[[], Any]], *, host: str, port: int, admin_
         site = web.TCPSite(runner, host, port, backlog=4096)
         await site.start()
         front_port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        on_listening(str(URL.build(scheme="http", host=host, port=front_port)),
-                     [str(URL.build(scheme="http", host=host, port=p)) for p in worker_ports])
+        on_listening(
+            str(URL.build(scheme="http", host=host, port=front_port)),
+            [str(URL.build(scheme="http", host=host, port=p)) for p in worker_ports],
+        )
         stop = asyncio.ensure_future(wait_for_stop_signal())
         exited = asyncio.ensure_future(asyncio.to_thread(workers.wait_any_exit))
         await asyncio.wait({stop, exited}, return_when=asyncio.FIRST_COMPLETED)
         stop.cancel()
         if exited.done():
             codes = {k: p.exitcode for k, p in enumerate(workers.procs) if not p.is_alive()}
-            log.error("proxy worker(s) exited (index: exit code) %s: stopping the others; a restart "
-                      "recovers every session", codes)
+            log.error(
+                "proxy worker(s) exited (index: exit code) %s: stopping the others; a restart "
+                "recovers every session",
+                codes,
+            )
             print(f"polar proxy: worker(s) exited {codes}; stopping", file=sys.stderr, flush=True)
             return 1
         return 0

@@ -54,7 +54,9 @@ from polar_env.tasks.runtime import WorkspaceKind
 class UnknownTask(LookupError):
     """The request names a task the server's task set does not have (a 404, not an infrastructure failure)."""
 
-    failure_kind = FailureKind.input_error  # the episode's failure kind (lifecycle.Episode.fail): the request's
+    failure_kind = (
+        FailureKind.input_error
+    )  # the episode's failure kind (lifecycle.Episode.fail): the request's
 
 
 class EpisodeConflict(ValueError):
@@ -68,7 +70,9 @@ class PolarResourcesConfig(BaseModel):
     tasks: str = "bundled"
     reward_key: str | None = None  # Harbor tasks: the reward.json key that is the reward
     scratch_root: str | None = None  # where sandbox workspaces live (default: the system temp dir)
-    grading_timeout_s: float = Field(default_factory=grading_timeout_s)  # grading's own budget; outlives the rollout
+    grading_timeout_s: float = Field(
+        default_factory=grading_timeout_s
+    )  # grading's own budget; outlives the rollout
     max_concurrent_grades: int = 8  # test runs in flight at once on this host
     sandbox_memory_gb: float | None = 8.0
     sandbox_pids_max: int | None = 4096
@@ -86,7 +90,9 @@ class SeededEpisode(BaseModel):
     workspace: WorkspaceRef | None = None  # how to attach (absent from older servers: a bubblewrap root)
 
     def ref(self) -> WorkspaceRef:
-        return self.workspace or WorkspaceRef(kind="bubblewrap", root=self.sandbox_root, uid=self.uid, gid=self.gid)
+        return self.workspace or WorkspaceRef(
+            kind="bubblewrap", root=self.sandbox_root, uid=self.uid, gid=self.gid
+        )
 
 
 class VerifyOutcome(BaseModel):
@@ -98,20 +104,30 @@ class VerifyOutcome(BaseModel):
     patch: str = ""
     grading: dict[str, Any] = Field(default_factory=dict)
 
-
     def as_grade(self, task_id: str) -> GradeResult:
         """The grade record the outcome carries (or one naming its failure, where nothing was graded)."""
-        grade = (GradeResult.model_validate(self.grading) if self.grading else
-                 GradeResult(instance_id=task_id, failure_kind=FailureKind.from_wire(self.failure_kind),
-                             error=self.failure_reason or ""))
+        grade = (
+            GradeResult.model_validate(self.grading)
+            if self.grading
+            else GradeResult(
+                instance_id=task_id,
+                failure_kind=FailureKind.from_wire(self.failure_kind),
+                error=self.failure_reason or "",
+            )
+        )
         return grade.model_copy(update={"reward": self.reward, "resolved": self.resolved})
 
     @classmethod
     def failed(cls, kind: FailureKind, reason: str) -> VerifyOutcome:
         """An outcome with nothing graded (the default table's row for ``kind``)."""
         reward, mask = OutcomeTable().apply(kind)
-        return cls(reward=reward or 0.0, resolved=False, mask_sample=mask, failure_kind=kind.wire,
-                   failure_reason=reason)
+        return cls(
+            reward=reward or 0.0,
+            resolved=False,
+            mask_sample=mask,
+            failure_kind=kind.wire,
+            failure_reason=reason,
+        )
 
 
 @dataclass
@@ -125,7 +141,9 @@ class PolarResources:
 
     def __init__(self, config: PolarResourcesConfig | None = None, tasks: list[Task] | None = None):
         self.config = config or PolarResourcesConfig()
-        self.tasks = {t.instance_id: t for t in (tasks if tasks is not None else load_tasks(self.config.tasks))}
+        self.tasks = {
+            t.instance_id: t for t in (tasks if tasks is not None else load_tasks(self.config.tasks))
+        }
         self.episodes: dict[str, _Episode] = {}
         self.closed: set[str] = set()
         self._seeding: dict[str, asyncio.Future[_Episode]] = {}
@@ -146,17 +164,23 @@ class PolarResources:
 
     def sandbox_spec(self) -> SandboxSpec:
         mem = self.config.sandbox_memory_gb
-        return SandboxSpec(scratch_root=self.scratch, memory_bytes=int(mem * 2**30) if mem else None,
-                           pids_max=self.config.sandbox_pids_max)
+        return SandboxSpec(
+            scratch_root=self.scratch,
+            memory_bytes=int(mem * 2**30) if mem else None,
+            pids_max=self.config.sandbox_pids_max,
+        )
 
     def task(self, task_id: str) -> Task:
         try:
             return self.tasks[task_id]
         except KeyError:
-            raise UnknownTask(f"unknown task_id {task_id!r} (task set {self.config.tasks!r} has "
-                              f"{len(self.tasks)} tasks)") from None
+            raise UnknownTask(
+                f"unknown task_id {task_id!r} (task set {self.config.tasks!r} has {len(self.tasks)} tasks)"
+            ) from None
 
-    async def seed(self, episode_id: str, task_id: str, mounts: WorkspaceMounts | None = None) -> SeededEpisode:
+    async def seed(
+        self, episode_id: str, task_id: str, mounts: WorkspaceMounts | None = None
+    ) -> SeededEpisode:
         """Create the episode's workspace; idempotent per ``episode_id``, also for concurrent calls.
         ``mounts``: the agent's proxy socket dir and harness install (a container mounts them at creation)."""
         if episode_id in self.closed:
@@ -166,18 +190,29 @@ class PolarResources:
         if ep is None:
             pending = self._seeding.get(episode_id)
             if pending is None:
-                pending = self._seeding[episode_id] = asyncio.ensure_future(self._create(episode_id, task, mounts))
+                pending = self._seeding[episode_id] = asyncio.ensure_future(
+                    self._create(episode_id, task, mounts)
+                )
                 pending.add_done_callback(lambda _: self._seeding.pop(episode_id, None))
             ep = await asyncio.shield(pending)  # a cancelled caller leaves the workspace to close()
         if ep.task.instance_id != task_id:
-            raise EpisodeConflict(f"episode {episode_id!r} is bound to task {ep.task.instance_id!r}, "
-                                  f"not {task_id!r}")
+            raise EpisodeConflict(
+                f"episode {episode_id!r} is bound to task {ep.task.instance_id!r}, not {task_id!r}"
+            )
         ref = ep.workspace.ref
-        return SeededEpisode(episode_id=episode_id, task_id=task_id, sandbox_root=ref.root, uid=ref.uid,
-                             gid=ref.gid, workspace=ref)
+        return SeededEpisode(
+            episode_id=episode_id,
+            task_id=task_id,
+            sandbox_root=ref.root,
+            uid=ref.uid,
+            gid=ref.gid,
+            workspace=ref,
+        )
 
     async def _create(self, episode_id: str, task: Task, mounts: WorkspaceMounts | None) -> _Episode:
-        workspace = await open_workspace(task, self.sandbox_spec(), sandbox=self.config.sandbox, mounts=mounts)
+        workspace = await open_workspace(
+            task, self.sandbox_spec(), sandbox=self.config.sandbox, mounts=mounts
+        )
         if episode_id in self.closed:  # closed while it was being made: nobody will attach
             await workspace.close()
             raise EpisodeConflict(f"episode {episode_id!r} was closed while it was being seeded")
@@ -189,8 +224,9 @@ class PolarResources:
         episodes that failed, if at all, by the policy's doing)."""
         ep = self.episodes.get(episode_id)
         if ep is None:
-            return VerifyOutcome.failed(FailureKind.lost_session,
-                                        f"episode {episode_id!r} has no workspace (never seeded or closed)")
+            return VerifyOutcome.failed(
+                FailureKind.lost_session, f"episode {episode_id!r} has no workspace (never seeded or closed)"
+            )
         try:
             patch = await extract_patch(ep.workspace.sandbox)
         except Exception as exc:  # noqa: BLE001 - a broken workspace is ours, not the policy's
@@ -199,25 +235,37 @@ class PolarResources:
         in_place = ep.workspace.sandbox if ep.task.harbor is not None else None
         return await self.grade_patch(ep.task, patch, ep.workspace.ref.kind, in_place=in_place)
 
-    async def grade_patch(self, task: Task, patch: str, kind: WorkspaceKind | None = None, *,
-                          in_place: Sandbox | None = None) -> VerifyOutcome:
+    async def grade_patch(
+        self, task: Task, patch: str, kind: WorkspaceKind | None = None, *, in_place: Sandbox | None = None
+    ) -> VerifyOutcome:
         """Grade a patch for a task where its episodes run (also the stateless path the verifier fixture
         uses), through the one entry point (`rewards.grader.grade_submission`)."""
         kind = kind or await asyncio.to_thread(workspace_kind, task, self.config.sandbox)
-        result: GradeResult = await self.grading.call(partial(
-            grade_submission, task, Submission(patch=patch, sandbox=in_place), kind=kind,
-            limits=GradingLimits.configured(self.config.grading_timeout_s), reward_key=self.config.reward_key,
-            offload=self.grading.in_worker))
+        result: GradeResult = await self.grading.call(
+            partial(
+                grade_submission,
+                task,
+                Submission(patch=patch, sandbox=in_place),
+                kind=kind,
+                limits=GradingLimits.configured(self.config.grading_timeout_s),
+                reward_key=self.config.reward_key,
+                offload=self.grading.in_worker,
+            )
+        )
         return self._outcome(result, patch)
 
     @staticmethod
     def _outcome(result: GradeResult, patch: str) -> VerifyOutcome:
         reward, mask = OutcomeTable().apply(result.failure_kind, result.reward)
         return VerifyOutcome(
-            reward=reward or 0.0, resolved=result.resolved, mask_sample=mask,
+            reward=reward or 0.0,
+            resolved=result.resolved,
+            mask_sample=mask,
             failure_kind=result.failure_kind.wire,
-            failure_reason=escape(result.error) or None, patch=escape(patch),
-            grading=result.model_dump(mode="json", exclude={"log_tail"}))
+            failure_reason=escape(result.error) or None,
+            patch=escape(patch),
+            grading=result.model_dump(mode="json", exclude={"log_tail"}),
+        )
 
     async def close(self, episode_id: str) -> bool:
         """Remove the workspace (after a seed still in flight); safe to repeat, and a later seed is
@@ -267,8 +315,16 @@ def aggregate(outcomes: list[dict[str, Any]]) -> dict[str, float]:
         "num_samples": n,
         "resolved_rate": sum(float(o.get("reward", 0.0)) for o in usable) / len(usable) if usable else 0.0,
     }
-    for key in ("num_turns", "num_calls", "num_chains", "sampled_tokens", "trainable_fraction",
-                "all_chains_trainable_fraction", "timed_out", "errored"):
+    for key in (
+        "num_turns",
+        "num_calls",
+        "num_chains",
+        "sampled_tokens",
+        "trainable_fraction",
+        "all_chains_trainable_fraction",
+        "timed_out",
+        "errored",
+    ):
         values = [float(o[key]) for o in outcomes if isinstance(o.get(key), (int, float))]
         if values:
             out[f"mean_{key}"] = sum(values) / len(values)
@@ -278,8 +334,11 @@ def aggregate(outcomes: list[dict[str, Any]]) -> dict[str, float]:
 def masked_metrics(outcomes: list[dict[str, Any]]) -> dict[str, float]:
     """Over every rollout, masked ones included: how many were masked, and why (failure kind)."""
     masked = [o for o in outcomes if _masked(o)]
-    out: dict[str, float] = {"num_rollouts": len(outcomes), "num_masked": len(masked),
-                             "masked_fraction": len(masked) / len(outcomes) if outcomes else 0.0}
+    out: dict[str, float] = {
+        "num_rollouts": len(outcomes),
+        "num_masked": len(masked),
+        "masked_fraction": len(masked) / len(outcomes) if outcomes else 0.0,
+    }
     for o in masked:
         key = f"masked/{(o.get('failure_kind') or 'unknown').removeprefix('polar:')}"
         out[key] = out.get(key, 0) + 1
@@ -288,4 +347,3 @@ def masked_metrics(outcomes: list[dict[str, Any]]) -> dict[str, float]:
 
 def _masked(o: dict[str, Any]) -> bool:
     return bool(o.get("mask_sample") or (o.get("instance_config") or {}).get("mask_sample"))
-

@@ -38,8 +38,9 @@ class TaskAudit(BaseModel):
         """``controllable`` if any check controls the reward; ``unknown`` if one could not tell; else
         ``resists``."""
         verdicts = {c.verdict for c in checks.values()}
-        verdict: Verdict = "controllable" if "controls" in verdicts else "unknown" if "unknown" in verdicts \
-            else "resists"
+        verdict: Verdict = (
+            "controllable" if "controls" in verdicts else "unknown" if "unknown" in verdicts else "resists"
+        )
         return cls(task_id=task_id, verdict=verdict, checks=checks)
 
     def line(self) -> str:

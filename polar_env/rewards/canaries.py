@@ -46,8 +46,18 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-SUPPRESSING = {"raises", "assertRaises", "assertRaisesRegex", "assertRaisesRegexp", "suppress", "warns",
-               "assertWarns", "assertWarnsRegex", "deprecated_call", "assertLogs"}
+SUPPRESSING = {
+    "raises",
+    "assertRaises",
+    "assertRaisesRegex",
+    "assertRaisesRegexp",
+    "suppress",
+    "warns",
+    "assertWarns",
+    "assertWarnsRegex",
+    "deprecated_call",
+    "assertLogs",
+}
 UNWRAP = {"raises", "assertRaises", "assertRaisesRegex", "assertRaisesRegexp"}
 EQUAL_CALLS = {"assertEqual", "assertEquals"}
 DEFAULT_EXCEPTIONS = ("ValueError", "TypeError", "KeyError", "RuntimeError")
@@ -99,7 +109,11 @@ class CanaryPlan:
             if (source is None or statuses.get(source) == "PASSED") and status != "FAILED":
                 wrong[nodeid] = status
         wrong.update({c: "NOT COLLECTED" for c in self.expect if c not in seen})
-        return [f"canary: {len(wrong)} canaries came out wrong, e.g. {dict(list(wrong.items())[:3])}"] if wrong else []
+        return (
+            [f"canary: {len(wrong)} canaries came out wrong, e.g. {dict(list(wrong.items())[:3])}"]
+            if wrong
+            else []
+        )
 
 
 def _call_name(node: ast.AST) -> str:
@@ -111,13 +125,17 @@ def _exits(stmt: ast.stmt) -> bool:
     return any(isinstance(n, (ast.Return, ast.Yield, ast.YieldFrom)) for n in ast.walk(stmt))
 
 
-def _reached(body: list[ast.stmt], parent: list[ast.stmt] | None = None) -> list[tuple[list[ast.stmt], ast.stmt]]:
+def _reached(
+    body: list[ast.stmt], parent: list[ast.stmt] | None = None
+) -> list[tuple[list[ast.stmt], ast.stmt]]:
     """(the body holding it, statement) for every statement that runs whenever the test passes: the
     body's, and those of the (non-suppressing) ``with`` blocks in it, up to the first that may return."""
     out: list[tuple[list[ast.stmt], ast.stmt]] = []
     for stmt in body:
         out.append((body, stmt))
-        if isinstance(stmt, ast.With) and not any(_call_name(i.context_expr) in SUPPRESSING for i in stmt.items):
+        if isinstance(stmt, ast.With) and not any(
+            _call_name(i.context_expr) in SUPPRESSING for i in stmt.items
+        ):
             inner = _reached(stmt.body)
             out += inner
             if len(inner) < len(stmt.body) or any(_exits(s) for _, s in inner):
@@ -139,8 +157,13 @@ def _literal_pool(tree: ast.Module) -> Counter:
 def _other_literal(value: int | str, pool: Counter) -> int | str:
     """Another literal of ``value``'s type, drawn by count from the file's (so either could be the
     original); made up only where the file has no other."""
-    same = [(v, n) for v, n in pool.items() if type(v) is type(value) and v != value
-            and not (isinstance(v, str) and v.casefold() == str(value).casefold())]
+    same = [
+        (v, n)
+        for v, n in pool.items()
+        if type(v) is type(value)
+        and v != value
+        and not (isinstance(v, str) and v.casefold() == str(value).casefold())
+    ]
     if same:
         pick = secrets.randbelow(sum(n for _, n in same))
         for v, n in same:
@@ -166,17 +189,32 @@ def _sites(func: Func) -> list[_Site]:
     out: list[_Site] = []
     for body, stmt in _reached(func.body):
         compared: list[ast.expr] = []
-        if isinstance(stmt, ast.Assert) and isinstance(stmt.test, ast.Compare) and len(stmt.test.ops) == 1 \
-                and isinstance(stmt.test.ops[0], ast.Eq):
+        if (
+            isinstance(stmt, ast.Assert)
+            and isinstance(stmt.test, ast.Compare)
+            and len(stmt.test.ops) == 1
+            and isinstance(stmt.test.ops[0], ast.Eq)
+        ):
             compared = [stmt.test.left, stmt.test.comparators[0]]
-        elif isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and _call_name(stmt.value) in EQUAL_CALLS:
+        elif (
+            isinstance(stmt, ast.Expr)
+            and isinstance(stmt.value, ast.Call)
+            and _call_name(stmt.value) in EQUAL_CALLS
+        ):
             compared = list(stmt.value.args[:2])
         for side in compared:  # the literal itself, or one element of a compared list/tuple/set display
             elements = side.elts if isinstance(side, (ast.List, ast.Tuple, ast.Set)) else [side]
             values = [e.value for e in elements if isinstance(e, ast.Constant)]
-            out += [_Site("literal", body, stmt, e, values) for e in elements
-                    if isinstance(e, ast.Constant) and type(e.value) in (int, str)]
-        if isinstance(stmt, ast.With) and len(stmt.items) == 1 and _call_name(stmt.items[0].context_expr) in UNWRAP:
+            out += [
+                _Site("literal", body, stmt, e, values)
+                for e in elements
+                if isinstance(e, ast.Constant) and type(e.value) in (int, str)
+            ]
+        if (
+            isinstance(stmt, ast.With)
+            and len(stmt.items) == 1
+            and _call_name(stmt.items[0].context_expr) in UNWRAP
+        ):
             out.append(_Site("unwrap", body, stmt))
         if isinstance(stmt, (ast.Expr, ast.Assign, ast.AnnAssign)) and isinstance(stmt.value, ast.Call):
             out.append(_Site("wrap", body, stmt))  # what raises blocks hold in real tests: a call
@@ -185,8 +223,14 @@ def _sites(func: Func) -> list[_Site]:
 
 def _raises_pool(tree: ast.Module) -> list[ast.expr]:
     """The exception expressions the file's raises blocks name (what a wrapped block expects)."""
-    return [n.args[0] for n in ast.walk(tree) if isinstance(n, ast.Call) and _call_name(n) in UNWRAP and n.args
-            and isinstance(n.args[0], (ast.Name, ast.Attribute))]
+    return [
+        n.args[0]
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call)
+        and _call_name(n) in UNWRAP
+        and n.args
+        and isinstance(n.args[0], (ast.Name, ast.Attribute))
+    ]
 
 
 def _mutate(func: Func, tree: ast.Module, unittest_style: bool, pytest_bound: bool) -> Func | None:
@@ -196,8 +240,10 @@ def _mutate(func: Func, tree: ast.Module, unittest_style: bool, pytest_bound: bo
         return None
     sites = _sites(mutant)
     can_wrap = unittest_style or pytest_bound
-    families = {"literal": [s for s in sites if s.kind == "literal"],
-                "raises": [s for s in sites if s.kind == "unwrap" or (s.kind == "wrap" and can_wrap)]}
+    families = {
+        "literal": [s for s in sites if s.kind == "literal"],
+        "raises": [s for s in sites if s.kind == "unwrap" or (s.kind == "wrap" and can_wrap)],
+    }
     families = {k: v for k, v in families.items() if v}
     if not families:
         return None
@@ -209,23 +255,33 @@ def _mutate(func: Func, tree: ast.Module, unittest_style: bool, pytest_bound: bo
     if site.kind == "literal":
         assert site.node is not None
         pool = _literal_pool(tree)
-        for value in site.siblings:  # a value already in its list/set would not make the comparison fail for sure
+        for (
+            value
+        ) in site.siblings:  # a value already in its list/set would not make the comparison fail for sure
             pool.pop(value, None)
         assert isinstance(site.node.value, (int, str))  # what _sites picks
         site.node.value = _other_literal(site.node.value, pool)
     elif site.kind == "unwrap":
         assert isinstance(site.stmt, ast.With)
         at = site.body.index(site.stmt)
-        site.body[at:at + 1] = site.stmt.body
+        site.body[at : at + 1] = site.stmt.body
     else:
         pool = _raises_pool(tree)
-        expected = copy.deepcopy(secrets.choice(pool)) if pool else ast.Name(secrets.choice(DEFAULT_EXCEPTIONS), ast.Load())
+        expected = (
+            copy.deepcopy(secrets.choice(pool))
+            if pool
+            else ast.Name(secrets.choice(DEFAULT_EXCEPTIONS), ast.Load())
+        )
         owner = ast.Name("self" if unittest_style else "pytest", ast.Load())
-        ctx = ast.Call(func=ast.Attribute(owner, "assertRaises" if unittest_style else "raises", ast.Load()),
-                       args=[expected], keywords=[])
+        ctx = ast.Call(
+            func=ast.Attribute(owner, "assertRaises" if unittest_style else "raises", ast.Load()),
+            args=[expected],
+            keywords=[],
+        )
         at = site.body.index(site.stmt)
-        site.body[at] = ast.With(items=[ast.withitem(context_expr=ctx, optional_vars=None)], body=[site.stmt],
-                                 type_comment=None)
+        site.body[at] = ast.With(
+            items=[ast.withitem(context_expr=ctx, optional_vars=None)], body=[site.stmt], type_comment=None
+        )
     return ast.fix_missing_locations(mutant)
 
 
@@ -246,8 +302,13 @@ def _canonical(func: Func, indent: str) -> str:
     for token in tokenize.generate_tokens(io.StringIO(text).readline):
         if token.type == tokenize.STRING and token.end[0] > token.start[0]:
             inside.update(range(token.start[0] + 1, token.end[0] + 1))
-    return "".join(indent + line if line.strip() and n not in inside else line
-                   for n, line in enumerate(text.splitlines(keepends=True), 1)) + "\n"
+    return (
+        "".join(
+            indent + line if line.strip() and n not in inside else line
+            for n, line in enumerate(text.splitlines(keepends=True), 1)
+        )
+        + "\n"
+    )
 
 
 def _same_tree(func: Func, text: str) -> bool:
@@ -269,7 +330,11 @@ def _bound_names(stmt: ast.stmt) -> set[str]:
 
 def _needs(func: Func) -> set[str]:
     """Names ``func``'s definition evaluates: decorators, defaults, annotations."""
-    parts: list[ast.AST] = [*func.decorator_list, *func.args.defaults, *[d for d in func.args.kw_defaults if d]]
+    parts: list[ast.AST] = [
+        *func.decorator_list,
+        *func.args.defaults,
+        *[d for d in func.args.kw_defaults if d],
+    ]
     args = [*func.args.posonlyargs, *func.args.args, *func.args.kwonlyargs, func.args.vararg, func.args.kwarg]
     parts += [a.annotation for a in args if a is not None and a.annotation is not None]
     parts += [func.returns] if func.returns is not None else []
@@ -294,9 +359,13 @@ class _Rewrite:
         self.text, self.prefix = text, prefix
         self.lines = text.splitlines(keepends=True)
         self.tree = ast.parse(text)
-        self.pytest_bound = any(isinstance(s, ast.Import) and any(a.name == "pytest" and a.asname is None
-                                                                   for a in s.names) for s in self.tree.body)
-        self.tests: dict[str, tuple[list[ast.stmt], Func, bool]] = {}  # task fid -> (scope body, def, unittest)
+        self.pytest_bound = any(
+            isinstance(s, ast.Import) and any(a.name == "pytest" and a.asname is None for a in s.names)
+            for s in self.tree.body
+        )
+        self.tests: dict[
+            str, tuple[list[ast.stmt], Func, bool]
+        ] = {}  # task fid -> (scope body, def, unittest)
         self._collect(self.tree.body, "", False)
         words = {w for f in self.tests for w in f.rpartition("::")[2].removeprefix(prefix).split("_") if w}
         self.words = sorted(words) or ["case"]
@@ -305,8 +374,11 @@ class _Rewrite:
         if any(named[f.name] for _, f, _ in self.tests.values()):
             raise _Unsupported("a test function is named by other code of its file")
         # never a name the file had (the originals' included): no name says "from the base tree"
-        self.taken = {n.name for n in ast.walk(self.tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef,
-                                                                             ast.ClassDef))}
+        self.taken = {
+            n.name
+            for n in ast.walk(self.tree)
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        }
         self.names: dict[int, str] = {}  # id(def) -> its name as written
         self.twins: dict[int, list[Func]] = {}  # id(original def) -> [mutant]
         self.expect: dict[str, str] = {}  # canary fid -> original fid, as written
@@ -314,7 +386,9 @@ class _Rewrite:
 
     def _collect(self, body: list[ast.stmt], scope: str, unittest_style: bool) -> None:
         for node in body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith(self.prefix):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith(
+                self.prefix
+            ):
                 self.tests[scope + node.name] = (body, node, unittest_style)
             elif isinstance(node, ast.ClassDef):
                 bases = {b.attr if isinstance(b, ast.Attribute) else getattr(b, "id", "") for b in node.bases}
@@ -350,13 +424,18 @@ class _Rewrite:
             self.renamed[f"{scope + '::' if scope else ''}{self.names[id(func)]}"] = fid
             for mutant in self.twins.get(id(func), []):
                 mutant.name = self.names[id(mutant)] = self.fresh_name()
-                self.expect[f"{scope + '::' if scope else ''}{mutant.name}"] = \
+                self.expect[f"{scope + '::' if scope else ''}{mutant.name}"] = (
                     f"{scope + '::' if scope else ''}{self.names[id(func)]}"
-        head = "".join(self.lines[:_first_line(self.tree.body[0]) - 1]) if self.tree.body else self.text
-        return head + self._scope(self.tree.body, "") + "".join(self.lines[self.tree.body[-1].end_lineno:])
+                )
+        head = "".join(self.lines[: _first_line(self.tree.body[0]) - 1]) if self.tree.body else self.text
+        return head + self._scope(self.tree.body, "") + "".join(self.lines[self.tree.body[-1].end_lineno :])
 
     def _gap(self, body: list[ast.stmt], test_ids: set[int]) -> int:
-        gaps = Counter(_first_line(b) - _last_line(a) - 1 for a, b in zip(body, body[1:], strict=False) if id(b) in test_ids)
+        gaps = Counter(
+            _first_line(b) - _last_line(a) - 1
+            for a, b in zip(body, body[1:], strict=False)
+            if id(b) in test_ids
+        )
         return gaps.most_common(1)[0][0] if gaps else 1
 
     def _scope(self, body: list[ast.stmt], indent: str) -> str:
@@ -388,14 +467,17 @@ class _Rewrite:
                 out.append((gap if i else "") + text)
                 continue
             prev = body.index(stmt) - 1 if stmt in body else -1
-            sep = "".join(self.lines[body[prev].end_lineno:_first_line(stmt) - 1]) if prev >= 0 and i else \
-                (gap if i else "")
+            sep = (
+                "".join(self.lines[body[prev].end_lineno : _first_line(stmt) - 1])
+                if prev >= 0 and i
+                else (gap if i else "")
+            )
             if isinstance(stmt, ast.ClassDef) and any(id(s) in test_ids for s in stmt.body):
-                head = "".join(self.lines[_first_line(stmt) - 1:_first_line(stmt.body[0]) - 1])
+                head = "".join(self.lines[_first_line(stmt) - 1 : _first_line(stmt.body[0]) - 1])
                 inner = " " * stmt.body[0].col_offset
                 out.append(sep + head + self._scope(stmt.body, inner))
             else:
-                out.append(sep + "".join(self.lines[_first_line(stmt) - 1:stmt.end_lineno]))
+                out.append(sep + "".join(self.lines[_first_line(stmt) - 1 : stmt.end_lineno]))
         return "".join(out)
 
     @staticmethod
@@ -407,14 +489,18 @@ class _Rewrite:
         for i, item in enumerate(items):
             stmt = item.stmt
             docstring = i == 0 and isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)
-            if docstring or isinstance(stmt, (ast.Import, ast.ImportFrom)) or (
-                    not item.test and _bound_names(stmt) & needs):
+            if (
+                docstring
+                or isinstance(stmt, (ast.Import, ast.ImportFrom))
+                or (not item.test and _bound_names(stmt) & needs)
+            ):
                 last = i
         return list(range(last + 1, len(items) + 1))
 
 
-def plan_canaries(sources: dict[str, str], f2p: list[str], *, prefix: str = "test_",
-                  extra: int = EXTRA_SOURCES) -> CanaryPlan:
+def plan_canaries(
+    sources: dict[str, str], f2p: list[str], *, prefix: str = "test_", extra: int = EXTRA_SOURCES
+) -> CanaryPlan:
     """Mutants of the F2P tests (and of ``extra`` other tests of their files) written into ``sources``
     (test file -> text), every test of those files renamed and written canonically. A file that does
     not parse, or that this module does not rewrite, is left as it is."""
@@ -431,8 +517,9 @@ def plan_canaries(sources: dict[str, str], f2p: list[str], *, prefix: str = "tes
             if rewrite is None:
                 continue
             others = [f for f in rewrite.tests if f not in funcs]
-            chosen = list(dict.fromkeys(funcs)) + [others.pop(secrets.randbelow(len(others)))
-                                                   for _ in range(min(extra, len(others)))]
+            chosen = list(dict.fromkeys(funcs)) + [
+                others.pop(secrets.randbelow(len(others))) for _ in range(min(extra, len(others)))
+            ]
             if not any([rewrite.twin(fid) for fid in chosen if fid in rewrite.tests]):
                 continue
             written = rewrite.render()
@@ -452,7 +539,9 @@ def plan_canaries(sources: dict[str, str], f2p: list[str], *, prefix: str = "tes
                 n += 1
             name = f"{name}_{n}"
             a, b = secrets.randbelow(90) + 10, secrets.randbelow(90) + 10
-            plan.files[rel] = sources[rel].rstrip("\n") + f"\n\n\ndef {name}():\n    value = {a} * {b}\n" \
+            plan.files[rel] = (
+                sources[rel].rstrip("\n") + f"\n\n\ndef {name}():\n    value = {a} * {b}\n"
                 f"    assert value == {a * b + 1}\n"
+            )
             plan.expect[f"{rel}::{name}"] = None
     return plan

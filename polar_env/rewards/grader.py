@@ -78,8 +78,15 @@ class Grader(ABC):
     channel: ClassVar[str]  # where the result is read, out of the tested code's reach (docs/reliability.md)
     control_name: ClassVar[str] = "the task's solution"  # what `control_submission` is, in words
 
-    def __init__(self, task: Task, kind: WorkspaceKind, limits: GradingLimits, *,
-                 mode: GradingMode = GradingMode.strict, reward_key: str | None = None):
+    def __init__(
+        self,
+        task: Task,
+        kind: WorkspaceKind,
+        limits: GradingLimits,
+        *,
+        mode: GradingMode = GradingMode.strict,
+        reward_key: str | None = None,
+    ):
         self.task, self.kind, self.limits, self.mode, self.reward_key = task, kind, limits, mode, reward_key
 
     @abstractmethod
@@ -101,8 +108,13 @@ class Grader(ABC):
         try:
             result = await self.run(work)
         except Exception as exc:  # noqa: BLE001 - a grader exception is judged by the control like any outcome
-            result = failed(self.task, self.mode, FailureKind.infrastructure,
-                            f"grader error: {type(exc).__name__}: {exc}", t0)
+            result = failed(
+                self.task,
+                self.mode,
+                FailureKind.infrastructure,
+                f"grader error: {type(exc).__name__}: {exc}",
+                t0,
+            )
         zero_if_tampered(result)
         if result.failure_kind.outside_policy:
             await self._by_control(result, work)
@@ -116,14 +128,19 @@ class Grader(ABC):
             try:
                 return await self.run(self.control_submission())
             except Exception as exc:  # noqa: BLE001 - the control's own failure: it did not pass
-                return failed(self.task, self.mode, FailureKind.infrastructure, f"grader error: {exc}", time.monotonic())
+                return failed(
+                    self.task, self.mode, FailureKind.infrastructure, f"grader error: {exc}", time.monotonic()
+                )
 
-        def run_once() -> GradeResult:  # on a thread of its own (its own loop): the key's lock may be held meanwhile
+        def run_once() -> (
+            GradeResult
+        ):  # on a thread of its own (its own loop): the key's lock may be held meanwhile
             return asyncio.run(graded())
 
         # kept only once it ran through: a control that failed outside the policy may be a passing hiccup
-        return await asyncio.to_thread(gold_run, key, GradeResult, run_once,
-                                       keep=lambda run: not run.failure_kind.outside_policy)
+        return await asyncio.to_thread(
+            gold_run, key, GradeResult, run_once, keep=lambda run: not run.failure_kind.outside_policy
+        )
 
     async def _by_control(self, result: GradeResult, work: Submission) -> None:
         """Keep ``result`` masked only where the control fails too; else it is the submission's 0."""
@@ -132,9 +149,13 @@ class Grader(ABC):
             return
         control = await self.control()
         if control.failure_kind.outside_policy:
-            result.control = f"the control ({self.name}, {self.control_name}) fails too: {control.error[:300]}"
+            result.control = (
+                f"the control ({self.name}, {self.control_name}) fails too: {control.error[:300]}"
+            )
             return
-        result.control = f"the control ({self.name}, {self.control_name}) passes this grading: the submission's doing"
+        result.control = (
+            f"the control ({self.name}, {self.control_name}) passes this grading: the submission's doing"
+        )
         zeroed(result, FailureKind.broke_grading, f"{result.error} ({result.control})")
 
 
@@ -142,13 +163,17 @@ class BubblewrapGrader(Grader):
     """A fresh copy of the task's base tree in bubblewrap, the pinned venv (rewards/grading.py)."""
 
     name = "bubblewrap"
-    channel = ("the grader plugin's result stream on a descriptor the tests never hold, judged against canaries "
-               "and the gold run")
+    channel = (
+        "the grader plugin's result stream on a descriptor the tests never hold, judged against canaries "
+        "and the gold run"
+    )
 
     async def run(self, work: Submission) -> GradeResult:
         from polar_env.rewards.grading import grade
 
-        return await asyncio.to_thread(grade, self.task, work.patch, timeout_s=self.limits.timeout_s, mode=self.mode)
+        return await asyncio.to_thread(
+            grade, self.task, work.patch, timeout_s=self.limits.timeout_s, mode=self.mode
+        )
 
     def control_submission(self) -> Submission:
         return Submission(patch=self.task.patch)
@@ -165,8 +190,15 @@ class ImageGrader(Grader):
         from polar_env.sandbox.apptainer import apptainer_image
 
         image = apptainer_image(task_image(self.task)) if self.kind == "apptainer" else task_image(self.task)
-        return await asyncio.to_thread(grade_in_image, self.task, work.patch, engine=self.kind, image=image,
-                                       timeout_s=self.limits.timeout_s, mode=self.mode)
+        return await asyncio.to_thread(
+            grade_in_image,
+            self.task,
+            work.patch,
+            engine=self.kind,
+            image=image,
+            timeout_s=self.limits.timeout_s,
+            mode=self.mode,
+        )
 
     def control_submission(self) -> Submission:
         return Submission(patch=self.task.patch)
@@ -177,11 +209,20 @@ class HarborGrader(Grader):
 
     name = "harbor"
     control_name = "the task's untouched image"
-    channel = ("host directories the engine binds at /logs/verifier and /tests, read by the host; every writer "
-               "of a reward file named by the kernel (rewards/reward_channel.py)")
+    channel = (
+        "host directories the engine binds at /logs/verifier and /tests, read by the host; every writer "
+        "of a reward file named by the kernel (rewards/reward_channel.py)"
+    )
 
-    def __init__(self, task: Task, kind: WorkspaceKind, limits: GradingLimits, *,
-                 mode: GradingMode = GradingMode.harbor, reward_key: str | None = None):
+    def __init__(
+        self,
+        task: Task,
+        kind: WorkspaceKind,
+        limits: GradingLimits,
+        *,
+        mode: GradingMode = GradingMode.harbor,
+        reward_key: str | None = None,
+    ):
         super().__init__(task, kind, limits, mode=GradingMode.harbor, reward_key=reward_key)  # its one mode
 
     async def run(self, work: Submission) -> GradeResult:
@@ -200,32 +241,51 @@ class HarborGrader(Grader):
         assert self.task.harbor is not None
         tests = hashlib.sha256()
         for path in sorted(p for p in self.task.harbor.tests_dir.rglob("*") if p.is_file()):
-            tests.update(str(path.relative_to(self.task.harbor.tests_dir)).encode() + b"\0" + path.read_bytes())
+            tests.update(
+                str(path.relative_to(self.task.harbor.tests_dir)).encode() + b"\0" + path.read_bytes()
+            )
         return f"{super().control_where()}:{tests.hexdigest()[:16]}"
 
 
-def grader_for(task: Task, kind: WorkspaceKind, limits: GradingLimits | None = None, *,
-               mode: GradingMode = GradingMode.strict, reward_key: str | None = None) -> Grader:
+def grader_for(
+    task: Task,
+    kind: WorkspaceKind,
+    limits: GradingLimits | None = None,
+    *,
+    mode: GradingMode = GradingMode.strict,
+    reward_key: str | None = None,
+) -> Grader:
     """The grader for ``task`` where its episodes run (``kind``): a Harbor task's own verifier in a
     container; the image grader for docker/podman, and for apptainer where the task has no base
     archive; the bubblewrap grader (the task's base tree and pinned venv) otherwise."""
     limits = limits or GradingLimits.configured()
     if task.harbor is not None:
         if kind not in ("docker", "podman"):
-            raise NoGrader(f"{task.instance_id}: a Harbor task is graded in a container: --sandbox podman|docker")
+            raise NoGrader(
+                f"{task.instance_id}: a Harbor task is graded in a container: --sandbox podman|docker"
+            )
         cls: type[Grader] = HarborGrader
     elif kind in ("docker", "podman") or (kind == "apptainer" and not task.base_archive):
         cls = ImageGrader
     elif task.base_archive:
         cls = BubblewrapGrader
     else:
-        raise NoGrader(f"no grader for {kind} without a base archive: grade with --sandbox podman|docker|apptainer")
+        raise NoGrader(
+            f"no grader for {kind} without a base archive: grade with --sandbox podman|docker|apptainer"
+        )
     return cls(task, kind, limits, mode=mode, reward_key=reward_key)
 
 
-async def grade_submission(task: Task, work: Submission, *, kind: WorkspaceKind, limits: GradingLimits | None = None,
-                           mode: GradingMode = GradingMode.strict, reward_key: str | None = None,
-                           offload: Offload | None = None) -> GradeResult:
+async def grade_submission(
+    task: Task,
+    work: Submission,
+    *,
+    kind: WorkspaceKind,
+    limits: GradingLimits | None = None,
+    mode: GradingMode = GradingMode.strict,
+    reward_key: str | None = None,
+    offload: Offload | None = None,
+) -> GradeResult:
     """The one grading entry point. A grade that needs no live workspace runs through ``offload``
     where given (a grading worker: `grade_task` there), else on a thread of this process."""
     limits = limits or GradingLimits.configured()
@@ -234,19 +294,43 @@ async def grade_submission(task: Task, work: Submission, *, kind: WorkspaceKind,
     except NoGrader as exc:
         return failed(task, mode, FailureKind.infrastructure, str(exc), time.monotonic())
     if work.sandbox is None and offload is not None:
-        return await offload(grade_task, task, work.patch, kind=kind, timeout_s=limits.timeout_s, mode=mode,
-                             reward_key=reward_key)
+        return await offload(
+            grade_task,
+            task,
+            work.patch,
+            kind=kind,
+            timeout_s=limits.timeout_s,
+            mode=mode,
+            reward_key=reward_key,
+        )
     return await grader.grade(work)
 
 
-def grade_task(task: Task, patch: str | None, *, kind: WorkspaceKind, timeout_s: float | None = None,
-               mode: GradingMode = GradingMode.strict, reward_key: str | None = None) -> GradeResult:
+def grade_task(
+    task: Task,
+    patch: str | None,
+    *,
+    kind: WorkspaceKind,
+    timeout_s: float | None = None,
+    mode: GradingMode = GradingMode.strict,
+    reward_key: str | None = None,
+) -> GradeResult:
     """`grade_submission` of a patch, synchronously, in this process (a grading worker; ``polar eval``)."""
-    return asyncio.run(grade_submission(task, Submission(patch=patch or ""), kind=kind,
-                                        limits=GradingLimits.configured(timeout_s), mode=mode, reward_key=reward_key))
+    return asyncio.run(
+        grade_submission(
+            task,
+            Submission(patch=patch or ""),
+            kind=kind,
+            limits=GradingLimits.configured(timeout_s),
+            mode=mode,
+            reward_key=reward_key,
+        )
+    )
 
 
-def failed(task: Task, mode: GradingMode, kind: FailureKind, error: str, t0: float, **fields: Any) -> GradeResult:
+def failed(
+    task: Task, mode: GradingMode, kind: FailureKind, error: str, t0: float, **fields: Any
+) -> GradeResult:
     """A grade that stopped at ``kind`` (reward 0) with ``error``."""
     result = GradeResult(instance_id=task.instance_id, mode=mode, **fields)
     zeroed(result, kind, error)
@@ -258,6 +342,10 @@ def zeroed(result: GradeResult, kind: FailureKind, error: str) -> None:
     """``result`` (and each mode's verdict in it) made ``kind``, reward 0, with ``error``."""
     result.failure_kind, result.error, result.reward, result.resolved = kind, error[:2000], 0.0, False
     for mode in result.modes:
-        result.modes[mode] = ModeResult(failure_kind=kind, error=result.error, output=result.modes[mode].output,
-                                        fail_to_pass=result.modes[mode].fail_to_pass,
-                                        pass_to_pass=result.modes[mode].pass_to_pass)
+        result.modes[mode] = ModeResult(
+            failure_kind=kind,
+            error=result.error,
+            output=result.modes[mode].output,
+            fail_to_pass=result.modes[mode].fail_to_pass,
+            pass_to_pass=result.modes[mode].pass_to_pass,
+        )

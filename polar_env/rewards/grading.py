@@ -83,7 +83,9 @@ class TestRun(BaseModel):
     apply_log: str = ""
     infra_error: str = ""
     infra_kind: FailureKind = FailureKind.infrastructure  # task_defect when the task's own data is at fault
-    broke_sandbox: str = ""  # the patched tree's sandbox did not start while the base's does (what bwrap said)
+    broke_sandbox: str = (
+        ""  # the patched tree's sandbox did not start while the base's does (what bwrap said)
+    )
     timed_out: bool = False
     log: str = ""
     valid: bool = False
@@ -97,7 +99,9 @@ class TestRun(BaseModel):
     notes: dict[str, str] = Field(default_factory=dict)  # note:* flags (not tampering, flags.is_tamper)
     # a gold run's perturbed control: None not run, "" the gold patch passes the perturbed run, else why not
     perturbed_control: str | None = None
-    runner: dict[str, str] = Field(default_factory=dict)  # strict: the report pipeline's content (`_State.runner`)
+    runner: dict[str, str] = Field(
+        default_factory=dict
+    )  # strict: the report pipeline's content (`_State.runner`)
 
 
 class AppliedPatch(BaseModel):
@@ -134,12 +138,16 @@ def apply_agent_patch(task: Task, gtree: GradingTree, model_patch: str) -> Appli
             out.reset_paths[path] = reason
     kept = [p for p in out.changes if p not in out.reset_paths]
     if kept:
-        out.source_diff = gtree.git("diff", "--no-ext-diff", "--no-color", gtree.base, "--", *kept,
-                                    check=False).stdout.decode("utf-8", "replace")
+        out.source_diff = gtree.git(
+            "diff", "--no-ext-diff", "--no-color", gtree.base, "--", *kept, check=False
+        ).stdout.decode("utf-8", "replace")
         # `git diff <base>` lists no file the base lacks (nothing is staged): a new module is read whole,
         # or every static flag would miss code the patch puts in a file of its own
-        in_base = set(gtree.git("ls-tree", "-r", "-z", "--name-only", gtree.base, "--", *kept,
-                                check=False).stdout.decode("utf-8", "surrogateescape").split("\0"))
+        in_base = set(
+            gtree.git("ls-tree", "-r", "-z", "--name-only", gtree.base, "--", *kept, check=False)
+            .stdout.decode("utf-8", "surrogateescape")
+            .split("\0")
+        )
         for path in kept:
             if path not in in_base and (data := beneath.read(gtree.tree, path)) is not None:
                 out.source_diff += added_file(path, data)
@@ -150,7 +158,8 @@ def added_file(path: str, data: bytes) -> str:
     """A new file as a diff of added lines, for the static flags."""
     lines = data.decode("utf-8", "replace").splitlines()
     return f"diff --git a/{path} b/{path}\nnew file mode 100644\n--- /dev/null\n+++ b/{path}\n" + "".join(
-        f"+{line}\n" for line in lines)
+        f"+{line}\n" for line in lines
+    )
 
 
 def _prepare_mode(task: Task, gtree: GradingTree, applied: AppliedPatch, mode: GradingMode) -> str:
@@ -179,7 +188,10 @@ def _run_mode(task: Task, tree: Path, venv: Path, mode: GradingMode, timeout_s: 
             run, outcome = run_strict(task, tree, venv, env, timeout_s)
         except StrictUnsupported:
             # Not pytest (or swebench mode): SWE-bench's script and log parser (strict keeps its reset).
-            run, outcome = run_sandboxed(eval_script(task), tree=tree, venv=venv, timeout_s=timeout_s, env=env), None
+            run, outcome = (
+                run_sandboxed(eval_script(task), tree=tree, venv=venv, timeout_s=timeout_s, env=env),
+                None,
+            )
     except (SandboxUnavailable, OSError) as e:
         out.infra_error = f"sandbox: {e}"
         return out
@@ -187,7 +199,9 @@ def _run_mode(task: Task, tree: Path, venv: Path, mode: GradingMode, timeout_s: 
     if not run.started and not run.timed_out:
         said = run.output.strip()[:300]
         if _base_starts(task, venv, writable=mode != GradingMode.strict):
-            out.broke_sandbox = f"the patched tree's sandbox did not start (exit {run.returncode}), the base's does: {said}"
+            out.broke_sandbox = (
+                f"the patched tree's sandbox did not start (exit {run.returncode}), the base's does: {said}"
+            )
         else:
             out.infra_error = f"sandbox did not start (exit {run.returncode}): {said}"
         return out
@@ -198,7 +212,11 @@ def _run_mode(task: Task, tree: Path, venv: Path, mode: GradingMode, timeout_s: 
     if outcome is not None:
         out.status_map, out.valid = outcome.status_map, outcome.valid
         out.violations, out.error = outcome.violations, outcome.error or "; ".join(outcome.violations)
-        out.untrusted_xfail, out.collected, out.runner = outcome.untrusted_xfail, outcome.collected, outcome.runner
+        out.untrusted_xfail, out.collected, out.runner = (
+            outcome.untrusted_xfail,
+            outcome.collected,
+            outcome.runner,
+        )
         return out
     log_path = tmp / "test_output.txt"
     log_path.write_text(out.log)
@@ -222,7 +240,9 @@ def _base_starts(task: Task, venv: Path, *, writable: bool) -> bool:
         base = GradingTree.fresh(task, Path(tmp))
         prepare_tree_owner(base.tree)
         try:
-            return run_sandboxed(["true"], tree=base.tree, venv=venv, timeout_s=60, tree_writable=writable).started
+            return run_sandboxed(
+                ["true"], tree=base.tree, venv=venv, timeout_s=60, tree_writable=writable
+            ).started
         except (SandboxUnavailable, OSError):
             return False
 
@@ -259,10 +279,16 @@ def run_task_tests(
         run = _run_mode(task, gtree.tree, venv, mode, timeout_s, Path(tmp))
         run.apply_method, run.apply_log = applied.apply_method, applied.apply_log
         if perturb and run.valid:
-            found = perturbed_findings(task, gtree.tree, venv, timeout_s) if _mode_result(task, run).resolved \
+            found = (
+                perturbed_findings(task, gtree.tree, venv, timeout_s)
+                if _mode_result(task, run).resolved
                 else ["the gold patch does not resolve"]
+            )
             if any(f.startswith(CONTROL_UNSURE) for f in found):  # says nothing of the gold patch: not cached
-                run.valid, run.infra_error = False, f"the gold patch's perturbed control: {'; '.join(found)}"[:600]
+                run.valid, run.infra_error = (
+                    False,
+                    f"the gold patch's perturbed control: {'; '.join(found)}"[:600],
+                )
             run.perturbed_control = "; ".join(found)
         return run
 
@@ -271,14 +297,17 @@ def run_task_tests(
 # not a reason to skip every patch's check, so the gold run is not believed (masked, not cached)
 CONTROL_UNSURE = ("perturbed-run: sandbox:", "perturbed-run: timed out")
 
+
 def gold_reference(task: Task, timeout_s: float | None = None) -> TestRun:
     """The gold patch's strict run (once per task and node: `gold_runs`): the ids a run must collect and
     the statuses it must reproduce, and whether the gold patch itself passes the perturbed F2P run (the
     control: renaming can break honest tests). Evidence the graded tree cannot influence."""
-    return gold_run(gold_key(task, f"tree:{base_key(task)}"), TestRun,
-                    partial(run_task_tests, task, task.patch, mode=GradingMode.strict, timeout_s=timeout_s,
-                            perturb=True),
-                    keep=lambda run: run.valid and not run.infra_error)  # a sandbox hiccup must not stick
+    return gold_run(
+        gold_key(task, f"tree:{base_key(task)}"),
+        TestRun,
+        partial(run_task_tests, task, task.patch, mode=GradingMode.strict, timeout_s=timeout_s, perturb=True),
+        keep=lambda run: run.valid and not run.infra_error,
+    )  # a sandbox hiccup must not stick
 
 
 def against_gold(task: Task, run: TestRun, gold: TestRun) -> list[str]:
@@ -295,12 +324,17 @@ def against_gold(task: Task, run: TestRun, gold: TestRun) -> list[str]:
     if swapped:  # swapped before the plugin could take its snapshot (the runner is the code under test)
         found.append(f"runner-tampered: not the gold run's code: {swapped[:3]}")
     # a plain failure (FAILED, ERROR, MISSING) already fails the report; this catches the rest
-    regressed = {t: run.status_map[t] for t in [*task.FAIL_TO_PASS, *task.PASS_TO_PASS]
-                 if gold.status_map.get(t) in PASSING and run.status_map.get(t, "FAILED") not in
-                 (gold.status_map[t], "FAILED", "ERROR")}
+    regressed = {
+        t: run.status_map[t]
+        for t in [*task.FAIL_TO_PASS, *task.PASS_TO_PASS]
+        if gold.status_map.get(t) in PASSING
+        and run.status_map.get(t, "FAILED") not in (gold.status_map[t], "FAILED", "ERROR")
+    }
     if regressed:
-        found.append(f"gold-status: {len(regressed)} tests the gold run passed did not, e.g. "
-                     + ", ".join(f"{t}={s}" for t, s in list(regressed.items())[:3]))
+        found.append(
+            f"gold-status: {len(regressed)} tests the gold run passed did not, e.g. "
+            + ", ".join(f"{t}={s}" for t, s in list(regressed.items())[:3])
+        )
     return found
 
 
@@ -308,14 +342,20 @@ def gold_notes(task: Task, run: TestRun, gold: TestRun) -> dict[str, str]:
     """Non-tamper notes against the gold run: collected ids it never collected that no report reads."""
     graded = {*task.FAIL_TO_PASS, *task.PASS_TO_PASS}
     ghosts = sorted(t for t in set(run.collected) - set(gold.collected) if t not in graded)
-    return {"note:ghost-id": f"{len(ghosts)} ungraded ids the gold run never collected, e.g. {ghosts[:3]}"} if ghosts else {}
+    return (
+        {"note:ghost-id": f"{len(ghosts)} ungraded ids the gold run never collected, e.g. {ghosts[:3]}"}
+        if ghosts
+        else {}
+    )
 
 
 def perturbed_check(task: Task, run: TestRun, gold: TestRun) -> bool:
     """Whether a resolving run gets the perturbed check: only where the gold patch passes it (the
     control); else the skip is a note on ``run``."""
     if gold.perturbed_control:
-        run.notes["note:perturbed-skipped"] = f"the gold patch fails the perturbed run: {gold.perturbed_control}"[:400]
+        run.notes["note:perturbed-skipped"] = (
+            f"the gold patch fails the perturbed run: {gold.perturbed_control}"[:400]
+        )
         return False
     return True
 
@@ -345,8 +385,9 @@ def grade(
     result = GradeResult(instance_id=task.instance_id, mode=mode)
     if not task.FAIL_TO_PASS:
         # Nothing would have to change for "all FAIL_TO_PASS pass": refuse to call it resolved.
-        return _infra(result, "task has no FAIL_TO_PASS tests: grading would be vacuous", t0,
-                      FailureKind.task_defect)
+        return _infra(
+            result, "task has no FAIL_TO_PASS tests: grading would be vacuous", t0, FailureKind.task_defect
+        )
     if not model_patch or not model_patch.strip():
         result.failure_kind = FailureKind.empty_patch
         result.modes = {m: ModeResult(failure_kind=FailureKind.empty_patch) for m in GradingMode}
@@ -354,7 +395,9 @@ def grade(
         return result
     ran: list[GradingMode] = []  # modes whose patched tree's sandbox started (tested code ran)
     try:
-        return _grade(task, model_patch, result, timeout_s=grading_timeout_s(timeout_s), workdir=workdir, t0=t0, ran=ran)
+        return _grade(
+            task, model_patch, result, timeout_s=grading_timeout_s(timeout_s), workdir=workdir, t0=t0, ran=ran
+        )
     except Exception as e:  # noqa: BLE001
         if ran:  # the tested code ran and may have shaped what raised: no valid result, the patch's 0
             return tested_code_crash(result, f"grader error after the tests ran: {type(e).__name__}: {e}", t0)
@@ -386,8 +429,16 @@ def _test_patch_applies_to_base(task: Task, dest: Path) -> bool:
     return True
 
 
-def _grade(task: Task, model_patch: str, result: GradeResult, *, timeout_s: float, workdir: Path | None,
-           t0: float, ran: list[GradingMode]) -> GradeResult:
+def _grade(
+    task: Task,
+    model_patch: str,
+    result: GradeResult,
+    *,
+    timeout_s: float,
+    workdir: Path | None,
+    t0: float,
+    ran: list[GradingMode],
+) -> GradeResult:
     with tempfile.TemporaryDirectory(prefix=f"polar-grade-{task.instance_id}-", dir=workdir) as tmp_s:
         tmp = Path(tmp_s)
         try:
@@ -418,8 +469,13 @@ def _grade(task: Task, model_patch: str, result: GradeResult, *, timeout_s: floa
                 return _refused(result, task, str(e), t0)
             if defect and _test_patch_applies_to_base(task, tmp / f"base-{m.value}"):
                 # the base takes the test patch (the gold run does too): the patched tree refused it
-                return _patch_zero(result, FailureKind.test_crash, f"{m.value}: the {defect} on the patched "
-                                   "tree, while it applies to the base: the patch's doing", t0)
+                return _patch_zero(
+                    result,
+                    FailureKind.test_crash,
+                    f"{m.value}: the {defect} on the patched "
+                    "tree, while it applies to the base: the patch's doing",
+                    t0,
+                )
             if defect:
                 return _infra(result, defect, t0, FailureKind.task_defect)
             runs[m] = _run_mode(task, tree.tree, venv, m, timeout_s, tmp)
@@ -433,8 +489,12 @@ def _grade(task: Task, model_patch: str, result: GradeResult, *, timeout_s: floa
             t_ref = time.monotonic()
             gold = gold_reference(task, timeout_s)
             if not gold.valid:
-                return _infra(result, f"the gold patch has no valid strict run: {gold.infra_error or gold.error}"[:600],
-                              t0, gold.infra_kind if gold.infra_error else FailureKind.task_defect)
+                return _infra(
+                    result,
+                    f"the gold patch has no valid strict run: {gold.infra_error or gold.error}"[:600],
+                    t0,
+                    gold.infra_kind if gold.infra_error else FailureKind.task_defect,
+                )
             found = against_gold(task, strict, gold)
             strict.notes.update(gold_notes(task, strict, gold))
             if not found and _mode_result(task, strict).resolved and perturbed_check(task, strict, gold):
@@ -446,8 +506,9 @@ def _grade(task: Task, model_patch: str, result: GradeResult, *, timeout_s: floa
         result.modes = {m: _mode_result(task, run) for m, run in runs.items()}
         for m, run in runs.items():
             if run.output.truncated:  # honest suites can print this much: a note, not tampering
-                evidence.setdefault("note:output-truncated",
-                                    f"{run.output.bytes} bytes, {run.output.lines} lines ({m})")
+                evidence.setdefault(
+                    "note:output-truncated", f"{run.output.bytes} bytes, {run.output.lines} lines ({m})"
+                )
             for k, v in run.notes.items():
                 evidence.setdefault(k, v)
             for v in run.violations:
@@ -458,7 +519,11 @@ def _grade(task: Task, model_patch: str, result: GradeResult, *, timeout_s: floa
         result.flag_evidence = evidence
         zero_if_tampered(result)  # strict pays nothing for a run with any sign of tampering
         chosen = result.modes[result.mode]
-        result.resolved, result.reward, result.failure_kind = chosen.resolved, chosen.reward, chosen.failure_kind
+        result.resolved, result.reward, result.failure_kind = (
+            chosen.resolved,
+            chosen.reward,
+            chosen.failure_kind,
+        )
         result.error = chosen.error
         result.log_tail = runs[result.mode].log[-LOG_TAIL_CHARS:]
         result.timings["tests_s"] = runs[result.mode].seconds
@@ -471,7 +536,9 @@ def _refused(result: GradeResult, task: Task, why: str, t0: float) -> GradeResul
     """A patch no grading allows (`PatchRefused`): 0 in every mode, flagged ``patch-refused``."""
     result.failure_kind, result.error = FailureKind.apply_failed, f"patch refused: {why}"
     result.log_tail = why[-LOG_TAIL_CHARS:]
-    result.modes = {m: ModeResult(failure_kind=FailureKind.apply_failed, error=result.error) for m in GradingMode}
+    result.modes = {
+        m: ModeResult(failure_kind=FailureKind.apply_failed, error=result.error) for m in GradingMode
+    }
     result.flags = ["patch-refused"]
     _finish(result, task, {}, t0)
     return result
@@ -494,8 +561,9 @@ def _mode_result(task: Task, run: TestRun) -> ModeResult:
     return out
 
 
-def _disagreement(result: GradeResult, applied: AppliedPatch, runs: dict[GradingMode, TestRun],
-                  test_files: list[str]) -> str:
+def _disagreement(
+    result: GradeResult, applied: AppliedPatch, runs: dict[GradingMode, TestRun], test_files: list[str]
+) -> str:
     """Name the strict rule that made the two modes' rewards differ ("" when they agree)."""
     strict, swe = result.modes[GradingMode.strict], result.modes[GradingMode.swebench]
     if strict.reward == swe.reward:
@@ -503,19 +571,30 @@ def _disagreement(result: GradeResult, applied: AppliedPatch, runs: dict[Grading
     reasons = []
     extra = sorted(p for p in applied.reset_paths if p not in set(test_files))
     if extra:
-        reasons.append("allowed-path rule restored " + ", ".join(
-            f"{p} ({applied.reset_paths[p]})" for p in extra[:5]))
+        reasons.append(
+            "allowed-path rule restored " + ", ".join(f"{p} ({applied.reset_paths[p]})" for p in extra[:5])
+        )
     if runs[GradingMode.strict].violations:
-        reasons.append("structured report not believed: " + "; ".join(runs[GradingMode.strict].violations[:3]))
+        reasons.append(
+            "structured report not believed: " + "; ".join(runs[GradingMode.strict].violations[:3])
+        )
     elif runs[GradingMode.strict].error:
         reasons.append(f"strict run: {runs[GradingMode.strict].error}")
-    differing = [t for t in [*strict.fail_to_pass, *strict.pass_to_pass]
-                 if {**strict.fail_to_pass, **strict.pass_to_pass}[t] != {**swe.fail_to_pass, **swe.pass_to_pass}[t]]
+    differing = [
+        t
+        for t in [*strict.fail_to_pass, *strict.pass_to_pass]
+        if {**strict.fail_to_pass, **strict.pass_to_pass}[t] != {**swe.fail_to_pass, **swe.pass_to_pass}[t]
+    ]
     if differing:
         both = {**strict.fail_to_pass, **strict.pass_to_pass}, {**swe.fail_to_pass, **swe.pass_to_pass}
-        reasons.append("per-test status: " + ", ".join(
-            f"{t} strict={both[0][t]} swebench={both[1][t]}" for t in differing[:3]))
-    return "; ".join(reasons) or "strict runs the tests the grader's way (python -P, no plugin autoload, own ini)"
+        reasons.append(
+            "per-test status: "
+            + ", ".join(f"{t} strict={both[0][t]} swebench={both[1][t]}" for t in differing[:3])
+        )
+    return (
+        "; ".join(reasons)
+        or "strict runs the tests the grader's way (python -P, no plugin autoload, own ini)"
+    )
 
 
 def _finish(result: GradeResult, task: Task, status_map: dict[str, str], t0: float) -> None:
@@ -524,8 +603,9 @@ def _finish(result: GradeResult, task: Task, status_map: dict[str, str], t0: flo
     result.timings["total_s"] = time.monotonic() - t0
 
 
-def _infra(result: GradeResult, error: str, t0: float,
-           kind: FailureKind = FailureKind.infrastructure) -> GradeResult:
+def _infra(
+    result: GradeResult, error: str, t0: float, kind: FailureKind = FailureKind.infrastructure
+) -> GradeResult:
     result.failure_kind = kind
     result.error = error
     result.resolved = False

@@ -50,11 +50,14 @@ def artifact_sources(task: Task) -> list[tuple[str, list[str]]]:
         item = {"source": entry} if isinstance(entry, str) else entry
         source, service = str(item.get("source", "")), item.get("service")
         if not source.startswith("/") or ".." in Path(source).parts:
-            raise ContainerError(f"{task.instance_id}: task.toml artifacts: {source!r} is not an absolute path "
-                                 f"without '..'")
+            raise ContainerError(
+                f"{task.instance_id}: task.toml artifacts: {source!r} is not an absolute path without '..'"
+            )
         if service not in (None, "main"):
-            raise ContainerError(f"{task.instance_id}: task.toml artifacts: service {service!r}: compose services "
-                                 f"other than main are not run here")
+            raise ContainerError(
+                f"{task.instance_id}: task.toml artifacts: service {service!r}: compose services "
+                f"other than main are not run here"
+            )
         found.append((source.rstrip("/") or "/", [str(p) for p in item.get("exclude", [])]))
     return found
 
@@ -68,10 +71,14 @@ def collect_hooks(task: Task) -> list[tuple[str, str, float]]:
     hooks = []
     for hook in (task.harbor.config.verifier.model_extra or {}).get("collect", []):
         if hook.get("service", "main") != "main":
-            raise ContainerError(f"{task.instance_id}: task.toml [[verifier.collect]] service {hook['service']!r}: "
-                                 f"compose services other than main are not run here")
+            raise ContainerError(
+                f"{task.instance_id}: task.toml [[verifier.collect]] service {hook['service']!r}: "
+                f"compose services other than main are not run here"
+            )
         user = hook.get("user")
-        hooks.append((str(hook["command"]), "" if user is None else str(user), float(hook.get("timeout_sec", 60.0))))
+        hooks.append(
+            (str(hook["command"]), "" if user is None else str(user), float(hook.get("timeout_sec", 60.0)))
+        )
     return hooks
 
 
@@ -82,7 +89,10 @@ def sanitise(root: Path, exclude: list[str]) -> None:
     for path in sorted(paths, key=lambda p: len(p.parts), reverse=True):
         rel = str(path.relative_to(root)) if path != root else path.name
         mode = path.lstat().st_mode
-        if any(fnmatch.fnmatch(rel, pat) or fnmatch.fnmatch(path.name, pat) for pat in exclude) and path != root:
+        if (
+            any(fnmatch.fnmatch(rel, pat) or fnmatch.fnmatch(path.name, pat) for pat in exclude)
+            and path != root
+        ):
             shutil.rmtree(path) if stat.S_ISDIR(mode) else path.unlink()
         elif not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
             path.unlink()
@@ -90,7 +100,9 @@ def sanitise(root: Path, exclude: list[str]) -> None:
             os.chmod(path, stat.S_IMODE(mode) & ~(stat.S_ISUID | stat.S_ISGID | stat.S_ISVTX))
 
 
-def _collect(agent: ContainerSandbox, sources: list[tuple[str, list[str]]], into: Path) -> list[tuple[str, Path]]:
+def _collect(
+    agent: ContainerSandbox, sources: list[tuple[str, list[str]]], into: Path
+) -> list[tuple[str, Path]]:
     """Copy each source out of the agent's container (skipping what is not there), sanitised."""
     got: list[tuple[str, Path]] = []
     for i, (source, exclude) in enumerate(sources):
@@ -112,10 +124,13 @@ def _place(box: ContainerSandbox, artifacts: list[tuple[str, Path]]) -> None:
     """Each artifact at its own path in the fresh container, root's and readable."""
     for source, copy in artifacts:
         parent = str(Path(source).parent)
-        engine_run(box.exec_argv(["sh", "-c", 'rm -rf "$1" && mkdir -p "$2"', "sh", source, parent], {}, user="0"))
+        engine_run(
+            box.exec_argv(["sh", "-c", 'rm -rf "$1" && mkdir -p "$2"', "sh", source, parent], {}, user="0")
+        )
         engine_run(box.cp_in_argv(copy, source))
-        engine_run(box.exec_argv(["sh", "-c", 'chown -R 0:0 "$1" && chmod -R a+rX "$1"', "sh", source], {},
-                                 user="0"))
+        engine_run(
+            box.exec_argv(["sh", "-c", 'chown -R 0:0 "$1" && chmod -R a+rX "$1"', "sh", source], {}, user="0")
+        )
 
 
 def verifier_spec(task: Task, agent: ContainerSandbox, bundled: bool = False) -> SandboxSpec:
@@ -125,15 +140,27 @@ def verifier_spec(task: Task, agent: ContainerSandbox, bundled: bool = False) ->
     container's (Harbor: a copy of ``[environment]``)."""
     assert task.harbor is not None
     venv = task.harbor.config.verifier.environment
-    spec = replace(agent.spec, proxy_socket_dir=None, harness_dir=None,
-                   host_dirs=tuple(d for d in agent.spec.host_dirs if not (bundled and d == TESTS_DIR)))
+    spec = replace(
+        agent.spec,
+        proxy_socket_dir=None,
+        harness_dir=None,
+        host_dirs=tuple(d for d in agent.spec.host_dirs if not (bundled and d == TESTS_DIR)),
+    )
     if venv is None:
         return spec
     agent_env = harbor_env(task)
-    env = {**{k: DEFAULT_ENV[k] for k in agent_env if k in DEFAULT_ENV},
-           **{k: v for k, v in spec.env.items() if k not in agent_env}, **harbor_env(task, "verifier.environment")}
-    return replace(spec, workdir=venv.workdir or spec.workdir, cpus=venv.cpus or spec.cpus, env=env,
-                   memory_bytes=venv.memory_mb << 20 if venv.memory_mb else spec.memory_bytes)
+    env = {
+        **{k: DEFAULT_ENV[k] for k in agent_env if k in DEFAULT_ENV},
+        **{k: v for k, v in spec.env.items() if k not in agent_env},
+        **harbor_env(task, "verifier.environment"),
+    }
+    return replace(
+        spec,
+        workdir=venv.workdir or spec.workdir,
+        cpus=venv.cpus or spec.cpus,
+        env=env,
+        memory_bytes=venv.memory_mb << 20 if venv.memory_mb else spec.memory_bytes,
+    )
 
 
 @asynccontextmanager
@@ -145,17 +172,35 @@ async def separate_box(task: Task, agent: ContainerSandbox) -> AsyncIterator[tup
     image, bundled = await asyncio.to_thread(verifier_image, task, agent.engine)
     sources = artifact_sources(task)
     for command, user, timeout in collect_hooks(task):
-        ran = await agent.run(["bash", "-c", command], timeout_s=timeout) if not user else await run_process_tree(
-            agent.exec_argv(["bash", "-c", command], {}, user=user, timeout_s=timeout), timeout_s=timeout, stdin=None,
-            max_output_bytes=HOOK_OUTPUT_BYTES)
+        ran = (
+            await agent.run(["bash", "-c", command], timeout_s=timeout)
+            if not user
+            else await run_process_tree(
+                agent.exec_argv(["bash", "-c", command], {}, user=user, timeout_s=timeout),
+                timeout_s=timeout,
+                stdin=None,
+                max_output_bytes=HOOK_OUTPUT_BYTES,
+            )
+        )
         agent.kill_all()  # nothing a hook started outlives it
         if ran.exit_code != 0:  # best-effort, as in Harbor: the verifier judges what is there
-            log.warning("%s: [[verifier.collect]] %r exited %s: %s", task.instance_id, command, ran.exit_code,
-                        (ran.stdout_tail + ran.stderr_tail)[-500:])
+            log.warning(
+                "%s: [[verifier.collect]] %r exited %s: %s",
+                task.instance_id,
+                command,
+                ran.exit_code,
+                (ran.stdout_tail + ran.stderr_tail)[-500:],
+            )
     with tempfile.TemporaryDirectory(prefix="polar-harbor-artifacts-") as tmp:
         artifacts = await asyncio.to_thread(_collect, agent, sources, Path(tmp))
-        box = await asyncio.to_thread(ContainerSandbox.create, None, spec=verifier_spec(task, agent, bundled), image=image,
-                                      engine=agent.engine, snapshot=False)
+        box = await asyncio.to_thread(
+            ContainerSandbox.create,
+            None,
+            spec=verifier_spec(task, agent, bundled),
+            image=image,
+            engine=agent.engine,
+            snapshot=False,
+        )
         try:
             await asyncio.to_thread(_place, box, artifacts)
             yield box, bundled

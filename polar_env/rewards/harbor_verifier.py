@@ -76,8 +76,19 @@ from polar_env.tasks.models import Task
 from polar_env.tasks.runtime import WorkspaceUnavailable, container_spec, task_spec
 
 # the variables that name where programs, libraries or startup files are looked up (":"-separated)
-SEARCH_VARS = ("PATH", "PYTHONPATH", "PYTHONUSERBASE", "PYTHONSTARTUP", "LD_LIBRARY_PATH", "LD_PRELOAD",
-               "NODE_PATH", "PERL5LIB", "RUBYLIB", "BASH_ENV", "ENV")
+SEARCH_VARS = (
+    "PATH",
+    "PYTHONPATH",
+    "PYTHONUSERBASE",
+    "PYTHONSTARTUP",
+    "LD_LIBRARY_PATH",
+    "LD_PRELOAD",
+    "NODE_PATH",
+    "PERL5LIB",
+    "RUBYLIB",
+    "BASH_ENV",
+    "ENV",
+)
 MAX_REWARD_BYTES = 64 << 10
 MAX_OUTPUT_BYTES = 1 << 20
 REWARD_FILES = ("reward.json", "reward.txt")  # in the order they are read
@@ -130,13 +141,18 @@ def writer_flags(events: list[tuple[int, str]] | None, shell: int | None) -> dic
     Where the shell writes none, its checker's write stands (whether tested code runs in that checker
     is the task's design: ``polar tasks audit``)."""
     if events is None:
-        return {"note:reward-writers-unchecked": ("fanotify needs host root: the reward files' writers were "
-                                                    "not checked")}
+        return {
+            "note:reward-writers-unchecked": (
+                "fanotify needs host root: the reward files' writers were not checked"
+            )
+        }
     writers = {pid for pid, name in events if name in REWARD_FILES}
     others = writers - {shell}
     if shell in writers and others:
-        return {"reward-writer": f"a reward file was written by {len(others)} process(es) besides test.sh's own "
-                                 f"shell (host pids {sorted(others)[:5]}): the code under test wrote it"}
+        return {
+            "reward-writer": f"a reward file was written by {len(others)} process(es) besides test.sh's own "
+            f"shell (host pids {sorted(others)[:5]}): the code under test wrote it"
+        }
     return {}
 
 
@@ -173,14 +189,18 @@ def scalar_reward(rewards: dict[str, float], reward_key: str | None = None) -> f
     """The one number trained on: ``reward_key``'s, else ``reward``'s, else the only key's."""
     if reward_key is not None:
         if reward_key not in rewards:
-            raise RewardError(f"reward.json has no key {reward_key!r} (--reward-key); keys: {', '.join(rewards)}")
+            raise RewardError(
+                f"reward.json has no key {reward_key!r} (--reward-key); keys: {', '.join(rewards)}"
+            )
         return rewards[reward_key]
     if "reward" in rewards:
         return rewards["reward"]
     if len(rewards) == 1:
         return next(iter(rewards.values()))
-    raise RewardError(f"reward.json has several keys ({', '.join(rewards)}) and none is 'reward': "
-                      f"choose the scalar with --reward-key")
+    raise RewardError(
+        f"reward.json has several keys ({', '.join(rewards)}) and none is 'reward': "
+        f"choose the scalar with --reward-key"
+    )
 
 
 def verifier_user(task: Task, box: ContainerSandbox) -> str:
@@ -216,7 +236,10 @@ def safe_search_env(box: ContainerSandbox, user: str, env: dict[str, str]) -> di
     checks = {f"POLAR_V_{v}": x for v, x in wanted.items()}
     agent = f"{box.spec.uid}:{box.spec.uid}"
     out = engine_run(box.exec_argv(["/bin/sh", "-c", SAFE_PATHS_SCRIPT], checks, user=agent, path=ROOT_PATH))
-    safe = {key: value for key, _, value in (line.partition("=") for line in out.decode().splitlines() if "=" in line)}
+    safe = {
+        key: value
+        for key, _, value in (line.partition("=") for line in out.decode().splitlines() if "=" in line)
+    }
     if set(safe) != set(wanted):
         raise ContainerError(f"the search-path check answered {sorted(safe)}, not {sorted(wanted)}")
     if not safe["PATH"]:
@@ -251,8 +274,13 @@ async def verify(task: Task, box: ContainerSandbox, *, reward_key: str | None = 
             raise found
         read = found
         if read is None:
-            return _fail(result, FailureKind.no_reward, f"tests/test.sh wrote neither {VERIFIER_DIR}/reward.json "
-                         f"nor reward.txt (exit code {run.exit_code})", t0)
+            return _fail(
+                result,
+                FailureKind.no_reward,
+                f"tests/test.sh wrote neither {VERIFIER_DIR}/reward.json "
+                f"nor reward.txt (exit code {run.exit_code})",
+                t0,
+            )
         result.rewards = parse_rewards(*read)
         result.reward = scalar_reward(result.rewards, reward_key)
     except RewardError as exc:
@@ -316,8 +344,11 @@ async def _name_the_shell(box: ContainerSandbox, named: dict[str, int]) -> None:
     deadline = time.monotonic() + SHELL_SEEN_S
     while time.monotonic() < deadline:
         try:
-            tops = [p for p in await asyncio.to_thread(box.host_processes)
-                    if not p.parent_inside and p.inner != box.keepalive_pid]
+            tops = [
+                p
+                for p in await asyncio.to_thread(box.host_processes)
+                if not p.parent_inside and p.inner != box.keepalive_pid
+            ]
         except (ContainerError, OSError):
             tops = []
         if len(tops) == 1:
@@ -326,8 +357,9 @@ async def _name_the_shell(box: ContainerSandbox, named: dict[str, int]) -> None:
         await asyncio.sleep(0.02)
 
 
-async def _run_tests(task: Task, box: ContainerSandbox, result: GradeResult, t0: float, *,
-                     bundled: bool) -> tuple[RunResult, tuple[str, str] | None | RewardError]:
+async def _run_tests(
+    task: Task, box: ContainerSandbox, result: GradeResult, t0: float, *, bundled: bool
+) -> tuple[RunResult, tuple[str, str] | None | RewardError]:
     """Steps 2-4 in ``box``: the verifier's host directories handed over, test.sh run (its shell's pid
     named first), everything left killed, the directory taken back and read (before ``box`` may go: a
     separate verifier's); returns the run and the reward file read (or why it cannot be), the channel's
@@ -337,7 +369,9 @@ async def _run_tests(task: Task, box: ContainerSandbox, result: GradeResult, t0:
     user = verifier_user(task, box)
     uid = await asyncio.to_thread(_uid, box, user)
     await asyncio.to_thread(_hand_over, box, task, uid, bundled=bundled)
-    asked = resolve(config.env, f"{task.instance_id}: task.toml [verifier] env")  # ${VAR} from the host, as Harbor
+    asked = resolve(
+        config.env, f"{task.instance_id}: task.toml [verifier] env"
+    )  # ${VAR} from the host, as Harbor
     env = {**asked, **safe_search_env(box, user, asked)}
     result.timings["setup_s"] = time.monotonic() - t0
     logs = box.host_dir(VERIFIER_DIR)
@@ -348,8 +382,12 @@ async def _run_tests(task: Task, box: ContainerSandbox, result: GradeResult, t0:
             # no in-container `timeout` wrapper: the exec's first process is test.sh's shell (the host kills
             # at the deadline)
             box.exec_argv(["sh", "-c", GATED_TEST_SH], env, user=user, path=env["PATH"], interactive=True),
-            timeout_s=config.timeout_sec, stdin=b"\n", max_output_bytes=MAX_OUTPUT_BYTES, on_timeout=box.kill_all,
-            before_stdin=(lambda: _name_the_shell(box, named)) if watch is not None else None)
+            timeout_s=config.timeout_sec,
+            stdin=b"\n",
+            max_output_bytes=MAX_OUTPUT_BYTES,
+            on_timeout=box.kill_all,
+            before_stdin=(lambda: _name_the_shell(box, named)) if watch is not None else None,
+        )
         await asyncio.to_thread(_kill_everything, box)  # nothing test.sh started writes after this
     finally:
         events = watch.stop() if watch is not None else None
@@ -380,7 +418,9 @@ async def grade_patch(task: Task, patch: str, *, engine: str, reward_key: str | 
     box: ContainerSandbox | None = None
     try:
         spec = container_spec(task, task_spec(task, SandboxSpec()), engine)  # type: ignore[arg-type]
-        box = await asyncio.to_thread(ContainerSandbox.create, None, spec=spec, image=task.image, engine=engine)
+        box = await asyncio.to_thread(
+            ContainerSandbox.create, None, spec=spec, image=task.image, engine=engine
+        )
         if patch.strip():
             with tempfile.TemporaryDirectory(prefix="polar-harbor-") as tmp:
                 (Path(tmp) / "model.patch").write_text(patch, errors="surrogateescape")

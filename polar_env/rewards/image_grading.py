@@ -79,9 +79,17 @@ def uses_swebench_spec(task: Task) -> bool:
 
 def swebench_row(task: Task, image: str) -> dict:
     """The row as swebench's ``make_test_spec`` takes it."""
-    return {"instance_id": task.instance_id, "image": image, "repo": task.repo, "version": task.version,
-            "FAIL_TO_PASS": task.FAIL_TO_PASS, "PASS_TO_PASS": task.PASS_TO_PASS, "log_parser": task.log_parser,
-            "eval_type": task.eval_type, "eval_script": task.eval_script}
+    return {
+        "instance_id": task.instance_id,
+        "image": image,
+        "repo": task.repo,
+        "version": task.version,
+        "FAIL_TO_PASS": task.FAIL_TO_PASS,
+        "PASS_TO_PASS": task.PASS_TO_PASS,
+        "log_parser": task.log_parser,
+        "eval_type": task.eval_type,
+        "eval_script": task.eval_script,
+    }
 
 
 def custom_eval_script(task: Task) -> str:
@@ -90,16 +98,27 @@ def custom_eval_script(task: Task) -> str:
     run the task's tests between the markers, reset the test files again."""
     base = task.base_commit or "HEAD"
     files = " ".join(shlex.quote(f) for f in task.test_files())
-    env = " ".join(f"export {k}={shlex.quote(v.replace('{testbed}', '/testbed'))};"
-                   for k, v in task.environment.env.items())
+    env = " ".join(
+        f"export {k}={shlex.quote(v.replace('{testbed}', '/testbed'))};"
+        for k, v in task.environment.env.items()
+    )
     delim = "EOF_POLAR_TEST_PATCH"
     activate = procedure_of(task).activate
-    lines = ["#!/bin/bash", "set -uxo pipefail", *([activate] if activate else []), "cd /testbed",
-             "git config --global --add safe.directory /testbed"]
+    lines = [
+        "#!/bin/bash",
+        "set -uxo pipefail",
+        *([activate] if activate else []),
+        "cd /testbed",
+        "git config --global --add safe.directory /testbed",
+    ]
     if files:
         lines.append(f"git checkout {shlex.quote(base)} -- {files}")
-    lines += [f"git apply -v - <<'{delim}'", task.test_patch.rstrip("\n"), delim,
-              "if [ $? -ne 0 ]; then echo 'POLAR: test patch did not apply'; exit 97; fi"]
+    lines += [
+        f"git apply -v - <<'{delim}'",
+        task.test_patch.rstrip("\n"),
+        delim,
+        "if [ $? -ne 0 ]; then echo 'POLAR: test patch did not apply'; exit 97; fi",
+    ]
     if env:
         lines.append(env)
     lines.append(eval_script(task))
@@ -125,12 +144,20 @@ def image_box(engine: str, image: str, base: str = "HEAD") -> ImageBox:
     if engine == APPTAINER:
         tree = apptainer_base(image, GRADING_SPEC, base)
         return ApptainerBox.create(image, spec=GRADING_SPEC, base_tree=tree.tree, base_git=tree.git_dir)
-    return ContainerSandbox.create(None, spec=GRADING_SPEC, image=warm_image(engine, image, GRADING_SPEC, base),
-                                   engine=engine, warm=True)
+    return ContainerSandbox.create(
+        None, spec=GRADING_SPEC, image=warm_image(engine, image, GRADING_SPEC, base), engine=engine, warm=True
+    )
 
 
-def grade_in_image(task: Task, model_patch: str | None, *, engine: str, image: str,
-                   timeout_s: float | None = None, mode: GradingMode = GradingMode.strict) -> GradeResult:
+def grade_in_image(
+    task: Task,
+    model_patch: str | None,
+    *,
+    engine: str,
+    image: str,
+    timeout_s: float | None = None,
+    mode: GradingMode = GradingMode.strict,
+) -> GradeResult:
     """Grade ``model_patch`` for ``task`` in fresh containers of ``image`` (both modes; the verdict is
     ``mode``'s, strict where the task runs pytest). Never raises for agent faults."""
     timeout_s = grading_timeout_s(timeout_s)  # None: the configured deadline, for both stages
@@ -143,42 +170,67 @@ def grade_in_image(task: Task, model_patch: str | None, *, engine: str, image: s
         return result  # image_strict grades the /testbed layout only (known limit, docs/rewards.md)
     # the swebench script's test patch refused on the patched tree: the strict stage's gold run says
     # whether it applies to the image's base (then it is the patch's 0, else the task's defect)
-    refused_tp = result.failure_kind == FailureKind.task_defect and result.error.startswith("test patch did not apply")
+    refused_tp = result.failure_kind == FailureKind.task_defect and result.error.startswith(
+        "test patch did not apply"
+    )
     if (result.is_infrastructure_failure and not refused_tp) or result.failure_kind in (
-            FailureKind.empty_patch, FailureKind.apply_failed):
+        FailureKind.empty_patch,
+        FailureKind.apply_failed,
+    ):
         return result
     t0 = time.monotonic()
-    swebench = ModeResult(resolved=result.resolved, reward=result.reward, failure_kind=result.failure_kind,
-                          fail_to_pass=result.fail_to_pass, pass_to_pass=result.pass_to_pass, error=result.error,
-                          tests_s=result.timings.get("tests_s", 0.0))
+    swebench = ModeResult(
+        resolved=result.resolved,
+        reward=result.reward,
+        failure_kind=result.failure_kind,
+        fail_to_pass=result.fail_to_pass,
+        pass_to_pass=result.pass_to_pass,
+        error=result.error,
+        tests_s=result.timings.get("tests_s", 0.0),
+    )
     if refused_tp:
-        swebench = ModeResult(failure_kind=FailureKind.test_crash, error=f"{result.error[:1500]}\n(on the patched "
-                              "tree; the gold run in this image applied it: the patch's doing)")
+        swebench = ModeResult(
+            failure_kind=FailureKind.test_crash,
+            error=f"{result.error[:1500]}\n(on the patched "
+            "tree; the gold run in this image applied it: the patch's doing)",
+        )
     try:
-        strict, evidence, reset = asyncio.run(_strict(task, model_patch or "", engine=engine, image=image,
-                                                      timeout_s=timeout_s))
+        strict, evidence, reset = asyncio.run(
+            _strict(task, model_patch or "", engine=engine, image=image, timeout_s=timeout_s)
+        )
     except StrictImageError as e:
-        return _infra(result, f"strict: {e}"[:2000], t0, FailureKind.task_defect if e.task_defect
-                      else FailureKind.infrastructure)
+        return _infra(
+            result,
+            f"strict: {e}"[:2000],
+            t0,
+            FailureKind.task_defect if e.task_defect else FailureKind.infrastructure,
+        )
     except (ContainerError, OSError) as e:
         return _infra(result, f"container: {e}", t0)
     except Exception as e:  # noqa: BLE001 - the patched tests already ran in this image (swebench above)
-        return tested_code_crash(result, f"strict: grader error after the tests ran: {type(e).__name__}: {e}", t0)
+        return tested_code_crash(
+            result, f"strict: grader error after the tests ran: {type(e).__name__}: {e}", t0
+        )
     result.modes = {GradingMode.strict: strict, GradingMode.swebench: swebench}
     result.flags, result.flag_evidence, result.reset_paths = sorted(evidence), evidence, reset
     result.mode = mode
     zero_if_tampered(result)
     chosen = result.modes[mode]
     result.resolved, result.reward, result.failure_kind = chosen.resolved, chosen.reward, chosen.failure_kind
-    result.error, result.fail_to_pass, result.pass_to_pass = chosen.error, chosen.fail_to_pass, chosen.pass_to_pass
+    result.error, result.fail_to_pass, result.pass_to_pass = (
+        chosen.error,
+        chosen.fail_to_pass,
+        chosen.pass_to_pass,
+    )
     result.timings["tests_strict_s"] = strict.tests_s
     if strict.reward != swebench.reward:
         result.disagreement = strict.error or "strict runs the tests the grader's way"
     return result
 
 
-async def _strict_run(task: Task, patch: str, *, engine: str, image: str, timeout_s: float,
-                      gold: TestRun | None = None) -> dict:
+async def _strict_run(
+    task: Task, patch: str, *, engine: str, image: str, timeout_s: float, gold: TestRun | None = None
+) -> dict:
     """The strict run in a fresh container; with ``gold``, judged against it, and perturbed if it resolves
     (where the gold patch passes the perturbed run); without, the gold run itself and its perturbed
     control."""
@@ -189,12 +241,18 @@ async def _strict_run(task: Task, patch: str, *, engine: str, image: str, timeou
         except TestPatchFailed as e:
             if gold is None:
                 raise  # the gold tree: a task defect
-            return {"test_patch_failed": (f"the {e} on the patched tree, while the gold run's applied: "
-                                          "the patch's doing")}
+            return {
+                "test_patch_failed": (
+                    f"the {e} on the patched tree, while the gold run's applied: the patch's doing"
+                )
+            }
         run = done.get("run")
         if gold is None and run is not None and run.valid:
-            found = perturbed_disagreement(await perturbed_in_box(task, box, timeout_s)) \
-                if _mode_result(task, run).resolved else ["the gold patch does not resolve"]
+            found = (
+                perturbed_disagreement(await perturbed_in_box(task, box, timeout_s))
+                if _mode_result(task, run).resolved
+                else ["the gold patch does not resolve"]
+            )
             if any(f.startswith(CONTROL_UNSURE) for f in found):  # says nothing of the gold patch: not cached
                 raise StrictImageError(f"the gold patch's perturbed control: {'; '.join(found)}"[:600])
             run.perturbed_control = "; ".join(found)
@@ -211,20 +269,30 @@ async def _strict_run(task: Task, patch: str, *, engine: str, image: str, timeou
         await box.destroy()
 
 
-async def _strict(task: Task, patch: str, *, engine: str, image: str,
-                  timeout_s: float) -> tuple[ModeResult, dict[str, str], dict[str, str]]:
+async def _strict(
+    task: Task, patch: str, *, engine: str, image: str, timeout_s: float
+) -> tuple[ModeResult, dict[str, str], dict[str, str]]:
     """The strict mode in the image, judged against the gold patch's strict run in the same image."""
-    def run_gold() -> TestRun:  # on a thread of its own, its own loop: the key's lock may be held meanwhile
-        return asyncio.run(_strict_run(task, task.patch, engine=engine, image=image, timeout_s=timeout_s))["run"]
 
-    gold = await asyncio.to_thread(gold_run, gold_key(task, f"image:{image}"), TestRun, run_gold,
-                                   keep=lambda run: run.valid)
+    def run_gold() -> TestRun:  # on a thread of its own, its own loop: the key's lock may be held meanwhile
+        return asyncio.run(_strict_run(task, task.patch, engine=engine, image=image, timeout_s=timeout_s))[
+            "run"
+        ]
+
+    gold = await asyncio.to_thread(
+        gold_run, gold_key(task, f"image:{image}"), TestRun, run_gold, keep=lambda run: run.valid
+    )
     if not gold.valid:
-        raise StrictImageError(f"the gold patch has no valid strict run in the image: {gold.error}"[:600],
-                               task_defect=True)
+        raise StrictImageError(
+            f"the gold patch has no valid strict run in the image: {gold.error}"[:600], task_defect=True
+        )
     done = await _strict_run(task, patch, engine=engine, image=image, timeout_s=timeout_s, gold=gold)
     if "refused" in done:
-        return ModeResult(failure_kind=FailureKind.apply_failed, error=done["refused"]), {"patch-refused": ""}, {}
+        return (
+            ModeResult(failure_kind=FailureKind.apply_failed, error=done["refused"]),
+            {"patch-refused": ""},
+            {},
+        )
     if "test_patch_failed" in done:
         return ModeResult(failure_kind=FailureKind.test_crash, error=done["test_patch_failed"][:2000]), {}, {}
     run: TestRun = done["run"]
@@ -238,20 +306,33 @@ async def _strict(task: Task, patch: str, *, engine: str, image: str,
     return _mode_result(task, run), evidence, done["reset_paths"]
 
 
-def run_base_in_image(task: Task, *, engine: str, timeout_s: float | None = None) -> tuple[dict[str, str], str]:
+def run_base_in_image(
+    task: Task, *, engine: str, timeout_s: float | None = None
+) -> tuple[dict[str, str], str]:
     """(FAIL_TO_PASS/PASS_TO_PASS statuses, infrastructure error) of the tests on the untouched base tree
     (task validation: the empty patch must not pass)."""
-    result = asyncio.run(_grade(task, "", engine=engine, image=task_image(task), timeout_s=grading_timeout_s(timeout_s),
-                                base_only=True))
+    result = asyncio.run(
+        _grade(
+            task,
+            "",
+            engine=engine,
+            image=task_image(task),
+            timeout_s=grading_timeout_s(timeout_s),
+            base_only=True,
+        )
+    )
     return {**result.fail_to_pass, **result.pass_to_pass}, result.error
 
 
-async def _grade(task: Task, patch: str, *, engine: str, image: str, timeout_s: float,
-                 base_only: bool = False) -> GradeResult:
+async def _grade(
+    task: Task, patch: str, *, engine: str, image: str, timeout_s: float, base_only: bool = False
+) -> GradeResult:
     t0 = time.monotonic()
     result = GradeResult(instance_id=task.instance_id, mode=GradingMode.swebench)  # its procedure, only
     if not task.FAIL_TO_PASS:
-        return _infra(result, "task has no FAIL_TO_PASS tests: grading would be vacuous", t0, FailureKind.task_defect)
+        return _infra(
+            result, "task has no FAIL_TO_PASS tests: grading would be vacuous", t0, FailureKind.task_defect
+        )
     if not patch.strip() and not base_only:
         result.failure_kind = FailureKind.empty_patch
         _finish(result, task, {}, t0)
@@ -288,17 +369,27 @@ async def _grade(task: Task, patch: str, *, engine: str, image: str, timeout_s: 
                 _finish(result, task, {}, t0)
                 return result
             if run.exit_code == 97 and "POLAR: test patch did not apply" in log:
-                return _infra(result, f"test patch did not apply cleanly:\n{log[-LOG_TAIL_CHARS:]}", t0,
-                              FailureKind.task_defect)
+                return _infra(
+                    result,
+                    f"test patch did not apply cleanly:\n{log[-LOG_TAIL_CHARS:]}",
+                    t0,
+                    FailureKind.task_defect,
+                )
             log_path = Path(tmp) / "test_output.txt"
             log_path.write_text(log)
             try:
                 if spec is not None:
                     status_map, valid = sb.parse_log_with_spec(spec, str(log_path))
                 else:
-                    status_map, valid = sb.parse_log(str(log_path), instance_id=task.instance_id, repo=task.repo,
-                                                     version=task.version, fail_to_pass=task.FAIL_TO_PASS,
-                                                     pass_to_pass=task.PASS_TO_PASS, log_parser=task.log_parser)
+                    status_map, valid = sb.parse_log(
+                        str(log_path),
+                        instance_id=task.instance_id,
+                        repo=task.repo,
+                        version=task.version,
+                        fail_to_pass=task.FAIL_TO_PASS,
+                        pass_to_pass=task.PASS_TO_PASS,
+                        log_parser=task.log_parser,
+                    )
             except Exception as exc:  # noqa: BLE001 - the log is the tested code's output: the patch's 0
                 status_map, valid = {}, False
                 result.error = f"log parser: {type(exc).__name__}: {exc}"[:500]

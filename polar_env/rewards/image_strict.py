@@ -58,8 +58,10 @@ from polar_env.tasks.models import Task
 
 GRADER_INSIDE = "/opt/polar-grader"
 TREE = "/testbed"
-GIT = ("git -c core.hooksPath=/dev/null -c core.fsmonitor=false -c diff.external= -c core.quotepath=false "
-       "-c safe.directory='*'")
+GIT = (
+    "git -c core.hooksPath=/dev/null -c core.fsmonitor=false -c diff.external= -c core.quotepath=false "
+    "-c safe.directory='*'"
+)
 GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_TERMINAL_PROMPT": "0"}
 MAX_STREAM_BYTES = 16 << 20
 ROOT_STEP_S = 600.0  # the deadline of a grader step as root (a chown, a tree copy)
@@ -106,21 +108,25 @@ find . -path ./.git -prune -o -type l -print0 | while IFS= read -r -d '' l; do
 done
 """
 # what the image's interpreter has installed, read without the tree on the path (-I: isolated)
-PLUGINS = ("cd / && python -I -c \"try:\n"
-           "    import importlib.metadata as m\n"
-           "    eps = m.entry_points()\n"
-           "    eps = eps.select(group='pytest11') if hasattr(eps, 'select') else eps.get('pytest11', [])\n"
-           "    names = {e.value.split(':')[0].strip() for e in eps}\n"
-           "except ImportError:  # before Python 3.8\n"
-           "    import pkg_resources\n"
-           "    names = {e.module_name for e in pkg_resources.iter_entry_points('pytest11')}\n"
-           "print(' '.join(sorted(names)))\"")
-CONFIGS = ("cd / && python -I -c \"import json, subprocess, sys\n"
-           "out = {}\n"
-           "for p in sys.argv[1:]:\n"
-           "    r = subprocess.run(['cat', '/testbed/' + p], capture_output=True)\n"
-           "    if r.returncode == 0: out[p] = r.stdout.decode('utf-8', 'replace')\n"
-           "print(json.dumps(out))\" \"$@\"")
+PLUGINS = (
+    'cd / && python -I -c "try:\n'
+    "    import importlib.metadata as m\n"
+    "    eps = m.entry_points()\n"
+    "    eps = eps.select(group='pytest11') if hasattr(eps, 'select') else eps.get('pytest11', [])\n"
+    "    names = {e.value.split(':')[0].strip() for e in eps}\n"
+    "except ImportError:  # before Python 3.8\n"
+    "    import pkg_resources\n"
+    "    names = {e.module_name for e in pkg_resources.iter_entry_points('pytest11')}\n"
+    "print(' '.join(sorted(names)))\""
+)
+CONFIGS = (
+    'cd / && python -I -c "import json, subprocess, sys\n'
+    "out = {}\n"
+    "for p in sys.argv[1:]:\n"
+    "    r = subprocess.run(['cat', '/testbed/' + p], capture_output=True)\n"
+    "    if r.returncode == 0: out[p] = r.stdout.decode('utf-8', 'replace')\n"
+    'print(json.dumps(out))" "$@"'
+)
 
 
 # a fresh box of the task's image: a container (podman, docker) or an apptainer box
@@ -150,8 +156,10 @@ async def _root(box: ImageBox, script: str) -> None:
     """A grader's step as root in the box (the tree and grader files handed to root, a copy made)."""
     ran = await box.run(["sh", "-c", script], user="0", timeout_s=ROOT_STEP_S)
     if ran.exit_code != 0:
-        raise StrictImageError(f"a grader step as root failed ({'timed out' if ran.timed_out else ran.exit_code}): "
-                               f"{ran.stderr_tail[-500:]}")
+        raise StrictImageError(
+            f"a grader step as root failed ({'timed out' if ran.timed_out else ran.exit_code}): "
+            f"{ran.stderr_tail[-500:]}"
+        )
 
 
 def _in_env(task: Task, script: str) -> list[str]:
@@ -165,8 +173,11 @@ async def _plugins(task: Task, box: ImageBox) -> list[str]:
 
 async def _fetch(task: Task, box: ImageBox, dest: Path, paths: list[str], tree: str = TREE) -> Path:
     """Copy the text of those of ``paths`` that exist in the container's ``tree`` to ``dest`` (host)."""
-    got = await box.run([*_in_env(task, CONFIGS.replace("/testbed/", tree + "/")), "bash", *paths], timeout_s=60,
-                        max_output_bytes=32 << 20)
+    got = await box.run(
+        [*_in_env(task, CONFIGS.replace("/testbed/", tree + "/")), "bash", *paths],
+        timeout_s=60,
+        max_output_bytes=32 << 20,
+    )
     dest.mkdir(parents=True, exist_ok=True)
     for rel, text in json.loads(got.stdout_tail or "{}").items():
         (dest / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -182,21 +193,43 @@ async def _copy_texts(box: ImageBox, staging: Path, texts: dict[str, str]) -> No
         await box.copy_in(staging / rel, f"{TREE}/{rel}")
 
 
-async def _run_stream(task: Task, box: ImageBox, tree: str, grader: str, config: dict,
-                      timeout_s: float, canaries: CanaryPlan) -> tuple[SandboxRun, StrictOutcome]:
+async def _run_stream(
+    task: Task, box: ImageBox, tree: str, grader: str, config: dict, timeout_s: float, canaries: CanaryPlan
+) -> tuple[SandboxRun, StrictOutcome]:
     """Run the grader's script in ``grader`` on ``tree`` as the sandbox uid; judge its result stream."""
     exports = {k: v.replace("{testbed}", tree) for k, v in task.environment.env.items()}
-    script = (f"cd {tree} && export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTHONNOUSERSITE=1 "
-              f"POLAR_GRADER_CONFIG_FD=0 POLAR_GRADER_RESULT_FD=3 && exec 3>&1 1>&2 && "
-              f"exec python {grader}/main.py")
+    script = (
+        f"cd {tree} && export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 PYTHONNOUSERSITE=1 "
+        f"POLAR_GRADER_CONFIG_FD=0 POLAR_GRADER_RESULT_FD=3 && exec 3>&1 1>&2 && "
+        f"exec python {grader}/main.py"
+    )
     t0 = time.monotonic()
-    ran = await box.run(_in_env(task, script), env=exports, stdin=json.dumps(config).encode(),
-                        timeout_s=timeout_s, max_output_bytes=MAX_STREAM_BYTES)
-    run = SandboxRun(ran.exit_code if ran.exit_code is not None else -9, ran.stderr_tail, ran.timed_out,
-                     time.monotonic() - t0)
-    outcome = StrictOutcome(error="timed out") if ran.timed_out else judge_stream(
-        ran.stdout_tail.encode("utf-8", "surrogateescape"), ran.stdout_bytes, config, run, task.repo, tree_mount=tree,
-        canaries=canaries)
+    ran = await box.run(
+        _in_env(task, script),
+        env=exports,
+        stdin=json.dumps(config).encode(),
+        timeout_s=timeout_s,
+        max_output_bytes=MAX_STREAM_BYTES,
+    )
+    run = SandboxRun(
+        ran.exit_code if ran.exit_code is not None else -9,
+        ran.stderr_tail,
+        ran.timed_out,
+        time.monotonic() - t0,
+    )
+    outcome = (
+        StrictOutcome(error="timed out")
+        if ran.timed_out
+        else judge_stream(
+            ran.stdout_tail.encode("utf-8", "surrogateescape"),
+            ran.stdout_bytes,
+            config,
+            run,
+            task.repo,
+            tree_mount=tree,
+            canaries=canaries,
+        )
+    )
     return run, outcome
 
 
@@ -207,18 +240,25 @@ async def perturbed_in_box(task: Task, box: ImageBox, timeout_s: float) -> Pertu
         copy = await _fetch(task, box, Path(tmp) / "tests", f2p_files)
         cfg_tree = await _fetch(task, box, Path(tmp) / "cfg", _config_candidates(task.test_directives))
         try:
-            plan = plan_perturbed(task, copy, cfg_tree, Path(tmp) / "grader", plugins=await _plugins(task, box))
+            plan = plan_perturbed(
+                task, copy, cfg_tree, Path(tmp) / "grader", plugins=await _plugins(task, box)
+            )
         except (ValueError, OSError, UnicodeDecodeError) as e:
             return Perturbed(StrictOutcome(violations=[f"perturbed-run: {e}"]), {})
         await box.provide(plan.mount)
         await box.provide(plan.grader_mount)
-        await _root(box, f"mkdir -p {plan.mount} && cp -a {TREE}/. {plan.mount}/ && rm -f -- "
-                         + " ".join(f"{plan.mount}/{shlex.quote(old)}" for old in plan.files))
+        await _root(
+            box,
+            f"mkdir -p {plan.mount} && cp -a {TREE}/. {plan.mount}/ && rm -f -- "
+            + " ".join(f"{plan.mount}/{shlex.quote(old)}" for old in plan.files),
+        )
         for new in plan.files.values():
             await box.copy_in(copy / new, f"{plan.mount}/{new}")
         await box.copy_in(Path(tmp) / "grader", plan.grader_mount)
         await box.lock([plan.mount, plan.grader_mount])
-    run, outcome = await _run_stream(task, box, plan.mount, plan.grader_mount, plan.config, timeout_s, plan.canaries)
+    run, outcome = await _run_stream(
+        task, box, plan.mount, plan.grader_mount, plan.config, timeout_s, plan.canaries
+    )
     return Perturbed(outcome, plan.renamed, run)
 
 
@@ -231,10 +271,16 @@ async def strict_in_box(task: Task, box: ImageBox, patch: str, timeout_s: float)
     from polar_env.rewards.grading import TestRun
 
     env = GIT_ENV
-    await _root(box, safe_git.shell_neutralise(f"{TREE}/.git"))  # the patch's .gitattributes cannot break git add
+    await _root(
+        box, safe_git.shell_neutralise(f"{TREE}/.git")
+    )  # the patch's .gitattributes cannot break git add
     if patch.strip():
-        applied = await box.run(["sh", "-c", f"cd {TREE} && {GIT} apply --verbose -"], env=env,
-                                stdin=patch.encode("utf-8", "surrogateescape"), timeout_s=120)
+        applied = await box.run(
+            ["sh", "-c", f"cd {TREE} && {GIT} apply --verbose -"],
+            env=env,
+            stdin=patch.encode("utf-8", "surrogateescape"),
+            timeout_s=120,
+        )
         if applied.exit_code != 0:
             return {"refused": (applied.stdout_tail + applied.stderr_tail)[-4000:]}
     listed = await box.run(["bash", "-c", CHANGES], env=env, timeout_s=300, max_output_bytes=64 << 20)
@@ -250,32 +296,52 @@ async def strict_in_box(task: Task, box: ImageBox, patch: str, timeout_s: float)
     kept = [p for p in changed if p not in reset]
     flags: dict[str, str] = {}
     if kept:
-        diff = await box.run(["bash", "-c", SOURCE_DIFF, "bash", *kept], env=env, timeout_s=300,
-                             max_output_bytes=16 << 20)
+        diff = await box.run(
+            ["bash", "-c", SOURCE_DIFF, "bash", *kept], env=env, timeout_s=300, max_output_bytes=16 << 20
+        )
         flags = tampering_flags(diff.stdout_tail, task.repo, task.problem_statement)
     paths = sorted(dict.fromkeys([*task.test_files(), *reset]), key=lambda p: (p.count("/"), p))
-    restored = await box.run(["bash", "-c", RESTORE, "bash", *paths], env=env, timeout_s=300,
-                             stdin=task.test_patch.encode("utf-8", "surrogateescape"))
+    restored = await box.run(
+        ["bash", "-c", RESTORE, "bash", *paths],
+        env=env,
+        timeout_s=300,
+        stdin=task.test_patch.encode("utf-8", "surrogateescape"),
+    )
     if restored.exit_code == 96:
         return {"refused": restored.stdout_tail[-2000:]}
     if restored.exit_code == 97:
-        raise TestPatchFailed(f"test patch did not apply cleanly:\n{restored.stdout_tail[-2000:]}", task_defect=True)
+        raise TestPatchFailed(
+            f"test patch did not apply cleanly:\n{restored.stdout_tail[-2000:]}", task_defect=True
+        )
     if restored.exit_code != 0:
         raise StrictImageError(f"reset failed: {restored.stderr_tail[-500:]}")
     plugins = await _plugins(task, box)
     with tempfile.TemporaryDirectory(prefix="polar-image-strict-") as tmp:
         cfg_tree = await _fetch(task, box, Path(tmp) / "cfg", _config_candidates(task.test_directives))
-        f2p = await _fetch(task, box, Path(tmp) / "f2p", sorted({test_file_of(t) for t in task.FAIL_TO_PASS if "::" in t}))
-        originals = f2p_sources(task.FAIL_TO_PASS, lambda rel: (f2p / rel).read_bytes() if (f2p / rel).is_file() else None)
+        f2p = await _fetch(
+            task, box, Path(tmp) / "f2p", sorted({test_file_of(t) for t in task.FAIL_TO_PASS if "::" in t})
+        )
+        originals = f2p_sources(
+            task.FAIL_TO_PASS, lambda rel: (f2p / rel).read_bytes() if (f2p / rel).is_file() else None
+        )
         canaries = plan_canaries(originals, task.FAIL_TO_PASS)
         grader = Path(tmp) / "grader"
         grader.mkdir()
         (grader / f"{PLUGIN_MODULE}.py").write_text(PLUGIN_SRC.read_text())
         (grader / "pytest.ini").write_text(render_ini(base_pytest_options(cfg_tree, task.test_directives)))
-        options = ["-c", f"{GRADER_INSIDE}/pytest.ini", f"--rootdir={TREE}", f"--confcutdir={TREE}",
-                   "-p", "no:cacheprovider", "-p", PLUGIN_MODULE,
-                   *[x for m in plugins for x in ("-p", m)], *pytest_args(task),
-                   *written_directives(canaries, task.test_directives)]
+        options = [
+            "-c",
+            f"{GRADER_INSIDE}/pytest.ini",
+            f"--rootdir={TREE}",
+            f"--confcutdir={TREE}",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            PLUGIN_MODULE,
+            *[x for m in plugins for x in ("-p", m)],
+            *pytest_args(task),
+            *written_directives(canaries, task.test_directives),
+        ]
         (grader / "main.py").write_text(f"import pytest\nraise SystemExit(pytest.main({options!r}))\n")
         await box.provide(GRADER_INSIDE)
         await box.copy_in(grader, GRADER_INSIDE)
@@ -285,8 +351,16 @@ async def strict_in_box(task: Task, box: ImageBox, patch: str, timeout_s: float)
         run, outcome = await _run_stream(task, box, TREE, GRADER_INSIDE, config, timeout_s, canaries)
         await _copy_texts(box, Path(tmp) / "originals", {rel: originals[rel] for rel in canaries.files})
         await box.lock([TREE])
-    out = TestRun(timed_out=run.timed_out, log=run.output, seconds=run.seconds, status_map=outcome.status_map,
-                  valid=outcome.valid, collected=outcome.collected, violations=outcome.violations,
-                  error=outcome.error or "; ".join(outcome.violations), untrusted_xfail=outcome.untrusted_xfail,
-                  runner=outcome.runner)
+    out = TestRun(
+        timed_out=run.timed_out,
+        log=run.output,
+        seconds=run.seconds,
+        status_map=outcome.status_map,
+        valid=outcome.valid,
+        collected=outcome.collected,
+        violations=outcome.violations,
+        error=outcome.error or "; ".join(outcome.violations),
+        untrusted_xfail=outcome.untrusted_xfail,
+        runner=outcome.runner,
+    )
     return {"run": out, "flags": flags, "reset_paths": reset}

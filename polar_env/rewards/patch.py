@@ -41,14 +41,31 @@ def tree_patch(tree: Path) -> str:
         index = Path(tmp) / "index"
         safe_git.run_git(git_dir, tree, "read-tree", base, index=index)
         safe_git.run_git(git_dir, tree, "add", "-A", "--", *exclude_pathspecs(NOISE_EXCLUDES), index=index)
-        out = safe_git.run_git(git_dir, tree, "diff", "--cached", "--binary", "--no-color", "--no-ext-diff",
-                               "--no-textconv", base, index=index).stdout
+        out = safe_git.run_git(
+            git_dir,
+            tree,
+            "diff",
+            "--cached",
+            "--binary",
+            "--no-color",
+            "--no-ext-diff",
+            "--no-textconv",
+            base,
+            index=index,
+        ).stdout
     return out.decode("utf-8", "surrogateescape")
 
 
 def apply_patch(tree: Path, patch: str) -> tuple[ApplyMethod, str]:
     """`git apply` to a tree with its own repository; returns (method, git's output)."""
-    proc = git(tree, "apply", "--verbose", "--whitespace=nowarn", "-", check=False,
-               input=patch.encode("utf-8", "surrogateescape"))
+    proc = git(
+        tree,
+        "apply",
+        "--verbose",
+        "--whitespace=nowarn",
+        "-",
+        check=False,
+        input=patch.encode("utf-8", "surrogateescape"),
+    )
     log = proc.stdout.decode(errors="replace") + proc.stderr.decode(errors="replace")
     return (ApplyMethod.git_apply if proc.returncode == 0 else ApplyMethod.none), log

@@ -32,8 +32,19 @@ from pathlib import PurePosixPath
 
 TEST_DIRS = frozenset({"test", "tests", "testing"})
 TEST_FILE_GLOBS = ("conftest.py", "test_*.py", "*_test.py", "*_tests.py", "tests.py")
-RUNNER_CONFIG = frozenset({"pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml", "tox.ini", "setup.cfg",
-                           "pyproject.toml", "noxfile.py", ".coveragerc"})
+RUNNER_CONFIG = frozenset(
+    {
+        "pytest.ini",
+        ".pytest.ini",
+        "pytest.toml",
+        ".pytest.toml",
+        "tox.ini",
+        "setup.cfg",
+        "pyproject.toml",
+        "noxfile.py",
+        ".coveragerc",
+    }
+)
 PACKAGING_FILES = frozenset({"setup.py", "MANIFEST.in"})
 PACKAGING_DIR_SUFFIXES = (".egg-info", ".dist-info", ".egg-link", ".egg")
 STARTUP_HOOKS = frozenset({"sitecustomize.py", "usercustomize.py"})
@@ -58,7 +69,7 @@ def top_level_modules(paths: Iterable[str], root: str) -> set[str]:
     for path in paths:
         if not path.startswith(prefix):
             continue
-        parts = path[len(prefix):].split("/")
+        parts = path[len(prefix) :].split("/")
         if len(parts) == 1:
             name = module_name(parts[0], is_dir=False)
         else:
@@ -89,9 +100,12 @@ def non_source_reason(path: str, import_roots: dict[str, set[str]]) -> str | Non
         prefix = f"{root}/" if root else ""
         if not path.startswith(prefix):
             continue
-        rest = path[len(prefix):].split("/")
-        new_name = module_name(rest[0], is_dir=False) if len(rest) == 1 else (
-            rest[0] if name.endswith(MODULE_SUFFIXES) else None)
+        rest = path[len(prefix) :].split("/")
+        new_name = (
+            module_name(rest[0], is_dir=False)
+            if len(rest) == 1
+            else (rest[0] if name.endswith(MODULE_SUFFIXES) else None)
+        )
         if new_name and new_name not in base_names:
             return "shadowing"
     return None

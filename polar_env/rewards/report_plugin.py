@@ -35,14 +35,33 @@ import pytest
 _CONFIG_FD_ENV = "POLAR_GRADER_CONFIG_FD"
 _RESULT_FD_ENV = "POLAR_GRADER_RESULT_FD"
 _WATCHED_MODULES = (
-    "_pytest.runner", "_pytest.reports", "_pytest.python", "_pytest.main", "_pytest.terminal",
-    "_pytest.skipping", "_pytest.outcomes", "_pytest.assertion", "_pytest.assertion.rewrite",
-    "_pytest.assertion.util", "_pytest.capture", "_pytest.nodes", "_pytest.fixtures", "_pytest.unittest",
-    "_pytest.junitxml", "_pytest.warnings", "pluggy", "pluggy._hooks",
-    "pluggy._callers", "pluggy._manager", "pytest",
+    "_pytest.runner",
+    "_pytest.reports",
+    "_pytest.python",
+    "_pytest.main",
+    "_pytest.terminal",
+    "_pytest.skipping",
+    "_pytest.outcomes",
+    "_pytest.assertion",
+    "_pytest.assertion.rewrite",
+    "_pytest.assertion.util",
+    "_pytest.capture",
+    "_pytest.nodes",
+    "_pytest.fixtures",
+    "_pytest.unittest",
+    "_pytest.junitxml",
+    "_pytest.warnings",
+    "pluggy",
+    "pluggy._hooks",
+    "pluggy._callers",
+    "pluggy._manager",
+    "pytest",
 )
-_WATCHED_ATTRS = {"os": ("_exit", "exit", "kill", "abort", "write"), "sys": ("exit", "excepthook"),
-                  "builtins": ("AssertionError", "print", "__import__", "exit", "open", "compile", "exec")}
+_WATCHED_ATTRS = {
+    "os": ("_exit", "exit", "kill", "abort", "write"),
+    "sys": ("exit", "excepthook"),
+    "builtins": ("AssertionError", "print", "__import__", "exit", "open", "compile", "exec"),
+}
 _PLAIN = (int, float, str, bytes, bool, type(None), dict, list, set, tuple)
 _LOADER_MODULES = ("_pytest.assertion.rewrite", "importlib._bootstrap_external", "_frozen_importlib_external")
 _SCALARS = (int, float, str, bytes, bool, type(None))
@@ -81,8 +100,19 @@ def _code(code: types.CodeType, digest: Any) -> None:
     """A code object's content: instructions, names, flags and constants, nested code included (not
     marshal's bytes: those depend on reference counts)."""
     digest.update(code.co_code)
-    digest.update(repr((code.co_names, code.co_varnames, code.co_freevars, code.co_cellvars, code.co_flags,
-                        code.co_argcount, code.co_kwonlyargcount)).encode())
+    digest.update(
+        repr(
+            (
+                code.co_names,
+                code.co_varnames,
+                code.co_freevars,
+                code.co_cellvars,
+                code.co_flags,
+                code.co_argcount,
+                code.co_kwonlyargcount,
+            )
+        ).encode()
+    )
     for const in code.co_consts:
         if code.co_filename.startswith("<") and type(const) is int:
             # generated code (attrs' ``__hash__``) holds a per-process salt: not the runner's content
@@ -90,7 +120,9 @@ def _code(code: types.CodeType, digest: Any) -> None:
         if type(const) is types.CodeType:
             _code(const, digest)
         else:  # a constant is a scalar or a tuple/frozenset of them (a frozenset's order is the hash seed's)
-            digest.update(b"\0" + (repr(sorted(map(repr, const))) if type(const) is frozenset else repr(const)).encode())
+            digest.update(
+                b"\0" + (repr(sorted(map(repr, const))) if type(const) is frozenset else repr(const)).encode()
+            )
 
 
 def _content(obj: Any, deep: bool, depth: int = 0) -> str:
@@ -124,6 +156,7 @@ def _snapshot(deep: bool = False) -> dict[str, str]:
 
     def take(key: str, obj: object) -> None:
         snap[key] = f"{id(obj)}:{_content(obj, deep)}"
+
     for name in (*_WATCHED_MODULES, __name__):
         mod = sys.modules.get(name)
         if mod is None:
@@ -156,7 +189,7 @@ class _Stream:
         line = _dumps({"seq": self.seq, "nonce": self.nonce, "t": kind, **data}).encode() + b"\n"
         self.seq += 1
         while line:
-            line = line[_os_write(self.fd, line):]
+            line = line[_os_write(self.fd, line) :]
 
 
 class _State:
@@ -170,7 +203,9 @@ class _State:
         self.snapshot, self.deep = _snapshot(), _snapshot(deep=True)
         # the runner's content as this run found it, ids left out: the grader compares it with the gold
         # run's, so a swap made before this plugin loaded (the runner is the code under test) is seen too
-        self.runner = {k: _sha256(v.partition(":")[2].encode()).hexdigest()[:16] for k, v in self.deep.items()}
+        self.runner = {
+            k: _sha256(v.partition(":")[2].encode()).hexdigest()[:16] for k, v in self.deep.items()
+        }
         self.tampered: set[str] = set()
         self.untrusted_xfail: set[str] = set()
 
@@ -239,8 +274,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    _STATE.stream.emit("phase", id=report.nodeid, when=report.when, outcome=report.outcome,
-                       xfail=hasattr(report, "wasxfail"), untrusted=report.nodeid in _STATE.untrusted_xfail)
+    _STATE.stream.emit(
+        "phase",
+        id=report.nodeid,
+        when=report.when,
+        outcome=report.outcome,
+        xfail=hasattr(report, "wasxfail"),
+        untrusted=report.nodeid in _STATE.untrusted_xfail,
+    )
     if report.when == "teardown":
         _STATE.check()
 
@@ -270,8 +311,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     foreign = _foreign_test_modules(session)
     if foreign:
         _STATE.stream.emit("tampered", keys=foreign)
-    _STATE.stream.emit("end", exitstatus=int(exitstatus), testscollected=int(session.testscollected),
-                       testsfailed=int(session.testsfailed), runner=_STATE.runner)
+    _STATE.stream.emit(
+        "end",
+        exitstatus=int(exitstatus),
+        testscollected=int(session.testscollected),
+        testsfailed=int(session.testsfailed),
+        runner=_STATE.runner,
+    )
 
 
 # Last, so the snapshot holds this module's own hooks too.

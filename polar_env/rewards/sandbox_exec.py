@@ -69,11 +69,15 @@ class GradingLimits:
         def get(name: str, default: int | None) -> int | None:
             value = env.get(name)
             return default if value is None else (int(value) or None)
+
         d = cls()
         timeout = env.get("TIMEOUT_S")
-        return cls(get("MEMORY_BYTES", d.memory_bytes), get("PIDS_MAX", d.pids_max),
-                   get("TMPFS_BYTES", d.tmpfs_bytes) or d.tmpfs_bytes,
-                   float(timeout) if timeout else d.timeout_s)
+        return cls(
+            get("MEMORY_BYTES", d.memory_bytes),
+            get("PIDS_MAX", d.pids_max),
+            get("TMPFS_BYTES", d.tmpfs_bytes) or d.tmpfs_bytes,
+            float(timeout) if timeout else d.timeout_s,
+        )
 
 
 def grading_timeout_s(timeout_s: float | None = None) -> float:
@@ -93,30 +97,64 @@ class SandboxRun:
     limits: dict[str, str] = field(default_factory=dict)  # controller -> cgroup version, or why not limited
 
 
-def _sandbox(shown: _Shown, env: dict[str, str], *, tree_writable: bool = True, tree_mount: str = TREE_MOUNT,
-             hostname: str = "sandbox", tmpfs_bytes: int | None = None, userns: int | None = None) -> BwrapCommand:
+def _sandbox(
+    shown: _Shown,
+    env: dict[str, str],
+    *,
+    tree_writable: bool = True,
+    tree_mount: str = TREE_MOUNT,
+    hostname: str = "sandbox",
+    tmpfs_bytes: int | None = None,
+    userns: int | None = None,
+) -> BwrapCommand:
     """The grading sandbox: the tree at ``tree_mount`` (read-only for strict runs; a sized tmpfs copy
     when writable), the task venv read-only, sized tmpfs, plus grader-owned mounts (the strict
     runner's plugin and report dir)."""
-    tree_mounts = ([Mount(TREE_SOURCE_MOUNT, shown.tree),
-                    Mount(tree_mount, kind="tmpfs", perms="0777", size=tmpfs_bytes)]
-                   if tree_writable else [Mount(tree_mount, shown.tree)])
-    mounts = [Mount("/tmp", kind="tmpfs", perms="1777", size=tmpfs_bytes),
-              Mount("/home/agent", kind="tmpfs", perms="0777", size=tmpfs_bytes),
-              *tree_mounts, Mount(VENV_MOUNT, shown.venv), *shown.mounts]
+    tree_mounts = (
+        [
+            Mount(TREE_SOURCE_MOUNT, shown.tree),
+            Mount(tree_mount, kind="tmpfs", perms="0777", size=tmpfs_bytes),
+        ]
+        if tree_writable
+        else [Mount(tree_mount, shown.tree)]
+    )
+    mounts = [
+        Mount("/tmp", kind="tmpfs", perms="1777", size=tmpfs_bytes),
+        Mount("/home/agent", kind="tmpfs", perms="0777", size=tmpfs_bytes),
+        *tree_mounts,
+        Mount(VENV_MOUNT, shown.venv),
+        *shown.mounts,
+    ]
     uid, gid = (SANDBOX_UID, SANDBOX_UID) if os.geteuid() == 0 else (os.geteuid(), os.getegid())
-    return BwrapCommand(mounts, workdir=tree_mount, env=env, uid=uid, gid=gid, hostname=hostname,
-                        system=shown.system, userns=userns)
+    return BwrapCommand(
+        mounts,
+        workdir=tree_mount,
+        env=env,
+        uid=uid,
+        gid=gid,
+        hostname=hostname,
+        system=shown.system,
+        userns=userns,
+    )
 
 
 def _start_wrapper(cmd: list[str], started_fd: int, *, copy_to: str | None) -> list[str]:
     """bash that (copies the tree into its tmpfs at ``copy_to``,) reports the start on ``started_fd``,
     closes it, execs ``cmd``."""
     # each top-level entry (dotfiles too), never the mount point itself (root's, its times not ours to set)
-    copy = (f"shopt -s dotglob nullglob && src=({TREE_SOURCE_MOUNT}/*) && shopt -u dotglob nullglob && "
-            f'{{ [ ${{#src[@]}} -eq 0 ] || cp -a "${{src[@]}}" {copy_to}/; }} && ' if copy_to else "")
-    return ["/bin/bash", "-c", f'{copy}printf 1 >&{started_fd} && exec {started_fd}>&- && exec "$@"',
-            "polar-sandbox", *cmd]
+    copy = (
+        f"shopt -s dotglob nullglob && src=({TREE_SOURCE_MOUNT}/*) && shopt -u dotglob nullglob && "
+        f'{{ [ ${{#src[@]}} -eq 0 ] || cp -a "${{src[@]}}" {copy_to}/; }} && '
+        if copy_to
+        else ""
+    )
+    return [
+        "/bin/bash",
+        "-c",
+        f'{copy}printf 1 >&{started_fd} && exec {started_fd}>&- && exec "$@"',
+        "polar-sandbox",
+        *cmd,
+    ]
 
 
 def prepare_tree_owner(tree: Path) -> None:
@@ -154,10 +192,16 @@ def _shown(tree: Path, venv: Path, extra_mounts: Sequence[Mount]) -> Iterator[_S
         root = Path(tmp)
         mount_quota(root, VIEWS_TMPFS_BYTES)
         try:
+
             def view(src: Path, name: str) -> Path:
                 return mount_view([src], root / name) if src.is_dir() else src  # no dir: bwrap names it
-            mounts = [Mount(m.dst, view(Path(m.src), f"mount{i}"), m.kind, m.perms, m.size) if m.src is not None
-                      else m for i, m in enumerate(extra_mounts)]
+
+            mounts = [
+                Mount(m.dst, view(Path(m.src), f"mount{i}"), m.kind, m.perms, m.size)
+                if m.src is not None
+                else m
+                for i, m in enumerate(extra_mounts)
+            ]
             yield _Shown(view(tree, "tree"), view(venv, "venv"), mounts, system_view(root / "system"))
         finally:
             unmount(root)
@@ -213,33 +257,78 @@ def _own_namespace() -> Iterator[int | None]:
         identity.release()
 
 
-def _run(cmd: list[str], shown: _Shown, full_env: dict[str, str], limits: GradingLimits, tree_writable: bool,
-         pass_fds: Sequence[int], tree_mount: str, hostname: str, timeout_s: float) -> SandboxRun:
+def _run(
+    cmd: list[str],
+    shown: _Shown,
+    full_env: dict[str, str],
+    limits: GradingLimits,
+    tree_writable: bool,
+    pass_fds: Sequence[int],
+    tree_mount: str,
+    hostname: str,
+    timeout_s: float,
+) -> SandboxRun:
     with _own_namespace() as userns:
-        return _run_in(cmd, shown, full_env, limits, tree_writable,
-                       (*pass_fds, *([] if userns is None else [userns])), tree_mount, hostname, timeout_s, userns)
+        return _run_in(
+            cmd,
+            shown,
+            full_env,
+            limits,
+            tree_writable,
+            (*pass_fds, *([] if userns is None else [userns])),
+            tree_mount,
+            hostname,
+            timeout_s,
+            userns,
+        )
 
 
-def _run_in(cmd: list[str], shown: _Shown, full_env: dict[str, str], limits: GradingLimits, tree_writable: bool,
-            pass_fds: Sequence[int], tree_mount: str, hostname: str, timeout_s: float,
-            userns: int | None) -> SandboxRun:
+def _run_in(
+    cmd: list[str],
+    shown: _Shown,
+    full_env: dict[str, str],
+    limits: GradingLimits,
+    tree_writable: bool,
+    pass_fds: Sequence[int],
+    tree_mount: str,
+    hostname: str,
+    timeout_s: float,
+    userns: int | None,
+) -> SandboxRun:
     started_r, started_w = os.pipe()
     try:
-        argv = _sandbox(shown, full_env, tree_writable=tree_writable, tree_mount=tree_mount, hostname=hostname,
-                        tmpfs_bytes=limits.tmpfs_bytes, userns=userns).argv(
-            _start_wrapper(cmd, started_w, copy_to=tree_mount if tree_writable else None))
+        argv = _sandbox(
+            shown,
+            full_env,
+            tree_writable=tree_writable,
+            tree_mount=tree_mount,
+            hostname=hostname,
+            tmpfs_bytes=limits.tmpfs_bytes,
+            userns=userns,
+        ).argv(_start_wrapper(cmd, started_w, copy_to=tree_mount if tree_writable else None))
     except BaseException:
         os.close(started_r)
         os.close(started_w)
         raise
-    cgroups = CgroupLimits(f"grade-{os.getpid()}-{uuid.uuid4().hex[:8]}", limits.memory_bytes, limits.pids_max)
+    cgroups = CgroupLimits(
+        f"grade-{os.getpid()}-{uuid.uuid4().hex[:8]}", limits.memory_bytes, limits.pids_max
+    )
     try:
         # the one runner of commands in a sandbox (`sandbox.base.run_process_tree`): killing bwrap's process
         # group at the deadline tears down its PID namespace and everything in it
-        ran = asyncio.run(run_process_tree(
-            argv, timeout_s=timeout_s, stdin=None, max_output_bytes=TAIL_BYTES, head_bytes=HEAD_BYTES,
-            merge_output=True, pass_fds=(*pass_fds, started_w), preexec_fn=cgroups.join if cgroups.dirs else None,
-            on_timeout=cgroups.kill_all))
+        ran = asyncio.run(
+            run_process_tree(
+                argv,
+                timeout_s=timeout_s,
+                stdin=None,
+                max_output_bytes=TAIL_BYTES,
+                head_bytes=HEAD_BYTES,
+                merge_output=True,
+                pass_fds=(*pass_fds, started_w),
+                preexec_fn=cgroups.join if cgroups.dirs else None,
+                on_timeout=cgroups.kill_all,
+            )
+        )
     except BaseException:
         os.close(started_r)
         raise
@@ -251,5 +340,12 @@ def _run_in(cmd: list[str], shown: _Shown, full_env: dict[str, str], limits: Gra
         os.set_blocking(started_r, False)
         started = bool(f.read(1))
     applied = {**cgroups.versions, **cgroups.skipped}
-    return SandboxRun(-9 if ran.exit_code is None else ran.exit_code, ran.stdout_tail, ran.timed_out, ran.duration_s,
-                      ran.output_stats, started=started, limits=applied)
+    return SandboxRun(
+        -9 if ran.exit_code is None else ran.exit_code,
+        ran.stdout_tail,
+        ran.timed_out,
+        ran.duration_s,
+        ran.output_stats,
+        started=started,
+        limits=applied,
+    )

@@ -48,8 +48,13 @@ PLUGIN_SRC = Path(__file__).with_name("report_plugin.py")
 MAX_REPORT_BYTES = 16 << 20  # of the result stream
 PASSING = ("PASSED", "XFAIL")
 # pytest's own order of config files per directory, with the section each must hold to count.
-CONFIG_FILES = (("pytest.ini", "pytest"), (".pytest.ini", "pytest"), ("pyproject.toml", None),
-                ("tox.ini", "pytest"), ("setup.cfg", "tool:pytest"))
+CONFIG_FILES = (
+    ("pytest.ini", "pytest"),
+    (".pytest.ini", "pytest"),
+    ("pyproject.toml", None),
+    ("tox.ini", "pytest"),
+    ("setup.cfg", "tool:pytest"),
+)
 SUMMARY_RE = re.compile(r"^=+ (?P<body>(?:\d+ \w+(?:, )?)+)(?: in [\d.]+s.*)? =+$", re.M)
 COUNT_RE = re.compile(r"(\d+) (passed|failed|errors?|skipped|xfailed|xpassed)")
 RUNNER_DIRS = ("/_pytest/", "/pytest/", "/pluggy/")
@@ -81,8 +86,10 @@ def _ini_value(value: object) -> str:
 
 def config_dirs(directives: list[str]) -> list[PurePosixPath]:
     """The directories pytest looks in for its config file, nearest first."""
-    dirs = [PurePosixPath(d).parent if d.endswith(".py") or "::" in d else PurePosixPath(d)
-            for d in (x.split("::")[0] for x in directives)] or [PurePosixPath(".")]
+    dirs = [
+        PurePosixPath(d).parent if d.endswith(".py") or "::" in d else PurePosixPath(d)
+        for d in (x.split("::")[0] for x in directives)
+    ] or [PurePosixPath(".")]
     common = PurePosixPath(os.path.commonpath([str(d) for d in dirs])) if dirs else PurePosixPath(".")
     return [common, *common.parents]
 
@@ -139,7 +146,9 @@ class StrictOutcome:
     violations: list[str] = field(default_factory=list)  # integrity/consistency findings
     untrusted_xfail: list[str] = field(default_factory=list)  # xfails raised by code under test
     error: str = ""
-    runner: dict[str, str] = field(default_factory=dict)  # the report pipeline's content as its plugin found it
+    runner: dict[str, str] = field(
+        default_factory=dict
+    )  # the report pipeline's content as its plugin found it
 
 
 def _random_name(prefix: str = "") -> str:
@@ -162,16 +171,26 @@ def _feed(fd: int, data: bytes) -> None:
     try:
         view = memoryview(data)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
     except OSError:  # BrokenPipeError: the run ended (or never started) without reading its config
         pass
     finally:
         os.close(fd)
 
 
-def _run_with_stream(argv: list[str], *, tree: Path, venv: Path, env: dict[str, str], timeout_s: float,
-                     grader_dir: Path, grader_mount: str, config: dict, tree_mount: str = TREE_MOUNT,
-                     hostname: str = "sandbox") -> tuple[SandboxRun, bytes, int]:
+def _run_with_stream(
+    argv: list[str],
+    *,
+    tree: Path,
+    venv: Path,
+    env: dict[str, str],
+    timeout_s: float,
+    grader_dir: Path,
+    grader_mount: str,
+    config: dict,
+    tree_mount: str = TREE_MOUNT,
+    hostname: str = "sandbox",
+) -> tuple[SandboxRun, bytes, int]:
     """Run ``argv`` with the config pipe (filled, closed) and the result pipe (drained here)."""
     cfg_r, cfg_w = os.pipe()
     # Written by a thread while the plugin reads: a config past the pipe's buffer (many canaries) would
@@ -184,9 +203,18 @@ def _run_with_stream(argv: list[str], *, tree: Path, venv: Path, env: dict[str, 
     reader.start()
     run_env = {**env, "POLAR_GRADER_CONFIG_FD": str(cfg_r), "POLAR_GRADER_RESULT_FD": str(res_w)}
     try:
-        run = run_sandboxed(argv, tree=tree, venv=venv, timeout_s=timeout_s, env=run_env, tree_writable=False,
-                            extra_mounts=[Mount(grader_mount, grader_dir)], pass_fds=[cfg_r, res_w],
-                            tree_mount=tree_mount, hostname=hostname)
+        run = run_sandboxed(
+            argv,
+            tree=tree,
+            venv=venv,
+            timeout_s=timeout_s,
+            env=run_env,
+            tree_writable=False,
+            extra_mounts=[Mount(grader_mount, grader_dir)],
+            pass_fds=[cfg_r, res_w],
+            tree_mount=tree_mount,
+            hostname=hostname,
+        )
     finally:
         os.close(cfg_r)
         os.close(res_w)
@@ -199,36 +227,69 @@ def _grader_dir(tmp: Path, task: Task, tree: Path, module: str, **ini: str) -> P
     grader_dir = tmp / "grader"
     grader_dir.mkdir()
     (grader_dir / f"{module}.py").write_text(PLUGIN_SRC.read_text())
-    (grader_dir / "pytest.ini").write_text(render_ini({**base_pytest_options(tree, task.test_directives), **ini}))
+    (grader_dir / "pytest.ini").write_text(
+        render_ini({**base_pytest_options(tree, task.test_directives), **ini})
+    )
     return grader_dir
 
 
 def _pytest_options(task: Task, venv: Path, grader_mount: str, tree_mount: str, module: str) -> list[str]:
     plugins = [p for m in venv_plugins(venv) for p in ("-p", m)]
-    return ["-c", f"{grader_mount}/pytest.ini", f"--rootdir={tree_mount}", f"--confcutdir={tree_mount}",
-            "-p", "no:cacheprovider", "-p", module, *plugins, *pytest_args(task)]
+    return [
+        "-c",
+        f"{grader_mount}/pytest.ini",
+        f"--rootdir={tree_mount}",
+        f"--confcutdir={tree_mount}",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        module,
+        *plugins,
+        *pytest_args(task),
+    ]
 
 
 def test_file_of(test_id: str) -> str:
     return test_id.split("::")[0]
 
 
-def run_strict(task: Task, tree: Path, venv: Path, env: dict[str, str], timeout_s: float) -> tuple[SandboxRun, StrictOutcome]:
+def run_strict(
+    task: Task, tree: Path, venv: Path, env: dict[str, str], timeout_s: float
+) -> tuple[SandboxRun, StrictOutcome]:
     """Run the task's tests the strict way on the (already reset and test-patched) ``tree``."""
     with tempfile.TemporaryDirectory(prefix="polar-strict-") as tmp:
         grader_dir = _grader_dir(Path(tmp), task, tree, PLUGIN_MODULE)
         config = {"nonce": secrets.token_hex(16)}
         pythonpath = ":".join(filter(None, [GRADER_MOUNT, env.get("PYTHONPATH", "")]))
-        run_env = {**env, "PYTHONPATH": pythonpath, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONNOUSERSITE": "1"}
+        run_env = {
+            **env,
+            "PYTHONPATH": pythonpath,
+            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
+            "PYTHONNOUSERSITE": "1",
+        }
         originals = f2p_sources(task.FAIL_TO_PASS, lambda rel: beneath.read(tree, rel))
         canaries = plan_canaries(originals, task.FAIL_TO_PASS)
-        argv = ["python", "-P", "-m", "pytest", *_pytest_options(task, venv, GRADER_MOUNT, TREE_MOUNT, PLUGIN_MODULE),
-                *written_directives(canaries, task.test_directives)]
+        argv = [
+            "python",
+            "-P",
+            "-m",
+            "pytest",
+            *_pytest_options(task, venv, GRADER_MOUNT, TREE_MOUNT, PLUGIN_MODULE),
+            *written_directives(canaries, task.test_directives),
+        ]
         try:
             for rel, text in canaries.files.items():
                 beneath.write(tree, rel, text.encode(), mode="100644")
-            run, data, size = _run_with_stream(argv, tree=tree, venv=venv, env=run_env, timeout_s=timeout_s,
-                                               grader_dir=grader_dir, grader_mount=GRADER_MOUNT, config=config)
+            run, data, size = _run_with_stream(
+                argv,
+                tree=tree,
+                venv=venv,
+                env=run_env,
+                timeout_s=timeout_s,
+                grader_dir=grader_dir,
+                grader_mount=GRADER_MOUNT,
+                config=config,
+            )
         finally:
             for rel in canaries.files:
                 beneath.write(tree, rel, originals[rel].encode(), mode="100644")
@@ -255,8 +316,11 @@ def written_directives(canaries: CanaryPlan, directives: list[str]) -> list[str]
 
     def covered(rel: str) -> bool:
         return any(d in ("", ".") or rel == d or rel.startswith(d + "/") for d in paths)
-    return [*dict.fromkeys(canaries.written(d) for d in directives),
-            *[c for c in canaries.expect if not covered(c.split("::")[0])]]
+
+    return [
+        *dict.fromkeys(canaries.written(d) for d in directives),
+        *[c for c in canaries.expect if not covered(c.split("::")[0])],
+    ]
 
 
 @dataclass
@@ -309,8 +373,15 @@ class PerturbedPlan:
     canaries: CanaryPlan = field(default_factory=CanaryPlan)
 
 
-def plan_perturbed(task: Task, copy: Path, config_tree: Path, grader_dir: Path, *, venv: Path | None = None,
-                   plugins: list[str] | None = None) -> PerturbedPlan:
+def plan_perturbed(
+    task: Task,
+    copy: Path,
+    config_tree: Path,
+    grader_dir: Path,
+    *,
+    venv: Path | None = None,
+    plugins: list[str] | None = None,
+) -> PerturbedPlan:
     """Rename the F2P test files and functions in ``copy`` and write the perturbed run's grader files
     (plugin under a random module name, ini with ``python_functions`` the random prefix, a runner script
     that shows a random ``argv[0]``) into ``grader_dir``. Raises ValueError for a test file that is a link."""
@@ -318,10 +389,13 @@ def plan_perturbed(task: Task, copy: Path, config_tree: Path, grader_dir: Path, 
     prefix = "test_" if unittest else _random_name()[:6] + "_"  # unittest collects test* only
     before = {test_file_of(t) for t in task.FAIL_TO_PASS if "::" in t}
     renamed = _rename_f2p(copy, task.FAIL_TO_PASS, prefix)
-    files = {test_file_of(old): test_file_of(new) for old, new in renamed.items() if test_file_of(old) in before}
+    files = {
+        test_file_of(old): test_file_of(new) for old, new in renamed.items() if test_file_of(old) in before
+    }
     new_files = sorted({test_file_of(t) for t in renamed.values()})
-    canaries = plan_canaries({rel: (copy / rel).read_text() for rel in new_files}, list(renamed.values()),
-                             prefix=prefix, extra=0)  # (their ids map back to ``renamed``'s values)
+    canaries = plan_canaries(
+        {rel: (copy / rel).read_text() for rel in new_files}, list(renamed.values()), prefix=prefix, extra=0
+    )  # (their ids map back to ``renamed``'s values)
     for rel, text in canaries.files.items():
         (copy / rel).write_text(text)
     module, mount, grader_mount = _random_name(), "/srv/" + _random_name(), "/opt/" + _random_name()
@@ -334,12 +408,26 @@ def plan_perturbed(task: Task, copy: Path, config_tree: Path, grader_dir: Path, 
             raise ValueError("plan_perturbed needs the task's venv or its plugin modules")
         plugins = venv_plugins(venv)
     plugin_args = [p for m in plugins for p in ("-p", m)]
-    argv = ["-c", f"{grader_mount}/pytest.ini", f"--rootdir={mount}", f"--confcutdir={mount}", "-p", "no:cacheprovider",
-            "-p", module, "-p", "no:faulthandler", *plugin_args, *pytest_args(task), *PERTURBED_STDIO,
-            *written_directives(canaries, list(renamed.values()))]
+    argv = [
+        "-c",
+        f"{grader_mount}/pytest.ini",
+        f"--rootdir={mount}",
+        f"--confcutdir={mount}",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        module,
+        "-p",
+        "no:faulthandler",
+        *plugin_args,
+        *pytest_args(task),
+        *PERTURBED_STDIO,
+        *written_directives(canaries, list(renamed.values())),
+    ]
     (grader_dir / "main.py").write_text(
         f"import sys\nimport pytest\nsys.argv[:] = [{'/usr/local/bin/' + _random_name()!r}]\n"
-        f"raise SystemExit(pytest.main({argv!r}))\n")
+        f"raise SystemExit(pytest.main({argv!r}))\n"
+    )
     config = {"nonce": secrets.token_hex(16), "perturb": True}
     return PerturbedPlan(renamed, files, mount, grader_mount, config, canaries)
 
@@ -356,12 +444,23 @@ def run_perturbed(task: Task, tree: Path, venv: Path, env: dict[str, str], timeo
             return Perturbed(StrictOutcome(violations=[f"perturbed-run: {e}"]), {})
         run_env = {k: v.replace(TREE_MOUNT, plan.mount) for k, v in env.items()}
         run_env.update({"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONNOUSERSITE": "1"})
-        run, data, size = _run_with_stream(["python", f"{plan.grader_mount}/main.py"], tree=copy, venv=venv,
-                                           env=run_env, timeout_s=timeout_s, grader_dir=Path(tmp) / "grader",
-                                           grader_mount=plan.grader_mount, config=plan.config,
-                                           tree_mount=plan.mount, hostname=_random_name())
-    return Perturbed(judge_stream(data, size, plan.config, run, task.repo, tree_mount=plan.mount,
-                                  canaries=plan.canaries), plan.renamed, run)
+        run, data, size = _run_with_stream(
+            ["python", f"{plan.grader_mount}/main.py"],
+            tree=copy,
+            venv=venv,
+            env=run_env,
+            timeout_s=timeout_s,
+            grader_dir=Path(tmp) / "grader",
+            grader_mount=plan.grader_mount,
+            config=plan.config,
+            tree_mount=plan.mount,
+            hostname=_random_name(),
+        )
+    return Perturbed(
+        judge_stream(data, size, plan.config, run, task.repo, tree_mount=plan.mount, canaries=plan.canaries),
+        plan.renamed,
+        run,
+    )
 
 
 def perturbed_disagreement(perturbed: Perturbed) -> list[str]:
@@ -371,8 +470,11 @@ def perturbed_disagreement(perturbed: Perturbed) -> list[str]:
         return ["perturbed-run: timed out"]
     if not out.valid:
         return [f"perturbed-run: {(out.error or '; '.join(out.violations))[:300]}"]
-    differ = {t: out.statuses.get(new, "MISSING") for t, new in perturbed.renamed.items()
-              if out.statuses.get(new) != "PASSED"}
+    differ = {
+        t: out.statuses.get(new, "MISSING")
+        for t, new in perturbed.renamed.items()
+        if out.statuses.get(new) != "PASSED"
+    }
     return [f"perturbed-run: F2P tests that pass only when graded: {differ}"] if differ else []
 
 
@@ -392,8 +494,15 @@ def _status(phases: list[dict]) -> str:
     return status
 
 
-def judge_stream(data: bytes, size: int, config: dict, run: SandboxRun, repo: str,
-                 tree_mount: str = TREE_MOUNT, canaries: CanaryPlan | None = None) -> StrictOutcome:
+def judge_stream(
+    data: bytes,
+    size: int,
+    config: dict,
+    run: SandboxRun,
+    repo: str,
+    tree_mount: str = TREE_MOUNT,
+    canaries: CanaryPlan | None = None,
+) -> StrictOutcome:
     """Believe the stream only if it is the run's own, complete, in sequence and agrees with the runner.
 
     Total: the stream is written by (or next to) tested code, so whatever it holds (a line nested past
@@ -401,12 +510,17 @@ def judge_stream(data: bytes, size: int, config: dict, run: SandboxRun, repo: st
     try:
         return _judge_stream(data, size, config, run, repo, tree_mount, canaries or CanaryPlan())
     except Exception as e:  # noqa: BLE001 - any value the tested code can forge
-        return StrictOutcome(violations=[f"stream-forged: the stream does not read as the plugin's "
-                                         f"({type(e).__name__}: {str(e)[:200]})"])
+        return StrictOutcome(
+            violations=[
+                f"stream-forged: the stream does not read as the plugin's "
+                f"({type(e).__name__}: {str(e)[:200]})"
+            ]
+        )
 
 
-def _judge_stream(data: bytes, size: int, config: dict, run: SandboxRun, repo: str,
-                  tree_mount: str, canaries: CanaryPlan) -> StrictOutcome:
+def _judge_stream(
+    data: bytes, size: int, config: dict, run: SandboxRun, repo: str, tree_mount: str, canaries: CanaryPlan
+) -> StrictOutcome:
     out = StrictOutcome()
     if size > MAX_REPORT_BYTES:
         out.error = f"result stream larger than {MAX_REPORT_BYTES} bytes"
@@ -418,8 +532,11 @@ def _judge_stream(data: bytes, size: int, config: dict, run: SandboxRun, repo: s
         except Exception:  # noqa: BLE001 - ValueError, RecursionError (a line nested too deep), ...
             out.violations.append(f"stream-forged: line {i} is not the plugin's")
             break
-        if not isinstance(event, dict) or event.get("seq") != i or not secrets.compare_digest(
-                str(event.get("nonce", "")), config["nonce"]):
+        if (
+            not isinstance(event, dict)
+            or event.get("seq") != i
+            or not secrets.compare_digest(str(event.get("nonce", "")), config["nonce"])
+        ):
             out.violations.append(f"stream-forged: line {i} is out of sequence or lacks the run's nonce")
             break
         events.append(event)
@@ -447,28 +564,39 @@ def _judge_stream(data: bytes, size: int, config: dict, run: SandboxRun, repo: s
     if ghosts:
         out.violations.append(f"ghost-id: results for ids never collected: {ghosts[:3]}")
     out.violations += canaries.violations(all_statuses, collected)
-    out.statuses = {canaries.task_id(k): v for k, v in all_statuses.items() if not canaries.source_of(k)[0] and v}
+    out.statuses = {
+        canaries.task_id(k): v for k, v in all_statuses.items() if not canaries.source_of(k)[0] and v
+    }
     out.collected = [canaries.task_id(c) for c in collected if not canaries.source_of(c)[0]]
     out.status_map = sb.status_map_from_outcomes(out.statuses, repo=repo)
     out.violations += [f"runner-tampered: {k}" for e in kinds.get("tampered", []) for k in e.get("keys", [])]
-    out.violations += [f"plugin-registered: {o}" for e in kinds.get("plugin", [])
-                       if not _trusted_plugin(o := str(e.get("origin")), tree_mount)]
-    out.untrusted_xfail = sorted({canaries.task_id(str(p.get("id"))) for p in kinds.get("phase", []) if p.get("untrusted")})
+    out.violations += [
+        f"plugin-registered: {o}"
+        for e in kinds.get("plugin", [])
+        if not _trusted_plugin(o := str(e.get("origin")), tree_mount)
+    ]
+    out.untrusted_xfail = sorted(
+        {canaries.task_id(str(p.get("id"))) for p in kinds.get("phase", []) if p.get("untrusted")}
+    )
     end = ends[0]
     exitstatus, failed = int(end.get("exitstatus", -1)), int(end.get("testsfailed", -1))
     if exitstatus != run.returncode:
         out.violations.append(f"exit-mismatch: runner said {exitstatus}, process exited {run.returncode}")
     bad = sum(s in ("FAILED", "ERROR") for s in all_statuses.values()) - len(out.untrusted_xfail)
-    failed_reports = sum(p.get("outcome") == "failed" for p in kinds.get("phase", [])) + len(kinds.get("collect-error", []))
+    failed_reports = sum(p.get("outcome") == "failed" for p in kinds.get("phase", [])) + len(
+        kinds.get("collect-error", [])
+    )
     if (exitstatus == 0) != (bad == 0 and failed == 0) or failed != failed_reports:
-        out.violations.append(f"count-mismatch: exit {exitstatus}, {failed} failed by the runner, "
-                              f"{bad} failing tests reported")
+        out.violations.append(
+            f"count-mismatch: exit {exitstatus}, {failed} failed by the runner, {bad} failing tests reported"
+        )
     summary = _summary_counts(run.output)
     if summary is not None:
         mine = {s: sum(v == s for v in all_statuses.values()) for s in ("PASSED", "FAILED", "ERROR")}
         # A test whose call passed but whose teardown errored is counted both ways by the runner.
         if summary.get("failed", 0) != mine["FAILED"] - len(out.untrusted_xfail) or not (
-                mine["PASSED"] <= summary.get("passed", 0) <= mine["PASSED"] + mine["ERROR"]):
+            mine["PASSED"] <= summary.get("passed", 0) <= mine["PASSED"] + mine["ERROR"]
+        ):
             out.violations.append(f"summary-mismatch: runner printed {summary}, report has {mine}")
     if exitstatus not in (0, 1):
         out.error = f"pytest exit status {exitstatus} (interrupted, internal error, usage error or no tests)"

@@ -98,7 +98,9 @@ def status_map_from_outcomes(statuses: dict[str, str], *, repo: str) -> dict[str
     """
     sb = _sb()
     failing = ("FAILED", "ERROR")
-    lines = [f"{status} {nodeid}" for nodeid, status in sorted(statuses.items(), key=lambda kv: kv[1] in failing)]
+    lines = [
+        f"{status} {nodeid}" for nodeid, status in sorted(statuses.items(), key=lambda kv: kv[1] in failing)
+    ]
     spec = SimpleNamespace(repo=repo, instance_id="", version="")
     return sb.registry[parser_name(repo)]("\n".join(lines), spec)
 

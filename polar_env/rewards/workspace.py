@@ -46,8 +46,10 @@ def path_budget_refusal(paths: list[str] | dict[str, str]) -> str:
     """Why a patch changing ``paths`` is refused (too many paths, or too many bytes of names), or ""."""
     size = sum(len(p.encode("utf-8", "surrogateescape")) + 1 for p in paths)
     if len(paths) > MAX_CHANGED_PATHS or size > MAX_PATH_BYTES:
-        return (f"the patch changes {len(paths)} paths ({size} bytes of names): more than the grader takes "
-                f"({MAX_CHANGED_PATHS} paths, {MAX_PATH_BYTES} bytes)")
+        return (
+            f"the patch changes {len(paths)} paths ({size} bytes of names): more than the grader takes "
+            f"({MAX_CHANGED_PATHS} paths, {MAX_PATH_BYTES} bytes)"
+        )
     return ""
 
 
@@ -61,8 +63,12 @@ def base_tree(task: Task) -> Path:
             root = Path(tempfile.mkdtemp(prefix=f"polar-base-{task.instance_id}-"))
             atexit.register(shutil.rmtree, root, True)
             warm = warm_base(task, base_cache_dir())
-            shutil.copytree(warm.tree, root / "tree", symlinks=True,
-                            ignore=lambda d, names: [".git"] if d == str(warm.tree) else [])
+            shutil.copytree(
+                warm.tree,
+                root / "tree",
+                symlinks=True,
+                ignore=lambda d, names: [".git"] if d == str(warm.tree) else [],
+            )
             shutil.copytree(warm.tree / ".git", root / "git", symlinks=True)
             safe_git.neutralise(root / "git")
             _BASES[task.instance_id] = path = root
@@ -85,17 +91,21 @@ class GradingTree:
         shutil.copytree(src / "git", dest / "git", symlinks=True)
         return cls(dest / "tree", dest / "git", task.base_commit or "HEAD", src / "tree")
 
-    def git(self, *args: str, input: bytes | None = None, check: bool = True,
-            index: Path | None = None) -> subprocess.CompletedProcess:
-        return safe_git.run_git(self.git_dir, self.tree, *args, index=index, input=input, check=check,
-                                extra_env=GIT_IDENTITY)
+    def git(
+        self, *args: str, input: bytes | None = None, check: bool = True, index: Path | None = None
+    ) -> subprocess.CompletedProcess:
+        return safe_git.run_git(
+            self.git_dir, self.tree, *args, index=index, input=input, check=check, extra_env=GIT_IDENTITY
+        )
 
     def apply(self, patch: str, *, allow_binary: bool) -> str:
         """`git apply` (no fuzz, no fallback); raises PatchRefused with git's words if it will not."""
         data = patch.encode("utf-8", "surrogateescape")
         numstat = self.git("apply", "--numstat", "-z", "-", input=data, check=False)
         if numstat.returncode != 0:
-            raise PatchRefused(numstat.stderr.decode(errors="replace").strip() or "git apply rejected the patch")
+            raise PatchRefused(
+                numstat.stderr.decode(errors="replace").strip() or "git apply rejected the patch"
+            )
         for row in numstat.stdout.decode("utf-8", "surrogateescape").split("\0"):
             if row.startswith("-\t-\t") and not allow_binary:
                 raise PatchRefused(f"binary hunk for {row[4:]!r}: this task's fix has none")
@@ -115,9 +125,17 @@ class GradingTree:
             index = Path(tmp) / "index"
             self.git("read-tree", self.base, index=index)
             self.git("add", "-A", "-f", "--", ".", index=index)
-            raw = self.git("diff", "--cached", "--raw", "-z", "--no-renames", "--no-ext-diff", "--no-textconv",
-                           self.base,
-                           index=index).stdout.decode("utf-8", "surrogateescape")
+            raw = self.git(
+                "diff",
+                "--cached",
+                "--raw",
+                "-z",
+                "--no-renames",
+                "--no-ext-diff",
+                "--no-textconv",
+                self.base,
+                index=index,
+            ).stdout.decode("utf-8", "surrogateescape")
         fields = raw.split("\0")
         out: dict[str, str] = {}
         for meta, path in zip(fields[0::2], fields[1::2], strict=False):
@@ -142,11 +160,17 @@ class GradingTree:
         for rel in beneath.links(self.tree):
             if beneath.resolves_inside(self.tree, rel):
                 continue
-            if (self.origin is not None and rel in base_links and not beneath.resolves_inside(self.origin, rel)
-                    and os.fsencode(os.readlink(self.tree / rel)) == self.git("cat-file", "blob", base_links[rel]).stdout):
+            if (
+                self.origin is not None
+                and rel in base_links
+                and not beneath.resolves_inside(self.origin, rel)
+                and os.fsencode(os.readlink(self.tree / rel))
+                == self.git("cat-file", "blob", base_links[rel]).stdout
+            ):
                 continue  # the task's own link, already outside in the untouched base: not the patch's doing
-            raise PatchRefused(f"{rel}: symlink leaves the tree once the grader's reset is done "
-                               "(through its chain of links)")
+            raise PatchRefused(
+                f"{rel}: symlink leaves the tree once the grader's reset is done (through its chain of links)"
+            )
 
     def _blobs(self) -> dict[str, tuple[str, str]]:
         """Base path -> (git mode, blob id) of every file and link of the base."""
@@ -160,8 +184,11 @@ class GradingTree:
         return blobs
 
     def base_files(self) -> list[str]:
-        return self.git("ls-tree", "-r", "--name-only", "-z", self.base).stdout.decode(
-            "utf-8", "surrogateescape").split("\0")
+        return (
+            self.git("ls-tree", "-r", "--name-only", "-z", self.base)
+            .stdout.decode("utf-8", "surrogateescape")
+            .split("\0")
+        )
 
     def restore(self, paths: list[str]) -> None:
         """Put ``paths`` back to base (or remove them where base lacks them), parents first.

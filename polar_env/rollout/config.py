@@ -29,7 +29,9 @@ class RolloutConfig(ProxySettings):
 
     harness: str = "pi"  # a name in harness_adapters/registry.py
     sandbox: str = "auto"  # auto | bubblewrap | docker | podman | apptainer (polar_env.episodes.workspace)
-    tasks: str = "bundled"  # bundled | terminal | verified | FILE.jsonl | a Harbor task folder | DATASET[:split]
+    tasks: str = (
+        "bundled"  # bundled | terminal | verified | FILE.jsonl | a Harbor task folder | DATASET[:split]
+    )
     task_ids: list[str] | None = None
     limit: int | None = None
     policy: str = "model"  # who picks each answer: the backend's model, or a scripted policy (gold, noop)
@@ -43,7 +45,9 @@ class RolloutConfig(ProxySettings):
     collapsed: bool = False  # one slot over every stage of an episode (the driver before stages)
     out: Path = Path("runs/rollout")
     timeout: float = 600.0  # harness deadline per episode (s)
-    grading_timeout: float = Field(default_factory=grading_timeout_s)  # POLAR_GRADING_TIMEOUT_S, else the default
+    grading_timeout: float = Field(
+        default_factory=grading_timeout_s
+    )  # POLAR_GRADING_TIMEOUT_S, else the default
     temperature: float = 1.0
     top_p: float = 1.0
     max_tokens: int = 1024  # per model call

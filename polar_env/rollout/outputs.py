@@ -52,8 +52,11 @@ class RolloutOutputs:
         self._prompts.note(trajectory)
         # masked ones too: never dropped (a placeholder whose siblings end later gets their prompt in
         # finish_outputs)
-        self._nemo.write(jsonl_line(to_nemo_gym_result(trajectory, group_prompt=self._prompts.get(trajectory),
-                                                       arrays=True).row()))
+        self._nemo.write(
+            jsonl_line(
+                to_nemo_gym_result(trajectory, group_prompt=self._prompts.get(trajectory), arrays=True).row()
+            )
+        )
         self._nemo.flush()
 
     def close(self) -> None:
@@ -88,8 +91,10 @@ def summarize(trajectories: list[Trajectory]) -> dict[str, Any]:
         "resolved_rate": resolved / n if n else 0.0,
         "masked": sum(t.masked for t in trajectories),
         # groups no rollout of which reached the model: their placeholders have no first prompt to share
-        "unusable_groups": sorted(set(map(group_key, trajectories))
-                                  - {group_key(t) for t in trajectories if t.main_chain is not None}),
+        "unusable_groups": sorted(
+            set(map(group_key, trajectories))
+            - {group_key(t) for t in trajectories if t.main_chain is not None}
+        ),
         "failure_kinds": dict(sorted(Counter(t.failure_kind.value for t in trajectories).items())),
         "calls": sum(t.stats.calls for t in trajectories),
         "sampled_tokens": sum(t.stats.sampled_tokens for t in trajectories),
@@ -101,16 +106,18 @@ def summarize(trajectories: list[Trajectory]) -> dict[str, Any]:
         "backends": sorted({t.backend for t in trajectories if t.backend}),
         # which logprobs the backend returned, per the proxy's start-up probe (backends/logprobs_mode.py): the
         # trainer's ratio needs "processed" unless sampling is at temperature 1, top-p 1
-        "logprobs_mode": sorted({str(t.metadata["logprobs_mode"]) for t in trajectories
-                                 if t.metadata.get("logprobs_mode")}),
+        "logprobs_mode": sorted(
+            {str(t.metadata["logprobs_mode"]) for t in trajectories if t.metadata.get("logprobs_mode")}
+        ),
         # the capture rules (OpenEnv RFC 006): single-call rollouts, context-only turns, unversioned calls
         "single_call_rollouts": sum(t.stats.single_call for t in trajectories),
         "context_only_turns": sum(t.stats.context_only_turns for t in trajectories),
         "unversioned_calls": sum(t.stats.unversioned_calls for t in trajectories),
         "policy_versions": sorted({v for t in trajectories for v in t.stats.policy_versions}),
         # grading's tampering signals (docs/rewards.md): episodes per flag
-        "grading_flags": dict(sorted(Counter(f for t in trajectories for f in (t.grading.flags if t.grading else [])
-                                             ).items())),
+        "grading_flags": dict(
+            sorted(Counter(f for t in trajectories for f in (t.grading.flags if t.grading else [])).items())
+        ),
         # what the tool calls tried (history mining, fetching upstream, ...): an instrument
         # (trajectory/exploits.py)
         "exploit_attempts": exploit_summary(trajectories),
@@ -125,14 +132,21 @@ def summarize(trajectories: list[Trajectory]) -> dict[str, Any]:
 def mean_timings(trajectories: list[Trajectory]) -> dict[str, float]:
     """The mean of each stage timing over the episodes that have them."""
     timed = [t.metadata["timings"] for t in trajectories if isinstance(t.metadata.get("timings"), dict)]
-    return {key: round(sum(t.get(key, 0.0) for t in timed) / len(timed), 3) for key in TIMING_KEYS} if timed else {}
+    return (
+        {key: round(sum(t.get(key, 0.0) for t in timed) / len(timed), 3) for key in TIMING_KEYS}
+        if timed
+        else {}
+    )
 
 
 def time_split(trajectories: list[Trajectory]) -> str:
     """One line: the mean seconds per stage of an episode."""
     mean = mean_timings(trajectories)
-    return "time per episode (mean s): " + "  ".join(f"{k.removesuffix('_s')} {v:.2f}" for k, v in mean.items()) \
-        if mean else "time per episode: no timings recorded"
+    return (
+        "time per episode (mean s): " + "  ".join(f"{k.removesuffix('_s')} {v:.2f}" for k, v in mean.items())
+        if mean
+        else "time per episode: no timings recorded"
+    )
 
 
 def masked_lines(trajectories: list[Trajectory]) -> str:
@@ -140,7 +154,9 @@ def masked_lines(trajectories: list[Trajectory]) -> str:
     masked = [t for t in trajectories if t.masked]
     if not masked:
         return ""
-    lines = [f"masked (kept in their GRPO group, no loss; docs/outcomes.md): {len(masked)} of {len(trajectories)}"]
+    lines = [
+        f"masked (kept in their GRPO group, no loss; docs/outcomes.md): {len(masked)} of {len(trajectories)}"
+    ]
     lines += [f"  {t.session_id}: {t.failure_kind.value}: {t.error or 'no cause recorded'}" for t in masked]
     return "\n".join(lines)
 
@@ -148,10 +164,18 @@ def masked_lines(trajectories: list[Trajectory]) -> str:
 def summary_table(trajectories: list[Trajectory]) -> str:
     rows = [("episode", "status", "turns", "sampled", "trainable", "chains", "reward", "time s")]
     for t in trajectories:
-        rows.append((t.session_id, t.status, str(t.stats.calls), str(t.stats.sampled_tokens),
-                     str(t.stats.trainable_tokens), str(t.stats.chains),
-                     "-" if t.reward is None else f"{t.reward:.1f}",
-                     f"{t.metadata.get('duration_s', 0.0):.0f}"))
+        rows.append(
+            (
+                t.session_id,
+                t.status,
+                str(t.stats.calls),
+                str(t.stats.sampled_tokens),
+                str(t.stats.trainable_tokens),
+                str(t.stats.chains),
+                "-" if t.reward is None else f"{t.reward:.1f}",
+                f"{t.metadata.get('duration_s', 0.0):.0f}",
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))

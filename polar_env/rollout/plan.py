@@ -56,8 +56,11 @@ class RolloutPlan:
 
     def limits(self) -> tuple[int, int, int]:
         """(prepare slots, lookahead, grade slots), each defaulting to ``run_slots``."""
-        return (self.prepare_slots or self.run_slots, self.lookahead or self.run_slots,
-                self.grade_slots or self.run_slots)
+        return (
+            self.prepare_slots or self.run_slots,
+            self.lookahead or self.run_slots,
+            self.grade_slots or self.run_slots,
+        )
 
     def episodes(self) -> list[tuple[Task, int]]:
         return [(task, k) for task in self.tasks for k in range(self.samples)]
@@ -81,21 +84,39 @@ def plan_from_config(config: RolloutConfig) -> RolloutPlan:
     if not tasks:
         raise TaskLoadError(f"no tasks selected from {config.tasks!r} (check --task-ids / --limit)")
     if flagged := controllable(tasks):  # what `polar tasks audit` found on this node
-        said = (f"{len(flagged)} task(s) whose reward the tested code can control (polar tasks audit): "
-                + "; ".join(a.line() for a in flagged[:5]))
+        said = (
+            f"{len(flagged)} task(s) whose reward the tested code can control (polar tasks audit): "
+            + "; ".join(a.line() for a in flagged[:5])
+        )
         if config.refuse_controllable:
             raise TaskLoadError(f"{said} (--refuse-controllable)")
         log.warning("%s: their rewards teach the policy to control them, not to solve them", said)
-    return RolloutPlan(tasks=tasks, samples=config.samples, run_slots=config.run_slots or config.concurrency,
-                       prepare_slots=config.prepare_slots, grade_slots=config.grade_slots,
-                       lookahead=config.lookahead, collapsed=config.collapsed, out=config.out,
-                       episode=EpisodeConfig(harness=config.harness, timeout_s=config.timeout,
-                                             grading_timeout_s=config.grading_timeout, sampling=config.sampling(),
-                                             model_name=config.model_name, sandbox=config.sandbox,
-                                             outcomes=config.outcomes(), budget=config.budget(),
-                                             reward_key=config.reward_key, mask_single_call=config.mask_single_call),
-                       max_staleness=config.max_staleness, train_paths=config.train_paths, admin=config.admin,
-                       gpus=config.gpus)
+    return RolloutPlan(
+        tasks=tasks,
+        samples=config.samples,
+        run_slots=config.run_slots or config.concurrency,
+        prepare_slots=config.prepare_slots,
+        grade_slots=config.grade_slots,
+        lookahead=config.lookahead,
+        collapsed=config.collapsed,
+        out=config.out,
+        episode=EpisodeConfig(
+            harness=config.harness,
+            timeout_s=config.timeout,
+            grading_timeout_s=config.grading_timeout,
+            sampling=config.sampling(),
+            model_name=config.model_name,
+            sandbox=config.sandbox,
+            outcomes=config.outcomes(),
+            budget=config.budget(),
+            reward_key=config.reward_key,
+            mask_single_call=config.mask_single_call,
+        ),
+        max_staleness=config.max_staleness,
+        train_paths=config.train_paths,
+        admin=config.admin,
+        gpus=config.gpus,
+    )
 
 
 def episode_key(task_id: str, sample: int) -> str:

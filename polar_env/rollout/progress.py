@@ -29,9 +29,14 @@ class Progress:
             self.tokens += trajectory.stats.sampled_tokens
             self.bar.update(1)
         rate = self.tokens / max(time.monotonic() - self.started, 1e-9)
-        where = ({k: self.stages[k] for k in ("prepare", "wait", "run", "finish")} if self.stages is not None
-                 else {"running": self.running})
-        self.bar.set_postfix({**where, "failed": self.failed, "resolved": self.resolved, "tok_s": f"{rate:.1f}"})
+        where = (
+            {k: self.stages[k] for k in ("prepare", "wait", "run", "finish")}
+            if self.stages is not None
+            else {"running": self.running}
+        )
+        self.bar.set_postfix(
+            {**where, "failed": self.failed, "resolved": self.resolved, "tok_s": f"{rate:.1f}"}
+        )
 
     def close(self) -> None:
         self.bar.close()

@@ -60,8 +60,9 @@ class NodeWorker:
         await asyncio.to_thread(prepare, self.plan)
         factory = await asyncio.to_thread(proxy_factory, self.config, tasks=self.plan.tasks)
         ledger = node_ledger(self.plan.out, node_id)
-        self.runner = EpisodeRunner(self.plan, factory, ledger,
-                                    metadata={"ray_node_id": node_id, "host": socket.gethostname()})
+        self.runner = EpisodeRunner(
+            self.plan, factory, ledger, metadata={"ray_node_id": node_id, "host": socket.gethostname()}
+        )
         await self.runner.start()
         return {"node_id": node_id, "host": socket.gethostname(), "ledger": str(ledger)}
 
@@ -102,13 +103,20 @@ def _drive(plan: RolloutPlan, config: RolloutConfig) -> list[Trajectory]:
     todo = pending_episodes(plan)
     actors: list[Any] = []
     _, lookahead, grade_slots = plan.limits()
-    per_node = plan.run_slots + (0 if plan.collapsed else lookahead + grade_slots)  # each node's pipeline full
+    per_node = plan.run_slots + (
+        0 if plan.collapsed else lookahead + grade_slots
+    )  # each node's pipeline full
     if todo:
         # num_cpus=0: the episodes run in sandboxes outside Ray's accounting; the stage limits bound them
         remote: Any = ray.remote(NodeWorker)  # an actor class: `.options(...).remote(...)` makes one
-        candidates = [remote.options(num_cpus=0, max_concurrency=per_node + 2,
-                                     scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
-                                     ).remote(plan, config) for n in worker_nodes()]
+        candidates = [
+            remote.options(
+                num_cpus=0,
+                max_concurrency=per_node + 2,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False),
+            ).remote(plan, config)
+            for n in worker_nodes()
+        ]
         for actor, ref in [(a, a.setup.remote()) for a in candidates]:
             try:
                 info: dict[str, Any] = ray.get(ref)
@@ -116,8 +124,10 @@ def _drive(plan: RolloutPlan, config: RolloutConfig) -> list[Trajectory]:
                 print(f"ray: leaving a node out, its setup failed: {exc}", file=sys.stderr)
                 ray.kill(actor)
                 continue
-            print(f"ray: node {info['node_id'][:12]} on {info['host']} ready (ledger {info['ledger']})",
-                  file=sys.stderr)
+            print(
+                f"ray: node {info['node_id'][:12]} on {info['host']} ready (ledger {info['ledger']})",
+                file=sys.stderr,
+            )
             actors.append(actor)
         if not actors:
             raise RuntimeError("no Ray node could set up (see the messages above)")
@@ -129,7 +139,7 @@ def _drive(plan: RolloutPlan, config: RolloutConfig) -> list[Trajectory]:
     try:
         while queue or inflight:
             while queue and (free := [a for a in load if load[a] < per_node]):
-                for actor in free[:len(queue)]:  # one per node at a time: every node gets work
+                for actor in free[: len(queue)]:  # one per node at a time: every node gets work
                     task, sample = queue.popleft()
                     inflight[actor.run.remote(task.instance_id, sample)] = (actor, task, sample)
                     load[actor] += 1

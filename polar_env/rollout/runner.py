@@ -32,7 +32,12 @@ from polar_env.trajectory.export import read_trajectories
 from polar_env.trajectory.models import Trajectory
 
 ProxyFactory = Callable[[Path, Path], ProxyServer]  # (ledger dir, Unix socket) -> an unstarted proxy
-STAGES = ("prepare", "wait", "run", "finish")  # what the progress bar counts (wait: prepared, no run slot yet)
+STAGES = (
+    "prepare",
+    "wait",
+    "run",
+    "finish",
+)  # what the progress bar counts (wait: prepared, no run slot yet)
 
 
 class EpisodeRunner:
@@ -45,14 +50,24 @@ class EpisodeRunner:
     ``grade_slots`` grading. Collapsed: ``run_slots`` episodes at a time over all stages. ``polar
     rollout``, ``polar demo`` and ``polar train`` run one; under Ray every node runs its own."""
 
-    def __init__(self, plan: RolloutPlan, proxy_factory: ProxyFactory, ledger: Path, *,
-                 metadata: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        plan: RolloutPlan,
+        proxy_factory: ProxyFactory,
+        ledger: Path,
+        *,
+        metadata: dict[str, Any] | None = None,
+    ):
         self.plan = plan
         self.proxy_factory = proxy_factory
         self.ledger = ledger
         # stamped on every trajectory (e.g. the Ray node); the run slots and GPUs: its accepted work's
         # denominators
-        self.metadata = {"run_slots": plan.run_slots, **({"gpus": plan.gpus} if plan.gpus else {}), **(metadata or {})}
+        self.metadata = {
+            "run_slots": plan.run_slots,
+            **({"gpus": plan.gpus} if plan.gpus else {}),
+            **(metadata or {}),
+        }
         self.proxy: ProxyServer | None = None
         self.admission: Admission | None = None  # --max-staleness: episodes start within K versions
         self.stages: Counter[str] = Counter()  # episodes in each stage now
@@ -73,14 +88,18 @@ class EpisodeRunner:
         if self.plan.admin:
             secret = self.proxy.admin_secret
             shown = "$POLAR_ADMIN_SECRET" if secret == EnvSettings.read().admin_secret else secret
-            print(f"polar: admin API on http://{self.plan.admin}/admin (pause, resume, policy: "
-                  "docs/training.md), "
-                  f'-H "Authorization: Bearer {shown}"', flush=True)
+            print(
+                f"polar: admin API on http://{self.plan.admin}/admin (pause, resume, policy: "
+                "docs/training.md), "
+                f'-H "Authorization: Bearer {shown}"',
+                flush=True,
+            )
         if why := sampling_mismatch(self.proxy.logprobs_mode, self.plan.episode.sampling):
             raise LogprobsMismatch(why)  # every episode would be refused: say it once, before any runs
         if self.plan.max_staleness is not None:  # one training step = one pass over the plan's episodes
-            self.admission = Admission(self.proxy.engine.fence, self.plan.max_staleness,
-                                       len(self.plan.tasks) * self.plan.samples)
+            self.admission = Admission(
+                self.proxy.engine.fence, self.plan.max_staleness, len(self.plan.tasks) * self.plan.samples
+            )
         if not self.plan.collapsed:
             self.proxy.engine.run_slots = RunSlots(self.plan.run_slots)
         metrics.BUSY.start(self.plan.run_slots)
@@ -110,14 +129,23 @@ class EpisodeRunner:
         staged = not self.plan.collapsed
         ep: lifecycle.Episode | None = None
         try:
-            async with _Held(self._semaphores[0] if staged else None):  # live harnesses: released when the run ends
-                admitted = {} if self.admission is None else {"admitted_at_version": await self.admission.admit()}
+            async with _Held(
+                self._semaphores[0] if staged else None
+            ):  # live harnesses: released when the run ends
+                admitted = (
+                    {} if self.admission is None else {"admitted_at_version": await self.admission.admit()}
+                )
                 with self._stage("prepare"):
                     async with _Held(self._semaphores[1] if staged else None):
-                        ep = lifecycle.begin(self.live_proxy, task, episode_id=attempt_session_id(key, self.ledger),
-                                             group_id=task.instance_id, config=self.plan.episode, queued_at=queued,
-                                             metadata={"episode_key": key, "sample": sample, **admitted,
-                                                       **self.metadata})
+                        ep = lifecycle.begin(
+                            self.live_proxy,
+                            task,
+                            episode_id=attempt_session_id(key, self.ledger),
+                            group_id=task.instance_id,
+                            config=self.plan.episode,
+                            queued_at=queued,
+                            metadata={"episode_key": key, "sample": sample, **admitted, **self.metadata},
+                        )
                         await lifecycle.prepare(ep)
                         # its slot is held through the harness's boot too: a dozen harnesses booting at
                         # once on a few cores would each take several times as long to make a first call
@@ -196,8 +224,11 @@ async def run_rollouts(plan: RolloutPlan, proxy_factory: ProxyFactory) -> list[T
             results = await asyncio.gather(*(one(t, k) for t, k in todo), return_exceptions=True)
             for (task, sample), result in zip(todo, results, strict=True):
                 if isinstance(result, BaseException):
-                    print(f"episode {episode_key(task.instance_id, sample)} failed outside its sandbox: "
-                          f"{type(result).__name__}: {result}", file=sys.stderr)
+                    print(
+                        f"episode {episode_key(task.instance_id, sample)} failed outside its sandbox: "
+                        f"{type(result).__name__}: {result}",
+                        file=sys.stderr,
+                    )
     finally:
         progress.close()
         await runner.stop()
@@ -215,14 +246,19 @@ def proxy_factory(config: RolloutConfig, backend=None, tasks: list[Task] | None 
         from polar_env.backends.registry import make_backend
         from polar_env.harness_adapters.policies import make_policy
 
-        backend = make_backend("scripted", model_dir=config.model_dir or embedded_model_dir(),
-                               policy=make_policy(config.policy, tasks or []), context_window=config.score_window)
+        backend = make_backend(
+            "scripted",
+            model_dir=config.model_dir or embedded_model_dir(),
+            policy=make_policy(config.policy, tasks or []),
+            context_window=config.score_window,
+        )
     model = proxy_model(config, backend)
     secret = admin_secret(config)
 
     def factory(data_dir: Path, socket: Path) -> ProxyServer:
-        return build_proxy(config, data_dir=data_dir, admin_secret=secret, model=model,
-                           default_max_tokens=config.max_tokens)
+        return build_proxy(
+            config, data_dir=data_dir, admin_secret=secret, model=model, default_max_tokens=config.max_tokens
+        )
 
     return factory
 

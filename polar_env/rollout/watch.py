@@ -50,8 +50,9 @@ class TensorBoardReporter:
             from tensorboard.compat.proto import event_pb2, summary_pb2
             from tensorboard.summary.writer.event_file_writer import EventFileWriter
         except ImportError:
-            raise WatchUnavailable("--report-to tensorboard needs the tensorboard package: "
-                                   "pip install 'polar-env[tensorboard]'") from None
+            raise WatchUnavailable(
+                "--report-to tensorboard needs the tensorboard package: pip install 'polar-env[tensorboard]'"
+            ) from None
         # protobuf's generated classes, which type checkers do not see
         self._event, self._summary = event_pb2.Event, summary_pb2.Summary  # pyright: ignore[reportAttributeAccessIssue]
         self.logdir = logdir
@@ -59,7 +60,9 @@ class TensorBoardReporter:
 
     def log(self, figures: Mapping[str, float], step: int) -> None:
         values = [self._summary.Value(tag=tag, simple_value=value) for tag, value in figures.items()]
-        self._writer.add_event(self._event(wall_time=time.time(), step=step, summary=self._summary(value=values)))
+        self._writer.add_event(
+            self._event(wall_time=time.time(), step=step, summary=self._summary(value=values))
+        )
         self._writer.flush()  # a run can be killed any time: what is logged is on disk
 
     def close(self) -> None:
@@ -74,10 +77,13 @@ class WandbReporter:
         try:
             import wandb  # pyright: ignore[reportMissingImports]  # optional: the `wandb` extra
         except ImportError:
-            raise WatchUnavailable("--report-to wandb needs the wandb package: pip install 'polar-env[wandb]'") from None
+            raise WatchUnavailable(
+                "--report-to wandb needs the wandb package: pip install 'polar-env[wandb]'"
+            ) from None
         directory.mkdir(parents=True, exist_ok=True)
-        self._run = wandb.init(project=os.environ.get("WANDB_PROJECT", "polar"), name=name, dir=str(directory),
-                               config=config)
+        self._run = wandb.init(
+            project=os.environ.get("WANDB_PROJECT", "polar"), name=name, dir=str(directory), config=config
+        )
 
     def log(self, figures: Mapping[str, float], step: int) -> None:
         self._run.log(dict(figures), step=step)
@@ -103,8 +109,9 @@ class Watch:
                 if target == "tensorboard":
                     self.reporters.append(TensorBoardReporter(out / "tensorboard"))
                 else:
-                    self.reporters.append(WandbReporter(out, f"{command} {out.name}",
-                                                        config.model_dump(mode="json")))
+                    self.reporters.append(
+                        WandbReporter(out, f"{command} {out.name}", config.model_dump(mode="json"))
+                    )
         except BaseException:
             self.close()
             raise

@@ -42,8 +42,23 @@ from pathlib import Path
 MIN_LINE = 20  # an added line shorter than this is too common to be evidence of the fix
 MAX_DEPTH = 4  # archives inside archives (a wheel in a zip in a tarball) are opened this deep
 MAX_MEMBER_BYTES = 512 << 20  # a member larger than this once decompressed is searched up to it
-ARCHIVE_SUFFIXES = (".whl", ".zip", ".egg", ".jar", ".pyz", ".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2",
-                    ".tar.xz", ".txz", ".gz", ".bz2", ".xz")
+ARCHIVE_SUFFIXES = (
+    ".whl",
+    ".zip",
+    ".egg",
+    ".jar",
+    ".pyz",
+    ".tar",
+    ".tar.gz",
+    ".tgz",
+    ".tar.bz2",
+    ".tbz2",
+    ".tar.xz",
+    ".txz",
+    ".gz",
+    ".bz2",
+    ".xz",
+)
 SKIP_DIRS = ("/proc", "/sys", "/dev")
 
 
@@ -63,7 +78,9 @@ class Needles:
     @classmethod
     def from_json(cls, text: str) -> Needles:
         data = json.loads(text)
-        return cls(tuple(data.get("lines", ())), tuple(data.get("packages", ())), dict(data.get("base_digests", {})))
+        return cls(
+            tuple(data.get("lines", ())), tuple(data.get("packages", ())), dict(data.get("base_digests", {}))
+        )
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -88,8 +105,10 @@ def _norm(name: str) -> str:
 
 # a distribution's metadata dir or file: requests-2.31.0.dist-info, Flask-2.3.0.tar.gz,
 # pytest-7.3.1-py3-none-any.whl
-_DIST = re.compile(r"^([A-Za-z0-9_.]+?)-(\d[^/]*?)(\.dist-info|\.egg-info|\.whl|\.tar\.gz|\.tgz|\.tar\.bz2|"
-                   r"\.tar\.xz|\.zip|\.egg)$")
+_DIST = re.compile(
+    r"^([A-Za-z0-9_.]+?)-(\d[^/]*?)(\.dist-info|\.egg-info|\.whl|\.tar\.gz|\.tgz|\.tar\.bz2|"
+    r"\.tar\.xz|\.zip|\.egg)$"
+)
 _INIT = re.compile(r"^__init__(\.py|\.pyc|\.[A-Za-z0-9_-]+\.pyc)$")
 _ZIP_END = b"PK\x05\x06"
 
@@ -124,20 +143,36 @@ class _Matcher:
         """Whether a package copy's ``.py`` files (path from the package's parent -> content, None
         when unread) are all the base tree's own: the task's package at the base version."""
         py = {p: c for p, c in files.items() if p.endswith(".py")}
-        return bool(py) and all(c is not None and self.digests.get(p) == hashlib.sha256(c).hexdigest()
-                                for p, c in py.items())
+        return bool(py) and all(
+            c is not None and self.digests.get(p) == hashlib.sha256(c).hexdigest() for p, c in py.items()
+        )
 
 
-_DECOMPRESS_ERRORS = (OSError, EOFError, lzma.LZMAError, zlib.error, tarfile.TarError, zipfile.BadZipFile,
-                      NotImplementedError, RuntimeError, ValueError)
+_DECOMPRESS_ERRORS = (
+    OSError,
+    EOFError,
+    lzma.LZMAError,
+    zlib.error,
+    tarfile.TarError,
+    zipfile.BadZipFile,
+    NotImplementedError,
+    RuntimeError,
+    ValueError,
+)
 
 
 def _is_archive(data: bytes, name: str) -> bool:
     head = data[:512]
-    return (head[:4] in (b"PK\x03\x04", _ZIP_END) or head[:2] == b"\x1f\x8b" or head[:3] == b"BZh"
-            or head[:6] == b"\xfd7zXZ\x00" or head[257:262] == b"ustar" or name.endswith(ARCHIVE_SUFFIXES)
-            or (head[:4] == b"\x7fELF" or head[:2] == b"#!")  # a zip appended to a program (self-extracting)
-            and data.find(_ZIP_END, max(0, len(data) - (1 << 16) - 22)) >= 0)
+    return (
+        head[:4] in (b"PK\x03\x04", _ZIP_END)
+        or head[:2] == b"\x1f\x8b"
+        or head[:3] == b"BZh"
+        or head[:6] == b"\xfd7zXZ\x00"
+        or head[257:262] == b"ustar"
+        or name.endswith(ARCHIVE_SUFFIXES)
+        or (head[:4] == b"\x7fELF" or head[:2] == b"#!")  # a zip appended to a program (self-extracting)
+        and data.find(_ZIP_END, max(0, len(data) - (1 << 16) - 22)) >= 0
+    )
 
 
 def _members(data: bytes) -> list[tuple[str, bytes]] | None:
@@ -188,13 +223,13 @@ class _Scan:
         for parts, _, _ in entries:
             for i, part in enumerate(parts):
                 if self.match.is_dist(part):
-                    self.hits.add(Hit(f"{label}!{'/'.join(parts[:i + 1])}", "package", part))
+                    self.hits.add(Hit(f"{label}!{'/'.join(parts[: i + 1])}", "package", part))
             if (found := self.match.package_at(parts)) is not None:
-                copies.setdefault(parts[:found[0] + 1], {})
+                copies.setdefault(parts[: found[0] + 1], {})
         for parts, name, member in entries:
             for top, files in copies.items():
-                if parts[:len(top)] == top:
-                    files["/".join(parts[len(top) - 1:])] = member
+                if parts[: len(top)] == top:
+                    files["/".join(parts[len(top) - 1 :])] = member
             self.content(f"{label}!{name}", member, depth + 1)
         for top, files in copies.items():
             if not self.match.is_base(files):

@@ -92,8 +92,14 @@ def env_flag(key: str, value: str) -> str:
 class ApptainerSandbox(HostTreeSandbox):
     engine = "apptainer"
 
-    def __init__(self, spec: SandboxSpec, image: str, root: Path, extra_ro_mounts: Sequence[tuple[str, str]] = (),
-                 isolate_network: bool = True):
+    def __init__(
+        self,
+        spec: SandboxSpec,
+        image: str,
+        root: Path,
+        extra_ro_mounts: Sequence[tuple[str, str]] = (),
+        isolate_network: bool = True,
+    ):
         self.spec = spec
         self.image = image  # a .sif path or docker://swebench/sweb.eval...
         self.root = root  # host dir: testbed/ home/ git/
@@ -104,16 +110,31 @@ class ApptainerSandbox(HostTreeSandbox):
 
     def exec_argv(self, cmd: Sequence[str], env: dict[str, str]) -> list[str]:
         s = self.spec
-        argv = [self.engine, "exec", "--containall", "--cleanenv", "--writable-tmpfs", "--no-mount", "cwd",
-                "--hostname", s.hostname, "--home", f"{self.root / 'home'}:{s.home}", "--pwd", s.workdir,
-                *user_flags(s)]
+        argv = [
+            self.engine,
+            "exec",
+            "--containall",
+            "--cleanenv",
+            "--writable-tmpfs",
+            "--no-mount",
+            "cwd",
+            "--hostname",
+            s.hostname,
+            "--home",
+            f"{self.root / 'home'}:{s.home}",
+            "--pwd",
+            s.workdir,
+            *user_flags(s),
+        ]
         if self.isolate_network:
             argv += ["--net", "--network", "none"]
         binds = [f"{self.testbed}:{s.workdir}", f"{FORWARDER_SRC}:{FORWARDER_INSIDE}:ro"]
         full_env = {**s.base_env(), **env}
         if s.harness_dir is not None:
             binds.append(f"{s.harness_dir}:/opt/harness:ro")
-            if (node := host_node()) is not None:  # an npm harness in an image without Node.js, as in a container
+            if (
+                node := host_node()
+            ) is not None:  # an npm harness in an image without Node.js, as in a container
                 binds.append(f"{node}:{NODE_DIR_INSIDE}/node:ro")
                 full_env["PATH"] = f"{NODE_DIR_INSIDE}:{full_env['PATH']}"
         if s.proxy_socket_dir is not None:
@@ -128,34 +149,85 @@ class ApptainerSandbox(HostTreeSandbox):
     def diff_argv(self, scratch: Path, exclude: Sequence[str] = BUILD_EXCLUDES) -> list[str]:
         """git in the image, as the agent's uid, on the tree and the snapshot bound read-only (and the base's
         objects a borrowed snapshot reads, where they are on the host), writing only ``scratch``."""
-        argv = [self.engine, "exec", "--containall", "--cleanenv", "--no-mount", "cwd", "--pwd", DIFF_TREE,
-                *user_flags(self.spec)]
+        argv = [
+            self.engine,
+            "exec",
+            "--containall",
+            "--cleanenv",
+            "--no-mount",
+            "cwd",
+            "--pwd",
+            DIFF_TREE,
+            *user_flags(self.spec),
+        ]
         if self.isolate_network:
             argv += ["--net", "--network", "none"]
-        binds = [f"{self.testbed}:{DIFF_TREE}:ro", f"{self.git_dir}:{DIFF_GIT}:ro", f"{scratch}:{DIFF_SCRATCH}",
-                 *(f"{path}:{path}:ro" for path in gitdiff.alternates_of(self.git_dir))]
+        binds = [
+            f"{self.testbed}:{DIFF_TREE}:ro",
+            f"{self.git_dir}:{DIFF_GIT}:ro",
+            f"{scratch}:{DIFF_SCRATCH}",
+            *(f"{path}:{path}:ro" for path in gitdiff.alternates_of(self.git_dir)),
+        ]
         for bind in binds:
             argv += ["--bind", bind]
         for key, value in gitdiff.sandboxed_diff_env(DIFF_TREE, DIFF_GIT, DIFF_SCRATCH).items():
             argv += ["--env", env_flag(key, value)]
-        return argv + [self.image, "/bin/sh", "-c", gitdiff.diff_script(gitdiff.base_of(self.git_dir), exclude)]
+        return argv + [
+            self.image,
+            "/bin/sh",
+            "-c",
+            gitdiff.diff_script(gitdiff.base_of(self.git_dir), exclude),
+        ]
 
     def extract_argv(self, dest: Path) -> list[str]:
         """Copy the image's own /testbed out to the host (the SWE-bench base checkout)."""
-        return [self.engine, "exec", "--containall", "--bind", f"{dest}:/polar-out", self.image,
-                "cp", "-a", f"{self.spec.workdir}/.", "/polar-out/"]
+        return [
+            self.engine,
+            "exec",
+            "--containall",
+            "--bind",
+            f"{dest}:/polar-out",
+            self.image,
+            "cp",
+            "-a",
+            f"{self.spec.workdir}/.",
+            "/polar-out/",
+        ]
 
     def reduce_argv(self, tree: Path, base: str) -> list[str]:
         """The copied-out ``tree``'s git history reduced to ``base`` by the image's git, the tree bound at the
         workdir and nothing else (sandbox/history.py): never the host's git on a tree an image brought."""
-        return [self.engine, "exec", "--containall", "--cleanenv", "--no-mount", "cwd", "--net", "--network", "none",
-                "--bind", f"{tree}:{self.spec.workdir}", "--pwd", "/", self.image,
-                "/bin/sh", "-c", history.reduce_script(self.spec.workdir, base)]
+        return [
+            self.engine,
+            "exec",
+            "--containall",
+            "--cleanenv",
+            "--no-mount",
+            "cwd",
+            "--net",
+            "--network",
+            "none",
+            "--bind",
+            f"{tree}:{self.spec.workdir}",
+            "--pwd",
+            "/",
+            self.image,
+            "/bin/sh",
+            "-c",
+            history.reduce_script(self.spec.workdir, base),
+        ]
 
     @classmethod
-    def create(cls, task_tree: Path | None, *, spec: SandboxSpec, image: str = "",
-               extra_ro_mounts: Sequence[tuple[str, str]] = (), isolate_network: bool = True,
-               snapshot: Path | None = None) -> ApptainerSandbox:
+    def create(
+        cls,
+        task_tree: Path | None,
+        *,
+        spec: SandboxSpec,
+        image: str = "",
+        extra_ro_mounts: Sequence[tuple[str, str]] = (),
+        isolate_network: bool = True,
+        snapshot: Path | None = None,
+    ) -> ApptainerSandbox:
         """A sandbox of ``image`` with a copy of ``task_tree`` (with ``snapshot``: the warm base's git
         dir, borrowed, tasks/base_trees.py), or the image's own tree copied out now."""
         if not image:
@@ -185,11 +257,21 @@ class ApptainerSandbox(HostTreeSandbox):
             gitdiff.snapshot(sb.testbed, sb.git_dir)
         return sb
 
-
-    async def run(self, cmd: Sequence[str], *, env: dict[str, str] | None = None, timeout_s: float | Deadline = 600.0,
-                  stdin: bytes | None = None, max_output_bytes: int = 1 << 20) -> RunResult:
-        return await run_process_tree(self.exec_argv(cmd, env or {}), timeout_s=timeout_s, stdin=stdin,
-                                      max_output_bytes=max_output_bytes)
+    async def run(
+        self,
+        cmd: Sequence[str],
+        *,
+        env: dict[str, str] | None = None,
+        timeout_s: float | Deadline = 600.0,
+        stdin: bytes | None = None,
+        max_output_bytes: int = 1 << 20,
+    ) -> RunResult:
+        return await run_process_tree(
+            self.exec_argv(cmd, env or {}),
+            timeout_s=timeout_s,
+            stdin=stdin,
+            max_output_bytes=max_output_bytes,
+        )
 
     async def copy_in(self, src: Path, dst: str) -> None:
         target = self.host_path(dst)
@@ -204,15 +286,17 @@ class ApptainerSandbox(HostTreeSandbox):
         try:
             if (owner := _owner(self.spec)) is not None:
                 os.chown(scratch, *owner)
-            proc = await asyncio.to_thread(subprocess.run, self.diff_argv(scratch, exclude), capture_output=True,
-                                           timeout=DIFF_TIMEOUT_S)
+            proc = await asyncio.to_thread(
+                subprocess.run, self.diff_argv(scratch, exclude), capture_output=True, timeout=DIFF_TIMEOUT_S
+            )
         finally:
             await asyncio.to_thread(shutil.rmtree, scratch, True)
         if proc.returncode != 0:
-            raise RuntimeError(f"git diff in the image failed ({proc.returncode}): "
-                               f"{proc.stderr.decode(errors='replace')[-2000:]}")
+            raise RuntimeError(
+                f"git diff in the image failed ({proc.returncode}): "
+                f"{proc.stderr.decode(errors='replace')[-2000:]}"
+            )
         return proc.stdout
-
 
 
 def extract_image_tree(image: str, spec: SandboxSpec, dest: Path) -> None:
@@ -230,12 +314,15 @@ def reduce_image_tree(image: str, spec: SandboxSpec, tree: Path, base: str = "HE
     """The git history of ``tree`` (copied out of ``image`` by `extract_image_tree`) reduced to ``base``
     inside the image (`ApptainerSandbox.reduce_argv`); what it did (one line), or `HistoryNotReduced`."""
     try:
-        proc = subprocess.run(ApptainerSandbox(spec, image, tree).reduce_argv(tree, base), capture_output=True,
-                              timeout=1800)
+        proc = subprocess.run(
+            ApptainerSandbox(spec, image, tree).reduce_argv(tree, base), capture_output=True, timeout=1800
+        )
     except FileNotFoundError:
         raise ContainerError(f"{ENGINE} is not installed (polar doctor says how to install it)") from None
     if proc.returncode != 0:
-        raise HistoryNotReduced(history.refusal(proc.stderr.decode(errors="replace"), f"{image} {spec.workdir}"))
+        raise HistoryNotReduced(
+            history.refusal(proc.stderr.decode(errors="replace"), f"{image} {spec.workdir}")
+        )
     return history.reduced_line(proc.stdout.decode(errors="replace"))
 
 
@@ -251,8 +338,15 @@ class ApptainerBox:
 
     engine = ENGINE
 
-    def __init__(self, spec: SandboxSpec, image: str, root: Path, binds: dict[str, Path],
-                 read_only: set[str] | None = None, cgroups: CgroupLimits | None = None):
+    def __init__(
+        self,
+        spec: SandboxSpec,
+        image: str,
+        root: Path,
+        binds: dict[str, Path],
+        read_only: set[str] | None = None,
+        cgroups: CgroupLimits | None = None,
+    ):
         self.spec = spec
         self.image = image
         self.root = root  # host dir holding the box's bound dirs
@@ -272,15 +366,35 @@ class ApptainerBox:
         except BaseException:
             shutil.rmtree(root, ignore_errors=True)
             raise
-        return cls(spec, image, root, {spec.workdir: root / "testbed", GIT_DIR_INSIDE: base_git}, {GIT_DIR_INSIDE},
-                   CgroupLimits(f"grade-{root.name}", spec.memory_bytes, spec.pids_max))
+        return cls(
+            spec,
+            image,
+            root,
+            {spec.workdir: root / "testbed", GIT_DIR_INSIDE: base_git},
+            {GIT_DIR_INSIDE},
+            CgroupLimits(f"grade-{root.name}", spec.memory_bytes, spec.pids_max),
+        )
 
     def exec_argv(self, cmd: Sequence[str], env: dict[str, str], *, user: str | None = None) -> list[str]:
         """``cmd`` as the spec's uid (host root) or the caller; ``user`` root: a grader's root step, with
         `ROOT_PATH`. Other commands keep the image's own PATH (its toolchain)."""
         s = self.spec
-        argv = [self.engine, "exec", "--containall", "--cleanenv", "--writable-tmpfs", "--no-mount", "cwd",
-                "--net", "--network", "none", "--hostname", s.hostname, "--pwd", s.workdir]
+        argv = [
+            self.engine,
+            "exec",
+            "--containall",
+            "--cleanenv",
+            "--writable-tmpfs",
+            "--no-mount",
+            "cwd",
+            "--net",
+            "--network",
+            "none",
+            "--hostname",
+            s.hostname,
+            "--pwd",
+            s.workdir,
+        ]
         argv += user_flags(s, user)
         for inside, host in sorted(self.binds.items()):
             argv += ["--bind", f"{host}:{inside}" + (":ro" if inside in self.read_only else "")]
@@ -291,17 +405,32 @@ class ApptainerBox:
             argv += ["--env", env_flag(key, value)]
         return argv + [self.image, *cmd]
 
-    async def run(self, cmd: Sequence[str], *, env: dict[str, str] | None = None, timeout_s: float | Deadline = 600.0,
-                  stdin: bytes | None = None, max_output_bytes: int = 1 << 20, user: str | None = None) -> RunResult:
+    async def run(
+        self,
+        cmd: Sequence[str],
+        *,
+        env: dict[str, str] | None = None,
+        timeout_s: float | Deadline = 600.0,
+        stdin: bytes | None = None,
+        max_output_bytes: int = 1 << 20,
+        user: str | None = None,
+    ) -> RunResult:
         if self._destroyed:
             raise RuntimeError("sandbox destroyed")
         groups = self.cgroups if self.cgroups is not None and self.cgroups.dirs else None
         try:
-            return await run_process_tree(self.exec_argv(cmd, env or {}, user=user), timeout_s=timeout_s, stdin=stdin,
-                                          max_output_bytes=max_output_bytes, preexec_fn=groups and groups.join,
-                                          on_timeout=groups and groups.kill_all)
+            return await run_process_tree(
+                self.exec_argv(cmd, env or {}, user=user),
+                timeout_s=timeout_s,
+                stdin=stdin,
+                max_output_bytes=max_output_bytes,
+                preexec_fn=groups and groups.join,
+                on_timeout=groups and groups.kill_all,
+            )
         except FileNotFoundError:
-            raise ContainerError(f"{self.engine} is not installed (polar doctor says how to install it)") from None
+            raise ContainerError(
+                f"{self.engine} is not installed (polar doctor says how to install it)"
+            ) from None
 
     def _bind_of(self, inside: str) -> tuple[str, Path]:
         """(the bind holding ``inside``, ``inside`` as a host path); ``..`` resolved first."""

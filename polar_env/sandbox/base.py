@@ -25,8 +25,18 @@ from polar_env.sandbox.output import BoundedOutput, OutputStats
 # Build artefacts and caches that are never part of the agent's patch (docs/rewards.md); each
 # harness adds its own state dirs (harness_adapters.registry.NOISE_EXCLUDES).
 BUILD_EXCLUDES: tuple[str, ...] = (
-    "__pycache__", "*.pyc", "*.pyo", "*.egg-info", ".pytest_cache",
-    "build", "dist", ".eggs", ".tox", ".mypy_cache", ".ruff_cache", "node_modules",
+    "__pycache__",
+    "*.pyc",
+    "*.pyo",
+    "*.egg-info",
+    ".pytest_cache",
+    "build",
+    "dist",
+    ".eggs",
+    ".tox",
+    ".mypy_cache",
+    ".ruff_cache",
+    "node_modules",
 )
 # Excluded only at the repository root: a package may hold real source in a nested ``build/`` or
 # ``dist/`` (pip's ``operations/build/``), and a fix there must reach the grader.
@@ -56,7 +66,9 @@ class SandboxSpec:
     memory_bytes: int | None = 8 << 30
     pids_max: int | None = 4096
     cpus: float | None = None  # containers: --cpus (a Harbor task's [environment] cpus)
-    storage_bytes: int | None = None  # containers: --storage-opt size= (where the engine's storage supports it)
+    storage_bytes: int | None = (
+        None  # containers: --storage-opt size= (where the engine's storage supports it)
+    )
     gpus: int | None = None  # containers: that many NVIDIA GPUs (podman: CDI devices nvidia.com/gpu=<i>)
     # quota of the writable paths (/testbed, HOME, /tmp together): a sized tmpfs in bubblewrap, sized
     # tmpfs mounts in containers; a write past it fails with ENOSPC
@@ -78,8 +90,16 @@ class SandboxSpec:
         path = "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
         if self.harness_dir is not None:
             path = f"{HARNESS_BIN_DIRS}:{path}"
-        return {**self.env, "HOME": self.home, "USER": self.user, "LOGNAME": self.user,
-                "HOSTNAME": self.hostname, "SHELL": "/bin/bash", "PATH": path, "PWD": self.workdir}
+        return {
+            **self.env,
+            "HOME": self.home,
+            "USER": self.user,
+            "LOGNAME": self.user,
+            "HOSTNAME": self.hostname,
+            "SHELL": "/bin/bash",
+            "PATH": path,
+            "PWD": self.workdir,
+        }
 
 
 @dataclass
@@ -127,8 +147,15 @@ class Sandbox(ABC):
     def create(cls, task_tree: Path | None, *, spec: SandboxSpec) -> Sandbox: ...
 
     @abstractmethod
-    async def run(self, cmd: Sequence[str], *, env: dict[str, str] | None = None, timeout_s: float | Deadline = 600.0,
-                  stdin: bytes | None = None, max_output_bytes: int = 1 << 20) -> RunResult:
+    async def run(
+        self,
+        cmd: Sequence[str],
+        *,
+        env: dict[str, str] | None = None,
+        timeout_s: float | Deadline = 600.0,
+        stdin: bytes | None = None,
+        max_output_bytes: int = 1 << 20,
+    ) -> RunResult:
         """Run ``cmd`` in the workdir; the whole process tree dies at ``timeout_s`` (a number, or a
         Deadline)."""
 
@@ -178,11 +205,20 @@ async def _pump(stream: asyncio.StreamReader | None, kept: BoundedOutput) -> Non
         kept.feed(chunk)
 
 
-async def run_process_tree(argv: Sequence[str], *, timeout_s: float | Deadline, stdin: bytes | None,
-                           max_output_bytes: int, env: dict[str, str] | None = None,
-                           preexec_fn=None, on_timeout=None, pass_fds: Sequence[int] = (),
-                           merge_output: bool = False, head_bytes: int = 0,
-                           before_stdin: Callable[[], Awaitable[None]] | None = None) -> RunResult:
+async def run_process_tree(
+    argv: Sequence[str],
+    *,
+    timeout_s: float | Deadline,
+    stdin: bytes | None,
+    max_output_bytes: int,
+    env: dict[str, str] | None = None,
+    preexec_fn=None,
+    on_timeout=None,
+    pass_fds: Sequence[int] = (),
+    merge_output: bool = False,
+    head_bytes: int = 0,
+    before_stdin: Callable[[], Awaitable[None]] | None = None,
+) -> RunResult:
     """Run a host process in its own session; at the deadline SIGKILL its process group. The one way a
     command runs in a sandbox with a deadline: every engine's ``Sandbox.run`` and the graders' runs.
 
@@ -194,9 +230,15 @@ async def run_process_tree(argv: Sequence[str], *, timeout_s: float | Deadline, 
     """
     start = time.monotonic()
     proc = await asyncio.create_subprocess_exec(
-        *argv, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT if merge_output else subprocess.PIPE, env=env,
-        start_new_session=True, preexec_fn=preexec_fn, pass_fds=tuple(pass_fds))
+        *argv,
+        stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT if merge_output else subprocess.PIPE,
+        env=env,
+        start_new_session=True,
+        preexec_fn=preexec_fn,
+        pass_fds=tuple(pass_fds),
+    )
     out, err = BoundedOutput(max_output_bytes, head_bytes), BoundedOutput(max_output_bytes)
 
     async def feed_stdin() -> None:
@@ -243,6 +285,13 @@ async def run_process_tree(argv: Sequence[str], *, timeout_s: float | Deadline, 
             pass
         raise
     text, stats = out.text_and_stats()
-    return RunResult(exit_code=None if timed_out else proc.returncode, stdout_tail=text,
-                     stderr_tail=err.text(), timed_out=timed_out, duration_s=time.monotonic() - start,
-                     stdout_bytes=out.total, stderr_bytes=err.total, output_stats=stats)
+    return RunResult(
+        exit_code=None if timed_out else proc.returncode,
+        stdout_tail=text,
+        stderr_tail=err.text(),
+        timed_out=timed_out,
+        duration_s=time.monotonic() - start,
+        stdout_bytes=out.total,
+        stderr_bytes=err.total,
+        output_stats=stats,
+    )

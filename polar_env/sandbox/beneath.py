@@ -89,7 +89,9 @@ def read(root: Path, rel: str) -> bytes | None:
         if fd is None:
             return None
         try:
-            f = os.open(components(rel)[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd)
+            f = os.open(
+                components(rel)[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=fd
+            )
         except OSError:  # missing, or a link (ELOOP)
             return None
         with os.fdopen(f, "rb") as fh:
@@ -105,8 +107,12 @@ def write(root: Path, rel: str, data: bytes, *, mode: str) -> None:
         if mode == "120000":
             os.symlink(os.fsdecode(data), name, dir_fd=fd)
             return
-        out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                      0o755 if mode == "100755" else 0o644, dir_fd=fd)
+        out = os.open(
+            name,
+            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o755 if mode == "100755" else 0o644,
+            dir_fd=fd,
+        )
         with os.fdopen(out, "wb") as f:
             f.write(data)
 

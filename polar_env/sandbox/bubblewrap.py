@@ -76,8 +76,15 @@ def isolated_forwarder(cmd: Sequence[str]) -> list[str]:
 class BubblewrapSandbox(HostTreeSandbox):
     """One task copy + private HOME/tmp on the host, entered by a fresh bwrap per command."""
 
-    def __init__(self, spec: SandboxSpec, root: Path, uid: int, gid: int, cgroups: CgroupLimits,
-                 identity: Identity | None = None):
+    def __init__(
+        self,
+        spec: SandboxSpec,
+        root: Path,
+        uid: int,
+        gid: int,
+        cgroups: CgroupLimits,
+        identity: Identity | None = None,
+    ):
         self.spec = spec
         self.root = root  # host dir (the quota tmpfs): testbed/ home/ tmp/ etc/ opt/; the snapshot beside it
         self.uid, self.gid = uid, gid  # inside
@@ -115,7 +122,9 @@ class BubblewrapSandbox(HostTreeSandbox):
         return user_namespace(self.identity) if self.identity is not None else nullcontext(None)
 
     @classmethod
-    def create(cls, task_tree: Path | None, *, spec: SandboxSpec, snapshot: Path | None = None) -> BubblewrapSandbox:
+    def create(
+        cls, task_tree: Path | None, *, spec: SandboxSpec, snapshot: Path | None = None
+    ) -> BubblewrapSandbox:
         """A sandbox holding a copy of ``task_tree``. With ``snapshot`` (the git dir
         ``gitdiff.snapshot`` made of ``task_tree``: a warm base, ``tasks/base_trees.py``) the copy
         borrows that snapshot instead of taking its own. The copy is a reflink clone where the
@@ -160,9 +169,12 @@ class BubblewrapSandbox(HostTreeSandbox):
             gitdiff.snapshot(testbed, self.git_dir)
         if owner is not None:
             chown_tree(home, *owner)
-        (etc / "passwd").write_text(f"root:x:0:0:root:/root:/bin/bash\n"
-                                    f"{spec.user}:x:{self.uid}:{self.gid}::{spec.home}:/bin/bash\n")
-        (etc / "group").write_text(f"root:x:0:\n{spec.user}:x:{self.gid}:\n{HARNESS_GROUP}:x:{harness_gid(self.gid)}:\n")
+        (etc / "passwd").write_text(
+            f"root:x:0:0:root:/root:/bin/bash\n{spec.user}:x:{self.uid}:{self.gid}::{spec.home}:/bin/bash\n"
+        )
+        (etc / "group").write_text(
+            f"root:x:0:\n{spec.user}:x:{self.gid}:\n{HARNESS_GROUP}:x:{harness_gid(self.gid)}:\n"
+        )
         (etc / "hostname").write_text(spec.hostname + "\n")
         self.show_inputs()
 
@@ -176,8 +188,15 @@ class BubblewrapSandbox(HostTreeSandbox):
         self.system = views if os.path.ismount(views / "usr") else system_view(views)
         if self.spec.harness_dir is not None:
             at = views / f"harness-{hashlib.sha256(str(self.spec.harness_dir).encode()).hexdigest()[:16]}"
-            identity, install = self.identity, self.spec.harness_dir  # the forwarder seals the harness it starts
-            sealed = identity.host_harness_gid if identity and can_seal() and holds_python_packages(install) else None
+            identity, install = (
+                self.identity,
+                self.spec.harness_dir,
+            )  # the forwarder seals the harness it starts
+            sealed = (
+                identity.host_harness_gid
+                if identity and can_seal() and holds_python_packages(install)
+                else None
+            )
             self.harness = at if os.path.ismount(at) else harness_view(self.spec.harness_dir, at, sealed)
 
     def bwrap_argv(self, cmd: Sequence[str], env: dict[str, str], userns: int | None = None) -> list[str]:
@@ -189,31 +208,55 @@ class BubblewrapSandbox(HostTreeSandbox):
         (``cmd`` running ``FORWARDER_INSIDE``) is the one command started as a ``supervisor``.
         """
         s = self.spec
-        mounts = [Mount("/etc/passwd", self.root / "etc" / "passwd"),
-                  Mount("/etc/group", self.root / "etc" / "group"),
-                  Mount("/etc/hostname", self.root / "etc" / "hostname"),
-                  Mount("/tmp", self.root / "tmp", "bind"),
-                  Mount(s.home, self.home, "bind"),
-                  Mount(s.workdir, self.testbed, "bind"),
-                  Mount(FORWARDER_INSIDE, self.root / "opt" / "forwarder.py")]
+        mounts = [
+            Mount("/etc/passwd", self.root / "etc" / "passwd"),
+            Mount("/etc/group", self.root / "etc" / "group"),
+            Mount("/etc/hostname", self.root / "etc" / "hostname"),
+            Mount("/tmp", self.root / "tmp", "bind"),
+            Mount(s.home, self.home, "bind"),
+            Mount(s.workdir, self.testbed, "bind"),
+            Mount(FORWARDER_INSIDE, self.root / "opt" / "forwarder.py"),
+        ]
         if self.harness is not None:
             mounts.append(Mount("/opt/harness", self.harness))
         if s.proxy_socket_dir is not None:
             mounts.append(Mount("/run/proxy", s.proxy_socket_dir))
         supervisor = runs_forwarder(cmd)
-        command = BwrapCommand(mounts, workdir=s.workdir, env={**s.base_env(), **env}, uid=self.uid, gid=self.gid,
-                               hostname=s.hostname, supervisor=supervisor, system=self.system, userns=userns)
+        command = BwrapCommand(
+            mounts,
+            workdir=s.workdir,
+            env={**s.base_env(), **env},
+            uid=self.uid,
+            gid=self.gid,
+            hostname=s.hostname,
+            supervisor=supervisor,
+            system=self.system,
+            userns=userns,
+        )
         return command.argv(isolated_forwarder(cmd) if supervisor else cmd)
 
-    async def run(self, cmd: Sequence[str], *, env: dict[str, str] | None = None, timeout_s: float | Deadline = 600.0,
-                  stdin: bytes | None = None, max_output_bytes: int = 1 << 20) -> RunResult:
+    async def run(
+        self,
+        cmd: Sequence[str],
+        *,
+        env: dict[str, str] | None = None,
+        timeout_s: float | Deadline = 600.0,
+        stdin: bytes | None = None,
+        max_output_bytes: int = 1 << 20,
+    ) -> RunResult:
         if self._destroyed:
             raise RuntimeError("sandbox destroyed")
         with self.namespace() as userns:
             argv = self.bwrap_argv(cmd, env or {}, userns)
-            return await run_process_tree(argv, timeout_s=timeout_s, stdin=stdin, max_output_bytes=max_output_bytes,
-                                          preexec_fn=self.cgroups.join if self.cgroups.dirs else None,
-                                          on_timeout=self.cgroups.kill_all, pass_fds=() if userns is None else (userns,))
+            return await run_process_tree(
+                argv,
+                timeout_s=timeout_s,
+                stdin=stdin,
+                max_output_bytes=max_output_bytes,
+                preexec_fn=self.cgroups.join if self.cgroups.dirs else None,
+                on_timeout=self.cgroups.kill_all,
+                pass_fds=() if userns is None else (userns,),
+            )
 
     def writable_binds(self) -> list[tuple[Path, Path]]:
         return [*super().writable_binds(), (Path("/tmp"), self.root / "tmp")]
@@ -237,19 +280,30 @@ class BubblewrapSandbox(HostTreeSandbox):
         scratch tmpfs of the episode's disk quota, as the sandbox uid, in the episode's cgroup."""
         base = gitdiff.base_of(self.git_dir)
         alternates = gitdiff.alternates_of(self.git_dir)
-        mounts = [Mount(DIFF_TREE, self.testbed), Mount(DIFF_GIT, self.git_dir),
-                  *(Mount(str(path), path) for path in alternates),
-                  Mount(DIFF_SCRATCH, kind="tmpfs", perms="0777", size=self.spec.disk_bytes)]
+        mounts = [
+            Mount(DIFF_TREE, self.testbed),
+            Mount(DIFF_GIT, self.git_dir),
+            *(Mount(str(path), path) for path in alternates),
+            Mount(DIFF_SCRATCH, kind="tmpfs", perms="0777", size=self.spec.disk_bytes),
+        ]
         env = gitdiff.sandboxed_diff_env(DIFF_TREE, DIFF_GIT, DIFF_SCRATCH)
         with self.namespace() as userns:
-            argv = BwrapCommand(mounts, workdir=DIFF_TREE, env=env, uid=self.uid, gid=self.gid, userns=userns).argv(
-                ["/bin/sh", "-c", gitdiff.diff_script(base, exclude)])
-            proc = await asyncio.to_thread(subprocess.run, argv, capture_output=True, timeout=DIFF_TIMEOUT_S,
-                                           preexec_fn=self.cgroups.join if self.cgroups.dirs else None,
-                                           pass_fds=() if userns is None else (userns,))
+            argv = BwrapCommand(
+                mounts, workdir=DIFF_TREE, env=env, uid=self.uid, gid=self.gid, userns=userns
+            ).argv(["/bin/sh", "-c", gitdiff.diff_script(base, exclude)])
+            proc = await asyncio.to_thread(
+                subprocess.run,
+                argv,
+                capture_output=True,
+                timeout=DIFF_TIMEOUT_S,
+                preexec_fn=self.cgroups.join if self.cgroups.dirs else None,
+                pass_fds=() if userns is None else (userns,),
+            )
         if proc.returncode != 0:
-            raise RuntimeError(f"git diff in the sandbox failed ({proc.returncode}): "
-                               f"{proc.stderr.decode(errors='replace')[-2000:]}")
+            raise RuntimeError(
+                f"git diff in the sandbox failed ({proc.returncode}): "
+                f"{proc.stderr.decode(errors='replace')[-2000:]}"
+            )
         return proc.stdout
 
     def release(self) -> None:

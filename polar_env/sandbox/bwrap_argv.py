@@ -73,8 +73,12 @@ class BwrapCommand:
     gid: int
     hostname: str = "sandbox"
     supervisor: bool = False  # the first process keeps SUPERVISOR_CAPS (host root only)
-    system: Path | None = None  # as host root, a `views.system_view`: /usr (node inside) and /etc shown neutrally
-    userns: int | None = None  # as host root, a descriptor of the sandbox's own user namespace (`identity.user_namespace`)
+    system: Path | None = (
+        None  # as host root, a `views.system_view`: /usr (node inside) and /etc shown neutrally
+    )
+    userns: int | None = (
+        None  # as host root, a descriptor of the sandbox's own user namespace (`identity.user_namespace`)
+    )
 
     def argv(self, cmd: Sequence[str]) -> list[str]:
         bwrap = shutil.which("bwrap")
@@ -83,8 +87,14 @@ class BwrapCommand:
         as_root = os.geteuid() == 0
         argv = [*_WITH_FILTER, str(program_file()), bwrap]
         if as_root:
-            argv += [*(["--userns", str(self.userns)] if self.userns is not None else []),
-                     "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
+            argv += [
+                *(["--userns", str(self.userns)] if self.userns is not None else []),
+                "--unshare-ipc",
+                "--unshare-pid",
+                "--unshare-net",
+                "--unshare-uts",
+                "--unshare-cgroup-try",
+            ]
         else:
             argv += ["--unshare-all", "--cap-drop", "ALL", "--uid", str(self.uid), "--gid", str(self.gid)]
         try:
@@ -92,16 +102,29 @@ class BwrapCommand:
         except RootfsMissing as exc:
             raise SandboxUnavailable(str(exc)) from None
         system = self.system or root
-        argv += ["--die-with-parent", "--new-session", "--hostname", self.hostname,
-                 "--ro-bind", str(system / "usr"), "/usr", "--ro-bind", str(system / "etc"), "/etc"]
+        argv += [
+            "--die-with-parent",
+            "--new-session",
+            "--hostname",
+            self.hostname,
+            "--ro-bind",
+            str(system / "usr"),
+            "/usr",
+            "--ro-bind",
+            str(system / "etc"),
+            "/etc",
+        ]
         for link in ("lib", "lib64", "bin", "sbin"):  # merged /usr: links into it
             if (root / link).is_symlink():
                 argv += ["--symlink", os.readlink(root / link), f"/{link}"]
         if self.system is None and (node := host_node()) is not None:  # a system view holds it already
             argv += ["--ro-bind", str(node), NODE_INSIDE]
         argv += ["--proc", "/proc", "--dev", "/dev"]
-        parents = sorted({str(p) for m in self.mounts for p in Path(m.dst).parents}
-                         - {"/", "/usr", "/etc"} - {m.dst for m in self.mounts})
+        parents = sorted(
+            {str(p) for m in self.mounts for p in Path(m.dst).parents}
+            - {"/", "/usr", "/etc"}
+            - {m.dst for m in self.mounts}
+        )
         for parent in parents:  # bwrap would create them 0700, unreadable to the sandbox uid
             argv += ["--perms", "0755", "--dir", parent]
         for mount in self.mounts:
@@ -109,7 +132,11 @@ class BwrapCommand:
                 argv += ["--perms", mount.perms]
             if mount.size is not None and mount.kind == "tmpfs":
                 argv += ["--size", str(mount.size)]
-            argv += ["--tmpfs", mount.dst] if mount.kind == "tmpfs" else [f"--{mount.kind}", str(mount.src), mount.dst]
+            argv += (
+                ["--tmpfs", mount.dst]
+                if mount.kind == "tmpfs"
+                else [f"--{mount.kind}", str(mount.src), mount.dst]
+            )
         argv += ["--remount-ro", "/", "--chdir", self.workdir, "--clearenv"]
         for key, value in self.env.items():
             argv += ["--setenv", key, value]
@@ -120,7 +147,15 @@ class BwrapCommand:
                 raise SandboxUnavailable("setpriv (util-linux) is needed to drop root inside the sandbox")
             sealing = self.supervisor and can_seal()
             kept = "".join(f",+{cap}" for cap in SUPERVISOR_CAPS) if sealing else ""
-            argv += [setpriv, f"--reuid={self.uid}", f"--regid={self.gid}", "--clear-groups",
-                     f"--inh-caps=-all{kept}", *([f"--ambient-caps={kept[1:]}"] if kept else []),
-                     f"--bounding-set=-all{kept}", "--no-new-privs", "--"]
+            argv += [
+                setpriv,
+                f"--reuid={self.uid}",
+                f"--regid={self.gid}",
+                "--clear-groups",
+                f"--inh-caps=-all{kept}",
+                *([f"--ambient-caps={kept[1:]}"] if kept else []),
+                f"--bounding-set=-all{kept}",
+                "--no-new-privs",
+                "--",
+            ]
         return argv + list(cmd)

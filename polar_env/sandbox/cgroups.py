@@ -68,8 +68,15 @@ def _hand_down(base: Path, controllers: list[str]) -> None:
 class CgroupLimits:
     """Per-sandbox memory + pids groups; ``versions`` maps each limited controller to its cgroup version."""
 
-    def __init__(self, name: str, memory_bytes: int | None, pids_max: int | None, *,
-                 v1_root: Path = CGROUP_V1_ROOT, v2_base: Path | None = None):
+    def __init__(
+        self,
+        name: str,
+        memory_bytes: int | None,
+        pids_max: int | None,
+        *,
+        v1_root: Path = CGROUP_V1_ROOT,
+        v2_base: Path | None = None,
+    ):
         self.dirs: list[Path] = []
         self.groups: dict[str, Path] = {}  # controller -> the group that limits it
         self.versions: dict[str, Literal["v2", "v1"]] = {}
@@ -123,8 +130,13 @@ class CgroupLimits:
         except OSError as exc:
             if leaf.exists():
                 leaf.rmdir()
-            return {**reasons, **dict.fromkeys(usable, f"cgroup v2 at {base} does not delegate "
-                                               f"{', '.join(usable)} to us: {exc.strerror or exc}")}
+            return {
+                **reasons,
+                **dict.fromkeys(
+                    usable,
+                    f"cgroup v2 at {base} does not delegate {', '.join(usable)} to us: {exc.strerror or exc}",
+                ),
+            }
         self.dirs.append(leaf)
         self.groups.update(dict.fromkeys(usable, leaf))
         self.versions.update(dict.fromkeys(usable, "v2"))

@@ -78,14 +78,19 @@ FORWARDER_CAPS = ("SYS_PTRACE", "SETGID", "SETUID")
 ROOT_AGENT_CAPS = ("SETPCAP",)
 # in a user namespace of its own, root may change uid (a verifier runs the code under test as another user,
 # as under Docker's defaults): SETUID and SETGID there reach no host uid of note
-USERNS_CAPS = ("SETUID", "SETGID")  # the forwarder's drop of PTRACE and SETPCAP from a root harness's bounding set
+USERNS_CAPS = (
+    "SETUID",
+    "SETGID",
+)  # the forwarder's drop of PTRACE and SETPCAP from a root harness's bounding set
 USERNS_SIZE = 65536  # uids and gids mapped into a container's user namespace
 HOST_DIRS_BYTES = 256 << 20  # the tmpfs holding a container's host dirs (a verifier's logs, tests, HOME)
 FALLBACK_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 ROOT_PATH = "/usr/bin:/bin"  # root execs' PATH: never the image's
 # every child of PID 1 (the init): right after the start, only the keep-alive `sleep infinity`
-KEEPALIVE_SCRIPT = ('for d in /proc/[0-9]*; do s=$(cat "$d/stat" 2>/dev/null) || continue; s=${s##*) }; '
-                    'set -- $s; [ "$2" = 1 ] && echo "${d#/proc/}"; done; true')
+KEEPALIVE_SCRIPT = (
+    'for d in /proc/[0-9]*; do s=$(cat "$d/stat" 2>/dev/null) || continue; s=${s##*) }; '
+    'set -- $s; [ "$2" = 1 ] && echo "${d#/proc/}"; done; true'
+)
 LABELS_ENV = "POLAR_CONTAINER_LABELS"
 NODE_DIR_INSIDE = "/opt/polar/bin"  # the host's Node.js binary, for harnesses in images that lack one
 
@@ -111,7 +116,9 @@ def keepalive_pid(out: bytes) -> int | None:
     PID 1 is the keep-alive itself)."""
     pids = out.decode().split()
     if len(pids) > 1:
-        raise ContainerError(f"PID 1 has {len(pids)} children right after the start, not one keep-alive: {pids}")
+        raise ContainerError(
+            f"PID 1 has {len(pids)} children right after the start, not one keep-alive: {pids}"
+        )
     return int(pids[0]) if pids else None
 
 
@@ -120,16 +127,20 @@ def git_snapshot_script(workdir: str, git_dir: str = GIT_DIR_INSIDE) -> str:
     write, outside the tree (`safe_git`: the tree's own ``.git`` config, hooks and attributes never apply,
     and nothing is written into any home's git config)."""
     git = safe_git.shell_function(git_dir, workdir, f"{git_dir}/base.index")
-    return (f"{git}; mkdir -p -m 0755 {git_dir} && cd {shlex.quote(workdir)} && g init -q && "
-            f"{safe_git.shell_neutralise(git_dir)} && g add -A . && g write-tree > {git_dir}/POLAR_BASE")
+    return (
+        f"{git}; mkdir -p -m 0755 {git_dir} && cd {shlex.quote(workdir)} && g init -q && "
+        f"{safe_git.shell_neutralise(git_dir)} && g add -A . && g write-tree > {git_dir}/POLAR_BASE"
+    )
 
 
 def git_diff_script(workdir: str, exclude: Sequence[str], git_dir: str = GIT_DIR_INSIDE) -> str:
     specs = " ".join(shlex.quote(s) for s in exclude_pathspecs(exclude))
     git = safe_git.shell_function(git_dir, workdir, f"{git_dir}/now.index")
-    return (f"{git}; cd {shlex.quote(workdir)} && rm -f {git_dir}/now.index && g add -A . && "
-            f"now=$(g write-tree) && "
-            f"g diff --binary --no-color --no-ext-diff --no-textconv $(cat {git_dir}/POLAR_BASE) $now -- {specs}")
+    return (
+        f"{git}; cd {shlex.quote(workdir)} && rm -f {git_dir}/now.index && g add -A . && "
+        f"now=$(g write-tree) && "
+        f"g diff --binary --no-color --no-ext-diff --no-textconv $(cat {git_dir}/POLAR_BASE) $now -- {specs}"
+    )
 
 
 class RunsAsUser(Protocol):
@@ -168,13 +179,18 @@ def engine_run(argv: Sequence[str], *, timeout_s: float = 600.0) -> bytes:
     except subprocess.TimeoutExpired:
         raise ContainerError(f"{shlex.join(argv[:3])} did not finish in {timeout_s:g}s") from None
     if proc.returncode != 0:
-        raise ContainerError(f"{shlex.join(argv[:3])} failed: {proc.stderr.decode(errors='replace').strip()[-2000:]}")
+        raise ContainerError(
+            f"{shlex.join(argv[:3])} failed: {proc.stderr.decode(errors='replace').strip()[-2000:]}"
+        )
     return proc.stdout
 
 
 def image_exists(engine: str, image: str) -> bool:
     try:
-        return subprocess.run([engine, "image", "inspect", image], capture_output=True, timeout=60).returncode == 0
+        return (
+            subprocess.run([engine, "image", "inspect", image], capture_output=True, timeout=60).returncode
+            == 0
+        )
     except (OSError, subprocess.TimeoutExpired):
         return False
 
@@ -216,8 +232,12 @@ class WorkdirQuota:
         if engine != "podman" or os.geteuid() != 0 or spec.disk_bytes is None or spec.userns:
             # (in a user namespace runc may not mount the overlay: docs/reliability.md, known limits)
             return None
-        lower = Path(engine_run([engine, "image", "mount", image]).decode().strip()) / spec.workdir.lstrip("/")
-        quota = cls(engine, image, lower, Path(tempfile.mkdtemp(prefix="polar-workdir-", dir=spec.scratch_root)))
+        lower = Path(engine_run([engine, "image", "mount", image]).decode().strip()) / spec.workdir.lstrip(
+            "/"
+        )
+        quota = cls(
+            engine, image, lower, Path(tempfile.mkdtemp(prefix="polar-workdir-", dir=spec.scratch_root))
+        )
         try:
             if not lower.is_dir():
                 raise ContainerError(f"{image} has no {spec.workdir}")
@@ -248,7 +268,9 @@ class HostProcess:
 
     @classmethod
     def read(cls, pid: int, ns: int) -> HostProcess:
-        status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+        status = dict(
+            line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line
+        )
         ppid = int(status["PPid"])
         try:
             parent_inside = ppid > 0 and os.stat(f"/proc/{ppid}/ns/pid").st_ino == ns
@@ -258,13 +280,25 @@ class HostProcess:
 
 
 class ContainerSandbox(Sandbox):
-    def __init__(self, spec: SandboxSpec, image: str, name: str, *, engine: str = "docker",
-                 path: str = FALLBACK_PATH, extra_ro_mounts: Sequence[tuple[str, str]] = (),
-                 workdir_quota: WorkdirQuota | None = None, userns_base: int | None = None, setup_only: bool = False):
+    def __init__(
+        self,
+        spec: SandboxSpec,
+        image: str,
+        name: str,
+        *,
+        engine: str = "docker",
+        path: str = FALLBACK_PATH,
+        extra_ro_mounts: Sequence[tuple[str, str]] = (),
+        workdir_quota: WorkdirQuota | None = None,
+        userns_base: int | None = None,
+        setup_only: bool = False,
+    ):
         if engine not in ENGINES:
             raise ValueError(f"unknown container engine {engine!r}; known: {', '.join(ENGINES)}")
         if spec.uid == 0 and not spec.userns and not setup_only:
-            raise ValueError("the agent's uid in a container must not be 0 outside a user namespace of its own")
+            raise ValueError(
+                "the agent's uid in a container must not be 0 outside a user namespace of its own"
+            )
         self.spec = spec
         self.image = image
         self.name = name
@@ -273,24 +307,56 @@ class ContainerSandbox(Sandbox):
         self.extra_ro_mounts = list(extra_ro_mounts)  # e.g. a Node.js install the harness needs
         self.keepalive_pid: int | None = None  # the container's `sleep infinity`, recorded at its start
         self.workdir_quota = workdir_quota
-        self.history = ""  # what reducing the workdir's git history did (`reduce_history`), where this container did it
+        self.history = (
+            ""  # what reducing the workdir's git history did (`reduce_history`), where this container did it
+        )
         # the host uid the container's root is (a user namespace's), chosen at random per container
-        self.userns_base = userns_base if userns_base is not None or not spec.userns else \
-            (1 << 20) + secrets.randbelow(30000) * USERNS_SIZE
-        self.harness_view: Path | None = None  # as host root, the sealed view of the harness install (`seal_harness`)
+        self.userns_base = (
+            userns_base
+            if userns_base is not None or not spec.userns
+            else (1 << 20) + secrets.randbelow(30000) * USERNS_SIZE
+        )
+        self.harness_view: Path | None = (
+            None  # as host root, the sealed view of the harness install (`seal_harness`)
+        )
         self._destroyed = False
 
     # --- argv builders (pure) ---
     def create_argv(self) -> list[str]:
         s = self.spec
-        argv = [self.engine, "create", "--name", self.name, "--hostname", s.hostname, "--network", "none",
-                "--workdir", s.workdir, "--init", "--user", "0:0", "--cap-drop", "ALL", *label_args()]
-        forwarder = (*FORWARDER_CAPS, *(ROOT_AGENT_CAPS if s.uid == 0 else ())) if s.proxy_socket_dir is not None else ()
+        argv = [
+            self.engine,
+            "create",
+            "--name",
+            self.name,
+            "--hostname",
+            s.hostname,
+            "--network",
+            "none",
+            "--workdir",
+            s.workdir,
+            "--init",
+            "--user",
+            "0:0",
+            "--cap-drop",
+            "ALL",
+            *label_args(),
+        ]
+        forwarder = (
+            (*FORWARDER_CAPS, *(ROOT_AGENT_CAPS if s.uid == 0 else ()))
+            if s.proxy_socket_dir is not None
+            else ()
+        )
         own_ns = USERNS_CAPS if self.userns_base is not None else ()
         for cap in dict.fromkeys((*SETUP_CAPS, *forwarder, *own_ns)):
             argv += ["--cap-add", cap]
         if self.userns_base is not None:
-            argv += ["--uidmap", f"0:{self.userns_base}:{USERNS_SIZE}", "--gidmap", f"0:{self.userns_base}:{USERNS_SIZE}"]
+            argv += [
+                "--uidmap",
+                f"0:{self.userns_base}:{USERNS_SIZE}",
+                "--gidmap",
+                f"0:{self.userns_base}:{USERNS_SIZE}",
+            ]
         argv += ["--security-opt", "no-new-privileges"]
         if (profile := container_profile(self.engine)) is not None:  # the engine's default, keyring refused
             argv += ["--security-opt", f"seccomp={profile}"]
@@ -303,8 +369,11 @@ class ContainerSandbox(Sandbox):
         if s.storage_bytes is not None:
             argv += ["--storage-opt", f"size={s.storage_bytes}"]
         if s.gpus:
-            argv += ["--gpus", str(s.gpus)] if self.engine == "docker" else [
-                a for i in range(s.gpus) for a in ("--device", f"nvidia.com/gpu={i}")]
+            argv += (
+                ["--gpus", str(s.gpus)]
+                if self.engine == "docker"
+                else [a for i in range(s.gpus) for a in ("--device", f"nvidia.com/gpu={i}")]
+            )
         mounts = [(str(FORWARDER_SRC), FORWARDER_INSIDE)]
         if s.harness_dir is not None:
             mounts.append((str(self.harness_view or s.harness_dir), "/opt/harness"))
@@ -317,9 +386,15 @@ class ContainerSandbox(Sandbox):
             argv += ["-v", f"{src}:{dst}:ro"]
         # no uid= option (podman refuses it): HOME is chowned by the root setup exec instead
         size = f",size={s.disk_bytes}" if s.disk_bytes is not None else ""
-        if self.userns_base is None:  # (in a user namespace the engine cannot copy into a tmpfs: HOME and /tmp
-            argv += ["--tmpfs", f"{s.home}:rw,exec,mode=0755{size}",  # are the image's; docs/reliability.md)
-                     "--tmpfs", f"/tmp:rw,exec,mode=1777{size}"]
+        if (
+            self.userns_base is None
+        ):  # (in a user namespace the engine cannot copy into a tmpfs: HOME and /tmp
+            argv += [
+                "--tmpfs",
+                f"{s.home}:rw,exec,mode=0755{size}",  # are the image's; docs/reliability.md)
+                "--tmpfs",
+                f"/tmp:rw,exec,mode=1777{size}",
+            ]
         if self.workdir_quota is not None:
             argv += ["-v", self.workdir_quota.volume(s.workdir)]
         for inside in s.host_dirs:
@@ -338,8 +413,16 @@ class ContainerSandbox(Sandbox):
         env["PATH"] = harness + self.path
         return env
 
-    def exec_argv(self, cmd: Sequence[str], env: dict[str, str], *, user: str | None = None,
-                  timeout_s: float | None = None, interactive: bool = False, path: str | None = None) -> list[str]:
+    def exec_argv(
+        self,
+        cmd: Sequence[str],
+        env: dict[str, str],
+        *,
+        user: str | None = None,
+        timeout_s: float | None = None,
+        interactive: bool = False,
+        path: str | None = None,
+    ) -> list[str]:
         """``cmd`` as ``user`` (default: the sandbox uid), with ``path`` as its PATH when given, else
         `ROOT_PATH` for a root exec and the harness's bin dirs plus the image's PATH otherwise."""
         s = self.spec
@@ -362,8 +445,18 @@ class ContainerSandbox(Sandbox):
         user (root here has no CAP_KILL: only a uid can kill its own), again until none is left (one forked
         while the signal went round dies in the next), by the system's /bin/sh, never one found on the
         image's PATH (a directory that user may have written)."""
-        return [self.engine, "exec", "-u", user or f"{self.spec.uid}:{self.spec.uid}", "-e", f"PATH={ROOT_PATH}",
-                self.name, "/bin/sh", "-c", "i=0; while kill -KILL -1 2>/dev/null && [ $i -lt 100 ]; do i=$((i+1)); done; true"]
+        return [
+            self.engine,
+            "exec",
+            "-u",
+            user or f"{self.spec.uid}:{self.spec.uid}",
+            "-e",
+            f"PATH={ROOT_PATH}",
+            self.name,
+            "/bin/sh",
+            "-c",
+            "i=0; while kill -KILL -1 2>/dev/null && [ $i -lt 100 ]; do i=$((i+1)); done; true",
+        ]
 
     def setup_script(self, snapshot: bool = True, warm: bool = False) -> str:
         """HOME and the workdir made the sandbox uid's, then (``snapshot``) the base tree recorded;
@@ -413,7 +506,9 @@ class ContainerSandbox(Sandbox):
 
     def init_pid(self) -> int:
         """The host pid of the container's PID 1."""
-        return int(engine_run([self.engine, "inspect", "--format", "{{.State.Pid}}", self.name]).decode().strip())
+        return int(
+            engine_run([self.engine, "inspect", "--format", "{{.State.Pid}}", self.name]).decode().strip()
+        )
 
     def host_processes(self) -> list[HostProcess]:
         """Every process in the container's pid namespace but its PID 1, read from the host's /proc."""
@@ -437,8 +532,11 @@ class ContainerSandbox(Sandbox):
         No program of the container runs (its root may be the agent's)."""
         host_uid = None if uid is None else self.host_uid(uid)
         for _ in range(100):
-            left = [p for p in self.host_processes() if p.inner != self.keepalive_pid
-                    and (host_uid is None or p.uid == host_uid)]
+            left = [
+                p
+                for p in self.host_processes()
+                if p.inner != self.keepalive_pid and (host_uid is None or p.uid == host_uid)
+            ]
             if not left:
                 return
             for p in left:
@@ -458,15 +556,20 @@ class ContainerSandbox(Sandbox):
         its namespace, so its install is sealed against a plain read only, and scanned
         (``tasks/answers.py``)."""
         s = self.spec
-        if os.geteuid() != 0 or s.harness_dir is None or s.proxy_socket_dir is None \
-                or not holds_python_packages(s.harness_dir):
+        if (
+            os.geteuid() != 0
+            or s.harness_dir is None
+            or s.proxy_socket_dir is None
+            or not holds_python_packages(s.harness_dir)
+        ):
             return
         if s.scratch_root is not None:
             s.scratch_root.mkdir(parents=True, exist_ok=True)
         holder = Path(tempfile.mkdtemp(prefix="polar-harness-view-", dir=s.scratch_root))
         try:
-            self.harness_view = harness_view(s.harness_dir, holder / "harness", self.host_uid(harness_gid(s.uid)),
-                                             layer_under=holder)
+            self.harness_view = harness_view(
+                s.harness_dir, holder / "harness", self.host_uid(harness_gid(s.uid)), layer_under=holder
+            )
         except SandboxUnavailable:
             shutil.rmtree(holder, ignore_errors=True)
             raise
@@ -476,16 +579,28 @@ class ContainerSandbox(Sandbox):
         """The repository at the workdir reduced to ``base`` (`sandbox/history.py`), by the image's git as
         root in this container; what it did (one line), or `HistoryNotReduced`."""
         try:
-            out = engine_run(self.exec_argv(["sh", "-c", history.reduce_script(self.spec.workdir, base)], {},
-                                            user="0"), timeout_s=1800)
+            out = engine_run(
+                self.exec_argv(["sh", "-c", history.reduce_script(self.spec.workdir, base)], {}, user="0"),
+                timeout_s=1800,
+            )
         except ContainerError as exc:
             raise HistoryNotReduced(history.refusal(str(exc), f"{self.image} {self.spec.workdir}")) from None
         return history.reduced_line(out.decode(errors="replace"))
 
     @classmethod
-    def create(cls, task_tree: Path | None, *, spec: SandboxSpec, image: str = "", engine: str = "docker",
-               extra_ro_mounts: Sequence[tuple[str, str]] = (), snapshot: bool = True,
-               warm: bool = False, history_base: str = "HEAD", setup_only: bool = False) -> ContainerSandbox:
+    def create(
+        cls,
+        task_tree: Path | None,
+        *,
+        spec: SandboxSpec,
+        image: str = "",
+        engine: str = "docker",
+        extra_ro_mounts: Sequence[tuple[str, str]] = (),
+        snapshot: bool = True,
+        warm: bool = False,
+        history_base: str = "HEAD",
+        setup_only: bool = False,
+    ) -> ContainerSandbox:
         """Start a container of ``image``; ``task_tree`` (if given) replaces the image's /testbed; without
         ``snapshot`` no base tree is recorded (a container nobody diffs: a separate verifier's);
         ``warm``: ``image`` is a warm image, its tree already the uid's, reduced and recorded; otherwise
@@ -496,8 +611,15 @@ class ContainerSandbox(Sandbox):
             raise ValueError("a container sandbox needs an image (the task's `image`)")
         path = image_path(engine, image)
         warm = warm and task_tree is None
-        sb = cls(spec, image, f"polar-{uuid.uuid4().hex[:12]}", engine=engine, path=path,
-                 extra_ro_mounts=extra_ro_mounts, setup_only=setup_only)
+        sb = cls(
+            spec,
+            image,
+            f"polar-{uuid.uuid4().hex[:12]}",
+            engine=engine,
+            path=path,
+            extra_ro_mounts=extra_ro_mounts,
+            setup_only=setup_only,
+        )
         try:
             sb.workdir_quota = WorkdirQuota.make(engine, image, spec) if warm else None
             if spec.host_dirs:
@@ -505,11 +627,22 @@ class ContainerSandbox(Sandbox):
             sb.seal_harness()
             engine_run(sb.create_argv())
             engine_run(sb.start_argv())
-            first = f"{sb.setup_script(warm=True)} && {KEEPALIVE_SCRIPT}" if warm else KEEPALIVE_SCRIPT  # one exec
+            first = (
+                f"{sb.setup_script(warm=True)} && {KEEPALIVE_SCRIPT}" if warm else KEEPALIVE_SCRIPT
+            )  # one exec
             sb.keepalive_pid = keepalive_pid(engine_run(sb.exec_argv(["sh", "-c", first], {}, user="0")))
             if task_tree is not None:
-                engine_run(sb.exec_argv(["sh", "-c", f"rm -rf {shlex.quote(spec.workdir)}/* "
-                                         f"{shlex.quote(spec.workdir)}/.[!.]*"], {}, user="0"))
+                engine_run(
+                    sb.exec_argv(
+                        [
+                            "sh",
+                            "-c",
+                            f"rm -rf {shlex.quote(spec.workdir)}/* {shlex.quote(spec.workdir)}/.[!.]*",
+                        ],
+                        {},
+                        user="0",
+                    )
+                )
                 engine_run(sb.cp_in_argv(task_tree, spec.workdir))
             if not warm:
                 sb.history = sb.reduce_history(history_base)
@@ -519,8 +652,16 @@ class ContainerSandbox(Sandbox):
             raise
         return sb
 
-    async def run(self, cmd: Sequence[str], *, env: dict[str, str] | None = None, timeout_s: float | Deadline = 600.0,
-                  stdin: bytes | None = None, max_output_bytes: int = 1 << 20, user: str | None = None) -> RunResult:
+    async def run(
+        self,
+        cmd: Sequence[str],
+        *,
+        env: dict[str, str] | None = None,
+        timeout_s: float | Deadline = 600.0,
+        stdin: bytes | None = None,
+        max_output_bytes: int = 1 << 20,
+        user: str | None = None,
+    ) -> RunResult:
         """``cmd`` as the sandbox uid, or as ``user`` (a grader's root step: `exec_argv`'s root PATH)."""
         if self._destroyed:
             raise RuntimeError("sandbox destroyed")
@@ -529,10 +670,16 @@ class ContainerSandbox(Sandbox):
             # the forwarder as root, with FORWARDER_CAPS, starts the harness as the sandbox uid (sealed)
             cmd = isolated_forwarder([*cmd[:2], "--user", f"{self.spec.uid}:{self.spec.uid}", *cmd[2:]])
             user, path = "0", self.env(env or {})["PATH"]
-        argv = self.exec_argv(cmd, env or {}, user=user, timeout_s=bound_s(timeout_s), interactive=stdin is not None,
-                              path=path)
-        return await run_process_tree(argv, timeout_s=timeout_s, stdin=stdin, max_output_bytes=max_output_bytes,
-                                      on_timeout=lambda: self.kill_all(killed))
+        argv = self.exec_argv(
+            cmd, env or {}, user=user, timeout_s=bound_s(timeout_s), interactive=stdin is not None, path=path
+        )
+        return await run_process_tree(
+            argv,
+            timeout_s=timeout_s,
+            stdin=stdin,
+            max_output_bytes=max_output_bytes,
+            on_timeout=lambda: self.kill_all(killed),
+        )
 
     async def provide(self, inside: str) -> None:
         """A container keeps its files between execs: nothing to do (`ApptainerBox.provide` binds a dir)."""
@@ -555,15 +702,19 @@ class ContainerSandbox(Sandbox):
         parent = str(Path(dst).parent)
         await asyncio.to_thread(engine_run, self.exec_argv(["mkdir", "-p", parent], {}))
         await asyncio.to_thread(engine_run, self.cp_in_argv(src, dst))
-        await asyncio.to_thread(engine_run, self.exec_argv(
-            ["chown", "-hR", f"{self.spec.uid}:{self.spec.uid}", dst], {}, user="0"))
+        await asyncio.to_thread(
+            engine_run,
+            self.exec_argv(["chown", "-hR", f"{self.spec.uid}:{self.spec.uid}", dst], {}, user="0"),
+        )
 
     async def copy_out(self, src: str, dst: Path) -> None:
         await asyncio.to_thread(engine_run, self.cp_out_argv(src, dst))
 
     async def diff(self, exclude: Sequence[str] = BUILD_EXCLUDES) -> bytes:
-        return await asyncio.to_thread(engine_run, self.exec_argv(
-            ["sh", "-c", git_diff_script(self.spec.workdir, exclude)], {}, user="0"))
+        return await asyncio.to_thread(
+            engine_run,
+            self.exec_argv(["sh", "-c", git_diff_script(self.spec.workdir, exclude)], {}, user="0"),
+        )
 
     def remove(self) -> None:
         try:

@@ -27,14 +27,23 @@ def storage_limit_supported(engine: str, image: str) -> bool:
     """Whether ``engine`` creates a container of ``image`` with ``--storage-opt size=``."""
     name = f"polar-probe-{uuid.uuid4().hex[:8]}"
     try:
-        ok = subprocess.run([engine, "create", "--name", name, *label_args(), "--storage-opt", "size=1g", image, "true"],
-                            capture_output=True, timeout=120).returncode == 0
+        ok = (
+            subprocess.run(
+                [engine, "create", "--name", name, *label_args(), "--storage-opt", "size=1g", image, "true"],
+                capture_output=True,
+                timeout=120,
+            ).returncode
+            == 0
+        )
         subprocess.run([engine, "rm", "-f", name], capture_output=True, timeout=120)
     except (OSError, subprocess.TimeoutExpired):
         return False
     if not ok:
-        log.warning("%s cannot limit a container's storage here (--storage-opt size= needs e.g. overlay over xfs "
-                    "with pquota): [environment] storage_mb is not enforced", engine)
+        log.warning(
+            "%s cannot limit a container's storage here (--storage-opt size= needs e.g. overlay over xfs "
+            "with pquota): [environment] storage_mb is not enforced",
+            engine,
+        )
     return ok
 
 
@@ -52,8 +61,13 @@ def gpu_count() -> int:
 
 def cdi_has_nvidia() -> bool:
     """Whether a CDI spec names NVIDIA GPUs (podman's ``--device nvidia.com/gpu=<i>`` needs one)."""
-    return any("nvidia.com/gpu" in p.read_text(errors="replace")
-               for d in CDI_DIRS if d.is_dir() for p in sorted(d.iterdir()) if p.suffix in (".yaml", ".yml", ".json"))
+    return any(
+        "nvidia.com/gpu" in p.read_text(errors="replace")
+        for d in CDI_DIRS
+        if d.is_dir()
+        for p in sorted(d.iterdir())
+        if p.suffix in (".yaml", ".yml", ".json")
+    )
 
 
 def gpu_problem(wanted: int, engine: str) -> str | None:
@@ -62,6 +76,8 @@ def gpu_problem(wanted: int, engine: str) -> str | None:
     if have < wanted:
         return f"it asks for {wanted} GPU(s) and this machine has {have} (nvidia-smi -L)"
     if engine == "podman" and not cdi_has_nvidia():
-        return ("podman reaches GPUs through a CDI spec and there is none for nvidia.com/gpu "
-                f"in {' or '.join(map(str, CDI_DIRS))} (nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml)")
+        return (
+            "podman reaches GPUs through a CDI spec and there is none for nvidia.com/gpu "
+            f"in {' or '.join(map(str, CDI_DIRS))} (nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml)"
+        )
     return None

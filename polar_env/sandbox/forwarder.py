@@ -98,7 +98,7 @@ class _Reader:
         while (end := self.buf.find(marker)) < 0:
             if len(self.buf) > limit or not self.fill():
                 return None
-        out, self.buf = self.buf[:end + len(marker)], self.buf[end + len(marker):]
+        out, self.buf = self.buf[: end + len(marker)], self.buf[end + len(marker) :]
         return out
 
     def copy(self, n: int, dst: socket.socket) -> bool:
@@ -298,9 +298,12 @@ def _starter(user: tuple[int, int] | None, seal: bool) -> Callable[[], None] | N
             libc = ctypes.CDLL(None, use_errno=True)  # runs, can never trace another process or regain that
             for cap in (CAP_SYS_PTRACE, CAP_SETPCAP):
                 if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
-                    raise OSError(ctypes.get_errno(), "cannot drop a capability from a root harness's bounding set")
+                    raise OSError(
+                        ctypes.get_errno(), "cannot drop a capability from a root harness's bounding set"
+                    )
         if user is not None:
             os.setresuid(uid, uid, uid)  # from root to another uid: every capability goes with it
+
     return start
 
 

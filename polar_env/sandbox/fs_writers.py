@@ -46,8 +46,9 @@ class Writers:
     def start(cls, directory: Path) -> Writers | None:
         """Watch ``directory``; None where this process may not (not host root) or the kernel cannot."""
         libc = ctypes.CDLL(None, use_errno=True)
-        fd = libc.fanotify_init(FAN_CLASS_NOTIF | FAN_CLOEXEC | FAN_NONBLOCK | FAN_REPORT_DIR_FID | FAN_REPORT_NAME,
-                                os.O_RDONLY)
+        fd = libc.fanotify_init(
+            FAN_CLASS_NOTIF | FAN_CLOEXEC | FAN_NONBLOCK | FAN_REPORT_DIR_FID | FAN_REPORT_NAME, os.O_RDONLY
+        )
         if fd < 0:
             return None
         mask = ctypes.c_uint64(WATCHED | FAN_ONDIR | FAN_EVENT_ON_CHILD)
@@ -79,7 +80,7 @@ class Writers:
             length, _, _, meta_len, mask, event_fd, pid = METADATA.unpack_from(data, offset)
             if event_fd >= 0:
                 os.close(event_fd)
-            self.events.append((pid, _name(data[offset + meta_len:offset + length])))
+            self.events.append((pid, _name(data[offset + meta_len : offset + length])))
             offset += length
 
     def stop(self) -> list[tuple[int, str]]:
@@ -97,9 +98,11 @@ def _name(info: bytes) -> str:
     while offset + INFO_HEADER.size <= len(info):
         kind, _, length = INFO_HEADER.unpack_from(info, offset)
         if kind == FAN_EVENT_INFO_TYPE_DFID_NAME and length:
-            record = info[offset + INFO_HEADER.size:offset + length]
+            record = info[offset + INFO_HEADER.size : offset + length]
             handle_bytes = struct.unpack_from("=I", record, 8)[0]  # after the 8-byte fsid
-            name = record[8 + 8 + handle_bytes:].split(b"\0", 1)[0]  # after handle_bytes, handle_type, the handle
+            name = record[8 + 8 + handle_bytes :].split(b"\0", 1)[
+                0
+            ]  # after handle_bytes, handle_type, the handle
             return "" if name == b"." else name.decode("utf-8", "surrogateescape")
         offset += max(length, INFO_HEADER.size)
     return ""

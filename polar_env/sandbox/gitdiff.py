@@ -18,14 +18,20 @@ from pathlib import Path
 from polar_env.sandbox import safe_git
 from polar_env.sandbox.base import BUILD_EXCLUDES, exclude_pathspecs
 
-_IDENT = {"GIT_AUTHOR_NAME": "polar", "GIT_AUTHOR_EMAIL": "polar@localhost",
-          "GIT_COMMITTER_NAME": "polar", "GIT_COMMITTER_EMAIL": "polar@localhost",
-          "GIT_AUTHOR_DATE": "1970-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "1970-01-01T00:00:00Z"}
+_IDENT = {
+    "GIT_AUTHOR_NAME": "polar",
+    "GIT_AUTHOR_EMAIL": "polar@localhost",
+    "GIT_COMMITTER_NAME": "polar",
+    "GIT_COMMITTER_EMAIL": "polar@localhost",
+    "GIT_AUTHOR_DATE": "1970-01-01T00:00:00Z",
+    "GIT_COMMITTER_DATE": "1970-01-01T00:00:00Z",
+}
 
 
 def _git(git_dir: Path, tree: Path, *args: str, index: Path) -> bytes:
-    return safe_git.run_git(git_dir.resolve(), tree.resolve(), *args,
-                            index=index.resolve(), extra_env=_IDENT).stdout
+    return safe_git.run_git(
+        git_dir.resolve(), tree.resolve(), *args, index=index.resolve(), extra_env=_IDENT
+    ).stdout
 
 
 def _tree_id(git_dir: Path, tree: Path, index: Path) -> str:
@@ -35,8 +41,12 @@ def _tree_id(git_dir: Path, tree: Path, index: Path) -> str:
 
 def snapshot(tree: Path, git_dir: Path) -> str:
     """Record the tree as it is now; returns the base tree id (also stored in ``git_dir/POLAR_BASE``)."""
-    subprocess.run(["git", f"--git-dir={git_dir}", "init", "-q"], check=True, capture_output=True,
-                   env=safe_git.git_env(git_dir, tree))
+    subprocess.run(
+        ["git", f"--git-dir={git_dir}", "init", "-q"],
+        check=True,
+        capture_output=True,
+        env=safe_git.git_env(git_dir, tree),
+    )
     safe_git.neutralise(git_dir)
     base = _tree_id(git_dir, tree, git_dir / "polar-base.index")
     (git_dir / "POLAR_BASE").write_text(base)
@@ -73,17 +83,26 @@ def diff_script(base: str, exclude: Sequence[str] = BUILD_EXCLUDES) -> str:
     and writes only under ``$GIT_OBJECT_DIRECTORY`` and the index (a scratch tmpfs): the patch on stdout."""
     git = shlex.join(safe_git.git_argv())
     specs = shlex.join(exclude_pathspecs(exclude))
-    return (f'set -e; mkdir -p "$GIT_OBJECT_DIRECTORY"; {git} add -A -- .; now=$({git} write-tree); '
-            f'exec {git} diff --binary --no-color --no-ext-diff --no-textconv {shlex.quote(base)} "$now" -- '
-            f'{specs}')
+    return (
+        f'set -e; mkdir -p "$GIT_OBJECT_DIRECTORY"; {git} add -A -- .; now=$({git} write-tree); '
+        f'exec {git} diff --binary --no-color --no-ext-diff --no-textconv {shlex.quote(base)} "$now" -- '
+        f"{specs}"
+    )
 
 
 def sandboxed_diff_env(tree: str, git_dir: str, scratch: str) -> dict[str, str]:
     """`diff_script`'s environment in a sandbox that sees the tree at ``tree`` and the snapshot at
     ``git_dir`` (both read-only) and may write only ``scratch``: the index and new objects go there."""
-    return safe_git.git_env(Path(git_dir), Path(tree), index=Path(f"{scratch}/now.index"), extra={
-        "HOME": scratch, "GIT_OBJECT_DIRECTORY": f"{scratch}/objects",
-        "GIT_ALTERNATE_OBJECT_DIRECTORIES": f"{git_dir}/objects"})
+    return safe_git.git_env(
+        Path(git_dir),
+        Path(tree),
+        index=Path(f"{scratch}/now.index"),
+        extra={
+            "HOME": scratch,
+            "GIT_OBJECT_DIRECTORY": f"{scratch}/objects",
+            "GIT_ALTERNATE_OBJECT_DIRECTORIES": f"{git_dir}/objects",
+        },
+    )
 
 
 def diff(tree: Path, git_dir: Path, exclude: Sequence[str] = BUILD_EXCLUDES) -> bytes:
@@ -92,5 +111,17 @@ def diff(tree: Path, git_dir: Path, exclude: Sequence[str] = BUILD_EXCLUDES) -> 
     index = git_dir / "polar-now.index"
     index.unlink(missing_ok=True)
     now = _tree_id(git_dir, tree, index)
-    return _git(git_dir, tree, "diff", "--binary", "--no-color", "--no-ext-diff", "--no-textconv", base, now, "--",
-                *exclude_pathspecs(exclude), index=index)
+    return _git(
+        git_dir,
+        tree,
+        "diff",
+        "--binary",
+        "--no-color",
+        "--no-ext-diff",
+        "--no-textconv",
+        base,
+        now,
+        "--",
+        *exclude_pathspecs(exclude),
+        index=index,
+    )

@@ -44,21 +44,52 @@ from polar_env.sandbox.safe_git import NEUTRAL_ATTRIBUTES, SAFE_GIT_CONFIG
 REDUCED = "POLAR_HISTORY"  # the script's last stdout line: `POLAR_HISTORY reduced <commit> ...` or `... none`
 REFUSED = "POLAR_HISTORY_ERROR:"  # its one stderr line when it refuses
 # what git would otherwise read from the old repository or write into the new one's logs
-REDUCE_GIT_CONFIG = (*SAFE_GIT_CONFIG, "core.commitGraph=false", "gc.auto=0", "maintenance.auto=false",
-                     "core.logAllRefUpdates=false", "advice.detachedHead=false")
+REDUCE_GIT_CONFIG = (
+    *SAFE_GIT_CONFIG,
+    "core.commitGraph=false",
+    "gc.auto=0",
+    "maintenance.auto=false",
+    "core.logAllRefUpdates=false",
+    "advice.detachedHead=false",
+)
 # what must not exist in the reduced ``.git`` (a shallow boundary is allowed: it is written only where it lies
 # below the base)
-LEFTOVERS = ("FETCH_HEAD", "ORIG_HEAD", "MERGE_HEAD", "CHERRY_PICK_HEAD", "REVERT_HEAD", "BISECT_LOG", "AUTO_MERGE",
-             "packed-refs", "logs", "refs/stash", "refs/notes", "refs/replace", "refs/remotes",
-             "objects/info/alternates", "objects/info/http-alternates", "info/grafts", "modules", "worktrees")
+LEFTOVERS = (
+    "FETCH_HEAD",
+    "ORIG_HEAD",
+    "MERGE_HEAD",
+    "CHERRY_PICK_HEAD",
+    "REVERT_HEAD",
+    "BISECT_LOG",
+    "AUTO_MERGE",
+    "packed-refs",
+    "logs",
+    "refs/stash",
+    "refs/notes",
+    "refs/replace",
+    "refs/remotes",
+    "objects/info/alternates",
+    "objects/info/http-alternates",
+    "info/grafts",
+    "modules",
+    "worktrees",
+)
 
 
 def _git_function() -> str:
     """``gx GIT_DIR ARGS...``: git on ``$w`` with nothing inherited, no user or system config, no replace
     objects or grafts, and the settings of `REDUCE_GIT_CONFIG`."""
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/nonexistent", "LANG": "C", "GIT_CONFIG_NOSYSTEM": "1",
-           "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_ATTR_NOSYSTEM": "1", "GIT_NO_REPLACE_OBJECTS": "1",
-           "GIT_GRAFT_FILE": "/nonexistent", "GIT_TERMINAL_PROMPT": "0"}
+    env = {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": "/nonexistent",
+        "LANG": "C",
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": "/dev/null",
+        "GIT_ATTR_NOSYSTEM": "1",
+        "GIT_NO_REPLACE_OBJECTS": "1",
+        "GIT_GRAFT_FILE": "/nonexistent",
+        "GIT_TERMINAL_PROMPT": "0",
+    }
     assigns = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
     config = " ".join(f"-c {shlex.quote(kv)}" for kv in REDUCE_GIT_CONFIG)
     return f'gx() {{ d=$1; shift; env -i {assigns} GIT_DIR="$d" GIT_WORK_TREE="$w" git {config} "$@"; }}'
@@ -71,93 +102,120 @@ def reduce_script(workdir: str, base: str = "HEAD") -> str:
     `REDUCED` line (``none`` where ``workdir`` is no repository), or one `REFUSED` line on stderr and exits
     3."""
     q = shlex.quote
-    return "\n".join([
-        "set -u",
-        f"w={q(workdir.rstrip('/') or '/')}; base={q(base)}",
-        f'fail() {{ echo "{REFUSED} $*" >&2; exit 3; }}',
-        _git_function(),
-        'cd "$w" 2>/dev/null || fail "there is no directory $w"',
-        f'if [ ! -e .git ] && [ ! -L .git ]; then echo "{REDUCED} none"; exit 0; fi',
-        ('[ -d .git ] && [ ! -L .git ] || fail "$w/.git is not a directory (a linked worktree '
-         'or a submodule)"'),
-        'command -v git >/dev/null 2>&1 || PATH=/usr/local/bin:/usr/bin:/bin',
-        ('command -v git >/dev/null 2>&1 || fail "the image has no git to reduce the history of '
-         '$w with"'),
-        'old="$w/.git"; tmp="$w/.git/polar-reduce"; new="$tmp/new/.git"',
-        'o() { gx "$old" "$@"; }; n() { gx "$new" "$@"; }',
-        'alone=""; case "$base" in *"^{tree}") alone=1; base=${base%"^{tree}"} ;; esac',
-        'commit=$(o rev-parse --verify --quiet "$base^{commit}") || fail "the base $base is not a '
-        'commit of the repository at $w"',
-        'fmt=$(o rev-parse --show-object-format 2>/dev/null) || fmt=sha1',
-        'branch=""',
-        'if o show-ref --verify --quiet "refs/heads/$base"; then branch=$base',
-        'elif b=$(o symbolic-ref --quiet --short HEAD 2>/dev/null); then branch=$b; fi',
-        'head=$(o rev-parse --verify --quiet "HEAD^{commit}") || head=""',
-        # the base's tree alone: one parentless commit of it, dated as the base (the same every time)
-        'if [ -n "$alone" ]; then',
-        '  tree=$(o rev-parse --verify --quiet "$commit^{tree}") && when=$(o log -1 --format="%ct '
-        '+0000" "$commit") || fail "reading the base $base failed"',
-        '  commit=$(printf "tree %s\\nauthor polar <polar@localhost> %s\\ncommitter polar '
-        '<polar@localhost> %s\\n\\nthe task base\\n" "$tree" "$when" "$when" | o hash-object -t '
-        'commit -w --stdin) || fail "writing the base as one commit failed"',
-        'fi',
-        'rm -rf "$tmp" && mkdir -p "$tmp" "$old/info" || fail "cannot write in $old"',
-        f'printf %s {q(NEUTRAL_ATTRIBUTES)} > "$old/info/attributes"',
-        # the worktree at the base where HEAD was elsewhere: tracked files follow, untracked ones stay
-        'if [ "$commit" != "$head" ]; then',
-        '  o read-tree -u --reset "$commit" || fail "checking the base $base out in $w failed"',
-        'fi',
-        'mkdir -p "$tmp/new" && env -i PATH="$PATH" HOME=/nonexistent GIT_CONFIG_NOSYSTEM=1 '
-        'GIT_CONFIG_GLOBAL=/dev/null git init -q --template= $([ "$fmt" = sha1 ] || echo '
-        '"--object-format=$fmt") "$tmp/new" || fail "git init failed"',
-        'printf "%s\\n" "$commit" | o pack-objects --revs --stdout -q > "$tmp/base.pack" '
-        '|| fail "packing the objects of the base failed (a partial clone, or objects missing)"',
-        'n index-pack --stdin < "$tmp/base.pack" >/dev/null || fail "indexing the base'"'"'s objects failed"',
-        'if [ -s "$old/shallow" ]; then',
-        '  while read -r s; do o merge-base --is-ancestor "$s" "$commit" 2>/dev/null && echo "$s"; '
-        'done < "$old/shallow" > "$new/shallow"',
-        '  [ -s "$new/shallow" ] || rm -f "$new/shallow"',
-        'fi',
-        # the base's branch, and its ancestors' tags made lightweight
-        '{ [ -z "$branch" ] || echo "create refs/heads/$branch $commit"',
-        '  o for-each-ref --format="%(refname)" refs/tags | while read -r ref; do',
-        '    t=$(o rev-parse --verify --quiet "$ref^{commit}") || continue',
-        '    o merge-base --is-ancestor "$t" "$commit" 2>/dev/null && echo "create $ref $t"',
-        '  done; true; } > "$tmp/refs" || fail "listing the refs failed"',
-        'n update-ref --stdin < "$tmp/refs" || fail "writing the base'"'"'s refs failed"',
-        ('if [ -n "$branch" ]; then n symbolic-ref HEAD "refs/heads/$branch" || fail "setting '
-         'HEAD failed"'),
-        'else printf "%s\\n" "$commit" > "$new/HEAD"; fi',
-        'mv "$new" "$w/.git.polar-reduced" && rm -rf "$old" && mv "$w/.git.polar-reduced" "$old" '
-        '|| fail "replacing $old failed"',
-        'v() { gx "$old" "$@"; }',
-        'v read-tree "$commit" || fail "reading the base into the index failed"',
-        'v update-index -q --refresh >/dev/null 2>&1',
-        'rm -rf "$old/logs"',
-        # verified: the base, its branch and its ancestors' tags, its objects and nothing else
-        ('[ "$(v rev-parse --verify --quiet HEAD)" = "$commit" ] || fail "HEAD is not the base '
-         'after the reduction"'),
-        ('beyond=$(v rev-list -n 1 --all --reflog --not "$commit") || fail "listing the commits '
-         'failed"'),
-        '[ -z "$beyond" ] || fail "a ref still reaches commit $beyond beyond the base"',
-        'bad=$(v for-each-ref --format="%(refname) %(objecttype)" | grep -v -x -F '
-        '"refs/heads/$branch commit" | grep -v -x "refs/tags/[^ ]* commit")',
-        '[ -z "$bad" ] || fail "refs other than the base'"'"'s branch and its ancestors'"'"' tags are left: $bad"',
-        ('want=$(v rev-list --objects "$commit" | wc -l); reach=$(v rev-list --objects --all '
-         '--reflog | wc -l)'),
-        ('stored=$(v count-objects -v | awk \'$1=="count:"{c=$2} $1=="in-pack:"{p=$2} END{print '
-         'c+p}\')'),
-        '[ "$want" -gt 0 ] && [ "$reach" -eq "$want" ] && [ "$stored" -eq "$want" ] || fail "the '
-        'repository stores $stored objects and its refs reach $reach, but the base reaches $want"',
-        (f'for f in {" ".join(LEFTOVERS)}; do [ ! -e "$old/$f" ] || fail "$old/$f is left after '
-         'the reduction"; done'),
-        # SWE-bench's own check: nothing committed after the base's time
-        't=$(v log -1 --format=%ct "$commit") && later=$(v log --all --reflog -n 1 --format=%H '
-        '--since="@$((t + 1))") || fail "git log --since failed"',
-        '[ -z "$later" ] || fail "git log --all --since=<base time + 1 s> lists $later"',
-        'tags=$(v for-each-ref refs/tags | wc -l)',
-        f'echo "{REDUCED} reduced $commit objects=$want tags=$tags branch=${{branch:--}}"',
-    ]) + "\n"
+    return (
+        "\n".join(
+            [
+                "set -u",
+                f"w={q(workdir.rstrip('/') or '/')}; base={q(base)}",
+                f'fail() {{ echo "{REFUSED} $*" >&2; exit 3; }}',
+                _git_function(),
+                'cd "$w" 2>/dev/null || fail "there is no directory $w"',
+                f'if [ ! -e .git ] && [ ! -L .git ]; then echo "{REDUCED} none"; exit 0; fi',
+                (
+                    '[ -d .git ] && [ ! -L .git ] || fail "$w/.git is not a directory (a linked worktree '
+                    'or a submodule)"'
+                ),
+                "command -v git >/dev/null 2>&1 || PATH=/usr/local/bin:/usr/bin:/bin",
+                (
+                    'command -v git >/dev/null 2>&1 || fail "the image has no git to reduce the history of '
+                    '$w with"'
+                ),
+                'old="$w/.git"; tmp="$w/.git/polar-reduce"; new="$tmp/new/.git"',
+                'o() { gx "$old" "$@"; }; n() { gx "$new" "$@"; }',
+                'alone=""; case "$base" in *"^{tree}") alone=1; base=${base%"^{tree}"} ;; esac',
+                'commit=$(o rev-parse --verify --quiet "$base^{commit}") || fail "the base $base is not a '
+                'commit of the repository at $w"',
+                "fmt=$(o rev-parse --show-object-format 2>/dev/null) || fmt=sha1",
+                'branch=""',
+                'if o show-ref --verify --quiet "refs/heads/$base"; then branch=$base',
+                "elif b=$(o symbolic-ref --quiet --short HEAD 2>/dev/null); then branch=$b; fi",
+                'head=$(o rev-parse --verify --quiet "HEAD^{commit}") || head=""',
+                # the base's tree alone: one parentless commit of it, dated as the base (the same every time)
+                'if [ -n "$alone" ]; then',
+                '  tree=$(o rev-parse --verify --quiet "$commit^{tree}") && when=$(o log -1 --format="%ct '
+                '+0000" "$commit") || fail "reading the base $base failed"',
+                '  commit=$(printf "tree %s\\nauthor polar <polar@localhost> %s\\ncommitter polar '
+                '<polar@localhost> %s\\n\\nthe task base\\n" "$tree" "$when" "$when" | o hash-object -t '
+                'commit -w --stdin) || fail "writing the base as one commit failed"',
+                "fi",
+                'rm -rf "$tmp" && mkdir -p "$tmp" "$old/info" || fail "cannot write in $old"',
+                f'printf %s {q(NEUTRAL_ATTRIBUTES)} > "$old/info/attributes"',
+                # the worktree at the base where HEAD was elsewhere: tracked files follow, untracked ones stay
+                'if [ "$commit" != "$head" ]; then',
+                '  o read-tree -u --reset "$commit" || fail "checking the base $base out in $w failed"',
+                "fi",
+                'mkdir -p "$tmp/new" && env -i PATH="$PATH" HOME=/nonexistent GIT_CONFIG_NOSYSTEM=1 '
+                'GIT_CONFIG_GLOBAL=/dev/null git init -q --template= $([ "$fmt" = sha1 ] || echo '
+                '"--object-format=$fmt") "$tmp/new" || fail "git init failed"',
+                'printf "%s\\n" "$commit" | o pack-objects --revs --stdout -q > "$tmp/base.pack" '
+                '|| fail "packing the objects of the base failed (a partial clone, or objects missing)"',
+                'n index-pack --stdin < "$tmp/base.pack" >/dev/null || fail "indexing the base'
+                "'"
+                's objects failed"',
+                'if [ -s "$old/shallow" ]; then',
+                '  while read -r s; do o merge-base --is-ancestor "$s" "$commit" 2>/dev/null && echo "$s"; '
+                'done < "$old/shallow" > "$new/shallow"',
+                '  [ -s "$new/shallow" ] || rm -f "$new/shallow"',
+                "fi",
+                # the base's branch, and its ancestors' tags made lightweight
+                '{ [ -z "$branch" ] || echo "create refs/heads/$branch $commit"',
+                '  o for-each-ref --format="%(refname)" refs/tags | while read -r ref; do',
+                '    t=$(o rev-parse --verify --quiet "$ref^{commit}") || continue',
+                '    o merge-base --is-ancestor "$t" "$commit" 2>/dev/null && echo "create $ref $t"',
+                '  done; true; } > "$tmp/refs" || fail "listing the refs failed"',
+                'n update-ref --stdin < "$tmp/refs" || fail "writing the base\'s refs failed"',
+                (
+                    'if [ -n "$branch" ]; then n symbolic-ref HEAD "refs/heads/$branch" || fail "setting '
+                    'HEAD failed"'
+                ),
+                'else printf "%s\\n" "$commit" > "$new/HEAD"; fi',
+                'mv "$new" "$w/.git.polar-reduced" && rm -rf "$old" && mv "$w/.git.polar-reduced" "$old" '
+                '|| fail "replacing $old failed"',
+                'v() { gx "$old" "$@"; }',
+                'v read-tree "$commit" || fail "reading the base into the index failed"',
+                "v update-index -q --refresh >/dev/null 2>&1",
+                'rm -rf "$old/logs"',
+                # verified: the base, its branch and its ancestors' tags, its objects and nothing else
+                (
+                    '[ "$(v rev-parse --verify --quiet HEAD)" = "$commit" ] || fail "HEAD is not the base '
+                    'after the reduction"'
+                ),
+                (
+                    'beyond=$(v rev-list -n 1 --all --reflog --not "$commit") || fail "listing the commits '
+                    'failed"'
+                ),
+                '[ -z "$beyond" ] || fail "a ref still reaches commit $beyond beyond the base"',
+                'bad=$(v for-each-ref --format="%(refname) %(objecttype)" | grep -v -x -F '
+                '"refs/heads/$branch commit" | grep -v -x "refs/tags/[^ ]* commit")',
+                '[ -z "$bad" ] || fail "refs other than the base'
+                "'"
+                "s branch and its ancestors"
+                "'"
+                ' tags are left: $bad"',
+                (
+                    'want=$(v rev-list --objects "$commit" | wc -l); reach=$(v rev-list --objects --all '
+                    "--reflog | wc -l)"
+                ),
+                (
+                    'stored=$(v count-objects -v | awk \'$1=="count:"{c=$2} $1=="in-pack:"{p=$2} END{print '
+                    "c+p}')"
+                ),
+                '[ "$want" -gt 0 ] && [ "$reach" -eq "$want" ] && [ "$stored" -eq "$want" ] || fail "the '
+                'repository stores $stored objects and its refs reach $reach, but the base reaches $want"',
+                (
+                    f'for f in {" ".join(LEFTOVERS)}; do [ ! -e "$old/$f" ] || fail "$old/$f is left after '
+                    'the reduction"; done'
+                ),
+                # SWE-bench's own check: nothing committed after the base's time
+                't=$(v log -1 --format=%ct "$commit") && later=$(v log --all --reflog -n 1 --format=%H '
+                '--since="@$((t + 1))") || fail "git log --since failed"',
+                '[ -z "$later" ] || fail "git log --all --since=<base time + 1 s> lists $later"',
+                "tags=$(v for-each-ref refs/tags | wc -l)",
+                f'echo "{REDUCED} reduced $commit objects=$want tags=$tags branch=${{branch:--}}"',
+            ]
+        )
+        + "\n"
+    )
 
 
 def refusal(output: str, where: str) -> str:

@@ -62,8 +62,10 @@ class Identity:
 
     def maps(self) -> tuple[str, str]:
         """``uid_map`` and ``gid_map`` of the sandbox's user namespace."""
-        return (f"0 0 1\n{self.inside_uid} {self.host_uid} 1\n",
-                f"0 0 1\n{self.inside_gid} {self.host_gid} 1\n{self.inside_gid + 1} {self.host_harness_gid} 1\n")
+        return (
+            f"0 0 1\n{self.inside_uid} {self.host_uid} 1\n",
+            f"0 0 1\n{self.inside_gid} {self.host_gid} 1\n{self.inside_gid + 1} {self.host_harness_gid} 1\n",
+        )
 
 
 def lease(inside_uid: int, inside_gid: int) -> Identity:
@@ -92,21 +94,31 @@ def user_namespace(identity: Identity) -> Iterator[int]:
     """A descriptor of a fresh user namespace created by ``identity``'s host uid and mapping it (for
     bwrap's ``--userns``), closed on exit. A helper made it (``unshare --user``, as that uid) and
     waits on its stdin while this process writes its maps; it exits once the descriptor is open."""
-    helper = subprocess.Popen(["unshare", "--user", "--", "/bin/sh", "-c", "echo ready && read x"],
-                              user=identity.host_uid, group=identity.host_gid, extra_groups=[],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              env={"PATH": "/usr/bin:/bin"})
+    helper = subprocess.Popen(
+        ["unshare", "--user", "--", "/bin/sh", "-c", "echo ready && read x"],
+        user=identity.host_uid,
+        group=identity.host_gid,
+        extra_groups=[],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={"PATH": "/usr/bin:/bin"},
+    )
     try:
         assert helper.stdout is not None and helper.stdin is not None
         if helper.stdout.readline() != b"ready\n":
-            raise IdentityUnavailable(f"unshare --user failed: {helper.communicate(timeout=10)[1].decode()[-500:]}")
+            raise IdentityUnavailable(
+                f"unshare --user failed: {helper.communicate(timeout=10)[1].decode()[-500:]}"
+            )
         uid_map, gid_map = identity.maps()
         for name, text in (("uid_map", uid_map), ("gid_map", gid_map)):
             with open(f"/proc/{helper.pid}/{name}", "w") as handle:
                 handle.write(text)
         fd = os.open(f"/proc/{helper.pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
-        raise IdentityUnavailable(f"cannot make a user namespace for uid {identity.host_uid}: {exc}") from None
+        raise IdentityUnavailable(
+            f"cannot make a user namespace for uid {identity.host_uid}: {exc}"
+        ) from None
     finally:
         if helper.stdin is not None:
             helper.stdin.close()

@@ -62,7 +62,7 @@ class BoundedOutput:
                 self.tail_len -= len(self.tail.popleft())
 
     def _tail(self) -> bytes:
-        return b"".join(self.tail)[-self.tail_bytes:] if self.tail and self.tail_bytes else b""
+        return b"".join(self.tail)[-self.tail_bytes :] if self.tail and self.tail_bytes else b""
 
     def text(self) -> str:
         """Without a head, the tail as it is (a stream the caller parses); with one, head + a marker
@@ -81,7 +81,9 @@ class BoundedOutput:
         tail_text = _cap_lines(tail.decode("utf-8", "replace"), self.max_lines, keep_end=True)
         stats.dropped_lines = self.lines - head_text.count("\n") - tail_text.count("\n")
         if stats.truncated:
-            marker = (f"\n[polar grader: output truncated, {stats.dropped_bytes} bytes and "
-                      f"{stats.dropped_lines} lines dropped of {stats.bytes} bytes]\n")
+            marker = (
+                f"\n[polar grader: output truncated, {stats.dropped_bytes} bytes and "
+                f"{stats.dropped_lines} lines dropped of {stats.bytes} bytes]\n"
+            )
             return head_text + marker + tail_text, stats
         return head_text + tail_text, stats

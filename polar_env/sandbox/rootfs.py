@@ -63,8 +63,10 @@ def sandbox_root() -> Path:
     """The built root, or a ``RootfsMissing`` naming the setup step."""
     root = rootfs_dir()
     if not (root / READY).is_file():
-        raise RootfsMissing(f"the sandbox root {root} is not built: run scripts/setup.sh "
-                            f"(or, as root, python -m polar_env.sandbox.rootfs)")
+        raise RootfsMissing(
+            f"the sandbox root {root} is not built: run scripts/setup.sh "
+            f"(or, as root, python -m polar_env.sandbox.rootfs)"
+        )
     return root
 
 
@@ -102,7 +104,9 @@ def ensure_rootfs(*, mirror: str | None = None) -> Path:
     if (root / READY).is_file():
         return root
     if os.geteuid() != 0:
-        raise RootfsMissing(f"building the sandbox root {root} needs root (debootstrap): run scripts/setup.sh as root")
+        raise RootfsMissing(
+            f"building the sandbox root {root} needs root (debootstrap): run scripts/setup.sh as root"
+        )
     root.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
     try:
@@ -114,15 +118,20 @@ def ensure_rootfs(*, mirror: str | None = None) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     for stale in root.parent.iterdir():  # roots of earlier recipes, and their wheels
-        if stale != root and ((stale / READY).is_file() or stale.name.endswith(".wheels")) \
-                and stale != build_wheels():
+        if (
+            stale != root
+            and ((stale / READY).is_file() or stale.name.endswith(".wheels"))
+            and stale != build_wheels()
+        ):
             shutil.rmtree(stale, ignore_errors=True)
     return root
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m polar_env.sandbox.rootfs",
-                                 description="Build (or reuse) the sandbox root in Polar's cache.")
+    ap = argparse.ArgumentParser(
+        prog="python -m polar_env.sandbox.rootfs",
+        description="Build (or reuse) the sandbox root in Polar's cache.",
+    )
     ap.add_argument("--mirror", default=None, help="a Debian mirror URL (default: debootstrap's)")
     args = ap.parse_args(argv)
     try:

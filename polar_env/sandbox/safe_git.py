@@ -19,10 +19,21 @@ from collections.abc import Mapping
 from pathlib import Path
 
 SAFE_GIT_CONFIG = (
-    "core.hooksPath=/dev/null", "core.fsmonitor=false", "core.untrackedCache=false", "core.autocrlf=false",
-    "core.safecrlf=false", "core.symlinks=true", "core.quotepath=false", "core.attributesFile=/dev/null",
-    "core.excludesFile=/dev/null", "diff.external=", "safe.directory=*", "protocol.allow=never",
-    "submodule.recurse=false", "init.defaultBranch=main", "core.fileMode=true",
+    "core.hooksPath=/dev/null",
+    "core.fsmonitor=false",
+    "core.untrackedCache=false",
+    "core.autocrlf=false",
+    "core.safecrlf=false",
+    "core.symlinks=true",
+    "core.quotepath=false",
+    "core.attributesFile=/dev/null",
+    "core.excludesFile=/dev/null",
+    "diff.external=",
+    "safe.directory=*",
+    "protocol.allow=never",
+    "submodule.recurse=false",
+    "init.defaultBranch=main",
+    "core.fileMode=true",
 )
 # Highest-precedence attributes: no filter, no encoding conversion (it can fail), no diff/merge driver.
 # text/eol stay the tree's (they run nothing and cannot fail with core.safecrlf off), as when the base was
@@ -30,12 +41,22 @@ SAFE_GIT_CONFIG = (
 NEUTRAL_ATTRIBUTES = "* -filter !diff !merge !working-tree-encoding\n"
 
 
-def git_env(git_dir: Path, tree: Path, *, index: Path | None = None,
-            extra: Mapping[str, str] | None = None) -> dict[str, str]:
+def git_env(
+    git_dir: Path, tree: Path, *, index: Path | None = None, extra: Mapping[str, str] | None = None
+) -> dict[str, str]:
     """A fresh environment (nothing inherited: no GIT_* of ours leaks in) for git on ``tree``."""
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(git_dir), "LANG": "C", "GIT_CONFIG_NOSYSTEM": "1",
-           "GIT_CONFIG_GLOBAL": os.devnull, "GIT_TERMINAL_PROMPT": "0", "GIT_DIR": str(git_dir),
-           "GIT_WORK_TREE": str(tree), "GIT_ATTR_NOSYSTEM": "1", **(extra or {})}
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(git_dir),
+        "LANG": "C",
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": os.devnull,
+        "GIT_TERMINAL_PROMPT": "0",
+        "GIT_DIR": str(git_dir),
+        "GIT_WORK_TREE": str(tree),
+        "GIT_ATTR_NOSYSTEM": "1",
+        **(extra or {}),
+    }
     if index is not None:
         env["GIT_INDEX_FILE"] = str(index)
     return env
@@ -55,11 +76,23 @@ def neutralise(git_dir: Path) -> None:
     (info / "attributes").write_text(NEUTRAL_ATTRIBUTES)
 
 
-def run_git(git_dir: Path, tree: Path, *args: str, index: Path | None = None, input: bytes | None = None,
-            check: bool = True, extra_env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess:
+def run_git(
+    git_dir: Path,
+    tree: Path,
+    *args: str,
+    index: Path | None = None,
+    input: bytes | None = None,
+    check: bool = True,
+    extra_env: Mapping[str, str] | None = None,
+) -> subprocess.CompletedProcess:
     """Run git with ``git_dir`` as the repository of ``tree``; raises RuntimeError on failure if ``check``."""
-    proc = subprocess.run(git_argv(*args), cwd=tree, env=git_env(git_dir, tree, index=index, extra=extra_env),
-                          input=input, capture_output=True)
+    proc = subprocess.run(
+        git_argv(*args),
+        cwd=tree,
+        env=git_env(git_dir, tree, index=index, extra=extra_env),
+        input=input,
+        capture_output=True,
+    )
     if check and proc.returncode != 0:
         raise RuntimeError(f"git {args[0]} failed: {proc.stderr.decode(errors='replace')[-2000:]}")
     return proc

@@ -28,8 +28,10 @@ _ALLOW, _EPERM = 0x7FFF0000, 0x00050000 | 1  # SECCOMP_RET_ALLOW, SECCOMP_RET_ER
 _X32_BIT = 0x40000000
 # AUDIT_ARCH_* and (ptrace, process_vm_readv, process_vm_writev, pidfd_getfd; add_key, request_key, keyctl)
 # per native ABI
-_ABIS = {"x86_64": (0xC000003E, (101, 310, 311, 438, 248, 249, 250)),
-         "aarch64": (0xC00000B7, (117, 270, 271, 438, 217, 218, 219))}
+_ABIS = {
+    "x86_64": (0xC000003E, (101, 310, 311, 438, 248, 249, 250)),
+    "aarch64": (0xC00000B7, (117, 270, 271, 438, 217, 218, 219)),
+}
 
 
 def _insn(code: int, jt: int, jf: int, k: int) -> bytes:
@@ -45,10 +47,12 @@ def program(machine: str | None = None) -> bytes:
     n = len(denied)
     # layout: 0 load arch; 1 arch ok?; 2 load nr; 3 x32?; 4..4+n-1 denied?; 4+n allow; 5+n eperm
     eperm = 5 + n
-    insns = [_insn(_LD_ABS_W, 0, 0, 4),
-             _insn(_JEQ, 0, eperm - 2, arch),
-             _insn(_LD_ABS_W, 0, 0, 0),
-             _insn(_JGE, eperm - 4, 0, _X32_BIT)]
+    insns = [
+        _insn(_LD_ABS_W, 0, 0, 4),
+        _insn(_JEQ, 0, eperm - 2, arch),
+        _insn(_LD_ABS_W, 0, 0, 0),
+        _insn(_JGE, eperm - 4, 0, _X32_BIT),
+    ]
     for i, nr in enumerate(denied):
         here = 4 + i
         insns.append(_insn(_JEQ, eperm - here - 1, 0, nr))
@@ -94,8 +98,10 @@ def container_profile(engine: str) -> Path | None:
         return None
     source = next((p for p in PODMAN_PROFILES if p.is_file()), None)
     if source is None:
-        raise ProfileMissing(f"podman's default seccomp profile is in none of {', '.join(map(str, PODMAN_PROFILES))}"
-                             f" (containers-common): cannot refuse the keyring calls in its containers")
+        raise ProfileMissing(
+            f"podman's default seccomp profile is in none of {', '.join(map(str, PODMAN_PROFILES))}"
+            f" (containers-common): cannot refuse the keyring calls in its containers"
+        )
     data = json.dumps(without_keyring(json.loads(source.read_text())), sort_keys=True).encode()
     path = cache_root() / "seccomp" / f"podman-{hashlib.sha256(data).hexdigest()[:16]}.json"
     return path if path.is_file() else write_atomic(path, data)

@@ -43,8 +43,11 @@ class ViewUnavailable(SandboxUnavailable):
 
 def mount_tmpfs(at: Path, size: int, name: str) -> None:
     """A tmpfs of ``size`` bytes at ``at`` named ``name`` (host root only)."""
-    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755,nosuid,nodev", name, str(at)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755,nosuid,nodev", name, str(at)],
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         raise ViewUnavailable(f"cannot mount a tmpfs at {at}: {proc.stderr.strip()}")
 
@@ -94,13 +97,19 @@ def mount_view(layers: Sequence[Path], at: Path) -> Path:
         except OSError as exc:
             raise ViewUnavailable(f"cannot show {exc.filename}: {exc.strerror}") from None
         lower = ":".join(f"/proc/self/fd/{fd}" for fd in fds)
-        proc = subprocess.run(["mount", "-t", "overlay", "polar-ro", "-o", f"ro,lowerdir={lower}", str(at)],
-                              pass_fds=fds, capture_output=True, text=True)
+        proc = subprocess.run(
+            ["mount", "-t", "overlay", "polar-ro", "-o", f"ro,lowerdir={lower}", str(at)],
+            pass_fds=fds,
+            capture_output=True,
+            text=True,
+        )
     finally:
         for fd in fds:
             os.close(fd)
     if proc.returncode != 0:
-        raise ViewUnavailable(f"cannot mount a read-only view of {', '.join(map(str, layers))}: {proc.stderr.strip()}")
+        raise ViewUnavailable(
+            f"cannot mount a read-only view of {', '.join(map(str, layers))}: {proc.stderr.strip()}"
+        )
     return at
 
 
@@ -125,7 +134,9 @@ def holds_python_packages(install: Path) -> bool:
 
 def harness_view(install: Path, at: Path, sealed_gid: int | None, layer_under: Path | None = None) -> Path:
     """``install`` as a read-only view at ``at``; with ``sealed_gid``, its root that (host) group's alone."""
-    return mount_view([*([sealed_layer(sealed_gid, layer_under)] if sealed_gid is not None else []), install], at)
+    return mount_view(
+        [*([sealed_layer(sealed_gid, layer_under)] if sealed_gid is not None else []), install], at
+    )
 
 
 def node_layer() -> Path | None:

@@ -32,11 +32,15 @@ LAYOUT = "2"  # bump when what a warm image holds changes (the setup script, the
 
 def warm_image_name(engine: str, image: str, spec: SandboxSpec, base: str = "HEAD") -> str:
     image_id = engine_run([engine, "image", "inspect", "--format", "{{.Id}}", image]).decode().strip()
-    key = hashlib.sha256(f"{LAYOUT}\0{image_id}\0{spec.uid}\0{spec.workdir}\0{base}".encode()).hexdigest()[:24]
+    key = hashlib.sha256(f"{LAYOUT}\0{image_id}\0{spec.uid}\0{spec.workdir}\0{base}".encode()).hexdigest()[
+        :24
+    ]
     return f"{WARM_REPO}:{key}"
 
 
-_known: dict[tuple[str, str, int, str, str], str] = {}  # this process's warm images: no engine call per episode
+_known: dict[
+    tuple[str, str, int, str, str], str
+] = {}  # this process's warm images: no engine call per episode
 
 
 def warm_image(engine: str, image: str, spec: SandboxSpec, base: str = "HEAD") -> str:
@@ -57,7 +61,9 @@ def warm_image(engine: str, image: str, spec: SandboxSpec, base: str = "HEAD") -
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
             if not image_exists(engine, warm):  # not committed while we waited
                 _commit(engine, image, spec, warm, base)
-                size = engine_run([engine, "image", "inspect", "--format", "{{.Size}}", warm]).decode().strip()
+                size = (
+                    engine_run([engine, "image", "inspect", "--format", "{{.Size}}", warm]).decode().strip()
+                )
                 PulledImages().record(warm, int(size or 0))
     PulledImages().touch(warm)
     _known[known] = warm
@@ -69,9 +75,14 @@ def _commit(engine: str, image: str, spec: SandboxSpec, warm: str, base: str) ->
     one container without the episode's mounts, committed (its tmpfs HOME and /tmp are not part of an
     image); never in a user namespace (its shifted owners would be committed), as nothing but that setup
     runs in it."""
-    box = ContainerSandbox.create(None, spec=replace(spec, proxy_socket_dir=None, harness_dir=None, userns=False,
-                                                     host_dirs=()), image=image, engine=engine, history_base=base,
-                                  setup_only=True)
+    box = ContainerSandbox.create(
+        None,
+        spec=replace(spec, proxy_socket_dir=None, harness_dir=None, userns=False, host_dirs=()),
+        image=image,
+        engine=engine,
+        history_base=base,
+        setup_only=True,
+    )
     try:
         log.info("warm image %s of %s: %s", warm, image, box.history or "no git history to reduce")
         engine_run([engine, "commit", box.name, warm])

@@ -47,20 +47,34 @@ def _packages(tree: Path) -> list[Path]:
     found = []
     for parent in (tree, tree / "src"):
         if parent.is_dir():
-            found += [d for d in sorted(parent.iterdir()) if d.is_dir() and not d.is_symlink()
-                      and (d / "__init__.py").is_file() and d.name.isidentifier() and not d.name.startswith("test")]
+            found += [
+                d
+                for d in sorted(parent.iterdir())
+                if d.is_dir()
+                and not d.is_symlink()
+                and (d / "__init__.py").is_file()
+                and d.name.isidentifier()
+                and not d.name.startswith("test")
+            ]
     return found
 
 
 def task_needles(task: Task, base: Path) -> Needles:
     """``task``'s needles against its base tree ``base``: the gold patch's added lines of at least
     ``MIN_LINE`` characters that ``base`` does not hold, its packages and their files' digests."""
-    text = b"\n".join(p.read_bytes() for p in base.rglob("*") if p.is_file() and not p.is_symlink()
-                      and ".git" not in p.relative_to(base).parts)
+    text = b"\n".join(
+        p.read_bytes()
+        for p in base.rglob("*")
+        if p.is_file() and not p.is_symlink() and ".git" not in p.relative_to(base).parts
+    )
     lines = sorted({ln for ln in _added_lines(task.patch) if len(ln) >= MIN_LINE and ln.encode() not in text})
     packages = _packages(base)
-    digests = {str(f.relative_to(pkg.parent)): hashlib.sha256(f.read_bytes()).hexdigest()
-               for pkg in packages for f in pkg.rglob("*.py") if f.is_file() and not f.is_symlink()}
+    digests = {
+        str(f.relative_to(pkg.parent)): hashlib.sha256(f.read_bytes()).hexdigest()
+        for pkg in packages
+        for f in pkg.rglob("*.py")
+        if f.is_file() and not f.is_symlink()
+    }
     names = {pkg.name for pkg in packages} | {task.repo.rsplit("/", 1)[-1]}
     return Needles(tuple(lines), tuple(sorted(names)), digests)
 
@@ -78,7 +92,11 @@ def fingerprint(root: Path, skip: Sequence[Path] = ()) -> str:
             except OSError:
                 continue
             rel = os.path.relpath(os.path.join(dirpath, name), root)
-            h.update(f"{rel}\0{stat.S_IFMT(st.st_mode)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode(errors="surrogateescape"))
+            h.update(
+                f"{rel}\0{stat.S_IFMT(st.st_mode)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode(
+                    errors="surrogateescape"
+                )
+            )
     return h.hexdigest()[:24]
 
 
@@ -194,9 +212,13 @@ def _image_scan(task: Task, engine: str, image: str, workdir: str) -> tuple[Need
     try:
         tree = root / workdir.lstrip("/")
         needles = task_needles(task, tree) if tree.is_dir() else Needles()
-        hits = [Hit(h.path.replace(str(root), "", 1), h.kind, h.what) for h in scan([root], needles, skip=[tree])]
+        hits = [
+            Hit(h.path.replace(str(root), "", 1), h.kind, h.what) for h in scan([root], needles, skip=[tree])
+        ]
     finally:
         engine_run([engine, "image", "unmount", image])
-    write_atomic(cached, json.dumps({"needles": needles.to_json(), "hits": [h.__dict__ for h in hits]}).encode())
+    write_atomic(
+        cached, json.dumps({"needles": needles.to_json(), "hits": [h.__dict__ for h in hits]}).encode()
+    )
     _images[known] = needles, hits
     return needles, hits

@@ -68,7 +68,9 @@ def base_cache_dir() -> Path:
 def base_key(task: Task) -> str:
     archive = Path(task.base_archive or "").resolve()
     st = archive.stat()
-    digest = hashlib.sha256(f"{LAYOUT}\0{archive}\0{st.st_size}\0{st.st_mtime_ns}\0{task.base_commit}".encode())
+    digest = hashlib.sha256(
+        f"{LAYOUT}\0{archive}\0{st.st_size}\0{st.st_mtime_ns}\0{task.base_commit}".encode()
+    )
     return f"{re.sub(r'[^A-Za-z0-9_.-]', '_', task.instance_id)[:80]}-{digest.hexdigest()[:16]}"
 
 
@@ -78,7 +80,9 @@ def _private_dir(path: Path) -> None:
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
     st = path.lstat()
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
-        raise RuntimeError(f"{path} is not a directory of uid {os.geteuid()}: refusing it as the base tree cache")
+        raise RuntimeError(
+            f"{path} is not a directory of uid {os.geteuid()}: refusing it as the base tree cache"
+        )
     if stat.S_IMODE(st.st_mode) != 0o700:
         os.chmod(path, 0o700)
 
@@ -104,8 +108,9 @@ def image_base_key(image: str, workdir: str, history_base: str = "HEAD") -> str:
     return f"image-{re.sub(r'[^A-Za-z0-9_.-]', '_', image)[-60:]}-{digest.hexdigest()[:16]}"
 
 
-def warm_image_base(image: str, workdir: str, cache: Path, extract: Callable[[Path], None],
-                    history_base: str = "HEAD") -> BaseTree:
+def warm_image_base(
+    image: str, workdir: str, cache: Path, extract: Callable[[Path], None], history_base: str = "HEAD"
+) -> BaseTree:
     """An image's task tree (its ``workdir``) copied out by ``extract(dest)`` (its git history reduced to
     ``history_base`` there) and snapshotted once per node: the apptainer workspaces of its tasks clone
     it, as bubblewrap ones clone a task's base."""

@@ -40,9 +40,11 @@ def _interpreter(version: str) -> str:
     cand = Path(f"/usr/bin/python{version}")
     if cand.exists() and (not (rootfs_dir() / READY).is_file() or (rootfs_dir() / str(cand)[1:]).exists()):
         return str(cand)
-    raise EnvBuildError(f"python{version} is not Debian's /usr/bin/python{version} here and in the sandbox root "
-                        f"(the sandboxes mount only that root's /usr): run the task in an image that has it "
-                        f"(docs/tasks.md)")
+    raise EnvBuildError(
+        f"python{version} is not Debian's /usr/bin/python{version} here and in the sandbox root "
+        f"(the sandboxes mount only that root's /usr): run the task in an image that has it "
+        f"(docs/tasks.md)"
+    )
 
 
 def _stamp(task: Task) -> dict:

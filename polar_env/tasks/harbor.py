@@ -103,14 +103,30 @@ def load_task_dir(path: Path) -> Task:
         check_env(config, name, compose is not None)
     except (ComposeError, HarborEnvError) as exc:
         raise HarborTaskError(str(exc)) from None
-    dockerfile = compose.context / compose.dockerfile if compose and compose.context else ref.environment_dir / "Dockerfile"
+    dockerfile = (
+        compose.context / compose.dockerfile
+        if compose and compose.context
+        else ref.environment_dir / "Dockerfile"
+    )
     image = env.docker_image or (compose.image if compose and not dockerfile.is_file() else None)
     if not image and not dockerfile.is_file():
-        raise HarborTaskError(f"{path}: environment/ has nothing to build: Polar builds environment/Dockerfile "
-                              f"(or docker-compose.yaml's main service) or runs [environment] docker_image")
-    workdir = env.workdir or (compose.workdir if compose else None) or dockerfile_workdir(dockerfile) or "/app"
-    return Task(instance_id=name, repo=f"harbor/{path.name}", problem_statement=instruction.read_text(),
-                test_patch="", FAIL_TO_PASS=[], image=image or "", workdir=workdir, harbor=ref)
+        raise HarborTaskError(
+            f"{path}: environment/ has nothing to build: Polar builds environment/Dockerfile "
+            f"(or docker-compose.yaml's main service) or runs [environment] docker_image"
+        )
+    workdir = (
+        env.workdir or (compose.workdir if compose else None) or dockerfile_workdir(dockerfile) or "/app"
+    )
+    return Task(
+        instance_id=name,
+        repo=f"harbor/{path.name}",
+        problem_statement=instruction.read_text(),
+        test_patch="",
+        FAIL_TO_PASS=[],
+        image=image or "",
+        workdir=workdir,
+        harbor=ref,
+    )
 
 
 def load_harbor(path: Path) -> list[Task]:
@@ -139,12 +155,16 @@ def gold_command(task: Task) -> str:
         raise HarborTaskError(f"{task.harbor.path}: solution/solve.sh is missing (no gold policy)")
     env = "".join(f"export {k}={shlex.quote(v)}; " for k, v in task.harbor.config.solution.env.items())
     if [p.name for p in files] == ["solve.sh"]:
-        return (f"cd {shlex.quote(task.workdir)} && {env}bash <<'POLAR_SOLVE_EOF'\n"
-                f"{(sol / 'solve.sh').read_text().rstrip()}\nPOLAR_SOLVE_EOF")
+        return (
+            f"cd {shlex.quote(task.workdir)} && {env}bash <<'POLAR_SOLVE_EOF'\n"
+            f"{(sol / 'solve.sh').read_text().rstrip()}\nPOLAR_SOLVE_EOF"
+        )
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         for p in files:
             tar.add(p, arcname=str(p.relative_to(sol)))
     blob = base64.b64encode(buf.getvalue()).decode()
-    return (f"mkdir -p /tmp/solution && echo {blob} | base64 -d | tar -xz -C /tmp/solution && "
-            f"cd {shlex.quote(task.workdir)} && {env}bash /tmp/solution/solve.sh")
+    return (
+        f"mkdir -p /tmp/solution && echo {blob} | base64 -d | tar -xz -C /tmp/solution && "
+        f"cd {shlex.quote(task.workdir)} && {env}bash /tmp/solution/solve.sh"
+    )

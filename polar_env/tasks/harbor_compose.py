@@ -32,8 +32,23 @@ from polar_env.tasks.harbor_env import HarborEnvError, check_keys, resolve
 COMPOSE_FILE = "docker-compose.yaml"
 MAIN = "main"
 APPLIED = {"build", "image", "environment", "working_dir"}
-IGNORED = {"command", "container_name", "deploy", "pull_policy", "tty", "stdin_open", "init", "expose", "ports",
-           "platform", "healthcheck", "restart", "labels", "hostname", "entrypoint"}
+IGNORED = {
+    "command",
+    "container_name",
+    "deploy",
+    "pull_policy",
+    "tty",
+    "stdin_open",
+    "init",
+    "expose",
+    "ports",
+    "platform",
+    "healthcheck",
+    "restart",
+    "labels",
+    "hostname",
+    "entrypoint",
+}
 TOP_LEVEL = {"services", "version", "name"}
 VAR_RE = re.compile(r"\$(?:\$|\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?-)([^}]*))?\}|([A-Za-z_][A-Za-z0-9_]*))")
 
@@ -53,10 +68,18 @@ class ComposeMain:
     workdir: str | None = None
 
 
-def harbor_vars(env_dir: Path, cpus: float | None, memory_mb: int | None, docker_image: str | None) -> dict[str, str]:
+def harbor_vars(
+    env_dir: Path, cpus: float | None, memory_mb: int | None, docker_image: str | None
+) -> dict[str, str]:
     """The variables Harbor sets for its compose files, as they mean here."""
-    return {"CONTEXT_DIR": str(env_dir), "MAIN_IMAGE_NAME": "", "PREBUILT_IMAGE_NAME": docker_image or "",
-            "TEST_DIR": "/tests", "CPUS": f"{cpus:g}" if cpus else "", "MEMORY": f"{memory_mb}M" if memory_mb else ""}
+    return {
+        "CONTEXT_DIR": str(env_dir),
+        "MAIN_IMAGE_NAME": "",
+        "PREBUILT_IMAGE_NAME": docker_image or "",
+        "TEST_DIR": "/tests",
+        "CPUS": f"{cpus:g}" if cpus else "",
+        "MEMORY": f"{memory_mb}M" if memory_mb else "",
+    }
 
 
 def _interpolate(value: Any, known: dict[str, str], where: str) -> Any:
@@ -75,8 +98,10 @@ def _interpolate(value: Any, known: dict[str, str], where: str) -> Any:
             return known[name]
         if m.group(2) is not None:
             return m.group(3)
-        raise ComposeError(f"{where}: ${{{name}}} is neither Harbor's nor in task.toml's [environment] env "
-                           f"nor given a default (${{{name}:-...}})")
+        raise ComposeError(
+            f"{where}: ${{{name}}} is neither Harbor's nor in task.toml's [environment] env "
+            f"nor given a default (${{{name}:-...}})"
+        )
 
     return VAR_RE.sub(sub, value)
 
@@ -103,11 +128,15 @@ def compose_main(env_dir: Path, task_id: str, known: dict[str, str]) -> ComposeM
     if not isinstance(data, dict) or not isinstance(data.get("services"), dict):
         raise ComposeError(f"{where}: no services mapping")
     if extra := sorted(k for k in data if k not in TOP_LEVEL and not str(k).startswith("x-")):
-        raise ComposeError(f"{where}: top-level {', '.join(map(str, extra))} not supported (only {MAIN} runs here)")
+        raise ComposeError(
+            f"{where}: top-level {', '.join(map(str, extra))} not supported (only {MAIN} runs here)"
+        )
     services = data["services"]
     if others := sorted(str(k) for k in services if k != MAIN):
-        raise ComposeError(f"{where}: services {', '.join(others)} beside {MAIN} would have to run too, and Polar "
-                           f"runs only the {MAIN} container (no compose here)")
+        raise ComposeError(
+            f"{where}: services {', '.join(others)} beside {MAIN} would have to run too, and Polar "
+            f"runs only the {MAIN} container (no compose here)"
+        )
     main = services.get(MAIN)
     if not isinstance(main, dict):
         raise ComposeError(f"{where}: no services.{MAIN} (Harbor's primary service)")
@@ -120,26 +149,37 @@ def compose_main(env_dir: Path, task_id: str, known: dict[str, str]) -> ComposeM
     if build is not None:
         spec = {"context": build} if isinstance(build, str) else build
         if not isinstance(spec, dict) or not isinstance(spec.get("context", "."), str):
-            raise ComposeError(f"{where}: services.{MAIN}.build is neither a path nor a mapping with a context")
+            raise ComposeError(
+                f"{where}: services.{MAIN}.build is neither a path nor a mapping with a context"
+            )
         if refused := sorted(k for k in spec if k not in ("context", "dockerfile")):
             raise ComposeError(f"{where}: services.{MAIN}.build.{', '.join(refused)} cannot be honoured here")
         context = (env_dir / spec.get("context", ".")).resolve()
         dockerfile = str(spec.get("dockerfile", "Dockerfile"))
         if not context.is_relative_to(env_dir.resolve()) or ".." in Path(dockerfile).parts:
-            raise ComposeError(f"{where}: the build context {spec.get('context')!r} (and its dockerfile) must be "
-                               f"inside environment/ (the agent never sees tests/ or solution/)")
+            raise ComposeError(
+                f"{where}: the build context {spec.get('context')!r} (and its dockerfile) must be "
+                f"inside environment/ (the agent never sees tests/ or solution/)"
+            )
         if not (context / dockerfile).is_file():
             raise ComposeError(f"{where}: services.{MAIN}.build: {dockerfile} is not in its context")
     image = main.get("image") or None
     if context is None and image is None and not (env_dir / "Dockerfile").is_file():
-        raise ComposeError(f"{where}: services.{MAIN} has neither build nor image, and environment/ has no Dockerfile")
+        raise ComposeError(
+            f"{where}: services.{MAIN} has neither build nor image, and environment/ has no Dockerfile"
+        )
     env = _env(main.get("environment"), where)
     try:
         check_keys(env, f"{where}: services.{MAIN}.environment")
     except HarborEnvError as exc:
         raise ComposeError(str(exc)) from None
-    return ComposeMain(context=context, dockerfile=dockerfile, image=str(image) if image else None,
-                       env=env, workdir=main.get("working_dir") or None)
+    return ComposeMain(
+        context=context,
+        dockerfile=dockerfile,
+        image=str(image) if image else None,
+        env=env,
+        workdir=main.get("working_dir") or None,
+    )
 
 
 def task_compose(ref: HarborRef, task_id: str) -> ComposeMain | None:
@@ -152,5 +192,6 @@ def task_compose(ref: HarborRef, task_id: str) -> ComposeMain | None:
         task_env = resolve(env.env, f"{task_id}: task.toml [environment] env")
     except HarborEnvError as exc:
         raise ComposeError(str(exc)) from None
-    return compose_main(env_dir, task_id,
-                        {**task_env, **harbor_vars(env_dir, env.cpus, env.memory_mb, env.docker_image)})
+    return compose_main(
+        env_dir, task_id, {**task_env, **harbor_vars(env_dir, env.cpus, env.memory_mb, env.docker_image)}
+    )

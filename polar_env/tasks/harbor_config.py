@@ -113,5 +113,3 @@ class HarborRef(BaseModel):
     @property
     def environment_dir(self) -> Path:
         return self.root / "environment"
-
-

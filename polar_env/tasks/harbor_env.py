@@ -24,8 +24,11 @@ from collections.abc import Mapping
 
 TEMPLATE_RE = re.compile(r"\$\{([^}:]+)(?::-(.*))?\}")  # harbor's _TEMPLATE_PATTERN, matched whole
 PINNED = frozenset({"HOME", "USER", "LOGNAME", "HOSTNAME", "SHELL", "PATH", "PWD", "BASH_ENV", "ENV"})
-RESERVED_RE = re.compile(r"POLAR_.*|LD_.*|GIT_.*|.*_BASE_URL|.*_API_BASE|.*_API_KEY|.*_AUTH_TOKEN"
-                         r"|(HTTPS?|ALL|NO|FTP)_PROXY", re.I)
+RESERVED_RE = re.compile(
+    r"POLAR_.*|LD_.*|GIT_.*|.*_BASE_URL|.*_API_BASE|.*_API_KEY|.*_AUTH_TOKEN"
+    r"|(HTTPS?|ALL|NO|FTP)_PROXY",
+    re.I,
+)
 
 
 class HarborEnvError(ValueError):
@@ -46,8 +49,10 @@ def resolve(env: Mapping[str, str], where: str, host: Mapping[str, str] | None =
         elif m.group(2) is not None:
             out[key] = m.group(2)
         else:
-            raise HarborEnvError(f"{where}: {key} = {value!r}, but ${{{m.group(1)}}} is not set in the host's "
-                                 f"environment (set it, or give a default: ${{{m.group(1)}:-...}})")
+            raise HarborEnvError(
+                f"{where}: {key} = {value!r}, but ${{{m.group(1)}}} is not set in the host's "
+                f"environment (set it, or give a default: ${{{m.group(1)}:-...}})"
+            )
     return out
 
 
@@ -59,9 +64,11 @@ def reserved(key: str) -> bool:
 def check_keys(env: Mapping[str, str], where: str) -> None:
     """Refuse the keys of ``env`` that Polar sets itself (`reserved`), all named in one error."""
     if bad := sorted(k for k in env if reserved(k)):
-        raise HarborEnvError(f"{where}: {', '.join(bad)} cannot be set by a task: Polar sets "
-                             f"{'it' if len(bad) == 1 else 'them'} for the sandbox's safety (docs/tasks.md; "
-                             f"a PATH goes in the Dockerfile's ENV)")
+        raise HarborEnvError(
+            f"{where}: {', '.join(bad)} cannot be set by a task: Polar sets "
+            f"{'it' if len(bad) == 1 else 'them'} for the sandbox's safety (docs/tasks.md; "
+            f"a PATH goes in the Dockerfile's ENV)"
+        )
 
 
 def container_env(env: Mapping[str, str], where: str) -> dict[str, str]:

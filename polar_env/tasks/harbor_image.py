@@ -89,10 +89,23 @@ def ensure_harbor_image(task: Task, engine: str = "podman") -> str:
         return env.docker_image
     compose = task_compose(task.harbor, task.instance_id)
     if compose is not None and compose.context is not None:  # docker-compose.yaml's main service's build
-        return build_image(compose.context, task.instance_id.lower(), task.workdir, dockerfile_name=compose.dockerfile,
-                           engine=engine, timeout_s=env.build_timeout_sec, what=task.instance_id)
-    return build_image(task.harbor.environment_dir, task.instance_id.lower(), task.workdir, engine=engine,
-                       timeout_s=env.build_timeout_sec, what=task.instance_id)
+        return build_image(
+            compose.context,
+            task.instance_id.lower(),
+            task.workdir,
+            dockerfile_name=compose.dockerfile,
+            engine=engine,
+            timeout_s=env.build_timeout_sec,
+            what=task.instance_id,
+        )
+    return build_image(
+        task.harbor.environment_dir,
+        task.instance_id.lower(),
+        task.workdir,
+        engine=engine,
+        timeout_s=env.build_timeout_sec,
+        what=task.instance_id,
+    )
 
 
 def verifier_image(task: Task, engine: str = "podman") -> tuple[str, bool]:
@@ -106,13 +119,27 @@ def verifier_image(task: Task, engine: str = "podman") -> tuple[str, bool]:
         return venv.docker_image, True
     if (tests / "Dockerfile").is_file():
         timeout = (venv or task.harbor.config.environment).build_timeout_sec
-        return build_image(tests, f"{task.instance_id.lower()}-verifier", "/tests", engine=engine,
-                           timeout_s=timeout, what=f"{task.instance_id} (tests/Dockerfile)"), True
+        return build_image(
+            tests,
+            f"{task.instance_id.lower()}-verifier",
+            "/tests",
+            engine=engine,
+            timeout_s=timeout,
+            what=f"{task.instance_id} (tests/Dockerfile)",
+        ), True
     return ensure_harbor_image(task, engine), False
 
 
-def build_image(env_dir: Path, name: str, workdir: str, *, engine: str, timeout_s: float, what: str,
-                dockerfile_name: str = "Dockerfile") -> str:
+def build_image(
+    env_dir: Path,
+    name: str,
+    workdir: str,
+    *,
+    engine: str,
+    timeout_s: float,
+    what: str,
+    dockerfile_name: str = "Dockerfile",
+) -> str:
     """``env_dir/<dockerfile_name>`` built in the context ``env_dir`` as
     ``localhost/polar-harbor/<name>:<content key>`` unless cached; every ``FROM`` mapped and present
     locally (else one error naming it, for ``what``)."""
@@ -120,7 +147,9 @@ def build_image(env_dir: Path, name: str, workdir: str, *, engine: str, timeout_
     # Docker creates a WORKDIR; podman's builder may not keep an empty one, and a container cannot
     # start in a missing workdir. The image's own USER is kept: it is the agent's (tasks/runtime.py).
     users = USER_RE.findall(dockerfile)
-    dockerfile += f"\nUSER root\nRUN mkdir -p {shlex.quote(workdir)}\n" + (f"USER {users[-1]}\n" if users else "")
+    dockerfile += f"\nUSER root\nRUN mkdir -p {shlex.quote(workdir)}\n" + (
+        f"USER {users[-1]}\n" if users else ""
+    )
     if not bases:
         raise HarborImageError(f"{env_dir / dockerfile_name}: no FROM line")
     for base in bases:
@@ -129,7 +158,8 @@ def build_image(env_dir: Path, name: str, workdir: str, *, engine: str, timeout_
                 f"{what}: {env_dir.name}/{dockerfile_name} starts FROM {base}, which is not in {engine} and "
                 f"cannot be pulled here: map it to a local image with {MAP_ENV}='{base}=LOCAL_IMAGE' "
                 f"(e.g. LOCAL_IMAGE={image_map()[POLAR_BASE_ALIAS]}), or `{engine} tag LOCAL_IMAGE {base}`; "
-                f"docs/tasks.md, 'Harbor task folders'")
+                f"docs/tasks.md, 'Harbor task folders'"
+            )
     key = _content_key(env_dir, dockerfile, [_image_id(engine, b) for b in bases])
     tag = f"localhost/polar-harbor/{name}:{key}"
     if image_exists(engine, tag):
@@ -138,8 +168,10 @@ def build_image(env_dir: Path, name: str, workdir: str, *, engine: str, timeout_
         ctx = Path(tmp) / "context"
         shutil.copytree(env_dir, ctx, symlinks=True)
         (ctx / dockerfile_name).write_text(dockerfile)
-        engine_run([engine, "build", "--network", "host", "-f", str(ctx / dockerfile_name), "-t", tag, str(ctx)],
-                   timeout_s=timeout_s)
+        engine_run(
+            [engine, "build", "--network", "host", "-f", str(ctx / dockerfile_name), "-t", tag, str(ctx)],
+            timeout_s=timeout_s,
+        )
     return tag
 
 
@@ -150,16 +182,36 @@ def agent_user(task: Task, engine: str = "podman") -> tuple[int, str]:
     assert task.harbor is not None
     user = task.harbor.config.agent.user
     if user is None:
-        user = engine_run([engine, "image", "inspect", "--format", "{{.Config.User}}", task.image]).decode().strip()
+        user = (
+            engine_run([engine, "image", "inspect", "--format", "{{.Config.User}}", task.image])
+            .decode()
+            .strip()
+        )
     name = str(user).split(":")[0] or "root"
     if name in ("0", "root"):
         return 0, "root"
     if name.isdigit():
         return int(name), ""
     try:
-        out = engine_run([engine, "run", "--rm", *label_args(), "--network", "none", "--entrypoint", "id", task.image,
-                          "-u", name], timeout_s=120)
+        out = engine_run(
+            [
+                engine,
+                "run",
+                "--rm",
+                *label_args(),
+                "--network",
+                "none",
+                "--entrypoint",
+                "id",
+                task.image,
+                "-u",
+                name,
+            ],
+            timeout_s=120,
+        )
     except ContainerError as exc:
-        raise HarborImageError(f"{task.instance_id}: user {user!r} (task.toml [agent] user, else the image's USER) "
-                               f"is not a user of its image {task.image}: {exc}") from None
+        raise HarborImageError(
+            f"{task.instance_id}: user {user!r} (task.toml [agent] user, else the image's USER) "
+            f"is not a user of its image {task.image}: {exc}"
+        ) from None
     return int(out.decode().strip()), name

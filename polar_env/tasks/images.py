@@ -66,10 +66,16 @@ def ensure_base_image(engine: str = "podman", *, mirror: str | None = None) -> s
         root = ensure_rootfs(mirror=mirror)
     except RootfsMissing as exc:
         raise ContainerError(str(exc)) from None
-    tar = subprocess.Popen(["tar", "-C", str(root), f"--exclude=./{READY}", f"--exclude=.{NODE_INSIDE}", "-c", "."],
-                           stdout=subprocess.PIPE)
-    imp = subprocess.run([engine, "import", "--change", "CMD [\"/bin/bash\"]", "-", name], stdin=tar.stdout,
-                         capture_output=True, text=True)
+    tar = subprocess.Popen(
+        ["tar", "-C", str(root), f"--exclude=./{READY}", f"--exclude=.{NODE_INSIDE}", "-c", "."],
+        stdout=subprocess.PIPE,
+    )
+    imp = subprocess.run(
+        [engine, "import", "--change", 'CMD ["/bin/bash"]', "-", name],
+        stdin=tar.stdout,
+        capture_output=True,
+        text=True,
+    )
     tar.wait()
     if imp.returncode != 0 or tar.returncode != 0:
         raise ContainerError(f"{engine} import failed: {imp.stderr.strip()[-2000:]}")
@@ -81,18 +87,24 @@ def containerfile(task: Task, base: str) -> str:
     base has no pip wheels (``sandbox/rootfs.py``): the venv is made without pip and the requirements
     installed by pip run from its wheel, bound for that one step (no layer keeps it)."""
     reqs = " ".join(shlex.quote(r) for r in task.environment.requirements)
-    lines = [f"FROM {base}",
-             "COPY ca-certificates.crt /etc/ssl/certs/ca-certificates.crt",
-             "COPY testbed /testbed"]
+    lines = [
+        f"FROM {base}",
+        "COPY ca-certificates.crt /etc/ssl/certs/ca-certificates.crt",
+        "COPY testbed /testbed",
+    ]
     venv = f"python3 -m venv --without-pip {VENV}"
     if reqs:
-        venv = (f"--mount=type=bind,source={PIP_WHEEL},target=/tmp/{PIP_WHEEL} {venv} && "
-                f"PIP_CERT=/etc/ssl/certs/ca-certificates.crt {VENV}/bin/python /tmp/{PIP_WHEEL}/pip install "
-                f"--no-deps --disable-pip-version-check --no-input -q {reqs}")
-    lines += [f"RUN {venv}",
-              f"ENV PATH={VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-              f"ENV VIRTUAL_ENV={VENV}",
-              "WORKDIR /testbed"]
+        venv = (
+            f"--mount=type=bind,source={PIP_WHEEL},target=/tmp/{PIP_WHEEL} {venv} && "
+            f"PIP_CERT=/etc/ssl/certs/ca-certificates.crt {VENV}/bin/python /tmp/{PIP_WHEEL}/pip install "
+            f"--no-deps --disable-pip-version-check --no-input -q {reqs}"
+        )
+    lines += [
+        f"RUN {venv}",
+        f"ENV PATH={VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        f"ENV VIRTUAL_ENV={VENV}",
+        "WORKDIR /testbed",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -121,12 +133,14 @@ def public_containerfile(task: Task) -> str:
 
     packages = " ".join(PACKAGES)
     body = containerfile(task, PUBLIC_BASE).split("\n", 1)[1].replace("WORKDIR /testbed\n", "")
-    return (f"FROM {PUBLIC_BASE}\n"
-            f"RUN (command -v python3 git patch >/dev/null && python3 -c 'import venv' 2>/dev/null || "
-            f"(apt-get update && apt-get install -y --no-install-recommends {packages} && rm -rf "
-            f"/var/lib/apt/lists/*)) && rm -rf /{WHEEL_STORE}\n"
-            f"RUN id -u {AGENT_USER} >/dev/null 2>&1 || useradd -m -u 1000 -s /bin/bash {AGENT_USER}\n"
-            f"{body}RUN chown -R {AGENT_USER}: /testbed\nWORKDIR /testbed\n")
+    return (
+        f"FROM {PUBLIC_BASE}\n"
+        f"RUN (command -v python3 git patch >/dev/null && python3 -c 'import venv' 2>/dev/null || "
+        f"(apt-get update && apt-get install -y --no-install-recommends {packages} && rm -rf "
+        f"/var/lib/apt/lists/*)) && rm -rf /{WHEEL_STORE}\n"
+        f"RUN id -u {AGENT_USER} >/dev/null 2>&1 || useradd -m -u 1000 -s /bin/bash {AGENT_USER}\n"
+        f"{body}RUN chown -R {AGENT_USER}: /testbed\nWORKDIR /testbed\n"
+    )
 
 
 def task_image_name(task: Task, base: str) -> str:
@@ -150,16 +164,35 @@ def ensure_task_image(task: Task, engine: str = "podman") -> str:
         if task.environment.requirements:
             shutil.copy2(pip_wheel(), ctx / PIP_WHEEL)
         (ctx / "Containerfile").write_text(containerfile(task, base))
-        env_args = [a for k in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL") if os.environ.get(k)
-                    for a in ("--build-arg", f"{k}={os.environ[k]}")]
-        engine_run([engine, "build", "--network", "host", "-f", str(ctx / "Containerfile"), "-t", name,
-                    *env_args, str(ctx)], timeout_s=1800)
+        env_args = [
+            a
+            for k in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL")
+            if os.environ.get(k)
+            for a in ("--build-arg", f"{k}={os.environ[k]}")
+        ]
+        engine_run(
+            [
+                engine,
+                "build",
+                "--network",
+                "host",
+                "-f",
+                str(ctx / "Containerfile"),
+                "-t",
+                name,
+                *env_args,
+                str(ctx),
+            ],
+            timeout_s=1800,
+        )
     return name
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m polar_env.tasks.images",
-                                 description="Build (or reuse) the base image and task images.")
+    ap = argparse.ArgumentParser(
+        prog="python -m polar_env.tasks.images",
+        description="Build (or reuse) the base image and task images.",
+    )
     ap.add_argument("what", choices=["base", "tasks"])
     ap.add_argument("--tasks", default="bundled", help="bundled | FILE.jsonl (rows with a base_archive)")
     ap.add_argument("--task-ids", nargs="*", default=None)

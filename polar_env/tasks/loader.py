@@ -49,10 +49,14 @@ def load_tasks(spec: str) -> list[Task]:
     if path.is_file():
         return load_jsonl(path)
     if path.suffix in (".jsonl", ".json") or path.parent != Path("."):
-        raise TaskLoadError(f"task file {spec} does not exist: pass an existing JSONL file, a Harbor task folder, "
-                            "'bundled', 'terminal' or 'verified'")
-    raise TaskLoadError(f"unknown task set {spec!r}: expected 'bundled', 'terminal', 'verified', a Harbor task folder or a "
-                        "JSONL file path")
+        raise TaskLoadError(
+            f"task file {spec} does not exist: pass an existing JSONL file, a Harbor task folder, "
+            "'bundled', 'terminal' or 'verified'"
+        )
+    raise TaskLoadError(
+        f"unknown task set {spec!r}: expected 'bundled', 'terminal', 'verified', a Harbor task folder or a "
+        "JSONL file path"
+    )
 
 
 def load_bundled() -> list[Task]:
@@ -81,8 +85,10 @@ def load_jsonl(path: Path) -> list[Task]:
             if task.base_archive:  # relative to the task file, so a task set moves as a whole
                 archive = path.parent / task.base_archive
                 if not archive.is_file():
-                    raise TaskLoadError(f"{path}:{lineno}: base_archive {task.base_archive} not found "
-                                        f"(looked for {archive}; relative paths are relative to the task file)")
+                    raise TaskLoadError(
+                        f"{path}:{lineno}: base_archive {task.base_archive} not found "
+                        f"(looked for {archive}; relative paths are relative to the task file)"
+                    )
                 task.base_archive = str(archive)
             tasks.append(task)
     from polar_env.tasks.datasets import notice_unreproduced
@@ -149,7 +155,7 @@ def _hub_rows(dataset: str, split: str, cache_name: str) -> list[dict]:
             "HF_HUB_OFFLINE is set and the dataset is not in the local cache"
             if offline
             else "the Hugging Face hub is unreachable (or the split unknown) and the dataset is not in the "
-                 "local cache"
+            "local cache"
         )
         raise TaskLoadError(
             f"cannot load {dataset} split {split!r}: {hint} ({type(e).__name__}: {e}). "

@@ -73,8 +73,10 @@ class Task(BaseModel):
     def _safe_id(cls, v: str) -> str:
         # It names cache dirs, temp dirs and images: no separators, no traversal, no hidden names.
         if not INSTANCE_ID_RE.match(v):
-            raise ValueError(f"invalid instance_id {v!r}: letters, digits, '_', '.', '-' only, "
-                             "starting with a letter or digit")
+            raise ValueError(
+                f"invalid instance_id {v!r}: letters, digits, '_', '.', '-' only, "
+                "starting with a letter or digit"
+            )
         return v
 
     @field_validator("FAIL_TO_PASS", "PASS_TO_PASS", mode="before")
@@ -117,4 +119,3 @@ def default_test_directives(repo: str, test_patch: str) -> list[str]:
         # Django's runner takes dotted module names relative to tests/.
         return [f.removeprefix("tests/").removesuffix(".py").replace("/", ".") for f in files]
     return files
-

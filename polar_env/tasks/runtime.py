@@ -56,8 +56,10 @@ def check_image(task: Task, kind: WorkspaceKind) -> None:
     image = task_image(task)
     if kind in ("docker", "podman"):
         if not image_exists(kind, image):
-            raise WorkspaceUnavailable(f"{task.instance_id}: image {image!r} is not in {kind}: build it "
-                                       f"(docs/tasks.md), {kind} pull it or polar tasks pull the task file")
+            raise WorkspaceUnavailable(
+                f"{task.instance_id}: image {image!r} is not in {kind}: build it "
+                f"(docs/tasks.md), {kind} pull it or polar tasks pull the task file"
+            )
         from polar_env.sandbox.pulled_images import PulledImages
 
         PulledImages().touch(image)  # most recently used: the last a disk budget prunes
@@ -77,7 +79,9 @@ def container_spec(task: Task, spec: SandboxSpec, kind: WorkspaceKind) -> Sandbo
 
     env = task.harbor.config.environment if task.harbor is not None else None
     if env is not None and env.gpus and (why := engine_caps.gpu_problem(env.gpus, kind)):
-        raise WorkspaceUnavailable(f"{task.instance_id}: task.toml [environment] gpus = {env.gpus}, but {why}")
+        raise WorkspaceUnavailable(
+            f"{task.instance_id}: task.toml [environment] gpus = {env.gpus}, but {why}"
+        )
     check_image(task, kind)
     if task.harbor is None or env is None:
         return spec
@@ -88,9 +92,20 @@ def container_spec(task: Task, spec: SandboxSpec, kind: WorkspaceKind) -> Sandbo
         uid, name = agent_user(task, kind)
     except ContainerError as exc:
         raise WorkspaceUnavailable(str(exc)) from exc
-    storage = env.storage_mb << 20 if env.storage_mb and engine_caps.storage_limit_supported(kind, task.image) else None
-    spec = replace(spec, gpus=env.gpus or None, storage_bytes=storage, userns=True, host_dirs=VERIFIER_HOST_DIRS,
-                   uid=uid, user=name or spec.user)
+    storage = (
+        env.storage_mb << 20
+        if env.storage_mb and engine_caps.storage_limit_supported(kind, task.image)
+        else None
+    )
+    spec = replace(
+        spec,
+        gpus=env.gpus or None,
+        storage_bytes=storage,
+        userns=True,
+        host_dirs=VERIFIER_HOST_DIRS,
+        uid=uid,
+        user=name or spec.user,
+    )
     return replace(spec, home="/root") if uid == 0 else spec
 
 
@@ -102,8 +117,12 @@ def task_spec(task: Task, spec: SandboxSpec) -> SandboxSpec:
     if task.harbor is None:
         return spec
     env = task.harbor.config.environment
-    return replace(spec, cpus=env.cpus or spec.cpus, env={**spec.env, **harbor_env(task)},
-                   memory_bytes=env.memory_mb << 20 if env.memory_mb else spec.memory_bytes)
+    return replace(
+        spec,
+        cpus=env.cpus or spec.cpus,
+        env={**spec.env, **harbor_env(task)},
+        memory_bytes=env.memory_mb << 20 if env.memory_mb else spec.memory_bytes,
+    )
 
 
 def harbor_env(task: Task, section: str = "environment") -> dict[str, str]:
@@ -119,7 +138,10 @@ def harbor_env(task: Task, section: str = "environment") -> dict[str, str]:
     table = config.verifier.environment if section == "verifier.environment" else config.environment
     try:
         compose = task_compose(task.harbor, task.instance_id) if section == "environment" else None
-        return compose.env if compose else container_env(table.env if table else {},
-                                                         f"{task.instance_id}: task.toml [{section}] env")
+        return (
+            compose.env
+            if compose
+            else container_env(table.env if table else {}, f"{task.instance_id}: task.toml [{section}] env")
+        )
     except (ComposeError, HarborEnvError) as exc:
         raise WorkspaceUnavailable(str(exc)) from exc

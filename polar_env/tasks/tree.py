@@ -101,7 +101,9 @@ def materialize(task: Task, dest: Path) -> Path:
     drop_repositories(dest)
     commit = init_single_commit(dest)
     if task.base_commit and commit != task.base_commit:
-        raise RuntimeError(f"{task.instance_id}: base_commit {task.base_commit} is not the commit of the base tree "
-                           f"({commit}): base_commit is Polar's one-commit id of the archive, not the upstream "
-                           f"commit; leave it empty or let `polar tasks build` write it (docs/tasks.md)")
+        raise RuntimeError(
+            f"{task.instance_id}: base_commit {task.base_commit} is not the commit of the base tree "
+            f"({commit}): base_commit is Polar's one-commit id of the archive, not the upstream "
+            f"commit; leave it empty or let `polar tasks build` write it (docs/tasks.md)"
+        )
     return dest

@@ -34,13 +34,17 @@ def recorded_vs_trainer(trainer: Any, traj: Trajectory) -> dict[str, float]:
     ids = torch.tensor([chain.input_ids], device=device)
     with torch.no_grad():
         logps, _, _ = trainer._get_per_token_logps_and_entropies(
-            trainer.model, ids, torch.ones_like(ids), len(chain.input_ids) - start)
+            trainer.model, ids, torch.ones_like(ids), len(chain.input_ids) - start
+        )
     mask = torch.tensor(chain.loss_mask[start:], device=device).bool()
     recorded = torch.tensor(chain.logprobs[start:], device=device, dtype=logps.dtype)
     delta = (logps[0] - recorded)[mask]
-    return {"tokens": float(delta.numel()), "max_abs_diff": float(delta.abs().max()) if delta.numel() else 0.0,
-            "ratio_min": float(delta.exp().min()) if delta.numel() else 1.0,
-            "ratio_max": float(delta.exp().max()) if delta.numel() else 1.0}
+    return {
+        "tokens": float(delta.numel()),
+        "max_abs_diff": float(delta.abs().max()) if delta.numel() else 0.0,
+        "ratio_min": float(delta.exp().min()) if delta.numel() else 1.0,
+        "ratio_max": float(delta.exp().max()) if delta.numel() else 1.0,
+    }
 
 
 @dataclass
@@ -102,7 +106,11 @@ def _describe(grad: torch.Tensor, inputs: dict[str, Any]) -> PositionGradients:
     batch, total = grad.shape[:2]
     sampled = torch.zeros(batch, total, dtype=torch.bool, device=grad.device)
     completion = torch.zeros_like(sampled)
-    sampled[:, prompt_len - 1: total - 1] = mask.bool()  # position j predicts token j + 1
-    completion[:, prompt_len - 1: total - 1] = inputs["completion_mask"].bool()
-    return PositionGradients(grad=grad.detach().norm(dim=-1), sampled=sampled, completion=completion,
-                             advantages=inputs["advantages"].detach().reshape(batch, -1)[:, 0])
+    sampled[:, prompt_len - 1 : total - 1] = mask.bool()  # position j predicts token j + 1
+    completion[:, prompt_len - 1 : total - 1] = inputs["completion_mask"].bool()
+    return PositionGradients(
+        grad=grad.detach().norm(dim=-1),
+        sampled=sampled,
+        completion=completion,
+        advantages=inputs["advantages"].detach().reshape(batch, -1)[:, 0],
+    )

@@ -31,7 +31,7 @@ def freeze_all_but_top(model: Any, k: int) -> int:
     if not 1 <= k <= len(layers):
         raise ValueError(f"top layers must be in [1, {len(layers)}], got {k}")
     model.requires_grad_(False)
-    for layer in layers[len(layers) - k:]:
+    for layer in layers[len(layers) - k :]:
         layer.requires_grad_(True)
     return len(layers) - k
 
@@ -51,8 +51,15 @@ def trunk_hidden(model: Any, input_ids: list[int], first_trained: int) -> Any:
     return captured[0]
 
 
-def top_logprobs(model: Any, hidden: Any, input_ids: list[int], positions: list[int], first_trained: int,
-                 *, temperature: float = 1.0) -> Any:
+def top_logprobs(
+    model: Any,
+    hidden: Any,
+    input_ids: list[int],
+    positions: list[int],
+    first_trained: int,
+    *,
+    temperature: float = 1.0,
+) -> Any:
     """Log-probabilities of ``input_ids[p]`` for each ``p`` in ``positions`` (each > 0) at
     ``temperature``, through the top layers from ``hidden`` (``trunk_hidden``'s output), with grad
     to the trained layers."""

@@ -22,8 +22,9 @@ from trl import GRPOConfig, GRPOTrainer  # pyright: ignore[reportPrivateImportUs
 from polar_env.training.rollouts import PolarRollouts
 
 
-def polar_reward(prompts: list[Any], completions: list[Any], polar_reward: list[float | None],
-                 **kwargs: Any) -> list[float | None]:
+def polar_reward(
+    prompts: list[Any], completions: list[Any], polar_reward: list[float | None], **kwargs: Any
+) -> list[float | None]:
     """The episode's reward (SWE-bench grading through the outcome table); None: unscorable."""
     return [None if r is None else float(r) for r in polar_reward]
 
@@ -55,21 +56,34 @@ class PolarGRPOTrainer(GRPOTrainer):
     sampling: the denominator is ``max(recorded, trainer - log C)``, so the ratio at the step's start
     is ``min(π_θ / π_sampler, C)``; PPO's clipping applies on top)."""
 
-    def __init__(self, model: Any, rollouts: PolarRollouts, args: GRPOConfig, *, max_drift: float | None = None,
-                 **kwargs: Any):
+    def __init__(
+        self,
+        model: Any,
+        rollouts: PolarRollouts,
+        args: GRPOConfig,
+        *,
+        max_drift: float | None = None,
+        **kwargs: Any,
+    ):
         if args.bf16 or args.fp16:
-            raise ValueError("PolarGRPOTrainer: half-precision autocast moves the trainer's logprobs off the recorded "
-                             "ones (|Δ| ~0.17 with bf16), so the ratio would not start at 1: pass "
-                             "GRPOConfig(bf16=False, fp16=False) (TRL defaults bf16 to True)")
+            raise ValueError(
+                "PolarGRPOTrainer: half-precision autocast moves the trainer's logprobs off the recorded "
+                "ones (|Δ| ~0.17 with bf16), so the ratio would not start at 1: pass "
+                "GRPOConfig(bf16=False, fp16=False) (TRL defaults bf16 to True)"
+            )
         if args.top_p != 1.0 or args.top_k:
-            raise ValueError("TRL's forward pass scores the full distribution (temperature only): sample with "
-                             "top_p=1.0 and top_k=0, or the recorded logprobs are of another distribution")
+            raise ValueError(
+                "TRL's forward pass scores the full distribution (temperature only): sample with "
+                "top_p=1.0 and top_k=0, or the recorded logprobs are of another distribution"
+            )
         kwargs.setdefault("processing_class", rollouts.model.tokenizer)
         kwargs.setdefault("train_dataset", rollouts.dataset())
         reward_funcs = [polar_reward, *kwargs.pop("reward_funcs", [])]
         super().__init__(model=model, reward_funcs=reward_funcs, args=args, rollout_func=rollouts, **kwargs)
         # the trainer's forward passes number positions as the sampler did (the sampler passes no mask)
-        self.accelerator.unwrap_model(self.model).register_forward_pre_hook(positions_from_mask, with_kwargs=True)
+        self.accelerator.unwrap_model(self.model).register_forward_pre_hook(
+            positions_from_mask, with_kwargs=True
+        )
         self.max_drift = max_drift
         self.polar_fidelity: list[dict[str, Any]] = []
 
@@ -82,26 +96,35 @@ class PolarGRPOTrainer(GRPOTrainer):
         # the drift is the trainer's forward against the sampler's on the same weights: rows sampled (in
         # part) by an earlier version (episodes that ran across an update) are off-policy, not drift
         version = self.state.global_step
-        current = torch.tensor([inp.get("polar_policy_versions") in (None, [], [version]) for inp in inputs],
-                               device=sampled.device)[:, None]
+        current = torch.tensor(
+            [inp.get("polar_policy_versions") in (None, [], [version]) for inp in inputs],
+            device=sampled.device,
+        )[:, None]
         ids = torch.cat([out["prompt_ids"], out["completion_ids"]], dim=1)
         attention = torch.cat([out["prompt_mask"], out["completion_mask"]], dim=1)
         with torch.no_grad():
             logps, _, _ = self._get_per_token_logps_and_entropies(
-                self.model, ids, attention, out["completion_ids"].size(1),
-                batch_size=self.args.per_device_train_batch_size)
+                self.model,
+                ids,
+                attention,
+                out["completion_ids"].size(1),
+                batch_size=self.args.per_device_train_batch_size,
+            )
         delta = (logps - recorded)[sampled & current]
         assert isinstance(self.args, GRPOConfig) and self.model is not None  # as the trainer was built
         cap = self.args.vllm_importance_sampling_clip_max
         ratio = (logps - recorded)[sampled].exp()
-        stats = {"step": float(self.state.global_step), "tokens": float(delta.numel()),
-                 "off_policy_tokens": float((sampled & ~current).sum()),
-                 "logprob_abs_diff_max": float(delta.abs().max()) if delta.numel() else 0.0,
-                 "logprob_abs_diff_mean": float(delta.abs().mean()) if delta.numel() else 0.0,
-                 "ratio_min": float(ratio.min()) if ratio.numel() else 1.0,
-                 "ratio_max": float(ratio.max()) if ratio.numel() else 1.0,
-                 "tis_cap": float(cap) if cap is not None else None,
-                 "tis_truncated": float((ratio > cap).sum()) if cap is not None else 0.0}
+        stats = {
+            "step": float(self.state.global_step),
+            "tokens": float(delta.numel()),
+            "off_policy_tokens": float((sampled & ~current).sum()),
+            "logprob_abs_diff_max": float(delta.abs().max()) if delta.numel() else 0.0,
+            "logprob_abs_diff_mean": float(delta.abs().mean()) if delta.numel() else 0.0,
+            "ratio_min": float(ratio.min()) if ratio.numel() else 1.0,
+            "ratio_max": float(ratio.max()) if ratio.numel() else 1.0,
+            "tis_cap": float(cap) if cap is not None else None,
+            "tis_truncated": float((ratio > cap).sum()) if cap is not None else 0.0,
+        }
         self.polar_fidelity.append(stats)
         metrics = self._metrics["train" if self.model.training else "eval"]
         metrics["polar/logprob_abs_diff/max"].append(stats["logprob_abs_diff_max"])
@@ -115,7 +138,8 @@ class PolarGRPOTrainer(GRPOTrainer):
                 f"by up to {stats['logprob_abs_diff_max']:.3g} (mean {stats['logprob_abs_diff_mean']:.3g} "
                 f"over {int(stats['tokens'])} sampled tokens), over the allowed {self.max_drift:g}: the "
                 "ratio is not π_θ / π_sampler. Stopped before the update "
-                "(docs/training.md, \"The step-0 drift\")")
+                '(docs/training.md, "The step-0 drift")'
+            )
         denominator = recorded if cap is None else torch.maximum(recorded, logps - math.log(cap))
         out["old_per_token_logps"] = torch.where(sampled, denominator, logps)
         return out

@@ -18,8 +18,14 @@ def plot_rewards(metrics: list[dict[str, Any]], path: Path, *, title: str) -> Pa
     fig, ax = plt.subplots(figsize=(6, 3.6), dpi=100)
     ax.plot(steps, rewards, marker="o")
     for m in metrics:
-        ax.annotate(f"{m['phase']}\n{m['mean_reward']:.2f}", (m["step"], m["mean_reward"]),
-                    textcoords="offset points", xytext=(0, 8), ha="center", fontsize=8)
+        ax.annotate(
+            f"{m['phase']}\n{m['mean_reward']:.2f}",
+            (m["step"], m["mean_reward"]),
+            textcoords="offset points",
+            xytext=(0, 8),
+            ha="center",
+            fontsize=8,
+        )
     ax.set_xticks(steps)
     ax.set_ylim(-0.05, 1.25)
     ax.set_xlabel("rollout round (0: the untrained model)")

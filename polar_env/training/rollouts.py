@@ -60,16 +60,27 @@ def trl_row(traj: Trajectory, eos_token_id: int, train_paths: str | Selector = "
         chain = traj.chains[traj.main_chain] if traj.main_chain is not None else None
         if chain is None:
             first = next((ch.first_prompt_ids() for ch in traj.chains), None) or [eos_token_id]
-            return {"prompt_ids": first, "completion_ids": [eos_token_id], "logprobs": [0.0], "env_mask": [0],
-                    "side_tokens": 0, "policy_versions": []}
+            return {
+                "prompt_ids": first,
+                "completion_ids": [eos_token_id],
+                "logprobs": [0.0],
+                "env_mask": [0],
+                "side_tokens": 0,
+                "policy_versions": [],
+            }
         start = len(chain.first_prompt_ids())
         mask = [0] * (len(chain.input_ids) - start)
     else:
         start = len(chain.first_prompt_ids())
         mask = chain.loss_mask[start:]
-    return {"prompt_ids": chain.input_ids[:start], "completion_ids": chain.input_ids[start:],
-            "logprobs": chain.logprobs[start:], "env_mask": mask, "side_tokens": side,
-            "policy_versions": policy_versions(traj, chain)}
+    return {
+        "prompt_ids": chain.input_ids[:start],
+        "completion_ids": chain.input_ids[start:],
+        "logprobs": chain.logprobs[start:],
+        "env_mask": mask,
+        "side_tokens": side,
+        "policy_versions": policy_versions(traj, chain),
+    }
 
 
 class PolarRollouts:
@@ -81,8 +92,9 @@ class PolarRollouts:
     given, overrides ``config.policy`` with a scripted policy callable.
     """
 
-    def __init__(self, model: Any, config: RolloutConfig, *, policy: Policy | None = None,
-                 tokenizer: Any = None):
+    def __init__(
+        self, model: Any, config: RolloutConfig, *, policy: Policy | None = None, tokenizer: Any = None
+    ):
         from transformers import AutoTokenizer
 
         from polar_env.backends.embedded import embedded_model_dir
@@ -94,8 +106,14 @@ class PolarRollouts:
         model_dir = config.model_dir or embedded_model_dir()
         tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(model_dir))
         device = str(next(model.parameters()).device)
-        self.model = LocalBackend(model, tokenizer, name="trl-live", model_name=config.model_name, device=device,
-                                  logprobs_mode="processed")
+        self.model = LocalBackend(
+            model,
+            tokenizer,
+            name="trl-live",
+            model_name=config.model_name,
+            device=device,
+            logprobs_mode="processed",
+        )
         backend: Any = self.model
         if policy is None and config.policy != "model":
             from polar_env.harness_adapters.policies import make_policy
@@ -110,8 +128,9 @@ class PolarRollouts:
         self._samples: Counter[str] = Counter()
         self._ahead: list[tuple[Task, Future]] = []  # episodes started for the next step (max_staleness)
         prepare(self.plan)
-        self._runner = EpisodeRunner(self.plan, proxy_factory(config, backend=backend, tasks=self.plan.tasks),
-                                     self.plan.out / "ledger")
+        self._runner = EpisodeRunner(
+            self.plan, proxy_factory(config, backend=backend, tasks=self.plan.tasks), self.plan.out / "ledger"
+        )
         self._outputs = RolloutOutputs(self.plan.out)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="polar-rollouts", daemon=True)
@@ -122,8 +141,9 @@ class PolarRollouts:
         """The training set TRL samples prompts from: one row per task, the prompt its harness gets."""
         from datasets import Dataset
 
-        return Dataset.from_list([{"prompt": prompt, "task_id": task.instance_id}
-                                  for prompt, task in self.tasks.items()])
+        return Dataset.from_list(
+            [{"prompt": prompt, "task_id": task.instance_id} for prompt, task in self.tasks.items()]
+        )
 
     @property
     def ahead(self) -> list[Task]:
@@ -138,16 +158,25 @@ class PolarRollouts:
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
         module = trainer.accelerator.unwrap_model(trainer.model)
         if module is not self.model.module:
-            raise ValueError("PolarRollouts must sample with the trainer's own model object (pass the same "
-                             "model to PolarRollouts and the trainer), or the rollouts are off-policy")
+            raise ValueError(
+                "PolarRollouts must sample with the trainer's own model object (pass the same "
+                "model to PolarRollouts and the trainer), or the rollouts are off-policy"
+            )
         unknown = [p for p in prompts if p not in self.tasks]
         if unknown:
-            raise ValueError(f"{len(unknown)} prompt(s) are not first prompts of this run's tasks "
-                             "(use PolarRollouts.dataset() as the training set)")
-        sampling = {"temperature": float(trainer.temperature), "top_p": float(trainer.top_p),
-                    "max_tokens": self.config.max_tokens}
+            raise ValueError(
+                f"{len(unknown)} prompt(s) are not first prompts of this run's tasks "
+                "(use PolarRollouts.dataset() as the training set)"
+            )
+        sampling = {
+            "temperature": float(trainer.temperature),
+            "top_p": float(trainer.top_p),
+            "max_tokens": self.config.max_tokens,
+        }
         self._runner.plan = replace(self._runner.plan, episode=replace(self.plan.episode, sampling=sampling))
-        self._loop.call_soon_threadsafe(self.fence.set_version, trainer.state.global_step)  # the updates so far
+        self._loop.call_soon_threadsafe(
+            self.fence.set_version, trainer.state.global_step
+        )  # the updates so far
         jobs = []
         for prompt in prompts:  # an episode started ahead for this task (during the last update) first
             task = self.tasks[prompt]
@@ -162,8 +191,9 @@ class PolarRollouts:
         if self.plan.max_staleness:  # the next step's episodes start now and sample across this step's update
             self._ahead += [(self.tasks[p], self._start(self.tasks[p])) for p in prompts]
         rows = [trl_row(t, self.eos_token_id, self.train_paths) for t in trajectories]
-        out: dict[str, list[Any]] = {key: [r[key] for r in rows] for key in ("prompt_ids", "completion_ids",
-                                                                              "logprobs", "env_mask")}
+        out: dict[str, list[Any]] = {
+            key: [r[key] for r in rows] for key in ("prompt_ids", "completion_ids", "logprobs", "env_mask")
+        }
         out["polar_policy_versions"] = [r["policy_versions"] for r in rows]
         self.side_tokens += sum(r["side_tokens"] for r in rows)
         out["polar_reward"] = [t.reward for t in trajectories]

@@ -13,16 +13,29 @@ from typing import Any
 from polar_env.training.frozen_trunk import freeze_all_but_top, top_logprobs, trunk_hidden
 
 
-def sft_warm_start(model: Any, rows: list[dict[str, Any]], *, epochs: int, learning_rate: float,
-                   top_layers: int, progress: Any = None) -> list[float]:
+def sft_warm_start(
+    model: Any,
+    rows: list[dict[str, Any]],
+    *,
+    epochs: int,
+    learning_rate: float,
+    top_layers: int,
+    progress: Any = None,
+) -> list[float]:
     """``epochs`` passes over ``rows`` (one optimizer step per row); returns each step's mean loss."""
     import torch
 
     first = freeze_all_but_top(model, top_layers)
     trained = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trained, lr=learning_rate, weight_decay=0.0)
-    prepared = [(r["input_ids"], [p for p, m in enumerate(r["assistant_masks"]) if m and p > 0],
-                 trunk_hidden(model, r["input_ids"], first)) for r in rows]
+    prepared = [
+        (
+            r["input_ids"],
+            [p for p, m in enumerate(r["assistant_masks"]) if m and p > 0],
+            trunk_hidden(model, r["input_ids"], first),
+        )
+        for r in rows
+    ]
     losses: list[float] = []
     model.train()
     for _ in range(epochs):

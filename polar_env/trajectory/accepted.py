@@ -40,11 +40,17 @@ class Sample:
     @classmethod
     def of(cls, t: Trajectory) -> Sample:
         meta = t.metadata
-        return cls(group_key(t), t.masked, t.stats.trainable_tokens, t.created_at,
-                   t.created_at + float(meta.get("duration_s") or 0.0),
-                   meta.get("run_slots") if isinstance(meta.get("run_slots"), int) else None,
-                   str(meta.get("ray_node_id", "")), meta.get("gpus") if isinstance(meta.get("gpus"), int) else None,
-                   tuple(t.stats.policy_versions))
+        return cls(
+            group_key(t),
+            t.masked,
+            t.stats.trainable_tokens,
+            t.created_at,
+            t.created_at + float(meta.get("duration_s") or 0.0),
+            meta.get("run_slots") if isinstance(meta.get("run_slots"), int) else None,
+            str(meta.get("ray_node_id", "")),
+            meta.get("gpus") if isinstance(meta.get("gpus"), int) else None,
+            tuple(t.stats.policy_versions),
+        )
 
 
 def _hours(spans: list[tuple[float, float]]) -> float:

@@ -116,9 +116,16 @@ def main_chain_index(chains: list[Chain]) -> int | None:
     return next((chain.index for chain in chains if chain.trainable_tokens), None)
 
 
-def build_trajectory(session: SessionInfo, calls: list[CallRecord], *, status: Status | None = None,
-                     error: str | None = None, reward: float | None = None,
-                     grading: GradeResult | None = None, ended_at: float | None = None) -> Trajectory:
+def build_trajectory(
+    session: SessionInfo,
+    calls: list[CallRecord],
+    *,
+    status: Status | None = None,
+    error: str | None = None,
+    reward: float | None = None,
+    grading: GradeResult | None = None,
+    ended_at: float | None = None,
+) -> Trajectory:
     """Rebuild one episode from its ledger records.
 
     ``status`` defaults to the session's own (an episode still ``open`` counts as completed);
@@ -143,8 +150,10 @@ def build_trajectory(session: SessionInfo, calls: list[CallRecord], *, status: S
         main_chain_tokens=per_chain[main] if main is not None else 0,
         masked_tokens=sum(len(ch.loss_mask) for ch in chains) - trainable,
         unscored_tokens=sum(s.end - s.start for ch in chains for s in ch.spans if s.kind == "unscored"),
-        breaks=[ChainBreak(call_index=ch.call_indices[0], chain=ch.index, reason=ch.start_reason)
-                for ch in chains[1:]],
+        breaks=[
+            ChainBreak(call_index=ch.call_indices[0], chain=ch.index, reason=ch.start_reason)
+            for ch in chains[1:]
+        ],
         policy_versions=sorted({v for c in answered for v in sampled_by(c)}),
         context_only_turns=sum(1 for c in answered if not scored(c)),
         unversioned_calls=sum(1 for c in answered if c.policy_version is None),
@@ -180,10 +189,15 @@ def build_trajectory(session: SessionInfo, calls: list[CallRecord], *, status: S
 
 
 def _start(index: int, call: CallRecord, reason: str) -> Chain:
-    chain = Chain(index=index, call_indices=[call.call_index], start_reason=reason,
-                  input_ids=list(call.prompt_ids), loss_mask=[0] * len(call.prompt_ids),
-                  logprobs=[0.0] * len(call.prompt_ids),
-                  spans=[_span(0, len(call.prompt_ids), "prompt", call.call_index)])
+    chain = Chain(
+        index=index,
+        call_indices=[call.call_index],
+        start_reason=reason,
+        input_ids=list(call.prompt_ids),
+        loss_mask=[0] * len(call.prompt_ids),
+        logprobs=[0.0] * len(call.prompt_ids),
+        spans=[_span(0, len(call.prompt_ids), "prompt", call.call_index)],
+    )
     _add_sampled(chain, call)
     return chain
 
@@ -226,14 +240,26 @@ def _summary(call: CallRecord, chain: int | None, by_index: dict[int, CallRecord
     # model_construct: every value comes from a validated record (or is computed here); validating
     # them again would cost more than the rest of the summary
     return CallSummary.model_construct(
-        call_index=call.call_index, call_id=call.call_id, api=call.api, created_at=call.created_at,
-        chain=chain, parent_call_index=call.parent_call_index, messages_offset=offset,
-        new_messages=call.messages[offset:], output=call.output, finish_reason=call.finish_reason,
-        prompt_tokens=len(call.prompt_ids), sampled_tokens=len(call.sampled_ids), flags=list(call.flags),
-        error=call.error, timings=dict(call.timings), policy_version=call.policy_version,
+        call_index=call.call_index,
+        call_id=call.call_id,
+        api=call.api,
+        created_at=call.created_at,
+        chain=chain,
+        parent_call_index=call.parent_call_index,
+        messages_offset=offset,
+        new_messages=call.messages[offset:],
+        output=call.output,
+        finish_reason=call.finish_reason,
+        prompt_tokens=len(call.prompt_ids),
+        sampled_tokens=len(call.sampled_ids),
+        flags=list(call.flags),
+        error=call.error,
+        timings=dict(call.timings),
+        policy_version=call.policy_version,
         requested_sampling=dict(call.requested_sampling),
         sampling=call.sampling.model_dump(exclude={"stop_token_ids"}) if call.output is not None else {},
-        version_source=call.version_source, origin=call.origin,
+        version_source=call.version_source,
+        origin=call.origin,
     )
 
 

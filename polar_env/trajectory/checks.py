@@ -43,7 +43,9 @@ class CheckReport(BaseModel):
     defects: list[str] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)
     warnings: list[str] = Field(default_factory=list)  # not defects: the file is valid, but loses something
-    exploits: list[str] = Field(default_factory=list)  # attempts the episodes' tool calls made (trajectory/exploits.py)
+    exploits: list[str] = Field(
+        default_factory=list
+    )  # attempts the episodes' tool calls made (trajectory/exploits.py)
     rescore: dict[str, float] | None = None
 
     @property
@@ -60,8 +62,10 @@ class CheckReport(BaseModel):
             lines += [f"    {e}" for e in self.exploits]
         if self.rescore is not None:
             r = self.rescore
-            lines.append(f"  rescore: {int(r['tokens'])} tokens, max |diff| {r['max_abs_diff']:.3g}, "
-                         f"mean |diff| {r['mean_abs_diff']:.3g}")
+            lines.append(
+                f"  rescore: {int(r['tokens'])} tokens, max |diff| {r['max_abs_diff']:.3g}, "
+                f"mean |diff| {r['mean_abs_diff']:.3g}"
+            )
         lines += [f"  DEFECT: {d}" for d in self.defects]
         lines.append("  OK" if self.ok else f"  {len(self.defects)} defect(s)")
         return "\n".join(lines)
@@ -125,15 +129,17 @@ class TrainableItem(Loose):
 
 # what a validation error at a field means, in NeMo-RL's terms
 _RESULT_DEFECTS = {
-    ("reward",): lambda raw: "missing 'reward'" if "reward" not in raw else
-    f"'reward' is not a finite number: {raw['reward']!r}",
+    ("reward",): lambda raw: (
+        "missing 'reward'" if "reward" not in raw else f"'reward' is not a finite number: {raw['reward']!r}"
+    ),
     ("responses_create_params",): lambda raw: "missing 'responses_create_params'",
     ("responses_create_params", "input"): lambda raw: "'responses_create_params' has no 'input'",
     ("response",): lambda raw: "missing 'response.output' list",
     ("reward_components",): lambda raw: "'reward_components' must map names to finite numbers",
     ("instance_config",): lambda raw: "'instance_config' is not an object",
-    ("instance_config", "mask_sample"): lambda raw:
-        f"instance_config.mask_sample is not a bool: {raw['instance_config']['mask_sample']!r}",
+    ("instance_config", "mask_sample"): lambda raw: (
+        f"instance_config.mask_sample is not a bool: {raw['instance_config']['mask_sample']!r}"
+    ),
 }
 _ITEM_DEFECTS = {
     "prompt_token_ids": "'prompt_token_ids' missing or not a list of ints",
@@ -183,8 +189,10 @@ def check_nemo_result(result: dict[str, Any]) -> list[str]:
             continue
         prompt, gen, lps = item.prompt_token_ids, item.generation_token_ids, item.generation_log_probs
         if len(lps) != len(gen):
-            defects.append(f"{where}: mismatched lengths: {len(gen)} generation_token_ids but "
-                           f"{len(lps)} generation_log_probs")
+            defects.append(
+                f"{where}: mismatched lengths: {len(gen)} generation_token_ids but "
+                f"{len(lps)} generation_log_probs"
+            )
         else:
             bad = next((j for j, x in enumerate(lps) if x is None or not math.isfinite(x)), None)
             if bad is not None:
@@ -192,13 +200,17 @@ def check_nemo_result(result: dict[str, Any]) -> list[str]:
         if prompt[: len(seen)] != seen:
             pos = _first_difference(seen, prompt)
             got = prompt[pos] if pos < len(prompt) else "end of prompt"
-            defects.append(f"{where}: non-contiguous: prompt_token_ids[{pos}] is {got}, but the earlier "
-                           f"prompt+generation has {seen[pos]} there (prompt length {len(prompt)}, "
-                           f"{len(seen)} tokens seen)")
+            defects.append(
+                f"{where}: non-contiguous: prompt_token_ids[{pos}] is {got}, but the earlier "
+                f"prompt+generation has {seen[pos]} there (prompt length {len(prompt)}, "
+                f"{len(seen)} tokens seen)"
+            )
         seen = prompt + gen
     if not trainable:
-        defects.append("no trainable output item (no item with generation_token_ids): NeMo-RL raises "
-                       "'no generation data'")
+        defects.append(
+            "no trainable output item (no item with generation_token_ids): NeMo-RL raises "
+            "'no generation data'"
+        )
     components = parsed.reward_components if parsed is not None else None
     if parsed is not None and components:
         if not all(math.isfinite(v) for v in components.values()):
@@ -240,8 +252,9 @@ def nemo_rl_groups(prompts: list[list[int] | None]) -> list[list[int]]:
     return list(groups.values())
 
 
-def check_group(results: list[dict[str, Any] | Trajectory], tokenizer: Decoder | None = None, *,
-                label: str = "group") -> list[str]:
+def check_group(
+    results: list[dict[str, Any] | Trajectory], tokenizer: Decoder | None = None, *, label: str = "group"
+) -> list[str]:
     """All rollouts of one task must share their first prompt token for token, else GRPO
     silently makes each a group of one. Names the first differing position (and the text there
     when a tokenizer is given)."""
@@ -255,8 +268,10 @@ def check_group(results: list[dict[str, Any] | Trajectory], tokenizer: Decoder |
         if p == ref:
             continue
         pos = _first_difference(ref, p)
-        msg = (f"{label}: rollout {i} differs from rollout {ref_i} in its first prompt at token {pos} "
-               f"({_tok(ref, pos)} vs {_tok(p, pos)}; lengths {len(ref)} vs {len(p)})")
+        msg = (
+            f"{label}: rollout {i} differs from rollout {ref_i} in its first prompt at token {pos} "
+            f"({_tok(ref, pos)} vs {_tok(p, pos)}; lengths {len(ref)} vs {len(p)})"
+        )
         if tokenizer is not None:
             msg += f": {_context(tokenizer, ref, pos)!r} vs {_context(tokenizer, p, pos)!r}"
         else:
@@ -272,15 +287,22 @@ def check_group_sizes(sizes: dict[str, int], samples: int | None = None) -> list
     if not sizes:
         return []
     if samples is not None:
-        return [f"task {key}: {n} rollout(s) but the run's --samples is {samples} (a missing or extra episode: "
-                f"its GRPO group and baseline are wrong)" for key, n in sizes.items() if n != samples]
+        return [
+            f"task {key}: {n} rollout(s) but the run's --samples is {samples} (a missing or extra episode: "
+            f"its GRPO group and baseline are wrong)"
+            for key, n in sizes.items()
+            if n != samples
+        ]
     counts = defaultdict(int)
     for n in sizes.values():
         counts[n] += 1
     usual = max(counts, key=lambda n: (counts[n], n))
-    return [f"task {key}: {n} rollout(s) where the run's other tasks have {usual} (a dropped or extra episode: "
-            f"unequal GRPO groups; pass --samples N to check against the run's)" for key, n in sizes.items()
-            if n != usual]
+    return [
+        f"task {key}: {n} rollout(s) where the run's other tasks have {usual} (a dropped or extra episode: "
+        f"unequal GRPO groups; pass --samples N to check against the run's)"
+        for key, n in sizes.items()
+        if n != usual
+    ]
 
 
 def _tok(ids: list[int], pos: int) -> str:
@@ -288,7 +310,12 @@ def _tok(ids: list[int], pos: int) -> str:
 
 
 def _context(tokenizer: Decoder, ids: list[int], pos: int, width: int = 8) -> str:
-    return tokenizer.decode(ids[max(0, pos - width): pos]) + "⟦" + tokenizer.decode(ids[pos: pos + width]) + "⟧"
+    return (
+        tokenizer.decode(ids[max(0, pos - width) : pos])
+        + "⟦"
+        + tokenizer.decode(ids[pos : pos + width])
+        + "⟧"
+    )
 
 
 def _first_difference(a: list[int], b: list[int]) -> int:
@@ -306,8 +333,10 @@ def check_trajectory(traj: Trajectory) -> list[str]:
         where = f"session {traj.session_id} chain {ch.index}"
         n = len(ch.input_ids)
         if not (len(ch.loss_mask) == len(ch.logprobs) == n):
-            defects.append(f"{where}: mismatched lengths: {n} input_ids, {len(ch.loss_mask)} loss_mask, "
-                           f"{len(ch.logprobs)} logprobs")
+            defects.append(
+                f"{where}: mismatched lengths: {n} input_ids, {len(ch.loss_mask)} loss_mask, "
+                f"{len(ch.logprobs)} logprobs"
+            )
             continue
         pos = 0
         for s in ch.spans:
@@ -315,7 +344,7 @@ def check_trajectory(traj: Trajectory) -> list[str]:
                 defects.append(f"{where}: spans do not tile input_ids at {pos}")
                 break
             want = 1 if s.kind == "sampled" else 0
-            if any(m != want for m in ch.loss_mask[s.start: s.end]):
+            if any(m != want for m in ch.loss_mask[s.start : s.end]):
                 defects.append(f"{where}: loss mask is not {want} on {s.kind} span {s.start}:{s.end}")
             pos = s.end
         else:
@@ -324,8 +353,14 @@ def check_trajectory(traj: Trajectory) -> list[str]:
         bad = next((j for j, x in enumerate(ch.logprobs) if not math.isfinite(x)), None)
         if bad is not None:
             defects.append(f"{where}: logprobs[{bad}] is not finite")
-        nonzero = next((j for j, (m, x) in enumerate(zip(ch.loss_mask, ch.logprobs, strict=True))
-                        if m == 0 and x != 0.0), None)
+        nonzero = next(
+            (
+                j
+                for j, (m, x) in enumerate(zip(ch.loss_mask, ch.logprobs, strict=True))
+                if m == 0 and x != 0.0
+            ),
+            None,
+        )
         if nonzero is not None:
             defects.append(f"{where}: masked position {nonzero} has a nonzero logprob")
     defects += duplicate_turns(traj)
@@ -352,11 +387,19 @@ def duplicate_turns(traj: Trajectory) -> list[str]:
             continue
         seen = sampled[call.chain]
         if call.parent_call_index is not None and call.messages_offset > 0:
-            again = [tc.id for m in call.new_messages if m.role == "assistant" for tc in m.tool_calls if tc.id in seen]
+            again = [
+                tc.id
+                for m in call.new_messages
+                if m.role == "assistant"
+                for tc in m.tool_calls
+                if tc.id in seen
+            ]
             if again:
-                defects.append(f"session {traj.session_id} call {call.call_index}: its prompt re-renders tool "
-                               f"call(s) {', '.join(again)} that call {seen[again[0]]} already sampled in chain "
-                               f"{call.chain} (one sampled turn decoded as two)")
+                defects.append(
+                    f"session {traj.session_id} call {call.call_index}: its prompt re-renders tool "
+                    f"call(s) {', '.join(again)} that call {seen[again[0]]} already sampled in chain "
+                    f"{call.chain} (one sampled turn decoded as two)"
+                )
         for tc in call.output.tool_calls if call.output else []:
             seen[tc.id] = call.call_index
     return defects
@@ -374,13 +417,17 @@ def rescore(traj_or_chain: Trajectory | Chain, backend: Scorer) -> dict[str, flo
         start = ch.loss_mask.index(1)
         scored = backend.score(ch.input_ids, start)
         if len(scored) != len(ch.input_ids) - start:
-            raise ValueError(f"score() returned {len(scored)} logprobs for {len(ch.input_ids) - start} tokens")
+            raise ValueError(
+                f"score() returned {len(scored)} logprobs for {len(ch.input_ids) - start} tokens"
+            )
         for j in range(start, len(ch.input_ids)):
             if ch.loss_mask[j]:
                 diffs.append(abs(float(scored[j - start]) - ch.logprobs[j]))
-    return {"max_abs_diff": max(diffs, default=0.0),
-            "mean_abs_diff": sum(diffs) / len(diffs) if diffs else 0.0,
-            "tokens": float(len(diffs))}
+    return {
+        "max_abs_diff": max(diffs, default=0.0),
+        "mean_abs_diff": sum(diffs) / len(diffs) if diffs else 0.0,
+        "tokens": float(len(diffs)),
+    }
 
 
 # -- files ---------------------------------------------------------------------------------------
@@ -407,8 +454,9 @@ def detect_kind(path: Path) -> FileKind:
     return "unknown"
 
 
-def check_path(path: Path, *, tokenizer: Decoder | None = None, scorer: Scorer | None = None,
-               samples: int | None = None) -> CheckReport:
+def check_path(
+    path: Path, *, tokenizer: Decoder | None = None, scorer: Scorer | None = None, samples: int | None = None
+) -> CheckReport:
     """Detect what ``path`` holds (Polar trajectories, NeMo results, GRPO rows, a ledger
     directory) and run the checks that apply; ``scorer`` adds the fidelity re-score, ``samples``
     (the run's rollouts per task) the group-size check against it."""
@@ -418,7 +466,9 @@ def check_path(path: Path, *, tokenizer: Decoder | None = None, scorer: Scorer |
     kind = detect_kind(path)
     report = CheckReport(path=str(path), kind=kind)
     if kind == "unknown":
-        report.defects.append("not a Polar trajectory file, NeMo results file, GRPO batch or ledger directory")
+        report.defects.append(
+            "not a Polar trajectory file, NeMo results file, GRPO batch or ledger directory"
+        )
         return report
     if kind == "ledger":
         trajs = _ledger_trajectories(path, report)
@@ -438,41 +488,89 @@ def check_path(path: Path, *, tokenizer: Decoder | None = None, scorer: Scorer |
         report.items = len(rows)
         for number, obj in rows:
             report.defects += [f"line {number}: {d}" for d in check_nemo_result(obj)]
-        _check_groups([(_nemo_group(obj), obj) for _, obj in rows], report, tokenizer, samples=samples,
-                      reached=lambda o: (o.get("polar") or {}).get("first_prompt") != "none",
-                      called=lambda o: _finite_number(o.get("num_calls")) and o["num_calls"] > 0)
-        _note_policy_versions([((obj.get("polar") or {}).get("policy_versions") or [],
-                                int(obj.get("unversioned_calls") or 0)) for _, obj in rows], report)
-        _note_capture_rules([(int(o.get("single_call") or 0), int(o.get("context_only_turns") or 0),
-                              bool((o.get("instance_config") or {}).get("mask_sample"))) for _, o in rows], report)
+        _check_groups(
+            [(_nemo_group(obj), obj) for _, obj in rows],
+            report,
+            tokenizer,
+            samples=samples,
+            reached=lambda o: (o.get("polar") or {}).get("first_prompt") != "none",
+            called=lambda o: _finite_number(o.get("num_calls")) and o["num_calls"] > 0,
+        )
+        _note_policy_versions(
+            [
+                (
+                    (obj.get("polar") or {}).get("policy_versions") or [],
+                    int(obj.get("unversioned_calls") or 0),
+                )
+                for _, obj in rows
+            ],
+            report,
+        )
+        _note_capture_rules(
+            [
+                (
+                    int(o.get("single_call") or 0),
+                    int(o.get("context_only_turns") or 0),
+                    bool((o.get("instance_config") or {}).get("mask_sample")),
+                )
+                for _, o in rows
+            ],
+            report,
+        )
         # each result carries its episode's trainable tokens in every chain and in the main chain
-        numbers = [o for _, o in rows if all(_finite_number(o.get(k)) for k in
-                                               ("sampled_tokens", "trainable_tokens", "all_chains_trainable_fraction"))]
+        numbers = [
+            o
+            for _, o in rows
+            if all(
+                _finite_number(o.get(k))
+                for k in ("sampled_tokens", "trainable_tokens", "all_chains_trainable_fraction")
+            )
+        ]
         everywhere = sum(round(o["all_chains_trainable_fraction"] * o["sampled_tokens"]) for o in numbers)
-        _warn_side_chains(report, everywhere - sum(int(o["trainable_tokens"]) for o in numbers), everywhere,
-                          "trainable")
+        _warn_side_chains(
+            report, everywhere - sum(int(o["trainable_tokens"]) for o in numbers), everywhere, "trainable"
+        )
     else:
         rows = _json_lines(path, report)
         report.items = len(rows)
         for number, obj in rows:
             report.defects += [f"line {number}: {d}" for d in _check_grpo_row(obj)]
-        _check_groups([(str(obj.get("group_id")), obj) for _, obj in rows if obj.get("main")], report, tokenizer)
+        _check_groups(
+            [(str(obj.get("group_id")), obj) for _, obj in rows if obj.get("main")], report, tokenizer
+        )
         if scorer is not None:
-            chains = [Chain(index=0, call_indices=[], start_reason="", input_ids=o["input_ids"],
-                            loss_mask=o["loss_mask"], logprobs=o["logprobs"], spans=[]) for _, o in rows]
+            chains = [
+                Chain(
+                    index=0,
+                    call_indices=[],
+                    start_reason="",
+                    input_ids=o["input_ids"],
+                    loss_mask=o["loss_mask"],
+                    logprobs=o["logprobs"],
+                    spans=[],
+                )
+                for _, o in rows
+            ]
             _add_rescore(chains, scorer, report)
     return report
 
 
-def _check_trajectories(trajs: list[Trajectory], report: CheckReport, tokenizer: Decoder | None,
-                        scorer: Scorer | None, samples: int | None = None) -> None:
+def _check_trajectories(
+    trajs: list[Trajectory],
+    report: CheckReport,
+    tokenizer: Decoder | None,
+    scorer: Scorer | None,
+    samples: int | None = None,
+) -> None:
     report.items = len(trajs)
     sampled = sum(t.stats.sampled_tokens for t in trajs)
     trainable = sum(t.stats.trainable_tokens for t in trajs)
     main = sum(t.stats.main_chain_tokens for t in trajs)
     if sampled:
-        report.notes.append(f"{sampled} sampled tokens; {trainable / sampled:.1%} trainable in Polar's format, "
-                            f"{main / sampled:.1%} in the NeMo-RL export (main chains)")
+        report.notes.append(
+            f"{sampled} sampled tokens; {trainable / sampled:.1%} trainable in Polar's format, "
+            f"{main / sampled:.1%} in the NeMo-RL export (main chains)"
+        )
     side = sum(ch.sampled_tokens for t in trajs for ch in t.chains if ch.index != t.main_chain)
     _warn_side_chains(report, side, sampled, "sampled")
     reasons: dict[str, int] = defaultdict(int)
@@ -484,13 +582,23 @@ def _check_trajectories(trajs: list[Trajectory], report: CheckReport, tokenizer:
         report.notes.append("chain breaks: " + ", ".join(f"{r} x{n}" for r, n in sorted(reasons.items())))
     _note_history_thinking(trajs, report)
     report.exploits = exploits.report_lines(trajs)
-    _check_groups([(t.group_id, t) for t in trajs], report, tokenizer, samples=samples,
-                  reached=lambda t: t.main_chain is not None, called=lambda t: t.stats.calls > 0)
+    _check_groups(
+        [(t.group_id, t) for t in trajs],
+        report,
+        tokenizer,
+        samples=samples,
+        reached=lambda t: t.main_chain is not None,
+        called=lambda t: t.stats.calls > 0,
+    )
     _note_policy_versions([(t.stats.policy_versions, t.stats.unversioned_calls) for t in trajs], report)
-    _note_capture_rules([(int(t.stats.single_call), t.stats.context_only_turns, t.masked) for t in trajs], report)
+    _note_capture_rules(
+        [(int(t.stats.single_call), t.stats.context_only_turns, t.masked) for t in trajs], report
+    )
     if thin := thin_groups(t for t in trajs if t.group_id is not None):
-        report.warnings.append(f"{len(thin)} group(s) with fewer than 2 unmasked samples train nothing: "
-                               + ", ".join(f"{key} ({n})" for key, n in thin.items()))
+        report.warnings.append(
+            f"{len(thin)} group(s) with fewer than 2 unmasked samples train nothing: "
+            + ", ".join(f"{key} ({n})" for key, n in thin.items())
+        )
     if scorer is not None:
         _add_rescore([ch for t in trajs for ch in t.chains], scorer, report)
 
@@ -498,12 +606,13 @@ def _check_trajectories(trajs: list[Trajectory], report: CheckReport, tokenizer:
 def _note_history_thinking(trajs: list[Trajectory], report: CheckReport) -> None:
     """The declared difference from a full render: calls that kept earlier thinking after a new
     user turn (``--history-thinking keep``, docs/proxy.md), counted per episode."""
-    per = {t.session_id: n for t in trajs
-           if (n := sum(HISTORY_THINKING_KEPT in c.flags for c in t.calls))}
+    per = {t.session_id: n for t in trajs if (n := sum(HISTORY_THINKING_KEPT in c.flags for c in t.calls))}
     if per:
-        report.notes.append(f"declared render differences (earlier thinking kept after a new user turn, "
-                            f"--history-thinking keep): {sum(per.values())} call(s) in {len(per)} episode(s): "
-                            + ", ".join(f"{s} x{n}" for s, n in per.items()))
+        report.notes.append(
+            f"declared render differences (earlier thinking kept after a new user turn, "
+            f"--history-thinking keep): {sum(per.values())} call(s) in {len(per)} episode(s): "
+            + ", ".join(f"{s} x{n}" for s, n in per.items())
+        )
 
 
 def _note_policy_versions(per_episode: list[tuple[list[int], int]], report: CheckReport) -> None:
@@ -514,9 +623,11 @@ def _note_policy_versions(per_episode: list[tuple[list[int], int]], report: Chec
     episodes = sum(1 for _, n in per_episode if n)
     if not known:
         if unversioned:
-            report.notes.append(f"policy versions: none recorded ({unversioned} answered call(s) in {episodes} "
-                                "episode(s) unversioned: the inference server reports no weight version and no "
-                                "trainer set one), so whether an episode spans an update is unknown (docs/nemo.md)")
+            report.notes.append(
+                f"policy versions: none recorded ({unversioned} answered call(s) in {episodes} "
+                "episode(s) unversioned: the inference server reports no weight version and no "
+                "trainer set one), so whether an episode spans an update is unknown (docs/nemo.md)"
+            )
         return
     newest = max(v[-1] for v in known)
     spreads = [v[-1] - v[0] for v in known]
@@ -525,7 +636,8 @@ def _note_policy_versions(per_episode: list[tuple[list[int], int]], report: Chec
         f"policy versions {min(v[0] for v in known)}..{newest} over {len(known)} episode(s): spread within "
         f"an episode max {max(spreads)}, {sum(s > 0 for s in spreads)} span an update; lag behind the newest "
         f"max {max(lags)}, mean {sum(lags) / len(lags):.2f}"
-        + (f"; {unversioned} answered call(s) in {episodes} episode(s) unversioned" if unversioned else ""))
+        + (f"; {unversioned} answered call(s) in {episodes} episode(s) unversioned" if unversioned else "")
+    )
 
 
 def _note_capture_rules(per_episode: list[tuple[int, int, bool]], report: CheckReport) -> None:
@@ -538,20 +650,28 @@ def _note_capture_rules(per_episode: list[tuple[int, int, bool]], report: CheckR
         report.warnings.append(
             f"{len(single)} rollout(s) made a single model call (a degenerate agentic rollout, OpenEnv RFC "
             "006): "
-            + (f"{unmasked} of them trained on (mask them with --mask-single-call / mask_single_call)" if unmasked
-               else "all masked"))
+            + (
+                f"{unmasked} of them trained on (mask them with --mask-single-call / mask_single_call)"
+                if unmasked
+                else "all masked"
+            )
+        )
     turns = sum(n for _, n, _ in per_episode)
     if turns:
-        report.notes.append(f"{turns} turn(s) in {sum(1 for _, n, _ in per_episode if n)} episode(s) had no aligned "
-                            "logprobs: kept as context (loss mask 0), never trained on")
+        report.notes.append(
+            f"{turns} turn(s) in {sum(1 for _, n, _ in per_episode if n)} episode(s) had no aligned "
+            "logprobs: kept as context (loss mask 0), never trained on"
+        )
 
 
 def _warn_side_chains(report: CheckReport, side: int, total: int, what: str) -> None:
     """NeMo-RL trains one contiguous chain per episode (the main one); tokens elsewhere are lost to it."""
     if side > 0 and total:
-        report.warnings.append(f"{side} of {total} {what} tokens ({side / total:.1%}) sit in chains NeMo-RL will "
-                               "not train (it trains each episode's main chain only; Polar's trajectory file and "
-                               "GRPO batch keep them)")
+        report.warnings.append(
+            f"{side} of {total} {what} tokens ({side / total:.1%}) sit in chains NeMo-RL will "
+            "not train (it trains each episode's main chain only; Polar's trajectory file and "
+            "GRPO batch keep them)"
+        )
 
 
 def _add_rescore(chains: list[Chain], scorer: Scorer, report: CheckReport) -> None:
@@ -561,13 +681,22 @@ def _add_rescore(chains: list[Chain], scorer: Scorer, report: CheckReport) -> No
         total["max_abs_diff"] = max(total["max_abs_diff"], r["max_abs_diff"])
         total["sum"] += r["mean_abs_diff"] * r["tokens"]
         total["tokens"] += r["tokens"]
-    report.rescore = {"max_abs_diff": total["max_abs_diff"], "tokens": total["tokens"],
-                      "mean_abs_diff": total["sum"] / total["tokens"] if total["tokens"] else 0.0}
+    report.rescore = {
+        "max_abs_diff": total["max_abs_diff"],
+        "tokens": total["tokens"],
+        "mean_abs_diff": total["sum"] / total["tokens"] if total["tokens"] else 0.0,
+    }
 
 
-def _check_groups(keyed: list[tuple[str | None, Any]], report: CheckReport, tokenizer: Decoder | None, *,
-                  samples: int | None = None, reached: Callable[[Any], bool] | None = None,
-                  called: Callable[[Any], bool] | None = None) -> None:
+def _check_groups(
+    keyed: list[tuple[str | None, Any]],
+    report: CheckReport,
+    tokenizer: Decoder | None,
+    *,
+    samples: int | None = None,
+    reached: Callable[[Any], bool] | None = None,
+    called: Callable[[Any], bool] | None = None,
+) -> None:
     """Per task: one first prompt (else NeMo-RL splits the group), the run's group size (``reached``:
     whether a member got an answer from the model; a group none of whose members did is unusable;
     ``called``: whether it made a call at all, cut off or failed). Without a tokenizer, the one of
@@ -586,20 +715,30 @@ def _check_groups(keyed: list[tuple[str | None, Any]], report: CheckReport, toke
         unusable = [key for key, members in groups.items() if not any(map(reached, members))]
         if unusable:
             cut = sum(map(called, (m for key in unusable for m in groups[key]))) if called is not None else 0
-            why = (f"no rollout got an answer from the model ({cut} made a model call that ended unanswered, "
-                   "cut off in flight or failed: see their failure_kind)" if cut else "no rollout reached the model")
-            report.warnings.append(f"{len(unusable)} group(s) unusable, {why} (their masked placeholders train "
-                                   f"nothing): {', '.join(unusable[:10])}")
+            why = (
+                f"no rollout got an answer from the model ({cut} made a model call that ended unanswered, "
+                "cut off in flight or failed: see their failure_kind)"
+                if cut
+                else "no rollout reached the model"
+            )
+            report.warnings.append(
+                f"{len(unusable)} group(s) unusable, {why} (their masked placeholders train "
+                f"nothing): {', '.join(unusable[:10])}"
+            )
     if groups:
-        report.notes.append(f"{len(groups)} group(s) checked for identical first prompts"
-                            + (" and equal sizes" if reached is not None else ""))
+        report.notes.append(
+            f"{len(groups)} group(s) checked for identical first prompts"
+            + (" and equal sizes" if reached is not None else "")
+        )
 
 
 def _model_decoder(members: list[Any]) -> Decoder | None:
     """The tokenizer of the model that produced ``members``, when it is on this machine: the embedded
     model, or a Hugging Face name in the local cache (nothing is downloaded)."""
-    name = next((m.model if isinstance(m, Trajectory) else (m.get("response") or {}).get("model")
-                 for m in members), None)
+    name = next(
+        (m.model if isinstance(m, Trajectory) else (m.get("response") or {}).get("model") for m in members),
+        None,
+    )
     if not isinstance(name, str) or not name:
         return None
     try:
@@ -652,7 +791,9 @@ def _json_lines(path: Path, report: CheckReport) -> list[tuple[int, dict[str, An
             obj = json.loads(line)
         except ValueError:
             tail = number == len(data)
-            report.defects.append(f"line {number}: not JSON" + (" (torn last line: no newline)" if tail else ""))
+            report.defects.append(
+                f"line {number}: not JSON" + (" (torn last line: no newline)" if tail else "")
+            )
             continue
         if not isinstance(obj, dict):
             report.defects.append(f"line {number}: not a JSON object")

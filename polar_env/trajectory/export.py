@@ -87,11 +87,17 @@ def read_trajectories(path: Path) -> Iterator[Trajectory]:
 
 
 # -- (b) NeMo Gym / NeMo-RL /run result ----------------------------------------------------------
-def to_nemo_gym_result(traj: Trajectory, *, reward: float | None = None,
-                       responses_create_params: dict[str, Any] | None = None, mask_sample: bool | None = None,
-                       reward_components: dict[str, float] | None = None,
-                       placeholder_token_id: int = 0, group_prompt: list[int] | None = None,
-                       arrays: bool = False) -> RunResult:
+def to_nemo_gym_result(
+    traj: Trajectory,
+    *,
+    reward: float | None = None,
+    responses_create_params: dict[str, Any] | None = None,
+    mask_sample: bool | None = None,
+    reward_components: dict[str, float] | None = None,
+    placeholder_token_id: int = 0,
+    group_prompt: list[int] | None = None,
+    arrays: bool = False,
+) -> RunResult:
     """The ``/run`` result NeMo-RL's Gym actor consumes (docs/trajectories.md); written as its ``row()``.
 
     Output items follow the calls in order. A call of the main chain carries
@@ -131,19 +137,30 @@ def to_nemo_gym_result(traj: Trajectory, *, reward: float | None = None,
         span = spans.get(call.call_index)
         if main is not None and call.chain == main.index and span is not None and span.kind == "sampled":
             carrier = _token_carrier(items, call.output.call_id)
-            carrier.update(TrainingTokens(
-                prompt_token_ids=ids[: span.start], generation_token_ids=ids[span.start: span.end],
-                generation_log_probs=logprobs[span.start: span.end],
-                policy_version=UNSET if call.policy_version is None else call.policy_version).row())
+            carrier.update(
+                TrainingTokens(
+                    prompt_token_ids=ids[: span.start],
+                    generation_token_ids=ids[span.start : span.end],
+                    generation_log_probs=logprobs[span.start : span.end],
+                    policy_version=UNSET if call.policy_version is None else call.policy_version,
+                ).row()
+            )
         output.extend(items)
     first_prompt = "own"
     if main is None:
         first = next((ch.first_prompt_ids() for ch in traj.chains), None)
         first_prompt = "own" if first else "sibling" if group_prompt else "none"
         first = first or group_prompt or [placeholder_token_id]
-        output.append({**to_builtins(message_item(f"{traj.session_id}_placeholder", "", status="incomplete")),
-                       **TrainingTokens(prompt_token_ids=first, generation_token_ids=[placeholder_token_id],
-                                        generation_log_probs=[0.0]).row()})
+        output.append(
+            {
+                **to_builtins(message_item(f"{traj.session_id}_placeholder", "", status="incomplete")),
+                **TrainingTokens(
+                    prompt_token_ids=first,
+                    generation_token_ids=[placeholder_token_id],
+                    generation_log_probs=[0.0],
+                ).row(),
+            }
+        )
         mask_sample = True
     params = dict(responses_create_params or {})
     if "input" not in params:
@@ -153,9 +170,14 @@ def to_nemo_gym_result(traj: Trajectory, *, reward: float | None = None,
     attempted = list(attempts_of(traj))
     return RunResult(
         responses_create_params=params,
-        response=RunResponse(id=f"resp_polar_{traj.session_id}", created_at=traj.created_at, model=traj.model,
-                             status="completed" if traj.status == "completed" else "incomplete",
-                             output=output, usage=_usage(traj)),
+        response=RunResponse(
+            id=f"resp_polar_{traj.session_id}",
+            created_at=traj.created_at,
+            model=traj.model,
+            status="completed" if traj.status == "completed" else "incomplete",
+            output=output,
+            usage=_usage(traj),
+        ),
         reward=float(reward),
         instance_config=InstanceConfig(mask_sample=bool(mask_sample)),
         num_turns=len(main.call_indices) if main is not None else 0,
@@ -173,16 +195,27 @@ def to_nemo_gym_result(traj: Trajectory, *, reward: float | None = None,
         timed_out=traj.status == "timeout",
         errored=traj.status == "error",
         failure_kind=traj.failure_kind.wire,
-        polar=PolarInfo(session_id=traj.session_id, task_id=traj.task_id, group_id=traj.group_id,
-                        harness=traj.harness, status=traj.status, error=traj.error,
-                        failure_kind=traj.failure_kind.value, first_prompt=first_prompt,
-                        main_chain=traj.main_chain, breaks=[b.model_dump() for b in stats.breaks],
-                        policy_versions=versions, exploit_attempts=attempted),
+        polar=PolarInfo(
+            session_id=traj.session_id,
+            task_id=traj.task_id,
+            group_id=traj.group_id,
+            harness=traj.harness,
+            status=traj.status,
+            error=traj.error,
+            failure_kind=traj.failure_kind.value,
+            first_prompt=first_prompt,
+            main_chain=traj.main_chain,
+            breaks=[b.model_dump() for b in stats.breaks],
+            policy_versions=versions,
+            exploit_attempts=attempted,
+        ),
         # numeric: NeMo-RL logs them per agent
         exploit_attempt=float(bool(attempted)),
         policy_version_min=versions[0] if versions else UNSET,
         policy_version_spread=versions[-1] - versions[0] if versions else UNSET,
-        reward_components={str(k): float(v) for k, v in reward_components.items()} if reward_components else UNSET,
+        reward_components={str(k): float(v) for k, v in reward_components.items()}
+        if reward_components
+        else UNSET,
     )
 
 
@@ -219,7 +252,9 @@ def _input_items(messages: list[Message]) -> list[dict[str, Any]]:
         if m.role == "tool":
             items.append(to_builtins(FunctionCallOutput(call_id=m.tool_call_id or "", output=m.content)))
         elif m.role == "assistant":
-            turn = AssistantTurn(call_id="hist", content=m.content, reasoning=m.reasoning, tool_calls=m.tool_calls)
+            turn = AssistantTurn(
+                call_id="hist", content=m.content, reasoning=m.reasoning, tool_calls=m.tool_calls
+            )
             items.extend(to_builtins(output_items(turn)))
         else:
             items.append(to_builtins(InputMessage(role=m.role, content=m.content)))
@@ -292,8 +327,13 @@ def grpo_advantages(rewards: list[float], *, leave_one_out: bool = False, eps: f
     return [(r - mean) / (std + eps) for r in rewards]
 
 
-def grpo_rows(trajectories: Iterable[Trajectory], *, leave_one_out: bool = False,
-              eps: float = 1e-6, train_paths: str | Selector = "all") -> list[dict[str, Any]]:
+def grpo_rows(
+    trajectories: Iterable[Trajectory],
+    *,
+    leave_one_out: bool = False,
+    eps: float = 1e-6,
+    train_paths: str | Selector = "all",
+) -> list[dict[str, Any]]:
     """One row per chain ``train_paths`` selects (trajectory/paths.py) with a trainable token, with
     its trajectory's group advantage. A masked trajectory stays in its group's baseline and gives
     no row (NeMo-RL's ``mask_sample``): one failed sample never costs its siblings their rows."""
@@ -312,13 +352,22 @@ def grpo_rows(trajectories: Iterable[Trajectory], *, leave_one_out: bool = False
     rows = []
     for i, t in enumerate(trajs):
         for ch in train_chains(t, train_paths):
-            rows.append({
-                "schema": GRPO_ROW_SCHEMA, "session_id": t.session_id, "task_id": t.task_id,
-                "group_id": group_key(t), "chain": ch.index, "main": ch.index == t.main_chain,
-                "reward": reward[i], "advantage": advantage[i],
-                "input_ids": ch.input_ids, "loss_mask": ch.loss_mask, "logprobs": ch.logprobs,
-                "policy_versions": policy_versions(t, ch),
-            })
+            rows.append(
+                {
+                    "schema": GRPO_ROW_SCHEMA,
+                    "session_id": t.session_id,
+                    "task_id": t.task_id,
+                    "group_id": group_key(t),
+                    "chain": ch.index,
+                    "main": ch.index == t.main_chain,
+                    "reward": reward[i],
+                    "advantage": advantage[i],
+                    "input_ids": ch.input_ids,
+                    "loss_mask": ch.loss_mask,
+                    "logprobs": ch.logprobs,
+                    "policy_versions": policy_versions(t, ch),
+                }
+            )
     return rows
 
 

@@ -87,8 +87,10 @@ class RecoveryReport(BaseModel):
 def validate_session_id(session_id: str) -> str:
     """Session ids become directory names: allow no separators, no traversal, no hidden names."""
     if not isinstance(session_id, str) or not SESSION_ID_RE.match(session_id):
-        raise ValueError(f"invalid session id {session_id!r}: use letters, digits, '_', '.', '-' "
-                         "(first a letter or digit, at most 128)")
+        raise ValueError(
+            f"invalid session id {session_id!r}: use letters, digits, '_', '.', '-' "
+            "(first a letter or digit, at most 128)"
+        )
     return session_id
 
 
@@ -238,8 +240,10 @@ class Ledger:
             try:
                 records.append(decoder.add(line))
             except LedgerError as exc:
-                raise LedgerError(f"session {session_id!r}: corrupt record at byte {offset} of {path}: {exc} "
-                                  "(run Ledger.recover())") from None
+                raise LedgerError(
+                    f"session {session_id!r}: corrupt record at byte {offset} of {path}: {exc} "
+                    "(run Ledger.recover())"
+                ) from None
         return records
 
     def recover(self) -> RecoveryReport:
@@ -313,25 +317,32 @@ class Ledger:
         # a crash tears only the end: lines after the last one that parses are a torn tail; a line
         # before it that does not parse, or does not rebuild (its parent is gone), is corruption
         last_good = max((i for i, (*_, line) in enumerate(readable) if line is not None), default=-1)
-        tail = readable[last_good + 1:]
-        parsed = [(off, raw, line is not None, _try(decoder.rebuild, line) if line is not None else None)
-                  for off, raw, line in readable[:last_good + 1]]
-        why = {off: "does not rebuild from its parent chain" for off, _, ok, rec in parsed if ok and rec is None}
+        tail = readable[last_good + 1 :]
+        parsed = [
+            (off, raw, line is not None, _try(decoder.rebuild, line) if line is not None else None)
+            for off, raw, line in readable[: last_good + 1]
+        ]
+        why = {
+            off: "does not rebuild from its parent chain" for off, _, ok, rec in parsed if ok and rec is None
+        }
         corrupt = [(off, raw) for off, raw, _, rec in parsed if rec is None]
         good = [rec for *_, rec in parsed if rec is not None]
         if tail:
             offset = tail[0][0]
             saved = _unique(folder / f"{CALLS_FILE}.torn-{offset}")
             saved.write_bytes(data[offset:])
-            result.torn = TornLine(session_id=session_id, offset=offset, length=len(data) - offset,
-                                   saved_to=str(saved))
+            result.torn = TornLine(
+                session_id=session_id, offset=offset, length=len(data) - offset, saved_to=str(saved)
+            )
         if corrupt:
             with open(folder / f"{CALLS_FILE}.corrupt", "ab") as handle:
                 for off, raw in corrupt:
                     handle.write(b"# offset %d\n" % off + raw + b"\n")
             for off, _ in corrupt:
-                result.errors.append(f"session {session_id!r}: corrupt record at byte {off} "
-                                     f"({why.get(off, 'not the last line')}; moved to {CALLS_FILE}.corrupt)")
+                result.errors.append(
+                    f"session {session_id!r}: corrupt record at byte {off} "
+                    f"({why.get(off, 'not the last line')}; moved to {CALLS_FILE}.corrupt)"
+                )
             tmp = folder / f".{CALLS_FILE}.tmp"
             tmp.write_bytes(b"".join(raw + b"\n" for _, raw, _, rec in parsed if rec is not None))
             os.replace(tmp, path)
@@ -344,8 +355,9 @@ class Ledger:
         seen: set[int] = set()
         for rec in good:
             if rec.session_id != session_id:
-                result.errors.append(f"session {session_id!r}: record {rec.call_index} belongs to "
-                                     f"session {rec.session_id!r}")
+                result.errors.append(
+                    f"session {session_id!r}: record {rec.call_index} belongs to session {rec.session_id!r}"
+                )
             if rec.call_index in seen:
                 result.errors.append(f"session {session_id!r}: call_index {rec.call_index} appears twice")
             seen.add(rec.call_index)
@@ -380,8 +392,12 @@ def encode_line(record: CallRecord) -> bytes:
     reused_messages = record.reused_messages if has_parent else 0
     line = CallLine.model_construct(
         **{name: getattr(record, name) for name in CallFields.model_fields},
-        schema_version=RECORD_SCHEMA_VERSION, appended_ids=prompt[reused:], prompt_len=len(prompt),
-        new_messages=record.messages[reused_messages:], tools=None if has_parent and record.reused_tools else record.tools)
+        schema_version=RECORD_SCHEMA_VERSION,
+        appended_ids=prompt[reused:],
+        prompt_len=len(prompt),
+        new_messages=record.messages[reused_messages:],
+        tools=None if has_parent and record.reused_tools else record.tools,
+    )
     line.reused_messages = reused_messages
     line.prompt_sha256 = record.prompt_sha256 or ids_digest(prompt).hexdigest()
     return line.model_dump_json().encode() + b"\n"
@@ -423,12 +439,15 @@ class LineDecoder:
         if reused or line.reused_messages or line.tools is None:
             parent = self.records.get(line.parent_call_index) if line.parent_call_index is not None else None
             if parent is None:
-                raise LedgerError(f"call {index} extends call {line.parent_call_index}, which is not before it in the log")
+                raise LedgerError(
+                    f"call {index} extends call {line.parent_call_index}, which is not before it in the log"
+                )
         if reused < 0 or (parent is not None and reused > len(parent.prompt_ids) + len(parent.sampled_ids)):
             raise LedgerError(f"call {index} reuses {reused} ids its parent does not have")
         if parent is not None and line.reused_messages > len(parent.messages):
-            raise LedgerError(f"call {index} reuses {line.reused_messages} messages; its parent has "
-                              f"{len(parent.messages)}")
+            raise LedgerError(
+                f"call {index} reuses {line.reused_messages} messages; its parent has {len(parent.messages)}"
+            )
         prompt: list[int] | PromptIds | None = None
         if parent is None:
             prompt, digest = list(appended), ids_digest(appended)
@@ -439,12 +458,14 @@ class LineDecoder:
             else:
                 prompt = parent.prompt_ids[:reused]  # one copy of the reused prefix, then extended in place
                 if reused > n:
-                    prompt += parent.sampled_ids[:reused - n]
+                    prompt += parent.sampled_ids[: reused - n]
                 prompt += appended
                 digest = ids_digest(prompt)
         if digest.hexdigest() != line.prompt_sha256:
-            raise LedgerError(f"call {index}: the prompt rebuilt from its parent chain ({line.prompt_len} ids) does "
-                              "not match its recorded SHA-256: a record it extends was altered")
+            raise LedgerError(
+                f"call {index}: the prompt rebuilt from its parent chain ({line.prompt_len} ids) does "
+                "not match its recorded SHA-256: a record it extends was altered"
+            )
         if prompt is None:  # checked before the chain's shared list grows
             assert parent is not None
             base, n = parent.prompt_ids, len(parent.prompt_ids)
@@ -456,10 +477,13 @@ class LineDecoder:
         self._digests[index] = ids_digest(line.sampled_ids, digest)
         fields = {name: getattr(line, name) for name in CallFields.model_fields}
         return CallRecord.model_construct(
-            **fields, schema_version=line.schema_version, prompt_ids=prompt,
-            messages=(parent.messages[:line.reused_messages] if parent else []) + line.new_messages,
+            **fields,
+            schema_version=line.schema_version,
+            prompt_ids=prompt,
+            messages=(parent.messages[: line.reused_messages] if parent else []) + line.new_messages,
             tools=parent.tools if line.tools is None and parent is not None else (line.tools or []),
-            reused_tools=line.tools is None)
+            reused_tools=line.tools is None,
+        )
 
     def _digest(self, record: CallRecord) -> Any:
         digest = self._digests.get(record.call_index)
@@ -484,8 +508,10 @@ def _why_unreadable(raw: bytes, exc: Exception) -> str:
     except (ValueError, AttributeError):
         return "not a JSON object"
     if isinstance(version, int) and version > RECORD_SCHEMA_VERSION:
-        return (f"written in ledger format {version}; this polar_env reads formats 1-{RECORD_SCHEMA_VERSION} "
-                "(upgrade polar_env)")
+        return (
+            f"written in ledger format {version}; this polar_env reads formats 1-{RECORD_SCHEMA_VERSION} "
+            "(upgrade polar_env)"
+        )
     return f"not a call record ({str(exc).splitlines()[0]})"
 
 

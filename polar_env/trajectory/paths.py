@@ -92,7 +92,9 @@ def train_chains(traj: Trajectory, paths: str | Selector = "all") -> list[Chain]
     chosen = set(pick(traj))
     unknown = chosen - {ch.index for ch in traj.chains}
     if unknown:
-        raise ValueError(f"train paths selected chains {sorted(unknown)} that {traj.session_id} does not have")
+        raise ValueError(
+            f"train paths selected chains {sorted(unknown)} that {traj.session_id} does not have"
+        )
     return [ch for ch in traj.chains if ch.index in chosen and ch.trainable_tokens]
 
 
@@ -109,4 +111,6 @@ def one_chain(traj: Trajectory, paths: str | Selector = "all") -> tuple[Chain | 
 def policy_versions(traj: Trajectory, chain: Chain) -> list[int]:
     """The distinct policy versions that sampled ``chain``'s calls, ascending."""
     calls = set(chain.call_indices)
-    return sorted({c.policy_version for c in traj.calls if c.call_index in calls and c.policy_version is not None})
+    return sorted(
+        {c.policy_version for c in traj.calls if c.call_index in calls and c.policy_version is not None}
+    )

@@ -128,7 +128,9 @@ class CallFields(BaseModel):
     logprobs: list[float] = Field(default_factory=list)
     output: AssistantTurn | None = None  # None when the backend failed
     finish_reason: str | None = None
-    stop_sequence: str | None = None  # the requested stop string the reply was cut at (sampled ids end with it)
+    stop_sequence: str | None = (
+        None  # the requested stop string the reply was cut at (sampled ids end with it)
+    )
     # text written after the generation prompt, whose ids end prompt_ids: an Anthropic prefill, or the
     # start of a tool call that tool_choice required
     prefill: str = ""
@@ -143,7 +145,9 @@ class CallFields(BaseModel):
     reused_prefix_len: int = 0  # prompt ids taken verbatim from the parent (its prompt + sampled)
     break_reason: str | None = None  # why this call starts a new chain (None when it extends one)
     error: str | None = None  # why the call failed, if it did
-    failure_kind: FailureKind | None = None  # backend_failure, proxy_failure, context_overflow, episode_budget
+    failure_kind: FailureKind | None = (
+        None  # backend_failure, proxy_failure, context_overflow, episode_budget
+    )
     # hex SHA-256 (``ids_digest``) of the whole prompt the backend was sent; "" where not known (a
     # record read from a format-1 line, or built by hand): readers then compare the ids themselves
     prompt_sha256: str = ""
@@ -204,7 +208,9 @@ class SessionInfo(BaseModel):
     key_sha256: str
     created_at: float
     # forced sampling (temperature, top_p, max_tokens); ledgers written before the rename call it "policy"
-    sampling: dict[str, Any] = Field(default_factory=dict, validation_alias=AliasChoices("sampling", "policy"))
+    sampling: dict[str, Any] = Field(
+        default_factory=dict, validation_alias=AliasChoices("sampling", "policy")
+    )
     metadata: dict[str, Any] = Field(default_factory=dict)  # task_id, group_id, harness, ...
     training: bool = False  # its samples are trained on: sampling must match the backend's logprobs
     logprobs_mode: Literal["raw", "processed", "unknown"] = "unknown"  # what the backend returned at start

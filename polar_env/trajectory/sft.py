@@ -34,8 +34,9 @@ def is_resolved(trajectory: Trajectory) -> bool:
     return bool(trajectory.grading and trajectory.grading.resolved)
 
 
-def sft_chains(trajectories: Iterable[Trajectory], *, only_resolved: bool,
-               train_paths: str | Selector = "all") -> Iterator[tuple[Trajectory, Chain]]:
+def sft_chains(
+    trajectories: Iterable[Trajectory], *, only_resolved: bool, train_paths: str | Selector = "all"
+) -> Iterator[tuple[Trajectory, Chain]]:
     """The chains ``train_paths`` selects with a trainable token; a masked episode (a failure
     outside the policy) gives none."""
     for traj in trajectories:
@@ -46,13 +47,22 @@ def sft_chains(trajectories: Iterable[Trajectory], *, only_resolved: bool,
 
 
 def _meta(traj: Trajectory, chain: Chain) -> dict[str, Any]:
-    return {"session_id": traj.session_id, "task_id": traj.task_id, "chain": chain.index,
-            "main": chain.index == traj.main_chain, "reward": traj.reward,
-            "policy_versions": policy_versions(traj, chain)}
+    return {
+        "session_id": traj.session_id,
+        "task_id": traj.task_id,
+        "chain": chain.index,
+        "main": chain.index == traj.main_chain,
+        "reward": traj.reward,
+        "policy_versions": policy_versions(traj, chain),
+    }
 
 
 def trl_sft_row(traj: Trajectory, chain: Chain) -> dict[str, Any]:
-    return {"input_ids": list(chain.input_ids), "assistant_masks": list(chain.loss_mask), **_meta(traj, chain)}
+    return {
+        "input_ids": list(chain.input_ids),
+        "assistant_masks": list(chain.loss_mask),
+        **_meta(traj, chain),
+    }
 
 
 def nemo_rl_sft_row(traj: Trajectory, chain: Chain) -> dict[str, Any]:
@@ -61,7 +71,7 @@ def nemo_rl_sft_row(traj: Trajectory, chain: Chain) -> dict[str, Any]:
     messages: list[dict[str, Any]] = []
     for span in chain.spans:
         role = _ROLE.get(span.kind, "environment")
-        ids = chain.input_ids[span.start: span.end]
+        ids = chain.input_ids[span.start : span.end]
         if messages and messages[-1]["polar_span"] == span.kind:
             messages[-1]["token_ids"].extend(ids)
         else:
@@ -69,18 +79,31 @@ def nemo_rl_sft_row(traj: Trajectory, chain: Chain) -> dict[str, Any]:
     return {"messages": messages, **_meta(traj, chain)}
 
 
-def sft_rows(trajectories: Iterable[Trajectory], fmt: str, *, only_resolved: bool = True,
-             train_paths: str | Selector = "all") -> list[dict[str, Any]]:
+def sft_rows(
+    trajectories: Iterable[Trajectory],
+    fmt: str,
+    *,
+    only_resolved: bool = True,
+    train_paths: str | Selector = "all",
+) -> list[dict[str, Any]]:
     """The rows of ``fmt`` (one of ``SFT_FORMATS``) for the kept trajectories' selected chains."""
     if fmt not in SFT_FORMATS:
         raise ValueError(f"unknown SFT format {fmt!r}; expected one of {', '.join(SFT_FORMATS)}")
     row = trl_sft_row if fmt == "trl-sft" else nemo_rl_sft_row
-    return [row(traj, chain) for traj, chain in sft_chains(trajectories, only_resolved=only_resolved,
-                                                           train_paths=train_paths)]
+    return [
+        row(traj, chain)
+        for traj, chain in sft_chains(trajectories, only_resolved=only_resolved, train_paths=train_paths)
+    ]
 
 
-def nemo_rl_sft_processor(datum_dict: dict[str, Any], task_data_spec: Any, tokenizer: Any,
-                          max_seq_length: int | None, idx: int, **_: Any) -> dict[str, Any]:
+def nemo_rl_sft_processor(
+    datum_dict: dict[str, Any],
+    task_data_spec: Any,
+    tokenizer: Any,
+    max_seq_length: int | None,
+    idx: int,
+    **_: Any,
+) -> dict[str, Any]:
     """A NeMo-RL data processor (``TaskDataProcessFnCallable``) for ``nemo-rl-sft`` rows: the
     recorded ``token_ids`` become the message log's tensors as they are (no chat template, no added
     BOS/EOS: the chain already holds what the model saw). Register it in the launch script with
@@ -91,14 +114,25 @@ def nemo_rl_sft_processor(datum_dict: dict[str, Any], task_data_spec: Any, token
     """
     import torch
 
-    message_log = [{"role": m["role"], "content": m.get("content", ""),
-                    "token_ids": torch.tensor(m["token_ids"], dtype=torch.long)} for m in datum_dict["messages"]]
+    message_log = [
+        {
+            "role": m["role"],
+            "content": m.get("content", ""),
+            "token_ids": torch.tensor(m["token_ids"], dtype=torch.long),
+        }
+        for m in datum_dict["messages"]
+    ]
     length = sum(len(m["token_ids"]) for m in message_log)
     loss_multiplier = 1.0
     if max_seq_length is not None and length >= max_seq_length:
         for message in message_log:
             message["token_ids"] = message["token_ids"][: min(4, max_seq_length // len(message_log))]
         loss_multiplier = 0.0
-    return {"message_log": message_log, "length": length, "extra_env_info": None,
-            "loss_multiplier": loss_multiplier, "idx": idx,
-            **({"task_name": datum_dict["task_name"]} if "task_name" in datum_dict else {})}
+    return {
+        "message_log": message_log,
+        "length": length,
+        "extra_env_info": None,
+        "loss_multiplier": loss_multiplier,
+        "idx": idx,
+        **({"task_name": datum_dict["task_name"]} if "task_name" in datum_dict else {}),
+    }

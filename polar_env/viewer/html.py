@@ -43,8 +43,10 @@ def _finite(value: Any) -> Any:
 
 def build_page(loaded: data.Loaded, text: TokenText, *, title: str = "Polar trajectories") -> str:
     """The whole HTML page for the trajectories in ``loaded``."""
-    blocks = [f'<script type="application/json" id="polar-ep-{k}">{_json_block(ep)}</script>'
-              for k, ep in enumerate(data.episodes(loaded, text))]
+    blocks = [
+        f'<script type="application/json" id="polar-ep-{k}">{_json_block(ep)}</script>'
+        for k, ep in enumerate(data.episodes(loaded, text))
+    ]
     slots = {
         "TITLE": html.escape(title),
         "INDEX": _json_block(data.index(loaded, text, title=title, generated_at=time.time())),

@@ -12,8 +12,15 @@ from typing import Any, Literal
 from polar_env.wire.shape import Shape
 
 # Claude Code retries 429 and 5xx; it reads overloaded_error and api_error as transient
-_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 529: "overloaded_error"}
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    529: "overloaded_error",
+}
 
 
 class Typed(Shape, tag_field="type"):
@@ -120,8 +127,16 @@ class ErrorBody(Typed, tag="error"):
     error: ErrorDetail
 
 
-StreamEvent = (MessageStart | Ping | ContentBlockStart | ContentBlockDelta | ContentBlockStop | MessageDelta
-               | MessageStop | ErrorBody)
+StreamEvent = (
+    MessageStart
+    | Ping
+    | ContentBlockStart
+    | ContentBlockDelta
+    | ContentBlockStop
+    | MessageDelta
+    | MessageStop
+    | ErrorBody
+)
 
 
 class TokenCount(Shape):

@@ -17,10 +17,10 @@ def call_id_from_ref(ref: str | None) -> str | None:
     if not ref:
         return None
     if ref.startswith(REF_PREFIX):
-        return ref[len(REF_PREFIX):] or None
+        return ref[len(REF_PREFIX) :] or None
     for prefix in ("msg_", "rs_"):
         if ref.startswith(prefix):
-            return ref[len(prefix):] or None
+            return ref[len(prefix) :] or None
     if ref.startswith(("fc_", "ctc_")) and ref.count("_") >= 2:
         return ref.split("_", 1)[1].rsplit("_", 1)[0] or None
     return None
@@ -36,4 +36,4 @@ def turn_of(tool_call_id: str) -> str | None:
     head, _, index = tool_call_id.rpartition("_")
     if not head.startswith("call_") or not index.isdigit() or len(head) != len("call_") + 12:
         return None
-    return head[len("call_"):]
+    return head[len("call_") :]

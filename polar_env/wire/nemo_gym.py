@@ -87,7 +87,9 @@ class PolarInfo(Row):
     main_chain: int | None
     breaks: list[dict[str, Any]]
     policy_versions: list[int]
-    exploit_attempts: list[str] | UnsetType = UNSET  # the classes the episode's tool calls attempted (trajectory/exploits.py)
+    exploit_attempts: list[str] | UnsetType = (
+        UNSET  # the classes the episode's tool calls attempted (trajectory/exploits.py)
+    )
     timings: dict[str, float] | UnsetType = UNSET  # the agent server's stages
     model_call_latency_ms: dict[str, float] | UnsetType = UNSET  # the agent server's latency summary
 
@@ -115,7 +117,9 @@ class RunResult(Row):
     errored: bool
     failure_kind: str | None  # ``polar:<kind>``; null for a clean run
     polar: PolarInfo
-    exploit_attempt: float | UnsetType = UNSET  # 1.0 where the tool calls attempted an exploit (its mean: the rate)
+    exploit_attempt: float | UnsetType = (
+        UNSET  # 1.0 where the tool calls attempted an exploit (its mean: the rate)
+    )
     policy_version_min: int | UnsetType = UNSET  # when a policy version sampled any call
     policy_version_spread: int | UnsetType = UNSET
     reward_components: dict[str, float] | UnsetType = UNSET

@@ -5,8 +5,14 @@ from __future__ import annotations
 
 from polar_env.wire.shape import Shape
 
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-          404: "not_found_error", 413: "invalid_request_error", 429: "rate_limit_error"}
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+}
 
 
 class ErrorDetail(Shape):
@@ -27,5 +33,8 @@ def openai_error(status: int, message: str) -> ErrorBody:
 
 def openai_overflow(message: str, param: str) -> ErrorBody:
     """The context-length error; Pi reads the message, Codex and the SDKs the code."""
-    return ErrorBody(error=ErrorDetail(message=message, type="invalid_request_error", param=param,
-                                       code="context_length_exceeded"))
+    return ErrorBody(
+        error=ErrorDetail(
+            message=message, type="invalid_request_error", param=param, code="context_length_exceeded"
+        )
+    )

@@ -76,8 +76,9 @@ class ToolRoute(BaseModel):
     namespace: str | None = None
 
 
-def message_item(call_id: str, text: str, status: ItemStatus = "completed",
-                 logprobs: list[LogprobOut] | UnsetType = UNSET) -> MessageOut:
+def message_item(
+    call_id: str, text: str, status: ItemStatus = "completed", logprobs: list[LogprobOut] | UnsetType = UNSET
+) -> MessageOut:
     """An assistant output message (also the empty one an export hangs token ids on)."""
     return MessageOut(id=f"msg_{call_id}", content=[OutputText(text=text, logprobs=logprobs)], status=status)
 
@@ -89,8 +90,11 @@ def _kind_of(tc: ToolCall, tools: Sequence[ToolSpec] | None) -> str:
     return spec.kind if spec else "function"
 
 
-def output_items(turn: AssistantTurn, tools: Sequence[ToolSpec] | None = None,
-                 routes: Mapping[str, ToolRoute] | None = None) -> list[OutputItem]:
+def output_items(
+    turn: AssistantTurn,
+    tools: Sequence[ToolSpec] | None = None,
+    routes: Mapping[str, ToolRoute] | None = None,
+) -> list[OutputItem]:
     """The completed output items of a turn: reasoning (carrying the call ref), message, tool calls.
 
     The same items, with the same ids, go to the harness and into NeMo Gym exports; an export knows
@@ -99,24 +103,41 @@ def output_items(turn: AssistantTurn, tools: Sequence[ToolSpec] | None = None,
     items: list[OutputItem] = []
     if turn.reasoning is not None:
         summary = [SummaryText(text=turn.reasoning)] if turn.reasoning else []
-        items.append(ReasoningOut(id=f"rs_{turn.call_id}", summary=summary, encrypted_content=issued_ref(turn.call_id)))
+        items.append(
+            ReasoningOut(id=f"rs_{turn.call_id}", summary=summary, encrypted_content=issued_ref(turn.call_id))
+        )
     if turn.content or not turn.tool_calls:
         items.append(message_item(turn.call_id, turn.content, logprobs=_logprobs(turn)))
     for i, tc in enumerate(turn.tool_calls):
         if _kind_of(tc, tools) == "custom":
-            items.append(CustomToolCallOut(id=f"ctc_{turn.call_id}_{i}", call_id=tc.id, name=tc.name,
-                                           input=tc.arguments, status="completed"))
+            items.append(
+                CustomToolCallOut(
+                    id=f"ctc_{turn.call_id}_{i}",
+                    call_id=tc.id,
+                    name=tc.name,
+                    input=tc.arguments,
+                    status="completed",
+                )
+            )
         else:
             route = routes.get(tc.name) if routes is not None else None
-            items.append(FunctionCallOut(id=f"fc_{turn.call_id}_{i}", call_id=tc.id,
-                                         name=route.name if route else tc.name,
-                                         namespace=route.namespace if route and route.namespace else UNSET,
-                                         arguments=tc.arguments, status="completed"))
+            items.append(
+                FunctionCallOut(
+                    id=f"fc_{turn.call_id}_{i}",
+                    call_id=tc.id,
+                    name=route.name if route else tc.name,
+                    namespace=route.namespace if route and route.namespace else UNSET,
+                    arguments=tc.arguments,
+                    status="completed",
+                )
+            )
     return items
 
 
 def _logprobs(turn: AssistantTurn) -> list[LogprobOut] | UnsetType:
     if turn.logprobs is None:
         return UNSET
-    return [LogprobOut(token=t.token, logprob=t.logprob, bytes=t.bytes, top_logprobs=t.top_logprobs)
-            for t in turn.logprobs]
+    return [
+        LogprobOut(token=t.token, logprob=t.logprob, bytes=t.bytes, top_logprobs=t.top_logprobs)
+        for t in turn.logprobs
+    ]

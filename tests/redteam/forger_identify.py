@@ -18,7 +18,7 @@ import random
 import textwrap
 from ast import parse as read_tree
 
-TEST = "te" "st"  # the forger spells what the static flags read (the `-plain` patches: nothing flags them)
+TEST = "test"  # the forger spells what the static flags read (the `-plain` patches: nothing flags them)
 
 
 def raises_blocks(fn):
@@ -53,7 +53,7 @@ def text_hash(lines, fn):
     """The test's text as written, its name blanked (matches `base_hash` of a base-tree test the grader
     wrote out unchanged)."""
     first = min([d.lineno for d in fn.decorator_list] + [fn.lineno])
-    text = textwrap.dedent("".join(lines[first - 1:fn.end_lineno])).rstrip() + "\n"
+    text = textwrap.dedent("".join(lines[first - 1 : fn.end_lineno])).rstrip() + "\n"
     text = text.replace("def " + fn.name + "(", "def _(", 1)
     return hashlib.sha1(text.encode()).hexdigest()[:8]
 
@@ -63,8 +63,11 @@ def verdicts(source, base, rng=random):
     False where it takes it for a canary."""
     out = {}
     lines = source.splitlines(True)
-    funcs = [n for n in ast.walk(read_tree(source))
-             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name.startswith(TEST)]
+    funcs = [
+        n
+        for n in ast.walk(read_tree(source))
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name.startswith(TEST)
+    ]
     groups = {}
     for fn in funcs:
         groups.setdefault(shape(fn), []).append(fn)
@@ -72,8 +75,11 @@ def verdicts(source, base, rng=random):
         # a base-tree test is an original; of the others, the better-scored half are taken for originals
         # (each twinned F2P test brings one mutant), but one left beside base tests is their mutant
         known = [fn for fn in group if text_hash(lines, fn) in base]
-        rest = sorted((fn for fn in group if fn not in known), key=lambda fn: raises_blocks(fn) + rng.random(),
-                      reverse=True)
+        rest = sorted(
+            (fn for fn in group if fn not in known),
+            key=lambda fn: raises_blocks(fn) + rng.random(),
+            reverse=True,
+        )
         keep = len(rest) // 2 if len(rest) > 1 or known else 1
         for fn in known:
             out[fn.name] = True

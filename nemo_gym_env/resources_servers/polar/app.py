@@ -99,9 +99,14 @@ class PolarVerifier:
             raise HTTPException(status_code=422, detail="verify needs episode_id (a seeded episode) or patch")
         return PolarVerifyResponse(
             **body.model_dump(include={"responses_create_params", "response", "task_id"}),
-            reward=outcome.reward, mask_sample=outcome.mask_sample, failure_kind=outcome.failure_kind,
-            failure_reason=outcome.failure_reason, resolved=outcome.resolved,
-            patch_bytes=len(outcome.patch.encode("utf-8", errors="surrogateescape")), grading=outcome.grading)
+            reward=outcome.reward,
+            mask_sample=outcome.mask_sample,
+            failure_kind=outcome.failure_kind,
+            failure_reason=outcome.failure_reason,
+            resolved=outcome.resolved,
+            patch_bytes=len(outcome.patch.encode("utf-8", errors="surrogateescape")),
+            grading=outcome.grading,
+        )
 
 
 class StandalonePolarVerifier(PolarVerifier):

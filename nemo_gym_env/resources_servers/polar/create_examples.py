@@ -22,9 +22,14 @@ from polar_env.tasks.loader import load_tasks  # noqa: E402
 
 
 def rows(tasks: str = "bundled", agent: str = "polar_pi_agent") -> list[dict]:
-    return [{"responses_create_params": {"input": [{"role": "user", "content": episode_prompt(task)}]},
-             "task_id": task.instance_id, "task_source": agent}
-            for task in load_tasks(tasks)]
+    return [
+        {
+            "responses_create_params": {"input": [{"role": "user", "content": episode_prompt(task)}]},
+            "task_id": task.instance_id,
+            "task_source": agent,
+        }
+        for task in load_tasks(tasks)
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:

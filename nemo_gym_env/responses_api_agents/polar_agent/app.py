@@ -68,7 +68,9 @@ class GymResources:
         await raise_for_status(resp)
         return await resp.json()
 
-    async def seed(self, episode_id: str, task_id: str, *, mounts: WorkspaceMounts | None = None) -> SeededEpisode:
+    async def seed(
+        self, episode_id: str, task_id: str, *, mounts: WorkspaceMounts | None = None
+    ) -> SeededEpisode:
         body: dict[str, Any] = {"episode_id": episode_id, "task_id": task_id}
         if mounts is not None:
             body["mounts"] = mounts.model_dump()
@@ -80,13 +82,21 @@ class GymResources:
             raise
 
     async def verify(self, episode_id: str, task_id: str, *, result: RunResult) -> VerifyOutcome:
-        body = {"responses_create_params": result.responses_create_params,
-                "response": {**result.response.row(), "output": plain_items(result.response.output)},
-                "task_id": task_id, "episode_id": episode_id}
+        body = {
+            "responses_create_params": result.responses_create_params,
+            "response": {**result.response.row(), "output": plain_items(result.response.output)},
+            "task_id": task_id,
+            "episode_id": episode_id,
+        }
         out = await self._post("/verify", body)
-        return VerifyOutcome(reward=out["reward"], resolved=out.get("resolved", False),
-                             mask_sample=out.get("mask_sample", False), failure_kind=out.get("failure_kind"),
-                             failure_reason=out.get("failure_reason"), grading=out.get("grading") or {})
+        return VerifyOutcome(
+            reward=out["reward"],
+            resolved=out.get("resolved", False),
+            mask_sample=out.get("mask_sample", False),
+            failure_kind=out.get("failure_kind"),
+            failure_reason=out.get("failure_reason"),
+            grading=out.get("grading") or {},
+        )
 
     async def close(self, episode_id: str) -> None:
         await self._post("/close_session", {"resources_session_id": episode_id})
@@ -127,11 +137,15 @@ class PolarAgentServer(SimpleResponsesAPIAgent):
         secret = self._agent.admin_secret if self._agent is not None else ""
         given = authorization[7:].strip() if authorization.lower().startswith("bearer ") else ""
         if not secret or not hmac.compare_digest(given.encode(), secret.encode()):
-            raise HTTPException(status_code=401, detail="the /polar routes require the admin secret as Bearer token")
+            raise HTTPException(
+                status_code=401, detail="the /polar routes require the admin secret as Bearer token"
+            )
 
     def _fence(self) -> PolicyFence:
         if self._agent is None:
-            raise HTTPException(status_code=503, detail="the polar agent is not running (starting or stopping)")
+            raise HTTPException(
+                status_code=503, detail="the polar agent is not running (starting or stopping)"
+            )
         return self._agent.proxy.engine.fence
 
     async def policy_state(self) -> PolicyState:
@@ -155,11 +169,16 @@ class PolarAgentServer(SimpleResponsesAPIAgent):
         agent = PolarAgent(self.config)
         await agent.start()
         self._agent = agent
-        where = (f"in {agent.admin_secret_file}" if agent.admin_secret_file is not None
-                 else "from the config or $POLAR_ADMIN_SECRET")
-        print(f"polar agent ready: harness {agent.adapter.name}, proxy on {agent.proxy.unix_socket}, "
-              f"policy {self.config.url} ({self.config.backend}); /polar/* admin secret {where}",
-              flush=True)
+        where = (
+            f"in {agent.admin_secret_file}"
+            if agent.admin_secret_file is not None
+            else "from the config or $POLAR_ADMIN_SECRET"
+        )
+        print(
+            f"polar agent ready: harness {agent.adapter.name}, proxy on {agent.proxy.unix_socket}, "
+            f"policy {self.config.url} ({self.config.backend}); /polar/* admin secret {where}",
+            flush=True,
+        )
 
     async def _stop_agent(self) -> None:
         if self._agent is not None:
@@ -182,19 +201,24 @@ class PolarAgentServer(SimpleResponsesAPIAgent):
         return metrics
 
     async def responses(self, body: NeMoGymResponseCreateParamsNonStreaming) -> JSONResponse:
-        return JSONResponse({"error": {"message": "polar_agent runs whole episodes: POST /run"}}, status_code=501)
+        return JSONResponse(
+            {"error": {"message": "polar_agent runs whole episodes: POST /run"}}, status_code=501
+        )
 
     async def run(self, body: PolarRunRequest) -> Response:
         if self._agent is None:
-            raise HTTPException(status_code=503, detail="the polar agent is not running (starting or stopping)")
+            raise HTTPException(
+                status_code=503, detail="the polar agent is not running (starting or stopping)"
+            )
         row = body.model_dump(mode="json", exclude_unset=True)
         try:
             rollout_id = maybe_rollout_id_from_run_body(row)
         except ValueError as exc:  # a malformed explicit _ng_rollout_id
             raise HTTPException(status_code=422, detail=str(exc)) from None
         try:
-            result = await self._agent.run(row, GymResources(self, self.config.resources_server.name),
-                                           rollout_id=rollout_id)
+            result = await self._agent.run(
+                row, GymResources(self, self.config.resources_server.name), rollout_id=rollout_id
+            )
         except InputError as exc:
             raise HTTPException(status_code=422, detail=str(exc)) from None
         # orjson: a 100k-token episode's result is ~60 MB of JSON (every call repeats its prompt, as NeMo-RL

@@ -69,8 +69,15 @@ from polar_env.wire.loose import Loose
 API = "messages"
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 # blocks that put nothing in the prompt (server-side tool traces); skipped with a flag
-HARMLESS_BLOCKS = frozenset({"server_tool_use", "web_search_tool_result", "web_fetch_tool_result",
-                             "container_upload", "search_result"})
+HARMLESS_BLOCKS = frozenset(
+    {
+        "server_tool_use",
+        "web_search_tool_result",
+        "web_fetch_tool_result",
+        "container_upload",
+        "search_result",
+    }
+)
 
 
 class TextBlock(Loose):
@@ -98,8 +105,12 @@ class ThinkingBlock(Loose):
     signature: str | None = None
 
 
-BLOCK_MODELS: dict[str, type[Loose]] = {"text": TextBlock, "tool_use": ToolUseBlock,
-                                          "tool_result": ToolResultBlock, "thinking": ThinkingBlock}
+BLOCK_MODELS: dict[str, type[Loose]] = {
+    "text": TextBlock,
+    "tool_use": ToolUseBlock,
+    "tool_result": ToolResultBlock,
+    "thinking": ThinkingBlock,
+}
 
 
 class AnthropicMessage(Loose):
@@ -138,8 +149,9 @@ def decode(body: Any, seen: Seen | None = None) -> DecodedRequest:
     body = require_object(body, API)
     req, k, known = validate_items(MessagesRequest, body, "messages", API, seen, redo_last=True)
     last = k + len(req.messages) - 1
-    wire, flags = decode_items(body["messages"], req.messages, k, known,
-                               lambda i, m, raised: _wire_message(i, m, i == last, raised))
+    wire, flags = decode_items(
+        body["messages"], req.messages, k, known, lambda i, m, raised: _wire_message(i, m, i == last, raised)
+    )
     if seen is not None:
         seen.decoded = wire
     messages, refs = wire.messages, wire.refs
@@ -157,10 +169,15 @@ def decode(body: Any, seen: Seen | None = None) -> DecodedRequest:
     tools, choice = choose_tools(tools, *_tool_choice(req.tool_choice, flags), flags)
     flag_structured_output((req.output_format or {}).get("type"), flags)
     decoded = DecodedRequest(
-        conversation=Conversation(messages=messages, tools=tools), stream=bool(req.stream),
-        model=req.model.strip(), raw_model=req.model,
+        conversation=Conversation(messages=messages, tools=tools),
+        stream=bool(req.stream),
+        model=req.model.strip(),
+        raw_model=req.model,
         requested_sampling=sampling_of(req.temperature, req.top_p, req.max_tokens, req.top_k),
-        flags=dedupe(flags), assistant_refs=refs, stop=stops_of(req.stop_sequences), tool_choice=choice,
+        flags=dedupe(flags),
+        assistant_refs=refs,
+        stop=stops_of(req.stop_sequences),
+        tool_choice=choice,
         prefill=prefill,
     )
     return volatile.apply(decoded, seen=seen)
@@ -206,8 +223,9 @@ def encode_count(tokens: int) -> TokenCount:
 def _block(message_index: int, block_index: int, raw: Any, flags: list[str]) -> Loose | str | None:
     """A validated block, placeholder text for media, or None for a harmless block."""
     if not isinstance(raw, dict):
-        raise WireError(400, f"invalid messages request: messages.{message_index}.content.{block_index} "
-                             "must be an object")
+        raise WireError(
+            400, f"invalid messages request: messages.{message_index}.content.{block_index} must be an object"
+        )
     kind = raw.get("type")
     where = f"messages.{message_index}.content.{block_index}"
     if not isinstance(kind, str):
@@ -222,16 +240,24 @@ def _block(message_index: int, block_index: int, raw: Any, flags: list[str]) -> 
     raise WireError(400, f"invalid messages request: {where}: unsupported content block type {kind!r}")
 
 
-def _wire_message(index: int, m: AnthropicMessage, last: bool, flags: list[str]) -> list[tuple[Message, str | None]]:
+def _wire_message(
+    index: int, m: AnthropicMessage, last: bool, flags: list[str]
+) -> list[tuple[Message, str | None]]:
     """The canonical messages (with refs) of the request's ``index``-th message (``last``: the final one)."""
     blocks = [{"type": "text", "text": m.content}] if isinstance(m.content, str) else m.content
     if not blocks and not (m.role == "assistant" and last):
-        raise WireError(400, f"messages.{index}: all messages must have non-empty content except for "
-                             "the optional final assistant message")
+        raise WireError(
+            400,
+            f"messages.{index}: all messages must have non-empty content except for "
+            "the optional final assistant message",
+        )
     if m.role == "assistant":
         return [_assistant(index, blocks, flags)]
     if m.role == "system":
-        texts = [validate(TextBlock, raw, API, f"messages.{index}.content.{j}").text for j, raw in enumerate(blocks)]
+        texts = [
+            validate(TextBlock, raw, API, f"messages.{index}.content.{j}").text
+            for j, raw in enumerate(blocks)
+        ]
         return [(Message(role="system", content=PART_JOIN.join(texts)), None)]
     return [(message, None) for message in _user(index, blocks, flags)]
 
@@ -244,14 +270,19 @@ def _user_items(index: int, blocks: list[Any], flags: list[str]) -> Iterator[str
     for j, raw in enumerate(blocks):
         block = _block(index, j, raw, flags)
         if isinstance(block, ToolResultBlock):
-            yield Message(role="tool", content=flatten_parts(block.content, flags), tool_call_id=block.tool_use_id)
+            yield Message(
+                role="tool", content=flatten_parts(block.content, flags), tool_call_id=block.tool_use_id
+            )
         elif isinstance(block, TextBlock):
             yield block.text
         elif isinstance(block, str):
             yield block
         elif block is not None:
-            raise WireError(400, f"invalid messages request: messages.{index}.content.{j}: "
-                                 f"{raw['type']} blocks belong in assistant messages")
+            raise WireError(
+                400,
+                f"invalid messages request: messages.{index}.content.{j}: "
+                f"{raw['type']} blocks belong in assistant messages",
+            )
 
 
 def _assistant(index: int, blocks: list[Any], flags: list[str]) -> tuple[Message, str | None]:
@@ -269,13 +300,20 @@ def _assistant(index: int, blocks: list[Any], flags: list[str]) -> tuple[Message
             thoughts = (thoughts or []) + [block.thinking]
             ref = ref or block.signature
         elif isinstance(block, ToolUseBlock):
-            args = block.input if isinstance(block.input, str) else json.dumps(block.input, ensure_ascii=False)
+            args = (
+                block.input if isinstance(block.input, str) else json.dumps(block.input, ensure_ascii=False)
+            )
             calls.append(ToolCall(id=block.id, name=block.name, arguments=args))
         elif isinstance(block, ToolResultBlock):
-            raise WireError(400, f"invalid messages request: messages.{index}.content.{j}: "
-                                 "tool_result blocks belong in user messages")
+            raise WireError(
+                400,
+                f"invalid messages request: messages.{index}.content.{j}: "
+                "tool_result blocks belong in user messages",
+            )
     reasoning = None if thoughts is None else PART_JOIN.join(thoughts)
-    return Message(role="assistant", content=PART_JOIN.join(texts), reasoning=reasoning, tool_calls=calls), ref
+    return Message(
+        role="assistant", content=PART_JOIN.join(texts), reasoning=reasoning, tool_calls=calls
+    ), ref
 
 
 # -- encoding ----------------------------------------------------------------------------------
@@ -303,10 +341,14 @@ def _usage(turn: AssistantTurn, done: bool = True) -> Usage:
 
 def _message(turn: AssistantTurn, req: DecodedRequest, content: list[ContentBlock], done: bool) -> MessageOut:
     """The message body; not ``done`` (message_start) it has no stop yet and no output counted."""
-    return MessageOut(id=f"msg_{turn.call_id}", model=echoed_model(turn, req), content=content,
-                      stop_reason=stop_reason(turn) if done else None,
-                      stop_sequence=turn.stop_sequence if done else None,
-                      usage=_usage(turn, done))
+    return MessageOut(
+        id=f"msg_{turn.call_id}",
+        model=echoed_model(turn, req),
+        content=content,
+        stop_reason=stop_reason(turn) if done else None,
+        stop_sequence=turn.stop_sequence if done else None,
+        usage=_usage(turn, done),
+    )
 
 
 def encode_response(turn: AssistantTurn, req: DecodedRequest) -> MessageOut:
@@ -321,8 +363,10 @@ def _streamed(block: ContentBlock) -> tuple[ContentBlock, list[BlockDelta]]:
         return ThinkingOut(thinking="", signature=""), [*deltas, SignatureDelta(signature=block.signature)]
     if isinstance(block, TextOut):
         return TextOut(text=""), [TextDelta(text=block.text)] if block.text else []
-    return (ToolUseOut(id=block.id, name=block.name, input={}),
-            [InputJsonDelta(partial_json=json.dumps(block.input, ensure_ascii=False))])
+    return (
+        ToolUseOut(id=block.id, name=block.name, input={}),
+        [InputJsonDelta(partial_json=json.dumps(block.input, ensure_ascii=False))],
+    )
 
 
 def _frame(event: StreamEvent) -> bytes:

@@ -90,7 +90,9 @@ class DecodedRequest(BaseModel):
     # Anthropic prefill: the text of a final assistant message, which the reply continues
     prefill: str | None = None
     logprobs: bool = False  # answer with the recorded logprob of each sampled token
-    enable_thinking: bool | None = None  # the template's flag (Chat Completions' chat_template_kwargs); None: the run's
+    enable_thinking: bool | None = (
+        None  # the template's flag (Chat Completions' chat_template_kwargs); None: the run's
+    )
     # prefix hashes of the conversation's messages (``proxy/seen.py``), when the decoder computed them
     prefix_hashes: list[str] = Field(default_factory=list, exclude=True, repr=False)
 
@@ -154,8 +156,9 @@ def _turn_key(message: Message, ref: str | None) -> str | None:
     return keys.pop() if len(keys) == 1 and None not in keys else None
 
 
-def merge_split_turns(messages: list[Message], refs: list[str | None], seen: Seen | None = None
-                      ) -> tuple[list[Message], list[str | None]]:
+def merge_split_turns(
+    messages: list[Message], refs: list[str | None], seen: Seen | None = None
+) -> tuple[list[Message], list[str | None]]:
     """Put the tool calls of one sampled turn back into one assistant message.
 
     Codex records each function call followed by its output (call A, output A, call B, output B);
@@ -173,12 +176,20 @@ def merge_split_turns(messages: list[Message], refs: list[str | None], seen: See
     else:
         start, out, out_refs, last = 0, [], [], None  # last: index in ``out`` of the latest assistant message
     for message, ref in zip(messages[start:], refs[start:], strict=True):
-        if (message.role == "assistant" and last is not None and message.tool_calls and not message.content
-                and message.reasoning is None and len(out) > last + 1
-                and all(m.role == "tool" for m in out[last + 1:])):
+        if (
+            message.role == "assistant"
+            and last is not None
+            and message.tool_calls
+            and not message.content
+            and message.reasoning is None
+            and len(out) > last + 1
+            and all(m.role == "tool" for m in out[last + 1 :])
+        ):
             key = _turn_key(message, ref)
             if key is not None and key == _turn_key(out[last], out_refs[last]):
-                out[last] = out[last].model_copy(update={"tool_calls": out[last].tool_calls + message.tool_calls})
+                out[last] = out[last].model_copy(
+                    update={"tool_calls": out[last].tool_calls + message.tool_calls}
+                )
                 continue
         if message.role == "assistant":
             last = len(out)
@@ -228,8 +239,9 @@ def validate(model: type[M], data: Any, api: str, where: str = "") -> M:
         raise WireError(400, f"invalid {api} request: " + "; ".join(problems)) from None
 
 
-def validate_items(model: type[M], body: dict, key: str, api: str, seen: Seen | None, *, redo_last: bool = False
-                   ) -> tuple[M, int, Decoded | None]:
+def validate_items(
+    model: type[M], body: dict, key: str, api: str, seen: Seen | None, *, redo_last: bool = False
+) -> tuple[M, int, Decoded | None]:
     """``(request, k, known)``: ``body`` validated without its first ``k`` ``key`` items, those equal
     to the items the session's last request (``seen``) decoded into ``known``; a request is still
     refused as a whole, its error naming the item by its index in the request."""
@@ -244,9 +256,13 @@ def validate_items(model: type[M], body: dict, key: str, api: str, seen: Seen | 
         return validate(model, body, api), 0, known  # raises, naming the item by its index
 
 
-def decode_items(raw: list[Any], items: list[Any], k: int, known: Decoded | None,
-                 decode: Callable[[int, Any, list[str]], Iterable[tuple[Message, str | None]]]
-                 ) -> tuple[Decoded, list[str]]:
+def decode_items(
+    raw: list[Any],
+    items: list[Any],
+    k: int,
+    known: Decoded | None,
+    decode: Callable[[int, Any, list[str]], Iterable[tuple[Message, str | None]]],
+) -> tuple[Decoded, list[str]]:
     """A request's wire items decoded: the first ``k`` as ``known`` (the session's last request)
     decoded them, then ``items`` (the validated rest, numbered from ``k``) by ``decode(index, item,
     flags)`` into messages and refs; with every item's flags, in order."""
@@ -288,8 +304,9 @@ def flatten_parts(content: str | list | None, flags: list[str]) -> str:
     return PART_JOIN.join(texts)
 
 
-def sampling_of(temperature: float | None, top_p: float | None, max_tokens: int | None,
-                top_k: float | None = None) -> dict[str, Any]:
+def sampling_of(
+    temperature: float | None, top_p: float | None, max_tokens: int | None, top_k: float | None = None
+) -> dict[str, Any]:
     """The sampling a harness asked for (each call records it); values no backend accepts are a 400 here,
     not a 502 later. ``top_k`` is only recorded: no backend is sent a harness's top-k."""
     if temperature is not None and not (math.isfinite(temperature) and temperature >= 0):
@@ -298,8 +315,12 @@ def sampling_of(temperature: float | None, top_p: float | None, max_tokens: int 
         raise WireError(400, f"top_p must be in (0, 1], got {top_p}")
     if max_tokens is not None and max_tokens < 1:
         raise WireError(400, f"max_tokens must be at least 1, got {max_tokens}")
-    asked = {"temperature": temperature, "top_p": top_p, "max_tokens": max_tokens,
-             "top_k": top_k if top_k is not None and math.isfinite(top_k) else None}
+    asked = {
+        "temperature": temperature,
+        "top_p": top_p,
+        "max_tokens": max_tokens,
+        "top_k": top_k if top_k is not None and math.isfinite(top_k) else None,
+    }
     return {k: v for k, v in asked.items() if v is not None}
 
 
@@ -328,8 +349,9 @@ def openai_tool_choice(choice: str | dict[str, Any] | None, flags: list[str]) ->
     return "auto", None
 
 
-def choose_tools(tools: list[ToolSpec], mode: str, name: str | None, flags: list[str]
-                 ) -> tuple[list[ToolSpec], ToolChoice]:
+def choose_tools(
+    tools: list[ToolSpec], mode: str, name: str | None, flags: list[str]
+) -> tuple[list[ToolSpec], ToolChoice]:
     """Apply a decoded ``tool_choice``: ``none`` offers no tools (the model cannot call what it is
     not shown), ``required``/``function`` need the tools they name; the flag says what was done."""
     if mode == "auto":
@@ -364,8 +386,10 @@ def custom_tool_description(description: str, fmt: dict[str, Any] | None) -> str
     """A free-text tool's description with its input grammar appended: the model must see the format."""
     if not fmt or fmt.get("type") != "grammar":
         return description
-    return (f"{description}\n\nInput format ({fmt.get('syntax', 'grammar')} grammar):\n"
-            f"{fmt.get('definition', '')}")
+    return (
+        f"{description}\n\nInput format ({fmt.get('syntax', 'grammar')} grammar):\n"
+        f"{fmt.get('definition', '')}"
+    )
 
 
 def tool_input(tc: ToolCall) -> dict[str, Any]:

@@ -158,14 +158,18 @@ def parse_target(target: str) -> tuple[str, str]:
     """``{model}:{method}`` from the URL's last segment; an unknown method is a 404, as the API answers."""
     model, sep, method = target.rpartition(":")
     if not sep or not model or method not in METHODS:
-        raise WireError(404, f"unknown method {target!r}: use models/MODEL:generateContent, "
-                             ":streamGenerateContent or :countTokens")
+        raise WireError(
+            404,
+            f"unknown method {target!r}: use models/MODEL:generateContent, "
+            ":streamGenerateContent or :countTokens",
+        )
     return model, method
 
 
 # -- decoding ----------------------------------------------------------------------------------
-def decode(body: Any, model: str = "", stream: bool = False, sse: bool = True, seen: Seen | None = None
-           ) -> GeminiRequest:
+def decode(
+    body: Any, model: str = "", stream: bool = False, sse: bool = True, seen: Seen | None = None
+) -> GeminiRequest:
     """One ``generateContent`` body; ``model`` and ``stream`` come from the URL; ``seen``: the
     session's last request, whose stripped messages are reused (proxy/seen.py)."""
     req = validate(GenerateContentRequest, require_object(body, API), API)
@@ -174,8 +178,13 @@ def decode(body: Any, model: str = "", stream: bool = False, sse: bool = True, s
     refs: list[str | None] = []
     if req.system_instruction is not None:
         system = req.system_instruction
-        text = system if isinstance(system, str) else PART_JOIN.join(
-            _text(p, f"systemInstruction.parts.{j}", flags) for j, p in enumerate(system.parts))
+        text = (
+            system
+            if isinstance(system, str)
+            else PART_JOIN.join(
+                _text(p, f"systemInstruction.parts.{j}", flags) for j, p in enumerate(system.parts)
+            )
+        )
         messages.append(Message(role="system", content=text))
         refs.append(None)
     pending: list[ToolCall] = []  # calls of the latest model turn not yet answered (pairs id-less results)
@@ -196,23 +205,39 @@ def decode(body: Any, model: str = "", stream: bool = False, sse: bool = True, s
     tools, choice = choose_tools(tools, *_tool_choice(req.tool_config, flags), flags)
     config = req.generation_config or GenerationConfig()
     if config.candidate_count is not None and config.candidate_count != 1:
-        raise WireError(400, f"candidateCount={config.candidate_count} is not supported: each call samples one "
-                             "candidate (send several requests)")
+        raise WireError(
+            400,
+            f"candidateCount={config.candidate_count} is not supported: each call samples one "
+            "candidate (send several requests)",
+        )
     if req.cached_content:
         raise WireError(400, "cachedContent is not supported: send the full contents each turn")
     for name in ("top_k", "seed", "presence_penalty", "frequency_penalty"):
         if getattr(config, name) is not None:
             flags.append(f"unenforced:{to_camel(name)}")
     structured = config.response_schema is not None or config.response_json_schema is not None
-    flag_structured_output("json_schema" if structured else
-                           "json_object" if config.response_mime_type == "application/json" else None, flags)
+    flag_structured_output(
+        "json_schema"
+        if structured
+        else "json_object"
+        if config.response_mime_type == "application/json"
+        else None,
+        flags,
+    )
     decoded = GeminiRequest(
-        conversation=Conversation(messages=messages, tools=tools), stream=stream and sse,
+        conversation=Conversation(messages=messages, tools=tools),
+        stream=stream and sse,
         json_array=stream and not sse,
-        model=model.strip(), raw_model=model,
-        requested_sampling=sampling_of(config.temperature, config.top_p, config.max_output_tokens, config.top_k),
-        flags=dedupe(flags), assistant_refs=refs, stop=stops_of(config.stop_sequences, limit=5),
-        tool_choice=choice, logprobs=bool(config.response_logprobs),
+        model=model.strip(),
+        raw_model=model,
+        requested_sampling=sampling_of(
+            config.temperature, config.top_p, config.max_output_tokens, config.top_k
+        ),
+        flags=dedupe(flags),
+        assistant_refs=refs,
+        stop=stops_of(config.stop_sequences, limit=5),
+        tool_choice=choice,
+        logprobs=bool(config.response_logprobs),
     )
     return volatile.apply(decoded, seen=seen)
 
@@ -243,13 +268,18 @@ def _user_turn(index: int, parts: list[Part], pending: list[ToolCall], flags: li
     return user_turn(_user_items(index, parts, pending, flags))
 
 
-def _user_items(index: int, parts: list[Part], pending: list[ToolCall], flags: list[str]) -> Iterator[str | Message]:
+def _user_items(
+    index: int, parts: list[Part], pending: list[ToolCall], flags: list[str]
+) -> Iterator[str | Message]:
     for j, part in enumerate(parts):
         if part.function_response is not None:
             yield _tool_result(part.function_response, pending)
         elif part.function_call is not None:
-            raise WireError(400, f"invalid {API} request: contents.{index}.parts.{j}: functionCall parts "
-                                 "belong in model turns")
+            raise WireError(
+                400,
+                f"invalid {API} request: contents.{index}.parts.{j}: functionCall parts "
+                "belong in model turns",
+            )
         elif part.thought:
             flags.append("skipped_part:thought")
         else:
@@ -268,8 +298,11 @@ def _tool_result(response: FunctionResponse, pending: list[ToolCall]) -> Message
         call_id = match.id
     value = response.response or {}
     keys = [k for k in RESULT_KEYS if k in value]
-    text = value[keys[0]] if len(value) == 1 and keys and isinstance(value[keys[0]], str) else \
-        json.dumps(value, ensure_ascii=False)
+    text = (
+        value[keys[0]]
+        if len(value) == 1 and keys and isinstance(value[keys[0]], str)
+        else json.dumps(value, ensure_ascii=False)
+    )
     return Message(role="tool", content=text, tool_call_id=call_id or response.name, name=response.name)
 
 
@@ -282,11 +315,19 @@ def _model_turn(index: int, parts: list[Part], flags: list[str]) -> tuple[Messag
         ref = ref or signed_ref(part.thought_signature)
         if part.function_call is not None:
             fc = part.function_call
-            calls.append(ToolCall(id=fc.id or f"{fc.name}_{index}_{j}", name=fc.name,
-                                  arguments=json.dumps(fc.args or {}, ensure_ascii=False)))
+            calls.append(
+                ToolCall(
+                    id=fc.id or f"{fc.name}_{index}_{j}",
+                    name=fc.name,
+                    arguments=json.dumps(fc.args or {}, ensure_ascii=False),
+                )
+            )
         elif part.function_response is not None:
-            raise WireError(400, f"invalid {API} request: contents.{index}.parts.{j}: functionResponse parts "
-                                 "belong in user turns")
+            raise WireError(
+                400,
+                f"invalid {API} request: contents.{index}.parts.{j}: functionResponse parts "
+                "belong in user turns",
+            )
         elif part.thought:
             thoughts = (thoughts or []) + [part.text or ""]
         elif part.text is not None:
@@ -294,16 +335,22 @@ def _model_turn(index: int, parts: list[Part], flags: list[str]) -> tuple[Messag
         else:
             flags.append("skipped_part:model_media")
     reasoning = None if thoughts is None else PART_JOIN.join(thoughts)
-    return Message(role="assistant", content=PART_JOIN.join(texts), reasoning=reasoning, tool_calls=calls), ref
+    return Message(
+        role="assistant", content=PART_JOIN.join(texts), reasoning=reasoning, tool_calls=calls
+    ), ref
 
 
 def _tools(tools: list[Tool], flags: list[str]) -> list[ToolSpec]:
     out = []
     for tool in tools:
         for decl in tool.function_declarations or []:
-            schema = decl.parameters_json_schema if decl.parameters_json_schema is not None else decl.parameters
+            schema = (
+                decl.parameters_json_schema if decl.parameters_json_schema is not None else decl.parameters
+            )
             out.append(ToolSpec.function(decl.name, decl.description, schema))
-        flags += [f"skipped_tool:{name}" for name in (tool.model_extra or {})]  # googleSearch, codeExecution, ...
+        flags += [
+            f"skipped_tool:{name}" for name in (tool.model_extra or {})
+        ]  # googleSearch, codeExecution, ...
     return out
 
 
@@ -343,8 +390,10 @@ def answer_parts(turn: AssistantTurn) -> tuple[list[PartOut], list[PartOut]]:
     """(thought parts, answer parts); the first answer part carries the turn's ref as its signature."""
     thoughts = [] if turn.reasoning is None else [PartOut(text=turn.reasoning, thought=True)]
     answer = [PartOut(text=turn.content)] if turn.content or not turn.tool_calls else []
-    answer += [PartOut(function_call=FunctionCallOut(id=tc.id, name=tc.name, args=tool_input(tc)))
-               for tc in turn.tool_calls]
+    answer += [
+        PartOut(function_call=FunctionCallOut(id=tc.id, name=tc.name, args=tool_input(tc)))
+        for tc in turn.tool_calls
+    ]
     answer[0].thought_signature = signature(turn.call_id)
     return thoughts, answer
 
@@ -355,24 +404,38 @@ def finish_reason(turn: AssistantTurn) -> str:
 
 
 def _usage(turn: AssistantTurn) -> UsageMetadata:
-    return UsageMetadata(prompt_token_count=turn.prompt_tokens, candidates_token_count=turn.completion_tokens,
-                         total_token_count=turn.prompt_tokens + turn.completion_tokens)
+    return UsageMetadata(
+        prompt_token_count=turn.prompt_tokens,
+        candidates_token_count=turn.completion_tokens,
+        total_token_count=turn.prompt_tokens + turn.completion_tokens,
+    )
 
 
-def _chunk(turn: AssistantTurn, req: DecodedRequest, parts: list[PartOut], done: bool) -> GenerateContentResponse:
+def _chunk(
+    turn: AssistantTurn, req: DecodedRequest, parts: list[PartOut], done: bool
+) -> GenerateContentResponse:
     """One response chunk; the last (``done``) tells the finish reason, the logprobs and the usage."""
     candidate = Candidate(content=ContentOut(parts=parts))
     if done:
         candidate.finish_reason = finish_reason(turn)
         if turn.logprobs:
             candidate.avg_logprobs = sum(t.logprob for t in turn.logprobs) / len(turn.logprobs)
-            candidate.logprobs_result = LogprobsResult(chosen_candidates=[
-                LogprobCandidate(token=t.token, log_probability=t.logprob) for t in turn.logprobs])
-    return GenerateContentResponse(candidates=[candidate], usage_metadata=_usage(turn) if done else UNSET,
-                                   model_version=echoed_model(turn, req), response_id=turn.call_id)
+            candidate.logprobs_result = LogprobsResult(
+                chosen_candidates=[
+                    LogprobCandidate(token=t.token, log_probability=t.logprob) for t in turn.logprobs
+                ]
+            )
+    return GenerateContentResponse(
+        candidates=[candidate],
+        usage_metadata=_usage(turn) if done else UNSET,
+        model_version=echoed_model(turn, req),
+        response_id=turn.call_id,
+    )
 
 
-def encode_response(turn: AssistantTurn, req: DecodedRequest) -> GenerateContentResponse | list[GenerateContentResponse]:
+def encode_response(
+    turn: AssistantTurn, req: DecodedRequest
+) -> GenerateContentResponse | list[GenerateContentResponse]:
     """The ``generateContent`` body; for a stream without ``alt=sse``, the chunks as one JSON array."""
     if getattr(req, "json_array", False):
         return stream_chunks(turn, req)
@@ -383,7 +446,9 @@ def encode_response(turn: AssistantTurn, req: DecodedRequest) -> GenerateContent
 def stream_chunks(turn: AssistantTurn, req: DecodedRequest) -> list[GenerateContentResponse]:
     """Reasoning first, then the answer with ``finishReason`` and ``usageMetadata`` (the last chunk)."""
     thoughts, answer = answer_parts(turn)
-    return ([_chunk(turn, req, thoughts, done=False)] if thoughts else []) + [_chunk(turn, req, answer, done=True)]
+    return ([_chunk(turn, req, thoughts, done=False)] if thoughts else []) + [
+        _chunk(turn, req, answer, done=True)
+    ]
 
 
 def sse_event(data: GenerateContentResponse) -> bytes:
@@ -416,5 +481,7 @@ def encode_error(status: int, message: str) -> ErrorBody:
 def encode_overflow(prompt_tokens: int, window: int | None) -> ErrorBody:
     """The API's own wording for a prompt over the window (M: the longest prompt that leaves one token)."""
     limit = window - 1 if window else prompt_tokens - 1
-    return encode_error(400, f"The input token count ({prompt_tokens}) exceeds the maximum number of tokens "
-                             f"allowed ({limit}).")
+    return encode_error(
+        400,
+        f"The input token count ({prompt_tokens}) exceeds the maximum number of tokens allowed ({limit}).",
+    )

@@ -131,8 +131,9 @@ def decode(body: Any, seen: Seen | None = None) -> DecodedRequest:
     body = require_object(body, API)
     req, k, known = validate_items(ChatRequest, body, "messages", API, seen)
     refuse_n(req.n)
-    wire, flags = decode_items(body["messages"], req.messages, k, known,
-                               lambda i, m, raised: [(_message(m, i, raised), None)])
+    wire, flags = decode_items(
+        body["messages"], req.messages, k, known, lambda i, m, raised: [(_message(m, i, raised), None)]
+    )
     if seen is not None:
         seen.decoded = wire
     messages, refs = merge_split_turns(wire.messages, wire.refs, seen)
@@ -145,12 +146,18 @@ def decode(body: Any, seen: Seen | None = None) -> DecodedRequest:
         flags.append("unenforced:top_logprobs")
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     decoded = DecodedRequest(
-        conversation=Conversation(messages=messages, tools=tools), stream=bool(req.stream),
-        model=req.model.strip(), raw_model=req.model,
+        conversation=Conversation(messages=messages, tools=tools),
+        stream=bool(req.stream),
+        model=req.model.strip(),
+        raw_model=req.model,
         requested_sampling=sampling_of(req.temperature, req.top_p, max_tokens, req.top_k),
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
-        flags=dedupe(flags), assistant_refs=refs, stop=stops_of(req.stop, limit=4), tool_choice=choice,
-        logprobs=bool(req.logprobs), enable_thinking=_enable_thinking(req.chat_template_kwargs),
+        flags=dedupe(flags),
+        assistant_refs=refs,
+        stop=stops_of(req.stop, limit=4),
+        tool_choice=choice,
+        logprobs=bool(req.logprobs),
+        enable_thinking=_enable_thinking(req.chat_template_kwargs),
     )
     return volatile.apply(decoded, seen=seen)
 
@@ -185,16 +192,22 @@ def _call(c: ChatToolCall, index: int) -> ToolCall:
     if c.function is None:
         raise WireError(400, f"messages.{index}.tool_calls: call {c.id} has no 'function' object")
     args = c.function.arguments
-    return ToolCall(id=c.id, name=c.function.name,
-                    arguments=args if isinstance(args, str) else json.dumps(args, ensure_ascii=False))
+    return ToolCall(
+        id=c.id,
+        name=c.function.name,
+        arguments=args if isinstance(args, str) else json.dumps(args, ensure_ascii=False),
+    )
 
 
 def _tool(t: ChatTool, flags: list[str]) -> ToolSpec | None:
     if t.type == "function" and t.function is not None:
         return ToolSpec.function(t.function.name, t.function.description, t.function.parameters)
     if t.type == "custom" and t.custom is not None:
-        return ToolSpec(name=t.custom.name, kind="custom",
-                        description=custom_tool_description(t.custom.description or "", t.custom.format))
+        return ToolSpec(
+            name=t.custom.name,
+            kind="custom",
+            description=custom_tool_description(t.custom.description or "", t.custom.format),
+        )
     flags.append(f"skipped_tool:{t.type}")
     return None
 
@@ -202,39 +215,57 @@ def _tool(t: ChatTool, flags: list[str]) -> ToolSpec | None:
 # -- encoding ----------------------------------------------------------------------------------
 def _wire_call(tc: ToolCall, index: int | UnsetType = UNSET) -> ToolCallOut:
     if tc.kind == "custom":
-        return ToolCallOut(index=index, id=tc.id, type="custom", custom=CustomCallOut(name=tc.name, input=tc.arguments))
-    return ToolCallOut(index=index, id=tc.id, type="function",
-                       function=FunctionCallOut(name=tc.name, arguments=tc.arguments))
+        return ToolCallOut(
+            index=index, id=tc.id, type="custom", custom=CustomCallOut(name=tc.name, input=tc.arguments)
+        )
+    return ToolCallOut(
+        index=index, id=tc.id, type="function", function=FunctionCallOut(name=tc.name, arguments=tc.arguments)
+    )
 
 
 def _usage(turn: AssistantTurn) -> Usage:
-    return Usage(prompt_tokens=turn.prompt_tokens, completion_tokens=turn.completion_tokens,
-                 total_tokens=turn.prompt_tokens + turn.completion_tokens)
+    return Usage(
+        prompt_tokens=turn.prompt_tokens,
+        completion_tokens=turn.completion_tokens,
+        total_tokens=turn.prompt_tokens + turn.completion_tokens,
+    )
 
 
 def _logprobs(turn: AssistantTurn) -> ChoiceLogprobs | None:
     if turn.logprobs is None:
         return None
-    return ChoiceLogprobs(content=[TokenLogprobOut(token=t.token, logprob=t.logprob, bytes=t.bytes,
-                                                   top_logprobs=t.top_logprobs) for t in turn.logprobs])
+    return ChoiceLogprobs(
+        content=[
+            TokenLogprobOut(token=t.token, logprob=t.logprob, bytes=t.bytes, top_logprobs=t.top_logprobs)
+            for t in turn.logprobs
+        ]
+    )
 
 
 def encode_response(turn: AssistantTurn, req: DecodedRequest) -> ChatCompletion:
     message = AssistantMessageOut(
         content=turn.content if turn.content or not turn.tool_calls else None,
         reasoning_content=UNSET if turn.reasoning is None else turn.reasoning,
-        tool_calls=[_wire_call(tc) for tc in turn.tool_calls] if turn.tool_calls else UNSET)
-    return ChatCompletion(id=f"chatcmpl-{turn.call_id}", created=turn.created_at, model=echoed_model(turn, req),
-                          choices=[Choice(message=message, logprobs=_logprobs(turn), finish_reason=finish_of(turn))],
-                          usage=_usage(turn))
+        tool_calls=[_wire_call(tc) for tc in turn.tool_calls] if turn.tool_calls else UNSET,
+    )
+    return ChatCompletion(
+        id=f"chatcmpl-{turn.call_id}",
+        created=turn.created_at,
+        model=echoed_model(turn, req),
+        choices=[Choice(message=message, logprobs=_logprobs(turn), finish_reason=finish_of(turn))],
+        usage=_usage(turn),
+    )
 
 
 def encode_stream(turn: AssistantTurn, req: DecodedRequest) -> list[bytes]:
     head = {"id": f"chatcmpl-{turn.call_id}", "created": turn.created_at, "model": echoed_model(turn, req)}
 
     def chunk(delta: Delta, finish: str | None = None, logprobs: ChoiceLogprobs | None = None) -> bytes:
-        return sse_frame(ChatCompletionChunk(**head, choices=[ChunkChoice(delta=delta, logprobs=logprobs,
-                                                                          finish_reason=finish)]))
+        return sse_frame(
+            ChatCompletionChunk(
+                **head, choices=[ChunkChoice(delta=delta, logprobs=logprobs, finish_reason=finish)]
+            )
+        )
 
     frames = [chunk(Delta(role="assistant", content=""))]
     if turn.reasoning:
@@ -264,6 +295,8 @@ def encode_error(status: int, message: str) -> ErrorBody:
 
 def encode_overflow(prompt_tokens: int, window: int | None) -> ErrorBody:
     """Chat Completions' wording, numbers included (as vLLM's OpenAI server words it too)."""
-    return openai_overflow(f"This model's maximum context length is {window or prompt_tokens - 1} tokens. However, your "
-                           f"messages resulted in {prompt_tokens} tokens. Please reduce the length of the messages.",
-                           "messages")
+    return openai_overflow(
+        f"This model's maximum context length is {window or prompt_tokens - 1} tokens. However, your "
+        f"messages resulted in {prompt_tokens} tokens. Please reduce the length of the messages.",
+        "messages",
+    )

@@ -87,13 +87,25 @@ class ToolOutputItem(Loose):
 
 
 ITEM_MODELS: dict[str, type[Loose]] = {
-    "message": MessageItem, "function_call": FunctionCallItem, "custom_tool_call": CustomToolCallItem,
-    "function_call_output": ToolOutputItem, "custom_tool_call_output": ToolOutputItem,
+    "message": MessageItem,
+    "function_call": FunctionCallItem,
+    "custom_tool_call": CustomToolCallItem,
+    "function_call_output": ToolOutputItem,
+    "custom_tool_call_output": ToolOutputItem,
     "reasoning": ReasoningItem,
 }
 # items that carry no prompt text the model needs (hosted tool traces); skipped with a flag
-HARMLESS_ITEMS = frozenset({"web_search_call", "file_search_call", "image_generation_call", "tool_search_call",
-                            "tool_search_output", "code_interpreter_call", "mcp_list_tools"})
+HARMLESS_ITEMS = frozenset(
+    {
+        "web_search_call",
+        "file_search_call",
+        "image_generation_call",
+        "tool_search_call",
+        "tool_search_output",
+        "code_interpreter_call",
+        "mcp_list_tools",
+    }
+)
 
 
 class ToolDef(Loose):
@@ -125,7 +137,9 @@ def decode(body: Any, seen: Seen | None = None) -> DecodedRequest:
     req = validate(ResponsesRequest, body, API)
     flags: list[str] = []
     tools, routes = _tools(req.tools or [], flags)
-    tools, choice = choose_tools(tools, *openai_tool_choice(_flat_choice(req.tool_choice, routes), flags), flags)
+    tools, choice = choose_tools(
+        tools, *openai_tool_choice(_flat_choice(req.tool_choice, routes), flags), flags
+    )
     if req.parallel_tool_calls is False:
         flags.append("unenforced:parallel_tool_calls=false")
     fmt = (req.text or {}).get("format")
@@ -145,16 +159,23 @@ def decode(body: Any, seen: Seen | None = None) -> DecodedRequest:
     builder.close()
     messages, refs = merge_split_turns(builder.messages, builder.refs)
     decoded = DecodedRequest(
-        conversation=Conversation(messages=messages, tools=tools), stream=bool(req.stream),
-        model=req.model.strip(), raw_model=req.model,
+        conversation=Conversation(messages=messages, tools=tools),
+        stream=bool(req.stream),
+        model=req.model.strip(),
+        raw_model=req.model,
         requested_sampling=sampling_of(req.temperature, req.top_p, req.max_output_tokens),
-        flags=dedupe(flags), assistant_refs=refs, tool_routes=routes, tool_choice=choice,
+        flags=dedupe(flags),
+        assistant_refs=refs,
+        tool_routes=routes,
+        tool_choice=choice,
         logprobs=LOGPROBS_INCLUDE in (req.include or []),
     )
     return volatile.apply(decoded, seen=seen)
 
 
-def _flat_choice(choice: str | dict[str, Any] | None, routes: dict[str, ToolRoute]) -> str | dict[str, Any] | None:
+def _flat_choice(
+    choice: str | dict[str, Any] | None, routes: dict[str, ToolRoute]
+) -> str | dict[str, Any] | None:
     """A forced tool named by its wire name (and namespace) refers to its canonical, flattened name."""
     if isinstance(choice, dict) and isinstance(choice.get("name"), str) and choice.get("namespace"):
         return {**choice, "name": flat_name(choice["namespace"], choice["name"])}
@@ -175,9 +196,15 @@ def _tools(defs: list[ToolDef], flags: list[str]) -> tuple[list[ToolSpec], dict[
         if d.type in ("function", "custom"):
             if not d.name:
                 raise WireError(400, f"invalid responses request: tools.{i}: a {d.type} tool needs a name")
-            specs.append(ToolSpec.function(d.name, d.description, d.parameters) if d.type == "function" else
-                         ToolSpec(name=d.name, kind="custom",
-                                  description=custom_tool_description(d.description or "", d.format)))
+            specs.append(
+                ToolSpec.function(d.name, d.description, d.parameters)
+                if d.type == "function"
+                else ToolSpec(
+                    name=d.name,
+                    kind="custom",
+                    description=custom_tool_description(d.description or "", d.format),
+                )
+            )
         elif d.type == "namespace" and d.name:
             for member in _members(d, i):
                 name = flat_name(d.name, member.name or "")
@@ -192,8 +219,11 @@ def _members(d: ToolDef, index: int) -> list[ToolDef]:
     members = [validate(ToolDef, m, API, f"tools.{index}.tools") for m in d.tools or []]
     for m in members:
         if m.type != "function" or not m.name:
-            raise WireError(400, f"invalid responses request: tools.{index}: namespace {d.name} member must be "
-                                 f"a named function tool, got {m.type}")
+            raise WireError(
+                400,
+                f"invalid responses request: tools.{index}: namespace {d.name} member must be "
+                f"a named function tool, got {m.type}",
+            )
     return members
 
 
@@ -210,9 +240,12 @@ class _Group:
         return next((c for c in (call_id_from_ref(r) for _, r in self.refs) if c), None)
 
     def message(self) -> Message:
-        return Message(role="assistant", content=PART_JOIN.join(self.texts),
-                       reasoning=None if self.reasoning is None else PART_JOIN.join(self.reasoning),
-                       tool_calls=self.calls)
+        return Message(
+            role="assistant",
+            content=PART_JOIN.join(self.texts),
+            reasoning=None if self.reasoning is None else PART_JOIN.join(self.reasoning),
+            tool_calls=self.calls,
+        )
 
 
 class _Builder:
@@ -237,9 +270,11 @@ class _Builder:
         g = self.group
         if g is not None:
             other = call_id_from_ref(ref)
-            if ((kind == "reasoning" and (g.texts or g.calls or g.reasoning is not None))
-                    or (kind == "message" and g.calls)
-                    or (other and g.call_id() and other != g.call_id())):
+            if (
+                (kind == "reasoning" and (g.texts or g.calls or g.reasoning is not None))
+                or (kind == "message" and g.calls)
+                or (other and g.call_id() and other != g.call_id())
+            ):
                 self.close()
         if self.group is None:
             self.group = _Group()
@@ -276,14 +311,21 @@ class _Builder:
         elif isinstance(item, FunctionCallItem | CustomToolCallItem):
             g = self._assistant("call", item.id)
             if isinstance(item, FunctionCallItem):
-                g.calls.append(ToolCall(id=item.call_id, name=flat_name(item.namespace, item.name),
-                                        arguments=item.arguments))
+                g.calls.append(
+                    ToolCall(
+                        id=item.call_id, name=flat_name(item.namespace, item.name), arguments=item.arguments
+                    )
+                )
             else:
                 g.calls.append(ToolCall(id=item.call_id, name=item.name, arguments=item.input, kind="custom"))
             if item.id:
                 g.refs.append((2, item.id))
         elif isinstance(item, ToolOutputItem):
-            self.add(Message(role="tool", content=flatten_parts(item.output, self.flags), tool_call_id=item.call_id))
+            self.add(
+                Message(
+                    role="tool", content=flatten_parts(item.output, self.flags), tool_call_id=item.call_id
+                )
+            )
 
 
 # -- encoding ----------------------------------------------------------------------------------
@@ -293,8 +335,11 @@ def _output_items(turn: AssistantTurn, req: DecodedRequest) -> list[OutputItem]:
 
 
 def _usage(turn: AssistantTurn) -> Usage:
-    return Usage(input_tokens=turn.prompt_tokens, output_tokens=turn.completion_tokens,
-                 total_tokens=turn.prompt_tokens + turn.completion_tokens)
+    return Usage(
+        input_tokens=turn.prompt_tokens,
+        output_tokens=turn.completion_tokens,
+        total_tokens=turn.prompt_tokens + turn.completion_tokens,
+    )
 
 
 def _pending_response(call_id: str, model: str, created: int) -> Response:
@@ -305,8 +350,13 @@ def _pending_response(call_id: str, model: str, created: int) -> Response:
 def _response(turn: AssistantTurn, req: DecodedRequest, output: list[OutputItem]) -> Response:
     head = {"id": f"resp_{turn.call_id}", "created_at": turn.created_at, "model": echoed_model(turn, req)}
     if finish_of(turn) == "length":
-        return Response(**head, status="incomplete", incomplete_details=IncompleteDetails(), output=output,
-                        usage=_usage(turn))
+        return Response(
+            **head,
+            status="incomplete",
+            incomplete_details=IncompleteDetails(),
+            output=output,
+            usage=_usage(turn),
+        )
     return Response(**head, status="completed", output=output, usage=_usage(turn))
 
 
@@ -329,33 +379,53 @@ def _item_events(item: OutputItem, index: int) -> list[StreamEvent]:
     """The events that stream one item's text, between its ``added`` and ``done``."""
     at = {"item_id": item.id, "output_index": index}
     if isinstance(item, ReasoningOut):
-        return [event for s, part in enumerate(item.summary) for event in (
-            SummaryPartEvent(type="response.reasoning_summary_part.added", **at, summary_index=s,
-                             part=SummaryText(text="")),
-            SummaryTextDelta(**at, summary_index=s, delta=part.text),
-            SummaryTextDone(**at, summary_index=s, text=part.text),
-            SummaryPartEvent(type="response.reasoning_summary_part.done", **at, summary_index=s, part=part))]
+        return [
+            event
+            for s, part in enumerate(item.summary)
+            for event in (
+                SummaryPartEvent(
+                    type="response.reasoning_summary_part.added",
+                    **at,
+                    summary_index=s,
+                    part=SummaryText(text=""),
+                ),
+                SummaryTextDelta(**at, summary_index=s, delta=part.text),
+                SummaryTextDone(**at, summary_index=s, text=part.text),
+                SummaryPartEvent(
+                    type="response.reasoning_summary_part.done", **at, summary_index=s, part=part
+                ),
+            )
+        ]
     if isinstance(item, MessageOut):
         events: list[StreamEvent] = []
         for c, part in enumerate(item.content):
             logprobs = [] if part.logprobs is UNSET else part.logprobs
-            events.append(ContentPartEvent(type="response.content_part.added", **at, content_index=c,
-                                           part=replace(part, text="")))
+            events.append(
+                ContentPartEvent(
+                    type="response.content_part.added", **at, content_index=c, part=replace(part, text="")
+                )
+            )
             if part.text:
                 events.append(OutputTextDelta(**at, content_index=c, delta=part.text, logprobs=logprobs))
-            events += [OutputTextDone(**at, content_index=c, text=part.text, logprobs=logprobs),
-                       ContentPartEvent(type="response.content_part.done", **at, content_index=c, part=part)]
+            events += [
+                OutputTextDone(**at, content_index=c, text=part.text, logprobs=logprobs),
+                ContentPartEvent(type="response.content_part.done", **at, content_index=c, part=part),
+            ]
         return events
     if isinstance(item, FunctionCallOut):
-        return [FunctionCallArgumentsDelta(**at, delta=item.arguments),
-                FunctionCallArgumentsDone(**at, name=item.name, arguments=item.arguments)]
+        return [
+            FunctionCallArgumentsDelta(**at, delta=item.arguments),
+            FunctionCallArgumentsDone(**at, name=item.name, arguments=item.arguments),
+        ]
     return [CustomToolCallInputDelta(**at, delta=item.input), CustomToolCallInputDone(**at, input=item.input)]
 
 
 def _head_events(call_id: str, model: str, created: int) -> list[StreamEvent]:
     pending = _pending_response(call_id, model, created)
-    return [ResponseEvent(type="response.created", response=pending),
-            ResponseEvent(type="response.in_progress", response=pending)]
+    return [
+        ResponseEvent(type="response.created", response=pending),
+        ResponseEvent(type="response.in_progress", response=pending),
+    ]
 
 
 def encode_stream_head(req: DecodedRequest, call_id: str, model: str, created: int) -> list[bytes]:
@@ -375,7 +445,9 @@ def encode_stream(turn: AssistantTurn, req: DecodedRequest) -> list[bytes]:
     items = _output_items(turn, req)
     events = _head_events(turn.call_id, echoed_model(turn, req), turn.created_at)
     for index, item in enumerate(items):
-        events.append(OutputItemEvent(type="response.output_item.added", output_index=index, item=_pending(item)))
+        events.append(
+            OutputItemEvent(type="response.output_item.added", output_index=index, item=_pending(item))
+        )
         events += _item_events(item, index)
         events.append(OutputItemEvent(type="response.output_item.done", output_index=index, item=item))
     events.append(ResponseEvent(type="response.completed", response=_response(turn, req, items)))
@@ -390,8 +462,9 @@ KEEPALIVE = sse_frame(Keepalive(), event="keepalive")
 def encode_stream_error(body: ErrorBody) -> bytes:
     """A failure after the stream started: the Responses API's ``error`` stream event."""
     error = body.error
-    return sse_frame(ErrorEvent(message=error.message, param=error.param, code=error.code or error.type),
-                     event="error")
+    return sse_frame(
+        ErrorEvent(message=error.message, param=error.param, code=error.code or error.type), event="error"
+    )
 
 
 def encode_error(status: int, message: str) -> ErrorBody:
@@ -400,5 +473,7 @@ def encode_error(status: int, message: str) -> ErrorBody:
 
 def encode_overflow(prompt_tokens: int, window: int | None) -> ErrorBody:
     """The Responses API's wording; it names no numbers (Codex reads only ``code``)."""
-    return openai_overflow("Your input exceeds the context window of this model. Please adjust your input "
-                           "and try again.", "input")
+    return openai_overflow(
+        "Your input exceeds the context window of this model. Please adjust your input and try again.",
+        "input",
+    )

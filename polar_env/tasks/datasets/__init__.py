@@ -28,8 +28,10 @@ from polar_env.tasks.models import Task
 log = logging.getLogger(__name__)
 
 # detection order matters: the most specific schemas first
-DATASETS: dict[str, DatasetSpec] = {s.name: s for s in (
-    SWE_BENCH_PRO, MULTI_SWE_BENCH, R2E_GYM, SWE_SMITH, SWE_REBENCH_V2, SWE_REBENCH, SWE_GYM)}
+DATASETS: dict[str, DatasetSpec] = {
+    s.name: s
+    for s in (SWE_BENCH_PRO, MULTI_SWE_BENCH, R2E_GYM, SWE_SMITH, SWE_REBENCH_V2, SWE_REBENCH, SWE_GYM)
+}
 
 
 def detect(row: dict) -> DatasetSpec | None:
@@ -52,9 +54,21 @@ def notice_unreproduced(tasks: Iterable[Task]) -> None:
     for name in sorted({t.dataset for t in tasks} - _noticed):
         if name in DATASETS and not (proc := DATASETS[name].procedure).reproduced:
             _noticed.add(name)
-            log.warning("%s: Polar does not reproduce this dataset's own grading procedure; its tasks are graded "
-                        "by %s", name, proc.instead)
+            log.warning(
+                "%s: Polar does not reproduce this dataset's own grading procedure; its tasks are graded "
+                "by %s",
+                name,
+                proc.instead,
+            )
 
 
-__all__ = ["DATASETS", "SWE_BENCH", "DatasetRowError", "DatasetSpec", "Procedure", "detect", "notice_unreproduced",
-           "procedure_of"]
+__all__ = [
+    "DATASETS",
+    "SWE_BENCH",
+    "DatasetRowError",
+    "DatasetSpec",
+    "Procedure",
+    "detect",
+    "notice_unreproduced",
+    "procedure_of",
+]

@@ -39,8 +39,10 @@ class Procedure:
         its own."""
         if not self.activate:
             return script
-        return (f'polar_argv=("$@"); set --\n{{ {self.activate.replace(chr(10), "; ")}; }} 1>&2\n'
-                f'set -- "${{polar_argv[@]}}"\n{script}')
+        return (
+            f'polar_argv=("$@"); set --\n{{ {self.activate.replace(chr(10), "; ")}; }} 1>&2\n'
+            f'set -- "${{polar_argv[@]}}"\n{script}'
+        )
 
     def summary(self) -> str:
         """One line: what is verified for a task graded by this procedure."""
@@ -79,11 +81,15 @@ def field(row: dict, name: str, kind: type | tuple[type, ...] = str, *, dataset:
             try:
                 value = ast.literal_eval(value)
             except (ValueError, SyntaxError, MemoryError, RecursionError):
-                raise DatasetRowError(f"{dataset} row {row.get('instance_id', '?')}: field {name!r} is neither JSON "
-                                      "nor a Python literal") from None
+                raise DatasetRowError(
+                    f"{dataset} row {row.get('instance_id', '?')}: field {name!r} is neither JSON "
+                    "nor a Python literal"
+                ) from None
     if not isinstance(value, kind):
-        raise DatasetRowError(f"{dataset} row {row.get('instance_id', '?')}: field {name!r} must be "
-                              f"{getattr(kind, '__name__', kind)}, not {type(value).__name__}")
+        raise DatasetRowError(
+            f"{dataset} row {row.get('instance_id', '?')}: field {name!r} must be "
+            f"{getattr(kind, '__name__', kind)}, not {type(value).__name__}"
+        )
     return value
 
 
@@ -103,4 +109,6 @@ def make_task(dataset: str, **fields: Any) -> Task:
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = ".".join(str(p) for p in err["loc"])
-        raise DatasetRowError(f"{dataset} row {fields.get('instance_id', '?')}: field {loc!r}: {err['msg']}") from None
+        raise DatasetRowError(
+            f"{dataset} row {fields.get('instance_id', '?')}: field {loc!r}: {err['msg']}"
+        ) from None

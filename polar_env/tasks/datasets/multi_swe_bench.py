@@ -49,19 +49,47 @@ def to_task(row: dict) -> Task:
     if not isinstance(base.get("sha"), str) or not base["sha"]:
         raise_missing(NAME, iid, "base.sha")
     issues = field(row, "resolved_issues", list, dataset=NAME)
-    statement = "\n\n".join(f"{i.get('title', '')}\n{i.get('body') or ''}".strip() for i in issues
-                            if isinstance(i, dict)) or f"{row.get('title', '')}\n{row.get('body') or ''}".strip()
-    return make_task(NAME, instance_id=iid, repo=f"{org}/{repo}", base_commit=base["sha"], problem_statement=statement,
-                     hints_text=str(row.get("hints") or ""),
-                     patch=field(row, "fix_patch", dataset=NAME), test_patch=field(row, "test_patch", dataset=NAME),
-                     FAIL_TO_PASS=sorted({*field(row, "f2p_tests", dict, dataset=NAME), *_tests(row, "s2p_tests"),
-                                          *_tests(row, "n2p_tests")}),
-                     PASS_TO_PASS=sorted(field(row, "p2p_tests", dict, dataset=NAME)), image=image(org, repo, number),
-                     workdir=f"/home/{repo}", test_cmd="bash /home/fix-run.sh", test_directives=NO_DIRECTIVES,
-                     log_parser=f"multi-swe-bench:{org}/{repo}")
+    statement = (
+        "\n\n".join(
+            f"{i.get('title', '')}\n{i.get('body') or ''}".strip() for i in issues if isinstance(i, dict)
+        )
+        or f"{row.get('title', '')}\n{row.get('body') or ''}".strip()
+    )
+    return make_task(
+        NAME,
+        instance_id=iid,
+        repo=f"{org}/{repo}",
+        base_commit=base["sha"],
+        problem_statement=statement,
+        hints_text=str(row.get("hints") or ""),
+        patch=field(row, "fix_patch", dataset=NAME),
+        test_patch=field(row, "test_patch", dataset=NAME),
+        FAIL_TO_PASS=sorted(
+            {
+                *field(row, "f2p_tests", dict, dataset=NAME),
+                *_tests(row, "s2p_tests"),
+                *_tests(row, "n2p_tests"),
+            }
+        ),
+        PASS_TO_PASS=sorted(field(row, "p2p_tests", dict, dataset=NAME)),
+        image=image(org, repo, number),
+        workdir=f"/home/{repo}",
+        test_cmd="bash /home/fix-run.sh",
+        test_directives=NO_DIRECTIVES,
+        log_parser=f"multi-swe-bench:{org}/{repo}",
+    )
 
 
-PROCEDURE = Procedure(reproduced=False, instead="SWE-bench's procedure in /testbed, not the image's "
-                      "/home/fix-run.sh and the repository's parse_log")
-SPEC = DatasetSpec(NAME, "ByteDance-Seed/Multi-SWE-bench", "train", to_task=to_task, procedure=PROCEDURE,
-                   matches=lambda row: "fix_patch" in row and "org" in row and "number" in row)
+PROCEDURE = Procedure(
+    reproduced=False,
+    instead="SWE-bench's procedure in /testbed, not the image's "
+    "/home/fix-run.sh and the repository's parse_log",
+)
+SPEC = DatasetSpec(
+    NAME,
+    "ByteDance-Seed/Multi-SWE-bench",
+    "train",
+    to_task=to_task,
+    procedure=PROCEDURE,
+    matches=lambda row: "fix_patch" in row and "org" in row and "number" in row,
+)

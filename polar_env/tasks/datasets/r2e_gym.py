@@ -28,15 +28,32 @@ def to_task(row: dict) -> Task:
     commit = field(row, "commit_hash", dataset=NAME)
     expected = field(row, "expected_output_json", dict, dataset=NAME)
     expected = {str(t).split(" - ")[0]: s for t, s in expected.items()}  # as R2E-Gym compares them
-    return make_task(NAME, instance_id=f"{repo}__{commit[:12]}", repo=repo, base_commit=commit,
-                     problem_statement=field(row, "problem_statement", dataset=NAME), test_patch="",
-                     FAIL_TO_PASS=sorted(t for t, s in expected.items() if str(s).upper() == "PASSED"),
-                     image=field(row, "docker_image", dataset=NAME), workdir="/testbed",
-                     test_cmd="bash /root/run_tests.sh", log_parser=f"r2e:{repo}")
+    return make_task(
+        NAME,
+        instance_id=f"{repo}__{commit[:12]}",
+        repo=repo,
+        base_commit=commit,
+        problem_statement=field(row, "problem_statement", dataset=NAME),
+        test_patch="",
+        FAIL_TO_PASS=sorted(t for t, s in expected.items() if str(s).upper() == "PASSED"),
+        image=field(row, "docker_image", dataset=NAME),
+        workdir="/testbed",
+        test_cmd="bash /root/run_tests.sh",
+        log_parser=f"r2e:{repo}",
+    )
 
 
-PROCEDURE = Procedure(reproduced=False, instead="the row's run_tests.sh left in the tree and parsed by SWE-bench's "
-                      "pytest parser; R2E-Gym's hiding of the tests and exact match of every expected status "
-                      "are not applied")
-SPEC = DatasetSpec(NAME, "R2E-Gym/R2E-Gym-Subset", "train", to_task=to_task, procedure=PROCEDURE,
-                   matches=lambda row: "expected_output_json" in row and "docker_image" in row)
+PROCEDURE = Procedure(
+    reproduced=False,
+    instead="the row's run_tests.sh left in the tree and parsed by SWE-bench's "
+    "pytest parser; R2E-Gym's hiding of the tests and exact match of every expected status "
+    "are not applied",
+)
+SPEC = DatasetSpec(
+    NAME,
+    "R2E-Gym/R2E-Gym-Subset",
+    "train",
+    to_task=to_task,
+    procedure=PROCEDURE,
+    matches=lambda row: "expected_output_json" in row and "docker_image" in row,
+)

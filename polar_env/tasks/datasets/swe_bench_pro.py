@@ -25,23 +25,41 @@ IMAGE_REPO = "jefzda/sweap-images"
 
 def prompt(row: dict) -> str:
     """create_problem_statement's template."""
-    return (f"{field(row, 'problem_statement', dataset=NAME)}\n\nRequirements:\n{row.get('requirements') or ''}"
-            f"\n\nNew interfaces introduced:\n{row.get('interface') or ''}")
+    return (
+        f"{field(row, 'problem_statement', dataset=NAME)}\n\nRequirements:\n{row.get('requirements') or ''}"
+        f"\n\nNew interfaces introduced:\n{row.get('interface') or ''}"
+    )
 
 
 def to_task(row: dict) -> Task:
     files = field(row, "selected_test_files_to_run", list, dataset=NAME)
-    return make_task(NAME, instance_id=field(row, "instance_id", dataset=NAME), repo=field(row, "repo", dataset=NAME),
-                     base_commit=field(row, "base_commit", dataset=NAME), problem_statement=prompt(row),
-                     patch=field(row, "patch", dataset=NAME), test_patch=field(row, "test_patch", dataset=NAME),
-                     FAIL_TO_PASS=field(row, "fail_to_pass", list, dataset=NAME),
-                     PASS_TO_PASS=field(row, "pass_to_pass", list, dataset=NAME),
-                     image=f"{IMAGE_REPO}:{field(row, 'dockerhub_tag', dataset=NAME)}", workdir="/app",
-                     test_cmd="bash /workspace/run_script.sh", test_directives=[",".join(str(f) for f in files)],
-                     log_parser="swe-bench-pro:parser.py")
+    return make_task(
+        NAME,
+        instance_id=field(row, "instance_id", dataset=NAME),
+        repo=field(row, "repo", dataset=NAME),
+        base_commit=field(row, "base_commit", dataset=NAME),
+        problem_statement=prompt(row),
+        patch=field(row, "patch", dataset=NAME),
+        test_patch=field(row, "test_patch", dataset=NAME),
+        FAIL_TO_PASS=field(row, "fail_to_pass", list, dataset=NAME),
+        PASS_TO_PASS=field(row, "pass_to_pass", list, dataset=NAME),
+        image=f"{IMAGE_REPO}:{field(row, 'dockerhub_tag', dataset=NAME)}",
+        workdir="/app",
+        test_cmd="bash /workspace/run_script.sh",
+        test_directives=[",".join(str(f) for f in files)],
+        log_parser="swe-bench-pro:parser.py",
+    )
 
 
-PROCEDURE = Procedure(reproduced=False, instead="SWE-bench's procedure in /testbed, not the "
-                      "instance's run_script.sh and parser.py in /app")
-SPEC = DatasetSpec(NAME, "ScaleAI/SWE-bench_Pro", "test", to_task=to_task, procedure=PROCEDURE,
-                   matches=lambda row: "dockerhub_tag" in row)
+PROCEDURE = Procedure(
+    reproduced=False,
+    instead="SWE-bench's procedure in /testbed, not the instance's run_script.sh and parser.py in /app",
+)
+SPEC = DatasetSpec(
+    NAME,
+    "ScaleAI/SWE-bench_Pro",
+    "test",
+    to_task=to_task,
+    procedure=PROCEDURE,
+    matches=lambda row: "dockerhub_tag" in row,
+)

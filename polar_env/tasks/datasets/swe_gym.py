@@ -49,24 +49,38 @@ def image(instance_id: str) -> str:
 def to_task(row: dict) -> Task:
     iid = field(row, "instance_id", dataset=NAME)
     repo = field(row, "repo", dataset=NAME)
-    return make_task(NAME, instance_id=iid, repo=repo,
-                     version=str(row.get("version") or ""), base_commit=field(row, "base_commit", dataset=NAME),
-                     problem_statement=field(row, "problem_statement", dataset=NAME),
-                     hints_text=row.get("hints_text") or "", patch=field(row, "patch", dataset=NAME),
-                     test_patch=field(row, "test_patch", dataset=NAME),
-                     FAIL_TO_PASS=field(row, "FAIL_TO_PASS", list, dataset=NAME),
-                     PASS_TO_PASS=field(row, "PASS_TO_PASS", list, dataset=NAME), image=image(iid),
-                     workdir="/testbed", test_cmd=TEST_CMD.get(repo.lower(), DEFAULT_TEST_CMD),
-                     log_parser="parse_log_pytest_pydantic" if repo.lower() == "pydantic/pydantic"
-                     else "parse_log_pytest")
+    return make_task(
+        NAME,
+        instance_id=iid,
+        repo=repo,
+        version=str(row.get("version") or ""),
+        base_commit=field(row, "base_commit", dataset=NAME),
+        problem_statement=field(row, "problem_statement", dataset=NAME),
+        hints_text=row.get("hints_text") or "",
+        patch=field(row, "patch", dataset=NAME),
+        test_patch=field(row, "test_patch", dataset=NAME),
+        FAIL_TO_PASS=field(row, "FAIL_TO_PASS", list, dataset=NAME),
+        PASS_TO_PASS=field(row, "PASS_TO_PASS", list, dataset=NAME),
+        image=image(iid),
+        workdir="/testbed",
+        test_cmd=TEST_CMD.get(repo.lower(), DEFAULT_TEST_CMD),
+        log_parser="parse_log_pytest_pydantic" if repo.lower() == "pydantic/pydantic" else "parse_log_pytest",
+    )
 
 
 def matches(row: dict) -> bool:
-    return (str(row.get("repo", "")).lower() in TEST_CMD and "image" not in row and "dataset" not in row
-            and "FAIL_TO_PASS" in row)
+    return (
+        str(row.get("repo", "")).lower() in TEST_CMD
+        and "image" not in row
+        and "dataset" not in row
+        and "FAIL_TO_PASS" in row
+    )
 
 
-PROCEDURE = Procedure(activate=CONDA_TESTBED, verified="a stand-in image in SWE-Gym's layout (conda `testbed`, "
-                      "/testbed with a later fix commit), gold 1.0 and no-op 0 by `polar rollout`, strict mode "
-                      "(tests/test_dataset_standins.py)")
+PROCEDURE = Procedure(
+    activate=CONDA_TESTBED,
+    verified="a stand-in image in SWE-Gym's layout (conda `testbed`, "
+    "/testbed with a later fix commit), gold 1.0 and no-op 0 by `polar rollout`, strict mode "
+    "(tests/test_dataset_standins.py)",
+)
 SPEC = DatasetSpec(NAME, "SWE-Gym/SWE-Gym", "train", matches=matches, to_task=to_task, procedure=PROCEDURE)

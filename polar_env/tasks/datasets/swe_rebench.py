@@ -42,13 +42,18 @@ def image(instance_id: str) -> str:
 
 
 def _common(row: dict, dataset: str) -> dict:
-    return dict(instance_id=field(row, "instance_id", dataset=dataset), repo=field(row, "repo", dataset=dataset),
-                version=str(row.get("version") or ""), base_commit=field(row, "base_commit", dataset=dataset),
-                problem_statement=field(row, "problem_statement", dataset=dataset),
-                hints_text=row.get("hints_text") or "", patch=field(row, "patch", dataset=dataset),
-                test_patch=field(row, "test_patch", dataset=dataset),
-                FAIL_TO_PASS=field(row, "FAIL_TO_PASS", list, dataset=dataset),
-                PASS_TO_PASS=field(row, "PASS_TO_PASS", list, dataset=dataset))
+    return dict(
+        instance_id=field(row, "instance_id", dataset=dataset),
+        repo=field(row, "repo", dataset=dataset),
+        version=str(row.get("version") or ""),
+        base_commit=field(row, "base_commit", dataset=dataset),
+        problem_statement=field(row, "problem_statement", dataset=dataset),
+        hints_text=row.get("hints_text") or "",
+        patch=field(row, "patch", dataset=dataset),
+        test_patch=field(row, "test_patch", dataset=dataset),
+        FAIL_TO_PASS=field(row, "FAIL_TO_PASS", list, dataset=dataset),
+        PASS_TO_PASS=field(row, "PASS_TO_PASS", list, dataset=dataset),
+    )
 
 
 def _text(config: dict, key: str, dataset: str, iid: str) -> str:
@@ -63,8 +68,15 @@ def to_task(row: dict) -> Task:
     common = _common(row, NAME)
     test_cmd = _text(config, "test_cmd", NAME, common["instance_id"])
     parser = _text(config, "log_parser", NAME, common["instance_id"])
-    return make_task(NAME, **common, image=row.get("docker_image") or image(common["instance_id"]),
-                     workdir="/testbed", test_cmd=test_cmd, environment={"env": LOCALE}, log_parser=parser)
+    return make_task(
+        NAME,
+        **common,
+        image=row.get("docker_image") or image(common["instance_id"]),
+        workdir="/testbed",
+        test_cmd=test_cmd,
+        environment={"env": LOCALE},
+        log_parser=parser,
+    )
 
 
 def to_task_v2(row: dict) -> Task:
@@ -77,9 +89,15 @@ def to_task_v2(row: dict) -> Task:
     if not cmds:
         raise_missing(NAME_V2, iid, "install_config.test_cmd")
     parser = _text(config, "log_parser", NAME_V2, iid)
-    return make_task(NAME_V2, **common, image=field(row, "image_name", dataset=NAME_V2),
-                     workdir="/" + common["repo"].split("/")[-1], test_cmd=" && ".join(cmds),
-                     test_directives=NO_DIRECTIVES, log_parser=parser)
+    return make_task(
+        NAME_V2,
+        **common,
+        image=field(row, "image_name", dataset=NAME_V2),
+        workdir="/" + common["repo"].split("/")[-1],
+        test_cmd=" && ".join(cmds),
+        test_directives=NO_DIRECTIVES,
+        log_parser=parser,
+    )
 
 
 def _is_v2(row: dict) -> bool:
@@ -88,13 +106,31 @@ def _is_v2(row: dict) -> bool:
 
 # the fork's eval script: SWE-bench's, conda ``testbed`` first (it also re-runs ``install_config.install``:
 # not here)
-PROCEDURE = Procedure(activate=CONDA_TESTBED, verified="a stand-in image in SWE-bench's layout (conda `testbed`, "
-                      "/testbed with a later fix commit), gold 1.0 and no-op 0 by `polar rollout`, strict mode "
-                      "(tests/test_dataset_standins.py)")
-SPEC = DatasetSpec(NAME, "nebius/SWE-rebench", "test", to_task=to_task, procedure=PROCEDURE,
-                   matches=lambda row: "install_config" in row and not _is_v2(row))
+PROCEDURE = Procedure(
+    activate=CONDA_TESTBED,
+    verified="a stand-in image in SWE-bench's layout (conda `testbed`, "
+    "/testbed with a later fix commit), gold 1.0 and no-op 0 by `polar rollout`, strict mode "
+    "(tests/test_dataset_standins.py)",
+)
+SPEC = DatasetSpec(
+    NAME,
+    "nebius/SWE-rebench",
+    "test",
+    to_task=to_task,
+    procedure=PROCEDURE,
+    matches=lambda row: "install_config" in row and not _is_v2(row),
+)
 # not reproduced: V2's repository is at /<repo>, Polar's image grading runs SWE-bench's procedure in
 # /testbed, and most of its parsers (76, 20 languages) are V2's own, not SWE-bench's.
-SPEC_V2 = DatasetSpec(NAME_V2, "nebius/SWE-rebench-V2", "train", to_task=to_task_v2, matches=_is_v2,
-                      procedure=Procedure(reproduced=False, instead="SWE-bench's procedure in /testbed with the "
-                                          "row's test command, not V2's per-language parsers in /<repo>"))
+SPEC_V2 = DatasetSpec(
+    NAME_V2,
+    "nebius/SWE-rebench-V2",
+    "train",
+    to_task=to_task_v2,
+    matches=_is_v2,
+    procedure=Procedure(
+        reproduced=False,
+        instead="SWE-bench's procedure in /testbed with the "
+        "row's test command, not V2's per-language parsers in /<repo>",
+    ),
+)

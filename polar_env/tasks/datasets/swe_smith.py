@@ -27,23 +27,42 @@ from polar_env.tasks.models import Task
 
 NAME = "swe-smith"
 # swesmith/profiles/python.py: PythonProfile.test_cmd (ENV_NAME = "testbed")
-TEST_CMD = ("source /opt/miniconda3/bin/activate; conda activate testbed; "
-            "pytest --disable-warnings --color=no --tb=no --verbose")
+TEST_CMD = (
+    "source /opt/miniconda3/bin/activate; conda activate testbed; "
+    "pytest --disable-warnings --color=no --tb=no --verbose"
+)
 
 
 def to_task(row: dict) -> Task:
     iid = field(row, "instance_id", dataset=NAME)
-    return make_task(NAME, instance_id=iid, repo=field(row, "repo", dataset=NAME), base_commit=iid,
-                     problem_statement=field(row, "problem_statement", dataset=NAME), test_patch="",
-                     FAIL_TO_PASS=field(row, "FAIL_TO_PASS", list, dataset=NAME),
-                     PASS_TO_PASS=field(row, "PASS_TO_PASS", list, dataset=NAME),
-                     image=field(row, "image_name", dataset=NAME), workdir="/testbed", test_cmd=TEST_CMD,
-                     log_parser="swesmith:pytest-verbose")
+    return make_task(
+        NAME,
+        instance_id=iid,
+        repo=field(row, "repo", dataset=NAME),
+        base_commit=iid,
+        problem_statement=field(row, "problem_statement", dataset=NAME),
+        test_patch="",
+        FAIL_TO_PASS=field(row, "FAIL_TO_PASS", list, dataset=NAME),
+        PASS_TO_PASS=field(row, "PASS_TO_PASS", list, dataset=NAME),
+        image=field(row, "image_name", dataset=NAME),
+        workdir="/testbed",
+        test_cmd=TEST_CMD,
+        log_parser="swesmith:pytest-verbose",
+    )
 
 
 # not reproduced: SWE-smith's tests come back at HEAD~1 of the instance branch (no test patch in the
 # row) and are read from pytest's --verbose lines; Polar's procedure applies a test patch and reads -rA.
-PROCEDURE = Procedure(reproduced=False, instead="SWE-bench's procedure at the instance branch (a test patch "
-                      "applied, the -rA summary read), not SWE-smith's (tests back at HEAD~1, the --verbose parser)")
-SPEC = DatasetSpec(NAME, "SWE-bench/SWE-smith", "train", to_task=to_task, procedure=PROCEDURE,
-                   matches=lambda row: "image_name" in row and str(row.get("repo", "")).startswith("swesmith/"))
+PROCEDURE = Procedure(
+    reproduced=False,
+    instead="SWE-bench's procedure at the instance branch (a test patch "
+    "applied, the -rA summary read), not SWE-smith's (tests back at HEAD~1, the --verbose parser)",
+)
+SPEC = DatasetSpec(
+    NAME,
+    "SWE-bench/SWE-smith",
+    "train",
+    to_task=to_task,
+    procedure=PROCEDURE,
+    matches=lambda row: "image_name" in row and str(row.get("repo", "")).startswith("swesmith/"),
+)

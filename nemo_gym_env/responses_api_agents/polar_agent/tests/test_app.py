@@ -31,14 +31,23 @@ EXAMPLES = Path(__file__).resolve().parents[3] / "resources_servers" / "polar" /
 
 
 def _config(**kw) -> PolarAgentServerConfig:
-    return PolarAgentServerConfig(host="127.0.0.1", port=0, entrypoint="app.py", name="polar_agent",
-                                  resources_server={"type": "resources_servers", "name": "polar_resources_server"},
-                                  **kw)
+    return PolarAgentServerConfig(
+        host="127.0.0.1",
+        port=0,
+        entrypoint="app.py",
+        name="polar_agent",
+        resources_server={"type": "resources_servers", "name": "polar_resources_server"},
+        **kw,
+    )
 
 
 def test_config_maps_onto_polar_agent_config() -> None:
-    config = _config(harness="codex", url=["http://a:1/v1", "http://b:2/v1"], backend="nemo-rl",
-                     default_sampling={"temperature": 0.7, "top_p": 0.9, "max_tokens": 512})
+    config = _config(
+        harness="codex",
+        url=["http://a:1/v1", "http://b:2/v1"],
+        backend="nemo-rl",
+        default_sampling={"temperature": 0.7, "top_p": 0.9, "max_tokens": 512},
+    )
     assert isinstance(config, PolarAgentConfig)  # the Gym config is Polar's config, declared once
     assert config.harness == "codex" and config.backend == "nemo-rl"
     assert config.url == ["http://a:1", "http://b:2"]
@@ -48,8 +57,15 @@ def test_config_maps_onto_polar_agent_config() -> None:
 def test_config_takes_the_settings_polar_rollout_and_proxy_serve_take() -> None:
     """A fragment of Polar's settings (tests/test_settings.py: `polar rollout --settings`, `polar proxy serve
     --settings`) is the Gym agent's config under the same keys, and the same proxy settings come out."""
-    fragment = {"backend": "vllm", "url": "http://a:1/v1", "model_name": "policy", "model_dir": "/models/policy",
-                "tool_format": "qwen3_coder", "max_context": 4096, "agent_calls": "refuse"}
+    fragment = {
+        "backend": "vllm",
+        "url": "http://a:1/v1",
+        "model_name": "policy",
+        "model_dir": "/models/policy",
+        "tool_format": "qwen3_coder",
+        "max_context": 4096,
+        "agent_calls": "refuse",
+    }
     assert _config(**fragment).proxy_settings() == ProxySettings.model_validate(fragment) != ProxySettings()
 
 
@@ -57,12 +73,24 @@ def test_example_rows_parse_as_run_requests() -> None:
     rows = [json.loads(line) for line in EXAMPLES.read_text().splitlines()]
     assert len(rows) == 5
     for row in rows:
-        request = PolarRunRequest.model_validate({**row, "responses_create_params": {
-            **row["responses_create_params"], "temperature": 0.6, "top_p": 0.95, "max_output_tokens": 300}})
+        request = PolarRunRequest.model_validate(
+            {
+                **row,
+                "responses_create_params": {
+                    **row["responses_create_params"],
+                    "temperature": 0.6,
+                    "top_p": 0.95,
+                    "max_output_tokens": 300,
+                },
+            }
+        )
         dumped = request.model_dump(mode="json", exclude_unset=True)
         assert row_task_id(dumped) == row["task_id"]
         assert session_sampling(dumped["responses_create_params"], {"max_tokens": 8192}) == {
-            "temperature": 0.6, "top_p": 0.95, "max_tokens": 300}
+            "temperature": 0.6,
+            "top_p": 0.95,
+            "max_tokens": 300,
+        }
 
 
 def test_responses_endpoint_points_at_run() -> None:
@@ -74,33 +102,95 @@ def test_responses_endpoint_points_at_run() -> None:
 
 
 def test_verify_payload_drops_token_ids_only() -> None:
-    output = [{"type": "message", "content": [], "prompt_token_ids": [1], "generation_token_ids": [2],
-               "generation_log_probs": [-0.1]}]
+    output = [
+        {
+            "type": "message",
+            "content": [],
+            "prompt_token_ids": [1],
+            "generation_token_ids": [2],
+            "generation_log_probs": [-0.1],
+        }
+    ]
     assert plain_items(output) == [{"type": "message", "content": []}]
 
 
 def _trajectory() -> Trajectory:
     """Two proxied calls (a bash tool call, then a final answer) and a failed third, as the proxy records
     them."""
-    call = AssistantTurn(call_id="c1", tool_calls=[ToolCall(id="t1", name="bash", arguments='{"command": "ls"}')],
-                         finish_reason="tool_calls")
+    call = AssistantTurn(
+        call_id="c1",
+        tool_calls=[ToolCall(id="t1", name="bash", arguments='{"command": "ls"}')],
+        finish_reason="tool_calls",
+    )
     done = AssistantTurn(call_id="c2", content="done")
     calls = [
-        CallSummary(call_index=0, call_id="c1", api="chat", created_at=100.0, chain=0, parent_call_index=None,
-                    messages_offset=0, new_messages=[Message(role="user", content="fix it")], output=call,
-                    finish_reason="tool_calls", prompt_tokens=50, sampled_tokens=12, timings={"total_ms": 800.0}),
-        CallSummary(call_index=1, call_id="c2", api="chat", created_at=102.0, chain=0, parent_call_index=0,
-                    messages_offset=2, new_messages=[Message(role="tool", content="a.py", tool_call_id="t1")],
-                    output=done, finish_reason="stop", prompt_tokens=70, sampled_tokens=3,
-                    timings={"total_ms": 200.0}),
-        CallSummary(call_index=2, call_id="c3", api="chat", created_at=103.0, chain=None, parent_call_index=None,
-                    messages_offset=0, new_messages=[], output=None, finish_reason=None, prompt_tokens=0,
-                    sampled_tokens=0, error="backend: 503", timings={"total_ms": 5.0}),
+        CallSummary(
+            call_index=0,
+            call_id="c1",
+            api="chat",
+            created_at=100.0,
+            chain=0,
+            parent_call_index=None,
+            messages_offset=0,
+            new_messages=[Message(role="user", content="fix it")],
+            output=call,
+            finish_reason="tool_calls",
+            prompt_tokens=50,
+            sampled_tokens=12,
+            timings={"total_ms": 800.0},
+        ),
+        CallSummary(
+            call_index=1,
+            call_id="c2",
+            api="chat",
+            created_at=102.0,
+            chain=0,
+            parent_call_index=0,
+            messages_offset=2,
+            new_messages=[Message(role="tool", content="a.py", tool_call_id="t1")],
+            output=done,
+            finish_reason="stop",
+            prompt_tokens=70,
+            sampled_tokens=3,
+            timings={"total_ms": 200.0},
+        ),
+        CallSummary(
+            call_index=2,
+            call_id="c3",
+            api="chat",
+            created_at=103.0,
+            chain=None,
+            parent_call_index=None,
+            messages_offset=0,
+            new_messages=[],
+            output=None,
+            finish_reason=None,
+            prompt_tokens=0,
+            sampled_tokens=0,
+            error="backend: 503",
+            timings={"total_ms": 5.0},
+        ),
     ]
-    stats = TrajectoryStats(calls=3, failed_calls=1, chains=0, sampled_tokens=15, trainable_tokens=0,
-                            trainable_fraction=0.0, main_chain_tokens=0, masked_tokens=0, unscored_tokens=0)
-    return Trajectory(session_id="ep-1", task_id="t", model="m", created_at=100.0, status="completed", calls=calls,
-                      stats=stats)
+    stats = TrajectoryStats(
+        calls=3,
+        failed_calls=1,
+        chains=0,
+        sampled_tokens=15,
+        trainable_tokens=0,
+        trainable_fraction=0.0,
+        main_chain_tokens=0,
+        masked_tokens=0,
+        unscored_tokens=0,
+    )
+    return Trajectory(
+        session_id="ep-1",
+        task_id="t",
+        model="m",
+        created_at=100.0,
+        status="completed",
+        calls=calls,
+        stats=stats,
+    )
 
 
 def test_observability_records_validate_against_gyms_models() -> None:
@@ -108,16 +198,31 @@ def test_observability_records_validate_against_gyms_models() -> None:
     result = to_nemo_gym_result(traj, placeholder_token_id=0).row()
     usage = result["response"]["usage"]
     assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"] == 50 + 12 + 70 + 3
-    bundle = AgentObservationBundle.model_validate(agent_observations(
-        traj, result["response"]["output"], invocation_id="ep-1", status="failed", duration_ms=3000.0,
-        error_type="harness_killed"))
+    bundle = AgentObservationBundle.model_validate(
+        agent_observations(
+            traj,
+            result["response"]["output"],
+            invocation_id="ep-1",
+            status="failed",
+            duration_ms=3000.0,
+            error_type="harness_killed",
+        )
+    )
     invocation, tool = bundle.records
-    assert invocation.status == "failed" and [r.model_call_id for r in invocation.model_calls] == ["c1", "c2", "c3"]
+    assert invocation.status == "failed" and [r.model_call_id for r in invocation.model_calls] == [
+        "c1",
+        "c2",
+        "c3",
+    ]
     assert tool.tool_call_id == "t1" and tool.tool_name == "bash"
-    record = TrajectoryRecord.model_validate(producer_trajectory(traj, task_id="t", rollout_id="0-0",
-                                                                 invocation_id="ep-1", resolved=True))
+    record = TrajectoryRecord.model_validate(
+        producer_trajectory(traj, task_id="t", rollout_id="0-0", invocation_id="ep-1", resolved=True)
+    )
     assert [t.turn_no for t in record.turns] == [1, 2] and record.turns[-1].resolved is True
     assert record.turns[1].step_count == 1  # one tool call before the second turn
     failed = record.model_calls[2]
-    assert failed.response_metadata.response_status == "failed" and failed.response_metadata.error_category == "backend"
+    assert (
+        failed.response_metadata.response_status == "failed"
+        and failed.response_metadata.error_category == "backend"
+    )
     assert record.model_calls[0].duration_ms == 800.0 and record.model_calls[0].token_stats.total_tokens == 62

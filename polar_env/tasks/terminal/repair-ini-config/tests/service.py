@@ -1,4 +1,5 @@
 """A tiny service whose --check validates its configuration file."""
+
 import configparser
 import sys
 

@@ -1,10 +1,12 @@
 """Checks of the repaired /app/service.ini, with a pristine copy of the service's checker."""
+
 import configparser
 import subprocess
 import sys
 
-proc = subprocess.run([sys.executable, "/tests/service.py", "--check", "/app/service.ini"], capture_output=True,
-                      text=True)
+proc = subprocess.run(
+    [sys.executable, "/tests/service.py", "--check", "/app/service.ini"], capture_output=True, text=True
+)
 print(proc.stdout)
 assert proc.returncode == 0, "the service's check still fails"
 cfg = configparser.ConfigParser()

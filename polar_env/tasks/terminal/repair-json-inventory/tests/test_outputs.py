@@ -1,4 +1,5 @@
 """/app/inventory.json parses and holds exactly the data it had (types included)."""
+
 import json
 
 got = json.load(open("/app/inventory.json"))

@@ -1,4 +1,5 @@
 """Compare /app/top_ips.txt with the top three computed from a pristine copy of the log."""
+
 from collections import Counter
 
 counts = Counter(line.split()[0] for line in open("/tests/access.log") if line.strip())

@@ -1,4 +1,5 @@
 """Run /app/backup.sh on a changed data dir and check the archive it writes."""
+
 import os
 import subprocess
 import tarfile
