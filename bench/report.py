@@ -858,7 +858,8 @@ sends the prompt ids to the backend once, as JSON each id of a chain is encoded 
 call's body is its parent's stored encoding and the new ids', `backends/ids_json.py`), and no
 longer asks for them back (`usage.prompt_tokens` is checked instead; `--verify-prompt-echo`
 restores the echo for debugging); the ledger line holds only what the call adds, written by the
-ledger's own thread before the answer goes out; the servers run on `uvloop`; the appended text is encoded by the Rust
+ledger's own thread before the answer goes out; the servers run on `uvloop`; the appended text is
+encoded by the Rust
 tokenizer's batch encode without offsets (the same ids, a quarter less CPU than transformers'
 `encode`); a process hosting a proxy collects cyclic garbage less often (`proxy/app.py`
 `GC_THRESHOLDS`: at Python's defaults the collector walked the open sessions' objects over and
