@@ -153,7 +153,7 @@ async def measure(
     from polar_env.backends.scripted import PolicyAnswers
     from polar_env.backends.simulated import SimulatedBackend
     from polar_env.chat.template import ChatRenderer
-    from polar_env.episodes import EpisodeConfig
+    from polar_env.episodes import EpisodeSettings
     from polar_env.harness_adapters.policies import make_policy
     from polar_env.rewards.grading import gold_reference
     from polar_env.rollout.config import RolloutConfig
@@ -163,7 +163,7 @@ async def measure(
 
     tasks = load_tasks("bundled")
     renderer = ChatRenderer.from_pretrained(embedded_model_dir())
-    episode = EpisodeConfig(harness=HARNESS, timeout_s=timeout_s, sandbox="bubblewrap")
+    episode = EpisodeSettings(harness=HARNESS, timeout=timeout_s, sandbox="bubblewrap")
     out: dict[str, Any] = {
         "harness": HARNESS,
         "policy": POLICY,

@@ -10,6 +10,7 @@ from pathlib import Path
 from pydantic import BaseModel, Field
 
 GRADING_PREFIX = "POLAR_GRADING_"
+PYTHON_PREFIX = "POLAR_PYTHON"
 
 
 class EnvSettings(BaseModel):
@@ -28,6 +29,9 @@ class EnvSettings(BaseModel):
     # POLAR_GRADING_MEMORY_BYTES / _PIDS_MAX / _TMPFS_BYTES / _TIMEOUT_S: the grading limits
     # (rewards/sandbox_exec.py)
     grading: dict[str, str] = {}
+    # POLAR_PYTHON<major>_<minor> (POLAR_PYTHON3_12): the host CPython a portable-Python harness copies,
+    # by its major.minor ("3.12"; harness_adapters/sources.py)
+    python: dict[str, str] = {}
 
     @classmethod
     def read(cls, environ: Mapping[str, str] | None = None) -> EnvSettings:
@@ -42,6 +46,11 @@ class EnvSettings(BaseModel):
                 "image_map": env.get("POLAR_IMAGE_MAP", ""),
                 "grading": {
                     k.removeprefix(GRADING_PREFIX): v for k, v in env.items() if k.startswith(GRADING_PREFIX)
+                },
+                "python": {
+                    k.removeprefix(PYTHON_PREFIX).replace("_", "."): v
+                    for k, v in env.items()
+                    if k.startswith(PYTHON_PREFIX) and k != PYTHON_PREFIX and v
                 },
             }
         )

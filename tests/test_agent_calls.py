@@ -142,7 +142,7 @@ async def test_a_tool_process_queuing_calls_cannot_extend_its_episode(embedded_d
 
     from reliability_helpers import scripted_proxy
 
-    from polar_env.episodes import EpisodeConfig, run_episode
+    from polar_env.episodes import EpisodeSettings, run_episode
     from polar_env.harness_adapters.policies import DONE, shell_call
     from polar_env.tasks.loader import load_tasks
 
@@ -174,12 +174,12 @@ async def test_a_tool_process_queuing_calls_cannot_extend_its_episode(embedded_d
                 proxy,
                 task,
                 episode_id=f"{name}.s0",
-                config=EpisodeConfig(
+                settings=EpisodeSettings(
                     harness="pi",
-                    timeout_s=timeout_s,
-                    sampling={"max_tokens": 4096},
-                    scratch_root=tmp_path / name,
+                    timeout=timeout_s,
+                    max_tokens=4096,
                 ),
+                scratch_root=tmp_path / name,
             )
 
         flood, sibling = await asyncio.gather(episode("flood", deadline_s), episode("sibling", 300.0))

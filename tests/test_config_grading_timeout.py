@@ -13,7 +13,7 @@ import yaml
 from polar_env.cli import build_parser
 from polar_env.cli.rollout import config_from_args
 from polar_env.cli.tasks_export import task_toml
-from polar_env.episodes.settings import EpisodeConfig
+from polar_env.episodes.settings import EpisodeSettings
 from polar_env.resources_server.core import PolarResourcesConfig
 from polar_env.rewards.sandbox_exec import GradingLimits, grading_timeout_s
 from polar_env.rollout.plan import plan_from_config
@@ -51,7 +51,7 @@ def _declaration_line() -> int:
 
 def test_unset_means_the_default_and_explicit_values_win(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.delenv("POLAR_GRADING_TIMEOUT_S", raising=False)
-    assert grading_timeout_s() == DEFAULT == EpisodeConfig().grading_timeout_s
+    assert grading_timeout_s() == DEFAULT == EpisodeSettings().grading_timeout
     monkeypatch.setenv("POLAR_GRADING_TIMEOUT_S", "60")
     assert grading_timeout_s() == 60.0 and grading_timeout_s(5.0) == 5.0
 
@@ -66,7 +66,7 @@ def test_job_commands_read_the_environment(env_timeout: float, argv: list[str]):
     config = config_from_args(args)
     assert config.grading_timeout == env_timeout
     plan = plan_from_config(config.model_copy(update={"limit": 1}))
-    assert plan.episode.grading_timeout_s == env_timeout  # what each episode grades with
+    assert plan.episode.grading_timeout == env_timeout  # what each episode grades with
     flag = build_parser(argv[:1]).parse_args([*argv, "--grading-timeout", "7"])
     assert config_from_args(flag).grading_timeout == 7.0  # the flag wins
 
@@ -82,9 +82,9 @@ def test_gym_resources_server_reads_the_environment(env_timeout: float):
     """The Gym config leaves the deadline to the server's own model (an explicit key would win)."""
     block = yaml.safe_load((REPO / "nemo_gym_env/resources_servers/polar/configs/polar.yaml").read_text())
     polar = block["polar_resources_server"]["resources_servers"]["polar"]
-    assert "grading_timeout_s" not in polar
-    assert PolarResourcesConfig.model_validate({"tasks": "bundled"}).grading_timeout_s == env_timeout
-    assert PolarResourcesConfig(grading_timeout_s=30).grading_timeout_s == 30
+    assert "grading_timeout" not in polar
+    assert PolarResourcesConfig.model_validate({"tasks": "bundled"}).grading_timeout == env_timeout
+    assert PolarResourcesConfig(grading_timeout=30).grading_timeout == 30
 
 
 def test_exported_harbor_tasks_carry_the_deadline(env_timeout: float):

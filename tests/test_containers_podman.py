@@ -33,7 +33,7 @@ from polar_sandbox_helpers import (
 )
 
 from polar_env.backends.scripted import ScriptedBackend
-from polar_env.episodes import EpisodeConfig, run_episode
+from polar_env.episodes import EpisodeSettings, run_episode
 from polar_env.episodes.workspace import engine_available, open_workspace
 from polar_env.harness_adapters.policies import make_policy
 from polar_env.proxy.app import ProxyServer
@@ -150,7 +150,8 @@ async def test_episode_in_the_container_graded_in_the_image(harness, scripted_pr
         scripted_proxy,
         task,
         episode_id=f"ep-{harness}",
-        config=EpisodeConfig(harness=harness, sandbox=ENGINE, timeout_s=300, scratch_root=tmp_path),
+        settings=EpisodeSettings(harness=harness, sandbox=ENGINE, timeout=300),
+        scratch_root=tmp_path,
     )
     traj = result.trajectory
     assert traj.status == "completed", (traj.error, result.harness and result.harness.stderr_tail[-2000:])

@@ -63,13 +63,13 @@ def run_out(tmp_path_factory, embedded_dir: Path) -> Path:
         model_dir=embedded_dir,
     )
     plan = plan_from_config(config)
-    plan.episode.grade = False
+    plan.grade = False
     real_run_harness = stages.run_harness
 
-    async def run_harness(session, sandbox, prompt, *, model_name, timeout_s):
+    async def run_harness(session, sandbox, prompt, *, timeout_s):
         if session.session_id.rsplit(".", 1)[0] in KILLED:
             timeout_s = 0.2  # Pi's node start-up alone takes longer: killed before any model call
-        return await real_run_harness(session, sandbox, prompt, model_name=model_name, timeout_s=timeout_s)
+        return await real_run_harness(session, sandbox, prompt, timeout_s=timeout_s)
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(stages, "run_harness", run_harness)

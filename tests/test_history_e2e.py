@@ -22,7 +22,7 @@ import pytest
 from dataset_standins import build_layer
 
 from polar_env.backends.scripted import ScriptedBackend
-from polar_env.episodes import EpisodeConfig, run_episode
+from polar_env.episodes import EpisodeSettings, run_episode
 from polar_env.episodes.workspace import engine_available, open_workspace
 from polar_env.harness_adapters.policies import final_answer, patch_edit, shell_call
 from polar_env.outcomes import FailureKind
@@ -220,7 +220,8 @@ async def mine_then_fix(task: Task, needle: str, proxy_for, sandbox: str, tmp_pa
         proxy,
         task,
         episode_id=f"{task.instance_id}.s0.a0",
-        config=EpisodeConfig(harness="pi", sandbox=sandbox, timeout_s=300, scratch_root=tmp_path),
+        settings=EpisodeSettings(harness="pi", sandbox=sandbox, timeout=300),
+        scratch_root=tmp_path,
     )
     traj = result.trajectory
     assert traj.status == "completed", (traj.error, result.harness and result.harness.stderr_tail[-2000:])

@@ -315,7 +315,7 @@ async def test_a_harness_the_agent_kills_or_outsleeps_is_graded(embedded_dir: Pa
 
     from reliability_helpers import scripted_proxy
 
-    from polar_env.episodes import EpisodeConfig, run_episode
+    from polar_env.episodes import EpisodeSettings, run_episode
     from polar_env.harness_adapters.policies import DONE, shell_call
     from polar_env.trajectory.export import TrajectoryWriter
 
@@ -340,12 +340,12 @@ async def test_a_harness_the_agent_kills_or_outsleeps_is_graded(embedded_dir: Pa
                 proxy,
                 TASK,
                 episode_id=f"{probe}.s0",
-                config=EpisodeConfig(
+                settings=EpisodeSettings(
                     harness="pi",
-                    timeout_s=timeout_s,
-                    sampling={"max_tokens": 4096},
-                    scratch_root=tmp_path / "scratch",
+                    timeout=timeout_s,
+                    max_tokens=4096,
                 ),
+                scratch_root=tmp_path / "scratch",
             )
     killed, slept = results["kill"], results["sleep"]
     # SIGKILL seen as bwrap's exit 137 (harness_crashed) or as the signal itself (harness_killed): either is

@@ -170,7 +170,7 @@ def gym(tmp_path_factory, embedded_dir):
                 "+policy_model_name=polar-policy",
                 f"+polar_model_dir={embedded_dir}",
                 f"{agent}.trajectories_path={g.trajectories}",
-                f"{agent}.timeout_s=600",
+                f"{agent}.timeout=600",
                 "+skip_venv_if_present=true",
                 f"+uv_venv_dir={venvs}",
                 *common,

@@ -26,13 +26,14 @@ from polar_env.agent_server.core import (
     PolarAgentConfig,
     _row_prompt,
     row_sampling,
+    row_settings,
     row_task_id,
-    session_sampling,
 )
 from polar_env.backends.base import SamplingParams
 from polar_env.backends.vllm import VllmBackend
 from polar_env.cli.policy_server import PolicyServer, gold_policy
 from polar_env.episodes import episode_prompt
+from polar_env.episodes.settings import EpisodeSettings
 from polar_env.episodes.workspace import WorkspaceMounts
 from polar_env.harness_adapters.policies import DONE as FINAL
 from polar_env.proxy.settings import base_urls
@@ -70,15 +71,15 @@ def test_base_urls_accepts_what_gym_and_nemo_rl_pass():
     assert base_urls("") == []
 
 
-def test_session_sampling_takes_the_trainers_sampling_over_defaults():
-    default = {"temperature": 1.0, "top_p": 1.0, "max_tokens": 8192}
-    assert session_sampling({"temperature": 0.6, "max_output_tokens": 300}, default) == {
+def test_row_settings_take_the_trainers_sampling_over_the_config():
+    config = EpisodeSettings(temperature=1.0, top_p=1.0, max_tokens=8192)
+    assert row_settings({"temperature": 0.6, "max_output_tokens": 300}, config).sampling() == {
         "temperature": 0.6,
         "top_p": 1.0,
         "max_tokens": 300,
     }
-    assert session_sampling(None, default) == default
-    assert session_sampling({"top_p": None}, default) == default
+    assert row_settings(None, config) == config
+    assert row_settings({"top_p": None}, config) == config
 
 
 def test_row_task_id_and_prompt():
@@ -442,7 +443,7 @@ async def test_agent_runs_a_harness_through_the_proxy_and_grades(
             model_dir=embedded_dir,
             runtime_dir=str(tmp_path / "rt"),
             trajectories_path=str(traj_file),
-            timeout_s=300,
+            timeout=300,
         )
     )
     await agent.start()
@@ -480,7 +481,7 @@ async def test_run_slots_hold_the_policy_server_at_its_concurrency_per_call(
             model_name="polar-policy",
             model_dir=embedded_dir,
             runtime_dir=str(tmp_path / "rt"),
-            timeout_s=300,
+            timeout=300,
             max_concurrent_episodes=2,
             run_slots=1,
         )
@@ -570,7 +571,7 @@ async def test_a_fault_in_each_stage_settles_and_leaves_nothing_behind(
             model_name="polar-policy",
             model_dir=embedded_dir,
             runtime_dir=str(tmp_path / "rt"),
-            timeout_s=300,
+            timeout=300,
             trajectories_path=str(traj_file),
             run_slots=1,
         )

@@ -186,8 +186,9 @@ def test_composed_servers_validate_as_polar_configs(harness, name):
         for k, v in cfg[f"polar_{stem}_agent"]["responses_api_agents"]["polar_agent"].items()
         if k in PolarAgentConfig.model_fields and not str(v).startswith("${")
     }
-    agent["budget"] = {}  # its fields are interpolations of optional globals (null when unset)
-    assert PolarAgentConfig.model_validate(agent).harness == harness
+    config = PolarAgentConfig.model_validate(agent)
+    assert config.harness == harness
+    assert (config.timeout, config.max_tokens) == (1800, 8192)  # the training recipe's, set in the base
     resources = cfg["polar_resources_server"]["resources_servers"]["polar"]
     PolarResourcesConfig.model_validate(
         {

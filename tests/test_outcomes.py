@@ -166,18 +166,18 @@ def test_a_run_overrides_rows_from_the_cli_and_the_gym_config(tmp_path: Path):
         "2",
     ]
     plan = plan_from_config(config_from_args(build_parser(argv).parse_args(argv)))
-    table = plan.episode.outcomes
+    table = plan.episode.outcomes()
     assert table.apply(FailureKind.harness_crashed) == (0.0, True)
     assert table.apply(FailureKind.deadline_harness) == (0.0, False)
     assert table.apply(FailureKind.backend_failure) == (0.0, True)  # rows not named keep their default
     assert table.min_backend_tokens_per_s == 2.0
     from polar_env.agent_server.core import PolarAgentConfig
 
-    cfg = PolarAgentConfig.model_validate(
-        {"outcomes": {"rows": {"context_overflow": {"reward": 0.0, "mask": True}}}}
-    )
-    assert cfg.outcomes.rows[FailureKind.context_overflow] == Outcome(reward=0.0, mask=True)
-    assert cfg.outcomes.rows[FailureKind.sandbox_failure].mask
+    cfg = PolarAgentConfig.model_validate({"outcome": {"context_overflow": {"reward": 0.0, "mask": True}}})
+    assert cfg.outcomes().rows[FailureKind.context_overflow] == Outcome(reward=0.0, mask=True)
+    assert cfg.outcomes().rows[FailureKind.sandbox_failure].mask
+    short = PolarAgentConfig.model_validate({"outcome": {"context_overflow": "mask", "deadline_harness": 0}})
+    assert short.outcomes().rows == {**cfg.outcomes().rows, FailureKind.deadline_harness: Outcome(reward=0.0)}
     # a bad row is one clear CLI line, exit 2
     bad = subprocess.run(
         [sys.executable, "-m", "polar_env.cli", "rollout", "--outcome", "sandbox_failure=maybe"],

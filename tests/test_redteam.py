@@ -244,7 +244,7 @@ async def test_attacks_made_in_the_agents_tree(embedded_dir: Path, renderer, tmp
     """Pi runs the attack as shell commands in its sandboxed tree; the extracted patch is graded."""
     from reliability_helpers import scripted_proxy
 
-    from polar_env.episodes import EpisodeConfig, run_episode
+    from polar_env.episodes import EpisodeSettings, run_episode
     from polar_env.harness_adapters.policies import DONE, shell_call
 
     entries = {e["id"]: e for e in MANIFEST}
@@ -271,12 +271,12 @@ async def test_attacks_made_in_the_agents_tree(embedded_dir: Path, renderer, tmp
                 proxy,
                 TASKS[entry["task"]],
                 episode_id=f"{attack}.s0",
-                config=EpisodeConfig(
+                settings=EpisodeSettings(
                     harness="pi",
-                    timeout_s=300,
-                    sampling={"max_tokens": 4096},
-                    scratch_root=tmp_path / "scratch",
+                    timeout=300,
+                    max_tokens=4096,
                 ),
+                scratch_root=tmp_path / "scratch",
             )
             assert result.grade is not None and result.patch.strip(), (attack, result.trajectory.error)
             assert result.grade.reward == entry["strict_reward"], (

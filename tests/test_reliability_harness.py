@@ -19,7 +19,7 @@ from polar_sandbox_helpers import processes_matching
 from reliability_helpers import FakeHarness, faulty_vllm, polar_cgroups, wait_gone
 
 from polar_env.backends.registry import make_backend
-from polar_env.episodes import EpisodeConfig, run_episode, stages
+from polar_env.episodes import EpisodeSettings, run_episode, stages
 from polar_env.outcomes import FailureKind
 from polar_env.proxy.app import ProxyServer
 from polar_env.proxy.engine import EngineConfig
@@ -78,9 +78,9 @@ async def _episode(
                     proxy,
                     task,
                     episode_id=f"ep-{mode}",
-                    config=EpisodeConfig(
-                        harness="fake", timeout_s=timeout_s, grade=False, scratch_root=scratch
-                    ),
+                    settings=EpisodeSettings(harness="fake", timeout=timeout_s),
+                    scratch_root=scratch,
+                    grade=False,
                 )
                 calls = proxy.registry.ledger.calls(f"ep-{mode}")
             finally:

@@ -27,7 +27,7 @@ from polar_sandbox_helpers import processes_matching
 from reliability_helpers import FakeHarness, wait_gone
 
 from polar_env.backends.instant import InstantBackend
-from polar_env.episodes import EpisodeConfig, sites, stages
+from polar_env.episodes import EpisodeSettings, sites, stages
 from polar_env.episodes.timings import TIMING_KEYS
 from polar_env.grades import GradeResult
 from polar_env.proxy.app import ProxyServer
@@ -285,7 +285,8 @@ def _setup(
         collapsed=collapsed,
         grade_in_processes=False,
         out=tmp_path / "out",
-        episode=EpisodeConfig(harness="fake", timeout_s=60, scratch_root=scratch),
+        episode=EpisodeSettings(harness="fake", timeout=60),
+        scratch_root=scratch,
     )
     return plan, factory, backend, grade, marker, scratch
 

@@ -337,7 +337,7 @@ async def test_probe_from_a_real_pi_episode(embedded_dir: Path, renderer, tmp_pa
     """Pi runs the probe as its shell command; what it saw comes back in the patch (probe.json)."""
     from reliability_helpers import scripted_proxy
 
-    from polar_env.episodes import EpisodeConfig, run_episode
+    from polar_env.episodes import EpisodeSettings, run_episode
     from polar_env.harness_adapters.policies import DONE, shell_call
 
     needles = "\n".join(_needles(tmp_path, "psf__requests-6028").values()) + "\n"
@@ -359,13 +359,13 @@ async def test_probe_from_a_real_pi_episode(embedded_dir: Path, renderer, tmp_pa
             proxy,
             TASKS["psf__requests-6028"],
             episode_id="probe.s0",
-            config=EpisodeConfig(
+            settings=EpisodeSettings(
                 harness="pi",
-                timeout_s=300,
-                grade=False,
-                sampling={"max_tokens": 4096},
-                scratch_root=tmp_path / "scratch",
+                timeout=300,
+                max_tokens=4096,
             ),
+            scratch_root=tmp_path / "scratch",
+            grade=False,
         )
     files = dict(re.findall(r"^\+\+\+ b/(\S+)\n@@[^\n]*\n((?:\+[^\n]*\n?)*)", result.patch, re.MULTILINE))
     text = {name: "".join(ln[1:] + "\n" for ln in body.splitlines()) for name, body in files.items()}

@@ -1,10 +1,13 @@
 """One configuration: `polar rollout`, `polar proxy serve` and the Gym agent take the same settings file
-fragment, under the same names, and build the same proxy from it (``ProxySettings``, ``build_proxy``)."""
+fragment, under the same names, and build the same proxy from it (``ProxySettings``, ``build_proxy``) and
+run their episodes with the same settings (``EpisodeSettings``)."""
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -16,7 +19,11 @@ from polar_env.cli.proxy_serve import ServeSettings
 from polar_env.cli.rollout import config_from_args
 from polar_env.cli.settings import settings_from_args
 from polar_env.environment import EnvSettings
+from polar_env.episodes.settings import EpisodeSettings, GradingSettings
+from polar_env.outcomes import FailureKind, Outcome
 from polar_env.proxy.settings import ProxySettings, admin_secret, build_proxy
+from polar_env.resources_server.core import PolarResourcesConfig
+from polar_env.rollout.config import RolloutConfig
 
 GYM_AGENT_YAML = (
     Path(__file__).resolve().parents[1]
@@ -36,11 +43,24 @@ FRAGMENT = {
     "backend_options": {"timeout_s": 900},
     "max_body_mb": 8.0,
 }
+EPISODE = {  # EpisodeSettings' keys (the Gym agent's too; `proxy serve` passes over them)
+    "harness": "codex",
+    "timeout": 1800,
+    "temperature": 0.6,
+    "top_p": 0.95,
+    "max_tokens": 8192,
+    "max_calls": 40,
+    "max_sampled_tokens": 200000,
+    "outcome": {"harness_crashed": "mask", "deadline_harness": 0},
+    "min_backend_tokens_per_s": 2.0,
+    "mask_single_call": True,
+}
 
 
 def fragment_file(tmp_path: Path, suffix: str) -> Path:
     path = tmp_path / f"settings{suffix}"
-    path.write_text(yaml.safe_dump(FRAGMENT) if suffix == ".yaml" else json.dumps(FRAGMENT))
+    both = {**FRAGMENT, **EPISODE}
+    path.write_text(yaml.safe_dump(both) if suffix == ".yaml" else json.dumps(both))
     return path
 
 
@@ -49,11 +69,17 @@ def test_rollout_proxy_serve_and_gym_agent_take_one_fragment(tmp_path, suffix):
     path = fragment_file(tmp_path, suffix)
     rollout = config_from_args(parse_args(["rollout", "--settings", str(path)]))
     serve = settings_from_args(ServeSettings, parse_args(["proxy", "serve", "--settings", str(path)]))
-    gym = PolarAgentConfig.model_validate({**yaml.safe_load(path.read_text()), "harness": "codex"})
+    gym = PolarAgentConfig.model_validate(yaml.safe_load(path.read_text()))
     want = ProxySettings.model_validate(FRAGMENT)
     assert want.url == ["http://a:8000", "http://b:8000"] and want.model_dir == Path("/models/policy")
     assert rollout.proxy_settings() == serve.proxy_settings() == gym.proxy_settings() == want
     assert want != ProxySettings()  # every key of the fragment changed a default
+    episode = EpisodeSettings.model_validate(EPISODE)
+    assert rollout.episode_settings() == gym.episode_settings() == episode
+    assert all(getattr(episode, k) != v for k, v in EpisodeSettings().model_dump().items() if k in EPISODE)
+    assert episode.sampling() == {"temperature": 0.6, "top_p": 0.95, "max_tokens": 8192}
+    assert episode.budget().max_calls == 40 and episode.outcomes().min_backend_tokens_per_s == 2.0
+    assert episode.outcomes().apply(FailureKind.harness_crashed) == (0.0, True)
 
 
 def test_the_gym_agent_config_names_its_settings_as_the_cli_does():
@@ -69,6 +95,44 @@ def test_the_gym_agent_config_names_its_settings_as_the_cli_does():
         "policy_version",
     }  # dicts and a trainer's version: a settings file sets them
     assert set(ProxySettings.model_fields) - file_only <= rollout_flags & serve_flags
+    assert set(EpisodeSettings.model_fields) <= rollout_flags  # `--max-tokens` sets max_tokens
+    flags = {a.dest: a.option_strings for a in _parser("rollout")._actions}
+    assert all(f"--{name.replace('_', '-')}" in flags[name] for name in EpisodeSettings.model_fields)
+
+
+CONFIGS = [ProxySettings, GradingSettings, EpisodeSettings, RolloutConfig, PolarAgentConfig, ServeSettings]
+
+
+@pytest.mark.parametrize("name", sorted(set(ProxySettings.model_fields) | set(EpisodeSettings.model_fields)))
+def test_each_setting_is_declared_once(name):
+    """A proxy or episode setting has one declaration (its name, type and default) that every command and
+    the Gym servers inherit: no config class declares it again under its own default."""
+    declared = [c.__name__ for c in [*CONFIGS, PolarResourcesConfig] if name in inspect.get_annotations(c)]
+    assert len(declared) == 1, declared
+
+
+def test_the_gym_recipe_values_are_set_in_its_yaml_not_as_second_defaults():
+    agent = yaml.safe_load(GYM_AGENT_YAML.read_text())["polar_agent"]["responses_api_agents"]["polar_agent"]
+    assert (agent["timeout"], agent["max_tokens"]) == (1800, 8192)
+    assert PolarAgentConfig().timeout == EpisodeSettings().timeout == RolloutConfig().timeout == 600
+
+
+def test_a_renamed_setting_is_refused_with_its_new_name():
+    with pytest.raises(ValueError, match="timeout_s is now timeout"):
+        PolarAgentConfig.model_validate({"timeout_s": 1800})
+    with pytest.raises(ValueError, match="grading_timeout_s is now grading_timeout"):
+        PolarResourcesConfig.model_validate({"grading_timeout_s": 60})
+
+
+def test_outcome_rows_from_flags_merge_over_the_settings_file(tmp_path):
+    path = fragment_file(tmp_path, ".yaml")
+    config = config_from_args(
+        parse_args(["rollout", "--settings", str(path), "--outcome", "harness_crashed=0.5"])
+    )
+    assert config.outcome == {
+        FailureKind.harness_crashed: Outcome(reward=0.5),
+        FailureKind.deadline_harness: Outcome(reward=0.0),
+    }
 
 
 def _parser(*command: str) -> argparse.ArgumentParser:
@@ -134,3 +198,17 @@ def test_build_proxy_applies_the_settings(tmp_path):
     )
     assert proxy.max_body_bytes == 2 * 2**20 and proxy.engine.backend.name == "instant"
     proxy.registry.ledger.close()
+
+
+def test_polar_environment_variables_are_read_in_one_typed_place():
+    """``EnvSettings`` reads every ``POLAR_*`` variable; no other module reads one by name."""
+    env = EnvSettings.read({"POLAR_PYTHON3_12": "/opt/py/bin/python3.12", "POLAR_PYTHON": "setup.sh's"})
+    assert env.python == {"3.12": "/opt/py/bin/python3.12"}
+    read = re.compile(r"""(?:environ(?:\.get|\.pop)?\s*[\[(]|getenv\s*\()\s*f?["']POLAR_""")
+    package = Path(__file__).resolve().parents[1] / "polar_env"
+    readers = [
+        str(path.relative_to(package))
+        for path in package.rglob("*.py")
+        if path.name != "environment.py" and read.search(path.read_text())
+    ]
+    assert readers == []

@@ -44,13 +44,13 @@ from polar_env.environment import EnvSettings
 from polar_env.episodes import stages
 from polar_env.episodes.episode import Episode, EpisodeResult
 from polar_env.episodes.episode import Stage as EpisodeStage
-from polar_env.episodes.settings import EpisodeConfig
+from polar_env.episodes.settings import EpisodeSettings, GradingSettings
 from polar_env.episodes.sites import patch_bytes
 from polar_env.episodes.workspace import Workspace, WorkspaceMounts
 from polar_env.grades import GradeResult
 from polar_env.harness_adapters.registry import get_adapter
 from polar_env.janitor import Janitor
-from polar_env.outcomes import FailureKind, OutcomeTable
+from polar_env.outcomes import FailureKind
 from polar_env.proxy.app import ProxyServer
 from polar_env.proxy.policy import Admission
 from polar_env.proxy.run_slots import RunSlots
@@ -60,7 +60,7 @@ from polar_env.sandbox.base import SandboxSpec
 from polar_env.trajectory.accepted import Sample, accepted_work
 from polar_env.trajectory.export import GroupPrompts, TrajectoryWriter, to_nemo_gym_result
 from polar_env.trajectory.models import Trajectory
-from polar_env.trajectory.records import CallRecord, EpisodeBudget
+from polar_env.trajectory.records import CallRecord
 from polar_env.wire.nemo_gym import AgentRunResult, RunResult
 
 log = logging.getLogger(__name__)
@@ -68,13 +68,14 @@ SHUTDOWN_GRACE_S = 120.0  # how long stop() waits for in-flight episodes to sett
 ACCEPTED_WINDOW = 4096  # the last episodes /metrics' accepted-work figures are computed over
 
 
-class PolarAgentConfig(ProxySettings):
+class PolarAgentConfig(ProxySettings, EpisodeSettings):
     """What an operator sets in the Gym config (``responses_api_agents.polar_agent``): the proxy's settings
     (``ProxySettings``: ``url`` is Gym's ``policy_base_url``, ``model_name`` its ``policy_model_name``,
-    ``backend`` vllm or nemo-rl) and the agent's own."""
+    ``backend`` vllm or nemo-rl), every episode's (``EpisodeSettings``, the names `polar rollout` takes; a
+    row's ``responses_create_params`` sampling overrides ``temperature``/``top_p``/``max_tokens``;
+    ``sandbox``, ``grading_timeout`` and ``reward_key`` are the resources server's, which makes and grades
+    the workspaces) and the agent's own."""
 
-    harness: str = "pi"  # a name in polar_env/harness_adapters/registry.py
-    timeout_s: float = 1800.0  # the harness's wall-clock deadline per episode
     max_concurrent_episodes: int = (
         64  # episodes seeding or running their harness at once; grading is outside it
     )
@@ -84,21 +85,13 @@ class PolarAgentConfig(ProxySettings):
     # model calls at once through the proxy (per-call admission, proxy/run_slots.py): the live harnesses
     # (max_concurrent_episodes) share them, so one in a tool leaves its slot to another's call; None: no cap
     run_slots: int | None = Field(default=None, ge=1)
-    default_sampling: dict[str, float | int] = Field(
-        default_factory=lambda: {"temperature": 1.0, "top_p": 1.0, "max_tokens": 8192}
-    )
     runtime_dir: str | None = None  # proxy socket + ledger (default: a temp dir, removed at stop)
     trajectories_path: str | None = None  # append Polar's full trajectory (every chain) here
-    outcomes: OutcomeTable = Field(
-        default_factory=OutcomeTable
-    )  # reward/mask per failure kind (docs/outcomes.md)
-    budget: EpisodeBudget = Field(default_factory=EpisodeBudget)  # per-episode max_calls / max_sampled_tokens
     # an episode starts only while the policy is within K versions of the step it feeds (proxy/policy.py
     # Admission); a step being episodes_per_step /run calls (NeMo-RL: prompts per step x generations per
     # prompt)
     max_staleness: int | None = Field(default=None, ge=0)
     episodes_per_step: int = Field(default=1, ge=1)
-    mask_single_call: bool = False  # mask rollouts whose harness made one model call (OpenEnv RFC 006)
 
 
 class InputError(ValueError):
@@ -119,14 +112,16 @@ class ResourcesClient(Protocol):
     async def close(self, episode_id: str) -> None: ...
 
 
-def session_sampling(params: dict[str, Any] | None, default: dict[str, Any]) -> dict[str, Any]:
-    """The proxy session's sampling: the row's ``responses_create_params`` over the configured default."""
+# a row's responses_create_params key: the setting it overrides
+ROW_SAMPLING = {"temperature": "temperature", "top_p": "top_p", "max_output_tokens": "max_tokens"}
+
+
+def row_settings(params: dict[str, Any] | None, settings: EpisodeSettings) -> EpisodeSettings:
+    """The episode's settings: the row's ``responses_create_params`` sampling (what NeMo-RL stamps) over
+    the configured ones."""
     params = params or {}
-    sampling = dict(default)
-    for src, dst in (("temperature", "temperature"), ("top_p", "top_p"), ("max_output_tokens", "max_tokens")):
-        if params.get(src) is not None:
-            sampling[dst] = params[src]
-    return sampling
+    given = {field: params[key] for key, field in ROW_SAMPLING.items() if params.get(key) is not None}
+    return settings.model_copy(update=given)
 
 
 def row_task_id(row: dict[str, Any]) -> str:
@@ -229,6 +224,7 @@ GYM_STAGE: dict[EpisodeStage, Stage] = {"prepare": "seed", "run": "agent", "fini
 class PolarAgent:
     def __init__(self, config: PolarAgentConfig):
         self.config = config
+        self.episode_settings = config.episode_settings()  # each episode's, its row's sampling over them
         self.proxy: ProxyServer | None = None
         self.runtime_dir: Path | None = None
         self.adapter = get_adapter(config.harness)
@@ -254,6 +250,12 @@ class PolarAgent:
     async def start(self) -> None:
         """Build the proxy over the policy server and install the harness (once per process)."""
         c = self.config
+        if set_here := sorted(set(GradingSettings.model_fields) & c.model_fields_set):
+            log.warning(
+                "polar agent: %s apply where the workspaces are made and graded, in NeMo Gym the resources "
+                "server (resources_servers.polar): this agent does not use them",
+                ", ".join(set_here),
+            )
         if not c.url:
             raise ValueError(
                 "url is empty: set it to the policy server (Gym's policy_base_url; NeMo-RL sets it)"
@@ -357,21 +359,11 @@ class PolarAgent:
         async with self._slots:
             if self._admission is not None:
                 await self._admission.admit()
-            c = self.config
-            config = EpisodeConfig(
-                harness=c.harness,
-                timeout_s=c.timeout_s,
-                model_name=c.model_name,
-                sampling=session_sampling(params, c.default_sampling),
-                outcomes=c.outcomes,
-                budget=c.budget,
-                mask_single_call=c.mask_single_call,
-            )
             ep = stages.begin(
                 proxy,
                 _TaskView(task_id, row),
                 episode_id=f"{_slug(task_id)}-{uuid.uuid4().hex[:12]}",
-                config=config,
+                settings=row_settings(params, self.episode_settings),
                 site=ResourcesSite(resources, params, min(proxy.engine.eos_ids)),
                 prompt=_row_prompt(params),
             )
@@ -490,7 +482,7 @@ class PolarAgent:
                 cause=f"{len(failed)} model call(s) failed {where}, the last: {failed[-1].error}"[:2000],
                 in_flight_call=failed[-1].call_index,
             )
-        cause = _CAUSES.get(kind, kind.value).format(timeout=f"{self.config.timeout_s:g}")
+        cause = _CAUSES.get(kind, kind.value).format(timeout=f"{self.config.timeout:g}")
         if run is not None and kind is FailureKind.harness_killed:
             cause = f"harness killed by {run.signal}"
         elif (

@@ -7,6 +7,7 @@ import asyncio
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import polar_env.rollout
 from polar_env.backends.logprobs_mode import LogprobsMismatch
@@ -132,8 +133,8 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--outcome",
-        action="append",
-        default=[],
+        action=OutcomeRows,
+        default=d.outcome,
         type=_outcome_arg,
         metavar="KIND=mask|REWARD",
         help="override a row of the outcome table (docs/outcomes.md), e.g. harness_crashed=mask",
@@ -222,6 +223,21 @@ def out_dir(value: str) -> Path:
             f"{value} is a file; --out names the job's directory (e.g. runs/demo)"
         )
     return path
+
+
+class OutcomeRows(argparse.Action):
+    """``--outcome KIND=VALUE``, repeatable: each a row over the ones before it (a settings file's
+    ``outcome`` mapping, then the flags in order)."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        kind, row = values  # one _outcome_arg
+        setattr(namespace, self.dest, {**(getattr(namespace, self.dest, None) or {}), kind: row})
 
 
 def _outcome_arg(item: str) -> tuple[FailureKind, Outcome]:

@@ -1,6 +1,8 @@
 """Settings on the command line: each flag is a settings field of the same name (``--model-dir`` sets
 ``model_dir``), and ``--settings FILE`` reads the same fields from YAML or JSON (the keys a Gym agent's
-config takes too); a flag given on the command line wins over the file."""
+config takes too); a flag given on the command line wins over the file. One file serves every command:
+a command takes the keys that are its settings and passes over the other Polar settings (``polar proxy
+serve`` runs no episodes, so it leaves ``EpisodeSettings``' keys to `polar rollout` and the Gym agent)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from polar_env.episodes.settings import EpisodeSettings
 from polar_env.proxy.engine import add_agent_calls_argument, add_thinking_arguments
 from polar_env.proxy.settings import BACKENDS, ProxySettings
 
@@ -24,8 +27,8 @@ def add_settings_argument(parser: argparse.ArgumentParser, model: type[BaseModel
         type=Path,
         default=None,
         metavar="FILE",
-        help="a YAML or JSON mapping of settings by field name (model_dir, url, max_context, ...: "
-        "the keys the Gym agent's config takes); flags on the command line win",
+        help="a YAML or JSON mapping of settings by field name (model_dir, url, max_context, timeout, "
+        "max_tokens, ...: the keys the Gym agent's config takes); flags on the command line win",
     )
     parser.set_defaults(settings_model=model)
 
@@ -95,22 +98,26 @@ class SettingsFileError(ValueError):
     """A settings file that cannot be read, or names a setting the command does not have."""
 
 
+SHARED_FIELDS = set(ProxySettings.model_fields) | set(EpisodeSettings.model_fields)  # any command's file
+
+
 def read_settings_file(path: Path, model: type[BaseModel]) -> dict[str, Any]:
-    """The settings a YAML or JSON file sets (a mapping of field names), checked against ``model``'s
-    fields."""
+    """The settings a YAML or JSON file sets for ``model`` (a mapping of field names, checked against its
+    fields; the other Polar settings, ``SHARED_FIELDS``, are passed over)."""
     try:
         fragment = yaml.safe_load(Path(path).read_text()) or {}
     except (OSError, yaml.YAMLError) as exc:
         raise SettingsFileError(f"cannot read settings file {path}: {exc}") from None
     if not isinstance(fragment, dict):
         raise SettingsFileError(f"settings file {path}: expected a mapping of setting names to values")
-    if unknown := sorted(set(fragment) - set(model.model_fields)):
+    if unknown := sorted(set(fragment) - set(model.model_fields) - SHARED_FIELDS):
         raise SettingsFileError(
             f"settings file {path}: unknown setting(s) {', '.join(unknown)} "
             f"(known: {', '.join(model.model_fields)})"
         )
+    own = {k: v for k, v in fragment.items() if k in model.model_fields}
     try:
-        model.model_validate(fragment)
+        model.model_validate(own)
     except ValidationError as exc:
         raise SettingsFileError(f"settings file {path}: {exc}") from None
-    return fragment
+    return own

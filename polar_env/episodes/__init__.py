@@ -5,8 +5,8 @@ pool (``grading``) and where its time went (``timings``)."""
 from __future__ import annotations
 
 from polar_env.episodes.episode import EpisodeResult
-from polar_env.episodes.settings import EpisodeConfig
+from polar_env.episodes.settings import EpisodeSettings
 from polar_env.episodes.stages import run_episode
 from polar_env.episodes.task import episode_prompt
 
-__all__ = ["EpisodeConfig", "EpisodeResult", "episode_prompt", "run_episode"]
+__all__ = ["EpisodeSettings", "EpisodeResult", "episode_prompt", "run_episode"]

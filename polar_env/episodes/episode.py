@@ -6,11 +6,12 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from polar_env.episodes.grading import Grading
 from polar_env.episodes.session import EpisodeSession
-from polar_env.episodes.settings import EpisodeConfig
+from polar_env.episodes.settings import EpisodeSettings
 from polar_env.episodes.task import EpisodeTask
 from polar_env.episodes.workspace import Workspace, WorkspaceRef
 from polar_env.grades import GradeResult
@@ -55,14 +56,17 @@ class Site(Protocol):
 class Episode:
     """One episode between its stages: what :func:`begin` and :func:`prepare` made, what
     :func:`run` and :func:`finish` use, the stage it is in, and when each stage began and ended
-    (``time.time()``)."""
+    (``time.time()``). ``scratch_root`` and ``grade`` are the runtime's, not settings: where its
+    workspace's host dirs go (default: a temp dir), and False for a test that grades nothing."""
 
     task: EpisodeTask
-    config: EpisodeConfig
+    settings: EpisodeSettings
     session: EpisodeSession
     site: Site
     prompt: str
     marks: dict[str, float]
+    scratch_root: Path | None = None
+    grade: bool = True
     stage: Stage = "prepare"
     workspace: Workspace | None = None  # open from prepare until finish (or abort) closes it
     ref: WorkspaceRef | None = None  # where it was, kept past its close

@@ -88,7 +88,7 @@ def harness_spec(session: EpisodeSession, base: SandboxSpec | None = None) -> Sa
 
 
 async def run_harness(
-    session: EpisodeSession, sandbox: Sandbox, prompt: str, *, model_name: str | None, timeout_s: float
+    session: EpisodeSession, sandbox: Sandbox, prompt: str, *, timeout_s: float
 ) -> HarnessRun:
     """The harness to its end or its deadline (whose clock stops while the session waits for a run slot)."""
     slots = session.proxy.engine.run_slots
@@ -98,7 +98,7 @@ async def run_harness(
         proxy_socket_dir=sandbox.spec.proxy_socket_dir,
         session_id=session.session_id,
         session_key=session.key,
-        model_name=model_name or session.proxy.engine.backend.model,
+        model_name=session.proxy.engine.backend.model,
         prompt=prompt,
         timeout_s=timeout_s,
         origin_key=session.proxy.origin_key,  # the forwarder tags each call's origin

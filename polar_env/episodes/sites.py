@@ -30,7 +30,7 @@ async def grade_episode(ep: Episode, grading: Grading | None = None) -> GradeRes
     """The episode's grade through the one entry point (`rewards.grader.grade_submission`): a Harbor
     task's own verifier in the agent's (still open) container; SWE-bench grading of the patch in a fresh
     tree or container of the kind the episode ran in otherwise, in a grading worker."""
-    task, config = ep.task, ep.config
+    task, settings = ep.task, ep.settings
     assert isinstance(task, Task)  # graded here: a loaded task
     kind = ep.ref.kind if ep.ref is not None else "bubblewrap"
     in_place = ep.workspace.sandbox if task.harbor is not None and ep.workspace is not None else None
@@ -39,8 +39,8 @@ async def grade_episode(ep: Episode, grading: Grading | None = None) -> GradeRes
         task,
         Submission(patch=ep.patch, sandbox=in_place),
         kind=kind,
-        limits=GradingLimits.configured(config.grading_timeout_s),
-        reward_key=config.reward_key,
+        limits=GradingLimits.configured(settings.grading_timeout),
+        reward_key=settings.reward_key,
         offload=grading.in_worker if grading is not None else None,
     )
     return await (grading.call(grading_it) if grading is not None else grading_it())
@@ -52,7 +52,7 @@ class LocalSite:
 
     async def open(self, ep: Episode, spec: SandboxSpec) -> Workspace:
         assert isinstance(ep.task, Task)  # opened here: a loaded task
-        return await open_workspace(ep.task, spec, sandbox=ep.config.sandbox)
+        return await open_workspace(ep.task, spec, sandbox=ep.settings.sandbox)
 
     async def collect(self, ep: Episode) -> str:
         assert ep.workspace is not None

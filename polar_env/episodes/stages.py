@@ -31,13 +31,14 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from polar_env import metrics
 from polar_env.episodes.episode import Episode, EpisodeResult, Site, close_workspace
 from polar_env.episodes.grading import Grading
 from polar_env.episodes.session import close_session, harness_spec, open_session, run_harness
-from polar_env.episodes.settings import EpisodeConfig
+from polar_env.episodes.settings import EpisodeSettings
 from polar_env.episodes.sites import LocalSite, patch_bytes
 from polar_env.episodes.task import EpisodeTask, agent_timeout, episode_prompt, exploit_context
 from polar_env.episodes.timings import episode_timings
@@ -60,32 +61,37 @@ def begin(
     *,
     episode_id: str,
     group_id: str | None = None,
-    config: EpisodeConfig | None = None,
+    settings: EpisodeSettings | None = None,
     metadata: dict[str, Any] | None = None,
     queued_at: float | None = None,
     site: Site | None = None,
     prompt: str | None = None,
+    scratch_root: Path | None = None,
+    grade: bool = True,
 ) -> Episode:
-    """The episode's proxy session, opened; ``prompt`` defaults to :func:`episode_prompt`."""
-    config = config or EpisodeConfig()
-    adapter = get_adapter(config.harness)
+    """The episode's proxy session, opened, forcing the settings' sampling and budget; ``prompt`` defaults
+    to :func:`episode_prompt`."""
+    settings = settings or EpisodeSettings()
+    adapter = get_adapter(settings.harness)
     session = open_session(
         proxy,
         adapter,
         episode_id,
         task_id=task.instance_id,
         group_id=group_id,
-        sampling=config.sampling,
+        sampling=settings.sampling(),
         metadata=metadata,
-        budget=config.budget,
+        budget=settings.budget(),
     )
     return Episode(
         task,
-        config,
+        settings,
         session,
         site or LocalSite(),
         prompt or episode_prompt(task),
         marks={"queued": queued_at or session.started},
+        scratch_root=scratch_root,
+        grade=grade,
     )
 
 
@@ -97,7 +103,7 @@ async def prepare(ep: Episode) -> None:
     ep.stage, ep.marks["prepare"] = "prepare", time.time()
     await asyncio.to_thread(ep.session.adapter.install)
     try:
-        spec = harness_spec(ep.session, SandboxSpec(scratch_root=ep.config.scratch_root))
+        spec = harness_spec(ep.session, SandboxSpec(scratch_root=ep.scratch_root))
         opening = asyncio.ensure_future(ep.site.open(ep, spec))
         try:
             workspace = await asyncio.shield(opening)  # a cancel must not orphan a tree being made
@@ -111,8 +117,7 @@ async def prepare(ep: Episode) -> None:
                 ep.session,
                 workspace.sandbox,
                 ep.prompt,
-                model_name=ep.config.model_name,
-                timeout_s=agent_timeout(ep.task, ep.config.timeout_s),
+                timeout_s=agent_timeout(ep.task, ep.settings.timeout),
             )
         )
     except Exception as exc:  # noqa: BLE001 - a workspace failure still yields a trajectory
@@ -181,7 +186,7 @@ async def finish(ep: Episode, grading: Grading | None = None) -> EpisodeResult:
     """Stage 3: patch, drain, classification, trajectory, grade (unless the kind is outside the
     policy), the workspace closed. A grader that crashes makes the episode `infrastructure` (its
     outcome-table verdict: masked), never a lost trajectory: a group keeps its size."""
-    config, harness = ep.config, ep.run
+    settings, harness = ep.settings, ep.run
     ep.stage = "finish"
     status, error = (
         (harness.status, harness.error) if harness is not None and ep.failure is None else ("error", ep.error)
@@ -195,14 +200,14 @@ async def finish(ep: Episode, grading: Grading | None = None) -> EpisodeResult:
     result = None
     try:
         closed = await close_session(
-            ep.session, status, error, failure=ep.failure, harness=harness, outcomes=config.outcomes
+            ep.session, status, error, failure=ep.failure, harness=harness, outcomes=settings.outcomes()
         )
         kind = ep.classified = closed.failure_kind
         ep.marks["build"] = time.time()
         build = partial(build_trajectory, closed.info, closed.calls, status=closed.status, error=closed.error)
         trajectory = await (grading.off_loop(build) if grading is not None else asyncio.to_thread(build))
         ep.marks["grade"] = time.time()
-        if config.grade and not kind.outside_policy:  # grading would say nothing about the policy
+        if ep.grade and not kind.outside_policy:  # grading would say nothing about the policy
             try:
                 result = await ep.site.grade(ep, trajectory, grading)
             except Exception as exc:  # noqa: BLE001 - a grader that crashed says nothing of the policy either
@@ -216,8 +221,8 @@ async def finish(ep: Episode, grading: Grading | None = None) -> EpisodeResult:
     finally:
         await close_workspace(ep)
     ep.marks["done"] = time.time()
-    reward, masked = config.outcomes.apply(kind, result.reward if result else None)
-    if config.mask_single_call and trajectory.stats.single_call and not masked:
+    reward, masked = settings.outcomes().apply(kind, result.reward if result else None)
+    if settings.mask_single_call and trajectory.stats.single_call and not masked:
         masked = True  # a degenerate agentic rollout: kept in its group's baseline, no loss
         trajectory.metadata["masked_because"] = "single_call"
     trajectory.reward, trajectory.failure_kind, trajectory.masked = reward, kind, masked
@@ -278,12 +283,23 @@ async def run_episode(
     *,
     episode_id: str,
     group_id: str | None = None,
-    config: EpisodeConfig | None = None,
+    settings: EpisodeSettings | None = None,
     metadata: dict[str, Any] | None = None,
     grading: Grading | None = None,
+    scratch_root: Path | None = None,
+    grade: bool = True,
 ) -> EpisodeResult:
     """Run one rollout of ``task`` in a workspace this process owns: the stages in a row."""
-    ep = begin(proxy, task, episode_id=episode_id, group_id=group_id, config=config, metadata=metadata)
+    ep = begin(
+        proxy,
+        task,
+        episode_id=episode_id,
+        group_id=group_id,
+        settings=settings,
+        metadata=metadata,
+        scratch_root=scratch_root,
+        grade=grade,
+    )
     try:
         await prepare(ep)
         await run(ep)

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from polar_env.environment import EnvSettings
+
 HARNESS_MOUNT = "/opt/harness"
 INSTALLED_MARKER = ".polar-installed"
 RPATH = f"$ORIGIN/../lib:{HARNESS_MOUNT}/lib"  # a portable interpreter's, wherever it is mounted or sealed
@@ -193,7 +195,7 @@ class PortablePython(_LockedPyPI):
         for cand in filter(
             None,
             [
-                os.environ.get(var),
+                EnvSettings.read().python.get(self.python),
                 shutil.which(f"python{self.python}"),
                 *sorted(glob.glob(pyenv), reverse=True),
             ],

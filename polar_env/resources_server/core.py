@@ -31,6 +31,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from polar_env.episodes.grading import Grading
+from polar_env.episodes.settings import GradingSettings
 from polar_env.episodes.sites import sandbox_patch
 from polar_env.episodes.workspace import (
     Workspace,
@@ -44,7 +45,6 @@ from polar_env.grades import GradeResult
 from polar_env.janitor import Janitor
 from polar_env.outcomes import FailureKind, OutcomeTable
 from polar_env.rewards.grader import GradingLimits, Submission, grade_submission
-from polar_env.rewards.sandbox_exec import grading_timeout_s
 from polar_env.safe_text import escape
 from polar_env.sandbox.base import Sandbox, SandboxSpec
 from polar_env.tasks.loader import load_tasks
@@ -64,20 +64,16 @@ class EpisodeConflict(ValueError):
     """The episode id is already closed, or bound to another task (a 409)."""
 
 
-class PolarResourcesConfig(BaseModel):
-    """What an operator sets in the Gym config (``resources_servers.polar``)."""
+class PolarResourcesConfig(GradingSettings):
+    """What an operator sets in the Gym config (``resources_servers.polar``): the grading settings
+    (``sandbox``, ``grading_timeout``, ``reward_key``: the names `polar rollout` takes) and its own."""
 
     # "bundled", "terminal", "verified", a JSONL path or a Harbor folder (polar_env.tasks.loader)
     tasks: str = "bundled"
-    reward_key: str | None = None  # Harbor tasks: the reward.json key that is the reward
     scratch_root: str | None = None  # where sandbox workspaces live (default: the system temp dir)
-    grading_timeout_s: float = Field(
-        default_factory=grading_timeout_s
-    )  # grading's own budget; outlives the rollout
     max_concurrent_grades: int = 8  # test runs in flight at once on this host
     sandbox_memory_gb: float | None = 8.0
     sandbox_pids_max: int | None = 4096
-    sandbox: str = "auto"  # auto | bubblewrap | docker | podman | apptainer (polar_env.episodes.workspace)
 
 
 class SeededEpisode(BaseModel):
@@ -248,7 +244,7 @@ class PolarResources:
                 task,
                 Submission(patch=patch, sandbox=in_place),
                 kind=kind,
-                limits=GradingLimits.configured(self.config.grading_timeout_s),
+                limits=GradingLimits.configured(self.config.grading_timeout),
                 reward_key=self.config.reward_key,
                 offload=self.grading.in_worker,
             )

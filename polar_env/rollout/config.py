@@ -7,10 +7,8 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, field_validator
 
-from polar_env.outcomes import FailureKind, Outcome, OutcomeTable
+from polar_env.episodes.settings import EpisodeSettings
 from polar_env.proxy.settings import ProxySettings
-from polar_env.rewards.sandbox_exec import grading_timeout_s
-from polar_env.trajectory.records import EpisodeBudget
 
 
 def host_port(value: str) -> str:
@@ -21,14 +19,12 @@ def host_port(value: str) -> str:
     return value
 
 
-class RolloutConfig(ProxySettings):
+class RolloutConfig(ProxySettings, EpisodeSettings):
     """What `polar rollout` / `polar demo` were asked to do (one field per flag, same names; the proxy's
-    own settings are ``ProxySettings``')."""
+    own settings are ``ProxySettings``', every episode's ``EpisodeSettings``')."""
 
     model_config = ConfigDict(frozen=True)
 
-    harness: str = "pi"  # a name in harness_adapters/registry.py
-    sandbox: str = "auto"  # auto | bubblewrap | docker | podman | apptainer (polar_env.episodes.workspace)
     tasks: str = (
         "bundled"  # bundled | terminal | verified | FILE.jsonl | a Harbor task folder | DATASET[:split]
     )
@@ -44,18 +40,6 @@ class RolloutConfig(ProxySettings):
     lookahead: int | None = Field(default=None, ge=1)  # live harnesses beyond the run slots
     collapsed: bool = False  # one slot over every stage of an episode (the driver before stages)
     out: Path = Path("runs/rollout")
-    timeout: float = 600.0  # harness deadline per episode (s)
-    grading_timeout: float = Field(
-        default_factory=grading_timeout_s
-    )  # POLAR_GRADING_TIMEOUT_S, else the default
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_tokens: int = 1024  # per model call
-    max_calls: int | None = None  # per-episode budget at the proxy: model calls (docs/proxy.md)
-    max_sampled_tokens: int | None = None  # per-episode budget at the proxy: tokens sampled over all calls
-    outcome: list[tuple[FailureKind, Outcome]] = []  # rows overriding the outcome table (docs/outcomes.md)
-    min_backend_tokens_per_s: float = OutcomeTable().min_backend_tokens_per_s
-    reward_key: str | None = None  # Harbor tasks: the reward.json key trained on (rewards/harbor_verifier.py)
     refuse_controllable: bool = False  # refuse tasks `polar tasks audit` found controllable (else a warning)
     ray: str | None = None  # a Ray cluster address ('auto': the one on this machine)
     train_paths: str = "all"  # which chains become training rows: all | main | final | module:function
@@ -63,7 +47,6 @@ class RolloutConfig(ProxySettings):
     max_staleness: int | None = Field(default=None, ge=0)
     # HOST:PORT where the proxy also listens on TCP, for its admin API (the weight-sync fence, the version)
     admin: str | None = None
-    mask_single_call: bool = False  # mask rollouts of one model call (degenerate: OpenEnv RFC 006)
     # watching the run (docs/rollout.md "Watching a run"): where /metrics is served, where per-round figures
     # go
     metrics_port: str | None = None  # PORT or HOST:PORT
@@ -82,13 +65,3 @@ class RolloutConfig(ProxySettings):
 
         selector(value)  # a bad value fails here, before any episode runs
         return value
-
-    def sampling(self) -> dict[str, float | int]:
-        """The sampling parameters the trainer dictates to every model call."""
-        return {"temperature": self.temperature, "top_p": self.top_p, "max_tokens": self.max_tokens}
-
-    def budget(self) -> EpisodeBudget:
-        return EpisodeBudget(max_calls=self.max_calls, max_sampled_tokens=self.max_sampled_tokens)
-
-    def outcomes(self) -> OutcomeTable:
-        return OutcomeTable(rows=dict(self.outcome), min_backend_tokens_per_s=self.min_backend_tokens_per_s)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from polar_env.episodes import EpisodeConfig
+from polar_env.episodes.settings import EpisodeSettings
 from polar_env.rollout.config import RolloutConfig
 from polar_env.tasks.models import Task
 from polar_env.trajectory.export import read_trajectories
@@ -27,13 +27,14 @@ class RolloutPlan:
     slots), ``grade_slots`` grade at once (None: ``run_slots`` each), in worker processes
     (``grade_in_processes``; threads of this process for a test double). ``collapsed``:
     one slot held over all stages of an episode, ``run_slots`` of them (the driver before stages,
-    kept to compare against)."""
+    kept to compare against). ``episode``: the settings every episode runs with (the config's own);
+    ``scratch_root`` and ``grade`` are the runtime's (where workspaces go; tests that grade nothing)."""
 
     tasks: list[Task]
     samples: int = 1
     run_slots: int = 1
     out: Path = Path("runs/rollout")
-    episode: EpisodeConfig = field(default_factory=EpisodeConfig)
+    episode: EpisodeSettings = field(default_factory=EpisodeSettings)
     max_staleness: int | None = None  # admission bound in policy versions (proxy/policy.py Admission)
     train_paths: str = "all"  # which chains the GRPO batch trains (trajectory/paths.py)
     prepare_slots: int | None = None
@@ -43,6 +44,8 @@ class RolloutPlan:
     grade_in_processes: bool = True
     admin: str | None = None  # HOST:PORT of the proxy's admin API (also on TCP), None: its Unix socket only
     gpus: int | None = None  # the GPUs the backend holds, when known: the accepted work per GPU-hour
+    scratch_root: Path | None = None  # where workspaces go (default: a temp dir)
+    grade: bool = True
 
     def __post_init__(self) -> None:
         for name in ("run_slots", "prepare_slots", "grade_slots", "lookahead"):
@@ -100,18 +103,7 @@ def plan_from_config(config: RolloutConfig) -> RolloutPlan:
         lookahead=config.lookahead,
         collapsed=config.collapsed,
         out=config.out,
-        episode=EpisodeConfig(
-            harness=config.harness,
-            timeout_s=config.timeout,
-            grading_timeout_s=config.grading_timeout,
-            sampling=config.sampling(),
-            model_name=config.model_name,
-            sandbox=config.sandbox,
-            outcomes=config.outcomes(),
-            budget=config.budget(),
-            reward_key=config.reward_key,
-            mask_single_call=config.mask_single_call,
-        ),
+        episode=config.episode_settings(),
         max_staleness=config.max_staleness,
         train_paths=config.train_paths,
         admin=config.admin,

@@ -95,7 +95,7 @@ class EpisodeRunner:
                 f'-H "Authorization: Bearer {shown}"',
                 flush=True,
             )
-        if why := sampling_mismatch(self.proxy.logprobs_mode, self.plan.episode.sampling):
+        if why := sampling_mismatch(self.proxy.logprobs_mode, self.plan.episode.sampling()):
             raise LogprobsMismatch(why)  # every episode would be refused: say it once, before any runs
         if self.plan.max_staleness is not None:  # one training step = one pass over the plan's episodes
             self.admission = Admission(
@@ -143,7 +143,9 @@ class EpisodeRunner:
                             task,
                             episode_id=attempt_session_id(key, self.ledger),
                             group_id=task.instance_id,
-                            config=self.plan.episode,
+                            settings=self.plan.episode,
+                            scratch_root=self.plan.scratch_root,
+                            grade=self.plan.grade,
                             queued_at=queued,
                             metadata={"episode_key": key, "sample": sample, **admitted, **self.metadata},
                         )
@@ -278,7 +280,7 @@ def prepare(plan: RolloutPlan) -> None:
     for task in plan.tasks:
         check_image(task, kinds[task.instance_id])
     get_adapter(plan.episode.harness).install()
-    if plan.episode.grade:
+    if plan.grade:
         for task in plan.tasks:
             if kinds[task.instance_id] == "bubblewrap":
                 ensure_task_env(task)

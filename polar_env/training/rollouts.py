@@ -168,12 +168,8 @@ class PolarRollouts:
                 f"{len(unknown)} prompt(s) are not first prompts of this run's tasks "
                 "(use PolarRollouts.dataset() as the training set)"
             )
-        sampling = {
-            "temperature": float(trainer.temperature),
-            "top_p": float(trainer.top_p),
-            "max_tokens": self.config.max_tokens,
-        }
-        self._runner.plan = replace(self._runner.plan, episode=replace(self.plan.episode, sampling=sampling))
+        sampling = {"temperature": float(trainer.temperature), "top_p": float(trainer.top_p)}  # the trainer's
+        self._runner.plan = replace(self._runner.plan, episode=self.plan.episode.model_copy(update=sampling))
         self._loop.call_soon_threadsafe(
             self.fence.set_version, trainer.state.global_step
         )  # the updates so far

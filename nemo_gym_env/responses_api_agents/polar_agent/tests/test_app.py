@@ -20,9 +20,10 @@ from responses_api_agents.polar_agent.app import (
     PolarRunRequest,
 )
 
-from polar_env.agent_server.core import PolarAgentConfig, row_task_id, session_sampling
+from polar_env.agent_server.core import PolarAgentConfig, row_settings, row_task_id
 from polar_env.agent_server.observations import agent_observations, plain_items, producer_trajectory
 from polar_env.chat.messages import AssistantTurn, Message, ToolCall
+from polar_env.episodes.settings import EpisodeSettings
 from polar_env.proxy.settings import ProxySettings
 from polar_env.trajectory.export import to_nemo_gym_result
 from polar_env.trajectory.models import CallSummary, Trajectory, TrajectoryStats
@@ -46,12 +47,14 @@ def test_config_maps_onto_polar_agent_config() -> None:
         harness="codex",
         url=["http://a:1/v1", "http://b:2/v1"],
         backend="nemo-rl",
-        default_sampling={"temperature": 0.7, "top_p": 0.9, "max_tokens": 512},
+        temperature=0.7,
+        top_p=0.9,
+        max_tokens=512,
     )
     assert isinstance(config, PolarAgentConfig)  # the Gym config is Polar's config, declared once
     assert config.harness == "codex" and config.backend == "nemo-rl"
     assert config.url == ["http://a:1", "http://b:2"]
-    assert config.default_sampling["top_p"] == 0.9
+    assert config.sampling() == {"temperature": 0.7, "top_p": 0.9, "max_tokens": 512}
 
 
 def test_config_takes_the_settings_polar_rollout_and_proxy_serve_take() -> None:
@@ -86,7 +89,8 @@ def test_example_rows_parse_as_run_requests() -> None:
         )
         dumped = request.model_dump(mode="json", exclude_unset=True)
         assert row_task_id(dumped) == row["task_id"]
-        assert session_sampling(dumped["responses_create_params"], {"max_tokens": 8192}) == {
+        settings = row_settings(dumped["responses_create_params"], EpisodeSettings(max_tokens=8192))
+        assert settings.sampling() == {
             "temperature": 0.6,
             "top_p": 0.95,
             "max_tokens": 300,
