@@ -129,11 +129,12 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--out", type=Path, default=None, help="write the JSON report here")
     ap.add_argument(
         "--grading-timeout",
+        "--timeout",  # its old name, kept as an alias: `--timeout` is the harness's deadline elsewhere
         type=float,
         default=grading_timeout_s(),
-        help="grading deadline (s; default: POLAR_GRADING_TIMEOUT_S or the built-in one)",
+        help="grading deadline (s; default: POLAR_GRADING_TIMEOUT_S or the built-in one; --timeout is "
+        "its old name)",
     )
-    ap.add_argument("--timeout", type=float, dest="grading_timeout", help=argparse.SUPPRESS)  # its old name
     ap.add_argument("--instance-ids", nargs="*", default=None, help="grade only these instances")
     ap.add_argument(
         "--sandbox",
