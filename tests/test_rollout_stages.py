@@ -29,13 +29,12 @@ from reliability_helpers import FakeHarness, wait_gone
 from polar_env.backends.instant import InstantBackend
 from polar_env.episodes import EpisodeConfig, sites, stages
 from polar_env.episodes.admission import Entry, StageAdmission
-from polar_env.episodes.timings import TIMING_KEYS
+from polar_env.episodes.timings import TIMING_KEYS, EpisodeTimings
 from polar_env.grades import GradeResult
 from polar_env.proxy.app import ProxyServer
 from polar_env.proxy.engine import EngineConfig
 from polar_env.proxy.run_slots import RunEnded, RunSlots
 from polar_env.rewards import grader
-from polar_env.rollout import runner
 from polar_env.rollout.plan import RolloutPlan
 from polar_env.rollout.runner import EpisodeRunner, run_rollouts
 from polar_env.sandbox.base import Deadline, run_process_tree
@@ -328,7 +327,7 @@ def _setup(
         renderer.tokenizer.encode("Hello there", add_special_tokens=False) + renderer.eos_token_ids[:1]
     )
     backend.watch, backend.gate = grade, collapsed
-    monkeypatch.setattr(runner, "RunSlots", lambda n: GatedSlots(n, backend))
+    monkeypatch.setattr("polar_env.episodes.admission.RunSlots", lambda n: GatedSlots(n, backend))
     scratch = tmp_path / "scratch"
     scratch.mkdir()
 
@@ -377,6 +376,13 @@ async def test_run_slots_are_free_while_an_episode_grades(renderer, task, tmp_pa
         timings = t.metadata["timings"]
         assert set(TIMING_KEYS) <= set(timings)
         assert timings["prepare_s"] > 0 and timings["model_s"] > 0
+        # the one schema's totals hold their parts: the harness's run its split (a call still in flight
+        # when the harness gave up counts in model_s past its end), the whole episode every stage
+        ran = sum(timings[k] for k in ("harness_start_s", "wait_s", "model_s", "tool_s"))
+        assert timings["harness_start_s"] - 0.001 <= timings["harness_s"] <= ran + 0.001, timings
+        after_open = ("prepare_s", "harness_s", "drain_s", "build_s", "grade_s", "close_s")
+        stages_s = sum(timings[k] for k in after_open)
+        assert timings["total_s"] >= stages_s - 0.001 and timings == EpisodeTimings(**timings).model_dump()
     # the held one's grade time covers the hold (which lasts as long as the other episodes' 4 answers)
     assert max(t.metadata["timings"]["grade_s"] for t in trajectories) >= grade.held_s - 0.01 > 0
     await _no_leftovers(marker, scratch)
