@@ -167,7 +167,8 @@ async def test_stage_admission_gives_a_live_slot_back_when_its_run_ends_and_coll
         for d in done:
             d.set()
         await asyncio.gather(*tasks)
-        assert admission._live is not None and admission._live._value == 2  # every slot back
+        async with asyncio.timeout(1), admission.episode(), admission.episode():  # every slot came back
+            pass
 
 
 async def test_stage_admission_prepares_a_few_at_once_and_none_collapsed():
