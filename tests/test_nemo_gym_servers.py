@@ -34,6 +34,7 @@ from polar_env.backends.vllm import VllmBackend
 from polar_env.cli.policy_server import PolicyServer, gold_policy
 from polar_env.episodes import episode_prompt
 from polar_env.episodes.settings import EpisodeSettings
+from polar_env.episodes.timings import TIMING_KEYS
 from polar_env.episodes.workspace import WorkspaceMounts
 from polar_env.harness_adapters.policies import DONE as FINAL
 from polar_env.proxy.settings import base_urls
@@ -411,6 +412,9 @@ async def test_failures_before_the_harness_are_masked_with_their_cause(
     assert not runtime_dir.exists()  # the agent's temp state goes with it
     for result in (broken, unknown):
         assert result["reward"] == 0.0 and result["mask_sample"] is True
+        timings = result["polar"]["timings"]  # the rollout's schema, its top-level keys read from it
+        assert tuple(timings) == TIMING_KEYS and timings["prepare_s"] > 0
+        assert (result["seed_s"], result["duration_s"]) == (timings["prepare_s"], timings["total_s"])
         assert result["instance_config"]["mask_sample"] is True
         assert check_nemo_result(result) == []  # a masked placeholder NeMo-RL still accepts
     assert broken["failure_kind"] == "polar:sandbox_failure" and "no space left" in broken["polar"]["error"]
@@ -462,6 +466,10 @@ async def test_agent_runs_a_harness_through_the_proxy_and_grades(
     assert resources.closed and not core.episodes  # the workspace was released
     saved = [json.loads(line) for line in traj_file.read_text().splitlines()]
     assert len(saved) == 1 and saved[0]["reward"] == 1.0 and saved[0]["grading"]["resolved"] is True
+    # one timings schema: the trajectory's metadata and the /run result carry the same, seed to close
+    timings = result["polar"]["timings"]
+    assert saved[0]["metadata"]["timings"] == timings and tuple(timings) == TIMING_KEYS
+    assert result["grading_s"] == timings["grade_s"] > 0 and timings["close_s"] > 0 and timings["model_s"] > 0
 
 
 @pytest.mark.slow

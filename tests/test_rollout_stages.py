@@ -28,13 +28,13 @@ from reliability_helpers import FakeHarness, wait_gone
 
 from polar_env.backends.instant import InstantBackend
 from polar_env.episodes import EpisodeSettings, sites, stages
-from polar_env.episodes.timings import TIMING_KEYS
+from polar_env.episodes.admission import Entry, StageAdmission
+from polar_env.episodes.timings import TIMING_KEYS, EpisodeTimings
 from polar_env.grades import GradeResult
 from polar_env.proxy.app import ProxyServer
 from polar_env.proxy.engine import EngineConfig
 from polar_env.proxy.run_slots import RunEnded, RunSlots
 from polar_env.rewards import grader
-from polar_env.rollout import runner
 from polar_env.rollout.plan import RolloutPlan
 from polar_env.rollout.runner import EpisodeRunner, run_rollouts
 from polar_env.sandbox.base import Deadline, run_process_tree
@@ -139,6 +139,71 @@ async def test_a_deadline_does_not_run_while_its_clock_is_paused():
     assert not ran.timed_out and ran.exit_code == 0
     cut = await run_process_tree(["sleep", "5"], timeout_s=Deadline(0.3), stdin=None, max_output_bytes=1024)
     assert cut.timed_out and cut.duration_s < 5
+
+
+# -- the stage admission both drivers enter, alone ---------------------------------------------
+async def _entered(admission: StageAdmission, entries: list[Entry], done: asyncio.Event) -> None:
+    async with admission.episode() as entry:
+        entries.append(entry)
+        await done.wait()
+
+
+async def test_stage_admission_gives_a_live_slot_back_when_its_run_ends_and_collapsed_at_the_end():
+    """Two live slots (the rollout's run slots + lookahead, the Gym agent's max_concurrent_episodes):
+    a third episode waits until one's run stage ends; collapsed, until one leaves (its finish done)."""
+    for collapsed in (False, True):
+        admission = StageAdmission(live=2, prepare=1, collapsed=collapsed)
+        entries: list[Entry] = []
+        done = [asyncio.Event() for _ in range(3)]
+        tasks = [asyncio.ensure_future(_entered(admission, entries, d)) for d in done]
+        await asyncio.sleep(0.01)
+        assert len(entries) == 2, collapsed
+        entries[0].ran()  # its run stage ended; finishing (grading) now
+        await asyncio.sleep(0.01)
+        assert len(entries) == (2 if collapsed else 3), collapsed
+        done[0].set()  # its finish ended
+        await asyncio.sleep(0.01)
+        assert len(entries) == 3
+        for d in done:
+            d.set()
+        await asyncio.gather(*tasks)
+        async with asyncio.timeout(1), admission.episode(), admission.episode():  # every slot came back
+            pass
+
+
+async def test_stage_admission_prepares_a_few_at_once_and_none_collapsed():
+    admission = StageAdmission(live=3, prepare=1)
+    async with admission.episode() as first, admission.episode() as second:
+        async with first.preparing():
+            waiting = asyncio.ensure_future(second.preparing().__aenter__())
+            await asyncio.sleep(0.01)
+            assert not waiting.done()  # one prepares at a time
+        await asyncio.wait_for(waiting, 1)
+    collapsed = StageAdmission(live=1, prepare=1, collapsed=True)
+    async with collapsed.episode() as entry, entry.preparing(), entry.preparing():
+        pass  # the one collapsed slot covers every stage: no prepare limit of its own
+
+
+async def test_stage_admission_binds_the_run_slots_and_the_staleness_bound(renderer, tmp_path: Path):
+    """``bind``: the proxy's per-call run slots (none collapsed) and the staleness bound over its
+    fence, entered inside the live slot: K = 0, one episode a step, so the second waits for version 1."""
+    backend = InstantBackend(renderer.tokenizer.encode("hi", add_special_tokens=False))
+    proxy = ProxyServer.create(renderer=renderer, backend=backend, data_dir=tmp_path, admin_secret="s")
+    proxy.engine.fence.set_version(0)
+    StageAdmission(live=2, run=2, collapsed=True).bind(proxy)
+    assert proxy.engine.run_slots is None
+    admission = StageAdmission(live=2, run=3, max_staleness=0, per_step=1)
+    admission.bind(proxy)
+    assert proxy.engine.run_slots is not None and proxy.engine.run_slots.n == 3
+    async with admission.episode() as first:
+        assert first.metadata == {"admitted_at_version": 0}
+        second = asyncio.ensure_future(admission.episode().__aenter__())
+        await asyncio.sleep(0.05)
+        assert not second.done()
+        proxy.engine.fence.set_version(1)
+        assert (await asyncio.wait_for(second, 1)).metadata == {"admitted_at_version": 1}
+    with pytest.raises(ValueError, match="live slots must be >= 1"):
+        StageAdmission(live=0)
 
 
 # -- real episodes through the driver ----------------------------------------------------------
@@ -263,7 +328,7 @@ def _setup(
         renderer.tokenizer.encode("Hello there", add_special_tokens=False) + renderer.eos_token_ids[:1]
     )
     backend.watch, backend.gate = grade, collapsed
-    monkeypatch.setattr(runner, "RunSlots", lambda n: GatedSlots(n, backend))
+    monkeypatch.setattr("polar_env.episodes.admission.RunSlots", lambda n: GatedSlots(n, backend))
     scratch = tmp_path / "scratch"
     scratch.mkdir()
 
@@ -313,6 +378,13 @@ async def test_run_slots_are_free_while_an_episode_grades(renderer, task, tmp_pa
         timings = t.metadata["timings"]
         assert set(TIMING_KEYS) <= set(timings)
         assert timings["prepare_s"] > 0 and timings["model_s"] > 0
+        # the one schema's totals hold their parts: the harness's run its split (a call still in flight
+        # when the harness gave up counts in model_s past its end), the whole episode every stage
+        ran = sum(timings[k] for k in ("harness_start_s", "wait_s", "model_s", "tool_s"))
+        assert timings["harness_start_s"] - 0.001 <= timings["harness_s"] <= ran + 0.001, timings
+        after_open = ("prepare_s", "harness_s", "drain_s", "build_s", "grade_s", "close_s")
+        stages_s = sum(timings[k] for k in after_open)
+        assert timings["total_s"] >= stages_s - 0.001 and timings == EpisodeTimings(**timings).model_dump()
     # the held one's grade time covers the hold (which lasts as long as the other episodes' 4 answers)
     assert max(t.metadata["timings"]["grade_s"] for t in trajectories) >= grade.held_s - 0.01 > 0
     await _no_leftovers(marker, scratch)

@@ -42,6 +42,7 @@ from polar_env.agent_server.failures import COMPONENT, Component, EpisodeFailure
 from polar_env.agent_server.observations import agent_observations, latency_summary, producer_trajectory
 from polar_env.environment import EnvSettings
 from polar_env.episodes import stages
+from polar_env.episodes.admission import StageAdmission
 from polar_env.episodes.episode import Episode, EpisodeResult
 from polar_env.episodes.episode import Stage as EpisodeStage
 from polar_env.episodes.settings import EpisodeSettings, GradingSettings
@@ -52,8 +53,6 @@ from polar_env.harness_adapters.registry import get_adapter
 from polar_env.janitor import Janitor
 from polar_env.outcomes import FailureKind
 from polar_env.proxy.app import ProxyServer
-from polar_env.proxy.policy import Admission
-from polar_env.proxy.run_slots import RunSlots
 from polar_env.proxy.settings import ProxySettings, admin_secret, build_proxy, proxy_model
 from polar_env.resources_server.core import SeededEpisode, VerifyOutcome, attach_sandbox
 from polar_env.sandbox.base import SandboxSpec
@@ -228,9 +227,14 @@ class PolarAgent:
         self.proxy: ProxyServer | None = None
         self.runtime_dir: Path | None = None
         self.adapter = get_adapter(config.harness)
-        self._slots = asyncio.Semaphore(config.max_concurrent_episodes)  # live harnesses
-        self._prepare = asyncio.Semaphore(
-            config.prepare_slots or config.run_slots or config.max_concurrent_episodes
+        # the stages' limits, as the rollout's driver enters them too (episodes/admission.py): grading is
+        # the resources server's (its max_concurrent_grades)
+        self.admission = StageAdmission(
+            live=config.max_concurrent_episodes,
+            prepare=config.prepare_slots or config.run_slots or config.max_concurrent_episodes,
+            run=config.run_slots,
+            max_staleness=config.max_staleness,
+            per_step=config.episodes_per_step,
         )
         self._writer: TrajectoryWriter | None = None
         # each task's first prompt as its rollouts reached the model (one per task: docs/harnesses.md), for
@@ -240,7 +244,6 @@ class PolarAgent:
         self._playing: set[asyncio.Task] = set()  # episodes before settling: stop() cancels these
         self._settling: set[asyncio.Task] = set()  # settles: stop() waits for these, never cancels
         self._stopping = False
-        self._admission: Admission | None = None
         self.admin_secret = ""  # what the /polar/* routes require (start() decides it)
         self.admin_secret_file: Path | None = None  # where a generated one was written
         self._finished: collections.deque[Sample] = collections.deque(
@@ -275,11 +278,7 @@ class PolarAgent:
         self.proxy = build_proxy(
             c, data_dir=self.runtime_dir / "ledger", admin_secret=self.admin_secret, model=model
         )
-        if c.max_staleness is not None:
-            self._admission = Admission(self.proxy.engine.fence, c.max_staleness, c.episodes_per_step)
-        if c.run_slots is not None:
-            self.proxy.engine.run_slots = RunSlots(c.run_slots)
-        metrics.BUSY.start(c.run_slots or c.max_concurrent_episodes)
+        self.admission.bind(self.proxy)
         metrics.publish_figures("run", lambda: accepted_work(self._finished))
         sock_dir = self.runtime_dir / "sock"
         sock_dir.mkdir(exist_ok=True)
@@ -356,9 +355,7 @@ class PolarAgent:
         proxy = self.proxy
         assert proxy is not None
         cancelled: tuple[Component, str] | None = None
-        async with self._slots:
-            if self._admission is not None:
-                await self._admission.admit()
+        async with self.admission.episode() as entry:  # a live slot, then the staleness bound
             ep = stages.begin(
                 proxy,
                 _TaskView(task_id, row),
@@ -366,9 +363,11 @@ class PolarAgent:
                 settings=row_settings(params, self.episode_settings),
                 site=ResourcesSite(resources, params, min(proxy.engine.eos_ids)),
                 prompt=_row_prompt(params),
+                queued_at=entry.queued_at,
+                metadata=entry.metadata,
             )
             try:
-                async with self._prepare:
+                async with entry.preparing():
                     with metrics.stage("prepare"):
                         await stages.prepare(ep)
                         await stages.booted(ep)
@@ -382,7 +381,7 @@ class PolarAgent:
                     if self._stopping
                     else ("client", f"the /run caller went away during the {stage} stage")
                 )
-        # the slot is the run stage's only: grading (settle) happens outside it, so a slow grade never
+        # the live slot is the run stage's only: grading (settle) happens outside it, so a slow grade never
         # holds back the next episode's model calls. Settling is not interrupted by a second cancel
         # (shutdown after a disconnect)
         settle = asyncio.ensure_future(
@@ -404,21 +403,10 @@ class PolarAgent:
         and the NeMo-RL result."""
         if cancelled is not None:
             await stages.halt(ep, cancelled=cancelled[1])
-        settling = time.time()
         with metrics.stage("finish"):
             result = await stages.finish(ep)
         failure = self._failure(ep, result, cancelled[0] if cancelled else "client")
-        m = ep.marks
-        timings = {
-            **result.trajectory.metadata["timings"],
-            "seed_s": round(m.get("started", settling) - m.get("prepare", settling), 3),
-            "harness_s": round(m.get("ended", settling) - m.get("started", m.get("ended", settling)), 3),
-            "grading_s": round(m.get("closing", m["done"]) - m.get("grade", m["done"]), 3),
-            "close_s": round(m["done"] - m.get("closing", m["done"]), 3),
-            "settle_s": round(time.time() - settling, 3),
-            "total_s": round(time.time() - ep.session.started, 3),
-        }
-        return self._result(ep, result, failure, params, rollout_id, timings)
+        return self._result(ep, result, failure, params, rollout_id)
 
     def _failure(self, ep: Episode, result: EpisodeResult, cancelled_by: Component) -> EpisodeFailure | None:
         """The structured record of what ended the episode: where it failed before the harness could end,
@@ -508,7 +496,6 @@ class PolarAgent:
         failure: EpisodeFailure | None,
         params: dict[str, Any],
         rollout_id: str,
-        timings: dict[str, float],
     ) -> AgentRunResult:
         proxy = self.proxy
         assert proxy is not None
@@ -527,8 +514,6 @@ class PolarAgent:
         mask = out.instance_config.mask_sample
         traj.metadata.update(
             {
-                "duration_s": timings["total_s"],
-                "timings": timings,
                 "mask_sample": mask,
                 "failure": failure.model_dump() if failure else None,
                 "patch_bytes": patch_bytes(result.patch or ep.patch),
@@ -549,7 +534,8 @@ class PolarAgent:
             if failure is not None and failure.kind in _INCOMPLETE
             else "failed"
         )
-        out.polar.timings, out.polar.model_call_latency_ms = dict(timings), latency
+        timings = result.timings  # the rollout's own schema: docs/nemo.md maps the top-level keys onto it
+        out.polar.timings, out.polar.model_call_latency_ms = timings.model_dump(), latency
         return AgentRunResult(
             **structs.asdict(out),
             mask_sample=mask,
@@ -559,10 +545,10 @@ class PolarAgent:
             failure=failure.model_dump() if failure else None,
             harness_exit_code=run.exit_code if run is not None else None,
             # numeric top-level keys: Gym and NeMo-RL average each into a metric
-            duration_s=timings["total_s"],
-            seed_s=timings["seed_s"],
-            harness_s=timings["harness_s"],
-            grading_s=timings["grading_s"],
+            duration_s=timings.total_s,
+            seed_s=timings.prepare_s,
+            harness_s=timings.harness_s,
+            grading_s=timings.grade_s,
             model_call_p50_ms=latency.get("p50", 0.0),
             model_call_p95_ms=latency.get("p95", 0.0),
             ng_agent_observations=agent_observations(
@@ -570,7 +556,7 @@ class PolarAgent:
                 out.response.output,
                 invocation_id=session_id,
                 status=invocation_status,
-                duration_ms=timings["harness_s"] * 1e3,
+                duration_ms=timings.harness_s * 1e3,
                 error_type=failure.kind.value if failure else None,
             ),
             ng_trajectory=producer_trajectory(

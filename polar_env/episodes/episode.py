@@ -13,6 +13,7 @@ from polar_env.episodes.grading import Grading
 from polar_env.episodes.session import EpisodeSession
 from polar_env.episodes.settings import EpisodeSettings
 from polar_env.episodes.task import EpisodeTask
+from polar_env.episodes.timings import EpisodeTimings
 from polar_env.episodes.workspace import Workspace, WorkspaceRef
 from polar_env.grades import GradeResult
 from polar_env.harness_adapters.runner import HarnessRun
@@ -34,6 +35,7 @@ class EpisodeResult:
     calls: list[CallRecord] = field(
         default_factory=list
     )  # the ledger's records the trajectory was built from
+    timings: EpisodeTimings = field(default_factory=EpisodeTimings)  # its metadata["timings"], typed
 
 
 class Site(Protocol):

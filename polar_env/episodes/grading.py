@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, TypeVar
 
+from polar_env.episodes.admission import StageAdmission
 from polar_env.rewards.workers import GradingWorkers
 
 T = TypeVar("T")
@@ -17,23 +18,22 @@ T = TypeVar("T")
 class Grading:
     """Where grading runs: ``slots`` grades at once in worker processes (`rewards.workers`: never on the
     loop's interpreter lock, and workspace set-up, on the default thread pool, never queues behind a
-    grade); also the one thread the trajectory builds run on."""
+    grade); also the one thread the trajectory builds run on. A grade enters its slot through
+    ``admission`` (the driver's stage admission; by default one of its own with ``slots`` grade slots)."""
 
-    def __init__(self, slots: int = 1, *, processes: bool = True):
+    def __init__(self, slots: int = 1, *, processes: bool = True, admission: StageAdmission | None = None):
         self.slots = slots
+        self.admission = admission or StageAdmission(grade=slots)
         self._workers = GradingWorkers(slots, processes=processes)
         self._builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="polar-build")
-        self._limit: asyncio.Semaphore | None = None  # made on the loop that uses it
 
     async def in_worker(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """``fn(*args, **kwargs)`` in a grading worker (the caller holds the grading limit: `call`)."""
+        """``fn(*args, **kwargs)`` in a grading worker (the caller holds a grade slot: `call`)."""
         return await self._workers.run(fn, *args, **kwargs)
 
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """``await fn(*args)`` within the grading limit (a grade: `grade_episode`)."""
-        if self._limit is None:
-            self._limit = asyncio.Semaphore(self.slots)
-        async with self._limit:
+        """``await fn(*args)`` in a grade slot (a grade: `grade_episode`)."""
+        async with self.admission.grading():
             return await fn(*args)
 
     async def off_loop(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

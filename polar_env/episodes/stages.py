@@ -219,8 +219,10 @@ async def finish(ep: Episode, grading: Grading | None = None) -> EpisodeResult:
             else:
                 kind = final_kind(kind, result.failure_kind, result.resolved)
     finally:
+        ep.marks["closing"] = time.time()
         await close_workspace(ep)
     ep.marks["done"] = time.time()
+    timings = episode_timings(ep.marks, ep.slot, closed.calls, opened=ep.session.started)
     reward, masked = settings.outcomes().apply(kind, result.reward if result else None)
     if settings.mask_single_call and trajectory.stats.single_call and not masked:
         masked = True  # a degenerate agentic rollout: kept in its group's baseline, no loss
@@ -232,7 +234,7 @@ async def finish(ep: Episode, grading: Grading | None = None) -> EpisodeResult:
         {
             "duration_s": ep.marks["done"] - ep.session.started,
             "patch_bytes": patch_bytes(ep.patch),
-            "timings": episode_timings(ep, closed.calls),
+            "timings": timings.model_dump(),
         }
     )
     if attempts := exploits.exploit_attempts(
@@ -253,7 +255,7 @@ async def finish(ep: Episode, grading: Grading | None = None) -> EpisodeResult:
         masked=masked,
         resolved=bool(result and result.resolved),
         trainable_tokens=trajectory.stats.trainable_tokens,
-        timings=trajectory.metadata["timings"],
+        timings=timings.model_dump(),
         policy_lag=served - versions[0] if served is not None and versions else None,
     )
     return EpisodeResult(
@@ -263,6 +265,7 @@ async def finish(ep: Episode, grading: Grading | None = None) -> EpisodeResult:
         patch=ep.patch,
         failure_kind=kind,
         calls=closed.calls,
+        timings=timings,
     )
 
 

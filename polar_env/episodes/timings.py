@@ -1,41 +1,55 @@
-"""Where an episode's time went, per stage, from its stage marks, its run slot's times and its calls'
-own timings."""
+"""Where an episode's time went: one schema (:class:`EpisodeTimings`) filled by one function
+(:func:`episode_timings`), whichever driver ran the episode (docs/rollout.md, "Where an episode's time
+goes"). It is the trajectory's ``metadata["timings"]``, what /metrics observes
+(``metrics.episode_finished``), what the rollout summary averages (rollout/outputs.py) and the NeMo Gym
+``/run`` result's ``polar.timings`` (agent_server/core.py)."""
 
 from __future__ import annotations
 
-from polar_env.episodes.episode import Episode
+from pydantic import BaseModel, ConfigDict
+
+from polar_env.proxy.run_slots import SlotTimes
 from polar_env.trajectory.records import CallRecord
 
-# metadata["timings"] of every trajectory, in seconds: waiting for a prepare slot, preparing, the
-# harness's start-up (start to its first model call), waiting for a run slot, the model's time
-# (backend calls, overlaps counted once), the rest of the run (tools, the harness's own work),
-# then patch + drain + classification, the trajectory build, and grading (with the workspace's close)
-TIMING_KEYS = (
-    "queued_s",
-    "prepare_s",
-    "harness_start_s",
-    "wait_s",
-    "model_s",
-    "tool_s",
-    "drain_s",
-    "build_s",
-    "grade_s",
-)
+
+class EpisodeTimings(BaseModel):
+    """Seconds per stage, in the order they happen, then the harness's run and the episode's total;
+    ``model_dump()`` is a flat dict of floats (what a trajectory's metadata carries)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # the driver took the episode -> its prepare began: waiting for a live slot, the staleness bound
+    # and a prepare slot (episodes/admission.py)
+    queued_s: float = 0.0
+    prepare_s: float = 0.0  # the workspace opened (the Gym resources server's seed), the harness started
+    harness_start_s: float = 0.0  # the harness started -> its first model call (its whole run if none)
+    wait_s: float = 0.0  # its calls' waits for a run slot (the first call's and the later ones')
+    model_s: float = 0.0  # in model calls after admission (overlapping calls counted once)
+    tool_s: float = 0.0  # the rest of the run less the later waits: tools, the harness's own work
+    drain_s: float = 0.0  # the harness ended -> the trajectory build began (patch, drain, classification)
+    build_s: float = 0.0  # the trajectory build
+    grade_s: float = 0.0  # grading (the Gym resources server's /verify)
+    close_s: float = 0.0  # the workspace's close after grading (the Gym resources server's close)
+    harness_s: float = 0.0  # the harness started -> it ended (its split: harness_start_s .. tool_s)
+    total_s: float = 0.0  # the episode's proxy session opened -> its finish ended (after its queued_s)
 
 
-def episode_timings(ep: Episode, calls: list[CallRecord]) -> dict[str, float]:
-    """Where the episode's time went (:data:`TIMING_KEYS`), from its stage marks, its slot's times
-    and its calls' own timings."""
-    m = ep.marks
+TIMING_KEYS = tuple(EpisodeTimings.model_fields)
+
+
+def episode_timings(
+    marks: dict[str, float], slot: SlotTimes | None, calls: list[CallRecord], *, opened: float
+) -> EpisodeTimings:
+    """Where the episode's time went, from its stage marks (``Episode.marks``), its run slot's times,
+    its calls' own timings and when its session ``opened``."""
+    m = marks
     prepared = m.get("prepare", m["queued"])
     started = m.get("started", prepared)
     ended = m.get("ended", started)
-    first_call = (
-        ep.slot.first_call_at if ep.slot is not None else min((c.created_at for c in calls), default=None)
-    )
-    admitted_at = (
-        ep.slot.admitted_at if ep.slot is not None and ep.slot.admitted_at is not None else first_call
-    )
+    done = m.get("done", ended)
+    closing = m.get("closing", done)
+    first_call = slot.first_call_at if slot is not None else min((c.created_at for c in calls), default=None)
+    admitted_at = slot.admitted_at if slot is not None and slot.admitted_at is not None else first_call
     spans = sorted(
         (c.created_at + c.timings.get("admission_ms", 0.0) / 1e3, c.created_at + c.timings["total_ms"] / 1e3)
         for c in calls
@@ -49,10 +63,8 @@ def episode_timings(ep: Episode, calls: list[CallRecord]) -> dict[str, float]:
             covered = end
     run_s = ended - admitted_at if admitted_at is not None else 0.0
     first_wait = admitted_at - first_call if first_call is not None and admitted_at is not None else 0.0
-    waited = (
-        max(ep.slot.waited_s(ended), first_wait) if ep.slot is not None else first_wait
-    )  # every call's wait
-    out = {
+    waited = max(slot.waited_s(ended), first_wait) if slot is not None else first_wait  # every call's wait
+    seconds = {
         "queued_s": prepared - m["queued"],
         "prepare_s": started - prepared,
         "harness_start_s": (first_call if first_call is not None else ended) - started,
@@ -61,6 +73,9 @@ def episode_timings(ep: Episode, calls: list[CallRecord]) -> dict[str, float]:
         "tool_s": run_s - model - (waited - first_wait),
         "drain_s": m.get("build", ended) - ended,
         "build_s": m.get("grade", ended) - m.get("build", ended),
-        "grade_s": m.get("done", ended) - m.get("grade", ended),
+        "grade_s": closing - m.get("grade", ended),
+        "close_s": done - closing,
+        "harness_s": ended - started,
+        "total_s": done - opened,
     }
-    return {k: round(max(v, 0.0), 4) for k, v in out.items()}
+    return EpisodeTimings(**{k: round(max(v, 0.0), 4) for k, v in seconds.items()})

@@ -121,7 +121,7 @@ def summarize(trajectories: list[Trajectory]) -> dict[str, Any]:
         # what the tool calls tried (history mining, fetching upstream, ...): an instrument
         # (trajectory/exploits.py)
         "exploit_attempts": exploit_summary(trajectories),
-        # where an episode's time went, on average (episodes/timings.py TIMING_KEYS)
+        # where an episode's time went, on average (episodes/timings.py EpisodeTimings)
         "timings_mean_s": mean_timings(trajectories),
         # accepted trainable work per hour, run slot and GPU-hour; dropped and stale fractions
         # (trajectory/accepted.py)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from polar_env.episodes.admission import StageAdmission
 from polar_env.episodes.settings import EpisodeSettings
 from polar_env.rollout.config import RolloutConfig
 from polar_env.tasks.models import Task
@@ -63,6 +64,21 @@ class RolloutPlan:
             self.prepare_slots or self.run_slots,
             self.lookahead or self.run_slots,
             self.grade_slots or self.run_slots,
+        )
+
+    def admission(self) -> StageAdmission:
+        """The stages' limits as the driver enters them: ``run_slots + lookahead`` live episodes
+        (collapsed: ``run_slots``, each over all its stages); the staleness bound counting one
+        training step as one pass over the plan's episodes."""
+        prepare, lookahead, grade = self.limits()
+        return StageAdmission(
+            live=self.run_slots if self.collapsed else self.run_slots + lookahead,
+            prepare=prepare,
+            run=self.run_slots,
+            grade=grade,
+            collapsed=self.collapsed,
+            max_staleness=self.max_staleness,
+            per_step=len(self.tasks) * self.samples,
         )
 
     def episodes(self) -> list[tuple[Task, int]]:

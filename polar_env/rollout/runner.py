@@ -6,7 +6,6 @@ import asyncio
 import shutil
 import sys
 import tempfile
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -17,11 +16,10 @@ from polar_env import metrics
 from polar_env.backends.logprobs_mode import LogprobsMismatch, sampling_mismatch
 from polar_env.environment import EnvSettings
 from polar_env.episodes import stages
+from polar_env.episodes.admission import Entry
 from polar_env.episodes.episode import Episode, EpisodeResult
 from polar_env.episodes.grading import Grading
 from polar_env.proxy.app import ProxyServer
-from polar_env.proxy.policy import Admission
-from polar_env.proxy.run_slots import RunSlots
 from polar_env.proxy.settings import admin_secret, build_proxy, proxy_model
 from polar_env.rollout.config import RolloutConfig
 from polar_env.rollout.outputs import RolloutOutputs, finish_outputs
@@ -43,11 +41,11 @@ STAGES = (
 
 class EpisodeRunner:
     """Episodes of a plan on this host, all through one proxy on a Unix socket (the sandboxes'
-    only way out), each stage within its own limit (``RolloutPlan``, docs/rollout.md "Stages"):
-    ``run_slots + lookahead`` episodes between the start of their prepare and the end of their run
-    (live harnesses), ``prepare_slots`` of them preparing (up to their harness's first model call),
-    ``run_slots`` model calls at once (the proxy's per-call admission: a harness in a tool leaves
-    its slot to another's call),
+    only way out), each stage within its own limit (``RolloutPlan.admission``, the stage admission the
+    Gym agent enters too; docs/rollout.md "Stages"): ``run_slots + lookahead`` episodes between the
+    start of their prepare and the end of their run (live harnesses), ``prepare_slots`` of them
+    preparing (up to their harness's first model call), ``run_slots`` model calls at once (the
+    proxy's per-call admission: a harness in a tool leaves its slot to another's call),
     ``grade_slots`` grading. Collapsed: ``run_slots`` episodes at a time over all stages. ``polar
     rollout``, ``polar demo`` and ``polar train`` run one; under Ray every node runs its own."""
 
@@ -70,14 +68,13 @@ class EpisodeRunner:
             **(metadata or {}),
         }
         self.proxy: ProxyServer | None = None
-        self.admission: Admission | None = None  # --max-staleness: episodes start within K versions
+        self.admission = plan.admission()  # each stage's limit, and --max-staleness
         self.stages: Counter[str] = Counter()  # episodes in each stage now
         self.on_stage: Callable[[], None] | None = None  # told when an episode changes stage
         self._sock_dir: Path | None = None
-        prepare_slots, lookahead, grade_slots = plan.limits()
-        self.grading = Grading(grade_slots, processes=plan.grade_in_processes)
-        self._limits = (plan.run_slots,) if plan.collapsed else (plan.run_slots + lookahead, prepare_slots)
-        self._semaphores: list[asyncio.Semaphore] = []  # made on the loop that uses them (start)
+        self.grading = Grading(
+            self.admission.grade or 1, processes=plan.grade_in_processes, admission=self.admission
+        )
 
     async def start(self) -> None:
         self._sock_dir = Path(tempfile.mkdtemp(prefix="polar-sock-"))  # AF_UNIX paths are <108 bytes
@@ -97,14 +94,7 @@ class EpisodeRunner:
             )
         if why := sampling_mismatch(self.proxy.logprobs_mode, self.plan.episode.sampling()):
             raise LogprobsMismatch(why)  # every episode would be refused: say it once, before any runs
-        if self.plan.max_staleness is not None:  # one training step = one pass over the plan's episodes
-            self.admission = Admission(
-                self.proxy.engine.fence, self.plan.max_staleness, len(self.plan.tasks) * self.plan.samples
-            )
-        if not self.plan.collapsed:
-            self.proxy.engine.run_slots = RunSlots(self.plan.run_slots)
-        metrics.BUSY.start(self.plan.run_slots)
-        self._semaphores = [asyncio.Semaphore(n) for n in self._limits]
+        self.admission.bind(self.proxy)
 
     @property
     def live_proxy(self) -> ProxyServer:
@@ -116,47 +106,35 @@ class EpisodeRunner:
     async def run(self, task: Task, sample: int) -> Trajectory:
         """One episode through its stages; its trajectory (exported by the caller)."""
         assert self.proxy is not None, "start() first"
-        queued = time.time()
         key = episode_key(task.instance_id, sample)
-        if self.plan.collapsed:
-            async with self._semaphores[0]:
-                result = await self._stages(task, sample, key, queued)
-        else:
-            result = await self._stages(task, sample, key, queued)
+        async with self.admission.episode() as entry:
+            result = await self._stages(entry, task, sample, key)
         result.trajectory.metadata.update({"episode_key": key, **self.metadata})
         return result.trajectory
 
-    async def _stages(self, task: Task, sample: int, key: str, queued: float) -> EpisodeResult:
-        staged = not self.plan.collapsed
+    async def _stages(self, entry: Entry, task: Task, sample: int, key: str) -> EpisodeResult:
         ep: Episode | None = None
         try:
-            async with _Held(
-                self._semaphores[0] if staged else None
-            ):  # live harnesses: released when the run ends
-                admitted = (
-                    {} if self.admission is None else {"admitted_at_version": await self.admission.admit()}
-                )
-                with self._stage("prepare"):
-                    async with _Held(self._semaphores[1] if staged else None):
-                        ep = stages.begin(
-                            self.live_proxy,
-                            task,
-                            episode_id=attempt_session_id(key, self.ledger),
-                            group_id=task.instance_id,
-                            settings=self.plan.episode,
-                            scratch_root=self.plan.scratch_root,
-                            grade=self.plan.grade,
-                            queued_at=queued,
-                            metadata={"episode_key": key, "sample": sample, **admitted, **self.metadata},
-                        )
-                        await stages.prepare(ep)
-                        # its slot is held through the harness's boot too: a dozen harnesses booting at
-                        # once on a few cores would each take several times as long to make a first call
-                        await stages.booted(ep)
-                with self._stage("wait"):
-                    await stages.admitted(ep)
-                with self._stage("run"):
-                    await stages.run(ep)
+            with self._stage("prepare"):
+                async with entry.preparing():  # held through the harness's boot too (booted)
+                    ep = stages.begin(
+                        self.live_proxy,
+                        task,
+                        episode_id=attempt_session_id(key, self.ledger),
+                        group_id=task.instance_id,
+                        settings=self.plan.episode,
+                        scratch_root=self.plan.scratch_root,
+                        grade=self.plan.grade,
+                        queued_at=entry.queued_at,
+                        metadata={"episode_key": key, "sample": sample, **entry.metadata, **self.metadata},
+                    )
+                    await stages.prepare(ep)
+                    await stages.booted(ep)
+            with self._stage("wait"):
+                await stages.admitted(ep)
+            with self._stage("run"):
+                await stages.run(ep)
+            entry.ran()
             with self._stage("finish"):
                 return await stages.finish(ep, self.grading)
         except BaseException:  # Ctrl-C (a cancel) or a bug: nothing of the episode is left; a rerun runs it
@@ -185,21 +163,6 @@ class EpisodeRunner:
             await self.proxy.stop()
         if self._sock_dir is not None:
             shutil.rmtree(self._sock_dir, ignore_errors=True)
-
-
-class _Held:
-    """``async with`` a semaphore, or with nothing."""
-
-    def __init__(self, semaphore: asyncio.Semaphore | None):
-        self.semaphore = semaphore
-
-    async def __aenter__(self) -> None:
-        if self.semaphore is not None:
-            await self.semaphore.acquire()
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self.semaphore is not None:
-            self.semaphore.release()
 
 
 async def run_rollouts(plan: RolloutPlan, proxy_factory: ProxyFactory) -> list[Trajectory]:
