@@ -389,8 +389,8 @@ def test_a_failed_create_leaves_no_container():
 async def test_gym_resources_server_seeds_a_container_the_agent_attaches_to(imaged, tmp_path: Path):
     """The NeMo Gym split of the same lifecycle: the resources server opens the container (with the agent's
     proxy socket dir mounted), the agent side attaches by name and edits, verify grades in the image."""
-    from polar_env.episodes.workspace import WorkspaceMounts
     from polar_env.resources_server.core import PolarResources, PolarResourcesConfig, attach_sandbox
+    from polar_env.wire.gym_resources import WorkspaceMounts
 
     task = imaged["psf__requests-5414"]
     (tmp_path / "sock").mkdir(mode=0o755)

@@ -43,7 +43,7 @@ from polar_env.agent_server.observations import agent_observations, latency_summ
 from polar_env.environment import EnvSettings
 from polar_env.episodes import lifecycle
 from polar_env.episodes.lifecycle import EpisodeConfig, EpisodeResult, patch_bytes
-from polar_env.episodes.workspace import Workspace, WorkspaceMounts
+from polar_env.episodes.workspace import Workspace
 from polar_env.grades import GradeResult
 from polar_env.harness_adapters.registry import get_adapter
 from polar_env.janitor import Janitor
@@ -52,12 +52,13 @@ from polar_env.proxy.app import ProxyServer
 from polar_env.proxy.policy import Admission
 from polar_env.proxy.run_slots import RunSlots
 from polar_env.proxy.settings import ProxySettings, admin_secret, build_proxy, proxy_model
-from polar_env.resources_server.core import SeededEpisode, VerifyOutcome, attach_sandbox
+from polar_env.resources_server.core import VerifyOutcome, attach_sandbox
 from polar_env.sandbox.base import SandboxSpec
 from polar_env.trajectory.accepted import Sample, accepted_work
 from polar_env.trajectory.export import GroupPrompts, TrajectoryWriter, to_nemo_gym_result
 from polar_env.trajectory.models import Trajectory
 from polar_env.trajectory.records import CallRecord, EpisodeBudget
+from polar_env.wire.gym_resources import SeedSessionResponse, WorkspaceMounts
 from polar_env.wire.nemo_gym import AgentRunResult, RunResult
 
 log = logging.getLogger(__name__)
@@ -109,7 +110,7 @@ class ResourcesClient(Protocol):
 
     async def seed(
         self, episode_id: str, task_id: str, *, mounts: WorkspaceMounts | None = None
-    ) -> SeededEpisode: ...
+    ) -> SeedSessionResponse: ...
 
     async def verify(self, episode_id: str, task_id: str, *, result: RunResult) -> VerifyOutcome: ...
 
