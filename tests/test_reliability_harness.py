@@ -19,7 +19,7 @@ from polar_sandbox_helpers import processes_matching
 from reliability_helpers import FakeHarness, faulty_vllm, polar_cgroups, wait_gone
 
 from polar_env.backends.registry import make_backend
-from polar_env.episodes import EpisodeConfig, lifecycle, run_episode
+from polar_env.episodes import EpisodeConfig, run_episode, stages
 from polar_env.outcomes import FailureKind
 from polar_env.proxy.app import ProxyServer
 from polar_env.proxy.engine import EngineConfig
@@ -47,7 +47,7 @@ async def _episode(
 ):
     marker = f"polar-rel-{uuid.uuid4().hex[:10]}"
     harness = FakeHarness(mode, marker, tmp_path / "install", env)
-    monkeypatch.setattr(lifecycle, "get_adapter", lambda name: harness)
+    monkeypatch.setattr(stages, "get_adapter", lambda name: harness)
     sock_dir = Path(tempfile.mkdtemp(prefix="prx-"))  # short: Unix socket paths are limited to 108 bytes
     sock_dir.chmod(0o755)
     scratch = tmp_path / "scratch"
