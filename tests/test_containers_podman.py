@@ -154,7 +154,7 @@ async def test_episode_in_the_container_graded_in_the_image(harness, scripted_pr
     )
     traj = result.trajectory
     assert traj.status == "completed", (traj.error, result.harness and result.harness.stderr_tail[-2000:])
-    assert traj.metadata["workspace"] == ENGINE and traj.metadata["image"] == task.image
+    assert traj.metadata.workspace == ENGINE and traj.metadata.image == task.image
     assert traj.stats.calls >= 2
     # the harness, sealed by a root forwarder, is still told apart from its tools
     assert {call.origin for call in traj.calls} == {"harness"}, [call.origin for call in traj.calls]

@@ -309,11 +309,11 @@ async def test_run_slots_are_free_while_an_episode_grades(renderer, task, tmp_pa
     assert backend.max_inflight <= 2  # admission is exact: never more than the run slots
     assert len(trajectories) == 4 and all(t.status == "completed" and t.reward == 1.0 for t in trajectories)
     for t in trajectories:
-        timings = t.metadata["timings"]
+        timings = t.metadata.timings
         assert set(TIMING_KEYS) <= set(timings)
         assert timings["prepare_s"] > 0 and timings["model_s"] > 0
     # the held one's grade time covers the hold (which lasts as long as the other episodes' 4 answers)
-    assert max(t.metadata["timings"]["grade_s"] for t in trajectories) >= grade.held_s - 0.01 > 0
+    assert max(t.metadata.timings["grade_s"] for t in trajectories) >= grade.held_s - 0.01 > 0
     await _no_leftovers(marker, scratch)
 
 
@@ -328,7 +328,7 @@ async def test_collapsed_holds_one_slot_over_every_stage(renderer, task, tmp_pat
     trajectories = await run_rollouts(plan, factory)
     assert grade.held.is_set() and grade.release.is_set()  # released: two more calls went through meanwhile
     assert grade.max_while_held == 1
-    assert len(trajectories) == 4 and all(t.metadata["timings"]["wait_s"] == 0.0 for t in trajectories)
+    assert len(trajectories) == 4 and all(t.metadata.timings["wait_s"] == 0.0 for t in trajectories)
     await _no_leftovers(marker, scratch)
 
 

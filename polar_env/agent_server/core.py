@@ -419,7 +419,7 @@ class PolarAgent:
         failure = self._failure(ep, result, cancelled[0] if cancelled else "client")
         m = ep.marks
         timings = {
-            **result.trajectory.metadata["timings"],
+            **(result.trajectory.metadata.timings or {}),
             "seed_s": round(m.get("started", settling) - m.get("prepare", settling), 3),
             "harness_s": round(m.get("ended", settling) - m.get("started", m.get("ended", settling)), 3),
             "grading_s": round(m.get("closing", m["done"]) - m.get("grade", m["done"]), 3),
@@ -534,16 +534,12 @@ class PolarAgent:
             arrays=True,
         )
         mask = out.instance_config.mask_sample
-        traj.metadata.update(
-            {
-                "duration_s": timings["total_s"],
-                "timings": timings,
-                "mask_sample": mask,
-                "failure": failure.model_dump() if failure else None,
-                "patch_bytes": patch_bytes(result.patch or ep.patch),
-                **({"run_slots": self.config.run_slots} if self.config.run_slots else {}),
-            }
-        )
+        meta = traj.metadata
+        meta.duration_s, meta.timings, meta.mask_sample = timings["total_s"], timings, mask
+        meta.failure = failure.model_dump() if failure else None
+        meta.patch_bytes = patch_bytes(result.patch or ep.patch)
+        if self.config.run_slots:
+            meta.run_slots = self.config.run_slots
         if self._writer is not None:
             self._writer.write(traj)
         self._finished.append(Sample.of(traj))

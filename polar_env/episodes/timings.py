@@ -6,7 +6,7 @@ from __future__ import annotations
 from polar_env.episodes.episode import Episode
 from polar_env.trajectory.records import CallRecord
 
-# metadata["timings"] of every trajectory, in seconds: waiting for a prepare slot, preparing, the
+# metadata.timings of every trajectory, in seconds: waiting for a prepare slot, preparing, the
 # harness's start-up (start to its first model call), waiting for a run slot, the model's time
 # (backend calls, overlaps counted once), the rest of the run (tools, the harness's own work),
 # then patch + drain + classification, the trajectory build, and grading (with the workspace's close)

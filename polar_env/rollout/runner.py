@@ -11,7 +11,6 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 from polar_env import metrics
 from polar_env.backends.logprobs_mode import LogprobsMismatch, sampling_mismatch
@@ -30,7 +29,7 @@ from polar_env.rollout.progress import Progress
 from polar_env.tasks.models import Task
 from polar_env.trajectory.accepted import Sample, accepted_work
 from polar_env.trajectory.export import read_trajectories
-from polar_env.trajectory.models import Trajectory
+from polar_env.trajectory.models import Trajectory, TrajectoryMetadata
 
 ProxyFactory = Callable[[Path, Path], ProxyServer]  # (ledger dir, Unix socket) -> an unstarted proxy
 STAGES = (
@@ -57,18 +56,16 @@ class EpisodeRunner:
         proxy_factory: ProxyFactory,
         ledger: Path,
         *,
-        metadata: dict[str, Any] | None = None,
+        metadata: TrajectoryMetadata | None = None,
     ):
         self.plan = plan
         self.proxy_factory = proxy_factory
         self.ledger = ledger
         # stamped on every trajectory (e.g. the Ray node); the run slots and GPUs: its accepted work's
         # denominators
-        self.metadata = {
-            "run_slots": plan.run_slots,
-            **({"gpus": plan.gpus} if plan.gpus else {}),
-            **(metadata or {}),
-        }
+        self.metadata = (metadata or TrajectoryMetadata()).model_copy(update={"run_slots": plan.run_slots})
+        if plan.gpus:
+            self.metadata.gpus = plan.gpus
         self.proxy: ProxyServer | None = None
         self.admission: Admission | None = None  # --max-staleness: episodes start within K versions
         self.stages: Counter[str] = Counter()  # episodes in each stage now
@@ -123,7 +120,8 @@ class EpisodeRunner:
                 result = await self._stages(task, sample, key, queued)
         else:
             result = await self._stages(task, sample, key, queued)
-        result.trajectory.metadata.update({"episode_key": key, **self.metadata})
+        stamp = {"episode_key": key, **self.metadata.model_dump()}
+        result.trajectory.metadata = result.trajectory.metadata.model_copy(update=stamp)
         return result.trajectory
 
     async def _stages(self, task: Task, sample: int, key: str, queued: float) -> EpisodeResult:
@@ -145,7 +143,12 @@ class EpisodeRunner:
                             group_id=task.instance_id,
                             config=self.plan.episode,
                             queued_at=queued,
-                            metadata={"episode_key": key, "sample": sample, **admitted, **self.metadata},
+                            metadata={
+                                "episode_key": key,
+                                "sample": sample,
+                                **admitted,
+                                **self.metadata.model_dump(),
+                            },
                         )
                         await stages.prepare(ep)
                         # its slot is held through the harness's boot too: a dozen harnesses booting at
