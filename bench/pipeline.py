@@ -68,8 +68,8 @@ def _mean(values: Sequence[float]) -> float | None:
 
 
 def stage_split(trajectories: Sequence[Any]) -> dict[str, float | None]:
-    """Mean seconds per stage over the trajectories' ``metadata["timings"]`` (each key they have)."""
-    timings = [t.metadata.get("timings") or {} for t in trajectories]
+    """Mean seconds per stage over the trajectories' ``metadata.timings`` (each key they have)."""
+    timings = [t.metadata.timings.model_dump() for t in trajectories if t.metadata.timings is not None]
     keys = sorted({k for t in timings for k in t})
     return {k: _mean([t[k] for t in timings if t.get(k) is not None]) for k in keys}
 
@@ -130,7 +130,7 @@ async def run_driver(name: str, plan: Any, factory: Any, backend: Any) -> dict[s
         "stages_mean_s": stage_split(trajectories),
         # what the trainer keeps, per hour and run slot (summary.json's accepted_work: trajectory/accepted.py)
         "accepted_work": accepted_work(trajectories),
-        "episode_s": _mean([t.metadata.get("duration_s", 0.0) for t in trajectories]),
+        "episode_s": _mean([t.metadata.duration_s or 0.0 for t in trajectories]),
         "machine_cpu_busy": (cpu1[0] - cpu0[0]) / max(1, cpu1[1] - cpu0[1]),
         "load_avg_before": list(load0),
         "load_avg_after": list(os.getloadavg()),

@@ -187,7 +187,7 @@ async def test_a_tool_process_queuing_calls_cannot_extend_its_episode(embedded_d
     tool = [
         c for c in flood.calls if not is_harness(c.origin)
     ]  # ``tool``, or ``unknown`` (a detached process)
-    timings = flood.trajectory.metadata["timings"]
+    timings = flood.trajectory.metadata.timings.model_dump()
     ran_s = timings["harness_start_s"] + timings["wait_s"] + timings["model_s"] + timings["tool_s"]
     detail = (flood.failure_kind, flood.trajectory.error, timings, len(tool))
     assert len(tool) >= 4, detail  # the tool process did call, and was served as the agent's own

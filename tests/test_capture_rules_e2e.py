@@ -190,7 +190,7 @@ def test_single_call_rollouts_are_flagged_and_masked_and_unaligned_turns_are_con
     )
     single, tooled = trajectories
     assert single.stats.single_call and single.stats.calls == 1 and single.masked
-    assert single.metadata["masked_because"] == "single_call" and single.failure_kind.value == "empty_patch"
+    assert single.metadata.masked_because == "single_call" and single.failure_kind.value == "empty_patch"
     assert not tooled.stats.single_call and not tooled.masked and tooled.stats.calls == 2
     assert tooled.stats.context_only_turns == 1 and "logprobs_unaligned" in tooled.calls[1].flags
     chain = tooled.chains[tooled.main_chain]

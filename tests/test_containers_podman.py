@@ -155,7 +155,7 @@ async def test_episode_in_the_container_graded_in_the_image(harness, scripted_pr
     )
     traj = result.trajectory
     assert traj.status == "completed", (traj.error, result.harness and result.harness.stderr_tail[-2000:])
-    assert traj.metadata["workspace"] == ENGINE and traj.metadata["image"] == task.image
+    assert traj.metadata.workspace == ENGINE and traj.metadata.image == task.image
     assert traj.stats.calls >= 2
     # the harness, sealed by a root forwarder, is still told apart from its tools
     assert {call.origin for call in traj.calls} == {"harness"}, [call.origin for call in traj.calls]
@@ -390,8 +390,8 @@ def test_a_failed_create_leaves_no_container():
 async def test_gym_resources_server_seeds_a_container_the_agent_attaches_to(imaged, tmp_path: Path):
     """The NeMo Gym split of the same lifecycle: the resources server opens the container (with the agent's
     proxy socket dir mounted), the agent side attaches by name and edits, verify grades in the image."""
-    from polar_env.episodes.workspace import WorkspaceMounts
     from polar_env.resources_server.core import PolarResources, PolarResourcesConfig, attach_sandbox
+    from polar_env.wire.gym_resources import WorkspaceMounts
 
     task = imaged["psf__requests-5414"]
     (tmp_path / "sock").mkdir(mode=0o755)

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from polar_env.episodes.workspace import (
-    WorkspaceRef,
     attach_workspace,
     check_engine,
     engine_available,
@@ -23,6 +22,7 @@ from polar_env.sandbox.base import SandboxSpec
 from polar_env.sandbox.container import ContainerSandbox
 from polar_env.tasks.loader import load_bundled
 from polar_env.tasks.runtime import WorkspaceUnavailable
+from polar_env.wire.gym_resources import WorkspaceRef
 
 REPO = Path(__file__).resolve().parents[1]
 

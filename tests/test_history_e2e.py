@@ -245,7 +245,7 @@ async def mine_then_fix(task: Task, needle: str, proxy_for, sandbox: str, tmp_pa
     ).stdout.strip()
     assert_base_only(sections(tool_output(traj)), base, "main")
     assert traj.reward == 1.0 and traj.failure_kind == "none", traj.grading
-    assert "history_mining" in traj.metadata["exploit_attempts"], traj.metadata
+    assert "history_mining" in traj.metadata.exploit_attempts, traj.metadata
     return traj
 
 
@@ -297,7 +297,7 @@ async def test_the_same_through_the_apptainer_standin(
     only; its gold patch, graded in the image's apptainer box, earns 1.0."""
     log = apptainer_log
     traj = await mine_then_fix(swe_task, added_line(swe_task.patch), proxy_for, "apptainer", tmp_path)
-    assert traj.metadata["workspace"] == "apptainer"
+    assert traj.metadata.workspace == "apptainer"
     calls = [line for line in log.read_text().splitlines() if line.startswith("exec ")]
     assert (
         sum(c.endswith("/bin/sh -c set -u") for c in calls) == 1

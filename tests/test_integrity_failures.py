@@ -301,7 +301,7 @@ def test_non_utf8_file_names_never_make_a_record_unwritable(tmp_path: Path):
     with TrajectoryWriter(tmp_path / "t.jsonl") as writer:
         writer.write(traj)
     back = Trajectory.model_validate_json((tmp_path / "t.jsonl").read_bytes())
-    assert back.reward == 1.0 and back.error == "\\xfe" and "caf\\xe9.txt" in back.metadata["patch"]
+    assert back.reward == 1.0 and back.error == "\\xfe" and "caf\\xe9.txt" in back.metadata.patch
 
 
 @pytest.mark.slow

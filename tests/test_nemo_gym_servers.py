@@ -35,7 +35,6 @@ from polar_env.cli.policy_server import PolicyServer, gold_policy
 from polar_env.episodes import episode_prompt
 from polar_env.episodes.settings import EpisodeSettings
 from polar_env.episodes.timings import TIMING_KEYS
-from polar_env.episodes.workspace import WorkspaceMounts
 from polar_env.harness_adapters.policies import DONE as FINAL
 from polar_env.proxy.settings import base_urls
 from polar_env.resources_server import core as resources_core
@@ -43,7 +42,6 @@ from polar_env.resources_server.core import (
     EpisodeConflict,
     PolarResources,
     PolarResourcesConfig,
-    SeededEpisode,
     UnknownTask,
     VerifyOutcome,
     aggregate,
@@ -53,6 +51,7 @@ from polar_env.resources_server.core import (
 from polar_env.sandbox.base import SandboxSpec
 from polar_env.tasks.loader import load_tasks
 from polar_env.trajectory.checks import check_nemo_result
+from polar_env.wire.gym_resources import SeedSessionResponse, WorkspaceMounts
 from polar_env.wire.nemo_gym import RunResult
 
 needs_bwrap = pytest.mark.needs("bwrap")
@@ -337,7 +336,7 @@ class DirectResources:
 
     async def seed(
         self, episode_id: str, task_id: str, *, mounts: WorkspaceMounts | None = None
-    ) -> SeededEpisode:
+    ) -> SeedSessionResponse:
         return await self.core.seed(episode_id, task_id, mounts=mounts)
 
     async def verify(self, episode_id: str, task_id: str, *, result: RunResult) -> VerifyOutcome:
@@ -354,7 +353,7 @@ class SeedFails(DirectResources):
 
     async def seed(
         self, episode_id: str, task_id: str, *, mounts: WorkspaceMounts | None = None
-    ) -> SeededEpisode:
+    ) -> SeedSessionResponse:
         raise OSError("no space left on device")
 
 
@@ -543,7 +542,7 @@ class HeldResources(DirectResources):
 
     async def seed(
         self, episode_id: str, task_id: str, *, mounts: WorkspaceMounts | None = None
-    ) -> SeededEpisode:
+    ) -> SeedSessionResponse:
         await self._held("seed")
         return await super().seed(episode_id, task_id, mounts=mounts)
 

@@ -205,7 +205,7 @@ def test_failed_episodes_stay_in_their_group_as_masked_placeholders(tmp_path: Pa
     ):
         traj.failure_kind = kind
         traj.reward, traj.masked = table.apply(kind, graded)
-        traj.metadata["episode_key"] = traj.session_id
+        traj.metadata.episode_key = traj.session_id
     out = tmp_path / "out"
     with RolloutOutputs(out) as outputs:
         for traj in (no_tokens, outside, good):

@@ -119,6 +119,22 @@ async def test_session_sampling_still_answers_to_its_old_name_policy(proxy, tmp_
     assert Ledger(tmp_path).session("by-sampling").sampling == {"temperature": 0.5}
 
 
+async def test_session_metadata_is_checked_against_the_trajectorys_types(proxy):
+    """A session's metadata becomes its trajectory's (``TrajectoryMetadata``): the caller's own keys pass
+    as given; one of Polar's keys with the wrong type is a 400 naming it (not a trajectory that cannot be
+    built when the session closes)."""
+    admin = {"Authorization": f"Bearer {ADMIN}"}
+    async with aiohttp.ClientSession() as http:
+        body = {"session_id": "meta-ok", "metadata": {"sample": 3, "mine": {"x": [1]}}}
+        async with http.post(f"{proxy.base_url}/admin/sessions", json=body, headers=admin) as resp:
+            assert resp.status == 201, await resp.text()
+        assert proxy.registry.get("meta-ok").info.metadata == {"sample": 3, "mine": {"x": [1]}}
+        bad = {"session_id": "meta-bad", "metadata": {"sample": "third"}}
+        async with http.post(f"{proxy.base_url}/admin/sessions", json=bad, headers=admin) as resp:
+            assert resp.status == 400 and "metadata.sample" in _message(await resp.json())
+    assert proxy.registry.get("meta-bad") is None
+
+
 async def test_session_sampling_overrides_the_harness(proxy):
     sid, key = proxy.create_session("pol", sampling={"temperature": 0.7, "top_p": 0.9, "max_tokens": 16})
     async with aiohttp.ClientSession() as http:

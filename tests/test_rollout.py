@@ -76,7 +76,7 @@ def trajectory(session_id: str, key: str, *, status: str = "completed", resolved
         reward=float(resolved),
         grading=GradeResult(instance_id=session_id, resolved=resolved),
     )
-    traj.metadata["episode_key"] = key
+    traj.metadata.episode_key = key
     return traj
 
 
@@ -140,7 +140,7 @@ def tree_digest(folder: Path) -> str:
 def assert_acceptance(out: Path) -> list[Trajectory]:
     """4 finished, graded episodes in 2 groups with identical first prompts, passing polar check."""
     trajectories = list(read_trajectories(out / "trajectories.jsonl"))
-    assert sorted(t.metadata["episode_key"] for t in trajectories) == sorted(KEYS)
+    assert sorted(t.metadata.episode_key for t in trajectories) == sorted(KEYS)
     for t in trajectories:
         assert t.status == "completed", (t.session_id, t.error)
         assert t.stats.calls == 2 and t.stats.chains == 1 and t.stats.trainable_tokens > 0
@@ -202,7 +202,7 @@ def test_rollout_resumes_after_ctrl_c_without_redoing_finished_episodes(tmp_path
     # the rerun ran exactly the unfinished episodes, each as a fresh attempt beside any cut-off one
     new = {p.name for p in sessions.iterdir()} - before
     assert len(new) == 4 - len(first)
-    assert {sid.rsplit(".", 1)[0] for sid in new} == KEYS - {t.metadata["episode_key"] for t in first}
+    assert {sid.rsplit(".", 1)[0] for sid in new} == KEYS - {t.metadata.episode_key for t in first}
     cut_off = before - set(digests)
     assert all(sid not in {t.session_id for t in trajectories} for sid in cut_off)
 
@@ -313,11 +313,11 @@ def test_rollout_runs_on_a_two_node_local_ray_cluster(ray_cluster, tmp_path: Pat
     assert run.returncode == 0, (run.stdout + run.stderr)[-3000:]
     assert len(ready_nodes(run.stderr)) == 2, run.stderr[-3000:]
     trajectories = assert_acceptance(out)
-    used = {t.metadata["ray_node_id"] for t in trajectories}
+    used = {t.metadata.ray_node_id for t in trajectories}
     assert len(used) == 2, "episodes ran on both nodes"
     for node_id in used:  # each node's own proxy wrote its own ledger
         ledger = out / "ledger" / "nodes" / node_id[:12] / "sessions"
-        assert {t.session_id for t in trajectories if t.metadata["ray_node_id"] == node_id} == {
+        assert {t.session_id for t in trajectories if t.metadata.ray_node_id == node_id} == {
             p.name for p in ledger.iterdir()
         }
 
@@ -357,7 +357,7 @@ def test_ray_episodes_of_a_lost_node_move_to_the_others(ray_cluster, tmp_path: P
     assert proc.returncode == 0, (stdout + stderr)[-3000:]
     assert "moving its episodes" in stderr, stderr[-3000:]
     trajectories = list(read_trajectories(out / "trajectories.jsonl"))
-    assert sorted(t.metadata["episode_key"] for t in trajectories) == [f"{TASKS[0]}.s0", f"{TASKS[0]}.s1"]
+    assert sorted(t.metadata.episode_key for t in trajectories) == [f"{TASKS[0]}.s0", f"{TASKS[0]}.s1"]
     assert all(t.status == "completed" for t in trajectories)
-    assert len({t.metadata["ray_node_id"] for t in trajectories}) == 1, "all finished on the surviving node"
+    assert len({t.metadata.ray_node_id for t in trajectories}) == 1, "all finished on the surviving node"
     assert check_group(trajectories) == []

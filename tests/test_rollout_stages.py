@@ -29,7 +29,7 @@ from reliability_helpers import FakeHarness, wait_gone
 from polar_env.backends.instant import InstantBackend
 from polar_env.episodes import EpisodeSettings, sites, stages
 from polar_env.episodes.admission import Entry, StageAdmission
-from polar_env.episodes.timings import TIMING_KEYS, EpisodeTimings
+from polar_env.episodes.timings import TIMING_KEYS
 from polar_env.grades import GradeResult
 from polar_env.proxy.app import ProxyServer
 from polar_env.proxy.engine import EngineConfig
@@ -39,6 +39,7 @@ from polar_env.rollout.plan import RolloutPlan
 from polar_env.rollout.runner import EpisodeRunner, run_rollouts
 from polar_env.sandbox.base import Deadline, run_process_tree
 from polar_env.tasks.loader import load_tasks
+from polar_env.trajectory.models import EpisodeTimings
 
 bwrap = pytest.mark.needs("bwrap")
 
@@ -375,7 +376,7 @@ async def test_run_slots_are_free_while_an_episode_grades(renderer, task, tmp_pa
     assert backend.max_inflight <= 2  # admission is exact: never more than the run slots
     assert len(trajectories) == 4 and all(t.status == "completed" and t.reward == 1.0 for t in trajectories)
     for t in trajectories:
-        timings = t.metadata["timings"]
+        timings = t.metadata.timings.model_dump()
         assert set(TIMING_KEYS) <= set(timings)
         assert timings["prepare_s"] > 0 and timings["model_s"] > 0
         # the one schema's totals hold their parts: the harness's run its split (a call still in flight
@@ -386,7 +387,7 @@ async def test_run_slots_are_free_while_an_episode_grades(renderer, task, tmp_pa
         stages_s = sum(timings[k] for k in after_open)
         assert timings["total_s"] >= stages_s - 0.001 and timings == EpisodeTimings(**timings).model_dump()
     # the held one's grade time covers the hold (which lasts as long as the other episodes' 4 answers)
-    assert max(t.metadata["timings"]["grade_s"] for t in trajectories) >= grade.held_s - 0.01 > 0
+    assert max(t.metadata.timings.grade_s for t in trajectories) >= grade.held_s - 0.01 > 0
     await _no_leftovers(marker, scratch)
 
 
@@ -401,7 +402,7 @@ async def test_collapsed_holds_one_slot_over_every_stage(renderer, task, tmp_pat
     trajectories = await run_rollouts(plan, factory)
     assert grade.held.is_set() and grade.release.is_set()  # released: two more calls went through meanwhile
     assert grade.max_while_held == 1
-    assert len(trajectories) == 4 and all(t.metadata["timings"]["wait_s"] == 0.0 for t in trajectories)
+    assert len(trajectories) == 4 and all(t.metadata.timings.wait_s == 0.0 for t in trajectories)
     await _no_leftovers(marker, scratch)
 
 

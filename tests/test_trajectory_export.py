@@ -24,6 +24,7 @@ from polar_env.trajectory.export import (
     to_nemo_gym_result,
     write_jsonl,
 )
+from polar_env.trajectory.models import EpisodeTimings
 from polar_env.wire.shape import encode, to_builtins
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "trajectories.md"
@@ -275,6 +276,34 @@ def test_polar_file_round_trip_and_check_path(tmp_path: Path):
     write_jsonl(nemo, bad)
     report = check_path(nemo)
     assert not report.ok and "line 2: response.output[2]: non-contiguous" in report.render()
+
+
+def test_trajectory_metadata_is_typed_keeps_the_callers_keys_and_writes_only_what_was_set(tmp_path: Path):
+    """``Trajectory.metadata`` is ``TrajectoryMetadata``: Polar's keys typed (read as attributes), the
+    session's own keys kept as given, a key written only where it was set (``None`` too, where set), so a
+    line written before the model existed reads back the same and writes back the same."""
+    traj = build_trajectory(session("s1", sample=2, mine={"x": [1]}), three_turn(), reward=1.0)
+    meta = traj.metadata
+    assert (meta.task_id, meta.sample, meta.model_extra) == ("t1", 2, {"mine": {"x": [1]}})
+    meta.timings, meta.failure = {"model_s": 1.5}, None
+    written = json.loads(traj.model_dump_json())["metadata"]
+    assert written == {
+        "task_id": "t1",
+        "group_id": "g1",
+        "harness": "codex",
+        "sample": 2,
+        "logprobs_mode": "unknown",
+        "timings": {"model_s": 1.5},
+        "failure": None,
+        "mine": {"x": [1]},
+    }
+    older = {**written, "duration_s": 3, "timings": {"model_s": 1}, "exploit_attempts": {"tests": []}}
+    path = tmp_path / "old.jsonl"
+    path.write_text(json.dumps({**json.loads(traj.model_dump_json()), "metadata": older}) + "\n")
+    (back,) = read_trajectories(path)
+    assert back.metadata.duration_s == 3.0 and back.metadata.timings == EpisodeTimings(model_s=1.0)
+    assert back.metadata.exploit_attempts == {"tests": []} and back.metadata.workspace is None
+    assert json.loads(back.model_dump_json())["metadata"] == older
 
 
 def test_grpo_advantages():

@@ -47,19 +47,20 @@ from polar_env.episodes.episode import Episode, EpisodeResult
 from polar_env.episodes.episode import Stage as EpisodeStage
 from polar_env.episodes.settings import EpisodeSettings, GradingSettings
 from polar_env.episodes.sites import patch_bytes
-from polar_env.episodes.workspace import Workspace, WorkspaceMounts
+from polar_env.episodes.workspace import Workspace
 from polar_env.grades import GradeResult
 from polar_env.harness_adapters.registry import get_adapter
 from polar_env.janitor import Janitor
 from polar_env.outcomes import FailureKind
 from polar_env.proxy.app import ProxyServer
 from polar_env.proxy.settings import ProxySettings, admin_secret, build_proxy, proxy_model
-from polar_env.resources_server.core import SeededEpisode, VerifyOutcome, attach_sandbox
+from polar_env.resources_server.core import VerifyOutcome, attach_sandbox
 from polar_env.sandbox.base import SandboxSpec
 from polar_env.trajectory.accepted import Sample, accepted_work
 from polar_env.trajectory.export import GroupPrompts, TrajectoryWriter, to_nemo_gym_result
 from polar_env.trajectory.models import Trajectory
 from polar_env.trajectory.records import CallRecord
+from polar_env.wire.gym_resources import SeedSessionResponse, WorkspaceMounts
 from polar_env.wire.nemo_gym import AgentRunResult, RunResult
 
 log = logging.getLogger(__name__)
@@ -104,7 +105,7 @@ class ResourcesClient(Protocol):
 
     async def seed(
         self, episode_id: str, task_id: str, *, mounts: WorkspaceMounts | None = None
-    ) -> SeededEpisode: ...
+    ) -> SeedSessionResponse: ...
 
     async def verify(self, episode_id: str, task_id: str, *, result: RunResult) -> VerifyOutcome: ...
 
@@ -512,14 +513,12 @@ class PolarAgent:
             arrays=True,
         )
         mask = out.instance_config.mask_sample
-        traj.metadata.update(
-            {
-                "mask_sample": mask,
-                "failure": failure.model_dump() if failure else None,
-                "patch_bytes": patch_bytes(result.patch or ep.patch),
-                **({"run_slots": self.config.run_slots} if self.config.run_slots else {}),
-            }
-        )
+        meta = traj.metadata
+        meta.mask_sample = mask
+        meta.failure = failure.model_dump() if failure else None
+        meta.patch_bytes = patch_bytes(result.patch or ep.patch)
+        if self.config.run_slots:
+            meta.run_slots = self.config.run_slots
         if self._writer is not None:
             self._writer.write(traj)
         self._finished.append(Sample.of(traj))

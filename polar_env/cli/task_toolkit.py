@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from polar_env.tasks.models import Task
-from polar_env.tasks.runtime import WorkspaceKind
+from polar_env.wire.gym_resources import WorkspaceKind
 
 PASSING = frozenset({"PASSED", "XFAIL"})
 

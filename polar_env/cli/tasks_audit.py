@@ -45,7 +45,8 @@ from polar_env.sandbox.base import SandboxSpec
 from polar_env.tasks.harbor import HarborTaskError, gold_command
 from polar_env.tasks.loader import TaskLoadError, load_tasks
 from polar_env.tasks.models import Task
-from polar_env.tasks.runtime import WorkspaceKind, WorkspaceUnavailable, check_image
+from polar_env.tasks.runtime import WorkspaceUnavailable, check_image
+from polar_env.wire.gym_resources import WorkspaceKind
 
 PLANT = '{"reward": 1}'
 # check -> (python payload, shell payload): what the code under test does first when it runs

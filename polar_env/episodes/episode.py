@@ -13,14 +13,14 @@ from polar_env.episodes.grading import Grading
 from polar_env.episodes.session import EpisodeSession
 from polar_env.episodes.settings import EpisodeSettings
 from polar_env.episodes.task import EpisodeTask
-from polar_env.episodes.timings import EpisodeTimings
-from polar_env.episodes.workspace import Workspace, WorkspaceRef
+from polar_env.episodes.workspace import Workspace
 from polar_env.grades import GradeResult
 from polar_env.harness_adapters.runner import HarnessRun
 from polar_env.outcomes import FailureKind
 from polar_env.sandbox.base import SandboxSpec
-from polar_env.trajectory.models import Trajectory
+from polar_env.trajectory.models import EpisodeTimings, Trajectory
 from polar_env.trajectory.records import CallRecord
+from polar_env.wire.gym_resources import WorkspaceRef
 
 Stage = Literal["prepare", "run", "finish"]
 
@@ -35,7 +35,7 @@ class EpisodeResult:
     calls: list[CallRecord] = field(
         default_factory=list
     )  # the ledger's records the trajectory was built from
-    timings: EpisodeTimings = field(default_factory=EpisodeTimings)  # its metadata["timings"], typed
+    timings: EpisodeTimings = field(default_factory=EpisodeTimings)  # its metadata.timings
 
 
 class Site(Protocol):

@@ -17,7 +17,7 @@ train, every Ray node), or the NeMo Gym resources server, which the agent server
 (agent_server/core.py ``ResourcesSite``). ``run_episode`` is the stages in a row.
 Whatever happens (harness crash, timeout, backend failure), a finished episode is a trajectory with
 its status, whatever the proxy captured, its failure kind and reward/mask from the run's outcome
-table (polar_env.outcomes), and where its time went (``metadata["timings"]``,
+table (polar_env.outcomes), and where its time went (``metadata.timings``,
 polar_env.episodes.timings). A cancelled stage raises and leaves the episode to its caller:
 :func:`abort` drops it (no harness process, workspace, open session or run slot left; a rerun runs it
 again), or :func:`halt` with ``cancelled`` then :func:`finish` records it (masked, as the Gym agent
@@ -226,29 +226,26 @@ async def finish(ep: Episode, grading: Grading | None = None) -> EpisodeResult:
     reward, masked = settings.outcomes().apply(kind, result.reward if result else None)
     if settings.mask_single_call and trajectory.stats.single_call and not masked:
         masked = True  # a degenerate agentic rollout: kept in its group's baseline, no loss
-        trajectory.metadata["masked_because"] = "single_call"
+        trajectory.metadata.masked_because = "single_call"
     trajectory.reward, trajectory.failure_kind, trajectory.masked = reward, kind, masked
     trajectory.grading = result
     trajectory.error = ep.graded_error or trajectory.error
-    trajectory.metadata.update(
-        {
-            "duration_s": ep.marks["done"] - ep.session.started,
-            "patch_bytes": patch_bytes(ep.patch),
-            "timings": timings.model_dump(),
-        }
-    )
+    meta = trajectory.metadata
+    meta.duration_s = ep.marks["done"] - ep.session.started
+    meta.patch_bytes = patch_bytes(ep.patch)
+    meta.timings = timings
     if attempts := exploits.exploit_attempts(
         trajectory, exploit_context(ep.task)
     ):  # an instrument, not a reward rule
-        trajectory.metadata[exploits.METADATA_KEY] = attempts
+        meta.exploit_attempts = attempts
     if (
         workspace := ep.ref
     ) is not None:  # where it ran (and was graded): bubblewrap, or the engine and image
-        trajectory.metadata["workspace"] = workspace.kind
+        meta.workspace = workspace.kind
         if workspace.clone:  # how its tree was cloned from the task's warm base (tasks/base_trees.py)
-            trajectory.metadata["workspace_clone"] = workspace.clone
+            meta.workspace_clone = workspace.clone
         if workspace.image:
-            trajectory.metadata["image"] = workspace.image
+            meta.image = workspace.image
     served, versions = ep.session.proxy.engine.fence.version, trajectory.stats.policy_versions
     metrics.episode_finished(
         failure_kind=kind.value,

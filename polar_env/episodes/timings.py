@@ -1,38 +1,14 @@
-"""Where an episode's time went: one schema (:class:`EpisodeTimings`) filled by one function
-(:func:`episode_timings`), whichever driver ran the episode (docs/rollout.md, "Where an episode's time
-goes"). It is the trajectory's ``metadata["timings"]``, what /metrics observes
+"""Where an episode's time went: one schema (``EpisodeTimings``, polar_env.trajectory.models) filled
+by one function (:func:`episode_timings`), whichever driver ran the episode (docs/rollout.md, "Where
+an episode's time goes"). It is the trajectory's ``metadata.timings``, what /metrics observes
 (``metrics.episode_finished``), what the rollout summary averages (rollout/outputs.py) and the NeMo Gym
 ``/run`` result's ``polar.timings`` (agent_server/core.py)."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
-
 from polar_env.proxy.run_slots import SlotTimes
+from polar_env.trajectory.models import EpisodeTimings
 from polar_env.trajectory.records import CallRecord
-
-
-class EpisodeTimings(BaseModel):
-    """Seconds per stage, in the order they happen, then the harness's run and the episode's total;
-    ``model_dump()`` is a flat dict of floats (what a trajectory's metadata carries)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    # the driver took the episode -> its prepare began: waiting for a live slot, the staleness bound
-    # and a prepare slot (episodes/admission.py)
-    queued_s: float = 0.0
-    prepare_s: float = 0.0  # the workspace opened (the Gym resources server's seed), the harness started
-    harness_start_s: float = 0.0  # the harness started -> its first model call (its whole run if none)
-    wait_s: float = 0.0  # its calls' waits for a run slot (the first call's and the later ones')
-    model_s: float = 0.0  # in model calls after admission (overlapping calls counted once)
-    tool_s: float = 0.0  # the rest of the run less the later waits: tools, the harness's own work
-    drain_s: float = 0.0  # the harness ended -> the trajectory build began (patch, drain, classification)
-    build_s: float = 0.0  # the trajectory build
-    grade_s: float = 0.0  # grading (the Gym resources server's /verify)
-    close_s: float = 0.0  # the workspace's close after grading (the Gym resources server's close)
-    harness_s: float = 0.0  # the harness started -> it ended (its split: harness_start_s .. tool_s)
-    total_s: float = 0.0  # the episode's proxy session opened -> its finish ended (after its queued_s)
-
 
 TIMING_KEYS = tuple(EpisodeTimings.model_fields)
 

@@ -10,10 +10,10 @@ first engine found (podman, docker, apptainer). ``--sandbox ENGINE`` forces one:
 engine then runs every task in its image, bubblewrap needs a base archive.
 
 A workspace can be opened by one process and used by another on the same host (the NeMo Gym
-resources server seeds it, the agent server runs the harness in it): :class:`WorkspaceRef` is
-what crosses over. Container mounts are fixed at creation, so whoever opens a container
-workspace must pass the proxy socket dir and harness install of whoever will run in it
-(:class:`WorkspaceMounts`); bubblewrap binds them per command.
+resources server seeds it, the agent server runs the harness in it): a ``WorkspaceRef``
+(``wire/gym_resources.py``) is what crosses over. Container mounts are fixed at creation, so whoever
+opens a container workspace must pass the proxy socket dir and harness install of whoever will run
+in it (``WorkspaceMounts``); bubblewrap binds them per command.
 """
 
 from __future__ import annotations
@@ -26,13 +26,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from pydantic import BaseModel
-
 from polar_env.sandbox.base import Sandbox, SandboxSpec
 from polar_env.tasks.answers import check_bubblewrap_views, check_container_views
 from polar_env.tasks.models import Task
 from polar_env.tasks.runtime import (
-    WorkspaceKind,
     WorkspaceUnavailable,
     check_image,
     container_spec,
@@ -40,34 +37,10 @@ from polar_env.tasks.runtime import (
     task_image,
     task_spec,
 )
+from polar_env.wire.gym_resources import WorkspaceKind, WorkspaceMounts, WorkspaceRef
 
 SANDBOX_CHOICES = ("auto", "bubblewrap", "docker", "podman", "apptainer")
 ENGINE_ORDER = ("podman", "docker", "apptainer")
-
-
-class WorkspaceMounts(BaseModel):
-    """What the process running the harness needs mounted (absent for grading-only workspaces)."""
-
-    proxy_socket_dir: str | None = None
-    harness_dir: str | None = None
-
-
-class WorkspaceRef(BaseModel):
-    """How another process on this host attaches to a workspace."""
-
-    kind: WorkspaceKind = "bubblewrap"
-    root: str = ""  # bubblewrap/apptainer: the host dir holding testbed/
-    container: str = ""  # docker/podman: the container name
-    image: str = ""
-    path: str = ""  # docker/podman: the image's PATH
-    workdir: str = "/testbed"  # where the task tree is inside (a Harbor task's or dataset's own)
-    clone: str = ""  # bubblewrap: how the task tree was copied from its warm base ("reflink" or "copy")
-    uid: int
-    gid: int
-    # docker/podman: the host uid of a container's root where it runs in a user namespace of its own (a
-    # Harbor task's: its agent may be root there), and the agent's HOME in it; the attaching side needs both
-    userns_base: int | None = None
-    home: str = ""
 
 
 def engine_available(engine: str) -> bool:

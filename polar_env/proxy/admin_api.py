@@ -10,6 +10,7 @@ from typing import Any, Literal
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
 from polar_env.proxy.policy import FenceWindow
+from polar_env.trajectory.models import TrajectoryMetadata
 from polar_env.trajectory.records import EpisodeBudget, SessionInfo
 
 
@@ -21,7 +22,8 @@ class CreateSession(BaseModel):
 
     session_id: str | None = None
     sampling: dict[str, Any] | None = Field(default=None, validation_alias=AliasChoices("sampling", "policy"))
-    metadata: dict[str, Any] | None = None
+    # becomes the trajectory's metadata: a key Polar writes must have its type there (else a 400)
+    metadata: TrajectoryMetadata | None = None
     training: bool = False
     budget: EpisodeBudget | None = None
 

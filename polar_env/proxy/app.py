@@ -524,7 +524,7 @@ class ProxyServer:
             sid, key = self.create_session(
                 body.session_id,
                 sampling=body.sampling,
-                metadata=body.metadata,
+                metadata=body.metadata.model_dump() if body.metadata else None,
                 training=body.training,
                 budget=body.budget,
             )

@@ -28,19 +28,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
-
 from polar_env.episodes.grading import Grading
 from polar_env.episodes.settings import GradingSettings
 from polar_env.episodes.sites import sandbox_patch
-from polar_env.episodes.workspace import (
-    Workspace,
-    WorkspaceMounts,
-    WorkspaceRef,
-    attach_workspace,
-    open_workspace,
-    workspace_kind,
-)
+from polar_env.episodes.workspace import Workspace, attach_workspace, open_workspace, workspace_kind
 from polar_env.grades import GradeResult
 from polar_env.janitor import Janitor
 from polar_env.outcomes import FailureKind, OutcomeTable
@@ -49,7 +40,7 @@ from polar_env.safe_text import escape
 from polar_env.sandbox.base import Sandbox, SandboxSpec
 from polar_env.tasks.loader import load_tasks
 from polar_env.tasks.models import Task
-from polar_env.tasks.runtime import WorkspaceKind
+from polar_env.wire.gym_resources import SeedSessionResponse, Verdict, WorkspaceKind, WorkspaceMounts
 
 
 class UnknownTask(LookupError):
@@ -76,30 +67,10 @@ class PolarResourcesConfig(GradingSettings):
     sandbox_pids_max: int | None = 4096
 
 
-class SeededEpisode(BaseModel):
-    """What ``seed`` hands the agent: the workspace to attach to and the task's identity."""
+class VerifyOutcome(Verdict):
+    """A verdict with the patch it graded (the wire carries only its size: ``Verdict.patch_bytes``)."""
 
-    episode_id: str
-    task_id: str
-    sandbox_root: str  # the bubblewrap/apptainer workspace dir ("" for a container)
-    uid: int
-    gid: int
-    workspace: WorkspaceRef | None = None  # how to attach (absent from older servers: a bubblewrap root)
-
-    def ref(self) -> WorkspaceRef:
-        return self.workspace or WorkspaceRef(
-            kind="bubblewrap", root=self.sandbox_root, uid=self.uid, gid=self.gid
-        )
-
-
-class VerifyOutcome(BaseModel):
-    reward: float
-    resolved: bool
-    mask_sample: bool
-    failure_kind: str | None = None  # FailureKind.wire ("polar:<kind>"; None when graded cleanly)
-    failure_reason: str | None = None
     patch: str = ""
-    grading: dict[str, Any] = Field(default_factory=dict)
 
     def as_grade(self, task_id: str) -> GradeResult:
         """The grade record the outcome carries (or one naming its failure, where nothing was graded)."""
@@ -177,7 +148,7 @@ class PolarResources:
 
     async def seed(
         self, episode_id: str, task_id: str, mounts: WorkspaceMounts | None = None
-    ) -> SeededEpisode:
+    ) -> SeedSessionResponse:
         """Create the episode's workspace; idempotent per ``episode_id``, also for concurrent calls.
         ``mounts``: the agent's proxy socket dir and harness install (a container mounts them at creation)."""
         if episode_id in self.closed:
@@ -197,7 +168,7 @@ class PolarResources:
                 f"episode {episode_id!r} is bound to task {ep.task.instance_id!r}, not {task_id!r}"
             )
         ref = ep.workspace.ref
-        return SeededEpisode(
+        return SeedSessionResponse(
             episode_id=episode_id,
             task_id=task_id,
             sandbox_root=ref.root,
@@ -254,13 +225,15 @@ class PolarResources:
     @staticmethod
     def _outcome(result: GradeResult, patch: str) -> VerifyOutcome:
         reward, mask = OutcomeTable().apply(result.failure_kind, result.reward)
+        patch = escape(patch)
         return VerifyOutcome(
             reward=reward or 0.0,
             resolved=result.resolved,
             mask_sample=mask,
             failure_kind=result.failure_kind.wire,
             failure_reason=escape(result.error) or None,
-            patch=escape(patch),
+            patch=patch,
+            patch_bytes=len(patch.encode("utf-8", errors="surrogateescape")),
             grading=result.model_dump(mode="json", exclude={"log_tail"}),
         )
 
@@ -293,7 +266,7 @@ class PolarResources:
         return len(self.episodes) + len(self._seeding)
 
 
-def attach_sandbox(seeded: SeededEpisode, spec: SandboxSpec) -> Sandbox:
+def attach_sandbox(seeded: SeedSessionResponse, spec: SandboxSpec) -> Sandbox:
     """The agent side: run commands in a workspace ``seed`` created (same host), with the agent's own
     mounts (proxy socket dir, harness install) in ``spec``. The resources server still owns it:
     never ``destroy`` an attached sandbox, ask the resources server to close the episode."""

@@ -42,7 +42,8 @@ from polar_env.rewards.gold_runs import gold_key, gold_run
 from polar_env.rewards.sandbox_exec import grading_timeout_s
 from polar_env.sandbox.base import Sandbox
 from polar_env.tasks.models import Task
-from polar_env.tasks.runtime import WorkspaceKind, task_image
+from polar_env.tasks.runtime import task_image
+from polar_env.wire.gym_resources import WorkspaceKind
 
 Offload = Callable[..., Awaitable[GradeResult]]  # runs a module-level function elsewhere (a grading worker)
 

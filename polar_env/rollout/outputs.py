@@ -106,9 +106,7 @@ def summarize(trajectories: list[Trajectory]) -> dict[str, Any]:
         "backends": sorted({t.backend for t in trajectories if t.backend}),
         # which logprobs the backend returned, per the proxy's start-up probe (backends/logprobs_mode.py): the
         # trainer's ratio needs "processed" unless sampling is at temperature 1, top-p 1
-        "logprobs_mode": sorted(
-            {str(t.metadata["logprobs_mode"]) for t in trajectories if t.metadata.get("logprobs_mode")}
-        ),
+        "logprobs_mode": sorted({t.metadata.logprobs_mode for t in trajectories if t.metadata.logprobs_mode}),
         # the capture rules (OpenEnv RFC 006): single-call rollouts, context-only turns, unversioned calls
         "single_call_rollouts": sum(t.stats.single_call for t in trajectories),
         "context_only_turns": sum(t.stats.context_only_turns for t in trajectories),
@@ -121,7 +119,7 @@ def summarize(trajectories: list[Trajectory]) -> dict[str, Any]:
         # what the tool calls tried (history mining, fetching upstream, ...): an instrument
         # (trajectory/exploits.py)
         "exploit_attempts": exploit_summary(trajectories),
-        # where an episode's time went, on average (episodes/timings.py EpisodeTimings)
+        # where an episode's time went, on average (trajectory/models.py EpisodeTimings)
         "timings_mean_s": mean_timings(trajectories),
         # accepted trainable work per hour, run slot and GPU-hour; dropped and stale fractions
         # (trajectory/accepted.py)
@@ -131,9 +129,9 @@ def summarize(trajectories: list[Trajectory]) -> dict[str, Any]:
 
 def mean_timings(trajectories: list[Trajectory]) -> dict[str, float]:
     """The mean of each stage timing over the episodes that have them."""
-    timed = [t.metadata["timings"] for t in trajectories if isinstance(t.metadata.get("timings"), dict)]
+    timed = [t.metadata.timings for t in trajectories if t.metadata.timings is not None]
     return (
-        {key: round(sum(t.get(key, 0.0) for t in timed) / len(timed), 3) for key in TIMING_KEYS}
+        {key: round(sum(getattr(t, key) for t in timed) / len(timed), 3) for key in TIMING_KEYS}
         if timed
         else {}
     )
@@ -173,7 +171,7 @@ def summary_table(trajectories: list[Trajectory]) -> str:
                 str(t.stats.trainable_tokens),
                 str(t.stats.chains),
                 "-" if t.reward is None else f"{t.reward:.1f}",
-                f"{t.metadata.get('duration_s', 0.0):.0f}",
+                f"{t.metadata.duration_s or 0.0:.0f}",
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]

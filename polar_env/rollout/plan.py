@@ -135,7 +135,7 @@ def finished_keys(out: Path) -> set[str]:
     path = out / "trajectories.jsonl"
     if not path.exists():
         return set()
-    return {t.metadata.get("episode_key", "") for t in read_trajectories(path)}
+    return {t.metadata.episode_key or "" for t in read_trajectories(path)}
 
 
 def pending_episodes(plan: RolloutPlan) -> list[tuple[Task, int]]:

@@ -29,7 +29,7 @@ from polar_env.rollout.plan import RolloutPlan, episode_key, pending_episodes
 from polar_env.rollout.progress import Progress
 from polar_env.rollout.runner import EpisodeRunner, prepare, proxy_factory
 from polar_env.trajectory.export import read_trajectories
-from polar_env.trajectory.models import Trajectory
+from polar_env.trajectory.models import Trajectory, TrajectoryMetadata
 
 
 def node_ledger(out: Path, node_id: str) -> Path:
@@ -61,7 +61,10 @@ class NodeWorker:
         factory = await asyncio.to_thread(proxy_factory, self.config, tasks=self.plan.tasks)
         ledger = node_ledger(self.plan.out, node_id)
         self.runner = EpisodeRunner(
-            self.plan, factory, ledger, metadata={"ray_node_id": node_id, "host": socket.gethostname()}
+            self.plan,
+            factory,
+            ledger,
+            metadata=TrajectoryMetadata(ray_node_id=node_id, host=socket.gethostname()),
         )
         await self.runner.start()
         return {"node_id": node_id, "host": socket.gethostname(), "ledger": str(ledger)}

@@ -10,7 +10,6 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 from polar_env import metrics
 from polar_env.backends.logprobs_mode import LogprobsMismatch, sampling_mismatch
@@ -28,7 +27,7 @@ from polar_env.rollout.progress import Progress
 from polar_env.tasks.models import Task
 from polar_env.trajectory.accepted import Sample, accepted_work
 from polar_env.trajectory.export import read_trajectories
-from polar_env.trajectory.models import Trajectory
+from polar_env.trajectory.models import Trajectory, TrajectoryMetadata
 
 ProxyFactory = Callable[[Path, Path], ProxyServer]  # (ledger dir, Unix socket) -> an unstarted proxy
 STAGES = (
@@ -55,18 +54,16 @@ class EpisodeRunner:
         proxy_factory: ProxyFactory,
         ledger: Path,
         *,
-        metadata: dict[str, Any] | None = None,
+        metadata: TrajectoryMetadata | None = None,
     ):
         self.plan = plan
         self.proxy_factory = proxy_factory
         self.ledger = ledger
         # stamped on every trajectory (e.g. the Ray node); the run slots and GPUs: its accepted work's
         # denominators
-        self.metadata = {
-            "run_slots": plan.run_slots,
-            **({"gpus": plan.gpus} if plan.gpus else {}),
-            **(metadata or {}),
-        }
+        self.metadata = (metadata or TrajectoryMetadata()).model_copy(update={"run_slots": plan.run_slots})
+        if plan.gpus:
+            self.metadata.gpus = plan.gpus
         self.proxy: ProxyServer | None = None
         self.admission = plan.admission()  # each stage's limit, and --max-staleness
         self.stages: Counter[str] = Counter()  # episodes in each stage now
@@ -109,7 +106,8 @@ class EpisodeRunner:
         key = episode_key(task.instance_id, sample)
         async with self.admission.episode() as entry:
             result = await self._stages(entry, task, sample, key)
-        result.trajectory.metadata.update({"episode_key": key, **self.metadata})
+        stamp = {"episode_key": key, **self.metadata.model_dump()}
+        result.trajectory.metadata = result.trajectory.metadata.model_copy(update=stamp)
         return result.trajectory
 
     async def _stages(self, entry: Entry, task: Task, sample: int, key: str) -> EpisodeResult:
@@ -126,7 +124,12 @@ class EpisodeRunner:
                         scratch_root=self.plan.scratch_root,
                         grade=self.plan.grade,
                         queued_at=entry.queued_at,
-                        metadata={"episode_key": key, "sample": sample, **entry.metadata, **self.metadata},
+                        metadata={
+                            "episode_key": key,
+                            "sample": sample,
+                            **entry.metadata,
+                            **self.metadata.model_dump(),
+                        },
                     )
                     await stages.prepare(ep)
                     await stages.booted(ep)

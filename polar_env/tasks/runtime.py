@@ -8,12 +8,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Literal
 
 from polar_env.sandbox.base import SandboxSpec
 from polar_env.tasks.models import Task
-
-WorkspaceKind = Literal["bubblewrap", "docker", "podman", "apptainer"]
+from polar_env.wire.gym_resources import WorkspaceKind
 
 
 class WorkspaceUnavailable(RuntimeError):

@@ -45,10 +45,10 @@ class Sample:
             t.masked,
             t.stats.trainable_tokens,
             t.created_at,
-            t.created_at + float(meta.get("duration_s") or 0.0),
-            meta.get("run_slots") if isinstance(meta.get("run_slots"), int) else None,
-            str(meta.get("ray_node_id", "")),
-            meta.get("gpus") if isinstance(meta.get("gpus"), int) else None,
+            t.created_at + (meta.duration_s or 0.0),
+            meta.run_slots,
+            meta.ray_node_id or "",
+            meta.gpus,
             tuple(t.stats.policy_versions),
         )
 

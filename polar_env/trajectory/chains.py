@@ -22,6 +22,7 @@ from polar_env.trajectory.models import (
     SpanKind,
     Status,
     Trajectory,
+    TrajectoryMetadata,
     TrajectoryStats,
 )
 from polar_env.trajectory.records import VERSION_LABEL, CallRecord, SessionInfo, ids_digest
@@ -176,7 +177,7 @@ def build_trajectory(
         backend=backend,
         created_at=session.created_at,
         ended_at=ended_at if ended_at is not None else session.closed_at,
-        metadata=meta,
+        metadata=TrajectoryMetadata.model_validate(meta),
         status=status,
         error=error,
         chains=chains,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 from pydantic_core import PydanticSerializationError
 
 from polar_env.chat.messages import AssistantTurn, Message
@@ -116,6 +116,79 @@ class TrajectoryStats(BaseModel):
     policy_versions: list[int] = Field(default_factory=list)
 
 
+class EpisodeTimings(BaseModel):
+    """Seconds per stage, in the order they happen, then the harness's run and the episode's total;
+    ``model_dump()`` is a flat dict of floats (what a trajectory's metadata carries)."""
+
+    # a trajectory written before a stage was timed loads (its keys only); one the schema dropped too
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    # the driver took the episode -> its prepare began: waiting for a live slot, the staleness bound
+    # and a prepare slot (episodes/admission.py)
+    queued_s: float = 0.0
+    prepare_s: float = 0.0  # the workspace opened (the Gym resources server's seed), the harness started
+    harness_start_s: float = 0.0  # the harness started -> its first model call (its whole run if none)
+    wait_s: float = 0.0  # its calls' waits for a run slot (the first call's and the later ones')
+    model_s: float = 0.0  # in model calls after admission (overlapping calls counted once)
+    tool_s: float = 0.0  # the rest of the run less the later waits: tools, the harness's own work
+    drain_s: float = 0.0  # the harness ended -> the trajectory build began (patch, drain, classification)
+    build_s: float = 0.0  # the trajectory build
+    grade_s: float = 0.0  # grading (the Gym resources server's /verify)
+    close_s: float = 0.0  # the workspace's close after grading (the Gym resources server's close)
+    harness_s: float = 0.0  # the harness started -> it ended (its split: harness_start_s .. tool_s)
+    total_s: float = 0.0  # the episode's proxy session opened -> its finish ended (after its queued_s)
+
+    @model_serializer(mode="wrap")
+    def _set_only(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """The stages that were timed: every one for an episode of this version, an older line's as
+        written."""
+        return {k: v for k, v in handler(self).items() if k in self.model_fields_set}
+
+
+class TrajectoryMetadata(BaseModel):
+    """What Polar records about the episode beside its tokens, one typed field per key it writes. Keys of
+    the caller's own (a proxy session's metadata) are kept as extra fields; a field Polar did not set
+    is left out of the line, as it always was (older trajectories, without some of them, still load)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    # who ran it (the proxy session's metadata at open: episodes/, rollout/)
+    task_id: str | None = None
+    group_id: str | None = None
+    harness: str | None = None
+    harness_version: str | None = None
+    episode_key: str | None = None  # the run's key for the (task, sample) pair: what a resumed run skips
+    sample: int | None = None
+    admitted_at_version: int | None = None  # --max-staleness: the policy version it was admitted at
+    origin_tagged: bool | None = None  # its calls came through a tagging forwarder (proxy.app)
+    proxy_restarts: int | None = None  # restarts of the proxy its open session lived through
+    stopped: str | None = None  # why its session refused further calls
+    logprobs_mode: str | None = None  # which logprobs the backend returned (backends/logprobs_mode.py)
+    # where it ran: the run's denominators of accepted work (trajectory/accepted.py), the Ray node
+    run_slots: int | None = None
+    gpus: int | None = None
+    ray_node_id: str | None = None
+    host: str | None = None
+    workspace: str | None = None  # bubblewrap, or the container engine
+    workspace_clone: str | None = None  # how its tree was cloned from the task's warm base
+    image: str | None = None
+    # how it went
+    duration_s: float | None = None
+    timings: EpisodeTimings | None = None  # seconds per stage (filled by episodes/timings.py)
+    patch_bytes: int | None = None
+    masked_because: str | None = None  # why masked beyond the outcome table ("single_call")
+    mask_sample: bool | None = None  # the Gym agent: NeMo-RL's mask
+    failure: dict[str, Any] | None = None  # the Gym agent: ``agent_server.failures.EpisodeFailure``
+    # class -> a few examples of the exploits its tool calls attempted (trajectory/exploits.py)
+    exploit_attempts: dict[str, list[dict[str, Any]]] | None = None
+
+    @model_serializer(mode="wrap")
+    def _set_only(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """The keys that were set (``None`` too, where Polar set it), extra keys as given."""
+        written = self.model_fields_set | set(self.model_extra or {})
+        return {k: v for k, v in handler(self).items() if k in written}
+
+
 class Trajectory(BaseModel):
     schema_version: int = TRAJECTORY_SCHEMA_VERSION
     session_id: str
@@ -126,7 +199,7 @@ class Trajectory(BaseModel):
     backend: str = ""
     created_at: float
     ended_at: float | None = None
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    metadata: TrajectoryMetadata = Field(default_factory=TrajectoryMetadata)
     status: Status
     error: str | None = None
     chains: list[Chain] = Field(default_factory=list)

@@ -217,7 +217,7 @@ def episode(traj: Trajectory, source: str, text: TokenText) -> dict[str, Any]:
     return {
         **summary(traj, source),
         "ended_at": traj.ended_at,
-        "metadata": traj.metadata,
+        "metadata": traj.metadata.model_dump(mode="json"),
         "main_chain": traj.main_chain,
         "stats": traj.stats.model_dump(),
         "grading": grading,

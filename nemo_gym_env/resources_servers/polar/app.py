@@ -26,9 +26,8 @@ from nemo_gym.base_resources_server import (
     SimpleResourcesServer,
 )
 from nemo_gym.verifier_fixture import VerifierFixture
-from pydantic import BaseModel, ConfigDict, PrivateAttr
+from pydantic import PrivateAttr
 
-from polar_env.episodes.workspace import WorkspaceMounts, WorkspaceRef
 from polar_env.gym_lifespan import add_lifespan_hooks
 from polar_env.resources_server.core import (
     EpisodeConflict,
@@ -37,50 +36,40 @@ from polar_env.resources_server.core import (
     UnknownTask,
     aggregate,
 )
+from polar_env.wire.gym_resources import (
+    CloseSessionRequest,
+    CloseSessionResponse,
+    SeedSessionRequest,
+    SeedSessionResponse,
+    VerifyRequest,
+    VerifyResponse,
+)
 
 
 class PolarResourcesServerConfig(PolarResourcesConfig, BaseResourcesServerConfig):
     """Gym's server settings plus Polar's own (``PolarResourcesConfig``, declared once)."""
 
 
-class PolarSeedSessionRequest(BaseSeedSessionRequest):
-    model_config = ConfigDict(extra="forbid")
-
-    episode_id: str
-    task_id: str
-    mounts: WorkspaceMounts | None = None  # the agent's proxy socket dir and harness install (containers)
+# the bodies as polar_env.wire.gym_resources declares them, on Gym's base models (Gym's fields and checks
+# come first: the typed `responses_create_params` and `response`, the `failure_kind` check)
+class PolarSeedSessionRequest(BaseSeedSessionRequest, SeedSessionRequest):
+    pass
 
 
-class PolarSeedSessionResponse(BaseSeedSessionResponse):
-    episode_id: str
-    task_id: str
-    sandbox_root: str
-    uid: int
-    gid: int
-    workspace: WorkspaceRef | None = None
+class PolarSeedSessionResponse(BaseSeedSessionResponse, SeedSessionResponse):
+    pass
 
 
-class PolarCloseSessionRequest(BaseModel):
-    """Close by Polar's episode id (the agent's legacy flow; Gym's typed close needs an EpisodeId)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    resources_session_id: str
+class PolarCloseSessionResponse(ResourcesCloseSessionResponse, CloseSessionResponse):
+    pass  # the request is Polar's own: Gym's typed close also needs an EpisodeId
 
 
-class PolarVerifyRequest(BaseVerifyRequest):
-    """Either ``episode_id`` (grade the seeded workspace) or ``task_id`` + ``patch`` (grade that patch)."""
-
-    task_id: str
-    episode_id: str | None = None
-    patch: str | None = None
+class PolarVerifyRequest(BaseVerifyRequest, VerifyRequest):
+    pass
 
 
-class PolarVerifyResponse(BaseVerifyResponse):
-    task_id: str
-    resolved: bool = False
-    patch_bytes: int = 0
-    grading: dict[str, Any] = {}
+class PolarVerifyResponse(BaseVerifyResponse, VerifyResponse):
+    pass
 
 
 class PolarVerifier:
@@ -99,13 +88,7 @@ class PolarVerifier:
             raise HTTPException(status_code=422, detail="verify needs episode_id (a seeded episode) or patch")
         return PolarVerifyResponse(
             **body.model_dump(include={"responses_create_params", "response", "task_id"}),
-            reward=outcome.reward,
-            mask_sample=outcome.mask_sample,
-            failure_kind=outcome.failure_kind,
-            failure_reason=outcome.failure_reason,
-            resolved=outcome.resolved,
-            patch_bytes=len(outcome.patch.encode("utf-8", errors="surrogateescape")),
-            grading=outcome.grading,
+            **outcome.model_dump(exclude={"patch"}),
         )
 
 
@@ -147,9 +130,9 @@ class PolarResourcesServer(PolarVerifier, SimpleResourcesServer):
             raise HTTPException(status_code=409, detail=str(exc)) from None
         return PolarSeedSessionResponse(**seeded.model_dump())
 
-    async def close_resources_session(self, body: PolarCloseSessionRequest) -> ResourcesCloseSessionResponse:
+    async def close_resources_session(self, body: CloseSessionRequest) -> PolarCloseSessionResponse:
         await self.polar.close(body.resources_session_id)
-        return ResourcesCloseSessionResponse(resources_session_id=body.resources_session_id)
+        return PolarCloseSessionResponse(resources_session_id=body.resources_session_id)
 
     def compute_metrics(self, tasks: list[list[dict[str, Any]]]) -> dict[str, Any]:
         """Merged into Gym's agent_metrics: resolved rate (masked samples excluded) and trajectory stats."""

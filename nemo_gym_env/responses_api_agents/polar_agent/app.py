@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hmac
 import json
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import ClientResponseError
 from fastapi import Body, Depends, FastAPI, Header, HTTPException, Response
@@ -25,22 +25,26 @@ from nemo_gym.config_types import AggregateMetrics, AggregateMetricsRequest, Res
 from nemo_gym.openai_utils import NeMoGymResponseCreateParamsNonStreaming
 from nemo_gym.rollout_correlation import maybe_rollout_id_from_run_body
 from nemo_gym.server_utils import raise_for_status
-from pydantic import ConfigDict, PrivateAttr
+from pydantic import BaseModel, ConfigDict, PrivateAttr, ValidationError
 
 from polar_env import fastjson, metrics
 from polar_env.agent_server.core import InputError, PolarAgent, PolarAgentConfig
 from polar_env.agent_server.observations import plain_items
-from polar_env.episodes.workspace import WorkspaceMounts
 from polar_env.gym_lifespan import add_lifespan_hooks
 from polar_env.proxy.policy import PauseRequest, PolicyFence, PolicyState, PolicyVersion, ResumeRequest
-from polar_env.resources_server.core import (
-    SeededEpisode,
-    UnknownTask,
-    VerifyOutcome,
-    aggregate,
-    masked_metrics,
+from polar_env.resources_server.core import UnknownTask, VerifyOutcome, aggregate, masked_metrics
+from polar_env.wire.gym_resources import (
+    CloseSessionRequest,
+    CloseSessionResponse,
+    SeedSessionRequest,
+    SeedSessionResponse,
+    VerifyRequest,
+    VerifyResponse,
+    WorkspaceMounts,
 )
 from polar_env.wire.nemo_gym import RunResult
+
+Answer = TypeVar("Answer", bound=BaseModel)
 
 
 class PolarAgentServerConfig(PolarAgentConfig, BaseResponsesAPIAgentConfig):
@@ -63,43 +67,41 @@ class GymResources:
     def __init__(self, server: SimpleResponsesAPIAgent, name: str):
         self.server, self.name = server, name
 
-    async def _post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
+    async def _post(self, path: str, body: BaseModel, answer: type[Answer]) -> Answer:
+        """POST the typed body (its None fields left out); the answer parsed as ``answer`` (a
+        malformed one raises, naming the fault)."""
+        payload = body.model_dump(mode="json", exclude_none=True)
         resp = await self.server.server_client.post(server_name=self.name, url_path=path, json=payload)
         await raise_for_status(resp)
-        return await resp.json()
+        try:
+            return answer.model_validate(await resp.json())
+        except ValidationError as exc:
+            raise ValueError(f"the resources server's {path} answer is malformed: {exc}") from None
 
     async def seed(
         self, episode_id: str, task_id: str, *, mounts: WorkspaceMounts | None = None
-    ) -> SeededEpisode:
-        body: dict[str, Any] = {"episode_id": episode_id, "task_id": task_id}
-        if mounts is not None:
-            body["mounts"] = mounts.model_dump()
+    ) -> SeedSessionResponse:
+        body = SeedSessionRequest(episode_id=episode_id, task_id=task_id, mounts=mounts)
         try:
-            return SeededEpisode.model_validate(await self._post("/seed_session", body))
+            return await self._post("/seed_session", body, SeedSessionResponse)
         except ClientResponseError as exc:
             if exc.status == 404:  # the resources server does not have the task: an input error, not ours
                 raise UnknownTask(_detail(exc)) from None
             raise
 
     async def verify(self, episode_id: str, task_id: str, *, result: RunResult) -> VerifyOutcome:
-        body = {
-            "responses_create_params": result.responses_create_params,
-            "response": {**result.response.row(), "output": plain_items(result.response.output)},
-            "task_id": task_id,
-            "episode_id": episode_id,
-        }
-        out = await self._post("/verify", body)
-        return VerifyOutcome(
-            reward=out["reward"],
-            resolved=out.get("resolved", False),
-            mask_sample=out.get("mask_sample", False),
-            failure_kind=out.get("failure_kind"),
-            failure_reason=out.get("failure_reason"),
-            grading=out.get("grading") or {},
+        body = VerifyRequest(
+            responses_create_params=result.responses_create_params,
+            response={**result.response.row(), "output": plain_items(result.response.output)},
+            task_id=task_id,
+            episode_id=episode_id,
         )
+        answer = await self._post("/verify", body, VerifyResponse)
+        return VerifyOutcome.model_validate(answer, from_attributes=True)
 
     async def close(self, episode_id: str) -> None:
-        await self._post("/close_session", {"resources_session_id": episode_id})
+        body = CloseSessionRequest(resources_session_id=episode_id)
+        await self._post("/close_session", body, CloseSessionResponse)
 
 
 def _detail(exc: ClientResponseError) -> str:

@@ -8,13 +8,20 @@ tests/test_nemo_gym_e2e.py through `gym env start` + `gym eval run`.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
+import aiohttp
+import pytest
+from aiohttp import web
 from fastapi.testclient import TestClient
 from nemo_gym.rollout_observability import AgentObservationBundle, TrajectoryRecord
 from nemo_gym.server_utils import ServerClient
 from responses_api_agents.polar_agent.app import (
+    GymResources,
     PolarAgentServer,
     PolarAgentServerConfig,
     PolarRunRequest,
@@ -27,6 +34,7 @@ from polar_env.episodes.settings import EpisodeSettings
 from polar_env.proxy.settings import ProxySettings
 from polar_env.trajectory.export import to_nemo_gym_result
 from polar_env.trajectory.models import CallSummary, Trajectory, TrajectoryStats
+from polar_env.wire.gym_resources import VerifyResponse
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "resources_servers" / "polar" / "data" / "example.jsonl"
 
@@ -230,3 +238,83 @@ def test_observability_records_validate_against_gyms_models() -> None:
         and failed.response_metadata.error_category == "backend"
     )
     assert record.model_calls[0].duration_ms == 800.0 and record.model_calls[0].token_stats.total_tokens == 62
+
+
+class _HttpClient:
+    """Gym's ServerClient's one method GymResources calls, over a real aiohttp session."""
+
+    def __init__(self, http: aiohttp.ClientSession, base: str):
+        self.http, self.base = http, base
+
+    async def post(self, server_name: str, url_path: str, json: dict[str, Any]) -> aiohttp.ClientResponse:
+        return await self.http.post(self.base + url_path, json=json)
+
+
+def test_resources_bodies_are_the_shared_models_and_a_malformed_answer_names_its_fault() -> None:
+    """GymResources sends polar_env.wire.gym_resources' models and parses the answers with them. The
+    resources server is an aiohttp stand-in here, over real HTTP: the real one never answers malformed
+    (its own answers are the e2e tests': tests/test_nemo_gym_e2e.py)."""
+    answers: dict[str, dict[str, Any]] = {}
+    seen: dict[str, Any] = {}
+
+    async def answer(request: web.Request) -> web.Response:
+        seen[request.path] = await request.json()
+        return web.json_response(answers[request.path])
+
+    async def main() -> None:
+        app = web.Application()
+        app.router.add_post("/{path:.*}", answer)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        try:
+            async with aiohttp.ClientSession() as http:
+                server: Any = SimpleNamespace(server_client=_HttpClient(http, f"http://127.0.0.1:{port}"))
+                resources = GymResources(server, "polar_resources_server")
+                answers["/seed_session"] = {
+                    "episode_id": "ep",
+                    "task_id": "t",
+                    "sandbox_root": "/r",
+                    "uid": 7,
+                    "gid": 7,
+                }
+                seeded = await resources.seed("ep", "t")
+                assert seeded.ref().root == "/r" and seeded.ref().kind == "bubblewrap"
+                assert seen["/seed_session"] == {"episode_id": "ep", "task_id": "t"}  # no mounts: none sent
+
+                draft = to_nemo_gym_result(_trajectory(), placeholder_token_id=0)
+                verdict = VerifyResponse(
+                    reward=1.0,
+                    resolved=True,
+                    patch_bytes=9,
+                    responses_create_params={},
+                    response={},
+                    task_id="t",
+                )
+                answers["/verify"] = verdict.model_dump()
+                outcome = await resources.verify("ep", "t", result=draft)
+                assert (outcome.reward, outcome.resolved, outcome.patch_bytes, outcome.patch) == (
+                    1.0,
+                    True,
+                    9,
+                    "",
+                )
+                assert seen["/verify"]["episode_id"] == "ep" and "patch" not in seen["/verify"]
+                assert seen["/verify"]["response"]["id"] == draft.response.id
+
+                answers["/verify"] = {**verdict.model_dump(), "reward": "lots"}
+                with pytest.raises(ValueError, match=r"/verify answer is malformed(.|\n)*reward"):
+                    await resources.verify("ep", "t", result=draft)
+                answers["/seed_session"] = {"episode_id": "ep", "task_id": "t"}
+                with pytest.raises(ValueError, match=r"/seed_session answer is malformed(.|\n)*sandbox_root"):
+                    await resources.seed("ep", "t")
+
+                answers["/close_session"] = {"resources_session_id": "ep"}
+                await resources.close("ep")
+                assert seen["/close_session"] == {"resources_session_id": "ep"}
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(main())
