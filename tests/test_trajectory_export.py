@@ -285,7 +285,7 @@ def test_trajectory_metadata_is_typed_keeps_the_callers_keys_and_writes_only_wha
     traj = build_trajectory(session("s1", sample=2, mine={"x": [1]}), three_turn(), reward=1.0)
     meta = traj.metadata
     assert (meta.task_id, meta.sample, meta.model_extra) == ("t1", 2, {"mine": {"x": [1]}})
-    meta.timings, meta.failure = {"model_s": 1.5}, None
+    meta.timings, meta.failure = EpisodeTimings(model_s=1.5), None
     written = json.loads(traj.model_dump_json())["metadata"]
     assert written == {
         "task_id": "t1",
