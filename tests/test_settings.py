@@ -19,7 +19,7 @@ from polar_env.cli.proxy_serve import ServeSettings
 from polar_env.cli.rollout import config_from_args
 from polar_env.cli.settings import settings_from_args
 from polar_env.environment import EnvSettings
-from polar_env.episodes.settings import EpisodeSettings, GradingSettings
+from polar_env.episodes.settings import EpisodeSettings, GradingSettings, StageSettings, TaskSettings
 from polar_env.outcomes import FailureKind, Outcome
 from polar_env.proxy.settings import ProxySettings, admin_secret, build_proxy
 from polar_env.resources_server.core import PolarResourcesConfig
@@ -100,14 +100,25 @@ def test_the_gym_agent_config_names_its_settings_as_the_cli_does():
     assert all(f"--{name.replace('_', '-')}" in flags[name] for name in EpisodeSettings.model_fields)
 
 
-CONFIGS = [ProxySettings, GradingSettings, EpisodeSettings, RolloutConfig, PolarAgentConfig, ServeSettings]
+CONFIGS = [
+    ProxySettings,
+    GradingSettings,
+    EpisodeSettings,
+    StageSettings,
+    TaskSettings,
+    RolloutConfig,
+    PolarAgentConfig,
+    ServeSettings,
+    PolarResourcesConfig,
+]
 
 
-@pytest.mark.parametrize("name", sorted(set(ProxySettings.model_fields) | set(EpisodeSettings.model_fields)))
+@pytest.mark.parametrize("name", sorted({name for c in CONFIGS for name in c.model_fields}))
 def test_each_setting_is_declared_once(name):
-    """A proxy or episode setting has one declaration (its name, type and default) that every command and
-    the Gym servers inherit: no config class declares it again under its own default."""
-    declared = [c.__name__ for c in [*CONFIGS, PolarResourcesConfig] if name in inspect.get_annotations(c)]
+    """Every setting of every command and Gym server (proxy, episode, stages, tasks, the jobs' own) has one
+    declaration (its name, type and default) that the others inherit: no config class declares it again
+    under its own default."""
+    declared = [c.__name__ for c in CONFIGS if name in inspect.get_annotations(c)]
     assert len(declared) == 1, declared
 
 

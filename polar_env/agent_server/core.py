@@ -45,7 +45,7 @@ from polar_env.episodes import stages
 from polar_env.episodes.admission import StageAdmission
 from polar_env.episodes.episode import Episode, EpisodeResult
 from polar_env.episodes.episode import Stage as EpisodeStage
-from polar_env.episodes.settings import EpisodeSettings, GradingSettings
+from polar_env.episodes.settings import EpisodeSettings, GradingSettings, StageSettings
 from polar_env.episodes.sites import patch_bytes
 from polar_env.episodes.workspace import Workspace
 from polar_env.grades import GradeResult
@@ -68,7 +68,7 @@ SHUTDOWN_GRACE_S = 120.0  # how long stop() waits for in-flight episodes to sett
 ACCEPTED_WINDOW = 4096  # the last episodes /metrics' accepted-work figures are computed over
 
 
-class PolarAgentConfig(ProxySettings, EpisodeSettings):
+class PolarAgentConfig(ProxySettings, EpisodeSettings, StageSettings):
     """What an operator sets in the Gym config (``responses_api_agents.polar_agent``): the proxy's settings
     (``ProxySettings``: ``url`` is Gym's ``policy_base_url``, ``model_name`` its ``policy_model_name``,
     ``backend`` vllm or nemo-rl), every episode's (``EpisodeSettings``, the names `polar rollout` takes; a
@@ -76,21 +76,14 @@ class PolarAgentConfig(ProxySettings, EpisodeSettings):
     ``sandbox``, ``grading_timeout`` and ``reward_key`` are the resources server's, which makes and grades
     the workspaces) and the agent's own."""
 
-    max_concurrent_episodes: int = (
-        64  # episodes seeding or running their harness at once; grading is outside it
-    )
-    # of those, how many seed and boot at once (up to their harness's first model call: a dozen harnesses
-    # starting together on a few cores each take several times as long); None: run_slots, else no cap
-    prepare_slots: int | None = Field(default=None, ge=1)
-    # model calls at once through the proxy (per-call admission, proxy/run_slots.py): the live harnesses
-    # (max_concurrent_episodes) share them, so one in a tool leaves its slot to another's call; None: no cap
-    run_slots: int | None = Field(default=None, ge=1)
+    # episodes seeding or running their harness at once (grading is outside it): of those, prepare_slots
+    # seed and boot at once (None: run_slots, else no cap), and their model calls share run_slots (per-call
+    # admission, proxy/run_slots.py: one in a tool leaves its slot to another's call; None: no cap)
+    max_concurrent_episodes: int = 64
     runtime_dir: str | None = None  # proxy socket + ledger (default: a temp dir, removed at stop)
     trajectories_path: str | None = None  # append Polar's full trajectory (every chain) here
-    # an episode starts only while the policy is within K versions of the step it feeds (proxy/policy.py
-    # Admission); a step being episodes_per_step /run calls (NeMo-RL: prompts per step x generations per
-    # prompt)
-    max_staleness: int | None = Field(default=None, ge=0)
+    # a policy version's step is this many /run calls (max_staleness counts versions; NeMo-RL: prompts per
+    # step x generations per prompt)
     episodes_per_step: int = Field(default=1, ge=1)
 
 

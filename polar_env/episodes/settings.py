@@ -43,6 +43,26 @@ class GradingSettings(BaseModel):
         return data
 
 
+class TaskSettings(BaseModel):
+    """Which tasks a job's episodes run: `polar rollout`'s ``--tasks``, the Gym resources server's
+    ``tasks`` (the agent reads each row's ``task_id``)."""
+
+    # bundled | terminal | verified | FILE.jsonl | a Harbor task folder | DATASET[:split] (tasks/loader.py)
+    tasks: str = "bundled"
+
+
+class StageSettings(BaseModel):
+    """How many episodes are in each stage at once (docs/rollout.md, "Stages"; episodes/admission.py
+    enters them), for `polar rollout` and the Gym agent alike."""
+
+    run_slots: int | None = Field(default=None, ge=1)  # model calls at once (the inference concurrency)
+    # workspaces opened and harnesses started (up to their first model call) at once: a dozen harnesses
+    # starting together on a few cores each take several times as long; None: the run slots
+    prepare_slots: int | None = Field(default=None, ge=1)
+    # an episode starts only while the policy lag is within this many versions (None: no bound)
+    max_staleness: int | None = Field(default=None, ge=0)
+
+
 class EpisodeSettings(GradingSettings):
     """The settings of every episode of a job (the Gym agent's row sampling overrides the three sampling
     fields per episode)."""

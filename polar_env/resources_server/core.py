@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from polar_env.episodes.grading import Grading
-from polar_env.episodes.settings import GradingSettings
+from polar_env.episodes.settings import GradingSettings, TaskSettings
 from polar_env.episodes.sites import sandbox_patch
 from polar_env.episodes.workspace import Workspace, attach_workspace, open_workspace, workspace_kind
 from polar_env.grades import GradeResult
@@ -55,12 +55,10 @@ class EpisodeConflict(ValueError):
     """The episode id is already closed, or bound to another task (a 409)."""
 
 
-class PolarResourcesConfig(GradingSettings):
+class PolarResourcesConfig(GradingSettings, TaskSettings):
     """What an operator sets in the Gym config (``resources_servers.polar``): the grading settings
     (``sandbox``, ``grading_timeout``, ``reward_key``: the names `polar rollout` takes) and its own."""
 
-    # "bundled", "terminal", "verified", a JSONL path or a Harbor folder (polar_env.tasks.loader)
-    tasks: str = "bundled"
     scratch_root: str | None = None  # where sandbox workspaces live (default: the system temp dir)
     max_concurrent_grades: int = 8  # test runs in flight at once on this host
     sandbox_memory_gb: float | None = 8.0

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, field_validator
 
-from polar_env.episodes.settings import EpisodeSettings
+from polar_env.episodes.settings import EpisodeSettings, StageSettings, TaskSettings
 from polar_env.proxy.settings import ProxySettings
 
 
@@ -19,23 +19,18 @@ def host_port(value: str) -> str:
     return value
 
 
-class RolloutConfig(ProxySettings, EpisodeSettings):
+class RolloutConfig(ProxySettings, EpisodeSettings, StageSettings, TaskSettings):
     """What `polar rollout` / `polar demo` were asked to do (one field per flag, same names; the proxy's
     own settings are ``ProxySettings``', every episode's ``EpisodeSettings``')."""
 
     model_config = ConfigDict(frozen=True)
 
-    tasks: str = (
-        "bundled"  # bundled | terminal | verified | FILE.jsonl | a Harbor task folder | DATASET[:split]
-    )
     task_ids: list[str] | None = None
     limit: int | None = None
     policy: str = "model"  # who picks each answer: the backend's model, or a scripted policy (gold, noop)
     score_window: int = 1024  # scripted policies: prompt tokens the model scores each answer with
     samples: int = Field(default=1, ge=1)  # GRPO group size
     concurrency: int = Field(default=1, ge=1)  # run slots, by their old name (--run-slots wins)
-    run_slots: int | None = Field(default=None, ge=1)  # model calls at once (the inference concurrency)
-    prepare_slots: int | None = Field(default=None, ge=1)  # workspaces opened / harnesses started at once
     grade_slots: int | None = Field(default=None, ge=1)  # episodes graded at once
     lookahead: int | None = Field(default=None, ge=1)  # live harnesses beyond the run slots
     collapsed: bool = False  # one slot over every stage of an episode (the driver before stages)
@@ -43,8 +38,6 @@ class RolloutConfig(ProxySettings, EpisodeSettings):
     refuse_controllable: bool = False  # refuse tasks `polar tasks audit` found controllable (else a warning)
     ray: str | None = None  # a Ray cluster address ('auto': the one on this machine)
     train_paths: str = "all"  # which chains become training rows: all | main | final | module:function
-    # an episode starts only while the policy lag is within this many versions (None: no bound)
-    max_staleness: int | None = Field(default=None, ge=0)
     # HOST:PORT where the proxy also listens on TCP, for its admin API (the weight-sync fence, the version)
     admin: str | None = None
     # watching the run (docs/rollout.md "Watching a run"): where /metrics is served, where per-round figures
