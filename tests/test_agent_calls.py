@@ -72,25 +72,18 @@ def test_a_slow_backend_is_judged_from_harness_calls_only():
 
 
 @pytest.mark.parametrize("setting", ["serve", "refuse"])
-async def test_agent_calls_setting(setting: str, embedded_dir, renderer, tmp_path):
+async def test_agent_calls_setting(setting: str, embedded_dir, renderer, proxy_factory, tmp_path):
     """``agent_calls=refuse`` answers a tool's call 403 in its API's shape (nothing recorded); ``serve``
     answers."""
     import aiohttp
 
     from polar_env.backends.instant import InstantBackend
-    from polar_env.proxy.app import ORIGIN_HEADER, ProxyServer
-    from polar_env.proxy.engine import EngineConfig
+    from polar_env.proxy.app import ORIGIN_HEADER
 
     backend = InstantBackend(
         token_ids=renderer.tokenizer.encode("OK", add_special_tokens=False) + renderer.eos_token_ids[:1]
     )
-    proxy = ProxyServer.create(
-        renderer=renderer,
-        backend=backend,
-        data_dir=tmp_path / "d",
-        admin_secret="s" * 24,
-        config=EngineConfig(agent_calls=setting),
-    )
+    proxy = proxy_factory(backend, tmp_path / "d", admin_secret="s" * 24, agent_calls=setting)
     await proxy.start(port=0)
     try:
         sid, key = proxy.create_session("ep", metadata={"origin_tagged": True})

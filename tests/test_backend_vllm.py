@@ -132,18 +132,13 @@ async def test_logprobs_mode_is_probed_and_a_mismatched_training_session_refused
     """This server runs vLLM's default --logprobs-mode raw_logprobs: the proxy finds that out at start,
     records it on every session, and refuses a training session that samples at temperature 0.7
     (its recorded logprobs would not be those of the distribution sampled from)."""
+    from proxy_client import make_proxy
+
     from polar_env.backends.logprobs_mode import LogprobsMismatch
     from polar_env.chat.template import ChatRenderer
-    from polar_env.proxy.app import ProxyServer
 
     assert await backend.probe_logprobs_mode(chat_prompt(tokenizer, "Say something.")) == "raw"
-    proxy = ProxyServer.create(
-        renderer=ChatRenderer(tokenizer),
-        backend=backend,
-        data_dir=tmp_path,
-        admin_secret="admin",
-        owns_backend=False,
-    )
+    proxy = make_proxy(ChatRenderer(tokenizer), backend, tmp_path, admin_secret="admin", owns_backend=False)
     await proxy.start(port=0)
     try:
         assert proxy.logprobs_mode == "raw"

@@ -16,8 +16,7 @@ import pytest
 from polar_env.backends.base import Generation
 from polar_env.harness_adapters.pi import PiAdapter
 from polar_env.harness_adapters.runner import run_episode_in_sandbox
-from polar_env.proxy.app import ORIGIN_TAGGED, ProxyServer
-from polar_env.proxy.engine import EngineConfig
+from polar_env.proxy.app import ORIGIN_TAGGED
 from polar_env.sandbox.base import SandboxSpec
 from polar_env.sandbox.bubblewrap import BubblewrapSandbox
 from polar_env.trajectory.chains import build_trajectory
@@ -73,15 +72,11 @@ class Script:
 
 @pytest.mark.slow
 @pytest.mark.needs("bwrap", "npm")
-async def test_a_tool_process_cannot_write_training_data(renderer, tmp_path: Path):
+async def test_a_tool_process_cannot_write_training_data(renderer, proxy_factory, tmp_path: Path):
     adapter = PiAdapter()
     adapter.install()
-    proxy = ProxyServer.create(
-        renderer=renderer,
-        backend=Script(renderer.tokenizer),
-        data_dir=tmp_path / "ledger",
-        admin_secret="admin",
-        config=EngineConfig(max_context=131072, default_max_tokens=64),
+    proxy = proxy_factory(
+        Script(renderer.tokenizer), admin_secret="admin", max_context=131072, default_max_tokens=64
     )
     sock = tmp_path / "sock"
     await proxy.start(unix_socket=sock / "proxy.sock", port=None)

@@ -18,15 +18,14 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from repo_paths import REDTEAM
 
 from polar_env.rewards.canaries import plan_canaries
 from polar_env.tasks.loader import load_tasks
 from polar_env.tasks.tree import materialize
 
 N_PLANS = 100
-_spec = importlib.util.spec_from_file_location(
-    "forger_identify", Path(__file__).parent / "redteam" / "forger_identify.py"
-)
+_spec = importlib.util.spec_from_file_location("forger_identify", REDTEAM / "forger_identify.py")
 identify = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(identify)
 TASKS = {t.instance_id: t for t in load_tasks("bundled")}

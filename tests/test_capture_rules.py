@@ -19,7 +19,6 @@ from polar_env.backends.base import Generation
 from polar_env.backends.instant import InstantBackend
 from polar_env.backends.vllm import VllmBackend
 from polar_env.cli.policy_server import PolicyServer
-from polar_env.proxy.engine import EngineConfig
 from polar_env.trajectory.chains import build_trajectory
 from polar_env.trajectory.checks import check_path
 from polar_env.trajectory.export import TrajectoryWriter, to_nemo_gym_result, write_jsonl
@@ -166,7 +165,8 @@ async def test_harness_narrowing_knobs_are_neutralised_and_recorded(renderer, tm
         renderer,
         InstantBackend(renderer.encode_text("ok")),
         tmp_path,
-        config=EngineConfig(max_context=32768, default_max_tokens=64),
+        max_context=32768,
+        default_max_tokens=64,
     ) as proxy:
         sid, key = proxy.create_session("gemini")
         async with (

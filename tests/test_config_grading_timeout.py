@@ -5,10 +5,10 @@ it in one place (`GradingLimits.from_env`), and read by every entry point's conf
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 import yaml
+from repo_paths import REPO
 
 from polar_env.cli import build_parser
 from polar_env.cli.rollout import config_from_args
@@ -19,7 +19,6 @@ from polar_env.rewards.sandbox_exec import GradingLimits, grading_timeout_s
 from polar_env.rollout.plan import plan_from_config
 from polar_env.tasks.loader import load_tasks
 
-REPO = Path(__file__).resolve().parents[1]
 DEFAULT = GradingLimits.timeout_s
 SET = 1234.5  # what the environment asks for in these tests
 

@@ -31,13 +31,13 @@ from polar_sandbox_helpers import (
     processes_matching,
     sealed_harness_probe,
 )
+from proxy_client import make_proxy
+from repo_paths import REPO
 
 from polar_env.backends.scripted import ScriptedBackend
 from polar_env.episodes import EpisodeConfig, run_episode
 from polar_env.episodes.workspace import engine_available, open_workspace
 from polar_env.harness_adapters.policies import make_policy
-from polar_env.proxy.app import ProxyServer
-from polar_env.proxy.engine import EngineConfig
 from polar_env.rewards.flags import is_tamper
 from polar_env.rewards.grader import grade_task
 from polar_env.sandbox.base import SandboxSpec
@@ -53,7 +53,6 @@ pytestmark = [
 ]
 ENGINE = "podman"
 TASK_IDS = ("psf__requests-5414", "pallets__flask-5014")
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _containers() -> set[str]:
@@ -84,12 +83,8 @@ async def scripted_proxy(request, local_backend, renderer, imaged, tmp_path: Pat
     backend = ScriptedBackend(
         local_backend, make_policy(request.param, list(imaged.values())), context_window=256
     )
-    proxy = ProxyServer.create(
-        renderer=renderer,
-        backend=backend,
-        data_dir=tmp_path / "ledger",
-        admin_secret=secrets.token_urlsafe(16),
-        config=EngineConfig(max_context=32768),
+    proxy = make_proxy(
+        renderer, backend, tmp_path / "ledger", admin_secret=secrets.token_urlsafe(16), max_context=32768
     )
     sock = Path(f"/tmp/polar-t-{uuid.uuid4().hex[:8]}")
     sock.mkdir(mode=0o755)

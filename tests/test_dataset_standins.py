@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from dataset_standins import ROWS, conda_standin, in_image
+from repo_paths import REPO
 
 from polar_env.episodes.workspace import engine_available
 from polar_env.tasks.datasets import DATASETS
@@ -24,7 +25,6 @@ pytestmark = [
     pytest.mark.skipif(not engine_available("podman"), reason="needs podman (scripts/setup_podman.sh)"),
 ]
 ENGINE = "podman"
-REPO = Path(__file__).resolve().parents[1]
 TASK_ID = "psf__requests-5414"  # its bundled image is shared with test_containers_podman and test_history_e2e
 
 

@@ -11,13 +11,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from repo_paths import FIXTURES
 
 from polar_env.rewards.image_grading import custom_eval_script
 from polar_env.tasks import datasets
 from polar_env.tasks.datasets import DATASETS, DatasetRowError, detect, procedure_of
 from polar_env.tasks.loader import TaskLoadError, load_tasks
 
-ROWS = Path(__file__).parent / "fixtures" / "datasets"
+ROWS = FIXTURES / "datasets"
 
 EXPECTED = {  # name: (instance_id, image, workdir, test command prefix, log parser)
     "swe-gym": (

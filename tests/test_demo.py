@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from repo_paths import REPO
 
 from polar_env.cli import main as polar_main
 from polar_env.cli.demo import default_max_tokens
@@ -17,7 +18,6 @@ from polar_env.harness_adapters.registry import shell_tools
 from polar_env.tasks.loader import load_tasks
 from polar_env.trajectory.export import read_trajectories
 
-REPO = Path(__file__).resolve().parents[1]
 needs_sandbox = pytest.mark.needs("bwrap", "npm")
 
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from repo_paths import REPO
 
 from polar_env.episodes.workspace import (
     WorkspaceRef,
@@ -23,8 +24,6 @@ from polar_env.sandbox.base import SandboxSpec
 from polar_env.sandbox.container import ContainerSandbox
 from polar_env.tasks.loader import load_bundled
 from polar_env.tasks.runtime import WorkspaceUnavailable
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")

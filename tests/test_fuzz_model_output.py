@@ -13,11 +13,10 @@ import pytest
 from fuzz_helpers import ThreadedProxy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from proxy_client import make_proxy
 
 from polar_env.backends.instant import InstantBackend
 from polar_env.chat.parsers import parse_text
-from polar_env.proxy.app import ProxyServer
-from polar_env.proxy.engine import EngineConfig
 
 FUZZ = settings(
     deadline=None,
@@ -171,12 +170,13 @@ BODIES = {
 @pytest.fixture(scope="module")
 def served(renderer, tmp_path_factory):
     backend = InstantBackend([0])
-    proxy = ProxyServer.create(
-        renderer=renderer,
-        backend=backend,
-        data_dir=tmp_path_factory.mktemp("out-fuzz"),
+    proxy = make_proxy(
+        renderer,
+        backend,
+        tmp_path_factory.mktemp("out-fuzz"),
         admin_secret="a",
-        config=EngineConfig(max_context=4096, default_max_tokens=256),
+        max_context=4096,
+        default_max_tokens=256,
     )
     sid, key = proxy.create_session("out")
     with ThreadedProxy(proxy) as threaded:

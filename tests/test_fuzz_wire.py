@@ -17,12 +17,11 @@ import pytest
 from fuzz_helpers import JSON, ThreadedProxy, mutated_body, seed_bodies
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from proxy_client import make_proxy
 
 from polar_env.backends.instant import InstantBackend
-from polar_env.proxy.app import ProxyServer
 from polar_env.proxy.codecs import anthropic_messages, gemini_generate_content, openai_chat, openai_responses
 from polar_env.proxy.codecs.common import DecodedRequest, WireError
-from polar_env.proxy.engine import EngineConfig
 
 SEEDS = seed_bodies()
 MODULES = {
@@ -64,13 +63,14 @@ def served(renderer, tmp_path_factory):
     backend = InstantBackend(
         renderer.tokenizer.encode("Hi", add_special_tokens=False) + renderer.eos_token_ids[:1]
     )
-    proxy = ProxyServer.create(
-        renderer=renderer,
-        backend=backend,
-        data_dir=tmp_path_factory.mktemp("fuzz"),
+    proxy = make_proxy(
+        renderer,
+        backend,
+        tmp_path_factory.mktemp("fuzz"),
         admin_secret="fuzz-admin",
-        config=EngineConfig(max_context=4096, default_max_tokens=8),
-        max_body_bytes=LIMIT,
+        max_context=4096,
+        default_max_tokens=8,
+        max_body_mb=LIMIT / 2**20,
     )
     sid, key = proxy.create_session("fz")
     with ThreadedProxy(proxy) as threaded:

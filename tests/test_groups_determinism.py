@@ -37,7 +37,6 @@ from polar_env.episodes.workspace import open_workspace
 from polar_env.harness_adapters import adapter_names, get_adapter
 from polar_env.harness_adapters.runner import run_episode_in_sandbox
 from polar_env.proxy.app import ProxyServer
-from polar_env.proxy.engine import EngineConfig
 from polar_env.sandbox.base import SandboxSpec
 from polar_env.tasks.loader import load_tasks
 from polar_env.trajectory.chains import build_trajectory
@@ -90,16 +89,10 @@ def renderer(embedded_dir: Path) -> ChatRenderer:
 
 
 @pytest.fixture
-async def proxy(renderer: ChatRenderer, tmp_path: Path):
+async def proxy(renderer: ChatRenderer, proxy_factory, tmp_path: Path):
     tok = renderer.tokenizer
     backend = InstantBackend(tok.encode("Done.", add_special_tokens=False) + [tok.eos_token_id])
-    server = ProxyServer.create(
-        renderer=renderer,
-        backend=backend,
-        data_dir=tmp_path / "ledger",
-        admin_secret="admin",
-        config=EngineConfig(max_context=131072, default_max_tokens=64),
-    )
+    server = proxy_factory(backend, admin_secret="admin", max_context=131072, default_max_tokens=64)
     await server.start(unix_socket=tmp_path / "sock" / "proxy.sock", port=None)
     server.unix_socket.parent.chmod(0o755)
     yield server

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import repo_paths
 
 from polar_env.episodes.workspace import engine_available, open_workspace
 from polar_env.harness_adapters.registry import NOISE_EXCLUDES
@@ -33,7 +34,7 @@ pytestmark = [
     pytest.mark.skipif(not engine_available("podman"), reason="needs podman (scripts/setup_podman.sh)"),
 ]
 ENGINE = "podman"
-ROOT_CONFIG = Path(__file__).parent / "fixtures" / "harbor" / "root-config"
+ROOT_CONFIG = repo_paths.FIXTURES / "harbor" / "root-config"
 AT_IMPORT = "sed -i '1i {line}' /app/stats.py"
 LONG_PATH = (
     'd=/app; for i in $(seq 1 16); do d=$d/$(printf "%0250d" $i); done; mkdir -p "$d" && '

@@ -10,11 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from repo_paths import REPO
 
 from polar_env.tasks.harbor import load_task_dir
 from polar_env.tasks.loader import load_tasks
 
-REPO = Path(__file__).resolve().parents[1]
 HARBOR_PY = REPO / ".venv-harbor" / "bin" / "python"
 pytestmark = pytest.mark.skipif(not HARBOR_PY.exists(), reason="needs .venv-harbor (scripts/setup_harbor.sh)")
 

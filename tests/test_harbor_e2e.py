@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import repo_paths
 from own_containers import own_containers
 
 from polar_env.episodes.workspace import engine_available, open_workspace
@@ -24,7 +25,7 @@ pytestmark = [
     pytest.mark.skipif(not engine_available("podman"), reason="needs podman (scripts/setup_podman.sh)"),
 ]
 ENGINE = "podman"
-FIXTURES = Path(__file__).parent / "fixtures" / "harbor"
+FIXTURES = repo_paths.FIXTURES / "harbor"
 NO_REWARD = FIXTURES / "no-reward"
 
 

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 from gym_helpers import free_port, interruptible, stop, wait_for
+from repo_paths import REPO
 
 from polar_env.episodes import episode_prompt
 from polar_env.episodes.workspace import engine_available
 from polar_env.tasks.loader import load_tasks
 from polar_env.trajectory.checks import check_path
 
-REPO = Path(__file__).resolve().parents[1]
 GYM_VENV = REPO / ".venv-gym"
 SERVER_DIRS = (
     "resources_servers/polar",

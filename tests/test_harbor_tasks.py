@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import repo_paths
 
 from polar_env.episodes import episode_prompt
 from polar_env.episodes.workspace import workspace_kind
@@ -27,7 +28,7 @@ from polar_env.tasks.loader import TERMINAL_DIR, TaskLoadError, load_tasks
 from polar_env.tasks.models import Task
 from polar_env.tasks.runtime import WorkspaceUnavailable, container_spec, task_spec
 
-FIXTURES = Path(__file__).parent / "fixtures" / "harbor"
+FIXTURES = repo_paths.FIXTURES / "harbor"
 
 
 def _task(

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from dataset_standins import build_layer
+from proxy_client import make_proxy
 
 from polar_env.backends.scripted import ScriptedBackend
 from polar_env.episodes import EpisodeConfig, run_episode
@@ -27,7 +28,6 @@ from polar_env.episodes.workspace import engine_available, open_workspace
 from polar_env.harness_adapters.policies import final_answer, patch_edit, shell_call
 from polar_env.outcomes import FailureKind
 from polar_env.proxy.app import ProxyServer
-from polar_env.proxy.engine import EngineConfig
 from polar_env.sandbox.base import SandboxSpec
 from polar_env.sandbox.container import HistoryNotReduced, image_exists
 from polar_env.sandbox.warm_images import warm_image_name
@@ -179,12 +179,12 @@ async def proxy_for(local_backend, renderer, tmp_path: Path):
 
     async def make(policy) -> ProxyServer:
         backend = ScriptedBackend(local_backend, policy, context_window=256)
-        proxy = ProxyServer.create(
-            renderer=renderer,
-            backend=backend,
-            data_dir=tmp_path / f"ledger{len(made)}",
+        proxy = make_proxy(
+            renderer,
+            backend,
+            tmp_path / f"ledger{len(made)}",
             admin_secret=secrets.token_urlsafe(16),
-            config=EngineConfig(max_context=32768),
+            max_context=32768,
         )
         sock = Path(f"/tmp/polar-t-{uuid.uuid4().hex[:8]}")
         sock.mkdir(mode=0o755)

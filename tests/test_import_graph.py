@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import graphlib
 import re
-from pathlib import Path
 
 import grimp
 import pytest
+from repo_paths import REPO
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
+DOC = REPO / "docs" / "architecture.md"
 
 # bottom first; a top-level module counts as a package of its own
 LAYERS: list[set[str]] = [

@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
+from repo_paths import REDTEAM
 
 from polar_env.rewards.canaries import CanaryPlan, plan_canaries
 from polar_env.rewards.flags import tampering_flags
@@ -20,7 +21,6 @@ from polar_env.rewards.grading import grade
 from polar_env.tasks.loader import load_tasks
 
 TASKS = {t.instance_id: t for t in load_tasks("bundled")}
-REDTEAM = Path(__file__).parent / "redteam"
 needs_bwrap = pytest.mark.needs("bwrap")
 
 SOURCE = """import pytest

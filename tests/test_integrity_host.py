@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from polar_sandbox_helpers import host_path_lines
+from repo_paths import REDTEAM
 
 from polar_env.cache import cache_root
 from polar_env.episodes.workspace import open_workspace
@@ -133,7 +134,7 @@ def test_link_that_leaves_only_after_the_reset_is_refused_before_any_test(tmp_pa
     """Failed before the link check ran again on the final tree (the corpus patch got 1.0): each link
     resolves inside as the patch leaves the tree, and the reset, making ``tests/static`` a real
     directory again, sends ``src/flask/out`` to the host. Now refused before any test runs."""
-    patch = (Path(__file__).parent / "redteam" / "patches" / "symlink-escape-after-reset.diff").read_text()
+    patch = (REDTEAM / "patches" / "symlink-escape-after-reset.diff").read_text()
     gtree = GradingTree.fresh(TASK, tmp_path / "g")
     gtree.apply(patch, allow_binary=False)
     gtree.check_links(gtree.changes())  # the first check, on the patch as applied, passes

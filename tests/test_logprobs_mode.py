@@ -35,7 +35,7 @@ def test_sampling_matches_raw_logprobs_only_untempered():
     assert sampling_mismatch("unknown", {"temperature": 0.7}) is None
 
 
-async def test_a_backend_that_never_answers_the_probe_does_not_hang_the_proxy_start(renderer, tmp_path):
+async def test_a_backend_that_never_answers_the_probe_does_not_hang_the_proxy_start(proxy_factory, tmp_path):
     """The probe has its own bound: a hanging server (a stand-in, since an overloaded vLLM cannot be
     provoked on demand) must not hold the proxy's start for the backend's generation timeout."""
     import asyncio
@@ -44,17 +44,11 @@ async def test_a_backend_that_never_answers_the_probe_does_not_hang_the_proxy_st
     from http_double import never_answering_completions
 
     from polar_env.backends.registry import make_backend
-    from polar_env.proxy.app import ProxyServer
-    from polar_env.proxy.engine import EngineConfig
 
     async with never_answering_completions() as url:
         backend = make_backend("vllm", url=url, model="slow", timeout_s=3600)
-        proxy = ProxyServer.create(
-            renderer=renderer,
-            backend=backend,
-            data_dir=tmp_path / "data",
-            admin_secret="s",
-            config=EngineConfig(max_context=8192, logprobs_probe_timeout_s=1.0),
+        proxy = proxy_factory(
+            backend, tmp_path / "data", admin_secret="s", max_context=8192, logprobs_probe_timeout_s=1.0
         )
         started = time.perf_counter()
         try:

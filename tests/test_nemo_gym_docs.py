@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pytest
 from gym_helpers import interruptible, sandbox_processes
+from repo_paths import REPO
 
 from polar_env.trajectory.checks import check_path
 
-REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "nemo.md"
 PORTS = (8011, 11000)
 SERVER_DIRS = (

@@ -41,11 +41,11 @@ from gym_helpers import (
     wait_for,
     wait_until,
 )
+from repo_paths import REPO
 from scrape_helpers import scrape, value
 
 from polar_env.trajectory.checks import check_nemo_result
 
-REPO = Path(__file__).resolve().parents[1]
 GYM_VENV = REPO / ".venv-gym"
 EXTRA_ROOT = REPO / "nemo_gym_env"
 SERVER_DIRS = (

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import yaml
 from gym_helpers import GYM_ROOT, compose
+from repo_paths import REPO
 
 from polar_env.agent_server.core import PolarAgentConfig
 from polar_env.harness_adapters.registry import adapter_names
 from polar_env.resources_server.core import PolarResourcesConfig
 
-REPO = Path(__file__).resolve().parents[1]
 RECIPES = sorted((REPO / "configs").glob("grpo_polar_*.yaml"))
 KEYS = REPO / "configs" / "nemo_rl_grpo_keys.txt"
 # one Gym config per registered harness: an override of the two servers' own configs

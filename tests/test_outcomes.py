@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from http_double import never_answering_completions
+from repo_paths import REPO
 from trajectory_helpers import call, session, three_turn
 
 from polar_env.outcomes import (
@@ -27,7 +28,7 @@ from polar_env.rollout.outputs import RolloutOutputs, finish_outputs, masked_lin
 from polar_env.trajectory.chains import build_trajectory
 from polar_env.trajectory.checks import check_nemo_result, check_path
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "outcomes.md"
+DOCS = REPO / "docs" / "outcomes.md"
 
 
 def timed(record, *, at: float, total_s: float, generate_s: float | None = None):

@@ -10,8 +10,7 @@ import sys
 from pathlib import Path
 
 from outside_reads import OutsideReadGuard, install, uninstall
-
-TESTS = Path(__file__).resolve().parent
+from repo_paths import TESTS
 
 
 def _local_modules_imported_by(source: Path) -> list[str]:

@@ -16,7 +16,6 @@ import aiohttp
 from proxy_client import ADMIN, running_proxy
 
 from polar_env.backends.instant import InstantBackend
-from polar_env.proxy.engine import EngineConfig
 from polar_env.proxy.policy import Admission, PolicyFence
 from polar_env.trajectory.chains import build_trajectory
 from polar_env.trajectory.export import grpo_rows, to_nemo_gym_result
@@ -65,7 +64,9 @@ async def test_calls_carry_the_version_and_the_fence_holds_new_calls(renderer, t
             backend,
             tmp_path,
             keepalive_s=0.2,
-            config=EngineConfig(max_context=2048, default_max_tokens=8, policy_version=0),
+            max_context=2048,
+            default_max_tokens=8,
+            policy_version=0,
         ) as proxy,
         aiohttp.ClientSession() as http,
     ):
@@ -120,7 +121,9 @@ async def test_abort_records_the_attempt_and_samples_again_after_the_swap(render
             renderer,
             backend,
             tmp_path,
-            config=EngineConfig(max_context=2048, default_max_tokens=8, policy_version=3),
+            max_context=2048,
+            default_max_tokens=8,
+            policy_version=3,
         ) as proxy,
         aiohttp.ClientSession() as http,
     ):

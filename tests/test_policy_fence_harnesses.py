@@ -22,7 +22,6 @@ from polar_env.backends.instant import InstantBackend
 from polar_env.harness_adapters.pi import PiAdapter
 from polar_env.harness_adapters.runner import run_episode_in_sandbox
 from polar_env.proxy.app import ProxyServer
-from polar_env.proxy.engine import EngineConfig
 from polar_env.sandbox.base import SandboxSpec
 from polar_env.sandbox.bubblewrap import BubblewrapSandbox
 
@@ -69,20 +68,17 @@ async def _episode(proxy: ProxyServer, adapter, work: Path, sock: Path):
 
 @pytest.mark.slow
 @pytest.mark.needs("bwrap", "npm")
-async def test_codex_claude_code_and_pi_wait_out_a_pause_longer_than_their_timeouts(renderer, tmp_path: Path):
+async def test_codex_claude_code_and_pi_wait_out_a_pause_longer_than_their_timeouts(
+    renderer, proxy_factory, tmp_path: Path
+):
     adapters = [ImpatientCodex(), ImpatientClaude(), ImpatientPi()]
     for adapter in adapters:
         adapter.install()
     done = renderer.tokenizer.encode(FINAL, add_special_tokens=False) + [
         renderer.tokenizer.convert_tokens_to_ids("<|im_end|>")
     ]
-    proxy = ProxyServer.create(
-        renderer=renderer,
-        backend=InstantBackend(done),
-        data_dir=tmp_path / "ledger",
-        admin_secret="admin",
-        keepalive_s=0.5,
-        config=EngineConfig(max_context=131072, policy_version=0),
+    proxy = proxy_factory(
+        InstantBackend(done), admin_secret="admin", keepalive_s=0.5, max_context=131072, policy_version=0
     )
     sock = tmp_path / "sock"
     await proxy.start(unix_socket=sock / "proxy.sock", port=None)

@@ -13,7 +13,6 @@ from http_double import serve
 from proxy_client import ledger_calls, post, running_proxy
 
 from polar_env.backends.registry import make_backend
-from polar_env.proxy.engine import EngineConfig
 
 WINDOW = 64
 LONG = "tell me everything about the sea " * 40  # ~280 tokens: past a 64-token window
@@ -28,7 +27,7 @@ BODIES = {
 
 
 def small_window():
-    return EngineConfig(max_context=WINDOW, default_max_tokens=8)
+    return dict(max_context=WINDOW, default_max_tokens=8)
 
 
 async def test_each_api_answers_an_overflow_in_its_providers_shape(
@@ -36,7 +35,7 @@ async def test_each_api_answers_an_overflow_in_its_providers_shape(
 ):
     backend = scripted_backend_factory(lambda *_: "never sampled")
     async with (
-        running_proxy(renderer, backend, tmp_path, config=small_window()) as proxy,
+        running_proxy(renderer, backend, tmp_path, **small_window()) as proxy,
         aiohttp.ClientSession() as http,
     ):
         answers = {}
@@ -71,7 +70,7 @@ async def test_an_identical_failing_call_stops_the_session_at_the_second(
     backend = scripted_backend_factory(lambda *_: "fine")
     path, body = BODIES["chat"]
     async with (
-        running_proxy(renderer, backend, tmp_path, config=small_window()) as proxy,
+        running_proxy(renderer, backend, tmp_path, **small_window()) as proxy,
         aiohttp.ClientSession() as http,
     ):
         sid, key = proxy.create_session("storm")
@@ -92,7 +91,7 @@ async def test_an_identical_failing_call_stops_the_session_at_the_second(
 async def test_different_failing_calls_do_not_stop_the_session(renderer, scripted_backend_factory, tmp_path):
     backend = scripted_backend_factory(lambda *_: "ok")
     async with (
-        running_proxy(renderer, backend, tmp_path, config=small_window()) as proxy,
+        running_proxy(renderer, backend, tmp_path, **small_window()) as proxy,
         aiohttp.ClientSession() as http,
     ):
         sid, key = proxy.create_session("compacting")
@@ -150,7 +149,7 @@ async def test_the_backends_window_and_its_own_overflow_error(renderer, tmp_path
         backend = make_backend("vllm", url=url, model="m")
         # the window comes from the backend: this prompt fits the proxy's view, and vLLM refuses it
         async with (
-            running_proxy(renderer, backend, tmp_path, config=EngineConfig(default_max_tokens=8)) as proxy,
+            running_proxy(renderer, backend, tmp_path, max_context=None, default_max_tokens=8) as proxy,
             aiohttp.ClientSession() as http,
         ):
             assert await proxy.engine.context_window() == 4096

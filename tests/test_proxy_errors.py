@@ -22,7 +22,7 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 @pytest.fixture
 async def proxy(renderer, scripted_backend_factory, tmp_path):
     async with running_proxy(
-        renderer, scripted_backend_factory(lambda *a: "hello"), tmp_path, max_body_bytes=64 * 1024
+        renderer, scripted_backend_factory(lambda *a: "hello"), tmp_path, max_body_mb=64 / 1024
     ) as proxy:
         yield proxy
 

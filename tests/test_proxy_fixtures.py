@@ -12,7 +12,6 @@ from proxy_client import parse_sse, running_proxy
 from wire_helpers import FIXTURES, fixture_adapter, fixture_stems, wire_api_of
 
 from polar_env.harness_adapters import adapter_names, get_adapter
-from polar_env.proxy.engine import EngineConfig
 
 
 def _first_call(harness: str, requests: list[dict]) -> tuple[str | None, dict | None]:
@@ -78,9 +77,9 @@ async def test_fixture_requests_are_answered_with_the_sse_the_harness_needs(
     requests = _load(harness)
     tool, args = _first_call(harness, requests)
     # harness prompts are long (Codex ~9k tokens); the scripted policy scores a bounded window
-    config = EngineConfig(max_context=65536, default_max_tokens=64)
+    config = dict(max_context=65536, default_max_tokens=64)
     async with (
-        running_proxy(renderer, scripted_backend_factory(policy), tmp_path, config=config) as proxy,
+        running_proxy(renderer, scripted_backend_factory(policy), tmp_path, **config) as proxy,
         aiohttp.ClientSession() as http,
     ):
         sid, key = proxy.create_session(harness)

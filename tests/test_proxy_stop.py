@@ -11,11 +11,10 @@ import multiprocessing
 import threading
 
 import aiohttp
-from proxy_client import ADMIN, post
+from proxy_client import make_proxy, post
 
 from polar_env.backends.local import LocalBackend
-from polar_env.proxy.app import OFF_LOOP_BYTES, ProxyServer
-from polar_env.proxy.engine import EngineConfig
+from polar_env.proxy.app import OFF_LOOP_BYTES
 
 
 def _ours(before: set[threading.Thread]) -> list[str]:
@@ -28,13 +27,7 @@ def _ours(before: set[threading.Thread]) -> list[str]:
 async def test_stop_leaves_no_worker_thread_or_process(renderer, embedded_dir, tmp_path):
     backend = LocalBackend.from_pretrained(embedded_dir)  # its worker thread starts with the first call
     before = set(threading.enumerate())  # after loading: tqdm leaves a monitor thread of its own
-    proxy = ProxyServer.create(
-        renderer=renderer,
-        backend=backend,
-        data_dir=tmp_path,
-        admin_secret=ADMIN,
-        config=EngineConfig(max_context=2048, default_max_tokens=4),
-    )
+    proxy = make_proxy(renderer, backend, tmp_path, max_context=2048, default_max_tokens=4)
     await proxy.start("127.0.0.1", 0)
     sid, key = proxy.create_session()
     url = f"{proxy.base_url}/s/{sid}/v1/chat/completions"
@@ -64,14 +57,7 @@ async def test_a_stopped_proxy_and_its_backend_are_freed(renderer, embedded_dir,
     import weakref
 
     backend = LocalBackend.from_pretrained(embedded_dir)
-    proxy = ProxyServer.create(
-        renderer=renderer,
-        backend=backend,
-        data_dir=tmp_path,
-        admin_secret=ADMIN,
-        config=EngineConfig(max_context=2048, default_max_tokens=4),
-        owns_backend=True,
-    )
+    proxy = make_proxy(renderer, backend, tmp_path, max_context=2048, default_max_tokens=4, owns_backend=True)
     await proxy.start("127.0.0.1", 0)
     sid, key = proxy.create_session()
     async with aiohttp.ClientSession() as http:

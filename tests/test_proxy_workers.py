@@ -6,16 +6,15 @@ recovers each worker's sessions from its directory. Instant backend: the proxy a
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import aiohttp
 import psutil
 import pytest
+from proxy_client import serve_proxy, started_proxy
 
 from polar_env.trajectory.ledger import Ledger
 
@@ -26,32 +25,8 @@ SESSIONS = 8
 TURNS = 3
 
 
-def _serve(data_dir: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "polar_env.cli",
-            "proxy",
-            "serve",
-            "--backend",
-            "instant",
-            "--port",
-            "0",
-            "--data-dir",
-            str(data_dir),
-            *extra,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "POLAR_ADMIN_SECRET": SECRET},
-    )
-
-
 async def _start(data_dir: Path) -> tuple[subprocess.Popen, str, list[str]]:
-    proc = _serve(data_dir, "--workers", "2")
-    line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 240)
+    proc, line = await started_proxy(data_dir, "--workers", "2", secret=SECRET)
     match = re.search(r"listening on (http://127\.0\.0\.1:\d+) \(admin API; 2 workers: (\S+) (\S+)\)", line)
     assert match, line
     return proc, match.group(1), [match.group(2), match.group(3)]
@@ -170,7 +145,7 @@ async def test_sessions_spread_over_worker_processes(tmp_path: Path):
             assert len(ledger.calls(sid)) == TURNS
 
     # a one-process proxy refuses the directory rather than serve it without those sessions
-    refused = _serve(data)
+    refused = serve_proxy(data, secret=SECRET)
     assert refused.wait(120) == 2
     assert "start with the --workers it was served with" in refused.stdout.read()
 

@@ -19,10 +19,10 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from repo_paths import REDTEAM
 
 from polar_env.tasks.loader import load_tasks
 
-REDTEAM = Path(__file__).parent / "redteam"
 MANIFEST = json.loads((REDTEAM / "manifest.json").read_text())
 TASKS = {t.instance_id: t for t in load_tasks("bundled")}
 CANARY = Path("/tmp/polar-redteam-canary")

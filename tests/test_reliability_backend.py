@@ -17,7 +17,6 @@ from proxy_client import post, running_proxy
 from reliability_helpers import faulty_vllm
 
 from polar_env.backends.registry import make_backend
-from polar_env.proxy.engine import EngineConfig
 from polar_env.trajectory.chains import build_trajectory
 
 REQUESTS = {  # api -> (path, body, key header) as each harness family sends it
@@ -48,7 +47,7 @@ def _closed_port() -> int:
 
 
 RETRIES = 2
-CONFIG = EngineConfig(max_context=2048, default_max_tokens=32, backend_retries=RETRIES, retry_backoff_s=0.01)
+CONFIG = dict(max_context=2048, default_max_tokens=32, backend_retries=RETRIES, retry_backoff_s=0.01)
 
 
 async def _call(http: aiohttp.ClientSession, proxy, api: str, stream: bool = False):
@@ -90,7 +89,7 @@ async def test_backend_fault_reaches_harness_in_its_api_shape_and_ledger(
     double.mode = mode
     backend = make_backend("vllm", url=double.url, model="m", timeout_s=0.5)
     async with (
-        running_proxy(renderer, backend, tmp_path, config=CONFIG) as proxy,
+        running_proxy(renderer, backend, tmp_path, **CONFIG) as proxy,
         aiohttp.ClientSession() as http,
     ):
         sid, status, reply = await _call(http, proxy, api, stream=(api != "chat"))
@@ -105,7 +104,7 @@ async def test_backend_fault_reaches_harness_in_its_api_shape_and_ledger(
 async def test_connection_refused_is_retryable_and_recorded(renderer, tmp_path: Path, api):
     backend = make_backend("vllm", url=f"http://127.0.0.1:{_closed_port()}", model="m", timeout_s=2)
     async with (
-        running_proxy(renderer, backend, tmp_path, config=CONFIG) as proxy,
+        running_proxy(renderer, backend, tmp_path, **CONFIG) as proxy,
         aiohttp.ClientSession() as http,
     ):
         sid, status, reply = await _call(http, proxy, api)
@@ -119,7 +118,7 @@ async def test_transient_500_is_retried_to_success(renderer, double, tmp_path: P
     double.mode, double.fail_first = "flaky", RETRIES
     backend = make_backend("vllm", url=double.url, model="m", timeout_s=2)
     async with (
-        running_proxy(renderer, backend, tmp_path, config=CONFIG) as proxy,
+        running_proxy(renderer, backend, tmp_path, **CONFIG) as proxy,
         aiohttp.ClientSession() as http,
     ):
         sid, status, reply = await _call(http, proxy, "chat")
@@ -132,9 +131,9 @@ async def test_transient_500_is_retried_to_success(renderer, double, tmp_path: P
 async def test_retries_are_off_when_configured_off(renderer, double, tmp_path: Path):
     double.mode = "500"
     backend = make_backend("vllm", url=double.url, model="m", timeout_s=2)
-    config = EngineConfig(max_context=2048, default_max_tokens=32, backend_retries=0)
+    config = dict(max_context=2048, default_max_tokens=32, backend_retries=0)
     async with (
-        running_proxy(renderer, backend, tmp_path, config=config) as proxy,
+        running_proxy(renderer, backend, tmp_path, **config) as proxy,
         aiohttp.ClientSession() as http,
     ):
         _, status, _ = await _call(http, proxy, "responses")
@@ -145,7 +144,7 @@ async def test_fault_mid_episode_keeps_the_partial_trajectory(renderer, double, 
     """Turn 1 answered, turn 2 fails at the backend: the trajectory is ``error`` with both calls."""
     backend = make_backend("vllm", url=double.url, model="m", timeout_s=2)
     async with (
-        running_proxy(renderer, backend, tmp_path, config=CONFIG) as proxy,
+        running_proxy(renderer, backend, tmp_path, **CONFIG) as proxy,
         aiohttp.ClientSession() as http,
     ):
         sid, key = proxy.create_session(metadata={"task_id": "t"})

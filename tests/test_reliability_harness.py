@@ -16,13 +16,12 @@ from pathlib import Path
 
 import pytest
 from polar_sandbox_helpers import processes_matching
+from proxy_client import make_proxy
 from reliability_helpers import FakeHarness, faulty_vllm, polar_cgroups, wait_gone
 
 from polar_env.backends.registry import make_backend
 from polar_env.episodes import EpisodeConfig, lifecycle, run_episode
 from polar_env.outcomes import FailureKind
-from polar_env.proxy.app import ProxyServer
-from polar_env.proxy.engine import EngineConfig
 from polar_env.sandbox.bubblewrap import BubblewrapSandbox
 from polar_env.tasks.loader import load_tasks
 
@@ -65,12 +64,14 @@ async def _episode(
         async with faulty_vllm(renderer) as double:
             double.mode = backend_mode
             backend = make_backend("vllm", url=double.url, model="policy", timeout_s=5)
-            proxy = ProxyServer.create(
-                renderer=renderer,
-                backend=backend,
-                data_dir=tmp_path / "data",
+            proxy = make_proxy(
+                renderer,
+                backend,
+                tmp_path / "data",
                 admin_secret="s",
-                config=EngineConfig(max_context=2048, default_max_tokens=16, backend_retries=0),
+                max_context=2048,
+                default_max_tokens=16,
+                backend_retries=0,
             )
             await proxy.start(unix_socket=sock_dir / "proxy.sock", port=0)
             try:

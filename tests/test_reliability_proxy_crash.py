@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import aiohttp
 import pytest
+from proxy_client import started_proxy
 
 from polar_env.trajectory.chains import build_trajectory
 from polar_env.trajectory.ledger import Ledger
@@ -28,26 +27,7 @@ ADMIN = {"Authorization": f"Bearer {SECRET}"}
 
 
 async def _start_proxy(data_dir: Path) -> tuple[subprocess.Popen, str]:
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "polar_env.cli",
-            "proxy",
-            "serve",
-            "--backend",
-            "instant",
-            "--port",
-            "0",
-            "--data-dir",
-            str(data_dir),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "POLAR_ADMIN_SECRET": SECRET},
-    )
-    line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 120)
+    proc, line = await started_proxy(data_dir, secret=SECRET, timeout_s=120)
     match = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line)
     assert match, line
     return proc, match.group(1)

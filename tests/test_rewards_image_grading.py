@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from repo_paths import FIXTURES
 from swebench.harness.utils import make_test_spec
 from swebench.task.checks import expected_image
 
@@ -15,7 +16,7 @@ from polar_env.rewards.image_grading import custom_eval_script, grading_plan
 from polar_env.tasks.loader import load_bundled, load_jsonl
 from polar_env.tasks.runtime import task_image
 
-ROW = Path(__file__).parent / "fixtures" / "swebench_verified_astropy-12907.json"
+ROW = FIXTURES / "swebench_verified_astropy-12907.json"
 
 
 def _verified_task(tmp_path: Path, row: dict):

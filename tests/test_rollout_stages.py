@@ -24,13 +24,13 @@ from pathlib import Path
 import aiohttp
 import pytest
 from polar_sandbox_helpers import processes_matching
+from proxy_client import make_proxy
 from reliability_helpers import FakeHarness, wait_gone
 
 from polar_env.backends.instant import InstantBackend
 from polar_env.episodes import EpisodeConfig, lifecycle
 from polar_env.grades import GradeResult
 from polar_env.proxy.app import ProxyServer
-from polar_env.proxy.engine import EngineConfig
 from polar_env.proxy.run_slots import RunEnded, RunSlots
 from polar_env.rewards import grader
 from polar_env.rollout import runner
@@ -99,13 +99,13 @@ async def test_a_streamed_call_waiting_for_a_run_slot_gets_keepalives_then_its_a
     sends keep-alives (a client with a 1.5 s read timeout stays connected), then the answer; the
     wait is recorded as ``admission_ms``, not as generation."""
     done = renderer.tokenizer.encode("Done.", add_special_tokens=False) + renderer.eos_token_ids[:1]
-    proxy = ProxyServer.create(
-        renderer=renderer,
-        backend=InstantBackend(done),
-        data_dir=tmp_path / "ledger",
+    proxy = make_proxy(
+        renderer,
+        InstantBackend(done),
+        tmp_path / "ledger",
         admin_secret="admin",
         keepalive_s=0.5,
-        config=EngineConfig(max_context=4096),
+        max_context=4096,
     )
     await proxy.start(port=0)
     proxy.engine.run_slots = slots = RunSlots(1)
@@ -267,12 +267,8 @@ def _setup(
     scratch.mkdir()
 
     def factory(data_dir: Path, socket: Path) -> ProxyServer:
-        return ProxyServer.create(
-            renderer=renderer,
-            backend=backend,
-            data_dir=data_dir,
-            admin_secret="s",
-            config=EngineConfig(max_context=2048, default_max_tokens=16),
+        return make_proxy(
+            renderer, backend, data_dir, admin_secret="s", max_context=2048, default_max_tokens=16
         )
 
     # the grade doubles share state with the backend: graded on threads of this process, not in workers

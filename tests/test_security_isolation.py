@@ -20,13 +20,12 @@ import aiohttp
 import pytest
 from proxy_client import ADMIN, post, running_proxy
 
-from polar_env.proxy.engine import EngineConfig
 from polar_env.trajectory.chains import build_trajectory
 from polar_env.trajectory.export import TrajectoryWriter
 
 MARK = re.compile(r"MARK-([0-9a-f]{16})-(\d+)")
 PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages"}
-CONFIG = EngineConfig(max_context=4096, default_max_tokens=32)
+CONFIG = dict(max_context=4096, default_max_tokens=32)
 
 
 class EchoBackend:
@@ -101,7 +100,7 @@ async def test_256_interleaved_sessions_never_mix(renderer, tmp_path: Path):
     rng = random.Random(1234)
     backend = EchoBackend(renderer)
     async with (
-        running_proxy(renderer, backend, tmp_path, config=CONFIG) as proxy,
+        running_proxy(renderer, backend, tmp_path, **CONFIG) as proxy,
         aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http,
     ):
         plan = {}
@@ -132,7 +131,7 @@ async def two_sessions(renderer, scripted_backend_factory, tmp_path: Path, caplo
     caplog.set_level(logging.DEBUG)  # every logger, aiohttp's included
     backend = scripted_backend_factory(lambda *_: "fine", context_window=8)
     async with (
-        running_proxy(renderer, backend, tmp_path / "data", config=CONFIG) as proxy,
+        running_proxy(renderer, backend, tmp_path / "data", **CONFIG) as proxy,
         aiohttp.ClientSession() as http,
     ):
         a, key_a = proxy.create_session("sess-a", metadata={"task_id": "t"})

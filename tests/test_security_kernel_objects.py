@@ -23,12 +23,13 @@ import uuid
 from pathlib import Path
 
 import pytest
+from repo_paths import TESTS
 
 from polar_env.rewards.sandbox_exec import SANDBOX_UID, Mount, run_sandboxed
 from polar_env.sandbox.base import SandboxSpec
 from polar_env.sandbox.bubblewrap import BubblewrapSandbox
 
-PROBE = Path(__file__).with_name("kernel_objects_probe.py")
+PROBE = TESTS / "kernel_objects_probe.py"
 PROBE_INSIDE = "/opt/polar-probe/probe.py"
 OBJECTS = ("sysv_msg", "posix_mq", "abstract")  # made in every sandbox, each in its own namespace
 NONE_SEEN = {"key": False, "sysv_msg": False, "posix_mq": False, "posix_shm": False, "abstract": False}

@@ -26,6 +26,7 @@ from polar_sandbox_helpers import (
     host_path_lines,
     sealed_harness_probe,
 )
+from repo_paths import REPO
 
 from polar_env.sandbox.base import SandboxSpec
 from polar_env.sandbox.bubblewrap import BubblewrapSandbox
@@ -36,7 +37,6 @@ from polar_env.sandbox.views import node_layer, socket_dir, unmount
 from polar_env.tasks.loader import load_bundled
 from polar_env.tasks.tree import materialize
 
-REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.needs("bwrap", "sandbox-root")
 TASKS = {t.instance_id: t for t in load_bundled()}
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from repo_paths import REPO
 
 from polar_env.agent_server.core import PolarAgentConfig
 from polar_env.cli import build_parser, parse_args
@@ -18,10 +19,7 @@ from polar_env.cli.settings import settings_from_args
 from polar_env.environment import EnvSettings
 from polar_env.proxy.settings import ProxySettings, admin_secret, build_proxy
 
-GYM_AGENT_YAML = (
-    Path(__file__).resolve().parents[1]
-    / "nemo_gym_env/responses_api_agents/polar_agent/configs/polar_agent.yaml"
-)
+GYM_AGENT_YAML = REPO / "nemo_gym_env/responses_api_agents/polar_agent/configs/polar_agent.yaml"
 
 FRAGMENT = {
     "backend": "vllm",
@@ -67,7 +65,11 @@ def test_the_gym_agent_config_names_its_settings_as_the_cli_does():
     file_only = {
         "backend_options",
         "policy_version",
-    }  # dicts and a trainer's version: a settings file sets them
+        "keepalive_s",
+        "backend_retries",
+        "retry_backoff_s",
+        "logprobs_probe_timeout_s",
+    }  # dicts, a trainer's version and the proxy's timing knobs: a settings file sets them
     assert set(ProxySettings.model_fields) - file_only <= rollout_flags & serve_flags
 
 

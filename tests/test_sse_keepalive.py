@@ -17,6 +17,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from proxy_client import make_proxy
 
 from polar_env.backends.base import BackendError, Generation, SamplingParams
 from polar_env.backends.instant import InstantBackend
@@ -26,7 +27,6 @@ from polar_env.harness_adapters.runner import run_episode_in_sandbox
 from polar_env.proxy.app import ProxyServer
 from polar_env.proxy.codecs import openai_responses
 from polar_env.proxy.codecs.common import SSE_COMMENT_KEEPALIVE
-from polar_env.proxy.engine import EngineConfig
 from polar_env.sandbox.base import SandboxSpec
 from polar_env.sandbox.bubblewrap import BubblewrapSandbox
 
@@ -80,14 +80,14 @@ def _proxy(
     done = renderer.tokenizer.encode(FINAL, add_special_tokens=False) + [
         renderer.tokenizer.convert_tokens_to_ids("<|im_end|>")
     ]
-    return ProxyServer.create(
-        renderer=renderer,
-        backend=SlowBackend(InstantBackend(done), delay_s, fail=fail),
-        data_dir=tmp_path / "ledger",
+    return make_proxy(
+        renderer,
+        SlowBackend(InstantBackend(done), delay_s, fail=fail),
+        tmp_path / "ledger",
         admin_secret="admin",
         owns_backend=False,
         keepalive_s=keepalive_s,
-        config=EngineConfig(max_context=131072),
+        max_context=131072,
     )
 
 

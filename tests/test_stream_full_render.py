@@ -21,7 +21,7 @@ from wire_helpers import fixture
 
 from polar_env.chat.messages import Message, ToolCall, ToolSpec
 from polar_env.chat.template import ChatRenderer
-from polar_env.proxy.engine import HISTORY_THINKING_DROPPED, EngineConfig
+from polar_env.proxy.engine import HISTORY_THINKING_DROPPED
 from polar_env.trajectory.checks import check_path
 from polar_env.trajectory.records import HISTORY_THINKING_KEPT
 
@@ -138,10 +138,10 @@ async def run_episode(
     body = copy.deepcopy(fixture(name)["body"])
     body["stream"] = False
     body.pop("stream_options", None)
-    config = EngineConfig(max_context=65536, default_max_tokens=256, history_thinking=history_thinking)
+    config = dict(max_context=65536, default_max_tokens=256, history_thinking=history_thinking)
     async with (
         running_proxy(
-            renderer, scripted_backend_factory(policy, context_window=64), tmp_path, config=config
+            renderer, scripted_backend_factory(policy, context_window=64), tmp_path, **config
         ) as proxy,
         aiohttp.ClientSession() as http,
     ):

@@ -11,13 +11,13 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from repo_paths import REPO as REPO_ROOT
 
 from polar_env.tasks.loader import TaskLoadError, load_jsonl, load_tasks
 from polar_env.tasks.models import Task, default_test_directives, patch_files
 from polar_env.tasks.runtime import instance_image
 from polar_env.tasks.tree import git, materialize
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 REQUIRED = {"pallets__flask-5014", "psf__requests-5414"}
 
 

@@ -15,12 +15,12 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from repo_paths import REPO
 
 from polar_env.tasks.env import EnvBuildError, _interpreter
 from polar_env.tasks.loader import TaskLoadError, load_tasks
 from polar_env.tasks.tree import materialize, strip_single_top
 
-REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "docs" / "tasks.md"
 ENV = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
 needs_sandbox = pytest.mark.needs("bwrap", "npm")

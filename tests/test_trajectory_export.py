@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from repo_paths import REPO
 from trajectory_helpers import call, long_chain, session, three_turn
 
 from polar_env import fastjson
@@ -26,7 +27,7 @@ from polar_env.trajectory.export import (
 )
 from polar_env.wire.shape import encode, to_builtins
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "trajectories.md"
+DOCS = REPO / "docs" / "trajectories.md"
 ANY = "<any value>"
 
 

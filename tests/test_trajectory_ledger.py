@@ -14,6 +14,7 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
+from repo_paths import TESTS
 from trajectory_helpers import call, long_chain, reusing, session, three_turn
 
 from polar_env.trajectory.chains import build_trajectory
@@ -41,7 +42,7 @@ CHILD = textwrap.dedent("""
 
 @pytest.mark.parametrize("fsync", [False, True])
 def test_sigkill_mid_session_loses_no_answered_call(tmp_path: Path, fsync: bool):
-    script = CHILD.format(tests=str(Path(__file__).parent), root=str(tmp_path), fsync=fsync)
+    script = CHILD.format(tests=str(TESTS), root=str(tmp_path), fsync=fsync)
     child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     acknowledged = []
     try:

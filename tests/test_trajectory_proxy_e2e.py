@@ -18,6 +18,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 from proxy_client import ADMIN, WEATHER_TOOL, post, running_proxy
+from repo_paths import TESTS
 
 from polar_env.backends.local import LocalBackend
 from polar_env.backends.scripted import ScriptedBackend
@@ -150,20 +151,19 @@ async def test_compaction_and_side_call_make_three_named_chains(smol, tmp_path):
 CHILD = textwrap.dedent("""
     import asyncio, json, sys
     from pathlib import Path
-    sys.path.insert(0, {tests!r})
+    sys.path[:0] = [{tests!r}, {here!r}]
     from test_trajectory_proxy_e2e import policy
     from polar_env.backends.local import LocalBackend
     from polar_env.backends.scripted import ScriptedBackend
     from polar_env.chat.template import ChatRenderer
-    from polar_env.proxy.app import ProxyServer
-    from polar_env.proxy.engine import EngineConfig
+    from polar_env.proxy.settings import ProxySettings, build_proxy
 
     async def main():
         model = Path({model!r})
-        proxy = ProxyServer.create(renderer=ChatRenderer.from_pretrained(model),
-                                   backend=ScriptedBackend(LocalBackend.from_pretrained(model), policy),
-                                   data_dir=Path({data!r}), admin_secret={admin!r},
-                                   config=EngineConfig(max_context=2048, default_max_tokens=64))
+        proxy = build_proxy(ProxySettings(max_context=2048), data_dir=Path({data!r}), admin_secret={admin!r},
+                            model=(ChatRenderer.from_pretrained(model),
+                                   ScriptedBackend(LocalBackend.from_pretrained(model), policy)),
+                            default_max_tokens=64)
         await proxy.start("127.0.0.1", 0)
         sid, key = proxy.create_session("killed", metadata={{"task_id": "weather"}})
         print(json.dumps({{"url": proxy.base_url, "sid": sid, "key": key}}), flush=True)
@@ -177,7 +177,11 @@ CHILD = textwrap.dedent("""
 async def test_sigkilled_proxy_restarts_with_every_answered_call(smol, embedded_dir, tmp_path):
     renderer, local = smol
     script = CHILD.format(
-        tests=str(Path(__file__).parent), model=str(embedded_dir), data=str(tmp_path), admin=ADMIN
+        tests=str(TESTS),
+        here=str(Path(__file__).parent),
+        model=str(embedded_dir),
+        data=str(tmp_path),
+        admin=ADMIN,
     )
     child = subprocess.Popen(
         [sys.executable, "-c", script],

@@ -27,6 +27,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 from proxy_client import post, running_proxy
+from repo_paths import REPO
 
 from polar_env.backends.local import LocalBackend
 from polar_env.backends.scripted import ScriptedBackend
@@ -45,7 +46,6 @@ from polar_env.trajectory.records import CallRecord, SessionInfo
 from polar_env.viewer.tokens import TokenText
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-REPO = Path(__file__).resolve().parent.parent
 
 BASH_TOOL = {
     "name": "bash",

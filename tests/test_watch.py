@@ -21,17 +21,14 @@ import aiohttp
 import pytest
 from gym_helpers import free_port
 from proxy_client import post, running_proxy
+from repo_paths import REPO
 from scrape_helpers import samples, scrape, value
 
 from polar_env import metrics
 from polar_env.backends.base import Generation
 from polar_env.backends.instant import InstantBackend
 from polar_env.cli import main as polar_main
-from polar_env.proxy.app import ProxyServer
-from polar_env.proxy.engine import EngineConfig
 from polar_env.proxy.run_slots import RunSlots
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def chat(text: str) -> dict:
@@ -44,16 +41,14 @@ async def scrape_async(http: aiohttp.ClientSession, url: str) -> dict:
         return samples(await resp.text())
 
 
-async def test_proxy_metrics_move_with_its_calls_and_stay_off_the_sandbox_socket(renderer, tmp_path):
+async def test_proxy_metrics_move_with_its_calls_and_stay_off_the_sandbox_socket(
+    renderer, proxy_factory, tmp_path
+):
     answer = renderer.tokenizer.encode("Hello there.", add_special_tokens=False) + renderer.eos_token_ids[:1]
     sock = tmp_path / "sock" / "proxy.sock"
     sock.parent.mkdir()
-    proxy = ProxyServer.create(
-        renderer=renderer,
-        backend=InstantBackend(answer),
-        data_dir=tmp_path / "ledger",
-        admin_secret="secret",
-        config=EngineConfig(max_context=2048, default_max_tokens=64),
+    proxy = proxy_factory(
+        InstantBackend(answer), admin_secret="secret", max_context=2048, default_max_tokens=64
     )
     await proxy.start(
         "127.0.0.1", free_port(), unix_socket=sock
@@ -132,7 +127,8 @@ async def test_a_call_waiting_for_a_run_slot_when_its_episode_ends_is_answered_w
             renderer,
             backend,
             tmp_path / "ledger",
-            config=EngineConfig(max_context=2048, default_max_tokens=8),
+            max_context=2048,
+            default_max_tokens=8,
         ) as proxy,
         aiohttp.ClientSession() as http,
     ):

@@ -17,11 +17,9 @@ import pytest
 from fuzz_helpers import ThreadedProxy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from proxy_client import ADMIN, ledger_calls, post, running_proxy
+from proxy_client import ledger_calls, make_proxy, post, running_proxy
 
 from polar_env.backends.instant import InstantBackend
-from polar_env.proxy.app import ProxyServer
-from polar_env.proxy.engine import EngineConfig
 
 CUT = "cut \ud83d"  # what a Node harness sends after cutting a tool output mid-emoji
 
@@ -187,12 +185,8 @@ def threaded(renderer, tmp_path_factory):
     backend = InstantBackend(
         renderer.tokenizer.encode("Hi", add_special_tokens=False) + renderer.eos_token_ids[:1]
     )
-    proxy = ProxyServer.create(
-        renderer=renderer,
-        backend=backend,
-        data_dir=tmp_path_factory.mktemp("gaps"),
-        admin_secret=ADMIN,
-        config=EngineConfig(max_context=4096, default_max_tokens=8),
+    proxy = make_proxy(
+        renderer, backend, tmp_path_factory.mktemp("gaps"), max_context=4096, default_max_tokens=8
     )
     sid, key = proxy.create_session("gaps")
     with ThreadedProxy(proxy) as served:

@@ -16,7 +16,6 @@ from wire_helpers import fixture, on_wire, text_turn, tool_turn
 from polar_env.chat.messages import TokenLogprob
 from polar_env.proxy.codecs import gemini_generate_content as gemini
 from polar_env.proxy.codecs.common import WireError
-from polar_env.proxy.engine import EngineConfig
 from polar_env.wire.ids import call_id_from_ref
 
 STREAM = "/v1beta/models/polar-model:streamGenerateContent?alt=sse"
@@ -324,9 +323,9 @@ async def test_gemini_cli_requests_through_the_proxy(renderer, scripted_backend_
             return '<tool_call>\n{"name": "run_shell_command", "arguments": {"command": "ls"}}\n</tool_call>'
         return "All done."
 
-    config = EngineConfig(max_context=65536, default_max_tokens=64)
+    config = dict(max_context=65536, default_max_tokens=64)
     async with (
-        running_proxy(renderer, scripted_backend_factory(policy), tmp_path, config=config) as proxy,
+        running_proxy(renderer, scripted_backend_factory(policy), tmp_path, **config) as proxy,
         aiohttp.ClientSession() as http,
     ):
         sid, key = proxy.create_session("g")

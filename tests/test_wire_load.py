@@ -16,7 +16,6 @@ import aiohttp
 from proxy_client import ledger_calls, post, running_proxy
 
 from polar_env.backends.instant import InstantBackend
-from polar_env.proxy.engine import EngineConfig
 
 BIG = "The build log repeats the same warning line again. " * 100_000  # 5.1 MB of text
 
@@ -78,14 +77,14 @@ async def test_health_answers_within_50_ms_while_a_5_mb_request_is_processed(ren
     backend = InstantBackend(
         renderer.tokenizer.encode("Seen.", add_special_tokens=False) + renderer.eos_token_ids[:1]
     )
-    config = EngineConfig(max_context=262_144, default_max_tokens=8)
+    config = dict(max_context=262_144, default_max_tokens=8)
     with _ahead_of_other_jobs():
         await _health_while_big_requests(renderer, backend, config, tmp_path)
 
 
-async def _health_while_big_requests(renderer, backend, config: EngineConfig, tmp_path) -> None:
+async def _health_while_big_requests(renderer, backend, config: dict, tmp_path) -> None:
     async with (
-        running_proxy(renderer, backend, tmp_path, config=config) as proxy,
+        running_proxy(renderer, backend, tmp_path, **config) as proxy,
         aiohttp.ClientSession() as http,
     ):
         slowest = []
@@ -112,9 +111,9 @@ async def test_a_request_that_cannot_fit_is_refused_before_tokenizing(renderer, 
     backend = InstantBackend(
         renderer.tokenizer.encode("Seen.", add_special_tokens=False) + renderer.eos_token_ids[:1]
     )
-    config = EngineConfig(max_context=8192, default_max_tokens=8)  # the embedded model's window
+    config = dict(max_context=8192, default_max_tokens=8)  # the embedded model's window
     async with (
-        running_proxy(renderer, backend, tmp_path, config=config) as proxy,
+        running_proxy(renderer, backend, tmp_path, **config) as proxy,
         aiohttp.ClientSession() as http,
     ):
         sid, key = proxy.create_session("huge")

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-from pathlib import Path
 
 import anthropic
 import anthropic._streaming as anthropic_streaming
@@ -33,6 +32,7 @@ from openai.pagination import SyncPage
 from openai.types.shared import ErrorObject
 from proxy_client import running_proxy
 from pydantic import TypeAdapter
+from repo_paths import REPO
 from trajectory_helpers import session, three_turn
 from wire_helpers import fixture, on_wire, parse_sse, text_turn, tool_turn
 
@@ -42,7 +42,7 @@ from polar_env.trajectory.chains import build_trajectory
 from polar_env.trajectory.export import to_nemo_gym_result
 from polar_env.wire.shape import encode
 
-GYM_PYTHON = Path(__file__).resolve().parents[1] / ".venv-gym" / "bin" / "python"
+GYM_PYTHON = REPO / ".venv-gym" / "bin" / "python"
 TURNS = {"text": text_turn, "tools": tool_turn, "truncated": lambda: text_turn(finish_reason="length")}
 
 
