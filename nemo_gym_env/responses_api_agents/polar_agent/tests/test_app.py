@@ -55,8 +55,9 @@ def test_config_maps_onto_polar_agent_config() -> None:
 
 
 def test_config_takes_the_settings_polar_rollout_and_proxy_serve_take() -> None:
-    """A fragment of Polar's settings (tests/test_settings.py: `polar rollout --settings`, `polar proxy serve
-    --settings`) is the Gym agent's config under the same keys, and the same proxy settings come out."""
+    """A fragment of Polar's settings (tests/test_settings.py: `polar rollout --settings`,
+    `polar proxy serve --settings`) is the Gym agent's config under the same keys, and the same proxy
+    settings come out."""
     fragment = {
         "backend": "vllm",
         "url": "http://a:1/v1",
