@@ -110,7 +110,7 @@ async def loop_lag_while_grading(slots: int = 2) -> dict[str, Any]:
     """Each bundled task's gold patch graded ``slots`` at a time through the rollout's `Grading`, on
     threads and then in worker processes, while the loop runs a 1 ms ticker (what a model call's
     answer waits for). A warm-up pass first, so both see warm bases and the node's gold runs."""
-    from polar_env.episodes.lifecycle import Grading
+    from polar_env.episodes.grading import Grading
     from polar_env.rewards.grader import grade_task
     from polar_env.tasks.loader import load_tasks
 

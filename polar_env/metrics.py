@@ -198,7 +198,7 @@ def episode_finished(
     timings: dict[str, float],
     policy_lag: int | None,
 ) -> None:
-    """One finished episode's outcome and stage times (``timings``: episodes/lifecycle.py TIMING_KEYS)."""
+    """One finished episode's outcome and stage times (``timings``: episodes/timings.py TIMING_KEYS)."""
     EPISODES.labels(failure_kind, "true" if masked else "false").inc()
     TRAINABLE_TOKENS.labels("true" if masked else "false").inc(trainable_tokens)
     if resolved:

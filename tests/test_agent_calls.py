@@ -135,7 +135,7 @@ async def test_a_tool_process_queuing_calls_cannot_extend_its_episode(embedded_d
 
     from reliability_helpers import scripted_proxy
 
-    from polar_env.episodes.lifecycle import EpisodeConfig, run_episode
+    from polar_env.episodes import EpisodeConfig, run_episode
     from polar_env.harness_adapters.policies import DONE, shell_call
     from polar_env.tasks.loader import load_tasks
 

@@ -13,7 +13,7 @@ from repo_paths import REPO
 from polar_env.cli import build_parser
 from polar_env.cli.rollout import config_from_args
 from polar_env.cli.tasks_export import task_toml
-from polar_env.episodes.lifecycle import EpisodeConfig
+from polar_env.episodes.settings import EpisodeConfig
 from polar_env.resources_server.core import PolarResourcesConfig
 from polar_env.rewards.sandbox_exec import GradingLimits, grading_timeout_s
 from polar_env.rollout.plan import plan_from_config

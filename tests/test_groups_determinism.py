@@ -32,7 +32,7 @@ import pytest
 
 from polar_env.backends.instant import InstantBackend
 from polar_env.chat.template import ChatRenderer
-from polar_env.episodes.lifecycle import episode_prompt
+from polar_env.episodes.task import episode_prompt
 from polar_env.episodes.workspace import open_workspace
 from polar_env.harness_adapters import adapter_names, get_adapter
 from polar_env.harness_adapters.runner import run_episode_in_sandbox

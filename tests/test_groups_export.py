@@ -39,7 +39,7 @@ def run_out(tmp_path_factory, embedded_dir: Path) -> Path:
 
     from polar_env.backends.embedded import EMBEDDED_MODEL_NAME
     from polar_env.backends.instant import InstantBackend
-    from polar_env.episodes import lifecycle
+    from polar_env.episodes import stages
     from polar_env.rollout.config import RolloutConfig
     from polar_env.rollout.outputs import finish_outputs
     from polar_env.rollout.plan import plan_from_config
@@ -64,7 +64,7 @@ def run_out(tmp_path_factory, embedded_dir: Path) -> Path:
     )
     plan = plan_from_config(config)
     plan.episode.grade = False
-    real_run_harness = lifecycle.run_harness
+    real_run_harness = stages.run_harness
 
     async def run_harness(session, sandbox, prompt, *, model_name, timeout_s):
         if session.session_id.rsplit(".", 1)[0] in KILLED:
@@ -72,7 +72,7 @@ def run_out(tmp_path_factory, embedded_dir: Path) -> Path:
         return await real_run_harness(session, sandbox, prompt, model_name=model_name, timeout_s=timeout_s)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(lifecycle, "run_harness", run_harness)
+        mp.setattr(stages, "run_harness", run_harness)
         trajectories = asyncio.run(
             run_rollouts(plan, proxy_factory(config, backend=backend, tasks=load_tasks("bundled")))
         )

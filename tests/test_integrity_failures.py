@@ -315,7 +315,7 @@ async def test_a_harness_the_agent_kills_or_outsleeps_is_graded(embedded_dir: Pa
 
     from reliability_helpers import scripted_proxy
 
-    from polar_env.episodes.lifecycle import EpisodeConfig, run_episode
+    from polar_env.episodes import EpisodeConfig, run_episode
     from polar_env.harness_adapters.policies import DONE, shell_call
     from polar_env.trajectory.export import TrajectoryWriter
 

@@ -244,7 +244,7 @@ async def test_attacks_made_in_the_agents_tree(embedded_dir: Path, renderer, tmp
     """Pi runs the attack as shell commands in its sandboxed tree; the extracted patch is graded."""
     from reliability_helpers import scripted_proxy
 
-    from polar_env.episodes.lifecycle import EpisodeConfig, run_episode
+    from polar_env.episodes import EpisodeConfig, run_episode
     from polar_env.harness_adapters.policies import DONE, shell_call
 
     entries = {e["id"]: e for e in MANIFEST}

@@ -20,7 +20,7 @@ from proxy_client import make_proxy
 from reliability_helpers import FakeHarness, faulty_vllm, polar_cgroups, wait_gone
 
 from polar_env.backends.registry import make_backend
-from polar_env.episodes import EpisodeConfig, lifecycle, run_episode
+from polar_env.episodes import EpisodeConfig, run_episode, stages
 from polar_env.outcomes import FailureKind
 from polar_env.sandbox.bubblewrap import BubblewrapSandbox
 from polar_env.tasks.loader import load_tasks
@@ -46,7 +46,7 @@ async def _episode(
 ):
     marker = f"polar-rel-{uuid.uuid4().hex[:10]}"
     harness = FakeHarness(mode, marker, tmp_path / "install", env)
-    monkeypatch.setattr(lifecycle, "get_adapter", lambda name: harness)
+    monkeypatch.setattr(stages, "get_adapter", lambda name: harness)
     sock_dir = Path(tempfile.mkdtemp(prefix="prx-"))  # short: Unix socket paths are limited to 108 bytes
     sock_dir.chmod(0o755)
     scratch = tmp_path / "scratch"

@@ -28,7 +28,8 @@ from proxy_client import make_proxy
 from reliability_helpers import FakeHarness, wait_gone
 
 from polar_env.backends.instant import InstantBackend
-from polar_env.episodes import EpisodeConfig, lifecycle
+from polar_env.episodes import EpisodeConfig, sites, stages
+from polar_env.episodes.timings import TIMING_KEYS
 from polar_env.grades import GradeResult
 from polar_env.proxy.app import ProxyServer
 from polar_env.proxy.run_slots import RunEnded, RunSlots
@@ -255,7 +256,7 @@ def _setup(
 ):
     marker = f"polar-stages-{uuid.uuid4().hex[:10]}"
     harness = FakeHarness(mode, marker, tmp_path / "install")
-    monkeypatch.setattr(lifecycle, "get_adapter", lambda name: harness)
+    monkeypatch.setattr(stages, "get_adapter", lambda name: harness)
     grade = GatedGrade(release_after)
     monkeypatch.setattr(grader, "grade_task", grade)
     backend = CountingBackend(
@@ -305,7 +306,7 @@ async def test_run_slots_are_free_while_an_episode_grades(renderer, task, tmp_pa
     assert len(trajectories) == 4 and all(t.status == "completed" and t.reward == 1.0 for t in trajectories)
     for t in trajectories:
         timings = t.metadata["timings"]
-        assert set(lifecycle.TIMING_KEYS) <= set(timings)
+        assert set(TIMING_KEYS) <= set(timings)
         assert timings["prepare_s"] > 0 and timings["model_s"] > 0
     # the held one's grade time covers the hold (which lasts as long as the other episodes' 4 answers)
     assert max(t.metadata["timings"]["grade_s"] for t in trajectories) >= grade.held_s - 0.01 > 0
@@ -391,13 +392,13 @@ async def test_cancel_in_a_stage_leaves_nothing_behind(
         renderer, task, tmp_path, monkeypatch, "hang" if stage == "run" else "give_up", samples=1
     )
     opened = asyncio.Event()
-    real_open = lifecycle.open_workspace
+    real_open = sites.open_workspace
 
     async def opening(*args, **kwargs):  # the real one; the test learns it started
         opened.set()
         return await real_open(*args, **kwargs)
 
-    monkeypatch.setattr(lifecycle, "open_workspace", opening)
+    monkeypatch.setattr(sites, "open_workspace", opening)
     runner = EpisodeRunner(plan, factory, tmp_path / "ledger")
     await runner.start()
     try:

@@ -337,7 +337,7 @@ async def test_probe_from_a_real_pi_episode(embedded_dir: Path, renderer, tmp_pa
     """Pi runs the probe as its shell command; what it saw comes back in the patch (probe.json)."""
     from reliability_helpers import scripted_proxy
 
-    from polar_env.episodes.lifecycle import EpisodeConfig, run_episode
+    from polar_env.episodes import EpisodeConfig, run_episode
     from polar_env.harness_adapters.policies import DONE, shell_call
 
     needles = "\n".join(_needles(tmp_path, "psf__requests-6028").values()) + "\n"

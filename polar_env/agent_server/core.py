@@ -4,7 +4,7 @@ One process holds one proxy, listening on a Unix socket (the sandboxes' only way
 backend is the policy server NeMo Gym / NeMo-RL names in ``policy_base_url`` (several URLs spread
 sessions over the servers). For each data row ``run`` checks the row (a malformed one is an
 ``InputError``: the server answers 4xx, nothing is made), then runs the episode through the stages
-every Polar episode goes through (``polar_env.episodes.lifecycle``: begin, prepare, run, finish),
+every Polar episode goes through (``polar_env.episodes.stages``: begin, prepare, run, finish),
 at a :class:`ResourcesSite`: the resources server seeds the workspace (a bubblewrap tree or a
 container of the task's image, with this process's proxy socket and harness install mounted),
 grades it at ``/verify`` and removes it. The session's forced sampling is the row's
@@ -41,8 +41,11 @@ from polar_env import metrics
 from polar_env.agent_server.failures import COMPONENT, Component, EpisodeFailure, Stage
 from polar_env.agent_server.observations import agent_observations, latency_summary, producer_trajectory
 from polar_env.environment import EnvSettings
-from polar_env.episodes import lifecycle
-from polar_env.episodes.lifecycle import EpisodeConfig, EpisodeResult, patch_bytes
+from polar_env.episodes import stages
+from polar_env.episodes.episode import Episode, EpisodeResult
+from polar_env.episodes.episode import Stage as EpisodeStage
+from polar_env.episodes.settings import EpisodeConfig
+from polar_env.episodes.sites import patch_bytes
 from polar_env.episodes.workspace import Workspace, WorkspaceMounts
 from polar_env.grades import GradeResult
 from polar_env.harness_adapters.registry import get_adapter
@@ -178,14 +181,14 @@ class SeededWorkspace(Workspace):
 
 
 class ResourcesSite:
-    """The Gym agent's :class:`~polar_env.episodes.lifecycle.Site`: the resources server seeds the
+    """The Gym agent's :class:`~polar_env.episodes.episode.Site`: the resources server seeds the
     workspace (attached here to run the harness in), extracts and grades the patch at ``/verify``
     from its own side, and removes the workspace at ``/close_session``."""
 
     def __init__(self, resources: ResourcesClient, params: dict[str, Any], placeholder_token_id: int):
         self.resources, self.params, self.placeholder = resources, params, placeholder_token_id
 
-    async def open(self, ep: lifecycle.Episode, spec: SandboxSpec) -> Workspace:
+    async def open(self, ep: Episode, spec: SandboxSpec) -> Workspace:
         episode_id = ep.session.session_id
         mounts = WorkspaceMounts(
             proxy_socket_dir=str(spec.proxy_socket_dir), harness_dir=str(spec.harness_dir)
@@ -198,10 +201,10 @@ class ResourcesSite:
             raise
         return SeededWorkspace(sandbox, seeded.ref(), release=partial(self._release, episode_id))
 
-    async def collect(self, ep: lifecycle.Episode) -> str:
+    async def collect(self, ep: Episode) -> str:
         return ""  # the resources server reads the patch from its own side of the workspace, at /verify
 
-    async def grade(self, ep: lifecycle.Episode, trajectory: Trajectory, grading: Any) -> GradeResult:
+    async def grade(self, ep: Episode, trajectory: Trajectory, grading: Any) -> GradeResult:
         draft = to_nemo_gym_result(
             trajectory,
             responses_create_params=self.params,
@@ -219,8 +222,8 @@ class ResourcesSite:
             log.exception("polar agent: close of episode %s failed", episode_id)
 
 
-# the lifecycle's stages by NeMo Gym's FailureStage names
-GYM_STAGE: dict[lifecycle.Stage, Stage] = {"prepare": "seed", "run": "agent", "finish": "verification"}
+# the episode's stages by NeMo Gym's FailureStage names
+GYM_STAGE: dict[EpisodeStage, Stage] = {"prepare": "seed", "run": "agent", "finish": "verification"}
 
 
 class PolarAgent:
@@ -364,7 +367,7 @@ class PolarAgent:
                 budget=c.budget,
                 mask_single_call=c.mask_single_call,
             )
-            ep = lifecycle.begin(
+            ep = stages.begin(
                 proxy,
                 _TaskView(task_id, row),
                 episode_id=f"{_slug(task_id)}-{uuid.uuid4().hex[:12]}",
@@ -375,10 +378,10 @@ class PolarAgent:
             try:
                 async with self._prepare:
                     with metrics.stage("prepare"):
-                        await lifecycle.prepare(ep)
-                        await lifecycle.booted(ep)
+                        await stages.prepare(ep)
+                        await stages.booted(ep)
                 with metrics.stage("run"):
-                    await lifecycle.run(ep)
+                    await stages.run(ep)
             except asyncio.CancelledError:
                 asyncio.current_task().uncancel()  # type: ignore[union-attr]
                 stage = GYM_STAGE[ep.stage]
@@ -399,7 +402,7 @@ class PolarAgent:
 
     async def _settle(
         self,
-        ep: lifecycle.Episode,
+        ep: Episode,
         params: dict[str, Any],
         rollout_id: str,
         cancelled: tuple[Component, str] | None,
@@ -408,10 +411,10 @@ class PolarAgent:
         grade at the resources server unless the kind is outside the policy, close the workspace),
         and the NeMo-RL result."""
         if cancelled is not None:
-            await lifecycle.halt(ep, cancelled=cancelled[1])
+            await stages.halt(ep, cancelled=cancelled[1])
         settling = time.time()
         with metrics.stage("finish"):
-            result = await lifecycle.finish(ep)
+            result = await stages.finish(ep)
         failure = self._failure(ep, result, cancelled[0] if cancelled else "client")
         m = ep.marks
         timings = {
@@ -425,9 +428,7 @@ class PolarAgent:
         }
         return self._result(ep, result, failure, params, rollout_id, timings)
 
-    def _failure(
-        self, ep: lifecycle.Episode, result: EpisodeResult, cancelled_by: Component
-    ) -> EpisodeFailure | None:
+    def _failure(self, ep: Episode, result: EpisodeResult, cancelled_by: Component) -> EpisodeFailure | None:
         """The structured record of what ended the episode: where it failed before the harness could end,
         what the grade said, or what the ledger shows (a failed call, the deadline, the harness's end)."""
         kind, started = result.failure_kind, ep.session.started
@@ -474,7 +475,7 @@ class PolarAgent:
         return failure
 
     def _classified(
-        self, ep: lifecycle.Episode, kind: FailureKind, calls: list[CallRecord], at_s: float | None
+        self, ep: Episode, kind: FailureKind, calls: list[CallRecord], at_s: float | None
     ) -> EpisodeFailure:
         """The record of a kind the ledger decided (a failed call, the deadline, the harness's end)."""
         run = ep.run
@@ -510,7 +511,7 @@ class PolarAgent:
 
     def _result(
         self,
-        ep: lifecycle.Episode,
+        ep: Episode,
         result: EpisodeResult,
         failure: EpisodeFailure | None,
         params: dict[str, Any],

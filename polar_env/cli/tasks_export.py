@@ -131,7 +131,7 @@ def export_task(task: Task, out: Path) -> Path:
     (dest / "tests").mkdir()
     (dest / "solution").mkdir()
     (dest / "task.toml").write_text(task_toml(task))
-    from polar_env.episodes.lifecycle import episode_prompt
+    from polar_env.episodes.task import episode_prompt
 
     (dest / "instruction.md").write_text(episode_prompt(task) + "\n")
     if task.base_archive:

@@ -1,6 +1,6 @@
 """Polar's resources server logic, free of NeMo Gym so it can be tested and reused on its own.
 
-One episode's life here, in the pieces of ``polar_env.episodes`` (the lifecycle ``polar rollout``
+One episode's life here, in the pieces of ``polar_env.episodes`` (the stages ``polar rollout``
 runs in one process): ``seed`` opens the task's workspace (a bubblewrap tree, or a container of the
 task's image: ``sandbox``), ``verify`` extracts the agent's patch from it and grades it with the
 SWE-bench procedure, ``close`` removes the workspace. The agent server attaches to the workspace
@@ -30,7 +30,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from polar_env.episodes.lifecycle import Grading, extract_patch
+from polar_env.episodes.grading import Grading
+from polar_env.episodes.sites import sandbox_patch
 from polar_env.episodes.workspace import (
     Workspace,
     WorkspaceMounts,
@@ -56,7 +57,7 @@ class UnknownTask(LookupError):
 
     failure_kind = (
         FailureKind.input_error
-    )  # the episode's failure kind (lifecycle.Episode.fail): the request's
+    )  # the episode's failure kind (episodes.episode.Episode.fail): the request's
 
 
 class EpisodeConflict(ValueError):
@@ -228,7 +229,7 @@ class PolarResources:
                 FailureKind.lost_session, f"episode {episode_id!r} has no workspace (never seeded or closed)"
             )
         try:
-            patch = await extract_patch(ep.workspace.sandbox)
+            patch = await sandbox_patch(ep.workspace.sandbox)
         except Exception as exc:  # noqa: BLE001 - a broken workspace is ours, not the policy's
             return VerifyOutcome.failed(FailureKind.sandbox_failure, f"patch extraction failed: {exc}")
         # a Harbor task's own verifier judges the container the agent left

@@ -8,7 +8,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from polar_env.episodes.lifecycle import TIMING_KEYS
+from polar_env.episodes.timings import TIMING_KEYS
 from polar_env.trajectory.accepted import accepted_work
 from polar_env.trajectory.exploits import run_summary as exploit_summary
 from polar_env.trajectory.export import (
@@ -121,7 +121,7 @@ def summarize(trajectories: list[Trajectory]) -> dict[str, Any]:
         # what the tool calls tried (history mining, fetching upstream, ...): an instrument
         # (trajectory/exploits.py)
         "exploit_attempts": exploit_summary(trajectories),
-        # where an episode's time went, on average (episodes/lifecycle.py TIMING_KEYS)
+        # where an episode's time went, on average (episodes/timings.py TIMING_KEYS)
         "timings_mean_s": mean_timings(trajectories),
         # accepted trainable work per hour, run slot and GPU-hour; dropped and stale fractions
         # (trajectory/accepted.py)

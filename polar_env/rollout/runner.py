@@ -16,8 +16,9 @@ from typing import Any
 from polar_env import metrics
 from polar_env.backends.logprobs_mode import LogprobsMismatch, sampling_mismatch
 from polar_env.environment import EnvSettings
-from polar_env.episodes import lifecycle
-from polar_env.episodes.lifecycle import EpisodeResult, Grading
+from polar_env.episodes import stages
+from polar_env.episodes.episode import Episode, EpisodeResult
+from polar_env.episodes.grading import Grading
 from polar_env.proxy.app import ProxyServer
 from polar_env.proxy.policy import Admission
 from polar_env.proxy.run_slots import RunSlots
@@ -127,7 +128,7 @@ class EpisodeRunner:
 
     async def _stages(self, task: Task, sample: int, key: str, queued: float) -> EpisodeResult:
         staged = not self.plan.collapsed
-        ep: lifecycle.Episode | None = None
+        ep: Episode | None = None
         try:
             async with _Held(
                 self._semaphores[0] if staged else None
@@ -137,7 +138,7 @@ class EpisodeRunner:
                 )
                 with self._stage("prepare"):
                     async with _Held(self._semaphores[1] if staged else None):
-                        ep = lifecycle.begin(
+                        ep = stages.begin(
                             self.live_proxy,
                             task,
                             episode_id=attempt_session_id(key, self.ledger),
@@ -146,19 +147,19 @@ class EpisodeRunner:
                             queued_at=queued,
                             metadata={"episode_key": key, "sample": sample, **admitted, **self.metadata},
                         )
-                        await lifecycle.prepare(ep)
+                        await stages.prepare(ep)
                         # its slot is held through the harness's boot too: a dozen harnesses booting at
                         # once on a few cores would each take several times as long to make a first call
-                        await lifecycle.booted(ep)
+                        await stages.booted(ep)
                 with self._stage("wait"):
-                    await lifecycle.admitted(ep)
+                    await stages.admitted(ep)
                 with self._stage("run"):
-                    await lifecycle.run(ep)
+                    await stages.run(ep)
             with self._stage("finish"):
-                return await lifecycle.finish(ep, self.grading)
+                return await stages.finish(ep, self.grading)
         except BaseException:  # Ctrl-C (a cancel) or a bug: nothing of the episode is left; a rerun runs it
             if ep is not None:
-                await lifecycle.abort(ep)
+                await stages.abort(ep)
             raise
 
     @contextmanager
