@@ -138,7 +138,7 @@ def proxy_factory(renderer, tmp_path: Path):
 @pytest.fixture(scope="session")
 def vllm_server() -> Iterator[VllmServer]:
     """A real vLLM CPU server on the embedded model: defined here so every module that uses it
-    (tests/test_backend_vllm.py, tests/test_proxy_vllm.py) shares the one server of the
+    (tests/backends/test_backend_vllm.py, tests/proxy/test_proxy_vllm.py) shares the one server of the
     process."""
     with running_vllm_server() as server:
         yield server

@@ -120,7 +120,7 @@ Resume this session with:\n  hermes --resume 20261130_185958_f579aa\n\n\
 Session:        20261130_185958_f579aa\n\
 Duration:       7s\nMessages:       1 (1 user, 0 tool calls)\n"""
 
-# a real `openhands --headless --json` run in bubblewrap (tests/test_harness_e2e.py's edit):
+# a real `openhands --headless --json` run in bubblewrap (tests/harness_adapters/test_harness_e2e.py's edit):
 # console lines around one JSON event per line
 OPENHANDS_LOG = (
     "OpenHands CLI terminal UI may not work correctly in this environment: Rich detected a non-interactive "

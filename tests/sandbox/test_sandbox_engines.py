@@ -1,5 +1,5 @@
 """Container (docker/podman) and Apptainer sandboxes: the argv they build, unit-tested without an engine
-(tests/test_containers_podman.py runs them on a real podman)."""
+(tests/sandbox/test_containers_podman.py runs them on a real podman)."""
 
 from __future__ import annotations
 
@@ -227,7 +227,7 @@ def test_apptainer_exec_argv(tmp_path: Path):
 async def test_apptainer_host_side_task_tree_and_its_diff_in_the_image(tmp_path: Path, monkeypatch):
     """The tree is a host copy, the agent's uid's where the host is root (commands run as that uid, never
     root); the diff is git inside the image as that uid, the tree and the snapshot read-only, writing only
-    a scratch dir (tests/test_containers_podman.py runs it through a podman-backed stand-in)."""
+    a scratch dir (tests/sandbox/test_containers_podman.py runs it through a podman-backed stand-in)."""
     tree = tmp_path / "task"
     tree.mkdir()
     (tree / "m.py").write_text("a\n")

@@ -1,7 +1,7 @@
 """The probe's decision rule on a real model: a token sampled at the probe temperature carries its
 processed logprob (temperature applied) or its raw one, and ``classify`` tells which; a session's
 enforced sampling matches raw logprobs only at temperature 1, top_p 1. The probe against a real
-vLLM server is in tests/test_backend_vllm.py."""
+vLLM server is in tests/backends/test_backend_vllm.py."""
 
 from __future__ import annotations
 

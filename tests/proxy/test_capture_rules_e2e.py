@@ -6,7 +6,7 @@
 - One group of two rollouts of one task run in process: one answers at once (a single model call: flagged,
   and masked because the run asks ``mask_single_call``), the other's second turn comes back without
   logprobs (kept as context, mask 0, counted). The turns come from scripted policies scored by the real
-  SmolLM2, as in tests/test_rollout.py.
+  SmolLM2, as in tests/rollout/test_rollout.py.
 """
 
 from __future__ import annotations

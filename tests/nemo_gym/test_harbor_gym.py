@@ -1,7 +1,7 @@
 """A Harbor task through the real NeMo Gym: `gym env start` (ng_run) with Polar's resources server on
 the terminal tasks in podman, then `gym eval run` (rollout collection): the gold policy (solve.sh through
 Pi's shell tool) earns 1.0, graded by the task's own verifier in the container the agent left, and the
-rollout passes `polar check`. Same server venv workaround as tests/test_nemo_gym_e2e.py."""
+rollout passes `polar check`. Same server venv workaround as tests/nemo_gym/test_nemo_gym_e2e.py."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ The masking rule is one code path for all three graders; here each grader's own 
 replaced by a double that ends outside the policy on cue, and its control by one that passes or
 fails (an infrastructure fault and a passing control cannot be provoked together on cue in three
 graders); the real provocations (a tree past PATH_MAX, a broken verifier output) are in
-tests/test_rewards_grading.py and tests/test_harbor_channel.py.
+tests/rewards/test_rewards_grading.py and tests/rewards/test_harbor_channel.py.
 """
 
 from __future__ import annotations

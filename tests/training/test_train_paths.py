@@ -2,7 +2,7 @@
 
 Hand-built ledger records: an episode whose history was compacted (two chains, the second started
 by "history rewritten"), in a group of four where one sibling failed outside the policy (masked).
-The real Claude Code compaction is in tests/test_harness_context.py."""
+The real Claude Code compaction is in tests/harness_adapters/test_harness_context.py."""
 
 from __future__ import annotations
 

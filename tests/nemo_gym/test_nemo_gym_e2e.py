@@ -1,7 +1,7 @@
 """Polar as a real NeMo Gym environment under the faults a training cluster sees: `gym env start`
 (ng_run), `gym eval run` (ng_collect_rollouts) and `gym env test` (ng_test), all from the real
 nemo-gym 0.7.0 in .venv-gym (scripts/setup_nemo_gym.sh). The clean collection path is
-tests/test_nemo_gym_docs.py (docs/nemo.md's commands, run as written).
+tests/nemo_gym/test_nemo_gym_docs.py (docs/nemo.md's commands, run as written).
 
 One `ng_run` serves every case here. The policy is Polar's stand-in policy server (vLLM's
 /v1/completions wire, the deterministic `gold` policy over the real SmolLM2). To hold a model call

@@ -327,7 +327,7 @@ async def test_concurrent_seeds_of_one_episode_make_one_workspace(tmp_path: Path
 
 # -- the agent core ------------------------------------------------------------------------------
 class DirectResources:
-    """The resources core called in process (Gym calls it over HTTP; tests/test_nemo_gym_e2e.py does
+    """The resources core called in process (Gym calls it over HTTP; tests/nemo_gym/test_nemo_gym_e2e.py does
     that)."""
 
     def __init__(self, core: PolarResources):

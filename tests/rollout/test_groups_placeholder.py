@@ -1,5 +1,5 @@
 """A rollout that never reached the model is exported with its group's first prompt (``GroupPrompts``),
-so NeMo-RL keeps it in its task's group; the end-to-end run is tests/test_groups_export.py."""
+so NeMo-RL keeps it in its task's group; the end-to-end run is tests/rollout/test_groups_export.py."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ forwarder, proxy and driver. Two doubles, each said where it is made: the backen
 project's ``InstantBackend`` with a counter of concurrent calls (and a short barrier that lets
 calls which can overlap overlap), and grading is an ``asyncio``-free, Event-gated function in
 place of ``grade_task``, because a real grade cannot be held open on cue (graded on threads, as it
-shares state with the backend; tests/test_grading_workers.py runs real grades in worker processes).
+shares state with the backend; tests/rewards/test_grading_workers.py runs real grades in worker processes).
 """
 
 from __future__ import annotations

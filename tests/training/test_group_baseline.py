@@ -1,7 +1,7 @@
 """A rollout with several chains counts once in its group's baseline, in TRL's own advantage code.
 
 One task, three rollouts (rewards 1, 0, 0); the rewarded one was compacted, so it has two chains (built
-by the real chain builder from ledger records, as tests/test_train_paths.py does). Polar's GRPO batch
+by the real chain builder from ledger records, as tests/training/test_train_paths.py does). Polar's GRPO batch
 gives it two rows, both with the advantage of one sample in a group of three; TRL's ``GRPOTrainer``
 (``_generate_and_score_completions``: its rollout_func, reward function and group normalisation) gets
 one row per rollout from ``trl_row`` and computes the same baseline, 1/3. Counting the compacted rollout

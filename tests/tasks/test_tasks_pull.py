@@ -22,7 +22,7 @@ from polar_env.sandbox.pulled_images import PulledImages
 
 FAKE_PODMAN = textwrap.dedent('''\
     #!{python}
-    """A podman that pulls from nowhere (tests/test_tasks_pull.py)."""
+    """A podman that pulls from nowhere (tests/tasks/test_tasks_pull.py)."""
     import os, sys, time
     from pathlib import Path
     state = Path(os.environ["FAKE_ENGINE_STATE"])

@@ -4,7 +4,7 @@ The policy server here is Polar's stand-in (``polar policy-server``'s aiohttp ap
 ``/v1/completions`` and vLLM's RL routes for the weights' label (``GET /weight_info``, ``POST
 /update_weight_version``); the proxy's unmodified ``vllm`` backend talks to it over HTTP. Its model is the
 ``InstantBackend`` (no model: these tests are about what the proxy records, not about sampling). The same
-reading against the real vLLM server is in tests/test_backend_vllm.py.
+reading against the real vLLM server is in tests/backends/test_backend_vllm.py.
 """
 
 from __future__ import annotations

@@ -232,7 +232,7 @@ async def test_apptainer_workspaces_clone_the_images_tree_copied_out_once(
         assert "cp -a" in copied and reduced.endswith("/bin/sh -c set -u")
         assert all(ws.ref.kind == "apptainer" and ws.ref.clone in ("reflink", "copy") for ws in spaces)
         spaces[0].sandbox.host_path("/testbed/app.py").write_text("x = 2\n")
-        # clones share nothing: one's edit is its own (their diffs: tests/test_containers_podman.py)
+        # clones share nothing: one's edit is its own (their diffs: tests/sandbox/test_containers_podman.py)
         assert spaces[1].sandbox.host_path("/testbed/app.py").read_text() == "x = 1\n"
     finally:
         for ws in spaces:

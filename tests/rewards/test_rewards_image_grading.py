@@ -1,6 +1,6 @@
 """Grading in the task's image: which script and image, decided by the pinned ``swebench`` package for the
 rows it knows (tested against the package itself), and by the row's own test command otherwise. The
-runs themselves are in tests/test_containers_podman.py."""
+runs themselves are in tests/sandbox/test_containers_podman.py."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def test_apptainer_without_a_base_archive_is_graded_in_its_image_and_masked_wher
     tmp_path: Path, monkeypatch
 ):
     """No apptainer on PATH: the image grader cannot start, an infrastructure failure naming apptainer, never
-    the agent's 0 (tests/test_containers_podman.py grades through a stand-in)."""
+    the agent's 0 (tests/sandbox/test_containers_podman.py grades through a stand-in)."""
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setenv("POLAR_BASE_CACHE", str(tmp_path / "bases"))
     task = load_bundled()[0].model_copy(update={"base_archive": None, "image": "example/task:1"})
