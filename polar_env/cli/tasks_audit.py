@@ -111,9 +111,17 @@ def file_kind(path: str, first_line: str) -> str:
     return "data"
 
 
-async def _harbor_workspace(task: Task, kind: WorkspaceKind, command: str | None, inject: list | None = None):
-    """A fresh workspace, ``command`` (or the injection) run as the agent, then graded; returns the grade
-    and the files the agent changed in the workdir (name -> first line)."""
+async def harbor_attempt(
+    task: Task,
+    kind: WorkspaceKind,
+    command: str | None,
+    inject: list | None = None,
+    *,
+    list_changes: bool = False,
+) -> tuple[GradeResult, dict[str, str]]:
+    """A fresh workspace of the Harbor task, ``command`` (None: nothing) or the injection run as the agent,
+    then graded there as an episode is; returns the grade and, with ``list_changes``, the files the agent
+    changed in the workdir (name -> first line). ``polar tasks audit`` and ``validate`` both grade here."""
     assert task.harbor is not None
     ws = await open_workspace(task, SandboxSpec(), sandbox=kind)
     try:
@@ -125,7 +133,7 @@ async def _harbor_workspace(task: Task, kind: WorkspaceKind, command: str | None
             if ran.exit_code != 0:
                 raise RuntimeError(f"the payloads could not be written: {ran.stderr_tail[-300:]}")
         changed: dict[str, str] = {}
-        if command is not None:
+        if list_changes:
             names = DIFF_NAME.findall((await box.diff()).decode("utf-8", "surrogateescape"))
             for name in names:
                 head = await box.run(["head", "-n", "1", "--", name], timeout_s=60)
@@ -141,7 +149,7 @@ async def audit_harbor(task: Task, kind: WorkspaceKind) -> dict[str, CheckResult
         solve = gold_command(task)
     except HarborTaskError as exc:
         return {"solution": CheckResult(verdict="unknown", detail=str(exc))}
-    gold, changed = await _harbor_workspace(task, kind, solve)
+    gold, changed = await harbor_attempt(task, kind, solve, list_changes=True)
     if not gold.resolved:
         return {
             "solution": CheckResult(
@@ -158,10 +166,10 @@ async def audit_harbor(task: Task, kind: WorkspaceKind) -> dict[str, CheckResult
             checks[check] = CheckResult(verdict="not_applicable", detail="the solution writes no code")
             continue
         inject = [[name, files[name], py if files[name] == "py" else sh] for name in code]
-        grade, _ = await _harbor_workspace(task, kind, None, inject)
+        grade, _ = await harbor_attempt(task, kind, None, inject)
         checks[check] = judged(grade, f"{check} in {', '.join(code[:3])}")
     if data:
-        grade, _ = await _harbor_workspace(task, kind, None, [[name, "data", "NaN\n"] for name in data])
+        grade, _ = await harbor_attempt(task, kind, None, [[name, "data", "NaN\n"] for name in data])
         checks["malformed-output"] = judged(grade, f"NaN in {', '.join(data[:3])}")
     else:
         checks["malformed-output"] = CheckResult(

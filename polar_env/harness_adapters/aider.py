@@ -16,8 +16,8 @@ Its repo map (ranked definitions of the tree's files, ~9k tokens of the first pr
 neither ``PYTHONHASHSEED=0`` (it ranks from sets keyed by names, so the per-process ``hash()`` salt
 reorders ties) nor ``map-refresh: files`` (in ``auto`` it rebuilds or reuses the map depending on how
 long the first build took) made 3 sandboxed rollouts of a bundled task agree
-(tests/test_groups_determinism.py). The hash seed stays fixed for whatever else it iterates in set order (file
-mentions).
+(tests/rollout/test_groups_determinism.py). The hash seed stays fixed for whatever else it iterates in set
+order (file mentions).
 """
 
 from __future__ import annotations

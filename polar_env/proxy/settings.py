@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from polar_env.environment import EnvSettings
-from polar_env.proxy.app import DEFAULT_MAX_BODY, ProxyServer
+from polar_env.proxy.app import DEFAULT_KEEPALIVE_S, DEFAULT_MAX_BODY, ProxyServer
 from polar_env.proxy.engine import EngineConfig
 
 if TYPE_CHECKING:
@@ -56,6 +56,11 @@ class ProxySettings(BaseModel):
     fsync: bool = False  # fsync every ledger append (power-loss safe)
     max_body_mb: float = DEFAULT_MAX_BODY / 2**20  # the largest request body
     admin_secret: str | None = Field(default=None, repr=False)  # None: $POLAR_ADMIN_SECRET, else generated
+    # set in a settings file only (no flag): the defaults suit every harness and backend shipped
+    keepalive_s: float = DEFAULT_KEEPALIVE_S  # SSE keep-alive interval while a call waits (proxy/app.py)
+    backend_retries: int = EngineConfig.backend_retries  # extra attempts on retryable backend errors
+    retry_backoff_s: float = EngineConfig.retry_backoff_s
+    logprobs_probe_timeout_s: float = EngineConfig.logprobs_probe_timeout_s  # a hung backend's bound at start
 
     @field_validator("url", mode="before")
     @classmethod
@@ -149,13 +154,18 @@ def build_proxy(
     admin_secret: str,
     model: tuple[ChatRenderer, Backend] | None = None,
     default_max_tokens: int = EngineConfig.default_max_tokens,
+    owns_backend: bool = True,
 ) -> ProxyServer:
     """The one place a proxy is assembled: over ``data_dir`` (its sessions recovered), as ``settings`` say,
-    with ``model`` (``proxy_model``'s renderer and backend) made here unless given."""
+    with ``model`` (``proxy_model``'s renderer and backend) made here unless given; ``owns_backend``
+    False leaves a backend shared with other proxies open when this one stops."""
     renderer, backend = model or proxy_model(settings)
     config = EngineConfig(
         max_context=settings.max_context,
         default_max_tokens=default_max_tokens,
+        backend_retries=settings.backend_retries,
+        retry_backoff_s=settings.retry_backoff_s,
+        logprobs_probe_timeout_s=settings.logprobs_probe_timeout_s,
         history_thinking=settings.history_thinking,
         agent_calls=settings.agent_calls,
         policy_version=settings.policy_version,
@@ -168,4 +178,6 @@ def build_proxy(
         config=config,
         fsync=settings.fsync,
         max_body_bytes=int(settings.max_body_mb * 2**20),
+        owns_backend=owns_backend,
+        keepalive_s=settings.keepalive_s,
     )

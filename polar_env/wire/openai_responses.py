@@ -209,7 +209,7 @@ class CustomToolCallInputDone(ItemEvent):
 
 class Keepalive(Shape):
     """OpenAI's heartbeat on long requests; Codex's idle timer counts it, openai-python hands it
-    on as an event of type ``keepalive`` (tests/test_wire_sdk_shapes.py)."""
+    on as an event of type ``keepalive`` (tests/wire/test_wire_sdk_shapes.py)."""
 
     type: Literal["keepalive"] = "keepalive"
 

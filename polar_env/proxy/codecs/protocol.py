@@ -1,6 +1,6 @@
 """What a wire-API codec provides: the proxy's HTTP front (``proxy/app.py``) calls only these, so a
 new API is one module that satisfies :class:`Codec` and one line in ``app.API_MODULES``
-(``tests/test_wire_codec_protocol.py`` checks every registered module against it)."""
+(``tests/wire/test_wire_codec_protocol.py`` checks every registered module against it)."""
 
 from __future__ import annotations
 

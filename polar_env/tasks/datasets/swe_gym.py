@@ -81,6 +81,6 @@ PROCEDURE = Procedure(
     activate=CONDA_TESTBED,
     verified="a stand-in image in SWE-Gym's layout (conda `testbed`, "
     "/testbed with a later fix commit), gold 1.0 and no-op 0 by `polar rollout`, strict mode "
-    "(tests/test_dataset_standins.py)",
+    "(tests/tasks/test_dataset_standins.py)",
 )
 SPEC = DatasetSpec(NAME, "SWE-Gym/SWE-Gym", "train", matches=matches, to_task=to_task, procedure=PROCEDURE)

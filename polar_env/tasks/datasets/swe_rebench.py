@@ -110,7 +110,7 @@ PROCEDURE = Procedure(
     activate=CONDA_TESTBED,
     verified="a stand-in image in SWE-bench's layout (conda `testbed`, "
     "/testbed with a later fix commit), gold 1.0 and no-op 0 by `polar rollout`, strict mode "
-    "(tests/test_dataset_standins.py)",
+    "(tests/tasks/test_dataset_standins.py)",
 )
 SPEC = DatasetSpec(
     NAME,

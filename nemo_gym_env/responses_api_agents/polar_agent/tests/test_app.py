@@ -3,7 +3,7 @@
 What can be checked without a policy server: the config Gym builds from YAML, the rows it accepts,
 the wiring of ``/run``'s inputs, and that the observability records validate against Gym's own
 models. The full rollout (harness, proxy, sandbox, grading) is covered by the repository's
-tests/test_nemo_gym_e2e.py through `gym env start` + `gym eval run`.
+tests/nemo_gym/test_nemo_gym_e2e.py through `gym env start` + `gym eval run`.
 """
 
 from __future__ import annotations
@@ -66,8 +66,9 @@ def test_config_maps_onto_polar_agent_config() -> None:
 
 
 def test_config_takes_the_settings_polar_rollout_and_proxy_serve_take() -> None:
-    """A fragment of Polar's settings (tests/test_settings.py: `polar rollout --settings`, `polar proxy serve
-    --settings`) is the Gym agent's config under the same keys, and the same proxy settings come out."""
+    """A fragment of Polar's settings (tests/cli/test_settings.py: `polar rollout --settings`,
+    `polar proxy serve --settings`) is the Gym agent's config under the same keys, and the same proxy
+    settings come out."""
     fragment = {
         "backend": "vllm",
         "url": "http://a:1/v1",
