@@ -116,3 +116,11 @@ def long_chain(calls: int, appended: int = 50, sampled: int = 20) -> list[CallRe
         records.append(reusing(record, records[-1]) if records else record)
         prompt = prompt + ids + [5000 + i * appended + k for k in range(appended)]
     return records
+
+
+def timed(record: CallRecord, *, at: float, total_s: float, generate_s: float | None = None):
+    """The call stamped as made at ``at`` and lasting ``total_s`` (``generate_s`` of it sampling)."""
+    timings = {"total_ms": total_s * 1e3}
+    if generate_s is not None:
+        timings["generate_ms"] = generate_s * 1e3
+    return record.model_copy(update={"created_at": at, "timings": timings})

@@ -118,3 +118,16 @@ def test_the_architecture_page_draws_these_layers():
     assert block, "docs/architecture.md has a '## Layers' section with the layer diagram"
     drawn = [set(line.split("│")[1].split()) for line in block.group(1).splitlines() if line.startswith("│")]
     assert drawn == LAYERS[::-1]  # drawn top first
+
+
+def test_a_test_file_imports_tests_only_from_its_own_folder():
+    """scripts/test.sh runs each test file in its own pytest, where only ``tests/`` (the shared
+    helpers) and the file's own folder are importable: a test module of another folder imports only
+    when some earlier file in the same process happened to import it first."""
+    tests = REPO / "tests"
+    reaching = []
+    for path in sorted(tests.glob("*/test_*.py")):
+        for name in re.findall(r"^\s*(?:from|import) (test_\w+)", path.read_text(), re.MULTILINE):
+            if not (path.parent / f"{name}.py").exists():
+                reaching.append(f"{path.relative_to(tests)} imports {name}")
+    assert not reaching, "move what they share into a helper module in tests/: " + "; ".join(reaching)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from http_double import never_answering_completions
 from repo_paths import REPO
-from trajectory_helpers import call, session, three_turn
+from trajectory_helpers import call, session, three_turn, timed
 
 from polar_env.outcomes import (
     DEFAULT_OUTCOMES,
@@ -29,13 +29,6 @@ from polar_env.trajectory.chains import build_trajectory
 from polar_env.trajectory.checks import check_nemo_result, check_path
 
 DOCS = REPO / "docs" / "outcomes.md"
-
-
-def timed(record, *, at: float, total_s: float, generate_s: float | None = None):
-    timings = {"total_ms": total_s * 1e3}
-    if generate_s is not None:
-        timings["generate_ms"] = generate_s * 1e3
-    return record.model_copy(update={"created_at": at, "timings": timings})
 
 
 def failed(index: int, kind: FailureKind, error: str):

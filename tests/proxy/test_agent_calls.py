@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from test_outcomes import three_turn, timed
+from trajectory_helpers import three_turn, timed
 
 from polar_env.outcomes import FailureKind, classify_episode, is_harness
 from polar_env.proxy.run_slots import RunEnded, RunSlots

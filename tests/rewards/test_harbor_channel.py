@@ -144,7 +144,7 @@ async def test_a_root_agents_git_settings_and_ladder_run_nothing(tmp_path: Path)
     """As root in its container, the agent makes its tree a repository with hostile settings (an
     fsmonitor, a required clean filter, attributes naming them) and a ladder of links up to a host
     file; the episode's diff (in the container) runs none of them and the host file is untouched."""
-    from test_integrity_host import canary_state, ladder_commands, make_canary
+    from host_canary import canary_state, ladder_commands, make_canary
 
     canary = make_canary(tmp_path)
     before = canary_state(canary)
