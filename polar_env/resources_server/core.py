@@ -250,10 +250,17 @@ class PolarResources:
         await ep.workspace.close()
         return True
 
-    async def aclose(self) -> None:
-        """Server shutdown: close every episode, also those still being seeded."""
-        for episode_id in set(self.episodes) | set(self._seeding):
+    async def close_episodes(self) -> int:
+        """Close every episode, also those still being seeded; how many there were."""
+        open_ids = set(self.episodes) | set(self._seeding)
+        for episode_id in open_ids:
             await self.close(episode_id)
+        return len(open_ids)
+
+    async def aclose(self) -> None:
+        """Server shutdown: close every episode, then the grading pool and the janitor (which removes
+        the scratch root, however long that takes; it does so also if the server is killed first)."""
+        await self.close_episodes()
         await asyncio.to_thread(self.grading.close)
         if self._janitor is not None:
             await asyncio.to_thread(self._janitor.release)

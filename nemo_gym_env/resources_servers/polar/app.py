@@ -117,9 +117,10 @@ class PolarResourcesServer(PolarVerifier, SimpleResourcesServer):
 
     async def _close_all(self) -> None:
         if self._polar is not None:
-            open_episodes = self._polar.open_episodes
+            # said before the slower scratch removal: ng_run kills a server that takes over a second
+            closed = await self._polar.close_episodes()
+            print(f"polar resources: closed {closed} open episode(s) at shutdown", flush=True)
             await self._polar.aclose()
-            print(f"polar resources: closed {open_episodes} open episode(s) at shutdown", flush=True)
 
     async def seed_session(self, body: PolarSeedSessionRequest) -> PolarSeedSessionResponse:
         try:
