@@ -11,7 +11,7 @@ from polar_env.episodes.grading import Grading
 from polar_env.episodes.workspace import Workspace, open_workspace
 from polar_env.grades import GradeResult
 from polar_env.harness_adapters.registry import NOISE_EXCLUDES
-from polar_env.rewards.grader import GradingLimits, Submission, grade_submission
+from polar_env.rewards.grader import RunDeadline, Submission, grade_submission
 from polar_env.sandbox.base import Sandbox, SandboxSpec
 from polar_env.tasks.models import Task
 from polar_env.trajectory.models import Trajectory
@@ -39,7 +39,7 @@ async def grade_episode(ep: Episode, grading: Grading | None = None) -> GradeRes
         task,
         Submission(patch=ep.patch, sandbox=in_place),
         kind=kind,
-        limits=GradingLimits.configured(settings.grading_timeout),
+        deadline=RunDeadline.configured(settings.grading_timeout),
         reward_key=settings.reward_key,
         offload=grading.in_worker if grading is not None else None,
     )

@@ -35,7 +35,7 @@ from polar_env.episodes.workspace import Workspace, attach_workspace, open_works
 from polar_env.grades import GradeResult
 from polar_env.janitor import Janitor
 from polar_env.outcomes import FailureKind, OutcomeTable
-from polar_env.rewards.grader import GradingLimits, Submission, grade_submission
+from polar_env.rewards.grader import RunDeadline, Submission, grade_submission
 from polar_env.safe_text import escape
 from polar_env.sandbox.base import Sandbox, SandboxSpec
 from polar_env.tasks.loader import load_tasks
@@ -213,7 +213,7 @@ class PolarResources:
                 task,
                 Submission(patch=patch, sandbox=in_place),
                 kind=kind,
-                limits=GradingLimits.configured(self.config.grading_timeout),
+                deadline=RunDeadline.configured(self.config.grading_timeout),
                 reward_key=self.config.reward_key,
                 offload=self.grading.in_worker,
             )

@@ -12,7 +12,7 @@ and ``polar eval``).
 
 What `Grader.grade` adds to each grader's own `run` (so no grader can forget one):
 
-- **limits**: every grader gets the same `GradingLimits` (the deadline of each test run); a grader
+- **deadline**: every grader gets the same `RunDeadline` (the deadline of each test run); a grader
   exception is a result, never an escape;
 - **reward channel**: each grader reads its result where the tested code cannot write (`channel`
   says where) and reports what it saw there as flags; any tampering flag scores 0 in the
@@ -49,13 +49,13 @@ Offload = Callable[..., Awaitable[GradeResult]]  # runs a module-level function 
 
 
 @dataclass(frozen=True)
-class GradingLimits:
+class RunDeadline:
     """What bounds every grader's runs: the deadline of one test run (the configured one by default)."""
 
     timeout_s: float
 
     @classmethod
-    def configured(cls, timeout_s: float | None = None) -> GradingLimits:
+    def configured(cls, timeout_s: float | None = None) -> RunDeadline:
         return cls(grading_timeout_s(timeout_s))
 
 
@@ -83,12 +83,13 @@ class Grader(ABC):
         self,
         task: Task,
         kind: WorkspaceKind,
-        limits: GradingLimits,
+        deadline: RunDeadline,
         *,
         mode: GradingMode = GradingMode.strict,
         reward_key: str | None = None,
     ):
-        self.task, self.kind, self.limits, self.mode, self.reward_key = task, kind, limits, mode, reward_key
+        self.task, self.kind, self.deadline = task, kind, deadline
+        self.mode, self.reward_key = mode, reward_key
 
     @abstractmethod
     async def run(self, work: Submission) -> GradeResult:
@@ -173,7 +174,7 @@ class BubblewrapGrader(Grader):
         from polar_env.rewards.grading import grade
 
         return await asyncio.to_thread(
-            grade, self.task, work.patch, timeout_s=self.limits.timeout_s, mode=self.mode
+            grade, self.task, work.patch, timeout_s=self.deadline.timeout_s, mode=self.mode
         )
 
     def control_submission(self) -> Submission:
@@ -197,7 +198,7 @@ class ImageGrader(Grader):
             work.patch,
             engine=self.kind,
             image=image,
-            timeout_s=self.limits.timeout_s,
+            timeout_s=self.deadline.timeout_s,
             mode=self.mode,
         )
 
@@ -219,12 +220,12 @@ class HarborGrader(Grader):
         self,
         task: Task,
         kind: WorkspaceKind,
-        limits: GradingLimits,
+        deadline: RunDeadline,
         *,
         mode: GradingMode = GradingMode.harbor,
         reward_key: str | None = None,
     ):
-        super().__init__(task, kind, limits, mode=GradingMode.harbor, reward_key=reward_key)  # its one mode
+        super().__init__(task, kind, deadline, mode=GradingMode.harbor, reward_key=reward_key)  # its one mode
 
     async def run(self, work: Submission) -> GradeResult:
         from polar_env.rewards.harbor_verifier import grade_patch, verify
@@ -251,7 +252,7 @@ class HarborGrader(Grader):
 def grader_for(
     task: Task,
     kind: WorkspaceKind,
-    limits: GradingLimits | None = None,
+    deadline: RunDeadline | None = None,
     *,
     mode: GradingMode = GradingMode.strict,
     reward_key: str | None = None,
@@ -259,7 +260,7 @@ def grader_for(
     """The grader for ``task`` where its episodes run (``kind``): a Harbor task's own verifier in a
     container; the image grader for docker/podman, and for apptainer where the task has no base
     archive; the bubblewrap grader (the task's base tree and pinned venv) otherwise."""
-    limits = limits or GradingLimits.configured()
+    deadline = deadline or RunDeadline.configured()
     if task.harbor is not None:
         if kind not in ("docker", "podman"):
             raise NoGrader(
@@ -274,7 +275,7 @@ def grader_for(
         raise NoGrader(
             f"no grader for {kind} without a base archive: grade with --sandbox podman|docker|apptainer"
         )
-    return cls(task, kind, limits, mode=mode, reward_key=reward_key)
+    return cls(task, kind, deadline, mode=mode, reward_key=reward_key)
 
 
 async def grade_submission(
@@ -282,16 +283,16 @@ async def grade_submission(
     work: Submission,
     *,
     kind: WorkspaceKind,
-    limits: GradingLimits | None = None,
+    deadline: RunDeadline | None = None,
     mode: GradingMode = GradingMode.strict,
     reward_key: str | None = None,
     offload: Offload | None = None,
 ) -> GradeResult:
     """The one grading entry point. A grade that needs no live workspace runs through ``offload``
     where given (a grading worker: `grade_task` there), else on a thread of this process."""
-    limits = limits or GradingLimits.configured()
+    deadline = deadline or RunDeadline.configured()
     try:
-        grader = grader_for(task, kind, limits, mode=mode, reward_key=reward_key)
+        grader = grader_for(task, kind, deadline, mode=mode, reward_key=reward_key)
     except NoGrader as exc:
         return failed(task, mode, FailureKind.infrastructure, str(exc), time.monotonic())
     if work.sandbox is None and offload is not None:
@@ -300,7 +301,7 @@ async def grade_submission(
             task,
             work.patch,
             kind=kind,
-            timeout_s=limits.timeout_s,
+            timeout_s=deadline.timeout_s,
             mode=mode,
             reward_key=reward_key,
         )
@@ -322,7 +323,7 @@ def grade_task(
             task,
             Submission(patch=patch or ""),
             kind=kind,
-            limits=GradingLimits.configured(timeout_s),
+            deadline=RunDeadline.configured(timeout_s),
             mode=mode,
             reward_key=reward_key,
         )

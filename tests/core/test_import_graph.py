@@ -131,3 +131,18 @@ def test_a_test_file_imports_tests_only_from_its_own_folder():
             if not (path.parent / f"{name}.py").exists():
                 reaching.append(f"{path.relative_to(tests)} imports {name}")
     assert not reaching, "move what they share into a helper module in tests/: " + "; ".join(reaching)
+
+
+def test_no_two_classes_share_a_name_outside_the_per_api_models():
+    """A reader who meets a class by name finds one definition (two ``GradingLimits`` on one grading
+    path once meant two things). The wire models are the exception by design: one module per API
+    (``wire/`` and the codecs' request models), where the same concept (``Usage``, ``FunctionCall``)
+    keeps each API's own name."""
+    where: dict[str, list[str]] = {}
+    for path in sorted((REPO / "polar_env").rglob("*.py")):
+        rel = path.relative_to(REPO).as_posix()
+        if rel.startswith(("polar_env/wire/", "polar_env/proxy/codecs/")):
+            continue
+        for name in re.findall(r"^class (\w+)", path.read_text(), re.MULTILINE):
+            where.setdefault(name, []).append(rel)
+    assert {name: files for name, files in where.items() if len(files) > 1} == {}

@@ -18,10 +18,10 @@ from polar_env.outcomes import DEFAULT_OUTCOMES, FailureKind
 from polar_env.rewards import grader as contract
 from polar_env.rewards.grader import (
     BubblewrapGrader,
-    GradingLimits,
     HarborGrader,
     ImageGrader,
     NoGrader,
+    RunDeadline,
     Submission,
     grade_submission,
     grade_task,
@@ -30,7 +30,7 @@ from polar_env.rewards.grader import (
 from polar_env.tasks.harbor import load_task_dir
 from polar_env.tasks.loader import TERMINAL_DIR, load_bundled
 
-LIMITS = GradingLimits(timeout_s=60)
+DEADLINE = RunDeadline(timeout_s=60)
 
 
 @pytest.fixture(scope="module")
@@ -44,21 +44,21 @@ def harbor_task():
 
 
 def test_one_function_picks_the_grader(swe_task, harbor_task):
-    assert type(grader_for(swe_task, "bubblewrap", LIMITS)) is BubblewrapGrader
-    assert type(grader_for(swe_task, "podman", LIMITS)) is ImageGrader
+    assert type(grader_for(swe_task, "bubblewrap", DEADLINE)) is BubblewrapGrader
+    assert type(grader_for(swe_task, "podman", DEADLINE)) is ImageGrader
     assert (
-        type(grader_for(swe_task.model_copy(update={"base_archive": None}), "apptainer", LIMITS))
+        type(grader_for(swe_task.model_copy(update={"base_archive": None}), "apptainer", DEADLINE))
         is ImageGrader
     )
-    assert type(grader_for(harbor_task, "podman", LIMITS)) is HarborGrader
+    assert type(grader_for(harbor_task, "podman", DEADLINE)) is HarborGrader
     with pytest.raises(NoGrader, match="in a container"):
-        grader_for(harbor_task, "bubblewrap", LIMITS)
+        grader_for(harbor_task, "bubblewrap", DEADLINE)
     with pytest.raises(NoGrader, match="without a base archive"):
-        grader_for(swe_task.model_copy(update={"base_archive": None}), "bubblewrap", LIMITS)
+        grader_for(swe_task.model_copy(update={"base_archive": None}), "bubblewrap", DEADLINE)
 
 
 async def test_a_task_without_a_grader_is_an_infrastructure_grade(harbor_task):
-    result = await grade_submission(harbor_task, Submission(patch="x"), kind="bubblewrap", limits=LIMITS)
+    result = await grade_submission(harbor_task, Submission(patch="x"), kind="bubblewrap", deadline=DEADLINE)
     assert result.failure_kind == FailureKind.infrastructure and "in a container" in result.error
 
 
@@ -75,7 +75,7 @@ async def test_the_same_masking_rule_holds_in_every_grader(
     """Outside the policy (or a grader exception) + a control that passes = the submission's 0, trained
     (``broke_grading``); + a control that fails too = masked, its kind kept."""
     task = harbor_task if cls is HarborGrader else swe_task
-    g = cls(task, "podman", LIMITS)
+    g = cls(task, "podman", DEADLINE)
 
     async def run(work: Submission) -> GradeResult:
         if work == g.control_submission():
@@ -107,7 +107,7 @@ async def test_tampering_scores_zero_in_every_grader(cls, swe_task, harbor_task,
     """A resolving grade that carries a tampering flag (a channel's finding, the diff's) pays nothing;
     a note does not."""
     task = harbor_task if cls is HarborGrader else swe_task
-    g = cls(task, "podman", LIMITS, mode=GradingMode.harbor if cls is HarborGrader else GradingMode.strict)
+    g = cls(task, "podman", DEADLINE, mode=GradingMode.harbor if cls is HarborGrader else GradingMode.strict)
 
     async def run(work: Submission) -> GradeResult:
         return GradeResult(
@@ -122,9 +122,9 @@ async def test_tampering_scores_zero_in_every_grader(cls, swe_task, harbor_task,
 
 def test_the_control_of_the_control_is_itself(swe_task):
     """Grading the solution never waits on a control: it is the control."""
-    g = BubblewrapGrader(swe_task, "bubblewrap", LIMITS)
+    g = BubblewrapGrader(swe_task, "bubblewrap", DEADLINE)
     assert g.control_submission() == Submission(patch=swe_task.patch)
-    assert contract.Submission() == HarborGrader(swe_task, "podman", LIMITS).control_submission()
+    assert contract.Submission() == HarborGrader(swe_task, "podman", DEADLINE).control_submission()
 
 
 def test_rollout_warns_about_or_refuses_tasks_an_audit_found_controllable(
