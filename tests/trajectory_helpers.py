@@ -118,7 +118,7 @@ def long_chain(calls: int, appended: int = 50, sampled: int = 20) -> list[CallRe
     return records
 
 
-def timed(record: CallRecord, *, at: float, total_s: float, generate_s: float | None = None):
+def timed(record: CallRecord, *, at: float, total_s: float, generate_s: float | None = None) -> CallRecord:
     """The call stamped as made at ``at`` and lasting ``total_s`` (``generate_s`` of it sampling)."""
     timings = {"total_ms": total_s * 1e3}
     if generate_s is not None:

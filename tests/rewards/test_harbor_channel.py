@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import repo_paths
+from host_canary import canary_state, ladder_commands, make_canary
 
 from polar_env.episodes.workspace import engine_available, open_workspace
 from polar_env.harness_adapters.registry import NOISE_EXCLUDES
@@ -144,8 +145,6 @@ async def test_a_root_agents_git_settings_and_ladder_run_nothing(tmp_path: Path)
     """As root in its container, the agent makes its tree a repository with hostile settings (an
     fsmonitor, a required clean filter, attributes naming them) and a ladder of links up to a host
     file; the episode's diff (in the container) runs none of them and the host file is untouched."""
-    from host_canary import canary_state, ladder_commands, make_canary
-
     canary = make_canary(tmp_path)
     before = canary_state(canary)
     task = load_task_dir(TERMINAL_DIR / "fix-median-bug")
