@@ -21,6 +21,7 @@ import argparse
 import ctypes
 import json
 import os
+import resource
 import socket
 import time
 import zlib
@@ -129,11 +130,28 @@ def look(tag: str) -> None:
 
 
 def exhaust(made_file: str, until_file: str) -> None:
-    """Takes every inotify instance its uid may have (the per-user budget), reports how many, holds them."""
-    fds = []
-    while (fd := libc.inotify_init1(0)) >= 0:
-        fds.append(fd)
-    print("EXHAUSTED " + json.dumps({"instances": len(fds), "then": _err()}), flush=True)
+    """Takes every inotify instance its uid may have (the per-user budget), reports how many, holds them.
+
+    A process may also stop at its own fd limit (RLIMIT_NOFILE), with the same EMFILE, before the uid's
+    budget is spent (a host whose max_user_instances exceeds it): it then forks a child that drops its
+    copies of the held descriptors (the parent keeps the instances) and goes on, until a process that
+    holds none still gets none. That last one reports, so the error it names is the per-user budget."""
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard := resource.getrlimit(resource.RLIMIT_NOFILE)[1], hard))
+    total = 0
+    while True:
+        fds = []
+        while (fd := libc.inotify_init1(0)) >= 0:
+            fds.append(fd)
+        error = _err()
+        if not fds:
+            break
+        total += len(fds)
+        if child := os.fork():
+            os.waitpid(child, 0)
+            os._exit(0)
+        for fd in fds:
+            os.close(fd)
+    print("EXHAUSTED " + json.dumps({"instances": total, "then": error}), flush=True)
     open(made_file, "w").close()
     deadline = time.monotonic() + 120
     while not os.path.exists(until_file) and time.monotonic() < deadline:
