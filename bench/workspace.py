@@ -118,8 +118,9 @@ def _drop_warm_image(task: Task) -> None:
     from polar_env.tasks import runtime
 
     spec = runtime.container_spec(task, runtime.task_spec(task, SandboxSpec()), CONTAINER_ENGINE)
-    # the base its history is reduced to is part of the name (code before that has no `history_base`)
-    base = (runtime.history_base(task),) if hasattr(runtime, "history_base") else ()
+    # what its history is reduced to is part of the name (earlier code: `history_base`, or neither)
+    target = getattr(runtime, "history_target", None) or getattr(runtime, "history_base", None)
+    base = (target(task),) if target else ()
     subprocess.run(
         [CONTAINER_ENGINE, "rmi", warm_image_name(CONTAINER_ENGINE, task.image or "", spec, *base)],
         capture_output=True,

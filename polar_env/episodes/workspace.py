@@ -33,7 +33,7 @@ from polar_env.tasks.runtime import (
     WorkspaceUnavailable,
     check_image,
     container_spec,
-    history_base,
+    history_target,
     task_image,
     task_spec,
 )
@@ -150,7 +150,7 @@ def _open(task: Task, spec: SandboxSpec, kind: WorkspaceKind) -> Workspace:
         from polar_env.sandbox.warm_images import warm_image
 
         spec, image = container_spec(task, spec, kind), task_image(task)
-        warm = warm_image(kind, image, spec, history_base(task))
+        warm = warm_image(kind, image, spec, history_target(task))
         check_container_views(task, kind, warm, spec)  # nothing it shows holds the task's answer
         cs = ContainerSandbox.create(None, spec=spec, image=warm, engine=kind, warm=True)
         ref = WorkspaceRef(
@@ -171,7 +171,7 @@ def _open(task: Task, spec: SandboxSpec, kind: WorkspaceKind) -> Workspace:
 
     check_image(task, kind)
     image = apptainer_image(task_image(task))
-    base = apptainer_base(image, spec, history_base(task))
+    base = apptainer_base(image, spec, history_target(task))
     ap = ApptainerSandbox.create(base.tree, spec=spec, image=image, snapshot=base.git_dir)
     return Workspace(
         ap,

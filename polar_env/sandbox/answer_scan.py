@@ -11,7 +11,9 @@ eggs, jars; tar, gzip, bzip2, xz: sdists), every member's, nested archives too, 
 - ``package``: the task's own package at any other version: a directory or archive member
   ``<pkg>/__init__.py`` (or its ``.pyc``) whose ``.py`` files are not all the base tree's, a
   ``<pkg>-<version>.dist-info``/``.egg-info``, or a file named like a distribution of it
-  (``<pkg>-<version>.whl``, ``.tar.gz``, ``.zip``, ``.egg``).
+  (``<pkg>-<version>.whl``, ``.tar.gz``, ``.zip``, ``.egg``); for a Node.js task, a ``package.json``
+  (a ``node_modules`` copy, an npm tarball's ``package/package.json``, a harness's bundled copy)
+  naming one of the task's npm packages at a version other than the base's.
 
 Stdlib only: the same file runs inside a sandbox as the agent's tools would run it
 (``python3 answer_scan.py NEEDLES.json /``), which is how the tests search everything an agent can
@@ -42,6 +44,7 @@ from pathlib import Path
 MIN_LINE = 20  # an added line shorter than this is too common to be evidence of the fix
 MAX_DEPTH = 4  # archives inside archives (a wheel in a zip in a tarball) are opened this deep
 MAX_MEMBER_BYTES = 512 << 20  # a member larger than this once decompressed is searched up to it
+MAX_MANIFEST = 1 << 20  # a package.json larger than this is no manifest
 ARCHIVE_SUFFIXES = (
     ".whl",
     ".zip",
@@ -70,6 +73,7 @@ class Needles:
     lines: tuple[str, ...] = ()
     packages: tuple[str, ...] = ()
     base_digests: dict[str, str] = field(default_factory=dict)  # "requests/models.py" -> sha256
+    node_versions: dict[str, str] = field(default_factory=dict)  # npm name -> the base's version ("" unknown)
 
     @property
     def key(self) -> str:
@@ -79,7 +83,10 @@ class Needles:
     def from_json(cls, text: str) -> Needles:
         data = json.loads(text)
         return cls(
-            tuple(data.get("lines", ())), tuple(data.get("packages", ())), dict(data.get("base_digests", {}))
+            tuple(data.get("lines", ())),
+            tuple(data.get("packages", ())),
+            dict(data.get("base_digests", {})),
+            dict(data.get("node_versions", {})),
         )
 
     def to_json(self) -> str:
@@ -122,9 +129,25 @@ class _Matcher:
         self.lines = [line.encode() for line in needles.lines]
         self.names = {_norm(p) for p in needles.packages}
         self.digests = needles.base_digests
+        self.node = needles.node_versions
 
     def line_in(self, data: bytes) -> str | None:
         return next((n.decode() for n in self.lines if n in data), None)
+
+    def node_copy(self, label: str, data: bytes) -> str | None:
+        """``name@version`` when ``label`` is a ``package.json`` naming a task's npm package at another
+        version than the base's."""
+        if not self.node or re.split(r"[/!]", label)[-1] != "package.json" or len(data) > MAX_MANIFEST:
+            return None
+        try:
+            manifest = json.loads(data)
+        except ValueError:
+            return None
+        name = manifest.get("name") if isinstance(manifest, dict) else None
+        version = str(manifest.get("version", "")) if isinstance(manifest, dict) else ""
+        if isinstance(name, str) and name in self.node and version != self.node[name]:
+            return f"{name}@{version}"
+        return None
 
     def is_dist(self, name: str) -> bool:
         found = _DIST.match(name)
@@ -213,6 +236,8 @@ class _Scan:
         """One file's bytes (a file on disk or a member): its lines, and its members when an archive."""
         if (line := self.match.line_in(data)) is not None:
             self.hits.add(Hit(label, "line", line))
+        if (copy := self.match.node_copy(label, data)) is not None:
+            self.hits.add(Hit(label, "package", copy))
         if depth >= MAX_DEPTH or not _is_archive(data, label.lower()):
             return
         members = _members(data)

@@ -194,9 +194,9 @@ class ApptainerSandbox(HostTreeSandbox):
             "/polar-out/",
         ]
 
-    def reduce_argv(self, tree: Path, base: str) -> list[str]:
-        """The copied-out ``tree``'s git history reduced to ``base`` by the image's git, the tree bound at the
-        workdir and nothing else (sandbox/history.py): never the host's git on a tree an image brought."""
+    def reduce_argv(self, tree: Path, target: history.HistoryTarget) -> list[str]:
+        """The copied-out ``tree``'s git history reduced to ``target`` by the image's git, the tree bound at
+        the workdir and nothing else (sandbox/history.py): never the host's git on a tree an image brought."""
         return [
             self.engine,
             "exec",
@@ -214,7 +214,7 @@ class ApptainerSandbox(HostTreeSandbox):
             self.image,
             "/bin/sh",
             "-c",
-            history.reduce_script(self.spec.workdir, base),
+            history.reduce_script(self.spec.workdir, target),
         ]
 
     @classmethod
@@ -310,12 +310,14 @@ def extract_image_tree(image: str, spec: SandboxSpec, dest: Path) -> None:
         raise ContainerError(f"apptainer extract failed: {proc.stderr.decode(errors='replace')[-2000:]}")
 
 
-def reduce_image_tree(image: str, spec: SandboxSpec, tree: Path, base: str = "HEAD") -> str:
-    """The git history of ``tree`` (copied out of ``image`` by `extract_image_tree`) reduced to ``base``
+def reduce_image_tree(
+    image: str, spec: SandboxSpec, tree: Path, target: history.HistoryTarget = history.TO_HEAD
+) -> str:
+    """The git history of ``tree`` (copied out of ``image`` by `extract_image_tree`) reduced to ``target``
     inside the image (`ApptainerSandbox.reduce_argv`); what it did (one line), or `HistoryNotReduced`."""
     try:
         proc = subprocess.run(
-            ApptainerSandbox(spec, image, tree).reduce_argv(tree, base), capture_output=True, timeout=1800
+            ApptainerSandbox(spec, image, tree).reduce_argv(tree, target), capture_output=True, timeout=1800
         )
     except FileNotFoundError:
         raise ContainerError(f"{ENGINE} is not installed (polar doctor says how to install it)") from None

@@ -575,12 +575,12 @@ class ContainerSandbox(Sandbox):
             raise
 
     # --- lifecycle ---
-    def reduce_history(self, base: str = "HEAD") -> str:
-        """The repository at the workdir reduced to ``base`` (`sandbox/history.py`), by the image's git as
+    def reduce_history(self, target: history.HistoryTarget = history.TO_HEAD) -> str:
+        """The repository at the workdir reduced to ``target`` (`sandbox/history.py`), by the image's git as
         root in this container; what it did (one line), or `HistoryNotReduced`."""
         try:
             out = engine_run(
-                self.exec_argv(["sh", "-c", history.reduce_script(self.spec.workdir, base)], {}, user="0"),
+                self.exec_argv(["sh", "-c", history.reduce_script(self.spec.workdir, target)], {}, user="0"),
                 timeout_s=1800,
             )
         except ContainerError as exc:
@@ -598,13 +598,13 @@ class ContainerSandbox(Sandbox):
         extra_ro_mounts: Sequence[tuple[str, str]] = (),
         snapshot: bool = True,
         warm: bool = False,
-        history_base: str = "HEAD",
+        history_target: history.HistoryTarget = history.TO_HEAD,
         setup_only: bool = False,
     ) -> ContainerSandbox:
         """Start a container of ``image``; ``task_tree`` (if given) replaces the image's /testbed; without
         ``snapshot`` no base tree is recorded (a container nobody diffs: a separate verifier's);
         ``warm``: ``image`` is a warm image, its tree already the uid's, reduced and recorded; otherwise
-        the workdir's git history is reduced to ``history_base`` first (`reduce_history`); ``setup_only``: a
+        the workdir's git history is reduced to ``history_target`` first (`reduce_history`); ``setup_only``: a
         container nothing but the setup runs in (a warm image's, committed), which may hand the tree to
         root outside a user namespace (a user namespace's shifted owners would be committed)."""
         if not image:
@@ -645,7 +645,7 @@ class ContainerSandbox(Sandbox):
                 )
                 engine_run(sb.cp_in_argv(task_tree, spec.workdir))
             if not warm:
-                sb.history = sb.reduce_history(history_base)
+                sb.history = sb.reduce_history(history_target)
                 engine_run(sb.exec_argv(["sh", "-c", sb.setup_script(snapshot)], {}, user="0"))
         except BaseException:
             sb.remove()

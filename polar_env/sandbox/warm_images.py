@@ -8,8 +8,9 @@ with git (hashing every file): per episode, for the same bytes. Now the first ep
 on a node does both once, in a container it commits as ``localhost/polar-warm:<key>``; each
 episode's container starts from that image (the engine's overlay is the per-episode clone) and has
 only its HOME, a fresh tmpfs, to hand over. The key covers the image's id (not its name: a retagged
-image gets a fresh warm image), the uid, the workdir and the base the history is reduced to (one image
-may serve several bases: SWE-smith's instances are branches of one image); a lock file per key makes
+image gets a fresh warm image), the uid, the workdir and what the history is reduced to, with the
+reduction script's digest (a changed reduction makes fresh warm images; one image may serve several
+bases: SWE-smith's instances are branches of one image); a lock file per key makes
 concurrent episodes (threads or processes) build it once. A warm image is listed in the pulled-image ledger
 (``sandbox/pulled_images.py``) with its own size, so ``polar tasks pull``'s disk budget prunes it too.
 """
@@ -24,43 +25,45 @@ from dataclasses import replace
 from polar_env.cache import cache_root
 from polar_env.sandbox.base import SandboxSpec
 from polar_env.sandbox.container import ContainerSandbox, engine_run, image_exists
+from polar_env.sandbox.history import TO_HEAD, HistoryTarget
 
 log = logging.getLogger(__name__)
 WARM_REPO = "localhost/polar-warm"
 LAYOUT = "2"  # bump when what a warm image holds changes (the setup script, the snapshot's layout)
 
 
-def warm_image_name(engine: str, image: str, spec: SandboxSpec, base: str = "HEAD") -> str:
+def warm_image_name(engine: str, image: str, spec: SandboxSpec, target: HistoryTarget = TO_HEAD) -> str:
     image_id = engine_run([engine, "image", "inspect", "--format", "{{.Id}}", image]).decode().strip()
-    key = hashlib.sha256(f"{LAYOUT}\0{image_id}\0{spec.uid}\0{spec.workdir}\0{base}".encode()).hexdigest()[
-        :24
-    ]
+    key = hashlib.sha256(
+        f"{LAYOUT}\0{image_id}\0{spec.uid}\0{spec.workdir}\0{target.key()}".encode()
+    ).hexdigest()[:24]
     return f"{WARM_REPO}:{key}"
 
 
 _known: dict[
-    tuple[str, str, int, str, str], str
+    tuple[str, str, int, str, HistoryTarget], str
 ] = {}  # this process's warm images: no engine call per episode
 
 
-def warm_image(engine: str, image: str, spec: SandboxSpec, base: str = "HEAD") -> str:
-    """``image``'s warm image on this node for a task whose base is ``base`` (its ``base_commit``, else
-    ``HEAD``), committed now if there is none yet (once, whoever asks at once); remembered for the
-    process (an image retagged meanwhile is seen by the next process). A repository that cannot be
-    reduced to ``base`` raises `container.HistoryNotReduced` (the task is refused) and commits nothing."""
+def warm_image(engine: str, image: str, spec: SandboxSpec, target: HistoryTarget = TO_HEAD) -> str:
+    """``image``'s warm image on this node for a task whose history is reduced to ``target``
+    (`runtime.history_target`), committed now if there is none yet (once, whoever asks at once);
+    remembered for the process (an image retagged meanwhile is seen by the next process). A repository
+    that cannot be reduced to ``target`` raises `container.HistoryNotReduced` (the task is refused) and
+    commits nothing."""
     from polar_env.sandbox.pulled_images import PulledImages
 
-    known = (engine, image, spec.uid, spec.workdir, base)
+    known = (engine, image, spec.uid, spec.workdir, target)
     if (warm := _known.get(known)) is not None and image_exists(engine, warm):
         return warm
-    warm = warm_image_name(engine, image, spec, base)
+    warm = warm_image_name(engine, image, spec, target)
     if not image_exists(engine, warm):
         locks = cache_root() / "warm-images"
         locks.mkdir(parents=True, exist_ok=True)
         with open(locks / f"{warm.rsplit(':', 1)[1]}.lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
             if not image_exists(engine, warm):  # not committed while we waited
-                _commit(engine, image, spec, warm, base)
+                _commit(engine, image, spec, warm, target)
                 size = (
                     engine_run([engine, "image", "inspect", "--format", "{{.Size}}", warm]).decode().strip()
                 )
@@ -70,7 +73,7 @@ def warm_image(engine: str, image: str, spec: SandboxSpec, base: str = "HEAD") -
     return warm
 
 
-def _commit(engine: str, image: str, spec: SandboxSpec, warm: str, base: str) -> None:
+def _commit(engine: str, image: str, spec: SandboxSpec, warm: str, target: HistoryTarget) -> None:
     """The setup every episode's container did (the history reduced, ContainerSandbox.setup_script), in
     one container without the episode's mounts, committed (its tmpfs HOME and /tmp are not part of an
     image); never in a user namespace (its shifted owners would be committed), as nothing but that setup
@@ -80,7 +83,7 @@ def _commit(engine: str, image: str, spec: SandboxSpec, warm: str, base: str) ->
         spec=replace(spec, proxy_socket_dir=None, harness_dir=None, userns=False, host_dirs=()),
         image=image,
         engine=engine,
-        history_base=base,
+        history_target=target,
         setup_only=True,
     )
     try:

@@ -31,7 +31,7 @@ from polar_env.tasks.models import Task
 from polar_env.tasks.runtime import WorkspaceUnavailable
 
 SCANS_DIR = "answer-scans"
-LAYOUT = "1"  # bump when the scan's rules change: every cached result is redone
+LAYOUT = "2"  # bump when the scan's rules change: every cached result is redone
 
 
 class AnswerReadable(WorkspaceUnavailable):
@@ -59,9 +59,32 @@ def _packages(tree: Path) -> list[Path]:
     return found
 
 
+def _node_packages(tree: Path) -> dict[str, str]:
+    """The npm packages a repository ships, name -> version: its root ``package.json`` and those of the
+    workspaces it declares (``"workspaces": ["packages/*"]``, or ``{"packages": [...]}``)."""
+    found: dict[str, str] = {}
+    manifests = [tree / "package.json"]
+    for at, manifest in enumerate(manifests):
+        try:
+            data = json.loads(manifest.read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(data, dict):
+            continue
+        if isinstance(data.get("name"), str):
+            found[data["name"]] = str(data.get("version", ""))
+        spaces = data.get("workspaces") if at == 0 else None
+        spaces = spaces.get("packages") if isinstance(spaces, dict) else spaces
+        for pattern in spaces if isinstance(spaces, list) else []:
+            if isinstance(pattern, str) and ".." not in pattern and not pattern.startswith("/"):
+                manifests += sorted(tree.glob(f"{pattern.rstrip('/')}/package.json"))
+    return found
+
+
 def task_needles(task: Task, base: Path) -> Needles:
     """``task``'s needles against its base tree ``base``: the gold patch's added lines of at least
-    ``MIN_LINE`` characters that ``base`` does not hold, its packages and their files' digests."""
+    ``MIN_LINE`` characters that ``base`` does not hold, its packages and their files' digests, its npm
+    packages and their versions."""
     text = b"\n".join(
         p.read_bytes()
         for p in base.rglob("*")
@@ -76,7 +99,7 @@ def task_needles(task: Task, base: Path) -> Needles:
         if f.is_file() and not f.is_symlink()
     }
     names = {pkg.name for pkg in packages} | {task.repo.rsplit("/", 1)[-1]}
-    return Needles(tuple(lines), tuple(sorted(names)), digests)
+    return Needles(tuple(lines), tuple(sorted(names)), digests, _node_packages(base))
 
 
 def fingerprint(root: Path, skip: Sequence[Path] = ()) -> str:

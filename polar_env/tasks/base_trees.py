@@ -37,6 +37,7 @@ from polar_env.environment import EnvSettings
 from polar_env.sandbox import gitdiff
 from polar_env.sandbox.apptainer import extract_image_tree, reduce_image_tree
 from polar_env.sandbox.base import SandboxSpec
+from polar_env.sandbox.history import TO_HEAD, HistoryTarget
 from polar_env.sandbox.host_tree import chown_tree
 from polar_env.tasks.models import Task
 from polar_env.tasks.tree import materialize
@@ -99,20 +100,24 @@ def warm_base(task: Task, cache: Path) -> BaseTree:
     return _warm(cache, base_key(task), partial(build_base, task))
 
 
-def image_base_key(image: str, workdir: str, history_base: str = "HEAD") -> str:
+def image_base_key(image: str, workdir: str, target: HistoryTarget = TO_HEAD) -> str:
     """A local .sif by its path, size and mtime; a registry name by the name itself (pin a digest,
     ``name@sha256:...``, for a base that follows a retagged image); and the base its history is reduced to."""
     local = Path(image)
     stamp = f"{local.stat().st_size}\0{local.stat().st_mtime_ns}" if local.is_file() else ""
-    digest = hashlib.sha256(f"{LAYOUT}\0{image}\0{workdir}\0{stamp}\0{history_base}".encode())
+    digest = hashlib.sha256(f"{LAYOUT}\0{image}\0{workdir}\0{stamp}\0{target.key()}".encode())
     return f"image-{re.sub(r'[^A-Za-z0-9_.-]', '_', image)[-60:]}-{digest.hexdigest()[:16]}"
 
 
 def warm_image_base(
-    image: str, workdir: str, cache: Path, extract: Callable[[Path], None], history_base: str = "HEAD"
+    image: str,
+    workdir: str,
+    cache: Path,
+    extract: Callable[[Path], None],
+    target: HistoryTarget = TO_HEAD,
 ) -> BaseTree:
     """An image's task tree (its ``workdir``) copied out by ``extract(dest)`` (its git history reduced to
-    ``history_base`` there) and snapshotted once per node: the apptainer workspaces of its tasks clone
+    ``target`` there) and snapshotted once per node: the apptainer workspaces of its tasks clone
     it, as bubblewrap ones clone a task's base."""
 
     def build(dest: Path) -> None:
@@ -120,19 +125,19 @@ def warm_image_base(
         extract(dest / "tree")
         gitdiff.snapshot(dest / "tree", dest / "git")
 
-    return _warm(cache, image_base_key(image, workdir, history_base), build)
+    return _warm(cache, image_base_key(image, workdir, target), build)
 
 
-def apptainer_base(image: str, spec: SandboxSpec, history_base: str = "HEAD") -> BaseTree:
-    """An apptainer image's own tree (``spec.workdir``), its git history reduced to ``history_base`` in the
+def apptainer_base(image: str, spec: SandboxSpec, target: HistoryTarget = TO_HEAD) -> BaseTree:
+    """An apptainer image's own tree (``spec.workdir``), its git history reduced to ``target`` in the
     image (`sandbox/history.py`), warm on this node: its workspaces and its grader's boxes clone it. A
     history that cannot be reduced refuses the task (`HistoryNotReduced`) and leaves no base."""
 
     def extract(dest: Path) -> None:
         extract_image_tree(image, spec, dest)
-        reduce_image_tree(image, spec, dest, history_base)
+        reduce_image_tree(image, spec, dest, target)
 
-    return warm_image_base(image, spec.workdir, base_cache_dir(), extract, history_base)
+    return warm_image_base(image, spec.workdir, base_cache_dir(), extract, target)
 
 
 def _warm(cache: Path, name: str, build: Callable[[Path], None]) -> BaseTree:

@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from polar_env.sandbox.base import SandboxSpec
+from polar_env.sandbox.history import HistoryTarget
 from polar_env.tasks.models import Task
 from polar_env.wire.gym_resources import WorkspaceKind
 
@@ -25,13 +26,16 @@ def instance_image(instance_id: str, namespace: str = "swebench") -> str:
     return ImageSpec(instance_id=instance_id, dockerfile="(published)", namespace=namespace).name
 
 
-def history_base(task: Task) -> str:
+def history_target(task: Task) -> HistoryTarget:
     """What the git history of the task's image is reduced to (sandbox/history.py): its ``base_commit``
     (a commit id, or the branch a SWE-smith instance is), else the commit the image has checked out. A
     SWE-smith instance's ancestors hold its answer (the bug's injection, and the removed FAIL_TO_PASS
-    files at ``HEAD~1``): its branch's tree alone."""
+    files at ``HEAD~1``): its branch's tree alone. The repositories nested below the workdir are reduced
+    too, but in a Harbor task (a Terminal-Bench puzzle's repository, reflog included, may be the task)."""
     base = task.base_commit or "HEAD"
-    return f"{base}^{{tree}}" if task.log_parser.startswith("swesmith:") else base
+    return HistoryTarget(
+        f"{base}^{{tree}}" if task.log_parser.startswith("swesmith:") else base, nested=task.harbor is None
+    )
 
 
 def task_image(task: Task) -> str:

@@ -193,7 +193,7 @@ with open(os.environ["FAKE_APPTAINER_LOG"], "a") as log:
 bind = argv.index("--bind")
 dest, inside = argv[bind + 1].split(":")[:2]
 if argv[-3:-1] == ["/bin/sh", "-c"]:
-    sys.exit(subprocess.run(["sh", "-c", argv[-1].replace(f"w={inside};", f"w={dest};")]).returncode)
+    sys.exit(subprocess.run(["sh", "-c", argv[-1].replace(f"top={inside};", f"top={dest};")]).returncode)
 image = argv[bind + 2]
 assert argv[bind + 3:] == ["cp", "-a", "/testbed/.", "/polar-out/"], argv
 shutil.copytree(open(image).read().strip(), dest, dirs_exist_ok=True)

@@ -45,7 +45,7 @@ from polar_env.sandbox.container import ContainerError, ContainerSandbox
 from polar_env.tasks.harbor import load_task_dir
 from polar_env.tasks.images import base_image, ensure_task_image, task_image_name
 from polar_env.tasks.loader import TERMINAL_DIR, load_bundled
-from polar_env.tasks.runtime import history_base
+from polar_env.tasks.runtime import history_target
 
 pytestmark = [
     pytest.mark.slow,
@@ -424,7 +424,7 @@ async def test_container_workspaces_start_from_a_warm_image_committed_once(image
     monkeypatch.setattr(warm_images, "engine_run", recorded)
     task = imaged["psf__requests-5414"]
     warm_images.warm_image(
-        ENGINE, task.image, container_spec_of(task), history_base(task)
+        ENGINE, task.image, container_spec_of(task), history_target(task)
     )  # the first episode's
     ran.clear()
     spaces = [await open_workspace(task, SandboxSpec(), sandbox=ENGINE) for _ in range(2)]

@@ -1,11 +1,12 @@
 """Repository history reduced to the base, end to end in podman (sandbox/history.py): a locally built
 image of a bundled task and a Harbor folder whose repositories hold the fix in a later commit, a branch,
-tags, a remote, notes, a stash, reflog entries, an unreachable commit, FETCH_HEAD and ORIG_HEAD (each
-checked first, straight from the image: the control). In a real Pi episode, the agent's own `git log
---all`, `git reflog`, `git stash list`, `git fsck --lost-found` and `git cat-file --batch-all-objects`
-show the base only, the gold patch still earns 1.0, and the episode is reported as history mining by
-`polar check` and the viewer. The same through the apptainer stand-in (tests/apptainer_standin.py). A
-task whose history cannot be reduced is refused in one line."""
+tags, a remote, notes, a stash, reflog entries, an unreachable commit, FETCH_HEAD and ORIG_HEAD, and a
+nested clone holding it on its remote branch (each checked first, straight from the image: the control;
+the Harbor task keeps its nested repository, which may be its puzzle). In a real Pi episode, the
+agent's own `git log --all`, `git reflog`, `git stash list`, `git fsck --lost-found` and `git cat-file
+--batch-all-objects` show the base only, the gold patch still earns 1.0, and the episode is reported as
+history mining by `polar check` and the viewer. The same through the apptainer stand-in
+(tests/apptainer_standin.py). A task whose history cannot be reduced is refused in one line."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ from polar_env.tasks.harbor_image import ensure_harbor_image
 from polar_env.tasks.images import ensure_task_image
 from polar_env.tasks.loader import TERMINAL_DIR, load_bundled
 from polar_env.tasks.models import Task
-from polar_env.tasks.runtime import container_spec, task_spec
+from polar_env.tasks.runtime import container_spec, history_target, task_spec
 from polar_env.trajectory.export import TrajectoryWriter
 from polar_env.trajectory.models import Trajectory
 
@@ -65,6 +66,7 @@ bash /tmp/layer/apply && g stash -q
 bash /tmp/layer/apply && g commit -qam "unreachable, in the reflog only" && g reset -q --hard "$base"
 g pack-refs --all
 [ "$(git rev-parse HEAD)" = "$base" ] && [ -z "$(git status --porcelain --untracked-files=no)" ]
+git clone -q --no-local . vendor-clone  # a nested clone: the fix on its remote branch and tags
 """
 CONTROL = "git log --all --oneline | wc -l; git stash list | wc -l; git reflog | wc -l; git tag | wc -l"
 
@@ -77,7 +79,8 @@ def probe(workdir: str, needle: str) -> str:
         "git reflog && echo ==stash && git stash list && echo ==fsck && git fsck --lost-found 2>&1; "
         "echo ==objects && git cat-file --batch-all-objects --batch-check='%(objecttype) %(objectname)' "
         "| grep '^commit'; echo ==fix && { git cat-file --batch-all-objects --batch | grep -c -F "
-        f"{shlex.quote(needle)}; }}; echo ==refs && git for-each-ref --format='%(refname)'; echo ==end"
+        f"{shlex.quote(needle)}; }}; echo ==refs && git for-each-ref --format='%(refname)'; echo ==nested && "
+        "git -C vendor-clone log --all --format='%H %s'; echo ==end"
     )
 
 
@@ -243,7 +246,14 @@ async def mine_then_fix(task: Task, needle: str, proxy_for, sandbox: str, tmp_pa
         text=True,
         check=True,
     ).stdout.strip()
-    assert_base_only(sections(tool_output(traj)), base, "main")
+    found = sections(tool_output(traj))
+    assert_base_only(found, base, "main")
+    if task.harbor is None:  # a nested repository is reduced to its own HEAD too
+        assert found["nested"] == [f"{base} base"], found["nested"]
+    else:  # but a Harbor task's, which may be the puzzle, stays as it is (the control)
+        assert f"{base} base" in found["nested"] and any(
+            line.endswith(" the fix") for line in found["nested"]
+        ), found["nested"]
     assert traj.reward == 1.0 and traj.failure_kind == "none", traj.grading
     assert "history_mining" in traj.metadata.exploit_attempts, traj.metadata
     return traj
@@ -317,4 +327,4 @@ async def test_a_task_whose_history_cannot_be_reduced_is_refused_in_one_line(swe
     assert message.endswith(f"the base {'0' * 40} is not a commit of the repository at /testbed")
     assert refused.value.failure_kind == FailureKind.task_defect
     spec = container_spec(task, task_spec(task, SandboxSpec()), ENGINE)
-    assert not image_exists(ENGINE, warm_image_name(ENGINE, task.image or "", spec, "0" * 40))
+    assert not image_exists(ENGINE, warm_image_name(ENGINE, task.image or "", spec, history_target(task)))

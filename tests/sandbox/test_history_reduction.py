@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from polar_env.sandbox.history import REDUCED, REFUSED, reduce_script, reduced_line, refusal
+from polar_env.sandbox.history import REDUCED, REFUSED, HistoryTarget, reduce_script, reduced_line, refusal
 
 FIX = "FIXED"  # every later object holds it: no object of the reduced repository may
 DATES = {"base": "2000-01-02T00:00:00Z", "later": "2001-01-01T00:00:00Z"}
@@ -49,9 +49,12 @@ def objects(repo: Path) -> bytes:
     ).stdout
 
 
-def reduce(repo: Path, base: str = "HEAD") -> subprocess.CompletedProcess:
+def reduce(repo: Path, base: str = "HEAD", nested: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(
-        ["sh", "-c", reduce_script(str(repo), base)], capture_output=True, text=True, cwd="/"
+        ["sh", "-c", reduce_script(str(repo), HistoryTarget(base, nested))],
+        capture_output=True,
+        text=True,
+        cwd="/",
     )
 
 
@@ -97,7 +100,7 @@ def test_every_kind_of_later_history_is_gone_and_the_base_stays(tmp_path: Path):
     done = reduce(repo)
     assert done.returncode == 0, done.stderr
     assert (
-        reduced_line(done.stdout) == f"{REDUCED} reduced {base} objects=6 tags=2 branch=main"
+        reduced_line(done.stdout) == f"{REDUCED} reduced {base} objects=6 tags=2 branch=main nested=0"
     )  # 2 commits, 2 trees, 2 blobs
     assert git(repo, "log", "--all", "--format=%H %s").split("\n")[0] == f"{base} base"
     assert git(repo, "log", "--all", "--format=%s").split() == ["base", "one"]
@@ -146,7 +149,7 @@ def test_a_swe_smith_instance_keeps_its_tree_alone(tmp_path: Path):
     bug's diff, whose reverse is the fix, and ``HEAD~1`` still holds the hidden test): the base is the
     branch's tree alone, one commit, the same on every reduction."""
     from polar_env.tasks.datasets.swe_smith import to_task
-    from polar_env.tasks.runtime import history_base
+    from polar_env.tasks.runtime import history_target
 
     repo, branch = tmp_path / "repo", "owner__repo.abc123.func_pm_1"
     repo.mkdir()
@@ -175,8 +178,9 @@ def test_a_swe_smith_instance_keeps_its_tree_alone(tmp_path: Path):
         "base_commit": branch,
         "problem_statement": "p",
     }
-    base = history_base(to_task(row))
-    assert base == f"{branch}^{{tree}}"
+    target = history_target(to_task(row))
+    assert target.base == f"{branch}^{{tree}}" and target.nested
+    base = target.base
     done = reduce(repo, base)
     assert done.returncode == 0, done.stderr
     assert git(repo, "log", "--all", "--format=%s") == "the task base\n" and git(repo, "tag") == ""
@@ -271,4 +275,121 @@ def test_a_history_that_cannot_be_reduced_is_refused_with_one_line(tmp_path: Pat
 def test_a_tree_without_a_repository_has_nothing_to_reduce(tmp_path: Path):
     (tmp_path / "f.txt").write_text("x\n")
     done = reduce(tmp_path)
-    assert done.returncode == 0 and reduced_line(done.stdout) == f"{REDUCED} none"
+    assert done.returncode == 0 and reduced_line(done.stdout) == f"{REDUCED} none nested=0"
+
+
+def _later_branch(repo: Path) -> str:
+    """``repo`` (a repository with one commit on its HEAD) given a branch ``fix`` holding FIX in a later
+    commit; returns its HEAD commit."""
+    head = git(repo, "rev-parse", "HEAD").strip()
+    git(repo, "checkout", "-qb", "fix")
+    (repo / "later.py").write_text(f"x = '{FIX}'\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", FIX, date="later")
+    git(repo, "checkout", "-q", "-")
+    return head
+
+
+def _one_commit(repo: Path) -> None:
+    repo.mkdir(parents=True)
+    git(repo, "init", "-q", "-b", "main")
+    (repo / "v.py").write_text("v = 1\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "vendored")
+
+
+def _bare_clone(source: Path, dest: Path) -> None:
+    subprocess.run(["git", "clone", "-q", "--bare", str(source), str(dest)], check=True, capture_output=True)
+
+
+def test_repositories_nested_below_the_workdir_are_reduced_to_their_own_head(tmp_path: Path):
+    """A vendored clone, an untracked bare store and a submodule (its store in ``.git/modules``) below the
+    workdir, each holding FIX on a later branch: each keeps its HEAD and loses the rest; the submodule's
+    store moves into its checkout. A bare store the task's repository tracks (a test fixture) is the
+    base's own content and stays as it is."""
+    repo = tmp_path / "repo"
+    base = with_history(repo)
+    heads = {}
+    _one_commit(repo / "vendor" / "up")  # a clone the image's build left (untracked)
+    heads["vendor/up"] = _later_branch(repo / "vendor" / "up")
+    _one_commit(tmp_path / "bare-src")
+    _later_branch(tmp_path / "bare-src")
+    _bare_clone(tmp_path / "bare-src", repo / "cache" / "up.git")
+    heads["cache/up.git"] = git(tmp_path / "bare-src", "rev-parse", "main").strip()
+    _one_commit(tmp_path / "sub-src")
+    heads["sub"] = _later_branch(tmp_path / "sub-src")
+    git(repo, "stash", "pop", "-q")  # a clean tree for the submodule and the fixture commits
+    git(repo, "checkout", "-q", "m.py")
+    git(repo, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(tmp_path / "sub-src"), "sub")
+    git(repo, "-C", "sub", "fetch", "-q", "origin", "fix")  # the later branch in the submodule's store
+    fixture = repo / "tests" / "fixture.git"
+    _one_commit(tmp_path / "fixture-src")
+    _bare_clone(tmp_path / "fixture-src", fixture)
+    git(repo, "add", "-A", "tests")
+    git(repo, "commit", "-qm", "the base with its submodule and fixture")
+    base = git(repo, "rev-parse", "HEAD").strip()
+    fixture_objects = objects(fixture)
+    assert (repo / "sub" / ".git").is_file() and (repo / ".git" / "modules" / "sub").is_dir()
+    for store in heads:  # the control: each store holds the fix
+        assert FIX.encode() in objects(repo / store), store
+    done = reduce(repo, base)
+    assert done.returncode == 0, done.stderr
+    assert reduced_line(done.stdout).endswith(" nested=3"), done.stdout
+    for store, head in heads.items():
+        assert FIX.encode() not in objects(repo / store), store
+        assert git(repo / store, "rev-parse", "HEAD").strip() == head, store
+        assert git(repo / store, "log", "--all", "--format=%s").split() == ["vendored"], store
+    assert (repo / "sub" / ".git").is_dir() and git(repo, "rev-parse", "HEAD").strip() == base
+    assert objects(fixture) == fixture_objects
+    assert (
+        git(repo, "status", "--porcelain", "--ignore-submodules=none")
+        == "?? build.txt\n?? cache/\n?? vendor/\n"
+    )
+    again = reduce(repo, base)
+    assert again.returncode == 0 and reduced_line(again.stdout) == reduced_line(done.stdout)
+
+
+@pytest.mark.parametrize("case", ["store elsewhere", "linked worktree", "objects without a head"])
+def test_a_nested_store_that_cannot_be_reduced_is_refused(tmp_path: Path, case: str):
+    """A ``.git`` file whose store lies outside the tree, a linked worktree's, and a nested repository with
+    objects but no commit to keep: each refuses the task, fail closed."""
+    repo = tmp_path / "repo"
+    with_history(repo)
+    if case == "store elsewhere":
+        _one_commit(tmp_path / "outside")
+        (repo / "inner").mkdir()
+        (repo / "inner" / ".git").write_text(f"gitdir: {tmp_path / 'outside' / '.git'}\n")
+    elif case == "linked worktree":
+        git(repo, "worktree", "add", "-q", str(repo / "wt"), "fix")
+    else:
+        (repo / "inner").mkdir()
+        git(repo / "inner", "init", "-q")
+        git(repo / "inner", "hash-object", "-w", "--stdin", input=f"{FIX}\n")
+    done = reduce(repo)
+    assert done.returncode == 3 and REDUCED not in done.stdout, done.stdout
+    (line,) = [x for x in done.stderr.splitlines() if x.startswith(REFUSED)]
+    assert {
+        "store elsewhere": "not at a submodule store inside",
+        "linked worktree": "not at a submodule store inside",
+        "objects without a head": "holds objects but no HEAD commit",
+    }[case] in line, line
+
+
+def test_a_harbor_tasks_nested_repositories_stay_as_they_are(tmp_path: Path):
+    """A Terminal-Bench puzzle's repository below the workdir (its reflog may be the task): a Harbor task
+    reduces its workdir's repository only."""
+    from polar_env.tasks.loader import load_tasks
+    from polar_env.tasks.runtime import history_target
+
+    harbor = load_tasks("terminal")[0]
+    assert harbor.harbor is not None and not history_target(harbor).nested
+    repo = tmp_path / "app"
+    with_history(repo)
+    _one_commit(repo / "puzzle")
+    _later_branch(repo / "puzzle")
+    git(repo / "puzzle", "reset", "-q", "--hard", "fix")  # the lost commit, in the reflog alone
+    git(repo / "puzzle", "reset", "-q", "--hard", "HEAD~1")
+    kept = objects(repo / "puzzle")
+    done = reduce(repo, nested=False)
+    assert done.returncode == 0 and reduced_line(done.stdout).endswith(" nested=0"), done
+    assert objects(repo / "puzzle") == kept and FIX in git(repo / "puzzle", "log", "-g", "-p")

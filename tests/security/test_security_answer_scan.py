@@ -130,6 +130,40 @@ def test_archives_are_read_inside(tmp_path: Path, needles: Needles):
     assert text_hits == [], text_hits
 
 
+def test_a_node_package_at_another_version_is_found(tmp_path: Path):
+    """A Node.js task's npm packages (its root's and its declared workspaces') at another version: a
+    ``node_modules`` copy and an npm tarball's ``package/package.json`` are hits, a copy at the base's
+    version is not (the scan's Python rules alone find none of them: the control)."""
+    base = tmp_path / "base"
+    (base / "packages" / "core").mkdir(parents=True)
+    (base / "package.json").write_text(
+        json.dumps({"name": "left-pad", "version": "1.1.0", "workspaces": ["packages/*"]})
+    )
+    (base / "packages" / "core" / "package.json").write_text('{"name": "@left/core", "version": "1.1.0"}')
+    (base / "test" / "fixture").mkdir(parents=True)  # not a declared workspace: not the task's
+    (base / "test" / "fixture" / "package.json").write_text('{"name": "fixture", "version": "0.0.1"}')
+    task = TASKS["psf__requests-6028"].model_copy(update={"repo": "left/left-pad", "patch": ""})
+    needles = task_needles(task, base)
+    assert needles.node_versions == {"left-pad": "1.1.0", "@left/core": "1.1.0"}
+    tree = tmp_path / "tree"
+    newer = json.dumps({"name": "left-pad", "version": "1.3.0"}).encode()
+    for where, manifest in (
+        ("harness/node_modules/left-pad", newer),
+        ("harness/node_modules/@left/core", b'{"name": "@left/core", "version": "1.1.0"}'),  # the base's
+        ("other/node_modules/fixture", b'{"name": "fixture", "version": "9.9.9"}'),
+    ):
+        (tree / where).mkdir(parents=True)
+        (tree / where / "package.json").write_bytes(manifest)
+    (tree / "cache" / "blob").parent.mkdir(parents=True)
+    (tree / "cache" / "blob").write_bytes(_tar_gz({"package/package.json": newer, "package/index.js": b"x"}))
+    hits = {(h.path.removeprefix(str(tree) + "/"), h.what) for h in scan([tree], needles)}
+    assert hits == {
+        ("harness/node_modules/left-pad/package.json", "left-pad@1.3.0"),
+        ("cache/blob!package/package.json", "left-pad@1.3.0"),
+    }, hits
+    assert scan([tree], replace(needles, node_versions={})) == []  # the control
+
+
 @needs_root_fs
 def test_the_sandbox_root_holds_no_wheel_store_and_no_answer(every_task: Needles):
     root = sandbox_root()

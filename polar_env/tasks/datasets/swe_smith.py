@@ -15,7 +15,7 @@ bug commit, then a commit removing the FAIL_TO_PASS test files), so the branch i
 and runs the profile's ``test_cmd`` (the whole suite unless ``--f2p_only``), parsed by the profile's
 ``log_parser`` (``<test> STATUS`` lines of pytest's ``--verbose`` output, not SWE-bench's ``-rA``
 summary). The gold fix is the bug patch reversed (``git apply --reverse``). So the branch's ancestors
-are the answer, and the agent gets its tree alone (``runtime.history_base``, sandbox/history.py). Only
+are the answer, and the agent gets its tree alone (``runtime.history_target``, sandbox/history.py). Only
 Python profiles' test command is known here (``SWE-bench/SWE-smith`` is the Python set; SWE-smith-go and
 others are not).
 """
