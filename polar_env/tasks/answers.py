@@ -59,26 +59,29 @@ def _packages(tree: Path) -> list[Path]:
     return found
 
 
+def _manifest(path: Path) -> dict:
+    """A ``package.json``'s object ({} where there is none or it is no object)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def _node_packages(tree: Path) -> dict[str, str]:
     """The npm packages a repository ships, name -> version: its root ``package.json`` and those of the
     workspaces it declares (``"workspaces": ["packages/*"]``, or ``{"packages": [...]}``)."""
-    found: dict[str, str] = {}
-    manifests = [tree / "package.json"]
-    for at, manifest in enumerate(manifests):
-        try:
-            data = json.loads(manifest.read_text())
-        except (OSError, ValueError):
-            continue
-        if not isinstance(data, dict):
-            continue
-        if isinstance(data.get("name"), str):
-            found[data["name"]] = str(data.get("version", ""))
-        spaces = data.get("workspaces") if at == 0 else None
-        spaces = spaces.get("packages") if isinstance(spaces, dict) else spaces
-        for pattern in spaces if isinstance(spaces, list) else []:
-            if isinstance(pattern, str) and ".." not in pattern and not pattern.startswith("/"):
-                manifests += sorted(tree.glob(f"{pattern.rstrip('/')}/package.json"))
-    return found
+    root = _manifest(tree / "package.json")
+    spaces = root.get("workspaces")
+    spaces = spaces.get("packages") if isinstance(spaces, dict) else spaces
+    patterns = [p for p in spaces if isinstance(p, str)] if isinstance(spaces, list) else []
+    manifests = [root] + [
+        _manifest(path)
+        for pattern in patterns
+        if ".." not in pattern and not pattern.startswith("/")
+        for path in sorted(tree.glob(f"{pattern.rstrip('/')}/package.json"))
+    ]
+    return {m["name"]: str(m.get("version", "")) for m in manifests if isinstance(m.get("name"), str)}
 
 
 def task_needles(task: Task, base: Path) -> Needles:
