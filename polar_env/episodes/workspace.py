@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from polar_env.sandbox.base import Sandbox, SandboxSpec
-from polar_env.tasks.answers import check_bubblewrap_views, check_container_views
+from polar_env.tasks.answers import answer_free_image, check_bubblewrap_views
 from polar_env.tasks.models import Task
 from polar_env.tasks.runtime import (
     WorkspaceUnavailable,
@@ -150,8 +150,8 @@ def _open(task: Task, spec: SandboxSpec, kind: WorkspaceKind) -> Workspace:
         from polar_env.sandbox.warm_images import warm_image
 
         spec, image = container_spec(task, spec, kind), task_image(task)
-        warm = warm_image(kind, image, spec, history_target(task))
-        check_container_views(task, kind, warm, spec)  # nothing it shows holds the task's answer
+        # nothing it shows holds the task's answer: copies outside its tree removed, else refused
+        warm = answer_free_image(task, kind, warm_image(kind, image, spec, history_target(task)), spec)
         cs = ContainerSandbox.create(None, spec=spec, image=warm, engine=kind, warm=True)
         ref = WorkspaceRef(
             kind=kind,

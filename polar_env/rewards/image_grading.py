@@ -61,8 +61,8 @@ from polar_env.sandbox.apptainer import ENGINE as APPTAINER
 from polar_env.sandbox.apptainer import ApptainerBox, is_apptainer_image
 from polar_env.sandbox.base import SandboxSpec
 from polar_env.sandbox.container import ContainerError, ContainerSandbox
-from polar_env.sandbox.history import TO_HEAD, HistoryTarget
 from polar_env.sandbox.warm_images import warm_image
+from polar_env.tasks.answers import answer_free_image
 from polar_env.tasks.base_trees import apptainer_base
 from polar_env.tasks.datasets import procedure_of
 from polar_env.tasks.models import Task
@@ -136,19 +136,21 @@ def grading_plan(task: Task, image: str) -> tuple[str, str, object | None]:
     return image, custom_eval_script(task), None
 
 
-def image_box(engine: str, image: str, target: HistoryTarget = TO_HEAD) -> ImageBox:
-    """A fresh box of ``image`` to grade in: a container of its warm image (its git history reduced to
-    ``target``, the tree the sandbox uid's and its base recorded once per node, as for episodes: the tested
-    code reads no more history than the agent did; on podman as root the tree on a disk quota), or on
+def image_box(engine: str, image: str, task: Task) -> ImageBox:
+    """A fresh box of ``image`` to grade ``task`` in: a container of its warm image (its git history reduced
+    to the task's base, the tree the sandbox uid's and its base recorded once per node, as for episodes: the
+    tested code reads no more history than the agent did, nor any copy of the answer the episode's image was
+    pruned of (`answers.answer_free_image`); on podman as root the tree on a disk quota), or on
     apptainer a box over a copy of the image's own tree (copied out and reduced once per node:
     `tasks.base_trees.apptainer_base`)."""
+    target = history_target(task)
     if engine == APPTAINER:
         tree = apptainer_base(image, GRADING_SPEC, target)
         return ApptainerBox.create(image, spec=GRADING_SPEC, base_tree=tree.tree, base_git=tree.git_dir)
     return ContainerSandbox.create(
         None,
         spec=GRADING_SPEC,
-        image=warm_image(engine, image, GRADING_SPEC, target),
+        image=answer_free_image(task, engine, warm_image(engine, image, GRADING_SPEC, target), GRADING_SPEC),
         engine=engine,
         warm=True,
     )
@@ -239,7 +241,7 @@ async def _strict_run(
     """The strict run in a fresh container; with ``gold``, judged against it, and perturbed if it resolves
     (where the gold patch passes the perturbed run); without, the gold run itself and its perturbed
     control."""
-    box = await asyncio.to_thread(image_box, engine, image, history_target(task))
+    box = await asyncio.to_thread(image_box, engine, image, task)
     try:
         try:
             done = await strict_in_box(task, box, patch, timeout_s)
@@ -348,7 +350,7 @@ async def _grade(
         return _infra(result, f"swebench test spec: {type(exc).__name__}: {exc}", t0, FailureKind.task_defect)
     box: ImageBox | None = None
     try:
-        box = await asyncio.to_thread(image_box, engine, image, history_target(task))
+        box = await asyncio.to_thread(image_box, engine, image, task)
         result.timings["setup_s"] = time.monotonic() - t0
         with tempfile.TemporaryDirectory(prefix="polar-grade-") as tmp:
             for name, text in (("model.patch", patch), ("eval.sh", script)):

@@ -116,6 +116,7 @@ _DIST = re.compile(
     r"^([A-Za-z0-9_.]+?)-(\d[^/]*?)(\.dist-info|\.egg-info|\.whl|\.tar\.gz|\.tgz|\.tar\.bz2|"
     r"\.tar\.xz|\.zip|\.egg)$"
 )
+METADATA_SUFFIXES = (".dist-info", ".egg-info")
 _INIT = re.compile(r"^__init__(\.py|\.pyc|\.[A-Za-z0-9_-]+\.pyc)$")
 _ZIP_END = b"PK\x05\x06"
 
@@ -277,7 +278,13 @@ class _Scan:
                     mode = entry.stat(follow_symlinks=False).st_mode
                 except OSError:
                     continue
-                if (stat.S_ISDIR(mode) or stat.S_ISREG(mode)) and self.match.is_dist(entry.name):
+                # an installed distribution's metadata holds no code (a copy's code is found as a
+                # package dir): ``pip install .`` of the task leaves one at the base version beside it
+                if (
+                    (stat.S_ISDIR(mode) or stat.S_ISREG(mode))
+                    and self.match.is_dist(entry.name)
+                    and not entry.name.endswith(METADATA_SUFFIXES)
+                ):
                     self.hits.add(Hit(entry.path, "package", entry.name))
                 if stat.S_ISDIR(mode):
                     stack.append(entry.path)

@@ -13,6 +13,10 @@ reduction script's digest (a changed reduction makes fresh warm images; one imag
 bases: SWE-smith's instances are branches of one image); a lock file per key makes
 concurrent episodes (threads or processes) build it once. A warm image is listed in the pulled-image ledger
 (``sandbox/pulled_images.py``) with its own size, so ``polar tasks pull``'s disk budget prunes it too.
+
+A warm image whose files hold a copy of its task's answer outside the task's tree gets one more layer
+without them (`without_paths`, ``<key>-pruned``: tasks/answers.py decides what goes), made the same
+once-per-node way.
 """
 
 from __future__ import annotations
@@ -20,11 +24,16 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import logging
+import os
+import shutil
+import stat
+from collections.abc import Callable, Sequence
 from dataclasses import replace
+from pathlib import Path
 
 from polar_env.cache import cache_root
 from polar_env.sandbox.base import SandboxSpec
-from polar_env.sandbox.container import ContainerSandbox, engine_run, image_exists
+from polar_env.sandbox.container import ContainerError, ContainerSandbox, engine_run, image_exists, label_args
 from polar_env.sandbox.history import TO_HEAD, HistoryTarget
 
 log = logging.getLogger(__name__)
@@ -51,26 +60,86 @@ def warm_image(engine: str, image: str, spec: SandboxSpec, target: HistoryTarget
     remembered for the process (an image retagged meanwhile is seen by the next process). A repository
     that cannot be reduced to ``target`` raises `container.HistoryNotReduced` (the task is refused) and
     commits nothing."""
-    from polar_env.sandbox.pulled_images import PulledImages
-
     known = (engine, image, spec.uid, spec.workdir, target)
     if (warm := _known.get(known)) is not None and image_exists(engine, warm):
         return warm
     warm = warm_image_name(engine, image, spec, target)
-    if not image_exists(engine, warm):
-        locks = cache_root() / "warm-images"
-        locks.mkdir(parents=True, exist_ok=True)
-        with open(locks / f"{warm.rsplit(':', 1)[1]}.lock", "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
-            if not image_exists(engine, warm):  # not committed while we waited
-                _commit(engine, image, spec, warm, target)
-                size = (
-                    engine_run([engine, "image", "inspect", "--format", "{{.Size}}", warm]).decode().strip()
-                )
-                PulledImages().record(warm, int(size or 0))
-    PulledImages().touch(warm)
+    _built_once(engine, warm, lambda: _commit(engine, image, spec, warm, target))
     _known[known] = warm
     return warm
+
+
+def _built_once(engine: str, name: str, build: Callable[[], None]) -> None:
+    """``build`` (which commits ``name``) unless ``name`` exists, once whoever asks at once (a lock file
+    per name); the image listed in the pulled-image ledger with its size, its use recorded."""
+    from polar_env.sandbox.pulled_images import PulledImages
+
+    if not image_exists(engine, name):
+        locks = cache_root() / "warm-images"
+        locks.mkdir(parents=True, exist_ok=True)
+        with open(locks / f"{name.rsplit(':', 1)[1]}.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, also if this process dies
+            if not image_exists(engine, name):  # not committed while we waited
+                build()
+                size = (
+                    engine_run([engine, "image", "inspect", "--format", "{{.Size}}", name]).decode().strip()
+                )
+                PulledImages().record(name, int(size or 0))
+    PulledImages().touch(name)
+
+
+def without_paths(engine: str, image: str, paths: Sequence[str]) -> str:
+    """``image`` with ``paths`` (absolute, in the image) removed, as a layer of its own committed once per
+    node (``localhost/polar-warm:<key>-pruned``). Made as host root from the host: a container of
+    ``image`` is created (nothing of it runs), its file system mounted, each path removed (never through
+    a link: a path whose parent is no directory of the image is refused) and found gone, then committed.
+    Raises `ContainerError` where a path is still there."""
+    image_id = engine_run([engine, "image", "inspect", "--format", "{{.Id}}", image]).decode().strip()
+    tops = outermost(paths)
+    key = hashlib.sha256("\0".join([LAYOUT, image_id, *tops]).encode()).hexdigest()[:24]
+    pruned = f"{WARM_REPO}:{key}-pruned"
+
+    def build() -> None:
+        box = (
+            engine_run([engine, "create", *label_args(), "--network", "none", image, "true"]).decode().strip()
+        )
+        try:
+            root = Path(engine_run([engine, "mount", box]).decode().strip())
+            try:
+                for path in tops:
+                    remove_beneath(root, path)
+            finally:
+                engine_run([engine, "unmount", box])
+            engine_run([engine, "commit", box, pruned])
+        finally:
+            engine_run([engine, "rm", "-f", box])
+
+    _built_once(engine, pruned, build)
+    return pruned
+
+
+def outermost(paths: Sequence[str]) -> list[str]:
+    """``paths`` without those beneath another of them, sorted."""
+    return sorted({p for p in paths if not any(p.startswith(q.rstrip("/") + "/") for q in paths)})
+
+
+def remove_beneath(root: Path, path: str) -> None:
+    """``path`` (absolute, within ``root``) removed, a directory with all it holds; every parent must be a
+    real directory (no link is followed), and the path must be gone after."""
+    parts = Path(path.lstrip("/")).parts
+    if not parts or ".." in parts:
+        raise ContainerError(f"cannot remove {path!r} from an image")
+    target = root
+    for part in parts:
+        if not stat.S_ISDIR(os.lstat(target).st_mode):
+            raise ContainerError(f"cannot remove {path}: {target.relative_to(root)} is no directory")
+        target = target / part
+    if stat.S_ISDIR(os.lstat(target).st_mode):
+        shutil.rmtree(target)
+    else:
+        target.unlink()
+    if os.path.lexists(target):
+        raise ContainerError(f"{path} is still in the image after its removal")
 
 
 def _commit(engine: str, image: str, spec: SandboxSpec, warm: str, target: HistoryTarget) -> None:

@@ -5,17 +5,20 @@ Every byte an agent's processes (or, in grading, its tested code) can read is po
 sandbox root, a harness install its tools can read (a Node.js one; a Python one is sealed as host
 root: ``sandbox/views.py``), the task's grading environment, the task's image (sandbox/answer_scan.py
 reads all of it, archives included). When a workspace of a task with a gold patch is opened
-(`check_workspace`), each view it shows is scanned for the task's needles (`task_needles`: its gold
-patch's fresh added lines, its package at another version); a hit refuses the task with one line
-naming the file (`AnswerReadable`). Results are cached by the content scanned (a fingerprint of
-every file's path, size and mtime, or an image's id) and the needles, on disk and for the process,
-so a warm node scans nothing twice and a warm process does not even fingerprint.
+(`check_bubblewrap_views`, `answer_free_image`), each view it shows is scanned for the task's needles
+(`task_needles`: its gold patch's fresh added lines, its package at another version). In a task's
+image, a hit outside the task's own tree is removed (`answer_free_image`: the episode and its grading
+run the image without it); any other hit, or one that cannot be removed, refuses the task with one
+line naming the file (`AnswerReadable`). Results are cached by the content scanned (a fingerprint of
+every file's path, size and mtime, or an image's id) and the needles, on disk and for the process, so
+a warm node scans nothing twice and a warm process does not even fingerprint.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import stat
 from collections.abc import Sequence
@@ -30,8 +33,9 @@ from polar_env.sandbox.views import holds_python_packages
 from polar_env.tasks.models import Task
 from polar_env.tasks.runtime import WorkspaceUnavailable
 
+log = logging.getLogger(__name__)
 SCANS_DIR = "answer-scans"
-LAYOUT = "2"  # bump when the scan's rules change: every cached result is redone
+LAYOUT = "3"  # bump when the scan's rules change: every cached result is redone
 
 
 class AnswerReadable(WorkspaceUnavailable):
@@ -200,20 +204,58 @@ def check_bubblewrap_views(task: Task, spec: SandboxSpec, base: Path, env: Path 
     refuse_readable_answers(task, needles_of(task, base), views)
 
 
-def check_container_views(task: Task, engine: str, image: str, spec: SandboxSpec) -> None:
-    """A container episode of ``task`` shows its image and its harness install. As host root on
-    podman the image is mounted read-only and scanned (its workdir, the task's own tree, left out), once
-    per image id and gold patch; elsewhere (docker, rootless podman) the image is not scanned and the
-    needles are the gold patch's lines unchecked against a base (docs/tasks.md)."""
+def answer_free_image(task: Task, engine: str, image: str, spec: SandboxSpec) -> str:
+    """The image a container episode (or grading) of ``task`` runs, ``image`` being its warm image. As host
+    root on podman the image is mounted read-only and scanned (its workdir, the task's own tree, left out),
+    once per image id and gold patch; copies of the answer outside that tree (a wheel store, a vendored
+    copy, an archive: never the task's) are removed, in a layer of their own (`warm_images.without_paths`,
+    said once), and that image is scanned again: a hit left, or a copy that cannot be removed, refuses the
+    task. Elsewhere (docker, rootless podman) the image is not scanned and the needles are the gold patch's
+    lines unchecked against a base (docs/tasks.md). The harness install it shows refuses the task on a
+    hit: it is Polar's, and no task's answer belongs there."""
     if not task.patch:
-        return
+        return image
     if engine == "podman" and os.geteuid() == 0:
         needles, hits = _image_scan(task, engine, image, spec.workdir)
-        _refuse(task, f"its image {image}", hits)
+        if hits:
+            image = _pruned(task, engine, image, hits)
+            needles, hits = _image_scan(task, engine, image, spec.workdir)
+            _refuse(task, f"its image {image}, pruned", hits)
     else:
         lines = sorted({ln for ln in _added_lines(task.patch) if len(ln) >= MIN_LINE})
         needles = Needles(tuple(lines), (task.repo.rsplit("/", 1)[-1],))
     refuse_readable_answers(task, needles, readable_harness(spec))
+    return image
+
+
+_said: set[tuple[str, str]] = set()  # (task, image) whose removals this process logged
+
+
+def _pruned(task: Task, engine: str, image: str, hits: list[Hit]) -> str:
+    """``image`` without the files ``hits`` name (an archive as a whole), logged once per process."""
+    from polar_env.sandbox.container import ContainerError
+    from polar_env.sandbox.warm_images import outermost, without_paths
+
+    paths = outermost([hit.path.split("!", 1)[0] for hit in hits])
+    try:
+        pruned = without_paths(engine, image, paths)
+    except (ContainerError, OSError) as exc:
+        raise AnswerReadable(
+            f"{task.instance_id}: refused: its image {image} holds its answer: {hits[0]}, which cannot be "
+            f"removed: {exc}"
+        ) from None
+    if (task.instance_id, image) not in _said:
+        _said.add((task.instance_id, image))
+        shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+        log.warning(
+            "%s: its image %s holds its answer outside its tree (%s): removed (%s), its containers run %s",
+            task.instance_id,
+            image,
+            hits[0],
+            shown,
+            pruned,
+        )
+    return pruned
 
 
 _images: dict[tuple[str, str, str], tuple[Needles, list[Hit]]] = {}  # (image, workdir, patch): this process's

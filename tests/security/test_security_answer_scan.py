@@ -13,6 +13,7 @@ task whose environment holds its answer is refused at warm time, the scan cached
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import os
@@ -115,6 +116,10 @@ def test_archives_are_read_inside(tmp_path: Path, needles: Needles):
     py_compile.compile(str(src), cfile=str(pyc_only / "__init__.cpython-311.pyc"))
     base = warm_base(TASKS["psf__requests-6028"], base_cache_dir()).tree
     shutil.copytree(base / "requests", tree / "same" / "requests")  # the base version, installed: not a hit
+    # an installed distribution's metadata (``pip install .`` of the task; an old egg-info file): no code
+    (tree / "same" / "requests-2.27.0.dist-info").mkdir()
+    (tree / "same" / "requests-2.27.0.dist-info" / "METADATA").write_text("Name: requests\nVersion: 2.27.0\n")
+    (tree / "same" / "requests-2.26.0-py3.9.egg-info").write_text("Name: requests\nVersion: 2.26.0\n")
     hits = {(h.path.removeprefix(str(tree) + "/"), h.kind) for h in scan([tree], needles)}
     assert hits == {
         ("wheels/any-name.whl!requests", "package"),
@@ -328,3 +333,64 @@ async def test_a_python_harness_install_is_the_harness_alone_in_a_container(agen
     assert "HARNESS 1" in own, own
     assert "TOOLS listed" in control, control
     assert view is not None and not view.exists()  # its view was mounted on the host and is gone with it
+
+
+# Run as root in the image build, in the task's workdir: the copies of a newer release a real image's
+# environment holds beside the task's tree (pip's vendored copy, an sdist in a cache) and the metadata
+# ``pip install .`` of the task leaves at its base version (no code: kept).
+PLANT = r"""set -eu
+cp -r /testbed /tmp/newer && cd /tmp/newer && git apply /tmp/layer/fix.patch
+vendor=/usr/lib/python3/dist-packages/pip/_vendor && mkdir -p "$vendor" && cp -r requests "$vendor/"
+mkdir -p /var/cache/pip-sdists && tar czf /var/cache/pip-sdists/requests-2.99.0.tar.gz requests
+meta=/usr/local/lib/python3/site-packages/requests-2.27.0.dist-info
+mkdir -p "$meta" && printf 'Name: requests\nVersion: 2.27.0\n' > "$meta/METADATA"
+rm -rf /tmp/newer
+"""
+PLANTED = (
+    "/usr/lib/python3/dist-packages/pip/_vendor/requests",
+    "/var/cache/pip-sdists/requests-2.99.0.tar.gz",
+)
+KEPT = "/usr/local/lib/python3/site-packages/requests-2.27.0.dist-info/METADATA"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("podman") is None or os.geteuid() != 0, reason="needs podman as host root")
+async def test_copies_of_the_answer_outside_the_tree_are_removed_from_the_image(tmp_path: Path, caplog):
+    """A task image whose environment holds a newer release with the fix (what a real SWE-bench image of
+    a requests task holds: pip's vendored ``requests``): the episode opens, its container and the grading
+    container hold neither copy (the metadata of the task's own install is kept), and gold still earns
+    1.0. The control: the warm image itself holds both, and the scan sees them there."""
+    from dataset_standins import build_layer
+
+    from polar_env.episodes.workspace import open_workspace
+    from polar_env.rewards.grader import grade_task
+    from polar_env.sandbox.warm_images import warm_image
+    from polar_env.tasks import answers
+    from polar_env.tasks.images import ensure_task_image
+    from polar_env.tasks.runtime import container_spec, history_target, task_spec
+
+    task = TASKS["psf__requests-5414"]
+    task = task.model_copy(update={"image": ensure_task_image(task, "podman"), "base_archive": None})
+    planting = {"plant.sh": PLANT, "fix.patch": task.patch}
+    image = build_layer("podman", task.image, "polar-test-answers/5414", planting, "sh /tmp/layer/plant.sh")
+    task = task.model_copy(update={"image": image})
+    spec = container_spec(task, task_spec(task, SandboxSpec()), "podman")
+    warm = warm_image("podman", image, spec, history_target(task))
+    _, hits = answers._image_scan(task, "podman", warm, spec.workdir)
+    under = {next((p for p in PLANTED if h.path.split("!")[0].startswith(p)), h.path) for h in hits}
+    assert under == set(PLANTED), hits  # the control: both copies seen, nothing else
+
+    ws = await open_workspace(task, SandboxSpec(scratch_root=tmp_path), sandbox="podman")
+    try:
+        listing = " ".join([*PLANTED, KEPT])
+        seen = await ws.sandbox.run(
+            ["sh", "-c", f"for p in {listing}; do [ -e $p ] && echo present $p || echo gone $p; done"]
+        )
+        assert seen.stdout_tail.split("\n")[:3] == [*(f"gone {p}" for p in PLANTED), f"present {KEPT}"], seen
+    finally:
+        await ws.close()
+    removed = [r.getMessage() for r in caplog.records if "its answer outside its tree" in r.getMessage()]
+    assert removed and PLANTED[0] in removed[0], removed  # said, naming what was removed
+
+    grade = await asyncio.to_thread(grade_task, task, task.patch, kind="podman")
+    assert (grade.reward, grade.failure_kind.value) == (1.0, "none"), grade
