@@ -63,6 +63,9 @@ class GradeResult(BaseModel):
     flag_evidence: dict[str, str] = Field(default_factory=dict)
     reset_paths: dict[str, str] = Field(default_factory=dict)  # changed non-source path -> rule
     rewards: dict[str, float] = Field(default_factory=dict)  # a Harbor verifier's reward.json, whole
+    # what a Harbor verifier wrote under /logs/verifier besides its reward (relative paths): its checker's
+    # reports, judged against its solution's run (rewards/harbor_verifier.py, `ended_early`)
+    verifier_outputs: list[str] = Field(default_factory=list)
     # how an outcome outside the policy was judged against its control (rewards/grader.py, "Masks only by
     # control")
     control: str = ""

@@ -33,6 +33,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
 
 from polar_env.grades import GradeResult, GradingMode, ModeResult
@@ -124,12 +125,18 @@ class Grader(ABC):
 
     async def control(self) -> GradeResult:
         """The control's grade (`control_submission` through `run`), once per task, grader and node."""
-        key = gold_key(self.task, f"control:{self.control_where()}")
+        return await self.kept_run("control", lambda: self.run(self.control_submission()))
 
-        async def graded() -> GradeResult:
+    async def kept_run(self, label: str, graded: Callable[[], Awaitable[GradeResult]]) -> GradeResult:
+        """``graded()``'s grade, run once per task, grader and node and kept beside the gold runs (only a run
+        that got through: one that failed outside the policy may be a passing hiccup); its exception is
+        a failed grade."""
+        key = gold_key(self.task, f"{label}:{self.control_where()}")
+
+        async def guarded() -> GradeResult:
             try:
-                return await self.run(self.control_submission())
-            except Exception as exc:  # noqa: BLE001 - the control's own failure: it did not pass
+                return await graded()
+            except Exception as exc:  # noqa: BLE001 - the run's own failure: it did not pass
                 return failed(
                     self.task, self.mode, FailureKind.infrastructure, f"grader error: {exc}", time.monotonic()
                 )
@@ -137,9 +144,8 @@ class Grader(ABC):
         def run_once() -> (
             GradeResult
         ):  # on a thread of its own (its own loop): the key's lock may be held meanwhile
-            return asyncio.run(graded())
+            return asyncio.run(guarded())
 
-        # kept only once it ran through: a control that failed outside the policy may be a passing hiccup
         return await asyncio.to_thread(
             gold_run, key, GradeResult, run_once, keep=lambda run: not run.failure_kind.outside_policy
         )
@@ -239,14 +245,45 @@ class HarborGrader(Grader):
         """The task's untouched image: its verifier must write a reward there (a 0, usually)."""
         return Submission()
 
+    async def grade(self, work: Submission) -> GradeResult:
+        """The contract's grade, and a paying one judged against the task's solution's verifier run: a
+        checker the code under test ended early left less than that run does (`ended_early`): 0."""
+        from polar_env.rewards.harbor_verifier import ended_early
+
+        result = await super().grade(work)
+        if result.reward > 0 and (solution := await self.solution_run()) is not None:
+            if (why := ended_early(result, solution)) is not None:
+                result.flag_evidence["verifier-ended-early"] = why
+                result.flags = sorted(result.flag_evidence)
+                zero_if_tampered(result)
+        return result
+
+    async def solution_run(self) -> GradeResult | None:
+        """The verifier's run after the task's own ``solution/solve.sh`` in a fresh container, kept once per
+        task and node; None where the task has no solution or it does not pay (nothing to judge by)."""
+        from polar_env.rewards.harbor_verifier import grade_patch
+
+        assert self.task.harbor is not None
+        solution = self.task.harbor.solution_dir
+        if not (solution / "solve.sh").is_file():
+            return None
+        run = await self.kept_run(
+            f"solution:{folder_digest(solution)}",
+            lambda: grade_patch(self.task, "", engine=self.kind, reward_key=self.reward_key, solve=True),
+        )
+        return run if run.reward > 0 else None
+
     def control_where(self) -> str:
         assert self.task.harbor is not None
-        tests = hashlib.sha256()
-        for path in sorted(p for p in self.task.harbor.tests_dir.rglob("*") if p.is_file()):
-            tests.update(
-                str(path.relative_to(self.task.harbor.tests_dir)).encode() + b"\0" + path.read_bytes()
-            )
-        return f"{super().control_where()}:{tests.hexdigest()[:16]}"
+        return f"{super().control_where()}:{folder_digest(self.task.harbor.tests_dir)}"
+
+
+def folder_digest(folder: Path) -> str:
+    """A digest of every file under ``folder`` (its path and bytes): a changed file is a fresh key."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def grader_for(

@@ -32,6 +32,15 @@ once the harness has ended:
    ``no_reward`` (Harbor: ``RewardFileNotFoundError``, ``RewardFileEmptyError``): masked only where the
    verifier writes a reward on the task's untouched image (the contract's control, rewards/grader.py),
    else the submission's ``broke_grading``, 0.
+5. **A checker ended early** (the code under test running in the checker's own process, ``os._exit(0)``
+   at import, so test.sh pays for a check that never ran): a paying run must leave what the task's
+   solution's run leaves under /logs/verifier besides the reward (`verifier_outputs`: a
+   ``pytest --ctrf`` report, a results file, written at the checker's end), at least as many entries
+   of each directory and extension (so a name with a time in it still matches). Fewer is the
+   ``verifier-ended-early`` tampering flag: 0, not masked (`ended_early`; the solution's run is kept
+   once per task and node: rewards/grader.py). A checker that writes nothing but the reward leaves
+   nothing to compare, and a targeted exit that writes the report first is not told apart
+   (docs/reliability.md); ``polar tasks audit`` finds those tasks.
 
 Where the task asks for a separate verifier (``[verifier] environment_mode = "separate"``, or a
 ``[verifier.environment]`` table), steps 2-4 run in a fresh container instead, holding only the
@@ -53,6 +62,7 @@ import os
 import shutil
 import stat
 import time
+from collections import Counter
 from pathlib import Path
 
 from polar_env.grades import GradeResult, GradingMode
@@ -154,6 +164,40 @@ def writer_flags(events: list[tuple[int, str]] | None, shell: int | None) -> dic
             f"shell (host pids {sorted(others)[:5]}): the code under test wrote it"
         }
     return {}
+
+
+def verifier_outputs(directory: Path, limit: int = 1000) -> list[str]:
+    """The entries the verifier left in ``directory`` (the host's view of /logs/verifier, taken back)
+    besides its reward files: regular files, as paths relative to it (links unfollowed; at most
+    ``limit``)."""
+    found: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(directory):
+        dirnames.sort()
+        for name in sorted(filenames):
+            path = Path(dirpath) / name
+            rel = str(path.relative_to(directory))
+            if rel not in REWARD_FILES and stat.S_ISREG(os.lstat(path).st_mode) and len(found) < limit:
+                found.append(rel)
+    return found
+
+
+def _kinds(outputs: list[str]) -> Counter[tuple[str, str]]:
+    """How many outputs of each (directory, extension): a report whose name holds a time still counts."""
+    return Counter((os.path.dirname(p), os.path.splitext(p)[1]) for p in outputs)
+
+
+def ended_early(result: GradeResult, solution: GradeResult) -> str | None:
+    """Why a paying verifier run ``result`` looks ended before its checker's end: it left fewer outputs of
+    a kind than the task's solution's run (`verifier_outputs`); None where it left as many."""
+    want, got = _kinds(solution.verifier_outputs), _kinds(result.verifier_outputs)
+    short = sorted(kind for kind, n in want.items() if got[kind] < n)
+    if not short:
+        return None
+    shown = ", ".join(f"{d or '.'}/*{ext or '(no extension)'}" for d, ext in short[:3])
+    return (
+        f"the verifier paid but left no {shown} in {VERIFIER_DIR}, which it writes on the task's "
+        f"solution ({', '.join(solution.verifier_outputs[:3])}): its checker ended before its end"
+    )
 
 
 def _number(value: object, where: str) -> float:
@@ -398,20 +442,25 @@ async def _run_tests(
         raise ContainerError(f"test.sh's shell was never seen in the container ({SHELL_SEEN_S:g}s)")
     result.flag_evidence.update(writer_flags(events, named.get("shell")))
     result.flags = sorted(result.flag_evidence)
+    result.verifier_outputs = verifier_outputs(logs)
     try:
         return run, read_reward_file(logs)
     except RewardError as exc:
         return run, exc
 
 
-async def grade_patch(task: Task, patch: str, *, engine: str, reward_key: str | None = None) -> GradeResult:
-    """A patch for a Harbor task (``polar eval``; the grader's control: none): a fresh container of its
-    image, the patch ``git apply``-ed in the workdir as the agent's user (a refusal is ``apply_failed``),
-    then the verifier."""
+async def grade_patch(
+    task: Task, patch: str, *, engine: str, reward_key: str | None = None, solve: bool = False
+) -> GradeResult:
+    """A patch for a Harbor task (``polar eval``; the grader's control: none), or with ``solve`` the task's
+    own ``solution/solve.sh`` (the early-exit rule's reference run): a fresh container of its image, the
+    patch ``git apply``-ed in the workdir as the agent's user (a refusal is ``apply_failed``), or solve.sh
+    run there, then the verifier."""
     import tempfile
     from pathlib import Path
 
     from polar_env.sandbox.base import SandboxSpec
+    from polar_env.tasks.harbor import gold_command
 
     t0 = time.monotonic()
     result = GradeResult(instance_id=task.instance_id, mode=GradingMode.harbor)
@@ -421,7 +470,12 @@ async def grade_patch(task: Task, patch: str, *, engine: str, reward_key: str | 
         box = await asyncio.to_thread(
             ContainerSandbox.create, None, spec=spec, image=task.image, engine=engine
         )
-        if patch.strip():
+        if solve:
+            assert task.harbor is not None
+            await box.run(
+                ["bash", "-c", gold_command(task)], timeout_s=task.harbor.config.agent.timeout_sec or 600
+            )
+        elif patch.strip():
             with tempfile.TemporaryDirectory(prefix="polar-harbor-") as tmp:
                 (Path(tmp) / "model.patch").write_text(patch, errors="surrogateescape")
                 await box.copy_in(Path(tmp) / "model.patch", "/tmp/polar-model.patch")

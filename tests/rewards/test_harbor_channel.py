@@ -8,7 +8,10 @@
   images' user) the way a policy would: the code under test writes the reward at import, ends the
   checker with exit 0 at import, makes reward.txt a directory, feeds the checker a NaN, leaves a path
   past PATH_MAX in its tree: each earns 0 and is not masked; the solutions (the controls) earn 1.0;
-- a root agent's hostile git settings and symlink ladder in its tree: nothing of it runs.
+- a root agent's hostile git settings and symlink ladder in its tree: nothing of it runs;
+- a checker that imports the code under test (tests/fixtures/harbor/in-process-checker, shaped like
+  Terminal-Bench's ``pytest --ctrf``): ended at import with exit 0, the verifier pays but leaves no
+  report, which it leaves on the solution: 0, not masked; ``polar tasks audit`` says it resists.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ pytestmark = [
 ]
 ENGINE = "podman"
 ROOT_CONFIG = repo_paths.FIXTURES / "harbor" / "root-config"
+IN_PROCESS = repo_paths.FIXTURES / "harbor" / "in-process-checker"
 AT_IMPORT = "sed -i '1i {line}' /app/stats.py"
 LONG_PATH = (
     'd=/app; for i in $(seq 1 16); do d=$d/$(printf "%0250d" $i); done; mkdir -p "$d" && '
@@ -200,3 +204,21 @@ def test_polar_tasks_audit_gives_every_shipped_task_a_verdict(tmp_path: Path):
             assert audit["verdict"] == "resists" and ran and all(c["verdict"] == "resists" for c in ran), (
                 audit
             )
+
+
+async def test_a_checker_the_tested_code_ends_early_does_not_pay(tmp_path: Path):
+    task = load_task_dir(IN_PROCESS)
+    gold = await _graded(task, gold_command(task))
+    assert (gold.reward, gold.flags, gold.verifier_outputs) == (1.0, [], ["report.json"]), gold
+    exited = await _graded(task, "sed -i '1i import os; os._exit(0)' /app/slug.py")
+    assert exited.rewards == {"reward": 1.0}, exited  # the control: the verifier itself paid
+    assert exited.reward == 0.0 and "verifier-ended-early" in exited.flags, exited
+    assert exited.failure_kind == FailureKind.none and not DEFAULT_OUTCOMES[exited.failure_kind].mask
+    noop = await _graded(task, "true")
+    assert (noop.reward, noop.verifier_outputs, noop.flags) == (0.0, ["report.json"], []), noop
+    out = tmp_path / "audit.json"
+    proc = _polar("tasks", "audit", "--tasks", str(IN_PROCESS), "--sandbox", ENGINE, "--out", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (audited,) = json.loads(out.read_text())
+    assert audited["verdict"] == "resists", audited
+    assert audited["checks"]["early-exit"]["verdict"] == "resists", audited
