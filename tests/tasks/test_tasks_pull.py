@@ -169,3 +169,32 @@ def test_the_cli_pulls_what_a_task_file_names(engine: Path, tmp_path: Path):
         "localhost/polar-test/t0:1",
         "localhost/polar-test/t1:1",
     }
+
+
+@pytest.mark.parametrize("spelling", ["NAME:FILE", "FILE"])
+def test_the_cli_pulls_each_datasets_own_image(engine: Path, tmp_path: Path, spelling: str):
+    """A file of every dataset's rows (each in its published schema), given as ``NAME:FILE.jsonl`` or as a
+    plain ``FILE.jsonl`` recognised by schema: each row's image is the one its dataset's loader names
+    (SWE-Gym's own, not SWE-bench's), pulled once."""
+    from repo_paths import FIXTURES
+
+    from polar_env.tasks.datasets import DATASETS
+
+    files = sorted((FIXTURES / "datasets").glob("*.jsonl"))
+    assert sorted(f.stem for f in files) == sorted(DATASETS)  # one row file per loader
+    for source in files:
+        name = source.stem
+        (row,) = [json.loads(line) for line in source.read_text().splitlines()]
+        want = DATASETS[name].to_task(row).image
+        assert want, name
+        rows = tmp_path / f"{name}.jsonl"
+        rows.write_text(json.dumps(row) + "\n")
+        spec = f"{name}:{rows}" if spelling == "NAME:FILE" else str(rows)
+        proc = subprocess.run(
+            [sys.executable, "-m", "polar_env.cli", "tasks", "pull", spec, "--engine", "podman"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == 0, (name, proc.stderr)
+        assert proc.stdout.splitlines() == [f"{want}: pulled (1 attempt)"], (name, proc.stdout)
