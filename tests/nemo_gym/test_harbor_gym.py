@@ -1,7 +1,14 @@
-"""A Harbor task through the real NeMo Gym: `gym env start` (ng_run) with Polar's resources server on
-the terminal tasks in podman, then `gym eval run` (rollout collection): the gold policy (solve.sh through
-Pi's shell tool) earns 1.0, graded by the task's own verifier in the container the agent left, and the
-rollout passes `polar check`. Same server venv workaround as tests/nemo_gym/test_nemo_gym_e2e.py."""
+"""Tasks in containers through the real NeMo Gym: `gym env start` (ng_run) with Polar's resources server
+in podman, then `gym eval run` (rollout collection), the gold policy earning 1.0 and the rollout passing
+`polar check`:
+
+- a Harbor task (the terminal tasks): solve.sh through Pi's shell tool, graded by the task's own verifier
+  in the container the agent left;
+- a dataset's row (``polar_tasks=swe-gym:FILE.jsonl``, SWE-Gym's schema, on its local stand-in image:
+  tests/dataset_standins.py): the gold patch through Pi's edit tool, graded in the image by SWE-Gym's
+  procedure (its conda env activated), strict.
+
+Same server venv workaround as tests/nemo_gym/test_nemo_gym_e2e.py."""
 
 from __future__ import annotations
 
@@ -39,13 +46,34 @@ pytestmark = [
 ]
 
 
-def test_gym_collects_a_gold_rollout_of_a_harbor_task(tmp_path: Path, embedded_dir: Path):
+def swe_gym_rows(tmp_path: Path) -> str:
+    """A file of one SWE-Gym row (the bundled requests task in SWE-Gym's schema), its stand-in image built
+    under the name SWE-Gym's loader gives it; the task spec naming it."""
+    from dataset_standins import ROWS, conda_standin
+
+    from polar_env.tasks.datasets import DATASETS
+    from polar_env.tasks.loader import load_bundled
+
+    (bundled,) = [t for t in load_bundled() if t.instance_id == "psf__requests-5414"]
+    row = ROWS["swe-gym"](bundled)
+    conda_standin(bundled, DATASETS["swe-gym"].to_task(row).image)
+    path = tmp_path / "swe-gym-rows.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    return f"swe-gym:{path}"
+
+
+@pytest.mark.parametrize("source", ["harbor", "swe-gym"])
+def test_gym_collects_a_gold_rollout_of_a_task_in_a_container(
+    source: str, tmp_path: Path, embedded_dir: Path
+):
     venvs = tmp_path / "venvs"
     for d in SERVER_DIRS:
         (venvs / d).mkdir(parents=True)
         (venvs / d / ".venv").symlink_to(GYM_VENV)
     (tmp_path / "tmp").mkdir()
-    (task,) = [t for t in load_tasks("terminal") if t.instance_id == TASK_ID]
+    tasks = "terminal" if source == "harbor" else swe_gym_rows(tmp_path)
+    task_id = TASK_ID if source == "harbor" else "psf__requests-5414"
+    (task,) = [t for t in load_tasks(tasks) if t.instance_id == task_id]
     rows = tmp_path / "rows.jsonl"
     rows.write_text(
         json.dumps(
@@ -54,7 +82,7 @@ def test_gym_collects_a_gold_rollout_of_a_harbor_task(tmp_path: Path, embedded_d
                     "input": [{"role": "user", "content": episode_prompt(task)}],
                     "max_output_tokens": 2048,
                 },
-                "task_id": TASK_ID,
+                "task_id": task_id,
                 "task_source": "polar_pi_agent",
             }
         )
@@ -84,7 +112,7 @@ def test_gym_collects_a_gold_rollout_of_a_harbor_task(tmp_path: Path, embedded_d
             "--policy",
             "gold",
             "--tasks",
-            "terminal",
+            tasks,
             "--port",
             str(policy_port),
             "--model-dir",
@@ -107,7 +135,7 @@ def test_gym_collects_a_gold_rollout_of_a_harbor_task(tmp_path: Path, embedded_d
                 "+policy_api_key=none",
                 "+policy_model_name=polar-policy",
                 f"+polar_model_dir={embedded_dir}",
-                "+polar_tasks=terminal",
+                f"+polar_tasks='{tasks}'",
                 "+polar_sandbox=podman",
                 "+skip_venv_if_present=true",
                 f"+uv_venv_dir={venvs}",
@@ -146,10 +174,14 @@ def test_gym_collects_a_gold_rollout_of_a_harbor_task(tmp_path: Path, embedded_d
             stop(run)
         stop(policy)
     (result,) = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
-    assert result["task_id"] == TASK_ID and result["reward"] == 1.0 and result["resolved"] is True
+    assert result["task_id"] == task_id and result["reward"] == 1.0 and result["resolved"] is True
     assert result["mask_sample"] is False
     calls = [item for item in result["response"]["output"] if item["type"] == "function_call"]
-    assert calls and "POLAR_SOLVE_EOF" in calls[0]["arguments"]  # solve.sh, through Pi's bash tool
+    if source == "harbor":
+        assert calls and "POLAR_SOLVE_EOF" in calls[0]["arguments"]  # solve.sh, through Pi's bash tool
+    else:  # the gold patch through Pi's own tools, graded by SWE-Gym's procedure in its image
+        assert any("models.py" in c["arguments"] for c in calls), calls  # the file the gold patch fixes
+        assert result["polar"]["failure_kind"] == "none", result["polar"]
     report = check_path(out)
     assert report.kind == "nemo" and report.ok, report.render()
     assert "Rollout health: 1 checked, 1 healthy" in collect.stdout
