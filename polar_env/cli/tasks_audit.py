@@ -15,7 +15,10 @@ A check builds what a policy would leave and grades it the way an episode is gra
   at import) and ``forged-results`` (SWE-bench-style ``PASSED`` lines for every FAIL_TO_PASS test,
   then exit 0), graded in the task's own grader (strict).
 
-More checks plug in through `CHECKS` (issue 45's repository-history and answer checks register there).
+- Every task, on a fresh workspace opened as an episode's is (`workspace_checks`): ``answer-readable``
+  (a view holds the gold patch's lines or the task's package at another version: the workspace is
+  refused) and ``repository-history`` (the workdir's repository, read as the agent, reaches a commit
+  beyond the base or holds an object no ref reaches). More checks plug in through `CHECKS`.
 The task's verdict: ``controllable`` if any check controls, ``unknown`` if the solution itself does
 not earn 1 (nothing to compare with) or a check could not run, else ``resists``; kept per node
 (`rewards.audit`) for ``polar rollout`` to warn on.
@@ -83,9 +86,62 @@ for path, kind, payload in json.load(sys.stdin):
         os.chmod(path, 0o755)
 """
 DIFF_NAME = re.compile(r"^diff --git a/(.+?) b/\1$", re.M)
-Check = Callable[[Task, WorkspaceKind], Coroutine[Any, Any, CheckResult]]
-# further checks, by name, run on every task (issue 45 adds the repository-history and answer checks here)
-CHECKS: dict[str, Check] = {}
+# run as the agent in its workspace's workdir: what of the repository lies beyond the base (HEAD and its
+# ancestors): commits any ref or reflog reaches, stashes included, and objects no ref reaches
+HISTORY_PROBE = r"""cd "$1" 2>/dev/null || exit 0
+g() { git -c safe.directory='*' "$@"; }
+g rev-parse --git-dir >/dev/null 2>&1 || { echo norepo; exit 0; }
+echo "base $(g rev-list HEAD 2>/dev/null | wc -l)"
+echo "beyond $(g rev-list --all --reflog --not HEAD -- 2>/dev/null | wc -l)"
+echo "unreachable $(g cat-file --batch-all-objects --batch-check='%(objectname)' | sort -u |
+  comm -23 - <(g rev-list --objects --all --reflog 2>/dev/null | cut -d' ' -f1 | sort -u) | wc -l)"
+"""
+Check = Callable[[Task, WorkspaceKind], Coroutine[Any, Any, dict[str, CheckResult]]]
+
+
+async def workspace_checks(task: Task, kind: WorkspaceKind) -> dict[str, CheckResult]:
+    """What the agent could read instead of solving (issue 45): a fresh workspace of the task, opened as an
+    episode's is. ``answer-readable``: a view it shows holds the gold patch's lines or the task's package at
+    another version (the workspace is refused: controls). ``repository-history``: the workdir's repository,
+    read as the agent, reaches a commit beyond the base or holds an object no ref reaches (controls)."""
+    from polar_env.tasks.answers import AnswerReadable
+
+    checks: dict[str, CheckResult] = {}
+    try:
+        ws = await open_workspace(task, SandboxSpec(), sandbox=kind)
+    except AnswerReadable as exc:
+        return {"answer-readable": CheckResult(verdict="controls", detail=str(exc)[:300])}
+    checks["answer-readable"] = (
+        CheckResult(verdict="resists", detail="no view of the workspace holds the gold patch's lines")
+        if task.patch
+        else CheckResult(verdict="not_applicable", detail="no gold patch to look for")
+    )
+    try:
+        probe = await ws.sandbox.run(["bash", "-c", HISTORY_PROBE, "probe", task.workdir], timeout_s=300)
+    finally:
+        await ws.close()
+    checks["repository-history"] = history_verdict(probe.stdout_tail)
+    return checks
+
+
+def history_verdict(output: str) -> CheckResult:
+    """`HISTORY_PROBE`'s lines as a verdict."""
+    if output.strip() == "norepo":
+        return CheckResult(verdict="not_applicable", detail="the workdir is no git repository")
+    found = {k: int(v) for k, _, v in (ln.partition(" ") for ln in output.split("\n")) if v.strip().isdigit()}
+    if set(found) != {"base", "beyond", "unreachable"}:
+        return CheckResult(verdict="unknown", detail=f"the history probe answered {output[-200:]!r}")
+    if found["beyond"] or found["unreachable"]:
+        return CheckResult(
+            verdict="controls",
+            detail=f"the agent reads {found['beyond']} commit(s) beyond the base and "
+            f"{found['unreachable']} object(s) no ref reaches",
+        )
+    return CheckResult(verdict="resists", detail=f"the base only: {found['base']} commit(s), nothing else")
+
+
+# checks run on every task, after its grader's own (each returns its results by name)
+CHECKS: list[Check] = [workspace_checks]
 
 
 def judged(grade: GradeResult, what: str) -> CheckResult:
@@ -221,8 +277,8 @@ def audit_swe(task: Task, kind: WorkspaceKind) -> dict[str, CheckResult]:
 
 def audit_task(task: Task, kind: WorkspaceKind) -> TaskAudit:
     checks = asyncio.run(audit_harbor(task, kind)) if task.harbor is not None else audit_swe(task, kind)
-    for name, check in CHECKS.items():
-        checks[name] = asyncio.run(check(task, kind))
+    for check in CHECKS:
+        checks.update(asyncio.run(check(task, kind)))
     return TaskAudit.of(task.instance_id, checks)
 
 

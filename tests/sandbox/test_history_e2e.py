@@ -328,3 +328,27 @@ async def test_a_task_whose_history_cannot_be_reduced_is_refused_in_one_line(swe
     assert refused.value.failure_kind == FailureKind.task_defect
     spec = container_spec(task, task_spec(task, SandboxSpec()), ENGINE)
     assert not image_exists(ENGINE, warm_image_name(ENGINE, task.image or "", spec, history_target(task)))
+
+
+async def test_polar_tasks_audit_reads_the_repository_as_the_agent(swe_task: Task, harbor_task: Task):
+    """``polar tasks audit``'s workspace checks (cli/tasks_audit.py): on each image whose repository holds
+    the fix in later history, the repository read as the agent shows the base only (``resists``), and no
+    view holds the gold patch's lines; the same probe straight on the image, with nothing of Polar, finds
+    the commits beyond the base (the control: ``controls``)."""
+    from polar_env.cli.tasks_audit import HISTORY_PROBE, history_verdict, workspace_checks
+
+    harbor_task.image = ensure_harbor_image(harbor_task, ENGINE)
+    for task in (swe_task, harbor_task):
+        checks = await workspace_checks(task, ENGINE)
+        assert checks["repository-history"].verdict == "resists", checks
+        assert checks["answer-readable"].verdict == ("resists" if task.patch else "not_applicable"), checks
+        raw = subprocess.run(
+            [ENGINE, "run", "--rm", "--network", "none", task.image or "", "bash", "-c", HISTORY_PROBE]
+            + ["probe", task.workdir],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+        control = history_verdict(raw.stdout)
+        assert control.verdict == "controls" and "beyond the base" in control.detail, control

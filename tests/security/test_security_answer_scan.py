@@ -288,6 +288,30 @@ def test_a_task_whose_environment_holds_its_answer_is_refused_and_the_scan_is_ca
         refuse_readable_answers(task, needles, [View("its grading environment", clean)])
 
 
+@needs_root_fs
+async def test_polar_tasks_audit_says_a_readable_answer_controls_the_reward(tmp_path: Path, monkeypatch):
+    """``polar tasks audit``'s ``answer-readable`` check (cli/tasks_audit.py) opens the task's workspace as an
+    episode does: a sandbox root holding a wheel with the fix refuses it, and the check says ``controls``;
+    the real root ``resists``. (The planted root is a copy's stand-in: the real one must stay clean.)"""
+    from polar_env.cli.tasks_audit import workspace_checks
+    from polar_env.sandbox import rootfs
+    from polar_env.tasks import answers
+
+    task = TASKS["psf__requests-6028"]
+    clean = await workspace_checks(task, "bubblewrap")
+    assert clean["answer-readable"].verdict == "resists", clean
+    planted = tmp_path / "root"
+    (planted / "usr" / "share" / "python-wheels").mkdir(parents=True)
+    (planted / "usr" / "share" / "python-wheels" / "requests-2.99.0-py3-none-any.whl").write_bytes(
+        planted_wheel()
+    )
+    monkeypatch.setattr(rootfs, "sandbox_root", lambda: planted)
+    monkeypatch.setattr(answers, "_checked", {})
+    found = await workspace_checks(task, "bubblewrap")
+    assert found["answer-readable"].verdict == "controls", found
+    assert "the sandbox root holds its answer" in found["answer-readable"].detail, found
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("podman") is None or os.geteuid() != 0, reason="needs podman as host root")
 @pytest.mark.parametrize("agent", ["uid", "userns", "root"])
