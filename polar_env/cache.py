@@ -5,7 +5,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
 from pathlib import Path
 
 from polar_env.environment import EnvSettings
@@ -15,11 +17,18 @@ def cache_root() -> Path:
     return EnvSettings.read().cache or Path.home() / ".cache" / "polar"
 
 
-def write_atomic(path: Path, data: bytes) -> Path:
-    """``data`` at ``path``, written whole: a temp file renamed, so concurrent writers and readers
-    never see a part."""
+def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> Path:
+    """``data`` at ``path`` (with ``mode``), written whole: a temp file of its own renamed, so concurrent
+    writers (processes or threads: each its own temp file) and readers never see a part."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_bytes(data)
-    tmp.rename(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
     return path

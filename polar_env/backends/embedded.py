@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
 
-from polar_env.cache import cache_root
+from polar_env.cache import cache_root, write_atomic
 
 EMBEDDED_MODEL_NAME = "SmolLM2-135M-Instruct"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -83,8 +82,8 @@ def _refresh_template(model_dir: Path) -> None:
     if config.get("chat_template") == template:
         return
     config["chat_template"] = template
-    _write_atomic(config_path, json.dumps(config, indent=2, ensure_ascii=False))
-    _write_atomic(model_dir / "chat_template.jinja", template)
+    write_atomic(config_path, json.dumps(config, indent=2, ensure_ascii=False).encode())
+    write_atomic(model_dir / "chat_template.jinja", template.encode())
 
 
 def _refresh_context(model_dir: Path) -> None:
@@ -95,19 +94,12 @@ def _refresh_context(model_dir: Path) -> None:
     wanted = {**rope, **ROPE_PARAMETERS}
     if rope != wanted or config.get("max_position_embeddings") != EMBEDDED_CONTEXT:
         config.update(rope_parameters=wanted, max_position_embeddings=EMBEDDED_CONTEXT)
-        _write_atomic(config_path, json.dumps(config, indent=2))
+        write_atomic(config_path, json.dumps(config, indent=2).encode())
     tok_path = model_dir / "tokenizer_config.json"
     tok = json.loads(tok_path.read_text())
     if tok.get("model_max_length") != EMBEDDED_CONTEXT:
         tok["model_max_length"] = EMBEDDED_CONTEXT
-        _write_atomic(tok_path, json.dumps(tok, indent=2, ensure_ascii=False))
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    tmp.chmod(0o644)
-    tmp.replace(path)
+        write_atomic(tok_path, json.dumps(tok, indent=2, ensure_ascii=False).encode())
 
 
 def _convert(gguf: Path, out: Path) -> None:

@@ -119,7 +119,7 @@ def test_gold_demo_resolves_every_sample_through_the_added_harnesses(harness, tm
     trajectories = list(read_trajectories(out / "trajectories.jsonl"))
     summary = json.loads((out / "summary.json").read_text())
     assert summary["resolved"] == 4, [
-        (t.status, t.failure_kind, t.grading and t.grading["failure_kind"]) for t in trajectories
+        (t.status, t.failure_kind, t.grading and t.grading.failure_kind) for t in trajectories
     ]
     assert all(t.stats.chains == 1 and t.stats.trainable_tokens > 0 for t in trajectories)
     assert polar_main(["check", str(out / "nemo_results.jsonl"), "--samples", "2"]) == 0
