@@ -176,8 +176,10 @@ def verifier_outputs(directory: Path, limit: int = 1000) -> list[str]:
         for name in sorted(filenames):
             path = Path(dirpath) / name
             rel = str(path.relative_to(directory))
-            if rel not in REWARD_FILES and stat.S_ISREG(os.lstat(path).st_mode) and len(found) < limit:
+            if rel not in REWARD_FILES and stat.S_ISREG(os.lstat(path).st_mode):
                 found.append(rel)
+                if len(found) == limit:
+                    return found
     return found
 
 

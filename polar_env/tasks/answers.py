@@ -228,14 +228,18 @@ def answer_free_image(task: Task, engine: str, image: str, spec: SandboxSpec) ->
     return image
 
 
-_said: set[tuple[str, str]] = set()  # (task, image) whose removals this process logged
+# (task, image) -> its pruned image, made or found by this process (said once): each grading box asks again
+_pruned_images: dict[tuple[str, str], str] = {}
 
 
 def _pruned(task: Task, engine: str, image: str, hits: list[Hit]) -> str:
     """``image`` without the files ``hits`` name (an archive as a whole), logged once per process."""
-    from polar_env.sandbox.container import ContainerError
+    from polar_env.sandbox.container import ContainerError, image_exists
     from polar_env.sandbox.warm_images import outermost, without_paths
 
+    known = (task.instance_id, image)
+    if (pruned := _pruned_images.get(known)) is not None and image_exists(engine, pruned):
+        return pruned
     paths = outermost([hit.path.split("!", 1)[0] for hit in hits])
     try:
         pruned = without_paths(engine, image, paths)
@@ -244,8 +248,7 @@ def _pruned(task: Task, engine: str, image: str, hits: list[Hit]) -> str:
             f"{task.instance_id}: refused: its image {image} holds its answer: {hits[0]}, which cannot be "
             f"removed: {exc}"
         ) from None
-    if (task.instance_id, image) not in _said:
-        _said.add((task.instance_id, image))
+    if known not in _pruned_images:
         shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
         log.warning(
             "%s: its image %s holds its answer outside its tree (%s): removed (%s), its containers run %s",
@@ -255,6 +258,7 @@ def _pruned(task: Task, engine: str, image: str, hits: list[Hit]) -> str:
             shown,
             pruned,
         )
+    _pruned_images[known] = pruned
     return pruned
 
 
