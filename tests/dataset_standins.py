@@ -11,17 +11,27 @@ the repository installed into it in place (a ``.pth`` of /testbed, what ``pip in
 and /testbed a clone checked out at the base with the fix reachable in a later commit (a branch and a
 tag), so the history reduction (sandbox/history.py) is exercised. conda itself is not installed: its
 ``bin/activate`` is a shell stand-in doing what those two lines do.
+
+SWE-rebench V2 (its ``combine.Dockerfile.j2`` on a ``python:3.11``-style base): the image's own Python on
+PATH with the repository installed in it (a ``.pth``), the repository at ``/<repo name>``, a clone reset
+(``git reset --hard``) to the base from a later commit holding the fix (kept by the reflog and the object
+store, no ref), its origin removed, the tree ``chmod -R 777``; the row's test command a list.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import re
+import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from polar_env.sandbox.container import engine_run, image_exists
+from polar_env.tasks.datasets import DATASETS
 from polar_env.tasks.images import VENV, ensure_task_image
-from polar_env.tasks.models import Task
+from polar_env.tasks.models import Task, patch_files
 
 CONDA = "/opt/miniconda3"
 TESTBED_ENV = f"{CONDA}/envs/testbed"
@@ -86,8 +96,33 @@ def swe_rebench_row(task: Task) -> dict:
     }
 
 
-# the datasets whose images have SWE-bench's layout (conda `testbed`, /testbed): one stand-in serves them
-ROWS = {"swe-gym": swe_gym_row, "swe-rebench": swe_rebench_row}
+# tests SWE-bench lists as passing that V2's rows would not: xfail under the gold patch (V2's parsers know
+# no XFAIL status, and its verdict wants the passed tests exactly)
+V2_UNLISTED = {
+    "psf__requests-5414": ("tests/test_requests.py::TestRequests::test_response_iter_lines_reentrant",)
+}
+
+
+def swe_rebench_v2_row(task: Task) -> dict:
+    """``task`` as a row of SWE-rebench V2's schema (its ``sample.json``): the test command a list, V2's own
+    parser, the image at the top level (the stand-in's tag)."""
+    row = {k: v for k, v in swe_gym_row(task).items() if k != "version"}
+    row["PASS_TO_PASS"] = [t for t in task.PASS_TO_PASS if t not in V2_UNLISTED.get(task.instance_id, ())]
+    return {
+        **row,
+        "language": "python",
+        "interface": "",
+        "pr_description": task.problem_statement,
+        "meta": {},
+        "install_config": {
+            "base_image_name": "python_3.11",
+            "install": ["pip install -e ."],
+            "test_cmd": ["pytest -rA --tb=no -p no:cacheprovider " + " ".join(task.test_directives)],
+            "log_parser": "parse_log_pytest",
+        },
+        "image_name": f"docker.io/swerebenchv2/{task.repo.replace('/', '-')}:"
+        f"{task.instance_id.rsplit('-', 1)[-1]}-{task.base_commit[:7]}",
+    }
 
 
 def build_layer(
@@ -139,6 +174,193 @@ def conda_standin(task: Task, name: str, engine: str = "podman") -> str:
     return tag
 
 
-def in_image(engine: str, image: str, script: str) -> list[str]:
+# run as root in /testbed of the bundled task's image: the repository moved to /<repo>, installed in the
+# image's Python, reset to the base from the fix's commit, its origin removed
+V2_SETUP = f"""set -eu
+cp /tmp/layer/repo.pth "$(echo {VENV}/lib/python3*/site-packages)/"
+g() {{ git -c user.name=dev -c user.email=dev@example.com "$@"; }}
+export GIT_AUTHOR_DATE=2030-01-01T00:00:00Z GIT_COMMITTER_DATE=2030-01-01T00:00:00Z
+base=$(git rev-parse HEAD)
+git apply /tmp/layer/fix.patch && g add -A && g commit -qm "the fix"
+g remote add origin https://example.com/repo.git
+g reset -q --hard "$base" && g remote remove origin
+cd / && mv /testbed "$POLAR_REPO_DIR" && chmod -R 777 "$POLAR_REPO_DIR"
+"""
+
+
+def rebench_v2_standin(task: Task, name: str, engine: str = "podman") -> str:
+    """The stand-in of SWE-rebench V2's image for the bundled ``task``, tagged ``name`` (the row's
+    ``image_name``); the repository at ``/<repo name>``."""
+    workdir = "/" + task.repo.split("/")[-1]
+    files = {"setup.sh": V2_SETUP, "repo.pth": workdir + "\n", "fix.patch": task.patch + task.test_patch}
+    tag = build_layer(
+        engine,
+        ensure_task_image(task, engine),
+        f"polar-standin/rebench-v2-{task.instance_id.lower()}",
+        files,
+        f"cd /testbed && POLAR_REPO_DIR={workdir} sh /tmp/layer/setup.sh",
+        tail=f"WORKDIR {workdir}\n",
+    )
+    engine_run([engine, "tag", tag, name])
+    return tag
+
+
+# run as root in /testbed of the bundled task's image (R2E-Gym's base Dockerfiles): the task's venv moved to
+# /testbed/.venv, the repository a clone at the base (detached) with the fix on its branch, the fix's tests
+# in /r2e_tests (the bundled requests task's test package at the fix), run_tests.sh and install.sh in the
+# tree (untracked)
+R2E_SETUP = f"""set -eu
+for f in {VENV}/bin/*; do [ -L "$f" ] \\
+|| sed -i '1s|^#!{VENV}/bin/python|#!/testbed/.venv/bin/python|' "$f"; done
+mv {VENV} /testbed/.venv
+cp /tmp/layer/testbed.pth "$(echo /testbed/.venv/lib/python3*/site-packages)/"
+g() {{ git -c user.name=dev -c user.email=dev@example.com "$@"; }}
+export GIT_AUTHOR_DATE=2030-01-01T00:00:00Z GIT_COMMITTER_DATE=2030-01-01T00:00:00Z
+printf '.venv/\n' >> .git/info/exclude
+base=$(git rev-parse HEAD)
+git apply /tmp/layer/fix.patch && cp -a tests /r2e_tests && g add -A && g commit -qm "the fix"
+for f in /r2e_tests/test_*.py; do grep -qx "$f" /tmp/layer/tests.txt || rm "$f"; done
+g checkout -q --detach "$base"
+cp /tmp/layer/run_tests.sh /tmp/layer/install.sh /testbed/
+"""
+# R2E-Gym's tests_cmd for its repositories (docs/ENV_GENERATION.md)
+R2E_RUN_TESTS = (
+    "PYTHONWARNINGS='ignore::UserWarning,ignore::SyntaxWarning' .venv/bin/python -W ignore -m pytest -rA "
+    "r2e_tests\n"
+)
+
+
+def r2e_parsed_commit(patch: str, old: str, new: str) -> dict:
+    """``patch`` as R2E-Gym's ``ParsedCommit`` (its ``parsed_commit_content``): file diffs of header, index
+    line, ---/+++ files and hunks of typed lines."""
+    diffs: list[dict] = []
+    for block in re.split(r"^(?=diff --git )", patch, flags=re.M):
+        if not block.startswith("diff --git "):
+            continue
+        lines = block.rstrip("\n").split("\n")
+        path = lines[0].split(" b/", 1)[1]
+        diff: dict = {"old_file_content": "", "new_file_content": "", "hunks": [], "is_binary_file": False}
+        diff["header"] = {"file": {"path": path}, "misc_line": None}
+        for line in lines[1:]:
+            if line.startswith("index "):
+                hashes, _, mode = line[6:].partition(" ")
+                a, b = hashes.split("..")
+                diff["index_line"] = {"old_commit_hash": a, "new_commit_hash": b, "mode": mode}
+            elif line.startswith("--- "):
+                diff["minus_file"] = {"path": line[4:]}
+            elif line.startswith("+++ "):
+                diff["plus_file"] = {"path": line[4:]}
+            elif m := re.match(r"@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@ ?(.*)", line):
+                rng = [
+                    {"start": int(m[i]), "length": None if m[i + 1] is None else int(m[i + 1])}
+                    for i in (1, 3)
+                ]
+                descriptor = {"old_range": rng[0], "new_range": rng[1], "section": m[5]}
+                diff["hunks"].append({"descriptor": descriptor, "line_group": {"all_lines": []}})
+            elif diff["hunks"]:
+                kind = {" ": "context", "+": "added", "-": "deleted", "\\": "note"}[line[:1] or " "]
+                content = line[2:] if kind == "note" else line[1:]
+                diff["hunks"][-1]["line_group"]["all_lines"].append({"content": content, "type": kind})
+            else:
+                diff["header"]["misc_line"] = line
+        diffs.append(diff)
+    return {
+        "file_diffs": diffs,
+        "old_commit_hash": old,
+        "new_commit_hash": new,
+        "commit_message": "the fix",
+        "commit_date": "2030-01-01T00:00:00Z",
+        "metadata": {},
+    }
+
+
+def r2e_gym_row(task: Task, engine: str = "podman") -> dict:
+    """``task`` as a row of R2E-Gym's schema, its stand-in image built first and tagged as R2E-Gym names it
+    (``namanjain12/<repo>_final:<the fix's commit>``): the expected statuses are the gold patch's run in it,
+    parsed R2E-Gym's way (how R2E-Gym's rows were made)."""
+    from polar_env.tasks.datasets.r2e_gym import parse_log
+
+    repo = task.repo.split("/")[-1]
+    files = {
+        "setup.sh": R2E_SETUP,
+        "testbed.pth": "/testbed\n",
+        "fix.patch": task.patch + task.test_patch,
+        "run_tests.sh": R2E_RUN_TESTS,
+        "install.sh": "uv pip install -e .\n",
+        # R2E-Gym's tests are the fix's tests of the changed code: here the test patch's files only
+        "tests.txt": "".join(f"/r2e_tests/{f.split('/', 1)[1]}\n" for f in task.test_files()),
+    }
+    tag = build_layer(
+        engine,
+        ensure_task_image(task, engine),
+        f"polar-standin/r2e-gym-{task.instance_id.lower()}",
+        files,
+        "cd /testbed && sh /tmp/layer/setup.sh",
+        tail=f"ENV VIRTUAL_ENV=/testbed/.venv\nENV PATH=/testbed/.venv/bin:{PLAIN_PATH}\nWORKDIR /testbed\n",
+    )
+    gold = subprocess.run(
+        # as R2E-Gym's harness runs them: the tests linked into the tree, the script from the tree
+        in_image(
+            engine,
+            tag,
+            "cd /testbed && git rev-parse HEAD && git apply && ln -s /r2e_tests r2e_tests && "
+            "bash run_tests.sh; true",
+            "-i",
+        ),
+        input=task.patch,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=600,
+    ).stdout
+    base = gold.split("\n", 1)[0]
+    fix = engine_run([engine, "run", "--rm", "--network", "none", tag, "git", "rev-parse", "--all"])
+    commit = next(c for c in fix.decode().split() if c != base)
+    engine_run([engine, "tag", tag, f"namanjain12/{repo}_final:{commit}"])
+    return {
+        "repo_name": repo,
+        "docker_image": f"namanjain12/{repo}_final:{commit}",
+        "commit_hash": commit,
+        "parsed_commit_content": json.dumps(r2e_parsed_commit(task.patch, base, commit)),
+        "execution_result_content": "{}",
+        "modified_files": json.dumps(patch_files(task.patch)),
+        "modified_entity_summaries": "[]",
+        "relevant_files": "[]",
+        "num_non_test_files": str(len(patch_files(task.patch))),
+        "num_non_test_func_methods": "1",
+        "num_non_test_lines": str(task.patch.count("\n+") + task.patch.count("\n-")),
+        "prompt": "",
+        "problem_statement": f"[ISSUE]\n{task.problem_statement}\n[/ISSUE]",
+        "expected_output_json": json.dumps(parse_log(gold)),
+    }
+
+
+def _standin(make_row: Callable[[Task], dict], make_image: Callable[[Task, str, str], str]):
+    def build(task: Task, dataset: str, engine: str) -> dict:
+        row = make_row(task)
+        make_image(task, DATASETS[dataset].to_task(row).image, engine)
+        return row
+
+    return build
+
+
+# each dataset with a stand-in: its builder (task, dataset, engine) -> the task's row, its image built under
+# the name the loader gives the row (SWE-Gym's and SWE-rebench's images have SWE-bench's layout: one
+# stand-in serves both)
+STANDINS = {
+    "swe-gym": _standin(swe_gym_row, conda_standin),
+    "swe-rebench": _standin(swe_rebench_row, conda_standin),
+    "swe-rebench-v2": _standin(swe_rebench_v2_row, rebench_v2_standin),
+    "r2e-gym": lambda task, dataset, engine: r2e_gym_row(task, engine),
+}
+
+
+def standin_row(task: Task, dataset: str, engine: str = "podman") -> dict:
+    """``task`` as a row of ``dataset``'s schema, its stand-in image built under the name the loader gives
+    the row."""
+    return STANDINS[dataset](task, dataset, engine)
+
+
+def in_image(engine: str, image: str, script: str, *flags: str) -> list[str]:
     """argv: ``script`` in a throwaway container of ``image`` (no network), as root."""
-    return [engine, "run", "--rm", "--network", "none", image, "bash", "-c", script]
+    return [engine, "run", "--rm", "--network", "none", *flags, image, "bash", "-c", script]

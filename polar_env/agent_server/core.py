@@ -604,6 +604,7 @@ class _TaskView:
         self.instance_id = task_id
         self.problem_statement = str(row.get("problem_statement") or "")
         self.harbor = None  # a Harbor task's row carries its instruction as the prompt (``input``)
+        self.workdir = str(row.get("workdir") or "/testbed")
 
 
 def _row_prompt(params: dict[str, Any]) -> str | None:

@@ -48,7 +48,7 @@ from polar_env.sandbox.base import SandboxSpec
 from polar_env.tasks.harbor import HarborTaskError, gold_command
 from polar_env.tasks.loader import TaskLoadError, load_tasks
 from polar_env.tasks.models import Task
-from polar_env.tasks.runtime import WorkspaceUnavailable, check_image
+from polar_env.tasks.runtime import WorkspaceUnavailable, check_image, hidden_paths
 from polar_env.wire.gym_resources import WorkspaceKind
 
 PLANT = '{"reward": 1}'
@@ -96,6 +96,8 @@ echo "beyond $(g rev-list --all --reflog --not HEAD -- 2>/dev/null | wc -l)"
 echo "unreachable $(g cat-file --batch-all-objects --batch-check='%(objectname)' | sort -u |
   comm -23 - <(g rev-list --objects --all --reflog 2>/dev/null | cut -d' ' -f1 | sort -u) | wc -l)"
 """
+# run as the agent: which of its arguments (paths) exist, as a file, a directory or a link
+HIDDEN_PROBE = 'for p; do if [ -e "$p" ] || [ -L "$p" ]; then echo "$p"; fi; done'
 Check = Callable[[Task, WorkspaceKind], Coroutine[Any, Any, dict[str, CheckResult]]]
 
 
@@ -103,7 +105,9 @@ async def workspace_checks(task: Task, kind: WorkspaceKind) -> dict[str, CheckRe
     """What the agent could read instead of solving (issue 45): a fresh workspace of the task, opened as an
     episode's is. ``answer-readable``: a view it shows holds the gold patch's lines or the task's package at
     another version (the workspace is refused: controls). ``repository-history``: the workdir's repository,
-    read as the agent, reaches a commit beyond the base or holds an object no ref reaches (controls)."""
+    read as the agent, reaches a commit beyond the base or holds an object no ref reaches (controls).
+    ``hidden-tests``: a file the task's dataset keeps from the agent (R2E-Gym's tests and test script) is
+    there for it to read (controls)."""
     from polar_env.tasks.answers import AnswerReadable
 
     checks: dict[str, CheckResult] = {}
@@ -116,11 +120,23 @@ async def workspace_checks(task: Task, kind: WorkspaceKind) -> dict[str, CheckRe
         if task.patch
         else CheckResult(verdict="not_applicable", detail="no gold patch to look for")
     )
+    hidden = hidden_paths(task)
     try:
         probe = await ws.sandbox.run(["bash", "-c", HISTORY_PROBE, "probe", task.workdir], timeout_s=300)
+        shown = await ws.sandbox.run(["sh", "-c", HIDDEN_PROBE, "probe", *hidden], timeout_s=60)
     finally:
         await ws.close()
     checks["repository-history"] = history_verdict(probe.stdout_tail)
+    there = shown.stdout_tail.split()
+    checks["hidden-tests"] = (
+        CheckResult(verdict="not_applicable", detail="its dataset keeps no file of the image from the agent")
+        if not hidden
+        else CheckResult(verdict="controls", detail=f"the agent finds {', '.join(there)[:250]}")
+        if there or shown.exit_code != 0
+        else CheckResult(
+            verdict="resists", detail=f"none of {len(hidden)} is there: {', '.join(hidden)[:200]}"
+        )
+    )
     return checks
 
 

@@ -7,7 +7,7 @@ from typing import Protocol
 from polar_env.tasks.models import HarborRef, patch_files
 from polar_env.trajectory import exploits
 
-PROMPT = """You are working in the repository at /testbed. Resolve the following issue by editing the \
+PROMPT = """You are working in the repository at {workdir}. Resolve the following issue by editing the \
 source code (not the tests). When you are done, stop.
 
 <issue>
@@ -28,13 +28,16 @@ class EpisodeTask(Protocol):
     @property
     def harbor(self) -> HarborRef | None: ...
 
+    @property
+    def workdir(self) -> str: ...  # where the repository is (/testbed, a dataset's /<repo> or /app)
+
 
 def episode_prompt(task: EpisodeTask) -> str:
     """The first user message; identical for every rollout of a task (GRPO groups depend on it).
     A Harbor task's is its instruction.md as written."""
     if task.harbor is not None:
         return task.problem_statement
-    return PROMPT.format(problem=task.problem_statement.strip())
+    return PROMPT.format(workdir=task.workdir, problem=task.problem_statement.strip())
 
 
 def agent_timeout(task: EpisodeTask, default_s: float) -> float:

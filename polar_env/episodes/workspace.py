@@ -33,6 +33,7 @@ from polar_env.tasks.runtime import (
     WorkspaceUnavailable,
     check_image,
     container_spec,
+    hidden_paths,
     history_target,
     task_image,
     task_spec,
@@ -151,7 +152,9 @@ def _open(task: Task, spec: SandboxSpec, kind: WorkspaceKind) -> Workspace:
 
         spec, image = container_spec(task, spec, kind), task_image(task)
         # nothing it shows holds the task's answer: copies outside its tree removed, else refused
-        warm = answer_free_image(task, kind, warm_image(kind, image, spec, history_target(task)), spec)
+        warm = answer_free_image(
+            task, kind, warm_image(kind, image, spec, history_target(task), hidden_paths(task)), spec
+        )
         cs = ContainerSandbox.create(None, spec=spec, image=warm, engine=kind, warm=True)
         ref = WorkspaceRef(
             kind=kind,

@@ -61,12 +61,14 @@ def final_answer(prompt_text: str, text: str = DONE) -> str:
     )
 
 
-def patch_edit(prompt_text: str, patch: str, text: str = DONE) -> str:
-    """Apply a git patch with the harness's own means: ``git apply`` through its shell tool, else its
-    text edit format (after ``text``); a harness with neither gets ``text`` as a final answer."""
+def patch_edit(prompt_text: str, patch: str, text: str = DONE, workdir: str = "/testbed") -> str:
+    """Apply a git patch with the harness's own means: ``git apply`` in ``workdir`` (the task's tree)
+    through its shell tool, else its text edit format (after ``text``); a harness with neither gets
+    ``text`` as a final answer."""
     if offered_shell_tool(prompt_text) is not None:
         return shell_call(
-            prompt_text, f"cd /testbed && git apply <<'POLAR_PATCH_EOF'\n{patch}POLAR_PATCH_EOF"
+            prompt_text,
+            f"cd {shlex.quote(workdir)} && git apply <<'POLAR_PATCH_EOF'\n{patch}POLAR_PATCH_EOF",
         )
     edit = next((e for e in text_edits() if e.marker in prompt_text), None)
     return text if edit is None else edit.render(patch, text)
@@ -97,7 +99,7 @@ def gold_policy(tasks: list[Task]) -> Policy:
             from polar_env.tasks.harbor import gold_command
 
             return shell_call(prompt_text, gold_command(task))
-        return patch_edit(prompt_text, task.patch)
+        return patch_edit(prompt_text, task.patch, workdir=task.workdir)
 
     return policy
 
@@ -120,26 +122,26 @@ def gold_steps_policy(tasks: list[Task]) -> Policy:
             or offered_shell_tool(prompt_text) is None
         ):
             return gold(session_id, call_number, prompt_text)
-        files = patch_files(task.patch)
+        files, tree = patch_files(task.patch), shlex.quote(task.workdir)
         steps = [
             (
                 (
                     "Let me look at the repository first to see how it is laid out and whether the tree is "
                     "clean."
                 ),
-                "cd /testbed && git status --short && ls",
+                f"cd {tree} && git status --short && ls",
             ),
             (
                 (
                     f"The issue points at {files[0]}. I will read the code around the place that needs to "
                     "change."
                 ),
-                f"cd /testbed && sed -n '{_hunk_lines(task.patch)}p' {shlex.quote(files[0])}",
+                f"cd {tree} && sed -n '{_hunk_lines(task.patch)}p' {shlex.quote(files[0])}",
             ),
             (f"I see the problem now. Here is the fix for {files[0]}, as a patch applied with git.", None),
             (
                 "Now I will check that the change is in place and that the changed modules still compile.",
-                "cd /testbed && git diff --stat" + _compile_check(files),
+                f"cd {tree} && git diff --stat" + _compile_check(files),
             ),
         ]
         if call_number >= len(steps):
@@ -149,7 +151,11 @@ def gold_steps_policy(tasks: list[Task]) -> Policy:
                 "touches only those files and the modules compile. Done.",
             )
         thought, command = steps[call_number]
-        call = patch_edit(prompt_text, task.patch) if command is None else shell_call(prompt_text, command)
+        call = (
+            patch_edit(prompt_text, task.patch, workdir=task.workdir)
+            if command is None
+            else shell_call(prompt_text, command)
+        )
         return f"{thought}\n{call}"
 
     return policy
@@ -172,9 +178,7 @@ def noop_policy(tasks: list[Task]) -> Policy:
 
     def policy(session_id: str | None, call_number: int, prompt_text: str) -> str:
         return (
-            final_answer(prompt_text)
-            if "<tool_response>" in prompt_text
-            else shell_call(prompt_text, "ls /testbed")
+            final_answer(prompt_text) if "<tool_response>" in prompt_text else shell_call(prompt_text, "ls")
         )
 
     return policy

@@ -1,7 +1,8 @@
 """Grade a patch inside the task's own image, the way SWE-bench's harness does.
 
-A fresh container of the image (``--network none``, limits, nothing mounted but the forwarder),
-``/testbed`` handed to the unprivileged sandbox uid, then, all as that uid (tests never run as root):
+A fresh container of the image (``--network none``, limits, nothing mounted but the forwarder), the
+task's tree (its ``workdir``: ``/testbed`` for SWE-bench's images, ``/<repo>`` for SWE-rebench V2's...)
+handed to the unprivileged sandbox uid, then, all as that uid (tests never run as root):
 ``git apply`` the agent's patch (a refusal is the agent's ``apply_failed``), then the eval script:
 
 - a row that carries SWE-bench's evaluation columns (``eval_script``, ``log_parser``,
@@ -25,6 +26,7 @@ import asyncio
 import shlex
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from polar_env.outcomes import FailureKind
@@ -60,18 +62,29 @@ from polar_env.rewards.strict_run import StrictUnsupported, perturbed_disagreeme
 from polar_env.sandbox.apptainer import ENGINE as APPTAINER
 from polar_env.sandbox.apptainer import ApptainerBox, is_apptainer_image
 from polar_env.sandbox.base import SandboxSpec
-from polar_env.sandbox.container import ContainerError, ContainerSandbox
+from polar_env.sandbox.container import ContainerError, ContainerSandbox, copy_out_of_image
 from polar_env.sandbox.warm_images import warm_image
 from polar_env.tasks.answers import answer_free_image
 from polar_env.tasks.base_trees import apptainer_base
 from polar_env.tasks.datasets import procedure_of
 from polar_env.tasks.models import Task
-from polar_env.tasks.runtime import history_target, task_image
+from polar_env.tasks.runtime import (
+    WorkspaceUnavailable,
+    check_hidden,
+    hidden_paths,
+    history_target,
+    task_image,
+)
 
 INPUT_INSIDE = "/tmp/polar-input"  # the grader's inputs (a dir a box keeps between execs: `provide`)
 PATCH_INSIDE = f"{INPUT_INSIDE}/model.patch"
 EVAL_INSIDE = f"{INPUT_INSIDE}/eval.sh"
 GRADING_SPEC = SandboxSpec(memory_bytes=8 << 30, pids_max=4096)
+
+
+def grading_spec(task: Task) -> SandboxSpec:
+    """The grading box's spec: the task's tree at its workdir."""
+    return replace(GRADING_SPEC, workdir=task.workdir)
 
 
 def uses_swebench_spec(task: Task) -> bool:
@@ -97,10 +110,10 @@ def custom_eval_script(task: Task) -> str:
     """SWE-bench's eval-script shape for a row without one: the task environment activated the way its
     dataset's harness does it (`Procedure.activate`), reset the test files to base, apply the test patch,
     run the task's tests between the markers, reset the test files again."""
-    base = task.base_commit or "HEAD"
+    base, tree = task.base_commit or "HEAD", shlex.quote(task.workdir)
     files = " ".join(shlex.quote(f) for f in task.test_files())
     env = " ".join(
-        f"export {k}={shlex.quote(v.replace('{testbed}', '/testbed'))};"
+        f"export {k}={shlex.quote(v.replace('{testbed}', task.workdir))};"
         for k, v in task.environment.env.items()
     )
     delim = "EOF_POLAR_TEST_PATCH"
@@ -109,17 +122,18 @@ def custom_eval_script(task: Task) -> str:
         "#!/bin/bash",
         "set -uxo pipefail",
         *([activate] if activate else []),
-        "cd /testbed",
-        "git config --global --add safe.directory /testbed",
+        f"cd {tree}",
+        f"git config --global --add safe.directory {tree}",
     ]
     if files:
         lines.append(f"git checkout {shlex.quote(base)} -- {files}")
-    lines += [
-        f"git apply -v - <<'{delim}'",
-        task.test_patch.rstrip("\n"),
-        delim,
-        "if [ $? -ne 0 ]; then echo 'POLAR: test patch did not apply'; exit 97; fi",
-    ]
+    if task.test_patch.strip():  # none: the dataset's tests are in its image (R2E-Gym's, SWE-smith's)
+        lines += [
+            f"git apply -v - <<'{delim}'",
+            task.test_patch.rstrip("\n"),
+            delim,
+            "if [ $? -ne 0 ]; then echo 'POLAR: test patch did not apply'; exit 97; fi",
+        ]
     if env:
         lines.append(env)
     lines.append(eval_script(task))
@@ -143,17 +157,39 @@ def image_box(engine: str, image: str, task: Task) -> ImageBox:
     pruned of (`answers.answer_free_image`); on podman as root the tree on a disk quota), or on
     apptainer a box over a copy of the image's own tree (copied out and reduced once per node:
     `tasks.base_trees.apptainer_base`)."""
-    target = history_target(task)
+    target, spec = history_target(task), grading_spec(task)
     if engine == APPTAINER:
-        tree = apptainer_base(image, GRADING_SPEC, target)
-        return ApptainerBox.create(image, spec=GRADING_SPEC, base_tree=tree.tree, base_git=tree.git_dir)
+        check_hidden(task, engine)
+        tree = apptainer_base(image, spec, target)
+        return ApptainerBox.create(image, spec=spec, base_tree=tree.tree, base_git=tree.git_dir)
     return ContainerSandbox.create(
         None,
-        spec=GRADING_SPEC,
-        image=answer_free_image(task, engine, warm_image(engine, image, GRADING_SPEC, target), GRADING_SPEC),
+        spec=spec,
+        image=answer_free_image(
+            task, engine, warm_image(engine, image, spec, target, hidden_paths(task)), spec
+        ),
         engine=engine,
         warm=True,
     )
+
+
+async def place_hidden(task: Task, box: ImageBox, engine: str, image: str) -> None:
+    """The files the task's dataset keeps from the agent (`Procedure.hidden`), copied from its original
+    ``image`` to where its tests read them, whatever the agent put there removed first, then locked (the
+    tested code cannot change them)."""
+    placed = {src: dest for src, dest in procedure_of(task).hidden_paths(task).items() if dest}
+    if not placed:
+        return
+    with tempfile.TemporaryDirectory(prefix="polar-hidden-") as tmp:
+        await asyncio.to_thread(copy_out_of_image, engine, image, list(placed), Path(tmp))
+        cleared = await box.run(
+            ["sh", "-c", 'rm -rf -- "$@"', "sh", *placed.values()], user="0", timeout_s=300
+        )
+        if cleared.exit_code != 0:
+            raise ContainerError(f"clearing {', '.join(placed.values())}: {cleared.stderr_tail[-300:]}")
+        for i, dest in enumerate(placed.values()):
+            await box.copy_in(Path(tmp) / str(i), dest)
+    await box.lock(list(placed.values()))
 
 
 def grade_in_image(
@@ -173,8 +209,6 @@ def grade_in_image(
         pytest_args(task)
     except StrictUnsupported:
         return result  # not pytest: SWE-bench's procedure is all there is
-    if task.workdir != "/testbed":
-        return result  # image_strict grades the /testbed layout only (known limit, docs/rewards.md)
     # the swebench script's test patch refused on the patched tree: the strict stage's gold run says
     # whether it applies to the image's base (then it is the patch's 0, else the task's defect)
     refused_tp = result.failure_kind == FailureKind.task_defect and result.error.startswith(
@@ -348,6 +382,9 @@ async def _grade(
         image, script, spec = grading_plan(task, image)
     except Exception as exc:  # noqa: BLE001 - a row swebench cannot read is a task defect
         return _infra(result, f"swebench test spec: {type(exc).__name__}: {exc}", t0, FailureKind.task_defect)
+    procedure = procedure_of(task)
+    if procedure.parsers is not None and procedure.parser(task) is None:
+        return _infra(result, f"{task.dataset}: {procedure.instead}", t0, FailureKind.task_defect)
     box: ImageBox | None = None
     try:
         box = await asyncio.to_thread(image_box, engine, image, task)
@@ -366,6 +403,7 @@ async def _grade(
                     _finish(result, task, {}, t0)
                     return result
                 result.patch_applied, result.apply_method = True, ApplyMethod.git_apply
+            await place_hidden(task, box, engine, image)
             t_tests = time.monotonic()
             run = await box.run(["/bin/bash", EVAL_INSIDE], timeout_s=timeout_s, max_output_bytes=8 << 20)
             result.timings["tests_s"] = time.monotonic() - t_tests
@@ -387,6 +425,8 @@ async def _grade(
             try:
                 if spec is not None:
                     status_map, valid = sb.parse_log_with_spec(spec, str(log_path))
+                elif own_parser := procedure.parser(task):
+                    status_map, valid = own_parser(log), sb.END_TEST_OUTPUT in log
                 else:
                     status_map, valid = sb.parse_log(
                         str(log_path),
@@ -400,16 +440,17 @@ async def _grade(
             except Exception as exc:  # noqa: BLE001 - the log is the tested code's output: the patch's 0
                 status_map, valid = {}, False
                 result.error = f"log parser: {type(exc).__name__}: {exc}"[:500]
-    except (ContainerError, OSError) as exc:
+    except (ContainerError, OSError, WorkspaceUnavailable) as exc:
         return _infra(result, f"container: {exc}", t0)
     finally:
         if box is not None:
             await box.destroy()
     if not valid:
         result.failure_kind = FailureKind.test_crash
+    elif procedure.resolves is not None:
+        result.resolved = procedure.resolves(status_map, task)
     else:
-        report = sb.tests_report(status_map, task.FAIL_TO_PASS, task.PASS_TO_PASS)
-        result.resolved = sb.fully_resolved(report)
-        result.reward = 1.0 if result.resolved else 0.0
+        result.resolved = sb.fully_resolved(sb.tests_report(status_map, task.FAIL_TO_PASS, task.PASS_TO_PASS))
+    result.reward = 1.0 if result.resolved else 0.0
     _finish(result, task, status_map, t0)
     return result

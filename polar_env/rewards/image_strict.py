@@ -57,7 +57,6 @@ from polar_env.tasks.datasets import procedure_of
 from polar_env.tasks.models import Task
 
 GRADER_INSIDE = "/opt/polar-grader"
-TREE = "/testbed"
 GIT = (
     "git -c core.hooksPath=/dev/null -c core.fsmonitor=false -c diff.external= -c core.quotepath=false "
     "-c safe.directory='*'"
@@ -65,8 +64,9 @@ GIT = (
 GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_TERMINAL_PROMPT": "0"}
 MAX_STREAM_BYTES = 16 << 20
 ROOT_STEP_S = 600.0  # the deadline of a grader step as root (a chown, a tree copy)
+# the scripts below run in the task's tree, ``$POLAR_TREE`` (its workdir: /testbed, /app, /<repo>...)
 CHANGES = f"""set -e
-cd {TREE}
+cd "$POLAR_TREE"
 export GIT_ALTERNATE_OBJECT_DIRECTORIES={GIT_DIR_INSIDE}/objects  # the base snapshot's objects (container.py)
 base=$(cat {BASE_FILE})
 export GIT_INDEX_FILE=$(mktemp)
@@ -76,7 +76,7 @@ export GIT_INDEX_FILE=$(mktemp)
 printf '\\0\\0'
 {GIT} ls-tree -r --name-only -z "$base"
 """
-SOURCE_DIFF = f"""cd {TREE}
+SOURCE_DIFF = f"""cd "$POLAR_TREE"
 export GIT_ALTERNATE_OBJECT_DIRECTORIES={GIT_DIR_INSIDE}/objects
 base=$(cat {BASE_FILE})
 export GIT_INDEX_FILE=$(mktemp)
@@ -84,7 +84,7 @@ export GIT_INDEX_FILE=$(mktemp)
 {GIT} diff --cached --no-color --no-ext-diff "$base" -- "$@"
 """
 RESTORE = f"""set -e
-cd {TREE}
+cd "$POLAR_TREE"
 export GIT_ALTERNATE_OBJECT_DIRECTORIES={GIT_DIR_INSIDE}/objects  # the base snapshot's objects (container.py)
 base=$(cat {BASE_FILE})
 for p in "$@"; do
@@ -102,7 +102,7 @@ done
 {GIT} apply -v - || {{ echo 'POLAR: test patch did not apply'; exit 97; }}
 # the final tree's links, as the kernel resolves them: one leaving the tree (not the base's own) is refused
 find . -path ./.git -prune -o -type l -print0 | while IFS= read -r -d '' l; do
-  case "$(realpath -m -- "$l")" in {TREE}|{TREE}/*) continue;; esac
+  case "$(realpath -m -- "$l")" in "$POLAR_TREE"|"$POLAR_TREE"/*) continue;; esac
   [ "$({GIT} cat-file blob "$base:${{l#./}}" 2>/dev/null)" = "$(readlink -- "$l")" ] && continue
   echo "POLAR: ${{l#./}}: symlink leaves the tree once the grader's reset is done"; exit 96
 done
@@ -119,11 +119,11 @@ PLUGINS = (
     "    names = {e.module_name for e in pkg_resources.iter_entry_points('pytest11')}\n"
     "print(' '.join(sorted(names)))\""
 )
-CONFIGS = (
+CONFIGS = (  # argv: the tree, then its paths
     'cd / && python -I -c "import json, subprocess, sys\n'
     "out = {}\n"
-    "for p in sys.argv[1:]:\n"
-    "    r = subprocess.run(['cat', '/testbed/' + p], capture_output=True)\n"
+    "for p in sys.argv[2:]:\n"
+    "    r = subprocess.run(['cat', sys.argv[1] + '/' + p], capture_output=True)\n"
     "    if r.returncode == 0: out[p] = r.stdout.decode('utf-8', 'replace')\n"
     'print(json.dumps(out))" "$@"'
 )
@@ -171,10 +171,10 @@ async def _plugins(task: Task, box: ImageBox) -> list[str]:
     return (await box.run(_in_env(task, PLUGINS), timeout_s=60)).stdout_tail.split()
 
 
-async def _fetch(task: Task, box: ImageBox, dest: Path, paths: list[str], tree: str = TREE) -> Path:
-    """Copy the text of those of ``paths`` that exist in the container's ``tree`` to ``dest`` (host)."""
+async def _fetch(task: Task, box: ImageBox, dest: Path, paths: list[str]) -> Path:
+    """Copy the text of those of ``paths`` that exist in the task's tree to ``dest`` (host)."""
     got = await box.run(
-        [*_in_env(task, CONFIGS.replace("/testbed/", tree + "/")), "bash", *paths],
+        [*_in_env(task, CONFIGS), "bash", task.workdir, *paths],
         timeout_s=60,
         max_output_bytes=32 << 20,
     )
@@ -185,12 +185,12 @@ async def _fetch(task: Task, box: ImageBox, dest: Path, paths: list[str], tree: 
     return dest
 
 
-async def _copy_texts(box: ImageBox, staging: Path, texts: dict[str, str]) -> None:
-    """Write each ``texts`` file (tree path -> text) over the container tree's."""
+async def _copy_texts(task: Task, box: ImageBox, staging: Path, texts: dict[str, str]) -> None:
+    """Write each ``texts`` file (tree path -> text) over the task tree's."""
     for rel, text in texts.items():
         (staging / rel).parent.mkdir(parents=True, exist_ok=True)
         (staging / rel).write_text(text)
-        await box.copy_in(staging / rel, f"{TREE}/{rel}")
+        await box.copy_in(staging / rel, f"{task.workdir}/{rel}")
 
 
 async def _run_stream(
@@ -249,7 +249,7 @@ async def perturbed_in_box(task: Task, box: ImageBox, timeout_s: float) -> Pertu
         await box.provide(plan.grader_mount)
         await _root(
             box,
-            f"mkdir -p {plan.mount} && cp -a {TREE}/. {plan.mount}/ && rm -f -- "
+            f"mkdir -p {plan.mount} && cp -a {shlex.quote(task.workdir)}/. {plan.mount}/ && rm -f -- "
             + " ".join(f"{plan.mount}/{shlex.quote(old)}" for old in plan.files),
         )
         for new in plan.files.values():
@@ -270,13 +270,13 @@ async def strict_in_box(task: Task, box: ImageBox, patch: str, timeout_s: float)
     """
     from polar_env.rewards.grading import TestRun
 
-    env = GIT_ENV
-    await _root(
-        box, safe_git.shell_neutralise(f"{TREE}/.git")
-    )  # the patch's .gitattributes cannot break git add
+    tree = task.workdir
+    env = {**GIT_ENV, "POLAR_TREE": tree}
+    # the patch's .gitattributes cannot break git add
+    await _root(box, safe_git.shell_neutralise(f"{tree}/.git"))
     if patch.strip():
         applied = await box.run(
-            ["sh", "-c", f"cd {TREE} && {GIT} apply --verbose -"],
+            ["sh", "-c", f'cd "$POLAR_TREE" && {GIT} apply --verbose -'],
             env=env,
             stdin=patch.encode("utf-8", "surrogateescape"),
             timeout_s=120,
@@ -332,8 +332,8 @@ async def strict_in_box(task: Task, box: ImageBox, patch: str, timeout_s: float)
         options = [
             "-c",
             f"{GRADER_INSIDE}/pytest.ini",
-            f"--rootdir={TREE}",
-            f"--confcutdir={TREE}",
+            f"--rootdir={tree}",
+            f"--confcutdir={tree}",
             "-p",
             "no:cacheprovider",
             "-p",
@@ -345,12 +345,12 @@ async def strict_in_box(task: Task, box: ImageBox, patch: str, timeout_s: float)
         (grader / "main.py").write_text(f"import pytest\nraise SystemExit(pytest.main({options!r}))\n")
         await box.provide(GRADER_INSIDE)
         await box.copy_in(grader, GRADER_INSIDE)
-        await _copy_texts(box, Path(tmp) / "canaries", canaries.files)
-        await box.lock([GRADER_INSIDE, TREE])
+        await _copy_texts(task, box, Path(tmp) / "canaries", canaries.files)
+        await box.lock([GRADER_INSIDE, tree])
         config = {"nonce": secrets.token_hex(16)}
-        run, outcome = await _run_stream(task, box, TREE, GRADER_INSIDE, config, timeout_s, canaries)
-        await _copy_texts(box, Path(tmp) / "originals", {rel: originals[rel] for rel in canaries.files})
-        await box.lock([TREE])
+        run, outcome = await _run_stream(task, box, tree, GRADER_INSIDE, config, timeout_s, canaries)
+        await _copy_texts(task, box, Path(tmp) / "originals", {rel: originals[rel] for rel in canaries.files})
+        await box.lock([tree])
     out = TestRun(
         timed_out=run.timed_out,
         log=run.output,

@@ -67,7 +67,12 @@ class StrictUnsupported(Exception):
 
 
 def pytest_args(task: Task) -> list[str]:
-    """The task's own pytest options (``python -m pytest -rA ...`` -> ``[-rA, ...]``)."""
+    """The task's own pytest options (``python -m pytest -rA ...`` -> ``[-rA, ...]``); a shell line of
+    several commands (SWE-rebench V2's ``a && b``) is not one pytest run."""
+    lexer = shlex.shlex(task.test_cmd, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    if any(not set(word) - set("();<>|&") for word in lexer):
+        raise StrictUnsupported(f"test command {task.test_cmd!r} is more than one command")
     argv = shlex.split(task.test_cmd)
     if argv[:3] == ["python", "-m", "pytest"]:
         return argv[3:]
@@ -318,7 +323,7 @@ def written_directives(canaries: CanaryPlan, directives: list[str]) -> list[str]
         return any(d in ("", ".") or rel == d or rel.startswith(d + "/") for d in paths)
 
     return [
-        *dict.fromkeys(canaries.written(d) for d in directives),
+        *dict.fromkeys(canaries.written(d) for d in directives if d),  # "": the test command names them
         *[c for c in canaries.expect if not covered(c.split("::")[0])],
     ]
 
@@ -420,7 +425,8 @@ def plan_perturbed(
         "-p",
         "no:faulthandler",
         *plugin_args,
-        *pytest_args(task),
+        # a test command naming test files (SWE-rebench V2's) names them as they were: the renamed ones follow
+        *[a for a in pytest_args(task) if a.split("::")[0] not in files],
         *PERTURBED_STDIO,
         *written_directives(canaries, list(renamed.values())),
     ]

@@ -159,6 +159,17 @@ async def lock_as_root(box: RunsAsUser, paths: Sequence[str]) -> None:
         raise ContainerError(f"locking {quoted} failed: {ran.stderr_tail[-500:]}")
 
 
+def copy_out_of_image(engine: str, image: str, paths: Sequence[str], dest: Path) -> None:
+    """Each of ``paths`` (absolute, in ``image``) copied to ``dest/<its index>`` on the host, from a container
+    created (nothing of it run) for that and removed after; a path the image lacks raises `ContainerError`."""
+    box = engine_run([engine, "create", *label_args(), "--network", "none", image, "true"]).decode().strip()
+    try:
+        for i, path in enumerate(paths):
+            engine_run([engine, "cp", f"{box}:{path}", str(dest / str(i))])
+    finally:
+        engine_run([engine, "rm", "-f", box])
+
+
 def label_args() -> list[str]:
     """``--label`` flags for every container Polar creates: ``polar_env`` (so ``ps --filter
     label=polar_env`` finds them, a crashed run's leftovers included) and each ``key=value`` of
@@ -587,6 +598,16 @@ class ContainerSandbox(Sandbox):
             raise HistoryNotReduced(history.refusal(str(exc), f"{self.image} {self.spec.workdir}")) from None
         return history.reduced_line(out.decode(errors="replace"))
 
+    def remove_hidden(self, paths: Sequence[str]) -> None:
+        """``paths`` (a dataset's files its harness keeps from the agent: `Procedure.hidden`) removed as
+        root, each found gone after (a path that stays fails the setup)."""
+        if paths:
+            script = (
+                'for p; do rm -rf -- "$p"; if [ -e "$p" ] || [ -L "$p" ]; then echo "$p stays"; exit 1; fi; '
+                "done"
+            )
+            engine_run(self.exec_argv(["sh", "-c", script, "sh", *paths], {}, user="0"))
+
     @classmethod
     def create(
         cls,
@@ -600,11 +621,13 @@ class ContainerSandbox(Sandbox):
         warm: bool = False,
         history_target: history.HistoryTarget = history.TO_HEAD,
         setup_only: bool = False,
+        hidden: Sequence[str] = (),
     ) -> ContainerSandbox:
         """Start a container of ``image``; ``task_tree`` (if given) replaces the image's /testbed; without
         ``snapshot`` no base tree is recorded (a container nobody diffs: a separate verifier's);
         ``warm``: ``image`` is a warm image, its tree already the uid's, reduced and recorded; otherwise
-        the workdir's git history is reduced to ``history_target`` first (`reduce_history`); ``setup_only``: a
+        the workdir's git history is reduced to ``history_target`` first (`reduce_history`), ``hidden``
+        removed before (`remove_hidden`); ``setup_only``: a
         container nothing but the setup runs in (a warm image's, committed), which may hand the tree to
         root outside a user namespace (a user namespace's shifted owners would be committed)."""
         if not image:
@@ -645,6 +668,7 @@ class ContainerSandbox(Sandbox):
                 )
                 engine_run(sb.cp_in_argv(task_tree, spec.workdir))
             if not warm:
+                sb.remove_hidden(hidden)
                 sb.history = sb.reduce_history(history_target)
                 engine_run(sb.exec_argv(["sh", "-c", sb.setup_script(snapshot)], {}, user="0"))
         except BaseException:

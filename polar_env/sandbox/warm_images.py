@@ -41,30 +41,36 @@ WARM_REPO = "localhost/polar-warm"
 LAYOUT = "2"  # bump when what a warm image holds changes (the setup script, the snapshot's layout)
 
 
-def warm_image_name(engine: str, image: str, spec: SandboxSpec, target: HistoryTarget = TO_HEAD) -> str:
+def warm_image_name(
+    engine: str, image: str, spec: SandboxSpec, target: HistoryTarget = TO_HEAD, hidden: Sequence[str] = ()
+) -> str:
     image_id = engine_run([engine, "image", "inspect", "--format", "{{.Id}}", image]).decode().strip()
+    removed = "".join(f"\0{p}" for p in hidden)  # none (most tasks): the key stays as it was
     key = hashlib.sha256(
-        f"{LAYOUT}\0{image_id}\0{spec.uid}\0{spec.workdir}\0{target.key()}".encode()
+        f"{LAYOUT}\0{image_id}\0{spec.uid}\0{spec.workdir}\0{target.key()}{removed}".encode()
     ).hexdigest()[:24]
     return f"{WARM_REPO}:{key}"
 
 
 _known: dict[
-    tuple[str, str, int, str, HistoryTarget], str
+    tuple[str, str, int, str, HistoryTarget, tuple[str, ...]], str
 ] = {}  # this process's warm images: no engine call per episode
 
 
-def warm_image(engine: str, image: str, spec: SandboxSpec, target: HistoryTarget = TO_HEAD) -> str:
+def warm_image(
+    engine: str, image: str, spec: SandboxSpec, target: HistoryTarget = TO_HEAD, hidden: Sequence[str] = ()
+) -> str:
     """``image``'s warm image on this node for a task whose history is reduced to ``target``
-    (`runtime.history_target`), committed now if there is none yet (once, whoever asks at once);
+    (`runtime.history_target`) and whose ``hidden`` files (`runtime.hidden_paths`) are gone,
+    committed now if there is none yet (once, whoever asks at once);
     remembered for the process (an image retagged meanwhile is seen by the next process). A repository
     that cannot be reduced to ``target`` raises `container.HistoryNotReduced` (the task is refused) and
     commits nothing."""
-    known = (engine, image, spec.uid, spec.workdir, target)
+    known = (engine, image, spec.uid, spec.workdir, target, tuple(hidden))
     if (warm := _known.get(known)) is not None and image_exists(engine, warm):
         return warm
-    warm = warm_image_name(engine, image, spec, target)
-    _built_once(engine, warm, lambda: _commit(engine, image, spec, warm, target))
+    warm = warm_image_name(engine, image, spec, target, hidden)
+    _built_once(engine, warm, lambda: _commit(engine, image, spec, warm, target, hidden))
     _known[known] = warm
     return warm
 
@@ -142,7 +148,9 @@ def remove_beneath(root: Path, path: str) -> None:
         raise ContainerError(f"{path} is still in the image after its removal")
 
 
-def _commit(engine: str, image: str, spec: SandboxSpec, warm: str, target: HistoryTarget) -> None:
+def _commit(
+    engine: str, image: str, spec: SandboxSpec, warm: str, target: HistoryTarget, hidden: Sequence[str]
+) -> None:
     """The setup every episode's container did (the history reduced, ContainerSandbox.setup_script), in
     one container without the episode's mounts, committed (its tmpfs HOME and /tmp are not part of an
     image); never in a user namespace (its shifted owners would be committed), as nothing but that setup
@@ -154,6 +162,7 @@ def _commit(engine: str, image: str, spec: SandboxSpec, warm: str, target: Histo
         engine=engine,
         history_target=target,
         setup_only=True,
+        hidden=hidden,
     )
     try:
         log.info("warm image %s of %s: %s", warm, image, box.history or "no git history to reduce")

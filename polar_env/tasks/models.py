@@ -65,6 +65,9 @@ class Task(BaseModel):
     workdir: str = "/testbed"  # where the repository is inside the image (datasets differ: /app, /<repo>)
     # the dataset loader (tasks/datasets/) that made the task: its procedure grades it ("": SWE-bench's)
     dataset: str = ""
+    # every test's expected status, where the dataset's verdict wants them all (R2E-Gym's
+    # expected_output_json: test name -> PASSED/FAILED/ERROR); FAIL_TO_PASS holds the PASSED ones
+    expected_statuses: dict[str, str] = Field(default_factory=dict)
     # A Harbor task folder (tasks/harbor.py): graded by its own tests/test.sh, not by SWE-bench tests.
     harbor: HarborRef | None = None
 
@@ -100,8 +103,9 @@ class Task(BaseModel):
                 data.pop("harbor", None)
             if data.get("workdir") == "/testbed":
                 data.pop("workdir", None)
-            if not data.get("dataset"):
-                data.pop("dataset", None)
+            for key in ("dataset", "expected_statuses"):
+                if not data.get(key):
+                    data.pop(key, None)
         return data
 
     def test_files(self) -> list[str]:

@@ -67,6 +67,25 @@ def check_image(task: Task, kind: WorkspaceKind) -> None:
         PulledImages().touch(image)  # most recently used: the last a disk budget prunes
     if kind == "apptainer" and image.endswith(".sif") and not Path(image).is_file():
         raise WorkspaceUnavailable(f"{task.instance_id}: image {image} does not exist")
+    check_hidden(task, kind)
+
+
+def hidden_paths(task: Task) -> tuple[str, ...]:
+    """The files of the task's image its dataset's harness keeps from the agent (`Procedure.hidden`):
+    gone from every warm image of it, brought back by the grader only."""
+    from polar_env.tasks.datasets import procedure_of
+
+    return tuple(procedure_of(task).hidden_paths(task))
+
+
+def check_hidden(task: Task, kind: WorkspaceKind) -> None:
+    """Refuse a task with hidden files where Polar cannot take them out of the image: an apptainer image
+    is mounted as it is (its files outside the tree, ``/r2e_tests``, stay readable)."""
+    if kind == "apptainer" and (hidden := hidden_paths(task)):
+        raise WorkspaceUnavailable(
+            f"{task.instance_id}: {task.dataset}'s image keeps {', '.join(hidden[:2])} from the agent, and "
+            "Polar removes such files from podman and docker images only: run it with --sandbox podman"
+        )
 
 
 def container_spec(task: Task, spec: SandboxSpec, kind: WorkspaceKind) -> SandboxSpec:

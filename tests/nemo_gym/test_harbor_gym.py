@@ -49,14 +49,12 @@ pytestmark = [
 def swe_gym_rows(tmp_path: Path) -> str:
     """A file of one SWE-Gym row (the bundled requests task in SWE-Gym's schema), its stand-in image built
     under the name SWE-Gym's loader gives it; the task spec naming it."""
-    from dataset_standins import ROWS, conda_standin
+    from dataset_standins import standin_row
 
-    from polar_env.tasks.datasets import DATASETS
     from polar_env.tasks.loader import load_bundled
 
     (bundled,) = [t for t in load_bundled() if t.instance_id == "psf__requests-5414"]
-    row = ROWS["swe-gym"](bundled)
-    conda_standin(bundled, DATASETS["swe-gym"].to_task(row).image)
+    row = standin_row(bundled, "swe-gym")
     path = tmp_path / "swe-gym-rows.jsonl"
     path.write_text(json.dumps(row) + "\n")
     return f"swe-gym:{path}"

@@ -285,20 +285,23 @@ def test_image_reset_refuses_a_link_that_leaves_the_final_tree(tmp_path: Path):
     that stay inside pass."""
     import subprocess
 
-    from polar_env.rewards.image_strict import GIT, RESTORE, TREE
+    from polar_env.rewards.image_strict import GIT, RESTORE
 
     lines = RESTORE.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("find . "))
-    check = "\n".join(lines[start:]).replace(TREE, str(tmp_path / "tree")).replace(GIT, "false")
+    check = "\n".join(lines[start:]).replace(GIT, "false")
     tree = tmp_path / "tree"
+    env = {**os.environ, "POLAR_TREE": str(tree)}  # the task's tree, as the grader exports it
     (tree / "tests" / "static").mkdir(parents=True)
     (tree / "src").mkdir()
     (tree / "src" / "in").symlink_to("../tests/static")
-    ok = subprocess.run(["bash", "-c", "set -e\nbase=x\n" + check], cwd=tree, capture_output=True, text=True)
+    ok = subprocess.run(
+        ["bash", "-c", "set -e\nbase=x\n" + check], cwd=tree, env=env, capture_output=True, text=True
+    )
     assert ok.returncode == 0, ok.stdout + ok.stderr
     (tree / "src" / "out").symlink_to("../tests/static/" + "../" * 16 + "tmp")
     refused = subprocess.run(
-        ["bash", "-c", "set -e\nbase=x\n" + check], cwd=tree, capture_output=True, text=True
+        ["bash", "-c", "set -e\nbase=x\n" + check], cwd=tree, env=env, capture_output=True, text=True
     )
     assert refused.returncode == 96 and "src/out: symlink leaves the tree" in refused.stdout, refused
 

@@ -1,8 +1,8 @@
 """The datasets past Verified, end to end on local stand-ins of their published images
 (tests/dataset_standins.py): a row in the dataset's own schema, ``polar rollout --tasks NAME:FILE.jsonl``
 with the gold and the no-op policy in podman, graded by that dataset's procedure in strict mode. The
-image is checked first (the control): nothing of the task environment outside its activation, the fix
-in the image's history."""
+image's layout is checked first (the control, `LAYOUT_CHECKS`): where the repository and the task's Python
+are, and where the image keeps the fix."""
 
 from __future__ import annotations
 
@@ -13,12 +13,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from dataset_standins import ROWS, conda_standin, in_image
+from dataset_standins import in_image, standin_row
 from repo_paths import REPO
 
 from polar_env.episodes.workspace import engine_available
+from polar_env.rewards.grader import grade_task
 from polar_env.tasks.datasets import DATASETS
-from polar_env.tasks.loader import load_bundled
+from polar_env.tasks.loader import load_bundled, load_tasks
 
 pytestmark = [
     pytest.mark.slow,
@@ -35,35 +36,44 @@ def _polar(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+# what each stand-in must show before a rollout believes it (the control), as root in the image: bash that
+# exits 0 where the layout is the dataset's
+LAYOUT_CHECKS = {
+    # pytest is the conda env's only (nothing of it on PATH), the activation finds it; the fix in the history
+    "swe-gym": "! command -v pytest python && source /opt/miniconda3/bin/activate && conda activate testbed "
+    '&& [ "$(command -v pytest)" = /opt/miniconda3/envs/testbed/bin/pytest ] '
+    "&& cd /testbed && git log --all --format=%s | grep -qx 'the fix'",
+    # the repository at /<repo>, no /testbed, the image's Python importing it from there; the fix only in
+    # the reflog (a reset clone), no ref reaching it
+    "swe-rebench-v2": '[ "$PWD" = /requests ] && [ ! -e /testbed ] && python -c "import requests, sys; '
+    "sys.exit(requests.__file__ != '/requests/requests/__init__.py')\" "
+    "&& ! git log --all --format=%s | grep -q fix && git log -g --format=%s | grep -qx 'the fix'",
+    # the tests in /r2e_tests and run_tests.sh in the tree (what R2E-Gym's harness hides), the Python in
+    # /testbed/.venv, HEAD detached at the base, the fix on a branch
+    "r2e-gym": "[ -f /r2e_tests/test_requests.py ] && [ -f /testbed/run_tests.sh ] "
+    '&& [ "$(command -v python)" = /testbed/.venv/bin/python ] && cd /testbed '
+    "&& ! git symbolic-ref -q HEAD && git log --all --format=%s | grep -qx 'the fix'",
+}
+LAYOUT_CHECKS["swe-rebench"] = LAYOUT_CHECKS["swe-gym"]  # the same image layout
+# datasets graded by their own procedure only (its test command is the image's script: no strict mode)
+PROCEDURE_ONLY = {"r2e-gym"}
+
+
 @pytest.fixture(scope="module")
 def rows_of(tmp_path_factory):
     """``rows_of(NAME)``: a file of one row of the bundled requests task in dataset NAME's schema, its image
-    the stand-in under the name NAME's loader gives it (built once, checked once)."""
+    the stand-in under the name NAME's loader gives it (built once, its layout checked once)."""
     task = next(t for t in load_bundled() if t.instance_id == TASK_ID)
     made: dict[str, Path] = {}
 
     def make(dataset: str) -> Path:
         if dataset not in made:
-            row = ROWS[dataset](task)
-            image = conda_standin(task, DATASETS[dataset].to_task(row).image, ENGINE)
-            # the control: pytest is the conda env's only, the activation finds it; the fix is in the history
-            if not made:
-                bare = subprocess.run(
-                    in_image(ENGINE, image, "command -v pytest python"), capture_output=True, text=True
-                )
-                assert bare.returncode != 0 and not bare.stdout.strip(), bare.stdout
-                active = subprocess.run(
-                    in_image(
-                        ENGINE,
-                        image,
-                        "source /opt/miniconda3/bin/activate; conda activate "
-                        "testbed; command -v pytest; cd /testbed && git log --all --format=%s",
-                    ),
-                    capture_output=True,
-                    text=True,
-                    check=True,
-                ).stdout.split()
-                assert active[0] == "/opt/miniconda3/envs/testbed/bin/pytest" and "fix" in active, active
+            row = standin_row(task, dataset, ENGINE)
+            image = DATASETS[dataset].to_task(row).image
+            check = subprocess.run(
+                in_image(ENGINE, image, LAYOUT_CHECKS[dataset]), capture_output=True, text=True
+            )
+            assert check.returncode == 0, (dataset, check.stdout, check.stderr)
             made[dataset] = tmp_path_factory.mktemp(dataset) / "rows.jsonl"
             made[dataset].write_text(json.dumps(row) + "\n")
         return made[dataset]
@@ -79,6 +89,10 @@ def rows_of(tmp_path_factory):
         ("swe-gym", "apptainer", "gold", 1.0),  # docker://<the image>, through tests/apptainer_standin.py
         ("swe-rebench", ENGINE, "gold", 1.0),
         ("swe-rebench", ENGINE, "noop", 0.0),
+        ("swe-rebench-v2", ENGINE, "gold", 1.0),  # /requests, V2's parser and exact verdict
+        ("swe-rebench-v2", ENGINE, "noop", 0.0),
+        ("r2e-gym", ENGINE, "gold", 1.0),  # the hidden tests brought back, every status as expected
+        ("r2e-gym", ENGINE, "noop", 0.0),
     ],
 )
 def test_rollout_on_the_datasets_stand_in(
@@ -117,7 +131,9 @@ def test_rollout_on_the_datasets_stand_in(
         proc.stdout[-2000:],
     )
     grade = traj["grading"]
-    if policy == "gold":  # both modes ran in the image, and the record's verdict is the strict one
+    if policy == "gold" and dataset in PROCEDURE_ONLY:
+        assert grade["mode"] == "swebench" and not grade["modes"] and grade["resolved"], grade
+    elif policy == "gold":  # both modes ran in the image, and the record's verdict is the strict one
         assert grade["mode"] == "strict" and set(grade["modes"]) == {"strict", "swebench"}, grade
         assert all(m["reward"] == 1.0 for m in grade["modes"].values()), grade
     else:
@@ -146,3 +162,63 @@ def test_a_special_casing_patch_earns_nothing_on_swe_gym(rows_of, tmp_path: Path
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["resolved_ids"] == [] and report["error_instances"] == 0, report
+
+
+def test_r2e_gym_tests_stay_hidden_and_cannot_be_replaced(rows_of, tmp_path: Path):
+    """R2E-Gym's image holds its tests (/r2e_tests) and test script (run_tests.sh in the tree): ``polar tasks
+    audit`` finds neither in the agent's workspace nor any commit beyond the base (the same probe on the raw
+    image finds both: the control); a patch that plants its own always-passing tests where the hidden ones
+    go (and its own run_tests.sh) earns 0 by ``polar eval``, the image's tests run in their place."""
+    from polar_env.cli.tasks_audit import HIDDEN_PROBE
+
+    rows = rows_of("r2e-gym")
+    (task,) = load_tasks(f"r2e-gym:{rows}")
+    out = tmp_path / "audit.json"
+    proc = _polar("tasks", "audit", "--tasks", f"r2e-gym:{rows}", "--sandbox", ENGINE, "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (checks,) = [a["checks"] for a in json.loads(out.read_text())]
+    assert checks["hidden-tests"]["verdict"] == "resists", checks
+    assert checks["repository-history"]["verdict"] == "resists", checks
+    raw = subprocess.run(
+        in_image(ENGINE, task.image, "set -- /r2e_tests /testbed/run_tests.sh; " + HIDDEN_PROBE),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert raw.stdout.split() == ["/r2e_tests", "/testbed/run_tests.sh"], raw.stdout
+    planted = "".join(
+        f"diff --git a/{path} b/{path}\nnew file mode 100644\n--- /dev/null\n+++ b/{path}\n"
+        + f"@@ -0,0 +1,{len(body)} @@\n"
+        + "".join(f"+{line}\n" for line in body)
+        for path, body in {
+            "r2e_tests/__init__.py": [""],
+            "r2e_tests/test_requests.py": ["def test_everything():", "    pass"],
+            "run_tests.sh": ["echo 'PASSED r2e_tests/test_requests.py::test_everything'"],
+        }.items()
+    )
+    preds = tmp_path / "preds.jsonl"
+    preds.write_text(
+        json.dumps({"instance_id": task.instance_id, "model_patch": planted, "model_name_or_path": "x"})
+        + "\n"
+    )
+    report_path = tmp_path / "report.json"
+    proc = _polar(
+        "eval",
+        "--tasks",
+        f"r2e-gym:{rows}",
+        "--predictions",
+        str(preds),
+        "--sandbox",
+        ENGINE,
+        "--out",
+        str(report_path),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(report_path.read_text())
+    assert report["unresolved_ids"] == [task.instance_id] and report["error_instances"] == 0, report
+    graded = grade_task(
+        task, planted, kind=ENGINE
+    )  # what ran: the image's tests, where the patch put its own
+    assert graded.patch_applied and graded.reward == 0.0, graded
+    assert set(graded.fail_to_pass.values()) - {"MISSING"}, graded.fail_to_pass
+    assert "test_everything" not in graded.log_tail, graded.log_tail[-2000:]

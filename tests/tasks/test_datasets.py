@@ -53,8 +53,8 @@ EXPECTED = {  # name: (instance_id, image, workdir, test command prefix, log par
         "aiohttp__f0d74880deec",
         "namanjain12/aiohttp_final:f0d74880deec8fcd982bce639c93c5e130d41198",
         "/testbed",
-        "bash /root/run_tests.sh",
-        "r2e:aiohttp",
+        "bash /run_tests.sh",  # R2E-Gym's run_tests.sh, put there by the grader (tasks/datasets/r2e_gym.py)
+        "r2e:pytest",
     ),
     "swe-bench-pro": (
         None,
@@ -122,7 +122,13 @@ def test_dataset_specific_fields():
     two = _row("swe-rebench-v2")
     two["install_config"]["test_cmd"] = ["cargo build", "cargo test"]
     assert DATASETS["swe-rebench-v2"].to_task(two).test_cmd == "cargo build && cargo test"
-    assert [n for n, s in DATASETS.items() if s.procedure.reproduced] == ["swe-rebench", "swe-gym"]
+    assert [n for n, s in DATASETS.items() if s.procedure.reproduced] == [
+        "r2e-gym",
+        "swe-rebench-v2",
+        "swe-rebench",
+        "swe-gym",
+    ]
+    assert not procedure_of(v2).reproduced  # V2's own, but this row's parser (cargo's) is not Polar's
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
@@ -185,7 +191,7 @@ def test_validate_names_each_rows_dataset_and_what_is_verified(tmp_path: Path):
     """``polar tasks validate`` on a mixed file: every row's dataset and what is verified for it first; rows
     whose image is not here are named, not checked (exit 2)."""
     f = tmp_path / "mixed.jsonl"
-    names = ["swe-gym", "swe-smith", "multi-swe-bench"]
+    names = ["swe-gym", "swe-smith", "multi-swe-bench", "swe-rebench-v2"]
     f.write_text("".join(json.dumps(_row(n)) + "\n" for n in names))
     proc = subprocess.run(
         [sys.executable, "-m", "polar_env.cli", "tasks", "validate", str(f), "--sandbox", "podman"],
@@ -195,15 +201,18 @@ def test_validate_names_each_rows_dataset_and_what_is_verified(tmp_path: Path):
     )
     assert proc.returncode == 2, proc.stderr[-2000:]
     lines = proc.stdout.splitlines()
-    gym, smith, msb = (DATASETS[n].to_task(_row(n)).instance_id for n in names)
+    gym, smith, msb, v2 = (DATASETS[n].to_task(_row(n)).instance_id for n in names)
     assert f"{gym}: dataset swe-gym: procedure reproduced; verified: a stand-in image" in lines[0]
     assert lines[1].startswith(f"{smith}: dataset swe-smith: procedure not reproduced (SWE-bench's procedure")
     assert lines[2].startswith(f"{msb}: dataset multi-swe-bench: procedure not reproduced"), lines
+    assert lines[3].startswith(
+        f"{v2}: dataset swe-rebench-v2: procedure not reproduced (none: its log parser 'parse_log_cargo'"
+    ), lines
     if "podman is not installed" not in proc.stderr:  # where podman runs, each row is then named unchecked
         assert (
             f"{gym}: NOT CHECKED: image 'xingyaoww/sweb.eval.x86_64.project-monai_s_monai-6969' is not "
             "in podman"
-        ) in proc.stdout and proc.stdout.endswith("0/3 tasks valid, 3 not checked (no image here)\n"), (
+        ) in proc.stdout and proc.stdout.endswith("0/4 tasks valid, 4 not checked (no image here)\n"), (
             proc.stdout
         )
 

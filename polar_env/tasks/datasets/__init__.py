@@ -45,21 +45,24 @@ _noticed: set[str] = set()
 
 
 def procedure_of(task: Task) -> Procedure:
-    """The procedure ``task`` is graded by: its dataset's, else SWE-bench's."""
-    return DATASETS[task.dataset].procedure if task.dataset in DATASETS else SWE_BENCH
+    """The procedure ``task`` is graded by: its dataset's (as it applies to the row), else SWE-bench's."""
+    return DATASETS[task.dataset].procedure.for_task(task) if task.dataset in DATASETS else SWE_BENCH
 
 
 def notice_unreproduced(tasks: Iterable[Task]) -> None:
-    """Say once per process, per dataset, that its tasks are not graded its own way, and how they are."""
-    for name in sorted({t.dataset for t in tasks} - _noticed):
-        if name in DATASETS and not (proc := DATASETS[name].procedure).reproduced:
-            _noticed.add(name)
-            log.warning(
-                "%s: Polar does not reproduce this dataset's own grading procedure; its tasks are graded "
-                "by %s",
-                name,
-                proc.instead,
-            )
+    """Say once per process, per dataset (and per reason), that its tasks are not graded its own way, and
+    how they are."""
+    for task in tasks:
+        proc = procedure_of(task)
+        if proc.reproduced or (key := f"{task.dataset}\0{proc.instead}") in _noticed:
+            continue
+        _noticed.add(key)
+        log.warning(
+            "%s: Polar does not reproduce this dataset's own grading procedure%s; instead: %s",
+            task.dataset,
+            "" if proc is DATASETS[task.dataset].procedure else f" for {task.instance_id} and rows like it",
+            proc.instead,
+        )
 
 
 __all__ = [

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import ast
 import json
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from dataclasses import field as dataclass_field
 from typing import Any, NoReturn
 
 from pydantic import ValidationError
@@ -26,12 +27,46 @@ class Procedure:
     conda ``testbed`` environment, not on PATH); ``reproduced``: Polar grades the way the dataset's
     harness does (its test command, parser and verdict), else ``instead`` says what Polar does in its
     place (said once at run time, and by ``polar tasks validate``); ``verified``: how it was seen to
-    hold (a stand-in image in CI), or "" where it was checked against the schema only."""
+    hold (a stand-in image in CI), or "" where it was checked against the schema only. ``parsers``: the
+    dataset's own log parsers by the row's ``log_parser`` name (None: swebench's, by that name or the
+    repository's), a row naming one not there is not gradable; ``resolves``: its harness's verdict on a
+    status map, where it is not SWE-bench's (each FAIL_TO_PASS and PASS_TO_PASS test passes), e.g.
+    SWE-rebench V2's: the tests that passed are exactly those; ``hidden``: files of the image its harness
+    keeps from the agent (R2E-Gym's tests and test script: the image path -> where the tests read them,
+    ``{workdir}`` the task's tree), gone from every workspace's image and brought back by the grader from
+    the original image."""
 
     activate: str = ""
     reproduced: bool = True
     instead: str = ""
     verified: str = ""
+    parsers: Mapping[str, Callable[[str], dict[str, str]]] | None = None
+    resolves: Callable[[dict[str, str], Task], bool] | None = None
+    hidden: Mapping[str, str] = dataclass_field(default_factory=dict)
+
+    def hidden_paths(self, task: Task) -> dict[str, str]:
+        """``hidden`` for ``task``: its image's path -> the path its tests read it at."""
+        return {
+            src.format(workdir=task.workdir): dest.format(workdir=task.workdir)
+            for src, dest in self.hidden.items()
+        }
+
+    def parser(self, task: Task) -> Callable[[str], dict[str, str]] | None:
+        """The dataset's own parser of ``task``'s log, where it has its own (`parsers`)."""
+        return None if self.parsers is None else self.parsers.get(task.log_parser)
+
+    def for_task(self, task: Task) -> Procedure:
+        """This procedure as it applies to ``task``: not reproduced where its row names a parser of the
+        dataset's that Polar does not have."""
+        if self.parsers is None or task.log_parser in self.parsers:
+            return self
+        return replace(
+            self,
+            reproduced=False,
+            instead=f"none: its log parser {task.log_parser!r} is not one Polar has "
+            f"({', '.join(sorted(self.parsers))}); the task is refused at grading",
+            verified="",
+        )
 
     def in_environment(self, script: str) -> str:
         """``script`` (bash) run after the activation: its output goes to stderr (a grader reading stdout

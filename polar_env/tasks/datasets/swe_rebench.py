@@ -15,7 +15,7 @@ V2, checked against github.com/SWE-rebench/SWE-rebench-V2@c71902a (``scripts/eva
 (``docker.io/swerebenchv2/<owner>-<repo>:<number>-<sha7>``), the repository at ``/<repo name>``;
 ``install_config.test_cmd`` is a string or a list of commands (run in order under ``set -e``, no test
 directives), ``install_config.log_parser`` names a parser of V2's own ``log_parsers.py``; a task
-passes when every FAIL_TO_PASS and PASS_TO_PASS test is PASSED.
+passes when the tests that PASSED are exactly FAIL_TO_PASS + PASS_TO_PASS (swe_rebench_v2_parsers.py).
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ from polar_env.tasks.datasets.base import (
     make_task,
     raise_missing,
 )
+from polar_env.tasks.datasets.swe_rebench_v2_parsers import PARSERS as V2_PARSERS
+from polar_env.tasks.datasets.swe_rebench_v2_parsers import resolves as v2_resolves
 from polar_env.tasks.models import Task
 
 NAME, NAME_V2 = "swe-rebench", "swe-rebench-v2"
@@ -120,8 +122,9 @@ SPEC = DatasetSpec(
     procedure=PROCEDURE,
     matches=lambda row: "install_config" in row and not _is_v2(row),
 )
-# not reproduced: V2's repository is at /<repo>, Polar's image grading runs SWE-bench's procedure in
-# /testbed, and most of its parsers (76, 20 languages) are V2's own, not SWE-bench's.
+# V2's eval.py: in /<repo>, the image's own Python (no activation), the row's commands in order, the whole
+# log parsed by V2's parser (its Python ones here: a row naming another is not gradable), resolved when the
+# tests that passed are exactly FAIL_TO_PASS + PASS_TO_PASS
 SPEC_V2 = DatasetSpec(
     NAME_V2,
     "nebius/SWE-rebench-V2",
@@ -129,8 +132,10 @@ SPEC_V2 = DatasetSpec(
     to_task=to_task_v2,
     matches=_is_v2,
     procedure=Procedure(
-        reproduced=False,
-        instead="SWE-bench's procedure in /testbed with the "
-        "row's test command, not V2's per-language parsers in /<repo>",
+        parsers=V2_PARSERS,
+        resolves=v2_resolves,
+        verified="a stand-in image in V2's layout (/<repo>, the image's own Python, the base a reset "
+        "clone with the fix in its objects), gold 1.0 and no-op 0 by `polar rollout`, strict mode "
+        "(tests/tasks/test_dataset_standins.py)",
     ),
 )

@@ -1,0 +1,149 @@
+"""The datasets' own procedures as Polar runs them, without an image. SWE-rebench V2: its own Python log
+parsers and its exact verdict, the eval script in the row's ``/<repo>``, a row whose parser Polar lacks
+refused at grading (not scored 0), a command list not taken for one pytest run by the strict mode. R2E-Gym:
+its parser and every-status verdict, its gold patch rendered from the parsed commit, its hidden files (and
+their refusal where Polar cannot remove them). The images: tests/tasks/test_dataset_standins.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from repo_paths import FIXTURES
+
+from polar_env.outcomes import FailureKind
+from polar_env.rewards.image_grading import custom_eval_script, grade_in_image
+from polar_env.rewards.strict_run import StrictUnsupported, pytest_args
+from polar_env.tasks.datasets import DATASETS, procedure_of
+from polar_env.tasks.datasets.swe_rebench_v2_parsers import (
+    exactly_passed,
+    parse_pytest,
+    parse_pytest_options,
+    parse_pytest_v2,
+    resolves,
+)
+from polar_env.tasks.loader import load_tasks
+
+V2 = DATASETS["swe-rebench-v2"]
+
+
+def _python_row(**config) -> dict:
+    row = json.loads((FIXTURES / "datasets" / "swe-rebench-v2.jsonl").read_text())
+    row["repo"], row["language"] = "psf/requests", "python"
+    row["install_config"] = {**row["install_config"], "log_parser": "parse_log_pytest", **config}
+    return row
+
+
+LOG = "\n".join(
+    [
+        "tests/test_a.py::test_one PASSED",
+        "PASSED tests/test_a.py::test_one",
+        "PASSED tests/test_a.py::test_path[/tmp/x/y/data.txt]",
+        "FAILED tests/test_a.py::test_two - AssertionError: 1 != 2",
+        "SKIPPED [1] tests/test_a.py:9: no network",
+        "\x1b[32mPASSED\x1b[0m tests/test_a.py::test_three",
+    ]
+)
+
+
+def test_v2_parsers_read_pytest_summaries_as_v2_does():
+    assert parse_pytest(LOG) == {
+        "tests/test_a.py::test_one": "PASSED",
+        "tests/test_a.py::test_path[/tmp/x/y/data.txt]": "PASSED",
+        "tests/test_a.py::test_two": "FAILED",
+        "[1]": "SKIPPED",  # V2 keeps the skipped summary's word (swebench 5 drops it)
+    }
+    assert "tests/test_a.py::test_path[/data.txt]" in parse_pytest_options(LOG)  # the path's last part only
+    v2 = parse_pytest_v2(LOG)
+    assert v2["tests/test_a.py::test_three"] == "PASSED"  # colour codes dropped
+    assert v2["tests/test_a.py::test_one"] == "PASSED"
+
+
+def test_v2_verdict_is_exact():
+    f2p, p2p = ["t::a"], ["t::b", "t::c (0.5s)"]
+    assert exactly_passed({"t::a": "PASSED", "t::b": "PASSED", "t::c": "PASSED"}, f2p, p2p)
+    # every listed test passing is not enough: a test V2 did not list passed too
+    assert not exactly_passed(
+        {"t::a": "PASSED", "t::b": "PASSED", "t::c": "PASSED", "t::d": "PASSED"}, f2p, p2p
+    )
+    assert not exactly_passed({"t::a": "PASSED", "t::b": "PASSED", "t::c": "FAILED"}, f2p, p2p)
+
+
+def test_python_row_is_graded_its_way_in_its_repo_directory():
+    task = V2.to_task(_python_row(test_cmd=["pytest -rA tests/test_requests.py"]))
+    proc = procedure_of(task)
+    assert proc.reproduced and proc.resolves is resolves and proc.parser(task) is parse_pytest
+    script = custom_eval_script(task)
+    assert "cd /requests\n" in script and "/testbed" not in script and "activate" not in script
+    assert pytest_args(task) == ["-rA", "tests/test_requests.py"]  # the strict mode runs it
+    two = V2.to_task(_python_row(test_cmd=["pip install -e .", "pytest -rA tests"]))
+    with pytest.raises(StrictUnsupported, match="more than one command"):
+        pytest_args(two)
+
+
+def test_a_row_whose_parser_polar_lacks_is_refused_not_scored():
+    """The cargo row of the fixture: V2's parser for it is not Polar's; grading says so as the task's defect
+    before any container starts (no engine is asked for: the refusal comes first)."""
+    task = V2.to_task(json.loads((FIXTURES / "datasets" / "swe-rebench-v2.jsonl").read_text()))
+    assert not procedure_of(task).reproduced and "parse_log_cargo" in procedure_of(task).instead
+    result = grade_in_image(task, task.patch, engine="podman", image=task.image)
+    assert result.failure_kind == FailureKind.task_defect and "parse_log_cargo" in result.error, result
+
+
+R2E_LOG = """============================= test session starts ==============================
+r2e_tests/test_1.py ..F
+=========================== short test summary info ============================
+PASSED r2e_tests/test_1.py::TestText::test_text_charset
+PASSED r2e_tests/test_1.py::test_text_default
+FAILED r2e_tests/test_1.py::test_flaky - AssertionError: no
+ERROR r2e_tests/test_1.py::test_net - ConnectionError
+\x1b[32mPASSED\x1b[0m r2e_tests/test_1.py::test_coloured
+========================= 1 failed, 3 passed in 0.50s =========================
+"""
+
+
+def test_r2e_parser_and_verdict_are_r2e_gyms():
+    from polar_env.tasks.datasets.r2e_gym import parse_log, resolves
+
+    assert parse_log(R2E_LOG) == {
+        "TestText.test_text_charset": "PASSED",
+        "test_text_default": "PASSED",
+        "test_flaky": "FAILED",
+        "test_net": "ERROR",
+        "test_coloured": "PASSED",  # the status word coloured: still read
+    }
+    assert parse_log(R2E_LOG.replace("short test summary info", "summary")) == {}  # no summary: nothing
+    (task,) = load_tasks(f"r2e-gym:{FIXTURES / 'datasets' / 'r2e-gym.jsonl'}")
+    want = dict(task.expected_statuses)
+    assert resolves(want, task)
+    assert not resolves({**want, "test_flaky": "PASSED"}, task)  # an expected failure that passes: 0
+    assert not resolves({**want, "test_extra": "PASSED"}, task)  # a test R2E-Gym did not expect: 0
+    assert not resolves({k: v for k, v in want.items() if k != "test_flaky"}, task)
+
+
+def test_r2e_gold_patch_is_the_parsed_commits_source_files():
+    """R2E-Gym's row carries the fix as a parsed commit: rendered back, the source files' diffs are the patch
+    they were parsed from (each bundled task's), the test files' left out."""
+    from dataset_standins import r2e_parsed_commit
+
+    from polar_env.tasks.datasets.r2e_gym import gold_patch
+    from polar_env.tasks.loader import load_bundled
+
+    for task in load_bundled():
+        assert gold_patch(r2e_parsed_commit(task.patch, "a" * 40, "b" * 40)) == task.patch, task.instance_id
+        both = r2e_parsed_commit(task.patch + task.test_patch, "a" * 40, "b" * 40)
+        assert gold_patch(both) == task.patch, task.instance_id
+
+
+def test_r2e_hidden_files_are_refused_where_polar_cannot_remove_them():
+    """A workspace of an R2E-Gym task: its image's tests and test script go from podman's and docker's
+    warm images; apptainer mounts the image as it is, so the task is refused there (one line), before any
+    image is looked for."""
+    from polar_env.tasks.runtime import WorkspaceUnavailable, check_hidden, hidden_paths
+
+    (task,) = load_tasks(f"r2e-gym:{FIXTURES / 'datasets' / 'r2e-gym.jsonl'}")
+    assert hidden_paths(task)[:3] == ("/r2e_tests", "/testbed/run_tests.sh", "/testbed/r2e_tests")
+    check_hidden(task, "podman")
+    with pytest.raises(WorkspaceUnavailable, match="from podman and docker images only"):
+        check_hidden(task, "apptainer")
+    assert hidden_paths(V2.to_task(_python_row())) == ()
