@@ -46,8 +46,8 @@ conda() {
 if [ -n "${1:-}" ]; then conda activate "$1"; fi
 """
 # run as root in /testbed of the bundled task's image: its venv becomes the conda env, the tree an install
-# in it, the fix a later commit
-CONDA_SETUP = f"""set -eu
+# in it
+CONDA_ENV = f"""set -eu
 for f in {VENV}/bin/*; do [ -L "$f" ] \
 || sed -i '1s|^#!{VENV}/bin/python|#!{TESTBED_ENV}/bin/python|' "$f"; done
 mkdir -p {CONDA}/bin {CONDA}/envs && mv {VENV} {TESTBED_ENV}
@@ -55,12 +55,17 @@ cp /tmp/layer/activate {CONDA}/bin/activate
 cp /tmp/layer/testbed.pth "$(echo {TESTBED_ENV}/lib/python3*/site-packages)/"
 g() {{ git -c user.name=dev -c user.email=dev@example.com "$@"; }}
 export GIT_AUTHOR_DATE=2030-01-01T00:00:00Z GIT_COMMITTER_DATE=2030-01-01T00:00:00Z
-base=$(git rev-parse HEAD); branch=$(git symbolic-ref --short HEAD)
+"""
+# ... and the fix a later commit (SWE-Gym's, SWE-rebench's)
+CONDA_SETUP = (
+    CONDA_ENV
+    + """base=$(git rev-parse HEAD); branch=$(git symbolic-ref --short HEAD)
 g checkout -qb upstream && git apply /tmp/layer/fix.patch && g add -A && \
 g commit -qm "the fix" && g tag v-fixed
 g checkout -q "$branch"
 [ "$(git rev-parse HEAD)" = "$base" ]
 """
+)
 PLAIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -101,6 +106,70 @@ def swe_rebench_row(task: Task) -> dict:
 V2_UNLISTED = {
     "psf__requests-5414": ("tests/test_requests.py::TestRequests::test_response_iter_lines_reentrant",)
 }
+
+
+# ... and SWE-smith's repository: ``main`` the clean snapshot (the fix and its tests in; its suite the fix's
+# test files only, to keep the stand-in fast), the instance a branch of two commits on it: the bug (the fix
+# undone), then the FAIL_TO_PASS test files removed; HEAD on main, as SWE-smith's images are
+SMITH_SETUP = (
+    CONDA_ENV
+    + """git apply /tmp/layer/fix.patch
+for f in tests/test_*.py; do grep -qx "$f" /tmp/layer/tests.txt || rm "$f"; done
+g add -A && g commit -qm "the snapshot"
+g checkout -qb "$POLAR_INSTANCE"
+git apply -R /tmp/layer/gold.patch && g commit -qam "the bug"
+g rm -q $(cat /tmp/layer/f2p.txt) && g commit -qm "Remove F2P Tests"
+g checkout -q -
+"""
+)
+
+
+def swe_smith_row(task: Task, engine: str = "podman") -> dict:
+    """``task`` as a row of SWE-smith's schema (``harness/gather.py``), its stand-in image built first and
+    tagged as SWE-smith names it; the bug patch as the dataset keeps it (git's diff of the snapshot to the
+    bug commit)."""
+    owner, repo = task.repo.split("/")
+    snapshot = f"{owner}__{repo}.{task.base_commit[:8]}"
+    iid = f"{snapshot}.func_pm_standin__{task.instance_id.rsplit('-', 1)[-1]}"
+    tests = sorted({t.split("::", 1)[0] for t in task.FAIL_TO_PASS})
+    pth = "".join(
+        p.replace("{testbed}", "/testbed") + "\n"
+        for p in task.environment.env.get("PYTHONPATH", "{testbed}").split(":")
+    )
+    files = {
+        "setup.sh": SMITH_SETUP,
+        "activate": ACTIVATE,
+        "testbed.pth": pth,
+        "fix.patch": task.patch + task.test_patch,
+        "gold.patch": task.patch,
+        "tests.txt": "".join(f + "\n" for f in task.test_files()),
+        "f2p.txt": " ".join(tests) + "\n",
+    }
+    tag = build_layer(
+        engine,
+        ensure_task_image(task, engine),
+        f"polar-standin/swe-smith-{task.instance_id.lower()}",
+        files,
+        f"cd /testbed && POLAR_INSTANCE={iid} sh /tmp/layer/setup.sh",
+        tail=f'ENV PATH={PLAIN_PATH}\nENV VIRTUAL_ENV=""\nWORKDIR /testbed\n',
+    )
+    image = f"jyangballin/swesmith.x86_64.{owner}_1776_{repo}.{task.base_commit[:8]}"
+    engine_run([engine, "tag", tag, image])
+    git = [engine, "run", "--rm", "--network", "none", tag, "git"]
+    bug = engine_run([*git, "diff", "main", f"{iid}~1"]).decode()
+    return {
+        "instance_id": iid,
+        "repo": f"swesmith/{snapshot}",
+        "patch": bug,
+        "FAIL_TO_PASS": task.FAIL_TO_PASS,
+        # not the ids SWE-bench's -rA parser cut at a space ("...[a-b" of "...[a-b c]"): SWE-smith's --verbose
+        # parser never reports those tests, so its rows do not list them
+        "PASS_TO_PASS": [t for t in task.PASS_TO_PASS if t.count("[") == t.count("]")],
+        "created_at": "2030-01-01T00:00:00",
+        "image_name": image,
+        "base_commit": engine_run([*git, "rev-parse", "main"]).decode().strip(),
+        "problem_statement": task.problem_statement,
+    }
 
 
 def swe_rebench_v2_row(task: Task) -> dict:
@@ -352,6 +421,7 @@ STANDINS = {
     "swe-rebench": _standin(swe_rebench_row, conda_standin),
     "swe-rebench-v2": _standin(swe_rebench_v2_row, rebench_v2_standin),
     "r2e-gym": lambda task, dataset, engine: r2e_gym_row(task, engine),
+    "swe-smith": lambda task, dataset, engine: swe_smith_row(task, engine),
 }
 
 

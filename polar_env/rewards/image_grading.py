@@ -62,7 +62,13 @@ from polar_env.rewards.strict_run import StrictUnsupported, perturbed_disagreeme
 from polar_env.sandbox.apptainer import ENGINE as APPTAINER
 from polar_env.sandbox.apptainer import ApptainerBox, is_apptainer_image
 from polar_env.sandbox.base import SandboxSpec
-from polar_env.sandbox.container import ContainerError, ContainerSandbox, copy_out_of_image
+from polar_env.sandbox.container import (
+    ContainerError,
+    ContainerSandbox,
+    copy_out_of_image,
+    engine_run,
+    label_args,
+)
 from polar_env.sandbox.warm_images import warm_image
 from polar_env.tasks.answers import answer_free_image
 from polar_env.tasks.base_trees import apptainer_base
@@ -173,6 +179,31 @@ def image_box(engine: str, image: str, task: Task) -> ImageBox:
     )
 
 
+# (engine, image, task) -> the test patch its dataset keeps in the image: read once per process
+_image_tests: dict[tuple[str, str, str], str] = {}
+
+
+def with_image_tests(task: Task, engine: str, image: str) -> Task:
+    """``task`` with the test patch its dataset keeps in its original ``image`` (`Procedure.image_tests`:
+    SWE-smith's tests at the instance branch's ``HEAD~1``), printed by the image's git as root in a
+    container of it with no network, never one the agent ran in; ``task`` itself where there is none."""
+    argv = procedure_of(task).image_tests
+    if argv is None or task.test_patch:
+        return task
+    known = (engine, image, task.instance_id)
+    if known not in _image_tests:
+        run = (
+            [APPTAINER, "exec", "--containall", image]
+            if engine == APPTAINER
+            else [engine, "run", "--rm", *label_args(), "--network", "none", "--user", "0", image]
+        )
+        text = engine_run([*run, "sh", "-c", *argv(task)], timeout_s=300).decode("utf-8", "surrogateescape")
+        if not text.strip():
+            raise ContainerError(f"no test file of {task.instance_id} differs at its branch's HEAD~1")
+        _image_tests[known] = text
+    return task.model_copy(update={"test_patch": _image_tests[known]})
+
+
 async def place_hidden(task: Task, box: ImageBox, engine: str, image: str) -> None:
     """The files the task's dataset keeps from the agent (`Procedure.hidden`), copied from its original
     ``image`` to where its tests read them, whatever the agent put there removed first, then locked (the
@@ -204,6 +235,12 @@ def grade_in_image(
     """Grade ``model_patch`` for ``task`` in fresh containers of ``image`` (both modes; the verdict is
     ``mode``'s, strict where the task runs pytest). Never raises for agent faults."""
     timeout_s = grading_timeout_s(timeout_s)  # None: the configured deadline, for both stages
+    try:
+        task = with_image_tests(task, engine, image)
+    except (ContainerError, OSError) as exc:
+        return _infra(
+            GradeResult(instance_id=task.instance_id), f"its tests in {image}: {exc}", time.monotonic()
+        )
     result = asyncio.run(_grade(task, model_patch or "", engine=engine, image=image, timeout_s=timeout_s))
     try:
         pytest_args(task)
@@ -352,6 +389,10 @@ def run_base_in_image(
 ) -> tuple[dict[str, str], str]:
     """(FAIL_TO_PASS/PASS_TO_PASS statuses, infrastructure error) of the tests on the untouched base tree
     (task validation: the empty patch must not pass)."""
+    try:
+        task = with_image_tests(task, engine, task_image(task))
+    except (ContainerError, OSError) as exc:
+        return {}, f"its tests in {task_image(task)}: {exc}"
     result = asyncio.run(
         _grade(
             task,

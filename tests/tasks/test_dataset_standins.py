@@ -53,6 +53,12 @@ LAYOUT_CHECKS = {
     "r2e-gym": "[ -f /r2e_tests/test_requests.py ] && [ -f /testbed/run_tests.sh ] "
     '&& [ "$(command -v python)" = /testbed/.venv/bin/python ] && cd /testbed '
     "&& ! git symbolic-ref -q HEAD && git log --all --format=%s | grep -qx 'the fix'",
+    # SWE-bench's conda layout, HEAD on main (the clean snapshot), the instance a branch whose tip removed
+    # the F2P test file its parent (the bug) still has
+    "swe-smith": "source /opt/miniconda3/bin/activate && conda activate testbed && command -v pytest "
+    '&& cd /testbed && [ "$(git symbolic-ref --short HEAD)" = main ] '
+    "&& b=$(git for-each-ref --format='%(refname:short)' refs/heads | grep -vx main) "
+    '&& git cat-file -e "$b~1:tests/test_requests.py" && ! git cat-file -e "$b:tests/test_requests.py"',
 }
 LAYOUT_CHECKS["swe-rebench"] = LAYOUT_CHECKS["swe-gym"]  # the same image layout
 # datasets graded by their own procedure only (its test command is the image's script: no strict mode)
@@ -93,6 +99,8 @@ def rows_of(tmp_path_factory):
         ("swe-rebench-v2", ENGINE, "noop", 0.0),
         ("r2e-gym", ENGINE, "gold", 1.0),  # the hidden tests brought back, every status as expected
         ("r2e-gym", ENGINE, "noop", 0.0),
+        ("swe-smith", ENGINE, "gold", 1.0),  # the bug reversed; its tests from the image's HEAD~1
+        ("swe-smith", ENGINE, "noop", 0.0),
     ],
 )
 def test_rollout_on_the_datasets_stand_in(
@@ -164,21 +172,39 @@ def test_a_special_casing_patch_earns_nothing_on_swe_gym(rows_of, tmp_path: Path
     assert report["resolved_ids"] == [] and report["error_instances"] == 0, report
 
 
-def test_r2e_gym_tests_stay_hidden_and_cannot_be_replaced(rows_of, tmp_path: Path):
-    """R2E-Gym's image holds its tests (/r2e_tests) and test script (run_tests.sh in the tree): ``polar tasks
-    audit`` finds neither in the agent's workspace nor any commit beyond the base (the same probe on the raw
-    image finds both: the control); a patch that plants its own always-passing tests where the hidden ones
-    go (and its own run_tests.sh) earns 0 by ``polar eval``, the image's tests run in their place."""
+@pytest.mark.parametrize(("dataset", "hidden"), [("r2e-gym", "resists"), ("swe-smith", "not_applicable")])
+def test_polar_tasks_audit_finds_no_test_of_the_dataset_in_the_workspace(
+    rows_of, dataset: str, hidden: str, tmp_path: Path
+):
+    """``polar tasks audit``: the agent's workspace holds none of the tests the dataset keeps from it
+    (R2E-Gym's /r2e_tests and run_tests.sh; SWE-smith's F2P test file, at the branch's HEAD~1) and no commit
+    beyond the base; the same history probe on the raw image finds the commits beyond (the control)."""
+    from polar_env.cli.tasks_audit import HISTORY_PROBE, history_verdict
+
+    rows = rows_of(dataset)
+    (task,) = load_tasks(f"{dataset}:{rows}")
+    out = tmp_path / "audit.json"
+    proc = _polar("tasks", "audit", "--tasks", f"{dataset}:{rows}", "--sandbox", ENGINE, "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (checks,) = [a["checks"] for a in json.loads(out.read_text())]
+    assert checks["hidden-tests"]["verdict"] == hidden, checks
+    assert checks["repository-history"]["verdict"] == "resists", checks
+    raw = subprocess.run(
+        in_image(ENGINE, task.image, f"set -- {task.workdir}; {HISTORY_PROBE}"),
+        capture_output=True,
+        text=True,
+    )
+    assert history_verdict(raw.stdout).verdict == "controls", raw.stdout
+
+
+def test_r2e_gym_tests_cannot_be_replaced(rows_of, tmp_path: Path):
+    """R2E-Gym's image holds its tests (/r2e_tests) and test script (run_tests.sh in the tree), which the raw
+    image shows (the control); a patch that plants its own always-passing tests where the hidden ones go (and
+    its own run_tests.sh) earns 0 by ``polar eval``, the image's tests run in their place."""
     from polar_env.cli.tasks_audit import HIDDEN_PROBE
 
     rows = rows_of("r2e-gym")
     (task,) = load_tasks(f"r2e-gym:{rows}")
-    out = tmp_path / "audit.json"
-    proc = _polar("tasks", "audit", "--tasks", f"r2e-gym:{rows}", "--sandbox", ENGINE, "--out", str(out))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    (checks,) = [a["checks"] for a in json.loads(out.read_text())]
-    assert checks["hidden-tests"]["verdict"] == "resists", checks
-    assert checks["repository-history"]["verdict"] == "resists", checks
     raw = subprocess.run(
         in_image(ENGINE, task.image, "set -- /r2e_tests /testbed/run_tests.sh; " + HIDDEN_PROBE),
         capture_output=True,

@@ -42,6 +42,9 @@ class Procedure:
     verified: str = ""
     parsers: Mapping[str, Callable[[str], dict[str, str]]] | None = None
     resolves: Callable[[dict[str, str], Task], bool] | None = None
+    # argv (after ``sh -c``) printing the task's test patch in a container of its original image, where
+    # the row has none (SWE-smith's tests are at the instance branch's ``HEAD~1``)
+    image_tests: Callable[[Task], list[str]] | None = None
     hidden: Mapping[str, str] = dataclass_field(default_factory=dict)
 
     def hidden_paths(self, task: Task) -> dict[str, str]:
