@@ -147,3 +147,59 @@ def test_r2e_hidden_files_are_refused_where_polar_cannot_remove_them():
     with pytest.raises(WorkspaceUnavailable, match="from podman and docker images only"):
         check_hidden(task, "apptainer")
     assert hidden_paths(V2.to_task(_python_row())) == ()
+
+
+def test_swe_smith_parser_reads_verbose_lines():
+    from polar_env.tasks.datasets.swe_smith import parse_verbose
+
+    log = "\n".join(
+        [
+            "tests/test_a.py::test_one PASSED                                [ 33%]",
+            "tests/test_a.py::test_two FAILED                                [ 66%]",
+            "tests/test_a.py::test_three[a b] PASSED                         [100%]",  # an id with a space
+            "PASSED tests/test_a.py::test_one",  # -rA's summary form: not SWE-smith's
+        ]
+    )
+    assert parse_verbose(log) == {
+        "tests/test_a.py::test_one": "PASSED",
+        "tests/test_a.py::test_two": "FAILED",
+    }
+
+
+def test_swe_smith_gold_is_the_bug_undone_as_git_undoes_it(tmp_path):
+    """The row's patch introduces the bug; its reverse (the loader's gold patch) applied to the bug's tree
+    gives the clean tree back, as ``git apply --reverse`` does: a changed file, a new one, a removed one and a
+    mode change, each run of changed lines with its removals first."""
+    import subprocess
+
+    from polar_env.tasks.datasets.swe_smith import reverse_patch
+
+    def git(*args: str, stdin: str | None = None) -> str:
+        return subprocess.run(
+            ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+            cwd=tmp_path,
+            input=stdin,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+
+    git("init", "-q")
+    (tmp_path / "a.py").write_text("x = 1\ny = 2\nz = 3\n")
+    (tmp_path / "gone.py").write_text("old = True\n")
+    (tmp_path / "run.sh").write_text("echo hi\n")
+    git("add", "-A")
+    git("commit", "-qm", "clean")
+    clean = git("rev-parse", "HEAD^{tree}").strip()
+    (tmp_path / "a.py").write_text("x = 1\ny = 20\ny2 = 21\nz = 3\n")
+    (tmp_path / "gone.py").unlink()
+    (tmp_path / "new.py").write_text("bug = 1\n")
+    (tmp_path / "run.sh").chmod(0o755)
+    git("add", "-A")
+    bug = git("diff", "--cached", "HEAD")
+    git("commit", "-qm", "bug")
+    gold = reverse_patch(bug)
+    assert "-y = 20\n-y2 = 21\n+y = 2\n" in gold and "deleted file mode 100644" in gold, gold
+    git("apply", "--index", "-", stdin=gold)
+    assert git("write-tree").strip() == clean
+    assert reverse_patch(gold) == bug

@@ -46,7 +46,7 @@ EXPECTED = {  # name: (instance_id, image, workdir, test command prefix, log par
         "getmoto__moto.694ce1f4.pr_7331",
         "jyangballin/swesmith.x86_64.getmoto_1776_moto.694ce1f4",
         "/testbed",
-        "source /opt/miniconda3/bin/activate; conda activate testbed; pytest --disable-warnings",
+        "pytest --disable-warnings --color=no --tb=no --verbose",  # conda activated first (its procedure)
         "swesmith:pytest-verbose",
     ),
     "r2e-gym": (
@@ -110,7 +110,11 @@ def test_dataset_specific_fields():
     ]  # the tests expected to pass
     (smith,) = load_tasks(f"swe-smith:{ROWS / 'swe-smith.jsonl'}")
     assert smith.base_commit == smith.instance_id and smith.test_patch == ""  # the instance's branch
-    assert smith.test_directives == []  # the whole suite, as SWE-smith's eval runs it
+    assert smith.test_directives == [""]  # the whole suite, as SWE-smith's eval runs it
+    assert smith.patch == (  # the gold fix: the row's bug patch reversed
+        "diff --git a/moto/core/responses.py b/moto/core/responses.py\n--- a/moto/core/responses.py\n"
+        "+++ b/moto/core/responses.py\n@@ -1 +1 @@\n-x = 2\n+x = 1\n"
+    )
     (msb,) = load_tasks(f"multi-swe-bench:{ROWS / 'multi-swe-bench.jsonl'}")
     assert msb.FAIL_TO_PASS == ["TestPRView_web", "TestPRView_webFlag"] and msb.PASS_TO_PASS == ["TestPRList"]
     assert msb.base_commit == "9e7a1c1f1f06ee7f6ea9e2c9cc4cd3f8c7d64b47"
@@ -124,6 +128,7 @@ def test_dataset_specific_fields():
     assert DATASETS["swe-rebench-v2"].to_task(two).test_cmd == "cargo build && cargo test"
     assert [n for n, s in DATASETS.items() if s.procedure.reproduced] == [
         "r2e-gym",
+        "swe-smith",
         "swe-rebench-v2",
         "swe-rebench",
         "swe-gym",
@@ -179,12 +184,20 @@ def test_each_dataset_grades_by_its_procedure():
 def test_unreproduced_procedures_are_named_once(caplog, tmp_path: Path):
     datasets._noticed.clear()
     f = tmp_path / "rows.jsonl"
-    f.write_text("".join(json.dumps(_row(n)) + "\n" for n in ("swe-smith", "swe-gym", "swe-smith")))
+    names = ("multi-swe-bench", "swe-gym", "multi-swe-bench", "swe-rebench-v2")
+    f.write_text("".join(json.dumps(_row(n)) + "\n" for n in names))
     with caplog.at_level("WARNING"):
         load_tasks(str(f))
-        load_tasks(f"swe-smith:{ROWS / 'swe-smith.jsonl'}")
+        load_tasks(f"multi-swe-bench:{ROWS / 'multi-swe-bench.jsonl'}")
+        load_tasks(f"swe-rebench-v2:{ROWS / 'swe-rebench-v2.jsonl'}")
     said = [r.getMessage() for r in caplog.records if "does not reproduce" in r.getMessage()]
-    assert len(said) == 1 and said[0].startswith("swe-smith:") and "HEAD~1" in said[0], said
+    assert len(said) == 2, said  # once per dataset and reason, however often its rows load
+    assert said[0].startswith("multi-swe-bench:") and "fix-run.sh" in said[0], said
+    # V2's own procedure, but not for a row whose parser Polar lacks: said for that row and rows like it
+    v2 = DATASETS["swe-rebench-v2"].to_task(_row("swe-rebench-v2")).instance_id
+    assert said[1].startswith(
+        f"swe-rebench-v2: Polar does not reproduce this dataset's own grading procedure for {v2}"
+    )
 
 
 def test_validate_names_each_rows_dataset_and_what_is_verified(tmp_path: Path):
@@ -203,7 +216,7 @@ def test_validate_names_each_rows_dataset_and_what_is_verified(tmp_path: Path):
     lines = proc.stdout.splitlines()
     gym, smith, msb, v2 = (DATASETS[n].to_task(_row(n)).instance_id for n in names)
     assert f"{gym}: dataset swe-gym: procedure reproduced; verified: a stand-in image" in lines[0]
-    assert lines[1].startswith(f"{smith}: dataset swe-smith: procedure not reproduced (SWE-bench's procedure")
+    assert f"{smith}: dataset swe-smith: procedure reproduced; verified: a stand-in image" in lines[1]
     assert lines[2].startswith(f"{msb}: dataset multi-swe-bench: procedure not reproduced"), lines
     assert lines[3].startswith(
         f"{v2}: dataset swe-rebench-v2: procedure not reproduced (none: its log parser 'parse_log_cargo'"

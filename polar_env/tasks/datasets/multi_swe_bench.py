@@ -82,8 +82,9 @@ def to_task(row: dict) -> Task:
 
 PROCEDURE = Procedure(
     reproduced=False,
-    instead="SWE-bench's procedure in /testbed, not the image's "
-    "/home/fix-run.sh and the repository's parse_log",
+    instead="SWE-bench's procedure in /home/<repo> with the row's test command and SWE-bench's pytest "
+    "parser, not the image's own flow (fix-run.sh applying the patches it holds) nor the repository's "
+    "parse_log",
 )
 SPEC = DatasetSpec(
     NAME,

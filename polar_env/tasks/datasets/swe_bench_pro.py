@@ -53,7 +53,8 @@ def to_task(row: dict) -> Task:
 
 PROCEDURE = Procedure(
     reproduced=False,
-    instead="SWE-bench's procedure in /testbed, not the instance's run_script.sh and parser.py in /app",
+    instead="SWE-bench's procedure in /app with the row's test command and SWE-bench's pytest parser, not "
+    "the instance's run_script.sh and parser.py (not in the row)",
 )
 SPEC = DatasetSpec(
     NAME,
