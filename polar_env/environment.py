@@ -26,6 +26,8 @@ class EnvSettings(BaseModel):
     gold_cache: Path | None = None  # POLAR_GOLD_CACHE: gold runs (default $POLAR_CACHE/gold)
     container_labels: str = ""  # POLAR_CONTAINER_LABELS: comma-separated key=value labels on every container
     image_map: str = ""  # POLAR_IMAGE_MAP: comma-separated NAME=LOCAL_IMAGE pairs for Harbor tasks
+    # POLAR_SWE_BENCH_PRO_SCRIPTS: SWE-bench_Pro-os's run_scripts/ (default: run_scripts/ beside the rows)
+    pro_scripts: Path | None = None
     # POLAR_GRADING_MEMORY_BYTES / _PIDS_MAX / _TMPFS_BYTES / _TIMEOUT_S: the grading limits
     # (rewards/sandbox_exec.py)
     grading: dict[str, str] = {}
@@ -44,6 +46,7 @@ class EnvSettings(BaseModel):
                 "gold_cache": env.get("POLAR_GOLD_CACHE") or None,
                 "container_labels": env.get("POLAR_CONTAINER_LABELS", ""),
                 "image_map": env.get("POLAR_IMAGE_MAP", ""),
+                "pro_scripts": env.get("POLAR_SWE_BENCH_PRO_SCRIPTS") or None,
                 "grading": {
                     k.removeprefix(GRADING_PREFIX): v for k, v in env.items() if k.startswith(GRADING_PREFIX)
                 },

@@ -404,6 +404,83 @@ def r2e_gym_row(task: Task, engine: str = "podman") -> dict:
     }
 
 
+# run as root in /testbed of the bundled task's image (SWE-bench Pro's layout): the repository moved to
+# /app, installed in the image's own Python, the fix in a later commit on another branch
+PRO_SETUP = f"""set -eu
+cp /tmp/layer/app.pth "$(echo {VENV}/lib/python3*/site-packages)/"
+g() {{ git -c user.name=dev -c user.email=dev@example.com "$@"; }}
+export GIT_AUTHOR_DATE=2030-01-01T00:00:00Z GIT_COMMITTER_DATE=2030-01-01T00:00:00Z
+branch=$(git symbolic-ref --short HEAD)
+g checkout -qb fix && git apply /tmp/layer/fix.patch && g add -A && g commit -qm "the fix"
+g checkout -q "$branch"
+cd / && mv /testbed /app
+"""
+# the instance's scripts, written the way SWE-bench_Pro-os's run_scripts/<instance>/ are: the selected test
+# files comma-joined in one argument, pytest -v; the parser reads its lines into output.json
+PRO_RUN_SCRIPT = r"""#!/bin/bash
+set -e
+run_selected_tests() {
+  python -m pytest -v --disable-warnings -p no:cacheprovider "$@" 2>&1
+}
+if [[ "$1" == *","* ]]; then IFS=',' read -r -a TEST_FILES <<< "$1"; else TEST_FILES=("$@"); fi
+run_selected_tests "${TEST_FILES[@]}"
+"""
+PRO_PARSER = r"""import json
+import re
+import sys
+
+STATUS = {"PASSED": "PASSED", "XFAIL": "PASSED", "FAILED": "FAILED", "XPASS": "FAILED"}
+stdout, stderr, output = sys.argv[1:4]
+tests = {}
+for line in open(stdout, errors="replace").read().split("\n"):
+    m = re.match(r"^([^\s]+::[^\s]+)\s+(PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)", line.strip())
+    if m and m.group(1) not in tests:
+        tests[m.group(1)] = STATUS.get(m.group(2), m.group(2))
+json.dump({"tests": [{"name": k, "status": v} for k, v in tests.items()]}, open(output, "w"), indent=2)
+"""
+
+
+def swe_bench_pro_row(task: Task, engine: str = "podman") -> dict:
+    """``task`` as a row of SWE-bench Pro's schema (its list columns Python literals in strings, as the
+    dataset keeps them), its stand-in image built first and tagged as Pro names it; the instance's
+    ``run_script.sh`` and ``parser.py`` in the row's own columns (a test moves them to ``run_scripts/``)."""
+    owner, repo = task.repo.split("/")
+    iid = f"instance_{owner}__{repo}-{task.base_commit}-v{task.instance_id.rsplit('-', 1)[-1]}"
+    files = {"setup.sh": PRO_SETUP, "app.pth": "/app\n", "fix.patch": task.patch + task.test_patch}
+    tag = build_layer(
+        engine,
+        ensure_task_image(task, engine),
+        f"polar-standin/swe-bench-pro-{task.instance_id.lower()}",
+        files,
+        "cd /testbed && sh /tmp/layer/setup.sh",
+        tail="WORKDIR /app\n",
+    )
+    dockerhub_tag = f"{owner}.{repo}-{iid}".lower()[:128]
+    engine_run([engine, "tag", tag, f"jefzda/sweap-images:{dockerhub_tag}"])
+    return {
+        "repo": task.repo,
+        "instance_id": iid,
+        "base_commit": task.base_commit,
+        "patch": task.patch,
+        "test_patch": task.test_patch,
+        "problem_statement": task.problem_statement,
+        "requirements": "Keep the public API as it is.",
+        "interface": "No new interfaces are introduced.",
+        "repo_language": "python",
+        "fail_to_pass": repr(task.FAIL_TO_PASS),
+        # not the ids SWE-bench's -rA parser cut at a space: Pro's parser never reports those tests
+        "pass_to_pass": repr([t for t in task.PASS_TO_PASS if t.count("[") == t.count("]")]),
+        "issue_specificity": "['edge_case_bug']",
+        "issue_categories": "['web_knowledge']",
+        "before_repo_set_cmd": f"git reset --hard {task.base_commit}\ngit checkout fix -- "
+        + " ".join(task.test_files()),
+        "selected_test_files_to_run": repr(task.test_files()),
+        "dockerhub_tag": dockerhub_tag,
+        "run_script": PRO_RUN_SCRIPT,
+        "parser": PRO_PARSER,
+    }
+
+
 def _standin(make_row: Callable[[Task], dict], make_image: Callable[[Task, str, str], str]):
     def build(task: Task, dataset: str, engine: str) -> dict:
         row = make_row(task)
@@ -422,6 +499,7 @@ STANDINS = {
     "swe-rebench-v2": _standin(swe_rebench_v2_row, rebench_v2_standin),
     "r2e-gym": lambda task, dataset, engine: r2e_gym_row(task, engine),
     "swe-smith": lambda task, dataset, engine: swe_smith_row(task, engine),
+    "swe-bench-pro": lambda task, dataset, engine: swe_bench_pro_row(task, engine),
 }
 
 

@@ -23,6 +23,7 @@ bubblewrap grading; ``swebench`` stays beside it in ``modes``.
 from __future__ import annotations
 
 import asyncio
+import json
 import shlex
 import tempfile
 import time
@@ -179,6 +180,40 @@ def image_box(engine: str, image: str, task: Task) -> ImageBox:
     )
 
 
+def fresh_image_argv(engine: str, image: str, bind: str = "") -> list[str]:
+    """argv prefix: a command in a fresh container of ``image`` (never one the agent ran in), as root, with no
+    network; ``bind`` (``host:inside``) the one directory it sees of the host."""
+    if engine == APPTAINER:
+        return [APPTAINER, "exec", "--containall", *(["--bind", bind] if bind else []), image]
+    mount = ["-v", bind] if bind else []
+    return [engine, "run", "--rm", *label_args(), "--network", "none", "--user", "0", *mount, image]
+
+
+def run_script_parser(task: Task, engine: str, image: str, log: str) -> dict[str, str]:
+    """The tests' statuses as the dataset's own parser script reads them (`Procedure.script_parser`, SWE-bench
+    Pro's ``parser.py``), run as its harness runs it, ``python <parser> <stdout> <stderr> <output.json>``,
+    on the test command's output, in a fresh container of the original ``image``: nothing the tested code
+    wrote is there."""
+    start, end = log.find(sb.START_TEST_OUTPUT), log.rfind(sb.END_TEST_OUTPUT)
+    output = log[start + len(sb.START_TEST_OUTPUT) : end] if 0 <= start < end else log
+    with tempfile.TemporaryDirectory(prefix="polar-parse-") as tmp:
+        (Path(tmp) / "stdout.log").write_text(output, errors="surrogateescape")
+        (Path(tmp) / "stderr.log").write_text("")
+        (Path(tmp) / "parser.py").write_text(task.grader_files[procedure_of(task).script_parser])
+        inside = "/polar-parse"
+        engine_run(
+            [
+                *fresh_image_argv(engine, image, f"{tmp}:{inside}"),
+                "python",
+                f"{inside}/parser.py",
+                *(f"{inside}/{name}" for name in ("stdout.log", "stderr.log", "output.json")),
+            ],
+            timeout_s=300,
+        )
+        found = json.loads((Path(tmp) / "output.json").read_text())
+    return {str(t["name"]): str(t["status"]) for t in found.get("tests", [])}
+
+
 # (engine, image, task) -> the test patch its dataset keeps in the image: read once per process
 _image_tests: dict[tuple[str, str, str], str] = {}
 
@@ -192,11 +227,7 @@ def with_image_tests(task: Task, engine: str, image: str) -> Task:
         return task
     known = (engine, image, task.instance_id)
     if known not in _image_tests:
-        run = (
-            [APPTAINER, "exec", "--containall", image]
-            if engine == APPTAINER
-            else [engine, "run", "--rm", *label_args(), "--network", "none", "--user", "0", image]
-        )
+        run = fresh_image_argv(engine, image)
         text = engine_run([*run, "sh", "-c", *argv(task)], timeout_s=300).decode("utf-8", "surrogateescape")
         if not text.strip():
             raise ContainerError(f"no test file of {task.instance_id} differs at its branch's HEAD~1")
@@ -204,23 +235,40 @@ def with_image_tests(task: Task, engine: str, image: str) -> Task:
     return task.model_copy(update={"test_patch": _image_tests[known]})
 
 
-async def place_hidden(task: Task, box: ImageBox, engine: str, image: str) -> None:
-    """The files the task's dataset keeps from the agent (`Procedure.hidden`), copied from its original
-    ``image`` to where its tests read them, whatever the agent put there removed first, then locked (the
-    tested code cannot change them)."""
+async def place_dataset_files(task: Task, box: ImageBox, engine: str, image: str) -> None:
+    """The files the task's dataset runs its tests with, where they read them, whatever the agent put there
+    removed first, then locked (the tested code cannot change them): those it keeps from the agent
+    (`Procedure.hidden`), copied from its original ``image``, and those from beside its rows
+    (`Task.grader_files`)."""
     placed = {src: dest for src, dest in procedure_of(task).hidden_paths(task).items() if dest}
-    if not placed:
+    dests = [*placed.values(), *task.grader_files]
+    if not dests:
         return
-    with tempfile.TemporaryDirectory(prefix="polar-hidden-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="polar-dataset-files-") as tmp:
         await asyncio.to_thread(copy_out_of_image, engine, image, list(placed), Path(tmp))
+        for i, text in enumerate(task.grader_files.values()):
+            (Path(tmp) / f"row-{i}").write_text(text, errors="surrogateescape")
+        parents = sorted({str(Path(d).parent) for d in dests})
         cleared = await box.run(
-            ["sh", "-c", 'rm -rf -- "$@"', "sh", *placed.values()], user="0", timeout_s=300
+            [
+                "sh",
+                "-c",
+                'rm -rf -- "$@" && mkdir -p -- ' + " ".join(map(shlex.quote, parents)),
+                "sh",
+                *dests,
+            ],
+            user="0",
+            timeout_s=300,
         )
         if cleared.exit_code != 0:
-            raise ContainerError(f"clearing {', '.join(placed.values())}: {cleared.stderr_tail[-300:]}")
+            raise ContainerError(f"clearing {', '.join(dests)}: {cleared.stderr_tail[-300:]}")
         for i, dest in enumerate(placed.values()):
             await box.copy_in(Path(tmp) / str(i), dest)
-    await box.lock(list(placed.values()))
+        for i, dest in enumerate(task.grader_files):
+            await box.copy_in(Path(tmp) / f"row-{i}", dest)
+    # and the directories made for them (Pro's /workspace): none of them renamed or replaced meanwhile
+    made = {str(Path(d).parent) for d in task.grader_files} - {"/", task.workdir}
+    await box.lock([*dests, *sorted(made)])
 
 
 def grade_in_image(
@@ -424,7 +472,7 @@ async def _grade(
     except Exception as exc:  # noqa: BLE001 - a row swebench cannot read is a task defect
         return _infra(result, f"swebench test spec: {type(exc).__name__}: {exc}", t0, FailureKind.task_defect)
     procedure = procedure_of(task)
-    if procedure.parsers is not None and procedure.parser(task) is None:
+    if not procedure.gradable:
         return _infra(result, f"{task.dataset}: {procedure.instead}", t0, FailureKind.task_defect)
     box: ImageBox | None = None
     try:
@@ -444,7 +492,7 @@ async def _grade(
                     _finish(result, task, {}, t0)
                     return result
                 result.patch_applied, result.apply_method = True, ApplyMethod.git_apply
-            await place_hidden(task, box, engine, image)
+            await place_dataset_files(task, box, engine, image)
             t_tests = time.monotonic()
             run = await box.run(["/bin/bash", EVAL_INSIDE], timeout_s=timeout_s, max_output_bytes=8 << 20)
             result.timings["tests_s"] = time.monotonic() - t_tests
@@ -468,6 +516,9 @@ async def _grade(
                     status_map, valid = sb.parse_log_with_spec(spec, str(log_path))
                 elif own_parser := procedure.parser(task):
                     status_map, valid = own_parser(log), sb.END_TEST_OUTPUT in log
+                elif procedure.script_parser:
+                    status_map = await asyncio.to_thread(run_script_parser, task, engine, image, log)
+                    valid = sb.END_TEST_OUTPUT in log
                 else:
                     status_map, valid = sb.parse_log(
                         str(log_path),

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from polar_env.cache import cache_root
-from polar_env.tasks.models import Task
+from polar_env.tasks.models import ROWS_DIR, Task
 
 BUNDLED_DIR = Path(__file__).parent / "bundled"
 TERMINAL_DIR = Path(__file__).parent / "terminal"  # Harbor task folders: terminal work, not SWE-bench
@@ -79,7 +79,7 @@ def load_jsonl(path: Path) -> list[Task]:
             if not line.strip():
                 continue
             try:
-                task = _from_row(json.loads(line))
+                task = _from_row({**json.loads(line), ROWS_DIR: str(path.parent)})
             except Exception as e:  # noqa: BLE001 - re-raised with the line that failed
                 raise TaskLoadError(f"{path}:{lineno}: not a valid task row: {e}") from e
             if task.base_archive:  # relative to the task file, so a task set moves as a whole
@@ -102,7 +102,7 @@ def _from_row(row: dict) -> Task:
 
     if (dataset := detect(row)) is not None:  # a row in another dataset's own schema
         return dataset.to_task(row)
-    row = dict(row)
+    row = {k: v for k, v in row.items() if k != ROWS_DIR}
     if "test_cmd" not in row and row.get("repo") in VERIFIED_TEST_CMD:
         row["test_cmd"] = VERIFIED_TEST_CMD[row["repo"]]
     return Task.model_validate(row)
@@ -115,7 +115,7 @@ def load_dataset(name: str, split: str = "") -> list[Task]:
 
     spec = DATASETS[name]
     if split.endswith((".jsonl", ".json")):
-        rows = _jsonl_rows(Path(split))
+        rows = [{**row, ROWS_DIR: str(Path(split).parent)} for row in _jsonl_rows(Path(split))]
     else:
         rows = _hub_rows(spec.hub_name, split or spec.default_split, f"{name}-{split or spec.default_split}")
     tasks = []

@@ -37,6 +37,11 @@ class TaskEnvironment(BaseModel):
     env: dict[str, str] = Field(default_factory=dict)
 
 
+# the key a file's rows carry for where they came from: a loader reads files beside them (SWE-bench Pro's
+# run_scripts/); never a column of a dataset
+ROWS_DIR = "polar_rows_dir"
+
+
 class Task(BaseModel):
     """One instance. `base_archive` is set only for bundled tasks (a .tar.gz of the base tree)."""
 
@@ -68,6 +73,9 @@ class Task(BaseModel):
     # every test's expected status, where the dataset's verdict wants them all (R2E-Gym's
     # expected_output_json: test name -> PASSED/FAILED/ERROR); FAIL_TO_PASS holds the PASSED ones
     expected_statuses: dict[str, str] = Field(default_factory=dict)
+    # files the dataset's procedure runs the tests with, from beside its rows (absolute path in the image ->
+    # text: SWE-bench Pro's run_script.sh and parser.py), placed by the grader only
+    grader_files: dict[str, str] = Field(default_factory=dict)
     # A Harbor task folder (tasks/harbor.py): graded by its own tests/test.sh, not by SWE-bench tests.
     harbor: HarborRef | None = None
 
@@ -103,7 +111,7 @@ class Task(BaseModel):
                 data.pop("harbor", None)
             if data.get("workdir") == "/testbed":
                 data.pop("workdir", None)
-            for key in ("dataset", "expected_statuses"):
+            for key in ("dataset", "expected_statuses", "grader_files"):
                 if not data.get(key):
                     data.pop(key, None)
         return data

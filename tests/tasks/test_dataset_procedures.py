@@ -203,3 +203,35 @@ def test_swe_smith_gold_is_the_bug_undone_as_git_undoes_it(tmp_path):
     git("apply", "--index", "-", stdin=gold)
     assert git("write-tree").strip() == clean
     assert reverse_patch(gold) == bug
+
+
+def test_swe_bench_pro_scripts_are_found_where_its_repository_keeps_them(tmp_path, monkeypatch):
+    """SWE-bench Pro's rows do not carry the instance's run_script.sh and parser.py: they are read from
+    SWE-bench_Pro-os's ``run_scripts/<instance_id>/`` beside the rows file, or where
+    ``$POLAR_SWE_BENCH_PRO_SCRIPTS`` points; a row without them loads, is named unreproduced, and is refused
+    at grading (a task defect, before any container)."""
+    row = json.loads((FIXTURES / "datasets" / "swe-bench-pro.jsonl").read_text())
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps(row) + "\n")
+    monkeypatch.delenv("POLAR_SWE_BENCH_PRO_SCRIPTS", raising=False)
+    (bare,) = load_tasks(f"swe-bench-pro:{rows}")
+    proc = procedure_of(bare)
+    assert not proc.reproduced and "/workspace/run_script.sh" in proc.instead, proc
+    refused = grade_in_image(bare, bare.patch, engine="podman", image=bare.image)
+    assert refused.failure_kind == FailureKind.task_defect and "run_script.sh" in refused.error, refused
+    scripts = tmp_path / "run_scripts" / row["instance_id"]
+    scripts.mkdir(parents=True)
+    (scripts / "run_script.sh").write_text('#!/bin/bash\npytest -v "$@"\n')
+    (scripts / "parser.py").write_text("print('parse')\n")
+    (beside,) = load_tasks(f"swe-bench-pro:{rows}")
+    assert beside.grader_files == {
+        "/workspace/run_script.sh": '#!/bin/bash\npytest -v "$@"\n',
+        "/workspace/parser.py": "print('parse')\n",
+    }
+    assert procedure_of(beside).reproduced and load_tasks(str(rows)) == [beside]  # plain FILE.jsonl too
+    (tmp_path / "other").mkdir()
+    moved = tmp_path / "other" / "rows.jsonl"
+    moved.write_text(rows.read_text())
+    monkeypatch.setenv("POLAR_SWE_BENCH_PRO_SCRIPTS", str(tmp_path / "run_scripts"))
+    (by_env,) = load_tasks(f"swe-bench-pro:{moved}")
+    assert by_env.grader_files == beside.grader_files

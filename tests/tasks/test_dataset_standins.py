@@ -59,10 +59,14 @@ LAYOUT_CHECKS = {
     '&& cd /testbed && [ "$(git symbolic-ref --short HEAD)" = main ] '
     "&& b=$(git for-each-ref --format='%(refname:short)' refs/heads | grep -vx main) "
     '&& git cat-file -e "$b~1:tests/test_requests.py" && ! git cat-file -e "$b:tests/test_requests.py"',
+    # the repository at /app, the image's own Python importing it from there, the fix on a branch
+    "swe-bench-pro": '[ "$PWD" = /app ] && [ ! -e /testbed ] && python -c "import requests, sys; '
+    "sys.exit(requests.__file__ != '/app/requests/__init__.py')\" "
+    "&& git log --all --format=%s | grep -qx 'the fix'",
 }
 LAYOUT_CHECKS["swe-rebench"] = LAYOUT_CHECKS["swe-gym"]  # the same image layout
 # datasets graded by their own procedure only (its test command is the image's script: no strict mode)
-PROCEDURE_ONLY = {"r2e-gym"}
+PROCEDURE_ONLY = {"r2e-gym", "swe-bench-pro"}
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +85,11 @@ def rows_of(tmp_path_factory):
             )
             assert check.returncode == 0, (dataset, check.stdout, check.stderr)
             made[dataset] = tmp_path_factory.mktemp(dataset) / "rows.jsonl"
+            if dataset == "swe-bench-pro":  # its scripts where SWE-bench_Pro-os keeps them: run_scripts/<id>/
+                scripts = made[dataset].parent / "run_scripts" / row["instance_id"]
+                scripts.mkdir(parents=True)
+                (scripts / "run_script.sh").write_text(row.pop("run_script"))
+                (scripts / "parser.py").write_text(row.pop("parser"))
             made[dataset].write_text(json.dumps(row) + "\n")
         return made[dataset]
 
@@ -101,6 +110,8 @@ def rows_of(tmp_path_factory):
         ("r2e-gym", ENGINE, "noop", 0.0),
         ("swe-smith", ENGINE, "gold", 1.0),  # the bug reversed; its tests from the image's HEAD~1
         ("swe-smith", ENGINE, "noop", 0.0),
+        ("swe-bench-pro", ENGINE, "gold", 1.0),  # run_scripts/<id>/ beside the rows; parser.py's verdict
+        ("swe-bench-pro", ENGINE, "noop", 0.0),
     ],
 )
 def test_rollout_on_the_datasets_stand_in(

@@ -127,6 +127,7 @@ def test_dataset_specific_fields():
     two["install_config"]["test_cmd"] = ["cargo build", "cargo test"]
     assert DATASETS["swe-rebench-v2"].to_task(two).test_cmd == "cargo build && cargo test"
     assert [n for n, s in DATASETS.items() if s.procedure.reproduced] == [
+        "swe-bench-pro",
         "r2e-gym",
         "swe-smith",
         "swe-rebench-v2",

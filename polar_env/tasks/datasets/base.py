@@ -34,7 +34,9 @@ class Procedure:
     SWE-rebench V2's: the tests that passed are exactly those; ``hidden``: files of the image its harness
     keeps from the agent (R2E-Gym's tests and test script: the image path -> where the tests read them,
     ``{workdir}`` the task's tree), gone from every workspace's image and brought back by the grader from
-    the original image."""
+    the original image; ``grader_files``: the files its tests run with that come from beside its rows
+    (`Task.grader_files`), a task lacking one not gradable; ``script_parser``: the one of them its harness
+    parses the test output with (``python <it> <stdout> <stderr> <output.json>``, SWE-bench Pro's)."""
 
     activate: str = ""
     reproduced: bool = True
@@ -46,6 +48,9 @@ class Procedure:
     # the row has none (SWE-smith's tests are at the instance branch's ``HEAD~1``)
     image_tests: Callable[[Task], list[str]] | None = None
     hidden: Mapping[str, str] = dataclass_field(default_factory=dict)
+    grader_files: tuple[str, ...] = ()
+    script_parser: str = ""
+    gradable: bool = True
 
     def hidden_paths(self, task: Task) -> dict[str, str]:
         """``hidden`` for ``task``: its image's path -> the path its tests read it at."""
@@ -59,15 +64,22 @@ class Procedure:
         return None if self.parsers is None else self.parsers.get(task.log_parser)
 
     def for_task(self, task: Task) -> Procedure:
-        """This procedure as it applies to ``task``: not reproduced where its row names a parser of the
-        dataset's that Polar does not have."""
-        if self.parsers is None or task.log_parser in self.parsers:
+        """This procedure as it applies to ``task``: not reproduced, and not gradable, where its row names
+        a parser of the dataset's that Polar does not have, or lacks a file its tests run with."""
+        why = ""
+        if self.parsers is not None and task.log_parser not in self.parsers:
+            why = (
+                f"its log parser {task.log_parser!r} is not one Polar has ({', '.join(sorted(self.parsers))})"
+            )
+        elif missing := [f for f in self.grader_files if f not in task.grader_files]:
+            why = f"its row came without {', '.join(missing)}"
+        if not why:
             return self
         return replace(
             self,
             reproduced=False,
-            instead=f"none: its log parser {task.log_parser!r} is not one Polar has "
-            f"({', '.join(sorted(self.parsers))}); the task is refused at grading",
+            gradable=False,
+            instead=f"none: {why}; the task is refused at grading",
             verified="",
         )
 
