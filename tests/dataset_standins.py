@@ -132,15 +132,8 @@ def swe_smith_row(task: Task, engine: str = "podman") -> dict:
     snapshot = f"{owner}__{repo}.{task.base_commit[:8]}"
     iid = f"{snapshot}.func_pm_standin__{task.instance_id.rsplit('-', 1)[-1]}"
     tests = sorted({t.split("::", 1)[0] for t in task.FAIL_TO_PASS})
-    pth = "".join(
-        p.replace("{testbed}", "/testbed") + "\n"
-        for p in task.environment.env.get("PYTHONPATH", "{testbed}").split(":")
-    )
     files = {
-        "setup.sh": SMITH_SETUP,
-        "activate": ACTIVATE,
-        "testbed.pth": pth,
-        "fix.patch": task.patch + task.test_patch,
+        **conda_files(task, SMITH_SETUP),
         "gold.patch": task.patch,
         "tests.txt": "".join(f + "\n" for f in task.test_files()),
         "f2p.txt": " ".join(tests) + "\n",
@@ -218,19 +211,25 @@ def build_layer(
     return tag
 
 
-def conda_standin(task: Task, name: str, engine: str = "podman") -> str:
-    """The stand-in of a SWE-bench-layout dataset image (SWE-Gym's, SWE-rebench's) for the bundled ``task``,
-    tagged ``name`` (the loader's image name)."""
+def conda_files(task: Task, setup: str) -> dict[str, str]:
+    """The layer files of a conda-layout stand-in: ``setup`` (run in /testbed), conda's ``activate``, a
+    ``.pth`` of the task's in-tree import roots, the fix and its tests as one patch."""
     pth = "".join(
         p.replace("{testbed}", "/testbed") + "\n"
         for p in task.environment.env.get("PYTHONPATH", "{testbed}").split(":")
     )
-    files = {
-        "setup.sh": CONDA_SETUP,
+    return {
+        "setup.sh": setup,
         "activate": ACTIVATE,
         "testbed.pth": pth,
         "fix.patch": task.patch + task.test_patch,
     }
+
+
+def conda_standin(task: Task, name: str, engine: str = "podman") -> str:
+    """The stand-in of a SWE-bench-layout dataset image (SWE-Gym's, SWE-rebench's) for the bundled ``task``,
+    tagged ``name`` (the loader's image name)."""
+    files = conda_files(task, CONDA_SETUP)
     tag = build_layer(
         engine,
         ensure_task_image(task, engine),
