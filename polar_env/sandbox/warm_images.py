@@ -10,7 +10,8 @@ episode's container starts from that image (the engine's overlay is the per-epis
 only its HOME, a fresh tmpfs, to hand over. The key covers the image's id (not its name: a retagged
 image gets a fresh warm image), the uid, the workdir and what the history is reduced to, with the
 reduction script's digest (a changed reduction makes fresh warm images; one image may serve several
-bases: SWE-smith's instances are branches of one image); a lock file per key makes
+bases: SWE-smith's instances are branches of one image) and the files its dataset's harness keeps from the
+agent, removed before the history (R2E-Gym's tests and test script); a lock file per key makes
 concurrent episodes (threads or processes) build it once. A warm image is listed in the pulled-image ledger
 (``sandbox/pulled_images.py``) with its own size, so ``polar tasks pull``'s disk budget prunes it too.
 
