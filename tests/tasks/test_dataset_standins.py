@@ -259,3 +259,25 @@ def test_r2e_gym_tests_cannot_be_replaced(rows_of, tmp_path: Path):
     assert graded.patch_applied and graded.reward == 0.0, graded
     assert set(graded.fail_to_pass.values()) - {"MISSING"}, graded.fail_to_pass
     assert "test_everything" not in graded.log_tail, graded.log_tail[-2000:]
+
+
+def test_validate_checks_a_mixed_file_of_stand_in_rows(rows_of, tmp_path: Path):
+    """``polar tasks validate FILE.jsonl`` on rows of four datasets in one plain file (each recognised by its
+    schema, Pro's scripts in ``run_scripts/`` beside it): each row named with its dataset and what is
+    verified for it, then checked in its image by its own procedure (gold resolves, the base does not)."""
+    names = [
+        "swe-rebench-v2",
+        "r2e-gym",
+        "swe-smith",
+        "swe-bench-pro",
+    ]  # (a SWE-Gym row of requests: SWE-bench's)
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text("".join(rows_of(n).read_text() for n in names))
+    (tmp_path / "run_scripts").symlink_to(rows_of("swe-bench-pro").parent / "run_scripts")
+    proc = _polar("tasks", "validate", str(mixed), "--sandbox", ENGINE)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ids = [load_tasks(f"{n}:{rows_of(n)}")[0].instance_id for n in names]
+    for iid, name in zip(ids, names, strict=True):
+        assert f"{iid}: dataset {name}: procedure reproduced; verified: a stand-in image" in proc.stdout
+        assert f"{iid}: OK" in proc.stdout, proc.stdout
+    assert proc.stdout.rstrip().endswith("4/4 tasks valid"), proc.stdout[-500:]
