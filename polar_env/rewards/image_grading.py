@@ -244,8 +244,13 @@ async def place_dataset_files(task: Task, box: ImageBox, engine: str, image: str
     dests = [*placed.values(), *task.grader_files]
     if not dests:
         return
+    # the directories made for the row's files (Pro's /workspace): an apptainer box binds one there
+    made = sorted({str(Path(d).parent) for d in task.grader_files} - {"/", task.workdir})
+    for inside in made:
+        await box.provide(inside)
     with tempfile.TemporaryDirectory(prefix="polar-dataset-files-") as tmp:
-        await asyncio.to_thread(copy_out_of_image, engine, image, list(placed), Path(tmp))
+        if placed:
+            await asyncio.to_thread(copy_out_of_image, engine, image, list(placed), Path(tmp))
         for i, text in enumerate(task.grader_files.values()):
             (Path(tmp) / f"row-{i}").write_text(text, errors="surrogateescape")
         parents = sorted({str(Path(d).parent) for d in dests})
@@ -266,9 +271,7 @@ async def place_dataset_files(task: Task, box: ImageBox, engine: str, image: str
             await box.copy_in(Path(tmp) / str(i), dest)
         for i, dest in enumerate(task.grader_files):
             await box.copy_in(Path(tmp) / f"row-{i}", dest)
-    # and the directories made for them (Pro's /workspace): none of them renamed or replaced meanwhile
-    made = {str(Path(d).parent) for d in task.grader_files} - {"/", task.workdir}
-    await box.lock([*dests, *sorted(made)])
+    await box.lock([*dests, *made])  # those directories too: nothing in them renamed or replaced meanwhile
 
 
 def grade_in_image(
