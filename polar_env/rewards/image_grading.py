@@ -249,28 +249,16 @@ async def place_dataset_files(task: Task, box: ImageBox, engine: str, image: str
     for inside in made:
         await box.provide(inside)
     with tempfile.TemporaryDirectory(prefix="polar-dataset-files-") as tmp:
-        if placed:
+        if placed:  # dest/<i>, in the order of ``dests``
             await asyncio.to_thread(copy_out_of_image, engine, image, list(placed), Path(tmp))
-        for i, text in enumerate(task.grader_files.values()):
-            (Path(tmp) / f"row-{i}").write_text(text, errors="surrogateescape")
-        parents = sorted({str(Path(d).parent) for d in dests})
-        cleared = await box.run(
-            [
-                "sh",
-                "-c",
-                'rm -rf -- "$@" && mkdir -p -- ' + " ".join(map(shlex.quote, parents)),
-                "sh",
-                *dests,
-            ],
-            user="0",
-            timeout_s=300,
-        )
+        for i, text in enumerate(task.grader_files.values(), start=len(placed)):
+            (Path(tmp) / str(i)).write_text(text, errors="surrogateescape")
+        clear = 'for p; do rm -rf -- "$p" && mkdir -p -- "$(dirname -- "$p")" || exit 1; done'
+        cleared = await box.run(["sh", "-c", clear, "sh", *dests], user="0", timeout_s=300)
         if cleared.exit_code != 0:
             raise ContainerError(f"clearing {', '.join(dests)}: {cleared.stderr_tail[-300:]}")
-        for i, dest in enumerate(placed.values()):
+        for i, dest in enumerate(dests):
             await box.copy_in(Path(tmp) / str(i), dest)
-        for i, dest in enumerate(task.grader_files):
-            await box.copy_in(Path(tmp) / f"row-{i}", dest)
     await box.lock([*dests, *made])  # those directories too: nothing in them renamed or replaced meanwhile
 
 

@@ -66,10 +66,7 @@ def parse_pytest_v2(log: str) -> dict[str, str]:
     for raw in log.split("\n"):
         line = _COLOUR.sub("", raw).translate(_CONTROL)
         if line.startswith(STATUSES):
-            if line.startswith("FAILED"):
-                line = line.replace(" - ", " ")
-            words = line.split()
-            if len(words) > 1:
+            if words := _status_words(line):
                 out[words[1]] = words[0]
         elif line.endswith(STATUSES) and len(words := line.split()) > 1:
             out[words[0]] = words[1]
