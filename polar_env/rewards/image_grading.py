@@ -116,15 +116,18 @@ def swebench_row(task: Task, image: str) -> dict:
 def custom_eval_script(task: Task) -> str:
     """SWE-bench's eval-script shape for a row without one: the task environment activated the way its
     dataset's harness does it (`Procedure.activate`), reset the test files to base, apply the test patch,
-    run the task's tests between the markers, reset the test files again."""
+    run the task's tests between the markers, reset the test files again; where the test command applies the
+    patches itself (`Procedure.patch_path`: Multi-SWE-bench's ``fix-run.sh``), the command alone."""
     base, tree = task.base_commit or "HEAD", shlex.quote(task.workdir)
-    files = " ".join(shlex.quote(f) for f in task.test_files())
+    procedure = procedure_of(task)
+    own = bool(procedure.patch_path)
+    files = "" if own else " ".join(shlex.quote(f) for f in task.test_files())
     env = " ".join(
         f"export {k}={shlex.quote(v.replace('{testbed}', task.workdir))};"
         for k, v in task.environment.env.items()
     )
     delim = "EOF_POLAR_TEST_PATCH"
-    activate = procedure_of(task).activate
+    activate = procedure.activate
     lines = [
         "#!/bin/bash",
         "set -uxo pipefail",
@@ -134,7 +137,7 @@ def custom_eval_script(task: Task) -> str:
     ]
     if files:
         lines.append(f"git checkout {shlex.quote(base)} -- {files}")
-    if task.test_patch.strip():  # none: the dataset's tests are in its image (R2E-Gym's, SWE-smith's)
+    if task.test_patch.strip() and not own:  # none: the tests are in its image (R2E-Gym's, SWE-smith's)
         lines += [
             f"git apply -v - <<'{delim}'",
             task.test_patch.rstrip("\n"),
@@ -235,13 +238,16 @@ def with_image_tests(task: Task, engine: str, image: str) -> Task:
     return task.model_copy(update={"test_patch": _image_tests[known]})
 
 
-async def place_dataset_files(task: Task, box: ImageBox, engine: str, image: str) -> None:
+async def place_dataset_files(task: Task, box: ImageBox, engine: str, image: str, patch: str = "") -> None:
     """The files the task's dataset runs its tests with, where they read them, whatever the agent put there
     removed first, then locked (the tested code cannot change them): those it keeps from the agent
-    (`Procedure.hidden`), copied from its original ``image``, and those from beside its rows
-    (`Task.grader_files`)."""
-    placed = {src: dest for src, dest in procedure_of(task).hidden_paths(task).items() if dest}
-    dests = [*placed.values(), *task.grader_files]
+    (`Procedure.hidden`), copied from its original ``image``, those from beside its rows
+    (`Task.grader_files`), and the ``patch`` under test where the test command applies it itself
+    (`Procedure.patch_path`)."""
+    procedure = procedure_of(task)
+    placed = {src: dest for src, dest in procedure.hidden_paths(task).items() if dest}
+    texts = {**task.grader_files, **({procedure.patch_path: patch} if procedure.patch_path else {})}
+    dests = [*placed.values(), *texts]
     if not dests:
         return
     # the directories made for the row's files (Pro's /workspace): an apptainer box binds one there
@@ -251,7 +257,7 @@ async def place_dataset_files(task: Task, box: ImageBox, engine: str, image: str
     with tempfile.TemporaryDirectory(prefix="polar-dataset-files-") as tmp:
         if placed:  # dest/<i>, in the order of ``dests``
             await asyncio.to_thread(copy_out_of_image, engine, image, list(placed), Path(tmp))
-        for i, text in enumerate(task.grader_files.values(), start=len(placed)):
+        for i, text in enumerate(texts.values(), start=len(placed)):
             (Path(tmp) / str(i)).write_text(text, errors="surrogateescape")
         clear = 'for p; do rm -rf -- "$p" && mkdir -p -- "$(dirname -- "$p")" || exit 1; done'
         cleared = await box.run(["sh", "-c", clear, "sh", *dests], user="0", timeout_s=300)
@@ -458,13 +464,15 @@ async def _grade(
         result.failure_kind = FailureKind.empty_patch
         _finish(result, task, {}, t0)
         return result
+    procedure = procedure_of(task)
+    if not procedure.gradable:
+        return _infra(result, f"{task.dataset}: {procedure.instead}", t0, FailureKind.task_defect)
+    if base_only and procedure.base_test_cmd:  # its own command for the base with the tests applied
+        task = task.model_copy(update={"test_cmd": procedure.base_test_cmd})
     try:
         image, script, spec = grading_plan(task, image)
     except Exception as exc:  # noqa: BLE001 - a row swebench cannot read is a task defect
         return _infra(result, f"swebench test spec: {type(exc).__name__}: {exc}", t0, FailureKind.task_defect)
-    procedure = procedure_of(task)
-    if not procedure.gradable:
-        return _infra(result, f"{task.dataset}: {procedure.instead}", t0, FailureKind.task_defect)
     box: ImageBox | None = None
     try:
         box = await asyncio.to_thread(image_box, engine, image, task)
@@ -475,15 +483,16 @@ async def _grade(
             await box.provide(INPUT_INSIDE)
             await box.copy_in(Path(tmp) / "model.patch", PATCH_INSIDE)
             await box.copy_in(Path(tmp) / "eval.sh", EVAL_INSIDE)
-            if not base_only:
-                applied = await box.run(["git", "apply", "--verbose", PATCH_INSIDE], timeout_s=120)
+            if not base_only:  # where the test command applies the patch itself, checked here only
+                check = ["--check"] if procedure.patch_path else []
+                applied = await box.run(["git", "apply", "--verbose", *check, PATCH_INSIDE], timeout_s=120)
                 result.log_tail = (applied.stdout_tail + applied.stderr_tail)[-LOG_TAIL_CHARS:]
                 if applied.exit_code != 0:
                     result.failure_kind = FailureKind.apply_failed
                     _finish(result, task, {}, t0)
                     return result
                 result.patch_applied, result.apply_method = True, ApplyMethod.git_apply
-            await place_dataset_files(task, box, engine, image)
+            await place_dataset_files(task, box, engine, image, patch)
             t_tests = time.monotonic()
             run = await box.run(["/bin/bash", EVAL_INSIDE], timeout_s=timeout_s, max_output_bytes=8 << 20)
             result.timings["tests_s"] = time.monotonic() - t_tests

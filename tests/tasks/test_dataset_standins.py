@@ -63,22 +63,31 @@ LAYOUT_CHECKS = {
     "swe-bench-pro": '[ "$PWD" = /app ] && [ ! -e /testbed ] && python -c "import requests, sys; '
     "sys.exit(requests.__file__ != '/app/requests/__init__.py')\" "
     "&& git log --all --format=%s | grep -qx 'the fix'",
+    # the repository at /home/<repo> (a clone detached at the base, the fix on main), the image's Python
+    # importing it from there, the class's scripts and the gold fix in /home
+    "multi-swe-bench": '[ "$PWD" = /home/flask ] && [ ! -e /testbed ] && python -c "import flask, sys; '
+    "sys.exit(flask.__file__ != '/home/flask/src/flask/__init__.py')\" "
+    "&& git apply --check /home/test.patch /home/fix.patch && grep -q 'apply.*/home/fix.patch' "
+    "/home/fix-run.sh && ! git symbolic-ref -q HEAD && git log --all --format=%s | grep -qx 'the fix'",
 }
 LAYOUT_CHECKS["swe-rebench"] = LAYOUT_CHECKS["swe-gym"]  # the same image layout
 # datasets graded by their own procedure only (its test command is the image's script: no strict mode)
-PROCEDURE_ONLY = {"r2e-gym", "swe-bench-pro"}
+PROCEDURE_ONLY = {"r2e-gym", "swe-bench-pro", "multi-swe-bench"}
+# the bundled task each stand-in is built from, where it is not TASK_ID: Multi-SWE-bench's row names one of
+# the package's classes, whose parser reads flask's summary lines (none of requests' fits its tests)
+STANDIN_TASKS = {"multi-swe-bench": "pallets__flask-5014"}
 
 
 @pytest.fixture(scope="module")
 def rows_of(tmp_path_factory):
     """``rows_of(NAME)``: a file of one row of the bundled requests task in dataset NAME's schema, its image
     the stand-in under the name NAME's loader gives it (built once, its layout checked once)."""
-    task = next(t for t in load_bundled() if t.instance_id == TASK_ID)
+    bundled = {t.instance_id: t for t in load_bundled()}
     made: dict[str, Path] = {}
 
     def make(dataset: str) -> Path:
         if dataset not in made:
-            row = standin_row(task, dataset, ENGINE)
+            row = standin_row(bundled[STANDIN_TASKS.get(dataset, TASK_ID)], dataset, ENGINE)
             image = DATASETS[dataset].to_task(row).image
             check = subprocess.run(
                 in_image(ENGINE, image, LAYOUT_CHECKS[dataset]), capture_output=True, text=True
@@ -112,6 +121,8 @@ def rows_of(tmp_path_factory):
         ("swe-smith", ENGINE, "noop", 0.0),
         ("swe-bench-pro", ENGINE, "gold", 1.0),  # run_scripts/<id>/ beside the rows; parser.py's verdict
         ("swe-bench-pro", ENGINE, "noop", 0.0),
+        ("multi-swe-bench", ENGINE, "gold", 1.0),  # the patch at /home/fix.patch, the image's fix-run.sh
+        ("multi-swe-bench", ENGINE, "noop", 0.0),
     ],
 )
 def test_rollout_on_the_datasets_stand_in(
@@ -183,12 +194,16 @@ def test_a_special_casing_patch_earns_nothing_on_swe_gym(rows_of, tmp_path: Path
     assert report["resolved_ids"] == [] and report["error_instances"] == 0, report
 
 
-@pytest.mark.parametrize(("dataset", "hidden"), [("r2e-gym", "resists"), ("swe-smith", "not_applicable")])
+@pytest.mark.parametrize(
+    ("dataset", "hidden"),
+    [("r2e-gym", "resists"), ("swe-smith", "not_applicable"), ("multi-swe-bench", "resists")],
+)
 def test_polar_tasks_audit_finds_no_test_of_the_dataset_in_the_workspace(
     rows_of, dataset: str, hidden: str, tmp_path: Path
 ):
     """``polar tasks audit``: the agent's workspace holds none of the tests the dataset keeps from it
-    (R2E-Gym's /r2e_tests and run_tests.sh; SWE-smith's F2P test file, at the branch's HEAD~1) and no commit
+    (R2E-Gym's /r2e_tests and run_tests.sh; SWE-smith's F2P test file, at the branch's HEAD~1;
+    Multi-SWE-bench's /home files, the gold fix among them) and no commit
     beyond the base; the same history probe on the raw image finds the commits beyond (the control)."""
     from polar_env.cli.tasks_audit import HISTORY_PROBE, history_verdict
 
@@ -262,7 +277,7 @@ def test_r2e_gym_tests_cannot_be_replaced(rows_of, tmp_path: Path):
 
 
 def test_validate_checks_a_mixed_file_of_stand_in_rows(rows_of, tmp_path: Path):
-    """``polar tasks validate FILE.jsonl`` on rows of four datasets in one plain file (each recognised by its
+    """``polar tasks validate FILE.jsonl`` on rows of five datasets in one plain file (each recognised by its
     schema, Pro's scripts in ``run_scripts/`` beside it): each row named with its dataset and what is
     verified for it, then checked in its image by its own procedure (gold resolves, the base does not)."""
     names = [
@@ -270,6 +285,7 @@ def test_validate_checks_a_mixed_file_of_stand_in_rows(rows_of, tmp_path: Path):
         "r2e-gym",
         "swe-smith",
         "swe-bench-pro",
+        "multi-swe-bench",
     ]  # (a SWE-Gym row of requests: SWE-bench's)
     mixed = tmp_path / "mixed.jsonl"
     mixed.write_text("".join(rows_of(n).read_text() for n in names))
@@ -280,4 +296,4 @@ def test_validate_checks_a_mixed_file_of_stand_in_rows(rows_of, tmp_path: Path):
     for iid, name in zip(ids, names, strict=True):
         assert f"{iid}: dataset {name}: procedure reproduced; verified: a stand-in image" in proc.stdout
         assert f"{iid}: OK" in proc.stdout, proc.stdout
-    assert proc.stdout.rstrip().endswith("4/4 tasks valid"), proc.stdout[-500:]
+    assert proc.stdout.rstrip().endswith("5/5 tasks valid"), proc.stdout[-500:]

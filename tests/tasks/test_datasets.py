@@ -119,6 +119,15 @@ def test_dataset_specific_fields():
     assert msb.FAIL_TO_PASS == ["TestPRView_web", "TestPRView_webFlag"] and msb.PASS_TO_PASS == ["TestPRList"]
     assert msb.base_commit == "9e7a1c1f1f06ee7f6ea9e2c9cc4cd3f8c7d64b47"
     assert msb.problem_statement.startswith("gh pr view --web opens nothing")
+    # the row's run and test-patch stages, for its verdict; the package's class names the image and parses
+    assert msb.expected_statuses == {"TestPRView_web": "NONE/FAIL", "TestPRList": "PASS/PASS"}
+    parse = procedure_of(msb).parser(msb)
+    assert parse is not None and parse(
+        "--- PASS: TestPRList (0.01s)\n--- FAIL: TestPRView_web (0.00s)\n"
+    ) == {
+        "TestPRList": "PASS",
+        "TestPRView_web": "FAIL",
+    }
     (rebench,) = load_tasks(f"swe-rebench:{ROWS / 'swe-rebench.jsonl'}")
     assert rebench.environment.env == {"LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}  # the fork's locale prefix
     (v2,) = load_tasks(f"swe-rebench-v2:{ROWS / 'swe-rebench-v2.jsonl'}")
@@ -128,6 +137,7 @@ def test_dataset_specific_fields():
     assert DATASETS["swe-rebench-v2"].to_task(two).test_cmd == "cargo build && cargo test"
     assert [n for n, s in DATASETS.items() if s.procedure.reproduced] == [
         "swe-bench-pro",
+        "multi-swe-bench",
         "r2e-gym",
         "swe-smith",
         "swe-rebench-v2",
@@ -185,15 +195,16 @@ def test_each_dataset_grades_by_its_procedure():
 def test_unreproduced_procedures_are_named_once(caplog, tmp_path: Path):
     datasets._noticed.clear()
     f = tmp_path / "rows.jsonl"
-    names = ("multi-swe-bench", "swe-gym", "multi-swe-bench", "swe-rebench-v2")
-    f.write_text("".join(json.dumps(_row(n)) + "\n" for n in names))
+    unclassed = {**_row("multi-swe-bench"), "repo": "cli-fork"}  # a repository the package has no class for
+    rows = (unclassed, _row("swe-gym"), unclassed, _row("multi-swe-bench"), _row("swe-rebench-v2"))
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
     with caplog.at_level("WARNING"):
         load_tasks(str(f))
-        load_tasks(f"multi-swe-bench:{ROWS / 'multi-swe-bench.jsonl'}")
+        load_tasks(str(f))
         load_tasks(f"swe-rebench-v2:{ROWS / 'swe-rebench-v2.jsonl'}")
     said = [r.getMessage() for r in caplog.records if "does not reproduce" in r.getMessage()]
     assert len(said) == 2, said  # once per dataset and reason, however often its rows load
-    assert said[0].startswith("multi-swe-bench:") and "fix-run.sh" in said[0], said
+    assert said[0].startswith("multi-swe-bench:") and "no class 'cli/cli-fork'" in said[0], said
     # V2's own procedure, but not for a row whose parser Polar lacks: said for that row and rows like it
     v2 = DATASETS["swe-rebench-v2"].to_task(_row("swe-rebench-v2")).instance_id
     assert said[1].startswith(
@@ -218,7 +229,7 @@ def test_validate_names_each_rows_dataset_and_what_is_verified(tmp_path: Path):
     gym, smith, msb, v2 = (DATASETS[n].to_task(_row(n)).instance_id for n in names)
     assert f"{gym}: dataset swe-gym: procedure reproduced; verified: a stand-in image" in lines[0]
     assert f"{smith}: dataset swe-smith: procedure reproduced; verified: a stand-in image" in lines[1]
-    assert lines[2].startswith(f"{msb}: dataset multi-swe-bench: procedure not reproduced"), lines
+    assert f"{msb}: dataset multi-swe-bench: procedure reproduced; verified: a stand-in image" in lines[2]
     assert lines[3].startswith(
         f"{v2}: dataset swe-rebench-v2: procedure not reproduced (none: its log parser 'parse_log_cargo'"
     ), lines

@@ -36,7 +36,11 @@ class Procedure:
     ``{workdir}`` the task's tree), gone from every workspace's image and brought back by the grader from
     the original image; ``grader_files``: the files its tests run with that come from beside its rows
     (`Task.grader_files`), a task lacking one not gradable; ``script_parser``: the one of them its harness
-    parses the test output with (``python <it> <stdout> <stderr> <output.json>``, SWE-bench Pro's)."""
+    parses the test output with (``python <it> <stdout> <stderr> <output.json>``, SWE-bench Pro's);
+    ``task_parser``: the parser its harness picks per repository and pull request (Multi-SWE-bench's
+    classes), or why the task has none; ``patch_path``: where its harness puts the patch under test for the
+    test command (the image's own script) to apply with the test patch, neither applied by the grader;
+    ``base_test_cmd``: that harness's command for the base with the tests applied (the base check)."""
 
     activate: str = ""
     reproduced: bool = True
@@ -50,6 +54,9 @@ class Procedure:
     hidden: Mapping[str, str] = dataclass_field(default_factory=dict)
     grader_files: tuple[str, ...] = ()
     script_parser: str = ""
+    task_parser: Callable[[Task], Callable[[str], dict[str, str]] | str] | None = None
+    patch_path: str = ""
+    base_test_cmd: str = ""
     gradable: bool = True
 
     def hidden_paths(self, task: Task) -> dict[str, str]:
@@ -60,14 +67,19 @@ class Procedure:
         }
 
     def parser(self, task: Task) -> Callable[[str], dict[str, str]] | None:
-        """The dataset's own parser of ``task``'s log, where it has its own (`parsers`)."""
+        """The dataset's own parser of ``task``'s log, where it has its own (`parsers`, `task_parser`)."""
+        if self.task_parser is not None:
+            found = self.task_parser(task)
+            return None if isinstance(found, str) else found
         return None if self.parsers is None else self.parsers.get(task.log_parser)
 
     def for_task(self, task: Task) -> Procedure:
         """This procedure as it applies to ``task``: not reproduced, and not gradable, where its row names
         a parser of the dataset's that Polar does not have, or lacks a file its tests run with."""
         why = ""
-        if self.parsers is not None and task.log_parser not in self.parsers:
+        if self.task_parser is not None and isinstance(found := self.task_parser(task), str):
+            why = found
+        elif self.parsers is not None and task.log_parser not in self.parsers:
             why = (
                 f"its log parser {task.log_parser!r} is not one Polar has ({', '.join(sorted(self.parsers))})"
             )

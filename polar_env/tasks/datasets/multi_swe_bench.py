@@ -1,24 +1,43 @@
-"""Multi-SWE-bench (``ByteDance-Seed/Multi-SWE-bench``): pull requests in seven languages.
+"""Multi-SWE-bench (``ByteDance-Seed/Multi-SWE-bench``): pull requests in seven languages (and, in the
+``multi-swe-bench`` package's later releases, Python and seven more), each repository graded its own way.
 
 Checked against the ``multi-swe-bench`` package 1.1.2 (PyPI; ``harness/dataset.py``,
-``harness/pull_request.py``, ``harness/test_result.py``, ``harness/image.py``,
+``harness/pull_request.py``, ``harness/test_result.py``, ``harness/image.py``, ``harness/instance.py``,
+``harness/report.py``, ``harness/gen_report.py``, ``harness/run_evaluation.py``,
 ``harness/repos/<language>/<org>/<repo>.py``) and github.com/multi-swe-bench/multi-swe-bench@24f493f
 (``utils/meta_info.py``). A row (one JSONL line of ``<language>/<org>__<repo>_dataset.jsonl``) has
 ``instance_id`` (``<org>__<repo>-<number>``), ``org``, ``repo``, ``number``, ``state``, ``title``, ``body``,
 ``base`` (``{label, ref, sha}``: ``sha`` is the base commit), ``resolved_issues`` (``[{number, title,
 body}]``: the issue text), ``fix_patch`` (the gold patch), ``test_patch``, ``fixed_tests``, ``p2p_tests``,
 ``f2p_tests``, ``s2p_tests``, ``n2p_tests`` (test name -> ``{run, test, fix}`` statuses),
-``run_result``/``test_patch_result``/``fix_patch_result`` and, since 2025-09, ``hints``; the language is
-the file's directory, not a column. Images: ``mswebench/<org>_m_<repo>:pr-<number>`` (lower-cased), the
-repository at ``/home/<repo>``; ``/home/fix-run.sh`` applies ``/home/test.patch`` and
-``/home/fix.patch`` (the patch under test) itself and runs the tests, parsed by that repository's
-``Instance.parse_log``; resolved when every test of ``p2p_tests``, ``f2p_tests``, ``s2p_tests`` and
-``n2p_tests`` is in the same class again (``gen_report.py``): FAIL_TO_PASS here is f2p, s2p and n2p together
-(skipped or absent before, passing after). Polar's grading (a test patch applied in /testbed) is not that:
-schema only.
+``run_result``/``test_patch_result``/``fix_patch_result`` (``{passed_tests, failed_tests, skipped_tests}``
+and their counts), optionally ``tag`` or ``number_interval`` (which of a repository's classes builds and
+parses it) and, since 2025-09, ``hints``; the language is the file's directory, not a column.
+
+Each repository (or its tag, or its range of pull requests) is a class of the package
+(``Instance.create``): it names the image (``<prefix>/<org>_m_<repo>:pr-<number>``), writes the image's
+files into ``/home`` (``fix.patch``, the gold fix; ``test.patch``; ``run.sh``, ``test-run.sh`` and
+``fix-run.sh``, the test command on the base, with the test patch, and with both patches, each applying
+its patches itself in ``/home/<repo>``), and parses the test output (``parse_log``). Its evaluation writes
+the patch under test over ``/home/fix.patch``, runs ``fix-run.sh``, and resolves when the report of the
+row's ``run_result`` and ``test_patch_result`` with that run is valid (`resolves`) and each test of the
+row's ``p2p_tests``, ``f2p_tests``, ``s2p_tests`` and ``n2p_tests`` is in the same class again.
+
+Polar runs that procedure with the package's own classes (its images' names, its parsers): the image's
+``/home`` files kept from the agent (the gold fix above all), the patch under test placed at
+``/home/fix.patch`` and locked, ``fix-run.sh`` (``test-run.sh`` for the base check) brought back from the
+original image, the verdict written from the two files above. The package is installed without its
+harness's own dependencies (``PACKAGE``); a row is refused at grading, and named at load, where it is
+missing, where it has no class for the row, or where the class builds its image on SWE-bench's
+(``SWEImageDefault``: the tree at ``/testbed`` and the test patch inside ``fix-run.sh``, a layout Polar does
+not grade this way).
 """
 
 from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
 
 from polar_env.tasks.datasets.base import (
     NO_DIRECTIVES,
@@ -31,10 +50,119 @@ from polar_env.tasks.datasets.base import (
 from polar_env.tasks.models import Task
 
 NAME = "multi-swe-bench"
+PACKAGE = "pip install --no-deps multi-swe-bench==1.1.2 dataclasses-json unidiff"
+PATCH_PATH = "/home/fix.patch"
+# the image's /home files, kept from the agent: the gold fix and the hidden tests (in the patch and the
+# scripts), the scripts the grader runs brought back from the original image
+HIDDEN = {
+    PATCH_PATH: "",
+    "/home/test.patch": "/home/test.patch",
+    "/home/fix-run.sh": "/home/fix-run.sh",
+    "/home/test-run.sh": "/home/test-run.sh",
+    "/home/run.sh": "",
+    "/home/prepare.sh": "",
+}
+# the package's TestResult sets -> its TestStatus values
+STATUSES = (("skipped_tests", "SKIP"), ("failed_tests", "FAIL"), ("passed_tests", "PASS"))
 
 
-def image(org: str, repo: str, number: int) -> str:
-    return f"mswebench/{org}_m_{repo}".lower() + f":pr-{number}"
+@functools.cache
+def registry() -> dict[str, Any] | None:
+    """The package's classes by ``Instance.create``'s name, each repository's registered on import; None
+    where the package is not installed."""
+    try:
+        import multi_swe_bench.harness.repos  # noqa: F401 - registers every repository's class
+        from multi_swe_bench.harness.instance import Instance
+    except ImportError:
+        return None
+    return Instance._registry
+
+
+def class_name(org: str, repo: str, tag: str = "", number_interval: str = "") -> str:
+    """The class ``Instance.create`` picks for a pull request: its range, else its tag, else its
+    repository."""
+    if number_interval:
+        return f"{org}/{number_interval}"
+    return f"{org}/{repo}_{tag.replace('.', '_')}" if tag else f"{org}/{repo}"
+
+
+@functools.cache
+def instance(name: str, org: str, repo: str, number: int, sha: str = "") -> Any:
+    """The package's class ``name`` for pull request ``number`` (what its image name and parser read of it);
+    the reason there is none, where there is none."""
+    classes = registry()
+    if classes is None:
+        return f"the multi-swe-bench package is not installed ({PACKAGE})"
+    if name not in classes:
+        return f"the multi-swe-bench package has no class {name!r}"
+    from multi_swe_bench.harness.image import Config, SWEImageDefault
+    from multi_swe_bench.harness.pull_request import Base, PullRequest
+
+    pr = PullRequest(
+        org=org,
+        repo=repo,
+        number=number,
+        state="",
+        title="",
+        body="",
+        base=Base(label="", ref="", sha=sha),
+        resolved_issues=[],
+        fix_patch="",
+        test_patch="",
+    )
+    made = classes[name](pr, Config(need_clone=False, global_env=None, clear_env=False))
+    if isinstance(made.dependency(), SWEImageDefault):
+        return f"its class {name!r} builds on SWE-bench's image (/testbed, the test patch in fix-run.sh)"
+    return made
+
+
+def _task_instance(task: Task) -> Any:
+    org, repo = task.repo.split("/", 1)
+    return instance(
+        task.log_parser.removeprefix(f"{NAME}:"), org, repo, int(task.instance_id.rsplit("-", 1)[1])
+    )
+
+
+def task_parser(task: Task) -> Callable[[str], dict[str, str]] | str:
+    """``task``'s repository's ``parse_log``, its result as test -> PASS/FAIL/SKIP; or why there is none."""
+    made = _task_instance(task)
+    if isinstance(made, str):
+        return made
+
+    def parse(log: str) -> dict[str, str]:
+        result = made.parse_log(log)
+        return {name: status for attr, status in STATUSES for name in getattr(result, attr)}
+
+    return parse
+
+
+def _stage(row: dict, name: str) -> dict[str, str]:
+    result = row.get(name) or {}
+    return {t: status for attr, status in STATUSES for t in result.get(attr) or ()}
+
+
+def resolves(status_map: dict[str, str], task: Task) -> bool:
+    """Multi-SWE-bench's verdict: the report of the row's run and test-patch stages with this run is valid
+    (``Report.check``: some test ran; none the test stage passed fails; one the test stage did not pass now
+    passes; none skipped or absent at the test stage fails where the run stage passed it), and every listed
+    test passes (each in its class again: the classes' earlier stages are the row's)."""
+    before = {t: s.split("/") for t, s in task.expected_statuses.items()}
+    names = set(status_map) | set(before)
+
+    def stages(test: str) -> tuple[str, str, str]:
+        run, tested = before.get(test, ("NONE", "NONE"))
+        return run, tested, status_map.get(test, "NONE")
+
+    rows = [stages(t) for t in names]
+    return (
+        bool(status_map)
+        and not any(tested == "PASS" and fix == "FAIL" for _, tested, fix in rows)
+        and any(tested != "PASS" and fix == "PASS" for _, tested, fix in rows)
+        and not any(
+            run == "PASS" and tested in ("NONE", "SKIP") and fix == "FAIL" for run, tested, fix in rows
+        )
+        and all(status_map.get(t) == "PASS" for t in [*task.FAIL_TO_PASS, *task.PASS_TO_PASS])
+    )
 
 
 def _tests(row: dict, name: str) -> dict:
@@ -44,7 +172,7 @@ def _tests(row: dict, name: str) -> dict:
 def to_task(row: dict) -> Task:
     org, repo = field(row, "org", dataset=NAME), field(row, "repo", dataset=NAME)
     number = field(row, "number", int, dataset=NAME)
-    iid = row.get("instance_id") or f"{org}__{repo}-{number}"
+    iid = f"{org}__{repo}-{number}"
     base = field(row, "base", dict, dataset=NAME)
     if not isinstance(base.get("sha"), str) or not base["sha"]:
         raise_missing(NAME, iid, "base.sha")
@@ -55,6 +183,9 @@ def to_task(row: dict) -> Task:
         )
         or f"{row.get('title', '')}\n{row.get('body') or ''}".strip()
     )
+    name = class_name(org, repo, str(row.get("tag") or ""), str(row.get("number_interval") or ""))
+    made = instance(name, org, repo, number, base["sha"])
+    run, tested = _stage(row, "run_result"), _stage(row, "test_patch_result")
     return make_task(
         NAME,
         instance_id=iid,
@@ -72,19 +203,28 @@ def to_task(row: dict) -> Task:
             }
         ),
         PASS_TO_PASS=sorted(field(row, "p2p_tests", dict, dataset=NAME)),
-        image=image(org, repo, number),
+        # run/test-patch stage statuses of every test the row's two earlier runs saw (`resolves`)
+        expected_statuses={t: f"{run.get(t, 'NONE')}/{tested.get(t, 'NONE')}" for t in {*run, *tested}},
+        image=made.name()
+        if not isinstance(made, str)
+        else f"mswebench/{org}_m_{repo}".lower() + f":pr-{number}",
         workdir=f"/home/{repo}",
         test_cmd="bash /home/fix-run.sh",
         test_directives=NO_DIRECTIVES,
-        log_parser=f"multi-swe-bench:{org}/{repo}",
+        log_parser=f"{NAME}:{name}",
     )
 
 
 PROCEDURE = Procedure(
-    reproduced=False,
-    instead="SWE-bench's procedure in /home/<repo> with the row's test command and SWE-bench's pytest "
-    "parser, not the image's own flow (fix-run.sh applying the patches it holds) nor the repository's "
-    "parse_log",
+    task_parser=task_parser,
+    resolves=resolves,
+    hidden=HIDDEN,
+    patch_path=PATCH_PATH,
+    base_test_cmd="bash /home/test-run.sh",
+    verified="a stand-in image in Multi-SWE-bench's layout (/home/<repo> cloned with its history, the "
+    "package's own /home scripts and the gold fix kept from the agent), gold 1.0 and no-op 0 by `polar "
+    "rollout`, its procedure only (the test command is the image's script: no strict mode) "
+    "(tests/tasks/test_dataset_standins.py)",
 )
 SPEC = DatasetSpec(
     NAME,
