@@ -159,6 +159,12 @@ async def lock_as_root(box: RunsAsUser, paths: Sequence[str]) -> None:
         raise ContainerError(f"locking {quoted} failed: {ran.stderr_tail[-500:]}")
 
 
+# sh: each argument removed and found gone after (run as root in a container of the image)
+REMOVE_PATHS = (
+    'for p; do rm -rf -- "$p"; if [ -e "$p" ] || [ -L "$p" ]; then echo "$p stays" >&2; exit 1; fi; done'
+)
+
+
 def copy_out_of_image(engine: str, image: str, paths: Sequence[str], dest: Path) -> None:
     """Each of ``paths`` (absolute, in ``image``) copied to ``dest/<its index>`` on the host, from a container
     created (nothing of it run) for that and removed after; a path the image lacks raises `ContainerError`."""
@@ -602,11 +608,7 @@ class ContainerSandbox(Sandbox):
         """``paths`` (a dataset's files its harness keeps from the agent: `Procedure.hidden`) removed as
         root, each found gone after (a path that stays fails the setup)."""
         if paths:
-            script = (
-                'for p; do rm -rf -- "$p"; if [ -e "$p" ] || [ -L "$p" ]; then echo "$p stays"; exit 1; fi; '
-                "done"
-            )
-            engine_run(self.exec_argv(["sh", "-c", script, "sh", *paths], {}, user="0"))
+            engine_run(self.exec_argv(["sh", "-c", REMOVE_PATHS, "sh", *paths], {}, user="0"))
 
     @classmethod
     def create(

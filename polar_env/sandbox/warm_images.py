@@ -34,8 +34,16 @@ from pathlib import Path
 
 from polar_env.cache import cache_root
 from polar_env.sandbox.base import SandboxSpec
-from polar_env.sandbox.container import ContainerError, ContainerSandbox, engine_run, image_exists, label_args
+from polar_env.sandbox.container import (
+    REMOVE_PATHS,
+    ContainerError,
+    ContainerSandbox,
+    engine_run,
+    image_exists,
+    label_args,
+)
 from polar_env.sandbox.history import TO_HEAD, HistoryTarget
+from polar_env.sandbox.image_files import mountable
 
 log = logging.getLogger(__name__)
 WARM_REPO = "localhost/polar-warm"
@@ -97,26 +105,33 @@ def _built_once(engine: str, name: str, build: Callable[[], None]) -> None:
 
 def without_paths(engine: str, image: str, paths: Sequence[str]) -> str:
     """``image`` with ``paths`` (absolute, in the image) removed, as a layer of its own committed once per
-    node (``localhost/polar-warm:<key>-pruned``). Made as host root from the host: a container of
-    ``image`` is created (nothing of it runs), its file system mounted, each path removed (never through
+    node (``localhost/polar-warm:<key>-pruned``). As host root on podman, made from the host: a container
+    of ``image`` is created (nothing of it runs), its file system mounted, each path removed (never through
     a link: a path whose parent is no directory of the image is refused) and found gone, then committed.
-    Raises `ContainerError` where a path is still there."""
+    Elsewhere (docker, rootless podman: no mount from the host) the image's own ``sh`` removes them, as
+    root in a container with no network, each found gone after. Raises `ContainerError` where a path is
+    still there."""
     image_id = engine_run([engine, "image", "inspect", "--format", "{{.Id}}", image]).decode().strip()
     tops = outermost(paths)
     key = hashlib.sha256("\0".join([LAYOUT, image_id, *tops]).encode()).hexdigest()[:24]
     pruned = f"{WARM_REPO}:{key}-pruned"
 
     def build() -> None:
-        box = (
-            engine_run([engine, "create", *label_args(), "--network", "none", image, "true"]).decode().strip()
+        command = ["true"] if mountable(engine) else ["sh", "-c", REMOVE_PATHS, "sh", *tops]
+        box = engine_run(
+            [engine, "create", *label_args(), "--network", "none", "--user", "0", image, *command]
         )
+        box = box.decode().strip()
         try:
-            root = Path(engine_run([engine, "mount", box]).decode().strip())
-            try:
-                for path in tops:
-                    remove_beneath(root, path)
-            finally:
-                engine_run([engine, "unmount", box])
+            if mountable(engine):
+                root = Path(engine_run([engine, "mount", box]).decode().strip())
+                try:
+                    for path in tops:
+                        remove_beneath(root, path)
+                finally:
+                    engine_run([engine, "unmount", box])
+            else:
+                engine_run([engine, "start", "--attach", box])
             engine_run([engine, "commit", box, pruned])
         finally:
             engine_run([engine, "rm", "-f", box])

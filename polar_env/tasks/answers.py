@@ -29,6 +29,7 @@ from polar_env.cache import cache_root, write_atomic
 from polar_env.sandbox.answer_scan import MIN_LINE, Hit, Needles, scan
 from polar_env.sandbox.base import SandboxSpec
 from polar_env.sandbox.bwrap_argv import can_seal
+from polar_env.sandbox.image_files import image_files
 from polar_env.sandbox.views import holds_python_packages
 from polar_env.tasks.models import Task
 from polar_env.tasks.runtime import WorkspaceUnavailable
@@ -206,24 +207,19 @@ def check_bubblewrap_views(task: Task, spec: SandboxSpec, base: Path, env: Path 
 
 def answer_free_image(task: Task, engine: str, image: str, spec: SandboxSpec) -> str:
     """The image a container episode (or grading) of ``task`` runs, ``image`` being its warm image. As host
-    root on podman the image is mounted read-only and scanned (its workdir, the task's own tree, left out),
-    once per image id and gold patch; copies of the answer outside that tree (a wheel store, a vendored
-    copy, an archive: never the task's) are removed, in a layer of their own (`warm_images.without_paths`,
-    said once), and that image is scanned again: a hit left, or a copy that cannot be removed, refuses the
-    task. Elsewhere (docker, rootless podman) the image is not scanned and the needles are the gold patch's
-    lines unchecked against a base (docs/tasks.md). The harness install it shows refuses the task on a
-    hit: it is Polar's, and no task's answer belongs there."""
+    root on podman the image is mounted read-only, elsewhere (docker, rootless podman) exported
+    (`image_files`), and scanned (its workdir, the task's own tree, left out), once per image id and gold
+    patch; copies of the answer outside that tree (a wheel store, a vendored copy, an archive: never the
+    task's) are removed, in a layer of their own (`warm_images.without_paths`, said once), and that image is
+    scanned again: a hit left, or a copy that cannot be removed, refuses the task. The harness install it
+    shows refuses the task on a hit: it is Polar's, and no task's answer belongs there."""
     if not task.patch:
         return image
-    if engine == "podman" and os.geteuid() == 0:
+    needles, hits = _image_scan(task, engine, image, spec.workdir)
+    if hits:
+        image = _pruned(task, engine, image, hits)
         needles, hits = _image_scan(task, engine, image, spec.workdir)
-        if hits:
-            image = _pruned(task, engine, image, hits)
-            needles, hits = _image_scan(task, engine, image, spec.workdir)
-            _refuse(task, f"its image {image}, pruned", hits)
-    else:
-        lines = sorted({ln for ln in _added_lines(task.patch) if len(ln) >= MIN_LINE})
-        needles = Needles(tuple(lines), (task.repo.rsplit("/", 1)[-1],))
+        _refuse(task, f"its image {image}, pruned", hits)
     refuse_readable_answers(task, needles, readable_harness(spec))
     return image
 
@@ -280,15 +276,12 @@ def _image_scan(task: Task, engine: str, image: str, workdir: str) -> tuple[Need
         data = json.loads(cached.read_text())
         _images[known] = Needles.from_json(data["needles"]), [Hit(**h) for h in data["hits"]]
         return _images[known]
-    root = Path(engine_run([engine, "image", "mount", image]).decode().strip())
-    try:
+    with image_files(engine, image) as root:
         tree = root / workdir.lstrip("/")
         needles = task_needles(task, tree) if tree.is_dir() else Needles()
         hits = [
             Hit(h.path.replace(str(root), "", 1), h.kind, h.what) for h in scan([root], needles, skip=[tree])
         ]
-    finally:
-        engine_run([engine, "image", "unmount", image])
     write_atomic(
         cached, json.dumps({"needles": needles.to_json(), "hits": [h.__dict__ for h in hits]}).encode()
     )

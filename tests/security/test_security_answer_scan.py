@@ -19,6 +19,7 @@ import json
 import os
 import py_compile
 import shutil
+import subprocess
 import tarfile
 import zipfile
 from dataclasses import replace
@@ -418,3 +419,43 @@ async def test_copies_of_the_answer_outside_the_tree_are_removed_from_the_image(
 
     grade = await asyncio.to_thread(grade_task, task, task.patch, kind="podman")
     assert (grade.reward, grade.failure_kind.value) == (1.0, "none"), grade
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("podman") is None or os.geteuid() != 0, reason="needs podman as host root")
+def test_an_image_no_engine_mounts_is_exported_scanned_and_pruned(tmp_path: Path, monkeypatch):
+    """Docker, and podman without root, cannot mount an image from the host: there the image is exported,
+    scanned, and its copies of the answer removed by its own ``sh`` as root. That route, forced here on
+    podman (`mountable` patched to False: a test double standing for docker, which does not run here), finds
+    the planted copies in the exported files (the control: a plain listing of the image shows them), and
+    its pruned image holds neither while the task's own install metadata stays."""
+    from dataset_standins import build_layer, in_image
+
+    from polar_env.sandbox import image_files, warm_images
+    from polar_env.sandbox.container import engine_run
+    from polar_env.tasks import answers
+    from polar_env.tasks.images import ensure_task_image
+
+    task = TASKS["psf__requests-5414"]
+    task = task.model_copy(update={"image": ensure_task_image(task, "podman"), "base_archive": None})
+    planting = {"plant.sh": PLANT, "fix.patch": task.patch}
+    image = build_layer("podman", task.image, "polar-test-answers/5414", planting, "sh /tmp/layer/plant.sh")
+    task = task.model_copy(update={"image": image})
+    listing = " ".join([*PLANTED, KEPT])
+    probe = f"for p in {listing}; do [ -e $p ] && echo present $p || echo gone $p; done"
+    shown = subprocess.run(in_image("podman", image, probe), capture_output=True, text=True, check=True)
+    assert shown.stdout.split("\n")[:3] == [f"present {p}" for p in [*PLANTED, KEPT]], shown.stdout
+
+    for module in (image_files, warm_images):
+        monkeypatch.setattr(module, "mountable", lambda engine: False)
+    monkeypatch.setenv("POLAR_CACHE", str(tmp_path))  # scanned afresh, not read from an earlier scan
+    answers._images.clear()
+    _, hits = answers._image_scan(task, "podman", image, "/testbed")
+    under = {next((p for p in PLANTED if h.path.split("!")[0].startswith(p)), h.path) for h in hits}
+    assert under == set(PLANTED), hits
+
+    pruned = warm_images.without_paths("podman", image, [h.path.split("!")[0] for h in hits])
+    engine_run(["podman", "rmi", "-f", pruned])  # made again below, by this route
+    pruned = warm_images.without_paths("podman", image, [h.path.split("!")[0] for h in hits])
+    left = subprocess.run(in_image("podman", pruned, probe), capture_output=True, text=True, check=True)
+    assert left.stdout.split("\n")[:3] == [*(f"gone {p}" for p in PLANTED), f"present {KEPT}"], left.stdout

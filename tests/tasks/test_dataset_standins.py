@@ -121,6 +121,7 @@ def rows_of(tmp_path_factory):
         ("swe-smith", ENGINE, "noop", 0.0),
         ("swe-bench-pro", ENGINE, "gold", 1.0),  # run_scripts/<id>/ beside the rows; parser.py's verdict
         ("swe-bench-pro", ENGINE, "noop", 0.0),
+        ("swe-bench-pro", "apptainer", "gold", 1.0),  # its scripts placed in the box's own /workspace
         ("multi-swe-bench", ENGINE, "gold", 1.0),  # the patch at /home/fix.patch, the image's fix-run.sh
         ("multi-swe-bench", ENGINE, "noop", 0.0),
     ],

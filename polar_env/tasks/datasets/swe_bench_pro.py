@@ -91,8 +91,9 @@ PROCEDURE = Procedure(
     grader_files=tuple(inside for inside, _, _ in SCRIPTS),
     script_parser="/workspace/parser.py",
     verified="a stand-in image in Pro's layout (/app, the image's own Python) with the instance's "
-    "run_script.sh and parser.py beside the rows, gold 1.0 and no-op 0 by `polar rollout`, its procedure "
-    "only (the test command is the instance's script: no strict mode) (tests/tasks/test_dataset_standins.py)",
+    "run_script.sh and parser.py beside the rows, gold 1.0 and no-op 0 by `polar rollout` (gold also under "
+    "apptainer), its procedure only (the test command is the instance's script: no strict mode) "
+    "(tests/tasks/test_dataset_standins.py)",
 )
 SPEC = DatasetSpec(
     NAME,
