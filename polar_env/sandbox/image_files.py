@@ -17,6 +17,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from polar_env.cache import cache_root
 from polar_env.sandbox.container import ContainerError, engine_run, label_args
 
 
@@ -26,8 +27,8 @@ def mountable(engine: str) -> bool:
 
 
 def _readable(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
-    """tarfile's ``data`` filter (no path outside ``dest``) on regular files and directories only, each
-    readable to whoever unpacks it (as root: its owner's in the image; else the unpacker's)."""
+    """tarfile's ``data`` filter (no path outside ``dest``, no owner kept) on regular files and directories
+    only, each readable to whoever unpacks it."""
     if not (member.isreg() or member.isdir()):
         return None
     member = tarfile.data_filter(member, dest)
@@ -57,7 +58,8 @@ def export_files(engine: str, image: str, dest: Path) -> None:
 @contextlib.contextmanager
 def image_files(engine: str, image: str) -> Iterator[Path]:
     """The root of ``image``'s file system on the host, for as long as the block runs: mounted where the
-    engine can (`mountable`), else exported into a temporary directory (removed after)."""
+    engine can (`mountable`), else exported into a temporary directory of Polar's cache (on disk, not a
+    tmpfs: an image may be gigabytes), removed after."""
     if mountable(engine):
         root = Path(engine_run([engine, "image", "mount", image]).decode().strip())
         try:
@@ -65,6 +67,7 @@ def image_files(engine: str, image: str) -> Iterator[Path]:
         finally:
             engine_run([engine, "image", "unmount", image])
         return
-    with tempfile.TemporaryDirectory(prefix="polar-image-files-") as tmp:
+    cache_root().mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="image-files-", dir=cache_root()) as tmp:
         export_files(engine, image, Path(tmp))
         yield Path(tmp)

@@ -109,20 +109,24 @@ def without_paths(engine: str, image: str, paths: Sequence[str]) -> str:
     of ``image`` is created (nothing of it runs), its file system mounted, each path removed (never through
     a link: a path whose parent is no directory of the image is refused) and found gone, then committed.
     Elsewhere (docker, rootless podman: no mount from the host) the image's own ``sh`` removes them, as
-    root in a container with no network, each found gone after. Raises `ContainerError` where a path is
-    still there."""
+    root in a container with no network, each found gone after (an image whose entrypoint does not run
+    that command keeps them: the answer scan after refuses its task); the commit puts the image's user
+    back (its command becomes the removal's: every container Polar starts names its own). Raises
+    `ContainerError` where a path is still there."""
     image_id = engine_run([engine, "image", "inspect", "--format", "{{.Id}}", image]).decode().strip()
     tops = outermost(paths)
     key = hashlib.sha256("\0".join([LAYOUT, image_id, *tops]).encode()).hexdigest()[:24]
     pruned = f"{WARM_REPO}:{key}-pruned"
 
     def build() -> None:
-        command = ["true"] if mountable(engine) else ["sh", "-c", REMOVE_PATHS, "sh", *tops]
-        box = engine_run(
-            [engine, "create", *label_args(), "--network", "none", "--user", "0", image, *command]
-        )
+        if mountable(engine):
+            box = engine_run([engine, "create", *label_args(), "--network", "none", image, "true"])
+        else:  # as root for the removal; the image's own user put back on the commit
+            removal = ["--user", "0", image, "sh", "-c", REMOVE_PATHS, "sh", *tops]
+            box = engine_run([engine, "create", *label_args(), "--network", "none", *removal])
         box = box.decode().strip()
         try:
+            change: list[str] = []
             if mountable(engine):
                 root = Path(engine_run([engine, "mount", box]).decode().strip())
                 try:
@@ -132,7 +136,9 @@ def without_paths(engine: str, image: str, paths: Sequence[str]) -> str:
                     engine_run([engine, "unmount", box])
             else:
                 engine_run([engine, "start", "--attach", box])
-            engine_run([engine, "commit", box, pruned])
+                user = engine_run([engine, "image", "inspect", "--format", "{{.Config.User}}", image])
+                change = ["--change", f"USER {user.decode().strip() or 'root'}"]
+            engine_run([engine, "commit", *change, box, pruned])
         finally:
             engine_run([engine, "rm", "-f", box])
 

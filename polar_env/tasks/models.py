@@ -71,7 +71,8 @@ class Task(BaseModel):
     # the dataset loader (tasks/datasets/) that made the task: its procedure grades it ("": SWE-bench's)
     dataset: str = ""
     # every test's expected status, where the dataset's verdict wants them all (R2E-Gym's
-    # expected_output_json: test name -> PASSED/FAILED/ERROR); FAIL_TO_PASS holds the PASSED ones
+    # expected_output_json: test name -> PASSED/FAILED/ERROR; FAIL_TO_PASS holds the PASSED ones), or its
+    # statuses before the fix (Multi-SWE-bench's run and test-patch stages: test name -> "RUN/TEST")
     expected_statuses: dict[str, str] = Field(default_factory=dict)
     # files the dataset's procedure runs the tests with, from beside its rows (absolute path in the image ->
     # text: SWE-bench Pro's run_script.sh and parser.py), placed by the grader only

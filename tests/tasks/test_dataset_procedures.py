@@ -235,3 +235,26 @@ def test_swe_bench_pro_scripts_are_found_where_its_repository_keeps_them(tmp_pat
     monkeypatch.setenv("POLAR_SWE_BENCH_PRO_SCRIPTS", str(tmp_path / "run_scripts"))
     (by_env,) = load_tasks(f"swe-bench-pro:{moved}")
     assert by_env.grader_files == beside.grader_files
+
+
+def test_multi_swe_bench_verdict_is_its_reports():
+    """Multi-SWE-bench's verdict (report.py, gen_report.py) on the schema row: every listed test passing
+    resolves; a test the test-patch stage passed now failing, a listed test missing, or a test the base run
+    passed failing where the test patch did not run it does not; nothing parsed does not. Its eval script is
+    the image's ``fix-run.sh`` alone (it applies the patches), and strict mode does not apply."""
+    (task,) = load_tasks(f"multi-swe-bench:{FIXTURES / 'datasets' / 'multi-swe-bench.jsonl'}")
+    resolves = procedure_of(task).resolves
+    assert resolves is not None
+    every = {"TestPRList": "PASS", "TestPRView_web": "PASS", "TestPRView_webFlag": "PASS"}
+    assert resolves(every, task)
+    assert not resolves({**every, "TestPRList": "FAIL"}, task)  # a new failure
+    assert not resolves({k: v for k, v in every.items() if k != "TestPRView_webFlag"}, task)
+    assert not resolves({}, task)
+    ran_before = task.model_copy(
+        update={"expected_statuses": {**task.expected_statuses, "TestOld": "PASS/NONE"}}
+    )
+    assert resolves(every, ran_before) and not resolves({**every, "TestOld": "FAIL"}, ran_before)  # anomalous
+    script = custom_eval_script(task)
+    assert "git apply" not in script and "bash /home/fix-run.sh 2>&1" in script, script
+    with pytest.raises(StrictUnsupported):
+        pytest_args(task)

@@ -254,6 +254,7 @@ def test_validate_names_each_rows_dataset_and_what_is_verified(tmp_path: Path):
         ("swe-bench-pro", ("dockerhub_tag",), "dockerhub_tag"),
         ("multi-swe-bench", ("fix_patch",), "fix_patch"),
         ("multi-swe-bench", ("base", "sha"), "base.sha"),
+        ("multi-swe-bench", ("test_patch_result",), "test_patch_result"),  # its verdict reads it
         ("swe-bench-pro", ("selected_test_files_to_run",), "selected_test_files_to_run"),
         ("swe-gym", ("FAIL_TO_PASS",), "FAIL_TO_PASS"),
     ],
@@ -272,6 +273,19 @@ def test_malformed_row_is_one_error_naming_the_field(
     f.write_text(json.dumps(row) + "\n")
     with pytest.raises(TaskLoadError, match=f"{name} row 1: .*'{field}'"):
         load_tasks(f"{name}:{f}")
+
+
+def test_a_multi_swe_bench_row_whose_lists_contradict_its_results_is_malformed():
+    """An f2p test the row's own test-patch stage passed (the package's evaluation resolves no such row): one
+    error naming the test; the row as published loads."""
+    row = _row("multi-swe-bench")
+    DATASETS["multi-swe-bench"].to_task(row)
+    row["test_patch_result"] = {**row["test_patch_result"], "passed_tests": ["TestPRList", "TestPRView_web"]}
+    row["test_patch_result"]["failed_tests"] = []
+    with pytest.raises(
+        DatasetRowError, match="f2p_tests lists 'TestPRView_web', which its test_patch_result"
+    ):
+        DATASETS["multi-swe-bench"].to_task(row)
 
 
 def test_wrong_type_and_unreachable_hub(monkeypatch, tmp_path: Path):

@@ -23,24 +23,33 @@ the patch under test over ``/home/fix.patch``, runs ``fix-run.sh``, and resolves
 row's ``run_result`` and ``test_patch_result`` with that run is valid (`resolves`) and each test of the
 row's ``p2p_tests``, ``f2p_tests``, ``s2p_tests`` and ``n2p_tests`` is in the same class again.
 
+(The package's ``ReportTask.instance`` rebuilds the pull request without its tag or range, so its report
+parses with the repository's class; Polar parses with the class the row names, as its image was built.)
+
 Polar runs that procedure with the package's own classes (its images' names, its parsers): the image's
 ``/home`` files kept from the agent (the gold fix above all), the patch under test placed at
 ``/home/fix.patch`` and locked, ``fix-run.sh`` (``test-run.sh`` for the base check) brought back from the
 original image, the verdict written from the two files above. The package is installed without its
 harness's own dependencies (``PACKAGE``); a row is refused at grading, and named at load, where it is
-missing, where it has no class for the row, or where the class builds its image on SWE-bench's
+missing, where it has no class for the row, where the class builds its image on SWE-bench's
 (``SWEImageDefault``: the tree at ``/testbed`` and the test patch inside ``fix-run.sh``, a layout Polar does
-not grade this way).
+not grade this way) or keeps the repository elsewhere than ``/home/<repo>``, or where the row lacks its
+earlier stages; a row whose lists contradict its own test-patch stage is malformed (the package resolves
+none such).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+import io
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from polar_env.tasks.datasets.base import (
     NO_DIRECTIVES,
+    DatasetRowError,
     DatasetSpec,
     Procedure,
     field,
@@ -50,7 +59,7 @@ from polar_env.tasks.datasets.base import (
 from polar_env.tasks.models import Task
 
 NAME = "multi-swe-bench"
-PACKAGE = "pip install --no-deps multi-swe-bench==1.1.2 dataclasses-json unidiff"
+PACKAGE = "pip install dataclasses-json unidiff && pip install --no-deps multi-swe-bench==1.1.2"
 PATCH_PATH = "/home/fix.patch"
 # the image's /home files, kept from the agent: the gold fix and the hidden tests (in the patch and the
 # scripts), the scripts the grader runs brought back from the original image
@@ -64,6 +73,17 @@ HIDDEN = {
 }
 # the package's TestResult sets -> its TestStatus values
 STATUSES = (("skipped_tests", "SKIP"), ("failed_tests", "FAIL"), ("passed_tests", "PASS"))
+
+
+_QUIET = threading.Lock()
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """The package's classes print as they please (one prints its test-file map when it is made): kept off
+    Polar's stdout while one is made, one thread at a time (``sys.stdout`` is the process's)."""
+    with _QUIET, contextlib.redirect_stdout(io.StringIO()):
+        yield
 
 
 @functools.cache
@@ -110,9 +130,17 @@ def instance(name: str, org: str, repo: str, number: int, sha: str = "") -> Any:
         fix_patch="",
         test_patch="",
     )
-    made = classes[name](pr, Config(need_clone=False, global_env=None, clear_env=False))
-    if isinstance(made.dependency(), SWEImageDefault):
+    try:
+        with quiet():
+            made = classes[name](pr, Config(need_clone=False, global_env=None, clear_env=False))
+            base_image = made.dependency()
+            scripts = {f.name: f.content for f in base_image.files()}
+    except Exception as exc:  # noqa: BLE001 - the package's code: a class that cannot be made grades nothing
+        return f"its class {name!r} cannot be made: {type(exc).__name__}: {exc}"[:300]
+    if isinstance(base_image, SWEImageDefault):
         return f"its class {name!r} builds on SWE-bench's image (/testbed, the test patch in fix-run.sh)"
+    if f"/home/{repo}" not in scripts.get("fix-run.sh", ""):
+        return f"its class {name!r} keeps the repository elsewhere than /home/{repo}"
     return made
 
 
@@ -128,6 +156,8 @@ def task_parser(task: Task) -> Callable[[str], dict[str, str]] | str:
     made = _task_instance(task)
     if isinstance(made, str):
         return made
+    if not task.expected_statuses:  # its verdict needs the row's earlier stages (a row written without them)
+        return "its row carries no run_result/test_patch_result"
 
     def parse(log: str) -> dict[str, str]:
         result = made.parse_log(log)
@@ -137,8 +167,25 @@ def task_parser(task: Task) -> Callable[[str], dict[str, str]] | str:
 
 
 def _stage(row: dict, name: str) -> dict[str, str]:
-    result = row.get(name) or {}
+    """The row's stage ``name`` (a TestResult: its test-name sets) as test -> PASS/FAIL/SKIP."""
+    result = field(row, name, dict, dataset=NAME)
     return {t: status for attr, status in STATUSES for t in result.get(attr) or ()}
+
+
+# each of the row's lists, and the class its tests have at the test-patch stage (report.py's classes)
+CLASSES = (("p2p_tests", "PASS"), ("f2p_tests", "FAIL"), ("s2p_tests", "SKIP"), ("n2p_tests", "NONE"))
+
+
+def _check_classes(row: dict, iid: str, tested: dict[str, str]) -> None:
+    """Each listed test in its class at the row's test-patch stage (``p2p`` passed, ``f2p`` failed, ...):
+    the package's evaluation resolves no row whose lists contradict its results (``gen_eval_reports``)."""
+    for name, status in CLASSES:
+        wrong = [t for t in _tests(row, name) if tested.get(t, "NONE") != status]
+        if wrong:
+            raise DatasetRowError(
+                f"{NAME} row {iid}: {name} lists {wrong[0]!r}, which its test_patch_result has as "
+                f"{tested.get(wrong[0], 'NONE')}, not {status}"
+            )
 
 
 def resolves(status_map: dict[str, str], task: Task) -> bool:
@@ -186,6 +233,9 @@ def to_task(row: dict) -> Task:
     name = class_name(org, repo, str(row.get("tag") or ""), str(row.get("number_interval") or ""))
     made = instance(name, org, repo, number, base["sha"])
     run, tested = _stage(row, "run_result"), _stage(row, "test_patch_result")
+    _check_classes(row, iid, tested)
+    with quiet():
+        image_name = made.name() if not isinstance(made, str) else f"mswebench/{org}_m_{repo}:pr-{number}"
     return make_task(
         NAME,
         instance_id=iid,
@@ -205,11 +255,9 @@ def to_task(row: dict) -> Task:
         PASS_TO_PASS=sorted(field(row, "p2p_tests", dict, dataset=NAME)),
         # run/test-patch stage statuses of every test the row's two earlier runs saw (`resolves`)
         expected_statuses={t: f"{run.get(t, 'NONE')}/{tested.get(t, 'NONE')}" for t in {*run, *tested}},
-        image=made.name()
-        if not isinstance(made, str)
-        else f"mswebench/{org}_m_{repo}".lower() + f":pr-{number}",
+        image=image_name.lower(),
         workdir=f"/home/{repo}",
-        test_cmd="bash /home/fix-run.sh",
+        test_cmd="bash /home/fix-run.sh 2>&1",  # one log, in order, as the package parses it
         test_directives=NO_DIRECTIVES,
         log_parser=f"{NAME}:{name}",
     )
@@ -220,7 +268,7 @@ PROCEDURE = Procedure(
     resolves=resolves,
     hidden=HIDDEN,
     patch_path=PATCH_PATH,
-    base_test_cmd="bash /home/test-run.sh",
+    base_test_cmd="bash /home/test-run.sh 2>&1",
     verified="a stand-in image in Multi-SWE-bench's layout (/home/<repo> cloned with its history, the "
     "package's own /home scripts and the gold fix kept from the agent), gold 1.0 and no-op 0 by `polar "
     "rollout`, its procedure only (the test command is the image's script: no strict mode) "
